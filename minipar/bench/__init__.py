@@ -1,0 +1,45 @@
+"""Benchmarks: ``python -m minipar bench <name>`` runs ``minipar/bench/<name>.py``'s ``main``.
+
+Speed is measured here, never in timed tests. A benchmark runs minipar's implementation and PyTorch's own
+on the same model and batch inside one launch, alternating step by step (this machine is noisy: what
+matters is the ratio of medians measured side by side), and prints the medians and their ratio.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import statistics
+import sys
+import time
+
+import torch.distributed as dist
+
+__all__ = ["alternating_medians", "main"]
+
+
+def alternating_medians(steps: dict, iters: int = 20, warmup: int = 3, group=None) -> dict:
+    """On every rank: time each callable in ``steps`` once per round, alternating their order each round,
+    with a barrier before and after each so that every rank times the same work. Returns
+    ``{name: median seconds}`` (wall time of the slowest rank is what the barrier exposes)."""
+    names = list(steps)
+    times = {n: [] for n in names}
+    for i in range(warmup + iters):
+        order = names if i % 2 == 0 else names[::-1]
+        for name in order:
+            dist.barrier(group)
+            t0 = time.perf_counter()
+            steps[name]()
+            dist.barrier(group)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    available = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    if not argv or argv[0] not in available:
+        print(f"usage: python -m minipar bench {{{','.join(available) or '(none yet)'}}} [options]",
+              file=sys.stderr)
+        return 2
+    return importlib.import_module(f"{__name__}.{argv[0]}").main(argv[1:]) or 0

@@ -1,0 +1,227 @@
+"""The equivalence harness: does a parallel strategy train exactly like one device?
+
+A :class:`Recipe` says what to train: a deterministic model factory, an optimizer factory, the global
+batches (one per optimizer step) and a loss. :func:`train_reference` trains it on one device.
+A strategy provides ``parallel_train(rank, world_size, recipe, ...)``, run by :func:`minipar.launch`, that
+trains the same recipe on every rank and returns a :class:`RunResult`: the losses it saw (or ``None`` on a
+rank that never computes the loss, such as an early pipeline stage) and the full parameters it can report,
+under the reference model's names (a rank may report only some: a pipeline stage reports its layers; a
+sharded strategy gathers its shards first). :func:`check_equivalence` runs both and compares the loss at
+every step and every reported parameter at the end. Replicated parameters are compared on every rank that
+reports them, so replicas that drift apart are caught too.
+
+A difference passes when ``|parallel - reference| <= atol + rtol * |reference|`` element-wise. The default
+tolerances per dtype (:data:`TOLERANCES`) allow for a different order of floating-point summation (an
+all-reduce adds the ranks' partial sums in an order a single device does not); ``atol=rtol=0`` asks for
+bit-exact equality where the math allows it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .launch import launch
+
+__all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "compare",
+           "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
+
+# (atol, rtol) per dtype, for a few optimizer steps of the reference models.
+TOLERANCES = {
+    torch.float64: (1e-10, 1e-9),
+    torch.float32: (2e-5, 1e-4),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float16: (5e-3, 5e-3),
+}
+
+
+def default_loss(model: nn.Module, inputs, targets) -> torch.Tensor:
+    """Cross-entropy for integer targets (language modelling), mean squared error otherwise."""
+    out = model(inputs)
+    if targets.dtype == torch.long:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+    return F.mse_loss(out, targets)
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+@dataclass
+class Recipe:
+    """What to train. ``model()`` must build the same weights every time it is called."""
+    model: Callable[[], nn.Module]
+    batches: list                                   # [(inputs, targets)] global batches, one per step
+    optimizer: Callable = _sgd                      # params -> torch.optim.Optimizer
+    loss: Callable = default_loss                   # (model, inputs, targets) -> scalar mean loss
+    dtype: torch.dtype = torch.float32
+    name: str = ""
+
+    @property
+    def steps(self) -> int:
+        return len(self.batches)
+
+
+@dataclass
+class RunResult:
+    """What one rank (or the reference) saw: the loss at each step and the final full parameters."""
+    losses: list | None = None                      # [float] per step, or None where not computed
+    params: dict = field(default_factory=dict)      # {reference name: full tensor}
+
+
+@dataclass
+class Comparison:
+    matches: bool
+    max_abs_diff: float
+    max_rel_diff: float
+    worst: str                                      # where the largest difference is
+    loss_diffs: list                                # |Δloss| per step (max over reporting ranks)
+    atol: float
+    rtol: float
+    problems: list = field(default_factory=list)    # human-readable reasons for a mismatch
+
+    def __str__(self) -> str:
+        verdict = "matches" if self.matches else "DOES NOT MATCH"
+        text = (f"{verdict} single-device training: max |Δ| = {self.max_abs_diff:.3g} "
+                f"(max rel {self.max_rel_diff:.3g}) at {self.worst}; tolerance atol={self.atol:g}, "
+                f"rtol={self.rtol:g}")
+        return text + "".join(f"\n  - {p}" for p in self.problems)
+
+    def assert_ok(self) -> "Comparison":
+        if not self.matches:
+            raise AssertionError(str(self))
+        return self
+
+
+def train_reference(recipe: Recipe) -> RunResult:
+    """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps."""
+    model = recipe.model().to(recipe.dtype)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for inputs, targets in recipe.batches:
+        opt.zero_grad(set_to_none=True)
+        loss = recipe.loss(model, inputs, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def _diff(got: torch.Tensor, want: torch.Tensor):
+    got, want = got.detach().double(), want.detach().double()
+    abs_diff = (got - want).abs()
+    rel = abs_diff / want.abs().clamp_min(1e-12)
+    return abs_diff, rel
+
+
+def compare(reference: RunResult, results: list, atol: float | None = None, rtol: float | None = None,
+            dtype: torch.dtype = torch.float32, require_all_params: bool = True) -> Comparison:
+    """Compare per-rank ``results`` (a list of :class:`RunResult`) with the ``reference`` run."""
+    d_atol, d_rtol = TOLERANCES[dtype]
+    atol, rtol = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
+    problems, max_abs, max_rel, worst = [], 0.0, 0.0, "-"
+    steps = len(reference.losses)
+    loss_diffs = [0.0] * steps
+    reported_losses = reported_params = False
+    seen: set = set()
+
+    def account(abs_diff, rel, want, where):
+        nonlocal max_abs, max_rel, worst
+        a = float(abs_diff.max()) if abs_diff.numel() else 0.0
+        if a >= max_abs:
+            max_abs, worst = a, where
+        max_rel = max(max_rel, float(rel.max()) if rel.numel() else 0.0)
+        bad = abs_diff > atol + rtol * want.double().abs()
+        if bool(bad.any()) or not math.isfinite(a):
+            problems.append(f"{where}: max |Δ| {a:.3g} exceeds atol={atol:g} + rtol={rtol:g}·|ref|")
+
+    for rank, res in enumerate(results):
+        if not isinstance(res, RunResult):
+            problems.append(f"rank {rank} returned {type(res).__name__}, not a RunResult")
+            continue
+        if res.losses is not None:
+            reported_losses = True
+            if len(res.losses) != steps:
+                problems.append(f"rank {rank} reported {len(res.losses)} losses for {steps} steps")
+                continue
+            for s, (got, want) in enumerate(zip(res.losses, reference.losses)):
+                a, r = _diff(torch.tensor(got), torch.tensor(want))
+                loss_diffs[s] = max(loss_diffs[s], float(a))
+                account(a, r, torch.tensor(want), f"loss at step {s} on rank {rank}")
+        for name, got in res.params.items():
+            reported_params = True
+            if name not in reference.params:
+                problems.append(f"rank {rank} reported an unknown parameter {name!r}")
+                continue
+            want = reference.params[name]
+            if tuple(got.shape) != tuple(want.shape):
+                problems.append(f"{name} on rank {rank}: shape {tuple(got.shape)}, reference {tuple(want.shape)}")
+                continue
+            seen.add(name)
+            a, r = _diff(got, want)
+            account(a, r, want, f"{name} on rank {rank}")
+    if not reported_losses:
+        problems.append("no rank reported its losses")
+    if not reported_params:
+        problems.append("no rank reported any parameter")
+    missing = sorted(set(reference.params) - seen)
+    if require_all_params and missing:
+        problems.append(f"no rank reported {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    return Comparison(not problems, max_abs, max_rel, worst, loss_diffs, atol, rtol, problems)
+
+
+def check_equivalence(parallel_train: Callable, world_size: int, recipe: Recipe, *args,
+                      atol: float | None = None, rtol: float | None = None, launch_kwargs: dict | None = None,
+                      **kwargs) -> Comparison:
+    """Train ``recipe`` on one device and with ``parallel_train`` on ``world_size`` ranks; compare.
+
+    ``parallel_train(rank, world_size, recipe, *args, **kwargs)`` must return a :class:`RunResult`.
+    Returns the :class:`Comparison`; call ``.assert_ok()`` on it in a test.
+    """
+    reference = train_reference(recipe)
+    results = launch(parallel_train, world_size, recipe, *args, **(launch_kwargs or {}), **kwargs)
+    return compare(reference, results, atol, rtol, recipe.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ready-made recipes for the reference models
+# ----------------------------------------------------------------------------------------------------
+
+def gpt_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer: str = "adam",
+               seed: int = 0, **cfg_changes) -> Recipe:
+    """The tiny GPT on :func:`minipar.datasets.markov_tokens`, ``steps`` global batches of ``batch_size``."""
+    from .datasets import lm_batches, markov_tokens
+    from .models import GPTConfig, TinyGPT
+
+    cfg = GPTConfig(**cfg_changes)
+    tokens = markov_tokens(4096, cfg.vocab_size, seed=seed)
+    batches = lm_batches(tokens, batch_size, seq_len, steps, seed=seed)
+    return Recipe(model=lambda: TinyGPT(cfg, seed=seed), batches=batches, optimizer=_optimizer(optimizer),
+                  name=f"TinyGPT {cfg.n_layer}L/{cfg.n_embd}h, {optimizer}")
+
+
+def mlp_recipe(steps: int = 3, batch_size: int = 16, sizes=(16, 64, 64, 8), optimizer: str = "sgd",
+               seed: int = 0) -> Recipe:
+    """The MLP on :func:`minipar.datasets.regression_batches`."""
+    from .datasets import regression_batches
+    from .models import MLP
+
+    batches = regression_batches(batch_size, sizes[0], sizes[-1], steps, seed=seed)
+    return Recipe(model=lambda: MLP(sizes, seed=seed), batches=batches, optimizer=_optimizer(optimizer),
+                  name=f"MLP {list(sizes)}, {optimizer}")
+
+
+def _optimizer(name: str) -> Callable:
+    if name == "sgd":
+        return _sgd
+    if name == "adam":
+        return _adam
+    raise ValueError(f"unknown optimizer {name!r}; use 'sgd' or 'adam'")
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=1e-2)

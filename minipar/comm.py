@@ -1,0 +1,331 @@
+"""The collectives a learner sees, as thin wrappers over ``torch.distributed`` that keep a log.
+
+Every call records, on the calling rank, one :class:`CommRecord`: the operation, the group size N, the
+payload S in bytes, and the bytes this rank sends and receives under the algorithm named in the record,
+with the wall time. The traffic model (what a rank puts on the wire) is:
+
+=================  ==================  ========================================================
+operation          payload S           bytes sent by this rank
+=================  ==================  ========================================================
+all_reduce         the tensor          2(N-1)/N · S          (ring: reduce-scatter + all-gather)
+all_gather         the gathered whole  (N-1)/N · S           (ring)
+reduce_scatter     the full input      (N-1)/N · S           (ring)
+all_to_all         this rank's input   (N-1)/N · S           (direct: one chunk to each peer)
+broadcast          the tensor          root (N-1) · S, others 0                         (direct)
+scatter            all N chunks        root (N-1)/N · S, others 0                       (direct)
+gather             all N chunks        non-root S/N, root 0                             (direct)
+reduce             the tensor          non-root S, root 0                               (direct)
+send / recv        the tensor          S / 0
+=================  ==================  ========================================================
+
+The hand-written :func:`ring_all_reduce`, :func:`ring_all_gather` and :func:`ring_reduce_scatter` use only
+``send``/``recv``, so their bytes are counted message by message as they are really sent.
+
+Logs are scoped: ``with recording() as log:`` collects the calls made inside the block on this rank.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "CommRecord", "CommLog", "recording", "predicted_bytes_sent",
+    "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+    "send", "recv", "isend", "irecv",
+    "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter",
+]
+
+
+@dataclass
+class CommRecord:
+    op: str
+    group_size: int
+    payload_bytes: int
+    sent_bytes: int
+    recv_bytes: int
+    seconds: float
+    algorithm: str
+
+
+@dataclass
+class CommLog:
+    """The calls one rank made while this log was recording."""
+    records: list = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.records.clear()
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(r.sent_bytes for r in self.records)
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(r.recv_bytes for r in self.records)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.records)
+
+    def count(self, op: str | None = None) -> int:
+        return sum(1 for r in self.records if op is None or r.op == op)
+
+    def by_op(self) -> dict:
+        """{op: (calls, bytes sent)}, for a quick table."""
+        table: dict = {}
+        for r in self.records:
+            calls, sent = table.get(r.op, (0, 0))
+            table[r.op] = (calls + 1, sent + r.sent_bytes)
+        return table
+
+
+_active: list[CommLog] = []  # the logs recording on this process (innermost last)
+
+
+@contextlib.contextmanager
+def recording(log: CommLog | None = None):
+    """Record every minipar.comm call on this rank inside the block into ``log`` (a new one by default)."""
+    log = log if log is not None else CommLog()
+    _active.append(log)
+    try:
+        yield log
+    finally:
+        _active.remove(log)
+
+
+def _record(op, n, payload, sent, recv, seconds, algorithm) -> None:
+    rec = CommRecord(op, n, int(payload), int(sent), int(recv), seconds, algorithm)
+    for log in _active:
+        log.records.append(rec)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _size(group) -> int:
+    return dist.get_world_size(group)
+
+
+def _is_root(root: int, group) -> bool:
+    return dist.get_rank() == root if group is None else dist.get_rank(group) == dist.get_group_rank(group, root)
+
+
+def predicted_bytes_sent(op: str, payload_bytes: int, n: int, is_root: bool = False) -> float:
+    """Bytes one rank sends for ``op`` on a group of ``n`` ranks with payload S (the table above)."""
+    s = payload_bytes
+    if n == 1:
+        return 0
+    return {
+        "all_reduce": 2 * (n - 1) / n * s,
+        "all_gather": (n - 1) / n * s,
+        "reduce_scatter": (n - 1) / n * s,
+        "all_to_all": (n - 1) / n * s,
+        "broadcast": (n - 1) * s if is_root else 0,
+        "scatter": (n - 1) / n * s if is_root else 0,
+        "gather": 0 if is_root else s / n,
+        "reduce": 0 if is_root else s,
+        "send": s,
+        "recv": 0,
+    }[op]
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Collectives (wrappers over torch.distributed); each one records what it moved
+# ----------------------------------------------------------------------------------------------------
+
+def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    n, s = _size(group), _nbytes(t)
+    work, sec = _timed(lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op))
+    moved = predicted_bytes_sent("all_reduce", s, n)
+    _record("all_reduce", n, s, moved, moved, sec, "ring")
+    return work if async_op else t
+
+
+def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
+    """``out[i]`` receives rank i's ``t``. Payload S = the gathered whole, N · |t|."""
+    n = _size(group)
+    s = n * _nbytes(t)
+    work, sec = _timed(lambda: dist.all_gather(out, t, group=group, async_op=async_op))
+    moved = predicted_bytes_sent("all_gather", s, n)
+    _record("all_gather", n, s, moved, moved, sec, "ring")
+    return work if async_op else out
+
+
+def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async_op: bool = False):
+    """Like :func:`all_gather`, into one flat tensor (rank i's piece at ``out[i*len(t):(i+1)*len(t)]``)."""
+    n, s = _size(group), _nbytes(out)
+    work, sec = _timed(lambda: dist.all_gather_into_tensor(out, t, group=group, async_op=async_op))
+    moved = predicted_bytes_sent("all_gather", s, n)
+    _record("all_gather", n, s, moved, moved, sec, "ring")
+    return work if async_op else out
+
+
+def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    """``out`` on rank i receives the reduction of every rank's ``inputs[i]``. Payload S = all inputs."""
+    n = _size(group)
+    s = sum(_nbytes(x) for x in inputs)
+    work, sec = _timed(lambda: dist.reduce_scatter(out, inputs, op=op, group=group, async_op=async_op))
+    moved = predicted_bytes_sent("reduce_scatter", s, n)
+    _record("reduce_scatter", n, s, moved, moved, sec, "ring")
+    return work if async_op else out
+
+
+def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
+                          async_op: bool = False):
+    """Like :func:`reduce_scatter`, from one flat tensor split into N equal pieces."""
+    n, s = _size(group), _nbytes(t)
+    work, sec = _timed(lambda: dist.reduce_scatter_tensor(out, t, op=op, group=group, async_op=async_op))
+    moved = predicted_bytes_sent("reduce_scatter", s, n)
+    _record("reduce_scatter", n, s, moved, moved, sec, "ring")
+    return work if async_op else out
+
+
+def all_to_all(out: list, inputs: list, group=None):
+    """Rank i sends ``inputs[j]`` to rank j and receives rank j's ``inputs[i]`` into ``out[j]``."""
+    n = _size(group)
+    s = sum(_nbytes(x) for x in inputs)
+    _, sec = _timed(lambda: dist.all_to_all(out, inputs, group=group))
+    me = dist.get_rank(group) if group is not None else dist.get_rank()
+    sent = s - _nbytes(inputs[me])
+    recv = sum(_nbytes(x) for x in out) - _nbytes(out[me])
+    _record("all_to_all", n, s, sent, recv, sec, "direct")
+    return out
+
+
+def broadcast(t: torch.Tensor, src: int, group=None):
+    n, s = _size(group), _nbytes(t)
+    _, sec = _timed(lambda: dist.broadcast(t, src=src, group=group))
+    root = _is_root(src, group)
+    _record("broadcast", n, s, predicted_bytes_sent("broadcast", s, n, root), 0 if root else s, sec, "direct")
+    return t
+
+
+def scatter(out: torch.Tensor, chunks: list | None, src: int, group=None):
+    n = _size(group)
+    s = n * _nbytes(out)
+    root = _is_root(src, group)
+    _, sec = _timed(lambda: dist.scatter(out, chunks if root else None, src=src, group=group))
+    _record("scatter", n, s, predicted_bytes_sent("scatter", s, n, root), 0 if root else _nbytes(out), sec,
+            "direct")
+    return out
+
+
+def gather(t: torch.Tensor, out: list | None, dst: int, group=None):
+    n = _size(group)
+    s = n * _nbytes(t)
+    root = _is_root(dst, group)
+    _, sec = _timed(lambda: dist.gather(t, out if root else None, dst=dst, group=group))
+    _record("gather", n, s, predicted_bytes_sent("gather", s, n, root), (n - 1) * _nbytes(t) if root else 0,
+            sec, "direct")
+    return out
+
+
+def reduce(t: torch.Tensor, dst: int, op=dist.ReduceOp.SUM, group=None):
+    n, s = _size(group), _nbytes(t)
+    root = _is_root(dst, group)
+    _, sec = _timed(lambda: dist.reduce(t, dst=dst, op=op, group=group))
+    _record("reduce", n, s, predicted_bytes_sent("reduce", s, n, root), (n - 1) * s if root else 0, sec, "direct")
+    return t
+
+
+def send(t: torch.Tensor, dst: int, group=None):
+    _, sec = _timed(lambda: dist.send(t, dst=dst, group=group))
+    _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
+
+
+def recv(t: torch.Tensor, src: int, group=None):
+    _, sec = _timed(lambda: dist.recv(t, src=src, group=group))
+    _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
+    return t
+
+
+def isend(t: torch.Tensor, dst: int, group=None):
+    work, sec = _timed(lambda: dist.isend(t, dst=dst, group=group))
+    _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
+    return work
+
+
+def irecv(t: torch.Tensor, src: int, group=None):
+    work, sec = _timed(lambda: dist.irecv(t, src=src, group=group))
+    _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
+    return work
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ring algorithms from send/recv only (Patarasuk & Yuan 2009; the "ring all-reduce" of Baidu/Horovod)
+# ----------------------------------------------------------------------------------------------------
+
+def _ring_ranks(group):
+    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+    me = ranks.index(dist.get_rank())
+    return ranks, me
+
+
+def _exchange(send_buf, recv_buf, to_rank, from_rank, group):
+    """Send to the right neighbour and receive from the left one at the same time (no deadlock:
+    every rank posts its send asynchronously before blocking on its receive)."""
+    req = isend(send_buf.contiguous(), to_rank, group)
+    recv(recv_buf, from_rank, group)
+    req.wait()
+
+
+def ring_reduce_scatter(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``t`` over the ring; return this rank's chunk ``i`` of the sum (t split into N chunks on dim 0).
+
+    N-1 steps; in step k rank i sends its running sum of chunk (i-k-1) mod N to rank i+1 and adds what it
+    receives from rank i-1 into chunk (i-k-2) mod N. Each rank sends (N-1) chunks: (N-1)/N · S bytes.
+    After the last step rank i holds the complete sum of chunk i.
+    """
+    ranks, me = _ring_ranks(group)
+    n = len(ranks)
+    chunks = [c.clone() for c in t.chunk(n)]
+    if len(chunks) != n:
+        raise ValueError(f"ring_reduce_scatter needs at least {n} rows on dim 0, got {t.shape[0]}")
+    right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
+    for k in range(n - 1):
+        send_idx, recv_idx = (me - k - 1) % n, (me - k - 2) % n
+        incoming = torch.empty_like(chunks[recv_idx])
+        _exchange(chunks[send_idx], incoming, right, left, group)
+        chunks[recv_idx] += incoming
+    return chunks[me]
+
+
+def ring_all_gather(chunk: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank contributes ``chunk``; return the concatenation over ranks in rank order (dim 0).
+
+    N-1 steps; in step k rank i forwards chunk (i-k) mod N to rank i+1. (N-1)/N · S bytes sent per rank.
+    """
+    ranks, me = _ring_ranks(group)
+    n = len(ranks)
+    chunks = [None] * n
+    chunks[me] = chunk.clone()
+    right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
+    for k in range(n - 1):
+        send_idx, recv_idx = (me - k) % n, (me - k - 1) % n
+        chunks[recv_idx] = torch.empty_like(chunk)
+        _exchange(chunks[send_idx], chunks[recv_idx], right, left, group)
+    return torch.cat(chunks)
+
+
+def ring_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
+    """All-reduce (sum) = ring reduce-scatter then ring all-gather: 2(N-1)/N · S bytes sent per rank,
+    independent of N. Works in place on ``t`` (flattened; any shape, padded to a multiple of N)."""
+    n = _size(group)
+    flat = t.reshape(-1)
+    pad = (-flat.numel()) % n
+    padded = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+    mine = ring_reduce_scatter(padded.view(n, -1), group)
+    total = ring_all_gather(mine, group).reshape(-1)
+    t.copy_(total[: flat.numel()].view_as(t))
+    return t

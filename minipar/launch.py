@@ -1,0 +1,255 @@
+"""Run one function on N ranks: from a notebook cell, a script, a test, or under ``torchrun``.
+
+    results = launch(fn, 4, *args)      # fn(rank, world_size, *args) on ranks 0..3
+
+Each rank is a separate process with its own ``torch.distributed`` process group (gloo by default), so
+the code a chapter runs is the code that runs on a GPU cluster. What the launcher guarantees:
+
+* rendezvous through a ``FileStore`` in a fresh temporary directory (no fixed ports to collide on);
+* every rank calls ``torch.set_num_threads(1)`` first (fork after the parent used its thread pool would
+  otherwise hang, and N ranks on a laptop should not fight over cores);
+* each rank's output is captured and printed after the run in rank order, prefixed ``[rank r]``, so
+  notebook output is deterministic;
+* a rank that raises ends the whole run within seconds with :class:`RankError` naming the rank and carrying
+  its traceback, even while the other ranks wait in a collective; a deadlock ends with
+  :class:`LaunchTimeout`; an interrupt stops every rank. No process is left behind.
+
+Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) the same call runs ``fn`` on this process's rank with
+the environment's rendezvous and returns every rank's result, so a chapter's code is also a multi-node
+script (NCCL on GPUs).
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import io
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["launch", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
+
+
+class RankError(RuntimeError):
+    """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback."""
+
+    def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = ""):
+        self.rank, self.rank_traceback, self.output = rank, rank_traceback, output
+        text = f"rank {rank} failed: {message}"
+        if rank_traceback:
+            text += f"\n\n--- traceback on rank {rank} ---\n{rank_traceback.rstrip()}"
+        if output.strip():
+            text += f"\n\n--- output of rank {rank} ---\n{output.rstrip()}"
+        super().__init__(text)
+
+
+class LaunchTimeout(RankError):
+    """The run did not finish in time: most likely a deadlock (a rank waits for a message never sent)."""
+
+
+def _check_world_size(world_size) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+
+
+def _in_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
+           timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
+           quiet: bool = False, **kwargs) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return the per-rank results.
+
+    ``timeout`` bounds every collective (gloo raises on the waiting ranks); the whole run is also cut off
+    at ``2 * timeout + 30`` seconds as a last resort. ``start_method`` is ``"fork"`` on Linux by default and
+    ``"spawn"`` elsewhere (the function then travels with cloudpickle, so notebook functions work).
+    ``quiet=True`` keeps the ranks' captured output to yourself (it is still attached to errors).
+    """
+    _check_world_size(world_size)
+    if _in_torchrun():
+        return _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError("launch() was called from a process that already has a torch.distributed process "
+                           "group; call fn directly there, or destroy the group first")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    ctx = mp.get_context(method)
+    workdir = tempfile.mkdtemp(prefix="minipar-")
+    payload = _dumps((fn, args, kwargs)) if method != "fork" else None
+    procs = []
+    try:
+        for rank in range(world_size):
+            p = ctx.Process(target=_rank_main, daemon=True, name=f"minipar-rank{rank}",
+                            args=(rank, world_size, workdir, backend, timeout, payload,
+                                  (fn, args, kwargs) if payload is None else None))
+            p.start()
+            procs.append(p)
+        results = _wait(procs, workdir, timeout)
+        outputs = [_read_output(workdir, r) for r in range(world_size)]
+        if not quiet:
+            _print_outputs(outputs)
+        return results
+    finally:
+        for p in procs:  # whatever happened (error, timeout, KeyboardInterrupt): no process survives us
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait(procs, workdir: str, timeout: float) -> list:
+    world_size = len(procs)
+    results: list = [None] * world_size
+    done = [False] * world_size
+    deadline = time.monotonic() + 2 * timeout + 30
+    while not all(done):
+        for rank, p in enumerate(procs):
+            if done[rank] or p.exitcode is None:
+                continue
+            done[rank] = True
+            status, value = _read_result(workdir, rank)
+            if status == "ok":
+                results[rank] = value
+                continue
+            # The first rank to fail wins; the others are killed (they may be stuck in a collective).
+            output = _read_output(workdir, rank)
+            if status == "error":
+                message, tb, timed_out = value
+                if timed_out:
+                    raise LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout "
+                                              f"(a deadlock: no rank sent what rank {rank} waits for)\n"
+                                              f"{message}", tb, output)
+                finished = [r for r in range(world_size) if done[r] and r != rank]
+                if "peer" in message.lower() and finished:
+                    message += (f"\n(ranks {finished} had already returned: the ranks did not call the same "
+                                f"collectives, or one left before its peers were done)")
+                raise RankError(rank, message, tb, output)
+            raise RankError(rank, f"process exited with code {p.exitcode} without returning "
+                                  f"(killed, crashed, or called os._exit)", output=output)
+        if time.monotonic() > deadline:
+            waiting = [r for r in range(world_size) if not done[r]]
+            raise LaunchTimeout(waiting[0], f"ranks {waiting} did not finish within {2 * timeout + 30:.0f} s "
+                                            f"(deadlock?)", output=_read_output(workdir, waiting[0]))
+        time.sleep(0.005)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------------
+# What runs in each rank's process
+# ----------------------------------------------------------------------------------------------------
+
+def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
+    _die_with_parent()
+    torch.set_num_threads(1)
+    out_path = os.path.join(workdir, f"out{rank}.txt")
+    out = open(out_path, "w", buffering=1)
+    # Redirect the file descriptors too, so output from C++ (gloo warnings) is captured as well.
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(out.fileno(), 1)
+    os.dup2(out.fileno(), 2)
+    sys.stdout = sys.stderr = out
+    os.environ["LOCAL_RANK"] = str(rank)  # what torchrun would set, for code that reads it
+    try:
+        fn, args, kwargs = direct if direct is not None else _loads(payload)
+        store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        value = fn(rank, world_size, *args, **kwargs)
+        _write_result(workdir, rank, ("ok", value))
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        timed_out = "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+        _write_result(workdir, rank, ("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                                                 timed_out)))
+    finally:
+        out.flush()
+        # Skip interpreter teardown: destroying a process group whose peers are gone can block.
+        os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to kill this rank if the launching process dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _write_result(workdir, rank, obj) -> None:
+    path = os.path.join(workdir, f"result{rank}.pt")
+    try:
+        data = _dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable return value is the caller's error
+        data = _dumps(("error", (f"the return value of rank {rank} cannot be pickled: {exc}",
+                                 traceback.format_exc(), False)))
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)  # atomic: the parent never reads half a result
+
+
+def _read_result(workdir, rank):
+    path = os.path.join(workdir, f"result{rank}.pt")
+    if not os.path.exists(path):
+        return "missing", None
+    with open(path, "rb") as f:
+        return _loads(f.read())
+
+
+def _read_output(workdir, rank) -> str:
+    try:
+        with open(os.path.join(workdir, f"out{rank}.txt"), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _print_outputs(outputs) -> None:
+    for rank, text in enumerate(outputs):
+        for line in text.splitlines():
+            print(f"[rank {rank}] {line}")
+
+
+def _dumps(obj) -> bytes:
+    import cloudpickle  # carries functions defined in a notebook cell, unlike pickle
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_module=cloudpickle)
+    return buf.getvalue()
+
+
+def _loads(data: bytes):
+    return torch.load(io.BytesIO(data), weights_only=False, pickle_module=pickle)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Under torchrun
+# ----------------------------------------------------------------------------------------------------
+
+def _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout):
+    rank, env_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if env_world != world_size:
+        raise ValueError(f"launch(world_size={world_size}) under torchrun with WORLD_SIZE={env_world}")
+    if backend == "nccl" and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    value = fn(rank, world_size, *args, **kwargs)
+    # Every rank returns every rank's result, as in the local launcher (objects travel over gloo).
+    objects_group = dist.new_group(backend="gloo")
+    results: list = [None] * world_size
+    dist.all_gather_object(results, value, group=objects_group)
+    return results
