@@ -1,0 +1,151 @@
+"""What a floating-point format can represent, computed from its bit layout alone.
+
+A binary float with ``e`` exponent bits and ``m`` mantissa (fraction) bits stores a sign ``s``, a biased
+exponent ``E`` and a fraction ``M`` (IEEE 754; BF16 keeps the same rules with FP32's exponent):
+
+* normal (0 < E < 2^e - 1):   (-1)^s · 2^(E - bias) · (1 + M / 2^m),   bias = 2^(e-1) - 1
+* subnormal (E = 0):          (-1)^s · 2^(1 - bias) · (M / 2^m)         (gradual underflow down to 0)
+* E = 2^e - 1:                ±inf when M = 0, NaN otherwise
+
+From which: largest = (2 - 2^-m) · 2^bias, smallest normal = 2^(1-bias), smallest subnormal = 2^(1-bias-m),
+epsilon (the gap after 1.0) = 2^-m, and the gap between neighbours near x is 2^(floor(log2|x|) - m).
+
+    FP32 1/8/23  max 3.4e38   tiny 1.2e-38  subnormal 1.4e-45  eps 1.2e-7   (~7.2 decimal digits)
+    FP16 1/5/10  max 65504    tiny 6.1e-5   subnormal 6.0e-8   eps 9.8e-4   (~3.3 decimal digits)
+    BF16 1/8/7   max 3.4e38   tiny 1.2e-38  subnormal 9.2e-41  eps 7.8e-3   (~2.4 decimal digits)
+
+BF16 comes from Google Brain (Wang & Kanwar 2019, used on TPUs); FP16 mixed precision from Micikevicius
+et al. 2018, "Mixed Precision Training". The constants here are checked against ``torch.finfo`` in the tests.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FORMATS", "format_of", "Decoded", "decompose", "compose",
+           "round_to", "spacing"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    dtype: torch.dtype
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.exponent_bits - 1) - 1
+
+    @property
+    def max(self) -> float:
+        """Largest finite value: biased exponent all ones but one, fraction all ones."""
+        return (2 - 2.0 ** -self.mantissa_bits) * 2.0 ** self.bias
+
+    @property
+    def smallest_normal(self) -> float:
+        return 2.0 ** (1 - self.bias)
+
+    @property
+    def smallest_subnormal(self) -> float:
+        return 2.0 ** (1 - self.bias - self.mantissa_bits)
+
+    @property
+    def eps(self) -> float:
+        """The gap between 1.0 and the next representable value."""
+        return 2.0 ** -self.mantissa_bits
+
+    @property
+    def decimal_digits(self) -> float:
+        """Significant decimal digits: log10 of 2^(m+1) (the implicit leading 1 counts)."""
+        return (self.mantissa_bits + 1) * math.log10(2)
+
+
+FP32 = FloatFormat("FP32", 8, 23, torch.float32)
+FP16 = FloatFormat("FP16", 5, 10, torch.float16)
+BF16 = FloatFormat("BF16", 8, 7, torch.bfloat16)
+FORMATS = {f.name: f for f in (FP32, FP16, BF16)}
+_INT_OF_WIDTH = {16: torch.int16, 32: torch.int32}
+
+
+def format_of(fmt) -> FloatFormat:
+    """Accept a :class:`FloatFormat`, its name ("FP16") or its torch dtype."""
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    for f in FORMATS.values():
+        if fmt in (f.name, f.name.lower(), f.dtype):
+            return f
+    raise ValueError(f"unknown float format {fmt!r}; use one of {list(FORMATS)} or their torch dtypes")
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One value's fields. ``value`` is recomputed from the fields with the formula, not read from torch."""
+    fmt: FloatFormat
+    sign: int
+    exponent: int          # the stored (biased) exponent field
+    mantissa: int          # the stored fraction field
+    kind: str              # "normal", "subnormal", "zero", "inf" or "nan"
+    value: float
+
+    @property
+    def bit_string(self) -> str:
+        """Sign, exponent and fraction separated by spaces, e.g. ``0 01111 0000000000`` for 1.0 in FP16."""
+        e, m = self.fmt.exponent_bits, self.fmt.mantissa_bits
+        return f"{self.sign} {self.exponent:0{e}b} {self.mantissa:0{m}b}"
+
+    @property
+    def unbiased_exponent(self) -> int:
+        return self.exponent - self.fmt.bias if self.kind == "normal" else 1 - self.fmt.bias
+
+
+def compose(sign: int, exponent: int, mantissa: int, fmt) -> float:
+    """The value of the fields (sign, biased exponent, fraction) under the format's rules."""
+    f = format_of(fmt)
+    top = 2 ** f.exponent_bits - 1
+    if not (0 <= exponent <= top and 0 <= mantissa < 2 ** f.mantissa_bits and sign in (0, 1)):
+        raise ValueError(f"fields out of range for {f.name}: sign={sign}, exponent={exponent}, mantissa={mantissa}")
+    s = -1.0 if sign else 1.0
+    if exponent == top:
+        return s * math.inf if mantissa == 0 else math.nan
+    fraction = mantissa / 2 ** f.mantissa_bits
+    if exponent == 0:                                   # subnormal (or zero): no implicit leading 1
+        return s * math.ldexp(fraction, 1 - f.bias)
+    return s * math.ldexp(1 + fraction, exponent - f.bias)
+
+
+def decompose(x, fmt) -> Decoded:
+    """Round ``x`` to the format (round to nearest, ties to even) and split its bits into the three fields."""
+    f = format_of(fmt)
+    t = torch.as_tensor(x, dtype=torch.float64).reshape(1).to(f.dtype)
+    raw = int(t.view(_INT_OF_WIDTH[f.bits]).item()) & (2 ** f.bits - 1)   # two's complement -> unsigned
+    sign = raw >> (f.bits - 1)
+    exponent = (raw >> f.mantissa_bits) & (2 ** f.exponent_bits - 1)
+    mantissa = raw & (2 ** f.mantissa_bits - 1)
+    if exponent == 2 ** f.exponent_bits - 1:
+        kind = "inf" if mantissa == 0 else "nan"
+    elif exponent == 0:
+        kind = "zero" if mantissa == 0 else "subnormal"
+    else:
+        kind = "normal"
+    return Decoded(f, sign, exponent, mantissa, kind, compose(sign, exponent, mantissa, f))
+
+
+def round_to(x, fmt) -> float:
+    """``x`` rounded to the nearest value the format can hold (what ``tensor.to(dtype)`` does)."""
+    return float(torch.as_tensor(x, dtype=torch.float64).to(format_of(fmt).dtype).double())
+
+
+def spacing(x: float, fmt) -> float:
+    """The gap between representable values around ``|x|`` (one unit in the last place)."""
+    f = format_of(fmt)
+    x = abs(x)
+    if x < f.smallest_normal:
+        return f.smallest_subnormal
+    return 2.0 ** (math.floor(math.log2(x)) - f.mantissa_bits)

@@ -1,0 +1,77 @@
+"""Format constants computed from the bit layout agree with torch.finfo; decoding the bits of a value and
+recomputing it from the fields gives back exactly what torch stores."""
+import math
+
+import pytest
+import torch
+
+from minipar.precision.formats import BF16, FORMATS, FP16, FP32, compose, decompose, format_of, round_to, spacing
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_constants_match_torch_finfo(name):
+    f = FORMATS[name]
+    info = torch.finfo(f.dtype)
+    assert f.bits == info.bits
+    assert f.max == info.max
+    assert f.smallest_normal == info.tiny
+    # finfo has no smallest subnormal: it is the value after 0 (nextafter), which torch computes itself
+    after_zero = torch.nextafter(torch.zeros((), dtype=f.dtype), torch.ones((), dtype=f.dtype))
+    assert f.smallest_subnormal == float(after_zero.double()) > 0
+    assert f.eps == info.eps
+
+
+def test_known_layouts_and_constants():
+    assert (FP32.exponent_bits, FP32.mantissa_bits) == (8, 23)
+    assert (FP16.exponent_bits, FP16.mantissa_bits) == (5, 10)
+    assert (BF16.exponent_bits, BF16.mantissa_bits) == (8, 7)
+    assert FP16.max == 65504.0 and FP16.smallest_subnormal == 2.0 ** -24 and FP16.smallest_normal == 2.0 ** -14
+    assert BF16.smallest_normal == FP32.smallest_normal          # same exponent, same range
+    assert BF16.eps / FP16.eps == 8                                 # 3 fewer mantissa bits
+
+
+def test_known_bit_patterns():
+    assert decompose(1.0, FP16).bit_string == "0 01111 0000000000"
+    assert decompose(-2.5, FP16).bit_string == "1 10000 0100000000"
+    assert decompose(65504, FP16).bit_string == "0 11110 1111111111"
+    assert decompose(1.0, BF16).bit_string == "0 01111111 0000000"
+    assert decompose(1.0, FP32).bit_string == "0 01111111 " + "0" * 23
+    assert decompose(65520, FP16).kind == "inf"                     # rounds past max: overflow
+    assert decompose(2.0 ** -25, FP16).kind == "zero"              # half the smallest subnormal: ties to even -> 0
+    assert decompose(2.0 ** -24, FP16).kind == "subnormal"
+    assert decompose(float("nan"), BF16).kind == "nan"
+
+
+def _samples():
+    g = torch.Generator().manual_seed(0)
+    mags = torch.exp2(torch.empty(2000, dtype=torch.float64).uniform_(-150, 130, generator=g))
+    signs = torch.where(torch.rand(2000, generator=g) < 0.5, -1.0, 1.0).double()
+    specials = [0.0, -0.0, 1.0, 1 / 3, 0.1, 65504.0, 65519.0, 65520.0, 1e-8, 3e-8, 6e-5, 1e-40, 1e-45,
+                float("inf"), float("-inf"), 3.4e38, 3.5e38]
+    return specials + (mags * signs).tolist()
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_decompose_then_compose_is_exactly_torch_rounding(name):
+    f = FORMATS[name]
+    for x in _samples():
+        d = decompose(x, f)
+        want = round_to(x, f)
+        assert d.value == want or (math.isnan(want) and math.isnan(d.value)), (x, d, want)
+        assert math.copysign(1, d.value) == math.copysign(1, want)
+        assert compose(d.sign, d.exponent, d.mantissa, f) == d.value
+
+
+def test_spacing_is_the_gap_to_the_next_value():
+    for f in (FP32, FP16, BF16):
+        for x in (1.0, 3.0, 1000.0, 1e-3, f.smallest_normal, f.smallest_normal / 4):
+            nxt = torch.nextafter(torch.tensor(x, dtype=f.dtype), torch.tensor(math.inf, dtype=f.dtype))
+            assert spacing(x, f) == float(nxt.double()) - round_to(x, f), (f.name, x)
+    assert spacing(2048.0, FP16) == 2.0        # above 2048, FP16 cannot hold odd integers
+
+
+def test_bad_format_and_fields():
+    with pytest.raises(ValueError):
+        format_of("fp8")
+    with pytest.raises(ValueError):
+        compose(0, 32, 0, FP16)
