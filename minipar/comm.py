@@ -239,25 +239,26 @@ def reduce(t: torch.Tensor, dst: int, op=dist.ReduceOp.SUM, group=None):
     return t
 
 
-def send(t: torch.Tensor, dst: int, group=None):
-    _, sec = _timed(lambda: dist.send(t, dst=dst, group=group))
+def send(t: torch.Tensor, dst: int, group=None, tag: int = 0):
+    _, sec = _timed(lambda: dist.send(t, dst=dst, group=group, tag=tag))
     _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
 
 
-def recv(t: torch.Tensor, src: int, group=None):
-    _, sec = _timed(lambda: dist.recv(t, src=src, group=group))
+def recv(t: torch.Tensor, src: int, group=None, tag: int = 0):
+    _, sec = _timed(lambda: dist.recv(t, src=src, group=group, tag=tag))
     _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
     return t
 
 
-def isend(t: torch.Tensor, dst: int, group=None):
-    work, sec = _timed(lambda: dist.isend(t, dst=dst, group=group))
+def isend(t: torch.Tensor, dst: int, group=None, tag: int = 0):
+    """``tag`` tells messages between the same two ranks apart (a pipeline's activations vs gradients)."""
+    work, sec = _timed(lambda: dist.isend(t, dst=dst, group=group, tag=tag))
     _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
     return work
 
 
-def irecv(t: torch.Tensor, src: int, group=None):
-    work, sec = _timed(lambda: dist.irecv(t, src=src, group=group))
+def irecv(t: torch.Tensor, src: int, group=None, tag: int = 0):
+    work, sec = _timed(lambda: dist.irecv(t, src=src, group=group, tag=tag))
     _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
     return work
 
