@@ -98,7 +98,19 @@ class Comparison:
 
 
 def train_reference(recipe: Recipe) -> RunResult:
-    """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps."""
+    """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps.
+
+    Runs with one intra-op thread, as every rank does (see :func:`minipar.launch.launch`): kernels split
+    their sums differently over a different number of threads, which would rule out bit-exact checks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_reference(recipe)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_reference(recipe: Recipe) -> RunResult:
     model = recipe.model().to(recipe.dtype)
     opt = recipe.optimizer(model.parameters())
     losses = []
