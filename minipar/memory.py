@@ -70,12 +70,15 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # An output that shares storage with an input (in-place op, view, out=) allocated nothing new.
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue
             st = t.untyped_storage()
             ptr, n = st.data_ptr(), st.nbytes()
-            if n == 0 or ptr in self._live:
+            if n == 0 or ptr in self._live or ptr in inputs:
                 continue
             self._live[ptr] = weakref.finalize(st, self._freed, ptr, n)
             self.current += n
