@@ -1,0 +1,174 @@
+"""The tiny GPT made tensor-parallel by swapping its layers, and back (Shoeybi et al. 2019; with
+``sequence_parallel=True``, Korthikanti et al. 2022).
+
+:class:`TensorParallelGPT` is built from a single-device :class:`minipar.models.TinyGPT`: every shard is
+cut from the reference weights, so a parallel run starts from exactly the same model. Per block::
+
+    x = x + Attn(LN1(x))     QKV column-parallel (heads split), projection row-parallel
+    x = x + MLP(LN2(x))      fc column-parallel, GeLU on the shard, proj row-parallel
+
+The token embedding and the LM head are vocabulary-parallel, and the loss is computed from the
+vocabulary-sharded logits (:func:`minipar.tensor.vocab.vocab_parallel_cross_entropy`).
+:meth:`TensorParallelGPT.full_state_dict` gathers the shards back into one state dict under the
+reference names, so :mod:`minipar.check` compares parameter by parameter.
+
+The group is an argument: the tensor-parallel group of a :class:`minipar.mesh.RankMesh` in a hybrid run.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..check import Recipe, RunResult, check_equivalence
+from ..mesh import Mesh
+from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, TensorParallelAttention,
+                     TensorParallelMLP, dropout)
+from .operators import all_gather_dim, tp_rank, tp_size
+from .sequence import sync_sequence_parallel_grads
+from .vocab import VocabParallelEmbedding, pad_rows, padded_vocab_size, vocab_parallel_cross_entropy
+
+__all__ = ["check_tp_config", "TensorParallelBlock", "TensorParallelGPT", "lm_loss", "parallel_train",
+           "run_tensor_parallel"]
+
+
+def check_tp_config(cfg, tp: int, seq_len: int | None = None, sequence_parallel: bool = False) -> None:
+    """Raise a ValueError (before any process starts) if ``cfg`` cannot be split ``tp`` ways."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp!r}")
+    for what, size in (("n_head (attention heads)", cfg.n_head), ("n_embd (hidden size)", cfg.n_embd),
+                       ("ffn_hidden (MLP hidden size)", cfg.ffn_hidden)):
+        if size % tp:
+            raise ValueError(f"{what} = {size} is not divisible by the tensor-parallel degree {tp}: "
+                             f"each rank must get the same number of heads / columns")
+    if sequence_parallel and seq_len is not None and seq_len % tp:
+        raise ValueError(f"sequence parallelism splits the sequence into {tp} shards, but the sequence "
+                         f"length {seq_len} is not divisible by {tp}")
+
+
+class TensorParallelBlock(nn.Module):
+    def __init__(self, block, group, sequence_parallel: bool, streams: DropoutStreams):
+        super().__init__()
+        self.ln1, self.ln2 = block.ln1, block.ln2      # replicated; on sequence shards under SP
+        self.attn = TensorParallelAttention(block.attn, group, sequence_parallel, streams)
+        self.mlp = TensorParallelMLP(block.mlp.fc, block.mlp.proj, group, sequence_parallel,
+                                     block.mlp.drop.p, streams)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TensorParallelGPT(nn.Module):
+    """``forward(idx)`` returns this rank's vocabulary columns of the logits, (b, s, V_padded/t)."""
+
+    def __init__(self, ref, group, sequence_parallel: bool = False, seed: int = 0):
+        super().__init__()
+        cfg, t = ref.cfg, tp_size(group)
+        check_tp_config(cfg, t)
+        self.cfg, self.group, self.sequence_parallel = cfg, group, sequence_parallel
+        self.streams = DropoutStreams(seed, group, ref.tok_emb.weight.device)
+        self.tok_emb = VocabParallelEmbedding(ref.tok_emb, group, sequence_parallel)
+        self.pos_emb, self.ln_f = ref.pos_emb, ref.ln_f
+        self.blocks = nn.ModuleList(TensorParallelBlock(b, group, sequence_parallel, self.streams)
+                                    for b in ref.blocks)
+        head = pad_rows(ref.head.weight, padded_vocab_size(cfg.vocab_size, t))
+        self.head = ColumnParallelLinear(head, None, group, sequence_parallel=sequence_parallel)
+        if cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight   # the same vocabulary rows on this rank
+
+    def forward(self, idx):
+        s = idx.shape[1]
+        if s > self.cfg.block_size:
+            raise ValueError(f"sequence length {s} exceeds block_size {self.cfg.block_size}")
+        pos = torch.arange(s, device=idx.device)
+        x = self.tok_emb(idx)                          # whole sequence, or my shard under SP
+        if self.sequence_parallel:
+            pos = pos.chunk(tp_size(self.group))[tp_rank(self.group)]
+        stream = self.streams.per_rank if self.sequence_parallel else self.streams.replicated
+        x = dropout(x + self.pos_emb(pos), self.cfg.dropout, stream, self.training)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))                 # the head all-gathers the sequence under SP
+
+    def loss(self, idx, targets, label_smoothing: float = 0.0):
+        per_token = vocab_parallel_cross_entropy(self(idx), targets, self.group, self.cfg.vocab_size,
+                                                 label_smoothing)
+        return per_token.mean()
+
+    def sequence_parallel_params(self) -> list:
+        """Replicated parameters applied to sequence shards (their gradients need a sum over the group)."""
+        if not self.sequence_parallel:
+            return []
+        params = list(self.pos_emb.parameters()) + list(self.ln_f.parameters())
+        for b in self.blocks:
+            params += list(b.ln1.parameters()) + list(b.ln2.parameters())
+            params += [m.bias for m in (b.attn.proj, b.mlp.proj) if m.bias is not None]
+        return params
+
+    def finish_backward(self) -> None:
+        """Call after ``backward()``: the SP gradient sum (nothing to do without SP)."""
+        sync_sequence_parallel_grads(self.sequence_parallel_params(), self.group)
+
+    def full_state_dict(self) -> dict:
+        """Every parameter whole, under the reference names (a collective: every rank of the group calls it)."""
+        out = {}
+        for name, p in self.named_parameters():
+            module_name = name.rsplit(".", 1)[0]
+            module = self.get_submodule(module_name)
+            if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+                full = _gather_rows(p.detach(), self.group, getattr(module, "parts", 1))
+                if module_name in ("tok_emb", "head"):
+                    full = full[: self.cfg.vocab_size]        # drop the padding rows
+            elif isinstance(module, RowParallelLinear) and name.endswith("weight"):
+                full = all_gather_dim(p.detach(), 1, self.group)
+            else:
+                full = p.detach().clone()
+            out[name] = full
+        return out
+
+
+def _gather_rows(shard, group, parts):
+    """Inverse of :func:`minipar.tensor.layers.shard_rows`: all-gather and put each part's rows back."""
+    gathered = all_gather_dim(shard, 0, group).chunk(tp_size(group))           # one shard per rank
+    return torch.cat([torch.cat([g.chunk(parts)[i] for g in gathered]) for i in range(parts)])
+
+
+def lm_loss(model, inputs, targets, label_smoothing: float = 0.0):
+    """The single-device loss with the same label smoothing."""
+    logits = model(inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           label_smoothing=label_smoothing)
+
+
+def parallel_train(rank, world_size, recipe: Recipe, sequence_parallel: bool = False,
+                   label_smoothing: float = 0.0, group=None) -> RunResult:
+    """Train ``recipe`` (a TinyGPT) tensor-parallel; every rank of the group gets the whole batch.
+    ``group`` defaults to a tensor-parallel group over all ranks (``Mesh(world_size, tp=world_size)``)."""
+    group = group if group is not None else Mesh(world_size, tp=world_size).build(rank).group("tp")
+    ref = recipe.model().to(recipe.dtype)
+    model = TensorParallelGPT(ref, group, sequence_parallel)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for inputs, targets in recipe.batches:
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(inputs, targets, label_smoothing)
+        loss.backward()
+        model.finish_backward()
+        opt.step()
+        losses.append(loss.item())
+    return RunResult(losses, model.full_state_dict())
+
+
+def run_tensor_parallel(recipe: Recipe, tp: int, sequence_parallel: bool = False,
+                        label_smoothing: float = 0.0, **check_kwargs):
+    """Validate, then train with TP (± SP) on ``tp`` ranks and compare with one device
+    (:func:`minipar.check.check_equivalence`). Returns the :class:`~minipar.check.Comparison`."""
+    check_tp_config(recipe.model().cfg, tp, recipe.batches[0][0].shape[1], sequence_parallel)
+    if label_smoothing:
+        recipe = Recipe(recipe.model, recipe.batches, recipe.optimizer,
+                        functools.partial(lm_loss, label_smoothing=label_smoothing), recipe.dtype, recipe.name)
+    return check_equivalence(parallel_train, tp, recipe, sequence_parallel=sequence_parallel,
+                             label_smoothing=label_smoothing, **check_kwargs)

@@ -1,0 +1,171 @@
+"""Megatron's tensor-parallel layers, cut from a single-device layer (Shoeybi et al. 2019).
+
+A linear layer computes ``Y = X A + b`` (PyTorch stores ``W = Aᵀ``, shape (out, in)). On t ranks:
+
+* **column-parallel**: ``A = [A_1 … A_t]`` by columns (W by rows); rank i computes ``Y_i = X A_i + b_i``,
+  a slice of the output features. Needs the whole X: ``f`` in front (backward all-reduce of dX).
+* **row-parallel**: ``A = [A_1; …; A_t]`` by rows (W by columns); rank i takes the slice ``X_i`` of the input
+  features (the column-parallel output, as it is) and computes the partial sum ``X_i A_i``;
+  ``Y = Σ_i X_i A_i`` by ``g`` (all-reduce forward). The bias is added once, after the sum.
+
+So ``MLP(X) = GeLU(X A) B`` is column then row: GeLU acts element-wise on ``X A_i`` (no communication
+between the two layers), one all-reduce forward (g) and one backward (f). Attention splits by heads: each
+rank's QKV columns are its heads' Q, K and V; the output projection is row-parallel.
+
+With ``sequence_parallel=True`` the layers take and give sequence shards (see :mod:`.sequence`): the
+column-parallel layer all-gathers its input, the row-parallel one reduce-scatters its output.
+
+Dropout draws from :class:`DropoutStreams`: one stream the same on every rank of the group (for tensors
+every rank holds whole), one different on every rank (for tensors each rank holds a different part of).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
+from .sequence import column_linear_sequence_parallel
+
+__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "ColumnParallelLinear", "RowParallelLinear",
+           "TensorParallelMLP", "TensorParallelAttention"]
+
+
+def shard_rows(w: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s rows of ``w``. With ``parts`` > 1 (a fused QKV weight), ``w`` is ``parts`` stacked
+    blocks and the shard is this rank's slice of each block, stacked (its heads' Q, K and V)."""
+    blocks = w.chunk(parts, dim=0)
+    return torch.cat([b.chunk(t, dim=0)[rank] for b in blocks]).detach().clone()
+
+
+def shard_cols(w: torch.Tensor, rank: int, t: int) -> torch.Tensor:
+    return w.chunk(t, dim=1)[rank].detach().clone()
+
+
+class DropoutStreams:
+    """Two random streams per rank: ``replicated`` (same seed on every rank of the tensor-parallel group:
+    a mask for a tensor all ranks hold whole must agree, or the replicas drift apart) and ``per_rank``
+    (seed offset by the rank: masks for different heads or sequence shards must be independent)."""
+
+    def __init__(self, seed: int, group, device="cpu"):
+        self.replicated = torch.Generator(device).manual_seed(seed)
+        self.per_rank = torch.Generator(device).manual_seed(seed + 2718 + 1000 * tp_rank(group))
+
+
+def dropout(x: torch.Tensor, p: float, generator: torch.Generator | None, training: bool) -> torch.Tensor:
+    """Inverted dropout with a 1-byte mask drawn from ``generator``."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.empty(x.shape, device=x.device).bernoulli_(1 - p, generator=generator).bool()
+    return x * keep / (1 - p)
+
+
+class ColumnParallelLinear(nn.Module):
+    """``Y_i = X A_i + b_i``: this rank's output features. Built from the full ``weight`` (out, in) and
+    ``bias``; ``parts=3`` for a fused QKV weight; ``gather_output`` all-gathers Y (else Y stays split)."""
+
+    def __init__(self, weight, bias, group, parts: int = 1, gather_output: bool = False,
+                 sequence_parallel: bool = False):
+        super().__init__()
+        t, r = tp_size(group), tp_rank(group)
+        if weight.shape[0] % (t * parts):
+            raise ValueError(f"{weight.shape[0]} output features do not split into {t} ranks × {parts} parts")
+        self.group, self.parts, self.gather_output = group, parts, gather_output
+        self.sequence_parallel = sequence_parallel
+        self.weight = nn.Parameter(shard_rows(weight, r, t, parts))
+        self.bias = None if bias is None else nn.Parameter(shard_rows(bias, r, t, parts))
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group, **kwargs) -> "ColumnParallelLinear":
+        return cls(linear.weight, linear.bias, group, **kwargs)
+
+    def forward(self, x):
+        if self.sequence_parallel:   # x is a sequence shard: gather it inside the matmul (saves memory)
+            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group)
+        else:
+            y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)   # f
+        return gather_from_tp(y, self.group) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """``Y = Σ_i X_i A_i + b``: partial products summed by g (or reduce-scattered along the sequence
+    under sequence parallelism), then the full bias, added once on every rank."""
+
+    def __init__(self, weight, bias, group, input_is_parallel: bool = True, sequence_parallel: bool = False):
+        super().__init__()
+        t, r = tp_size(group), tp_rank(group)
+        if weight.shape[1] % t:
+            raise ValueError(f"{weight.shape[1]} input features do not split into {t} ranks")
+        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, sequence_parallel
+        self.weight = nn.Parameter(shard_cols(weight, r, t))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group, **kwargs) -> "RowParallelLinear":
+        return cls(linear.weight, linear.bias, group, **kwargs)
+
+    def forward(self, x):
+        if not self.input_is_parallel:
+            x = split_to_tp(x, self.group)
+        partial = F.linear(x, self.weight)      # no bias yet: t ranks would add it t times
+        y = scatter_sequence(partial, self.group) if self.sequence_parallel else reduce_from_tp(partial, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class TensorParallelMLP(nn.Module):
+    """``Dropout(GeLU(X A) B)`` with A column-parallel and B row-parallel: one all-reduce each way."""
+
+    def __init__(self, fc: nn.Linear, proj: nn.Linear, group, sequence_parallel: bool = False,
+                 p_dropout: float = 0.0, streams: DropoutStreams | None = None):
+        super().__init__()
+        self.fc = ColumnParallelLinear.from_linear(fc, group, sequence_parallel=sequence_parallel)
+        self.proj = RowParallelLinear.from_linear(proj, group, sequence_parallel=sequence_parallel)
+        self.p_dropout, self.streams, self.sequence_parallel = p_dropout, streams, sequence_parallel
+
+    def forward(self, x):
+        y = self.proj(F.gelu(self.fc(x)))      # GeLU on this rank's columns: no communication needed
+        return dropout(y, self.p_dropout, _residual_stream(self), self.training)
+
+
+def _residual_stream(layer):
+    """Dropout after the row-parallel layer: every rank holds the whole Y under TP (masks must agree),
+    a different sequence shard under SP (masks must differ)."""
+    if layer.streams is None:
+        return None
+    return layer.streams.per_rank if layer.sequence_parallel else layer.streams.replicated
+
+
+class TensorParallelAttention(nn.Module):
+    """Causal self-attention with the heads split: QKV column-parallel (this rank's heads' Q, K, V),
+    the attention core on n_head/t local heads, the output projection row-parallel."""
+
+    def __init__(self, attn, group, sequence_parallel: bool = False, streams: DropoutStreams | None = None):
+        super().__init__()
+        t = tp_size(group)
+        if attn.n_head % t:
+            raise ValueError(f"n_head={attn.n_head} is not divisible by the tensor-parallel degree {t}")
+        self.local_heads, self.p_dropout = attn.n_head // t, attn.dropout
+        self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, parts=3, sequence_parallel=sequence_parallel)
+        self.proj = RowParallelLinear.from_linear(attn.proj, group, sequence_parallel=sequence_parallel)
+        self.streams, self.sequence_parallel = streams, sequence_parallel
+
+    def core(self, q, k, v):
+        """softmax(Q Kᵀ/√d + causal mask) V on (batch, local heads, seq, d_head); heads differ by rank, so
+        the attention dropout draws from the per-rank stream."""
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        s = q.shape[-2]
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        att = dropout(att, self.p_dropout, self.streams and self.streams.per_rank, self.training)
+        return att @ v
+
+    def forward(self, x):
+        qkv = self.qkv(x)                                  # (b, s, 3·h/t): whole sequence
+        b, s, width = qkv.shape
+        q, k, v = qkv.split(width // 3, dim=-1)
+        d = width // 3 // self.local_heads
+        q, k, v = (z.view(b, s, self.local_heads, d).transpose(1, 2) for z in (q, k, v))
+        y = self.core(q, k, v).transpose(1, 2).reshape(b, s, width // 3)
+        return dropout(self.proj(y), self.p_dropout, _residual_stream(self), self.training)

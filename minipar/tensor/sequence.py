@@ -1,0 +1,125 @@
+"""Megatron sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models").
+
+Under tensor parallelism (TP) the LayerNorms and dropouts run on the whole (b, s, h) activation on every
+rank: ``sbh·10`` bytes per layer (16-bit) that TP does not divide. Sequence parallelism (SP) cuts those
+regions along the sequence: each rank keeps s/t tokens. Where a column-parallel layer needs the whole
+sequence, an **all-gather** (forward; reduce-scatter backward) replaces f; after a row-parallel layer a
+**reduce-scatter** (forward; all-gather backward) replaces g. An all-reduce *is* a reduce-scatter followed
+by an all-gather, so the bytes are the same: ``2(t-1)/t · sbh`` per rank per all-reduce either way.
+
+Activation bytes per layer (a = heads, 16-bit activations, 1-byte dropout masks; the paper's eq. 2–4)::
+
+    no parallelism    sbh (34 + 5as/h)
+    TP                sbh (10 + 24/t + 5as/(ht))
+    TP + SP           sbh (34/t + 5as/(ht))
+
+The column-parallel layer under SP keeps only its input's sequence shard for backward and all-gathers it
+again there (an extra all-gather per column-parallel layer in backward, which Megatron overlaps with the
+weight-gradient matmul): without that, the gathered input (sbh per layer) would be kept whole.
+
+Replicated parameters used on sequence shards (LayerNorm weights, the row-parallel biases, the position
+embedding) now get only this shard's part of their gradient: :func:`sync_sequence_parallel_grads` sums
+them over the group after backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import comm
+from .operators import all_gather_dim, reduce_scatter_dim, SEQ_DIM
+
+__all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "activation_elements",
+           "activation_bytes_formula", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
+
+
+class _GatheredInputLinear(torch.autograd.Function):
+    """``Y = AG(X_shard) Wᵀ + b``, saving only ``X_shard`` for backward."""
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, group):
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x_shard, weight)
+        x = all_gather_dim(x_shard, SEQ_DIM, group)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x_shard, weight = ctx.saved_tensors
+        x = all_gather_dim(x_shard, SEQ_DIM, ctx.group)                  # gathered again: memory for bytes
+        grad_x = reduce_scatter_dim(grad_y @ weight, SEQ_DIM, ctx.group)  # each rank has a partial dX
+        grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None
+
+
+def column_linear_sequence_parallel(x_shard, weight, bias, group):
+    """The column-parallel matmul on a sequence shard: all-gather in, sequence-shard-only memory."""
+    return _GatheredInputLinear.apply(x_shard, weight, bias, group)
+
+
+def sync_sequence_parallel_grads(params, group) -> None:
+    """Sum over the tensor-parallel group the gradients of replicated parameters applied to sequence
+    shards (one flat all-reduce for all of them)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    comm.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The formulas the measurements stand beside
+# ----------------------------------------------------------------------------------------------------
+
+def activation_elements(s, b, h, a, t=1, sequence_parallel=False, dropout=True) -> dict:
+    """Per layer, what autograd keeps (Korthikanti et al. 2022 §4.1), as element counts:
+    ``{"values": activations, "masks": dropout-mask elements}``.
+
+    Attention: LN input sbh, QKV input sbh, Q and K 2sbh, softmax output as²b, its dropout output as²b,
+    V sbh, projection input sbh, dropout mask after the projection sbh and after the softmax as²b.
+    MLP: LN input sbh, fc input sbh, GeLU input 4sbh, proj input 4sbh, dropout mask sbh.
+    TP divides what lives inside the parallel regions; SP divides the rest (LN and dropout) too.
+    Without dropout the masks and the attention's dropout output are not kept.
+    """
+    sbh, as2b = s * b * h, a * s * s * b
+    # inside the parallel regions: Q, K; V; attention-projection input; GeLU input; MLP-projection input
+    split = 2 * sbh + sbh + sbh + 4 * sbh + 4 * sbh + (2 if dropout else 1) * as2b
+    whole = 2 * sbh + 2 * sbh                  # the two LN inputs; the QKV and fc inputs
+    masks_split = as2b if dropout else 0
+    masks_whole = 2 * sbh if dropout else 0
+    rest_divisor = t if sequence_parallel else 1
+    return {"values": split / t + whole / rest_divisor, "masks": masks_split / t + masks_whole / rest_divisor}
+
+
+def activation_bytes_formula(s, b, h, a, t=1, sequence_parallel=False, value_bytes=2, mask_bytes=1,
+                             dropout=True) -> float:
+    """Activation bytes per layer: the paper's constants for 2-byte values and 1-byte masks, scaled to
+    ``value_bytes`` (4 for float32)."""
+    e = activation_elements(s, b, h, a, t, sequence_parallel, dropout)
+    return e["values"] * value_bytes + e["masks"] * mask_bytes
+
+
+def korthikanti_bytes(s, b, h, a, t=1, sequence_parallel=False) -> float:
+    """The paper's own closed forms (16-bit, with dropout): sbh(10 + 24/t + 5as/(ht)) or sbh(34/t + 5as/(ht))."""
+    if sequence_parallel:
+        return s * b * h * (34 / t + 5 * a * s / (h * t))
+    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def tp_bytes_per_layer(s, b, h, t, value_bytes=4) -> float:
+    """Bytes one rank sends per layer per step under TP: 4 all-reduces of b·s·h (g forward and f backward
+    for attention and for the MLP), each 2(t-1)/t · S."""
+    return 4 * comm.predicted_bytes_sent("all_reduce", s * b * h * value_bytes, t)
+
+
+def sp_bytes_per_layer(s, b, h, t, value_bytes=4, regather=True) -> float:
+    """Under SP: each all-reduce becomes an all-gather + a reduce-scatter, the same bytes; plus, with
+    ``regather``, the all-gather of each column-parallel input again in backward (2 per layer)."""
+    ag = comm.predicted_bytes_sent("all_gather", s * b * h * value_bytes, t)
+    rs = comm.predicted_bytes_sent("reduce_scatter", s * b * h * value_bytes, t)
+    return 4 * (ag + rs) + (2 * ag if regather else 0)
