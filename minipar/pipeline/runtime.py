@@ -1,0 +1,199 @@
+"""Train with a pipeline schedule: each rank runs its action list, passing activations forward and
+gradients backward with point-to-point messages (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021).
+
+Per step, the global batch is cut into m equal micro-batches and each micro-batch's loss is divided by m,
+so the gradients summed over micro-batches are those of the global-batch mean loss:
+
+    ∇L = ∇ (1/m) Σ_i L_i       (L_i the mean loss of micro-batch i; equal micro-batch sizes)
+
+and one optimizer step on them equals single-device training up to the order of float summation.
+
+Why it cannot deadlock: sends are ``isend`` (posted, never waited for until they complete on their own) and
+a rank blocks only on the ``irecv`` of the input its next action needs. Every message carries a tag naming
+(kind, stage, micro-batch), so a receive matches its own message whatever order the peer sent them in. A
+rank then waits only for actions that come earlier in the dependency graph, which is acyclic for every
+valid schedule (:func:`minipar.pipeline.simulate.simulate` checks it on a clock, without processes).
+
+The B/W split of zero-bubble schedules uses ``torch.autograd.grad`` twice on the stage's graph: B asks for
+the input gradient (keeping the graph), W for the parameter gradients. That is exact, but W walks the graph
+again, so its cost here is close to a whole backward; a real implementation splits each matmul's backward
+(dX = dY Wᵀ now, dW = Xᵀ dY later). The simulator shows the schedule's effect with honest costs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .. import comm
+from ..check import RunResult
+from ..memory import LiveTensorTracker
+from ..mesh import Mesh, RankMesh
+from .schedules import Schedule, make_schedule
+from .stages import assign, boundary_shapes, split_model, stage_loss
+
+__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "synced_clock"]
+
+
+@dataclass
+class PipelineRun(RunResult):
+    """A :class:`RunResult` plus what the rank recorded: ``timeline`` rows (step, kind, stage, microbatch,
+    start, end) with kind F/B/W/BW, ``wait`` (blocked in a receive) or ``send``; ``memory`` rows (time,
+    live bytes) after each action; bytes this rank sent."""
+    timeline: list = field(default_factory=list)
+    memory: list = field(default_factory=list)
+    bytes_sent: int = 0
+
+
+def synced_clock(group=None) -> float:
+    """Rank 0's ``perf_counter`` now, broadcast: timelines of all ranks on one time axis (one machine)."""
+    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    comm.broadcast(t0, src=torch.distributed.get_process_group_ranks(group)[0] if group else 0, group=group)
+    return float(t0)
+
+
+class PipelineRank:
+    """One rank's part of the pipeline: its stages, its action list, its messages."""
+
+    def __init__(self, schedule: Schedule, stages: dict, mesh: RankMesh, shapes: list,
+                 recompute: bool = False, t0: float = 0.0):
+        self.schedule, self.stages, self.shapes = schedule, stages, shapes
+        self.pp_ranks, self.group = mesh.ranks("pp"), mesh.group("pp")
+        self.actions = schedule.actions[mesh.coord("pp")]
+        self.recompute, self.t0 = recompute, t0
+        self.timeline, self.memory = [], []
+        self.last = schedule.num_stages - 1
+
+    # -- messages ---------------------------------------------------------------------------------------
+    def peer(self, stage: int) -> int:
+        """Global rank holding ``stage``; for v = 1 these are ``mesh.pp_prev`` / ``mesh.pp_next``."""
+        return self.pp_ranks[stage % self.schedule.p]
+
+    def tag(self, what: str, stage: int, microbatch: int) -> int:
+        """Unique per message: the activation entering ``stage`` or the gradient leaving it backwards."""
+        return 2 * (stage * self.n_micro + microbatch) + (what == "grad")
+
+    def send(self, t, what, to_stage, microbatch):
+        now = self.clock()
+        tag = self.tag(what, to_stage if what == "act" else to_stage + 1, microbatch)
+        self.pending_sends.append((comm.isend(t.contiguous(), self.peer(to_stage), self.group, tag), t))
+        self.timeline.append((self.step_index, "send", to_stage, microbatch, now, self.clock()))
+
+    def receive(self, what, stage, microbatch):
+        """The activation entering ``stage`` (from stage-1) or the gradient of its output (from stage+1)."""
+        if what == "act":
+            shape, dtype = self.shapes[stage]
+            src = stage - 1
+        else:
+            shape, dtype = self.shapes[stage + 1]
+            src = stage + 1
+        buf = torch.empty(shape, dtype=dtype)
+        start = self.clock()
+        comm.irecv(buf, self.peer(src), self.group, self.tag(what, stage if what == "act" else stage + 1,
+                                                             microbatch)).wait()
+        self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.clock()))
+        return buf
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # -- compute ----------------------------------------------------------------------------------------
+    def module(self, stage: int, microbatch: int):
+        """The module that runs ``stage`` for ``microbatch`` (PipeDream overrides this: weight versions)."""
+        return self.stages[stage]
+
+    def forward(self, stage, mb):
+        x = self.inputs[mb] if stage == 0 else self.receive("act", stage, mb).requires_grad_()
+        module = self.module(stage, mb)
+        y = checkpoint(module, x, use_reentrant=False) if self.recompute else module(x)
+        if stage == self.last:
+            y = stage_loss(y, self.targets[mb]) / self.n_micro   # mean over the global batch
+            self.loss += y.detach()
+        else:
+            self.send(y.detach(), "act", stage + 1, mb)
+        self.saved[(stage, mb)] = (x, y)
+
+    def output_grad(self, stage, mb):
+        return None if stage == self.last else self.receive("grad", stage, mb)
+
+    def backward_full(self, stage, mb):
+        x, y = self.saved.pop((stage, mb))
+        torch.autograd.backward(y, self.output_grad(stage, mb))
+        if stage > 0:
+            self.send(x.grad, "grad", stage - 1, mb)
+        self.after_backward(stage, mb)
+
+    def backward_input(self, stage, mb):
+        x, y = self.saved[(stage, mb)]
+        dy = self.output_grad(stage, mb)
+        if stage > 0:   # stage 0's input is data: nothing to send upstream
+            (dx,) = torch.autograd.grad(y, x, dy, retain_graph=True)
+            self.send(dx, "grad", stage - 1, mb)
+        self.saved[(stage, mb)] = (dy, y)
+
+    def backward_weight(self, stage, mb):
+        dy, y = self.saved.pop((stage, mb))
+        params = [p for p in self.module(stage, mb).parameters() if p.requires_grad]
+        for p, g in zip(params, torch.autograd.grad(y, params, dy, allow_unused=True)):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+        self.after_backward(stage, mb)
+
+    def after_backward(self, stage, mb):
+        """Called once a micro-batch's weight gradient on ``stage`` is done (PipeDream updates here)."""
+
+    # -- one step ---------------------------------------------------------------------------------------
+    def run(self, inputs: list, targets: list, step_index: int = 0, tracker: LiveTensorTracker | None = None):
+        """Execute this rank's actions for one global batch; return the loss (last stage) or None."""
+        self.inputs, self.targets, self.n_micro = inputs, targets, len(inputs)
+        self.step_index, self.saved, self.pending_sends = step_index, {}, []
+        self.loss = torch.zeros(())
+        do = {"F": self.forward, "BW": self.backward_full, "B": self.backward_input, "W": self.backward_weight}
+        for a in self.actions:
+            start = self.clock()
+            do[a.kind](a.stage, a.microbatch)
+            self.timeline.append((step_index, a.kind, a.stage, a.microbatch, start, self.clock()))
+            if tracker is not None:
+                self.memory.append((step_index, self.clock(), tracker.current))
+            self.pending_sends = [(w, t) for w, t in self.pending_sends if not w.is_completed()]
+        for work, _ in self.pending_sends:
+            work.wait()
+        has_loss = any(s == self.last for s in self.stages)
+        return float(self.loss) if has_loss else None
+
+
+def pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f1b", m: int = 4, v: int = 1,
+                   recompute: bool = False, mesh: RankMesh | None = None, track_memory: bool = False,
+                   rank_class=PipelineRank) -> PipelineRun:
+    """Train ``recipe`` with ``schedule`` on a pipeline of all ranks (or ``mesh``'s pp dimension).
+    Returns this rank's :class:`PipelineRun` (its stages' parameters, the losses on the last rank)."""
+    mesh = mesh or Mesh(world_size, pp=world_size).build(rank)
+    p, pp_rank = mesh.size("pp"), mesh.coord("pp")
+    sched = make_schedule(schedule, p, m, v)
+    all_stages = split_model(recipe.model().to(recipe.dtype), p * v)
+    mine = assign(all_stages, p, pp_rank)
+    params = [q for s in mine.values() for q in s.parameters()]
+    opt = recipe.optimizer(params)
+    first_x = recipe.batches[0][0]
+    if first_x.shape[0] % m:
+        raise ValueError(f"a global batch of {first_x.shape[0]} cannot be cut into m={m} equal micro-batches")
+    shapes = boundary_shapes(all_stages, first_x[: first_x.shape[0] // m])
+    del all_stages
+    runner = rank_class(sched, mine, mesh, shapes, recompute, synced_clock(mesh.group("pp")))
+    losses = []
+    with comm.recording() as log:
+        for step, (inputs, targets) in enumerate(recipe.batches):
+            opt.zero_grad(set_to_none=True)
+            tracker = LiveTensorTracker() if track_memory else None
+            if tracker is not None:
+                with tracker:
+                    loss = runner.run(list(inputs.chunk(m)), list(targets.chunk(m)), step, tracker)
+            else:
+                loss = runner.run(list(inputs.chunk(m)), list(targets.chunk(m)), step)
+            opt.step()
+            losses.append(loss)
+    reported = {name: t for s in mine.values() for name, t in s.reference_params().items()}
+    return PipelineRun(losses if losses[0] is not None else None, reported,
+                       runner.timeline, runner.memory, log.bytes_sent)

@@ -1,0 +1,210 @@
+"""Pipeline schedules as data: who computes what, in which order.
+
+A schedule is, for every pipeline rank, the ordered list of its :class:`Action`\\ s. The same lists drive the
+runtime that trains with them (:mod:`minipar.pipeline.runtime`), the simulator that plays them on a clock
+(:mod:`minipar.pipeline.simulate`) and the Gantt charts. The model is cut into ``p · v`` stages; stage ``s``
+lives on rank ``s % p`` as its chunk ``s // p`` (round-robin, as in seed 000: 16 layers, 4 ranks, v = 2 puts
+layers 0-1 and 8-9 on rank 0).
+
+Action kinds:
+
+* ``F``  forward of one micro-batch through one stage;
+* ``BW`` the full backward (input gradient and weight gradient together), as GPipe and 1F1B do it;
+* ``B``  the input gradient only (what the previous stage waits for), and
+* ``W``  the weight gradient only (nobody waits for it): the split of zero-bubble schedules.
+
+Schedules (p ranks, m micro-batches, v chunks per rank):
+
+=============  =====================================================  ==================================
+name           order on rank r                                        bubble (unit costs, no p2p time)
+=============  =====================================================  ==================================
+naive          m = 1: F then BW, one rank at a time                   (p-1)/p
+gpipe          all m forwards, then all m backwards (F-then-B)        (p-1)/(m+p-1)  (Huang et al. 2019)
+1f1b           p-r-1 warm-up F, then F BW pairs, then cool-down BW    (p-1)/(m+p-1)  (PipeDream-Flush,
+                                                                      Narayanan et al. 2019, 2021)
+interleaved    1F1B over v chunks, micro-batches in groups of p       (p-1)/(v·m+p-1)  (Narayanan et al.
+                                                                      2021, Megatron-LM)
+zb-h1          1F1B with BW split into B and W, W filling the bubble  (p-1)/(3m+p-1) for F = B = W
+                                                                      (Qi et al. 2023, zero bubble)
+=============  =====================================================  ==================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Action", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
+           "interleaved", "zb_h1", "bubble_formula", "validate"]
+
+KINDS = ("F", "B", "W", "BW")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One unit of work: ``kind`` of micro-batch ``microbatch`` through model stage ``stage``."""
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}@{self.stage}"
+
+
+@dataclass
+class Schedule:
+    """``actions[r]`` is rank r's ordered list. Stage s runs on rank ``s % p`` as chunk ``s // p``."""
+    name: str
+    p: int
+    m: int
+    v: int
+    actions: list
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.v
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.p
+
+    def chunk_of(self, stage: int) -> int:
+        return stage // self.p
+
+    def stages_of(self, rank: int) -> list:
+        return [c * self.p + rank for c in range(self.v)]
+
+    def __str__(self) -> str:
+        lines = [f"{self.name} p={self.p} m={self.m} v={self.v}"]
+        lines += [f"  rank {r}: " + " ".join(str(a) for a in acts) for r, acts in enumerate(self.actions)]
+        return "\n".join(lines)
+
+
+def _positive(name, x):
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ValueError(f"{name} must be a positive integer, got {x!r}")
+
+
+def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None) -> None:
+    """Raise ValueError naming the broken constraint (before any process starts)."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+    for label, x in (("p (pipeline ranks)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
+        _positive(label, x)
+    if name == "naive" and m != 1:
+        raise ValueError(f"naive model parallelism sends the whole batch at once: m must be 1, got m={m} "
+                         f"(with m > 1 micro-batches use 'gpipe' or '1f1b')")
+    if name in ("1f1b", "zb-h1") and m < p:
+        raise ValueError(f"{name} needs at least as many micro-batches as ranks (m >= p), got m={m}, p={p}: "
+                         f"with fewer there is no steady phase (use 'gpipe')")
+    if name == "interleaved" and (m < p or m % p):
+        raise ValueError(f"interleaved 1F1B sends micro-batches round the ranks in groups of p: m must be a "
+                         f"multiple of p, got m={m}, p={p}")
+    if name != "interleaved" and v != 1:
+        raise ValueError(f"{name} has one stage per rank: v must be 1, got v={v} (use 'interleaved')")
+    if n_layers is not None and n_layers % (p * v):
+        raise ValueError(f"{n_layers} layers cannot be cut into p·v = {p}·{v} = {p * v} equal stages: the "
+                         f"number of layers must be divisible by p·v")
+
+
+def naive(p: int, m: int = 1) -> Schedule:
+    """The whole batch through stage 0, 1, ..., p-1, then back: one rank busy at a time."""
+    validate("naive", p, m)
+    return Schedule("naive", p, 1, 1, [[Action("F", r, 0), Action("BW", r, 0)] for r in range(p)])
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    """All forwards, then all backwards in reverse order (as drawn in the GPipe paper). Every rank keeps
+    the activations of all m micro-batches until its first backward."""
+    validate("gpipe", p, m)
+    return Schedule("gpipe", p, m, 1, [[Action("F", r, i) for i in range(m)] +
+                                       [Action("BW", r, i) for i in reversed(range(m))] for r in range(p)])
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """PipeDream-Flush: rank r does p-r-1 warm-up forwards, then alternates one forward and one backward,
+    then drains the remaining backwards. At most p-r micro-batches are in flight on rank r."""
+    validate("1f1b", p, m)
+    actions = []
+    for r in range(p):
+        warmup = p - r - 1
+        acts = [Action("F", r, i) for i in range(warmup)]
+        for i in range(m - warmup):                    # steady: F of a new one, BW of the oldest
+            acts += [Action("F", r, warmup + i), Action("BW", r, i)]
+        acts += [Action("BW", r, i) for i in range(m - warmup, m)]
+        actions.append(acts)
+    return Schedule("1f1b", p, m, 1, actions)
+
+
+def _interleaved_order(p: int, v: int, k: int, backward: bool) -> tuple:
+    """The k-th forward (or backward) on a rank: micro-batches go in groups of p through chunk 0, then the
+    same group through chunk 1, ...; backwards visit the chunks in reverse. Returns (chunk, microbatch)."""
+    chunk = (k // p) % v
+    microbatch = (k // (p * v)) * p + k % p
+    return (v - 1 - chunk if backward else chunk), microbatch
+
+
+def interleaved(p: int, m: int, v: int) -> Schedule:
+    """Interleaved 1F1B (virtual pipeline): v chunks per rank, so a micro-batch crosses the ring v times.
+    Warm-up on rank r: (v-1)·p + 2·(p-r-1) forwards (Narayanan et al. 2021, §2.2). Bubble / v."""
+    validate("interleaved", p, m, v)
+    if v == 1:
+        sched = one_f_one_b(p, m)
+        return Schedule("interleaved", p, m, 1, sched.actions)
+    total = m * v
+    actions = []
+    for r in range(p):
+        warmup = min((v - 1) * p + 2 * (p - r - 1), total)
+
+        def fwd(k):
+            c, i = _interleaved_order(p, v, k, backward=False)
+            return Action("F", c * p + r, i)
+
+        def bwd(k):
+            c, i = _interleaved_order(p, v, k, backward=True)
+            return Action("BW", c * p + r, i)
+        acts = [fwd(k) for k in range(warmup)]
+        for k in range(total - warmup):
+            acts += [fwd(warmup + k), bwd(k)]
+        acts += [bwd(k) for k in range(total - warmup, total)]
+        actions.append(acts)
+    return Schedule("interleaved", p, m, v, actions)
+
+
+def zb_h1(p: int, m: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2023): 1F1B whose backward is split into B (input gradient, on the critical path:
+    the previous stage waits for it) and W (weight gradient: nobody waits for it). Rank r keeps r W's
+    pending, so its B's go back upstream sooner and its W's fill the cool-down where 1F1B idles. Bubble
+    (p-1)(F+B-W) instead of (p-1)(F+B+W); every rank holds at most p activations, 1F1B's peak (rank 0)."""
+    validate("zb-h1", p, m)
+    actions = []
+    for r in range(p):
+        warmup = p - r - 1
+        acts = [Action("F", r, i) for i in range(warmup)]
+        pending = []                                   # micro-batches whose W is still to do
+        for i in range(m):
+            if warmup + i < m:
+                acts.append(Action("F", r, warmup + i))
+            acts.append(Action("B", r, i))
+            pending.append(i)
+            if len(pending) > r:                       # rank r keeps r weight-gradients pending
+                acts.append(Action("W", r, pending.pop(0)))
+        acts += [Action("W", r, i) for i in pending]
+        actions.append(acts)
+    return Schedule("zb-h1", p, m, 1, actions)
+
+
+SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
+
+
+def make_schedule(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None) -> Schedule:
+    """The schedule ``name`` for p ranks, m micro-batches, v chunks per rank (``interleaved`` only)."""
+    validate(name, p, m, v, n_layers)
+    if name == "interleaved":
+        return interleaved(p, m, v)
+    return SCHEDULES[name](p, m)
+
+
+def bubble_formula(name: str, p: int, m: int, v: int = 1) -> float:
+    """Idle fraction of p · makespan with F = B = W = 1 (BW = 2) and free transfers."""
+    validate(name, p, m, v)
+    if name == "zb-h1":
+        return (p - 1) / (3 * m + p - 1)
+    return (p - 1) / (v * m + p - 1)

@@ -1,0 +1,142 @@
+"""Play a schedule on a clock: every rank runs its actions in order, each as soon as its inputs are there.
+
+Dependencies (the data that must have arrived):
+
+* ``F`` of stage s, micro-batch i needs F of stage s-1, i (an activation, one p2p transfer away);
+* ``B``/``BW`` of stage s needs B/BW of stage s+1 (a gradient, one transfer away), or on the last stage
+  its own F (the loss);
+* ``W`` needs the B of the same stage and micro-batch (same rank, already done by order).
+
+An action starts at max(rank free, inputs arrived) and lasts its cost. A stage is 1/v of a rank's layers,
+so compute costs are divided by v; a transfer costs ``p2p`` whatever v (the activation has the same size).
+If no rank can start its next action the schedule deadlocks, and :class:`Deadlock` says who waits for what.
+
+Results: per-rank timelines, makespan, bubble (idle) fraction = idle time / (p · makespan), and the peak
+number of micro-batches in flight per rank (forward done, weight gradient not yet: activations held).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .schedules import Action, Schedule
+
+__all__ = ["Costs", "Slot", "SimResult", "Deadlock", "simulate", "in_flight_over_time"]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Time of F, B (input gradient) and W (weight gradient) for a whole rank-stage, and of one transfer.
+    The default F = B = W = 1 makes a full backward BW = B + W = 2 F, the usual assumption."""
+    F: float = 1.0
+    B: float = 1.0
+    W: float = 1.0
+    p2p: float = 0.0
+
+    def of(self, kind: str, v: int = 1) -> float:
+        base = {"F": self.F, "B": self.B, "W": self.W, "BW": self.B + self.W}[kind]
+        return base / v
+
+
+@dataclass(frozen=True)
+class Slot:
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass
+class SimResult:
+    schedule: Schedule
+    costs: Costs
+    timelines: list                                   # [[Slot]] per rank, in execution order
+    transfers: list = field(default_factory=list)     # [(src rank, dst rank, start, end, "act"|"grad", Action)]
+
+    @property
+    def makespan(self) -> float:
+        return max((s.end for tl in self.timelines for s in tl), default=0.0)
+
+    def busy(self, rank: int) -> float:
+        return sum(s.end - s.start for s in self.timelines[rank])
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle time over all ranks / (p · makespan)."""
+        p, total = self.schedule.p, self.makespan
+        return 1 - sum(self.busy(r) for r in range(p)) / (p * total)
+
+    @property
+    def peak_in_flight(self) -> list:
+        """Per rank, the most (stage, micro-batch) activations held at once."""
+        return [max((n for _, n in in_flight_over_time(tl)), default=0) for tl in self.timelines]
+
+
+class Deadlock(RuntimeError):
+    """No rank can start its next action: each waits for data that is never produced."""
+
+
+def _producer(a: Action, s: Schedule):
+    """The action whose result ``a`` needs from another stage (None: local or no input)."""
+    last = s.num_stages - 1
+    if a.kind == "F":
+        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
+    if a.kind in ("B", "BW"):
+        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
+    return ("B", a.stage, a.microbatch)                       # W needs its own B
+
+
+def simulate(schedule: Schedule, costs: Costs = Costs()) -> SimResult:
+    """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish."""
+    p = schedule.p
+    pos = [0] * p                        # index of each rank's next action
+    free = [0.0] * p                     # when each rank is free
+    done = {}                            # (kind, stage, mb) -> end time; BW counts as B (and W)
+    timelines = [[] for _ in range(p)]
+    transfers = []
+    remaining = sum(len(a) for a in schedule.actions)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(schedule.actions[r]):
+                a = schedule.actions[r][pos[r]]
+                need = _producer(a, schedule)
+                ready = 0.0
+                if need is not None:
+                    if need not in done:
+                        break
+                    ready = done[need]
+                    src = schedule.rank_of(need[1])
+                    if need[1] != a.stage and src != r:      # crosses ranks: one transfer
+                        what = "act" if a.kind == "F" else "grad"
+                        transfers.append((src, r, ready, ready + costs.p2p, what, a))
+                        ready += costs.p2p
+                start = max(free[r], ready)
+                end = start + costs.of(a.kind, schedule.v)
+                timelines[r].append(Slot(a, start, end))
+                free[r] = end
+                key = ("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)
+                done[key] = end
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            waiting = [f"rank {r} waits before {schedule.actions[r][pos[r]]} for "
+                       f"{_producer(schedule.actions[r][pos[r]], schedule)}"
+                       for r in range(p) if pos[r] < len(schedule.actions[r])]
+            raise Deadlock("the schedule deadlocks: " + "; ".join(waiting))
+    return SimResult(schedule, costs, timelines, transfers)
+
+
+def in_flight_over_time(timeline: list) -> list:
+    """[(time, activations held)] for one rank: +1 when an F ends, -1 when its BW or W ends."""
+    events = []
+    for s in timeline:
+        if s.action.kind == "F":
+            events.append((s.end, +1))
+        elif s.action.kind in ("BW", "W"):
+            events.append((s.end, -1))
+    events.sort(key=lambda e: (e[0], e[1]))          # at equal times free first
+    held, out = 0, []
+    for t, d in events:
+        held += d
+        out.append((t, held))
+    return out

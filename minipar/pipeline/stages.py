@@ -1,0 +1,121 @@
+"""Cut a reference model into pipeline stages: one tensor in, one tensor out.
+
+``split_model(model, n_stages)`` returns ``n_stages`` :class:`Stage` modules, built from the model's own
+layers (so a pipeline starts from exactly the single-device weights). Layers are cut into equal
+consecutive groups; with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to rank ``s % p`` (round
+robin, seed 000's layout). For the tiny GPT, stage 0 also holds the embeddings and the last stage the final
+LayerNorm and the LM head (the pipeline API constraint of seed 002: a model as a sequence of stages with
+tensors in and out).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models import MLP, TinyGPT
+
+__all__ = ["Stage", "split_model", "stage_loss", "boundary_shapes", "assign"]
+
+
+class Stage(nn.Module):
+    """``parts`` applied in order; ``param_names`` maps this module's parameter names to the reference's."""
+
+    def __init__(self, index: int, parts: list, names: list, gelu_after: list):
+        super().__init__()
+        self.index = index
+        self.parts = nn.ModuleList(parts)
+        self._part_names = names                      # reference prefix of each part ("blocks.3", ...)
+        self._gelu_after = gelu_after                  # MLP: GeLU after this part?
+
+    def forward(self, x):
+        for part, gelu in zip(self.parts, self._gelu_after):
+            x = part(x)
+            if gelu:
+                x = F.gelu(x)
+        return x
+
+    @property
+    def param_names(self) -> dict:
+        """{local name: name in the reference model}."""
+        out = {}
+        for i, (prefix, part) in enumerate(zip(self._part_names, self.parts)):
+            for name, _ in part.named_parameters():
+                out[f"parts.{i}.{name}"] = f"{prefix}.{name}" if prefix else name
+        return out
+
+    def reference_params(self) -> dict:
+        """{reference name: detached copy} for :class:`minipar.check.RunResult`."""
+        names = self.param_names
+        return {names[n]: p.detach().clone() for n, p in self.named_parameters()}
+
+
+class _Embed(nn.Module):
+    """Token + position embeddings of a :class:`TinyGPT` (its own modules, shared, not copied)."""
+
+    def __init__(self, model: TinyGPT):
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+
+
+def _layers(model):
+    """[(reference prefix, module, gelu after)] of the model's layers, and the pieces around them."""
+    if isinstance(model, MLP):
+        n = len(model.layers)
+        return [(f"layers.{i}", layer, i < n - 1) for i, layer in enumerate(model.layers)], [], []
+    if isinstance(model, TinyGPT):
+        if model.cfg.tie_weights:
+            raise ValueError("tied embedding and head weights would live on the first and the last stage; "
+                             "splitting them needs an all-reduce of their gradient (not implemented here): "
+                             "use tie_weights=False")
+        blocks = [(f"blocks.{i}", b, False) for i, b in enumerate(model.blocks)]
+        return blocks, [("", _Embed(model), False)], [("ln_f", model.ln_f, False), ("head", model.head, False)]
+    raise ValueError(f"split_model knows MLP and TinyGPT, got {type(model).__name__}")
+
+
+def split_model(model: nn.Module, n_stages: int) -> list:
+    """``n_stages`` stages of equal numbers of layers (MLP Linear layers, GPT blocks)."""
+    layers, head, tail = _layers(model)
+    if n_stages < 1 or len(layers) % n_stages:
+        raise ValueError(f"{len(layers)} layers cannot be cut into {n_stages} equal stages: the number of "
+                         f"layers must be divisible by p·v = {n_stages}")
+    per = len(layers) // n_stages
+    stages = []
+    for s in range(n_stages):
+        parts = layers[s * per:(s + 1) * per]
+        if s == 0:
+            parts = head + parts
+        if s == n_stages - 1:
+            parts = parts + tail
+        stages.append(Stage(s, [m for _, m, _ in parts], [n for n, _, _ in parts], [g for _, _, g in parts]))
+    return stages
+
+
+def assign(stages: list, p: int, rank: int) -> dict:
+    """{stage index: stage} that rank ``rank`` of ``p`` holds (round robin: s % p == rank)."""
+    return {s.index: s for s in stages if s.index % p == rank}
+
+
+def stage_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The loss on the last stage's output, as :func:`minipar.check.default_loss` computes it."""
+    if targets.dtype == torch.long:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+    return F.mse_loss(output, targets)
+
+
+def boundary_shapes(stages: list, example: torch.Tensor) -> list:
+    """[(shape, dtype)] of the tensor entering each stage for a micro-batch like ``example`` (entry 0 is the
+    input itself). Computed on the meta device: no real compute, no communication."""
+    x = example.to("meta")
+    shapes = [(tuple(example.shape), example.dtype)]
+    with torch.no_grad():
+        for stage in stages[:-1]:
+            x = copy.deepcopy(stage).to("meta")(x)
+            shapes.append((tuple(x.shape), x.dtype))
+    return shapes
