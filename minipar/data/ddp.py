@@ -1,0 +1,323 @@
+"""Distributed data parallelism from scratch: one process per device, gradients averaged during backward.
+
+Every rank holds a full replica and a different shard of the global batch B (B/N rows each). Replicas
+start equal (parameters broadcast from the group's first rank) and stay equal because every rank applies
+the same averaged gradient::
+
+    g = (1/N) · Σ_r g_r,   g_r = ∇ mean-loss over rank r's B/N rows  ==  ∇ mean-loss over all B rows
+
+so N ranks take exactly the step one device takes on the global batch (up to the order in which floats
+are summed). The average is one all-reduce of every gradient: 2(N-1)/N · (gradient bytes) sent per rank.
+
+To hide that traffic, a hook on each parameter fires as soon as its gradient is accumulated; gradients
+are packed into *buckets* of about ``bucket_bytes`` (filled in reverse registration order, which is
+roughly the order backward produces them) and each bucket's all-reduce is launched asynchronously the
+moment it is full, while backward goes on computing the earlier layers' gradients. Buckets are launched
+strictly in index order, so every rank issues the same collectives in the same order even when a
+parameter gets no gradient on some rank (its slot is filled with zeros at the end of backward).
+
+Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB).
+
+    model = DistributedDataParallel(TinyGPT(cfg), group=None, bucket_bytes=64 * 1024)
+    loss = ...; loss.backward()          # buckets all-reduced while backward runs
+    opt.step()
+    with model.no_sync(): ...            # accumulate locally, sync on the next backward outside
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+
+__all__ = ["Bucket", "Reducer", "DistributedDataParallel", "assign_buckets", "replicas_in_sync",
+           "DEFAULT_BUCKET_BYTES"]
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch's default bucket_cap_mb = 25
+
+
+def assign_buckets(params: list, bucket_bytes: int, element_size: int | None = None) -> list:
+    """Split ``params`` (already in the order their gradients are expected) into consecutive groups of
+    at most ``bucket_bytes`` each (a single larger parameter gets a bucket of its own)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets, current, size = [], [], 0
+    for p in params:
+        nbytes = p.numel() * (element_size or p.element_size())
+        if current and size + nbytes > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class Bucket:
+    """A flat buffer for some parameters' gradients, reduced as one message.
+
+    ``buffer`` is in ``comm_dtype`` (the parameters' dtype by default): gradients are cast into it, sent,
+    and cast back, so a 16-bit ``comm_dtype`` halves the bytes on the wire."""
+
+    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None):
+        self.index, self.params = index, list(params)
+        dtype = comm_dtype or self.params[0].dtype
+        self.offsets, total = [], 0
+        for p in self.params:
+            self.offsets.append(total)
+            total += p.numel()
+        self.buffer = torch.zeros(total, dtype=dtype, device=self.params[0].device)
+        self.slot = {id(p): i for i, p in enumerate(self.params)}
+        self.filled: set = set()
+        self.work = None
+
+    def view(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return self.buffer[self.offsets[i]: self.offsets[i] + p.numel()].view_as(p)
+
+    def fill(self, param) -> bool:
+        """Copy ``param.grad`` into its slot; return True when every slot is filled."""
+        i = self.slot[id(param)]
+        self.view(i).copy_(param.grad)
+        self.filled.add(i)
+        return self.is_full
+
+    @property
+    def is_full(self) -> bool:
+        return len(self.filled) == len(self.params)
+
+    def fill_missing(self) -> list:
+        """Slots whose parameter produced no gradient in this backward: its existing ``.grad`` (left by an
+        earlier ``no_sync`` backward) or zeros. Returns the parameters that had no gradient at all."""
+        absent = []
+        for i, p in enumerate(self.params):
+            if i in self.filled:
+                continue
+            if p.grad is not None:
+                self.view(i).copy_(p.grad)
+            else:
+                self.view(i).zero_()
+                absent.append(p)
+            self.filled.add(i)
+        return absent
+
+    def copy_out(self) -> None:
+        """Write the reduced buffer back into every parameter's ``.grad``."""
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.copy_(self.view(i))
+
+    def reset(self) -> None:
+        self.filled.clear()
+        self.work = None
+
+
+class Reducer:
+    """Averages gradients over ``group`` bucket by bucket, launching each bucket as soon as it is full.
+
+    ``collective(buffer, group)`` launches the reduction and returns an async work handle; the default is
+    ``comm.all_reduce(..., async_op=True)`` (a sharded strategy can pass a reduce-scatter instead).
+    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing).
+    If ``timeline`` is a list, (kind, label, start, end) tuples in ``time.perf_counter`` seconds are
+    appended: ``("grad", name, t, t)`` when a gradient is ready, ``("comm", "bucket i", launch, done)``.
+    """
+
+    def __init__(self, params: list, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 comm_dtype: torch.dtype | None = None, average: bool = True, collective=None,
+                 names: dict | None = None, timeline: list | None = None):
+        self.group, self.average, self.timeline = group, average, timeline
+        self.collective = collective or (lambda buf, g: comm.all_reduce(buf, group=g, async_op=True))
+        element_size = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype else None
+        # Reverse registration order: the last layers' gradients are ready first in backward.
+        ordered = list(reversed(params))
+        self.buckets = [Bucket(i, ps, comm_dtype)
+                        for i, ps in enumerate(assign_buckets(ordered, bucket_bytes, element_size))]
+        self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.names = names or {}
+        self.next_to_launch = 0
+
+    def grad_ready(self, param) -> None:
+        """Called by a parameter's hook once its gradient is accumulated."""
+        if self.timeline is not None:
+            now = time.perf_counter()
+            self.timeline.append(("grad", self.names.get(id(param), "?"), now, now))
+        self.bucket_of[id(param)].fill(param)
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        # In index order only: a full bucket waits for the earlier ones, so all ranks agree on the order.
+        while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].is_full:
+            self._launch(self.buckets[self.next_to_launch])
+            self.next_to_launch += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        if self.average:
+            bucket.buffer.div_(dist.get_world_size(self.group))
+        start = time.perf_counter()
+        bucket.work = self.collective(bucket.buffer, self.group)
+        if self.timeline is not None:
+            fut = bucket.work.get_future()
+            fut.add_done_callback(lambda _f, b=bucket.index, t0=start: self.timeline.append(
+                ("comm", f"bucket {b}", t0, time.perf_counter())))
+
+    def finish(self) -> list:
+        """End of backward: fill the slots of parameters that got no gradient, launch what is left, wait
+        for every bucket and write the averages back into ``.grad``. Returns the parameters that had no
+        gradient on this rank."""
+        absent = []
+        for bucket in self.buckets[self.next_to_launch:]:
+            absent += bucket.fill_missing()
+        self._launch_ready()
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.copy_out()
+            bucket.reset()
+        self.next_to_launch = 0
+        return absent
+
+
+class DistributedDataParallel(nn.Module):
+    """Wrap ``module``: broadcast its state from the group's first rank, then average gradients over
+    ``group`` during every backward (see the module docstring).
+
+    ``bucket_bytes``: bucket capacity. ``comm_dtype``: dtype on the wire (e.g. ``torch.bfloat16``).
+    ``find_unused_parameters``: also all-reduce a 0/1 mask of which parameters got a gradient, so that a
+    parameter no rank used keeps ``grad=None`` as on one device (costs one small extra all-reduce).
+    Frozen parameters (``requires_grad=False``) are never bucketed nor reduced.
+    """
+
+    def __init__(self, module: nn.Module, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 comm_dtype: torch.dtype | None = None, find_unused_parameters: bool = False,
+                 timeline: list | None = None):
+        super().__init__()
+        if comm_dtype is not None and not comm_dtype.is_floating_point:
+            raise ValueError(f"comm_dtype must be a floating-point dtype, got {comm_dtype}")
+        self.module, self.group = module, group
+        self.find_unused_parameters = find_unused_parameters
+        self.require_sync = True
+        self._sync_this_backward = False  # decided by forward, as in torch: a backward syncs only if the
+        self._broadcast_state()           # forward before it went through this wrapper outside no_sync()
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.reducer = Reducer([p for _, p in named], group, bucket_bytes, comm_dtype,
+                               names={id(p): n for n, p in named}, timeline=timeline)
+        self._finish_queued = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+
+    def _broadcast_state(self) -> None:
+        """Every replica starts from the first rank's weights (and buffers)."""
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        with torch.no_grad():
+            for t in list(self.module.parameters()) + list(self.module.buffers()):
+                comm.broadcast(t.data, src=src, group=self.group)
+
+    def forward(self, *args, **kwargs):
+        self._sync_this_backward = self.require_sync and torch.is_grad_enabled()
+        return self.module(*args, **kwargs)
+
+    def _on_grad(self, param) -> None:
+        if not self._sync_this_backward:
+            return  # no_sync (or a forward that bypassed the wrapper): the gradient just accumulates
+        if not self._finish_queued:
+            # Runs once when this backward pass is complete: reduce whatever is left and wait.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._finish_queued = True
+        self.reducer.grad_ready(param)
+
+    def _finish(self) -> None:
+        self._finish_queued = self._sync_this_backward = False
+        absent = self.reducer.finish()
+        if self.find_unused_parameters:
+            self._drop_unused(absent)
+
+    def _drop_unused(self, absent: list) -> None:
+        """A parameter no rank used has no gradient on one device either: give it back grad=None."""
+        params = [p for b in self.reducer.buckets for p in b.params]
+        used = torch.tensor([0.0 if any(p is a for a in absent) else 1.0 for p in params])
+        comm.all_reduce(used, group=self.group)
+        for p, count in zip(params, used.tolist()):
+            if count == 0:
+                p.grad = None
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Forward (and backward) passes inside this block only accumulate into ``.grad``; the first
+        backward of a forward run outside it averages the accumulated sum. Step the optimizer only after
+        that synced backward."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+
+def replicas_in_sync(module: nn.Module, group=None, atol: float = 0.0) -> bool:
+    """True when every rank's parameters equal the first rank's (within ``atol``): the check that catches
+    replicas drifting apart, e.g. after an optimizer step taken on un-synced gradients."""
+    flat = torch.cat([p.detach().reshape(-1).double() for p in module.parameters()])
+    reference = flat.clone()
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    comm.broadcast(reference, src=src, group=group)
+    worst = torch.tensor([(flat - reference).abs().max().item() if flat.numel() else 0.0])
+    comm.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return worst.item() <= atol
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training a Recipe with it (what the tests, the tour and the chapter run)
+# ----------------------------------------------------------------------------------------------------
+
+def validate(recipe, world_size: int, accum_steps: int = 1) -> None:
+    """Raise ValueError, before any process starts, when the global batch cannot be split evenly."""
+    for step, (inputs, _) in enumerate(recipe.batches):
+        if inputs.shape[0] % (world_size * accum_steps):
+            raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by "
+                             f"{world_size} ranks x {accum_steps} accumulation steps")
+
+
+def parallel_train(rank: int, world_size: int, recipe, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                   comm_dtype=None, accum_steps: int = 1, find_unused_parameters: bool = False,
+                   step_log: "comm.CommLog | None" = None, group=None):
+    """Train ``recipe`` with DDP; each rank takes its 1/N of every global batch, split into
+    ``accum_steps`` micro-batches of which all but the last run under ``no_sync()``.
+
+    The communication of the training steps is recorded into ``step_log`` (the initial broadcast and the
+    all-reduce of the loss for reporting are not). Returns a :class:`minipar.check.RunResult`."""
+    from ..check import RunResult
+    from .sampler import shard_batch
+
+    validate(recipe, world_size, accum_steps)
+    model = recipe.model().to(recipe.dtype)
+    ddp = DistributedDataParallel(model, group, bucket_bytes, comm_dtype, find_unused_parameters)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for batch in recipe.batches:
+        inputs, targets = shard_batch(batch, rank, world_size)
+        with comm.recording(step_log if step_log is not None else comm.CommLog()):
+            opt.zero_grad(set_to_none=True)
+            local = torch.zeros((), dtype=torch.float64)
+            for i, (x, y) in enumerate(zip(inputs.chunk(accum_steps), targets.chunk(accum_steps))):
+                last = i == accum_steps - 1
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    loss = recipe.loss(ddp, x, y) / accum_steps
+                    loss.backward()
+                local += loss.detach().double()
+            opt.step()
+        # The global batch's mean loss is the mean of the ranks' (equal-sized) shard means.
+        comm.all_reduce(local, group=group)
+        losses.append(local.item() / dist.get_world_size(group))
+    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def train(recipe, world_size: int, quiet: bool = True, **kwargs) -> list:
+    """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks; per-rank RunResults."""
+    from ..launch import launch
+    validate(recipe, world_size, kwargs.get("accum_steps", 1))
+    if kwargs.get("bucket_bytes", 1) <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {kwargs['bucket_bytes']}")
+    return launch(parallel_train, world_size, recipe, quiet=quiet, **kwargs)

@@ -1,0 +1,232 @@
+"""DDP from scratch: equals one device on the global batch, equals torch's DDP on the same run, buckets
+overlap backward, no_sync accumulates (and the pitfall of misusing it is caught), unused and frozen
+parameters do not hang, a 16-bit wire halves the bytes.
+
+Tolerances: float32 defaults of minipar.check (atol 2e-5, rtol 1e-4: the all-reduce sums the ranks' partial
+gradients in another order than one device does); bit-exact (0, 0) with one rank; bf16 on the wire gets
+minipar.check's bf16 tolerance (2e-2, 2e-2).
+"""
+import contextlib
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minipar import comm, launch
+from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
+from minipar.data import ddp
+from minipar.data.sampler import shard_batch
+
+QUIET = dict(quiet=True)
+BUCKET = 16 * 1024  # several buckets for the tiny GPT (~115 KiB of fp32 gradients)
+
+
+def test_four_ranks_match_one_device_with_several_buckets():
+    recipe = gpt_recipe(steps=3, batch_size=8)
+    grads = sum(p.numel() * 4 for p in recipe.model().parameters())
+    assert grads > 4 * BUCKET  # the run really uses several buckets
+    check_equivalence(ddp.parallel_train, 4, recipe, bucket_bytes=BUCKET, launch_kwargs=QUIET).assert_ok()
+
+
+def test_one_rank_is_bit_exact():
+    recipe = gpt_recipe(steps=3, batch_size=8)
+    c = check_equivalence(ddp.parallel_train, 1, recipe, atol=0, rtol=0, bucket_bytes=BUCKET, launch_kwargs=QUIET)
+    assert c.matches and c.max_abs_diff == 0.0, str(c)
+
+
+def _scrambled_start(rank, world_size, recipe):
+    """Ranks other than 0 start from different weights: only the initial broadcast can save them."""
+    original = recipe.model
+
+    def model():
+        m = original()
+        if rank != 0:
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.add_(0.1 * (rank + 1))
+        return m
+    return ddp.parallel_train(rank, world_size, Recipe(model, recipe.batches, recipe.optimizer), bucket_bytes=BUCKET)
+
+
+def test_initial_broadcast_makes_replicas_equal():
+    check_equivalence(_scrambled_start, 2, mlp_recipe(steps=2), launch_kwargs=QUIET).assert_ok()
+
+
+def _ours_and_torchs(rank, world_size, recipe, bucket_bytes):
+    """Train the same recipe with minipar's DDP and torch's DDP on the same shards, side by side; return
+    the largest gradient difference (any step) and parameter difference (at the end)."""
+    ours_model, torch_model = recipe.model(), recipe.model()
+    ours = ddp.DistributedDataParallel(ours_model, bucket_bytes=bucket_bytes)
+    theirs = nn.parallel.DistributedDataParallel(torch_model, bucket_cap_mb=bucket_bytes / 2**20)
+    opts = [recipe.optimizer(ours_model.parameters()), recipe.optimizer(torch_model.parameters())]
+    worst_grad = 0.0
+    for batch in recipe.batches:
+        x, y = shard_batch(batch, rank, world_size)
+        for model, opt in zip((ours, theirs), opts):
+            opt.zero_grad(set_to_none=True)
+            recipe.loss(model, x, y).backward()
+        for a, b in zip(ours_model.parameters(), torch_model.parameters()):
+            worst_grad = max(worst_grad, (a.grad - b.grad).abs().max().item())
+        for opt in opts:
+            opt.step()
+    worst_param = max((a - b).abs().max().item() for a, b in zip(ours_model.parameters(), torch_model.parameters()))
+    return worst_grad, worst_param
+
+
+def test_equals_torch_ddp_on_the_same_run():
+    # Both average with a gloo all-reduce, but torch lays out its buckets differently (a 1 MiB first
+    # bucket, rebuilt after step 1 in the order gradients arrived), and gloo's reduction order depends on
+    # the layout: equal up to float summation order (~1e-8 here), not bit for bit.
+    recipe = gpt_recipe(steps=3, batch_size=8, optimizer="sgd")
+    for worst_grad, worst_param in launch(_ours_and_torchs, 4, recipe, BUCKET, **QUIET):
+        assert worst_grad <= 1e-7 and worst_param <= 1e-6, (worst_grad, worst_param)
+
+
+def _bytes_per_step(rank, world_size, recipe, **kwargs):
+    log = comm.CommLog()
+    ddp.parallel_train(rank, world_size, recipe, step_log=log, **kwargs)
+    return log.bytes_sent / recipe.steps, log.count("all_reduce") / recipe.steps
+
+
+def test_bytes_per_step_are_the_ring_formula_and_accumulation_does_not_add_any():
+    recipe = gpt_recipe(steps=2, batch_size=8)
+    grad_bytes = sum(p.numel() * 4 for p in recipe.model().parameters())
+    n = 4
+    formula = 2 * (n - 1) / n * grad_bytes
+    for accum in (1, 2):
+        results = launch(_bytes_per_step, n, recipe, bucket_bytes=BUCKET, accum_steps=accum, **QUIET)
+        for sent, calls in results:
+            assert sent == pytest.approx(formula, rel=1e-9)   # one bucket's rounding aside: exact
+            assert calls > 1                                  # several buckets, once per optimizer step
+    bf16 = launch(_bytes_per_step, n, recipe, bucket_bytes=BUCKET, comm_dtype=torch.bfloat16, **QUIET)
+    assert bf16[0][0] == pytest.approx(formula / 2, rel=1e-9)
+
+
+def test_no_sync_accumulation_matches_one_device():
+    check_equivalence(ddp.parallel_train, 2, gpt_recipe(steps=2, batch_size=8), bucket_bytes=BUCKET,
+                      accum_steps=2, launch_kwargs=QUIET).assert_ok()
+
+
+def test_bf16_on_the_wire_stays_within_bf16_tolerance():
+    recipe = mlp_recipe(steps=3)
+    c = check_equivalence(ddp.parallel_train, 4, recipe, comm_dtype=torch.bfloat16, bucket_bytes=1024,
+                          atol=2e-2, rtol=2e-2, launch_kwargs=QUIET)
+    c.assert_ok()
+    assert c.max_abs_diff > 0  # it is really rounded on the wire, not silently float32
+
+
+def _overlap(rank, world_size, recipe):
+    timeline = []
+    model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET, timeline=timeline)
+    x, y = shard_batch(recipe.batches[0], rank, world_size)
+    recipe.loss(model, x, y).backward()
+    grads = [t for kind, _, t, _ in timeline if kind == "grad"]
+    launches = sorted(t0 for kind, _, t0, _ in timeline if kind == "comm")
+    return len(model.reducer.buckets), launches[0] < max(grads), len(launches)
+
+
+def test_first_bucket_is_launched_while_backward_is_still_running():
+    for n_buckets, overlapped, launched in launch(_overlap, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
+        assert n_buckets > 1 and launched == n_buckets
+        assert overlapped  # launched before the last gradient was even computed
+
+
+def _accumulate(rank, world_size, recipe, wrong: bool):
+    """Two micro-batches per step. Right: no_sync on the first, sync on the second. Wrong (a common slip):
+    everything under no_sync, so the gradients are never averaged and the replicas drift apart."""
+    model = recipe.model()
+    wrapped = ddp.DistributedDataParallel(model, bucket_bytes=BUCKET)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for batch in recipe.batches:
+        x, y = shard_batch(batch, rank, world_size)
+        opt.zero_grad(set_to_none=True)
+        local = torch.zeros(())
+        for i, (mx, my) in enumerate(zip(x.chunk(2), y.chunk(2))):
+            ctx = wrapped.no_sync() if (wrong or i == 0) else contextlib.nullcontext()
+            with ctx:
+                loss = recipe.loss(wrapped, mx, my) / 2
+                loss.backward()
+            local += loss.detach()
+        opt.step()
+        losses.append(comm.all_reduce(local).item() / world_size)
+    in_sync = ddp.replicas_in_sync(model)
+    return in_sync, RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_no_sync_pitfall_is_caught():
+    recipe = mlp_recipe(steps=2, batch_size=16)
+    ref = train_reference(recipe)
+    right = launch(_accumulate, 2, recipe, False, **QUIET)
+    wrong = launch(_accumulate, 2, recipe, True, **QUIET)
+    # Nothing crashes and the losses even look plausible; replicas_in_sync sees the drift ...
+    assert all(ok for ok, _ in right) and not any(ok for ok, _ in wrong)
+    # ... and so does the harness, comparing every rank's parameters with one device.
+    ok = compare(ref, [r for _, r in right])
+    bad = compare(ref, [r for _, r in wrong])
+    assert ok.matches, str(ok)
+    assert not bad.matches and bad.max_abs_diff > 1e-3
+
+
+class PartlyUsed(nn.Module):
+    """A frozen parameter, a branch never used, a branch used only when asked (like CS336's toy models)."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+            self.never_used = nn.Linear(16, 4)
+            self.sometimes = nn.Linear(16, 4)
+        self.frozen_scale = nn.Parameter(torch.full((4,), 2.0), requires_grad=False)
+        self.use_sometimes = False
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        out = self.fc2(h) * self.frozen_scale
+        return out + self.sometimes(h) if self.use_sometimes else out
+
+
+def _partly_used_recipe():
+    from minipar.datasets import regression_batches
+    adam = lambda ps: torch.optim.Adam(ps, lr=1e-2)  # noqa: E731 - Adam would move a zero-gradient parameter
+    return Recipe(PartlyUsed, regression_batches(8, 8, 4, 3), adam)
+
+
+def _sometimes_on_rank0(rank, world_size):
+    model = PartlyUsed()
+    model.use_sometimes = rank == 0  # a branch only one rank takes this step
+    wrapped = ddp.DistributedDataParallel(model, bucket_bytes=256)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    local = None
+    if rank == 0:  # its local gradient, on an unwrapped copy
+        alone = PartlyUsed()
+        alone.use_sometimes = True
+        alone(x).sum().backward()
+        local = alone.sometimes.weight.grad
+    wrapped(x).sum().backward()
+    return local, model.sometimes.weight.grad, model.never_used.weight.grad, model.frozen_scale.grad
+
+
+def test_unused_and_frozen_parameters_do_not_hang_and_match_one_device():
+    recipe = _partly_used_recipe()
+    c = check_equivalence(ddp.parallel_train, 2, recipe, bucket_bytes=256, find_unused_parameters=True,
+                          launch_kwargs=QUIET)
+    c.assert_ok()
+    # Used on rank 0 only: every rank gets rank 0's gradient / N; never used: zeros (grad=None with
+    # find_unused_parameters=True, checked above through Adam); frozen: never touched.
+    results = launch(_sometimes_on_rank0, 2, **QUIET)
+    local = results[0][0]
+    for _, sometimes, never, frozen in results:
+        torch.testing.assert_close(sometimes, local / 2)
+        assert torch.count_nonzero(never) == 0 and frozen is None
+
+
+def test_bad_input_is_a_value_error_before_any_process_starts():
+    with pytest.raises(ValueError, match="not divisible"):
+        ddp.train(gpt_recipe(steps=1, batch_size=6), 4)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        ddp.train(gpt_recipe(steps=1, batch_size=8), 4, bucket_bytes=0)
+    with pytest.raises(ValueError, match="comm_dtype"):
+        ddp.DistributedDataParallel(nn.Linear(2, 2), comm_dtype=torch.int8)
