@@ -26,7 +26,8 @@ class MLP(nn.Module):
     def __init__(self, sizes=(16, 64, 64, 8), seed: int = 0, bias: bool = True):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(sizes[:-1], sizes[1:]))
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's own init draws from the global RNG
+            self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(sizes[:-1], sizes[1:]))
         for layer in self.layers:  # deterministic init that does not touch the global RNG
             bound = 1 / math.sqrt(layer.in_features)
             with torch.no_grad():
@@ -125,6 +126,11 @@ class TinyGPT(nn.Module):
     def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
         super().__init__()
         self.cfg = cfg
+        with torch.random.fork_rng(devices=[]):  # the layers' own init draws from the global RNG
+            self._build(cfg)
+        self._init_weights(seed)
+
+    def _build(self, cfg: GPTConfig) -> None:
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
@@ -133,7 +139,6 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
-        self._init_weights(seed)
 
     def _init_weights(self, seed: int) -> None:
         """GPT-2's init (normal, std 0.02; residual projections scaled by 1/√(2·n_layer)), from ``seed``."""

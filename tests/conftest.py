@@ -1,0 +1,33 @@
+import os
+
+import pytest
+
+
+def child_pids() -> list:
+    """Live child processes of this process (Linux), zombies excluded."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+@pytest.fixture
+def no_leftover_processes():
+    yield
+    import time
+    deadline = time.time() + 5
+    while child_pids() and time.time() < deadline:
+        time.sleep(0.05)
+    assert child_pids() == [], f"processes left behind: {child_pids()}"
