@@ -1,0 +1,85 @@
+"""Every pipeline schedule trains exactly like one device (gloo, CPU ranks), and like PyTorch's pipelining.
+
+Tolerance: float32 defaults of minipar.check (atol 2e-5, rtol 1e-4): the gradient of the global batch is
+summed micro-batch by micro-batch, a different order of float additions than one big batch (the observed
+max |Δ| is ~1e-6 to 1e-5 after a few Adam steps, 0 to 3e-8 with SGD on the MLP).
+"""
+import pytest
+import torch
+
+from minipar import launch
+from minipar.check import RunResult, check_equivalence, compare, gpt_recipe, mlp_recipe
+from minipar.pipeline.runtime import PipelineRank, pipeline_train
+from minipar.pipeline.torch_ref import torch_pipeline_train
+
+MLP = mlp_recipe(steps=2, batch_size=12, sizes=[8] * 13)           # 12 layers: p·v in {1,2,3,4,6,12}
+GPT = gpt_recipe(steps=2, batch_size=8, seq_len=8, n_layer=4, n_embd=16, n_head=2)
+QUIET = {"quiet": True}
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [
+    ("naive", 2, 1, 1), ("gpipe", 2, 4, 1), ("gpipe", 4, 3, 1), ("1f1b", 4, 4, 1), ("1f1b", 2, 6, 1),
+    ("zb-h1", 4, 4, 1), ("zb-h1", 3, 6, 1), ("interleaved", 2, 4, 2), ("interleaved", 2, 2, 3),
+    ("interleaved", 3, 6, 2),
+])
+def test_mlp_schedules_equal_single_device(schedule, p, m, v):
+    check_equivalence(pipeline_train, p, MLP, schedule, m, v, launch_kwargs=QUIET).assert_ok()
+
+
+@pytest.mark.parametrize("schedule,p,m,v,recompute", [
+    ("gpipe", 2, 4, 1, True), ("1f1b", 4, 4, 1, False), ("interleaved", 2, 4, 2, False),
+    ("zb-h1", 2, 4, 1, True),
+])
+def test_gpt_schedules_equal_single_device(schedule, p, m, v, recompute):
+    check_equivalence(pipeline_train, p, GPT, schedule, m, v, recompute=recompute,
+                      launch_kwargs=QUIET).assert_ok()
+
+
+def _merge(results) -> RunResult:
+    """One RunResult from the ranks of a pipeline: the last rank's losses, every stage's parameters."""
+    params = {n: t for r in results for n, t in r.params.items()}
+    return RunResult(next(r.losses for r in results if r.losses is not None), params)
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
+def test_equals_torch_distributed_pipelining(schedule, p, m, v):
+    ours = launch(pipeline_train, p, GPT, schedule, m, v, quiet=True)
+    theirs = launch(torch_pipeline_train, p, GPT, schedule, m, v, quiet=True)
+    # torch divides the summed gradients by m at the end, minipar divides each micro-batch loss: float32
+    compare(_merge(theirs), ours, dtype=torch.float32).assert_ok()
+
+
+class ForgetsToAccumulate(PipelineRank):
+    """A plausible bug: gradients zeroed between micro-batches, so only the last micro-batch counts."""
+
+    def after_backward(self, stage, mb):
+        if mb != self.n_micro - 1:
+            for q in self.stages[stage].parameters():
+                q.grad = None
+
+
+def test_the_harness_catches_a_pipeline_that_does_not_accumulate():
+    cmp = check_equivalence(pipeline_train, 2, MLP, "1f1b", 4, 1, rank_class=ForgetsToAccumulate,
+                            launch_kwargs=QUIET)
+    assert not cmp.matches and cmp.max_abs_diff > 1e-3
+
+
+def test_timeline_records_every_action_and_the_transfers():
+    runs = launch(pipeline_train, 2, MLP, "1f1b", 4, 1, quiet=True)
+    for rank, run in enumerate(runs):
+        last = [row for row in run.timeline if row[0] == MLP.steps - 1]
+        work = [(k, s, i) for _, k, s, i, _, _ in last if k in ("F", "BW")]
+        assert len(work) == 2 * 4 and {s for _, s, _ in work} == {rank}
+        assert sum(k == "send" for _, k, *_ in last) == 4          # activations or gradients, one per mb
+        assert all(end >= start >= 0 for *_, start, end in last)
+        # each rank sent 4 activations (rank 0) or 4 gradients (rank 1) of 3 rows x 8 floats per step
+        assert run.bytes_sent == MLP.steps * 4 * 3 * 8 * 4
+
+
+def test_1f1b_holds_fewer_activations_than_gpipe_and_recomputation_fewer_still():
+    def peak(schedule, recompute):
+        runs = launch(pipeline_train, 2, GPT, schedule, 8, 1, recompute=recompute, track_memory=True, quiet=True)
+        return max(b for _, _, b in runs[0].memory)                # rank 0: the most in flight
+    gpipe, ofob, gpipe_rc = peak("gpipe", False), peak("1f1b", False), peak("gpipe", True)
+    assert ofob < 0.6 * gpipe          # 2 of 8 micro-batches in flight instead of 8
+    assert gpipe_rc < 0.5 * gpipe      # only stage inputs kept
