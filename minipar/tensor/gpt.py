@@ -172,3 +172,25 @@ def run_tensor_parallel(recipe: Recipe, tp: int, sequence_parallel: bool = False
                         functools.partial(lm_loss, label_smoothing=label_smoothing), recipe.dtype, recipe.name)
     return check_equivalence(parallel_train, tp, recipe, sequence_parallel=sequence_parallel,
                              label_smoothing=label_smoothing, **check_kwargs)
+
+
+def measure_layer(rank, world_size, cfg, batch_size: int, seq_len: int, sequence_parallel: bool = False,
+                  group=None, seed: int = 0) -> dict:
+    """One transformer block, forward and backward, on this rank: the bytes it sent (from the comm log) and
+    the activation bytes autograd kept (:func:`minipar.memory.saved_activation_bytes`)."""
+    from .. import comm
+    from ..memory import saved_activation_bytes
+    from ..models import Block
+
+    group = group if group is not None else Mesh(world_size, tp=world_size).build(rank).group("tp")
+    torch.manual_seed(seed)
+    block = TensorParallelBlock(Block(cfg), group, sequence_parallel, DropoutStreams(seed, group))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, seq_len, cfg.n_embd, generator=g)
+    if sequence_parallel:
+        x = x.chunk(tp_size(group), dim=1)[tp_rank(group)]
+    x = x.clone().requires_grad_(True)   # its own storage: a view would count the whole tensor
+    with comm.recording() as log:
+        y, activations = saved_activation_bytes(block, x, exclude=list(block.parameters()))
+        y.backward(torch.ones_like(y))
+    return {"bytes_sent": log.bytes_sent, "by_op": log.by_op(), "activation_bytes": activations}

@@ -30,7 +30,7 @@ from .. import comm
 from .operators import all_gather_dim, reduce_scatter_dim, SEQ_DIM
 
 __all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "activation_elements",
-           "activation_bytes_formula", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
+           "activation_bytes_formula", "uncounted_bytes", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
 
 
 class _GatheredInputLinear(torch.autograd.Function):
@@ -102,6 +102,14 @@ def activation_bytes_formula(s, b, h, a, t=1, sequence_parallel=False, value_byt
     ``value_bytes`` (4 for float32)."""
     e = activation_elements(s, b, h, a, t, sequence_parallel, dropout)
     return e["values"] * value_bytes + e["masks"] * mask_bytes
+
+
+def uncounted_bytes(s, b, t=1, sequence_parallel=False, value_bytes=4, layer_norms=2) -> float:
+    """What the paper's count leaves out and PyTorch keeps: each LayerNorm's mean and 1/std per token
+    (2 values, on this rank's tokens) and the s × s boolean causal mask that masked_fill saves (a fused
+    attention kernel keeps neither mask nor softmax)."""
+    tokens = s * b / (t if sequence_parallel else 1)
+    return layer_norms * 2 * tokens * value_bytes + s * s
 
 
 def korthikanti_bytes(s, b, h, a, t=1, sequence_parallel=False) -> float:

@@ -1,0 +1,90 @@
+"""Megatron sequence parallelism (minipar.tensor with sequence_parallel=True) against one device.
+
+Tolerances as in test_tensor_parallel: float64 + Adam at the harness's float64 tolerance (atol 1e-10,
+rtol 1e-9). Bytes are compared exactly with the formula; activation bytes exactly with the Korthikanti
+et al. (2022) count scaled to float32 plus the two things it leaves out (LayerNorm statistics, the causal
+mask).
+"""
+import pytest
+import torch
+
+from minipar.check import gpt_recipe
+from minipar.launch import launch
+from minipar.models import GPTConfig
+from minipar.tensor import gpt as tp_gpt
+from minipar.tensor.gpt import measure_layer, run_tensor_parallel
+from minipar.tensor.sequence import (activation_bytes_formula, korthikanti_bytes, sp_bytes_per_layer,
+                                     tp_bytes_per_layer, uncounted_bytes)
+
+QUIET = {"quiet": True}
+
+
+def _recipe(**cfg):
+    recipe = gpt_recipe(steps=3, batch_size=4, seq_len=16, vocab_size=66, **cfg)
+    recipe.dtype = torch.float64
+    return recipe
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tp_sp_gpt_trains_like_one_device(tp):
+    run_tensor_parallel(_recipe(), tp, sequence_parallel=True, launch_kwargs=QUIET).assert_ok()
+
+
+def test_tp_sp_with_label_smoothing_and_tied_weights():
+    run_tensor_parallel(_recipe(tie_weights=True), 4, sequence_parallel=True, label_smoothing=0.1,
+                        launch_kwargs=QUIET).assert_ok()
+
+
+def test_without_the_layernorm_gradient_sum_it_does_not_match(monkeypatch):
+    """LayerNorm weights, row-parallel biases and the position embedding see only a sequence shard:
+    skipping their gradient all-reduce must break equivalence (the test can fail)."""
+    monkeypatch.setattr(tp_gpt.TensorParallelGPT, "finish_backward", lambda self: None)
+    comparison = run_tensor_parallel(_recipe(), 2, sequence_parallel=True, launch_kwargs=QUIET)
+    assert not comparison.matches
+    assert any("ln" in p or "pos_emb" in p or "proj.bias" in p for p in comparison.problems)
+
+
+def test_sequence_length_not_divisible_raises_before_any_process(monkeypatch):
+    monkeypatch.setattr(tp_gpt, "check_equivalence", lambda *a, **k: pytest.fail("launched anyway"))
+    recipe = gpt_recipe(steps=1, seq_len=15)
+    with pytest.raises(ValueError, match="sequence length 15 is not divisible by 4"):
+        run_tensor_parallel(recipe, 4, sequence_parallel=True)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sp_moves_the_bytes_of_tp_as_all_gather_plus_reduce_scatter(tp):
+    """Per layer per step: 4 reduce-scatters and 4 all-gathers (each RS+AG = one all-reduce's bytes), plus
+    the 2 all-gathers of the column-parallel inputs again in backward (the memory saving's price)."""
+    b, s, h = 2, 16, 32
+    cfg = GPTConfig(n_embd=h, n_head=4)
+    sbh_bytes = b * s * h * 4
+    for res in launch(measure_layer, tp, cfg, b, s, True, **QUIET):
+        calls = {op: n for op, (n, _) in res["by_op"].items()}
+        assert calls == {"all_gather": 6, "reduce_scatter": 4}
+        ag, rs = res["by_op"]["all_gather"][1], res["by_op"]["reduce_scatter"][1]
+        assert 3 * rs + 2 * ag == 3 * tp_bytes_per_layer(s, b, h, tp)     # 4 RS + 4 AG = 4 all-reduces
+        assert res["bytes_sent"] == sp_bytes_per_layer(s, b, h, tp) == \
+            tp_bytes_per_layer(s, b, h, tp) + 2 * (tp - 1) / tp * sbh_bytes
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_memory_per_layer_tp_sp(dropout):
+    """Measured = sbh(34/t + 5as/(ht)) scaled to float32 values + LayerNorm stats + causal mask, exactly;
+    and less than TP alone."""
+    b, s, h, a = 2, 16, 32, 4
+    cfg = GPTConfig(n_embd=h, n_head=a, dropout=dropout)
+    for tp in (2, 4):
+        sp = launch(measure_layer, tp, cfg, b, s, True, **QUIET)[0]["activation_bytes"]
+        formula = activation_bytes_formula(s, b, h, a, tp, sequence_parallel=True, value_bytes=4,
+                                           dropout=dropout > 0)
+        assert sp == formula + uncounted_bytes(s, b, tp, sequence_parallel=True), (tp, sp, formula)
+        assert sp < activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=dropout > 0)
+
+
+def test_generalised_count_reduces_to_the_papers_formulas():
+    """At 2-byte values, 1-byte masks and dropout on, the element count gives eq. 2-4 of the paper."""
+    for s, b, h, a in [(2048, 4, 12288, 96), (16, 2, 32, 4)]:
+        for t in (1, 2, 8):
+            for sp in (False, True):
+                assert activation_bytes_formula(s, b, h, a, t, sp) == pytest.approx(korthikanti_bytes(s, b, h, a, t, sp))
+        assert activation_bytes_formula(s, b, h, a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))

@@ -1,0 +1,211 @@
+"""Megatron tensor parallelism (minipar.tensor) against one device and against PyTorch's DTensor TP.
+
+Tolerances: the GPT runs train in float64 with Adam and use the harness's float64 tolerance
+(atol 1e-10, rtol 1e-9): the only difference from one device is the order of summation in the
+all-reduces. (In float32, Adam turns rounding noise on near-zero gradients into updates of up to lr, so
+float32 runs are checked with SGD, at the harness's float32 tolerance.) The layer tests compare forward
+outputs and gradients at 1e-6 (float32, a handful of sums reordered).
+"""
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+from minipar.check import gpt_recipe
+from minipar.launch import launch
+from minipar.models import MLP, GPTConfig
+from minipar.tensor import gpt as tp_gpt
+from minipar.tensor.gpt import check_tp_config, measure_layer, run_tensor_parallel
+from minipar.tensor.sequence import activation_bytes_formula, tp_bytes_per_layer, uncounted_bytes
+
+QUIET = {"quiet": True}
+
+
+def _recipe(dtype=torch.float64, optimizer="adam", **cfg):
+    recipe = gpt_recipe(steps=3, batch_size=4, seq_len=16, optimizer=optimizer, vocab_size=66, **cfg)
+    recipe.dtype = dtype      # vocabulary 66: padded to 68 at TP=4
+    return recipe
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_tp_gpt_trains_like_one_device(tp):
+    """Loss at each of 3 Adam steps and every parameter after them equal one device (float64)."""
+    run_tensor_parallel(_recipe(), tp, launch_kwargs=QUIET).assert_ok()
+
+
+def test_tp_gpt_float32_sgd_and_tied_weights():
+    """float32 (harness tolerance atol 2e-5, rtol 1e-4) with SGD, and a tied embedding / LM head."""
+    run_tensor_parallel(_recipe(torch.float32, "sgd", tie_weights=True), 4, launch_kwargs=QUIET).assert_ok()
+
+
+def test_a_wrong_shard_is_caught():
+    """The harness is not blind: a TP model whose fc shard is cut from the wrong columns fails."""
+    original = tp_gpt.TensorParallelGPT.__init__
+
+    def broken_init(self, ref, group, *args, **kwargs):
+        with torch.no_grad():   # swap two output features of the first MLP before sharding
+            w = ref.blocks[0].mlp.fc.weight
+            w[[0, -1]] = w[[-1, 0]]
+        original(self, ref, group, *args, **kwargs)
+
+    tp_gpt.TensorParallelGPT.__init__ = broken_init
+    try:
+        comparison = run_tensor_parallel(_recipe(), 2, launch_kwargs=QUIET)
+    finally:
+        tp_gpt.TensorParallelGPT.__init__ = original
+    assert not comparison.matches
+
+
+def test_bad_degrees_raise_before_any_process(monkeypatch):
+    monkeypatch.setattr(tp_gpt, "check_equivalence", lambda *a, **k: pytest.fail("launched anyway"))
+    with pytest.raises(ValueError, match="n_head .* not divisible by the tensor-parallel degree 4"):
+        run_tensor_parallel(gpt_recipe(steps=1, n_head=6, n_embd=48), 4)
+    fake = types.SimpleNamespace(n_head=4, n_embd=30, ffn_hidden=128)
+    with pytest.raises(ValueError, match="n_embd .* = 30 is not divisible"):
+        check_tp_config(fake, 4)
+    fake = types.SimpleNamespace(n_head=4, n_embd=32, ffn_hidden=102)
+    with pytest.raises(ValueError, match="ffn_hidden .* = 102 is not divisible"):
+        check_tp_config(fake, 4)
+    with pytest.raises(ValueError, match="positive integer"):
+        check_tp_config(GPTConfig(), 0)
+
+
+def _layers_vs_full(rank, world_size):
+    """ColumnParallelLinear (gathered output) and RowParallelLinear (input split inside) vs nn.Linear."""
+    from minipar.mesh import Mesh
+    from minipar.tensor.layers import ColumnParallelLinear, RowParallelLinear
+    from minipar.tensor.operators import all_gather_dim
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    full = nn.Linear(8, 12)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        full.weight.copy_(torch.randn(12, 8, generator=g))
+        full.bias.copy_(torch.randn(12, generator=g))
+    x = torch.randn(3, 8, generator=g)
+    col = ColumnParallelLinear.from_linear(full, group, gather_output=True)
+    row = RowParallelLinear.from_linear(full, group, input_is_parallel=False)
+    xc, xr, xf = (x.clone().requires_grad_(True) for _ in range(3))
+    ycol, yrow, yfull = col(xc), row(xr), full(xf)
+    for y in (ycol, yrow, yfull):
+        y.pow(2).sum().backward()
+    diffs = {
+        "column out": (ycol - yfull).abs().max(), "row out": (yrow - yfull).abs().max(),
+        "column dX": (xc.grad - xf.grad).abs().max(), "row dX": (xr.grad - xf.grad).abs().max(),
+        "column dW": (all_gather_dim(col.weight.grad, 0, group) - full.weight.grad).abs().max(),
+        "column db": (all_gather_dim(col.bias.grad, 0, group) - full.bias.grad).abs().max(),
+        "row dW": (all_gather_dim(row.weight.grad, 1, group) - full.weight.grad).abs().max(),
+        "row db": (row.bias.grad - full.bias.grad).abs().max(),
+    }
+    return {k: float(v) for k, v in diffs.items()}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_column_and_row_parallel_linear_forward_backward(tp):
+    for rank, diffs in enumerate(launch(_layers_vs_full, tp, **QUIET)):
+        for what, d in diffs.items():
+            assert d < 1e-5, f"rank {rank}: {what} differs by {d}"
+
+
+def _mine_vs_dtensor(rank, world_size, sequence_parallel):
+    """The same MLP, tensor-parallel by minipar and by torch.distributed.tensor.parallel."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from minipar.mesh import Mesh
+    from minipar.tensor.layers import TensorParallelMLP
+    from minipar.tensor.sequence import sync_sequence_parallel_grads
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    ref, theirs = MLP((16, 64, 16), seed=0), MLP((16, 64, 16), seed=0)
+    mine = TensorParallelMLP(ref.layers[0], ref.layers[1], group, sequence_parallel=sequence_parallel)
+    if sequence_parallel:   # PyTorch's SP for the same layers: sequence-sharded in and out
+        plan = {"layers.0": ColwiseParallel(input_layouts=Shard(1)),
+                "layers.1": RowwiseParallel(output_layouts=Shard(1))}
+    else:
+        plan = {"layers.0": ColwiseParallel(), "layers.1": RowwiseParallel()}
+    parallelize_module(theirs, DeviceMesh.from_group(group, "cpu"), plan)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1))
+    if sequence_parallel:
+        x = x.chunk(world_size, dim=1)[rank].clone()
+    y_mine, y_theirs = mine(x), theirs(x)
+    y_mine.pow(2).sum().backward()
+    y_theirs.pow(2).sum().backward()
+    if sequence_parallel:   # the bias was added to a sequence shard: its gradient is summed over the group
+        sync_sequence_parallel_grads([mine.proj.bias], group)
+    return {
+        "output": float((y_mine - y_theirs).abs().max()),
+        "fc.weight grad": float((mine.fc.weight.grad - theirs.layers[0].weight.grad.to_local()).abs().max()),
+        "fc.bias grad": float((mine.fc.bias.grad - theirs.layers[0].bias.grad.to_local()).abs().max()),
+        "proj.weight grad": float((mine.proj.weight.grad - theirs.layers[1].weight.grad.to_local()).abs().max()),
+        "proj.bias grad": float((mine.proj.bias.grad - theirs.layers[1].bias.grad.full_tensor()).abs().max()),
+    }
+
+
+@pytest.mark.parametrize("tp,sequence_parallel", [(2, False), (4, False), (4, True)])
+def test_mlp_equals_pytorch_dtensor_tp(tp, sequence_parallel):
+    """Outputs and every gradient equal PyTorch's ColwiseParallel/RowwiseParallel (float32, 1e-6)."""
+    for rank, diffs in enumerate(launch(_mine_vs_dtensor, tp, sequence_parallel, **QUIET)):
+        for what, d in diffs.items():
+            assert d < 1e-6, f"rank {rank}: {what} differs from DTensor by {d}"
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_bytes_per_layer_are_four_all_reduces(tp):
+    """Measured in the comm log: exactly 4 all-reduces of b·s·h float32 per layer per step."""
+    b, s, cfg = 2, 16, GPTConfig(n_embd=32, n_head=4)
+    for res in launch(measure_layer, tp, cfg, b, s, False, **QUIET):
+        assert res["by_op"] == {"all_reduce": (4, res["bytes_sent"])}
+        assert res["bytes_sent"] == tp_bytes_per_layer(s, b, cfg.n_embd, tp) == 4 * 2 * (tp - 1) / tp * b * s * 32 * 4
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_memory_per_layer_matches_korthikanti(dropout):
+    """Measured saved-activation bytes of one block = sbh(10 + 24/t + 5as/(ht)) scaled to float32 values
+    and 1-byte masks, plus LayerNorm statistics and the causal mask, exactly, for t = 1, 2, 4."""
+    b, s, h, a = 2, 16, 32, 4
+    cfg = GPTConfig(n_embd=h, n_head=a, dropout=dropout)
+    for tp in (1, 2, 4):
+        measured = launch(measure_layer, tp, cfg, b, s, False, **QUIET)[0]["activation_bytes"]
+        formula = activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=dropout > 0)
+        assert measured == formula + uncounted_bytes(s, b), (tp, measured, formula)
+
+
+def _dropout_replicas(rank, world_size, sequence_parallel):
+    """Train 2 steps with dropout 0.2; return what must agree across the group and the two streams' draws."""
+    from minipar.mesh import Mesh
+    from minipar.models import TinyGPT
+    from minipar.tensor.gpt import TensorParallelGPT
+    from minipar.tensor.layers import DropoutStreams
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    recipe = gpt_recipe(steps=2, batch_size=4, seq_len=16, dropout=0.2)
+    model = TensorParallelGPT(recipe.model(), group, sequence_parallel, seed=0)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for x, y in recipe.batches:
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        model.finish_backward()
+        opt.step()
+        losses.append(loss.item())
+    streams = DropoutStreams(0, group)
+    draws = (torch.rand(8, generator=streams.replicated), torch.rand(8, generator=streams.per_rank))
+    replicated = {n: p.detach() for n, p in model.named_parameters() if "ln" in n or "pos_emb" in n}
+    return losses, replicated, draws
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_dropout_streams_agree_and_differ_where_they_must(sequence_parallel):
+    """With dropout > 0 the replicated parameters stay bit-identical on every rank after optimizer steps
+    (masks of replicated tensors agree), the replicated stream agrees and the per-rank stream differs."""
+    results = launch(_dropout_replicas, 2, sequence_parallel, **QUIET)
+    (l0, p0, d0), (l1, p1, d1) = results
+    assert l0 == l1
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), name
+    assert torch.equal(d0[0], d1[0])
+    assert not torch.equal(d0[1], d1[1])
