@@ -1,0 +1,131 @@
+"""Mixed-precision training from scratch: FP32 master weights, 16-bit compute, (dynamic) loss scaling.
+
+Micikevicius et al. 2018, "Mixed Precision Training". One step:
+
+    1. forward and backward run on a 16-bit copy of the model (half the bytes, the fast tensor-core path);
+       the logits are cast to FP32 before the loss (softmax and log in FP32, as autocast does);
+    2. FP16 only: the loss is multiplied by the loss scale S before backward, so small gradients survive;
+    3. the 16-bit gradients are copied up to FP32 master gradients and divided by S there;
+       an inf/NaN among them means S was too large: skip the step, back off S (see ``loss_scaler``);
+    4. the optimizer, which only ever saw the FP32 master weights, updates them in FP32;
+    5. the master weights are rounded down into the 16-bit copy for the next step.
+
+Why master weights: an update u smaller than half the gap between w and its neighbour vanishes in w + u.
+In FP16 that gap is w·2^-10, so any |w/u| > 2048 (BF16: > 256) is lost entirely; in FP32 it is not.
+BF16 has FP32's exponent range, so gradients do not underflow and no loss scaling is needed.
+
+Memory per parameter with Adam: 2 (16-bit weight) + 2 (16-bit grad) + 4 (master) + 4 (master grad, freed
+after the step in real systems) + 8 (Adam m, v) — ZeRO's "16 bytes per parameter" counts 2 + 2 + 12.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..check import Recipe, RunResult
+from .loss_scaler import DynamicLossScaler
+
+__all__ = ["MixedPrecision", "fp32_loss", "train_mixed", "underflow_fraction", "small_gradient_case"]
+
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def fp32_loss(model: nn.Module, inputs, targets) -> torch.Tensor:
+    """The recipe's loss with the model output cast to FP32 first (cross-entropy or MSE in FP32).
+    Floating inputs are cast to the model's dtype (token ids stay integers)."""
+    if inputs.is_floating_point():
+        inputs = inputs.to(next(model.parameters()).dtype)
+    out = model(inputs).float()
+    if targets.dtype == torch.long:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+    return F.mse_loss(out, targets.float())
+
+
+class MixedPrecision:
+    """Hold an FP32 master copy of ``model``'s parameters (owned by the optimizer) and turn ``model``
+    itself into the 16-bit compute copy.
+
+    ``scaler``: ``"auto"`` = a :class:`DynamicLossScaler` for FP16 and none for BF16/FP32; ``None`` = no
+    scaling (to show FP16's underflow); or a scaler you configured.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: Callable, dtype: torch.dtype = torch.float16,
+                 scaler="auto"):
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute dtype must be one of {COMPUTE_DTYPES}, got {dtype}")
+        self.dtype = dtype
+        self.names = [n for n, _ in model.named_parameters()]
+        self.master = [nn.Parameter(p.detach().clone().float()) for p in model.parameters()]
+        self.optimizer = optimizer(self.master)          # the optimizer never sees a 16-bit tensor
+        self.model = model.to(dtype)                     # the compute copy (same module, cast in place)
+        self.compute = list(model.parameters())
+        self.scaler = (DynamicLossScaler() if dtype == torch.float16 else None) if scaler == "auto" else scaler
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the 16-bit model, with the loss multiplied by the loss scale if there is one."""
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def copy_grads_up(self) -> list:
+        """16-bit gradients -> FP32 master gradients (still scaled); the 16-bit ones are released."""
+        for master, p in zip(self.master, self.compute):
+            master.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        return [m.grad for m in self.master]
+
+    def step(self) -> bool:
+        """Steps 3-5 above. Returns False if the step was skipped because of an overflow."""
+        grads = self.copy_grads_up()
+        if self.scaler is not None:
+            stepped = self.scaler.step(self.optimizer, grads)   # checks, unscales in FP32, steps or skips
+        else:
+            self.optimizer.step()
+            stepped = True
+        if stepped:
+            self.copy_weights_down()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stepped
+
+    @torch.no_grad()
+    def copy_weights_down(self) -> None:
+        for master, p in zip(self.master, self.compute):
+            p.copy_(master)                                 # rounds to the nearest 16-bit value
+
+    def train_step(self, loss_fn: Callable, *batch) -> tuple:
+        """One optimizer step: returns (loss as a float, whether the step was taken)."""
+        loss = loss_fn(self.model, *batch)
+        self.backward(loss)
+        return loss.item(), self.step()
+
+    def master_params(self) -> dict:
+        return {n: m.detach().clone() for n, m in zip(self.names, self.master)}
+
+
+def train_mixed(recipe: Recipe, dtype: torch.dtype = torch.float16, scaler="auto") -> tuple:
+    """Train ``recipe`` with mixed precision on one device. Returns (RunResult with the FP32 master
+    parameters, the :class:`MixedPrecision` object for its scaler history)."""
+    mp = MixedPrecision(recipe.model(), recipe.optimizer, dtype, scaler)
+    losses = [mp.train_step(fp32_loss, x, y)[0] for x, y in recipe.batches]
+    return RunResult(losses, mp.master_params()), mp
+
+
+def underflow_fraction(grads_16bit, grads_fp32) -> float:
+    """Fraction of gradient values that are non-zero in FP32 but exactly zero in 16 bits (flushed)."""
+    g16 = torch.cat([g.flatten() for g in grads_16bit])
+    g32 = torch.cat([g.flatten() for g in grads_fp32])
+    lost = (g16 == 0) & (g32 != 0)
+    return float(lost.sum()) / max(int((g32 != 0).sum()), 1)
+
+
+def small_gradient_case(residual: float = 1e-4, seed: int = 0, sizes=(32, 128, 128, 128, 1)) -> tuple:
+    """A regression MLP that is nearly fitted: targets = its own output + ``residual``-sized noise, so its
+    gradients are mostly below FP16's smallest subnormal 2^-24 (the case the loss scale exists for).
+    Returns (model factory, x, y)."""
+    from ..models import MLP
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, sizes[0], generator=g)
+    with torch.no_grad():
+        y = MLP(sizes, seed=seed)(x) + residual * torch.randn(256, sizes[-1], generator=g)
+    return (lambda: MLP(sizes, seed=seed)), x, y
