@@ -1,0 +1,182 @@
+"""DataParallel in one process with threads, the way ``torch.nn.DataParallel`` works.
+
+One Python process drives N devices. Every step makes five exchanges, all through device 0:
+
+====  ===========================================  ==============================  =====================
+ #    exchange                                     direction                       bytes moved
+====  ===========================================  ==============================  =====================
+ 1    scatter the input batch                      device 0 → others               (N-1)/N · |x|
+ 2    replicate the model (every step!)            device 0 → others               (N-1) · P
+ 3    gather the outputs (the loss is on device 0) others → device 0               (N-1)/N · |y|
+ 4    scatter ∂loss/∂outputs (gather's backward)   device 0 → others               (N-1)/N · |y|
+ 5    reduce the replicas' gradients               others → device 0               (N-1) · P
+====  ===========================================  ==============================  =====================
+
+(P: parameter bytes, x: inputs, y: outputs.) Device 0's traffic grows with N and device 0 does more work
+(the loss, the optimizer), while the others wait. The replicas' forwards run in Python threads
+(``parallel_apply``): the GIL serializes the Python parts, only the kernels (which release it) overlap.
+Exchange 4 is the gradient of the loss with respect to the outputs, not the loss itself, as sources
+sometimes say. On CPU every "device" is the same memory; the copies are still made and counted, so the
+code and the bytes are those of a GPU run.
+
+Paszke et al. 2019 (PyTorch); the design ``torch.nn.DataParallel`` documents.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+
+__all__ = ["DataParallel", "ExchangeLog", "predicted_exchange_bytes", "train"]
+
+
+@dataclass
+class ExchangeLog:
+    """Device-to-device copies made by :class:`DataParallel`: [(exchange, bytes)], and thread spans."""
+    copies: list = field(default_factory=list)
+    spans: list = field(default_factory=list)      # (replica, start, end) of each forward thread
+
+    def add(self, exchange: str, nbytes: int) -> None:
+        self.copies.append((exchange, int(nbytes)))
+
+    def by_exchange(self) -> dict:
+        table: dict = {}
+        for name, n in self.copies:
+            table[name] = table.get(name, 0) + n
+        return table
+
+    @property
+    def bytes(self) -> int:
+        return sum(n for _, n in self.copies)
+
+
+def predicted_exchange_bytes(n: int, param_bytes: int, input_bytes: int, output_bytes: int) -> dict:
+    """The table above: bytes each exchange moves in one step on ``n`` devices."""
+    return {"scatter inputs": (n - 1) / n * input_bytes, "replicate model": (n - 1) * param_bytes,
+            "gather outputs": (n - 1) / n * output_bytes, "scatter output grads": (n - 1) / n * output_bytes,
+            "reduce grads": (n - 1) * param_bytes}
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _Replicate(torch.autograd.Function):
+    """Forward: copy device 0's parameters to every device (exchange 2).
+    Backward: sum every replica's gradient into device 0 (exchange 5)."""
+
+    @staticmethod
+    def forward(ctx, devices, log, *params):
+        ctx.devices, ctx.log, ctx.n_params = devices, log, len(params)
+        log.add("replicate model", (len(devices) - 1) * _nbytes(params))
+        return tuple(p.detach().to(d, copy=True) for d in devices for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        n, home = ctx.n_params, ctx.devices[0]
+        per_replica = [grads[i * n:(i + 1) * n] for i in range(len(ctx.devices))]
+        ctx.log.add("reduce grads", (len(ctx.devices) - 1) * _nbytes(per_replica[0]))
+        summed = [sum(g[j].to(home) for g in per_replica) for j in range(n)]
+        return (None, None, *summed)
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: concatenate the replicas' outputs on device 0 (exchange 3).
+    Backward: split ∂loss/∂output and send each piece back to its replica (exchange 4)."""
+
+    @staticmethod
+    def forward(ctx, log, *outputs):
+        ctx.log, ctx.rows = log, [o.shape[0] for o in outputs]
+        ctx.devices = [o.device for o in outputs]
+        log.add("gather outputs", _nbytes(outputs[1:]))
+        return torch.cat([o.to(ctx.devices[0], copy=True) for o in outputs])
+
+    @staticmethod
+    def backward(ctx, grad):
+        pieces = grad.split(ctx.rows)
+        ctx.log.add("scatter output grads", _nbytes(pieces[1:]))
+        return (None, *(p.to(d, copy=True) for p, d in zip(pieces, ctx.devices)))
+
+
+class DataParallel(nn.Module):
+    """``DataParallel(module, devices)``: ``forward(x)`` scatters ``x`` on dim 0 over ``devices``, runs a
+    fresh replica per device in its own thread, and returns the gathered output on ``devices[0]``.
+    Compute the loss on that output; ``backward`` leaves the summed gradient in ``module``'s parameters,
+    and the optimizer steps there. ``module`` must live on ``devices[0]``."""
+
+    def __init__(self, module: nn.Module, devices: list):
+        super().__init__()
+        if len(devices) < 1:
+            raise ValueError("DataParallel needs at least one device")
+        self.module, self.devices = module, [torch.device(d) for d in devices]
+        self.log = ExchangeLog()
+        # One module object per thread (functional_call swaps weights into a module: threads sharing one
+        # would race). Their own weights are never used; each step's replicated weights are passed in.
+        self._shells = [copy.deepcopy(module).to(d) for d in self.devices]
+
+    def forward(self, x):
+        n = len(self.devices)
+        if x.shape[0] % n:
+            raise ValueError(f"a batch of {x.shape[0]} rows does not split evenly over {n} devices")
+        # 1. scatter the batch (inputs need no gradient: plain copies)
+        chunks = [c.to(d, copy=True) for c, d in zip(x.chunk(n), self.devices)]
+        self.log.add("scatter inputs", _nbytes(chunks[1:]))
+        # 2. replicate: differentiable copies, so backward sums the replicas' gradients into the module
+        names = [name for name, _ in self.module.named_parameters()]
+        copies = _Replicate.apply(self.devices, self.log, *self.module.parameters())
+        replicas = [dict(zip(names, copies[i * len(names):(i + 1) * len(names)])) for i in range(n)]
+        # 3. parallel_apply: one thread per replica; 4. gather to device 0
+        outputs = self._parallel_apply(replicas, chunks)
+        return _Gather.apply(self.log, *outputs)
+
+    def _parallel_apply(self, replicas, chunks) -> list:
+        outputs, errors = [None] * len(chunks), []
+        grad_enabled = torch.is_grad_enabled()  # grad mode is per thread: carry it over
+
+        def run(i):
+            try:
+                with torch.set_grad_enabled(grad_enabled):
+                    start = time.perf_counter()
+                    outputs[i] = functional_call(self._shells[i], replicas[i], (chunks[i],))
+                    self.log.spans.append((i, start, time.perf_counter()))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(chunks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return outputs
+
+
+def train(recipe, devices, step_logs: list | None = None):
+    """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices");
+    returns a :class:`minipar.check.RunResult`. Each step's :class:`ExchangeLog` goes to ``step_logs``."""
+    from ..check import RunResult
+    devices = ["cpu"] * devices if isinstance(devices, int) else devices
+    for step, (inputs, _) in enumerate(recipe.batches):
+        if inputs.shape[0] % len(devices):
+            raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by "
+                             f"{len(devices)} devices")
+    model = recipe.model().to(recipe.dtype).to(devices[0])
+    dp = DataParallel(model, devices)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for inputs, targets in recipe.batches:
+        dp.log = ExchangeLog()
+        opt.zero_grad(set_to_none=True)
+        loss = recipe.loss(dp, inputs.to(devices[0]), targets.to(devices[0]))
+        loss.backward()
+        opt.step()  # on device 0 only: the next forward replicates the new weights
+        losses.append(loss.item())
+        if step_logs is not None:
+            step_logs.append(dp.log)
+    return RunResult(losses, {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()})
