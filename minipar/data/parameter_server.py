@@ -1,0 +1,115 @@
+"""A synchronous parameter server: workers push gradients, the server updates, workers pull weights.
+
+Rank ``server`` holds the only optimizer (and its state). Every step, every rank (the server too, which
+also computes on its shard) computes the gradient of its 1/N of the global batch; then
+
+    push:  each worker sends its gradient to the server          worker sends P,  server receives (N-1)·P
+    update: server averages g = (1/N) Σ_r g_r and steps           (same step as one device on the batch)
+    pull:  the server sends the new weights to every worker      server sends (N-1)·P, worker receives P
+
+(P = bytes of the parameters = bytes of the gradients in float32.) A worker's traffic is constant, but
+the server's is (N-1)·P each way: it grows with N and its link becomes the bottleneck, which is why
+collective all-reduce (2(N-1)/N · P per rank, for every rank) replaced it for dense models. Averaged over
+the ranks both move 2(N-1)/N · P: the difference is that the parameter server puts it all on one link.
+
+Li et al. 2014, "Scaling Distributed Machine Learning with the Parameter Server" (OSDI); Dean et al. 2012
+(DistBelief). Synchronous here, so that it equals one device; the original ones also ran asynchronously.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+
+__all__ = ["push_gradients", "pull_weights", "parallel_train", "train", "predicted_bytes_sent"]
+
+
+def predicted_bytes_sent(rank: int, world_size: int, param_bytes: int, server: int = 0) -> int:
+    """Bytes ``rank`` sends in one step: (N-1)·P on the server (the pull), P on a worker (the push)."""
+    return (world_size - 1) * param_bytes if rank == server else param_bytes
+
+
+def _flat_grads(params) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def push_gradients(params: list, server: int) -> torch.Tensor | None:
+    """Workers send their flat gradient to ``server``; the server returns the average over all ranks
+    (its own included, summed in rank order), workers return None."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    mine = _flat_grads(params)
+    if rank != server:
+        comm.send(mine, dst=server)
+        return None
+    total = mine.clone()
+    incoming = torch.empty_like(mine)
+    for worker in range(world_size):
+        if worker != server:
+            total += comm.recv(incoming, src=worker)
+    return total / world_size
+
+
+def pull_weights(params: list, server: int) -> None:
+    """The server sends its flat weights to every worker; workers overwrite theirs with them."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        if rank == server:
+            pending = [comm.isend(flat, dst=w) for w in range(world_size) if w != server]
+            for req in pending:
+                req.wait()
+            return
+        comm.recv(flat, src=server)
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset: offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _set_grads(params: list, flat: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def parallel_train(rank: int, world_size: int, recipe, server: int = 0, step_log=None):
+    """Train ``recipe`` with a parameter server on rank ``server`` (every rank also computes its 1/N of
+    the batch). Traffic of the steps goes to ``step_log``; the initial pull and the loss report do not."""
+    from ..check import RunResult
+    from .sampler import shard_batch
+
+    model = recipe.model().to(recipe.dtype)
+    params = list(model.parameters())
+    pull_weights(params, server)  # everyone starts from the server's weights
+    opt = recipe.optimizer(params) if rank == server else None  # optimizer state lives on the server only
+    losses = []
+    for batch in recipe.batches:
+        inputs, targets = shard_batch(batch, rank, world_size)
+        with comm.recording(step_log if step_log is not None else comm.CommLog()):
+            model.zero_grad(set_to_none=True)
+            loss = recipe.loss(model, inputs, targets)
+            loss.backward()
+            average = push_gradients(params, server)
+            if rank == server:
+                _set_grads(params, average)
+                opt.step()
+            pull_weights(params, server)
+        report = loss.detach().double()
+        comm.all_reduce(report)
+        losses.append(report.item() / world_size)
+    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def train(recipe, world_size: int, server: int = 0, quiet: bool = True) -> list:
+    """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks."""
+    from ..launch import launch
+    if world_size < 2:
+        raise ValueError(f"a parameter server needs at least 2 ranks, got {world_size}")
+    if not 0 <= server < world_size:
+        raise ValueError(f"server rank {server} is not in 0..{world_size - 1}")
+    for step, (inputs, _) in enumerate(recipe.batches):
+        if inputs.shape[0] % world_size:
+            raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by {world_size} ranks")
+    return launch(parallel_train, world_size, recipe, server, quiet=quiet)
