@@ -142,3 +142,14 @@ def test_a_wrong_order_deadlocks_in_the_simulator():
         [Action("F", 1, 0), Action("BW", 1, 1), Action("F", 1, 1), Action("BW", 1, 0)]])
     with pytest.raises(Deadlock, match="rank 1 waits"):
         simulate(bad)
+
+
+def test_runtime_configuration_is_checked_before_launch():
+    from minipar.check import mlp_recipe
+    from minipar.pipeline.runtime import check_config
+    recipe = mlp_recipe(batch_size=12, sizes=[8] * 9)            # 8 layers
+    check_config(recipe, 4, "interleaved", 4, 2)
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        check_config(recipe, 2, "gpipe", 5)
+    with pytest.raises(ValueError, match="divisible by p·v"):
+        check_config(recipe, 4, "interleaved", 4, 4)

@@ -31,10 +31,10 @@ from .. import comm
 from ..check import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
-from .schedules import Schedule, make_schedule
-from .stages import assign, boundary_shapes, split_model, stage_loss
+from .schedules import Schedule, make_schedule, validate
+from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
-__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "synced_clock"]
+__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "launch_pipeline", "check_config", "synced_clock"]
 
 
 @dataclass
@@ -65,6 +65,7 @@ class PipelineRank:
         self.recompute, self.t0 = recompute, t0
         self.timeline, self.memory = [], []
         self.last = schedule.num_stages - 1
+        self.batch_size_in_microbatches = None   # None: the micro-batches of one run() are one batch
 
     # -- messages ---------------------------------------------------------------------------------------
     def peer(self, stage: int) -> int:
@@ -109,8 +110,8 @@ class PipelineRank:
         module = self.module(stage, mb)
         y = checkpoint(module, x, use_reentrant=False) if self.recompute else module(x)
         if stage == self.last:
-            y = stage_loss(y, self.targets[mb]) / self.n_micro   # mean over the global batch
-            self.loss += y.detach()
+            y = stage_loss(y, self.targets[mb]) / self.loss_divisor   # mean over the global batch
+            self.mb_losses[mb] = y.detach()
         else:
             self.send(y.detach(), "act", stage + 1, mb)
         self.saved[(stage, mb)] = (x, y)
@@ -149,7 +150,8 @@ class PipelineRank:
         """Execute this rank's actions for one global batch; return the loss (last stage) or None."""
         self.inputs, self.targets, self.n_micro = inputs, targets, len(inputs)
         self.step_index, self.saved, self.pending_sends = step_index, {}, []
-        self.loss = torch.zeros(())
+        self.loss_divisor = self.batch_size_in_microbatches or self.n_micro
+        self.mb_losses = {}
         do = {"F": self.forward, "BW": self.backward_full, "B": self.backward_input, "W": self.backward_weight}
         for a in self.actions:
             start = self.clock()
@@ -161,7 +163,7 @@ class PipelineRank:
         for work, _ in self.pending_sends:
             work.wait()
         has_loss = any(s == self.last for s in self.stages)
-        return float(self.loss) if has_loss else None
+        return float(sum(self.mb_losses[i] for i in sorted(self.mb_losses))) if has_loss else None
 
 
 def pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f1b", m: int = 4, v: int = 1,
@@ -197,3 +199,19 @@ def pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f1b", m
     reported = {name: t for s in mine.values() for name, t in s.reference_params().items()}
     return PipelineRun(losses if losses[0] is not None else None, reported,
                        runner.timeline, runner.memory, log.bytes_sent)
+
+
+def check_config(recipe, p: int, schedule: str, m: int, v: int = 1) -> None:
+    """Every constraint of a pipeline run, checked before any process starts (ValueError naming it)."""
+    validate(schedule, p, m, v, n_layers=len(_layers(recipe.model())[0]))
+    batch = recipe.batches[0][0].shape[0]
+    if batch % m:
+        raise ValueError(f"a global batch of {batch} cannot be cut into m={m} equal micro-batches")
+
+
+def launch_pipeline(recipe, p: int, schedule: str = "1f1b", m: int = 4, v: int = 1, quiet: bool = True,
+                    **kwargs) -> list:
+    """Check the configuration, then run :func:`pipeline_train` on ``p`` ranks; return the per-rank runs."""
+    from ..launch import launch
+    check_config(recipe, p, schedule, m, v)
+    return launch(pipeline_train, p, recipe, schedule, m, v, quiet=quiet, **kwargs)
