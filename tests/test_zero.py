@@ -1,0 +1,117 @@
+"""ZeRO-1/2/3 (and stage 0 = DDP) against single-device Adam, against each other, and against the formulas."""
+import pytest
+import torch
+
+from minipar import launch
+from minipar.check import RunResult, compare, gpt_recipe, mlp_recipe, train_reference
+from minipar.data import zero, zero_memory
+from minipar.data.zero import ZeRO, measure_stages, parallel_train
+
+RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
+
+
+def _every_stage_and_no_prefetch(rank, world_size, recipe):
+    runs = measure_stages(rank, world_size, recipe)
+    runs["3, no prefetch"] = parallel_train(rank, world_size, recipe, 3, prefetch=False)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    """Every stage on 4 ranks in one launch, measured: {stage: [per-rank ZeroRunResult]}."""
+    results = launch(_every_stage_and_no_prefetch, 4, RECIPE, quiet=True)
+    return {s: [r[s] for r in results] for s in results[0]}
+
+
+@pytest.mark.parametrize("stage", zero.STAGES)
+def test_every_stage_matches_single_device_adam(four_ranks, stage):
+    # Default FP32 tolerance (atol 2e-5, rtol 1e-4): the gradient sum over ranks is added in another order
+    # than one device's batch mean; Adam divides by sqrt(v), which magnifies that on tiny gradients.
+    compare(train_reference(RECIPE), four_ranks[stage]).assert_ok()
+
+
+@pytest.mark.parametrize("stage", (1, 2, 3))
+def test_sharded_stages_equal_ddp_bit_for_bit(four_ranks, stage):
+    # Sharding Adam's state is exact: the same summed gradient, the same element-wise update.
+    ddp = four_ranks[0][0]
+    reference = RunResult(ddp.losses, ddp.params)
+    compare(reference, four_ranks[stage], atol=0, rtol=0).assert_ok()
+
+
+@pytest.mark.parametrize("stage", zero.STAGES)
+def test_model_state_bytes_match_the_formula_n4(four_ranks, stage):
+    _check_bytes(four_ranks[stage], 4, stage)
+
+
+def test_model_state_bytes_match_the_formula_n1_n2_n8():
+    for n in (1, 2, 8):
+        results = launch(measure_stages, n, gpt_recipe(steps=1, batch_size=8, seq_len=8), quiet=True)
+        for stage in zero.STAGES:
+            _check_bytes([r[stage] for r in results], n, stage)
+
+
+def _check_bytes(per_rank, n, stage):
+    for res in per_rank:
+        psi, padded = res.numel, res.padded_numel
+        assert padded - psi < n * 4                     # at most N-1 padding elements per unit (4 units)
+        want = zero_memory.model_state_bytes(padded, n, stage, "fp32")
+        got = res.memory
+        assert (got["params"], got["grads"], got["optimizer"]) == (want["params"], want["grads"],
+                                                                  want["optimizer"]), (stage, n, got, want)
+        unpadded = zero_memory.model_state_bytes(psi, n, stage, "fp32")["total"]
+        assert abs(sum(got[k] for k in ("params", "grads", "optimizer")) - unpadded) <= 16 * (padded - psi)
+        # bytes sent per step, from the comm log, next to the formula
+        assert res.bytes_sent == [zero_memory.bytes_sent_per_step(padded, n, stage, "fp32")] * len(res.bytes_sent)
+
+
+def test_stage3_sends_one_and_a_half_times_ddp(four_ranks):
+    ddp, z3 = four_ranks[0][0].bytes_sent[0], four_ranks[3][0].bytes_sent[0]
+    assert z3 == pytest.approx(1.5 * ddp)
+    assert four_ranks[1][0].bytes_sent == four_ranks[2][0].bytes_sent == four_ranks[0][0].bytes_sent
+
+
+def test_memory_falls_stage_by_stage(four_ranks):
+    totals = [sum(four_ranks[s][0].memory[k] for k in ("params", "grads", "optimizer")) for s in zero.STAGES]
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
+
+
+def test_uneven_units_are_padded_and_still_exact():
+    # MLP 5 -> 7 -> 3: units of 42 and 24 parameters on 4 ranks: 2 and 0 padding elements.
+    recipe = mlp_recipe(steps=3, batch_size=12, sizes=(5, 7, 3), optimizer="adam")
+    per_layer = lambda model: [*model.layers, model]  # noqa: E731
+    results = launch(measure_stages, 4, recipe, (2, 3), per_layer, quiet=True)
+    reference = train_reference(recipe)
+    for stage in (2, 3):
+        compare(reference, [r[stage] for r in results]).assert_ok()
+        assert results[0][stage].padded_numel - results[0][stage].numel == 2
+
+
+def test_mixed_precision_hook_bf16_compute_fp32_master():
+    recipe = gpt_recipe(steps=3)
+    results = launch(measure_stages, 2, recipe, (0, 1, 3), param_dtype=torch.bfloat16, quiet=True)
+    ddp = results[0][0]
+    for stage in (1, 3):  # sharding stays exact under BF16 compute too
+        compare(RunResult(ddp.losses, ddp.params), [r[stage] for r in results], atol=0, rtol=0).assert_ok()
+    # BF16 compute against FP32 single-device training: the losses agree to BF16 precision.
+    reference = train_reference(recipe).losses
+    assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(ddp.losses, reference))
+    psi = ddp.padded_numel
+    stage1 = results[0][1].memory
+    # BF16 parameters (2Ψ) and gradients (2Ψ, plus the FP32 upcast of my shard 4Ψ/N); FP32 master, m, v: 12Ψ/N
+    assert (stage1["params"], stage1["grads"], stage1["optimizer"]) == (2 * psi, 2 * psi + 4 * psi // 2,
+                                                                        12 * psi // 2)
+
+
+def test_prefetch_off_gives_the_same_result_and_bytes(four_ranks):
+    results = four_ranks["3, no prefetch"]
+    compare(RunResult(four_ranks[3][0].losses, four_ranks[3][0].params), results, atol=0, rtol=0).assert_ok()
+    assert results[0].bytes_sent == four_ranks[3][0].bytes_sent
+
+
+def test_bad_input_raises_before_launch():
+    with pytest.raises(ValueError, match="stage"):
+        zero.validate(RECIPE, 4, 4)
+    with pytest.raises(ValueError, match="split evenly"):
+        zero.validate(RECIPE, 3, 1)
+    with pytest.raises(ValueError, match="stage"):
+        ZeRO(torch.nn.Linear(2, 2), torch.optim.Adam, stage=5)
