@@ -101,6 +101,9 @@ def check_pipedream(recipe, p: int, mode: str, m: int) -> None:
         raise ValueError(f"PipeDream-2BW needs m >= p micro-batches per batch for two weight buffers to "
                          f"suffice, got m={m}, p={p}")
     micro = recipe.steps * (m if mode == "2bw" else 1)
+    if micro < p:
+        raise ValueError(f"the 1F1B stream of all micro-batches needs at least p = {p} of them; "
+                         f"{recipe.steps} steps give {micro}")
     validate("1f1b", p, micro, n_layers=len(_layers(recipe.model())[0]))
 
 
