@@ -117,9 +117,10 @@ def row_backward(x_cols, w_rows, dy):
 def run_split(rank, world_size, split, x, w, dy, group=None) -> dict:
     """One forward and backward of ``split`` on this rank, from the whole x, w and dy (each rank takes its
     own pieces). Returns the pieces, the assembled y, dx and dw, and the bytes this rank sent in each phase
-    (``forward``, ``backward``: what training needs; ``assemble``: gathering the whole y, dx and dw on every
-    rank, done only to compare with one device). ``y_local``, ``dx_local``, ``dw_local``: this rank's own products
-    before any communication; ``y_piece``, ``dw_piece``: what it holds after the split's collective."""
+    (``forward``, ``backward``: what training needs; ``gather_y``, ``gather_dx``, ``gather_dw``: gathering
+    the whole tensor on every rank, done only to compare with one device). ``y_local``, ``dx_local``,
+    ``dw_local``: this rank's own products before any communication; ``y_piece``, ``dx_piece``,
+    ``dw_piece``: what it holds after the split's collective."""
     with comm.recording() as fwd_log:
         if split == "data":
             x_p, w_p = shard(x, 0, rank, world_size), w.clone()
@@ -139,19 +140,21 @@ def run_split(rank, world_size, split, x, w, dy, group=None) -> dict:
             dx_p, dw_p = column_backward(x_p, w_p, dy_p, group)
         else:
             dx_p, dw_p = row_backward(x_p, w_p, dy_p)
+    # The whole y, dx and dw on every rank, only to compare with one device: gather the pieces that are cut.
     (b, k), m = x.shape, w.shape[1]
-    with comm.recording() as asm_log:
-        y = {"data": lambda: gather_pieces(y_p, 0, b, group), "column": lambda: gather_pieces(y_p, 1, m, group),
-             "row": lambda: y_p}[split]()
-        dx = gather_pieces(dx_p, 0, b, group) if split == "data" else (
-            gather_pieces(dx_p, 1, k, group) if split == "row" else dx_p)
-        dw = {"data": lambda: dw_p, "column": lambda: gather_pieces(dw_p, 1, m, group),
-              "row": lambda: gather_pieces(dw_p, 0, k, group)}[split]()
-    return {"x": x_p, "w": w_p, "y_local": x_p @ w_p, "dw_local": x_p.T @ dy_p,   # before any collective
-            "dx_local": dy_p @ w_p.T,
-            "y_piece": y_p, "dy": dy_p, "dx_piece": dx_p, "dw_piece": dw_p,
-            "y": y, "dx": dx, "dw": dw, "bytes": {"forward": fwd_log.bytes_sent, "backward": bwd_log.bytes_sent,
-                                                  "assemble": asm_log.bytes_sent},
+    cut = {"data": {"y": 0, "dx": 0, "dw": None}, "column": {"y": 1, "dx": None, "dw": 1},
+           "row": {"y": None, "dx": 1, "dw": 0}}[split]
+    pieces, shapes = {"y": y_p, "dx": dx_p, "dw": dw_p}, {"y": (b, m), "dx": (b, k), "dw": (k, m)}
+    whole, gather_bytes = {}, {}
+    for name, piece in pieces.items():
+        dim = cut[name]
+        with comm.recording() as log:
+            whole[name] = piece if dim is None else gather_pieces(piece, dim, shapes[name][dim], group)
+        gather_bytes[f"gather_{name}"] = log.bytes_sent
+    return {"x": x_p, "w": w_p, "dy": dy_p,
+            "y_local": x_p @ w_p, "dx_local": dy_p @ w_p.T, "dw_local": x_p.T @ dy_p,   # before any collective
+            "y_piece": y_p, "dx_piece": dx_p, "dw_piece": dw_p, **whole,
+            "bytes": {"forward": fwd_log.bytes_sent, "backward": bwd_log.bytes_sent, **gather_bytes},
             "ops": {"forward": fwd_log.by_op(), "backward": bwd_log.by_op()}}
 
 
