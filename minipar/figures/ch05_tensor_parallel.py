@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from ..launch import launch
 
-__all__ = ["column_gelu_shards", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
-           "layer_memory_table", "FIGURES"]
+__all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
+           "layer_costs", "plot_layer_memory", "FIGURES"]
 
 RANK_COLOURS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
 
@@ -42,7 +42,8 @@ def column_gelu_shards(world_size: int = 2, seed: int = 0):
     return x, a, shards
 
 
-def _draw(path_or_ax=None, world_size: int = 2):
+def draw_column_gelu(world_size: int = 2):
+    """The figure (a matplotlib Figure) of Y = GeLU(XA) from a live run on ``world_size`` ranks."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -66,7 +67,7 @@ def _draw(path_or_ax=None, world_size: int = 2):
 
 
 def _make_column(path):
-    fig = _draw()
+    fig = draw_column_gelu()
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
@@ -146,40 +147,51 @@ def _make_allreduce(path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def layer_memory_table(b: int = 4, s: int = 16, h: int = 32, a: int = 4, degrees=(1, 2, 4)) -> list:
-    """[(t, sequence_parallel, measured bytes, formula bytes)] for one layer (float32, no dropout); formula
-    = Korthikanti et al.'s count scaled to float32 + LayerNorm statistics + causal mask."""
-    from ..models import GPTConfig
+def _measure_both(rank, world_size, cfg, b, s):
     from ..tensor.gpt import measure_layer
-    from ..tensor.sequence import activation_bytes_formula, uncounted_bytes
+    return {sp: measure_layer(rank, world_size, cfg, b, s, sp) for sp in (False, True)}
+
+
+def layer_costs(b: int = 4, s: int = 16, h: int = 32, a: int = 4, degrees=(1, 2, 4)) -> list:
+    """[{"t", "sp", "activation_bytes", "formula_bytes", "bytes_sent", "bytes_formula"}] for one layer on
+    rank 0 (float32, no dropout), TP and TP+SP for each degree (one launch per degree). The activation
+    formula is Korthikanti et al.'s count scaled to float32 + LayerNorm statistics + causal mask."""
+    from ..models import GPTConfig
+    from ..tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 
     rows = []
     for t in degrees:
+        measured = launch(_measure_both, t, GPTConfig(n_embd=h, n_head=a), b, s, quiet=True)[0]
         for sp in (False, True):
-            measured = launch(measure_layer, t, GPTConfig(n_embd=h, n_head=a), b, s, sp, quiet=True)[0]
             formula = activation_bytes_formula(s, b, h, a, t, sp, value_bytes=4, dropout=False)
-            rows.append((t, sp, measured["activation_bytes"], formula + uncounted_bytes(s, b, t, sp)))
+            rows.append({"t": t, "sp": sp, "activation_bytes": measured[sp]["activation_bytes"],
+                         "formula_bytes": formula + uncounted_bytes(s, b, t, sp),
+                         "bytes_sent": measured[sp]["bytes_sent"],
+                         "bytes_formula": (sp_bytes_per_layer if sp else tp_bytes_per_layer)(s, b, h, t)})
     return rows
 
 
-def _make_memory(path):
+def plot_layer_memory(rows):
     import matplotlib.pyplot as plt
 
-    rows = layer_memory_table()
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    degrees = sorted({t for t, *_ in rows})
+    degrees = sorted({r["t"] for r in rows})
     for k, sp in enumerate((False, True)):
         xs = [i + (k - 0.5) * 0.38 for i in range(len(degrees))]
-        measured = [m / 1024 for t, s_, m, _ in rows if s_ == sp]
-        formula = [f / 1024 for t, s_, _, f in rows if s_ == sp]
-        ax.bar(xs, measured, width=0.36, color=RANK_COLOURS[k], label=f"{'TP + SP' if sp else 'TP'} measured")
-        ax.plot(xs, formula, "k_", markersize=22, mew=2)
+        mine = [r for r in rows if r["sp"] == sp]
+        ax.bar(xs, [r["activation_bytes"] / 1024 for r in mine], width=0.36, color=RANK_COLOURS[k],
+               label=f"{'TP + SP' if sp else 'TP'} measured")
+        ax.plot(xs, [r["formula_bytes"] / 1024 for r in mine], "k_", markersize=22, mew=2)
     ax.plot([], [], "k_", markersize=12, mew=2, label="formula (Korthikanti, float32) + LN stats + mask")
     ax.set_xticks(range(len(degrees)), [f"t = {t}" for t in degrees])
     ax.set_ylabel("activation KiB per layer")
     ax.set_title("One layer (b=4, s=16, h=32, 4 heads): SP divides what TP leaves whole", fontsize=9)
     ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def _make_memory(path):
+    plot_layer_memory(layer_costs()).savefig(path, dpi=110, bbox_inches="tight")
 
 
 FIGURES = {"05_column_parallel_gelu.png": _make_column, "05_allreduce_cost.png": _make_allreduce,
