@@ -34,7 +34,8 @@ from ..mesh import Mesh, RankMesh
 from .schedules import Schedule, make_schedule, validate
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
-__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "launch_pipeline", "check_config", "synced_clock"]
+__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "launch_pipeline", "check_config", "synced_clock",
+           "step_rows", "measured_idle_fraction"]
 
 
 @dataclass
@@ -215,3 +216,21 @@ def launch_pipeline(recipe, p: int, schedule: str = "1f1b", m: int = 4, v: int =
     from ..launch import launch
     check_config(recipe, p, schedule, m, v)
     return launch(pipeline_train, p, recipe, schedule, m, v, quiet=quiet, **kwargs)
+
+
+def step_rows(runs: list, step: int = -1, kinds=("F", "B", "W", "BW")) -> list:
+    """[(rank, kind, stage, microbatch, start, end)] of one step from every rank's timeline, the clock
+    shifted so that the step starts at 0 (``step=-1``: the last step)."""
+    if step < 0:
+        step = max(row[0] for run in runs for row in run.timeline) + 1 + step
+    rows = [(rank, k, s, i, t0, t1) for rank, run in enumerate(runs)
+            for (st, k, s, i, t0, t1) in run.timeline if st == step and k in kinds]
+    origin = min(r[4] for r in rows)
+    return [(rank, k, s, i, t0 - origin, t1 - origin) for rank, k, s, i, t0, t1 in rows]
+
+
+def measured_idle_fraction(runs: list, step: int = -1) -> float:
+    """1 - (time spent in F/B/W/BW over all ranks) / (p · the step's wall time), from a real run."""
+    rows = step_rows(runs, step)
+    makespan = max(r[5] for r in rows)
+    return 1 - sum(r[5] - r[4] for r in rows) / (len(runs) * makespan)
