@@ -98,3 +98,26 @@ class DynamicLossScaler:
 
     def state_dict(self) -> dict:
         return {"loss_scale": self.loss_scale, "good_steps": self.good_steps}
+
+
+class ScaledOptimizer:
+    """An optimizer that lets ``scaler`` decide: check (agreed over the scaler's group), unscale, step or
+    skip. For strategies that call ``optimizer.step()`` themselves, such as ZeRO over FP32 master shards:
+    each rank sees only its shard's gradients, so the overflow flag must be all-reduced."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: DynamicLossScaler):
+        self.optimizer, self.scaler = optimizer, scaler
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def step(self) -> bool:
+        return self.scaler.step(self.optimizer)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
