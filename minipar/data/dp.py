@@ -160,12 +160,23 @@ class DataParallel(nn.Module):
 def train(recipe, devices, step_logs: list | None = None):
     """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices");
     returns a :class:`minipar.check.RunResult`. Each step's :class:`ExchangeLog` goes to ``step_logs``."""
-    from ..check import RunResult
     devices = ["cpu"] * devices if isinstance(devices, int) else devices
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % len(devices):
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by "
                              f"{len(devices)} devices")
+    # The replica threads are the parallelism: a multi-threaded kernel in each of them would oversubscribe
+    # the cores (30x slower on a 2-core machine), so kernels run single-threaded, as on every minipar rank.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(recipe, devices, step_logs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(recipe, devices, step_logs):
+    from ..check import RunResult
     model = recipe.model().to(recipe.dtype).to(devices[0])
     dp = DataParallel(model, devices)
     opt = recipe.optimizer(model.parameters())
