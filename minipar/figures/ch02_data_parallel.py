@@ -47,13 +47,13 @@ def ddp_timeline(world_size=4, layers=4, embd=128, batch=16, seq=64, bucket_byte
 
 
 def overlap_fraction(events) -> float:
-    """Share of the communication time (launch to completion, summed over buckets) that falls inside the
-    backward span on this rank."""
-    (b0, b1), = [(a, b) for k, _, a, b in events if k == "backward"]
+    """Share of the communication time (launch to completion, summed over buckets) spent while this rank
+    was still computing gradients (before its last gradient was ready): communication hidden by compute."""
+    compute_end = max(a for k, _, a, _ in events if k == "grad")
     comm = [(a, b) for k, _, a, b in events if k == "comm"]
     total = sum(b - a for a, b in comm)
-    inside = sum(max(0.0, min(b, b1) - max(a, b0)) for a, b in comm)
-    return inside / total if total else 0.0
+    hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in comm)
+    return hidden / total if total else 0.0
 
 
 def draw_timeline(per_rank, ax=None):
