@@ -86,6 +86,8 @@ def test_bad_input_is_refused_before_launch():
         ch00.run_collectives(4, ["all_reduce"], numel=10)
     with pytest.raises(ValueError, match="unknown operations"):
         ch00.run_collectives(4, ["allreduce"], numel=8)
+    with pytest.raises(ValueError, match="at most 9"):
+        ch00.run_collectives(4, ["all_reduce"], numel=12, values="small")
 
 
 def test_tour_json_for_ring_rows(capsys):

@@ -185,6 +185,9 @@ def rank_input(rank: int, n: int, name: str, numel: int, values: str = "random")
         raise ValueError(f"the payload ({numel} elements) must divide evenly over {n} ranks")
     size = numel // n if COLLECTIVES[name].piece else numel
     if values == "small":
+        if size > 9:
+            raise ValueError(f"'small' values allow at most 9 elements per rank (10·rank + i names the rank), "
+                             f"got {size}")
         return 10.0 * rank + torch.arange(1, size + 1, dtype=torch.float32)
     if values == "random":
         return torch.randn(size, generator=torch.Generator().manual_seed(1000 + rank))
@@ -196,6 +199,7 @@ def rank_input(rank: int, n: int, name: str, numel: int, values: str = "random")
 # ----------------------------------------------------------------------------------------------------
 
 def _on_rank(rank, n, names, numel, values):
+    """What every rank runs: each operation on this rank's input, its bytes read from a communication log."""
     outcome = {}
     for name in names:
         x = rank_input(rank, n, name, numel, values)
@@ -213,8 +217,8 @@ def run_collectives(world_size: int = WORLD_SIZE, names=None, numel: int = PAYLO
     unknown = [n for n in names if n not in COLLECTIVES]
     if unknown:
         raise ValueError(f"unknown operations {unknown}; known: {list(COLLECTIVES)}")
-    if numel % world_size:
-        raise ValueError(f"the payload ({numel} elements) must divide evenly over {world_size} ranks")
+    for name in names:  # bad sizes or values fail here, before any process starts
+        rank_input(0, world_size, name, numel, values)
     per_rank = launch(_on_rank, world_size, names, numel, values, quiet=True)
     return {name: [per_rank[r][name] for r in range(world_size)] for name in names}
 
