@@ -30,12 +30,14 @@ def _recipe(dtype=torch.float64, optimizer="adam", **cfg):
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_gpt_trains_like_one_device(tp):
-    """Loss at each of 3 Adam steps and every parameter after them equal one device (float64)."""
-    run_tensor_parallel(_recipe(), tp, launch_kwargs=QUIET).assert_ok()
+    """Loss at each of 3 Adam steps and every parameter after them equal one device (float64), with label
+    smoothing 0.1 (same loss and gradients for every TP degree)."""
+    run_tensor_parallel(_recipe(), tp, label_smoothing=0.1, launch_kwargs=QUIET).assert_ok()
 
 
 def test_tp_gpt_float32_sgd_and_tied_weights():
-    """float32 (harness tolerance atol 2e-5, rtol 1e-4) with SGD, and a tied embedding / LM head."""
+    """float32 (harness tolerance atol 2e-5, rtol 1e-4) with SGD, no label smoothing, and a tied embedding /
+    LM head."""
     run_tensor_parallel(_recipe(torch.float32, "sgd", tie_weights=True), 4, launch_kwargs=QUIET).assert_ok()
 
 
@@ -101,7 +103,7 @@ def _layers_vs_full(rank, world_size):
     return {k: float(v) for k, v in diffs.items()}
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [4])
 def test_column_and_row_parallel_linear_forward_backward(tp):
     for rank, diffs in enumerate(launch(_layers_vs_full, tp, **QUIET)):
         for what, d in diffs.items():
@@ -144,7 +146,7 @@ def _mine_vs_dtensor(rank, world_size, sequence_parallel):
     }
 
 
-@pytest.mark.parametrize("tp,sequence_parallel", [(2, False), (4, False), (4, True)])
+@pytest.mark.parametrize("tp,sequence_parallel", [(4, False), (4, True)])
 def test_mlp_equals_pytorch_dtensor_tp(tp, sequence_parallel):
     """Outputs and every gradient equal PyTorch's ColwiseParallel/RowwiseParallel (float32, 1e-6)."""
     for rank, diffs in enumerate(launch(_mine_vs_dtensor, tp, sequence_parallel, **QUIET)):
@@ -152,25 +154,24 @@ def test_mlp_equals_pytorch_dtensor_tp(tp, sequence_parallel):
             assert d < 1e-6, f"rank {rank}: {what} differs from DTensor by {d}"
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_bytes_per_layer_are_four_all_reduces(tp):
-    """Measured in the comm log: exactly 4 all-reduces of b·s·h float32 per layer per step."""
-    b, s, cfg = 2, 16, GPTConfig(n_embd=32, n_head=4)
-    for res in launch(measure_layer, tp, cfg, b, s, False, **QUIET):
-        assert res["by_op"] == {"all_reduce": (4, res["bytes_sent"])}
-        assert res["bytes_sent"] == tp_bytes_per_layer(s, b, cfg.n_embd, tp) == 4 * 2 * (tp - 1) / tp * b * s * 32 * 4
+def layer_costs(rank, world_size, sequence_parallel, b=2, s=16, h=32, a=4):
+    """One transformer block's bytes and saved activations on this rank, without and with dropout."""
+    return {p: measure_layer(rank, world_size, GPTConfig(n_embd=h, n_head=a, dropout=p), b, s, sequence_parallel)
+            for p in (0.0, 0.1)}
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_activation_memory_per_layer_matches_korthikanti(dropout):
-    """Measured saved-activation bytes of one block = sbh(10 + 24/t + 5as/(ht)) scaled to float32 values
-    and 1-byte masks, plus LayerNorm statistics and the causal mask, exactly, for t = 1, 2, 4."""
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_bytes_and_activation_memory_per_layer(tp):
+    """Bytes, from the comm log: exactly 4 all-reduces of b·s·h float32 per layer per step.
+    Activations: measured saved bytes of one block = sbh(10 + 24/t + 5as/(ht)) (Korthikanti et al. 2022)
+    scaled to float32 values and 1-byte masks, plus LayerNorm statistics and the causal mask, exactly."""
     b, s, h, a = 2, 16, 32, 4
-    cfg = GPTConfig(n_embd=h, n_head=a, dropout=dropout)
-    for tp in (1, 2, 4):
-        measured = launch(measure_layer, tp, cfg, b, s, False, **QUIET)[0]["activation_bytes"]
-        formula = activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=dropout > 0)
-        assert measured == formula + uncounted_bytes(s, b), (tp, measured, formula)
+    for rank, by_dropout in enumerate(launch(layer_costs, tp, False, **QUIET)):
+        for p, res in by_dropout.items():
+            assert res["by_op"] == {"all_reduce": (4, res["bytes_sent"])}
+            assert res["bytes_sent"] == tp_bytes_per_layer(s, b, h, tp) == 4 * 2 * (tp - 1) / tp * b * s * h * 4
+            formula = activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=p > 0)
+            assert res["activation_bytes"] == formula + uncounted_bytes(s, b), (rank, p, res, formula)
 
 
 def _dropout_replicas(rank, world_size, sequence_parallel):
