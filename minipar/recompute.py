@@ -155,4 +155,5 @@ def memory_timeline(model: nn.Module, inputs, targets) -> tuple:
         backward_starts = len(tracker.timeline)
         loss.backward()
         del loss
-    return tracker.timeline, tracker.peak, backward_starts
+    # a copy: the tracker's finalizers keep appending frees when these tensors die later
+    return list(tracker.timeline), tracker.peak, backward_starts
