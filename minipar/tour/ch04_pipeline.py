@@ -1,11 +1,12 @@
 """Chapter 04 in the tour: pipeline schedules on 4 ranks.
 
 Each row trains the tiny GPT (8 layers, hidden 16, 2 heads, sequence 8, global batch 8 cut into m = 4
-micro-batches of 2, Adam, 3 steps, float32) with :func:`minipar.pipeline.runtime.pipeline_train` and
-compares the loss at every step and every parameter with one device (harness float32 tolerance: the
-micro-batch gradients are summed in another order). Bytes: what one rank sends per step (mean over ranks,
+micro-batches of 2, Adam, 3 steps, float64) with :func:`minipar.pipeline.runtime.pipeline_train` and
+compares the loss at every step and every parameter with one device (harness float64 tolerance: the
+micro-batch gradients are summed in another order, which Adam in float32 can amplify for weights whose
+gradient is nearly zero). Bytes: what one rank sends per step (mean over ranks,
 from the communication log) next to the formula 2 · (p·v - 1) · m · A / p, A = one micro-batch's
-activation (2 · 8 · 16 · 4 B): every stage boundary carries each micro-batch's activation forward and its
+activation (2 · 8 · 16 · 8 B): every stage boundary carries each micro-batch's activation forward and its
 gradient back. Peak: live bytes created during a step (activations, gradients, buffers), max over ranks,
 measured with :class:`minipar.memory.LiveTensorTracker`. The PipeDream rows are compared with their own
 update rules (they are not synchronous training) and train with SGD for 6 steps.
@@ -13,6 +14,8 @@ update rules (they are not synchronous training) and train with SGD for 6 steps.
 from __future__ import annotations
 
 import functools
+
+import torch
 
 from ..check import compare, gpt_recipe, train_reference
 from ..launch import launch
@@ -23,12 +26,14 @@ from ..pipeline.schedules import make_schedule
 from . import WORLD_SIZE, TourRow
 
 M, BATCH, SEQ, HIDDEN = 4, 8, 8, 16
-ACT_BYTES = (BATCH // M) * SEQ * HIDDEN * 4
+ACT_BYTES = (BATCH // M) * SEQ * HIDDEN * 8             # float64
 
 
 def _recipe(optimizer="adam", steps=3):
-    return gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=8, n_embd=HIDDEN, n_head=2,
-                      optimizer=optimizer)
+    recipe = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=8, n_embd=HIDDEN, n_head=2,
+                        optimizer=optimizer)
+    recipe.dtype = torch.float64
+    return recipe
 
 
 def _bytes_formula(p, m, v):
