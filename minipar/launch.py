@@ -87,6 +87,10 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    if method == "fork":
+        # torch.optim imports torch._dynamo lazily on the first optimizer; import it once here, or every
+        # forked rank pays seconds of CPU for it on each launch.
+        import torch._dynamo  # noqa: F401
     ctx = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="minipar-")
     payload = _dumps((fn, args, kwargs)) if method != "fork" else None
