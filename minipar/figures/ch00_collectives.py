@@ -69,7 +69,7 @@ def collectives_figure(outcomes: dict | None = None):
     return fig
 
 
-def traffic_sweep(sizes=(2, 3, 4, 6, 8), numel: int = 3 * 2**16) -> dict:
+def traffic_sweep(sizes=(2, 3, 4, 6, 8), numel: int = 3 * 2**13) -> dict:
     """{N: busiest_rank_traffic(N, numel)}: one launch per N, ring all-reduce and root all-reduce."""
     return {n: busiest_rank_traffic(n, numel) for n in sizes}
 
@@ -107,7 +107,7 @@ def make_collectives(path):
     _save(collectives_figure(), path)
 
 
-def make_ring_vs_root(path, numel: int = 3 * 2**16):
+def make_ring_vs_root(path, numel: int = 3 * 2**13):
     _save(plot_traffic(traffic_sweep(numel=numel), numel * 4), path)
 
 

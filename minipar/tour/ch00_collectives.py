@@ -198,28 +198,29 @@ def rank_input(rank: int, n: int, name: str, numel: int, values: str = "random")
 # Running them, and checking them
 # ----------------------------------------------------------------------------------------------------
 
-def _on_rank(rank, n, names, numel, values):
+def _on_rank(rank, n, names, numel, values, keep_inputs=True):
     """What every rank runs: each operation on this rank's input, its bytes read from a communication log."""
     outcome = {}
     for name in names:
         x = rank_input(rank, n, name, numel, values)
         with comm.recording() as log:
             after = COLLECTIVES[name].run(rank, n, x)
-        outcome[name] = {"before": x, "after": after, "bytes_sent": log.bytes_sent}
+        outcome[name] = {"before": x if keep_inputs else None, "after": after, "bytes_sent": log.bytes_sent}
     return outcome
 
 
 def run_collectives(world_size: int = WORLD_SIZE, names=None, numel: int = PAYLOAD_BYTES // 4,
-                    values: str = "random") -> dict:
+                    values: str = "random", keep_inputs: bool = True) -> dict:
     """Run the named operations (default: all) in one launch; {name: [per rank {before, after,
-    bytes_sent}]}, where ``before``/``after`` are the tensors the rank really held."""
+    bytes_sent}]}, where ``before``/``after`` are the tensors the rank really held (``before`` is None
+    unless ``keep_inputs``: the tour regenerates the inputs on one process instead)."""
     names = list(COLLECTIVES) if names is None else list(names)
     unknown = [n for n in names if n not in COLLECTIVES]
     if unknown:
         raise ValueError(f"unknown operations {unknown}; known: {list(COLLECTIVES)}")
     for name in names:  # bad sizes or values fail here, before any process starts
         rank_input(0, world_size, name, numel, values)
-    per_rank = launch(_on_rank, world_size, names, numel, values, quiet=True)
+    per_rank = launch(_on_rank, world_size, names, numel, values, keep_inputs, quiet=True)
     return {name: [per_rank[r][name] for r in range(world_size)] for name in names}
 
 
@@ -256,7 +257,7 @@ def _row(name: str, outcome: list, numel: int) -> TourRow:
 
 @functools.lru_cache(maxsize=1)
 def _tour_rows(numel: int = PAYLOAD_BYTES // 4) -> dict:
-    outcomes = run_collectives(WORLD_SIZE, numel=numel)
+    outcomes = run_collectives(WORLD_SIZE, numel=numel, keep_inputs=False)
     return {name: _row(name, outcomes[name], numel) for name in outcomes}
 
 
