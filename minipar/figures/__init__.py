@@ -24,7 +24,8 @@ def all_figures() -> dict:
     return found
 
 
-def generate(outdir: str = "figures", select: str | None = None, progress=sys.stderr) -> list:
+def generate(outdir: str = "figures", select: str | None = None, progress=None) -> list:
+    progress = progress or sys.stderr
     import matplotlib
     matplotlib.use("Agg")
     os.makedirs(outdir, exist_ok=True)

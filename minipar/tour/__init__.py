@@ -46,7 +46,8 @@ def strategies() -> list:
     return found
 
 
-def run_tour(select: str | None = None, progress=sys.stderr) -> list:
+def run_tour(select: str | None = None, progress=None) -> list:
+    progress = progress or sys.stderr  # looked up at call time, so a redirected stderr sees the lines
     rows = []
     chosen = [s for s in strategies() if select is None or select.lower() in s[1].lower()]
     for i, (_, name, run) in enumerate(chosen, 1):
