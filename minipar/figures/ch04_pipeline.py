@@ -3,14 +3,16 @@
 * ``04_schedules.png`` — Gantt charts of naive, GPipe, 1F1B, interleaved (v = 2) and ZB-H1 on 4 ranks,
   simulated from the action lists (F = B = W = 1), with the bubble fraction of each.
 * ``04_measured_timelines.png`` — the same schedules run for real on 4 CPU ranks (tiny GPT, m = 8): each
-  rank's recorded F/B/W/BW spans, with the measured idle fraction next to the simulated one.
-* ``04_activation_memory.png`` — live bytes per rank over a step, measured with
-  :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation.
+  rank's recorded F/B/W/BW spans in a typical step (median length of 3), with the measured idle fraction
+  next to the simulated one.
+* ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8), measured with
+  :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation. The floor is
+  what a step allocates besides activations (parameter gradients, receive buffers).
 """
 from __future__ import annotations
 
 from ..check import gpt_recipe
-from ..pipeline.runtime import launch_pipeline, measured_idle_fraction, step_rows
+from ..pipeline.runtime import launch_pipeline, measured_idle_fraction, step_rows, typical_step
 from ..pipeline.schedules import make_schedule
 from ..pipeline.simulate import Costs, simulate
 
@@ -66,9 +68,10 @@ def draw_schedules(p: int = 4, costs: Costs = Costs(), shown=SHOWN):
     return fig
 
 
-def timeline_recipe():
-    """The run behind the measured charts: tiny GPT, 8 layers, hidden 32, global batch 16, 2 steps."""
-    return gpt_recipe(steps=2, batch_size=16, seq_len=16, n_layer=8, n_embd=32, n_head=2)
+def timeline_recipe(n_layer: int = 8, steps: int = 4):
+    """The runs behind the measured charts: tiny GPT, hidden 32, sequence 8, global batch 16 (the step of
+    median length is drawn, see :func:`minipar.pipeline.runtime.typical_step`)."""
+    return gpt_recipe(steps=steps, batch_size=16, seq_len=8, n_layer=n_layer, n_embd=32, n_head=2)
 
 
 def run_timelines(p: int = 4, shown=SHOWN[1:]) -> dict:
@@ -86,9 +89,10 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
         runs = runs_by_schedule[(name, m, v)]
         sim = simulate(make_schedule(name, p, m, v))
         draw_gantt(ax_row[0], sim_rows(sim), p, f"{name} simulated: idle {sim.bubble_fraction:.1%}")
-        rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs)]
-        draw_gantt(ax_row[1], rows, p, f"{name} measured: idle {measured_idle_fraction(runs):.1%}",
-                   labels=False)
+        step = typical_step(runs)
+        rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
+        draw_gantt(ax_row[1], rows, p, f"{name} measured (step {step}): idle "
+                                       f"{measured_idle_fraction(runs, step):.1%}", labels=False)
     axes[-1][0].set_xlabel("simulated time (F = 1)", fontsize=8)
     axes[-1][1].set_xlabel("measured ms (4 CPU processes, gloo)", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.12, hspace=0.7, wspace=0.12)
@@ -98,7 +102,7 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
 
 def memory_runs(p: int = 4, m: int = 8) -> dict:
     """{(schedule, recompute): per-rank PipelineRuns with live-byte samples after every action}."""
-    recipe = timeline_recipe()
+    recipe = timeline_recipe(n_layer=4, steps=1)          # live bytes do not depend on warm-up
     return {(s, rc): launch_pipeline(recipe, p, s, m, recompute=rc, track_memory=True)
             for s in ("gpipe", "1f1b") for rc in (False, True)}
 

@@ -35,7 +35,7 @@ from .schedules import Schedule, make_schedule, validate
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
 __all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "launch_pipeline", "check_config", "synced_clock",
-           "step_rows", "measured_idle_fraction"]
+           "step_rows", "measured_idle_fraction", "typical_step"]
 
 
 @dataclass
@@ -234,3 +234,13 @@ def measured_idle_fraction(runs: list, step: int = -1) -> float:
     rows = step_rows(runs, step)
     makespan = max(r[5] for r in rows)
     return 1 - sum(r[5] - r[4] for r in rows) / (len(runs) * makespan)
+
+
+def typical_step(runs: list) -> int:
+    """The step whose wall time is the median over the steps after the first (which also allocates): on a
+    shared machine one step can be stretched by other processes, so draw and measure a typical one."""
+    steps = sorted({row[0] for run in runs for row in run.timeline})
+    candidates = steps[1:] or steps
+    spans = {s: max(r[5] for r in step_rows(runs, s)) for s in candidates}
+    ordered = sorted(candidates, key=spans.get)
+    return ordered[len(ordered) // 2]
