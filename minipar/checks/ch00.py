@@ -81,9 +81,9 @@ def check_after_reduce_scatter(after_reduce_scatter) -> None:
             _diagnose("reduce-scatter", r, got[r], real[r], [
                 (total, "that is the whole sum (all-reduce): reduce-scatter leaves rank r only chunk r of it"),
                 (inputs[r].chunk(WORLD_SIZE)[r], f"not reduced: chunk {r} must be summed over all ranks"),
-                (real[r] / WORLD_SIZE, f"divided by world_size: reduce_scatter sums (ReduceOp.SUM)"),
-                (total.chunk(WORLD_SIZE)[(r + 1) % WORLD_SIZE], f"wrong chunk: rank r gets chunk r of the sum"),
-                (total.chunk(WORLD_SIZE)[WORLD_SIZE - 1 - r], f"wrong chunk: rank r gets chunk r of the sum")])
+                (real[r] / WORLD_SIZE, "divided by world_size: reduce_scatter sums (ReduceOp.SUM)"),
+                (total.chunk(WORLD_SIZE)[(r + 1) % WORLD_SIZE], "wrong chunk: rank r gets chunk r of the sum"),
+                (total.chunk(WORLD_SIZE)[WORLD_SIZE - 1 - r], "wrong chunk: rank r gets chunk r of the sum")])
     print(f"reduce-scatter: right on all {WORLD_SIZE} ranks (checked against a live run)")
 
 

@@ -3,8 +3,8 @@ pieces the ranks really held in a live run of :func:`minipar.tensor.matmul_split
 
 Every matrix is drawn whole, in outline; the cells a rank holds take the rank's colour. A cell is placed
 by finding the rank's piece inside the whole tensor (not from the split's formula); a piece with the whole
-tensor's shape but other values is a partial sum (hatched): the collective named on the right turns it into
-the real thing. One figure per split, in the style of the seed's (OneFlow's) data/model-parallel pictures.
+tensor's shape but other values is a partial sum (hatched): the collective named between two panels turns it
+into the real thing. One figure per split, in the style of the seed's (OneFlow's) data/model-parallel pictures.
 """
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def _draw_matrix(ax, x0, y0, mask, kind, colour, label):
 
 def draw_split(split: str, per_rank: list, whole: dict, ax=None):
     """One row per rank: x · w = y (this rank's product) ⇒ y after the forward's collective, and the
-    gradient the backward communicates (dx for the column split, dw otherwise) before ⇒ after. ``per_rank`` is ``[r[split] for r in launch_splits(...)]``;
-    ``whole`` has the single-device x, w, y, dx and dw."""
+    gradient the backward communicates (dx for the column split, dw otherwise) before ⇒ after.
+    ``per_rank`` is ``[r[split] for r in launch_splits(...)]``; ``whole`` has the single-device x, w, y, dx
+    and dw."""
     import matplotlib.pyplot as plt
     n = len(per_rank)
     (b, k), m = whole["x"].shape, whole["w"].shape[1]
