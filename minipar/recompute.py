@@ -24,7 +24,6 @@ produce the tensors autograd asks for. :func:`apply_recompute` only chooses *whe
 """
 from __future__ import annotations
 
-import functools
 import types
 
 import torch

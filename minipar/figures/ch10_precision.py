@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..precision.formats import BF16, FORMATS, FP16, FP32, decompose, spacing
+from ..precision.formats import FORMATS, FP16, decompose, spacing
 
 __all__ = ["draw_bit_layouts", "draw_ranges", "draw_spacing", "gradient_log2_values", "fp16_flushed_fraction",
            "draw_gradient_histogram",
