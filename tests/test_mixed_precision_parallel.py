@@ -16,6 +16,8 @@ step lost) is off by far more than the tolerance.
 Bytes per rank and step, measured in minipar.comm's log: DDP all-reduces 2Ψ bytes (2·2Ψ·(N-1)/N sent,
 half of FP32 DDP); ZeRO-2 reduce-scatters the 16-bit gradients and all-gathers the 16-bit parameters
 (2·2Ψ'·(N-1)/N, Ψ' = Ψ padded per unit), plus one 4-byte all-reduce of the overflow flag under FP16.
+ZeRO-2's model states per rank, measured: 2Ψ' bytes of 16-bit parameters, 4Ψ'/N of FP32 master shard and
+4Ψ'/N of FP32 gradient shard.
 """
 import dataclasses
 
@@ -63,6 +65,12 @@ def test_trains_like_single_device_mixed_precision(recipe, dtype, name, no_lefto
             assert sent == STEPS * zero_memory.bytes_sent_per_step(padded, N, 2, "mixed")
             flag = by_op.get("all_reduce", (0, 0))
             assert flag == ((STEPS, STEPS * 4) if dtype == torch.float16 else (0, 0))  # overflow flag, 4 B
+    if name == "zero2":                  # the memory side: 16-bit full compute copy, FP32 master shard 1/N
+        padded = zero_memory.padded_numel([p.numel() for p in _units(recipe)], N)
+        for result, _ in out:
+            assert result.state_bytes["params"] == 2 * padded              # 16-bit compute copy, whole
+            assert result.state_bytes["optimizer"] == 4 * padded // N      # FP32 masters (SGD keeps no state)
+            assert result.state_bytes["grads"] == 4 * padded // N          # FP32 gradient of my shard only
 
 
 def _units(recipe):

@@ -140,11 +140,13 @@ def small_gradient_case(residual: float = 1e-4, seed: int = 0, sizes=(32, 128, 1
 # ----------------------------------------------------------------------------------------------------
 
 class MixedRunResult(RunResult):
-    """A :class:`RunResult` plus the loss scaler's history [(scale, overflow, stepped)] on this rank."""
+    """A :class:`RunResult` plus the loss scaler's history [(scale, overflow, stepped)] on this rank and,
+    for ZeRO, its model-state bytes after the run ({"params", "grads", "optimizer"})."""
 
-    def __init__(self, losses, params, scaler_history=None):
+    def __init__(self, losses, params, scaler_history=None, state_bytes=None):
         super().__init__(losses, params)
         self.scaler_history = list(scaler_history or [])
+        self.state_bytes = dict(state_bytes or {})
 
 
 def _mean_loss(loss: float, group) -> float:
@@ -200,4 +202,5 @@ def zero_parallel_train(rank, world_size, recipe, dtype=torch.float16, stage: in
             (scaler.scale(loss) if scaler is not None else loss).backward()
             zero.step()
         losses.append(_mean_loss(loss.item(), group))
-    return MixedRunResult(losses, zero.full_parameters(), scaler.history if scaler is not None else [])
+    return MixedRunResult(losses, zero.full_parameters(), scaler.history if scaler is not None else [],
+                          zero.model_state_bytes())
