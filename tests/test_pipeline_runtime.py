@@ -83,3 +83,16 @@ def test_1f1b_holds_fewer_activations_than_gpipe_and_recomputation_fewer_still()
     gpipe, ofob, gpipe_rc = peak("gpipe", False), peak("1f1b", False), peak("gpipe", True)
     assert ofob < 0.6 * gpipe          # 2 of 8 micro-batches in flight instead of 8
     assert gpipe_rc < 0.5 * gpipe      # only stage inputs kept
+
+
+def _two_pipelines(rank, world_size, recipe):
+    """pp=2 x dp=2 with pp outermost: ranks (0, 2) and (1, 3) form two pipelines (the mesh's pp groups),
+    each training the whole batch: both must equal one device, and no message may go to rank ± 1."""
+    from minipar.mesh import Mesh
+    mesh = Mesh(world_size, order=("pp", "dp"), pp=2, dp=2).build(rank)
+    assert (mesh.pp_prev, mesh.pp_next) == ((None, rank + 2) if rank < 2 else (rank - 2, None))
+    return pipeline_train(rank, world_size, recipe, "1f1b", 4, mesh=mesh)
+
+
+def test_runtime_uses_the_mesh_pp_groups():
+    check_equivalence(_two_pipelines, 4, MLP, launch_kwargs=QUIET).assert_ok()

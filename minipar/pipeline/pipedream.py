@@ -20,6 +20,8 @@ pipeline against them (not against synchronous training, which they are not).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.func import functional_call
 
@@ -29,7 +31,13 @@ from .runtime import PipelineRank, synced_clock
 from .schedules import make_schedule, validate
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
-__all__ = ["PipeDreamRank", "pipedream_train", "check_pipedream", "reference_2bw", "reference_async"]
+__all__ = ["PipeDreamRank", "PipeDreamRun", "pipedream_train", "check_pipedream", "reference_2bw", "reference_async"]
+
+
+@dataclass
+class PipeDreamRun(RunResult):
+    """A :class:`RunResult` plus the most weight versions one of this rank's stages held at once."""
+    most_versions: int = 1
 
 
 class PipeDreamRank(PipelineRank):
@@ -108,7 +116,7 @@ def check_pipedream(recipe, p: int, mode: str, m: int) -> None:
 
 
 def pipedream_train(rank: int, world_size: int, recipe, mode: str = "2bw", m: int = 4, lr: float = 0.1,
-                    mesh: RankMesh | None = None) -> RunResult:
+                    mesh: RankMesh | None = None) -> PipeDreamRun:
     """Train ``recipe`` with PipeDream-2BW (``m`` micro-batches per batch) or asynchronous PipeDream
     (``mode="async"``: every batch is one input, m = 1). One 1F1B schedule over all micro-batches."""
     mesh = mesh or Mesh(world_size, pp=world_size).build(rank)
@@ -130,9 +138,7 @@ def pipedream_train(rank: int, world_size: int, recipe, mode: str = "2bw", m: in
     for s, st in mine.items():
         names = st.param_names
         params.update({names[n]: w.detach().clone() for n, w in runner.versions[s][runner.latest[s]].items()})
-    result = RunResult(losses, params)
-    result.most_versions = runner.most_versions
-    return result
+    return PipeDreamRun(losses, params, runner.most_versions)
 
 
 # ----------------------------------------------------------------------------------------------------
