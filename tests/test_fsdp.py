@@ -1,10 +1,9 @@
 """FSDP-style wrapping: minipar's ZeRO-3 on user-chosen units against one device and against PyTorch FSDP2."""
 import pytest
-import torch
 
 from minipar import launch
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
-from minipar.data import fsdp, zero
+from minipar.data import fsdp
 
 RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
 

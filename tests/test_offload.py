@@ -1,6 +1,5 @@
 """ZeRO-Offload: the optimizer step on host copies gives exactly the same training; nothing of the optimizer
 stays on the device; the bytes crossing the bus per step are the gradient shard and the parameter shard."""
-import torch
 
 from minipar import comm, launch
 from minipar.check import RunResult, compare, gpt_recipe, train_reference

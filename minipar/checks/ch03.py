@@ -6,7 +6,6 @@ unit, the bytes still alive afterwards) with what the pattern should cost.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from .. import comm
 from ..memory import LiveTensorTracker

@@ -80,7 +80,7 @@ class FlatUnit:
             p.data = self.full[offset: offset + p.numel()].view_as(p)
             offset += p.numel()
         self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
-        self.gathered, self.work, self.grads_ready, self.reduced = True, None, 0, False
+        self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
         if stage == 3:
             self.free()
 
@@ -99,16 +99,17 @@ class FlatUnit:
         storage.resize_(self.full.numel() * self.full.element_size())
         self.on_alloc(storage.nbytes())
         self.on_event("all-gather", self)
-        shard = self.master.detach().to(self.full.dtype)
-        self.work = comm.all_gather_into_tensor(self.full, shard, group=self.group, async_op=async_op)
+        self.sending = self.master.detach().to(self.full.dtype)    # (kept alive until the gather is done)
+        work = comm.all_gather_into_tensor(self.full, self.sending, group=self.group, async_op=async_op)
+        self.work = work if async_op else None                # (the blocking call returns the tensor)
         self.gathered = True
         if not async_op:
-            self.work = None
+            self.wait()
 
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
-            self.work = None
+        self.work = self.sending = None
 
     def free(self) -> None:
         """Give the full parameters' memory back; the views (and autograd's saved ones) stay, storage-less."""
