@@ -41,18 +41,19 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch's default bucket_cap_mb = 25
 
 
 def assign_buckets(params: list, bucket_bytes: int, element_size: int | None = None) -> list:
-    """Split ``params`` (already in the order their gradients are expected) into consecutive groups of
-    at most ``bucket_bytes`` each (a single larger parameter gets a bucket of its own)."""
+    """Split ``params`` (already in the order their gradients are expected) into consecutive groups; a
+    group is closed as soon as it holds ``bucket_bytes`` or more (as PyTorch does), so every bucket but
+    the last is at least ``bucket_bytes`` and the last one, the only one whose all-reduce nothing can
+    hide (it is launched when backward is over), is the remainder."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     buckets, current, size = [], [], 0
     for p in params:
-        nbytes = p.numel() * (element_size or p.element_size())
-        if current and size + nbytes > bucket_bytes:
+        current.append(p)
+        size += p.numel() * (element_size or p.element_size())
+        if size >= bucket_bytes:
             buckets.append(current)
             current, size = [], 0
-        current.append(p)
-        size += nbytes
     if current:
         buckets.append(current)
     return buckets
@@ -201,8 +202,10 @@ class DistributedDataParallel(nn.Module):
         self.module, self.group = module, group
         self.find_unused_parameters = find_unused_parameters
         self.require_sync = True
-        self._sync_this_backward = False  # decided by forward, as in torch: a backward syncs only if the
-        self._broadcast_state()           # forward before it went through this wrapper outside no_sync()
+        # Decided by forward, as in torch: a backward syncs only if its forward ran through this wrapper
+        # outside no_sync() (a backward through the bare module must not start collectives on one rank).
+        self._sync_this_backward = False
+        self._broadcast_state()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.reducer = Reducer([p for _, p in named], group, bucket_bytes, comm_dtype,
                                names={id(p): n for n, p in named}, timeline=timeline)
