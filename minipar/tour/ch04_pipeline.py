@@ -1,7 +1,7 @@
 """Chapter 04 in the tour: pipeline schedules on 4 ranks.
 
-Each row trains the tiny GPT (8 layers, hidden 16, 2 heads, sequence 8, global batch 8 cut into m = 4
-micro-batches of 2, Adam, 3 steps, float64) with :func:`minipar.pipeline.runtime.pipeline_train` and
+Each row trains the tiny GPT (8 layers, hidden 16, 2 heads, sequence 8, global batch 16 cut into m = 8
+micro-batches of 2, Adam, 2 steps, float64) with :func:`minipar.pipeline.runtime.pipeline_train` and
 compares the loss at every step and every parameter with one device (harness float64 tolerance: the
 micro-batch gradients are summed in another order, which Adam in float32 can amplify for weights whose
 gradient is nearly zero). Bytes: what one rank sends per step (mean over ranks,
@@ -25,11 +25,11 @@ from ..pipeline.simulate import simulate
 from ..pipeline.schedules import make_schedule
 from . import WORLD_SIZE, TourRow
 
-M, BATCH, SEQ, HIDDEN = 4, 8, 8, 16
+M, BATCH, SEQ, HIDDEN = 8, 16, 8, 16
 ACT_BYTES = (BATCH // M) * SEQ * HIDDEN * 8             # float64
 
 
-def _recipe(optimizer="adam", steps=3):
+def _recipe(optimizer="adam", steps=2):
     recipe = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=8, n_embd=HIDDEN, n_head=2,
                         optimizer=optimizer)
     recipe.dtype = torch.float64
