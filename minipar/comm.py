@@ -107,6 +107,11 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); older releases only have the old ones.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _size(group) -> int:
     return dist.get_world_size(group)
 
@@ -165,7 +170,7 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async_op: bool = False):
     """Like :func:`all_gather`, into one flat tensor (rank i's piece at ``out[i*len(t):(i+1)*len(t)]``)."""
     n, s = _size(group), _nbytes(out)
-    work, sec = _timed(lambda: dist.all_gather_into_tensor(out, t, group=group, async_op=async_op))
+    work, sec = _timed(lambda: _all_gather_flat(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
     _record("all_gather", n, s, moved, moved, sec, "ring")
     return work if async_op else out
@@ -185,7 +190,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
                           async_op: bool = False):
     """Like :func:`reduce_scatter`, from one flat tensor split into N equal pieces."""
     n, s = _size(group), _nbytes(t)
-    work, sec = _timed(lambda: dist.reduce_scatter_tensor(out, t, op=op, group=group, async_op=async_op))
+    work, sec = _timed(lambda: _reduce_scatter_flat(out, t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
     _record("reduce_scatter", n, s, moved, moved, sec, "ring")
     return work if async_op else out
