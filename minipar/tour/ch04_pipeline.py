@@ -43,7 +43,7 @@ def _bytes_formula(p, m, v):
 def _schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow:
     recipe = _recipe()
     runs = launch_pipeline(recipe, WORLD_SIZE, schedule, M, v, recompute=recompute, track_memory=True)
-    cmp = compare(train_reference(recipe), runs)
+    cmp = compare(train_reference(recipe), runs, dtype=recipe.dtype)
     sent = sum(r.bytes_sent for r in runs) / len(runs) / recipe.steps
     peak = max(b for r in runs for _, _, b in r.memory)
     bubble = simulate(make_schedule(schedule, WORLD_SIZE, M, v)).bubble_fraction
@@ -60,7 +60,7 @@ def _pipedream_row(mode: str) -> TourRow:
     check_pipedream(recipe, WORLD_SIZE, mode, M)
     runs = launch(pipedream_train, WORLD_SIZE, recipe, mode, M, 0.1, quiet=True)
     rule = reference_2bw(recipe, 0.1) if mode == "2bw" else reference_async(recipe, WORLD_SIZE, 0.1)
-    cmp = compare(rule, runs)
+    cmp = compare(rule, runs, dtype=recipe.dtype)
     name = "PipeDream-2BW" if mode == "2bw" else "PipeDream async + weight stashing"
     versions = [r.most_versions for r in runs]
     return TourRow(strategy=f"pipeline {name}, pp={WORLD_SIZE}", world_size=WORLD_SIZE, matches=cmp.matches,
