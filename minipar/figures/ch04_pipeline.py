@@ -3,8 +3,8 @@
 * ``04_schedules.png`` — Gantt charts of naive, GPipe, 1F1B, interleaved (v = 2) and ZB-H1 on 4 ranks,
   simulated from the action lists (F = B = W = 1), with the bubble fraction of each.
 * ``04_measured_timelines.png`` — the same schedules run for real on 4 CPU ranks (tiny GPT, m = 8): each
-  rank's recorded F/B/W/BW spans in a typical step (median length of 3), with the measured idle fraction
-  next to the simulated one.
+  rank's recorded F/B/W/BW spans in a typical step (median length of 3), black lines where it waited in a
+  receive, with the measured idle fraction next to the simulated one.
 * ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8), measured with
   :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation. The floor is
   what a step allocates besides activations (parameter gradients, receive buffers).
@@ -93,6 +93,8 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
         rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
         draw_gantt(ax_row[1], rows, p, f"{name} measured (step {step}): idle "
                                        f"{measured_idle_fraction(runs, step):.1%}", labels=False)
+        for rank, _, _, _, a, b in step_rows(runs, step, kinds=("wait",)):   # blocked in a receive
+            ax_row[1].plot([1e3 * a, 1e3 * b], [rank, rank], color="black", linewidth=1.2)
     axes[-1][0].set_xlabel("simulated time (F = 1)", fontsize=8)
     axes[-1][1].set_xlabel("measured ms (4 CPU processes, gloo)", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.12, hspace=0.7, wspace=0.12)

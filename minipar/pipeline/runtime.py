@@ -97,7 +97,8 @@ class PipelineRank:
         start = self.clock()
         comm.irecv(buf, self.peer(src), self.group, self.tag(what, stage if what == "act" else stage + 1,
                                                              microbatch)).wait()
-        self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.clock()))
+        self.input_arrived = self.clock()
+        self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.input_arrived))
         return buf
 
     def clock(self) -> float:
@@ -157,9 +158,11 @@ class PipelineRank:
         self.mb_losses = {}
         do = {"F": self.forward, "BW": self.backward_full, "B": self.backward_input, "W": self.backward_weight}
         for a in self.actions:
-            start = self.clock()
+            start, self.input_arrived = self.clock(), 0.0
             do[a.kind](a.stage, a.microbatch)
-            self.timeline.append((step_index, a.kind, a.stage, a.microbatch, start, self.clock()))
+            # the action's span starts when its input is there: the wait before is idle time, not work
+            self.timeline.append((step_index, a.kind, a.stage, a.microbatch, max(start, self.input_arrived),
+                                  self.clock()))
             if tracker is not None:
                 self.memory.append((step_index, self.clock(), tracker.current))
             self.pending_sends = [(w, t) for w, t in self.pending_sends if not w.is_completed()]
@@ -226,13 +229,15 @@ def step_rows(runs: list, step: int = -1, kinds=("F", "B", "W", "BW")) -> list:
     if step < 0:
         step = max(row[0] for run in runs for row in run.timeline) + 1 + step
     rows = [(rank, k, s, i, t0, t1) for rank, run in enumerate(runs)
-            for (st, k, s, i, t0, t1) in run.timeline if st == step and k in kinds]
+            for (st, k, s, i, t0, t1) in run.timeline if st == step]
     origin = min(r[4] for r in rows)
+    rows = [r for r in rows if r[1] in kinds]
     return [(rank, k, s, i, t0 - origin, t1 - origin) for rank, k, s, i, t0, t1 in rows]
 
 
 def measured_idle_fraction(runs: list, step: int = -1) -> float:
-    """1 - (time spent in F/B/W/BW over all ranks) / (p · the step's wall time), from a real run."""
+    """1 - (time spent in F/B/W/BW over all ranks) / (p · the step's wall time), from a real run. An
+    action's span starts once its input has arrived (waiting in a receive is idle)."""
     rows = step_rows(runs, step)
     makespan = max(r[5] for r in rows)
     return 1 - sum(r[5] - r[4] for r in rows) / (len(runs) * makespan)
