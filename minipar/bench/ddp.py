@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--bucket-mb", type=float, default=1.0)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3, help="independent alternating runs (median shown)")
+    parser.add_argument("--repeats", type=int, default=5, help="independent alternating runs (median shown)")
     parser.add_argument("--with-dp", action="store_true")
     a = parser.parse_args(argv)
     out = run(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, bucket_mb=a.bucket_mb,
