@@ -129,28 +129,53 @@ def _wait(procs, workdir: str, timeout: float) -> list:
             status, value = _read_result(workdir, rank)
             if status == "ok":
                 results[rank] = value
-                continue
-            # The first rank to fail wins; the others are killed (they may be stuck in a collective).
-            output = _read_output(workdir, rank)
-            if status == "error":
-                message, tb, timed_out = value
-                if timed_out:
-                    raise LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout "
-                                              f"(a deadlock: no rank sent what rank {rank} waits for)\n"
-                                              f"{message}", tb, output)
-                finished = [r for r in range(world_size) if done[r] and r != rank]
-                if "peer" in message.lower() and finished:
-                    message += (f"\n(ranks {finished} had already returned: the ranks did not call the same "
-                                f"collectives, or one left before its peers were done)")
-                raise RankError(rank, message, tb, output)
-            raise RankError(rank, f"process exited with code {p.exitcode} without returning "
-                                  f"(killed, crashed, or called os._exit)", output=output)
+            else:
+                _raise_root_cause(procs, workdir, timeout, done)
         if time.monotonic() > deadline:
             waiting = [r for r in range(world_size) if not done[r]]
             raise LaunchTimeout(waiting[0], f"ranks {waiting} did not finish within {2 * timeout + 30:.0f} s "
                                             f"(deadlock?)", output=_read_output(workdir, waiting[0]))
         time.sleep(0.005)
     return results
+
+
+def _lost_a_peer(message: str) -> bool:
+    """gloo's words for 'the rank at the other end went away': a consequence, not a cause."""
+    text = message.lower()
+    return "peer" in text or "connection reset" in text or "connection closed" in text
+
+
+def _raise_root_cause(procs, workdir, timeout, done) -> None:
+    """A rank failed. Its peers may fail a moment later only because it left ("connection closed by
+    peer"), and index order says nothing about who was first: wait briefly for the others, then blame the
+    earliest failure that is not such a consequence. The caller's ``finally`` kills the rest."""
+    grace = time.monotonic() + 1.0
+    while time.monotonic() < grace and any(p.exitcode is None for p in procs):
+        time.sleep(0.01)
+    failures = []  # (is a consequence, time of failure, rank, exception)
+    for rank, p in enumerate(procs):
+        if p.exitcode is None:
+            continue
+        status, value = _read_result(workdir, rank)
+        output = _read_output(workdir, rank)
+        if status == "error":
+            message, tb, timed_out, when = value
+            if timed_out:
+                exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
+                                          f"no rank sent what rank {rank} waits for)\n{message}", tb, output)
+            else:
+                finished = [r for r in range(len(procs)) if done[r] and r != rank
+                            and _read_result(workdir, r)[0] == "ok"]
+                if _lost_a_peer(message) and finished:
+                    message += (f"\n(ranks {finished} had already returned: the ranks did not call the same "
+                                f"collectives, or one left before its peers were done)")
+                exc = RankError(rank, message, tb, output)
+            failures.append((_lost_a_peer(message), when, rank, exc))
+        elif status == "missing":
+            exc = RankError(rank, f"process exited with code {p.exitcode} without returning (killed, crashed, "
+                                  f"or called os._exit)", output=output)
+            failures.append((False, float("-inf"), rank, exc))
+    raise min(failures, key=lambda f: f[:3])[3]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -173,12 +198,16 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        # gloo connects the full mesh inside init; a rank that finished early and left could break a
+        # peer still connecting, so nobody starts until everybody is connected.
+        dist.barrier()
         value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        when = time.time()
         timed_out = "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
         _write_result(workdir, rank, ("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                                                 timed_out)))
+                                                 timed_out, when)))
     finally:
         out.flush()
         # Skip interpreter teardown: destroying a process group whose peers are gone can block.
@@ -200,7 +229,7 @@ def _write_result(workdir, rank, obj) -> None:
         data = _dumps(obj)
     except Exception as exc:  # noqa: BLE001 - an unpicklable return value is the caller's error
         data = _dumps(("error", (f"the return value of rank {rank} cannot be pickled: {exc}",
-                                 traceback.format_exc(), False)))
+                                 traceback.format_exc(), False, time.time())))
     with open(path + ".tmp", "wb") as f:
         f.write(data)
     os.replace(path + ".tmp", path)  # atomic: the parent never reads half a result

@@ -128,10 +128,27 @@ def test_same_function_runs_under_torchrun(tmp_path):
             t = torch.tensor([rank + 1.0]); dist.all_reduce(t); return t.item()
         if __name__ == "__main__":
             results = launch(job, 2)
-            print("RESULTS", dist.get_rank(), results)
+            with open(f"{__file__}.{dist.get_rank()}.out", "w") as f:
+                f.write(repr(results))
     """))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "RESULTS 0 [3.0, 3.0]" in out.stdout and "RESULTS 1 [3.0, 3.0]" in out.stdout
+    for rank in (0, 1):                                  # every rank gets every rank's result
+        assert (tmp_path / f"job.py.{rank}.out").read_text() == "[3.0, 3.0]"
+
+
+def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it(no_leftover_processes):
+    """Rank 3 raises; rank 0 then fails only because its peer went away. Index order would name rank 0."""
+    def fail_on_three(rank, world_size):
+        if rank == 3:
+            raise KeyError("the real cause")
+        t = torch.zeros(1)
+        if rank == 0:
+            dist.recv(t, src=3)                          # fails with "connection closed by peer"
+        else:
+            time.sleep(30)
+    with pytest.raises(RankError) as info:
+        launch(fail_on_three, 4, timeout=30)
+    assert info.value.rank == 3 and "the real cause" in str(info.value)
