@@ -285,4 +285,6 @@ def _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout):
     objects_group = dist.new_group(backend="gloo")
     results: list = [None] * world_size
     dist.all_gather_object(results, value, group=objects_group)
+    dist.barrier(objects_group)  # nobody exits (and tears its connections down) while a peer still reads
+    dist.destroy_process_group(objects_group)
     return results

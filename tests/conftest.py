@@ -16,8 +16,12 @@ def child_pids() -> list:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] != "Z":
-                    alive.append(pid)
+                zombie = f.read().split(")")[-1].split()[0] == "Z"
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                # multiprocessing's resource tracker (started by the spawn test) lives as long as we do
+                tracker = b"resource_tracker" in f.read()
+            if not zombie and not tracker:
+                alive.append(pid)
         except OSError:
             pass
     return alive
