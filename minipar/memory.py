@@ -68,6 +68,17 @@ class LiveTensorTracker(TorchDispatchMode):
             if self._keep_timeline:
                 self.timeline.append((len(self.timeline), self.current, "free"))
 
+    def settle(self, at_most: int, timeout: float = 2.0) -> int:
+        """Wait (up to ``timeout`` s) until at most ``at_most`` bytes are alive, and return what is.
+
+        A collective can return while gloo's worker thread still holds its buffers for a moment; they are
+        freed from that thread shortly after, so "what is left behind" is read once things settle."""
+        import time
+        deadline = time.monotonic() + timeout
+        while self.current > at_most and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.current
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # An output that shares storage with an input (in-place op, view, out=) allocated nothing new.

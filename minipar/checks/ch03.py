@@ -105,7 +105,8 @@ def _unit_rank(rank, world_size, unit_forward, shards, out_features, in_features
     tracker = LiveTensorTracker()
     with comm.recording() as log, tracker:
         y = unit_forward(shards[rank].clone(), out_features, in_features, x)
-    alive = tracker.current            # after the call: what the function left behind
+    out_bytes = y.numel() * y.element_size() if isinstance(y, torch.Tensor) else 0
+    alive = tracker.settle(at_most=out_bytes)    # after the call: what the function left behind
     return y, log.bytes_sent, alive, tracker.peak
 
 
