@@ -28,6 +28,16 @@ def child_pids() -> list:
 
 
 @pytest.fixture
+def one_thread():
+    """Bit-exact comparisons need a fixed reduction order: one intra-op thread, as every rank uses."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def no_leftover_processes():
     yield
     import time

@@ -22,15 +22,6 @@ STEPS = 8
 LOSS_TOL = {torch.float16: 0.03, torch.bfloat16: 0.06}
 
 
-@pytest.fixture
-def one_thread():
-    """Bit-exact comparisons need a fixed reduction order: one intra-op thread, as the launcher uses."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def reference():
     recipe = gpt_recipe(steps=STEPS)

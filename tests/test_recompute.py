@@ -24,14 +24,6 @@ S, B = 64, 4                                     # memory: long enough for the s
 S_SHORT = 16                                     # gradients and FLOPs: the counts are exact at any length
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _grads(mode, x, y):
     model = apply_recompute(TinyGPT(CFG, seed=0), mode)
     torch.manual_seed(1234)                      # the dropout masks
