@@ -1,6 +1,6 @@
 """minipar: every way of training one model on many devices, small enough to read, verified against one
 device. See the README for the course that runs on it."""
-from .launch import DEFAULT_TIMEOUT, LaunchTimeout, RankError, launch
+from .launcher import DEFAULT_TIMEOUT, LaunchTimeout, RankError, launch
 from .mesh import Mesh, RankMesh
 
 __version__ = "0.1.0"

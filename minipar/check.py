@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .launch import launch
+from .launcher import launch
 
 __all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "compare",
            "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
@@ -100,7 +100,7 @@ class Comparison:
 def train_reference(recipe: Recipe) -> RunResult:
     """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps.
 
-    Runs with one intra-op thread, as every rank does (see :func:`minipar.launch.launch`): kernels split
+    Runs with one intra-op thread, as every rank does (see :func:`minipar.launcher.launch`): kernels split
     their sums differently over a different number of threads, which would rule out bit-exact checks."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

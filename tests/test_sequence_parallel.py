@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minipar.check import gpt_recipe
-from minipar.launch import launch
+from minipar import launch
 from minipar.tensor import gpt as tp_gpt
 from minipar.models import GPTConfig
 from minipar.tensor.gpt import measure_layer, run_tensor_parallel

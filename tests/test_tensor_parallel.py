@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from minipar.check import gpt_recipe
-from minipar.launch import launch
+from minipar import launch
 from minipar.models import MLP, GPTConfig
 from minipar.tensor import gpt as tp_gpt
 from minipar.tensor.gpt import check_tp_config, measure_layer, run_tensor_parallel

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minipar.launch import launch
+from minipar import launch
 from minipar.tensor.vocab import padded_vocab_size
 
 QUIET = {"quiet": True}

@@ -85,7 +85,7 @@ def bench_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, bucket_mb
 def run(world_size=4, quiet=True, **kwargs) -> dict:
     """Launch :func:`bench_rank` on ``world_size`` ranks; rank 0's figures (the barrier makes every
     rank's median the slowest rank's step)."""
-    from ..launch import launch
+    from ..launcher import launch
     return launch(bench_rank, world_size, quiet=quiet, timeout=120, **kwargs)[0]
 
 

@@ -68,7 +68,7 @@ def bench_rank(rank, world_size, schedule="1f1b", m=8, v=1, layers=8, embd=64, b
 
 
 def main(argv=None) -> int:
-    from ..launch import launch
+    from ..launcher import launch
     from ..pipeline.schedules import validate
     parser = argparse.ArgumentParser(prog="python -m minipar bench pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved"])

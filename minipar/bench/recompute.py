@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--iters", type=int, default=15)
     args = parser.parse_args(argv)
-    from ..launch import launch
+    from ..launcher import launch
     medians, flops = launch(bench_rank, 1, args.layers, args.embd, 4, args.seq, args.batch, args.iters,
                             timeout=600)[0]
     base = medians["none"]

@@ -59,7 +59,7 @@ def bench_rank(rank, world_size, hidden=256, batch=8, seq=64, iters=20, warmup=3
 
 
 def run(world_size=4, **kwargs) -> dict:
-    from ..launch import launch
+    from ..launcher import launch
     results = launch(bench_rank, world_size, quiet=True, **kwargs)
     medians = {name: max(r["medians"][name] for r in results) for name in results[0]["medians"]}
     return {"medians": medians, "ratio": medians["minipar TP"] / medians["DTensor TP"],

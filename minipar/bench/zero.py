@@ -77,7 +77,7 @@ def bench_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, iters=20,
 
 
 def run(world_size=4, **kwargs) -> dict:
-    from ..launch import launch
+    from ..launcher import launch
     results = launch(bench_rank, world_size, quiet=True, timeout=300, **kwargs)
     return results[0]
 

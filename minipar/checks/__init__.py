@@ -23,7 +23,7 @@ def run_on_ranks(fn, world_size: int, *args, what: str = "your function", timeou
     not a rank that lost its connection to it afterwards ("closed by peer")."""
     import tempfile
 
-    from ..launch import RankError, launch
+    from ..launcher import RankError, launch
     with tempfile.TemporaryDirectory(prefix="minipar-check-") as errdir:
         try:
             return launch(_noting_errors, world_size, fn, errdir, *args, timeout=timeout, quiet=True, **kwargs)

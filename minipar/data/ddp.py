@@ -319,7 +319,7 @@ def parallel_train(rank: int, world_size: int, recipe, bucket_bytes: int = DEFAU
 
 def train(recipe, world_size: int, quiet: bool = True, **kwargs) -> list:
     """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks; per-rank RunResults."""
-    from ..launch import launch
+    from ..launcher import launch
     validate(recipe, world_size, kwargs.get("accum_steps", 1))
     if kwargs.get("bucket_bytes", 1) <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {kwargs['bucket_bytes']}")

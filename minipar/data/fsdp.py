@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..check import RunResult
-from ..launch import launch
+from ..launcher import launch
 from . import zero
 
 __all__ = ["block_units", "single_unit", "check_units", "fully_shard", "parallel_train", "torch_fsdp2_train",

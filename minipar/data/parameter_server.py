@@ -104,7 +104,7 @@ def parallel_train(rank: int, world_size: int, recipe, server: int = 0, step_log
 
 def train(recipe, world_size: int, server: int = 0, quiet: bool = True) -> list:
     """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks."""
-    from ..launch import launch
+    from ..launcher import launch
     if world_size < 2:
         raise ValueError(f"a parameter server needs at least 2 ranks, got {world_size}")
     if not 0 <= server < world_size:

@@ -42,7 +42,7 @@ def _timeline_rank(rank, world_size, layers, embd, batch, seq, bucket_bytes, war
 
 def ddp_timeline(world_size=4, layers=4, embd=128, batch=16, seq=64, bucket_bytes=256 * 1024, warmup=2):
     """Per rank: [(kind, label, start s, end s)] of one DDP step (kinds forward/backward/grad/comm)."""
-    from ..launch import launch
+    from ..launcher import launch
     return launch(_timeline_rank, world_size, layers, embd, batch, seq, bucket_bytes, warmup, quiet=True)
 
 

@@ -83,7 +83,7 @@ def _owned(unit) -> list:
 
 
 def run_la_lb_lc(steps: int = 3) -> list:
-    from ..launch import launch
+    from ..launcher import launch
     return launch(la_lb_lc_rank, 3, la_lb_lc_recipe(steps), quiet=True)
 
 
@@ -124,7 +124,7 @@ def memory_recipe():
 def run_memory(world_size: int = 4) -> dict:
     """{stage: rank 0's ZeroRunResult} for stages 0-3 (0 = DDP), measured in one launch."""
     from ..data.zero import measure_stages
-    from ..launch import launch
+    from ..launcher import launch
     return launch(measure_stages, world_size, memory_recipe(), quiet=True)[0]
 
 

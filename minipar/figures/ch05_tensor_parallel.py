@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..launch import launch
+from ..launcher import launch
 
 __all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
            "layer_costs", "plot_layer_memory", "FIGURES"]

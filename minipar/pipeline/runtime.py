@@ -218,7 +218,7 @@ def check_config(recipe, p: int, schedule: str, m: int, v: int = 1) -> None:
 def launch_pipeline(recipe, p: int, schedule: str = "1f1b", m: int = 4, v: int = 1, quiet: bool = True,
                     **kwargs) -> list:
     """Check the configuration, then run :func:`pipeline_train` on ``p`` ranks; return the per-rank runs."""
-    from ..launch import launch
+    from ..launcher import launch
     check_config(recipe, p, schedule, m, v)
     return launch(pipeline_train, p, recipe, schedule, m, v, quiet=quiet, **kwargs)
 

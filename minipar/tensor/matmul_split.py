@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..check import Recipe, RunResult
-from ..launch import launch
+from ..launcher import launch
 
 __all__ = ["SPLITS", "shard_sizes", "shard", "check_split", "gather_pieces",
            "data_forward", "data_backward", "column_forward", "column_backward", "row_forward", "row_backward",

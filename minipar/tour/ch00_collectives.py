@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..launch import launch
+from ..launcher import launch
 from . import WORLD_SIZE, TourRow
 
 __all__ = ["Collective", "COLLECTIVES", "ROOT", "rank_input", "run_collectives", "expected_outputs",

@@ -22,7 +22,7 @@ import torch
 from .. import comm
 from ..check import compare, gpt_recipe, train_reference
 from ..data import ddp, dp, parameter_server as ps
-from ..launch import launch
+from ..launcher import launch
 from ..memory import measure_step
 from ..data.sampler import shard_batch
 from . import WORLD_SIZE, TourRow

@@ -13,7 +13,7 @@ import statistics
 
 from ..check import compare, gpt_recipe, train_reference
 from ..data import fsdp, zero, zero_memory
-from ..launch import launch
+from ..launcher import launch
 from . import WORLD_SIZE, TourRow
 
 __all__ = ["STRATEGIES"]

@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ..check import compare, gpt_recipe, train_reference
-from ..launch import launch
+from ..launcher import launch
 from ..pipeline.pipedream import check_pipedream, pipedream_train, reference_2bw, reference_async
 from ..pipeline.runtime import launch_pipeline
 from ..pipeline.simulate import simulate

@@ -15,7 +15,7 @@ import functools
 import torch
 
 from ..check import gpt_recipe
-from ..launch import launch
+from ..launcher import launch
 from ..models import GPTConfig
 from ..tensor.gpt import measure_layer, run_tensor_parallel
 from ..tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes

@@ -18,7 +18,7 @@ import torch
 from .. import comm
 from ..check import compare, gpt_recipe
 from ..data import zero_memory
-from ..launch import launch
+from ..launcher import launch
 from ..precision.mixed import ddp_parallel_train, train_mixed, zero_parallel_train
 from . import WORLD_SIZE, TourRow
 

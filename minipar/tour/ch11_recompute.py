@@ -17,7 +17,7 @@ from .. import comm
 from ..check import compare, gpt_recipe, train_reference
 from ..data import ddp
 from ..data.sampler import shard_batch
-from ..launch import launch
+from ..launcher import launch
 from ..memory import measure_step
 from ..recompute import activation_bytes_per_block, apply_recompute
 from . import WORLD_SIZE, TourRow
