@@ -198,11 +198,9 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        # gloo connects the full mesh inside init; a rank that finished early and left could break a
-        # peer still connecting, so nobody starts until everybody is connected.
-        dist.barrier()
         value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
+        _leave_together(store, world_size, timeout)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         when = time.time()
         timed_out = "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
@@ -212,6 +210,21 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         out.flush()
         # Skip interpreter teardown: destroying a process group whose peers are gone can block.
         os._exit(0)
+
+
+def _leave_together(store, world_size: int, timeout: float) -> None:
+    """Keep a rank that returned early (and its connections) alive until every rank has returned.
+
+    gloo connects lazily: inside ``init_process_group`` and inside every ``new_group``. A rank that
+    finished and left could make a peer still connecting fail with "connection closed by peer". The wait
+    is on the store, not a collective, so it can never be matched against the user's own collectives; if a
+    peer fails instead, the parent kills this rank."""
+    if store.add("minipar/returned", 1) == world_size:
+        store.set("minipar/all_returned", "1")
+    try:
+        store.wait(["minipar/all_returned"], datetime.timedelta(seconds=timeout))
+    except RuntimeError:  # a peer is stuck or failed: the parent reports that one
+        pass
 
 
 def _die_with_parent() -> None:

@@ -152,3 +152,23 @@ def test_the_rank_that_raised_is_blamed_not_the_peer_that_lost_it(no_leftover_pr
     with pytest.raises(RankError) as info:
         launch(fail_on_three, 4, timeout=30)
     assert info.value.rank == 3 and "the real cause" in str(info.value)
+
+
+def test_a_rank_that_returns_early_does_not_break_a_peer_still_connecting():
+    """gloo connects inside init and inside every new_group: a rank that returned and left used to make
+    a slower peer fail with 'connection closed by peer' (seen in CI). Ranks now leave together."""
+    from minipar import Mesh
+
+    def build_groups(rank, world_size):
+        Mesh(world_size, tp=world_size).build(rank)
+        return rank
+    for _ in range(30):
+        assert launch(build_groups, 2, quiet=True) == [0, 1]
+
+
+def test_calling_different_collectives_is_reported_not_hung(no_leftover_processes):
+    def mismatch(rank, world_size):
+        if rank == 0:
+            dist.barrier()                               # rank 1 never joins
+    with pytest.raises(LaunchTimeout, match="rank 0"):
+        launch(mismatch, 2, timeout=2)
