@@ -130,7 +130,7 @@ def _wait(procs, workdir: str, timeout: float) -> list:
             if status == "ok":
                 results[rank] = value
             else:
-                _raise_root_cause(procs, workdir, timeout, done)
+                _raise_root_cause(procs, workdir, timeout)
         if time.monotonic() > deadline:
             waiting = [r for r in range(world_size) if not done[r]]
             raise LaunchTimeout(waiting[0], f"ranks {waiting} did not finish within {2 * timeout + 30:.0f} s "
@@ -145,7 +145,7 @@ def _lost_a_peer(message: str) -> bool:
     return "peer" in text or "connection reset" in text or "connection closed" in text
 
 
-def _raise_root_cause(procs, workdir, timeout, done) -> None:
+def _raise_root_cause(procs, workdir, timeout) -> None:
     """A rank failed. Its peers may fail a moment later only because it left ("connection closed by
     peer"), and index order says nothing about who was first: wait briefly for the others, then blame the
     earliest failure that is not such a consequence. The caller's ``finally`` kills the rest."""
@@ -164,11 +164,6 @@ def _raise_root_cause(procs, workdir, timeout, done) -> None:
                 exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
                                           f"no rank sent what rank {rank} waits for)\n{message}", tb, output)
             else:
-                finished = [r for r in range(len(procs)) if done[r] and r != rank
-                            and _read_result(workdir, r)[0] == "ok"]
-                if _lost_a_peer(message) and finished:
-                    message += (f"\n(ranks {finished} had already returned: the ranks did not call the same "
-                                f"collectives, or one left before its peers were done)")
                 exc = RankError(rank, message, tb, output)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
