@@ -19,7 +19,7 @@ tour: $(STAMP)
 	$(PY) -m minipar tour
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests notebooks solutions exercises --nbval-lax --nbval-current-env
+	$(PY) -m pytest -q tests minipar/course notebooks solutions exercises --nbval-lax --nbval-current-env
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks

@@ -1,11 +1,12 @@
-"""``python -m minipar tour`` (the main job) and the other course commands."""
+"""``python -m minipar tour`` (the main job), ``python -m minipar train`` (3D training) and the course commands."""
 import sys
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"tour": "minipar.tour", "figures": "minipar.figures", "exercises": "minipar.exercises",
-                "bench": "minipar.bench"}
+    commands = {"tour": "minipar.course.tour", "figures": "minipar.course.figures",
+                "exercises": "minipar.course.exercises", "bench": "minipar.course.bench",
+                "train": "minipar.hybrid.cli"}
     if not argv or argv[0] not in commands:
         print(f"usage: python -m minipar {{{','.join(commands)}}} [options]", file=sys.stderr)
         return 2

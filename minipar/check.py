@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .launcher import launch
+from .loop import lm_loss
 
 __all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "compare",
            "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
@@ -43,7 +44,7 @@ def default_loss(model: nn.Module, inputs, targets) -> torch.Tensor:
     """Cross-entropy for integer targets (language modelling), mean squared error otherwise."""
     out = model(inputs)
     if targets.dtype == torch.long:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+        return lm_loss(out, targets)
     return F.mse_loss(out, targets)
 
 

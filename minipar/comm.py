@@ -18,10 +18,13 @@ reduce             the tensor          non-root S, root 0                       
 send / recv        the tensor          S / 0
 =================  ==================  ========================================================
 
-The hand-written :func:`ring_all_reduce`, :func:`ring_all_gather` and :func:`ring_reduce_scatter` use only
-``send``/``recv``, so their bytes are counted message by message as they are really sent.
+The hand-written :func:`ring_all_reduce`, :func:`ring_all_gather`, :func:`ring_reduce_scatter` and
+:func:`root_all_reduce` use only ``send``/``recv``, so their bytes are counted message by message as they are really sent.
 
-Logs are scoped: ``with recording() as log:`` collects the calls made inside the block on this rank.
+Logs are scoped: ``with recording() as log:`` collects the calls made inside the block on this rank. The
+block is also watched by :mod:`minipar.wire`: ``log.observed_bytes_sent`` is what this process really
+wrote to its sockets meanwhile (the transport's truth, beside the model above — and it sees collectives
+called around this module, straight through ``torch.distributed``, which the records cannot).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ __all__ = [
     "CommRecord", "CommLog", "recording", "predicted_bytes_sent",
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send", "recv", "isend", "irecv",
-    "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter",
+    "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
 ]
 
 
@@ -55,9 +58,11 @@ class CommRecord:
 class CommLog:
     """The calls one rank made while this log was recording."""
     records: list = field(default_factory=list)
+    observed_bytes_sent: int | None = None   # wire.observing() over the recording block(s); None: unknown
 
     def reset(self) -> None:
         self.records.clear()
+        self.observed_bytes_sent = None
 
     @property
     def bytes_sent(self) -> int:
@@ -89,12 +94,16 @@ _active: list[CommLog] = []  # the logs recording on this process (innermost las
 @contextlib.contextmanager
 def recording(log: CommLog | None = None):
     """Record every minipar.comm call on this rank inside the block into ``log`` (a new one by default)."""
+    from . import wire
     log = log if log is not None else CommLog()
     _active.append(log)
     try:
-        yield log
+        with wire.observing() as seen:
+            yield log
     finally:
         _active.remove(log)
+        if seen.bytes_sent is not None:
+            log.observed_bytes_sent = (log.observed_bytes_sent or 0) + seen.bytes_sent
 
 
 def _record(op, n, payload, sent, recv, seconds, algorithm) -> None:
@@ -334,4 +343,20 @@ def ring_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
     mine = ring_reduce_scatter(padded.view(n, -1), group)
     total = ring_all_gather(mine, group).reshape(-1)
     t.copy_(total[: flat.numel()].view_as(t))
+    return t
+
+
+def root_all_reduce(t: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """All-reduce through one root, from send/recv (a parameter server; DataParallel's "gather to
+    device 0"): every other rank sends ``t`` to the root, the root sums and sends the sum to each of them.
+    The root sends (N-1) · S bytes and receives (N-1) · S; every other rank sends S."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank != root:
+        send(t, dst=root)
+        return recv(t, src=root)
+    incoming = torch.empty_like(t)
+    for peer in (r for r in range(n) if r != root):
+        t += recv(incoming, src=peer)
+    for peer in (r for r in range(n) if r != root):
+        send(t, dst=peer)
     return t

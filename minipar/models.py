@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .loop import lm_loss
+
 __all__ = ["MLP", "GPTConfig", "TinyGPT", "Block", "CausalSelfAttention", "FeedForward"]
 
 
@@ -168,7 +170,7 @@ class TinyGPT(nn.Module):
 
     def loss(self, idx, targets):
         logits = self(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return lm_loss(logits, targets)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -30,16 +30,20 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["MODES", "apply_recompute", "remove_recompute", "activation_bytes_formula", "recompute_modes"]
+__all__ = ["MODES", "apply_recompute", "remove_recompute", "full_block_forward", "selective_attention", "activation_bytes_formula", "recompute_modes"]
 
 MODES = ("none", "selective", "full")
 
 
-def _full_block_forward(block, x):
+def full_block_forward(block, x):
+    """Full recomputation: the whole block runs under checkpoint, so only its input x is kept for the
+    backward and every activation inside is recomputed (one extra forward of the block)."""
     return checkpoint(type(block).forward, block, x, use_reentrant=False)
 
 
-def _selective_attention(attn, q, k, v):
+def selective_attention(attn, q, k, v):
+    """Selective recomputation (Korthikanti et al. 2022): only softmax(QKᵀ)·V runs under checkpoint — the
+    5as²b term of the activations, the part that is large to keep and cheap to recompute."""
     return checkpoint(type(attn).attention, attn, q, k, v, use_reentrant=False)
 
 
@@ -57,9 +61,9 @@ def apply_recompute(model: nn.Module, mode="full") -> nn.Module:
     remove_recompute(model)
     for block, m in zip(model.blocks, modes):
         if m == "full":
-            block.forward = types.MethodType(_full_block_forward, block)
+            block.forward = types.MethodType(full_block_forward, block)
         elif m == "selective":
-            block.attn.attention = types.MethodType(_selective_attention, block.attn)
+            block.attn.attention = types.MethodType(selective_attention, block.attn)
     model.recompute_modes = modes
     return model
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from minipar import comm, launch
 from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
 from minipar.data import ddp
-from minipar.data.sampler import shard_batch
+from minipar.loop import shard_batch
 
 QUIET = dict(quiet=True)
 BUCKET = 16 * 1024  # several buckets for the tiny GPT (~115 KiB of fp32 gradients)
@@ -225,8 +225,8 @@ def test_unused_and_frozen_parameters_do_not_hang_and_match_one_device():
 
 def test_bad_input_is_a_value_error_before_any_process_starts():
     with pytest.raises(ValueError, match="not divisible"):
-        ddp.train(gpt_recipe(steps=1, batch_size=6), 4)
+        ddp.run(gpt_recipe(steps=1, batch_size=6), world_size=4)
     with pytest.raises(ValueError, match="bucket_bytes"):
-        ddp.train(gpt_recipe(steps=1, batch_size=8), 4, bucket_bytes=0)
+        ddp.run(gpt_recipe(steps=1, batch_size=8), world_size=4, bucket_bytes=0)
     with pytest.raises(ValueError, match="comm_dtype"):
         ddp.DistributedDataParallel(nn.Linear(2, 2), comm_dtype=torch.int8)

@@ -9,19 +9,19 @@ from minipar.data import dp
 
 def test_four_devices_match_one_device():
     recipe = gpt_recipe(steps=3, batch_size=8)
-    compare(train_reference(recipe), [dp.train(recipe, 4)]).assert_ok()
+    compare(train_reference(recipe), [dp.run(recipe, devices=4)]).assert_ok()
 
 
 def test_one_device_is_bit_exact():
     recipe = mlp_recipe(steps=3)
-    c = compare(train_reference(recipe), [dp.train(recipe, 1)], atol=0, rtol=0)
+    c = compare(train_reference(recipe), [dp.run(recipe, devices=1)], atol=0, rtol=0)
     assert c.matches and c.max_abs_diff == 0.0, str(c)
 
 
 def test_five_exchanges_move_the_formula_bytes_every_step():
     recipe = gpt_recipe(steps=2, batch_size=8)
     logs = []
-    dp.train(recipe, 4, step_logs=logs)
+    dp.run(recipe, devices=4, step_logs=logs)
     x, _ = recipe.batches[0]
     model = recipe.model()
     params = sum(p.numel() * 4 for p in model.parameters())
@@ -37,10 +37,10 @@ def test_five_exchanges_move_the_formula_bytes_every_step():
 
 def test_bad_input_is_a_value_error():
     with pytest.raises(ValueError, match="not divisible"):
-        dp.train(gpt_recipe(steps=1, batch_size=6), 4)
+        dp.run(gpt_recipe(steps=1, batch_size=6), devices=4)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_on_two_gpus():
     recipe = mlp_recipe(steps=3)
-    compare(train_reference(recipe), [dp.train(recipe, ["cuda:0", "cuda:1"])]).assert_ok()
+    compare(train_reference(recipe), [dp.run(recipe, devices=["cuda:0", "cuda:1"])]).assert_ok()

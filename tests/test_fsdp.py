@@ -10,9 +10,9 @@ RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
 
 def _minipar_and_torch(rank, world_size, recipe):
     """Both implementations on the same ranks, model, batches and optimizer."""
-    return {"blocks": fsdp.parallel_train(rank, world_size, recipe, fsdp.block_units),
-            "single": fsdp.parallel_train(rank, world_size, recipe, fsdp.single_unit),
-            "torch": fsdp.torch_fsdp2_train(rank, world_size, recipe, fsdp.block_units)}
+    return {"blocks": fsdp.parallel_train(rank, world_size, recipe, units=fsdp.block_units),
+            "single": fsdp.parallel_train(rank, world_size, recipe, units=fsdp.single_unit),
+            "torch": fsdp.torch_fsdp2_train(rank, world_size, recipe, units=fsdp.block_units)}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,6 @@ def test_gather_compute_free_with_prefetch():
 
 def test_units_must_cover_the_model_before_launch():
     with pytest.raises(ValueError, match="no unit"):
-        fsdp.run(RECIPE, 4, units=lambda model: list(model.blocks))
+        fsdp.run(RECIPE, world_size=4, units=lambda model: list(model.blocks))
     with pytest.raises(ValueError, match="split evenly"):
-        fsdp.run(RECIPE, 3)
+        fsdp.run(RECIPE, world_size=3)

@@ -27,7 +27,7 @@ def _problem(b=4, k=5, m=8, seed=0):
 def test_every_split_equals_one_device_forward_and_backward(world_size, shape):
     b, k, m = shape
     (x, w, dy), (y, dx, dw) = _problem(b, k, m)
-    results = ms.launch_splits(world_size, x, w, dy)
+    results = ms.run(x, w, dy, world_size=world_size)
     for rank, per_split in enumerate(results):
         for split, r in per_split.items():
             for name, got, want in (("y", r["y"], y), ("dx", r["dx"], dx), ("dw", r["dw"], dw)):
@@ -38,7 +38,7 @@ def test_every_split_equals_one_device_forward_and_backward(world_size, shape):
 
 def test_each_split_uses_the_collective_the_table_says():
     (x, w, dy), _ = _problem()
-    r = ms.launch_splits(4, x, w, dy)[1]
+    r = ms.run(x, w, dy, world_size=4)[1]
     assert r["data"]["ops"] == {"forward": {}, "backward": {"all_reduce": (1, 2 * 3 / 4 * 5 * 8 * 8)}}
     assert r["column"]["ops"] == {"forward": {}, "backward": {"all_reduce": (1, 2 * 3 / 4 * 4 * 5 * 8)}}
     assert r["row"]["ops"] == {"forward": {"all_reduce": (1, 2 * 3 / 4 * 4 * 8 * 8)}, "backward": {}}
@@ -56,7 +56,7 @@ def test_a_missing_all_reduce_is_caught():
 
 @pytest.mark.parametrize("split", ms.SPLITS)
 def test_training_with_each_split_matches_one_device(split):
-    comparison = check_equivalence(ms.parallel_train, 4, ms.matmul_recipe(b=8, k=8, m=16), split,
+    comparison = check_equivalence(ms.parallel_train, 4, ms.matmul_recipe(b=8, k=8, m=16), split=split,
                                    launch_kwargs={"quiet": True})
     comparison.assert_ok()
 
@@ -69,7 +69,7 @@ def test_training_with_each_split_matches_one_device(split):
 ])
 def test_bad_splits_are_refused_before_launch(split, x_shape, w_shape, n, message):
     with pytest.raises(ValueError, match=message):
-        ms.check_split(split, x_shape, w_shape, n)
+        ms.validate(split, x_shape, w_shape, world_size=n)
     with pytest.raises(ValueError, match=message):
-        ms.launch_splits(n, torch.zeros(x_shape), torch.zeros(w_shape), torch.zeros(x_shape[0], w_shape[1]),
-                         splits=(split,))
+        ms.run(torch.zeros(x_shape), torch.zeros(w_shape), torch.zeros(x_shape[0], w_shape[1]), world_size=n,
+               splits=(split,))

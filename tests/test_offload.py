@@ -1,10 +1,12 @@
 """ZeRO-Offload: the optimizer step on host copies gives exactly the same training; nothing of the optimizer
 stays on the device; the bytes crossing the bus per step are the gradient shard and the parameter shard."""
 
-from minipar import comm, launch
+from minipar import launch
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.data.offload import offloaded
 from minipar.data.zero import ZeRO
+from minipar.data.zero_measure import model_state_bytes
+from minipar.loop import mean_over_ranks, shard_batch
 
 RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
 
@@ -15,14 +17,14 @@ def _train(rank, world_size, recipe, offload):
     sharded = ZeRO(model, factory, stage=2)
     losses = []
     for x, y in recipe.batches:
-        per = len(x) // world_size
+        x, y = shard_batch((x, y), rank, world_size)
         sharded.zero_grad()
-        loss = recipe.loss(model, x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
+        loss = recipe.loss(model, x, y)
         loss.backward()
         sharded.step()
-        losses.append(comm.all_reduce(loss.detach()).item() / world_size)
+        losses.append(mean_over_ranks(loss))
     opt = sharded.optimizer
-    extra = {"device": sharded.model_state_bytes(), "psi": sharded.padded_numel}
+    extra = {"device": model_state_bytes(sharded), "psi": sharded.padded_numel}
     if offload:
         extra.update(host=opt.host_bytes(), to_host=opt.bytes_to_host, to_device=opt.bytes_to_device)
     return RunResult(losses, sharded.full_parameters()), extra

@@ -13,7 +13,7 @@ def test_four_ranks_match_one_device():
 
 
 def test_server_on_another_rank_matches_too():
-    check_equivalence(ps.parallel_train, 2, gpt_recipe(steps=2, batch_size=8), 1,
+    check_equivalence(ps.parallel_train, 2, gpt_recipe(steps=2, batch_size=8), server=1,
                       launch_kwargs=dict(quiet=True)).assert_ok()
 
 
@@ -35,6 +35,6 @@ def test_server_traffic_grows_with_n_workers_stays_constant(n):
 
 def test_bad_input_is_a_value_error():
     with pytest.raises(ValueError, match="at least 2"):
-        ps.train(gpt_recipe(steps=1), 1)
+        ps.run(gpt_recipe(steps=1), world_size=1)
     with pytest.raises(ValueError, match="not divisible"):
-        ps.train(gpt_recipe(steps=1, batch_size=6), 4)
+        ps.run(gpt_recipe(steps=1, batch_size=6), world_size=4)

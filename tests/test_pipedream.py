@@ -7,7 +7,7 @@ import pytest
 
 from minipar import launch
 from minipar.check import compare, gpt_recipe, mlp_recipe, train_reference
-from minipar.pipeline.pipedream import check_pipedream, pipedream_train, reference_2bw, reference_async
+from minipar.pipeline.pipedream import parallel_train, reference_2bw, reference_async, validate
 
 MLP = mlp_recipe(steps=6, batch_size=8, sizes=(8, 16, 16, 16, 8))
 GPT = gpt_recipe(steps=5, batch_size=8, seq_len=8, n_layer=4, n_embd=16, n_head=2, optimizer="sgd")
@@ -16,7 +16,7 @@ LR = 0.1                                             # the recipes' SGD learning
 
 @pytest.mark.parametrize("recipe,p", [(MLP, 2), (MLP, 4), (GPT, 4)])
 def test_2bw_follows_its_update_rule_with_two_weight_buffers(recipe, p):
-    runs = launch(pipedream_train, p, recipe, "2bw", 4, LR, quiet=True)
+    runs = launch(parallel_train, p, recipe, mode="2bw", m=4, lr=LR, quiet=True)
     compare(reference_2bw(recipe, LR), runs).assert_ok()
     assert all(r.most_versions == 2 for r in runs)               # double-buffered, never a third
     # and it is not synchronous training: the delayed gradient moves the weights elsewhere
@@ -25,7 +25,7 @@ def test_2bw_follows_its_update_rule_with_two_weight_buffers(recipe, p):
 
 @pytest.mark.parametrize("recipe,p", [(MLP, 2), (GPT, 4)])
 def test_async_pipedream_with_weight_stashing_follows_its_update_rule(recipe, p):
-    runs = launch(pipedream_train, p, recipe, "async", 1, LR, quiet=True)
+    runs = launch(parallel_train, p, recipe, mode="async", m=1, lr=LR, quiet=True)
     compare(reference_async(recipe, p, LR), runs).assert_ok()
     # stage r stashes one version per micro-batch in flight: p - r (the newest counted too, at least 2)
     assert [r.most_versions for r in runs] == [max(p - r, 2) for r in range(p)]
@@ -39,8 +39,8 @@ def test_async_reference_is_not_the_2bw_rule():
 
 def test_bad_configurations_fail_before_any_process_starts():
     with pytest.raises(ValueError, match="m >= p"):
-        check_pipedream(MLP, 4, "2bw", 2)
+        validate(MLP, world_size=4, mode="2bw", m=2)
     with pytest.raises(ValueError, match="mode must be"):
-        check_pipedream(MLP, 2, "1f1b", 4)
+        validate(MLP, world_size=2, mode="1f1b", m=4)
     with pytest.raises(ValueError, match="divisible by p·v"):
-        check_pipedream(MLP, 3, "async", 1)
+        validate(MLP, world_size=3, mode="async", m=1)

@@ -9,7 +9,7 @@ import torch
 
 from minipar import launch
 from minipar.check import RunResult, check_equivalence, compare, gpt_recipe, mlp_recipe
-from minipar.pipeline.runtime import PipelineRank, pipeline_train
+from minipar.pipeline.runtime import PipelineRank, parallel_train
 from minipar.pipeline.torch_ref import torch_pipeline_train
 
 MLP = mlp_recipe(steps=2, batch_size=12, sizes=[8] * 13)           # 12 layers: p·v in {1,2,3,4,6,12}
@@ -23,7 +23,7 @@ QUIET = {"quiet": True}
     ("interleaved", 3, 6, 2),
 ])
 def test_mlp_schedules_equal_single_device(schedule, p, m, v):
-    check_equivalence(pipeline_train, p, MLP, schedule, m, v, launch_kwargs=QUIET).assert_ok()
+    check_equivalence(parallel_train, p, MLP, schedule=schedule, m=m, v=v, launch_kwargs=QUIET).assert_ok()
 
 
 @pytest.mark.parametrize("schedule,p,m,v,recompute", [
@@ -31,7 +31,7 @@ def test_mlp_schedules_equal_single_device(schedule, p, m, v):
     ("zb-h1", 2, 4, 1, True),
 ])
 def test_gpt_schedules_equal_single_device(schedule, p, m, v, recompute):
-    check_equivalence(pipeline_train, p, GPT, schedule, m, v, recompute=recompute,
+    check_equivalence(parallel_train, p, GPT, schedule=schedule, m=m, v=v, recompute=recompute,
                       launch_kwargs=QUIET).assert_ok()
 
 
@@ -43,8 +43,8 @@ def _merge(results) -> RunResult:
 
 @pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
 def test_equals_torch_distributed_pipelining(schedule, p, m, v):
-    ours = launch(pipeline_train, p, GPT, schedule, m, v, quiet=True)
-    theirs = launch(torch_pipeline_train, p, GPT, schedule, m, v, quiet=True)
+    ours = launch(parallel_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
+    theirs = launch(torch_pipeline_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
     # torch divides the summed gradients by m at the end, minipar divides each micro-batch loss: float32
     compare(_merge(theirs), ours, dtype=torch.float32).assert_ok()
 
@@ -59,13 +59,13 @@ class ForgetsToAccumulate(PipelineRank):
 
 
 def test_the_harness_catches_a_pipeline_that_does_not_accumulate():
-    cmp = check_equivalence(pipeline_train, 2, MLP, "1f1b", 4, 1, rank_class=ForgetsToAccumulate,
+    cmp = check_equivalence(parallel_train, 2, MLP, schedule="1f1b", m=4, v=1, rank_class=ForgetsToAccumulate,
                             launch_kwargs=QUIET)
     assert not cmp.matches and cmp.max_abs_diff > 1e-3
 
 
 def test_timeline_records_every_action_and_the_transfers():
-    runs = launch(pipeline_train, 2, MLP, "1f1b", 4, 1, quiet=True)
+    runs = launch(parallel_train, 2, MLP, schedule="1f1b", m=4, v=1, quiet=True)
     for rank, run in enumerate(runs):
         last = [row for row in run.timeline if row[0] == MLP.steps - 1]
         work = [(k, s, i) for _, k, s, i, _, _ in last if k in ("F", "BW")]
@@ -78,7 +78,8 @@ def test_timeline_records_every_action_and_the_transfers():
 
 def test_1f1b_holds_fewer_activations_than_gpipe_and_recomputation_fewer_still():
     def peak(schedule, recompute):
-        runs = launch(pipeline_train, 2, GPT, schedule, 8, 1, recompute=recompute, track_memory=True, quiet=True)
+        runs = launch(parallel_train, 2, GPT, schedule=schedule, m=8, v=1, recompute=recompute, track_memory=True,
+                      quiet=True)
         return max(b for _, _, b in runs[0].memory)                # rank 0: the most in flight
     gpipe, ofob, gpipe_rc = peak("gpipe", False), peak("1f1b", False), peak("gpipe", True)
     assert ofob < 0.6 * gpipe          # 2 of 8 micro-batches in flight instead of 8
@@ -91,7 +92,7 @@ def _two_pipelines(rank, world_size, recipe):
     from minipar.mesh import Mesh
     mesh = Mesh(world_size, order=("pp", "dp"), pp=2, dp=2).build(rank)
     assert (mesh.pp_prev, mesh.pp_next) == ((None, rank + 2) if rank < 2 else (rank - 2, None))
-    return pipeline_train(rank, world_size, recipe, "1f1b", 4, mesh=mesh)
+    return parallel_train(rank, world_size, recipe, schedule="1f1b", m=4, mesh=mesh)
 
 
 def test_runtime_uses_the_mesh_pp_groups():

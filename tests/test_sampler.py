@@ -6,7 +6,8 @@ import torch.utils.data as tud
 
 from minipar.check import Recipe, check_equivalence, RunResult
 from minipar.data import ddp
-from minipar.data.sampler import DistributedSampler, shard_batch
+from minipar.data.sampler import DistributedSampler
+from minipar.loop import shard_batch
 from minipar.models import MLP
 
 

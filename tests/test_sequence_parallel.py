@@ -12,7 +12,7 @@ from minipar.check import gpt_recipe
 from minipar import launch
 from minipar.tensor import gpt as tp_gpt
 from minipar.models import GPTConfig
-from minipar.tensor.gpt import measure_layer, run_tensor_parallel
+from minipar.tensor.gpt import compare_to_one_device, measure_layer
 from minipar.tensor.sequence import (activation_bytes_formula, korthikanti_bytes, sp_bytes_per_layer,
                                      tp_bytes_per_layer, uncounted_bytes)
 
@@ -28,18 +28,18 @@ def _recipe(**cfg):
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_sp_gpt_trains_like_one_device(tp):
     """Loss at each of 3 Adam steps and every parameter equal one device, label smoothing 0.1."""
-    run_tensor_parallel(_recipe(), tp, sequence_parallel=True, label_smoothing=0.1, launch_kwargs=QUIET).assert_ok()
+    compare_to_one_device(_recipe(), world_size=tp, sequence_parallel=True, label_smoothing=0.1, launch_kwargs=QUIET).assert_ok()
 
 
 def test_tp_sp_without_label_smoothing_and_tied_weights():
-    run_tensor_parallel(_recipe(tie_weights=True), 4, sequence_parallel=True, launch_kwargs=QUIET).assert_ok()
+    compare_to_one_device(_recipe(tie_weights=True), world_size=4, sequence_parallel=True, launch_kwargs=QUIET).assert_ok()
 
 
 def test_without_the_layernorm_gradient_sum_it_does_not_match(monkeypatch):
     """LayerNorm weights, row-parallel biases and the position embedding see only a sequence shard:
     skipping their gradient all-reduce must break equivalence (the test can fail)."""
     monkeypatch.setattr(tp_gpt.TensorParallelGPT, "finish_backward", lambda self: None)
-    comparison = run_tensor_parallel(_recipe(), 2, sequence_parallel=True, launch_kwargs=QUIET)
+    comparison = compare_to_one_device(_recipe(), world_size=2, sequence_parallel=True, launch_kwargs=QUIET)
     assert not comparison.matches
     assert any("ln" in p or "pos_emb" in p or "proj.bias" in p for p in comparison.problems)
 
@@ -48,7 +48,7 @@ def test_sequence_length_not_divisible_raises_before_any_process(monkeypatch):
     monkeypatch.setattr(tp_gpt, "check_equivalence", lambda *a, **k: pytest.fail("launched anyway"))
     recipe = gpt_recipe(steps=1, seq_len=15)
     with pytest.raises(ValueError, match="sequence length 15 is not divisible by 4"):
-        run_tensor_parallel(recipe, 4, sequence_parallel=True)
+        compare_to_one_device(recipe, world_size=4, sequence_parallel=True)
 
 
 def layer_costs(rank, world_size, sequence_parallel, b=2, s=16, h=32, a=4):

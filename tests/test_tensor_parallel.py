@@ -16,7 +16,7 @@ from minipar.check import gpt_recipe
 from minipar import launch
 from minipar.models import MLP, GPTConfig
 from minipar.tensor import gpt as tp_gpt
-from minipar.tensor.gpt import check_tp_config, measure_layer, run_tensor_parallel
+from minipar.tensor.gpt import compare_to_one_device, measure_layer, validate
 from minipar.tensor.sequence import activation_bytes_formula, tp_bytes_per_layer, uncounted_bytes
 
 QUIET = {"quiet": True}
@@ -32,13 +32,13 @@ def _recipe(dtype=torch.float64, optimizer="adam", **cfg):
 def test_tp_gpt_trains_like_one_device(tp):
     """Loss at each of 3 Adam steps and every parameter after them equal one device (float64), with label
     smoothing 0.1 (same loss and gradients for every TP degree)."""
-    run_tensor_parallel(_recipe(), tp, label_smoothing=0.1, launch_kwargs=QUIET).assert_ok()
+    compare_to_one_device(_recipe(), world_size=tp, label_smoothing=0.1, launch_kwargs=QUIET).assert_ok()
 
 
 def test_tp_gpt_float32_sgd_and_tied_weights():
     """float32 (harness tolerance atol 2e-5, rtol 1e-4) with SGD, no label smoothing, and a tied embedding /
     LM head."""
-    run_tensor_parallel(_recipe(torch.float32, "sgd", tie_weights=True), 4, launch_kwargs=QUIET).assert_ok()
+    compare_to_one_device(_recipe(torch.float32, "sgd", tie_weights=True), world_size=4, launch_kwargs=QUIET).assert_ok()
 
 
 def test_a_wrong_shard_is_caught():
@@ -53,7 +53,7 @@ def test_a_wrong_shard_is_caught():
 
     tp_gpt.TensorParallelGPT.__init__ = broken_init
     try:
-        comparison = run_tensor_parallel(_recipe(), 2, launch_kwargs=QUIET)
+        comparison = compare_to_one_device(_recipe(), world_size=2, launch_kwargs=QUIET)
     finally:
         tp_gpt.TensorParallelGPT.__init__ = original
     assert not comparison.matches
@@ -62,15 +62,15 @@ def test_a_wrong_shard_is_caught():
 def test_bad_degrees_raise_before_any_process(monkeypatch):
     monkeypatch.setattr(tp_gpt, "check_equivalence", lambda *a, **k: pytest.fail("launched anyway"))
     with pytest.raises(ValueError, match="n_head .* not divisible by the tensor-parallel degree 4"):
-        run_tensor_parallel(gpt_recipe(steps=1, n_head=6, n_embd=48), 4)
+        compare_to_one_device(gpt_recipe(steps=1, n_head=6, n_embd=48), world_size=4)
     fake = types.SimpleNamespace(n_head=4, n_embd=30, ffn_hidden=128)
     with pytest.raises(ValueError, match="n_embd .* = 30 is not divisible"):
-        check_tp_config(fake, 4)
+        validate(fake, tp=4)
     fake = types.SimpleNamespace(n_head=4, n_embd=32, ffn_hidden=102)
     with pytest.raises(ValueError, match="ffn_hidden .* = 102 is not divisible"):
-        check_tp_config(fake, 4)
+        validate(fake, tp=4)
     with pytest.raises(ValueError, match="positive integer"):
-        check_tp_config(GPTConfig(), 0)
+        validate(GPTConfig(), tp=0)
 
 
 def _layers_vs_full(rank, world_size):

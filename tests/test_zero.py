@@ -5,7 +5,8 @@ import torch
 from minipar import launch
 from minipar.check import RunResult, compare, gpt_recipe, mlp_recipe, train_reference
 from minipar.data import zero, zero_memory
-from minipar.data.zero import ZeRO, measure_stages, parallel_train
+from minipar.data.zero import ZeRO
+from minipar.data.zero_measure import measure_stages, measured_train
 
 RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
 
@@ -14,7 +15,7 @@ def _every_stage_and_no_prefetch(rank, world_size, recipe):
     from minipar import comm
     from minipar.data import ddp
     runs = measure_stages(rank, world_size, recipe)
-    runs["3, no prefetch"] = parallel_train(rank, world_size, recipe, 3, prefetch=False)
+    runs["3, no prefetch"] = measured_train(rank, world_size, recipe, stage=3, prefetch=False)
     log = comm.CommLog()
     runs["minipar DDP"] = ddp.parallel_train(rank, world_size, recipe, step_log=log)
     runs["minipar DDP"].bytes_sent = log.bytes_sent / recipe.steps
@@ -96,7 +97,7 @@ def test_uneven_units_are_padded_and_still_exact():
     # MLP 5 -> 7 -> 3: units of 42 and 24 parameters on 4 ranks: 2 and 0 padding elements.
     recipe = mlp_recipe(steps=3, batch_size=12, sizes=(5, 7, 3), optimizer="adam")
     per_layer = lambda model: [*model.layers, model]  # noqa: E731
-    results = launch(measure_stages, 4, recipe, (2, 3), per_layer, quiet=True)
+    results = launch(measure_stages, 4, recipe, (2, 3), units=per_layer, quiet=True)
     reference = train_reference(recipe)
     for stage in (2, 3):
         compare(reference, [r[stage] for r in results]).assert_ok()
@@ -127,8 +128,8 @@ def test_prefetch_off_gives_the_same_result_and_bytes(four_ranks):
 
 def test_bad_input_raises_before_launch():
     with pytest.raises(ValueError, match="stage"):
-        zero.validate(RECIPE, 4, 4)
+        zero.validate(RECIPE, world_size=4, stage=4)
     with pytest.raises(ValueError, match="split evenly"):
-        zero.validate(RECIPE, 3, 1)
+        zero.validate(RECIPE, world_size=3, stage=1)
     with pytest.raises(ValueError, match="stage"):
         ZeRO(torch.nn.Linear(2, 2), torch.optim.Adam, stage=5)

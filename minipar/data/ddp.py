@@ -33,90 +33,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..loop import mean_over_ranks, shard_batch
+from .buckets import Bucket, assign_buckets
 
 __all__ = ["Bucket", "Reducer", "DistributedDataParallel", "assign_buckets", "replicas_in_sync",
-           "DEFAULT_BUCKET_BYTES"]
+           "DEFAULT_BUCKET_BYTES", "validate", "parallel_train", "run"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch's default bucket_cap_mb = 25
-
-
-def assign_buckets(params: list, bucket_bytes: int, element_size: int | None = None) -> list:
-    """Split ``params`` (already in the order their gradients are expected) into consecutive groups; a
-    group is closed as soon as it holds ``bucket_bytes`` or more (as PyTorch does), so every bucket but
-    the last is at least ``bucket_bytes`` and the last one, the only one whose all-reduce nothing can
-    hide (it is launched when backward is over), is the remainder."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    buckets, current, size = [], [], 0
-    for p in params:
-        current.append(p)
-        size += p.numel() * (element_size or p.element_size())
-        if size >= bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-class Bucket:
-    """A flat buffer for some parameters' gradients, reduced as one message.
-
-    ``buffer`` is in ``comm_dtype`` (the parameters' dtype by default): gradients are cast into it, sent,
-    and cast back, so a 16-bit ``comm_dtype`` halves the bytes on the wire."""
-
-    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None):
-        self.index, self.params = index, list(params)
-        dtype = comm_dtype or self.params[0].dtype
-        self.offsets, total = [], 0
-        for p in self.params:
-            self.offsets.append(total)
-            total += p.numel()
-        self.buffer = torch.zeros(total, dtype=dtype, device=self.params[0].device)
-        self.slot = {id(p): i for i, p in enumerate(self.params)}
-        self.filled: set = set()
-        self.work = None
-
-    def view(self, i: int) -> torch.Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i]: self.offsets[i] + p.numel()].view_as(p)
-
-    def fill(self, param) -> bool:
-        """Copy ``param.grad`` into its slot; return True when every slot is filled."""
-        i = self.slot[id(param)]
-        self.view(i).copy_(param.grad)
-        self.filled.add(i)
-        return self.is_full
-
-    @property
-    def is_full(self) -> bool:
-        return len(self.filled) == len(self.params)
-
-    def fill_missing(self) -> list:
-        """Slots whose parameter produced no gradient in this backward: its existing ``.grad`` (left by an
-        earlier ``no_sync`` backward) or zeros. Returns the parameters that had no gradient at all."""
-        absent = []
-        for i, p in enumerate(self.params):
-            if i in self.filled:
-                continue
-            if p.grad is not None:
-                self.view(i).copy_(p.grad)
-            else:
-                self.view(i).zero_()
-                absent.append(p)
-            self.filled.add(i)
-        return absent
-
-    def copy_out(self) -> None:
-        """Write the reduced buffer back into every parameter's ``.grad``."""
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            p.grad.copy_(self.view(i))
-
-    def reset(self) -> None:
-        self.filled.clear()
-        self.work = None
 
 
 class Reducer:
@@ -149,15 +72,17 @@ class Reducer:
             now = time.perf_counter()
             self.timeline.append(("grad", self.names.get(id(param), "?"), now, now))
         self.bucket_of[id(param)].fill(param)
-        self._launch_ready()
+        self.launch_ready()
 
-    def _launch_ready(self) -> None:
-        # In index order only: a full bucket waits for the earlier ones, so all ranks agree on the order.
+    def launch_ready(self) -> None:
+        """Launch every full bucket, in index order only: a full bucket waits for the earlier ones, so all
+        ranks issue the same collectives in the same order."""
         while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].is_full:
-            self._launch(self.buckets[self.next_to_launch])
+            self.launch(self.buckets[self.next_to_launch])
             self.next_to_launch += 1
 
-    def _launch(self, bucket: Bucket) -> None:
+    def launch(self, bucket: Bucket) -> None:
+        """Start ``bucket``'s reduction asynchronously (averaged first: divide by N, then sum)."""
         if self.average:
             bucket.buffer.div_(dist.get_world_size(self.group))
         start = time.perf_counter()
@@ -174,7 +99,7 @@ class Reducer:
         absent = []
         for bucket in self.buckets[self.next_to_launch:]:
             absent += bucket.fill_missing()
-        self._launch_ready()
+        self.launch_ready()
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.copy_out()
@@ -210,7 +135,7 @@ class DistributedDataParallel(nn.Module):
         self.reducer = Reducer([p for _, p in named], group, bucket_bytes, comm_dtype,
                                names={id(p): n for n, p in named}, timeline=timeline)
         self._finish_queued = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        self._hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for _, p in named]
 
     def _broadcast_state(self) -> None:
         """Every replica starts from the first rank's weights (and buffers)."""
@@ -223,7 +148,9 @@ class DistributedDataParallel(nn.Module):
         self._sync_this_backward = self.require_sync and torch.is_grad_enabled()
         return self.module(*args, **kwargs)
 
-    def _on_grad(self, param) -> None:
+    def on_grad(self, param) -> None:
+        """The hook on every parameter: its gradient is ready, hand it to the reducer (which may launch a
+        bucket now, while backward goes on)."""
         if not self._sync_this_backward:
             return  # no_sync (or a forward that bypassed the wrapper): the gradient just accumulates
         if not self._finish_queued:
@@ -275,15 +202,18 @@ def replicas_in_sync(module: nn.Module, group=None, atol: float = 0.0) -> bool:
 # Training a Recipe with it (what the tests, the tour and the chapter run)
 # ----------------------------------------------------------------------------------------------------
 
-def validate(recipe, world_size: int, accum_steps: int = 1) -> None:
+def validate(recipe, *, world_size: int, accum_steps: int = 1, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+             **_) -> None:
     """Raise ValueError, before any process starts, when the global batch cannot be split evenly."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % (world_size * accum_steps):
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by "
                              f"{world_size} ranks x {accum_steps} accumulation steps")
 
 
-def parallel_train(rank: int, world_size: int, recipe, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+def parallel_train(rank: int, world_size: int, recipe, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                    comm_dtype=None, accum_steps: int = 1, find_unused_parameters: bool = False,
                    step_log: "comm.CommLog | None" = None, group=None):
     """Train ``recipe`` with DDP; each rank takes its 1/N of every global batch, split into
@@ -292,9 +222,8 @@ def parallel_train(rank: int, world_size: int, recipe, bucket_bytes: int = DEFAU
     The communication of the training steps is recorded into ``step_log`` (the initial broadcast and the
     all-reduce of the loss for reporting are not). Returns a :class:`minipar.check.RunResult`."""
     from ..check import RunResult
-    from .sampler import shard_batch
 
-    validate(recipe, world_size, accum_steps)
+    validate(recipe, world_size=world_size, accum_steps=accum_steps, bucket_bytes=bucket_bytes)
     model = recipe.model().to(recipe.dtype)
     ddp = DistributedDataParallel(model, group, bucket_bytes, comm_dtype, find_unused_parameters)
     opt = recipe.optimizer(model.parameters())
@@ -311,16 +240,12 @@ def parallel_train(rank: int, world_size: int, recipe, bucket_bytes: int = DEFAU
                     loss.backward()
                 local += loss.detach().double()
             opt.step()
-        # The global batch's mean loss is the mean of the ranks' (equal-sized) shard means.
-        comm.all_reduce(local, group=group)
-        losses.append(local.item() / dist.get_world_size(group))
+        losses.append(mean_over_ranks(local, group))   # equal shards: the global batch's mean loss
     return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
 
 
-def train(recipe, world_size: int, quiet: bool = True, **kwargs) -> list:
+def run(recipe, *, world_size: int, quiet: bool = True, **config) -> list:
     """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks; per-rank RunResults."""
     from ..launcher import launch
-    validate(recipe, world_size, kwargs.get("accum_steps", 1))
-    if kwargs.get("bucket_bytes", 1) <= 0:
-        raise ValueError(f"bucket_bytes must be positive, got {kwargs['bucket_bytes']}")
-    return launch(parallel_train, world_size, recipe, quiet=quiet, **kwargs)
+    validate(recipe, world_size=world_size, **config)
+    return launch(parallel_train, world_size, recipe, quiet=quiet, **config)

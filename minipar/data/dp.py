@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-__all__ = ["DataParallel", "ExchangeLog", "predicted_exchange_bytes", "train"]
+__all__ = ["DataParallel", "Replicate", "Gather", "ExchangeLog", "predicted_exchange_bytes", "validate", "run"]
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class _Replicate(torch.autograd.Function):
+class Replicate(torch.autograd.Function):
     """Forward: copy device 0's parameters to every device (exchange 2).
     Backward: sum every replica's gradient into device 0 (exchange 5)."""
 
@@ -85,7 +85,7 @@ class _Replicate(torch.autograd.Function):
         return (None, None, *summed)
 
 
-class _Gather(torch.autograd.Function):
+class Gather(torch.autograd.Function):
     """Forward: concatenate the replicas' outputs on device 0 (exchange 3).
     Backward: split ∂loss/∂output and send each piece back to its replica (exchange 4)."""
 
@@ -128,11 +128,11 @@ class DataParallel(nn.Module):
         self.log.add("scatter inputs", _nbytes(chunks[1:]))
         # 2. replicate: differentiable copies, so backward sums the replicas' gradients into the module
         names = [name for name, _ in self.module.named_parameters()]
-        copies = _Replicate.apply(self.devices, self.log, *self.module.parameters())
+        copies = Replicate.apply(self.devices, self.log, *self.module.parameters())
         replicas = [dict(zip(names, copies[i * len(names):(i + 1) * len(names)])) for i in range(n)]
         # 3. parallel_apply: one thread per replica; 4. gather to device 0
         outputs = self._parallel_apply(replicas, chunks)
-        return _Gather.apply(self.log, *outputs)
+        return Gather.apply(self.log, *outputs)
 
     def _parallel_apply(self, replicas, chunks) -> list:
         outputs, errors = [None] * len(chunks), []
@@ -157,14 +157,21 @@ class DataParallel(nn.Module):
         return outputs
 
 
-def train(recipe, devices, step_logs: list | None = None):
-    """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices");
-    returns a :class:`minipar.check.RunResult`. Each step's :class:`ExchangeLog` goes to ``step_logs``."""
+def validate(recipe, *, devices) -> None:
+    """ValueError unless every global batch splits evenly over the devices."""
     devices = ["cpu"] * devices if isinstance(devices, int) else devices
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % len(devices):
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by "
                              f"{len(devices)} devices")
+
+
+def run(recipe, *, devices, step_logs: list | None = None):
+    """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices") in
+    this one process (threads, no launch); returns a :class:`minipar.check.RunResult`. Each step's
+    :class:`ExchangeLog` goes to ``step_logs``."""
+    validate(recipe, devices=devices)
+    devices = ["cpu"] * devices if isinstance(devices, int) else devices
     # The replica threads are the parallelism: a multi-threaded kernel in each of them would oversubscribe
     # the cores (30x slower on a 2-core machine), so kernels run single-threaded, as on every minipar rank.
     threads = torch.get_num_threads()

@@ -17,19 +17,20 @@ simple, at the price of a copy into a staging buffer around each collective. Bot
 3 · b · Ψ · (N-1)/N per step. ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
 two can be compared step by step.
 
-The mechanism (gather, compute, free; prefetch; reduce-scatter) lives in :mod:`minipar.data.zero`.
+The mechanism (gather, compute, free; prefetch; reduce-scatter) lives in :mod:`minipar.data.zero` and
+:mod:`minipar.data.flat_unit`.
 """
 from __future__ import annotations
 
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import comm
 from ..check import RunResult
 from ..launcher import launch
+from ..loop import mean_over_ranks, shard_batch
 from . import zero
 
-__all__ = ["block_units", "single_unit", "check_units", "fully_shard", "parallel_train", "torch_fsdp2_train",
+__all__ = ["block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
 
 block_units = zero.block_units                 # one unit per transformer block + the root
@@ -40,8 +41,11 @@ def single_unit(model: nn.Module) -> list:
     return [model]
 
 
-def check_units(model: nn.Module, units) -> None:
-    """ValueError unless every trainable parameter belongs to one of the chosen units' modules."""
+def validate(recipe, *, world_size: int, units=block_units, **_) -> None:
+    """ValueError, before any process starts, unless the batch splits over the ranks and every trainable
+    parameter belongs to one of the chosen units' modules."""
+    zero.validate(recipe, world_size=world_size, stage=3)
+    model = recipe.model()
     modules = units(model) if callable(units) else units
     inside = {id(p) for m in modules for p in m.parameters()}
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
@@ -54,17 +58,21 @@ def fully_shard(model: nn.Module, optimizer_factory, units=block_units, group=No
                 prefetch: bool = True) -> zero.ZeRO:
     """Shard ``model`` FSDP-style: ZeRO stage 3 over the units ``units(model)`` (nested units first,
     the root last). Returns the :class:`~minipar.data.zero.ZeRO` object that owns the optimizer."""
-    check_units(model, units)
+    modules = units(model)
+    inside = {id(p) for m in modules for p in m.parameters()}
+    if any(p.requires_grad and id(p) not in inside for p in model.parameters()):
+        raise ValueError("some parameters are in no unit; add the root module to the units")
     return zero.ZeRO(model, optimizer_factory, 3, group, units(model), param_dtype, prefetch)
 
 
-def parallel_train(rank, world_size, recipe, units=block_units, param_dtype=None, prefetch=True,
-                   measure=False):
+def parallel_train(rank, world_size, recipe, *, units=block_units, param_dtype=None, prefetch=True,
+                   observe=None):
     """minipar's FSDP on ``recipe``: ZeRO-3 with the chosen units."""
-    return zero.parallel_train(rank, world_size, recipe, 3, units, param_dtype, prefetch, measure)
+    return zero.parallel_train(rank, world_size, recipe, stage=3, units=units, param_dtype=param_dtype,
+                               prefetch=prefetch, observe=observe)
 
 
-def torch_fsdp2_train(rank, world_size, recipe, units=block_units, steps=None):
+def torch_fsdp2_train(rank, world_size, recipe, *, units=block_units, steps=None):
     """The same training with PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) on the same units."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
@@ -77,18 +85,16 @@ def torch_fsdp2_train(rank, world_size, recipe, units=block_units, steps=None):
     optimizer = recipe.optimizer(model.parameters())
     losses = []
     for inputs, targets in recipe.batches[:steps]:
-        per = len(inputs) // world_size
-        x, y = (t[rank * per:(rank + 1) * per].to(device) for t in (inputs, targets))
+        x, y = (t.to(device) for t in shard_batch((inputs, targets), rank, world_size))
         optimizer.zero_grad()
         loss = recipe.loss(model, x, y)
         loss.backward()
         optimizer.step()
-        losses.append(comm.all_reduce(loss.detach().clone()).item() / world_size)
+        losses.append(mean_over_ranks(loss))
     return RunResult(losses, {n: p.full_tensor().detach().cpu() for n, p in model.named_parameters()})
 
 
-def run(recipe, world_size: int, units=block_units, **kwargs) -> list:
+def run(recipe, *, world_size: int, units=block_units, quiet: bool = True, **config) -> list:
     """Check the configuration in this process, then train on ``world_size`` ranks: per-rank results."""
-    zero.validate(recipe, world_size, 3)
-    check_units(recipe.model(), units)
-    return launch(parallel_train, world_size, recipe, units, quiet=True, **kwargs)
+    validate(recipe, world_size=world_size, units=units)
+    return launch(parallel_train, world_size, recipe, units=units, quiet=quiet, **config)

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..loop import mean_over_ranks, shard_batch
 
-__all__ = ["push_gradients", "pull_weights", "parallel_train", "train", "predicted_bytes_sent"]
+__all__ = ["push_gradients", "pull_weights", "validate", "parallel_train", "run", "predicted_bytes_sent"]
 
 
 def predicted_bytes_sent(rank: int, world_size: int, param_bytes: int, server: int = 0) -> int:
@@ -74,11 +75,10 @@ def _set_grads(params: list, flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
-def parallel_train(rank: int, world_size: int, recipe, server: int = 0, step_log=None):
+def parallel_train(rank: int, world_size: int, recipe, *, server: int = 0, step_log=None):
     """Train ``recipe`` with a parameter server on rank ``server`` (every rank also computes its 1/N of
     the batch). Traffic of the steps goes to ``step_log``; the initial pull and the loss report do not."""
     from ..check import RunResult
-    from .sampler import shard_batch
 
     model = recipe.model().to(recipe.dtype)
     params = list(model.parameters())
@@ -96,15 +96,12 @@ def parallel_train(rank: int, world_size: int, recipe, server: int = 0, step_log
                 _set_grads(params, average)
                 opt.step()
             pull_weights(params, server)
-        report = loss.detach().double()
-        comm.all_reduce(report)
-        losses.append(report.item() / world_size)
+        losses.append(mean_over_ranks(loss.double()))
     return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
 
 
-def train(recipe, world_size: int, server: int = 0, quiet: bool = True) -> list:
-    """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks."""
-    from ..launcher import launch
+def validate(recipe, *, world_size: int, server: int = 0, **_) -> None:
+    """ValueError, before any process starts, for a layout a parameter server cannot run."""
     if world_size < 2:
         raise ValueError(f"a parameter server needs at least 2 ranks, got {world_size}")
     if not 0 <= server < world_size:
@@ -112,4 +109,10 @@ def train(recipe, world_size: int, server: int = 0, quiet: bool = True) -> list:
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % world_size:
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by {world_size} ranks")
-    return launch(parallel_train, world_size, recipe, server, quiet=quiet)
+
+
+def run(recipe, *, world_size: int, server: int = 0, quiet: bool = True) -> list:
+    """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks."""
+    from ..launcher import launch
+    validate(recipe, world_size=world_size, server=server)
+    return launch(parallel_train, world_size, recipe, server=server, quiet=quiet)

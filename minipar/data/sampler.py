@@ -16,7 +16,8 @@ import math
 
 import torch
 
-__all__ = ["DistributedSampler", "shard_batch"]
+
+__all__ = ["DistributedSampler"]
 
 
 class DistributedSampler:
@@ -59,18 +60,3 @@ class DistributedSampler:
 
     def __len__(self) -> int:
         return self.num_samples
-
-
-def shard_batch(batch, rank: int, world_size: int):
-    """Rank ``rank``'s contiguous 1/N of every tensor in ``batch`` (split on dim 0).
-
-    The batch must divide evenly: with unequal shards the mean of the ranks' mean losses is not the
-    global mean loss, and data parallelism would no longer equal one device."""
-    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
-    rows = tensors[0].shape[0]
-    if rows % world_size:
-        raise ValueError(f"a global batch of {rows} rows does not split evenly over {world_size} ranks; "
-                         f"use a batch size divisible by {world_size} (or pad it, as DistributedSampler does)")
-    size = rows // world_size
-    shards = tuple(t[rank * size: (rank + 1) * size] for t in tensors)
-    return shards if isinstance(batch, (tuple, list)) else shards[0]

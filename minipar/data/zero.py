@@ -36,159 +36,18 @@ reduce-scattered gradient is upcast to FP32 before the optimizer sees it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
 from ..check import RunResult
-from ..memory import LiveTensorTracker, tensor_bytes
+from ..loop import mean_over_ranks, shard_batch
+from .flat_unit import FlatUnit
 
-__all__ = ["FlatUnit", "ZeRO", "block_units", "parallel_train", "measure_stages", "validate", "ZeroRunResult",
-           "STAGES"]
+__all__ = ["FlatUnit", "ZeRO", "block_units", "validate", "parallel_train", "run", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
-
-
-class FlatUnit:
-    """One unit's parameters as one padded flat buffer; this rank owns (and the optimizer updates) 1/N."""
-
-    def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None):
-        self.names, self.params, self.group, self.stage = names, params, group, stage
-        self.label = _common_prefix(names)
-        self.on_event = on_event or (lambda kind, unit: None)
-        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.numel = sum(p.numel() for p in params)
-        self.shard_numel = -(-self.numel // self.n)            # S = ceil(numel / N)
-        self.padded_numel = self.shard_numel * self.n          # the last shard carries the padding
-        self.on_alloc = on_alloc or (lambda nbytes: None)
-        master_dtype = params[0].dtype
-        flat = torch.zeros(self.padded_numel, dtype=master_dtype, device=params[0].device)
-        flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p in params])
-        mine = self.owned()
-        compute_dtype = param_dtype or master_dtype
-        if compute_dtype == master_dtype and stage < 3:
-            self.full = flat                                   # FP32: the master shard is a view of it
-            self.master = nn.Parameter(flat[mine])
-        else:
-            self.full = flat.to(compute_dtype)                 # compute copy; FP32 master kept apart
-            self.master = nn.Parameter(flat[mine].clone())
-        offset = 0
-        for p in params:                                       # the module now computes with views of `full`
-            p.data = self.full[offset: offset + p.numel()].view_as(p)
-            offset += p.numel()
-        self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
-        self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
-        if stage == 3:
-            self.free()
-
-    def owned(self) -> slice:
-        """This rank's elements of the flat buffer (everything under stage 0)."""
-        if self.stage == 0:
-            return slice(0, self.padded_numel)
-        return slice(self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel)
-
-    # --- parameters: gather / free (stage 3) and rebuild after the update (stages 0-2) ---------------
-    def gather(self, async_op: bool = False) -> None:
-        """All-gather the shards into the full buffer (re-allocating its storage first)."""
-        if self.gathered:
-            return
-        storage = self.full.untyped_storage()
-        storage.resize_(self.full.numel() * self.full.element_size())
-        self.on_alloc(storage.nbytes())
-        self.on_event("all-gather", self)
-        self.sending = self.master.detach().to(self.full.dtype)    # (kept alive until the gather is done)
-        work = comm.all_gather_into_tensor(self.full, self.sending, group=self.group, async_op=async_op)
-        self.work = work if async_op else None                # (the blocking call returns the tensor)
-        self.gathered = True
-        if not async_op:
-            self.wait()
-
-    def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
-        self.work = self.sending = None
-
-    def free(self) -> None:
-        """Give the full parameters' memory back; the views (and autograd's saved ones) stay, storage-less."""
-        if not self.gathered:
-            return
-        self.wait()
-        storage = self.full.untyped_storage()
-        self.on_alloc(-storage.nbytes())
-        self.on_event("free", self)
-        storage.resize_(0)
-        self.gathered = False
-
-    def refresh_full(self) -> None:
-        """After the optimizer step (stages 0-2): put the updated shards back into every rank's full copy."""
-        if self.stage == 0:
-            if self.full.data_ptr() != self.master.data_ptr():
-                self.full.copy_(self.master.detach())
-            return
-        mine = self.full[self.owned()]
-        if mine.data_ptr() != self.master.data_ptr():
-            mine.copy_(self.master.detach())                   # cast to the compute dtype
-        comm.all_gather_into_tensor(self.full, mine, group=self.group)   # in place: my shard is my piece
-
-    # --- gradients -----------------------------------------------------------------------------------
-    def attach_grads(self) -> None:
-        """Stages 0-1: the module's .grad are views of one persistent flat gradient buffer."""
-        self.full_grad.zero_()
-        offset = 0
-        for p in self.params:
-            p.grad = self.full_grad[offset: offset + p.numel()].view_as(p)
-            offset += p.numel()
-
-    def reduce_full_grad(self) -> None:
-        """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard."""
-        if self.stage == 0:
-            comm.all_reduce(self.full_grad, group=self.group)
-            mine = self.full_grad
-        else:
-            mine = self.full_grad[self.owned()]
-            comm.reduce_scatter_tensor(mine, self.full_grad, group=self.group)
-        self._set_master_grad(mine)
-
-    def reduce_grads_now(self) -> None:
-        """Stages 2-3, when the unit's backward is done: reduce-scatter its gradients, keep only my shard."""
-        pieces = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params]
-        pad = self.padded_numel - self.numel
-        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)])
-        mine = flat.new_empty(self.shard_numel)
-        comm.reduce_scatter_tensor(mine, flat, group=self.group)
-        self.on_event("reduce-scatter", self)
-        for p in self.params:
-            p.grad = None
-        self._set_master_grad(mine)
-        self.reduced = True
-        if self.stage == 3:
-            self.free()
-
-    def _set_master_grad(self, summed) -> None:
-        grad = summed.to(self.master.dtype).div_(self.n)       # mean over ranks = gradient of the global batch
-        if self.master.grad is None or self.stage <= 1:
-            self.master.grad = grad
-        else:
-            self.master.grad += grad
-
-    def on_param_grad(self, _param) -> None:
-        self.grads_ready += 1
-        if self.grads_ready == len(self.params):
-            self.reduce_grads_now()
-
-
-def _common_prefix(names) -> str:
-    """'blocks.0' for a block's parameters; '(root)' when they share no module."""
-    module_paths = [n.split(".")[:-1] for n in names]
-    common = []
-    for level in zip(*module_paths):
-        if len(set(level)) > 1:
-            break
-        common.append(level[0])
-    return ".".join(common) or "(root)"
 
 
 def block_units(model: nn.Module) -> list:
@@ -205,7 +64,7 @@ class ZeRO:
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
-        self.tracker = None                                     # a LiveTensorTracker while measuring
+        self.on_alloc = None          # a measuring observer's callback (minipar.data.zero_measure), or None
         self.events = []                                        # (step, "all-gather"|"free"|..., unit label)
         self.steps_done = 0
         names = {p: n for n, p in model.named_parameters()}
@@ -215,7 +74,7 @@ class ZeRO:
             mine = [p for p in module.parameters() if p not in claimed and p.requires_grad]
             claimed.update(mine)
             if mine:
-                unit = FlatUnit([names[p] for p in mine], mine, group, stage, param_dtype, self._note_alloc,
+                unit = FlatUnit([names[p] for p in mine], mine, group, stage, param_dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)))
                 unit.module = module
                 self.units.append(unit)
@@ -230,24 +89,27 @@ class ZeRO:
                     p.register_post_accumulate_grad_hook(lambda p, u=unit: u.on_param_grad(p))
         if stage == 3:
             for unit in self.units:
-                unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
-                unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
+                unit.module.register_forward_pre_hook(lambda m, a, u=unit: self.before_forward(u))
+                unit.module.register_forward_hook(lambda m, a, out, u=unit: self.after_forward(u, out))
         self.zero_grad()
 
     # --- stage 3: gather, compute, free ---------------------------------------------------------------
-    def _before_forward(self, unit) -> None:
+    def before_forward(self, unit) -> None:
+        """Forward pre-hook of a unit: all-gather its full parameters (and start the next unit's)."""
         unit.gather()
         unit.wait()
         self._prefetch_after(unit, self.forward_order)
 
-    def _after_forward(self, unit, output) -> None:
+    def after_forward(self, unit, output) -> None:
+        """Forward hook of a unit: free the gathered parameters; gather them again when the gradient
+        reaches the unit's output (the start of its backward)."""
         unit.free()
         tensors = [output] if isinstance(output, torch.Tensor) else [t for t in output if torch.is_tensor(t)]
         for t in tensors:
             if t.requires_grad:
-                t.register_hook(lambda grad, u=unit: self._before_backward(u))
+                t.register_hook(lambda grad, u=unit: self.before_backward(u))
 
-    def _before_backward(self, unit) -> None:
+    def before_backward(self, unit) -> None:
         unit.gather()
         unit.wait()
         self._prefetch_after(unit, self.backward_order)
@@ -260,11 +122,10 @@ class ZeRO:
         elif self.prefetch and unit in order and order.index(unit) + 1 < len(order):
             order[order.index(unit) + 1].gather(async_op=True)
 
-    def _note_alloc(self, nbytes: int) -> None:
-        """Storage resized by hand is invisible to the dispatcher: tell the tracker about it."""
-        if self.tracker is not None:
-            self.tracker.current += nbytes
-            self.tracker.peak = max(self.tracker.peak, self.tracker.current)
+    def _allocated(self, nbytes: int) -> None:
+        # Storage resized by hand (gather/free) is invisible to torch's dispatcher: tell an observer.
+        if self.on_alloc is not None:
+            self.on_alloc(nbytes)
 
     # --- the step --------------------------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -303,30 +164,6 @@ class ZeRO:
                 offset += p.numel()
         return out
 
-    def model_state_bytes(self) -> dict:
-        """Live bytes on this rank: compute parameters, gradients, optimizer state (FP32 masters count
-        as parameters when they are the compute copy, as optimizer state under mixed precision)."""
-        params, grads, opt = [], [], []
-        for u in self.units:
-            params.append(u.full)
-            (params if u.master.dtype == u.full.dtype else opt).append(u.master)
-            grads += [g for g in [u.master.grad, u.full_grad, *(p.grad for p in u.params)] if g is not None]
-        for state in self.optimizer.state.values():
-            opt += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
-        return {"params": tensor_bytes(params), "grads": tensor_bytes(grads), "optimizer": tensor_bytes(opt)}
-
-    def measure(self, step_fn):
-        """Run ``step_fn()`` and return (its result, peak live bytes = model states at the start + the
-        peak of what the step allocated, gathered parameters included)."""
-        baseline = sum(self.model_state_bytes().values())
-        self.tracker = LiveTensorTracker()
-        try:
-            with self.tracker:
-                result = step_fn()
-        finally:
-            peak, self.tracker = self.tracker.peak, None
-        return result, baseline + peak
-
     @property
     def numel(self) -> int:
         return sum(u.numel for u in self.units)
@@ -336,16 +173,7 @@ class ZeRO:
         return sum(u.padded_numel for u in self.units)
 
 
-@dataclass
-class ZeroRunResult(RunResult):
-    """A :class:`RunResult` plus what was measured on this rank."""
-    bytes_sent: list = field(default_factory=list)     # per step, from the minipar.comm log
-    memory: dict = field(default_factory=dict)         # model-state bytes after the last step + "peak"
-    numel: int = 0                                     # Ψ
-    padded_numel: int = 0                              # Ψ with each unit padded to a multiple of N
-
-
-def validate(recipe, world_size: int, stage: int) -> None:
+def validate(recipe, *, world_size: int, stage: int, **_) -> None:
     """Raise ValueError for a configuration that cannot run, before any process starts."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -356,16 +184,18 @@ def validate(recipe, world_size: int, stage: int) -> None:
         raise ValueError(f"the global batch of {batch} does not split evenly over {world_size} ranks")
 
 
-def parallel_train(rank, world_size, recipe, stage, units=block_units, param_dtype=None, prefetch=True,
-                   measure=False, group=None):
-    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch."""
-    validate(recipe, world_size, stage)
+def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_dtype=None, prefetch=True,
+                   group=None, observe=None):
+    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch.
+
+    ``observe(zero, step)`` (optional) runs each step — how :mod:`minipar.data.zero_measure` watches the
+    bytes and the memory without living inside the strategy."""
+    validate(recipe, world_size=world_size, stage=stage)
     model = recipe.model().to(recipe.dtype)
     zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch)
-    losses, sent, peak = [], [], 0
-    for inputs, targets in recipe.batches:
-        per = len(inputs) // world_size
-        x, y = inputs[rank * per:(rank + 1) * per], targets[rank * per:(rank + 1) * per]
+    losses = []
+    for batch in recipe.batches:
+        x, y = shard_batch(batch, rank, world_size)
         zero.zero_grad()
 
         def step():
@@ -373,15 +203,13 @@ def parallel_train(rank, world_size, recipe, stage, units=block_units, param_dty
             loss.backward()
             zero.step()
             return loss.detach().float()
-        with comm.recording() as log:
-            loss, step_peak = zero.measure(step) if measure else (step(), 0)
-        sent.append(log.bytes_sent)
-        peak = max(peak, step_peak)
-        losses.append(comm.all_reduce(loss.clone(), group=group).item() / world_size)
-    memory = {**zero.model_state_bytes(), "peak": peak} if measure else {}
-    return ZeroRunResult(losses, zero.full_parameters(), sent, memory, zero.numel, zero.padded_numel)
+        loss = observe(zero, step) if observe is not None else step()
+        losses.append(mean_over_ranks(loss, group))
+    return RunResult(losses, zero.full_parameters())
 
 
-def measure_stages(rank, world_size, recipe, stages=STAGES, units=block_units, param_dtype=None) -> dict:
-    """Every stage in one launch, measured (for tests, tables and figures): {stage: ZeroRunResult}."""
-    return {s: parallel_train(rank, world_size, recipe, s, units, param_dtype, measure=True) for s in stages}
+def run(recipe, *, world_size: int, stage: int, quiet: bool = True, **config) -> list:
+    """Check the configuration, then train on ``world_size`` ranks: per-rank RunResults."""
+    from ..launcher import launch
+    validate(recipe, world_size=world_size, stage=stage)
+    return launch(parallel_train, world_size, recipe, stage=stage, quiet=quiet, **config)

@@ -28,10 +28,11 @@ from torch.func import functional_call
 from ..check import RunResult
 from ..mesh import Mesh, RankMesh
 from .runtime import PipelineRank, synced_clock
-from .schedules import make_schedule, validate
+from . import schedules
+from .schedules import make_schedule
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
-__all__ = ["PipeDreamRank", "PipeDreamRun", "pipedream_train", "check_pipedream", "reference_2bw", "reference_async"]
+__all__ = ["PipeDreamRank", "PipeDreamRun", "validate", "parallel_train", "run", "reference_2bw", "reference_async"]
 
 
 @dataclass
@@ -101,8 +102,9 @@ class PipeDreamRank(PipelineRank):
         self.most_versions = max(self.most_versions, len(versions))
 
 
-def check_pipedream(recipe, p: int, mode: str, m: int) -> None:
+def validate(recipe, *, world_size: int, mode: str = "2bw", m: int = 4, **_) -> None:
     """The constraints, as ValueErrors (call before launching)."""
+    p = world_size
     if mode not in ("2bw", "async"):
         raise ValueError(f"mode must be '2bw' or 'async', got {mode!r}")
     if mode == "2bw" and m < p:
@@ -112,16 +114,16 @@ def check_pipedream(recipe, p: int, mode: str, m: int) -> None:
     if micro < p:
         raise ValueError(f"the 1F1B stream of all micro-batches needs at least p = {p} of them; "
                          f"{recipe.steps} steps give {micro}")
-    validate("1f1b", p, micro, n_layers=len(_layers(recipe.model())[0]))
+    schedules.validate("1f1b", p, micro, n_layers=len(_layers(recipe.model())[0]))
 
 
-def pipedream_train(rank: int, world_size: int, recipe, mode: str = "2bw", m: int = 4, lr: float = 0.1,
-                    mesh: RankMesh | None = None) -> PipeDreamRun:
+def parallel_train(rank: int, world_size: int, recipe, *, mode: str = "2bw", m: int = 4, lr: float = 0.1,
+                   mesh: RankMesh | None = None) -> PipeDreamRun:
     """Train ``recipe`` with PipeDream-2BW (``m`` micro-batches per batch) or asynchronous PipeDream
     (``mode="async"``: every batch is one input, m = 1). One 1F1B schedule over all micro-batches."""
     mesh = mesh or Mesh(world_size, pp=world_size).build(rank)
     p, pp_rank = mesh.size("pp"), mesh.coord("pp")
-    check_pipedream(recipe, p, mode, m)
+    validate(recipe, world_size=p, mode=mode, m=m)
     m = 1 if mode == "async" else m
     inputs = [x for xb, _ in recipe.batches for x in xb.chunk(m)]
     targets = [y for _, yb in recipe.batches for y in yb.chunk(m)]
@@ -139,6 +141,13 @@ def pipedream_train(rank: int, world_size: int, recipe, mode: str = "2bw", m: in
         names = st.param_names
         params.update({names[n]: w.detach().clone() for n, w in runner.versions[s][runner.latest[s]].items()})
     return PipeDreamRun(losses, params, runner.most_versions)
+
+
+def run(recipe, *, world_size: int, mode: str = "2bw", m: int = 4, lr: float = 0.1, quiet: bool = True) -> list:
+    """Check the configuration, then train with PipeDream on ``world_size`` ranks: per-rank runs."""
+    from ..launcher import launch
+    validate(recipe, world_size=world_size, mode=mode, m=m)
+    return launch(parallel_train, world_size, recipe, mode=mode, m=m, lr=lr, quiet=quiet)
 
 
 # ----------------------------------------------------------------------------------------------------

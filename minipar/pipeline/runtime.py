@@ -33,10 +33,11 @@ from .. import comm
 from ..check import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
-from .schedules import Schedule, make_schedule, validate
+from . import schedules
+from .schedules import Schedule, make_schedule
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 
-__all__ = ["PipelineRank", "PipelineRun", "pipeline_train", "launch_pipeline", "check_config", "synced_clock",
+__all__ = ["PipelineRank", "PipelineRun", "parallel_train", "run", "validate", "synced_clock",
            "step_rows", "measured_idle_fraction", "typical_step"]
 
 
@@ -172,7 +173,7 @@ class PipelineRank:
         return float(sum(self.mb_losses[i] for i in sorted(self.mb_losses))) if has_loss else None
 
 
-def pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f1b", m: int = 4, v: int = 1,
+def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b", m: int = 4, v: int = 1,
                    recompute: bool = False, mesh: RankMesh | None = None, track_memory: bool = False,
                    rank_class=PipelineRank) -> PipelineRun:
     """Train ``recipe`` with ``schedule`` on a pipeline of all ranks (or ``mesh``'s pp dimension).
@@ -207,20 +208,21 @@ def pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f1b", m
                        runner.timeline, runner.memory, log.bytes_sent)
 
 
-def check_config(recipe, p: int, schedule: str, m: int, v: int = 1) -> None:
+def validate(recipe, *, world_size: int, schedule: str = "1f1b", m: int = 4, v: int = 1, **_) -> None:
     """Every constraint of a pipeline run, checked before any process starts (ValueError naming it)."""
-    validate(schedule, p, m, v, n_layers=len(_layers(recipe.model())[0]))
+    schedules.validate(schedule, world_size, m, v, n_layers=len(_layers(recipe.model())[0]))
     batch = recipe.batches[0][0].shape[0]
     if batch % m:
         raise ValueError(f"a global batch of {batch} cannot be cut into m={m} equal micro-batches")
 
 
-def launch_pipeline(recipe, p: int, schedule: str = "1f1b", m: int = 4, v: int = 1, quiet: bool = True,
-                    **kwargs) -> list:
-    """Check the configuration, then run :func:`pipeline_train` on ``p`` ranks; return the per-rank runs."""
+def run(recipe, *, world_size: int, schedule: str = "1f1b", m: int = 4, v: int = 1, quiet: bool = True,
+        **config) -> list:
+    """Check the configuration, then run :func:`parallel_train` on ``world_size`` ranks (one stage group
+    each); return the per-rank :class:`PipelineRun`."""
     from ..launcher import launch
-    check_config(recipe, p, schedule, m, v)
-    return launch(pipeline_train, p, recipe, schedule, m, v, quiet=quiet, **kwargs)
+    validate(recipe, world_size=world_size, schedule=schedule, m=m, v=v)
+    return launch(parallel_train, world_size, recipe, schedule=schedule, m=m, v=v, quiet=quiet, **config)
 
 
 def step_rows(runs: list, step: int = -1, kinds=("F", "B", "W", "BW")) -> list:

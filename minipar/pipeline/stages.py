@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..loop import lm_loss
 from ..models import MLP, TinyGPT
 
 __all__ = ["Stage", "split_model", "stage_loss", "boundary_shapes", "assign"]
@@ -105,7 +106,7 @@ def assign(stages: list, p: int, rank: int) -> dict:
 def stage_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The loss on the last stage's output, as :func:`minipar.check.default_loss` computes it."""
     if targets.dtype == torch.long:
-        return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+        return lm_loss(output, targets)
     return F.mse_loss(output, targets)
 
 

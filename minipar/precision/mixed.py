@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..check import Recipe, RunResult
+from ..loop import lm_loss, mean_over_ranks, shard_batch
 from .loss_scaler import DynamicLossScaler, ScaledOptimizer
 
 __all__ = ["MixedPrecision", "fp32_loss", "train_mixed", "underflow_fraction", "small_gradient_case",
@@ -43,7 +44,7 @@ def fp32_loss(model: nn.Module, inputs, targets) -> torch.Tensor:
         inputs = inputs.to(next(model.parameters()).dtype)
     out = model(inputs).float()
     if targets.dtype == torch.long:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+        return lm_loss(out, targets)
     return F.mse_loss(out, targets.float())
 
 
@@ -149,12 +150,6 @@ class MixedRunResult(RunResult):
         self.state_bytes = dict(state_bytes or {})
 
 
-def _mean_loss(loss: float, group) -> float:
-    t = torch.tensor([loss], dtype=torch.float64)
-    comm.all_reduce(t, group=group)          # outside the step's log: reporting only
-    return t.item() / dist.get_world_size(group)
-
-
 def ddp_parallel_train(rank, world_size, recipe, dtype=torch.float16, scaler="auto", group=None,
                        step_log: "comm.CommLog | None" = None) -> RunResult:
     """Mixed precision under :class:`minipar.data.ddp.DistributedDataParallel` with ``comm_dtype=dtype``:
@@ -162,7 +157,6 @@ def ddp_parallel_train(rank, world_size, recipe, dtype=torch.float16, scaler="au
     2·2Ψ·(N-1)/N bytes sent per rank and step instead of 2·4Ψ·(N-1)/N. The averaged gradients are the same
     on every rank, so every rank's scaler takes the same decision without talking."""
     from ..data.ddp import DistributedDataParallel
-    from ..data.sampler import shard_batch
     if isinstance(scaler, dict):                 # scaler settings (a scaler cannot be built before launch)
         scaler = DynamicLossScaler(**scaler)
     mp = MixedPrecision(recipe.model(), recipe.optimizer, dtype, scaler)
@@ -172,7 +166,7 @@ def ddp_parallel_train(rank, world_size, recipe, dtype=torch.float16, scaler="au
         x, y = shard_batch(batch, rank, world_size)
         with comm.recording(step_log if step_log is not None else comm.CommLog()):
             loss, _ = mp.train_step(fp32_loss, x, y, module=ddp)
-        losses.append(_mean_loss(loss, group))
+        losses.append(mean_over_ranks(torch.tensor(loss, dtype=torch.float64), group))
     return MixedRunResult(losses, mp.master_params(), mp.scaler.history if mp.scaler is not None else [])
 
 
@@ -181,8 +175,8 @@ def zero_parallel_train(rank, world_size, recipe, dtype=torch.float16, stage: in
     """Mixed precision under :class:`minipar.data.zero.ZeRO` with ``param_dtype=dtype``: 16-bit compute
     copies and collectives, FP32 master shards and optimizer state (1/N each). The loss scaler wraps the
     optimizer over the shards; its overflow flag is all-reduced because each rank sees only its shard."""
-    from ..data.sampler import shard_batch
     from ..data.zero import ZeRO, block_units
+    from ..data.zero_measure import model_state_bytes
     if scaler == "auto":
         scaler = {} if dtype == torch.float16 else None
     if isinstance(scaler, dict):                 # settings: the group only exists inside the rank
@@ -201,6 +195,6 @@ def zero_parallel_train(rank, world_size, recipe, dtype=torch.float16, stage: in
             loss = fp32_loss(model, x, y)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             zero.step()
-        losses.append(_mean_loss(loss.item(), group))
+        losses.append(mean_over_ranks(torch.tensor(loss.item(), dtype=torch.float64), group))
     return MixedRunResult(losses, zero.full_parameters(), scaler.history if scaler is not None else [],
-                          zero.model_state_bytes())
+                          model_state_bytes(zero))

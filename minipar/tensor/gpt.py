@@ -16,13 +16,12 @@ The group is an argument: the tensor-parallel group of a :class:`minipar.mesh.Ra
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..check import Recipe, RunResult, check_equivalence
+from ..launcher import launch
+from ..loop import lm_loss
 from ..mesh import Mesh
 from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, TensorParallelAttention,
                      TensorParallelMLP, dropout)
@@ -30,12 +29,12 @@ from .operators import all_gather_dim, tp_rank, tp_size
 from .sequence import sync_sequence_parallel_grads
 from .vocab import VocabParallelEmbedding, pad_rows, padded_vocab_size, vocab_parallel_cross_entropy
 
-__all__ = ["check_tp_config", "TensorParallelBlock", "TensorParallelGPT", "lm_loss", "parallel_train",
-           "run_tensor_parallel"]
+__all__ = ["validate", "TensorParallelBlock", "TensorParallelGPT", "smoothed_recipe", "parallel_train", "run",
+           "compare_to_one_device"]
 
 
-def check_tp_config(cfg, tp: int, seq_len: int | None = None, sequence_parallel: bool = False) -> None:
-    """Raise a ValueError (before any process starts) if ``cfg`` cannot be split ``tp`` ways."""
+def validate(cfg, *, tp: int, seq_len: int | None = None, sequence_parallel: bool = False) -> None:
+    """Raise a ValueError (before any process starts) if the model ``cfg`` cannot be split ``tp`` ways."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp!r}")
     for what, size in (("n_head (attention heads)", cfg.n_head), ("n_embd (hidden size)", cfg.n_embd),
@@ -67,7 +66,7 @@ class TensorParallelGPT(nn.Module):
     def __init__(self, ref, group, sequence_parallel: bool = False, seed: int = 0):
         super().__init__()
         cfg, t = ref.cfg, tp_size(group)
-        check_tp_config(cfg, t)
+        validate(cfg, tp=t)
         self.cfg, self.group, self.sequence_parallel = cfg, group, sequence_parallel
         self.streams = DropoutStreams(seed, group, ref.tok_emb.weight.device)
         self.tok_emb = VocabParallelEmbedding(ref.tok_emb, group, sequence_parallel)
@@ -136,14 +135,15 @@ def _gather_rows(shard, group, parts):
     return torch.cat([torch.cat([g.chunk(parts)[i] for g in gathered]) for i in range(parts)])
 
 
-def lm_loss(model, inputs, targets, label_smoothing: float = 0.0):
-    """The single-device loss with the same label smoothing."""
-    logits = model(inputs)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           label_smoothing=label_smoothing)
+def smoothed_recipe(recipe: Recipe, label_smoothing: float) -> Recipe:
+    """``recipe`` whose single-device loss uses the same label smoothing as the parallel run."""
+    if not label_smoothing:
+        return recipe
+    loss = lambda model, x, y: lm_loss(model(x), y, label_smoothing)  # noqa: E731
+    return Recipe(recipe.model, recipe.batches, recipe.optimizer, loss, recipe.dtype, recipe.name)
 
 
-def parallel_train(rank, world_size, recipe: Recipe, sequence_parallel: bool = False,
+def parallel_train(rank, world_size, recipe: Recipe, *, sequence_parallel: bool = False,
                    label_smoothing: float = 0.0, group=None) -> RunResult:
     """Train ``recipe`` (a TinyGPT) tensor-parallel; every rank of the group gets the whole batch.
     ``group`` defaults to a tensor-parallel group over all ranks (``Mesh(world_size, tp=world_size)``)."""
@@ -162,16 +162,24 @@ def parallel_train(rank, world_size, recipe: Recipe, sequence_parallel: bool = F
     return RunResult(losses, model.full_state_dict())
 
 
-def run_tensor_parallel(recipe: Recipe, tp: int, sequence_parallel: bool = False,
-                        label_smoothing: float = 0.0, **check_kwargs):
-    """Validate, then train with TP (± SP) on ``tp`` ranks and compare with one device
+def run(recipe: Recipe, *, world_size: int, sequence_parallel: bool = False, label_smoothing: float = 0.0,
+        quiet: bool = True) -> list:
+    """Validate, then train with TP (± SP) on ``world_size`` ranks: per-rank RunResults."""
+    validate(recipe.model().cfg, tp=world_size, seq_len=recipe.batches[0][0].shape[1],
+             sequence_parallel=sequence_parallel)
+    return launch(parallel_train, world_size, recipe, sequence_parallel=sequence_parallel,
+                  label_smoothing=label_smoothing, quiet=quiet)
+
+
+def compare_to_one_device(recipe: Recipe, *, world_size: int, sequence_parallel: bool = False,
+                          label_smoothing: float = 0.0, **check_kwargs):
+    """Validate, train with TP (± SP) and compare with one device training the same loss
     (:func:`minipar.check.check_equivalence`). Returns the :class:`~minipar.check.Comparison`."""
-    check_tp_config(recipe.model().cfg, tp, recipe.batches[0][0].shape[1], sequence_parallel)
-    if label_smoothing:
-        recipe = Recipe(recipe.model, recipe.batches, recipe.optimizer,
-                        functools.partial(lm_loss, label_smoothing=label_smoothing), recipe.dtype, recipe.name)
-    return check_equivalence(parallel_train, tp, recipe, sequence_parallel=sequence_parallel,
-                             label_smoothing=label_smoothing, **check_kwargs)
+    validate(recipe.model().cfg, tp=world_size, seq_len=recipe.batches[0][0].shape[1],
+             sequence_parallel=sequence_parallel)
+    return check_equivalence(parallel_train, world_size, smoothed_recipe(recipe, label_smoothing),
+                             sequence_parallel=sequence_parallel, label_smoothing=label_smoothing,
+                             **check_kwargs)
 
 
 def measure_layer(rank, world_size, cfg, batch_size: int, seq_len: int, sequence_parallel: bool = False,

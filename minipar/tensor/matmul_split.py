@@ -31,9 +31,9 @@ from .. import comm
 from ..check import Recipe, RunResult
 from ..launcher import launch
 
-__all__ = ["SPLITS", "shard_sizes", "shard", "check_split", "gather_pieces",
+__all__ = ["SPLITS", "shard_sizes", "shard", "validate", "gather_pieces",
            "data_forward", "data_backward", "column_forward", "column_backward", "row_forward", "row_backward",
-           "run_split", "launch_splits", "predicted_bytes", "Matmul", "matmul_recipe", "parallel_train"]
+           "run_split", "run", "predicted_bytes", "Matmul", "matmul_recipe", "parallel_train"]
 
 SPLITS = ("data", "column", "row")
 # which tensor each split cuts, along which dimension (x: B×K, w: K×M)
@@ -50,7 +50,7 @@ def shard(t: torch.Tensor, dim: int, rank: int, n: int) -> torch.Tensor:
     return torch.tensor_split(t, n, dim=dim)[rank].clone()
 
 
-def check_split(split: str, x_shape, w_shape, n: int) -> None:
+def validate(split: str, x_shape, w_shape, *, world_size: int) -> None:
     """ValueError (before any process starts) unless ``split`` can give every one of ``n`` ranks a piece."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -58,8 +58,9 @@ def check_split(split: str, x_shape, w_shape, n: int) -> None:
     if k != k2:
         raise ValueError(f"x is {b}×{k} but w is {k2}×{m}: inner dimensions differ")
     size = {"data": b, "column": m, "row": k}[split]
-    if n > size:
-        raise ValueError(f"the {split} split cuts a dimension of size {size}: it cannot give {n} ranks a piece each")
+    if world_size > size:
+        raise ValueError(f"the {split} split cuts a dimension of size {size}: it cannot give {world_size} "
+                         f"ranks a piece each")
 
 
 def gather_pieces(piece: torch.Tensor, dim: int, full_size: int, group=None) -> torch.Tensor:
@@ -162,11 +163,11 @@ def _run_splits(rank, world_size, splits, x, w, dy):
     return {s: run_split(rank, world_size, s, x, w, dy) for s in splits}
 
 
-def launch_splits(world_size: int, x, w, dy, splits=SPLITS) -> list:
+def run(x, w, dy, *, world_size: int, splits=SPLITS) -> list:
     """:func:`run_split` for each of ``splits`` on ``world_size`` ranks; per rank ``{split: result}``.
     Refuses a split that cannot give every rank a piece with a ValueError, before any process starts."""
     for s in splits:
-        check_split(s, tuple(x.shape), tuple(w.shape), world_size)
+        validate(s, tuple(x.shape), tuple(w.shape), world_size=world_size)
     return launch(_run_splits, world_size, tuple(splits), x, w, dy, quiet=True)
 
 
@@ -205,7 +206,7 @@ def matmul_recipe(b: int = 4, k: int = 5, m: int = 8, steps: int = 3, seed: int 
                   loss=lambda model, x, t: F.mse_loss(model(x), t), dtype=dtype, name=f"matmul {b}x{k}x{m}")
 
 
-def parallel_train(rank, world_size, recipe: Recipe, split: str, group=None) -> RunResult:
+def parallel_train(rank, world_size, recipe: Recipe, *, split: str, group=None) -> RunResult:
     """Train ``recipe`` (a :func:`matmul_recipe`) with ``split``: hand-written forward and backward, the
     optimizer on this rank's piece of w only. Loss = mean((y - t)²); ``dy = 2 (y - t) / (B·M)`` is computed
     on each rank's own piece of y, the loss itself by summing the pieces' squared errors (one scalar)."""

@@ -33,7 +33,7 @@ __all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "a
            "activation_bytes_formula", "uncounted_bytes", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
 
 
-class _GatheredInputLinear(torch.autograd.Function):
+class GatheredInputLinear(torch.autograd.Function):
     """``Y = AG(X_shard) Wᵀ + b``, saving only ``X_shard`` for backward."""
 
     @staticmethod
@@ -55,7 +55,7 @@ class _GatheredInputLinear(torch.autograd.Function):
 
 def column_linear_sequence_parallel(x_shard, weight, bias, group):
     """The column-parallel matmul on a sequence shard: all-gather in, sequence-shard-only memory."""
-    return _GatheredInputLinear.apply(x_shard, weight, bias, group)
+    return GatheredInputLinear.apply(x_shard, weight, bias, group)
 
 
 def sync_sequence_parallel_grads(params, group) -> None:

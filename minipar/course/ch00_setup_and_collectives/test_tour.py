@@ -1,0 +1,126 @@
+"""Chapter 00 tour rows: every collective and hand-written ring on 4 ranks equals the one-process result,
+and the bytes measured in the communication log equal the formula.
+
+Tolerances: data movement (broadcast, scatter, gather, all-gather, all-to-all, send/recv, ring all-gather)
+must be bit-identical (max |diff| == 0); sums may differ from the one-process sum by float32 rounding of
+the different order of additions (max |diff| <= 1e-5 for four N(0,1) values). Bytes: exact equality.
+"""
+import json
+
+import pytest
+import torch
+
+from minipar.course.ch00_setup_and_collectives import tour as ch00
+
+REQUIRED = ["broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter",
+            "all_to_all", "send/recv", "ring all_reduce", "ring all_gather", "ring reduce_scatter"]
+KEYS = {"strategy", "world_size", "matches", "max_abs_diff", "bytes_sent_per_rank", "bytes_formula",
+        "peak_bytes_per_rank"}
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {name: run() for name, run in ch00.STRATEGIES}
+
+
+def test_every_collective_has_a_row(rows):
+    assert list(rows) == REQUIRED
+
+
+def test_rows_match_one_process_and_bytes_equal_formula(rows):
+    for name, row in rows.items():
+        assert row.world_size == 4, name
+        assert row.matches, (name, row.max_abs_diff)
+        limit = 0.0 if ch00.COLLECTIVES[name].exact else ch00.SUM_ATOL
+        assert row.max_abs_diff <= limit, (name, row.max_abs_diff)
+        assert row.bytes_sent_per_rank == row.bytes_formula, (name, row.bytes_sent_per_rank, row.bytes_formula)
+        assert row.bytes_sent_per_rank > 0, name  # every operation moves something on 4 ranks
+
+
+def test_ring_rows_against_closed_form(rows):
+    s, n = ch00.PAYLOAD_BYTES, 4
+    assert rows["ring all_reduce"].bytes_sent_per_rank == 2 * (n - 1) / n * s
+    assert rows["ring all_gather"].bytes_sent_per_rank == (n - 1) / n * s
+    assert rows["ring reduce_scatter"].bytes_sent_per_rank == (n - 1) / n * s
+
+
+def test_comparison_rejects_wrong_results():
+    """The check can fail: a rank holding another rank's piece, a missing result, a wrong shape."""
+    numel = 16
+    expected = ch00.expected_outputs("reduce_scatter", 4, numel)
+    swapped = [expected[1], expected[0]] + expected[2:]
+    assert ch00.compare_outputs(swapped, expected) > ch00.SUM_ATOL
+    assert ch00.compare_outputs([None] + expected[1:], expected) == float("inf")
+    total = ch00.expected_outputs("all_reduce", 4, numel)
+    assert ch00.compare_outputs(total, expected) == float("inf")  # full sum where a shard is due
+    # a "ring all-reduce" that stopped after its reduce-scatter half leaves zeros in the other chunks
+    half = [torch.cat([c if i == r else torch.zeros_like(c) for i, c in enumerate(t.chunk(4))])
+            for r, t in enumerate(total)]
+    assert ch00.compare_outputs(half, total) > 1.0
+
+
+def test_small_values_are_exact_and_readable():
+    outcome = ch00.run_collectives(4, ["all_reduce", "gather", "all_to_all"], numel=8, values="small")
+    assert outcome["all_reduce"][0]["before"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert outcome["all_reduce"][3]["after"].tolist() == [64 + 4 * i for i in range(8)]
+    assert outcome["gather"][0]["after"].tolist() == [1, 2, 11, 12, 21, 22, 31, 32]
+    assert outcome["gather"][1]["after"] is None
+    assert outcome["all_to_all"][1]["after"].tolist() == [3, 4, 13, 14, 23, 24, 33, 34]
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_ring_vs_root_traffic(n):
+    numel = 1200
+    s = numel * 4
+    traffic = ch00.busiest_rank_traffic(n, numel)
+    for pattern in ("ring", "root"):
+        assert traffic[pattern]["max_abs_diff"] <= ch00.SUM_ATOL, pattern
+    assert traffic["ring"]["sent"] == [2 * (n - 1) * s // n] * n
+    assert traffic["root"]["sent"] == [(n - 1) * s] + [s] * (n - 1)
+    assert traffic["root"]["received"][0] == (n - 1) * s
+    assert sum(traffic["ring"]["sent"]) == sum(traffic["root"]["sent"])  # same total, different peak
+
+
+def test_bad_input_is_refused_before_launch():
+    with pytest.raises(ValueError, match="divide evenly"):
+        ch00.run_collectives(4, ["all_reduce"], numel=10)
+    with pytest.raises(ValueError, match="unknown operations"):
+        ch00.run_collectives(4, ["allreduce"], numel=8)
+    with pytest.raises(ValueError, match="at most 9"):
+        ch00.run_collectives(4, ["all_reduce"], numel=12, values="small")
+
+
+def test_tour_json_for_ring_rows(capsys):
+    """``python -m minipar tour --json -k ring``, through the same entry point, in this process."""
+    from minipar.__main__ import main
+    code = main(["tour", "--json", "-k", "ring"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [r["strategy"] for r in rows] == ["ring all_reduce", "ring all_gather", "ring reduce_scatter"]
+    for r in rows:
+        assert KEYS <= set(r), r
+        assert r["world_size"] == 4 and r["matches"] is True
+        assert r["bytes_sent_per_rank"] == r["bytes_formula"]
+        assert r["peak_bytes_per_rank"] is None
+
+
+def test_figures_are_drawn_from_the_run(tmp_path):
+    """The chapter's diagrams come from the tensors the ranks returned (the sums 64..92 of the small inputs
+    appear as cell labels), and the traffic plot from measured bytes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from minipar.course.ch00_setup_and_collectives import figures as fig00
+
+    outcomes = ch00.run_collectives(4, fig00.DIAGRAM_OPS, numel=8, values="small")
+    figure = fig00.collectives_figure(outcomes)
+    labels = {t.get_text() for ax in figure.axes for t in ax.texts}
+    assert {"64", "92", "38"} <= labels and "— (nothing defined)" in labels
+    plt.close(figure)
+    sweep = fig00.traffic_sweep((2, 3), numel=48)
+    figure = fig00.plot_traffic(sweep, 48 * 4)
+    measured_root = figure.axes[0].lines[0].get_ydata().tolist()
+    assert measured_root == [1.0, 2.0]  # (N-1) S for N = 2, 3, read back from the plotted data
+    figure.savefig(tmp_path / "traffic.png")
+    plt.close(figure)

@@ -1,0 +1,1 @@
+"""Chapter 02: data parallelism, DP → parameter server → DDP."""

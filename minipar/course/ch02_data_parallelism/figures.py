@@ -1,0 +1,96 @@
+"""Chapter 02 pictures, from real runs on 4 ranks.
+
+* ``02_ddp_timeline.png``: one DDP training step per rank, on a time axis shared by the ranks: forward,
+  backward (a tick where each gradient became ready) and each bucket's all-reduce from its launch to its
+  completion (recorded by :class:`minipar.data.ddp.Reducer`'s timeline and the work's completion callback).
+  Buckets launched before backward ends are communication overlapped with compute.
+"""
+from __future__ import annotations
+
+import time
+
+__all__ = ["ddp_timeline", "draw_timeline", "overlap_fraction", "FIGURES"]
+
+
+def _timeline_rank(rank, world_size, layers, embd, batch, seq, bucket_bytes, warmup):
+    import torch.distributed as dist
+    from minipar.loop import lm_loss
+    from minipar.course.bench import model_and_batch
+    from minipar.data import ddp
+    from minipar.loop import shard_batch
+
+    make, batch_ = model_and_batch(layers, embd, batch, seq)
+    x, y = shard_batch(batch_, rank, world_size)
+    events: list = []
+    model = ddp.DistributedDataParallel(make(), bucket_bytes=bucket_bytes, timeline=events)
+    for i in range(warmup + 1):
+        events.clear()
+        dist.barrier()
+        origin = time.perf_counter()  # ranks leave the barrier within microseconds of each other
+        t0 = time.perf_counter()
+        logits = model(x)
+        loss = lm_loss(logits, y)
+        t1 = time.perf_counter()
+        loss.backward()  # returns once every bucket is reduced and written back
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+    time.sleep(0.05)  # let the last completion callbacks land
+    spans = [("forward", "forward", t0, t1), ("backward", "backward", t1, t2)]
+    # (a completion callback of the previous step may land late: keep only this step's events)
+    return [(k, label, a - origin, b - origin) for k, label, a, b in spans + list(events) if a >= origin]
+
+
+def ddp_timeline(world_size=4, layers=4, embd=128, batch=16, seq=64, bucket_bytes=256 * 1024, warmup=2):
+    """Per rank: [(kind, label, start s, end s)] of one DDP step (kinds forward/backward/grad/comm)."""
+    from minipar.launcher import launch
+    return launch(_timeline_rank, world_size, layers, embd, batch, seq, bucket_bytes, warmup, quiet=True)
+
+
+def overlap_fraction(events) -> float:
+    """Share of the communication time (launch to completion, summed over buckets) spent while this rank
+    was still computing gradients (before its last gradient was ready): communication hidden by compute."""
+    compute_end = max(a for k, _, a, _ in events if k == "grad")
+    comm = [(a, b) for k, _, a, b in events if k == "comm"]
+    total = sum(b - a for a, b in comm)
+    hidden = sum(max(0.0, min(b, compute_end) - a) for a, b in comm)
+    return hidden / total if total else 0.0
+
+
+def draw_timeline(per_rank, ax=None):
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * len(per_rank)))
+    colours = {"forward": "#4C72B0", "backward": "#55A868"}
+    for rank, events in enumerate(per_rank):
+        y = len(per_rank) - 1 - rank
+        for kind, label, a, b in events:
+            ms = (a * 1e3, (b - a) * 1e3)
+            if kind in colours:
+                ax.broken_barh([ms], (y + 0.45, 0.4), color=colours[kind], alpha=0.8)
+            elif kind == "grad":
+                ax.plot([a * 1e3] * 2, [y + 0.45, y + 0.85], color="black", lw=0.5)
+            elif kind == "comm":
+                i = int(label.split()[-1])
+                ax.broken_barh([ms], (y + 0.05 + 0.3 * (i % 2) / 2, 0.2), color="#C44E52", alpha=0.7)
+        ax.text(-0.5, y + 0.5, f"rank {rank}", ha="right", va="center", fontsize=8)
+    ax.set_yticks([])
+    ax.set_xlabel("ms since the step began")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=colours["forward"], label="forward"),
+                       Patch(color=colours["backward"], label="backward (ticks: a gradient ready)"),
+                       Patch(color="#C44E52", label="a bucket's all-reduce, launch → done")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+    ax.set_title("DDP: buckets are all-reduced while backward is still running", fontsize=10)
+    return ax.figure
+
+
+def _make_timeline(path):
+    import matplotlib.pyplot as plt
+    per_rank = ddp_timeline()
+    fig = draw_timeline(per_rank)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+FIGURES = {"02_ddp_timeline.png": _make_timeline}

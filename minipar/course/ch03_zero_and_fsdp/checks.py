@@ -1,0 +1,138 @@
+"""Checks for chapter 03's exercises: the ZeRO-1 optimizer step on a shard, and the gather-compute-free
+pattern of a ZeRO-3 unit. Both run the learner's function on 4 ranks through :mod:`minipar.comm`, compare
+the numbers with one process doing the same maths, and compare the bytes each rank sent (and, for the
+unit, the bytes still alive afterwards) with what the pattern should cost.
+"""
+from __future__ import annotations
+
+import torch
+
+from minipar import comm
+from minipar.memory import LiveTensorTracker
+from minipar.course.checks import fail, run_on_ranks
+
+__all__ = ["zero1_problem", "check_zero1_step", "unit_problem", "check_gather_compute_free"]
+
+WORLD_SIZE = 4
+
+
+def zero1_problem(world_size: int = WORLD_SIZE, numel: int = 24, seed: int = 0):
+    """(initial flat parameters, [local gradient of rank r] per rank), numel a multiple of world_size."""
+    g = torch.Generator().manual_seed(seed)
+    params = torch.randn(numel, generator=g)
+    grads = [torch.randn(numel, generator=g) for _ in range(world_size)]
+    return params, grads
+
+
+def _zero1_rank(rank, world_size, zero1_step, params, grads, runs):
+    """Each (optimizer, steps) in ``runs`` from the same start: [(final full params, bytes sent per step)]."""
+    out = []
+    for optimizer_name, steps in runs:
+        full = params.clone()
+        shard_numel = full.numel() // world_size
+        shard = torch.nn.Parameter(full[rank * shard_numel:(rank + 1) * shard_numel].clone())
+        optimizer = _optimizer(optimizer_name, [shard])
+        with comm.recording() as log:
+            for _ in range(steps):
+                zero1_step(full, grads[rank].clone(), shard, optimizer)
+        out.append((full, log.bytes_sent / steps))
+    return out
+
+
+def _optimizer(name, params):
+    return torch.optim.SGD(params, lr=0.1) if name == "sgd" else torch.optim.Adam(params, lr=0.1)
+
+
+def _zero1_reference(params, grads, optimizer_name, steps):
+    p = torch.nn.Parameter(params.clone())
+    optimizer = _optimizer(optimizer_name, [p])
+    for _ in range(steps):
+        p.grad = sum(grads) / len(grads)
+        optimizer.step()
+    return p.detach()
+
+
+def check_zero1_step(zero1_step) -> None:
+    """``zero1_step(full_params, local_grads, shard, optimizer)`` on 4 ranks, SGD then Adam."""
+    params, grads = zero1_problem()
+    n, nbytes = WORLD_SIZE, params.numel() * params.element_size()
+    runs = (("sgd", 1), ("adam", 3))
+    per_rank = run_on_ranks(_zero1_rank, n, zero1_step, params, grads, runs, what="zero1_step", timeout=45)
+    for i, (name, steps) in enumerate(runs):
+        got = [r[i] for r in per_rank]
+        want = _zero1_reference(params, grads, name, steps)
+        for rank, (full, _) in enumerate(got):
+            if torch.allclose(full, want, atol=1e-5):
+                continue
+            lo, hi = rank * (params.numel() // n), (rank + 1) * (params.numel() // n)
+            mine_right = torch.allclose(full[lo:hi], want[lo:hi], atol=1e-5)
+            if mine_right:
+                mistake = ("only your own shard is updated: after the optimizer step, all-gather the shards "
+                           "into full_params so every rank has every updated parameter")
+            elif name == "sgd" and torch.allclose(full, params - 0.1 * sum(grads), atol=1e-5):
+                mistake = ("the gradient is the sum over ranks, not the mean: divide the reduce-scattered "
+                           "shard by the number of ranks")
+            elif name == "sgd" and torch.allclose(full[lo:hi], (params - 0.1 * grads[rank])[lo:hi], atol=1e-5):
+                mistake = "each rank used its own gradient: reduce-scatter the local gradients first"
+            else:
+                mistake = ("reduce-scatter local_grads into a shard-sized tensor, divide by N, set it as "
+                           "shard.grad, optimizer.step(), then all-gather shard into full_params")
+            fail(f"zero1_step with {name.upper()}: the parameters on rank {rank} after {steps} step(s)",
+                 want[:6].tolist(), full[:6].tolist(), mistake)
+        want_bytes = 2 * (n - 1) / n * nbytes
+        sent = got[0][1]
+        if sent > want_bytes * 1.01:
+            fail("zero1_step: bytes rank 0 sent per step", f"{want_bytes:.0f} (reduce-scatter + all-gather, "
+                 f"the same as DDP's all-reduce)", f"{sent:.0f}",
+                 "an all-reduce of the whole gradient costs 2(N-1)/N·S by itself; ZeRO-1 needs only "
+                 "a reduce-scatter (each rank gets the sum of its own shard) before the all-gather")
+    print(f"zero1_step: right on {n} ranks with SGD and Adam, {want_bytes:.0f} bytes sent per rank per step "
+          f"(= DDP's all-reduce)")
+
+
+def unit_problem(out_features: int = 5, in_features: int = 7, world_size: int = WORLD_SIZE, seed: int = 0):
+    """(weight (out, in), x (3, in), the shards: weight flattened, padded to a multiple of N, cut in N)."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=g)
+    x = torch.randn(3, in_features, generator=g)
+    shard_numel = -(-weight.numel() // world_size)
+    flat = torch.zeros(shard_numel * world_size)
+    flat[: weight.numel()] = weight.reshape(-1)
+    return weight, x, list(flat.chunk(world_size))
+
+
+def _unit_rank(rank, world_size, unit_forward, shards, out_features, in_features, x):
+    tracker = LiveTensorTracker()
+    with comm.recording() as log, tracker:
+        y = unit_forward(shards[rank].clone(), out_features, in_features, x)
+    out_bytes = y.numel() * y.element_size() if isinstance(y, torch.Tensor) else 0
+    alive = tracker.settle(at_most=out_bytes)    # after the call: what the function left behind
+    return y, log.bytes_sent, alive, tracker.peak
+
+
+def check_gather_compute_free(unit_forward) -> None:
+    """``unit_forward(weight_shard, out_features, in_features, x)`` -> x @ Wᵀ, gathering W and freeing it."""
+    weight, x, shards = unit_problem()
+    n = WORLD_SIZE
+    full_bytes = sum(s.numel() for s in shards) * 4
+    got = run_on_ranks(_unit_rank, n, unit_forward, shards, *weight.shape, x, what="unit_forward",
+                       timeout=45)
+    want = x @ weight.t()
+    for rank, (y, sent, alive, _) in enumerate(got):
+        if not (isinstance(y, torch.Tensor) and y.shape == want.shape and torch.allclose(y, want, atol=1e-5)):
+            fail(f"unit_forward on rank {rank}", want[0].tolist(),
+                 y[0].tolist() if isinstance(y, torch.Tensor) and y.dim() == 2 else repr(y)[:200],
+                 "all-gather the shards into one flat tensor of N·len(shard), drop the padding "
+                 "([:out_features * in_features]), view it as (out_features, in_features), return x @ w.t()")
+        if sent > (n - 1) / n * full_bytes * 1.01:
+            fail("unit_forward: bytes sent per rank", f"{(n - 1) / n * full_bytes:.0f} (one all-gather)",
+                 f"{sent:.0f}", "rebuilding the weight with an all-reduce of a zero-padded buffer costs twice "
+                 "an all-gather: use comm.all_gather_into_tensor")
+        leftover = alive - y.numel() * y.element_size()
+        if leftover >= full_bytes // 2:
+            fail("unit_forward: bytes still alive after it returned (besides the output)",
+                 "≈ 0: the gathered weight is freed once the output is computed", f"{leftover}",
+                 "the full weight is kept somewhere (a global, a cache, an attribute): ZeRO-3's point is "
+                 "that only the shard survives the unit")
+    print(f"unit_forward: right on {n} ranks; one all-gather ({(n - 1) / n * full_bytes:.0f} B sent), "
+          f"gathered weight freed after use (peak {got[0][3]} B, left behind {got[0][2]} B = the output)")

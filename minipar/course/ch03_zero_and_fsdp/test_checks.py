@@ -1,0 +1,127 @@
+"""Chapter 03 checks: each accepts the right answer and rejects the stub and the plausible wrong ones here."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from minipar import comm
+from minipar.course.checks import ExerciseError
+from minipar.course.ch03_zero_and_fsdp import checks as ch03
+
+
+def zero1_right(full_params, local_grads, shard, optimizer):
+    n = dist.get_world_size()
+    summed = torch.empty_like(shard)
+    comm.reduce_scatter_tensor(summed, local_grads)
+    shard.grad = summed / n
+    optimizer.step()
+    comm.all_gather_into_tensor(full_params, shard.detach())
+
+
+def zero1_stub(full_params, local_grads, shard, optimizer):
+    raise NotImplementedError()
+
+
+def zero1_no_mean(full_params, local_grads, shard, optimizer):
+    summed = torch.empty_like(shard)
+    comm.reduce_scatter_tensor(summed, local_grads)
+    shard.grad = summed
+    optimizer.step()
+    comm.all_gather_into_tensor(full_params, shard.detach())
+
+
+def zero1_no_gather(full_params, local_grads, shard, optimizer):
+    n, r = dist.get_world_size(), dist.get_rank()
+    summed = torch.empty_like(shard)
+    comm.reduce_scatter_tensor(summed, local_grads)
+    shard.grad = summed / n
+    optimizer.step()
+    full_params[r * shard.numel():(r + 1) * shard.numel()] = shard.detach()
+
+
+def zero1_all_reduce(full_params, local_grads, shard, optimizer):
+    n, r = dist.get_world_size(), dist.get_rank()
+    comm.all_reduce(local_grads)
+    shard.grad = local_grads[r * shard.numel():(r + 1) * shard.numel()] / n
+    optimizer.step()
+    comm.all_gather_into_tensor(full_params, shard.detach())
+
+
+def zero1_local_grads(full_params, local_grads, shard, optimizer):
+    r = dist.get_rank()
+    shard.grad = local_grads[r * shard.numel():(r + 1) * shard.numel()].clone()
+    optimizer.step()
+    comm.all_gather_into_tensor(full_params, shard.detach())
+
+
+def unit_right(weight_shard, out_features, in_features, x):
+    n = dist.get_world_size()
+    full = torch.empty(n * weight_shard.numel())
+    comm.all_gather_into_tensor(full, weight_shard)
+    w = full[: out_features * in_features].view(out_features, in_features)
+    y = x @ w.t()
+    del full, w
+    return y
+
+
+def unit_stub(weight_shard, out_features, in_features, x):
+    raise NotImplementedError()
+
+
+KEPT = []
+
+
+def unit_keeps_weight(weight_shard, out_features, in_features, x):
+    n = dist.get_world_size()
+    full = torch.empty(n * weight_shard.numel())
+    comm.all_gather_into_tensor(full, weight_shard)
+    KEPT.append(full)                                   # "cache it for the backward"
+    return x @ full[: out_features * in_features].view(out_features, in_features).t()
+
+
+def unit_all_reduce(weight_shard, out_features, in_features, x):
+    n, r = dist.get_world_size(), dist.get_rank()
+    full = torch.zeros(n * weight_shard.numel())
+    full[r * weight_shard.numel():(r + 1) * weight_shard.numel()] = weight_shard
+    comm.all_reduce(full)
+    return x @ full[: out_features * in_features].view(out_features, in_features).t()
+
+
+def unit_only_own_shard(weight_shard, out_features, in_features, x):
+    n = dist.get_world_size()
+    full = torch.zeros(n * weight_shard.numel())
+    full[: weight_shard.numel()] = weight_shard
+    return x @ full[: out_features * in_features].view(out_features, in_features).t()
+
+
+def test_zero1_accepts_the_right_answer(capsys):
+    ch03.check_zero1_step(zero1_right)
+    assert "right" in capsys.readouterr().out
+
+
+def test_zero1_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        ch03.check_zero1_step(zero1_stub)
+
+
+@pytest.mark.parametrize("wrong, words", [(zero1_no_mean, "mean"), (zero1_no_gather, "all-gather"),
+                                          (zero1_all_reduce, "all-reduce"), (zero1_local_grads, "own gradient")])
+def test_zero1_rejects_wrong_answers(wrong, words):
+    with pytest.raises(ExerciseError, match=words):
+        ch03.check_zero1_step(wrong)
+
+
+def test_unit_accepts_the_right_answer(capsys):
+    ch03.check_gather_compute_free(unit_right)
+    assert "right" in capsys.readouterr().out
+
+
+def test_unit_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        ch03.check_gather_compute_free(unit_stub)
+
+
+@pytest.mark.parametrize("wrong, words", [(unit_keeps_weight, "kept"), (unit_all_reduce, "twice"),
+                                          (unit_only_own_shard, "all-gather the shards")])
+def test_unit_rejects_wrong_answers(wrong, words):
+    with pytest.raises(ExerciseError, match=words):
+        ch03.check_gather_compute_free(wrong)

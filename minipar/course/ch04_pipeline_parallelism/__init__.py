@@ -1,0 +1,1 @@
+"""Chapter 04: pipeline parallelism."""

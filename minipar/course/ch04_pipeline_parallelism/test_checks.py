@@ -1,0 +1,135 @@
+"""Chapter 04 checks: each passes the solution, fails on the stub, and rejects plausible wrong answers
+(GPipe's order, one warm-up forward too many, the bubble ratio of Megatron's paper, the seed's fraction ÷ v,
+receive-before-send deadlock, the wrong neighbour). Exact comparisons (bubble: 1e-9)."""
+import pytest
+import torch
+
+from minipar import comm
+from minipar.course.checks import ExerciseError
+from minipar.course.ch04_pipeline_parallelism import checks as ch04
+
+
+# -- 1. the 1F1B list -----------------------------------------------------------------------------------
+
+def one_f_one_b_rank(p, m, r):
+    warmup = p - r - 1
+    acts = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        acts += [("F", warmup + i), ("BW", i)]
+    return acts + [("BW", i) for i in range(m - warmup, m)]
+
+
+def gpipe_rank(p, m, r):
+    return [("F", i) for i in range(m)] + [("BW", i) for i in range(m)]
+
+
+def one_warmup_too_many(p, m, r):
+    warmup = min(p - r, m)
+    acts = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        acts += [("F", warmup + i), ("BW", i)]
+    return acts + [("BW", i) for i in range(m - warmup, m)]
+
+
+def backward_first_in_steady_state(p, m, r):
+    warmup = p - r - 1
+    acts = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        acts += [("BW", i), ("F", warmup + i)]
+    return acts + [("BW", i) for i in range(m - warmup, m)]
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def test_1f1b_check_accepts_the_solution(capsys):
+    ch04.check_one_f_one_b_rank(one_f_one_b_rank)
+    assert "every rank's list is right" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong,says", [(gpipe_rank, "that is GPipe"), (one_warmup_too_many, "warm-up"),
+                                        (backward_first_in_steady_state, "warm-up")])
+def test_1f1b_check_rejects(wrong, says):
+    with pytest.raises(ExerciseError, match=says):
+        ch04.check_one_f_one_b_rank(wrong)
+
+
+def test_1f1b_check_fails_on_the_stub():
+    with pytest.raises(NotImplementedError):
+        ch04.check_one_f_one_b_rank(stub)
+
+
+# -- 2. the bubble fraction -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wrong,says", [
+    (lambda p, m, v: (p - 1) / (v * m), "Megatron's ratio"),
+    (lambda p, m, v: (p - 1) / (m + p - 1) / v, "not the fraction"),
+    (lambda p, m, v: (p - 1) / (m + p - 1), "ignores v"),
+])
+def test_bubble_check_rejects(wrong, says):
+    with pytest.raises(ExerciseError, match=says):
+        ch04.check_bubble_fraction(wrong)
+
+
+def test_bubble_check_accepts_the_solution_and_fails_on_the_stub():
+    ch04.check_bubble_fraction(lambda p, m, v: (p - 1) / (v * m + p - 1))
+    with pytest.raises(NotImplementedError):
+        ch04.check_bubble_fraction(stub)
+
+
+# -- 3. the exchange ------------------------------------------------------------------------------------
+
+def exchange(rank, p, act, grad):
+    act_in = torch.empty_like(act) if rank > 0 else None
+    grad_in = torch.empty_like(grad) if rank < p - 1 else None
+    reqs = []
+    if rank < p - 1:
+        reqs.append(comm.isend(act, rank + 1))
+    if rank > 0:
+        reqs.append(comm.isend(grad, rank - 1))
+        comm.recv(act_in, rank - 1)
+    if rank < p - 1:
+        comm.recv(grad_in, rank + 1)
+    for r in reqs:
+        r.wait()
+    return act_in, grad_in
+
+
+def exchange_deadlocks(rank, p, act, grad):
+    act_in = torch.empty_like(act) if rank > 0 else None
+    grad_in = torch.empty_like(grad) if rank < p - 1 else None
+    if rank < p - 1:
+        comm.recv(grad_in, rank + 1)
+    if rank > 0:
+        comm.recv(act_in, rank - 1)
+    if rank < p - 1:
+        comm.send(act, rank + 1)
+    if rank > 0:
+        comm.send(grad, rank - 1)
+    return act_in, grad_in
+
+
+def exchange_returns_swapped(rank, p, act, grad):
+    act_in, grad_in = exchange(rank, p, act, grad)
+    return grad_in, act_in
+
+
+def exchange_stub(rank, p, act, grad):
+    raise NotImplementedError()
+
+
+def test_exchange_check_accepts_the_solution():
+    ch04.check_exchange(exchange)
+
+
+def test_exchange_check_names_the_deadlock():
+    with pytest.raises(ExerciseError, match="deadlock"):
+        ch04.check_exchange(exchange_deadlocks, timeout=3)
+
+
+def test_exchange_check_rejects_swapped_results_and_the_stub():
+    with pytest.raises(ExerciseError, match="activations come from rank - 1"):
+        ch04.check_exchange(exchange_returns_swapped)
+    with pytest.raises(NotImplementedError):
+        ch04.check_exchange(exchange_stub)

@@ -1,0 +1,1 @@
+"""Chapter 05: tensor parallelism (Megatron)."""

@@ -1,0 +1,217 @@
+"""Checks for chapter 05's exercises: a column-parallel linear layer's forward and backward by hand, the
+vocabulary-parallel cross-entropy's three reductions, and placing f and g in the tensor-parallel MLP.
+
+Each check runs the learner's code on 2 and 4 ranks with :func:`minipar.checks.run_on_ranks`, compares it
+with one device (float64, tolerance 1e-9), reads the communication log (right values with the wrong
+traffic are not right), and names the likely mistake when the answer matches a known wrong one.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minipar import comm
+from minipar.course.checks import fail, run_on_ranks
+
+__all__ = ["check_column_parallel_linear", "check_vocab_parallel_loss", "check_tp_mlp"]
+
+TOL = 1e-9
+RANKS = (2, 4)
+
+
+def _group(rank, world_size):
+    from minipar.mesh import Mesh
+    return Mesh(world_size, tp=world_size).build(rank).group("tp")
+
+
+def _data(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=TOL, rtol=TOL)
+
+
+def _max_diff(a, b) -> str:
+    if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+        return f"shape {tuple(a.shape) if isinstance(a, torch.Tensor) else a!r}, expected {tuple(b.shape)}"
+    return f"max |Δ| = {float((a - b).abs().max()):.3g}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# 1. Column-parallel linear, forward and backward
+# ----------------------------------------------------------------------------------------------------
+
+def _run_column(rank, world_size, function):
+    group = _group(rank, world_size)
+    x, w, b = _data((3, 5, 8), (12, 8), (12,))
+    w_i, b_i = w.chunk(world_size)[rank].clone(), b.chunk(world_size)[rank].clone()
+    x_mine, w_i, b_i = x.clone().requires_grad_(True), w_i.requires_grad_(True), b_i.requires_grad_(True)
+    with comm.recording() as fwd:
+        y_i = function.apply(x_mine, w_i, b_i, group)
+    with comm.recording() as bwd:
+        y_i.backward(torch.ones_like(y_i) * (1 + torch.arange(y_i.shape[-1], dtype=y_i.dtype)))
+    return y_i.detach(), x_mine.grad, w_i.grad, b_i.grad, fwd.by_op(), bwd.by_op()
+
+
+def check_column_parallel_linear(function) -> None:
+    """``function.apply(x, w_i, b_i, group)`` -> ``x @ w_iᵀ + b_i`` (this rank's output features); its
+    backward returns the whole dX (all-reduced over ``group``), dW_i and db_i."""
+    for n in RANKS:
+        x, w, b = _data((3, 5, 8), (12, 8), (12,))
+        xf, wf, bf = (t.clone().requires_grad_(True) for t in (x, w, b))
+        y = F.linear(xf, wf, bf)
+        full_grad = torch.ones_like(y) * (1 + torch.arange(12, dtype=y.dtype)).chunk(n)[0].repeat(n)
+        y.backward(full_grad)
+        results = run_on_ranks(_run_column, n, function, what="ColumnParallelLinear", timeout=20)
+        for r, (y_i, dx, dw_i, db_i, fwd, bwd) in enumerate(results):
+            where = f"column-parallel linear on {n} ranks, rank {r}"
+            if not _close(y_i, y.detach().chunk(n, -1)[r]):
+                mistake = ("the output must be this rank's slice x @ w_iᵀ + b_i: no collective in forward"
+                           if fwd else "y_i = x @ w_i.T + b_i (PyTorch stores w as (out, in))")
+                fail(f"{where}: forward", "x @ w_i.T + b_i", _max_diff(y_i, y.detach().chunk(n, -1)[r]), mistake)
+            if fwd:
+                fail(f"{where}: forward communication", "none (f is the identity forward)", fwd,
+                     "every rank already has the whole x: the forward needs no collective")
+            if not _close(db_i, bf.grad.chunk(n)[r]):
+                fail(f"{where}: db_i", "grad_y summed over every dimension but the last", _max_diff(db_i, bf.grad.chunk(n)[r]),
+                     "the bias is broadcast over batch and sequence: sum grad_y over all leading dimensions")
+            if not _close(dw_i, wf.grad.chunk(n)[r]):
+                fail(f"{where}: dW_i", "grad_yᵀ @ x (over all tokens)", _max_diff(dw_i, wf.grad.chunk(n)[r]),
+                     "dW_i = grad_y.reshape(-1, out_i).T @ x.reshape(-1, in); no communication needed")
+            if not _close(dx, xf.grad):
+                partial = grad_partial = None
+                if isinstance(dx, torch.Tensor) and dx.shape == xf.grad.shape:
+                    grad_partial = full_grad.chunk(n, -1)[r] @ w.chunk(n)[r]
+                    partial = _close(dx, grad_partial)
+                fail(f"{where}: dX", "the whole dX = Σ_i grad_y_i @ w_i", _max_diff(dx, xf.grad),
+                     "this is only your rank's part grad_y_i @ w_i: all-reduce it over the group (f's backward)"
+                     if partial else "dX_i = grad_y_i @ w_i, then comm.all_reduce(dX_i, group=group)")
+            if bwd.get("all_reduce", (0, 0))[0] != 1 or set(bwd) != {"all_reduce"}:
+                fail(f"{where}: backward communication", "exactly one all-reduce (of dX)", bwd,
+                     "only dX needs communication; dW_i and db_i are this rank's own")
+    print("column-parallel linear: y_i, dX, dW_i, db_i equal one device on 2 and 4 ranks; "
+          "no collective forward, one all-reduce of dX backward")
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2. Vocabulary-parallel cross-entropy: three reductions
+# ----------------------------------------------------------------------------------------------------
+
+def _loss_problem(vocab=12, offset=0.0):
+    logits, = _data((4, 6, vocab), seed=1)
+    targets = torch.randint(vocab, (4, 6), generator=torch.Generator().manual_seed(2))
+    return logits * 4 + offset, targets
+
+
+def _run_loss(rank, world_size, loss_fn, offset):
+    group = _group(rank, world_size)
+    logits, targets = _loss_problem(offset=offset)
+    shard = logits.chunk(world_size, -1)[rank].clone()
+    start = rank * shard.shape[-1]
+    with comm.recording() as log:
+        loss = loss_fn(shard, targets, start, group)
+    dist.barrier()
+    return loss, [(r.op, r.payload_bytes) for r in log.records]
+
+
+def check_vocab_parallel_loss(loss_fn) -> None:
+    """``loss_fn(logits_shard, targets, vocab_start, group)`` -> per-token cross-entropy (shape of
+    ``targets``) from this rank's vocabulary columns, with three all-reduces of b·s numbers."""
+    for n in RANKS:
+        for offset in (0.0, 1000.0):        # large logits: exp overflows without subtracting the max
+            logits, targets = _loss_problem(offset=offset)
+            want = F.cross_entropy(logits.reshape(-1, 12), targets.reshape(-1), reduction="none").view(4, 6)
+            results = run_on_ranks(_run_loss, n, loss_fn, offset, what="vocab_parallel_loss", timeout=20)
+            for r, (got, ops) in enumerate(results):
+                where = f"vocab-parallel loss on {n} ranks, rank {r}, logits around {offset:g}"
+                token_bytes = targets.numel() * 8
+                big = [op for op, size in ops if size > token_bytes]
+                if big:
+                    fail(f"{where}: communication", "three all-reduces of b·s numbers",
+                         f"{ops} (payload bytes)", "never gather or reduce the b·s × V logits: reduce "
+                         "only per-token numbers (max, target logit, sum of exp)")
+                if not _close(got, want):
+                    _diagnose_loss(where, got, want, ops, logits, targets, n, offset)
+                if [op for op, _ in ops] != ["all_reduce"] * 3:
+                    fail(f"{where}: communication", "3 all-reduces", ops,
+                         "one MAX all-reduce of the per-token max, one SUM of the target logit, one SUM of "
+                         "the sum of exp (merge nothing, skip nothing)")
+    print("vocab-parallel cross-entropy: equals F.cross_entropy on 2 and 4 ranks (also with logits ~1000), "
+          "with 3 all-reduces of b·s numbers")
+
+
+def _diagnose_loss(where, got, want, ops, logits, targets, n, offset):
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        fail(where, f"per-token losses of shape {tuple(want.shape)}", got if not isinstance(got, torch.Tensor)
+             else f"shape {tuple(got.shape)}", "return one loss per token (no mean)")
+    if not torch.isfinite(got).all():
+        fail(where, "finite losses", "inf or nan", "subtract the global max (all-reduce with "
+             "ReduceOp.MAX) before exp: exp(1000) overflows")
+    if _close(got, want * n) or _close(got, want / n):
+        fail(where, "the loss", _max_diff(got, want), "scaled by the number of ranks: SUM, not AVG, and no "
+             "division by world_size")
+    if len(ops) < 3:
+        fail(where, "log Σ_j exp(z_j - m) - (z_target - m)", _max_diff(got, want),
+             "m must be the global max (all-reduce with ReduceOp.MAX), the same on every rank: with each "
+             "rank's own max the ranks' exp(z - m) are on different scales and cannot be added")
+    fail(where, "log Σ_j exp(z_j - m) - (z_target - m)", _max_diff(got, want),
+         "the target logit is on one rank only: the others must contribute 0 (mask ids outside "
+         "[vocab_start, vocab_start + V/t)) before the SUM all-reduce")
+
+
+# ----------------------------------------------------------------------------------------------------
+# 3. Placing f and g in the MLP
+# ----------------------------------------------------------------------------------------------------
+
+def _run_mlp(rank, world_size, mlp_forward):
+    from minipar.tensor.operators import copy_to_tp, reduce_from_tp
+    group = _group(rank, world_size)
+    x, a, a_b, b, b_b = _data((2, 5, 8), (32, 8), (32,), (8, 32), (8,), seed=3)
+    a_i, ab_i, b_i = a.chunk(world_size)[rank], a_b.chunk(world_size)[rank], b.chunk(world_size, 1)[rank]
+    params = [t.clone().requires_grad_(True) for t in (a_i, ab_i, b_i, b_b)]
+    x = x.clone().requires_grad_(True)
+    with comm.recording() as fwd:
+        z = mlp_forward(x, *params, group, lambda t: copy_to_tp(t, group), lambda t: reduce_from_tp(t, group))
+    with comm.recording() as bwd:
+        z.backward(torch.ones_like(z))
+    return z.detach(), x.grad, [p.grad for p in params], fwd.count("all_reduce"), bwd.count("all_reduce")
+
+
+def check_tp_mlp(mlp_forward) -> None:
+    """``mlp_forward(x, fc_w_i, fc_b_i, proj_w_i, proj_b, group, f, g)`` -> GeLU(x A_i + a_i) B_i summed
+    over ranks + proj bias, with f and g placed so that z, dX and every gradient equal one device."""
+    x, a, a_b, b, b_b = _data((2, 5, 8), (32, 8), (32,), (8, 32), (8,), seed=3)
+    full = [t.clone().requires_grad_(True) for t in (x, a, a_b, b, b_b)]
+    z = F.linear(F.gelu(F.linear(full[0], full[1], full[2])), full[3], full[4])
+    z.backward(torch.ones_like(z))
+    for n in RANKS:
+        for r, (got, dx, grads, n_fwd, n_bwd) in enumerate(run_on_ranks(_run_mlp, n, mlp_forward,
+                                                                        what="mlp_forward", timeout=20)):
+            where = f"tensor-parallel MLP on {n} ranks, rank {r}"
+            if not _close(got, z.detach()):
+                biased_t_times = isinstance(got, torch.Tensor) and _close(got, z.detach() + (n - 1) * b_b)
+                fail(f"{where}: output", "the whole z on every rank", _max_diff(got, z.detach()),
+                     "the bias of the row-parallel layer was added before g: every rank added it, so it "
+                     "counts t times — add it after the all-reduce" if biased_t_times else
+                     "g (all-reduce) must sum the partial products x_i B_i after the second linear, not before "
+                     "GeLU (GeLU of a sum is not the sum of GeLUs)" if n_fwd else
+                     "no g: each rank holds only its partial product; sum them with g after the second linear")
+            if n_fwd != 1 or n_bwd != 1:
+                fail(f"{where}: all-reduces", "one forward (g), one backward (f)",
+                     f"{n_fwd} forward, {n_bwd} backward",
+                     "f goes on the input of the column-parallel layer, g on the output of the row-parallel "
+                     "layer, once each" if n_bwd == 0 else "use f and g exactly once each")
+            if not _close(dx, full[0].grad):
+                fail(f"{where}: dX", "the whole dX", _max_diff(dx, full[0].grad),
+                     "f must wrap x itself (before the first linear): its backward all-reduces dX")
+            wants = [full[1].grad.chunk(n)[r], full[2].grad.chunk(n)[r], full[3].grad.chunk(n, 1)[r], full[4].grad]
+            for name, g_, w_ in zip(("fc_w_i", "fc_b_i", "proj_w_i", "proj_b"), grads, wants):
+                if not _close(g_, w_):
+                    fail(f"{where}: gradient of {name}", "one device's (this rank's slice)", _max_diff(g_, w_),
+                         "place f before the first linear and g right after the second linear's matmul; the "
+                         "bias after g")
+    print("tensor-parallel MLP: output, dX and every gradient equal one device on 2 and 4 ranks, "
+          "with one all-reduce forward (g) and one backward (f)")

@@ -1,0 +1,61 @@
+"""Chapter 06 pictures, from live runs.
+
+* ``06_tp_sp_memory.png`` — activation bytes per transformer layer measured for TP and TP+SP at t = 1, 2, 4,
+  beside Korthikanti et al.'s count scaled to float32 (plus what it leaves out).
+"""
+from __future__ import annotations
+
+from minipar.course.plotting import RANK_COLOURS
+from minipar.launcher import launch
+
+__all__ = ["layer_costs", "plot_layer_memory", "FIGURES"]
+
+
+def _measure_both(rank, world_size, cfg, b, s):
+    from minipar.tensor.gpt import measure_layer
+    return {sp: measure_layer(rank, world_size, cfg, b, s, sp) for sp in (False, True)}
+
+
+def layer_costs(b: int = 4, s: int = 16, h: int = 32, a: int = 4, degrees=(1, 2, 4)) -> list:
+    """[{"t", "sp", "activation_bytes", "formula_bytes", "bytes_sent", "bytes_formula"}] for one layer on
+    rank 0 (float32, no dropout), TP and TP+SP for each degree (one launch per degree). The activation
+    formula is Korthikanti et al.'s count scaled to float32 + LayerNorm statistics + causal mask."""
+    from minipar.models import GPTConfig
+    from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
+
+    rows = []
+    for t in degrees:
+        measured = launch(_measure_both, t, GPTConfig(n_embd=h, n_head=a), b, s, quiet=True)[0]
+        for sp in (False, True):
+            formula = activation_bytes_formula(s, b, h, a, t, sp, value_bytes=4, dropout=False)
+            rows.append({"t": t, "sp": sp, "activation_bytes": measured[sp]["activation_bytes"],
+                         "formula_bytes": formula + uncounted_bytes(s, b, t, sp),
+                         "bytes_sent": measured[sp]["bytes_sent"],
+                         "bytes_formula": (sp_bytes_per_layer if sp else tp_bytes_per_layer)(s, b, h, t)})
+    return rows
+
+
+def plot_layer_memory(rows):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    degrees = sorted({r["t"] for r in rows})
+    for k, sp in enumerate((False, True)):
+        xs = [i + (k - 0.5) * 0.38 for i in range(len(degrees))]
+        mine = [r for r in rows if r["sp"] == sp]
+        ax.bar(xs, [r["activation_bytes"] / 1024 for r in mine], width=0.36, color=RANK_COLOURS[k],
+               label=f"{'TP + SP' if sp else 'TP'} measured")
+        ax.plot(xs, [r["formula_bytes"] / 1024 for r in mine], "k_", markersize=22, mew=2)
+    ax.plot([], [], "k_", markersize=12, mew=2, label="formula (Korthikanti, float32) + LN stats + mask")
+    ax.set_xticks(range(len(degrees)), [f"t = {t}" for t in degrees])
+    ax.set_ylabel("activation KiB per layer")
+    ax.set_title("One layer (b=4, s=16, h=32, 4 heads): SP divides what TP leaves whole", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _make_memory(path):
+    plot_layer_memory(layer_costs()).savefig(path, dpi=110, bbox_inches="tight")
+
+
+FIGURES = {"06_tp_sp_memory.png": _make_memory}

@@ -1,0 +1,1 @@
+"""Chapter 11: recomputation and memory."""

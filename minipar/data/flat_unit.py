@@ -1,0 +1,160 @@
+"""One ZeRO/FSDP unit: its parameters in one flat buffer, 1/N of it owned here, and the collectives that
+move between the shard and the whole (Rajbhandari et al. 2020; FSDP's flat parameter, Zhao et al. 2023).
+
+Padded to a multiple of N so every rank owns an equal shard S = ⌈numel/N⌉:
+
+* :meth:`FlatUnit.gather` — all-gather the shards into the full buffer (ZeRO-3 before forward/backward);
+* :meth:`FlatUnit.free` — drop the full buffer (ZeRO-3 after forward, after backward);
+* :meth:`FlatUnit.reduce_grads_now` / :meth:`reduce_full_grad` — reduce-scatter the full gradient so each
+  rank keeps the (summed, then averaged) gradient of its own shard;
+* :meth:`FlatUnit.refresh_full` — after the optimizer updated the shard, all-gather the new parameters
+  (stages 1 and 2, whose full parameters persist).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+
+__all__ = ["FlatUnit"]
+
+
+class FlatUnit:
+    """One unit's parameters as one padded flat buffer; this rank owns (and the optimizer updates) 1/N."""
+
+    def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None):
+        self.names, self.params, self.group, self.stage = names, params, group, stage
+        self.label = _common_prefix(names)
+        self.on_event = on_event or (lambda kind, unit: None)
+        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.numel = sum(p.numel() for p in params)
+        self.shard_numel = -(-self.numel // self.n)            # S = ceil(numel / N)
+        self.padded_numel = self.shard_numel * self.n          # the last shard carries the padding
+        self.on_alloc = on_alloc or (lambda nbytes: None)
+        master_dtype = params[0].dtype
+        flat = torch.zeros(self.padded_numel, dtype=master_dtype, device=params[0].device)
+        flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p in params])
+        mine = self.owned()
+        compute_dtype = param_dtype or master_dtype
+        if compute_dtype == master_dtype and stage < 3:
+            self.full = flat                                   # FP32: the master shard is a view of it
+            self.master = nn.Parameter(flat[mine])
+        else:
+            self.full = flat.to(compute_dtype)                 # compute copy; FP32 master kept apart
+            self.master = nn.Parameter(flat[mine].clone())
+        offset = 0
+        for p in params:                                       # the module now computes with views of `full`
+            p.data = self.full[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
+        self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
+        if stage == 3:
+            self.free()
+
+    def owned(self) -> slice:
+        """This rank's elements of the flat buffer (everything under stage 0)."""
+        if self.stage == 0:
+            return slice(0, self.padded_numel)
+        return slice(self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel)
+
+    # --- parameters: gather / free (stage 3) and rebuild after the update (stages 0-2) ---------------
+    def gather(self, async_op: bool = False) -> None:
+        """All-gather the shards into the full buffer (re-allocating its storage first)."""
+        if self.gathered:
+            return
+        storage = self.full.untyped_storage()
+        storage.resize_(self.full.numel() * self.full.element_size())
+        self.on_alloc(storage.nbytes())
+        self.on_event("all-gather", self)
+        self.sending = self.master.detach().to(self.full.dtype)    # (kept alive until the gather is done)
+        work = comm.all_gather_into_tensor(self.full, self.sending, group=self.group, async_op=async_op)
+        self.work = work if async_op else None                # (the blocking call returns the tensor)
+        self.gathered = True
+        if not async_op:
+            self.wait()
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        self.work = self.sending = None
+
+    def free(self) -> None:
+        """Give the full parameters' memory back; the views (and autograd's saved ones) stay, storage-less."""
+        if not self.gathered:
+            return
+        self.wait()
+        storage = self.full.untyped_storage()
+        self.on_alloc(-storage.nbytes())
+        self.on_event("free", self)
+        storage.resize_(0)
+        self.gathered = False
+
+    def refresh_full(self) -> None:
+        """After the optimizer step (stages 0-2): put the updated shards back into every rank's full copy."""
+        if self.stage == 0:
+            if self.full.data_ptr() != self.master.data_ptr():
+                self.full.copy_(self.master.detach())
+            return
+        mine = self.full[self.owned()]
+        if mine.data_ptr() != self.master.data_ptr():
+            mine.copy_(self.master.detach())                   # cast to the compute dtype
+        comm.all_gather_into_tensor(self.full, mine, group=self.group)   # in place: my shard is my piece
+
+    # --- gradients -----------------------------------------------------------------------------------
+    def attach_grads(self) -> None:
+        """Stages 0-1: the module's .grad are views of one persistent flat gradient buffer."""
+        self.full_grad.zero_()
+        offset = 0
+        for p in self.params:
+            p.grad = self.full_grad[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def reduce_full_grad(self) -> None:
+        """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard."""
+        if self.stage == 0:
+            comm.all_reduce(self.full_grad, group=self.group)
+            mine = self.full_grad
+        else:
+            mine = self.full_grad[self.owned()]
+            comm.reduce_scatter_tensor(mine, self.full_grad, group=self.group)
+        self._set_master_grad(mine)
+
+    def reduce_grads_now(self) -> None:
+        """Stages 2-3, when the unit's backward is done: reduce-scatter its gradients, keep only my shard."""
+        pieces = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params]
+        pad = self.padded_numel - self.numel
+        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)])
+        mine = flat.new_empty(self.shard_numel)
+        comm.reduce_scatter_tensor(mine, flat, group=self.group)
+        self.on_event("reduce-scatter", self)
+        for p in self.params:
+            p.grad = None
+        self._set_master_grad(mine)
+        self.reduced = True
+        if self.stage == 3:
+            self.free()
+
+    def _set_master_grad(self, summed) -> None:
+        grad = summed.to(self.master.dtype).div_(self.n)       # mean over ranks = gradient of the global batch
+        if self.master.grad is None or self.stage <= 1:
+            self.master.grad = grad
+        else:
+            self.master.grad += grad
+
+    def on_param_grad(self, _param) -> None:
+        self.grads_ready += 1
+        if self.grads_ready == len(self.params):
+            self.reduce_grads_now()
+
+
+def _common_prefix(names) -> str:
+    """'blocks.0' for a block's parameters; '(root)' when they share no module."""
+    module_paths = [n.split(".")[:-1] for n in names]
+    common = []
+    for level in zip(*module_paths):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common) or "(root)"

@@ -1,5 +1,0 @@
-import sys
-
-from . import main
-
-sys.exit(main())

@@ -1,0 +1,72 @@
+"""Bytes this process really put on the wire, observed, not modelled.
+
+:mod:`minipar.comm` logs what an algorithm *should* send (its model). This module reads what the process
+*did* send: the kernel's per-process I/O counter ``wchar`` in ``/proc/self/io`` (Linux), which counts every
+byte the process handed to ``write``/``writev``/``send`` — gloo's TCP pairs write their messages with
+``writev``, so around a collective the difference of ``wchar`` is the bytes this rank sent to its peers,
+headers included. It belongs to this process only, so other programs on a shared machine do not disturb it
+(the loopback interface's counters, ``/proc/net/dev``, are machine-wide and do).
+
+How it can be fooled, and what we do about it:
+
+* anything else the process writes inside the measured block counts too — a ``print`` (a few bytes into
+  the launcher's output file), a checkpoint, a FileStore key. Measure blocks that only compute and
+  communicate; :func:`observing` records the count of write calls (``syscw``) so a surprise shows up.
+* a transport that does not go through the kernel (NCCL over NVLink, shared memory, RDMA) is invisible:
+  on such a backend :attr:`Observed.bytes_sent` is the socket traffic only. On this course's CPU/gloo
+  path every byte between ranks crosses a TCP socket.
+* not Linux: ``/proc/self/io`` is missing and :func:`available` is False; callers show "-".
+
+Gloo's framing adds a small header per message (tens of bytes), so observed ≥ modelled by a few bytes per
+message: :data:`HEADER_ALLOWANCE` is the allowance tests use.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+__all__ = ["available", "counters", "Observed", "observing", "HEADER_ALLOWANCE"]
+
+HEADER_ALLOWANCE = 64     # bytes per message of gloo framing a comparison with a model may allow
+_IO = "/proc/self/io"
+
+
+def available() -> bool:
+    return os.path.exists(_IO)
+
+
+def counters() -> dict:
+    """{'wchar': bytes written, 'syscw': write calls, 'rchar': ..., 'syscr': ...} for this process."""
+    out = {}
+    with open(_IO) as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            out[key.strip()] = int(value)
+    return out
+
+
+@dataclass
+class Observed:
+    """What the process wrote between entering and leaving an :func:`observing` block."""
+    bytes_sent: int | None = None       # None where the counters are not available
+    write_calls: int | None = None
+
+
+@contextlib.contextmanager
+def observing():
+    """``with observing() as seen: ...`` then ``seen.bytes_sent``: bytes this rank sent inside the block.
+
+    Collectives that return before their bytes are out (``async_op=True`` without ``wait()``) are counted
+    only as far as they got: wait for them inside the block."""
+    seen = Observed()
+    if not available():
+        yield seen
+        return
+    before = counters()
+    try:
+        yield seen
+    finally:
+        after = counters()
+        seen.bytes_sent = after["wchar"] - before["wchar"]
+        seen.write_calls = after["syscw"] - before["syscw"]
