@@ -123,7 +123,7 @@ def memory_recipe():
 
 def run_memory(world_size: int = 4) -> dict:
     """{stage: rank 0's ZeroRunResult} for stages 0-3 (0 = DDP), measured in one launch."""
-    from minipar.data.zero import measure_stages
+    from minipar.data.zero_measure import measure_stages
     from minipar.launcher import launch
     return launch(measure_stages, world_size, memory_recipe(), quiet=True)[0]
 

@@ -1,0 +1,166 @@
+"""Chapter 06b pictures, from the library's own data and from live runs on CPU ranks.
+
+* ``06b_ring_schedule.png`` — the causal score matrix cut into chunks, each block coloured by the rank that
+  computes it and labelled with the ring step, contiguous vs zig-zag (from :mod:`minipar.sequence.ring_attention`).
+* ``06b_bytes.png`` — bytes one rank sends per layer (forward + backward), observed on the wire, for ring
+  attention and Ulysses at N = 2 and 4, beside their formulas and Megatron SP's formula.
+* ``06b_activation_memory.png`` — activation bytes per rank of one layer vs sequence length: one device,
+  and ring attention, Ulysses, ring self-attention on 4 ranks.
+* ``06b_load_balance.png`` — per-rank attention compute time (CPU time) of causal ring attention without
+  and with zig-zag, s = 2048 on 4 ranks.
+"""
+from __future__ import annotations
+
+
+from minipar.course.plotting import rank_colour
+from minipar.launcher import launch
+from minipar.models import GPTConfig
+from minipar.sequence import ring_attention, ulysses
+from minipar.sequence.measure import dense_layer, formula_bytes, layer_on_rank
+
+__all__ = ["schedule", "bytes_vs_ranks", "memory_vs_sequence", "load_balance", "draw_schedule", "draw_bytes",
+           "draw_memory", "draw_load_balance", "FIGURES"]
+
+CFG = GPTConfig(n_embd=32, n_head=4)
+
+
+def schedule(world_size: int = 4, zigzag: bool = False) -> dict:
+    """{(query chunk, key chunk): (rank, step)} for every block the causal ring computes."""
+    n, out = world_size, {}
+    for rank in range(n):
+        mine = ring_attention.chunk_ids(rank, n, zigzag)
+        for step in range(n):
+            theirs = ring_attention.chunk_ids((rank - step) % n, n, zigzag)
+            for i, j, _ in ring_attention.causal_pairs(mine, theirs):
+                out[(mine[i], theirs[j])] = (rank, step)
+    return out
+
+
+def bytes_vs_ranks(ranks=(2, 4), methods=("ring", "ulysses"), b=4, s=16) -> list:
+    """[{method, n, model, observed, formula, messages}] per rank mean, one layer forward + backward."""
+    rows = []
+    for n in ranks:
+        for method in methods:
+            per = launch(layer_on_rank, n, method, b, s, CFG, quiet=True)
+            obs = [r["bytes_observed"] for r in per]
+            rows.append({"method": method, "n": n, "model": sum(r["bytes_sent"] for r in per) / n,
+                         "observed": None if None in obs else sum(obs) / n,
+                         "formula": formula_bytes(method, b, s, CFG.n_embd, n),
+                         "megatron_sp": 2 * ulysses.megatron_sp_forward_bytes(b, s, CFG.n_embd, n)})
+    return rows
+
+
+def _layers_on_rank(rank, world_size, runs, cfg):
+    """Several :func:`layer_on_rank` measurements in one launch: ``runs`` = [(method, b, s)]."""
+    return [layer_on_rank(rank, world_size, method, b, s, cfg) for method, b, s in runs]
+
+
+def memory_vs_sequence(lengths=(64, 128, 256, 512), world_size=4, methods=("ring", "ulysses", "rsa"), b=1) -> dict:
+    """{method: [activation bytes per rank (max over ranks) per length]}, with "one device" beside."""
+    out = {"one device": [dense_layer(CFG, b, s)["activation_bytes"] for s in lengths]}
+    runs = [(method, b, s) for method in methods for s in lengths]
+    per_rank = launch(_layers_on_rank, world_size, runs, CFG, quiet=True)
+    for i, (method, _, _) in enumerate(runs):
+        out.setdefault(method, []).append(max(rank[i]["activation_bytes"] for rank in per_rank))
+    return out
+
+
+def load_balance(s: int = 2048, world_size: int = 4, repeats: int = 3) -> dict:
+    """{"ring"/"ring-zigzag": ([chunk pairs per rank], [median attention compute seconds per rank])}."""
+    methods = ("ring", "ring-zigzag")
+    runs = [(method, 1, s) for _ in range(repeats) for method in methods]
+    per_rank = launch(_layers_on_rank, world_size, runs, GPTConfig(n_embd=64, n_head=4), quiet=True)
+    out = {}
+    for m, method in enumerate(methods):
+        mine = [[rank[i] for i in range(m, len(runs), len(methods))] for rank in per_rank]
+        times = [sorted(r["attention_compute_s"] for r in rank)[repeats // 2] for rank in mine]
+        out[method] = ([rank[0]["attention_blocks"] for rank in mine], times)
+    return out
+
+
+def draw_schedule(world_size: int = 4):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
+    for ax, zigzag in zip(axes, (False, True)):
+        chunks = 2 * world_size                       # draw both on 2N chunks, so the areas compare
+        blocks = schedule(world_size, zigzag)
+        for qc in range(chunks):
+            for kc in range(chunks):
+                key = (qc, kc) if zigzag else (qc // 2, kc // 2)
+                if key not in blocks or kc > qc:
+                    continue
+                rank, step = blocks[key]
+                ax.add_patch(Rectangle((kc, qc), 1, 1, color=rank_colour(rank), alpha=0.5 if kc == qc else 0.9))
+                ax.text(kc + 0.5, qc + 0.5, str(step), ha="center", va="center", fontsize=8, color="white")
+        ax.set_xlim(0, chunks), ax.set_ylim(chunks, 0), ax.set_aspect("equal")
+        ax.set_xlabel("key position (chunk)"), ax.set_ylabel("query position (chunk)")
+        ax.set_title(("zig-zag: rank r holds chunks r and 2N−1−r" if zigzag else "contiguous: rank r holds s/N")
+                     + "\ncolour = rank that computes, number = ring step", fontsize=9)
+    handles = [Rectangle((0, 0), 1, 1, color=rank_colour(r)) for r in range(world_size)]
+    fig.legend(handles, [f"rank {r}" for r in range(world_size)], loc="lower center", ncol=world_size, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def draw_bytes(rows):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = [f"{r['method']}\nN={r['n']}" for r in rows]
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["observed"] or 0 for r in rows], 0.4, label="observed on the wire")
+    ax.bar([i + 0.2 for i in x], [r["formula"] for r in rows], 0.4, label="formula")
+    ax.plot(list(x), [r["megatron_sp"] for r in rows], "k_", markersize=25, label="Megatron SP, formula (fwd + bwd)")
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("bytes sent per rank per layer\n(forward + backward, b=4, s=16, h=32)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def draw_memory(lengths, data):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, values in data.items():
+        ax.plot(lengths, [v / 2**20 for v in values], "o-", label=name + ("" if name == "one device" else ", per rank (N=4)"))
+    ax.set_xscale("log", base=2), ax.set_yscale("log")
+    ax.set_xlabel("sequence length s"), ax.set_ylabel("activation MiB kept for backward (one layer)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def draw_load_balance(data):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    n = len(data["ring"][1])
+    for k, (method, (blocks, times)) in enumerate(data.items()):
+        ax.bar([r + (k - 0.5) * 0.4 for r in range(n)], [t * 1e3 for t in times], 0.4, label=method)
+    ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_ylabel("attention forward compute, ms (CPU time)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig, path):
+    import matplotlib.pyplot as plt
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _memory_figure(path):
+    lengths = (64, 128, 256, 512)
+    _save(draw_memory(lengths, memory_vs_sequence(lengths)), path)
+
+
+FIGURES = {
+    "06b_ring_schedule.png": lambda path: _save(draw_schedule(), path),
+    "06b_bytes.png": lambda path: _save(draw_bytes(bytes_vs_ranks()), path),
+    "06b_activation_memory.png": _memory_figure,
+    "06b_load_balance.png": lambda path: _save(draw_load_balance(load_balance()), path),
+}

@@ -1,0 +1,121 @@
+"""Context parallelism: the tiny GPT trained with its sequence split across N ranks, every layer included.
+
+Each rank holds the whole model (replicated, like data parallelism) and, of every sample in the batch, only
+its tokens: contiguous s/N (``ring``, ``rsa``, ``ulysses``) or the zig-zag pair of chunks
+(``ring-zigzag``). Everything but attention acts token by token — embeddings (at the tokens' *global*
+positions), LayerNorm, the projections, the MLP, the LM head and the loss — so it runs on the shard as is;
+attention is the only place tokens meet, and is replaced by one of:
+
+=============  =====================================================  ==============================
+method         attention                                              refused when
+=============  =====================================================  ==============================
+ring           :func:`.ring_attention.ring_attention` (LSE merge)    s not divisible by N
+ring-zigzag    the same, zig-zag chunks (load balanced)              s not divisible by 2N
+ulysses        :func:`.ulysses.ulysses_attention` (all-to-all)       n_head not divisible by N
+rsa            :func:`.ring_self_attention.ring_self_attention`      s not divisible by N
+=============  =====================================================  ==============================
+
+The loss: rank r adds its tokens' cross-entropies and divides by the *global* token count b·s, so the
+ranks' losses sum to the single-device mean, and the parameter gradients **sum** over ranks (one
+all-reduce per step) to the single-device gradient — the same 1/N as an average of per-rank means
+(see :mod:`.ring_self_attention` for why it must be applied once).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..check import Recipe, RunResult
+from ..launcher import launch
+from ..loop import lm_loss
+from ..tensor.sequence import sync_sequence_parallel_grads
+from . import ring_attention, ring_self_attention, ulysses
+
+__all__ = ["METHODS", "validate", "local_positions", "attention_for", "forward_local", "parallel_train", "run"]
+
+METHODS = ("ring", "ring-zigzag", "ulysses", "rsa")
+
+
+def validate(recipe: Recipe, world_size: int, method: str = "ring") -> None:
+    """ValueError, before any process starts, if ``recipe`` cannot run with ``method`` on ``world_size``."""
+    if method not in METHODS:
+        raise ValueError(f"unknown context-parallel method {method!r}; choose one of {', '.join(METHODS)}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    cfg = recipe.model().cfg
+    inputs, targets = recipe.batches[0]
+    if targets.dtype != torch.long or inputs.dim() != 2:
+        raise ValueError("context parallelism here trains a language model: (batch, seq) token ids and targets")
+    if cfg.dropout:
+        raise ValueError(f"dropout = {cfg.dropout}: the shards would draw different masks than one device; "
+                         f"use dropout = 0 to compare with single-device training")
+    seq_len = inputs.shape[1]
+    if method == "ulysses":
+        ulysses.validate_heads(cfg.n_head, world_size)
+        ring_attention.validate_sequence(seq_len, world_size)
+    else:
+        ring_attention.validate_sequence(seq_len, world_size, zigzag=method == "ring-zigzag")
+
+
+def local_positions(seq_len: int, rank: int, world_size: int, method: str) -> torch.Tensor:
+    """The global positions of the tokens this rank holds."""
+    return ring_attention.positions(seq_len, rank, world_size, zigzag=method == "ring-zigzag")
+
+
+def attention_for(method: str, group, stats: dict | None = None):
+    """The attention core (b, heads, s_local, d)³ → (b, heads, s_local, d) for ``method``."""
+    if method in ("ring", "ring-zigzag"):
+        return functools.partial(ring_attention.ring_attention, group=group, zigzag=method == "ring-zigzag",
+                                 stats=stats)
+    if method == "ulysses":
+        return functools.partial(ulysses.ulysses_attention, group=group)
+    return functools.partial(ring_self_attention.ring_self_attention, group=group)
+
+
+def attention_layer(attn, x, attend):
+    """The reference model's attention module on a shard: its own weights, ``attend`` as the core."""
+    b, t, c = x.shape
+    q, k, v = attn.qkv(x).split(c, dim=-1)
+    q, k, v = (z.view(b, t, attn.n_head, c // attn.n_head).transpose(1, 2) for z in (q, k, v))
+    return attn.proj(attend(q, k, v).transpose(1, 2).reshape(b, t, c))
+
+
+def forward_local(model, idx, pos, attend):
+    """TinyGPT's forward on this rank's tokens ``idx`` (b, s_local) at global positions ``pos``."""
+    x = model.tok_emb(idx) + model.pos_emb(pos)
+    for block in model.blocks:
+        x = x + attention_layer(block.attn, block.ln1(x), attend)
+        x = x + block.mlp(block.ln2(x))
+    return model.head(model.ln_f(x))
+
+
+def parallel_train(rank: int, world_size: int, recipe: Recipe, *, method: str = "ring") -> RunResult:
+    """Train ``recipe`` with the sequence split over the ranks; return the losses and (replicated) params."""
+    group = dist.new_group(list(range(world_size)))
+    model = recipe.model().to(recipe.dtype)
+    params = list(model.parameters())
+    opt = recipe.optimizer(params)
+    attend = attention_for(method, group)
+    losses = []
+    for inputs, targets in recipe.batches:
+        pos = local_positions(inputs.shape[1], rank, world_size, method)
+        opt.zero_grad(set_to_none=False)
+        logits = forward_local(model, inputs[:, pos], pos, attend)
+        mine = targets[:, pos]
+        share = lm_loss(logits, mine) * (mine.numel() / targets.numel())   # Σ over my tokens / ALL tokens
+        share.backward()
+        sync_sequence_parallel_grads(params, group)                                # Σ_r = the single-device gradient
+        opt.step()
+        total = share.detach().reshape(1).clone()
+        comm.all_reduce(total, group=group)
+        losses.append(total.item())
+    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def run(recipe: Recipe, *, world_size: int, method: str = "ring", **launch_kwargs) -> list:
+    """Validate, then train ``recipe`` on ``world_size`` ranks with ``method``; the per-rank RunResults."""
+    validate(recipe, world_size, method)
+    return launch(parallel_train, world_size, recipe, method=method, **launch_kwargs)
