@@ -6,7 +6,7 @@ TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: tour test lab figures exercises bench clean
+.PHONY: tour test lab figures exercises bench clean site browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,23 @@ $(STAMP): pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minipar tour
 
+# The chapters in notebooks/ are executed once, by the site build (any error output fails it), instead of
+# a second time by nbval; the browser test then runs the chapters with widgets in JupyterLab.
 test: $(STAMP)
-	$(PY) -m pytest -q tests minipar/course notebooks solutions exercises --nbval-lax --nbval-current-env
+	$(PY) -m pytest -q tests minipar/course solutions exercises --nbval-lax --nbval-current-env \
+	    --ignore=tests/browser --ignore=tests/test_site.py
+	$(MAKE) site
+	MINIPAR_SITE_DIR=build/site $(PY) -m pytest -q tests/test_site.py
+	$(MAKE) browser
+
+# The course as a static site, every chapter executed now: open build/site/index.html.
+site: $(STAMP)
+	$(PY) tools/site.py --out build/site
+
+# JupyterLab in headless Chromium (installs Chromium and playwright first if missing; apt-get needs root).
+browser: $(STAMP)
+	tools/setup_browser.sh $(PY)
+	$(PY) -m pytest -q tests/browser
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks

@@ -9,10 +9,18 @@ the code a chapter runs is the code that runs on a GPU cluster. What the launche
 * every rank calls ``torch.set_num_threads(1)`` first (fork after the parent used its thread pool would
   otherwise hang, and N ranks on a laptop should not fight over cores);
 * each rank's output is captured and printed after the run in rank order, prefixed ``[rank r]``, so
-  notebook output is deterministic;
+  notebook output is deterministic; ``stream=True`` prints each line as it is written instead (same
+  prefix, in the order the lines arrive), for long runs you want to watch;
 * a rank that raises ends the whole run within seconds with :class:`RankError` naming the rank and carrying
-  its traceback, even while the other ranks wait in a collective; a deadlock ends with
-  :class:`LaunchTimeout`; an interrupt stops every rank. No process is left behind.
+  its traceback, even while the other ranks wait in a collective; a deadlock (a collective waiting longer
+  than ``timeout``) ends with :class:`LaunchTimeout` naming the waiting rank; an interrupt stops every
+  rank. No process is left behind.
+* a run that is making progress is never cut off: there is no overall time limit unless the caller asks for
+  one with ``wall_limit=`` seconds.
+
+The ranks are started with ``torch.multiprocessing.start_processes`` -- the function behind
+``torch.multiprocessing.spawn`` that PyTorch's tutorials use. ``launch`` adds to it: the rendezvous, the
+captured (or streamed) output, the root-cause error naming the rank, no orphans, and each rank's return value.
 
 Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) the same call runs ``fn`` on this process's rank with
 the environment's rendezvous and returns every rank's result, so a chapter's code is also a multi-node
@@ -23,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import datetime
 import io
-import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -36,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 __all__ = ["launch", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
@@ -70,13 +78,16 @@ def _in_torchrun() -> bool:
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
            timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
-           quiet: bool = False, **kwargs) -> list:
+           quiet: bool = False, stream: bool = False, wall_limit: float | None = None, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return the per-rank results.
 
-    ``timeout`` bounds every collective (gloo raises on the waiting ranks); the whole run is also cut off
-    at ``2 * timeout + 30`` seconds as a last resort. ``start_method`` is ``"fork"`` on Linux by default and
-    ``"spawn"`` elsewhere (the function then travels with cloudpickle, so notebook functions work).
-    ``quiet=True`` keeps the ranks' captured output to yourself (it is still attached to errors).
+    ``timeout`` bounds every collective: a rank that waits longer (a deadlock) fails with
+    :class:`LaunchTimeout` naming it. Ranks that compute, however long, are never stopped, unless the
+    caller gives ``wall_limit`` (seconds for the whole run; ``None``, the default, means no limit).
+    ``start_method`` is ``"fork"`` on Linux by default and ``"spawn"`` elsewhere (the function then travels
+    with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
+    ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
+    prints nothing (the output is still attached to errors).
     """
     _check_world_size(world_size)
     if _in_torchrun():
@@ -86,26 +97,27 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
                            "group; call fn directly there, or destroy the group first")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if wall_limit is not None and not wall_limit > 0:
+        raise ValueError(f"wall_limit must be positive seconds or None, got {wall_limit!r}")
     method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
     if method == "fork":
         # torch.optim imports torch._dynamo lazily on the first optimizer; import it once here, or every
         # forked rank pays seconds of CPU for it on each launch.
         import torch._dynamo  # noqa: F401
-    ctx = mp.get_context(method)
     workdir = tempfile.mkdtemp(prefix="minipar-")
     payload = _dumps((fn, args, kwargs)) if method != "fork" else None
+    direct = (fn, args, kwargs) if payload is None else None
     procs = []
     try:
-        for rank in range(world_size):
-            p = ctx.Process(target=_rank_main, daemon=True, name=f"minipar-rank{rank}",
-                            args=(rank, world_size, workdir, backend, timeout, payload,
-                                  (fn, args, kwargs) if payload is None else None))
-            p.start()
-            procs.append(p)
-        results = _wait(procs, workdir, timeout)
-        outputs = [_read_output(workdir, r) for r in range(world_size)]
-        if not quiet:
-            _print_outputs(outputs)
+        context = mp.start_processes(_rank_main, args=(world_size, workdir, backend, timeout, payload, direct),
+                                     nprocs=world_size, join=False, daemon=True, start_method=method)
+        procs = context.processes
+        streamer = _Streamer(workdir, world_size) if stream and not quiet else None
+        results = _wait(procs, workdir, timeout, wall_limit, streamer)
+        if streamer is not None:
+            streamer.poll(final=True)
+        elif not quiet:
+            _print_outputs([_read_output(workdir, r) for r in range(world_size)])
         return results
     finally:
         for p in procs:  # whatever happened (error, timeout, KeyboardInterrupt): no process survives us
@@ -116,12 +128,16 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _wait(procs, workdir: str, timeout: float) -> list:
+def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streamer=None) -> list:
+    """Collect every rank's result. No deadline of its own: a deadlock shows up as a rank whose collective
+    timed out (that rank reports it); only an explicit ``wall_limit`` stops ranks that are still working."""
     world_size = len(procs)
     results: list = [None] * world_size
     done = [False] * world_size
-    deadline = time.monotonic() + 2 * timeout + 30
+    start = time.monotonic()
     while not all(done):
+        if streamer is not None:
+            streamer.poll()
         for rank, p in enumerate(procs):
             if done[rank] or p.exitcode is None:
                 continue
@@ -130,13 +146,55 @@ def _wait(procs, workdir: str, timeout: float) -> list:
             if status == "ok":
                 results[rank] = value
             else:
+                if streamer is not None:
+                    streamer.poll(final=True)
                 _raise_root_cause(procs, workdir, timeout)
-        if time.monotonic() > deadline:
-            waiting = [r for r in range(world_size) if not done[r]]
-            raise LaunchTimeout(waiting[0], f"ranks {waiting} did not finish within {2 * timeout + 30:.0f} s "
-                                            f"(deadlock?)", output=_read_output(workdir, waiting[0]))
-        time.sleep(0.005)
+        if wall_limit is not None and time.monotonic() - start > wall_limit:
+            if streamer is not None:
+                streamer.poll(final=True)
+            running = [r for r in range(world_size) if not done[r]]
+            raise LaunchTimeout(running[0], f"ranks {running} were still running at the wall-clock limit "
+                                            f"of {wall_limit:g} s (wall_limit=)",
+                                output=_read_output(workdir, running[0]))
+        time.sleep(0.005 if streamer is None else 0.02)
     return results
+
+
+class _Streamer:
+    """Print the ranks' output while they run: each complete line once, prefixed ``[rank r]``.
+
+    A carriage return (a progress bar redrawing itself) also ends a line, so a bar shows up as it moves."""
+
+    def __init__(self, workdir: str, world_size: int):
+        self.paths = [os.path.join(workdir, f"out{r}.txt") for r in range(world_size)]
+        self.offsets = [0] * world_size
+        self.partial = [""] * world_size
+
+    def poll(self, final: bool = False) -> None:
+        printed = False
+        for rank, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[rank])
+                    data = f.read()
+            except OSError:
+                continue
+            if not data and not (final and self.partial[rank]):
+                continue
+            if final:
+                cut = len(data)
+            else:  # hold back an incomplete line until the rest arrives
+                cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            self.offsets[rank] += cut
+            text = self.partial[rank] + data[:cut].decode(errors="replace")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            self.partial[rank] = "" if final else lines.pop()
+            for line in lines:
+                if line.strip():
+                    print(f"[rank {rank}] {line}")
+                    printed = True
+        if printed:
+            sys.stdout.flush()
 
 
 def _lost_a_peer(message: str) -> bool:
@@ -212,14 +270,17 @@ def _leave_together(store, world_size: int, timeout: float) -> None:
 
     gloo connects lazily: inside ``init_process_group`` and inside every ``new_group``. A rank that
     finished and left could make a peer still connecting fail with "connection closed by peer". The wait
-    is on the store, not a collective, so it can never be matched against the user's own collectives; if a
-    peer fails instead, the parent kills this rank."""
+    is on the store, not a collective, so it can never be matched against the user's own collectives. It
+    has no deadline: a peer may compute for as long as it likes; if a peer fails instead, the parent
+    reports that one and kills this rank."""
     if store.add("minipar/returned", 1) == world_size:
         store.set("minipar/all_returned", "1")
-    try:
-        store.wait(["minipar/all_returned"], datetime.timedelta(seconds=timeout))
-    except RuntimeError:  # a peer is stuck or failed: the parent reports that one
-        pass
+    while True:
+        try:
+            store.wait(["minipar/all_returned"], datetime.timedelta(seconds=timeout))
+            return
+        except RuntimeError:  # not yet: a peer is still working (or stuck, and the parent will say so)
+            continue
 
 
 def _die_with_parent() -> None:

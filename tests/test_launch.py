@@ -172,3 +172,132 @@ def test_calling_different_collectives_is_reported_not_hung(no_leftover_processe
             dist.barrier()                               # rank 1 never joins
     with pytest.raises(LaunchTimeout, match="rank 0"):
         launch(mismatch, 2, timeout=2)
+
+
+def _compute_then_all_reduce(rank, world_size, seconds, step):
+    """Every rank works (sleeps: CPU-free) for ``seconds`` in steps shorter than the collective timeout,
+    meeting the others in an all-reduce after each step: a long run that is making progress."""
+    t0, rounds = time.monotonic(), 0
+    while time.monotonic() - t0 < seconds:
+        time.sleep(step)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        rounds += 1
+    return rounds, t.item()
+
+
+def test_a_long_run_making_progress_is_not_killed(no_leftover_processes):
+    """The launcher used to cut every run off at 2 * timeout + 30 s ("deadlock?"): 34 s for timeout=2."""
+    t0 = time.monotonic()
+    results = launch(_compute_then_all_reduce, 2, 36.0, 1.5, timeout=2)
+    assert time.monotonic() - t0 > 36
+    assert all(rounds >= 10 and total == 2.0 for rounds, total in results)   # ~23 unloaded
+
+
+def test_a_rank_may_compute_without_collectives_longer_than_the_timeout(no_leftover_processes):
+    """Rank 0 returns at once; rank 1 computes for 3x the collective timeout. Nobody is waiting in a
+    collective, so nothing is a deadlock: both results come back."""
+    def uneven(rank, world_size):
+        if rank == 1:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 6.0:            # a Python loop, 3 x timeout
+                sum(range(1000))
+        return rank
+    assert launch(uneven, 2, timeout=2) == [0, 1]
+
+
+def test_a_deadlock_is_still_reported_by_the_collective_timeout_naming_the_rank(no_leftover_processes):
+    def rank1_never_arrives(rank, world_size):
+        if rank == 1:
+            time.sleep(600)                                # computing (forever) instead of joining
+        dist.barrier()
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(rank1_never_arrives, 2, timeout=2)
+    assert time.monotonic() - t0 < 20
+    assert info.value.rank == 0 and "rank 0 failed" in str(info.value) and "timeout" in str(info.value)
+
+
+def test_wall_limit_stops_a_run_that_is_still_working(no_leftover_processes):
+    def sleep_long(rank, world_size):
+        print("started")
+        time.sleep(600)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout, match=r"still running at the wall-clock limit of 1 s") as info:
+        launch(sleep_long, 2, wall_limit=1)
+    assert time.monotonic() - t0 < 10
+    assert info.value.rank == 0 and "started" in info.value.output
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_wall_limit_must_be_positive(bad):
+    with pytest.raises(ValueError, match="wall_limit must be positive"):
+        launch(lambda rank, world_size: None, 2, wall_limit=bad)
+
+
+class _Recorder:
+    """A stand-in for sys.stdout that notes when each piece of text arrived."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append((time.monotonic(), text))
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def lines(self):
+        return "".join(text for _, text in self.writes).splitlines()
+
+    def time_of(self, line):
+        return min(t for t, text in self.writes if line in text)
+
+
+def test_stream_prints_each_line_while_the_ranks_run(monkeypatch):
+    def talk(rank, world_size):
+        print(f"early {rank}")
+        time.sleep(2.0)
+        print(f"late {rank}", end="")                     # no final newline: still printed at the end
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    launch(talk, 2, stream=True)
+    end = time.monotonic()
+    assert end - out.time_of("[rank 0] early 0") > 1.0   # seen while the ranks were still sleeping
+    assert end - out.time_of("[rank 1] early 1") > 1.0
+    assert sorted(out.lines()) == ["[rank 0] early 0", "[rank 0] late 0", "[rank 1] early 1", "[rank 1] late 1"]
+
+
+def test_stream_shows_a_progress_bar_redraw_as_lines(monkeypatch):
+    def progress(rank, world_size):
+        if rank == 0:
+            for pct in (50, 100):
+                sys.stdout.write(f"\rstep {pct}%")
+            sys.stdout.write("\n")
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    launch(progress, 2, stream=True)
+    assert out.lines() == ["[rank 0] step 50%", "[rank 0] step 100%"]
+
+
+def test_stream_output_comes_before_the_error(monkeypatch):
+    def fail(rank, world_size):
+        print(f"before {rank}")
+        if rank == 1:
+            raise ValueError("boom")
+        dist.barrier()
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    with pytest.raises(RankError, match="rank 1 failed: ValueError: boom"):
+        launch(fail, 2, stream=True, timeout=30)
+    assert "[rank 1] before 1" in out.lines()
+
+
+def test_ranks_are_started_through_torch_multiprocessing():
+    def started_by(rank, world_size):
+        import traceback
+        return [frame.filename for frame in traceback.extract_stack()]
+    for method in ("fork", "spawn"):
+        for frames in launch(started_by, 2, start_method=method):
+            assert any(f.replace(os.sep, "/").endswith("torch/multiprocessing/spawn.py") for f in frames)

@@ -25,6 +25,8 @@ LINE_BUDGET = 300
 EXEMPT = {
     # every collective wrapper with its traffic model, and the send/recv rings, on one page to compare
     "comm.py": "the reference table of every collective (wrappers + the hand-written rings)",
+    # not a strategy: starting, streaming and stopping processes, root-cause errors, torchrun
+    "launcher.py": "the process machinery every chapter runs on, read as a whole",
 }
 
 STRATEGIES = ["minipar.data.dp", "minipar.data.ddp", "minipar.data.parameter_server", "minipar.data.zero",

@@ -1,0 +1,74 @@
+"""The course as a learner meets it: JupyterLab in a real browser (headless Chromium through Playwright).
+
+For every chapter with widgets (found by reading the notebooks, so later chapters' widgets are covered):
+run all cells in JupyterLab, check that no cell shows an error, that each widget's first view is a picture
+or a number and not an error message, and that moving each of its enabled sliders changes what it shows.
+Screenshots are kept in tests/browser/artifacts/ (gitignored). Chapters without widgets are executed by
+nbval and the site build instead, which keeps this test to about two minutes on two cores.
+
+Needs Chromium and playwright: tools/setup_browser.sh installs both (idempotent). Without them the test
+fails and says so, unless MINIPAR_SKIP_BROWSER=1. MINIPAR_BROWSER_NOTEBOOKS=path1,path2 tests other
+notebooks (paths relative to the repository root).
+"""
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from labdriver import (ARTIFACTS, ERROR_TEXT, ROOT, browser, course_path, find_chromium, how_to_set_up, jupyterlab,
+                       run_chapter)
+
+
+def notebooks_with_widgets() -> list[Path]:
+    found = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        if any(c["cell_type"] == "code" and re.search(r"\bipywidgets\b", "".join(c["source"])) for c in cells):
+            found.append(path)
+    return found
+
+
+def chapters() -> list[Path]:
+    chosen = os.environ.get("MINIPAR_BROWSER_NOTEBOOKS")
+    if chosen:
+        return [(ROOT / p).resolve() for p in chosen.split(",") if p]  # relative to the root, or absolute
+    return notebooks_with_widgets()
+
+
+@pytest.fixture(scope="module")
+def lab_page():
+    if os.environ.get("MINIPAR_SKIP_BROWSER") == "1":
+        pytest.skip("MINIPAR_SKIP_BROWSER=1")
+    chromium = find_chromium()
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        pytest.fail(how_to_set_up(), pytrace=False)
+    course = [ROOT / "notebooks", ROOT / "figures"] + [p for p in chapters() if ROOT not in p.parents]
+    with jupyterlab(course) as (base, token, root), browser(chromium) as page:
+        yield page, base, token
+
+
+def test_there_are_widgets_to_test():
+    assert {p.name for p in notebooks_with_widgets()} >= {"03_zero_and_fsdp.ipynb", "04_pipeline_parallelism.ipynb"}
+
+
+@pytest.mark.parametrize("notebook", chapters(), ids=lambda p: p.stem)
+def test_chapter_in_jupyterlab(lab_page, notebook):
+    page, base, token = lab_page
+    run = run_chapter(page, base, token, course_path(notebook).as_posix(), ARTIFACTS)
+    errors = "\n".join(run.errors())
+    assert not errors, f"{notebook.name}: cells with errors (screenshots in {ARTIFACTS}):\n{errors}"
+    assert run.widget_cells, f"{notebook.name}: no widget was rendered"
+    for index, view in run.first_views.items():
+        shown = view["text"]
+        assert not ERROR_TEXT.search(shown), f"{notebook.name} cell {index}: the widget first shows an error:\n{shown}"
+        assert view["images"] or re.search(r"\d", shown), \
+            f"{notebook.name} cell {index}: the widget's first view shows neither a picture nor a number"
+    assert run.moves, f"{notebook.name}: no slider to move"
+    unchanged = [f"cell {m.cell} slider {m.label!r}" for m in run.moves if not m.changed]
+    assert unchanged == [], f"{notebook.name}: moving these sliders changed nothing on screen: {unchanged}"

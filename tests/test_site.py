@@ -1,0 +1,105 @@
+"""The course site (tools/site.py): every chapter page exists, shows its outputs and figures, no errors.
+
+Building it executes every chapter (a few minutes on two cores). `make site` builds build/site once; with
+MINIPAR_SITE_DIR=build/site this test checks that build instead of making its own.
+"""
+import html
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("minipar_site", ROOT / "tools" / "site.py")
+site = importlib.util.module_from_spec(_spec)
+sys.modules["minipar_site"] = site  # the build's worker processes find its functions by this name
+_spec.loader.exec_module(site)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    given = os.environ.get("MINIPAR_SITE_DIR")
+    if given:
+        out = Path(given)
+        assert (out / "manifest.json").exists(), f"MINIPAR_SITE_DIR={given}: no site there (run `make site`)"
+    else:
+        out = tmp_path_factory.mktemp("site")
+        site.build(out, site.chapters(ROOT), jobs=2)
+    return out, json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def test_the_site_has_every_chapter(built):
+    out, manifest = built
+    assert sorted(manifest["chapters"]) == [p.stem for p in site.chapters(ROOT)], "missing or stale chapters"
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
+def test_chapter_page_has_its_outputs_and_figures_and_no_errors(built, stem):
+    out, manifest = built
+    assert stem in manifest["chapters"], f"{stem}: not in the site"
+    info = manifest["chapters"][stem]
+    page = (out / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+    assert info["errors"] == [], f"{stem}: {info['errors']}"
+    assert info["unexecuted"] == 0, f"{stem}: {info['unexecuted']} code cells did not run"
+    assert info["outputs"] > 0 and page.count("jp-OutputArea-output") >= info["outputs"] // 2, stem
+    assert "Traceback (most recent call last)" not in page, f"{stem}: a traceback on the page"
+    assert html.escape(info["title"].split("·")[-1].strip())[:30] in page, f"{stem}: no title"
+    for figure in info["figures"]:                      # figures/ pictures the chapter's text shows
+        assert (ROOT / "figures" / figure).exists(), f"{stem}: ../figures/{figure} does not exist"
+    for src in re.findall(r"<img[^>]*\ssrc=\"([^\"]+)\"", page):  # embedded, or a file of the site
+        assert src.startswith("data:image/") or (out / "notebooks" / src).resolve().exists(), f"{stem}: {src}"
+    assert page.count("data:image/") >= info["images"] + len(info["figures"]), f"{stem}: pictures missing"
+
+
+def test_index_glossary_and_figures_pages(built):
+    out, manifest = built
+    index = (out / "index.html").read_text(encoding="utf-8")
+    for stem in manifest["chapters"]:
+        assert f"notebooks/{stem}.html" in index
+    glossary = (out / "glossary.html").read_text(encoding="utf-8")
+    with_glossary = [s for s, info in manifest["chapters"].items() if info["glossary"]]
+    assert with_glossary, "no chapter has a glossary table"
+    for stem in with_glossary:
+        en, zh = manifest["chapters"][stem]["glossary"][0]
+        assert html.escape(zh) in glossary and f"notebooks/{stem}.html" in glossary
+    figures = (out / "figures.html").read_text(encoding="utf-8")
+    for name in manifest["figures"]:
+        assert f"figures/{name}" in figures and (out / "figures" / name).exists()
+
+
+def _widget_notebook(shown_text):
+    """A notebook whose one cell displayed a VBox holding an Output widget that shows ``shown_text``."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("display(controls, out)")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        site.WIDGET_VIEW: {"model_id": "box", "version_major": 2, "version_minor": 0},
+        "text/plain": "VBox(...)"})]
+    nb.cells = [cell]
+    nb.metadata["widgets"] = {site.WIDGET_STATE: {"state": {
+        "box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_out"]}},
+        "out": {"model_name": "OutputModel", "state": {"outputs": [
+            {"output_type": "stream", "name": "stdout", "text": shown_text}]}}}}}
+    return nb
+
+
+def test_a_widget_is_shown_by_its_first_view():
+    nb = _widget_notebook("bubble 27.3%\n")
+    assert site.freeze_widgets(nb) == (1, [])
+    texts = [o.get("text", "") for o in nb.cells[0].outputs]
+    assert "bubble 27.3%\n" in texts and "widgets" not in nb.metadata
+
+
+def test_a_widget_whose_first_view_is_an_error_fails_the_build():
+    frozen, errors = site.freeze_widgets(_widget_notebook("ValueError: 1f1b needs at least as many micro-batches"))
+    assert frozen == 1 and len(errors) == 1 and "first view is an error" in errors[0]
+
+
+def test_glossary_rows_are_read_from_the_chapter():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## Glossary\n\n| English | 中文 |\n|---|---|\n| rank | 进程编号 |\n")]
+    assert site.glossary(nb) == [("rank", "进程编号")]

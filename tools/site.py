@@ -1,0 +1,278 @@
+"""Build the course site: every chapter executed now, rendered to static HTML with all its outputs.
+
+    .venv/bin/python tools/site.py [--out build/site] [--jobs 2] [-k 04_]
+
+Why nbconvert + nbclient and not Jupyter Book: both are already installed with JupyterLab (no new
+dependency, nothing fetched at build time), each chapter renders to one self-contained page with its pictures
+embedded, and the build is a short script the course can read. Jupyter Book 1.x (Sphinx, MyST-NB, a theme)
+would add about forty packages for a sidebar and search.
+
+What the site has:
+* ``index.html``: the chapter map (number, title, what the chapter teaches, reading time), linked;
+* ``notebooks/NN_topic.html``: each chapter, executed at build time (outputs, figures, widgets' first view);
+* ``glossary.html``: every chapter's glossary table (English, 中文, chapter) in one place;
+* ``figures.html``: every figure under figures/, by chapter;
+* ``manifest.json``: what the build saw per chapter (cells, outputs, images, errors), used by the test.
+
+A widget cannot run without a kernel, so its page shows the widget's first view (what its Output areas
+held after the cell ran), marked as such. Any error output fails the build (exit status 1) and is listed.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(Error|Exception): ")
+
+
+def chapters(root: Path = ROOT, pattern: str = "") -> list[Path]:
+    return [p for p in sorted((root / "notebooks").glob("*.ipynb")) if pattern in p.name]
+
+
+def execute(path: Path, timeout: int = 900) -> dict:
+    """Run one notebook top to bottom in a fresh kernel (in its own folder); return it as a dict."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                            store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
+    start = time.monotonic()
+    client.execute(env=dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline"))
+    nb.metadata["minipar_seconds"] = round(time.monotonic() - start, 1)
+    return nbformat.from_dict(nb)
+
+
+def _widget_outputs(model_id: str, state: dict, seen=None) -> list:
+    """The outputs a widget shows: its Output areas' contents, children first to last."""
+    seen = set() if seen is None else seen
+    if model_id in seen or model_id not in state:
+        return []
+    seen.add(model_id)
+    model = state[model_id]
+    if model.get("model_name") == "OutputModel":
+        return list(model["state"].get("outputs", []))
+    found = []
+    for child in model["state"].get("children", []):
+        if isinstance(child, str) and child.startswith("IPY_MODEL_"):
+            found += _widget_outputs(child[len("IPY_MODEL_"):], state, seen)
+    return found
+
+
+def freeze_widgets(nb) -> tuple[int, list[str]]:
+    """Replace each widget view by what it first showed (a site has no kernel). Returns how many widgets,
+    and the first views that show an error message instead of a picture or a number."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    frozen, errors = 0, []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view is None:
+                outputs.append(out)
+                continue
+            shown = _widget_outputs(view["model_id"], state)
+            if shown:
+                frozen += 1
+                text = "".join(o.get("text", "") for o in shown if o.get("output_type") == "stream")
+                if ERROR_TEXT.search(text):
+                    errors.append(f"cell {i}: the widget's first view is an error: {text.strip()[:300]}")
+                outputs.append({"output_type": "display_data", "metadata": {}, "data": {
+                    "text/html": "<p class='minipar-frozen'><em>Interactive in JupyterLab: this is the widget's "
+                                 "first view.</em></p>"}})
+                outputs += shown
+            elif "text/plain" in out.get("data", {}):      # e.g. a finished progress bar: its text
+                outputs.append({**out, "data": {"text/plain": out["data"]["text/plain"]}})
+        cell.outputs = [_as_output(o) for o in outputs]
+    nb.metadata.pop("widgets", None)  # the page needs no widget manager (it would be fetched from a CDN)
+    return frozen, errors
+
+
+def _as_output(o):
+    import nbformat
+    return nbformat.from_dict(o)
+
+
+def summarize(nb) -> dict:
+    errors, outputs, images = [], 0, 0
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            outputs += 1
+            if out.output_type == "error":
+                errors.append(f"cell {i}: {out.ename}: {out.evalue}"[:500])
+            elif out.output_type == "stream" and out.name == "stderr" and "Traceback" in out.text:
+                errors.append(f"cell {i}: traceback on stderr: {out.text[-300:]}")
+            images += sum(1 for k in out.get("data", {}) if k.startswith("image/"))
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return {"cells": len(nb.cells), "code_cells": sum(c.cell_type == "code" for c in nb.cells),
+            "unexecuted": sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip()
+                              and c.get("execution_count") is None),
+            "outputs": outputs, "images": images, "errors": errors,
+            "figures": sorted(set(re.findall(r"\]\(\.\./figures/([^)\s]+\.png)\)", markdown))),
+            "seconds": nb.metadata.get("minipar_seconds")}
+
+
+def render(nb) -> str:
+    from nbconvert import HTMLExporter
+    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    body = re.sub(r'href="([\w.-]+)\.ipynb', r'href="\1.html', body)  # links between chapters
+    nav = ("<nav class='minipar-nav' style='padding:8px 16px;border-bottom:1px solid #ddd;font-family:sans-serif'>"
+           "<a href='../index.html'>minipar course</a> · <a href='../glossary.html'>glossary</a> · "
+           "<a href='../figures.html'>figures</a></nav>")
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
+
+
+def _build_one(args) -> tuple[str, dict, str]:
+    path, timeout = args
+    nb = execute(path, timeout)
+    frozen, widget_errors = freeze_widgets(nb)
+    info = summarize(nb)
+    info["widgets_frozen"] = frozen
+    info["errors"] += widget_errors
+    info["title"], info["teaches"], info["minutes"] = describe(nb)
+    info["glossary"] = glossary(nb)
+    return path.stem, info, render(nb)
+
+
+def describe(nb) -> tuple[str, str, str]:
+    """Title, 'what this chapter teaches' and reading time, from the chapter's first cell."""
+    first = nb.cells[0].source if nb.cells else ""
+    title = next((l.lstrip("# ").strip() for l in first.splitlines() if l.startswith("# ")), "")
+    teaches = re.search(r"\*\*What this chapter teaches\.\*\*\s*(.+?)(?:\n\s*\n|\Z)", first, re.S)
+    minutes = re.search(r"(\d+)\s*(?:–|-|to)?\s*(\d+)?\s*min", first)
+    return (title, " ".join(teaches.group(1).split()) if teaches else "",
+            minutes.group(0) if minutes else "")
+
+
+def glossary(nb) -> list[tuple[str, str]]:
+    """The rows of the chapter's glossary table (English | 中文)."""
+    rows = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown" or not re.search(r"^#+\s*Glossary", cell.source, re.M | re.I):
+            continue
+        table = cell.source[re.search(r"^#+\s*Glossary", cell.source, re.M | re.I).end():]
+        for line in table.splitlines():
+            parts = [p.strip() for p in line.strip().strip("|").split("|")]
+            if len(parts) >= 2 and line.strip().startswith("|") and not set("".join(parts)) <= set("-: ") \
+                    and parts[0].lower() != "english":
+                rows.append((parts[0], parts[1]))
+    return rows
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
+img{max-width:100%}figure{display:inline-block;margin:8px;max-width:520px}figcaption{font-size:90%}"""
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><p><a href='index.html'>chapters</a> · "
+            f"<a href='glossary.html'>glossary</a> · <a href='figures.html'>figures</a></p>{body}</body></html>")
+
+
+def _inline_markdown(text: str) -> str:
+    from nbconvert.filters import markdown2html
+    return re.sub(r"^<p>|</p>\s*$", "", markdown2html(text).strip())
+
+
+def write_index(out: Path, manifest: dict) -> None:
+    rows = "".join(
+        f"<tr><td>{html.escape(stem.split('_')[0])}</td><td><a href='notebooks/{stem}.html'>"
+        f"{html.escape(info['title'] or stem)}</a></td><td>{_inline_markdown(info['teaches'])}</td>"
+        f"<td>{html.escape(info['minutes'])}</td></tr>" for stem, info in manifest["chapters"].items())
+    body = ("<h1>minipar: distributed training, run and measured on CPU ranks</h1>"
+            f"<p>Built {html.escape(manifest['built'])}: every chapter below was executed for this site, its "
+            "outputs are the ones it printed and drew. Open the notebooks in JupyterLab (<code>make lab</code>) "
+            "to change and rerun them.</p><h2>Chapter map</h2><table><tr><th>#</th><th>chapter</th>"
+            f"<th>what it teaches</th><th>reading time</th></tr>{rows}</table>")
+    (out / "index.html").write_text(_page("minipar course", body), encoding="utf-8")
+
+
+def write_glossary(out: Path, manifest: dict) -> None:
+    rows = []
+    for stem, info in manifest["chapters"].items():
+        for en, zh in info["glossary"]:
+            rows.append((en.lower(), f"<tr><td>{html.escape(en)}</td><td>{html.escape(zh)}</td>"
+                                     f"<td><a href='notebooks/{stem}.html'>{html.escape(stem)}</a></td></tr>"))
+    body = ("<h1>Glossary · 术语表</h1><table><tr><th>English</th><th>中文</th><th>chapter</th></tr>"
+            + "".join(r for _, r in sorted(rows)) + "</table>")
+    (out / "glossary.html").write_text(_page("minipar glossary", body), encoding="utf-8")
+
+
+def write_figures(out: Path, root: Path) -> list[str]:
+    names = sorted(p.name for p in (root / "figures").glob("*.png")) if (root / "figures").is_dir() else []
+    if names:
+        shutil.copytree(root / "figures", out / "figures", dirs_exist_ok=True)
+    body = "<h1>Figures</h1><p>Made by <code>python -m minipar figures</code>.</p>" + "".join(
+        f"<figure><a href='figures/{n}'><img src='figures/{n}' alt='{n}'></a><figcaption>{n}</figcaption></figure>"
+        for n in names)
+    (out / "figures.html").write_text(_page("minipar figures", body), encoding="utf-8")
+    return names
+
+
+class _Inline:
+    """Stands in for a process pool when one notebook at a time is asked for."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @staticmethod
+    def map(fn, items):
+        return map(fn, items)
+
+
+def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 900, log=print) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "notebooks").mkdir(exist_ok=True)
+    manifest = {"built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "chapters": {}}
+    work = [(p, timeout) for p in notebooks]
+    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
+        for stem, info, page in pool.map(_build_one, work):
+            (out / "notebooks" / f"{stem}.html").write_text(page, encoding="utf-8")
+            manifest["chapters"][stem] = info
+            log(f"site: {stem}: {info['seconds']} s, {info['outputs']} outputs, {info['images']} images, "
+                f"{len(info['errors'])} errors")
+    manifest["figures"] = write_figures(out, ROOT)
+    write_index(out, manifest)
+    write_glossary(out, manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+    return manifest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "build" / "site"))
+    ap.add_argument("--jobs", type=int, default=2, help="notebooks executed at once")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds one cell may take")
+    ap.add_argument("-k", default="", help="only chapters whose file name contains this")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    manifest = build(Path(args.out), chapters(ROOT, args.k), args.jobs, args.timeout)
+    errors = [f"{stem}: {e}" for stem, info in manifest["chapters"].items() for e in info["errors"]]
+    print(f"site: {len(manifest['chapters'])} chapters in {time.monotonic() - start:.0f} s -> "
+          f"{Path(args.out) / 'index.html'}")
+    if errors:
+        print("site: errors in the executed chapters:\n  " + "\n  ".join(errors), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
