@@ -40,6 +40,7 @@ def mean_over_ranks(loss, group=None) -> float:
     logged by :mod:`minipar.comm` like every other collective)."""
     from . import comm
     import torch.distributed as dist
-    value = loss.detach().clone().reshape(1) if isinstance(loss, torch.Tensor) else torch.tensor([float(loss)])
+    value = (loss.detach().clone().reshape(1) if isinstance(loss, torch.Tensor)
+             else torch.tensor([float(loss)], dtype=torch.float64))   # a Python float keeps its 64 bits
     comm.all_reduce(value, group=group)
     return value.item() / dist.get_world_size(group)

@@ -122,7 +122,7 @@ class TensorParallelGPT(nn.Module):
                 if module_name in ("tok_emb", "head"):
                     full = full[: self.cfg.vocab_size]        # drop the padding rows
             elif isinstance(module, RowParallelLinear) and name.endswith("weight"):
-                full = all_gather_dim(p.detach(), 1, self.group)
+                full = all_gather_dim(p.detach(), 1, self.group).clone()   # tp=1: a copy, not the live tensor
             else:
                 full = p.detach().clone()
             out[name] = full

@@ -1,0 +1,166 @@
+"""Chapter 08's measurements: each layout on 8 ranks (bytes per rank per step by kind beside the formulas,
+observed on the sockets, peak memory, step time, bubble), GPT-3's layout from the formulas, and what ZeRO-2/3
+would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from minipar import comm
+from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.hybrid.parallel3d import HybridPipelineRank, Trainer3D, bytes_formula, run
+from minipar.launcher import launch
+from minipar.pipeline.runtime import measured_idle_fraction
+from minipar.pipeline.schedules import bubble_formula
+from minipar.tensor.sequence import activation_bytes_formula
+
+__all__ = ["recipe", "LAYOUTS", "measure_layout", "gpt3_layout", "zero_in_pipeline", "layout_memory_formula"]
+
+BATCH, SEQ = 16, 8
+
+
+def recipe(steps: int = 3):
+    """The chapter's recipe: tiny GPT (4 layers, hidden 32, 4 heads), Adam, global batch 16 × 8 tokens, float64."""
+    r = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=4)
+    r.dtype = torch.float64
+    return r
+
+
+LAYOUTS = {
+    "2x2x2": dict(dp=2, pp=2, tp=2),
+    "1x2x4": dict(dp=1, pp=2, tp=4),
+    "4x2x1": dict(dp=4, pp=2, tp=1),
+    "2x1x4": dict(dp=2, pp=1, tp=4, schedule="gpipe"),
+    "2x2x2+sp": dict(dp=2, pp=2, tp=2, sp=True),
+    "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1),
+    "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
+}
+
+
+def measure_layout(layout: dict, steps: int = 3, m: int = 4, reference: RunResult | None = None) -> dict:
+    """Run ``layout`` on 8 ranks; return its comparison with one device and its measurements (mean over
+    ranks of bytes per step by kind, formula beside; max peak; median step time; bubble of one pipeline)."""
+    r = recipe(steps)
+    runs = run(r, world_size=8, micro_batches=m, track_memory=True, **layout)
+    c = compare(reference or train_reference(r), runs, dtype=r.dtype)
+    cfg = r.model().cfg
+    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=m,
+                              v=layout.get("v", 1), pp_rank=x.coords[1], zero=layout.get("zero", 0),
+                              sp=layout.get("sp", False)) for x in runs]
+    mean = lambda xs: sum(xs) / len(xs)                                          # noqa: E731
+    one_pipeline = [x for x in runs if x.coords[0] == 0 and x.coords[2] == 0]
+    sched, p, v = layout.get("schedule", "1f1b"), layout["pp"], layout.get("v", 1)
+    return {
+        "matches": c.matches, "max_abs_diff": c.max_abs_diff,
+        "bytes": {k: mean([x.bytes_by_kind[k] for x in runs]) for k in ("dp", "pp", "tp")},
+        "formula": {k: mean([f[k] for f in formulas]) for k in ("dp", "pp", "tp")},
+        "observed": {k: mean([x.observed[k] for x in runs]) for k in ("dp", "pp+tp")},
+        "calls": {k: mean([x.calls_by_kind[k] for x in runs]) for k in ("dp", "pp", "tp")},
+        "peak_bytes": max(x.peak_bytes for x in runs),
+        "step_seconds": statistics.median(s for x in runs for s in x.step_seconds[1:]),
+        "bubble": measured_idle_fraction(one_pipeline) if p > 1 else 0.0,
+        "bubble_formula": bubble_formula(sched, p, m, v) if p > 1 else 0.0,
+        "runs": runs,
+    }
+
+
+def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 0,
+                          bytes_param: int = 2, bytes_grad: int = 2, bytes_optim: int = 12) -> float:
+    """Model-state bytes per GPU: Ψ/(pp·tp) parameters each, optimizer state also /dp under ZeRO-1
+    (mixed-precision Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. 2020)."""
+    per_gpu = psi / (pp * tp)
+    return per_gpu * (bytes_param + bytes_grad + bytes_optim / (dp if zero >= 1 else 1))
+
+
+def gpt3_layout(m: int = 256, recompute: bool = True) -> dict:
+    """GPT-3 175B (Brown et al. 2020: 96 layers, h = 12288, 96 heads, s = 2048, 3.2M tokens per batch =
+    1536 sequences) on seed 001's layout: 64 pipeline stages × 6 hosts in data parallel × 8 GPUs in model
+    parallel = 3072 GPUs. Computed from the formulas, not run."""
+    layers, h, a, s, batch, psi = 96, 12288, 96, 2048, 1536, 175e9
+    pp, dp, tp = 64, 6, 8
+    per_stage_max = -(-layers // pp)                         # 96 layers on 64 stages: some get 2, some 1
+    psi_layer = 12 * h * h
+    mb = batch // (dp * m)
+    act_layer = activation_bytes_formula(s, mb, h, a, tp)     # Korthikanti et al., 16-bit, TP without SP
+    in_flight = pp                                           # 1F1B: stage 0 holds p micro-batches
+    act = in_flight * per_stage_max * (2 * s * mb * h if recompute else act_layer)
+    states = per_stage_max * psi_layer / tp * 16
+    return {"gpus": pp * dp * tp, "layers_per_stage": (layers / pp, per_stage_max), "micro_batch": mb,
+            "model_states_per_gpu": states,
+            "model_states_per_gpu_zero1": per_stage_max * psi_layer / tp * (4 + 12 / dp),
+            "activations_per_gpu": act, "bubble": bubble_formula("1f1b", pp, m), "psi": psi,
+            "even_split_states": layout_memory_formula(psi, dp=dp, pp=pp, tp=tp)}
+
+
+class _ShardedGradsInPipeline(HybridPipelineRank):
+    """What ZeRO-2 must do inside a pipeline: after every micro-batch's backward on a stage, reduce-scatter
+    the stage's gradients over dp (the full gradients may not stay: that is ZeRO-2's memory saving), and
+    add the shard to the sum. ZeRO-3 also all-gathers the stage's parameters before every F and BW
+    (issued here with the real payload; the compute uses the resident copy)."""
+
+    def __init__(self, *args, dp_group=None, zero: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dp_group, self.zero, self.shards = dp_group, zero, {}
+
+    def _gather_params(self, stage):
+        if self.zero == 3:
+            params = list(self.stages[stage].parameters())
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            n = torch.distributed.get_world_size(self.dp_group)
+            shard = flat[: -(-flat.numel() // n)].clone()
+            out = shard.new_empty(shard.numel() * n)
+            comm.all_gather_into_tensor(out, shard, group=self.dp_group)
+
+    def forward(self, stage, mb):
+        self._gather_params(stage)
+        return super().forward(stage, mb)
+
+    def backward_full(self, stage, mb):
+        self._gather_params(stage)
+        return super().backward_full(stage, mb)
+
+    def after_backward(self, stage, mb):
+        params = list(self.stages[stage].parameters())
+        n = torch.distributed.get_world_size(self.dp_group)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % n)])
+        mine = flat.new_empty(flat.numel() // n)
+        comm.reduce_scatter_tensor(mine, flat, group=self.dp_group)
+        self.shards[stage] = self.shards.get(stage, 0) + mine
+        for p in params:
+            p.grad = None
+
+
+def _zero_pp_rank(rank, world_size, recipe, layout, zero):
+    """One step; bytes and calls over the dp group per step (ZeRO-2/3 in the pipeline vs ZeRO-1)."""
+    t = Trainer3D(rank, world_size, recipe, **layout, zero=1 if zero == 1 else 0)
+    if zero > 1:
+        old = t.runner
+        t.runner = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
+                                           zero=zero, tp_group=t.tp_group, vocab_size=old.vocab_size)
+    log = comm.CommLog()
+    inputs, targets = recipe.batches[0]
+    if zero == 1:
+        t.step(inputs, targets)
+        log = t.logs["dp"]
+    else:
+        from minipar.loop import shard_batch
+        x, y = shard_batch((inputs, targets), t.mesh.coord("dp"), t.mesh.size("dp"))
+        with comm.recording() as all_:
+            t.runner.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
+        log.records = [r for r in all_.records if r.op in ("reduce_scatter", "all_gather")]
+        log.observed_bytes_sent = None
+    return {"bytes": log.bytes_sent, "calls": log.count(), "by_op": log.by_op()}
+
+
+def zero_in_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2) -> dict:
+    """{1, 2, 3: {"bytes", "calls", "by_op"}} over the dp group in one step (rank 0's view; ZeRO-1's counts
+    include its all-gather of the updated parameters, ZeRO-2/3's the traffic of the step's micro-batches)."""
+    layout = dict(dp=dp, pp=pp, tp=tp, micro_batches=m)
+    return launch(_zero_pp_ranks, dp * pp * tp, recipe(1), layout, quiet=True)[0]
+
+
+def _zero_pp_ranks(rank, world_size, recipe, layout):
+    """The three variants one after the other in one launch (each builds its own mesh)."""
+    return {z: _zero_pp_rank(rank, world_size, recipe, layout, z) for z in (1, 2, 3)}

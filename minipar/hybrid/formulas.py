@@ -1,0 +1,42 @@
+"""What a 3D step sends, from the shapes alone: the formulas the measured bytes of
+:mod:`minipar.hybrid.parallel3d` are checked against (ring collectives, Megatron's f/g, SP's re-gathers)."""
+from __future__ import annotations
+
+import math
+
+__all__ = ["bytes_formula", "ring_dp"]
+
+
+def bytes_formula(cfg, *, batch: int, seq: int, dp: int, pp: int, tp: int, m: int, v: int = 1,
+                  pp_rank: int = 0, zero: int = 0, sp: bool = False, element_size: int = 8) -> dict:
+    """{"dp", "pp", "tp"}: the bytes rank ``pp_rank`` of a pipeline sends per step, from the shapes alone.
+    With SP every TP all-reduce becomes an all-gather + reduce-scatter ((t-1)/t·S each) and the column-parallel
+    layers re-gather their input in backward: per block 4 reduce-scatters + 6 all-gathers, the embedding 1 + 1,
+    the head 1 + 2; the activations between stages are sequence shards; the LayerNorm / row-bias / position
+    gradients are summed over tp once per step."""
+    b, h, mb, n_stages = element_size, cfg.n_embd, batch // (dp * m), pp * v
+    mine = [s for s in range(n_stages) if s % pp == pp_rank]
+    per_stage = cfg.n_layer // n_stages
+    first, last = sum(s == 0 for s in mine), sum(s == n_stages - 1 for s in mine)
+    ring, half = 2 * (tp - 1) / tp, (tp - 1) / tp
+    act, loss = mb * seq * h, 3 * mb * seq * last                           # one micro-batch's boundary tensor
+    blocks = per_stage * len(mine)
+    if sp:
+        sp_params = blocks * 6 * h + first * cfg.block_size * h + last * 2 * h
+        tp_bytes = b * m * (half * (10 * blocks + 2 * first + 3 * last) * act + ring * loss) + ring * b * sp_params
+    else:
+        tp_bytes = ring * b * m * ((4 * blocks + first + last) * act + loss)     # f, g; embedding g; head f
+    crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)
+    pp_bytes = b * m * act // (tp if sp else 1) * crossings
+    vocab = math.ceil(cfg.vocab_size / tp) * tp
+    per_block = (12 * h * h + 7 * h) // tp + 6 * h          # split weights/biases /t; LayerNorms, row biases whole
+    psi = [per_stage * per_block + (s == 0) * (vocab * h // tp + cfg.block_size * h)
+           + (s == n_stages - 1) * (vocab * h // tp + 2 * h) for s in mine]
+    if zero:                                                 # ZeRO-1 pads each stage's flat buffer to d shards
+        psi = [math.ceil(x / dp) * dp for x in psi]
+    return {"dp": ring_dp(dp) * b * sum(psi), "pp": pp_bytes, "tp": tp_bytes}
+
+
+def ring_dp(n: int) -> float:
+    """2(n-1)/n: an all-reduce (or a reduce-scatter + an all-gather) per byte of payload."""
+    return 2 * (n - 1) / n

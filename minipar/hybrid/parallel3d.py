@@ -1,0 +1,279 @@
+"""3D parallelism: data × pipeline × tensor parallelism (+ sequence parallelism, + ZeRO-1) on one mesh
+(Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM";
+ZeRO-1 over the data-parallel group as in Rajbhandari et al. 2020, §5 and BLOOM/Megatron-DeepSpeed).
+
+The world is a grid ``torch.arange(dp·pp·tp).view(dp, pp, tp)`` (:class:`minipar.mesh.Mesh`): TP innermost
+(neighbouring ranks, one node: it talks every layer), PP next (activations between stages), DP outermost
+(gradients once per step). One training step on a rank::
+
+    its 1/dp of the global batch B, cut into m micro-batches of B/(dp·m) rows
+    pipeline schedule (gpipe | 1f1b | interleaved) over the pp group: point-to-point activations / gradients
+        inside each stage: the TP layers of chapter 05 (f, g all-reduces, or SP all-gather/reduce-scatter)
+        last stage: vocabulary-parallel cross-entropy, each micro-batch's loss divided by m
+    SP only: all-reduce of the LayerNorm/bias gradients over the tp group
+    DP: average the gradients over the dp group (DDP's Reducer), or ZeRO-1: reduce-scatter, step the shard,
+        all-gather
+    optimizer step
+
+So the gradient is (1/dp) Σ_d (1/m) Σ_i ∇L_{d,i} = ∇ of the global batch's mean loss: single-device
+training, up to the order of float summation. Bytes sent per rank per step (b bytes per element, mb = B/(dp·m)
+rows per micro-batch, s sequence, h hidden, L_r blocks on this rank, Ψ_r parameters on this rank):
+
+    TP  2(t-1)/t · b · m · [(4·L_r + e_r) · mb·s·h + 3·mb·s·l_r]   (e_r: +1 for the embedding on the first
+                                                                    stage, +1 for the head's f on the last;
+                                                                    l_r = 1 on the last: the loss's 3 reductions)
+    PP  b · m · mb·s·h · (number of stage boundaries this rank sends across, forward and backward)
+    DP  2(d-1)/d · b · Ψ_r        (all-reduce, or ZeRO-1's reduce-scatter + all-gather: the same)
+
+Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
+:class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
+:class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..check import Recipe, RunResult
+from ..data.ddp import Reducer
+from ..data.zero import ZeRO
+from ..loop import mean_over_ranks, shard_batch
+from ..memory import LiveTensorTracker, tensor_bytes
+from ..mesh import Mesh
+from ..pipeline.runtime import PipelineRank, synced_clock
+from ..pipeline.schedules import make_schedule, validate as validate_schedule
+from ..tensor import gpt as tp_gpt
+from ..tensor.gpt import TensorParallelGPT
+from ..tensor.layers import dropout
+from ..tensor.operators import tp_rank, tp_size
+from ..tensor.vocab import vocab_parallel_cross_entropy
+from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
+
+__all__ = ["SCHEDULES", "ZERO_WITH_PP", "validate", "HybridStage", "HybridPipelineRank", "Trainer3D", "HybridRun",
+           "parallel_train", "run", "bytes_formula"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ZERO_WITH_PP = ("ZeRO-{z} shards the gradients, so every micro-batch's backward would reduce-scatter its "
+                "stage's gradients over the data-parallel group (m collectives and m× the bytes per step "
+                "instead of one, measured in chapter 08); with pipeline parallelism use ZeRO-1, which "
+                "reduces once per step after the last micro-batch (DeepSpeed refuses the same combination)")
+
+
+def validate(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
+             schedule: str = "1f1b", micro_batches: int = 4, v: int = 1) -> None:
+    """Raise ValueError naming the reason, before any process starts, for a layout that cannot work."""
+    for name, x in (("dp", dp), ("pp", pp), ("tp", tp), ("micro_batches", micro_batches), ("v", v)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive integer, got {x!r}")
+    if dp * pp * tp != world_size:
+        raise ValueError(f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp} ranks, but the world size is "
+                         f"{world_size}: the mesh's dimensions must multiply to the world size")
+    if zero in (2, 3):
+        raise ValueError(ZERO_WITH_PP.format(z=zero))
+    if zero not in (0, 1):
+        raise ValueError(f"zero must be 0 (plain data parallelism) or 1 (ZeRO-1), got {zero!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    cfg = recipe.model().cfg
+    if cfg.tie_weights and pp > 1:
+        raise ValueError("tied embedding and head weights live on the first and the last stage: use "
+                         "tie_weights=False with pipeline parallelism")
+    validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
+    batch, seq = recipe.batches[0][0].shape
+    tp_gpt.validate(cfg, tp=tp, seq_len=seq, sequence_parallel=sp)
+    if batch % (dp * micro_batches):
+        raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
+                         f"equal micro-batches (global batch = dp × m × micro-batch size)")
+
+
+class HybridStage(nn.Module):
+    """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT`: its TP blocks, plus the
+    embeddings (first stage) and the final LayerNorm and vocabulary-parallel head (last stage)."""
+
+    def __init__(self, model: TensorParallelGPT, index: int, n_stages: int):
+        super().__init__()
+        per = model.cfg.n_layer // n_stages
+        self.index, self.first, self.last = index, index == 0, index == n_stages - 1
+        self.cfg, self.group, self.sp, self.streams = model.cfg, model.group, model.sequence_parallel, model.streams
+        if self.first:
+            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
+        self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
+        if self.last:
+            self.ln_f, self.head = model.ln_f, model.head
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.reference_names = {id(p): names[id(p)] for p in self.parameters()}
+
+    def forward(self, x):
+        if self.first:                                  # token ids -> hidden states (TensorParallelGPT's way)
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_emb(x)
+            if self.sp:
+                pos = pos.chunk(tp_size(self.group))[tp_rank(self.group)]
+            stream = self.streams.per_rank if self.sp else self.streams.replicated
+            x = dropout(x + self.pos_emb(pos), self.cfg.dropout, stream, self.training)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits
+
+
+class HybridPipelineRank(PipelineRank):
+    """:class:`PipelineRank` whose last stage's loss is the vocabulary-parallel cross-entropy over the TP
+    group (the logits stay split by vocabulary columns), divided by m like every micro-batch loss."""
+
+    def __init__(self, *args, tp_group=None, vocab_size: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tp_group, self.vocab_size = tp_group, vocab_size
+
+    def forward(self, stage, mb):
+        if stage != self.last:
+            return super().forward(stage, mb)
+        x = self.inputs[mb] if stage == 0 else self.receive("act", stage, mb).requires_grad_()
+        logits = self.module(stage, mb)(x)
+        per_token = vocab_parallel_cross_entropy(logits, self.targets[mb], self.tp_group, self.vocab_size)
+        y = per_token.mean() / self.loss_divisor
+        self.mb_losses[mb] = y.detach()
+        self.saved[(stage, mb)] = (x, y)
+
+
+@dataclass
+class HybridRun(RunResult):
+    """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
+    step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
+    ``calls_by_kind``, ``step_seconds``, ``peak_bytes`` (model states + live tensors during a step), the
+    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords`` = (dp, pp, tp) of the rank."""
+    coords: tuple = ()
+    bytes_by_kind: dict = field(default_factory=dict)
+    calls_by_kind: dict = field(default_factory=dict)
+    observed: dict = field(default_factory=dict)
+    step_seconds: list = field(default_factory=list)
+    peak_bytes: int = 0
+    timeline: list = field(default_factory=list)
+    model_state_bytes: int = 0
+
+
+class Trainer3D:
+    """One rank of a dp × pp × tp run: builds the groups, the TP model, this rank's stages, the schedule and
+    the DP reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch."""
+
+    def __init__(self, rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int,
+                 sp: bool = False, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1):
+        self.recipe, self.m, self.zero_stage = recipe, micro_batches, zero
+        self.mesh = Mesh(world_size, dp=dp, pp=pp, tp=tp).build(rank)
+        self.dp_group, self.tp_group = self.mesh.group("dp"), self.mesh.group("tp")
+        ref = recipe.model().to(recipe.dtype)
+        self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+        self.model = TensorParallelGPT(ref, self.tp_group, sp)
+        n_stages = pp * v
+        self.stages = {s: HybridStage(self.model, s, n_stages)
+                       for s in range(n_stages) if s % pp == self.mesh.coord("pp")}
+        self.params = [p for s in self.stages.values() for p in s.parameters()]
+        self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
+        batch, seq = recipe.batches[0][0].shape
+        mb = batch // (dp * micro_batches)
+        act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
+        shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
+        self.runner = HybridPipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
+                                         shapes, t0=synced_clock(None),   # one time axis for all ranks
+                                         tp_group=self.tp_group, vocab_size=ref.cfg.vocab_size)
+        if zero == 1:
+            self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
+                             units=list(self.stages.values()))
+            self.optimizer, self.reducer = self.zero.optimizer, None
+        else:
+            self.zero, self.optimizer = None, recipe.optimizer(self.params)
+            self.reducer = Reducer(self.params, self.dp_group) if dp > 1 else None
+        mine = set(map(id, self.params))
+        self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
+        self.logs = {k: comm.CommLog() for k in ("pp+tp", "dp")}
+
+    @property
+    def coords(self) -> tuple:
+        return tuple(self.mesh.coord(d) for d in ("dp", "pp", "tp"))
+
+    def zero_grad(self) -> None:
+        if self.zero is not None:
+            self.zero.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, inputs, targets, index: int = 0):
+        """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
+        stage's ranks, None elsewhere."""
+        x, y = shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp"))
+        self.zero_grad()
+        with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
+            loss = self.runner.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
+            if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
+                from ..tensor.sequence import sync_sequence_parallel_grads
+                sync_sequence_parallel_grads(self.sp_params, self.tp_group)
+        with comm.recording(self.logs["dp"]):                     # gradients over the data-parallel group
+            if self.zero is not None:
+                self.zero.step()                                 # reduce-scatter, step my shard, all-gather
+            else:
+                if self.reducer is not None:
+                    for p in self.params:
+                        self.reducer.grad_ready(p)
+                    self.reducer.finish()                        # bucketed all-reduce, averaged over dp
+                self.optimizer.step()
+        if loss is None:
+            return None
+        # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
+        return mean_over_ranks(torch.tensor(loss, dtype=torch.float64), self.dp_group)
+
+    def full_params(self) -> dict:
+        """{reference name: full tensor} of this rank's stages (TP shards gathered: a collective over tp)."""
+        full = self.model.full_state_dict()
+        mine = set(self.names.values())
+        # clone: with tp = 1 full_state_dict hands back row-parallel weights themselves (all_gather_dim
+        # returns its input), which the next optimizer step would change under the caller
+        return {n: t.clone() for n, t in full.items() if n in mine}
+
+    def model_state_bytes(self) -> int:
+        opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        grads = [p.grad for p in self.params if p.grad is not None]
+        return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
+
+
+def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int, sp: bool = False,
+                   zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
+                   track_memory: bool = False) -> HybridRun:
+    """Train ``recipe`` on this rank of a dp × pp × tp mesh; return its losses (last stage only), its stages'
+    full parameters and what it measured."""
+    t = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
+                  micro_batches=micro_batches, v=v)
+    losses, seconds, peak = [], [], 0
+    for i, (inputs, targets) in enumerate(recipe.batches):
+        start = time.perf_counter()
+        if track_memory and i == len(recipe.batches) - 1:        # the last step: states exist already
+            base = t.model_state_bytes()
+            with LiveTensorTracker() as tracker:
+                loss = t.step(inputs, targets, i)
+            peak = base + tracker.peak
+        else:
+            loss = t.step(inputs, targets, i)
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss)
+    steps = len(recipe.batches)
+    by_kind = {"dp": t.logs["dp"].bytes_sent / steps,
+               "pp": sum(r.sent_bytes for r in t.logs["pp+tp"].records if r.op == "send") / steps}
+    by_kind["tp"] = t.logs["pp+tp"].bytes_sent / steps - by_kind["pp"]
+    calls = {"dp": t.logs["dp"].count() / steps, "pp": t.logs["pp+tp"].count("send") / steps}
+    calls["tp"] = (t.logs["pp+tp"].count() - t.logs["pp+tp"].count("send") - t.logs["pp+tp"].count("recv")) / steps
+    observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
+    return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
+                     observed, seconds, peak, t.runner.timeline, t.model_state_bytes())
+
+
+def run(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
+        schedule: str = "1f1b", micro_batches: int = 4, v: int = 1, track_memory: bool = False,
+        quiet: bool = True, timeout: float = 120.0) -> list:
+    """Validate the layout, then train on ``world_size`` ranks; return the per-rank :class:`HybridRun`."""
+    from ..launcher import launch
+    validate(recipe, world_size=world_size, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
+             micro_batches=micro_batches, v=v)
+    return launch(parallel_train, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
+                  micro_batches=micro_batches, v=v, track_memory=track_memory, quiet=quiet, timeout=timeout)

@@ -1,0 +1,162 @@
+"""Checkpoints of a 3D run: saved at 2×2×2, loaded losslessly at 1×2×4, 4×2×1 and on one process; resumed
+training equals training that never stopped; a crash mid-save leaves the previous checkpoint loadable; a
+corrupt or mismatched checkpoint gets an error naming the file."""
+import os
+import shutil
+
+import pytest
+import torch
+
+from minipar import launch
+from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.hybrid import checkpoint
+from minipar.hybrid.checkpoint import CheckpointError
+from minipar.hybrid.parallel3d import Trainer3D
+from minipar.launcher import RankError
+
+
+def recipe(steps=3, **cfg):
+    cfg.setdefault("n_layer", 4)
+    r = gpt_recipe(steps=steps, batch_size=16, seq_len=8, **cfg)
+    r.dtype = torch.float64
+    return r
+
+
+def save_rank(rank, world_size, recipe, layout, directory, steps, crash_rank=None):
+    t = Trainer3D(rank, world_size, recipe, **layout)
+    for i in range(steps):
+        t.step(*recipe.batches[i], i)
+    checkpoint.save(t, directory, steps, crash_rank=crash_rank)
+    return t.full_params()
+
+
+def resume_rank(rank, world_size, recipe, layout, directory):
+    t = Trainer3D(rank, world_size, recipe, **layout)
+    start = checkpoint.load(t, directory)
+    loaded = t.full_params()
+    losses = [t.step(*recipe.batches[i], i) for i in range(start, recipe.steps)]
+    return start, loaded, RunResult(losses if losses[0] is not None else None, t.full_params())
+
+
+L222 = dict(dp=2, pp=2, tp=2, micro_batches=4)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint after 2 steps at 2×2×2 and the full parameters the ranks had when saving."""
+    directory = str(tmp_path_factory.mktemp("ckpt"))
+    params = {}
+    for p in launch(save_rank, 8, recipe(), L222, directory, 2, quiet=True):
+        params.update(p)
+    return directory, params
+
+
+@pytest.mark.parametrize("world_size, layout", [
+    (8, dict(dp=1, pp=2, tp=4, micro_batches=4)),
+    (8, dict(dp=4, pp=2, tp=1, micro_batches=4, zero=1)),
+    (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
+], ids=["1x2x4", "4x2x1+zero1", "one process"])
+def test_load_in_another_layout(saved, world_size, layout):
+    directory, at_save = saved
+    results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
+    seen = set()
+    for start, loaded, _ in results:
+        assert start == 2
+        for name, t in loaded.items():              # lossless: every element as it was saved
+            assert torch.equal(t, at_save[name]), name
+            seen.add(name)
+    assert seen == set(at_save)
+    ref = train_reference(recipe())                 # and the resumed step is the uninterrupted step 3
+    ref3 = RunResult(ref.losses[2:], ref.params)
+    compare(ref3, [r for _, _, r in results], dtype=torch.float64).assert_ok()
+
+
+def test_resume_is_bit_exact_in_the_same_layout(tmp_path):
+    layout = dict(dp=2, pp=1, tp=2, micro_batches=2, zero=1, schedule="gpipe")
+    launch(save_rank, 4, recipe(), layout, str(tmp_path), 2, quiet=True)
+    resumed = [r for _, _, r in launch(resume_rank, 4, recipe(), layout, str(tmp_path), quiet=True)]
+    straight = launch(save_rank, 4, recipe(), layout, str(tmp_path / "straight"), 3, quiet=True)
+    for res, full in zip(resumed, straight):
+        for name, t in res.params.items():
+            assert torch.equal(t, full[name]), name
+
+
+def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
+    layout = dict(dp=1, pp=2, tp=2, micro_batches=2)
+    d = str(tmp_path)
+    launch(save_rank, 4, recipe(), layout, d, 1, quiet=True)
+    with pytest.raises(RankError, match="rank 0"):
+        launch(save_rank, 4, recipe(), layout, d, 2, crash_rank=0, quiet=True)
+    assert os.path.isdir(os.path.join(d, "step-00000002.partial"))      # the half-written one
+    folder = checkpoint.latest(d)
+    assert folder.endswith("step-00000001")
+    checkpoint.verify(folder, checkpoint.read_manifest(folder), recipe_shapes())
+
+
+def recipe_shapes(**cfg):
+    return {n: tuple(p.shape) for n, p in recipe(**cfg).model().named_parameters()}
+
+
+@pytest.fixture
+def copy(saved, tmp_path):
+    shutil.copytree(saved[0], tmp_path / "c")
+    folder = checkpoint.latest(str(tmp_path / "c"))
+    return folder
+
+
+def check(folder, shapes=None):
+    checkpoint.verify(folder, checkpoint.read_manifest(folder), shapes or recipe_shapes())
+
+
+def test_intact_copy_verifies(copy):
+    check(copy)
+
+
+def test_missing_shard(copy):
+    os.remove(os.path.join(copy, "stage-1.pt"))
+    with pytest.raises(CheckpointError, match=r"stage-1\.pt is missing"):
+        check(copy)
+
+
+def test_truncated_shard(copy):
+    path = os.path.join(copy, "stage-0.pt")
+    os.truncate(path, os.path.getsize(path) // 2)
+    with pytest.raises(CheckpointError, match=r"stage-0\.pt has \d+ bytes.*truncated"):
+        check(copy)
+
+
+def test_corrupt_shard(copy):
+    path = os.path.join(copy, "stage-0.pt")
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=r"stage-0\.pt: SHA-256.*corrupt"):
+        check(copy)
+
+
+def test_wrong_model_shape(copy):
+    with pytest.raises(CheckpointError, match=r"stage-0\.pt holds tok_emb\.weight of shape \(64, 32\).*\(64, 48\)"):
+        check(copy, recipe_shapes(n_embd=48))
+
+
+def test_more_layers_than_saved(copy):
+    with pytest.raises(CheckpointError, match="holds blocks.4"):
+        check(copy, recipe_shapes(n_layer=6))
+
+
+def test_manifest_missing_or_garbage(copy):
+    path = os.path.join(copy, "manifest.json")
+    with open(path, "w") as f:
+        f.write("{not json")
+    with pytest.raises(CheckpointError, match="manifest.json is not valid JSON"):
+        check(copy)
+    os.remove(path)
+    with pytest.raises(CheckpointError, match="manifest.json is missing"):
+        check(copy)
+
+
+def test_no_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="latest is missing"):
+        checkpoint.latest(str(tmp_path))

@@ -1,0 +1,88 @@
+"""3D parallelism (dp × pp × tp, + SP, + ZeRO-1, interleaved) equals single-device training; bad layouts are
+refused before any process starts; the bytes of each kind equal the formulas."""
+import pytest
+import torch
+
+from minipar.check import compare, gpt_recipe, train_reference
+from minipar.hybrid.parallel3d import bytes_formula, run, validate
+
+
+def recipe(steps=2):
+    r = gpt_recipe(steps=steps, batch_size=16, seq_len=8, n_layer=4)
+    r.dtype = torch.float64          # Adam amplifies summation-order rounding in float32
+    return r
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train_reference(recipe())
+
+
+LAYOUTS = {
+    "2x2x2": dict(dp=2, pp=2, tp=2),
+    "1x2x4": dict(dp=1, pp=2, tp=4),
+    "4x2x1": dict(dp=4, pp=2, tp=1),
+    "2x1x4": dict(dp=2, pp=1, tp=4, schedule="gpipe"),
+    "2x2x2+sp": dict(dp=2, pp=2, tp=2, sp=True),
+    "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1, schedule="gpipe"),
+    "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_equals_one_device(reference, name):
+    layout = LAYOUTS[name]
+    runs = run(recipe(), world_size=8, **layout)
+    compare(reference, runs, dtype=torch.float64).assert_ok()
+    cfg = recipe().model().cfg
+    for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
+        want = bytes_formula(cfg, batch=16, seq=8, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=4,
+                             v=layout.get("v", 1), pp_rank=r.coords[1], zero=layout.get("zero", 0),
+                             sp=layout.get("sp", False))
+        assert r.bytes_by_kind == pytest.approx(want)
+        # what the sockets took: at least the model, plus gloo's framing (and 2x the ring for gloo's own
+        # reduce-scatter, which all-reduces internally: ZeRO-1's DP traffic is 1.5x the model)
+        dp_limit = 1.55 if layout.get("zero") else 1.05
+        assert r.bytes_by_kind["dp"] <= r.observed["dp"] <= dp_limit * r.bytes_by_kind["dp"] + 2048
+        model = r.bytes_by_kind["pp"] + r.bytes_by_kind["tp"]
+        assert model <= r.observed["pp+tp"] <= 1.7 * model + 2048, (model, r.observed)
+
+
+def test_single_process_layout(reference):
+    # one process still cuts the batch into m micro-batches and sums their gradients: equal up to the order
+    # of summation (~1e-15 here), not bit for bit
+    runs = run(recipe(), world_size=1, dp=1, pp=1, tp=1, micro_batches=4)
+    compare(reference, runs, dtype=torch.float64).assert_ok()
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(world_size=8, dp=2, pp=2, tp=1), "multiply to the world size"),
+    (dict(world_size=24, dp=2, pp=4, tp=3), "not divisible by the tensor-parallel degree 3"),
+    (dict(world_size=16, dp=1, pp=8, tp=2, micro_batches=8), "cannot be cut into"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, micro_batches=1), "m >= p"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, micro_batches=3, schedule="interleaved", v=2), "multiple of p"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, zero=2), "ZeRO-2"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, zero=3), "reduce-scatter"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, schedule="zb-h1"), "unknown schedule"),
+    (dict(world_size=64, dp=8, pp=2, tp=4, micro_batches=4), "equal micro-batches"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, sp=True, micro_batches=4), None),
+])
+def test_validate(kwargs, words):
+    r = gpt_recipe(steps=1, batch_size=16, seq_len=8, n_layer=4)
+    if words is None:
+        validate(r, **kwargs)
+        return
+    with pytest.raises(ValueError, match=words):
+        validate(r, **kwargs)
+
+
+def test_run_validates_before_starting(monkeypatch):
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match="tp = 2"):
+        run(recipe(), world_size=4, dp=2, pp=1, tp=3)
+
+
+def test_sequence_parallel_needs_divisible_sequence():
+    r = gpt_recipe(steps=1, batch_size=16, seq_len=6, n_layer=4)
+    with pytest.raises(ValueError, match="sequence length 6"):
+        validate(r, world_size=4, dp=1, pp=1, tp=4, sp=True, micro_batches=1)
