@@ -1,0 +1,1 @@
+"""Chapter 09: mixture of experts and expert parallelism."""

@@ -1,0 +1,9 @@
+"""Mixture of experts: the router (top-1 / top-k, capacity, dropping, load-balancing loss), the MoE layer
+and MoE tiny GPT, and expert parallelism (experts spread over ranks, tokens moved by all-to-all), alone or
+combined with data parallelism.
+
+* :mod:`minipar.moe.router` — :func:`~minipar.moe.router.route`, capacity, the Switch loss;
+* :mod:`minipar.moe.layer` — :class:`~minipar.moe.layer.MoELayer`, :class:`~minipar.moe.layer.MoEGPT`,
+  :func:`~minipar.moe.layer.moe_recipe`;
+* :mod:`minipar.moe.expert_parallel` — ``run(recipe, *, world_size, ep=...)``.
+"""

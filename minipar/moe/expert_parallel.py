@@ -1,0 +1,238 @@
+"""Expert parallelism (EP): the experts of every MoE layer spread over ranks, tokens sent to them by all-to-all.
+
+World = dp × ep ranks (``Mesh(world, dp=.., ep=..)``: rank = d·ep + e). Every rank holds the non-expert
+parameters (attention, embeddings, routers, LayerNorms) and reads its own 1/world of the global batch, as in
+data parallelism; within an EP group of ``ep`` ranks, rank e holds experts e·E/ep … (e+1)·E/ep − 1 of every
+MoE layer, and ranks with the same e in different EP groups hold replicas of the same experts. Per MoE layer:
+
+1. each rank routes its own T tokens and fills its dispatch buffer (E, C, M), C = ⌈k·T/E·cf⌉ per expert;
+2. **all-to-all (dispatch)**: the buffer's chunk for the experts of EP rank j goes to rank j; each rank then
+   holds, for each of its E/ep experts, the ep·C slots the EP group sent it;
+3. the local experts run;
+4. **all-to-all (combine)**, the inverse exchange: outputs go back to the ranks whose tokens they are, and
+   each rank combines them as on one device. In backward the two exchanges run again, reversed.
+
+**Padded to capacity, not variable sizes.** Buffers have the fixed shape (E, C, M) whatever the routing, so
+one all-to-all of equal chunks moves them, with no preliminary exchange of counts, its size known in
+advance, and autograd's backward is the same exchange again. The price: empty slots travel (and are
+computed) too. The alternative — exchange the per-expert counts first (an all-to-all of E integers), then
+move exactly the tokens routed ("dropless", Megatron-Core/MegaBlocks) — sends only real tokens but needs two
+rounds and shapes known only at run time. (Gloo's ``all_to_all`` also wants equal chunks.) Bytes each rank
+sends per MoE layer per training step (T tokens per rank, M model width, b bytes per element)::
+
+    dispatch direction: forward dispatch + backward of combine = 2 · E·C·M·b ≈ 2·k·cf·T·M·b
+    combine direction:  forward combine + backward of dispatch  = the same
+
+of which the chunk a rank keeps for its own experts, 1/ep of it, never leaves the rank.
+
+**Capacity is per rank.** Each rank fills its C slots per expert from its own T tokens (GShard's routing
+*groups*), so with dropping it drops other tokens than one device routing the whole batch at once. With
+``MoEConfig(groups=W)`` the one-device model routes its batch in the same W groups and the two agree even
+when tokens are dropped (``tests/test_expert_parallel.py``); with C ≥ T nothing is dropped and they agree
+whatever the grouping.
+
+**Gradients.** The loss is the mean over the world's ranks of their local losses, so every gradient is
+divided by the world size W. Non-expert parameters: all-reduce over all W ranks, ÷ W. An expert's gradient
+already holds the contributions of every token of its EP group (they reached it through the all-to-all);
+all-reduce over its replicas (the dp group), and divide by **W, not dp** — the classic scaling bug.
+
+**Load-balancing loss.** f_i counts first choices over the whole micro-batch of all W ranks (an all-reduce
+of E numbers), P_i is each rank's own mean probability; each rank's α·E·Σ f_i·P_i, averaged over ranks
+with the rest of the loss, is the whole micro-batch's aux loss and has its gradient. (Computing f per rank
+instead — Switch's per-device groups — is a valid loss too, but a different one for each world size.)
+
+Lepikhin et al. 2020, GShard (arXiv:2006.16668); Fedus et al. 2021, Switch Transformers (arXiv:2101.03961).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from ..mesh import Mesh
+from .layer import MoEGPT, MoELayer, validate_config
+from .router import Routing, balance_counts, load_balancing_loss
+
+__all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "shard_experts", "is_expert",
+           "sync_gradients", "validate", "build", "train_step", "parallel_train", "run",
+           "predicted_all_to_all_bytes"]
+
+
+class AllToAll(torch.autograd.Function):
+    """Chunk i of dim 0 goes to rank i of ``group``; backward sends the gradient chunks back the same way."""
+
+    @staticmethod
+    def forward(ctx, x, group, log):
+        ctx.group, ctx.log = group, log
+        return exchange(x, group, log)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return exchange(grad, ctx.group, ctx.log), None, None
+
+
+def exchange(x, group, log):
+    """Chunk i of ``x`` (dim 0, ``group``-size equal chunks) to rank i; returns the chunks received, in
+    rank order. One :func:`minipar.comm.all_to_all`, recorded into ``log`` (and observed on the wire)."""
+    n = dist.get_world_size(group)
+    send = [c.contiguous() for c in x.chunk(n)]
+    received = [torch.empty_like(c) for c in send]
+    with comm.recording(log) if log is not None else contextlib.nullcontext():
+        comm.all_to_all(received, send, group=group)
+    return torch.cat(received)
+
+
+def all_to_all(x: torch.Tensor, group, log: comm.CommLog | None = None) -> torch.Tensor:
+    """Differentiable all-to-all of ``x``'s dim-0 chunks over ``group`` (its calls recorded into ``log``)."""
+    return AllToAll.apply(x, group, log)
+
+
+class ExpertParallelMoE(MoELayer):
+    """An MoE layer holding only experts ``first … first + E/ep − 1``; the others live on the EP peers."""
+
+    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group, log=None):
+        nn.Module.__init__(self)
+        self.moe, self.router = replace(layer.moe, groups=1), layer.router   # a rank's tokens: one group
+        self.per_rank = layer.moe.experts // ep
+        self.first = ep_rank * self.per_rank
+        self.experts = nn.ModuleList(layer.experts[self.first: self.first + self.per_rank])
+        self.ep_group, self.token_group, self.log = ep_group, token_group, log
+        self.routing, self.aux_loss = None, torch.zeros(())
+
+    def balance_loss(self, routing: Routing) -> torch.Tensor:
+        counts = balance_counts(routing)
+        comm.all_reduce(counts, group=self.token_group)           # first choices over the whole micro-batch
+        total = routing.probs.shape[0] * dist.get_world_size(self.token_group)
+        return load_balancing_loss(routing, self.moe.alpha, counts, total)
+
+    def run_experts(self, buffer: torch.Tensor) -> torch.Tensor:
+        e, c, m = buffer.shape
+        ep = e // self.per_rank
+        received = all_to_all(buffer, self.ep_group, self.log)    # (ep sources × E/ep experts, C, M)
+        received = received.view(ep, self.per_rank, c, m)
+        out = torch.stack([expert(received[:, j].reshape(ep * c, m)).view(ep, c, m)
+                           for j, expert in enumerate(self.experts)], dim=1)
+        return all_to_all(out.reshape(e, c, m), self.ep_group, self.log)   # back to the tokens' ranks
+
+
+def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group, log=None) -> dict:
+    """Replace every MoE layer by its expert-parallel slice, in place. Returns {local name: reference name}
+    for the parameters this rank holds (local expert j of block b is global expert first + j)."""
+    names = {}
+    for b in model.moe_blocks():
+        ep_layer = ExpertParallelMoE(model.blocks[b].mlp, ep_rank, ep, ep_group, token_group, log)
+        model.blocks[b].mlp = ep_layer
+        for j in range(ep_layer.per_rank):
+            for n, _ in ep_layer.experts[j].named_parameters():
+                names[f"blocks.{b}.mlp.experts.{j}.{n}"] = f"blocks.{b}.mlp.experts.{ep_layer.first + j}.{n}"
+    for n, _ in model.named_parameters():
+        names.setdefault(n, n)
+    return names
+
+
+def is_expert(name: str) -> bool:
+    return ".experts." in name
+
+
+def sync_gradients(model: nn.Module, world_group, dp_group, world_size: int) -> None:
+    """Mean of the ranks' gradients: non-expert over all ranks, experts over their replicas; both ÷ W."""
+    for expert, group in ((False, world_group), (True, dp_group)):
+        params = [p for n, p in model.named_parameters() if is_expert(n) == expert]
+        if not params:
+            continue
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        if dist.get_world_size(group) > 1:
+            comm.all_reduce(flat, group=group)
+        flat /= world_size
+        offset = 0
+        for p in params:
+            p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+
+def validate(recipe, world_size: int, ep: int, micro_batches: int = 1) -> None:
+    """ValueError before any process starts: EP size not dividing the world or the experts, top-k > E,
+    cf ≤ 0 (checked by :func:`minipar.moe.layer.validate_config`), batches not splitting evenly."""
+    if not isinstance(ep, int) or ep < 1 or world_size % ep:
+        raise ValueError(f"EP size {ep} must be a positive divisor of the world size {world_size} "
+                         f"(world = dp × ep)")
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    model = recipe.model()
+    if not isinstance(model, MoEGPT):
+        raise ValueError(f"expert parallelism needs an MoEGPT recipe (minipar.moe.layer.moe_recipe), "
+                         f"got a {type(model).__name__}")
+    validate_config(model.moe, ep)
+    for step, (inputs, _) in enumerate(recipe.batches):
+        if inputs.shape[0] % (world_size * micro_batches):
+            raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by {world_size} "
+                             f"ranks x {micro_batches} micro-batches")
+
+
+def build(rank: int, world_size: int, recipe, ep: int, a2a_log: comm.CommLog | None = None):
+    """This rank's model (its experts only), the {local: reference} parameter names and its mesh."""
+    mesh = Mesh(world_size, dp=world_size // ep, ep=ep).build(rank)
+    model = recipe.model().to(recipe.dtype)
+    names = shard_experts(model, mesh.coord("ep"), ep, mesh.group("ep"), dist.group.WORLD, a2a_log)
+    return model, names, mesh
+
+
+def train_step(model, recipe, inputs, targets, micro_batches: int, mesh, world_size: int,
+               routings: list | None = None) -> torch.Tensor:
+    """Forward and backward of this rank's rows in ``micro_batches`` micro-batches, then the gradient
+    averaging; returns the local loss (float64). The optimizer step is the caller's."""
+    local = torch.zeros((), dtype=torch.float64)
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        loss = recipe.loss(model, x, y) / micro_batches
+        loss.backward()
+        local += loss.detach().double()
+        if routings is not None:
+            routings.append([(layer.routing.load(), layer.routing.dropped) for layer in model.moe_layers()])
+    sync_gradients(model, dist.group.WORLD, mesh.group("dp"), world_size)
+    return local
+
+
+def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches: int = 1,
+                   a2a_log: comm.CommLog | None = None, step_log: comm.CommLog | None = None,
+                   routings: list | None = None):
+    """Train ``recipe`` with EP (× DP = world/ep). ``a2a_log`` records the layers' all-to-alls only,
+    ``step_log`` every exchange of the training steps; ``routings`` collects, per micro-batch, each MoE
+    layer's (tokens per expert, dropped) on this rank."""
+    from ..check import RunResult
+    from ..loop import shard_batch
+
+    validate(recipe, world_size, ep, micro_batches)
+    model, names, mesh = build(rank, world_size, recipe, ep, a2a_log)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for batch in recipe.batches:
+        inputs, targets = shard_batch(batch, rank, world_size)
+        with comm.recording(step_log) if step_log is not None else contextlib.nullcontext():
+            opt.zero_grad(set_to_none=True)
+            local = train_step(model, recipe, inputs, targets, micro_batches, mesh, world_size, routings)
+            opt.step()
+        comm.all_reduce(local)
+        losses.append(local.item() / world_size)
+    return RunResult(losses, {names[n]: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def run(recipe, *, world_size: int, ep: int, micro_batches: int = 1, quiet: bool = True, **kwargs) -> list:
+    """Validate, then :func:`parallel_train` on ``world_size`` ranks; the per-rank results."""
+    from ..launcher import launch
+    validate(recipe, world_size, ep, micro_batches)
+    return launch(parallel_train, world_size, recipe, quiet=quiet, ep=ep, micro_batches=micro_batches, **kwargs)
+
+
+def predicted_all_to_all_bytes(tokens: int, width: int, moe, ep: int, element_size: int = 4) -> dict:
+    """Per rank, per MoE layer, per training step, **per direction** (dispatch or combine; the step moves
+    as much again the other way): the formula 2·k·cf·T·M·b, the padded buffers 2·E·C·M·b really exchanged
+    (C rounded up), and ``wire``, the part that leaves the rank ((ep−1)/ep of it: a rank's own chunk stays)."""
+    from .router import capacity
+    c = capacity(tokens, moe.experts, moe.capacity_factor, moe.k)
+    formula = 2 * moe.k * moe.capacity_factor * tokens * width * element_size
+    buffer = 2 * moe.experts * c * width * element_size
+    return {"formula": formula, "buffer": buffer, "wire": buffer * (ep - 1) / ep, "capacity": c}

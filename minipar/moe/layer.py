@@ -1,0 +1,171 @@
+"""A mixture-of-experts layer and the tiny GPT built with it.
+
+:class:`MoELayer` replaces a block's feed-forward network (FFN) by E expert FFNs of the same shape and a
+router (:mod:`minipar.moe.router`). For T tokens x (T, M):
+
+1. route: top-k experts per token, gates, a slot < C in each chosen expert's buffer (or dropped);
+2. **dispatch**: copy each kept token into its slot of a buffer (E, C, M) (empty slots stay zero);
+3. each expert e runs its FFN on buffer[e] (C, M);
+4. **combine**: y_t = Σ_{kept choices j} gate_tj · expert_{e_tj}(x_t); a token with no kept choice gets 0,
+   and the block adds it to its residual: x + 0 = x passes through.
+
+The buffer has a fixed shape (E, C, M) whatever the routing: that is what lets expert parallelism send it
+with one all-to-all of known size (:mod:`minipar.moe.expert_parallel`), the choice of Switch and GShard.
+An expert computes on its empty slots too: the price of fixed shapes, cf − 1 of the work at most.
+With ``MoEConfig(groups=G)`` the T tokens are routed as G consecutive groups, each with its own capacity
+(:func:`minipar.moe.router.route_groups`): what G expert-parallel ranks do with their own tokens.
+
+Compute per token: an FFN is two matmuls, 2·(2·M·H) FLOPs forward (H its hidden size); a token visits k
+experts, so the MoE layer costs k FFNs (+ the router, 2·M·E) while holding E FFNs of parameters: E/k times
+the parameters of the dense FFN for about k times its compute per token.
+
+:class:`MoEGPT` is :class:`minipar.models.TinyGPT` with every ``moe_every``-th block's FFN replaced by an
+MoE layer (Switch puts one in every other block; here every block by default). Its loss
+(:func:`moe_loss`) is the language-model cross-entropy plus the blocks' load-balancing losses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ..loop import lm_loss
+from ..models import FeedForward, GPTConfig, TinyGPT
+from .router import Routing, balance_counts, load_balancing_loss, route_groups
+
+__all__ = ["MoEConfig", "MoELayer", "MoEGPT", "dispatch", "combine", "moe_loss", "moe_recipe", "validate_config",
+           "no_drop_capacity_factor", "ffn_flops_per_token"]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    experts: int = 4
+    k: int = 1                      # experts per token (1: Switch)
+    capacity_factor: float = 1.25   # C = ceil(k · T/E · cf)
+    alpha: float = 1e-2             # weight of the load-balancing loss (Switch: 1e-2)
+    every: int = 1                  # an MoE layer in every `every`-th block (Switch, GLaM: 2)
+    groups: int = 1                 # routing groups per forward, each with its own capacity (GShard)
+
+    def __post_init__(self):
+        validate_config(self)
+
+
+def validate_config(moe: MoEConfig, ep: int = 1) -> None:
+    """ValueError for a configuration that cannot run: raised when it is made, before any process starts."""
+    if moe.experts < 1:
+        raise ValueError(f"an MoE layer needs at least one expert, got experts={moe.experts}")
+    if not 1 <= moe.k <= moe.experts:
+        raise ValueError(f"top-k={moe.k} must be between 1 and the number of experts ({moe.experts}): "
+                         f"a token cannot visit more experts than there are")
+    if not moe.capacity_factor > 0:
+        raise ValueError(f"capacity factor must be > 0, got {moe.capacity_factor}: every expert needs a slot")
+    if moe.every < 1 or moe.groups < 1:
+        raise ValueError(f"every and groups must be >= 1, got every={moe.every}, groups={moe.groups}")
+    if ep < 1 or moe.experts % ep:
+        raise ValueError(f"{moe.experts} experts cannot be spread evenly over an expert-parallel group of "
+                         f"{ep} ranks: the number of experts must be divisible by the EP size")
+
+
+def dispatch(x: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """The buffer (E, C, M): kept token-choices copied to their expert's slot, empty slots zero."""
+    e, c = routing.experts, routing.capacity
+    token, choice = routing.kept.nonzero(as_tuple=True)
+    where = routing.expert[token, choice] * c + routing.slot[token, choice]
+    return x.new_zeros(e * c, x.shape[-1]).index_add(0, where, x[token]).view(e, c, -1)
+
+
+def combine(out: torch.Tensor, routing: Routing, tokens: int) -> torch.Tensor:
+    """y (T, M): each token's kept experts' outputs read back from ``out`` (E, C, M), weighted by the gate."""
+    c = routing.capacity
+    token, choice = routing.kept.nonzero(as_tuple=True)
+    where = routing.expert[token, choice] * c + routing.slot[token, choice]
+    picked = out.reshape(-1, out.shape[-1])[where] * routing.gate[token, choice].unsqueeze(-1)
+    return out.new_zeros(tokens, out.shape[-1]).index_add(0, token, picked)
+
+
+class MoELayer(nn.Module):
+    """Router + E expert FFNs in place of one FFN. After ``forward``: ``routing`` and ``aux_loss``."""
+
+    def __init__(self, cfg: GPTConfig, moe: MoEConfig):
+        super().__init__()
+        self.moe = moe
+        self.router = nn.Linear(cfg.n_embd, moe.experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(cfg) for _ in range(moe.experts))
+        self.routing: Routing | None = None
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        self.routing = route_groups(self.router(flat), self.moe.groups, self.moe.k, self.moe.capacity_factor)
+        self.aux_loss = self.balance_loss(self.routing)
+        out = self.run_experts(dispatch(flat, self.routing))
+        return combine(out, self.routing, flat.shape[0]).view(shape)
+
+    def balance_loss(self, routing: Routing) -> torch.Tensor:
+        return load_balancing_loss(routing, self.moe.alpha, balance_counts(routing))
+
+    def run_experts(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Expert e on its slots buffer[e] (C, M)."""
+        return torch.stack([expert(buffer[e]) for e, expert in enumerate(self.experts)])
+
+
+class MoEGPT(TinyGPT):
+    """TinyGPT whose every ``moe.every``-th block (the last of each run of ``every``) has an MoE FFN.
+
+    Parameter names: ``blocks.{b}.mlp.router.weight``, ``blocks.{b}.mlp.experts.{e}.fc.weight``, ..."""
+
+    def __init__(self, cfg: GPTConfig = GPTConfig(), moe: MoEConfig = MoEConfig(), seed: int = 0):
+        nn.Module.__init__(self)
+        self.cfg, self.moe = cfg, moe
+        with torch.random.fork_rng(devices=[]):
+            self._build(cfg)
+            for b in self.moe_blocks():
+                self.blocks[b].mlp = MoELayer(cfg, moe)
+        self._init_weights(seed)    # GPT-2's init over every parameter, experts and routers included
+
+    def moe_blocks(self) -> list:
+        return [b for b in range(self.cfg.n_layer) if (b + 1) % self.moe.every == 0]
+
+    def moe_layers(self) -> list:
+        return [self.blocks[b].mlp for b in self.moe_blocks()]
+
+    def aux_loss(self) -> torch.Tensor:
+        """Σ over MoE layers of their load-balancing loss from the last forward."""
+        return sum(layer.aux_loss for layer in self.moe_layers())
+
+
+def moe_loss(model: MoEGPT, inputs, targets) -> torch.Tensor:
+    """Cross-entropy (mean over tokens) + Σ_layers α·E·Σ_i f_i·P_i."""
+    return lm_loss(model(inputs), targets) + model.aux_loss()
+
+
+def moe_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer: str = "adam",
+               seed: int = 0, dtype: torch.dtype = torch.float32, experts: int = 4, k: int = 1,
+               capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1, groups: int = 1,
+               **cfg_changes):
+    """The MoE tiny GPT on :func:`minipar.datasets.markov_tokens` (as :func:`minipar.check.gpt_recipe`)."""
+    from ..check import gpt_recipe
+    moe = MoEConfig(experts, k, capacity_factor, alpha, every, groups)
+    base = gpt_recipe(steps, batch_size, seq_len, optimizer, seed, **cfg_changes)
+    cfg = base.model().cfg
+    base.model = lambda: MoEGPT(cfg, moe, seed)
+    base.loss, base.dtype = moe_loss, dtype
+    base.name = (f"MoE TinyGPT {cfg.n_layer}L/{cfg.n_embd}h, {experts} experts top-{k}, cf {capacity_factor}, "
+                 f"{optimizer}")
+    return base
+
+
+def no_drop_capacity_factor(moe_or_experts, k: int = 1) -> float:
+    """The smallest cf with C ≥ T for any T: E/k (no token can ever be dropped)."""
+    experts = getattr(moe_or_experts, "experts", moe_or_experts)
+    k = getattr(moe_or_experts, "k", k)
+    return experts / k
+
+
+def ffn_flops_per_token(cfg: GPTConfig, moe: MoEConfig | None = None) -> float:
+    """Forward FLOPs per token of one FFN layer: 2·(2·M·H) for a dense FFN; k·that + 2·M·E for MoE."""
+    dense = 2 * 2 * cfg.n_embd * cfg.ffn_hidden
+    return dense if moe is None else moe.k * dense + 2 * cfg.n_embd * moe.experts
+

@@ -1,0 +1,143 @@
+"""The router of a mixture-of-experts layer: which expert(s) each token goes to, in which slot, with what weight.
+
+For T tokens and E experts a linear router gives logits (T, E) and probabilities p = softmax(logits).
+
+* **top-1 (Switch)**: each token goes to its most probable expert i, and the expert's output is scaled by
+  the gate g = p_i (not renormalised, so the router gets a gradient through g). Fedus et al. 2021, "Switch
+  Transformers" (arXiv:2101.03961).
+* **top-k** (k ≥ 2, GShard's top-2): the k most probable experts, gates renormalised to sum to 1 over the
+  k chosen. Lepikhin et al. 2020, "GShard" (arXiv:2006.16668).
+
+**Capacity.** Every expert takes at most C = ⌈k · T/E · cf⌉ tokens (k = 1: ⌈T/E · cf⌉, the Switch
+formula), cf the capacity factor. Slots are handed out in token order, all tokens' first choices before any
+second choice (GShard's priority). A token whose expert is full is **dropped** for that choice: it gets
+nothing from that expert, and if all its choices are dropped the MoE layer outputs 0 for it, so the block's
+residual connection carries it through unchanged (x + 0).
+
+**Load-balancing loss (Switch's normalisation).** With f_i = fraction of the T tokens whose *first* choice
+is expert i (counted before dropping; no gradient) and P_i = mean over tokens of p_i (differentiable)::
+
+    aux = α · E · Σ_i f_i · P_i          (= α when routing is uniform, f_i = P_i = 1/E; Switch: α = 1e-2)
+
+Its gradient pushes probability away from the experts that receive many tokens. GShard's paper writes
+mean_i(f_i · P_i) = (1/E) Σ_i f_i · P_i: E² smaller than the above for the same routing. fairscale's and
+DeepSpeed's top-2 gates compute ``mean(me * ce) * E * E``, which undoes that E² and so equals Switch's
+form: when copying an α between code bases, check which of the two a code uses.
+
+:func:`balance_counts` separates the counts from the division so that, over several ranks, the counts can
+be summed first (one all-reduce of E numbers) and f taken over the whole batch: see
+:mod:`minipar.moe.expert_parallel`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Routing", "capacity", "route", "route_groups", "balance_counts", "load_balancing_loss", "gshard_paper_aux",
+           "fairscale_aux"]
+
+
+def capacity(tokens: int, experts: int, capacity_factor: float, k: int = 1) -> int:
+    """C = ⌈k · tokens / experts · capacity_factor⌉ slots per expert."""
+    if capacity_factor <= 0:
+        raise ValueError(f"capacity factor must be > 0, got {capacity_factor}")
+    return max(1, math.ceil(k * tokens / experts * capacity_factor - 1e-9))
+
+
+@dataclass
+class Routing:
+    """Where each of T tokens goes, for its k choices (all (T, k) tensors but ``probs``, (T, E))."""
+    probs: torch.Tensor        # softmax of the router logits (T, E), differentiable
+    expert: torch.Tensor       # chosen expert per choice (T, k), long
+    gate: torch.Tensor         # the weight of that expert's output (T, k), differentiable
+    slot: torch.Tensor         # position in the expert's buffer (T, k), long (≥ capacity when dropped)
+    kept: torch.Tensor         # slot < capacity (T, k), bool
+    capacity: int
+
+    @property
+    def experts(self) -> int:
+        return self.probs.shape[-1]
+
+    @property
+    def dropped(self) -> int:
+        """Token-choices that found their expert full."""
+        return int((~self.kept).sum())
+
+    def load(self) -> torch.Tensor:
+        """Token-choices each expert *received* (after dropping), (E,) long."""
+        return torch.bincount(self.expert[self.kept], minlength=self.experts)
+
+    def wanted(self) -> torch.Tensor:
+        """Token-choices routed to each expert before dropping, (E,) long."""
+        return torch.bincount(self.expert.reshape(-1), minlength=self.experts)
+
+
+def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.25, cap: int | None = None) -> Routing:
+    """Route T tokens given router ``logits`` (T, E): top-k experts, gates, slots, and which are dropped.
+
+    ``cap`` overrides the capacity (default :func:`capacity` of T tokens)."""
+    t, e = logits.shape
+    if not 1 <= k <= e:
+        raise ValueError(f"top-k must be between 1 and the number of experts ({e}), got {k}")
+    probs = logits.softmax(dim=-1)
+    top_p, expert = probs.topk(k, dim=-1)                            # (T, k), sorted by probability
+    gate = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
+    # Slots: count, per expert, the choices before this one, first choices of all tokens first.
+    onehot = F.one_hot(expert.t().reshape(-1), e)                   # (k·T, E) choice-major
+    before = onehot.cumsum(dim=0) - onehot                           # choices of that expert earlier
+    slot = (before * onehot).sum(dim=-1).view(k, t).t()              # (T, k)
+    c = capacity(t, e, capacity_factor, k) if cap is None else cap
+    return Routing(probs, expert, gate, slot, slot < c, c)
+
+
+def route_groups(logits: torch.Tensor, groups: int, k: int = 1, capacity_factor: float = 1.25) -> Routing:
+    """Route G equal consecutive groups of tokens independently (GShard's *groups*), each with its own
+    capacity C = ⌈k·(T/G)/E·cf⌉: what G ranks do, each routing its own tokens. Returned as one Routing over
+    all T tokens whose buffer has G·C slots per expert, group g's in slots g·C … g·C + C − 1."""
+    t = logits.shape[0]
+    if groups < 1 or t % groups:
+        raise ValueError(f"{t} tokens do not split into {groups} equal routing groups")
+    if groups == 1:
+        return route(logits, k, capacity_factor)
+    parts = [route(chunk, k, capacity_factor) for chunk in logits.chunk(groups)]
+    c = parts[0].capacity
+    slot = torch.cat([p.slot + g * c for g, p in enumerate(parts)])
+    kept = torch.cat([p.kept for p in parts])
+    return Routing(torch.cat([p.probs for p in parts]), torch.cat([p.expert for p in parts]),
+                   torch.cat([p.gate for p in parts]), torch.where(kept, slot, groups * c), kept, groups * c)
+
+
+def balance_counts(routing: Routing) -> torch.Tensor:
+    """Tokens whose first choice is each expert, (E,) float, no gradient (f_i = counts_i / T)."""
+    first = routing.expert[:, 0]
+    return torch.bincount(first, minlength=routing.experts).to(routing.probs.dtype)
+
+
+def load_balancing_loss(routing: Routing, alpha: float = 1e-2, counts: torch.Tensor | None = None,
+                        total_tokens: int | None = None) -> torch.Tensor:
+    """Switch's α · E · Σ_i f_i · P_i over this routing's tokens.
+
+    ``counts`` / ``total_tokens`` replace this routing's own first-choice counts and token count with
+    those of a larger batch (summed over ranks), so that f is the whole batch's; P stays this routing's."""
+    e = routing.experts
+    counts = balance_counts(routing) if counts is None else counts
+    f = counts / (routing.probs.shape[0] if total_tokens is None else total_tokens)
+    p = routing.probs.mean(dim=0)
+    return alpha * e * (f.detach() * p).sum()
+
+
+def gshard_paper_aux(routing: Routing) -> torch.Tensor:
+    """GShard's Algorithm 1: mean_e(c_e / S · m_e) = (1/E) Σ f_i P_i (E² below Switch's, α = 1)."""
+    f = balance_counts(routing) / routing.probs.shape[0]
+    return (f * routing.probs.mean(dim=0)).mean()
+
+
+def fairscale_aux(routing: Routing) -> torch.Tensor:
+    """fairscale's / DeepSpeed's ``mean(me * ce) * E * E`` = E Σ f_i P_i (Switch's, α = 1)."""
+    e = routing.experts
+    ce = F.one_hot(routing.expert[:, 0], e).to(routing.probs.dtype).mean(dim=0)
+    me = routing.probs.mean(dim=0)
+    return (me * ce).mean() * e * e
