@@ -29,14 +29,15 @@ def generate(outdir: str | None = None, select: str | None = None, progress=None
     from . import ROOT
     outdir = str(ROOT / "figures") if outdir is None else outdir
     os.makedirs(outdir, exist_ok=True)
+    from ..progress import bar
     written = []
-    for name, make in all_figures().items():
-        if select and select not in name:
-            continue
+    chosen = [(name, make) for name, make in all_figures().items() if not select or select in name]
+    steps = bar(chosen, desc="figures", unit="figure")
+    for name, make in steps:
         t0 = time.perf_counter()
         path = os.path.join(outdir, name)
         make(path)
-        print(f"wrote {path} ({time.perf_counter() - t0:.1f} s)", file=progress, flush=True)
+        steps.write(f"wrote {path} ({time.perf_counter() - t0:.1f} s)", file=progress)
         written.append(path)
     return written
 

@@ -1,0 +1,174 @@
+"""Chapter 12 pictures: the seeds' decision guide as a flow chart, a stacked memory bar per device (the
+calculator's drawing), memory per device over the sequence length, and the cost model beside what the
+tour's runs measured (bytes per rank and memory)."""
+from __future__ import annotations
+
+from minipar.plan import Layout, Transformer, estimate
+
+__all__ = ["draw_decision_guide", "draw_memory_bars", "sweep_sequence", "draw_sequence_sweep",
+           "draw_predicted_vs_measured", "MEMORY_COLOURS", "FIGURES"]
+
+MEMORY_COLOURS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#8172B2", "activations": "#C44E52",
+                  "buffers": "#CCB974"}
+
+# (x, y, text, kind) — kind: q = question, a = answer (a family of layouts)
+_NODES = {
+    "start": (0.50, 0.95, "how many devices?", "q"),
+    "one": (0.13, 0.78, "one device:\nfits?", "q"),
+    "node": (0.50, 0.78, "one node:\nfits one device?", "q"),
+    "many": (0.86, 0.78, "many nodes:\nfits one device?", "q"),
+    "one_yes": (0.05, 0.56, "train as is", "a"),
+    "one_no": (0.21, 0.56, "largest layer\nfits?", "q"),
+    "one_no_yes": (0.13, 0.34, "ZeRO + offload\n(CPU, NVMe)", "a"),
+    "one_no_no": (0.29, 0.34, "ZeRO + offload\n+ memory-centric\ntiling", "a"),
+    "node_yes": (0.40, 0.56, "DDP or ZeRO", "a"),
+    "node_no": (0.56, 0.56, "largest layer\nfits?", "q"),
+    "node_no_yes": (0.47, 0.34, "PP, ZeRO or TP\n(PP if no NVLink)", "a"),
+    "node_no_no": (0.63, 0.34, "TP (or ZeRO)", "a"),
+    "many_yes": (0.76, 0.56, "DDP or ZeRO", "a"),
+    "many_no": (0.92, 0.56, "fast links\nbetween nodes?", "q"),
+    "many_no_yes": (0.82, 0.34, "ZeRO-3, or\nPP + TP + DP", "a"),
+    "many_no_no": (0.95, 0.34, "DP + PP + TP\n+ ZeRO-1", "a"),
+}
+_EDGES = [("start", "one", "1"), ("start", "node", "one node"), ("start", "many", "> 1 node"),
+          ("one", "one_yes", "yes"), ("one", "one_no", "no"), ("one_no", "one_no_yes", "yes"),
+          ("one_no", "one_no_no", "no"), ("node", "node_yes", "yes"), ("node", "node_no", "no"),
+          ("node_no", "node_no_yes", "yes"), ("node_no", "node_no_no", "no"), ("many", "many_yes", "yes"),
+          ("many", "many_no", "no"), ("many_no", "many_no_yes", "yes"), ("many_no", "many_no_no", "no")]
+
+
+def draw_decision_guide(ax=None, highlight=()):
+    """The guide of seeds 002 and 003 §8 as boxes and arrows; ``highlight``: node names to colour (a path
+    taken by :func:`minipar.plan.decide`). Returns the axes."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 5.5))
+    for a, b, label in _EDGES:
+        (x0, y0, *_), (x1, y1, *_) = _NODES[a], _NODES[b]
+        colour = "#C44E52" if a in highlight and b in highlight else "0.5"
+        ax.annotate("", (x1, y1 + 0.06), (x0, y0 - 0.06), arrowprops=dict(arrowstyle="->", color=colour))
+        ax.text((x0 + x1) / 2, (y0 + y1) / 2, label, fontsize=8, ha="center", color=colour,
+                bbox=dict(fc="white", ec="none", pad=0.5))
+    for name, (x, y, text, kind) in _NODES.items():
+        face = "#F2F2F2" if kind == "q" else "#DCE9F5"
+        edge = "#C44E52" if name in highlight else "0.3"
+        ax.text(x, y, text, ha="center", va="center", fontsize=8.5,
+                bbox=dict(boxstyle="round,pad=0.4", fc=face, ec=edge, lw=2 if name in highlight else 1))
+    ax.text(0.5, 0.16, "always: TP inside a node (tp ≤ devices per node); PP with ZeRO-0/1 only "
+                       "(ZeRO-2/3 reduce-scatter every micro-batch)", ha="center", fontsize=8.5, style="italic")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0.1, 1.02)
+    ax.axis("off")
+    ax.set_title("Which parallelism? The seeds' decision guide (002, 003 §8)")
+    return ax
+
+
+def draw_memory_bars(estimates: dict, limit: float | None = None, ax=None):
+    """Stacked bars of memory per device (GB), one per labelled estimate; a dashed line at ``limit``."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    labels = list(estimates)
+    bottoms = [0.0] * len(labels)
+    for term, colour in MEMORY_COLOURS.items():
+        heights = [estimates[k].memory[term] / 1e9 for k in labels]
+        ax.bar(labels, heights, bottom=bottoms, color=colour, label=term)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    if limit is not None:
+        ax.axhline(limit / 1e9, color="k", ls="--", lw=1)
+        ax.text(len(labels) - 0.5, limit / 1e9, f" {limit / 1e9:.0f} GB", va="bottom", ha="right", fontsize=8)
+    ax.set_ylabel("GB per device")
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+SWEEP_LAYOUTS = {
+    "TP 8": Layout(dp=8, tp=8, pp=16, micro_batches=192),
+    "TP 8 + SP": Layout(dp=8, tp=8, pp=16, sp=True, micro_batches=192),
+    "TP 8 + SP + selective": Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", micro_batches=192),
+    "TP 8 + full recompute": Layout(dp=8, tp=8, pp=16, recompute="full", micro_batches=192),
+}
+
+
+def sweep_sequence(model: Transformer, cluster, layouts: dict = SWEEP_LAYOUTS,
+                   seq_lens=(1024, 2048, 4096, 8192, 16384, 32768)) -> dict:
+    """{label: [(s, Estimate)]}: the same layouts as the sequence grows (batch in tokens grows with it)."""
+    from dataclasses import replace
+    return {label: [(s, estimate(replace(model, seq_len=s), cluster, layout)) for s in seq_lens]
+            for label, layout in layouts.items()}
+
+
+def draw_sequence_sweep(sweep: dict, limit: float, ax=None):
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    for label, points in sweep.items():
+        ax.plot([s for s, _ in points], [e.memory["total"] / 1e9 for _, e in points], "o-", label=label)
+    ax.axhline(limit / 1e9, color="k", ls="--", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length s")
+    ax.set_ylabel("GB per device (first stage)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def draw_predicted_vs_measured(rows: list, axes=None):
+    """Predicted / measured for every row: bytes sent per rank (left) and memory (right, ±10 % shaded)."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 1.5), sharey=True)
+    labels = [f"{r.get('name', r['strategy'][:40])} ({r['memory_is']})" for r in rows]
+    y = list(range(len(rows)))[::-1]
+    for ax, key, title in ((axes[0], "bytes", "bytes sent per rank: predicted / measured"),
+                           (axes[1], "memory", "memory: predicted / measured")):
+        ratios = [r[f"{key}_predicted"] / r[f"{key}_measured"] if r[f"{key}_measured"] else None for r in rows]
+        ax.axvspan(0.9, 1.1, color="0.9")
+        ax.axvline(1.0, color="k", lw=0.8)
+        shown = [(yy, q) for yy, q in zip(y, ratios) if q is not None]
+        ax.barh([yy for yy, _ in shown], [q - 1 for _, q in shown], left=1,
+                color=["#4C72B0" if abs(q - 1) <= 0.1 else "#C44E52" for _, q in shown])
+        for yy, q in zip(y, ratios):
+            ax.text(1.17, yy, "not measured" if q is None else f"{q:.3f}", va="center", fontsize=8)
+        ax.set_xlim(0.8, 1.3)
+        ax.set_title(title, fontsize=10)
+    axes[0].set_yticks(y)
+    axes[0].set_yticklabels(labels, fontsize=8)
+    return axes
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def _guide(path):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(12, 5.5))
+    draw_decision_guide(ax)
+    _save(fig, path)
+
+
+def _sweep(path):
+    import matplotlib.pyplot as plt
+    from minipar.plan import GPT3_175B, dgx_a100
+    cluster = dgx_a100(128)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw_sequence_sweep(sweep_sequence(GPT3_175B, cluster), cluster.memory_bytes, ax)
+    ax.set_title("GPT-3 175B, dp 8 · tp 8 · pp 16, 1F1B, m = 192", fontsize=10)
+    _save(fig, path)
+
+
+def _measured(path):
+    import matplotlib.pyplot as plt
+    from .bench import compare_with_tour
+    rows = compare_with_tour()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 1.5), sharey=True)
+    draw_predicted_vs_measured(rows, axes)
+    _save(fig, path)
+
+
+FIGURES = {"12_decision_guide.png": _guide, "12_memory_vs_sequence.png": _sweep,
+           "12_predicted_vs_measured.png": _measured}

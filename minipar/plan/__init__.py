@@ -1,0 +1,21 @@
+"""minipar.plan — which layout for this model on this cluster: a cost model, a planner and the seeds' rules.
+
+Pure functions, no processes (chapter 12):
+
+* :mod:`.model` — :class:`Transformer`, :func:`parameters`, :func:`activation_bytes_per_layer`,
+  :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes` (the papers' formulas);
+* :mod:`.cluster` — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
+* :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term);
+* :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);
+* :mod:`.rules` — :func:`decide` (the seeds' decision guide as rules), :func:`family`.
+"""
+from .model import (GPT3_175B, Transformer, activation_bytes_per_layer, forward_flops, hardware_flops, hfu,
+                    layer_parameters, mfu, model_flops, model_state_bytes, parameters)
+from .cost import Cluster, Estimate, Layout, collective_seconds, dgx_a100, estimate, in_flight, stage_parameters, validate
+from .planner import Plan, layouts, plan
+from .rules import Advice, decide, family
+
+__all__ = ["Transformer", "GPT3_175B", "parameters", "layer_parameters", "activation_bytes_per_layer",
+           "forward_flops", "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes",
+           "Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "stage_parameters",
+           "collective_seconds", "dgx_a100", "Plan", "plan", "layouts", "Advice", "decide", "family"]

@@ -1,0 +1,267 @@
+"""The cost model: memory per device and time per step of one layout, every term visible.
+
+Memory of the busiest device (the first pipeline stage, or the last when the output layer weighs more)::
+
+    model states   zero_memory.model_state_bytes(Ψ_stage / t, dp, zero)        (ZeRO: 16Ψ, 4Ψ + 12Ψ/N, ...)
+    activations    activation_bytes_per_layer × layers per stage × micro-batches in flight
+                   (in flight: counted on the schedule itself — GPipe m, 1F1B p, interleaved p + (p-1)/v)
+                   + the output layer's logits on the last stage
+    buffers        ZeRO-3's gathered units (the embedding unit + the current and the prefetched layer);
+                   ZeRO-2/3's reduce-scatter of one layer's gradients (a working copy and two ring chunks);
+                   with recomputation, what the backward rematerializes for one layer at a time
+
+Time of one step on one device (no overlap of communication with compute: an upper bound)::
+
+    compute        hardware FLOPs / (devices · peak FLOP/s · efficiency)
+    bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
+    collectives    the α-β model of :mod:`minipar.plan.cluster`, on the links each group really crosses
+
+Bytes sent per device per step (the same numbers the communication log shows, chapter by chapter):
+TP 4 all-reduces of b·s·h per layer per micro-batch (SP: all-gathers + reduce-scatters, same volume, plus
+this course's re-gather in backward), PP each micro-batch's activation forward and its gradient back at
+every stage boundary (mean over the pipeline's ranks: 2(pv-1)·m·A/p), DP the ZeRO paper's volumes
+(:func:`minipar.data.zero_memory.bytes_sent_per_step`; ZeRO-2/3 repeat their reduce-scatter — and ZeRO-3
+its gathers — for every micro-batch: why they do not mix with pipelines), CP an all-gather of K and V per
+layer and a reduce-scatter of their gradients.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from minipar.comm import predicted_bytes_sent
+from minipar.data import zero_memory
+from minipar.pipeline.schedules import bubble_formula, make_schedule, validate as validate_schedule
+from minipar.recompute import MODES
+from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
+
+from .cluster import Cluster, collective_seconds, dgx_a100, link
+from .model import Transformer, activation_bytes_per_layer, hardware_flops, layer_parameters, model_flops
+
+__all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "dgx_a100", "stage_parameters",
+           "collective_seconds"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees of each parallelism and how the step is run. devices = dp·tp·pp·cp (ep must be 1: the
+    model is dense); global batch = dp · micro_batch · micro_batches."""
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    v: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    sp: bool = False
+    recompute: str = "none"
+    micro_batch: int = 1
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp * self.ep
+
+    @property
+    def global_batch(self) -> int:
+        return self.dp * self.micro_batch * self.micro_batches
+
+    def __str__(self) -> str:
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        parts += [f"v={self.v}"] if self.v > 1 else []
+        parts += [f"cp={self.cp}"] if self.cp > 1 else []
+        parts += [f"zero={self.zero}"] if self.zero else []
+        parts += ["sp"] if self.sp else []
+        parts += [f"recompute={self.recompute}"] if self.recompute != "none" else []
+        parts += [f"b={self.micro_batch}", f"m={self.micro_batches}"]
+        parts += [self.schedule] if self.pp > 1 else []
+        return " ".join(parts)
+
+
+def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None) -> None:
+    """Raise ValueError with the reason a layout cannot run this model (on this cluster)."""
+    for name in ("dp", "tp", "pp", "v", "cp", "ep", "micro_batch", "micro_batches"):
+        x = getattr(layout, name)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"Layout.{name} must be a positive integer, got {x!r}")
+    if layout.ep != 1:
+        raise ValueError("ep > 1 needs a mixture-of-experts model (chapter 09); this Transformer is dense")
+    if layout.zero not in zero_memory.STAGE_NAMES:
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {layout.zero!r}")
+    if layout.recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {layout.recompute!r}")
+    if model.heads % layout.tp:
+        raise ValueError(f"tp={layout.tp} must divide the {model.heads} attention heads")
+    if layout.sp and layout.tp == 1:
+        raise ValueError("sequence parallelism shards along the tensor-parallel group: it needs tp > 1")
+    if model.seq_len % (layout.cp * (layout.tp if layout.sp else 1)):
+        raise ValueError(f"sequence length {model.seq_len} must be divisible by cp"
+                         f"{'·tp' if layout.sp else ''} = {layout.cp * (layout.tp if layout.sp else 1)}")
+    if layout.pp > 1:
+        validate_schedule(layout.schedule, layout.pp, layout.micro_batches, layout.v, model.layers)
+    elif layout.v != 1:
+        raise ValueError("v (virtual stages) needs a pipeline: pp > 1")
+    if cluster is not None and layout.devices > cluster.devices:
+        raise ValueError(f"the layout needs {layout.devices} devices, the cluster has {cluster.devices}")
+
+
+@functools.lru_cache(maxsize=4096)
+def in_flight(schedule: str, p: int, m: int, v: int = 1) -> float:
+    """Most micro-batches whose activations one rank holds at once, in units of a whole rank's layers
+    (a chunk is 1/v of them), counted by walking the schedule (``F`` adds one, ``BW`` or ``W`` frees
+    one). The max over ranks: GPipe m, 1F1B p, interleaved p + (p-1)/v (on rank 0)."""
+    if p == 1:
+        return 1.0
+    most = 0
+    for actions in make_schedule(schedule, p, m, v).actions:
+        held = peak = 0
+        for a in actions:
+            held += 1 if a.kind == "F" else -1 if a.kind in ("BW", "W") else 0
+            peak = max(peak, held)
+        most = max(most, peak)
+    return most / v
+
+
+def stage_parameters(model: Transformer, layout: Layout) -> dict:
+    """Parameters held by one device of the first and of the last pipeline stage (tensor-parallel share):
+    {"first": ..., "last": ..., "layer": one layer's}. The word embedding is split over the vocabulary
+    (÷ t); the last stage keeps its own copy of it for the output layer when the weights are tied and
+    pp > 1 (as Megatron does); positions and the final LayerNorm stay whole."""
+    t, h = layout.tp, model.hidden
+    layer = layer_parameters(model, t)
+    per_stage = model.layers // layout.pp * layer
+    word = model.vocab * h / t
+    first = per_stage + word + model.positions * h
+    last_extra = (word if (not model.tied_embeddings or layout.pp > 1) else 0) + (2 * h if model.final_norm else 0)
+    if layout.pp == 1:
+        return {"first": first + last_extra, "last": first + last_extra, "layer": layer}
+    return {"first": first, "last": per_stage + last_extra, "layer": layer}
+
+
+@dataclass
+class Estimate:
+    """Per-device memory (bytes), step time (seconds), bytes sent per device per step, MFU."""
+    layout: Layout
+    memory: dict
+    time: dict
+    bytes_sent: dict
+    mfu: float
+    memory_limit: float
+    in_flight: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory["total"] <= self.memory_limit
+
+    @property
+    def step_seconds(self) -> float:
+        return self.time["total"]
+
+    def __str__(self) -> str:
+        gb = lambda x: f"{x / 1e9:.1f}"  # noqa: E731
+        mem = ", ".join(f"{k} {gb(v)}" for k, v in self.memory.items() if k != "total")
+        tim = ", ".join(f"{k} {v:.3g}" for k, v in self.time.items() if k != "total")
+        return (f"{self.layout}: memory {gb(self.memory['total'])} GB/device ({mem}); step "
+                f"{self.time['total']:.3g} s ({tim}); MFU {self.mfu:.1%}{'' if self.fits else '  DOES NOT FIT'}")
+
+
+def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision="mixed", dropout: bool = True,
+             eager: bool = False, persistent_grads: bool = True, bucket_bytes: float = 25e6) -> Estimate:
+    """Memory per device, step time and MFU of ``layout`` training ``model`` on ``cluster``.
+
+    ``precision``: "mixed" (16-bit values, Adam 2 + 2 + 12 bytes), "fp32", or a
+    :class:`minipar.data.zero_memory.Precision`; activations take the parameter's width. ``eager=True``
+    adds what PyTorch's unfused kernels keep beyond the paper's count (LayerNorm statistics, the causal
+    mask: :func:`minipar.tensor.sequence.uncounted_bytes`); ``dropout=False`` drops the masks.
+    ``persistent_grads=False``: gradients do not outlive the step (``zero_grad(set_to_none=True)``, no flat
+    gradient buffer): they are created as the backward frees activations, so only what exceeds the
+    activations adds to the peak."""
+    validate(model, layout, cluster)
+    prec = zero_memory._precision(precision)
+    memory, psi, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
+    sent, seconds = _traffic(model, cluster, layout, prec, psi, bucket_bytes)
+    compute = hardware_flops(model, layout.global_batch, layout.recompute) / (
+        layout.devices * cluster.peak_flops * cluster.flops_efficiency)
+    p, m, v = layout.pp, layout.micro_batches, layout.v
+    f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
+    time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
+    time["total"] = sum(time.values())
+    util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
+    return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying)
+
+
+def _memory(model, layout, prec, dropout, eager, persistent_grads):
+    """(memory terms of the busiest device, its parameter count, micro-batches in flight)."""
+    vb, t, p, sp = prec.param, layout.tp, layout.pp, layout.sp
+    b, h, s = layout.micro_batch, model.hidden, model.seq_len // layout.cp
+    params = stage_parameters(model, layout)
+
+    def per_layer(mode):
+        kept = activation_bytes_per_layer(model, b, t, sp, mode, value_bytes=vb, dropout=dropout, seq_len=s)
+        return kept + (uncounted_bytes(s, b, t, sp, value_bytes=vb) if eager and mode != "full" else 0)
+
+    kept = per_layer(layout.recompute)
+    flying = in_flight(layout.schedule, p, layout.micro_batches, layout.v) if p > 1 else 1.0
+    logits = 4 * s * b * model.vocab / t + 2 * vb * s * b * h / (t if sp else 1)  # fp32 log-softmax; LN, head in
+    buffers = 0.0
+    if layout.zero == 3:                      # the embedding unit and the current and next layer, gathered
+        buffers += prec.param * (2 * params["layer"] + model.vocab * h / t + model.positions * h)
+    if layout.zero >= 2 and layout.dp > 1:    # one layer's gradients in a ring reduce-scatter: a working
+        buffers += prec.grad * params["layer"] * (1 + 2 / layout.dp)   # copy, a chunk to send, one received
+    if layout.recompute != "none":            # what the backward rematerializes for one layer at a time
+        buffers += per_layer("none") - kept
+    stages = {}
+    for name, flight in (("first", flying), ("last", 1.0)):
+        states = zero_memory.model_state_bytes(params[name], layout.dp, layout.zero, prec)
+        acts = kept * (model.layers // p) * flight + (logits if name == "last" or p == 1 else 0)
+        grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
+        stages[name] = {"params": states["params"], "grads": grads, "optimizer": states["optimizer"],
+                        "activations": acts, "buffers": buffers}
+        stages[name]["total"] = sum(stages[name].values())
+    busiest = max(stages, key=lambda k: stages[k]["total"])
+    return stages[busiest], params[busiest], flying
+
+
+def _traffic(model, cluster, layout, prec, psi, bucket_bytes):
+    """({tp, cp, pp, dp: bytes sent per device per step}, {the same: α-β seconds})."""
+    vb, t, p, m, v, cp, sp = prec.param, layout.tp, layout.pp, layout.micro_batches, layout.v, layout.cp, layout.sp
+    b, h, s = layout.micro_batch, model.hidden, model.seq_len // cp
+    layers, again = model.layers // p, 1.5 if layout.recompute == "full" else 1.0   # full: forward's again
+    sent, seconds = {}, {}
+
+    bw, lat = link(layout, "tp", cluster)
+    payload = s * b * h * vb
+    sent["tp"] = (sp_bytes_per_layer if sp else tp_bytes_per_layer)(s, b, h, t, value_bytes=vb) * again * layers * m
+    if sp:        # per layer: 4 all-gathers + 4 reduce-scatters, and the 2 re-gathers of the backward
+        per = 6 * collective_seconds("all_gather", payload, t, bw, lat) + 4 * collective_seconds(
+            "reduce_scatter", payload, t, bw, lat)
+    else:         # per layer: g forward and f backward, in attention and in the MLP
+        per = 4 * collective_seconds("all_reduce", payload, t, bw, lat)
+    seconds["tp"] = per * again * layers * m if t > 1 else 0.0
+
+    kv = 2 * s * cp * b * h / t * vb                                 # K and V of the whole sequence
+    bw, lat = link(layout, "cp", cluster)
+    sent["cp"] = (predicted_bytes_sent("all_gather", kv, cp) * again
+                  + predicted_bytes_sent("reduce_scatter", kv, cp)) * layers * m
+    seconds["cp"] = (collective_seconds("all_gather", kv, cp, bw, lat) * again
+                     + collective_seconds("reduce_scatter", kv, cp, bw, lat)) * layers * m
+
+    act = s * b * h * vb / (t if sp else 1)                          # one micro-batch at a stage boundary
+    bw, lat = link(layout, "pp", cluster)
+    sent["pp"] = 2 * (p * v - 1) * m * act / p if p > 1 else 0.0
+    seconds["pp"] = 2 * v * m * collective_seconds("send", act, 2, bw, lat) if p > 1 else 0.0
+
+    dp = layout.dp
+    bw, lat = link(layout, "dp", cluster)
+    if layout.zero <= 1:          # one all-reduce (or reduce-scatter + all-gather) per step, in buckets
+        sent["dp"] = zero_memory.bytes_sent_per_step(psi, dp, layout.zero, prec)
+        messages = max(1, math.ceil(psi * prec.grad / bucket_bytes)) * 2 * (dp - 1)
+    else:                         # reduce-scatter every micro-batch; ZeRO-3 also gathers twice per micro-batch
+        gathers = 1 if layout.zero == 2 else 2 * m
+        sent["dp"] = (dp - 1) / dp * psi * (m * prec.grad + gathers * prec.param)
+        messages = (m + gathers) * (layers + 1) * (dp - 1)
+    seconds["dp"] = messages * lat + sent["dp"] / bw if dp > 1 else 0.0
+    return sent, seconds

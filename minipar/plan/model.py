@@ -1,0 +1,177 @@
+"""What a GPT-style model costs, in closed form: parameters, activation bytes, FLOPs, model-state bytes.
+
+Symbols (as in the papers): l layers, h hidden size, a attention heads, V vocabulary, s sequence length,
+b micro-batch, B global batch, t tensor-parallel degree, f FFN hidden size (4h unless said otherwise).
+
+* Parameters (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", Eq. 2): ``P = 12 l h² (1 + 13/(12h) + (V + s)/(12 l h))`` — per layer 12h² weights and
+  13h biases and LayerNorm parameters, plus the word and position embeddings (the output layer shares the
+  word embedding; the final LayerNorm's 2h is left out).
+* Activations kept for the backward, per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation
+  in Large Transformer Models", §4 and Table 2), 16-bit values and 1-byte dropout masks::
+
+      no parallelism                 sbh (34 + 5as/h)
+      tensor parallel (TP)           sbh (10 + 24/t + 5as/(ht))
+      TP + sequence parallel (SP)    sbh (34/t + 5as/(ht))
+      TP + selective recompute       sbh (10 + 24/t)
+      TP + SP + selective            sbh (34/t)
+      full recompute                 2 sbh            (only the layer's input; 2sbh/t with SP)
+
+  The formulas live in :mod:`minipar.tensor.sequence` and :mod:`minipar.recompute` (chapters 06, 11);
+  this module calls them.
+* FLOPs per iteration (Korthikanti et al. 2022, Appendix A; Narayanan et al. 2021, Eq. 3): a forward is
+  ``24 B s l h² (1 + s/(6h) + V/(16 l h))`` (matmuls only, multiply-add = 2); model FLOPs count forward +
+  backward (3×): ``72 B s l h² (1 + s/(6h) + V/(12 l h))``. Hardware FLOPs add what recomputation
+  repeats: full recompute one more forward of every layer, ``96 B s l h² (1 + s/(6h) + V/(16 l h))``;
+  selective recompute ``72 B s l h² (1 + s/(3h) + V/(12 l h))`` (the paper's count, reproduced below from
+  its Table 5).
+* Model states per device: :func:`minipar.data.zero_memory.model_state_bytes` (ZeRO, Rajbhandari et al.
+  2020), called, not rewritten.
+
+MFU (model FLOPs utilization) = model FLOPs / (seconds · devices · peak FLOP/s); HFU uses hardware FLOPs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minipar.data import zero_memory
+from minipar.recompute import MODES
+from minipar.tensor.sequence import activation_bytes_formula
+
+__all__ = ["Transformer", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
+           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes", "GPT3_175B", "MODES"]
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A GPT-style decoder: ``layers`` blocks of (LayerNorm, attention, LayerNorm, MLP) of width ``hidden``.
+
+    ``ffn_hidden`` defaults to 4·hidden. ``tied_embeddings`` (the papers' models) shares the output layer
+    with the word embedding; ``final_norm`` counts the last LayerNorm; ``max_positions`` is the size of
+    the position table (``seq_len`` by default). :meth:`from_config` describes minipar's TinyGPT."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    ffn_hidden: int | None = None
+    tied_embeddings: bool = True
+    final_norm: bool = False
+    max_positions: int | None = None
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"Transformer.{name} must be a positive integer, got {x!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def positions(self) -> int:
+        return self.max_positions or self.seq_len
+
+    @classmethod
+    def from_config(cls, cfg, seq_len: int) -> "Transformer":
+        """The description of ``minipar.models.TinyGPT(cfg)`` trained on sequences of ``seq_len``."""
+        return cls(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, seq_len, cfg.ffn_hidden,
+                   tied_embeddings=cfg.tie_weights, final_norm=True, max_positions=cfg.block_size)
+
+
+GPT3_175B = Transformer(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048)
+
+
+def layer_parameters(model: Transformer, tp: int = 1) -> float:
+    """Parameters of one block held by one of ``tp`` tensor-parallel ranks: QKV and the first MLP matmul
+    split by columns (weights and biases ÷ t), the projections by rows (weights ÷ t, biases whole), the two
+    LayerNorms whole. With t = 1 and f = 4h: 12h² + 13h."""
+    h, f = model.hidden, model.ffn
+    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h
+    whole = h + h + 4 * h                      # the two projection biases, the two LayerNorms
+    return split / tp + whole
+
+
+def parameters(model: Transformer) -> int:
+    """Parameter count; for the papers' models (tied, no final norm) Narayanan et al. Eq. 2 exactly."""
+    h = model.hidden
+    embeddings = model.vocab * h + model.positions * h
+    head = 0 if model.tied_embeddings else model.vocab * h
+    final = 2 * h if model.final_norm else 0
+    return int(model.layers * layer_parameters(model) + embeddings + head + final)
+
+
+def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int = 1, sp: bool = False,
+                               recompute: str = "none", *, value_bytes: int = 2, dropout: bool = True,
+                               seq_len: int | None = None) -> float:
+    """Bytes one transformer layer keeps for the backward on one tensor-parallel rank (Korthikanti et al.
+    2022, Table 2): 16-bit values and 1-byte dropout masks by default. ``seq_len`` overrides the model's
+    (a context-parallel rank sees s/cp tokens). With f ≠ 4h the two MLP terms 4sbh become f/h·sbh each."""
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
+    if tp < 1 or model.heads % tp:
+        raise ValueError(f"tp must divide the number of heads ({model.heads}), got tp={tp}")
+    s, b, h, a = seq_len or model.seq_len, micro_batch, model.hidden, model.heads
+    if sp and tp == 1:
+        sp = False                                        # nothing to shard the sequence across
+    if recompute == "full":
+        return value_bytes * s * b * h / (tp if sp else 1)      # the layer's input, nothing else
+    total = activation_bytes_formula(s, b, h, a, tp, sp, value_bytes=value_bytes, mask_bytes=1, dropout=dropout)
+    total += 2 * value_bytes * (model.ffn - 4 * h) * s * b / tp   # GeLU input and MLP-projection input
+    if recompute == "selective":                           # the attention core's a·s²·b terms go
+        per_as2b = (2 * value_bytes + 1) if dropout else value_bytes
+        total -= per_as2b * a * s * s * b / tp
+    return total
+
+
+def forward_flops(model: Transformer, tokens: int) -> float:
+    """Matmul FLOPs of one forward over ``tokens`` = B·s tokens: per layer 2·tokens·(4h² + 2hf) for the
+    weights and 4·tokens·s·h for QKᵀ and the attention over V; the logits 2·tokens·h·V."""
+    h, s, f = model.hidden, model.seq_len, model.ffn
+    per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 4 * tokens * s * h
+    return model.layers * per_layer + 2 * tokens * h * model.vocab
+
+
+def model_flops(model: Transformer, global_batch: int) -> float:
+    """FLOPs the model needs per iteration (forward + backward = 3 forwards): with f = 4h,
+    72 B s l h² (1 + s/(6h) + V/(12 l h))."""
+    return 3 * forward_flops(model, global_batch * model.seq_len)
+
+
+def hardware_flops(model: Transformer, global_batch: int, recompute: str = "none") -> float:
+    """FLOPs the hardware does per iteration, recomputation included (Korthikanti et al. 2022, App. A).
+
+    ``"full"``: one more forward of every layer (not of the logits): 96 B s l h² (1 + s/(6h) + V/(16lh)).
+    ``"selective"``: the paper counts 72 B s l h² (1 + s/(3h) + V/(12lh)), i.e. 12·B·s²·h more per layer;
+    its Table 5 HFU/MFU ratios are reproduced with this count (tests/test_plan_model.py). One forward of
+    the attention core alone would be 4·B·s²·h per layer: the paper's count is an upper bound."""
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
+    base = model_flops(model, global_batch)
+    tokens, h, s, l = global_batch * model.seq_len, model.hidden, model.seq_len, model.layers
+    if recompute == "full":
+        return base + forward_flops(model, tokens) - 2 * tokens * h * model.vocab
+    if recompute == "selective":
+        return base + 12 * tokens * s * h * l
+    return base
+
+
+def mfu(model: Transformer, global_batch: int, seconds: float, devices: int, peak_flops: float) -> float:
+    """Model FLOPs utilization of an iteration that took ``seconds`` on ``devices`` of ``peak_flops``."""
+    return model_flops(model, global_batch) / (seconds * devices * peak_flops)
+
+
+def hfu(model: Transformer, global_batch: int, seconds: float, devices: int, peak_flops: float,
+        recompute: str = "none") -> float:
+    """Hardware FLOPs utilization: the same with the recomputed FLOPs counted."""
+    return hardware_flops(model, global_batch, recompute) / (seconds * devices * peak_flops)
+
+
+def model_state_bytes(params: float, dp: int, zero_stage: int = 0, precision="mixed") -> dict:
+    """{"params", "grads", "optimizer", "total"} bytes per data-parallel rank holding ``params``
+    parameters: :func:`minipar.data.zero_memory.model_state_bytes` (mixed-precision Adam 2 + 2 + 12 bytes,
+    or "fp32" 4 + 4 + 8)."""
+    return zero_memory.model_state_bytes(params, dp, zero_stage, precision)

@@ -1,0 +1,137 @@
+"""A planner: every layout of a model on a cluster, costed by :func:`minipar.plan.estimate`, the best few
+that fit kept, and for every family that lost, the reason.
+
+The search space is small on purpose (the idea of FlexFlow's and Alpa's searches, not their scale): tensor
+parallel degrees that divide the heads, pipeline degrees that divide the layers, data parallelism for the
+rest of the devices (it must divide the global batch), ZeRO 0-3 (2 and 3 only without a pipeline),
+sequence parallelism on or off, the three recomputation modes, micro-batch sizes, and for pipelines the
+1F1B and interleaved (v = 2) schedules. Each layout is one call of the cost model.
+
+A family (:func:`minipar.plan.rules.family`: 'DDP', 'ZeRO-3', 'ZeRO-1 + TP + PP', ...) is rejected
+because none of its layouts fits in memory, or because its best one is slower than the winner — and then
+the reason names the term that costs it most (the bubble, TP across nodes, data-parallel traffic, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cost import Cluster, Layout, estimate
+from .model import Transformer
+from .rules import family
+
+__all__ = ["Plan", "plan", "layouts"]
+
+_TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces", "dp": "data-parallel traffic",
+               "pp": "pipeline sends", "cp": "context-parallel gathers", "compute": "compute (recomputation)"}
+
+
+@dataclass
+class Plan:
+    """``best``: the fastest layouts that fit, each an :class:`~minipar.plan.cost.Estimate`;
+    ``rejected``: {family: reason}; ``considered``: how many layouts were costed."""
+    best: list
+    rejected: dict
+    considered: int
+    feasible: int = 0
+    families: dict = field(default_factory=dict)      # {family: its best Estimate (fitting if any)}
+
+    def __str__(self) -> str:
+        lines = [f"{self.considered} layouts costed, {self.feasible} fit; best:"]
+        lines += [f"  {i + 1}. {e}" for i, e in enumerate(self.best)]
+        lines += ["rejected families:"] + [f"  {k}: {v}" for k, v in self.rejected.items()]
+        return "\n".join(lines)
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_batches_max: int = 4096,
+            micro_batch_sizes=(1, 2, 4, 8), recompute=("none", "selective", "full"), zero=(0, 1, 2, 3),
+            schedules=("1f1b", "interleaved"), use_all_devices: bool = True):
+    """Every layout of the search space (a generator)."""
+    n = cluster.devices
+    sizes = [n] if use_all_devices else _divisors(n)
+    for devices in sizes:
+        for tp in [t for t in _divisors(model.heads) if devices % t == 0]:
+            for pp in [p for p in _divisors(model.layers) if devices % (tp * p) == 0]:
+                dp = devices // (tp * pp)
+                if global_batch % dp:
+                    continue
+                for b in micro_batch_sizes:
+                    if (global_batch // dp) % b:
+                        continue
+                    m = global_batch // dp // b
+                    if m > micro_batches_max:
+                        continue
+                    scheds = [("1f1b", 1)] if pp == 1 else [(s, 2 if s == "interleaved" else 1) for s in schedules]
+                    for sched, v in scheds:
+                        if pp > 1 and (m < pp or (sched == "interleaved" and (m % pp or model.layers % (pp * v)))):
+                            continue
+                        for z in zero:
+                            if z >= 2 and pp > 1:
+                                continue        # PP accumulates gradients, ZeRO-2/3 shard them (seed 003 §8.3)
+                            if z and dp == 1:
+                                continue
+                            for sp in ([False, True] if tp > 1 else [False]):
+                                for r in recompute:
+                                    yield Layout(dp=dp, tp=tp, pp=pp, v=v, zero=z, sp=sp, recompute=r,
+                                                 micro_batch=b, micro_batches=m, schedule=sched)
+
+
+def _why_slower(e, winner) -> str:
+    if e.step_seconds <= 1.005 * winner.step_seconds:
+        return (f"as fast as the best (within 0.5 %), but needs {e.memory['total'] / 1e9:.1f} GB per device "
+                f"against {winner.memory['total'] / 1e9:.1f} GB ({e.layout})")
+    extra = {k: v - winner.time.get(k, 0) for k, v in e.time.items() if k != "total"}
+    term = max(extra, key=extra.get)
+    name = _TERM_NAMES[term]
+    if term == "tp" and "across nodes" in e.notes:
+        name = "TP across nodes"
+    return (f"fits, but {e.step_seconds / winner.step_seconds:.2f}× slower than the best "
+            f"({e.step_seconds:.3g} s vs {winner.step_seconds:.3g} s): {name} "
+            f"{e.time[term]:.3g} s ({e.layout})")
+
+
+def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 3, precision="mixed",
+         **search) -> Plan:
+    """The ``top`` fastest layouts of ``model`` on all of ``cluster`` that fit in memory, and why each other
+    family lost. ``search`` narrows the space (see :func:`layouts`)."""
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
+    fitting, best_any, families, names = [], {}, {}, {}
+    considered = 0
+    for layout in layouts(model, cluster, global_batch, **search):
+        e = _estimate(model, cluster, layout, precision)
+        considered += 1
+        fam = family(layout)
+        if layout.tp > cluster.devices_per_node:
+            fam += " (TP across nodes)"
+            e.notes.append("across nodes")
+        if fam not in best_any or e.memory["total"] < best_any[fam].memory["total"]:
+            best_any[fam] = e
+        names[id(e)] = fam
+        if e.fits:
+            fitting.append(e)
+            if fam not in families or e.step_seconds < families[fam].step_seconds:
+                families[fam] = e
+    if considered == 0:
+        raise ValueError(f"no layout of {cluster.devices} devices divides the global batch {global_batch} "
+                         f"and the model's {model.layers} layers / {model.heads} heads")
+    fitting.sort(key=lambda e: (round(e.step_seconds, 9), e.memory["total"]))   # ties: less memory
+    best = fitting[:top]
+    rejected = {}
+    winner = best[0] if best else None
+    for fam, e in best_any.items():
+        if fam in families:
+            if fam != names[id(winner)]:
+                rejected[fam] = _why_slower(families[fam], winner)
+        else:
+            rejected[fam] = (f"does not fit: its smallest layout needs {e.memory['total'] / 1e9:.1f} GB per device "
+                             f"> {cluster.memory_bytes / 1e9:.0f} GB ({e.layout})")
+    return Plan(best, rejected, considered, len(fitting), {**best_any, **families})
+
+
+def _estimate(model, cluster, layout, precision):
+    return estimate(model, cluster, layout, precision=precision)
+

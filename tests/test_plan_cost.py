@@ -1,0 +1,108 @@
+"""minipar.plan.cost: each term of the estimate against the formula it stands for."""
+import pytest
+
+from minipar.comm import predicted_bytes_sent
+from minipar.data import zero_memory
+from minipar.pipeline.schedules import bubble_formula
+from minipar.plan import (GPT3_175B, Cluster, Layout, Transformer, activation_bytes_per_layer, collective_seconds,
+                          dgx_a100, estimate, hardware_flops, in_flight, stage_parameters, validate)
+from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
+
+CLUSTER = dgx_a100(128)
+SMALL = Transformer(layers=8, hidden=64, heads=4, vocab=128, seq_len=32)
+
+
+@pytest.mark.parametrize("schedule, p, m, v, want", [("gpipe", 4, 8, 1, 8), ("1f1b", 4, 8, 1, 4),
+                                                     ("1f1b", 8, 32, 1, 8), ("interleaved", 4, 8, 2, 4 + 3 / 2),
+                                                     ("interleaved", 4, 16, 4, 4 + 3 / 4)])
+def test_in_flight_counted_on_the_schedule(schedule, p, m, v, want):
+    # GPipe m; 1F1B p; interleaved p + (p-1)/v (Korthikanti et al. 2022 §4.2.3: L(1 + (p-1)/(pv)) on rank 0)
+    assert in_flight(schedule, p, m, v) == pytest.approx(want)
+
+
+def test_memory_terms_are_the_formulas():
+    layout = Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", micro_batches=192)
+    e = estimate(GPT3_175B, CLUSTER, layout)
+    params = stage_parameters(GPT3_175B, layout)["first"]
+    states = zero_memory.model_state_bytes(params, 8, 0, "mixed")
+    assert e.memory["params"] == states["params"] and e.memory["optimizer"] == states["optimizer"]
+    per_layer = activation_bytes_per_layer(GPT3_175B, 1, 8, True, "selective")
+    assert e.memory["activations"] == pytest.approx(per_layer * 96 / 16 * 16)     # 1F1B: p in flight on rank 0
+    assert e.memory["total"] == pytest.approx(sum(v for k, v in e.memory.items() if k != "total"))
+    assert e.fits
+
+
+def test_zero_shards_model_states_and_adds_its_buffers():
+    base = estimate(SMALL, CLUSTER, Layout(dp=8))
+    for stage in (1, 2, 3):
+        e = estimate(SMALL, CLUSTER, Layout(dp=8, zero=stage))
+        want = zero_memory.model_state_bytes(stage_parameters(SMALL, Layout())["first"], 8, stage)
+        assert e.memory["optimizer"] == want["optimizer"] and e.memory["grads"] == want["grads"]
+        assert e.memory["activations"] == base.memory["activations"]
+        layer = stage_parameters(SMALL, Layout())["layer"]
+        ring = 2 * layer * (1 + 2 / 8) if stage >= 2 else 0          # one layer's 16-bit gradients in a ring
+        gathered = 2 * (2 * layer + SMALL.vocab * 64 + SMALL.positions * 64) if stage == 3 else 0
+        assert e.memory["buffers"] == pytest.approx(ring + gathered)
+
+
+def test_bytes_sent_are_the_chapters_formulas():
+    b, m = 2, 4
+    e = estimate(SMALL, CLUSTER, Layout(dp=2, tp=4, pp=2, micro_batch=b, micro_batches=m), precision="fp32")
+    layers = SMALL.layers // 2
+    assert e.bytes_sent["tp"] == pytest.approx(tp_bytes_per_layer(32, b, 64, 4, 4) * layers * m)
+    assert e.bytes_sent["pp"] == pytest.approx(2 * (2 - 1) * m * 32 * b * 64 * 4 / 2)
+    psi = stage_parameters(SMALL, Layout(dp=2, tp=4, pp=2))["first"]
+    assert e.bytes_sent["dp"] == pytest.approx(zero_memory.bytes_sent_per_step(psi, 2, 0, "fp32"))
+    sp = estimate(SMALL, CLUSTER, Layout(dp=2, tp=4, pp=2, sp=True, micro_batch=b, micro_batches=m), precision="fp32")
+    assert sp.bytes_sent["tp"] == pytest.approx(sp_bytes_per_layer(32, b, 64, 4, 4) * layers * m)
+
+
+def test_zero_2_and_3_repeat_their_collectives_per_micro_batch():
+    one = estimate(SMALL, CLUSTER, Layout(dp=8, zero=3))
+    psi = stage_parameters(SMALL, Layout())["first"]
+    assert one.bytes_sent["dp"] == pytest.approx(zero_memory.bytes_sent_per_step(psi, 8, 3))
+    four = estimate(SMALL, CLUSTER, Layout(dp=8, zero=3, micro_batches=4))
+    assert four.bytes_sent["dp"] == pytest.approx(4 * one.bytes_sent["dp"])
+    z1 = estimate(SMALL, CLUSTER, Layout(dp=8, zero=1, micro_batches=4))
+    assert z1.bytes_sent["dp"] == pytest.approx(zero_memory.bytes_sent_per_step(psi, 8, 1))
+
+
+def test_time_terms():
+    layout = Layout(dp=8, tp=8, pp=16, micro_batches=192)
+    e = estimate(GPT3_175B, CLUSTER, layout)
+    compute = hardware_flops(GPT3_175B, 1536) / (1024 * 312e12 * 0.6)
+    assert e.time["compute"] == pytest.approx(compute)
+    f = bubble_formula("1f1b", 16, 192)
+    assert e.time["bubble"] == pytest.approx(compute * f / (1 - f))
+    assert e.time["total"] == pytest.approx(sum(v for k, v in e.time.items() if k != "total"))
+    inter = estimate(GPT3_175B, CLUSTER, Layout(dp=8, tp=8, pp=16, v=2, schedule="interleaved", micro_batches=192))
+    assert inter.time["bubble"] < e.time["bubble"] and inter.bytes_sent["pp"] > e.bytes_sent["pp"]
+    assert 0 < e.mfu < 1
+
+
+def test_tp_across_nodes_uses_the_slow_link():
+    inside = estimate(GPT3_175B, CLUSTER, Layout(dp=8, tp=8, pp=16, micro_batches=192))
+    across = estimate(GPT3_175B, CLUSTER, Layout(dp=4, tp=16, pp=16, micro_batches=384))
+    assert across.time["tp"] > 5 * inside.time["tp"]
+
+
+def test_collective_seconds_alpha_beta():
+    assert collective_seconds("all_reduce", 1e6, 4, 1e9, 1e-5) == pytest.approx(6e-5 + predicted_bytes_sent(
+        "all_reduce", 1e6, 4) / 1e9)
+    assert collective_seconds("send", 1e6, 2, 1e9, 1e-5) == pytest.approx(1e-5 + 1e-3)
+    assert collective_seconds("all_gather", 1e6, 1, 1e9, 1e-5) == 0
+
+
+@pytest.mark.parametrize("layout, match", [
+    (Layout(tp=5), "tp=5 must divide"), (Layout(pp=5, micro_batches=5), "cannot be cut"),
+    (Layout(tp=2, sp=False, dp=1, ep=2), "mixture-of-experts"), (Layout(sp=True), "needs tp > 1"),
+    (Layout(pp=2, micro_batches=1), "m >= p"), (Layout(zero=4), "zero must be"),
+    (Layout(recompute="half"), "recompute must be"), (Layout(dp=2048), "cluster has 1024"),
+    (Layout(v=2), "needs a pipeline")])
+def test_validate_names_the_problem(layout, match):
+    with pytest.raises(ValueError, match=match):
+        validate(GPT3_175B, layout, CLUSTER)
+
+
+def test_cluster_devices():
+    assert CLUSTER.devices == 1024 and Cluster(4, 2, 1e9, 1e12, 1e9, 1e8).devices == 8
