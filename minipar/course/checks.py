@@ -6,7 +6,8 @@ likely mistake. It prints a short confirmation when right.
 """
 
 
-__all__ = ["ExerciseError", "run_on_ranks", "fail"]
+__all__ = ["ExerciseError", "run_on_ranks", "fail", "unlogged_bytes", "refuse_unlogged", "FRAMING_PER_CALL",
+           "UNLOGGED_LIMIT"]
 
 
 class ExerciseError(AssertionError):
@@ -41,3 +42,42 @@ def run_on_ranks(fn, world_size: int, *args, what: str = "your function", timeou
 def fail(what: str, expected, got, mistake: str):
     """Raise the standard teaching message: what was checked, expected, got, likely mistake."""
     raise ExerciseError(f"{what}\n  expected: {expected}\n  got:      {got}\n  likely mistake: {mistake}")
+
+
+FRAMING_PER_CALL = 2048   # gloo's headers per logged call, at most (measured: ~150 B a message, 1.7 KiB a
+                          # 4-rank all-reduce)
+UNLOGGED_LIMIT = 512      # bytes on the wire that no logged call explains, tolerated (a print is tens of bytes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Traffic the log did not see: checks that cannot be fooled by calling torch.distributed directly
+# ----------------------------------------------------------------------------------------------------
+
+def _wire_of(record) -> float:
+    """The most gloo puts on the wire for one logged call: its model, except where gloo runs another
+    algorithm — reduce-scatter all-reduces (2x), reduce and broadcast move up to one payload more."""
+    if record.op == "reduce_scatter":
+        return 2 * record.sent_bytes
+    if record.op in ("reduce", "broadcast"):
+        return record.sent_bytes + record.payload_bytes
+    return record.sent_bytes
+
+
+def unlogged_bytes(log) -> float | None:
+    """Bytes this rank wrote to its sockets inside ``log``'s block that none of its logged calls explains
+    (their gloo traffic plus :data:`FRAMING_PER_CALL` each): collectives called straight through
+    ``torch.distributed``. None where the kernel's counter is not available (not Linux)."""
+    if log.observed_bytes_sent is None:
+        return None
+    explained = sum(_wire_of(r) + FRAMING_PER_CALL for r in log.records)
+    return log.observed_bytes_sent - explained
+
+
+def refuse_unlogged(what: str, unlogged, limit: float = UNLOGGED_LIMIT) -> None:
+    """Fail when more than ``limit`` bytes went over the wire around :mod:`minipar.comm`'s log."""
+    if unlogged is not None and unlogged > limit:
+        fail(f"{what}: bytes on the wire that minipar.comm's log did not see",
+             f"≤ {limit:.0f} (every collective through minipar.comm, so it is counted)", f"{unlogged:.0f}",
+             "a collective was called straight through torch.distributed (dist.all_reduce, ...): the "
+             "sockets carried it, the log did not. Call the minipar.comm wrapper (comm.all_reduce, "
+             "comm.reduce_scatter_tensor, comm.all_gather_into_tensor, ...) so your traffic is counted")

@@ -5,9 +5,26 @@ pairs where ``run()`` launches the strategy, checks it against the single-device
 :class:`TourRow`. The tour finds them with :func:`minipar.course.collect`, in chapter order, so adding a
 chapter's rows never touches this file.
 
-    python -m minipar tour            # the table
-    python -m minipar tour --json     # one JSON object per row
+    python -m minipar tour            # the table, each row's note as a footnote, a headline that counts
+    python -m minipar tour --json     # one JSON object per row (bytes_observed_per_rank included)
     python -m minipar tour -k zero    # only the strategies whose name contains "zero"
+
+Three byte columns, per rank (mean over ranks unless the note says otherwise):
+
+* ``model``: what :mod:`minipar.comm`'s log says the algorithm sends (the ring model of each collective);
+* ``observed``: what the process really wrote to its sockets meanwhile (:mod:`minipar.wire`, the kernel's
+  per-process counter): the transport's truth, gloo's framing and gloo's own algorithms included;
+* ``formula``: the closed form the chapter teaches.
+
+``obs/formula`` is their ratio. Observed bytes count as "within protocol overhead" of the formula when they
+exceed it by at most :data:`OVERHEAD_PER_CALL` bytes per logged call (gloo's message headers: ~150 B per
+message, ~1.7 KiB for a 4-rank all-reduce) plus 1 % — or, for a row that does not report its calls, 5 %.
+A row outside that says why in its note (gloo's reduce-scatter all-reduces: 2×; its reduce: 1.25×).
+
+What a row's ``matches`` means depends on its ``kind``: ``"training"`` — losses and parameters after real
+optimizer steps equal one device's; ``"collective"`` — what every rank holds after one operation equals the
+same result computed on one process; ``"update rule"`` — an asynchronous schedule (PipeDream) equals a
+single-process simulation of its own, different, update rule. The headline counts the three apart.
 """
 from __future__ import annotations
 
@@ -16,9 +33,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["TourRow", "strategies", "run_tour", "format_table", "main"]
+__all__ = ["TourRow", "KINDS", "OVERHEAD_PER_CALL", "strategies", "run_tour", "observed_status",
+           "format_table", "headline", "main"]
 
 WORLD_SIZE = 4
+KINDS = ("training", "collective", "update rule")
+OVERHEAD_PER_CALL = 2048          # bytes of transport framing allowed per logged call (see the docstring)
 
 
 @dataclass
@@ -27,12 +47,14 @@ class TourRow:
     world_size: int
     matches: bool
     max_abs_diff: float | None
-    bytes_sent_per_rank: float | None      # measured in the communication log (mean over ranks)
+    bytes_sent_per_rank: float | None      # the communication log's model of the algorithm (mean over ranks)
     bytes_formula: float | None            # the closed-form prediction for the same quantity
     peak_bytes_per_rank: float | None      # measured peak of live tensors during a step (max over ranks)
     note: str = ""
     seconds: float = 0.0
     bytes_observed_per_rank: float | None = None   # what the transport really sent (minipar.wire), mean over ranks
+    kind: str = "training"                 # what `matches` compares: see KINDS and the module docstring
+    calls_per_rank: float | None = None    # logged calls behind bytes_observed_per_rank (for the allowance)
 
 
 def strategies() -> list:
@@ -54,6 +76,19 @@ def run_tour(select: str | None = None, progress=None) -> list:
     return rows
 
 
+def observed_status(row) -> str | None:
+    """``"within"`` (observed ≥ formula − 1 % and ≤ formula + the protocol allowance), ``"differs"`` (the
+    note says why), or None where nothing was observed or there is no formula."""
+    obs, formula = row.bytes_observed_per_rank, row.bytes_formula
+    if obs is None or formula is None:
+        return None
+    if row.calls_per_rank is not None:
+        allowance = OVERHEAD_PER_CALL * row.calls_per_rank + 0.01 * formula
+    else:
+        allowance = 0.05 * formula
+    return "within" if formula - 0.01 * formula <= obs <= formula + allowance else "differs"
+
+
 def _fmt_bytes(x) -> str:
     if x is None:
         return "-"
@@ -63,18 +98,68 @@ def _fmt_bytes(x) -> str:
     return f"{x:.0f} B"
 
 
-def format_table(rows) -> str:
-    head = ("strategy", "ranks", "matches 1 device (max |Δ|)", "bytes sent/rank", "formula", "peak mem/rank")
-    body = []
+def _ratio(row) -> str:
+    obs, formula = row.bytes_observed_per_rank, row.bytes_formula
+    if obs is None or not formula:
+        return "-"
+    return f"{obs / formula:.2f}" + ("" if observed_status(row) == "within" else " !")
+
+
+def format_table(rows, notes: bool = True) -> str:
+    """The table; with ``notes``, each row's note as a footnote [n] under it (`!`: observed differs from
+    the formula by more than the protocol allowance, the note says why; `†`: not compared with one device)."""
+    head = ("strategy", "ranks", "matches (max |Δ|)", "model B/rank", "observed", "formula", "obs/formula",
+            "peak mem/rank", "note")
+    body, footnotes = [], []
     for r in rows:
         diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}"
-        body.append((r.strategy, str(r.world_size), f"{'yes' if r.matches else 'NO'} ({diff})",
-                     _fmt_bytes(r.bytes_sent_per_rank), _fmt_bytes(r.bytes_formula),
-                     _fmt_bytes(r.peak_bytes_per_rank)))
+        mark = {"training": "", "collective": " ‡", "update rule": " †"}.get(r.kind, " ?")
+        ref = ""
+        if notes and r.note:
+            footnotes.append(r.note)
+            ref = f"[{len(footnotes)}]"
+        body.append((r.strategy, str(r.world_size), f"{'yes' if r.matches else 'NO'} ({diff}){mark}",
+                     _fmt_bytes(r.bytes_sent_per_rank), _fmt_bytes(r.bytes_observed_per_rank),
+                     _fmt_bytes(r.bytes_formula), _ratio(r), _fmt_bytes(r.peak_bytes_per_rank), ref))
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(tuple("-" * w for w in widths))] + [line(b) for b in body]
+    out.append("")
+    out.append("‡ one collective, compared with the same result computed on one process;  † compared with its "
+               "own (asynchronous) update rule, not with synchronous training;  ! observed bytes differ from "
+               f"the formula by more than the protocol allowance ({OVERHEAD_PER_CALL} B per call + 1 %): the "
+               "note says why.  model = minipar.comm's log; observed = bytes written to the sockets "
+               "(minipar.wire, /proc/self/io).")
+    if footnotes:
+        out.append("")
+        out += [f"[{i}] {text}" for i, text in enumerate(footnotes, 1)]
     return "\n".join(out)
+
+
+def headline(rows) -> str:
+    """What the tour showed, counted by what each row compares."""
+    parts = []
+    for kind, what in (("training", "training runs equal one device (losses and parameters)"),
+                       ("collective", "collectives equal the one-process result"),
+                       ("update rule", "asynchronous runs equal their own update rule")):
+        mine = [r for r in rows if r.kind == kind]
+        if mine:
+            parts.append(f"{sum(r.matches for r in mine)} of {len(mine)} {what}")
+    other = [r for r in rows if r.kind not in KINDS]
+    if other:
+        parts.append(f"{sum(r.matches for r in other)} of {len(other)} rows of unknown kind match")
+    multi = [r for r in rows if r.world_size > 1 and (r.bytes_sent_per_rank is not None
+                                                       or r.bytes_formula is not None)]
+    seen = [r for r in multi if r.bytes_observed_per_rank is not None]
+    status = [observed_status(r) for r in seen]
+    parts.append(f"bytes observed on the wire for {len(seen)} of {len(multi)} rows that communicate: "
+                 f"{status.count('within')} within protocol overhead of the formula, "
+                 f"{status.count('differs')} not (each says why in its note)"
+                 + (f", {status.count(None)} without a formula" if None in status else "")
+                 + (f"; not observed: {', '.join(r.strategy for r in multi if r not in seen)}"
+                    if len(seen) < len(multi) else ""))
+    bad = [r.strategy for r in rows if not r.matches]
+    return ";\n".join(parts) + (f"\nNOT matching: {', '.join(bad)}" if bad else "")
 
 
 def main(argv=None) -> int:
@@ -85,10 +170,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = run_tour(args.select)
     if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
+        print(json.dumps([{**asdict(r), "observed_status": observed_status(r)} for r in rows], indent=1))
     else:
         print(format_table(rows))
-        bad = [r.strategy for r in rows if not r.matches]
-        print(f"\n{len(rows) - len(bad)} of {len(rows)} strategies match single-device results"
-              + (f"; NOT: {', '.join(bad)}" if bad else ""))
+        print()
+        print(headline(rows))
     return 0 if all(r.matches for r in rows) else 1

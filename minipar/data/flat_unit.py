@@ -9,6 +9,20 @@ Padded to a multiple of N so every rank owns an equal shard S = ⌈numel/N⌉:
   rank keeps the (summed, then averaged) gradient of its own shard;
 * :meth:`FlatUnit.refresh_full` — after the optimizer updated the shard, all-gather the new parameters
   (stages 1 and 2, whose full parameters persist).
+
+Which collectives move the bytes (``collectives``):
+
+* ``"gloo"`` (default): ``torch.distributed``'s, through :mod:`minipar.comm`. On CPU, gloo has no
+  reduce-scatter of its own: PyTorch's gloo backend all-reduces the whole buffer and keeps a chunk, so a
+  reduce-scatter puts 2(N-1)/N·S on the wire, twice the ring's (observed with :mod:`minipar.wire`): ZeRO-1/2
+  then send 1.5x DDP, ZeRO-3 2.0x. (NCCL has a real reduce-scatter.)
+* ``"ring"``: minipar's own rings from send/recv (:func:`minipar.comm.ring_reduce_scatter`,
+  :func:`~minipar.comm.ring_all_gather`, :func:`~minipar.comm.ring_all_reduce`), which send exactly
+  (N-1)/N·S per reduce-scatter or all-gather: the paper's 1x DDP (ZeRO-1/2) and 1.5x DDP (ZeRO-3) are then
+  what the sockets carry. The rings block, so a prefetch gathers at once instead of in the background.
+
+Gradients are divided by N *before* they are summed (as DDP does), so 16-bit gradients overflow no sooner
+than one rank's would; with N a power of two that division is exact, the same bits as dividing after.
 """
 from __future__ import annotations
 
@@ -18,14 +32,20 @@ import torch.nn as nn
 
 from .. import comm
 
-__all__ = ["FlatUnit"]
+__all__ = ["FlatUnit", "COLLECTIVES"]
+
+COLLECTIVES = ("gloo", "ring")        # torch.distributed's own, or minipar's send/recv rings
 
 
 class FlatUnit:
     """One unit's parameters as one padded flat buffer; this rank owns (and the optimizer updates) 1/N."""
 
-    def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None):
+    def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
+                 collectives: str = "gloo"):
+        if collectives not in COLLECTIVES:
+            raise ValueError(f"collectives must be one of {COLLECTIVES}, got {collectives!r}")
         self.names, self.params, self.group, self.stage = names, params, group, stage
+        self.collectives = collectives
         self.label = _common_prefix(names)
         self.on_event = on_event or (lambda kind, unit: None)
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -69,8 +89,12 @@ class FlatUnit:
         self.on_alloc(storage.nbytes())
         self.on_event("all-gather", self)
         self.sending = self.master.detach().to(self.full.dtype)    # (kept alive until the gather is done)
-        work = comm.all_gather_into_tensor(self.full, self.sending, group=self.group, async_op=async_op)
-        self.work = work if async_op else None                # (the blocking call returns the tensor)
+        if self.collectives == "ring":                        # blocking: a prefetch gathers right now
+            self._all_gather(self.full, self.sending)
+            async_op = False
+        else:
+            work = comm.all_gather_into_tensor(self.full, self.sending, group=self.group, async_op=async_op)
+            self.work = work if async_op else None            # (the blocking call returns the tensor)
         self.gathered = True
         if not async_op:
             self.wait()
@@ -100,7 +124,7 @@ class FlatUnit:
         mine = self.full[self.owned()]
         if mine.data_ptr() != self.master.data_ptr():
             mine.copy_(self.master.detach())                   # cast to the compute dtype
-        comm.all_gather_into_tensor(self.full, mine, group=self.group)   # in place: my shard is my piece
+        self._all_gather(self.full, mine)                      # in place: my shard is my piece
 
     # --- gradients -----------------------------------------------------------------------------------
     def attach_grads(self) -> None:
@@ -113,21 +137,25 @@ class FlatUnit:
 
     def reduce_full_grad(self) -> None:
         """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard."""
+        self.full_grad.div_(self.n)                            # the mean: divide first, then sum
         if self.stage == 0:
-            comm.all_reduce(self.full_grad, group=self.group)
+            if self.collectives == "ring":
+                comm.ring_all_reduce(self.full_grad, group=self.group)
+            else:
+                comm.all_reduce(self.full_grad, group=self.group)
             mine = self.full_grad
         else:
             mine = self.full_grad[self.owned()]
-            comm.reduce_scatter_tensor(mine, self.full_grad, group=self.group)
+            self._reduce_scatter(mine, self.full_grad)
         self._set_master_grad(mine)
 
     def reduce_grads_now(self) -> None:
         """Stages 2-3, when the unit's backward is done: reduce-scatter its gradients, keep only my shard."""
         pieces = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params]
         pad = self.padded_numel - self.numel
-        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)])
+        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)]).div_(self.n)   # divide first, then sum
         mine = flat.new_empty(self.shard_numel)
-        comm.reduce_scatter_tensor(mine, flat, group=self.group)
+        self._reduce_scatter(mine, flat)
         self.on_event("reduce-scatter", self)
         for p in self.params:
             p.grad = None
@@ -136,8 +164,21 @@ class FlatUnit:
         if self.stage == 3:
             self.free()
 
-    def _set_master_grad(self, summed) -> None:
-        grad = summed.to(self.master.dtype).div_(self.n)       # mean over ranks = gradient of the global batch
+    # --- the two collectives, on gloo's implementation or on minipar's rings --------------------------
+    def _all_gather(self, full, mine) -> None:
+        if self.collectives == "ring":
+            full.copy_(comm.ring_all_gather(mine.clone(), group=self.group))
+        else:
+            comm.all_gather_into_tensor(full, mine, group=self.group)
+
+    def _reduce_scatter(self, mine, flat) -> None:
+        if self.collectives == "ring":
+            mine.copy_(comm.ring_reduce_scatter(flat.view(self.n, -1), group=self.group).reshape(-1))
+        else:
+            comm.reduce_scatter_tensor(mine, flat, group=self.group)
+
+    def _set_master_grad(self, averaged) -> None:
+        grad = averaged.to(self.master.dtype)                  # already the mean over ranks (divided first)
         if self.master.grad is None or self.stage <= 1:
             self.master.grad = grad
         else:

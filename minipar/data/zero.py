@@ -30,6 +30,10 @@ is element-wise, so stepping a flat shard is the same arithmetic as stepping the
   freed after its gradients are reduce-scattered. The next unit's all-gather is started early (prefetch)
   in the order recorded during the first step.
 
+On CPU, gloo's reduce-scatter is an all-reduce in disguise (2x the bytes on the wire); ``collectives="ring"``
+runs the reduce-scatters and all-gathers on minipar's send/recv rings, so that the table's last column is
+what the sockets carry (ZeRO-1/2 = 1x DDP, ZeRO-3 = 1.5x), observed — see :mod:`minipar.data.flat_unit`.
+
 Mixed precision plugs in with ``param_dtype``: the compute copies (full parameters, gradients, the
 collectives) are in that dtype, the FP32 master shards and the optimizer state stay in FP32, and the
 reduce-scattered gradient is upcast to FP32 before the optimizer sees it.
@@ -43,7 +47,7 @@ import torch.nn as nn
 from .. import comm
 from ..check import RunResult
 from ..loop import mean_over_ranks, shard_batch
-from .flat_unit import FlatUnit
+from .flat_unit import COLLECTIVES, FlatUnit
 
 __all__ = ["FlatUnit", "ZeRO", "block_units", "validate", "parallel_train", "run", "STAGES"]
 
@@ -60,7 +64,7 @@ class ZeRO:
     optimizer over this rank's master shards. Use: ``zero.zero_grad(); loss.backward(); zero.step()``."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
-                 prefetch: bool = True):
+                 prefetch: bool = True, collectives: str = "gloo"):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -75,7 +79,8 @@ class ZeRO:
             claimed.update(mine)
             if mine:
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, param_dtype, self._allocated,
-                                lambda kind, u: self.events.append((self.steps_done, kind, u.label)))
+                                lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
+                                collectives)
                 unit.module = module
                 self.units.append(unit)
         left = [n for p, n in names.items() if p not in claimed and p.requires_grad]
@@ -173,8 +178,11 @@ class ZeRO:
         return sum(u.padded_numel for u in self.units)
 
 
-def validate(recipe, *, world_size: int, stage: int, **_) -> None:
+def validate(recipe, *, world_size: int, stage: int, collectives: str = "gloo", **_) -> None:
     """Raise ValueError for a configuration that cannot run, before any process starts."""
+    if collectives not in COLLECTIVES:
+        raise ValueError(f"collectives must be one of {COLLECTIVES} (gloo's own or minipar's send/recv "
+                         f"rings), got {collectives!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if stage not in STAGES:
@@ -185,14 +193,16 @@ def validate(recipe, *, world_size: int, stage: int, **_) -> None:
 
 
 def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_dtype=None, prefetch=True,
-                   group=None, observe=None):
+                   group=None, observe=None, collectives="gloo"):
     """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch.
+    ``collectives="ring"`` moves the bytes on minipar's send/recv rings (the paper's byte counts, observed
+    on CPU), ``"gloo"`` on torch.distributed's (see :mod:`minipar.data.flat_unit`).
 
     ``observe(zero, step)`` (optional) runs each step — how :mod:`minipar.data.zero_measure` watches the
     bytes and the memory without living inside the strategy."""
-    validate(recipe, world_size=world_size, stage=stage)
+    validate(recipe, world_size=world_size, stage=stage, collectives=collectives)
     model = recipe.model().to(recipe.dtype)
-    zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch)
+    zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch, collectives)
     losses = []
     for batch in recipe.batches:
         x, y = shard_batch(batch, rank, world_size)
@@ -211,5 +221,5 @@ def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_
 def run(recipe, *, world_size: int, stage: int, quiet: bool = True, **config) -> list:
     """Check the configuration, then train on ``world_size`` ranks: per-rank RunResults."""
     from ..launcher import launch
-    validate(recipe, world_size=world_size, stage=stage)
+    validate(recipe, world_size=world_size, stage=stage, **config)
     return launch(parallel_train, world_size, recipe, stage=stage, quiet=quiet, **config)

@@ -27,10 +27,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
-from .sequence import column_linear_sequence_parallel
+from .sequence import RingScatterSequence, column_linear_sequence_parallel
 
 __all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "ColumnParallelLinear", "RowParallelLinear",
-           "TensorParallelMLP", "TensorParallelAttention"]
+           "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs",
+           "reduce_scatter_on_rings"]
 
 
 def shard_rows(w: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Tensor:
@@ -74,6 +75,8 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"{weight.shape[0]} output features do not split into {t} ranks × {parts} parts")
         self.group, self.parts, self.gather_output = group, parts, gather_output
         self.sequence_parallel = sequence_parallel
+        self.keep_gathered_input = False       # SP only: keep the gathered input for backward (keep_gathered_inputs)
+        self.ring_reduce_scatter = False       # SP only: reduce-scatter on minipar's ring (reduce_scatter_on_rings)
         self.weight = nn.Parameter(shard_rows(weight, r, t, parts))
         self.bias = None if bias is None else nn.Parameter(shard_rows(bias, r, t, parts))
 
@@ -83,10 +86,30 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.sequence_parallel:   # x is a sequence shard: gather it inside the matmul (saves memory)
-            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group)
+            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group, self.keep_gathered_input,
+                                                self.ring_reduce_scatter)
         else:
             y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)   # f
         return gather_from_tp(y, self.group) if self.gather_output else y
+
+
+def keep_gathered_inputs(module: nn.Module, keep: bool = True) -> nn.Module:
+    """Under sequence parallelism, make every column-parallel layer in ``module`` keep its all-gathered input
+    for backward instead of gathering it again there: SP's bytes then equal TP's, for t times the memory
+    of those inputs (see :mod:`minipar.tensor.sequence`). Returns ``module``."""
+    for m in module.modules():
+        if isinstance(m, ColumnParallelLinear):
+            m.keep_gathered_input = keep
+    return module
+
+
+def reduce_scatter_on_rings(module: nn.Module, on: bool = True) -> nn.Module:
+    """Under sequence parallelism, run every parallel layer's reduce-scatter in ``module`` on minipar's
+    send/recv ring instead of gloo's (which all-reduces: 2x the bytes on the wire). Returns ``module``."""
+    for m in module.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+            m.ring_reduce_scatter = on
+    return module
 
 
 class RowParallelLinear(nn.Module):
@@ -99,6 +122,7 @@ class RowParallelLinear(nn.Module):
         if weight.shape[1] % t:
             raise ValueError(f"{weight.shape[1]} input features do not split into {t} ranks")
         self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, sequence_parallel
+        self.ring_reduce_scatter = False       # SP only: reduce-scatter on minipar's ring (reduce_scatter_on_rings)
         self.weight = nn.Parameter(shard_cols(weight, r, t))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
 
@@ -110,7 +134,11 @@ class RowParallelLinear(nn.Module):
         if not self.input_is_parallel:
             x = split_to_tp(x, self.group)
         partial = F.linear(x, self.weight)      # no bias yet: t ranks would add it t times
-        y = scatter_sequence(partial, self.group) if self.sequence_parallel else reduce_from_tp(partial, self.group)
+        if self.sequence_parallel:
+            scatter = RingScatterSequence.apply if self.ring_reduce_scatter else scatter_sequence
+            y = scatter(partial, self.group)
+        else:
+            y = reduce_from_tp(partial, self.group)
         return y if self.bias is None else y + self.bias
 
 

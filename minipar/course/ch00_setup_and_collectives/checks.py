@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from minipar import comm
-from minipar.course.checks import ExerciseError, fail, run_on_ranks
+from minipar.course.checks import ExerciseError, fail, refuse_unlogged, run_on_ranks, unlogged_bytes
 
 __all__ = ["rank_inputs", "check_after_all_gather", "check_after_reduce_scatter", "check_average",
            "check_ring_step"]
@@ -90,7 +90,7 @@ def check_after_reduce_scatter(after_reduce_scatter) -> None:
 def _run_average(rank, n, average, inputs):
     with comm.recording() as log:
         out = average(inputs[rank].clone())
-    return out, log.count(), log.count("all_reduce")
+    return out, log.count(), log.count("all_reduce"), log.bytes_sent, log.observed_bytes_sent, unlogged_bytes(log)
 
 
 def check_average(average) -> None:
@@ -98,7 +98,7 @@ def check_average(average) -> None:
     inputs = rank_inputs(numel=4)
     mean = sum(inputs) / WORLD_SIZE
     results = run_on_ranks(_run_average, WORLD_SIZE, average, inputs, what="average(t)")
-    for r, (got, calls, all_reduces) in enumerate(results):
+    for r, (got, calls, all_reduces, _, _, unlogged) in enumerate(results):
         if _same(got, mean):
             continue
         if _same(got, mean * WORLD_SIZE):
@@ -110,7 +110,12 @@ def check_average(average) -> None:
         if got is None:
             fail(f"average: rank {r}", mean.tolist(), None, "return the tensor")
         _diagnose("average", r, got, mean, [])
-    print(f"average: every rank holds the mean over {WORLD_SIZE} ranks")
+    for r, (_, _, _, _, _, unlogged) in enumerate(results):
+        refuse_unlogged(f"average on rank {r}", unlogged)
+    model, observed = results[0][3], results[0][4]
+    print(f"average: every rank holds the mean over {WORLD_SIZE} ranks; measured on rank 0: "
+          f"{results[0][2]} all-reduce(s), {model} B in the log's model, "
+          f"{'-' if observed is None else observed} B written to the sockets (gloo's headers included)")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -50,6 +50,13 @@ def average_not_divided(t):
     return comm.all_reduce(t)
 
 
+def average_around_the_log(t):
+    """Right numbers, but the all-reduce goes straight through torch.distributed: the log cannot count it,
+    the sockets do."""
+    dist.all_reduce(t)
+    return t / dist.get_world_size()
+
+
 def average_without_communication(t):
     return t / dist.get_world_size()
 
@@ -79,7 +86,10 @@ def ring_step_mismatched(rank, n, step):
 ])
 def test_checks_accept_the_right_answer(check, right, capsys):
     check(right)
-    assert capsys.readouterr().out.strip()
+    out = capsys.readouterr().out.strip()
+    assert out
+    if check is ch00.check_average:     # the success message prints what was measured, the wire included
+        assert "written to the sockets" in out and "1 all-reduce(s)" in out
 
 
 @pytest.mark.parametrize("check, wrong, message", [
@@ -90,6 +100,7 @@ def test_checks_accept_the_right_answer(check, right, capsys):
     (ch00.check_after_reduce_scatter, reduce_scatter_mean, "divided by world_size"),
     (ch00.check_average, average_not_divided, "holds the sum over ranks 0..3 but was not divided by world_size"),
     (ch00.check_average, average_without_communication, "nothing came from the other ranks"),
+    (ch00.check_average, average_around_the_log, "straight through torch.distributed"),
     (ch00.check_ring_step, ring_step_wrong_neighbour, "wrong neighbour"),
     (ch00.check_ring_step, ring_step_off_by_one, "the sum over ranks"),
     (ch00.check_ring_step, ring_step_mismatched, "must be the one its left neighbour sends"),

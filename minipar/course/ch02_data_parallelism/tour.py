@@ -2,12 +2,13 @@
 
 Every row trains :func:`minipar.check.gpt_recipe` (2 layers, Adam, 3 steps, global batch 8) and compares
 losses and parameters with one device (float32 default tolerances of :mod:`minipar.check`). Bytes: what one
-rank (one device, for DP) sends per optimizer step, mean over ranks, measured (the communication log for
-the multi-process strategies, the copies for DP), next to the formula:
+rank (one device, for DP) sends per optimizer step, mean over ranks: the communication log's model and, for
+the multi-process strategies, what the sockets really carried (:mod:`minipar.wire`; DP's copies stay in
+one process and have no wire), next to the formula:
 
 * DP: the five exchanges / N (device 0 sends (N-1)·P for the replicas; the others send P of gradients);
-* parameter server: ((N-1)·P from the server + (N-1)·P from the workers) / N; the server alone sends
-  (N-1)·P, shown in the note;
+* parameter server: the server's own bytes, (N-1)·P (the pull to N-1 workers; the row shows rank 0, not
+  the mean, which would equal DDP's and hide the bottleneck); the workers' P each in the note;
 * DDP: 2(N-1)/N · G per rank (ring all-reduce of the gradients), in any number of buckets, with or
   without gradient accumulation (no_sync), halved with a bf16 wire.
 
@@ -55,7 +56,10 @@ def _dp() -> TourRow:
 def _rank(rank, world_size, recipe, train_fn, **kwargs):
     log = comm.CommLog()
     result = train_fn(rank, world_size, recipe, step_log=log, **kwargs)
-    return result, log.bytes_sent / recipe.steps, _peak(rank, world_size, recipe, train_fn, kwargs)
+    steps = recipe.steps
+    observed = None if log.observed_bytes_sent is None else log.observed_bytes_sent / steps
+    return (result, log.bytes_sent / steps, _peak(rank, world_size, recipe, train_fn, kwargs), observed,
+            log.count() / steps)
 
 
 def _peak(rank, world_size, recipe, train_fn, kwargs) -> int:
@@ -83,14 +87,25 @@ def _peak(rank, world_size, recipe, train_fn, kwargs) -> int:
     return measure_step(step, model.parameters(), opt).peak + buffers
 
 
-def _multi(name, train_fn, formula_fn, note, recipe=None, tolerance=(None, None), **kwargs) -> TourRow:
+def _multi(name, train_fn, formula_fn, note, recipe=None, tolerance=(None, None), server=False,
+           **kwargs) -> TourRow:
+    """One multi-process row: bytes per rank per step, mean over ranks — or, with ``server``, rank 0's
+    (the parameter server's, whose link carries (N-1)·P: the mean would hide it)."""
     recipe = recipe or _recipe()
     reference = train_reference(recipe)
     out = launch(_rank, WORLD_SIZE, recipe, train_fn, quiet=True, **kwargs)
-    c = compare(reference, [r for r, _, _ in out], *tolerance)
-    sent = [s for _, s, _ in out]
-    return TourRow(name, WORLD_SIZE, c.matches, c.max_abs_diff, sum(sent) / len(sent),
-                   formula_fn(_grad_bytes(recipe)), out[0][2], note=note.format(server=sent[0]))
+    c = compare(reference, [o[0] for o in out], *tolerance)
+    mean = lambda i: sum(o[i] for o in out) / len(out)  # noqa: E731
+    observed = None if any(o[3] is None for o in out) else ([o[3] for o in out] if server else mean(3))
+    g = _grad_bytes(recipe)
+    if server:
+        workers = [round(o[3]) for o in out[1:]] if observed is not None else "-"
+        return TourRow(name, WORLD_SIZE, c.matches, c.max_abs_diff, out[0][1], (WORLD_SIZE - 1) * g, out[0][2],
+                       note=note.format(p=g, workers=workers, mean=mean(1)),
+                       bytes_observed_per_rank=None if observed is None else observed[0],
+                       calls_per_rank=out[0][4])
+    return TourRow(name, WORLD_SIZE, c.matches, c.max_abs_diff, mean(1), formula_fn(g), out[0][2], note=note,
+                   bytes_observed_per_rank=observed, calls_per_rank=mean(4))
 
 
 def _ring(g, factor=1.0):
@@ -100,8 +115,10 @@ def _ring(g, factor=1.0):
 STRATEGIES = [
     ("DP threads", _dp),
     ("parameter server", functools.partial(
-        _multi, "parameter server (rank 0)", ps.parallel_train, _ring,
-        "server sends {server:.0f} B = (N-1)·P; a worker sends P")),
+        _multi, "parameter server: the server (rank 0)", ps.parallel_train, _ring,
+        "bytes of the server alone, (N-1)·P per step (P = {p} B): its link carries what all-reduce spreads "
+        "over N; each worker sends P (observed {workers} B); the mean over ranks, {mean:.0f} B, would equal "
+        "DDP's 2(N-1)/N·P and hide that", server=True)),
     ("DDP", functools.partial(
         _multi, f"DDP ({BUCKET // 1024} KiB buckets)", ddp.parallel_train, _ring,
         "one ring all-reduce per bucket, launched during backward", bucket_bytes=BUCKET)),

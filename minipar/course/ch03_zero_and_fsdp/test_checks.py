@@ -46,6 +46,24 @@ def zero1_all_reduce(full_params, local_grads, shard, optimizer):
     comm.all_gather_into_tensor(full_params, shard.detach())
 
 
+def zero1_ddp_around_the_log(full_params, local_grads, shard, optimizer):
+    """ZeRO-1 written as DDP: a full all-reduce (2.25x ZeRO-1's traffic with the all-gather), called straight
+    through torch.distributed so that minipar's log sees only the all-gather. The numbers are right."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    dist.all_reduce(local_grads)
+    shard.grad = local_grads[r * shard.numel():(r + 1) * shard.numel()] / n
+    optimizer.step()
+    comm.all_gather_into_tensor(full_params, shard.detach())
+
+
+def zero1_ring(full_params, local_grads, shard, optimizer):
+    """Right, on minipar's send/recv rings instead of gloo's collectives."""
+    n = dist.get_world_size()
+    shard.grad = comm.ring_reduce_scatter(local_grads.view(n, -1)).reshape(-1) / n
+    optimizer.step()
+    full_params.copy_(comm.ring_all_gather(shard.detach().clone()))
+
+
 def zero1_local_grads(full_params, local_grads, shard, optimizer):
     r = dist.get_rank()
     shard.grad = local_grads[r * shard.numel():(r + 1) * shard.numel()].clone()
@@ -86,6 +104,16 @@ def unit_all_reduce(weight_shard, out_features, in_features, x):
     return x @ full[: out_features * in_features].view(out_features, in_features).t()
 
 
+def unit_all_reduce_around_the_log(weight_shard, out_features, in_features, x):
+    """The weight rebuilt with an all-reduce of a zero-padded buffer, straight through torch.distributed:
+    the log sees nothing at all (0 bytes, under any upper bound)."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    full = torch.zeros(n * weight_shard.numel())
+    full[r * weight_shard.numel():(r + 1) * weight_shard.numel()] = weight_shard
+    dist.all_reduce(full)
+    return x @ full[: out_features * in_features].view(out_features, in_features).t()
+
+
 def unit_only_own_shard(weight_shard, out_features, in_features, x):
     n = dist.get_world_size()
     full = torch.zeros(n * weight_shard.numel())
@@ -93,9 +121,11 @@ def unit_only_own_shard(weight_shard, out_features, in_features, x):
     return x @ full[: out_features * in_features].view(out_features, in_features).t()
 
 
-def test_zero1_accepts_the_right_answer(capsys):
-    ch03.check_zero1_step(zero1_right)
-    assert "right" in capsys.readouterr().out
+@pytest.mark.parametrize("right", [zero1_right, zero1_ring])
+def test_zero1_accepts_the_right_answer(right, capsys):
+    ch03.check_zero1_step(right)
+    out = capsys.readouterr().out
+    assert "right" in out and "written to the sockets" in out      # what was measured, the wire included
 
 
 def test_zero1_stub_is_not_implemented():
@@ -104,7 +134,8 @@ def test_zero1_stub_is_not_implemented():
 
 
 @pytest.mark.parametrize("wrong, words", [(zero1_no_mean, "mean"), (zero1_no_gather, "all-gather"),
-                                          (zero1_all_reduce, "all-reduce"), (zero1_local_grads, "own gradient")])
+                                          (zero1_all_reduce, "all-reduce"), (zero1_local_grads, "own gradient"),
+                                          (zero1_ddp_around_the_log, "straight through torch.distributed")])
 def test_zero1_rejects_wrong_answers(wrong, words):
     with pytest.raises(ExerciseError, match=words):
         ch03.check_zero1_step(wrong)
@@ -121,7 +152,8 @@ def test_unit_stub_is_not_implemented():
 
 
 @pytest.mark.parametrize("wrong, words", [(unit_keeps_weight, "kept"), (unit_all_reduce, "twice"),
-                                          (unit_only_own_shard, "all-gather the shards")])
+                                          (unit_only_own_shard, "all-gather the shards"),
+                                          (unit_all_reduce_around_the_log, "straight through torch.distributed")])
 def test_unit_rejects_wrong_answers(wrong, words):
     with pytest.raises(ExerciseError, match=words):
         ch03.check_gather_compute_free(wrong)

@@ -1,7 +1,10 @@
 """Chapter 04 tour rows: every schedule on 4 ranks equals one device (float64 harness tolerance), the bytes
-in the communication log equal 2(p·v-1)·m·A/p exactly, and the measured peaks order as the chapter says."""
+in the communication log equal 2(p·v-1)·m·A/p exactly (bookkeeping), the bytes observed on the sockets
+(minipar.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing (tour.OVERHEAD_PER_CALL
+per call at most), and the measured peaks order as the chapter says."""
 import pytest
 
+from minipar.course import tour
 from minipar.course.ch04_pipeline_parallelism import tour as ch04
 
 
@@ -16,6 +19,9 @@ def test_every_schedule_row_matches_and_its_bytes_equal_the_formula(rows):
     for name, row in rows.items():
         assert row.matches, (name, row)
         assert row.bytes_sent_per_rank == row.bytes_formula, (name, row)
+        if row.bytes_observed_per_rank is not None:   # the sockets: the formula + gloo's framing per message
+            assert tour.observed_status(row) == "within", (name, row.bytes_observed_per_rank, row.bytes_formula)
+            assert row.bytes_observed_per_rank >= row.bytes_formula, (name, row)
 
 
 def test_measured_peaks_order_as_the_chapter_says(rows):

@@ -7,7 +7,8 @@ micro-batch gradients are summed in another order, which Adam in float32 can amp
 gradient is nearly zero). Bytes: what one rank sends per step (mean over ranks,
 from the communication log) next to the formula 2 · (p·v - 1) · m · A / p, A = one micro-batch's
 activation (2 · 8 · 16 · 8 B): every stage boundary carries each micro-batch's activation forward and its
-gradient back. Peak: live bytes created during a step (activations, gradients, buffers), max over ranks,
+gradient back; beside it, what the sockets carried in one step (:mod:`minipar.wire`: a run of 2 steps minus a
+run of 1, so that setup cancels). Peak: live bytes created during a step (activations, gradients, buffers), max over ranks,
 measured with :class:`minipar.memory.LiveTensorTracker`. The PipeDream rows are compared with their own
 update rules (they are not synchronous training) and train with SGD for 6 steps.
 """
@@ -17,7 +18,9 @@ import functools
 
 import torch
 
+from minipar import comm
 from minipar.check import compare, gpt_recipe, train_reference
+from minipar.launcher import launch
 from minipar.pipeline import pipedream, runtime
 from minipar.pipeline.pipedream import reference_2bw, reference_async
 from minipar.pipeline.simulate import simulate
@@ -39,12 +42,26 @@ def _bytes_formula(p, m, v):
     return 2 * (p * v - 1) * m * ACT_BYTES / p
 
 
+def _observed_rank(rank, world_size, recipe, short, **config):
+    """The run, and one step's bytes on the wire: observed(all steps) - observed(one step fewer), so that
+    what both runs share (process groups, clock sync, gathering the results) cancels."""
+    seen = []
+    for r in (short, recipe):
+        with comm.recording() as log:
+            run = runtime.parallel_train(rank, world_size, r, **config)
+        seen.append(log.observed_bytes_sent)
+    return run, None if None in seen else seen[1] - seen[0], log.count() / recipe.steps
+
+
 def _schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow:
-    recipe = _recipe()
-    runs = runtime.run(recipe, world_size=WORLD_SIZE, schedule=schedule, m=M, v=v, recompute=recompute,
-                       track_memory=True)
+    recipe, short = _recipe(), _recipe(steps=1)
+    runtime.validate(recipe, world_size=WORLD_SIZE, schedule=schedule, m=M, v=v)
+    out = launch(_observed_rank, WORLD_SIZE, recipe, short, schedule=schedule, m=M, v=v, recompute=recompute,
+                 track_memory=True, quiet=True)
+    runs = [o[0] for o in out]
     cmp = compare(train_reference(recipe), runs, dtype=recipe.dtype)
     sent = sum(r.bytes_sent for r in runs) / len(runs) / recipe.steps
+    observed = None if any(o[1] is None for o in out) else sum(o[1] for o in out) / len(out)
     peak = max(b for r in runs for _, _, b in r.memory)
     bubble = simulate(make_schedule(schedule, WORLD_SIZE, M, v)).bubble_fraction
     name = {"1f1b": "1F1B (PipeDream-Flush)", "gpipe": "GPipe", "interleaved": f"interleaved 1F1B, v={v}",
@@ -52,21 +69,45 @@ def _schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow
     return TourRow(strategy=f"pipeline {name}{' + recompute' if recompute else ''}, pp={WORLD_SIZE}, m={M}",
                    world_size=WORLD_SIZE, matches=cmp.matches, max_abs_diff=cmp.max_abs_diff,
                    bytes_sent_per_rank=sent, bytes_formula=_bytes_formula(WORLD_SIZE, M, v),
-                   peak_bytes_per_rank=peak, note=f"bytes per step; simulated bubble {bubble:.3f}")
+                   peak_bytes_per_rank=peak,
+                   note=f"bytes per step (observed: the {recipe.steps}-step run minus a 1-step run, so setup "
+                        f"cancels; gloo frames each of the small activation messages); simulated bubble "
+                        f"{bubble:.3f}",
+                   bytes_observed_per_rank=observed, calls_per_rank=sum(o[2] for o in out) / len(out))
+
+
+def _pipedream_rank(rank, world_size, recipe, short, **config):
+    """The run, and one batch's bytes (log and wire): the run minus a run of one batch fewer."""
+    seen = []
+    for r in (short, recipe):
+        with comm.recording() as log:
+            run = pipedream.parallel_train(rank, world_size, r, **config)
+        seen.append((log.bytes_sent, log.observed_bytes_sent, log.count()))
+    (m0, o0, c0), (m1, o1, c1) = seen
+    return run, m1 - m0, None if None in (o0, o1) else o1 - o0, c1 - c0
 
 
 def _pipedream_row(mode: str) -> TourRow:
-    recipe = _recipe("sgd", steps=6)
-    runs = pipedream.run(recipe, world_size=WORLD_SIZE, mode=mode, m=M, lr=0.1)
+    recipe, short = _recipe("sgd", steps=6), _recipe("sgd", steps=5)
+    pipedream.validate(recipe, world_size=WORLD_SIZE, mode=mode, m=M)
+    pipedream.validate(short, world_size=WORLD_SIZE, mode=mode, m=M)
+    out = launch(_pipedream_rank, WORLD_SIZE, recipe, short, mode=mode, m=M, lr=0.1, quiet=True)
+    runs = [o[0] for o in out]
     rule = reference_2bw(recipe, 0.1) if mode == "2bw" else reference_async(recipe, WORLD_SIZE, 0.1)
     cmp = compare(rule, runs, dtype=recipe.dtype)
     name = "PipeDream-2BW" if mode == "2bw" else "PipeDream async + weight stashing"
     versions = [r.most_versions for r in runs]
+    m = M if mode == "2bw" else 1                       # async: every batch is one input
+    formula = 2 * (WORLD_SIZE - 1) * m * (BATCH // m) * SEQ * HIDDEN * 8 / WORLD_SIZE
+    mean = lambda i: sum(o[i] for o in out) / len(out)  # noqa: E731
+    observed = None if any(o[2] is None for o in out) else mean(2)
     return TourRow(strategy=f"pipeline {name}, pp={WORLD_SIZE}", world_size=WORLD_SIZE, matches=cmp.matches,
-                   max_abs_diff=cmp.max_abs_diff, bytes_sent_per_rank=None, bytes_formula=None,
+                   max_abs_diff=cmp.max_abs_diff, bytes_sent_per_rank=mean(1), bytes_formula=formula,
                    peak_bytes_per_rank=None,
                    note=f"compared with its update rule, not with synchronous training; weight versions "
-                        f"held per rank {versions}")
+                        f"held per rank {versions}; bytes per batch (a 6-batch run minus a 5-batch run), "
+                        f"formula 2(p-1)·(batch activation)/p as for 1F1B",
+                   kind="update rule", bytes_observed_per_rank=observed, calls_per_rank=mean(3))
 
 
 STRATEGIES = [

@@ -1,6 +1,6 @@
 """Chapter 05 checks: each accepts a right answer and rejects the plausible wrong ones kept here (dX not
 all-reduced, dX averaged, a collective in the column-parallel forward; a local max, no max, an unmasked target
-logit, gathered logits; the bias added before g, f missing, g before GeLU). Tolerance of the checks: 1e-9
+logit, gathered logits, reductions called around minipar's log; the bias added before g, f missing, g before GeLU). Tolerance of the checks: 1e-9
 in float64."""
 import pytest
 import torch
@@ -58,7 +58,7 @@ def test_column_parallel_rejects(wrong, message):
 # 2. Vocabulary-parallel loss
 # ----------------------------------------------------------------------------------------------------
 
-def _loss(global_max=True, use_max=True, mask_target=True, gather_logits=False):
+def _loss(global_max=True, use_max=True, mask_target=True, gather_logits=False, fused=False, direct=False):
     def loss(logits_shard, targets, vocab_start, group):
         n_local = logits_shard.shape[-1]
         if gather_logits:    # right numbers, but moves b·s·V values
@@ -76,15 +76,25 @@ def _loss(global_max=True, use_max=True, mask_target=True, gather_logits=False):
         z_target = z.gather(-1, local.unsqueeze(-1)).squeeze(-1)
         if mask_target:
             z_target = z_target.masked_fill(~owned, 0.0)
-        comm.all_reduce(z_target, group=group)
         sum_exp = z.exp().sum(-1)
-        comm.all_reduce(sum_exp, group=group)
+        if fused:           # right: both SUMs in one all-reduce of 2·b·s numbers
+            both = torch.stack([z_target, sum_exp])
+            comm.all_reduce(both, group=group)
+            z_target, sum_exp = both[0], both[1]
+        elif direct:        # right numbers, but the SUMs go straight through torch.distributed
+            dist.all_reduce(z_target, group=group)
+            dist.all_reduce(sum_exp, group=group)
+        else:
+            comm.all_reduce(z_target, group=group)
+            comm.all_reduce(sum_exp, group=group)
         return sum_exp.log() - z_target
     return loss
 
 
-def test_vocab_loss_accepts_the_right_answer():
-    ch05.check_vocab_parallel_loss(_loss())
+@pytest.mark.parametrize("right", [dict(), dict(fused=True)])
+def test_vocab_loss_accepts_the_right_answer(right, capsys):
+    ch05.check_vocab_parallel_loss(_loss(**right))
+    assert "written to the sockets" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("wrong,message", [
@@ -92,6 +102,7 @@ def test_vocab_loss_accepts_the_right_answer():
     (dict(use_max=False), "overflows"),
     (dict(mask_target=False), "contribute 0"),
     (dict(gather_logits=True), "never gather"),
+    (dict(direct=True), "straight through torch.distributed"),
 ])
 def test_vocab_loss_rejects(wrong, message):
     with pytest.raises(ExerciseError, match=message):

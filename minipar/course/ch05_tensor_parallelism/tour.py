@@ -3,10 +3,17 @@
 Each row trains the tiny GPT (2 layers, hidden 32, 4 heads, vocabulary 66 padded to 68, label smoothing
 0.1, Adam, 3 steps, float64) with :func:`minipar.tensor.gpt.compare_to_one_device` and compares loss and
 every parameter with one device (harness float64 tolerance). Bytes: what one rank sends for one transformer
-layer in one forward and backward (b=4, s=16, h=32, float32, from the communication log), next to the
-formula: 4 all-reduces of b·s·h for TP; for TP+SP the same volume as all-gathers + reduce-scatters plus
-the two re-gathers in backward. The note gives the measured activation bytes of that layer next to
-Korthikanti et al.'s count scaled to float32 (+ LayerNorm statistics and the causal mask it leaves out).
+layer in one forward and backward (b=4, s=16, h=32, float32): the communication log's model and what the
+sockets carried (:mod:`minipar.wire`), mean over ranks, next to the formula: 4 all-reduces of b·s·h for TP
+(48 KiB); for TP+SP the same volume as all-gathers + reduce-scatters plus the two re-gathers of the
+column-parallel inputs in backward (48 + 12 = 60 KiB, as Megatron-LM does it); with the gathered inputs kept
+instead (:func:`minipar.tensor.layers.keep_gathered_inputs`) SP's bytes equal TP's, and with its
+reduce-scatters on minipar's ring (:func:`~minipar.tensor.layers.reduce_scatter_on_rings`; gloo's all-reduces,
+2x) the wire shows it too. The note
+gives the measured activation bytes of that layer next to Korthikanti et al.'s count scaled to float32 (+
+LayerNorm statistics and the causal mask it leaves out). Peak: one more training step of the whole model
+on each rank (model states + the peak the step allocated, max over ranks), next to one device measured the
+same way in the note.
 """
 from __future__ import annotations
 
@@ -14,34 +21,147 @@ import functools
 
 import torch
 
+from minipar import comm
 from minipar.check import gpt_recipe
 from minipar.launcher import launch
-from minipar.models import GPTConfig
-from minipar.tensor.gpt import compare_to_one_device, measure_layer
+from minipar.memory import measure_step, saved_activation_bytes
+from minipar.mesh import Mesh
+from minipar.models import Block, GPTConfig
+from minipar.tensor.gpt import TensorParallelBlock, TensorParallelGPT, compare_to_one_device
+from minipar.tensor.layers import DropoutStreams, keep_gathered_inputs, reduce_scatter_on_rings
+from minipar.tensor.operators import tp_rank, tp_size
 from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 from minipar.course.tour import WORLD_SIZE, TourRow
+
+__all__ = ["STRATEGIES", "measure_layer_on_wire"]
 
 B, S, H, A = 4, 16, 32, 4
 
 
-def _run(sequence_parallel: bool) -> TourRow:
+def _recipe():
     recipe = gpt_recipe(steps=3, batch_size=B, seq_len=S, vocab_size=66, n_embd=H, n_head=A)
     recipe.dtype = torch.float64
+    return recipe
+
+
+def measure_layer_on_wire(rank, world_size, cfg, sequence_parallel, keep_gathered=False, b=B, s=S, seed=0,
+                          rings=False):
+    """One block, forward and backward (as :func:`minipar.tensor.gpt.measure_layer`), with the wire observed:
+    (bytes in the log's model, bytes written to the sockets, logged calls, activation bytes kept)."""
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    torch.manual_seed(seed)
+    block = TensorParallelBlock(Block(cfg), group, sequence_parallel, DropoutStreams(seed, group))
+    reduce_scatter_on_rings(keep_gathered_inputs(block, keep_gathered), rings)
+    x = torch.randn(b, s, cfg.n_embd, generator=torch.Generator().manual_seed(seed))
+    if sequence_parallel:
+        x = x.chunk(tp_size(group), dim=1)[tp_rank(group)]
+    x = x.clone().requires_grad_(True)
+    with comm.recording() as log:
+        y, activations = saved_activation_bytes(block, x, exclude=list(block.parameters()))
+        y.backward(torch.ones_like(y))
+    return log.bytes_sent, log.observed_bytes_sent, log.count(), activations
+
+
+def _peak_on_rank(rank, world_size, recipe, sequence_parallel, keep_gathered):
+    """Peak live bytes of one more training step of the whole model on this rank (world_size 1: one device)."""
+    ref = recipe.model().to(recipe.dtype)
+    if world_size == 1:
+        model = ref
+        step_loss = lambda x, y: recipe.loss(model, x, y)  # noqa: E731
+    else:
+        group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+        model = keep_gathered_inputs(TensorParallelGPT(ref, group, sequence_parallel), keep_gathered)
+        reduce_scatter_on_rings(model, keep_gathered)           # the kept row also runs its RS on rings
+        step_loss = model.loss
+    del ref
+    opt = recipe.optimizer(model.parameters())
+    x, y = recipe.batches[0]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        step_loss(x, y).backward()
+        if world_size > 1:
+            model.finish_backward()
+        opt.step()
+    measure_step(step, model.parameters(), opt)               # creates the gradients and Adam's state
+    opt.zero_grad(set_to_none=True)
+    return measure_step(step, model.parameters(), opt).peak
+
+
+@functools.lru_cache(maxsize=1)
+def _one_device_peak() -> int:
+    return _peak_on_rank(0, 1, _recipe(), False, False)
+
+
+def _run(sequence_parallel: bool, keep_gathered: bool = False) -> TourRow:
+    recipe = _recipe()
     comparison = compare_to_one_device(recipe, world_size=WORLD_SIZE, sequence_parallel=sequence_parallel,
                                        label_smoothing=0.1, launch_kwargs={"quiet": True})
-    per_rank = launch(measure_layer, WORLD_SIZE, GPTConfig(n_embd=H, n_head=A), B, S, sequence_parallel,
-                      quiet=True)
-    sent = sum(r["bytes_sent"] for r in per_rank) / len(per_rank)
-    formula = (sp_bytes_per_layer if sequence_parallel else tp_bytes_per_layer)(S, B, H, WORLD_SIZE)
-    act = max(r["activation_bytes"] for r in per_rank)
+    if keep_gathered:     # the same arithmetic, another saved tensor: check it trains like one device too
+        kept = launch(_train_kept, WORLD_SIZE, recipe, quiet=True)
+        from minipar.check import compare, train_reference
+        from minipar.tensor.gpt import smoothed_recipe
+        c2 = compare(train_reference(smoothed_recipe(recipe, 0.1)), kept, dtype=recipe.dtype)
+        comparison_ok, diff = comparison.matches and c2.matches, max(comparison.max_abs_diff, c2.max_abs_diff)
+    else:
+        comparison_ok, diff = comparison.matches, comparison.max_abs_diff
+    per_rank = launch(measure_layer_on_wire, WORLD_SIZE, GPTConfig(n_embd=H, n_head=A), sequence_parallel, keep_gathered,
+                      rings=keep_gathered, quiet=True)
+    peaks = launch(_peak_on_rank, WORLD_SIZE, recipe, sequence_parallel, keep_gathered, quiet=True)
+    mean = lambda i: sum(r[i] for r in per_rank) / len(per_rank)  # noqa: E731
+    observed = None if any(r[1] is None for r in per_rank) else mean(1)
+    if sequence_parallel:
+        formula = sp_bytes_per_layer(S, B, H, WORLD_SIZE, regather=not keep_gathered)
+    else:
+        formula = tp_bytes_per_layer(S, B, H, WORLD_SIZE)
+    act = max(r[3] for r in per_rank)
     act_formula = activation_bytes_formula(S, B, H, A, WORLD_SIZE, sequence_parallel, value_bytes=4, dropout=False)
     act_formula += uncounted_bytes(S, B, WORLD_SIZE, sequence_parallel)
     name = "tensor parallel + sequence parallel" if sequence_parallel else "tensor parallel (Megatron)"
-    return TourRow(strategy=f"{name}, tp={WORLD_SIZE}", world_size=WORLD_SIZE, matches=comparison.matches,
-                   max_abs_diff=comparison.max_abs_diff, bytes_sent_per_rank=sent, bytes_formula=formula,
-                   peak_bytes_per_rank=None,
-                   note=f"bytes per layer per step; activations per layer {act} B (formula {act_formula:.0f} B)")
+    if keep_gathered:
+        name += ", inputs kept, ring RS"
+    why = {(False, False): "4 all-reduces",
+           (True, False): "4 all-gathers + 4 reduce-scatters (= TP's 4 all-reduces) + 2 re-gathers of the QKV "
+                          "and fc inputs in backward (+12 KiB), which save keeping the gathered inputs",
+           (True, True): "the gathered QKV and fc inputs kept for backward: no re-gather, TP's bytes exactly, "
+                         "for more activation memory; its reduce-scatters on minipar's send/recv ring, so that "
+                         "the wire shows TP's bytes too (gloo's would all-reduce: 2x)"}[(sequence_parallel, keep_gathered)]
+    if sequence_parallel and not keep_gathered:
+        why += ("; on the wire more: gloo's reduce-scatter all-reduces (the 4 reduce-scatters move 2x, +12 KiB) "
+                "and gloo frames each small message (~1.7 KiB a call)")
+    elif keep_gathered:
+        why += "; on the wire + gloo's headers"
+        act_formula += 2 * (WORLD_SIZE - 1) / WORLD_SIZE * S * B * H * 4   # the two gathered inputs, kept whole
+    else:
+        why += "; on the wire + gloo's framing (~1.7 KiB per all-reduce)"
+    one = _one_device_peak()
+    return TourRow(strategy=f"{name}, tp={WORLD_SIZE}", world_size=WORLD_SIZE, matches=comparison_ok,
+                   max_abs_diff=diff, bytes_sent_per_rank=mean(0), bytes_formula=formula,
+                   peak_bytes_per_rank=max(peaks),
+                   note=f"bytes per layer per step: {why}; activations per layer {act} B (formula "
+                        f"{act_formula:.0f} B); peak of a whole-model step {max(peaks)} B/rank vs one device "
+                        f"{one} B (measured alike)",
+                   bytes_observed_per_rank=observed, calls_per_rank=mean(2))
+
+
+def _train_kept(rank, world_size, recipe):
+    """minipar.tensor.gpt.parallel_train with SP, the gathered inputs kept and the reduce-scatters on rings
+    (label smoothing 0.1)."""
+    from minipar.check import RunResult
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    model = reduce_scatter_on_rings(keep_gathered_inputs(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True)))
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for inputs, targets in recipe.batches:
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(inputs, targets, 0.1)
+        loss.backward()
+        model.finish_backward()
+        opt.step()
+        losses.append(loss.item())
+    return RunResult(losses, model.full_state_dict())
 
 
 STRATEGIES = [("tensor parallel", functools.partial(_run, False)),
-              ("tensor parallel + sequence parallel", functools.partial(_run, True))]
+              ("tensor parallel + sequence parallel", functools.partial(_run, True)),
+              ("tensor parallel + sequence parallel, inputs kept, ring RS", functools.partial(_run, True, True))]

@@ -5,7 +5,8 @@ Every row trains a longer-sequence tiny GPT (3 layers, s = 64, Adam, 3 steps, fl
 compares losses and parameters with one device without recomputation (float64 default tolerances:
 recomputation itself is bit-exact, the all-reduce's summation order is what the tolerance is for; in
 float32, Adam turns that order into differences of 3e-5, above float32's default tolerance).
-Bytes: DDP's all-reduce, 2·8Ψ·(N-1)/N per rank per step — recomputation changes no communication.
+Bytes: DDP's all-reduce, 2·8Ψ·(N-1)/N per rank per step — recomputation changes no communication: the log's
+model and what the sockets carried (:mod:`minipar.wire`), mean over ranks.
 Peak memory: one training step on rank 0's shard, measured with :func:`minipar.memory.measure_step`
 (model states + the peak of what the step allocated): it falls from none to selective to full.
 """
@@ -34,7 +35,8 @@ def _recipe(mode="none"):
 def _rank(rank, world_size, recipe):
     log = comm.CommLog()
     result = ddp.parallel_train(rank, world_size, recipe, step_log=log)
-    return result, log.bytes_sent / recipe.steps
+    observed = None if log.observed_bytes_sent is None else log.observed_bytes_sent / recipe.steps
+    return result, log.bytes_sent / recipe.steps, observed, log.count() / recipe.steps
 
 
 def _peak(recipe) -> int:
@@ -54,13 +56,16 @@ def _row(mode: str) -> TourRow:
     reference = train_reference(_recipe("none"))
     recipe = _recipe(mode)
     out = launch(_rank, WORLD_SIZE, recipe, quiet=True)
-    c = compare(reference, [r for r, _ in out], dtype=recipe.dtype)
+    c = compare(reference, [o[0] for o in out], dtype=recipe.dtype)
+    mean = lambda i: sum(o[i] for o in out) / len(out)  # noqa: E731
     psi = sum(p.numel() for p in recipe.model().parameters())
     cfg = recipe.model().cfg
     per_block = activation_bytes_per_block(cfg, mode, 8 // WORLD_SIZE, 64, recipe.dtype)
     return TourRow(f"DDP + recompute {mode}", WORLD_SIZE, c.matches, c.max_abs_diff,
-                   sum(b for _, b in out) / len(out), comm.predicted_bytes_sent("all_reduce", 8 * psi, WORLD_SIZE),
-                   _peak(recipe), note=f"activations kept per block: {per_block / 1024:.0f} KiB (measured)")
+                   mean(1), comm.predicted_bytes_sent("all_reduce", 8 * psi, WORLD_SIZE),
+                   _peak(recipe), note=f"activations kept per block: {per_block / 1024:.0f} KiB (measured)",
+                   bytes_observed_per_rank=None if any(o[2] is None for o in out) else mean(2),
+                   calls_per_rank=mean(3))
 
 
 STRATEGIES = [(f"DDP + recompute {mode}", lambda mode=mode: _row(mode)) for mode in ("none", "selective", "full")]
