@@ -45,6 +45,11 @@ __all__ = [
 
 @dataclass
 class CommRecord:
+    """One call. ``seconds``: a blocking call's duration; an async one's (``async_op=True``, ``isend``,
+    ``irecv``) from its launch to its completion, filled in when the work completes — until then it holds
+    the launch (enqueue) time only and ``pending`` is True. Completion is seen by the work's future for
+    collectives; for gloo's send/recv, which have none, by the first ``wait()`` or ``is_completed()`` that
+    finds it done (so at most that late)."""
     op: str
     group_size: int
     payload_bytes: int
@@ -52,9 +57,10 @@ class CommRecord:
     recv_bytes: int
     seconds: float
     algorithm: str
+    pending: bool = False
 
 
-@dataclass
+@dataclass(eq=False)   # logs are told apart by identity (nested recordings may hold equal records)
 class CommLog:
     """The calls one rank made while this log was recording."""
     records: list = field(default_factory=list)
@@ -106,10 +112,47 @@ def recording(log: CommLog | None = None):
             log.observed_bytes_sent = (log.observed_bytes_sent or 0) + seen.bytes_sent
 
 
-def _record(op, n, payload, sent, recv, seconds, algorithm) -> None:
+def _record(op, n, payload, sent, recv, seconds, algorithm, work=None):
+    """Log one call; for an async call (``work`` given) return the work, timed to its completion."""
     rec = CommRecord(op, n, int(payload), int(sent), int(recv), seconds, algorithm)
     for log in _active:
         log.records.append(rec)
+    return work if work is None else _until_done(rec, work, time.perf_counter() - seconds)
+
+
+class _TimedWork:
+    """A work handle that sets its record's ``seconds`` to launch → completion when it sees completion
+    (send/recv works of gloo have no future to call back). Everything else is the work's own."""
+
+    def __init__(self, work, done):
+        self._work, self._done = work, done
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        self._done()
+        return out
+
+    def is_completed(self) -> bool:
+        finished = self._work.is_completed()
+        if finished:
+            self._done()
+        return finished
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _until_done(rec: CommRecord, work, t0: float):
+    rec.pending = True
+
+    def done(*_):
+        if rec.pending:
+            rec.seconds, rec.pending = time.perf_counter() - t0, False
+    try:
+        work.get_future().add_done_callback(done)
+        return work
+    except RuntimeError:                       # "Work::getFuture not implemented" (gloo send / recv)
+        return _TimedWork(work, done)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -162,7 +205,7 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_reduce", s, n)
-    _record("all_reduce", n, s, moved, moved, sec, "ring")
+    work = _record("all_reduce", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else t
 
 
@@ -172,7 +215,7 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
     s = n * _nbytes(t)
     work, sec = _timed(lambda: dist.all_gather(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
-    _record("all_gather", n, s, moved, moved, sec, "ring")
+    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else out
 
 
@@ -181,7 +224,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async
     n, s = _size(group), _nbytes(out)
     work, sec = _timed(lambda: _all_gather_flat(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
-    _record("all_gather", n, s, moved, moved, sec, "ring")
+    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else out
 
 
@@ -191,7 +234,7 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
     s = sum(_nbytes(x) for x in inputs)
     work, sec = _timed(lambda: dist.reduce_scatter(out, inputs, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
-    _record("reduce_scatter", n, s, moved, moved, sec, "ring")
+    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else out
 
 
@@ -201,7 +244,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: _reduce_scatter_flat(out, t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
-    _record("reduce_scatter", n, s, moved, moved, sec, "ring")
+    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else out
 
 
@@ -267,14 +310,12 @@ def recv(t: torch.Tensor, src: int, group=None, tag: int = 0):
 def isend(t: torch.Tensor, dst: int, group=None, tag: int = 0):
     """``tag`` tells messages between the same two ranks apart (a pipeline's activations vs gradients)."""
     work, sec = _timed(lambda: dist.isend(t, dst=dst, group=group, tag=tag))
-    _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
-    return work
+    return _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct", work)
 
 
 def irecv(t: torch.Tensor, src: int, group=None, tag: int = 0):
     work, sec = _timed(lambda: dist.irecv(t, src=src, group=group, tag=tag))
-    _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
-    return work
+    return _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct", work)
 
 
 # ----------------------------------------------------------------------------------------------------

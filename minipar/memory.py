@@ -68,6 +68,19 @@ class LiveTensorTracker(TorchDispatchMode):
             if self._keep_timeline:
                 self.timeline.append((len(self.timeline), self.current, "free"))
 
+    def adopt(self, tensors) -> None:
+        """Count tensors that exist already as live (each storage once), and see them freed: a step that
+        drops a gradient made before it (``zero_grad(set_to_none=True)``) then lowers ``current``."""
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or not t.numel():
+                continue
+            st = t.untyped_storage()
+            ptr, n = st.data_ptr(), st.nbytes()
+            if n and ptr not in self._live:
+                self._live[ptr] = weakref.finalize(st, self._freed, ptr, n)
+                self.current += n
+                self.peak = max(self.peak, self.current)
+
     def settle(self, at_most: int, timeout: float = 2.0) -> int:
         """Wait (up to ``timeout`` s) until at most ``at_most`` bytes are alive, and return what is.
 
@@ -143,14 +156,22 @@ def measure_step(step_fn, params, optimizer=None) -> MemoryAccount:
     """Run ``step_fn()`` (forward, backward, optimizer step) under a :class:`LiveTensorTracker`.
 
     Model-state bytes are read after the step (so lazily created gradients and optimizer state count);
-    activations are the bytes autograd saved during the step; the peak adds the state that existed before.
+    activations are the bytes autograd saved during the step. The peak starts from the state that existed
+    before (adopted by the tracker, so a gradient the step frees and re-creates is counted once, not twice).
     """
     params = list(params)
-    before = model_state_bytes(params, optimizer)
-    baseline = sum(before.values())
     tracker = LiveTensorTracker()
+    tracker.adopt(_state_tensors(params, optimizer))
     with tracker:
         _, activations = saved_activation_bytes(step_fn, exclude=params)
     after = model_state_bytes(params, optimizer)
-    return MemoryAccount(after["params"], after["grads"], after["optimizer"], activations,
-                         baseline + tracker.peak)
+    return MemoryAccount(after["params"], after["grads"], after["optimizer"], activations, tracker.peak)
+
+
+def _state_tensors(params: list, optimizer=None) -> list:
+    """Parameters, their gradients and the optimizer's state tensors (what model_state_bytes counts)."""
+    out = params + [p.grad for p in params if p.grad is not None]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return out

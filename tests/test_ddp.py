@@ -194,19 +194,26 @@ def _partly_used_recipe():
     return Recipe(PartlyUsed, regression_batches(8, 8, 4, 3), adam)
 
 
-def _sometimes_on_rank0(rank, world_size):
-    model = PartlyUsed()
-    model.use_sometimes = rank == 0  # a branch only one rank takes this step
-    wrapped = ddp.DistributedDataParallel(model, bucket_bytes=256)
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
-    local = None
-    if rank == 0:  # its local gradient, on an unwrapped copy
-        alone = PartlyUsed()
-        alone.use_sometimes = True
-        alone(x).sum().backward()
-        local = alone.sometimes.weight.grad
-    wrapped(x).sum().backward()
-    return local, model.sometimes.weight.grad, model.never_used.weight.grad, model.frozen_scale.grad
+def _sometimes_on_rank0(rank, world_size, steps=3):
+    """The same steps with minipar's DDP and torch's (both find_unused_parameters=True): a branch only rank 0
+    takes, one no rank takes, a frozen scale. Per step every gradient (None where there is none), then
+    the parameters after Adam."""
+    out = {}
+    wrappers = {"ours": lambda m: ddp.DistributedDataParallel(m, bucket_bytes=256, find_unused_parameters=True),
+                "torch": lambda m: nn.parallel.DistributedDataParallel(m, find_unused_parameters=True)}
+    for name, wrap in wrappers.items():
+        model = PartlyUsed()
+        model.use_sometimes = rank == 0
+        wrapped, opt = wrap(model), torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        grads = []
+        for step in range(steps):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * rank + step))
+            opt.zero_grad(set_to_none=True)
+            wrapped(x).sum().backward()
+            grads.append({n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
+            opt.step()
+        out[name] = grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
 
 
 def test_unused_and_frozen_parameters_do_not_hang_and_match_one_device():
@@ -214,13 +221,72 @@ def test_unused_and_frozen_parameters_do_not_hang_and_match_one_device():
     c = check_equivalence(ddp.parallel_train, 2, recipe, bucket_bytes=256, find_unused_parameters=True,
                           launch_kwargs=QUIET)
     c.assert_ok()
-    # Used on rank 0 only: every rank gets rank 0's gradient / N; never used: zeros (grad=None with
-    # find_unused_parameters=True, checked above through Adam); frozen: never touched.
-    results = launch(_sometimes_on_rank0, 2, **QUIET)
-    local = results[0][0]
-    for _, sometimes, never, frozen in results:
-        torch.testing.assert_close(sometimes, local / 2)
-        assert torch.count_nonzero(never) == 0 and frozen is None
+
+
+def test_unused_parameters_get_what_torch_ddp_gives_them_none_where_no_rank_used_them():
+    """Used on rank 0 only: the average (rank 1 counts zero); used on no rank: grad None, so Adam leaves it
+    alone (a zero gradient would not: its moments move it); frozen: never touched. Equal to torch's DDP."""
+    for rank_result in launch(_sometimes_on_rank0, 2, **QUIET):
+        (ours, ours_params), (theirs, theirs_params) = rank_result["ours"], rank_result["torch"]
+        for step_ours, step_theirs in zip(ours, theirs):
+            assert {n for n, g in step_ours.items() if g is None} == {"never_used.weight", "never_used.bias",
+                                                                      "frozen_scale"}
+            assert {n for n, g in step_ours.items() if g is None} == {n for n, g in step_theirs.items() if g is None}
+            for n, g in step_ours.items():
+                if g is not None:
+                    torch.testing.assert_close(g, step_theirs[n], atol=1e-6, rtol=1e-5)
+        for n, t in ours_params.items():
+            torch.testing.assert_close(t, theirs_params[n], atol=1e-6, rtol=1e-5)
+        assert torch.equal(ours_params["never_used.weight"], PartlyUsed().never_used.weight)   # not moved
+
+
+def _unused_without_the_flag(rank, world_size):
+    wrapped = ddp.DistributedDataParallel(PartlyUsed(), bucket_bytes=256)
+    wrapped(torch.randn(4, 8)).sum().backward()
+
+
+def test_an_unused_parameter_without_find_unused_parameters_is_an_error_naming_it():
+    from minipar.launcher import RankError
+    with pytest.raises(RankError, match=r"never_used\.weight.*find_unused_parameters=True"):
+        launch(_unused_without_the_flag, 2, **QUIET)
+
+
+class Skippable(nn.Module):
+    """A layer a rank may skip entirely: its backward then reaches no parameter at all."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.lin = nn.Linear(4, 4)
+        self.skip = False
+
+    def forward(self, x):
+        return x * 2.0 if self.skip else self.lin(x)
+
+
+def _no_gradient_on_rank1(rank, world_size, find_unused):
+    model = Skippable()
+    model.skip = rank == 1
+    wrapped = ddp.DistributedDataParallel(model, find_unused_parameters=find_unused)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(rank)).requires_grad_()
+    alone = Skippable()
+    alone.skip = model.skip
+    alone(x).sum().backward()
+    local = alone.lin.weight.grad
+    wrapped(x).sum().backward()
+    return local, model.lin.weight.grad
+
+
+def test_a_rank_whose_backward_reaches_no_parameter_still_takes_part_instead_of_hanging():
+    """Before: rank 1 never started the buckets' all-reduce and rank 0 waited for it forever."""
+    from minipar.launcher import RankError
+    (local0, got0), (local1, got1) = launch(_no_gradient_on_rank1, 2, True, timeout=60, **QUIET)
+    assert local1 is None
+    torch.testing.assert_close(got0, local0 / 2)
+    torch.testing.assert_close(got1, local0 / 2)
+    with pytest.raises(RankError, match=r"rank 1: parameter\(s\) \['lin.bias', 'lin.weight'\]"):
+        launch(_no_gradient_on_rank1, 2, False, timeout=60, **QUIET)
 
 
 def test_bad_input_is_a_value_error_before_any_process_starts():

@@ -58,3 +58,32 @@ def test_saved_activation_bytes_excludes_parameters():
     x = torch.randn(8, 100, requires_grad=True)
     _, saved = saved_activation_bytes(lambda: lin(x), exclude=list(lin.parameters()))
     assert saved == 8 * 100 * 4                           # only the input; the weight is not a copy
+
+
+def test_measure_step_counts_a_gradient_the_step_frees_and_recreates_once():
+    """zero_grad(set_to_none=True) frees the gradients made before the step; backward makes new ones. The
+    peak of the second step equals the first's (same allocations, the old gradients gone): before the fix
+    it was higher by the gradients' bytes (counted once in the state before, once as new)."""
+    model = MLP((32, 256, 32), seed=0)
+    x = torch.randn(64, 32)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+
+    first = measure_step(step, model.parameters())
+    second = measure_step(step, model.parameters())
+    assert first.grads == second.grads > 0
+    assert second.peak == first.peak, (first.peak, second.peak, first.grads)
+
+
+def test_measure_step_keeps_counting_state_the_step_does_not_free():
+    model = MLP((32, 256, 32), seed=0)
+    x = torch.randn(64, 32)
+
+    def accumulate():                     # no zero_grad: the old gradients stay and are added to
+        model(x).pow(2).mean().backward()
+
+    accumulate()
+    acc = measure_step(accumulate, model.parameters())
+    assert acc.peak >= acc.params + acc.grads + acc.activations

@@ -5,8 +5,8 @@ Reference: :func:`train_mixed` on one device (FP16 with the dynamic loss scaler,
 Parallel: DDP with ``comm_dtype`` = the 16-bit dtype, and ZeRO-2 with ``param_dtype`` = it (FP32 master
 shards), on 2 ranks. Tolerance: atol = rtol = 1e-3 (FP16) and 5e-3 (BF16) on the loss at every step and on
 every FP32 master weight after 4 SGD steps. Not exact, because the ranks' 16-bit gradients are summed in a
-different order than one device's batch sum and rounded to 16 bits on the way (DDP divides by N before
-its 16-bit sum, ZeRO after): each gradient differs by a few 16-bit roundings (FP16 eps 2^-10, BF16 2^-7),
+different order than one device's batch sum and rounded to 16 bits on the way (DDP and ZeRO both divide by
+N before their 16-bit sum): each gradient differs by a few 16-bit roundings (FP16 eps 2^-10, BF16 2^-7),
 and SGD moves the masters by lr times that (measured: 2e-5 for FP16, 1.4e-4 for BF16). SGD and not Adam:
 Adam's update is about lr·sign(g) for a near-zero gradient, so a rounding that flips such a gradient's sign
 moves the weight by 2·lr whatever the precision (measured 0.016 after 4 Adam steps) and the comparison
@@ -91,8 +91,8 @@ def _from_overflowing_scale(rank, world_size, fn, recipe):
 
 def test_overflowing_steps_are_skipped_on_every_rank(recipe, no_leftover_processes):
     """ZeRO-2, FP16, from a scale of 2^19: the first two steps overflow (on one device only the first does: a rank's
-    gradient of its half batch cancels less than the whole batch's, and ZeRO sums 16-bit gradients before
-    dividing by N). Every rank must skip them, although under ZeRO each sees only its shard's gradients,
+    gradient of its half batch cancels less than the whole batch's, and already overflows in 16 bits
+    before any sum). Every rank must skip them, although under ZeRO each sees only its shard's gradients,
     and a skipped step must leave no trace: the run then equals one device trained on the steps taken,
     from the scale the back-offs left (2^17)."""
     results = launch(_from_overflowing_scale, N, zero_parallel_train, recipe, quiet=True)

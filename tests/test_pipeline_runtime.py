@@ -97,3 +97,43 @@ def _two_pipelines(rank, world_size, recipe):
 
 def test_runtime_uses_the_mesh_pp_groups():
     check_equivalence(_two_pipelines, 4, MLP, launch_kwargs=QUIET).assert_ok()
+
+
+# -- paced mode: every action held to a fixed slot, so the timeline is the schedule's ----------------------
+
+def test_paced_runs_train_exactly_like_unpaced_ones():
+    from minipar.pipeline.paced import Pace
+    check_equivalence(parallel_train, 2, MLP, schedule="1f1b", m=4, v=1, pace=Pace(0.004, 0.004, 0.004),
+                      launch_kwargs=QUIET).assert_ok()
+    check_equivalence(parallel_train, 2, MLP, schedule="zb-h1", m=4, v=1, pace={"min_slot": 0.002},
+                      launch_kwargs=QUIET).assert_ok()
+
+
+@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2)])
+def test_paced_idle_fraction_is_the_simulators(schedule, m, v):
+    """The median over steps of the measured idle within 5 points of the simulator's, slots of 30 ms."""
+    import statistics
+
+    from minipar.pipeline.paced import Pace
+    from minipar.pipeline.runtime import measured_idle_fraction
+    from minipar.pipeline.schedules import make_schedule
+    from minipar.pipeline.simulate import simulate
+    pace = Pace(0.03, 0.015, 0.015)
+    recipe = mlp_recipe(steps=3, batch_size=8, sizes=[8] * 5)
+    runs = launch(parallel_train, 2, recipe, schedule=schedule, m=m, v=v, pace=pace, quiet=True)
+    measured = statistics.median(measured_idle_fraction(runs, s) for s in range(recipe.steps))
+    simulated = simulate(make_schedule(schedule, 2, m, v), pace.costs(v)).bubble_fraction
+    assert runs[0].pace == pace and abs(measured - simulated) < 0.05, (measured, simulated)
+    spans = [(b - a) / pace.slot(k) for _, k, _, _, a, b in runs[0].timeline if k in ("F", "BW")]
+    assert 0.9 < statistics.median(spans) < 1.1, spans             # each action lasts its slot
+
+
+def test_pace_is_calibrated_from_unloaded_times_and_checked_before_launch():
+    from minipar.pipeline import runtime
+    from minipar.pipeline.paced import Pace
+    pace = Pace.from_times({"F": 0.001, "BW": 0.004}, margin=4, min_slot=0.01)
+    assert (pace.F, pace.B, pace.W, pace.slot("BW")) == (0.01, 0.02, 0.02, 0.04)   # ratios kept, B = W = BW/2
+    assert Pace.from_times({"F": 0.01, "B": 0.01, "W": 0.02}, margin=3, min_slot=0.0) == Pace(0.03, 0.03, 0.06)
+    for bad in ("fast", {"margin": 0.5}, {"slots": 1}, Pace(0.0, 0.01, 0.01)):
+        with pytest.raises(ValueError, match="pace|slot"):
+            runtime.run(MLP, world_size=2, schedule="1f1b", m=4, pace=bad)

@@ -146,10 +146,10 @@ def test_a_wrong_order_deadlocks_in_the_simulator():
 
 def test_runtime_configuration_is_checked_before_launch():
     from minipar.check import mlp_recipe
-    from minipar.pipeline.runtime import validate as check_config
+    from minipar.pipeline.runtime import validate
     recipe = mlp_recipe(batch_size=12, sizes=[8] * 9)            # 8 layers
-    check_config(recipe, world_size=4, schedule="interleaved", m=4, v=2)
+    validate(recipe, world_size=4, schedule="interleaved", m=4, v=2)
     with pytest.raises(ValueError, match="equal micro-batches"):
-        check_config(recipe, world_size=2, schedule="gpipe", m=5)
+        validate(recipe, world_size=2, schedule="gpipe", m=5)
     with pytest.raises(ValueError, match="divisible by p·v"):
-        check_config(recipe, world_size=4, schedule="interleaved", m=4, v=4)
+        validate(recipe, world_size=4, schedule="interleaved", m=4, v=4)

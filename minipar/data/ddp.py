@@ -14,7 +14,14 @@ are packed into *buckets* of about ``bucket_bytes`` (filled in reverse registrat
 roughly the order backward produces them) and each bucket's all-reduce is launched asynchronously the
 moment it is full, while backward goes on computing the earlier layers' gradients. Buckets are launched
 strictly in index order, so every rank issues the same collectives in the same order even when a
-parameter gets no gradient on some rank (its slot is filled with zeros at the end of backward).
+parameter gets no gradient on some rank (its slot is filled with zeros at the end of backward). The end
+of backward is hooked on the model's output, so a rank whose backward reaches no parameter at all still
+takes part in every bucket's all-reduce instead of leaving the others waiting.
+
+Parameters without a gradient, as PyTorch's DDP treats them: with ``find_unused_parameters=True`` a
+parameter used on some rank gets the average (the others count zero), one used on no rank keeps
+``grad=None`` (Adam then leaves it alone, as on one device); without it, a parameter that got no gradient is
+an error (PyTorch raises at the next forward; here at the end of that backward, naming rank and parameter).
 
 Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training" (VLDB).
 
@@ -146,24 +153,42 @@ class DistributedDataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         self._sync_this_backward = self.require_sync and torch.is_grad_enabled()
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if self._sync_this_backward:
+            for t in _tensors(out):
+                if t.requires_grad:   # backward starts here: finish even if it reaches no parameter
+                    t.register_hook(self._on_output_grad)
+        return out
+
+    def _on_output_grad(self, grad):
+        if self._sync_this_backward:
+            self._queue_finish()
+        return grad
+
+    def _queue_finish(self) -> None:
+        if not self._finish_queued:
+            # Runs once when this backward pass is complete: reduce whatever is left and wait.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._finish_queued = True
 
     def on_grad(self, param) -> None:
         """The hook on every parameter: its gradient is ready, hand it to the reducer (which may launch a
         bucket now, while backward goes on)."""
         if not self._sync_this_backward:
             return  # no_sync (or a forward that bypassed the wrapper): the gradient just accumulates
-        if not self._finish_queued:
-            # Runs once when this backward pass is complete: reduce whatever is left and wait.
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
-            self._finish_queued = True
+        self._queue_finish()
         self.reducer.grad_ready(param)
 
     def _finish(self) -> None:
         self._finish_queued = self._sync_this_backward = False
-        absent = self.reducer.finish()
+        absent = self.reducer.finish()       # every bucket all-reduced: no peer is left waiting
         if self.find_unused_parameters:
             self._drop_unused(absent)
+        elif absent:
+            names = sorted(self.reducer.names.get(id(p), "?") for p in absent)
+            raise RuntimeError(f"rank {dist.get_rank()}: parameter(s) {names} got no gradient in this backward; "
+                               f"PyTorch's DDP fails on that too (at the next forward). Pass "
+                               f"find_unused_parameters=True if some parameters may go unused")
 
     def _drop_unused(self, absent: list) -> None:
         """A parameter no rank used has no gradient on one device either: give it back grad=None."""
@@ -184,6 +209,17 @@ class DistributedDataParallel(nn.Module):
             yield
         finally:
             self.require_sync = previous
+
+
+def _tensors(out) -> list:
+    """The tensors in a forward's output (a tensor, or tuples / lists / dicts of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
 
 
 def replicas_in_sync(module: nn.Module, group=None, atol: float = 0.0) -> bool:

@@ -2,6 +2,7 @@
 
     python -m minipar bench ddp                     # medians, ratio, bucket size
     python -m minipar bench ddp --with-dp           # also DataParallel (threads) and DDP without comm
+    python -m minipar bench ddp --sweep [--json]    # bucket sizes vs one bucket (no overlap)
 
 Each optimizer step (zero_grad, forward, backward with the gradient all-reduce, SGD step) is timed on every
 rank between barriers by :func:`minipar.bench.alternating_medians`, the two implementations alternating
@@ -13,11 +14,22 @@ numbers the chapter's DP-vs-DDP table and its slow-link model are built from.
 On a 2-core machine 4 ranks share the cores: step times are noisy and include contention; trust the
 ratio of medians measured side by side, not the absolute figures, and look at the spread of the ratio
 over ``--repeats`` independent runs (the median run is reported).
+
+``--sweep`` times minipar's DDP at several bucket sizes, the configurations alternating step by step in one
+launch, against a single bucket holding every gradient — whose all-reduce can only start once backward has
+produced the last gradient: the *no-overlap baseline*. Per configuration: the median step time (slowest
+rank, between barriers), the share of the all-reduce time (each bucket from its launch to the completion
+of its work) that passed while this rank was still computing gradients (*hidden*), and the *exposed* time
+from the last gradient to the end of backward (communication nothing hid). Medians over steps and ranks.
+On 2 shared cores a collective also waits for the slowest rank to join, which counts as communication.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import statistics
+import time
 
 import torch
 import torch.nn as nn
@@ -25,7 +37,7 @@ from minipar.loop import lm_loss
 
 from minipar.course.bench import alternating_medians, model_and_batch
 
-__all__ = ["bench_rank", "run", "main"]
+__all__ = ["bench_rank", "run", "sweep_rank", "sweep", "main"]
 
 
 def _step_fn(model, opt, x, y, sync=True):
@@ -74,6 +86,66 @@ def bench_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, bucket_mb
             "buckets": len(ours.reducer.buckets), "all_reduces": log.count("all_reduce"), "dp_bytes": dp_bytes}
 
 
+def sweep_rank(rank, world_size, bucket_sizes=(16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024), layers=2, embd=64, batch=16,
+               seq=32, iters=10, warmup=2):
+    """On each rank, per configuration (the bucket sizes, then "one bucket"): lists of step seconds,
+    hidden fractions and exposed seconds over the timed steps; and the gradient bytes."""
+    import torch.distributed as dist
+    from minipar.data import ddp
+    from minipar.loop import shard_batch
+
+    from .figures import overlap_fraction
+    make, (x, y) = model_and_batch(layers, embd, batch, seq)
+    xs, ys = shard_batch((x, y), rank, world_size)
+    grad_bytes = sum(p.numel() * p.element_size() for p in make().parameters())
+    configs = {f"{b // 1024} KiB buckets": b for b in bucket_sizes if b < grad_bytes}
+    configs["one bucket (no overlap)"] = 2 * grad_bytes
+    runs = {}
+    for name, size in configs.items():
+        events = []
+        model = make()
+        runs[name] = (ddp.DistributedDataParallel(model, bucket_bytes=size, timeline=events), events,
+                      torch.optim.SGD(model.parameters(), lr=0.01))
+    out = {name: {"step": [], "hidden": [], "exposed": [], "buckets": len(runs[name][0].reducer.buckets)}
+           for name in configs}
+    names = list(configs)
+    for i in range(warmup + iters):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            wrapped, events, opt = runs[name]
+            opt.zero_grad(set_to_none=True)
+            events.clear()
+            dist.barrier()
+            t0 = time.perf_counter()
+            lm_loss(wrapped(xs), ys).backward()          # returns once every bucket is reduced
+            t_backward = time.perf_counter()
+            opt.step()
+            dist.barrier()
+            t1 = time.perf_counter()
+            time.sleep(0.002)                             # let the last completion callbacks land
+            if i >= warmup:
+                last_grad = max(a for k, _, a, _ in events if k == "grad")
+                out[name]["step"].append(t1 - t0)
+                out[name]["hidden"].append(overlap_fraction(list(events)))
+                out[name]["exposed"].append(t_backward - last_grad)
+    return {"configs": out, "grad_bytes": grad_bytes, "bucket_bytes": configs}
+
+
+def sweep(world_size=4, quiet=True, **kwargs) -> list:
+    """Launch :func:`sweep_rank`; one row per configuration: median step ms (rank 0: the barriers make it
+    the slowest rank's), median hidden fraction and exposed ms over steps and ranks."""
+    from minipar.launcher import launch
+    per_rank = launch(sweep_rank, world_size, quiet=quiet, timeout=300, **kwargs)
+    rows = []
+    for name, size in per_rank[0]["bucket_bytes"].items():
+        mine = [r["configs"][name] for r in per_rank]
+        rows.append({"config": name, "bucket_bytes": size, "buckets": mine[0]["buckets"],
+                     "grad_bytes": per_rank[0]["grad_bytes"],
+                     "step_ms": round(1e3 * statistics.median(mine[0]["step"]), 2),
+                     "hidden_fraction": round(statistics.median(h for m in mine for h in m["hidden"]), 3),
+                     "exposed_ms": round(1e3 * statistics.median(e for m in mine for e in m["exposed"]), 2)})
+    return rows
+
+
 def run(world_size=4, quiet=True, **kwargs) -> dict:
     """Launch :func:`bench_rank` on ``world_size`` ranks; rank 0's figures (the barrier makes every
     rank's median the slowest rank's step)."""
@@ -92,7 +164,18 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5, help="independent alternating runs (median shown)")
     parser.add_argument("--with-dp", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="bucket sizes vs one bucket (no overlap)")
+    parser.add_argument("--json", action="store_true", help="with --sweep: one JSON object per configuration")
     a = parser.parse_args(argv)
+    if a.sweep:
+        import os
+        rows = sweep(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, iters=a.iters)
+        for row in rows:
+            row["load_average_1min"] = round(os.getloadavg()[0], 1)
+            print(json.dumps(row) if a.json else
+                  f"{row['config']:<26} {row['buckets']:3d} buckets  step {row['step_ms']:8.2f} ms  "
+                  f"hidden {row['hidden_fraction']:6.1%}  exposed {row['exposed_ms']:7.2f} ms")
+        return 0
     out = run(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, bucket_mb=a.bucket_mb,
               iters=a.iters, with_dp=a.with_dp, repeats=a.repeats)
     m = out["medians"]

@@ -2,24 +2,42 @@
 
 * ``04_schedules.png`` — Gantt charts of naive, GPipe, 1F1B, interleaved (v = 2) and ZB-H1 on 4 ranks,
   simulated from the action lists (F = B = W = 1), with the bubble fraction of each.
-* ``04_measured_timelines.png`` — the same schedules run for real on 4 CPU ranks (tiny GPT, m = 8): each
-  rank's recorded F/B/W/BW spans in a typical step (median length of 3), black lines where it waited in a
-  receive, with the measured idle fraction next to the simulated one.
-* ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8), measured with
-  :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation. The floor is
-  what a step allocates besides activations (parameter gradients, receive buffers).
+* ``04_measured_timelines.png`` — the same schedules run for real on 4 CPU ranks (tiny GPT, m = 8), *paced*
+  (:mod:`minipar.pipeline.paced`: every action held to a fixed 20 ms slot, F = B = W as in the simulated
+  charts): each rank's recorded F/B/W/BW spans in the last step, with the measured idle fraction next to
+  the simulated one (unpaced runs, drawn by the same function, add black lines where a rank waited in a
+  receive; a paced receive waits inside its slot).
+* ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8, paced the same way),
+  measured with :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation.
+  The floor is what a step allocates besides activations (parameter gradients, receive buffers).
+
+Reproducible, mostly: the measured charts are paced, so an action starts and ends on its slot's
+boundaries, late by a wake-up and the posting of its sends (0.5-3 ms on this machine); the last step is
+drawn, its times snapped to a quarter-slot grid (:data:`GRID`, :func:`_on_grid`). What still varies, so that
+``make figures`` rewrites a PNG: an action more than 3.75 ms late (an overrun: a rank descheduled by other
+load for longer than its slot's slack — at load averages of 8-25 on 2 cores we saw 10-25 % of the actions
+overrun 20 ms slots, and the timeline chart then changed from run to run), and in the memory chart the
+send buffers still in flight when a sample is taken (whether a send has completed is timing) and the
+sample times (rounded to 1 % of the step). The unpaced timelines, which do vary
+from run to run, are shown only in the notebook.
 """
 from __future__ import annotations
 
+import math
+
 from minipar.check import gpt_recipe
 from minipar.pipeline import runtime
+from minipar.pipeline.paced import Pace
 from minipar.pipeline.runtime import measured_idle_fraction, step_rows, typical_step
 from minipar.pipeline.schedules import make_schedule
 from minipar.pipeline.gantt import KIND_COLOURS, draw_gantt, gantt_legend, sim_rows
 from minipar.pipeline.simulate import Costs, simulate
 
 __all__ = ["KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
-           "draw_measured", "memory_runs", "draw_memory", "FIGURES"]
+           "draw_measured", "memory_runs", "draw_memory", "FIGURES", "FIXED_PACE", "GRID"]
+
+FIXED_PACE = Pace(F=0.02, B=0.02, W=0.02)   # the simulated charts' F = B = W (BW = 2 F), 20 ms each
+GRID = 0.25                                 # paced charts: times drawn on a quarter-slot grid (see _on_grid)
 
 SHOWN = [("naive", 1, 1), ("gpipe", 8, 1), ("1f1b", 8, 1), ("interleaved", 8, 2), ("zb-h1", 8, 1)]
 
@@ -44,39 +62,67 @@ def timeline_recipe(n_layer: int = 8, steps: int = 4):
     return gpt_recipe(steps=steps, batch_size=16, seq_len=8, n_layer=n_layer, n_embd=32, n_head=2)
 
 
-def run_timelines(p: int = 4, shown=SHOWN[1:]) -> dict:
-    """{(name, m, v): per-rank PipelineRuns} of real runs on ``p`` ranks."""
+def run_timelines(p: int = 4, shown=SHOWN[1:], pace=FIXED_PACE) -> dict:
+    """{(name, m, v): per-rank PipelineRuns} of real runs on ``p`` ranks (paced unless ``pace=None``)."""
     recipe = timeline_recipe()
-    return {(name, m, v): runtime.run(recipe, world_size=p, schedule=name, m=m, v=v) for name, m, v in shown}
+    return {(name, m, v): runtime.run(recipe, world_size=p, schedule=name, m=m, v=v, pace=pace)
+            for name, m, v in shown}
+
+
+def _on_grid(rows: list, unit: float) -> list:
+    """Rows with times in slot units on the :data:`GRID`: a paced action starts and ends on its slot's
+    boundaries, late by a wake-up and its sends (0.5-3 ms here), so a time is drawn at the grid point at
+    most a quarter of the grid before it (1.25 ms early) or up to three quarters after (3.75 ms late)."""
+    def snap(t):
+        return math.floor(t / unit / GRID + 0.25) * GRID
+    return [(*r[:4], snap(r[4]), snap(r[5])) for r in rows]
+
+
+def _idle(rows: list, p: int) -> float:
+    return 1 - sum(b - a for *_, a, b in rows) / (p * max(r[5] for r in rows))
 
 
 def draw_measured(runs_by_schedule: dict, p: int = 4):
-    """Simulated (left) and measured (right) Gantt charts, with both idle fractions."""
+    """Simulated (left) and measured (right) Gantt charts, with both idle fractions. Paced runs are drawn in
+    slot units on the slot grid (reproducible), simulated with their slots' costs; unpaced ones in ms."""
     import matplotlib.pyplot as plt
     n = len(runs_by_schedule)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 1.4 * n + 0.6))
+    fig, axes = plt.subplots(n, 2, figsize=(12, 1.4 * n + 0.6), squeeze=False)
+    paced = False
     for (name, m, v), ax_row in zip(runs_by_schedule, axes):
         runs = runs_by_schedule[(name, m, v)]
-        sim = simulate(make_schedule(name, p, m, v))
+        pace = runs[0].pace
+        paced = pace is not None
+        costs = Costs(F=1.0, B=pace.B / pace.F, W=pace.W / pace.F) if paced else Costs()   # F = 1
+        sim = simulate(make_schedule(name, p, m, v), costs)
         draw_gantt(ax_row[0], sim_rows(sim), p, f"{name} simulated: idle {sim.bubble_fraction:.1%}")
-        step = typical_step(runs)
-        rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
-        draw_gantt(ax_row[1], rows, p, f"{name} measured (step {step}): idle "
-                                       f"{measured_idle_fraction(runs, step):.1%}", labels=False)
-        for rank, _, _, _, a, b in step_rows(runs, step, kinds=("wait",)):   # blocked in a receive
-            ax_row[1].plot([1e3 * a, 1e3 * b], [rank, rank], color="black", linewidth=1.2)
+        step = max(r[0] for r in runs[0].timeline) if paced else typical_step(runs)   # paced: the last
+        waits = step_rows(runs, step, kinds=("wait",))
+        if paced:     # a paced receive waits inside its slot: the gaps between bars are the idle time
+            rows, waits = _on_grid(step_rows(runs, step), v * pace.F), []
+            idle = _idle(rows, p)
+        else:
+            rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
+            waits = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in waits]
+            idle = measured_idle_fraction(runs, step)
+        draw_gantt(ax_row[1], rows, p, f"{name} measured{' paced' if paced else ''} (step {step}): idle "
+                                       f"{idle:.1%}", labels=False)
+        for rank, _, _, _, a, b in waits:                                    # blocked in a receive
+            ax_row[1].plot([max(a, 0), b], [rank, rank], color="black", linewidth=1.2)
     axes[-1][0].set_xlabel("simulated time (F = 1)", fontsize=8)
-    axes[-1][1].set_xlabel("measured ms (4 CPU processes, gloo)", fontsize=8)
+    axes[-1][1].set_xlabel(f"measured, paced: time / a stage's F slot ({1e3 * pace.F:g} ms x v), 4 CPU processes"
+                           if paced
+                           else "measured ms (4 CPU processes, gloo)", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.12, hspace=0.7, wspace=0.12)
     gantt_legend(fig)
     return fig
 
 
-def memory_runs(p: int = 4, m: int = 8) -> dict:
+def memory_runs(p: int = 4, m: int = 8, pace=FIXED_PACE) -> dict:
     """{(schedule, recompute): per-rank PipelineRuns with live-byte samples after every action}."""
     recipe = timeline_recipe(n_layer=4, steps=1)          # live bytes do not depend on warm-up
-    return {(s, rc): runtime.run(recipe, world_size=p, schedule=s, m=m, recompute=rc, track_memory=True)
-            for s in ("gpipe", "1f1b") for rc in (False, True)}
+    return {(s, rc): runtime.run(recipe, world_size=p, schedule=s, m=m, recompute=rc, track_memory=True,
+                                 pace=pace) for s in ("gpipe", "1f1b") for rc in (False, True)}
 
 
 def draw_memory(runs_by_config: dict, p: int = 4):
@@ -89,7 +135,7 @@ def draw_memory(runs_by_config: dict, p: int = 4):
         for rank, run in enumerate(runs):
             samples = [(t, b) for st, t, b in run.memory if st == last]
             t0, t1 = samples[0][0], samples[-1][0]
-            axes[rank].plot([(t - t0) / (t1 - t0) for t, _ in samples], [b / 1024 for _, b in samples],
+            axes[rank].plot([round((t - t0) / (t1 - t0), 2) for t, _ in samples], [b / 1024 for _, b in samples],
                             styles[(sched, rc)], label=f"{sched}{' + recompute' if rc else ''}")
     for rank, ax in enumerate(axes):
         ax.set_title(f"rank {rank} (stage {rank})", fontsize=9)
