@@ -67,8 +67,10 @@ def run_tour(select: str | None = None, progress=None) -> list:
     progress = progress or sys.stderr  # looked up at call time, so a redirected stderr sees the lines
     rows = []
     chosen = [s for s in strategies() if select is None or select.lower() in s[1].lower()]
-    for i, (_, name, run) in enumerate(chosen, 1):
-        print(f"[{i}/{len(chosen)}] {name} ...", file=progress, flush=True)
+    from ..progress import bar
+    steps = bar(chosen, desc="tour", unit="strategy")      # a bar in a terminal or notebook, silent in logs
+    for i, (_, name, run) in enumerate(steps, 1):
+        steps.write(f"[{i}/{len(chosen)}] {name} ...", file=progress)
         t0 = time.perf_counter()
         row = run()
         row.seconds = time.perf_counter() - t0
