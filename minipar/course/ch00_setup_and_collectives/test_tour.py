@@ -114,13 +114,14 @@ def test_bad_input_is_refused_before_launch():
 
 
 def test_tour_json_for_ring_rows(capsys):
-    """``python -m minipar tour --json -k "ring "``, through the same entry point, in this process."""
+    """``python -m minipar tour --json -k "ring all"``, through the same entry point, in this process."""
     from minipar.__main__ import main
-    code = main(["tour", "--json", "-k", "ring "])   # "ring ": not chapter 06b's cp-ring rows
+    # "ring all" picks exactly two rows; "ring " would also pick chapter 06's "... ring RS, tp=4" row
+    code = main(["tour", "--json", "-k", "ring all"])
     out, err = capsys.readouterr()
     assert code == 0, err
     rows = json.loads(out)
-    assert [r["strategy"] for r in rows] == ["ring all_reduce", "ring all_gather", "ring reduce_scatter"]
+    assert [r["strategy"] for r in rows] == ["ring all_reduce", "ring all_gather"]
     for r in rows:
         assert KEYS <= set(r), r
         assert r["world_size"] == 4 and r["matches"] is True
