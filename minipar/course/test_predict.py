@@ -1,0 +1,19 @@
+"""predict.reveal: the verdicts a learner sees after a predict-first cell."""
+from minipar.course.predict import reveal, verdict
+
+
+def test_verdicts():
+    assert verdict(None, 3).startswith("no guess")
+    assert verdict(100, 105).startswith("right")
+    assert verdict(200, 100) == "off by ×2"
+    assert verdict(50, 100) == "off by ×1/2"
+    assert verdict("1F1B", "1f1b") == "right"
+    assert verdict("gpipe", "1f1b") == "not what happened"
+    assert verdict(0, 0) == "right" and verdict(1, 0).startswith("off")
+
+
+def test_reveal_shows_measured_formula_and_guess(capsys):
+    line = reveal(1024, 1536, what="bytes sent per rank", formula=1536, unit="B")
+    assert capsys.readouterr().out.strip() == line
+    assert "measured 1,536 B" in line and "formula 1,536 B" in line and "your guess 1,024 B" in line
+    assert line.endswith("off by ×1/1.5")

@@ -1,0 +1,88 @@
+"""Every chapter makes the learner think (issue 19): it predicts before it measures, and it ends with check
+questions whose answers are in the chapter's solution notebook.
+
+* Predict first: a code cell with a ``# Predict first`` comment sets a variable to ``None`` (the learner's
+  number goes there), and a later cell passes that variable to :func:`minipar.course.predict.reveal` beside
+  the measured value.
+* Check questions: the notebook's last cell is ``## Check questions`` with 3 to 5 numbered questions; the
+  solution notebook ends with ``## Check questions`` and one cell ``**Qk.** <same text>`` per question, the
+  answer inside a solution region (so the exercise notebook asks it with "YOUR ANSWER HERE").
+"""
+import json
+import re
+
+import pytest
+
+from minipar.course import chapters
+from minipar.course.exercises import BEGIN, END
+
+CHAPTERS = chapters()
+QUESTION = re.compile(r"^(\d+)\. (\S.*)$")
+SOLVED = re.compile(r"^\*\*Q(\d+)\.\*\* (\S.*)$")
+GUESS = re.compile(r"^(\w+) = None\b", re.M)
+
+
+def _cells(path):
+    return [(c["cell_type"], "".join(c["source"])) for c in json.loads(path.read_text())["cells"]]
+
+
+def questions_of(path) -> list:
+    kind, text = _cells(path)[-1]
+    assert kind == "markdown" and text.startswith("## Check questions"), \
+        f"{path.name}: the last cell is not '## Check questions'"
+    found = [QUESTION.match(line) for line in text.splitlines()]
+    found = [m for m in found if m]
+    assert [int(m.group(1)) for m in found] == list(range(1, len(found) + 1)), f"{path.name}: numbering"
+    assert 3 <= len(found) <= 5, f"{path.name}: {len(found)} check questions, want 3 to 5"
+    assert f"solutions/{path.stem}.ipynb" in text, f"{path.name}: say where the answers are"
+    return [m.group(2).strip() for m in found]
+
+
+def answers_of(path) -> list:
+    cells = _cells(path)
+    heads = [i for i, (k, t) in enumerate(cells) if k == "markdown" and t.strip() == "## Check questions"]
+    assert heads, f"{path.name}: no '## Check questions' cell"
+    out = []
+    for kind, text in cells[heads[-1] + 1:]:
+        first, _, rest = text.partition("\n")
+        m = SOLVED.match(first)
+        assert kind == "markdown" and m, f"{path.name}: after '## Check questions' only **Qk.** cells: {first!r}"
+        body = rest.split(BEGIN, 1)[1].split(END, 1)[0].strip() if BEGIN in rest and END in rest else ""
+        assert len(body) > 40, f"{path.name} Q{m.group(1)}: the answer is missing or a stub"
+        out.append(m.group(2).strip())
+    return out
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_chapter_ends_with_check_questions_answered_in_its_solution(chapter):
+    asked = questions_of(chapter.notebook)
+    assert chapter.solution.exists(), f"{chapter.name}: no solution notebook for the check questions"
+    assert answers_of(chapter.solution) == asked, f"{chapter.name}: the solution's questions differ"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
+def test_chapter_predicts_before_it_measures(chapter):
+    cells = [t for k, t in _cells(chapter.notebook) if k == "code"]
+    pairs = []
+    for i, text in enumerate(cells):
+        if "# Predict first" not in text:
+            continue
+        for name in GUESS.findall(text):
+            later = [t for t in cells[i + 1:] if re.search(rf"\breveal\(\s*{name}\b", t)]
+            assert later, f"{chapter.name}: {name} is predicted but never revealed"
+            pairs.append(name)
+    assert pairs, f"{chapter.name}: no '# Predict first' cell with a guess revealed later"
+
+
+def test_the_parsers_refuse_a_malformed_chapter(tmp_path):
+    nb = {"cells": [{"cell_type": "markdown", "source": "## Check questions\n\n1. Why?\n2. How?\n"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "99_x.ipynb"
+    path.write_text(json.dumps(nb))
+    with pytest.raises(AssertionError, match="want 3 to 5"):
+        questions_of(path)
+    nb["cells"] = [{"cell_type": "markdown", "source": "## Check questions"},
+                   {"cell_type": "markdown", "source": f"**Q1.** Why?\n\n{BEGIN}\nshort\n{END}"}]
+    path.write_text(json.dumps(nb))
+    with pytest.raises(AssertionError, match="missing or a stub"):
+        answers_of(path)
