@@ -169,3 +169,18 @@ def test_table_shows_observed_bytes_and_notes_and_the_headline_counts_by_kind():
     assert "1 of 1 collectives" in text and "1 of 1 asynchronous runs equal their own update rule" in text
     assert "2 of 3 rows that communicate: 1 within" in text and "not observed: threads" in text
     assert "NOT matching: threads" in text
+
+
+def test_expected_ring_messages_follow_the_ring():
+    """Worked out on one process: the reduce-scatter sends grow by one rank a step, the all-gather sends
+    are finished sums, and each rank's last all-gather send is what its right neighbour still lacked."""
+    for n in (2, 3, 4, 5):
+        inputs = [10.0 * q + torch.arange(1, 2 * n + 1) for q in range(n)]
+        total = sum(inputs).chunk(n)
+        msgs = ch00.expected_ring_messages(n)
+        assert len(msgs) == n and all(len(m) == 2 * (n - 1) for m in msgs)
+        for r in range(n):
+            assert msgs[r][0] == inputs[r].chunk(n)[(r - 1) % n].tolist()          # step 1: its own chunk
+            assert msgs[r][n - 2] == (total[(r + 1) % n] - inputs[(r + 1) % n].chunk(n)[(r + 1) % n]).tolist()
+            assert {tuple(m) for m in msgs[r][n - 1:]} == {tuple(total[c].tolist()) for c in range(n)
+                                                          if c != (r + 1) % n}

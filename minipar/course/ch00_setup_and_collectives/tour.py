@@ -33,7 +33,7 @@ from minipar.launcher import launch
 from minipar.course.tour import WORLD_SIZE, TourRow
 
 __all__ = ["Collective", "COLLECTIVES", "ROOT", "rank_input", "run_collectives", "expected_outputs",
-           "compare_outputs", "collectives_on_rank", "busiest_rank_traffic", "STRATEGIES"]
+           "compare_outputs", "expected_ring_messages", "collectives_on_rank", "busiest_rank_traffic", "STRATEGIES"]
 
 ROOT = 0                  # the root of broadcast, scatter, gather, reduce
 PAYLOAD_BYTES = 1 << 20   # S in the tour: 1 MiB, a multiple of 4 ranks x 4-byte floats
@@ -229,6 +229,21 @@ def compare_outputs(got: list, expected: list) -> float:
             return float("inf")
         worst = max(worst, (g - e).abs().max().item())
     return worst
+
+
+def expected_ring_messages(world_size: int, chunk_numel: int = 2) -> list:
+    """What each rank sends in each step of :func:`minipar.comm.ring_all_reduce`, worked out on one process,
+    when rank q's input is 10·q + 1, 2, …, world_size·chunk_numel: ``[rank][step]`` -> the list of numbers.
+
+    Reduce-scatter step k (k = 0 … N−2): rank r sends chunk (r−k−1) mod N, summed over ranks r, r−1, …, r−k
+    (a running sum that has grown by one rank per step). All-gather step k: rank r sends the finished sum, over
+    all ranks, of chunk (r−k) mod N."""
+    n = world_size
+    inputs = [10.0 * q + torch.arange(1, n * chunk_numel + 1) for q in range(n)]
+    def summed(ranks, c):
+        return sum(inputs[q].chunk(n)[c] for q in ranks).tolist()
+    return [[summed([(r - j) % n for j in range(k + 1)], (r - k - 1) % n) for k in range(n - 1)]
+            + [summed(range(n), (r - k) % n) for k in range(n - 1)] for r in range(n)]
 
 
 # Where gloo's own algorithm is not the one the log models, what the wire shows (measured, 4 ranks, 1 MiB):

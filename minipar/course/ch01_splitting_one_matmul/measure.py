@@ -1,0 +1,58 @@
+"""Chapter 01's measurement harness: run the three splits live, compare each with one device, and set the
+bytes every rank sent beside the formula.
+
+:func:`compare_and_measure` runs :func:`minipar.tensor.matmul_split.run` (one launch, all three splits) and
+reduces what the ranks returned to one :class:`SplitMeasurement` per split; :func:`format_table` prints them.
+The notebook keeps only the call, the table and its checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minipar.tensor import matmul_split as ms
+
+__all__ = ["SplitMeasurement", "compare_and_measure", "format_table"]
+
+PHASES = ("forward", "backward")
+
+
+@dataclass
+class SplitMeasurement:
+    split: str
+    max_abs_diff: float      # worst |gathered y, dx, dw − one device| over every rank
+    forward: list            # bytes each rank sent in the forward, from its own communication log
+    backward: list           # ... and in the backward
+    forward_formula: float   # ms.predicted_bytes: one all-reduce of S bytes sends 2(N−1)/N · S per rank
+    backward_formula: float
+    ops: dict                # rank 0's collectives per phase, {"forward": {op: bytes}, "backward": {...}}
+
+    def agrees(self, tolerance: float) -> bool:
+        """Equal to one device within ``tolerance``, and every rank sent exactly the formula's bytes."""
+        return (self.max_abs_diff <= tolerance and all(b == self.forward_formula for b in self.forward)
+                and all(b == self.backward_formula for b in self.backward))
+
+
+def compare_and_measure(world_size: int, x, w, dy, reference: dict) -> tuple:
+    """Run every split on ``world_size`` ranks; return (per rank ``{split: run_split's dict}``,
+    ``{split: SplitMeasurement}``). ``reference``: the one-device ``y``, ``dx`` and ``dw``."""
+    per_rank = ms.run(x, w, dy, world_size=world_size)
+    table = {}
+    for split in ms.SPLITS:
+        worst = max(float((r[split][k] - reference[k]).abs().max()) for r in per_rank for k in ("y", "dx", "dw"))
+        formula = ms.predicted_bytes(split, tuple(x.shape), tuple(w.shape), world_size)
+        table[split] = SplitMeasurement(split, worst, *[[r[split]["bytes"][p] for r in per_rank] for p in PHASES],
+                                        formula["forward"], formula["backward"], per_rank[0][split]["ops"])
+    return per_rank, table
+
+
+def format_table(table: dict, x_shape, w_shape) -> str:
+    """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula)."""
+    n = len(next(iter(table.values())).forward)
+    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes sent per rank (rank 0 shown)",
+             f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd measured':>13} {'formula':>8} {'bwd measured':>13} "
+             f"{'formula':>8}  collectives"]
+    for s, m in table.items():
+        names = ", ".join(f"{p}: {op}" for p in PHASES for op in m.ops[p]) or "-"
+        lines.append(f"{s:7} {m.max_abs_diff:>20.1e} {m.forward[0]:>13.0f} {m.forward_formula:>8.0f} "
+                     f"{m.backward[0]:>13.0f} {m.backward_formula:>8.0f}  {names}")
+    return "\n".join(lines)

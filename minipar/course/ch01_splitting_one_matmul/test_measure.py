@@ -1,0 +1,21 @@
+"""Chapter 01's harness: every split equals one device and sends exactly the formula's bytes on every rank;
+``agrees`` refuses a wrong byte count or a difference above the tolerance."""
+import dataclasses
+
+import torch
+
+from minipar.course.ch01_splitting_one_matmul.measure import compare_and_measure, format_table
+
+
+def test_compare_and_measure_on_two_ranks():
+    g = torch.Generator().manual_seed(0)
+    x, w, dy = torch.randn(4, 5, generator=g), torch.randn(5, 8, generator=g), torch.randn(4, 8, generator=g)
+    per_rank, table = compare_and_measure(2, x, w, dy, {"y": x @ w, "dx": dy @ w.T, "dw": x.T @ dy})
+    assert len(per_rank) == 2 and list(table) == ["data", "column", "row"]
+    assert all(m.agrees(1e-5) for m in table.values())
+    assert (table["data"].backward, table["column"].backward, table["row"].forward) == ([160] * 2, [80] * 2, [128] * 2)
+    assert table["row"].ops["forward"] and not table["row"].ops["backward"]
+    assert not dataclasses.replace(table["data"], backward=[160, 161]).agrees(1e-5)
+    assert not dataclasses.replace(table["data"], max_abs_diff=1e-3).agrees(1e-5)
+    text = format_table(table, x.shape, w.shape)
+    assert text.splitlines()[0].startswith("2 ranks, x (4, 5) · w (5, 8)") and "column" in text
