@@ -9,7 +9,7 @@ rank between barriers by :func:`minipar.bench.alternating_medians`, the two impl
 step by step. Both use the same bucket capacity. With ``--with-dp`` rank 0 also times a DataParallel step
 over 4 thread-driven replicas of the same model on the same global batch (the other ranks wait at the
 barrier), and every rank times a DDP step under ``no_sync`` (the compute alone, no communication): the
-numbers the chapter's DP-vs-DDP table and its slow-link model are built from.
+chapter's DP-vs-DDP timing, measured (:func:`describe_run` prints it).
 
 On a 2-core machine 4 ranks share the cores: step times are noisy and include contention; trust the
 ratio of medians measured side by side, not the absolute figures, and look at the spread of the ratio
@@ -37,7 +37,7 @@ from minipar.loop import lm_loss
 
 from minipar.course.bench import alternating_medians, model_and_batch
 
-__all__ = ["bench_rank", "run", "sweep_rank", "sweep", "main"]
+__all__ = ["bench_rank", "run", "sweep_rank", "sweep", "describe_run", "describe_sweep", "main"]
 
 
 def _step_fn(model, opt, x, y, sync=True):
@@ -151,6 +151,29 @@ def run(world_size=4, quiet=True, **kwargs) -> dict:
     rank's median the slowest rank's step)."""
     from minipar.launcher import launch
     return launch(bench_rank, world_size, quiet=quiet, timeout=120, **kwargs)[0]
+
+
+def describe_run(m: dict) -> str:
+    """The medians of :func:`run` (``with_dp=True``) as lines, with the bytes each way moves per step."""
+    dp_dev0 = (m["dp_bytes"] or {}).get("replicate model", 0) + (m["dp_bytes"] or {}).get("reduce grads", 0)
+    lines = [f"{name:<28} median step {1e3 * sec:7.1f} ms" for name, sec in m["medians"].items()]
+    lines.append(f"gradients {m['grad_bytes']:,} B; DDP sends {m['step_bytes_sent']:,.0f} B per rank per step; "
+                 f"DP moves {dp_dev0:,} B of weights + gradients through device 0")
+    return "\n".join(lines)
+
+
+def describe_sweep(rows: list) -> str:
+    """The rows of :func:`sweep` as a table, then which configuration was fastest and which hid the most."""
+    import os
+    head = f"DDP, gradients {rows[0]['grad_bytes']:,} B"
+    lines = [f"{head:<30}{'buckets':>8}{'step ms':>9}{'hidden':>8}{'exposed ms':>11}"]
+    lines += [f"{r['config']:<30}{r['buckets']:>8}{r['step_ms']:>9.1f}{r['hidden_fraction']:>8.0%}{r['exposed_ms']:>11.1f}"
+              for r in rows]
+    fastest = min(rows, key=lambda r: r["step_ms"])
+    hiding = max(rows, key=lambda r: r["hidden_fraction"])
+    lines.append(f"this run: fastest step {fastest['config']}; most hidden {hiding['config']} "
+                 f"({os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f})")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,9 @@
   a0..a2, b0..b2, c0..c2 under ZeRO-3 (one unit per layer). Left: what each rank holds between steps
   (rank r owns a_r, b_r, c_r). Right: the gather / free / reduce-scatter events of one step per unit.
 * ``03_zero_memory.png``: model-state bytes per rank for DDP and ZeRO-1/2/3 on 4 ranks, measured from live
-  tensors (bars) beside the ZeRO paper's formula (black ticks), and the bytes each rank sent per step.
+  tensors (bars) beside the ZeRO paper's formula (black ticks), and the bytes each rank sent per step. The
+  chapter's version adds a bar of the activations autograd saved (:func:`measure_stages_with_activations`):
+  ZeRO shards the model states and leaves the activations whole.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["ThreeLayers", "la_lb_lc_recipe", "la_lb_lc_rank", "run_la_lb_lc", "draw_la_lb_lc", "memory_recipe",
-           "run_memory", "draw_memory", "FIGURES"]
+           "run_memory", "measure_stages_with_activations", "ring_and_gloo", "draw_memory", "FIGURES"]
 
 
 class Layer(nn.Module):
@@ -128,6 +130,50 @@ def run_memory(world_size: int = 4) -> dict:
     return launch(measure_stages, world_size, memory_recipe(), quiet=True)[0]
 
 
+def _counting_activations(loss, sink: list):
+    """``loss`` that also appends to ``sink`` the bytes autograd saved for backward during its forward,
+    each storage once, the parameters left out (autograd keeps them by reference; under ZeRO-3 they are
+    the gathered views, whose storage is checked when each tensor is saved)."""
+    def counted(model, x, y):
+        saved = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()}:
+                saved[st.data_ptr()] = st.nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = loss(model, x, y)
+        sink.append(sum(saved.values()))
+        return out
+    return counted
+
+
+def measure_stages_with_activations(rank, world_size, recipe, stages=(0, 1, 2, 3)) -> dict:
+    """:func:`minipar.data.zero_measure.measure_stages` plus ``memory["activations"]``: the bytes autograd
+    saved for backward in the last step's forward on this rank, measured (not a formula)."""
+    import dataclasses
+    from minipar.data.zero_measure import measured_train
+    out = {}
+    for stage in stages:
+        sink: list = []
+        res = measured_train(rank, world_size, dataclasses.replace(recipe, loss=_counting_activations(recipe.loss, sink)),
+                             stage=stage)
+        res.memory["activations"] = sink[-1]
+        out[stage] = res
+    return out
+
+
+def ring_and_gloo(rank, world_size, recipe) -> dict:
+    """ZeRO-1 and ZeRO-3 on minipar's rings and on gloo's collectives, and DDP (stage 0, gloo's all-reduce),
+    one after the other in one launch: {("ring" | "gloo", stage) | "DDP": ZeroRunResult} on this rank."""
+    from minipar.data.zero_measure import measured_train
+    out = {(c, s): measured_train(rank, world_size, recipe, stage=s, collectives=c)
+           for c in ("ring", "gloo") for s in (1, 3)}
+    out["DDP"] = measured_train(rank, world_size, recipe, stage=0)
+    return out
+
+
 def draw_memory(runs: dict, world_size: int = 4, ax=None):
     import matplotlib.pyplot as plt
     from minipar.data import zero_memory
@@ -140,11 +186,16 @@ def draw_memory(runs: dict, world_size: int = 4, ax=None):
             ax.bar(x, res.memory[kind] / 1024, bottom=bottom, color=color, label=kind if x == 0 else None)
             bottom += res.memory[kind] / 1024
         ax.hlines(want["total"] / 1024, x - 0.4, x + 0.4, color="black", label="formula" if x == 0 else None)
+        if "activations" in res.memory:      # the activations, measured: the same whatever the stage
+            ax.bar(x, res.memory["activations"] / 1024, bottom=bottom, color="white", edgecolor="tab:gray",
+                   hatch="//", label="activations (not sharded)" if x == 0 else None)
+            bottom += res.memory["activations"] / 1024
         ax.text(x, bottom * 1.02 + 10, f"sent {res.bytes_sent[-1] / 1024:.0f} KiB/step", ha="center", fontsize=8)
     ax.set_xticks(range(len(runs)), [zero_memory.STAGE_NAMES[s] for s in runs])
-    ax.set_ylabel("model states per rank (KiB)")
+    ax.set_ylabel("bytes per rank (KiB)" if "activations" in res.memory else "model states per rank (KiB)")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
-    ax.set_title(f"measured per rank (bars) vs formula (line), FP32 Adam, N = {world_size}")
+    ax.set_title(f"measured per rank (bars) vs formula (line), FP32 Adam, N = {world_size}" if "activations" not in res.memory
+                 else f"measured per rank: model states (formula: line) + activations, FP32 Adam, N = {world_size}")
     ax.legend()
     return ax
 
