@@ -19,6 +19,8 @@ def test_2bw_follows_its_update_rule_with_two_weight_buffers(recipe, p):
     runs = launch(parallel_train, p, recipe, mode="2bw", m=4, lr=LR, quiet=True)
     compare(reference_2bw(recipe, LR), runs).assert_ok()
     assert all(r.most_versions == 2 for r in runs)               # double-buffered, never a third
+    # every micro-batch of batch t ran forward and backward on version t - 1, on every stage
+    assert all(v == max(mb // 4 - 1, 0) for r in runs for _, _, mb, v in r.versions_used)
     # and it is not synchronous training: the delayed gradient moves the weights elsewhere
     assert compare(train_reference(recipe), runs).max_abs_diff > 1e-3
 
@@ -29,6 +31,11 @@ def test_async_pipedream_with_weight_stashing_follows_its_update_rule(recipe, p)
     compare(reference_async(recipe, p, LR), runs).assert_ok()
     # stage r stashes one version per micro-batch in flight: p - r (the newest counted too, at least 2)
     assert [r.most_versions for r in runs] == [max(p - r, 2) for r in range(p)]
+    # input j's forward on stage r used version j - (p-r-1) (r's updates so far), its backward the same
+    for r, run in enumerate(runs):
+        used = {(k, j): v for k, s, j, v in run.versions_used}
+        assert {v for (k, j), v in used.items() if k == "F"} and len(used) == 2 * recipe.steps
+        assert all(used[("F", j)] == max(0, j - (p - r - 1)) == used[("BW", j)] for j in range(recipe.steps))
     assert compare(train_reference(recipe), runs).max_abs_diff > 1e-4
 
 

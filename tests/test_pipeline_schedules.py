@@ -74,6 +74,36 @@ def test_bubble_formulas_by_hand():
     assert bubble_formula("naive", 4, 1) == 3 / 4
 
 
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 8, 1), ("gpipe", 2, 3, 1), ("gpipe", 8, 16, 1),
+                                        ("1f1b", 4, 8, 1), ("1f1b", 3, 7, 1), ("1f1b", 8, 16, 1),
+                                        ("interleaved", 4, 8, 2), ("interleaved", 4, 8, 4),
+                                        ("interleaved", 2, 6, 3), ("interleaved", 8, 16, 2)])
+def test_both_bubble_conventions_from_the_clock(name, p, m, v):
+    """idle / total (GPipe's paper, this course) and idle / ideal (Megatron-LM, the Playbook, seed 000)."""
+    sim = simulate(make_schedule(name, p, m, v))
+    assert sim.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+    assert sim.bubble_ratio == pytest.approx((p - 1) / (v * m), abs=1e-12)
+    assert sim.bubble_ratio == pytest.approx(sim.bubble_fraction / (1 - sim.bubble_fraction), abs=1e-12)
+    assert bubble_formula(name, p, m, v, over="ideal") == pytest.approx(sim.bubble_ratio, abs=1e-12)
+
+
+def test_interleaving_divides_megatrons_ratio_by_exactly_v_but_not_the_fraction():
+    for p, m in ((4, 8), (2, 6), (8, 16)):
+        one = simulate(make_schedule("1f1b", p, m))
+        for v in (2, 3, 4):
+            if m % p:
+                continue
+            inter = simulate(make_schedule("interleaved", p, m, v))
+            assert inter.bubble_ratio == pytest.approx(one.bubble_ratio / v, abs=1e-12)
+            assert inter.bubble_fraction > one.bubble_fraction / v             # the fraction shrinks less
+    assert bubble_formula("gpipe", 4, 8, over="ideal") == 3 / 8
+    assert bubble_formula("interleaved", 4, 8, 2, over="ideal") == 3 / 16
+    assert bubble_formula("zb-h1", 4, 8, over="ideal") == 3 / 24 == \
+        pytest.approx(simulate(make_schedule("zb-h1", 4, 8)).bubble_ratio, abs=1e-12)
+    with pytest.raises(ValueError, match="over must be"):
+        bubble_formula("gpipe", 4, 8, over="makespan")
+
+
 def test_interleaving_divides_the_bubble_time_by_v():
     one = simulate(make_schedule("1f1b", 4, 8))
     two = simulate(make_schedule("interleaved", 4, 8, 2))

@@ -20,7 +20,7 @@ pipeline against them (not against synchronous training, which they are not).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.func import functional_call
@@ -37,8 +37,12 @@ __all__ = ["PipeDreamRank", "PipeDreamRun", "validate", "parallel_train", "run",
 
 @dataclass
 class PipeDreamRun(RunResult):
-    """A :class:`RunResult` plus the most weight versions one of this rank's stages held at once."""
+    """A :class:`RunResult` plus the most weight versions one of this rank's stages held at once, the
+    version each action used (``versions_used``: (kind, stage, micro-batch, version), kind F or BW, in the
+    order this rank ran them) and the rank's ``timeline`` (as :class:`~minipar.pipeline.runtime.PipelineRun`)."""
     most_versions: int = 1
+    versions_used: list = field(default_factory=list)
+    timeline: list = field(default_factory=list)
 
 
 class PipeDreamRank(PipelineRank):
@@ -57,6 +61,7 @@ class PipeDreamRank(PipelineRank):
         self.grad_sum = {}                                  # (stage, batch) -> {name: grad}
         self.done_in_batch = {}
         self.most_versions = 1                              # the most versions a stage held at once
+        self.versions_used = []                             # (kind, stage, mb, version) as they ran
 
     def version_for(self, stage, mb) -> int:
         if self.mode == "async":
@@ -69,12 +74,14 @@ class PipeDreamRank(PipelineRank):
 
     def module(self, stage, mb):
         v = self.stash.setdefault((stage, mb), self.version_for(stage, mb))
+        self.versions_used.append(("F", stage, mb, v))
         weights = {n: w.requires_grad_() for n, w in self.versions[stage][v].items()}
         return lambda x: functional_call(self.stages[stage], weights, (x,))
 
     def backward_full(self, stage, mb):
         x, y = self.saved.pop((stage, mb))
         weights = self.versions[stage][self.stash[(stage, mb)]]
+        self.versions_used.append(("BW", stage, mb, self.stash[(stage, mb)]))
         inputs = ([x] if stage > 0 else []) + list(weights.values())
         grads = torch.autograd.grad(y, inputs, self.output_grad(stage, mb))
         if stage > 0:
@@ -140,7 +147,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, mode: str = "2bw", m: 
     for s, st in mine.items():
         names = st.param_names
         params.update({names[n]: w.detach().clone() for n, w in runner.versions[s][runner.latest[s]].items()})
-    return PipeDreamRun(losses, params, runner.most_versions)
+    return PipeDreamRun(losses, params, runner.most_versions, runner.versions_used, runner.timeline)
 
 
 def run(recipe, *, world_size: int, mode: str = "2bw", m: int = 4, lr: float = 0.1, quiet: bool = True) -> list:

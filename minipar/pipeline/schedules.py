@@ -16,7 +16,7 @@ Action kinds:
 Schedules (p ranks, m micro-batches, v chunks per rank):
 
 =============  =====================================================  ==================================
-name           order on rank r                                        bubble (unit costs, no p2p time)
+name           order on rank r                                        bubble idle/total (unit costs)
 =============  =====================================================  ==================================
 naive          m = 1: F then BW, one rank at a time                   (p-1)/p
 gpipe          all m forwards, then all m backwards (F-then-B)        (p-1)/(m+p-1)  (Huang et al. 2019)
@@ -27,6 +27,10 @@ interleaved    1F1B over v chunks, micro-batches in groups of p       (p-1)/(v·
 zb-h1          1F1B with BW split into B and W, W filling the bubble  (p-1)/(3m+p-1) for F = B = W
                                                                       (Qi et al. 2023, zero bubble)
 =============  =====================================================  ==================================
+
+The bubble above is idle / (p · makespan). Megatron-LM (Narayanan et al. 2021) and the Ultra-Scale Playbook
+divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m) interleaved.
+``bubble_formula(..., over="ideal")`` and :attr:`~minipar.pipeline.simulate.SimResult.bubble_ratio`.
 """
 from __future__ import annotations
 
@@ -202,9 +206,13 @@ def make_schedule(name: str, p: int, m: int, v: int = 1, n_layers: int | None = 
     return SCHEDULES[name](p, m)
 
 
-def bubble_formula(name: str, p: int, m: int, v: int = 1) -> float:
-    """Idle fraction of p · makespan with F = B = W = 1 (BW = 2) and free transfers."""
+def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -> float:
+    """The bubble with F = B = W = 1 (BW = 2) and free transfers. ``over="total"``: idle / (p · makespan),
+    (p-1)/(v·m+p-1); ``over="ideal"``: idle / busy time, (p-1)/(v·m) (Megatron-LM's bubble time over
+    ideal time, which interleaving divides by exactly v). ZB-H1: the bubble is (p-1)(F+B-W) = p-1 per
+    rank next to 3m of work."""
     validate(name, p, m, v)
-    if name == "zb-h1":
-        return (p - 1) / (3 * m + p - 1)
-    return (p - 1) / (v * m + p - 1)
+    if over not in ("total", "ideal"):
+        raise ValueError(f"over must be 'total' (idle / whole step) or 'ideal' (idle / busy), got {over!r}")
+    work = 3 * m if name == "zb-h1" else v * m          # per rank, in units of the bubble's p - 1 slots
+    return (p - 1) / (work + (p - 1 if over == "total" else 0))

@@ -11,8 +11,15 @@ An action starts at max(rank free, inputs arrived) and lasts its cost. A stage i
 so compute costs are divided by v; a transfer costs ``p2p`` whatever v (the activation has the same size).
 If no rank can start its next action the schedule deadlocks, and :class:`Deadlock` says who waits for what.
 
-Results: per-rank timelines, makespan, bubble (idle) fraction = idle time / (p · makespan), and the peak
-number of micro-batches in flight per rank (forward done, weight gradient not yet: activations held).
+Results: per-rank timelines, makespan, the bubble in both conventions found in the literature, and the
+peak number of micro-batches in flight per rank (forward done, weight gradient not yet: activations held).
+
+* ``bubble_fraction`` = idle time / (p · makespan): the share of the step the ranks sit idle (GPipe,
+  Huang et al. 2019: (p-1)/(m+p-1)); interleaving v chunks gives (p-1)/(v·m+p-1).
+* ``bubble_ratio`` = idle time / busy time: the bubble over the ideal time of the work alone (Megatron-LM,
+  Narayanan et al. 2021; the Ultra-Scale Playbook; seed 000): (p-1)/m, and exactly ÷ v interleaved.
+
+Same schedule, same idle time, two denominators: ratio = fraction / (1 - fraction).
 """
 from __future__ import annotations
 
@@ -63,6 +70,12 @@ class SimResult:
         """Idle time over all ranks / (p · makespan)."""
         p, total = self.schedule.p, self.makespan
         return 1 - sum(self.busy(r) for r in range(p)) / (p * total)
+
+    @property
+    def bubble_ratio(self) -> float:
+        """Idle time over all ranks / their busy time (bubble time over ideal time, Megatron's convention)."""
+        busy = sum(self.busy(r) for r in range(self.schedule.p))
+        return (self.schedule.p * self.makespan - busy) / busy
 
     @property
     def peak_in_flight(self) -> list:

@@ -7,6 +7,8 @@
   charts): each rank's recorded F/B/W/BW spans in the last step, with the measured idle fraction next to
   the simulated one (unpaced runs, drawn by the same function, add black lines where a rank waited in a
   receive; a paced receive waits inside its slot).
+* (notebook only) :func:`draw_weight_versions` — the weight version every stage used for each micro-batch's
+  forward and backward, asynchronous PipeDream (weight stashing) beside PipeDream-2BW.
 * ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8, paced the same way),
   measured with :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation.
   The floor is what a step allocates besides activations (parameter gradients, receive buffers).
@@ -34,7 +36,8 @@ from minipar.pipeline.gantt import KIND_COLOURS, draw_gantt, gantt_legend, sim_r
 from minipar.pipeline.simulate import Costs, simulate
 
 __all__ = ["KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
-           "draw_measured", "memory_runs", "draw_memory", "FIGURES", "FIXED_PACE", "GRID"]
+           "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "side_by_side", "peak_held",
+           "FIGURES", "FIXED_PACE", "GRID"]
 
 FIXED_PACE = Pace(F=0.02, B=0.02, W=0.02)   # the simulated charts' F = B = W (BW = 2 F), 20 ms each
 GRID = 0.25                                 # paced charts: times drawn on a quarter-slot grid (see _on_grid)
@@ -144,6 +147,63 @@ def draw_memory(runs_by_config: dict, p: int = 4):
     axes[0].legend(fontsize=7)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.88, bottom=0.18, wspace=0.08)
     return fig
+
+
+def draw_weight_versions(runs_by_mode: dict, p: int = 4):
+    """Which weight version each stage used, per micro-batch, for its forward (light) and backward (dark):
+    one panel per PipeDream mode. The versions are the ones the runs recorded
+    (:attr:`~minipar.pipeline.pipedream.PipeDreamRun.versions_used`); the bars stand where the 1F1B stream of
+    all micro-batches puts them on the simulator's clock (F = 1, BW = 2), so the picture is the same every
+    run. A bar reads ``j:w`` — micro-batch j, weight version w; the colour is the version."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(runs_by_mode), 1, figsize=(12, 1.6 * len(runs_by_mode) + 0.8), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for ax, (title, runs) in zip(axes[:, 0], runs_by_mode.items()):
+        used = {(k, s, j): v for run in runs for k, s, j, v in run.versions_used}
+        n = 1 + max(j for _, _, j in used)
+        sim = simulate(make_schedule("1f1b", p, n))
+        for rank, kind, stage, j, a, b in sim_rows(sim):
+            version = used[(kind, stage, j)]
+            ax.broken_barh([(a, b - a)], (rank - 0.4, 0.8), facecolors=cmap(version % 10),
+                           alpha=0.5 if kind == "F" else 1.0, edgecolor="white", linewidth=0.5)
+            ax.text((a + b) / 2, rank, f"{j}:{version}", ha="center", va="center", fontsize=5.5)
+        ax.set_ylim(p - 0.5, -0.5)
+        ax.set_yticks(range(p), [f"stage {r}" for r in range(p)], fontsize=7)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.tick_params(axis="x", labelsize=7)
+    axes[-1, 0].set_xlabel("the 1F1B stream's clock (simulated, F = 1, BW = 2); light: forward, dark: backward; "
+                           "label micro-batch:version (recorded by the run)", fontsize=8)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.16, hspace=0.7)
+    return fig
+
+
+def peak_held(run, step: int = -1) -> int:
+    """The most micro-batches one rank of a real run held at once in ``step``: counted from the actions it
+    recorded (+1 when a forward ends, -1 when its BW or W ends), i.e. the activations kept for a backward."""
+    step = step if step >= 0 else max(row[0] for row in run.timeline)
+    events = sorted((end, +1 if kind == "F" else -1) for st, kind, _, _, _, end in run.timeline
+                    if st == step and kind in ("F", "BW", "W"))
+    held = peak = 0
+    for _, d in events:
+        held += d
+        peak = max(peak, held)
+    return peak
+
+
+def side_by_side(ours: list, theirs: list, width: int = 7, per_line: int = 16) -> str:
+    """Two action lists of one rank, aligned column by column (``per_line`` columns a row), ``ours`` above
+    ``theirs``, and ``^`` under the places where they differ."""
+    out = []
+    for k in range(0, max(len(ours), len(theirs)), per_line):
+        a, b = [str(x) for x in ours[k:k + per_line]], [str(x) for x in theirs[k:k + per_line]]
+        b += [""] * (len(a) - len(b))
+        a += [""] * (len(b) - len(a))
+        out += ["  ours  : " + "".join(x.ljust(width) for x in a),
+                "  torch : " + "".join(x.ljust(width) for x in b)]
+        marks = "".join(("^" if x != y else "").ljust(width) for x, y in zip(a, b)).rstrip()
+        if marks:
+            out.append("          " + marks)
+    return "\n".join(out)
 
 
 def _save(fig, path):
