@@ -75,3 +75,19 @@ def test_bad_format_and_fields():
         format_of("fp8")
     with pytest.raises(ValueError):
         compose(0, 32, 0, FP16)
+
+
+def test_vanishing_ratio_lies_between_two_powers_of_two_and_depends_on_w():
+    """An update u = w/r is lost when it falls below half the gap above w: r ≈ 2w/spacing(w), so in FP16 the
+    threshold runs from 2^11 (w a power of two) to almost 2^12, not a fixed 2048."""
+    from minipar.precision.formats import vanishing_ratio
+    assert vanishing_ratio(1.0, FP16) == 2048
+    assert 3880 <= vanishing_ratio(1.9, FP16) <= 3900                 # so w/u = 3000 survives at w = 1.9
+    fp16 = [vanishing_ratio(w, FP16) for w in (1.0, 1.25, 1.5, 1.75, 1.9, 1.999, 3.0, 100.0)]
+    assert all(2 ** 11 <= r <= 2 ** 12 for r in fp16), fp16
+    bf16 = [vanishing_ratio(w, BF16) for w in (1.0, 1.5, 1.99)]
+    assert all(2 ** 8 <= r <= 2 ** 9 for r in bf16), bf16
+    w16 = torch.tensor(1.9, dtype=torch.float16)
+    assert w16 + w16 / 3000 != w16 and w16 + w16 / 4000 == w16    # the sweep's claim, in plain torch
+    with pytest.raises(ValueError, match="positive normal"):
+        vanishing_ratio(0.0, FP16)

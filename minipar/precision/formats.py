@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FORMATS", "format_of", "Decoded", "decompose", "compose",
-           "round_to", "spacing"]
+           "round_to", "spacing", "vanishing_ratio"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,28 @@ def spacing(x: float, fmt) -> float:
     if x < f.smallest_normal:
         return f.smallest_subnormal
     return 2.0 ** (math.floor(math.log2(x)) - f.mantissa_bits)
+
+
+def vanishing_ratio(w: float, fmt) -> int:
+    """The smallest integer ratio r = w/u at which the update u = w/r is lost (w + u == w), measured in the
+    format's own arithmetic: w, u and their sum each rounded to the format (round to nearest, ties to even).
+
+    Model: u > 0 is lost when it is below half the gap above w, or exactly half and w's last fraction bit is
+    0 (the tie goes to the even neighbour, w itself); so r ≈ 2·w / spacing(w), which depends on where w sits
+    in its binade: from 2^(m+1) (w a power of two) up to almost 2^(m+2) (w just below the next one). FP16:
+    2048 to 4096, BF16: 256 to 512. (u itself is rounded too, so the measured r can be one or two off.)
+    """
+    f = format_of(fmt)
+    wt = torch.as_tensor(w, dtype=torch.float64).to(f.dtype)
+    if not (math.isfinite(float(wt)) and float(wt) >= f.smallest_normal):
+        raise ValueError(f"w must be a positive normal {f.name} value; {w!r} rounds to {float(wt)!r}")
+
+    def lost(r: int) -> bool:
+        u = (wt.double() / r).to(f.dtype)
+        return bool(wt + u == wt)                          # the sum in the format's arithmetic
+
+    lo, hi = 1, 2 ** (f.mantissa_bits + 3)                 # w + w is never w; w + w/2^(m+3) always is
+    while hi - lo > 1:                                     # lost(r) is monotone in r: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if lost(mid) else (mid, hi)
+    return hi

@@ -11,11 +11,14 @@ Micikevicius et al. 2018, "Mixed Precision Training". One step:
     5. the master weights are rounded down into the 16-bit copy for the next step.
 
 Why master weights: an update u smaller than half the gap between w and its neighbour vanishes in w + u.
-In FP16 that gap is w·2^-10, so any |w/u| > 2048 (BF16: > 256) is lost entirely; in FP32 it is not.
+In FP16 that gap is 2^(floor(log2 |w|) - 10), so u is lost once |w/u| passes a threshold between 2^11 and
+2^12 that depends on where w sits between two powers of two (BF16: 2^8 to 2^9; measured by
+:func:`minipar.precision.formats.vanishing_ratio`); in FP32 only past 2^24.
 BF16 has FP32's exponent range, so gradients do not underflow and no loss scaling is needed.
 
-Memory per parameter with Adam: 2 (16-bit weight) + 2 (16-bit grad) + 4 (master) + 4 (master grad, freed
-after the step in real systems) + 8 (Adam m, v) — ZeRO's "16 bytes per parameter" counts 2 + 2 + 12.
+Memory per parameter with Adam: 2 (16-bit weight) + 2 (16-bit grad) + 4 (master) + 8 (Adam m, v) = 16
+bytes, ZeRO's "2 + 2 + 12" — as many as FP32 Adam's 4 + 4 + 8; here the FP32 master gradient (4 more) also
+exists during the step. What 16 bits halve is the activations and the gradient bytes on the wire.
 """
 from __future__ import annotations
 

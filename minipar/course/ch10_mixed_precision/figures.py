@@ -1,17 +1,17 @@
 """Chapter 10 pictures, from :mod:`minipar.precision`: the bit layouts of FP32 / FP16 / BF16 with a value
 decoded into them, the range and the spacing of representable values of each format, and the histogram
-of a real model's gradients against FP16's underflow threshold, before and after loss scaling."""
+of a real model's gradients against FP16's underflow threshold, before and after loss scaling, and the
+smallest ratio w/u at which an update vanishes in FP16, measured for weights across three binades."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from minipar.precision.formats import FORMATS, FP16, decompose, spacing
+from minipar.precision.formats import FORMATS, FP16, decompose, round_to, spacing, vanishing_ratio
 
 __all__ = ["draw_bit_layouts", "draw_ranges", "draw_spacing", "gradient_log2_values", "fp16_flushed_fraction",
-           "draw_gradient_histogram",
-           "FIGURES"]
+           "draw_gradient_histogram", "draw_vanishing_ratios", "FIGURES"]
 
 FIELD_COLOURS = {"sign": "#C44E52", "exponent": "#4C72B0", "mantissa": "#55A868"}
 FORMAT_COLOURS = {"FP32": "#4C72B0", "FP16": "#DD8452", "BF16": "#55A868"}
@@ -111,6 +111,34 @@ def draw_gradient_histogram(ax, loss_scale: float = 2.0 ** 16) -> None:
     ax.set_title("a nearly fitted model's gradients and FP16's underflow threshold")
 
 
+def draw_vanishing_ratios(ax, fmt=FP16, lo: float = 0.5, hi: float = 4.0, n: int = 240) -> None:
+    """For n weights w between lo and hi: the smallest ratio w/u at which w + u == w, measured in ``fmt``'s
+    arithmetic (:func:`vanishing_ratio`), against the model 2·w / spacing(w) (half a gap)."""
+    ws = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+    measured = [vanishing_ratio(w, fmt) for w in ws]
+    model = [2 * round_to(w, fmt) / spacing(round_to(w, fmt), fmt) for w in ws]
+    m = fmt.mantissa_bits
+    ax.plot(ws, model, color="grey", lw=1, label="model: 2·w / gap(w)")
+    ax.scatter(ws, measured, s=6, color=FORMAT_COLOURS[fmt.name], label=f"measured in {fmt.name} arithmetic", zorder=3)
+    for k in (m + 1, m + 2):
+        ax.axhline(2 ** k, color="k", ls=":", lw=0.8)
+        ax.text(hi, 2 ** k, f" 2^{k} = {2 ** k}", va="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("weight w (log2 scale)")
+    ax.set_ylabel("smallest w/u with w + u == w")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"{fmt.name}: where an update vanishes depends on where w sits between powers of two")
+
+
+def _vanishing(path):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    draw_vanishing_ratios(ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _layouts(path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(10, 3))
@@ -139,4 +167,4 @@ def _histogram(path):
 
 
 FIGURES = {"10_bit_layouts.png": _layouts, "10_ranges_spacing.png": _ranges,
-           "10_gradient_histogram.png": _histogram}
+           "10_gradient_histogram.png": _histogram, "10_vanishing_updates.png": _vanishing}
