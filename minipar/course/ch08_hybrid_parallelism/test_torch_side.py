@@ -1,0 +1,46 @@
+"""Chapter 08's layout in PyTorch's own pieces (DeviceMesh, parallelize_module, FSDP2 replicate / fully_shard,
+torch.distributed.pipelining, loss_parallel) trains like one device and like minipar's run of the same layout,
+in float64; DDP over a TP'd model is refused (the message kept here). Equality only: no timing asserted."""
+import pytest
+import torch
+
+from minipar.check import compare, train_reference
+from minipar.course.ch08_hybrid_parallelism import bench, torch_side
+from minipar.course.ch08_hybrid_parallelism.measure import recipe
+from minipar.launcher import launch
+
+TOL = 1e-10     # float64: the harness's atol (rtol 1e-9); measured differences are ~3e-14
+
+
+def test_separate_qkv_model_is_the_same_function():
+    r = recipe(1)
+    ref = r.model().to(r.dtype)
+    x, _ = r.batches[0]
+    torch.testing.assert_close(torch_side.TorchGPT(ref)(x), ref(x), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dp,pp,tp,m,schedule", [(2, 1, 2, 1, "gpipe"), (2, 2, 2, 4, "1f1b")])
+def test_torch_layout_equals_minipar_and_one_device(dp, pp, tp, m, schedule):
+    out = torch_side.side_by_side(recipe(3), dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule)
+    for key in ("minipar_vs_one_device", "torch_vs_one_device", "minipar_vs_torch"):
+        c = out[key]
+        assert c.matches and c.max_abs_diff < TOL, (key, str(c))
+    assert out["losses"]["torch"] == pytest.approx(out["losses"]["one device"], abs=TOL)
+
+
+def test_fully_shard_in_a_pipeline_equals_one_device():
+    r = recipe(3)
+    runs = torch_side.torch_run(r, dp=2, pp=2, tp=2, micro_batches=4, schedule="gpipe", data_parallel="fsdp")
+    c = compare(train_reference(r), runs, dtype=r.dtype)
+    assert c.matches and c.max_abs_diff < TOL, str(c)
+
+
+def test_ddp_over_a_tensor_parallel_model_is_refused():
+    errors = launch(torch_side.ddp_over_tp_error, 4, recipe(1), quiet=True)
+    assert all(e and "mixed torch.Tensor and DTensor" in e for e in errors), errors
+
+
+def test_bench_runs_both_and_their_losses_agree():
+    row = bench.run((2, 1, 2), layers=2, embd=32, batch=8, seq=16, iters=1, warmup=1)
+    assert row["steps"] == 2 and row["max_loss_diff"] < 2e-5          # float32, same batches, same steps
+    assert row["minipar_ms"] > 0 and row["torch_ms"] > 0
