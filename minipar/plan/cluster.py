@@ -20,7 +20,9 @@ __all__ = ["Cluster", "dgx_a100", "collective_seconds", "crosses_nodes", "link"]
 @dataclass(frozen=True)
 class Cluster:
     """``nodes`` nodes of ``devices_per_node`` devices. Bandwidths in bytes/s per device and direction,
-    latencies in seconds; ``flops_efficiency`` is the fraction of ``peak_flops`` matmuls really reach."""
+    latencies in seconds; ``flops_efficiency`` is the fraction of ``peak_flops`` matmuls really reach;
+    ``optimizer_seconds_per_param``: what one optimizer step costs per parameter a device updates (0: not
+    modelled, as for the papers' clusters, where it is a few % of a step; on a CPU it is measured)."""
     devices_per_node: int
     nodes: int
     memory_bytes: float
@@ -30,6 +32,7 @@ class Cluster:
     intra_latency: float = 0.0
     inter_latency: float = 0.0
     flops_efficiency: float = 1.0
+    optimizer_seconds_per_param: float = 0.0
 
     @property
     def devices(self) -> int:

@@ -15,6 +15,8 @@ Time of one step on one device (no overlap of communication with compute: an upp
     compute        hardware FLOPs / (devices · peak FLOP/s · efficiency)
     bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
     collectives    the α-β model of :mod:`minipar.plan.cluster`, on the links each group really crosses
+    optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO) × the cluster's
+                   seconds per parameter (only when the cluster gives one: calibrated on a CPU)
 
 Bytes sent per device per step (the same numbers the communication log shows, chapter by chapter):
 TP 4 all-reduces of b·s·h per layer per micro-batch (SP: all-gathers + reduce-scatters, same volume, plus
@@ -188,6 +190,8 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
+    if cluster.optimizer_seconds_per_param:
+        time["optimizer"] = psi / (layout.dp if layout.zero else 1) * cluster.optimizer_seconds_per_param
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
     return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying)

@@ -22,7 +22,8 @@ from .rules import family
 __all__ = ["Plan", "plan", "layouts"]
 
 _TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces", "dp": "data-parallel traffic",
-               "pp": "pipeline sends", "cp": "context-parallel gathers", "compute": "compute (recomputation)"}
+               "pp": "pipeline sends", "cp": "context-parallel gathers", "compute": "compute (recomputation)",
+               "optimizer": "optimizer step"}
 
 
 @dataclass

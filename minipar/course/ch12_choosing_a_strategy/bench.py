@@ -4,12 +4,14 @@
   beside :func:`minipar.plan.estimate` for the same layout: bytes each rank sent (the communication log)
   and memory (the measured peak).
 * :func:`calibrate` fits the α-β model of the links (send/recv between 2 ranks over gloo, sizes from 1 KiB
-  to 4 MiB, least squares of t = α + S/β) and the FLOP/s of one thread (float32 matmuls), the way each
-  rank runs.
-* :func:`step_times` times training steps of DDP, ZeRO and TP on 4 ranks and predicts them with the
-  calibrated cluster.
+  to 4 MiB, least squares of t = α + S/β) and measures, on 4 ranks at once (they share the cores), a rank's
+  forward + backward FLOP/s, the optimizer's seconds per parameter and a 4-byte all-reduce.
+* :func:`step_times` really trains the step model with DDP, ZeRO-1/2/3, GPipe and 1F1B (pp = 4), TP and
+  TP + SP (t = 4) on 4 ranks, calibrating again on the same ranks just before each, and predicts each
+  step with :func:`minipar.plan.estimate` on the calibrated cluster (and on the first calibration — one
+  thread alone × the share of cores a rank gets — to show what that missed).
 
-    python -m minipar bench calibrate
+    python -m minipar bench calibrate [--json] [--steps N]
 """
 from __future__ import annotations
 
@@ -164,70 +166,106 @@ def _timed(fn) -> float:
 
 
 def training_flops_per_second(steps: int = 3) -> float:
-    """Effective FLOP/s of one thread training the step model (model FLOPs of a step / its time, best of
-    ``steps``): what the compute term of the cost model needs, optimizer and overheads included."""
-    from minipar.check import gpt_recipe
-    from minipar.models import TinyGPT
+    """Effective FLOP/s of one thread, alone on the machine, training the step model (model FLOPs of a
+    step / its time, best of ``steps``, optimizer included): the old calibration, kept for comparison."""
     from minipar.plan import model_flops
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        recipe = gpt_recipe(steps=1, batch_size=STEP_BATCH // 4, seq_len=STEP_SEQ, **_cfg_kwargs())
-        model = TinyGPT(STEP_CONFIG)
-        opt = recipe.optimizer(model.parameters())
-        x, y = recipe.batches[0]
-
-        def step():
-            opt.zero_grad()
-            recipe.loss(model, x, y).backward()
-            opt.step()
+        model, opt, x, y, loss = _local_step_model()
+        step = lambda: (opt.zero_grad(), loss(model, x, y).backward(), opt.step())  # noqa: E731
         step()
         best = min(_timed(step) for _ in range(steps))
     finally:
         torch.set_num_threads(threads)
-    return model_flops(Transformer.from_config(STEP_CONFIG, STEP_SEQ), STEP_BATCH // 4) / best
+    return model_flops(STEP_MODEL, STEP_BATCH // 4) / best
+
+
+def _local_step_model():
+    """(model, optimizer, x, y, loss) of one rank's quarter of a step-model batch, no parallelism."""
+    from minipar.check import gpt_recipe
+    from minipar.models import TinyGPT
+    recipe = gpt_recipe(steps=1, batch_size=STEP_BATCH // 4, seq_len=STEP_SEQ, **_cfg_kwargs())
+    model = TinyGPT(STEP_CONFIG)
+    x, y = recipe.batches[0]
+    return model, recipe.optimizer(model.parameters()), x, y, recipe.loss
+
+
+def _contended(rank, world_size, repeats):
+    """On every rank at once (the ranks share the cores, as in a real run): the FLOP/s of a forward and
+    backward of a quarter batch, the seconds of one Adam step per parameter, and a 4-byte all-reduce on
+    all ranks — each the least disturbed of ``repeats`` (after a warm-up)."""
+    import torch.distributed as dist
+    from minipar.plan import model_flops
+    model, opt, x, y, loss = _local_step_model()
+    n = sum(p.numel() for p in model.parameters())
+    fb, adam, small = [], [], []
+    tiny = torch.zeros(1)
+    for i in range(repeats + 1):
+        dist.barrier()
+        opt.zero_grad()
+        fb.append(_timed(lambda: loss(model, x, y).backward()))
+        adam.append(_timed(opt.step))
+        dist.barrier()
+        small.append(_timed(lambda: dist.all_reduce(tiny)))
+    least = lambda v: min(v[1:])  # noqa: E731
+    return {"flops": model_flops(STEP_MODEL, STEP_BATCH // 4) / least(fb),
+            "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
 
 
 def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 9) -> dict:
-    """{"alpha": s, "beta": bytes/s, "flops": FLOP/s of one thread training, "matmul_flops": of a bare
-    matmul, "samples": {bytes: s}}, measured on this machine."""
+    """Measured on this machine: {"alpha": s, "beta": bytes/s (send/recv between 2 ranks), "flops": FLOP/s
+    of one rank's forward + backward while all 4 ranks compute, "optimizer_s_per_param": one Adam step,
+    seconds per parameter (the same way), "allreduce_small_s": a 4-byte all-reduce on 4 ranks (latency
+    alone), "alone_flops": one thread training alone (optimizer included), "matmul_flops": a bare matmul
+    on one thread, "samples": {bytes: s}}."""
     from minipar.launcher import launch
     times = launch(_pingpong, 2, list(sizes), repeats, quiet=True)[0]
     alpha, beta = _fit(list(times), list(times.values()))
-    return {"alpha": max(alpha, 0.0), "beta": beta, "flops": training_flops_per_second(),
-            "matmul_flops": flops_per_second(), "samples": times}
+    ranks = launch(_contended, 4, repeats, quiet=True)
+    mean = lambda k: sum(r[k] for r in ranks) / len(ranks)  # noqa: E731
+    return {"alpha": max(alpha, 0.0), "beta": beta, "flops": mean("flops"),
+            "optimizer_s_per_param": mean("optimizer_s_per_param"), "allreduce_small_s": mean("allreduce_small_s"),
+            "alone_flops": training_flops_per_second(), "matmul_flops": flops_per_second(), "samples": times}
 
 
-def calibrated_cluster(cal: dict, devices: int = 4) -> Cluster:
-    """The machine as a cluster of ``devices`` ranks. Ranks share the cores: with C cores each of N ranks
-    gets min(1, C/N) of one, so its FLOP/s are scaled by that."""
+def calibrated_cluster(cal: dict, devices: int = 4, contended: bool = True) -> Cluster:
+    """The machine as a cluster of ``devices`` ranks (one node, every link the measured α, β).
+
+    ``contended=True``: a rank's FLOP/s and optimizer cost as measured while all ranks compute at once
+    (what they share — cores, caches, whatever else runs — is in the measurement), and the latency of one
+    ring step from a 4-byte all-reduce on all ranks, t / 2(n-1), when that exceeds the ping-pong α (a
+    collective waits for every rank to be scheduled, a ping-pong for one). ``False``: the first
+    calibration, kept to show why it missed: one thread alone, scaled by the share of cores a rank gets,
+    min(1, cores / ranks), with the optimizer inside its FLOP/s."""
     import os
-    share = min(1.0, (os.cpu_count() or 1) / devices)
-    return Cluster(devices, 1, 16e9, cal["flops"] * share, cal["beta"], cal["beta"], cal["alpha"], cal["alpha"])
+    if not contended:
+        share = min(1.0, (os.cpu_count() or 1) / devices)
+        return Cluster(devices, 1, 16e9, cal["alone_flops"] * share, cal["beta"], cal["beta"], cal["alpha"],
+                       cal["alpha"])
+    hop = max(cal["alpha"], cal["allreduce_small_s"] / (2 * (devices - 1)))    # a ring step among 4 busy ranks
+    return Cluster(devices, 1, 16e9, cal["flops"], cal["beta"], cal["beta"], hop, hop,
+                   optimizer_seconds_per_param=cal["optimizer_s_per_param"])
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Step times: measured on 4 ranks vs predicted with the calibrated cluster
+# Step times: the tour's strategies really run on 4 ranks vs predicted with the calibrated cluster
 # ---------------------------------------------------------------------------------------------------------
 
-STEP_CONFIG = GPTConfig(n_layer=2, n_embd=128, n_head=4, vocab_size=256, block_size=64)
-STEP_BATCH, STEP_SEQ = 16, 64
-
-
-def _ddp_steps(rank, world_size, zero_stage, steps):
-    """Seconds per step: a run of ``steps`` minus a run of 1 step, over steps - 1 (set-up cancels)."""
-    from minipar.check import gpt_recipe
-    from minipar.data import ddp, zero
-    took = {}
-    for n in (1, steps):
-        recipe = gpt_recipe(steps=n, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
-        t0 = time.perf_counter()
-        if zero_stage is None:
-            ddp.parallel_train(rank, world_size, recipe)
-        else:
-            zero.parallel_train(rank, world_size, recipe, stage=zero_stage)
-        took[n] = time.perf_counter() - t0
-    return (took[steps] - took[1]) / (steps - 1)
+STEP_CONFIG = GPTConfig(n_layer=4, n_embd=128, n_head=4, vocab_size=256, block_size=64)
+STEP_BATCH, STEP_SEQ, STEP_M = 16, 64, 8
+STEP_MODEL = Transformer.from_config(STEP_CONFIG, STEP_SEQ)
+# name: the layout estimate() costs (global batch 16 sequences of 64 tokens, float32 Adam, on 4 ranks)
+STEP_LAYOUTS = {
+    "DDP": Layout(dp=4, micro_batch=4),
+    "ZeRO-1": Layout(dp=4, micro_batch=4, zero=1),
+    "ZeRO-2": Layout(dp=4, micro_batch=4, zero=2),
+    "ZeRO-3": Layout(dp=4, micro_batch=4, zero=3),
+    "GPipe": Layout(pp=4, schedule="gpipe", micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
+    "1F1B": Layout(pp=4, micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
+    "TP": Layout(tp=4, micro_batch=STEP_BATCH),
+    "TP + SP": Layout(tp=4, sp=True, micro_batch=STEP_BATCH),
+}
 
 
 def _cfg_kwargs():
@@ -236,27 +274,103 @@ def _cfg_kwargs():
             "block_size": c.block_size}
 
 
-def step_times(cal: dict, steps: int = 5) -> list:
-    """[(name, measured s/step, predicted s/step)] for DDP and ZeRO-1/3 on 4 ranks (float32 Adam)."""
+def _train(rank, world_size, name, recipe):
+    """Train ``recipe`` with the library's strategy ``name`` (a key of :data:`STEP_LAYOUTS`)."""
+    from minipar.data import ddp, zero
+    from minipar.pipeline import runtime
+    from minipar.tensor import gpt
+    if name == "DDP":
+        ddp.parallel_train(rank, world_size, recipe)
+    elif name.startswith("ZeRO-"):
+        zero.parallel_train(rank, world_size, recipe, stage=int(name[-1]))
+    elif name in ("GPipe", "1F1B"):
+        runtime.parallel_train(rank, world_size, recipe, schedule=name.lower(), m=STEP_M)
+    else:
+        gpt.parallel_train(rank, world_size, recipe, sequence_parallel=name == "TP + SP")
+
+
+def _stamped(factory, stamps):
+    """The recipe's optimizer factory, with every ``step()`` of the optimizer it builds time-stamped."""
+    def build(params):
+        opt = factory(params)
+        step = opt.step
+
+        def stamped_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            stamps.append(time.perf_counter())
+            return out
+        opt.step = stamped_step
+        return opt
+    return build
+
+
+def _step_seconds(rank, world_size, names, steps, repeats):
+    """{name: (seconds per step, the calibration taken just before)} on this rank. The strategy trains
+    ``steps`` steps; the time between the ends of two consecutive optimizer steps is one training step
+    (set-up and the first step's allocations fall before the first stamp); the least disturbed of them.
+    Right before each strategy, :func:`_contended` calibrates compute and the optimizer on the same ranks:
+    the machine is shared, and what else runs on it changes from one second to the next."""
+    import torch.distributed as dist
+    from minipar.check import gpt_recipe
+    out = {}
+    for name in names:
+        cal = _contended(rank, world_size, repeats)
+        recipe = gpt_recipe(steps=steps, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
+        stamps = []
+        recipe.optimizer = _stamped(recipe.optimizer, stamps)
+        dist.barrier()
+        _train(rank, world_size, name, recipe)
+        out[name] = (min(b - a for a, b in zip(stamps, stamps[1:])), cal)
+    return out
+
+
+def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
+    """Run each strategy of :data:`STEP_LAYOUTS` (default all) on 4 ranks and predict it. One dict per
+    strategy: "name", "layout", "measured" (s/step, the slowest rank), "predicted" (:func:`estimate` on
+    the cluster calibrated on the same ranks just before the run: α, β from ``cal``), "terms" (its time
+    terms), "predicted_alone" (the first calibration: ``cal``'s one thread alone × the share of cores)."""
     from minipar.launcher import launch
-    model = Transformer.from_config(STEP_CONFIG, STEP_SEQ)
-    cluster = calibrated_cluster(cal)
+    names = list(STEP_LAYOUTS) if names is None else list(names)
+    ranks = launch(_step_seconds, 4, names, steps, repeats, quiet=True)
     out = []
-    for name, stage in (("DDP", None), ("ZeRO-1", 1), ("ZeRO-3", 3)):
-        measured = max(launch(_ddp_steps, 4, stage, steps, quiet=True))
-        layout = Layout(dp=4, micro_batch=STEP_BATCH // 4, zero=stage or 0)
-        out.append((name, measured, estimate(model, cluster, layout, precision="fp32").step_seconds))
+    for name in names:
+        layout = STEP_LAYOUTS[name]
+        local = {k: sum(r[name][1][k] for r in ranks) / len(ranks) for k in ranks[0][name][1]}
+        e = estimate(STEP_MODEL, calibrated_cluster({**cal, **local}), layout, precision="fp32", dropout=False)
+        alone = estimate(STEP_MODEL, calibrated_cluster(cal, contended=False), layout, precision="fp32",
+                         dropout=False)
+        out.append({"name": name, "layout": str(layout), "measured": max(r[name][0] for r in ranks),
+                    "predicted": e.step_seconds, "terms": {k: v for k, v in e.time.items() if k != "total"},
+                    "predicted_alone": alone.step_seconds, "calibration": local})
     return out
 
 
 def main(argv=None) -> int:
+    import argparse
+    import json
+    parser = argparse.ArgumentParser(prog="python -m minipar bench calibrate")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per strategy (default 5)")
+    args = parser.parse_args(argv)
     cal = calibrate()
-    print(f"alpha {cal['alpha'] * 1e6:.1f} us, beta {cal['beta'] / 1e9:.2f} GB/s, one thread training "
-          f"{cal['flops'] / 1e9:.2f} GFLOP/s (bare matmul {cal['matmul_flops'] / 1e9:.1f})")
+    rows = step_times(cal, steps=args.steps)
+    if args.json:
+        print(json.dumps({"calibration": {**{k: v for k, v in cal.items() if k != "samples"},
+                                          "samples": {str(k): v for k, v in cal["samples"].items()}},
+                          "steps": rows}, indent=1))
+        return 0
+    print(f"alpha {cal['alpha'] * 1e6:.1f} us, beta {cal['beta'] / 1e9:.2f} GB/s; a rank's forward+backward "
+          f"{cal['flops'] / 1e9:.2f} GFLOP/s while 4 compute (one thread alone, training: "
+          f"{cal['alone_flops'] / 1e9:.2f}; bare matmul {cal['matmul_flops'] / 1e9:.1f}); Adam "
+          f"{cal['optimizer_s_per_param'] * 1e9:.1f} ns/param; 4-byte all-reduce on 4 ranks "
+          f"{cal['allreduce_small_s'] * 1e6:.0f} us")
     for n, t in cal["samples"].items():
         print(f"  {n:>9} B one way: {t * 1e6:9.1f} us   model {(cal['alpha'] + n / cal['beta']) * 1e6:9.1f} us")
-    for name, measured, predicted in step_times(cal):
-        print(f"{name:8} step measured {measured * 1e3:7.1f} ms   predicted {predicted * 1e3:7.1f} ms")
+    for r in rows:
+        terms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r["terms"].items() if v)
+        print(f"{r['name']:8} measured {r['measured'] * 1e3:7.1f} ms   predicted {r['predicted'] * 1e3:7.1f} ms "
+              f"(x{r['measured'] / r['predicted']:.2f}; {terms})   first calibration {r['predicted_alone'] * 1e3:7.1f} "
+              f"ms (x{r['measured'] / r['predicted_alone']:.2f})")
     return 0
 
 

@@ -1,12 +1,12 @@
 """Chapter 12 pictures: the seeds' decision guide as a flow chart, a stacked memory bar per device (the
-calculator's drawing), memory per device over the sequence length, and the cost model beside what the
-tour's runs measured (bytes per rank and memory)."""
+calculator's drawing), memory per device over the sequence length, the cost model beside what the
+tour's runs measured (bytes per rank and memory), and predicted against measured step times."""
 from __future__ import annotations
 
 from minipar.plan import Layout, Transformer, estimate
 
 __all__ = ["draw_decision_guide", "draw_memory_bars", "sweep_sequence", "draw_sequence_sweep",
-           "draw_predicted_vs_measured", "MEMORY_COLOURS", "FIGURES"]
+           "draw_predicted_vs_measured", "draw_step_times", "MEMORY_COLOURS", "FIGURES"]
 
 MEMORY_COLOURS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#8172B2", "activations": "#C44E52",
                   "buffers": "#CCB974"}
@@ -137,6 +137,31 @@ def draw_predicted_vs_measured(rows: list, axes=None):
     return axes
 
 
+def draw_step_times(rows: list, ax=None, key: str = "predicted", title: str | None = None):
+    """Log-log scatter of predicted (x) against measured (y) seconds per step, one labelled point per row of
+    :func:`.bench.step_times`, the line y = x and a shaded band of ±2× around it."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 5))
+    xs = [r[key] * 1e3 for r in rows]
+    ys = [r["measured"] * 1e3 for r in rows]
+    lo, hi = min(xs + ys) / 1.6, max(xs + ys) * 1.6
+    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="measured = predicted")
+    ax.fill_between([lo, hi], [lo / 2, hi / 2], [lo * 2, hi * 2], color="0.92", label="within 2×")
+    ax.scatter(xs, ys, color="#C44E52", zorder=3)
+    for r, x, y in zip(rows, xs, ys):
+        ax.annotate(f"{r['name']} ×{y / x:.2f}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted ms per step (estimate, calibrated on this machine)")
+    ax.set_ylabel("measured ms per step (4 ranks)")
+    ax.set_title(title or "step time: measured / predicted", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
 def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -170,5 +195,13 @@ def _measured(path):
     _save(fig, path)
 
 
+def _step_times(path):
+    import matplotlib.pyplot as plt
+    from .bench import calibrate, step_times
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    draw_step_times(step_times(calibrate()), ax)
+    _save(fig, path)
+
+
 FIGURES = {"12_decision_guide.png": _guide, "12_memory_vs_sequence.png": _sweep,
-           "12_predicted_vs_measured.png": _measured}
+           "12_predicted_vs_measured.png": _measured, "12_step_time_predicted_vs_measured.png": _step_times}
