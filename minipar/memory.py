@@ -116,14 +116,17 @@ def saved_activation_bytes(fn, *args, exclude=(), **kwargs):
     """Run ``fn(*args, **kwargs)`` and return (its result, bytes autograd saved for backward).
 
     Tensors in ``exclude`` (e.g. the parameters, which autograd saves by reference, not by copy) and
-    storages already counted are left out.
+    storages already counted are left out. ``exclude`` may also be a callable returning those tensors
+    (``model.parameters``): it is asked at each save, for parameters that change storage during the forward
+    (ZeRO-3 and FSDP gather them there).
     """
-    excluded = {_storage_key(t)[0] for t in exclude}
+    fixed = None if callable(exclude) else {_storage_key(t)[0] for t in exclude}
     saved: dict = {}
 
     def pack(t):
         ptr, n = _storage_key(t)
-        if ptr not in excluded:
+        excluded = fixed if fixed is not None else {_storage_key(p)[0] for p in exclude()}
+        if n and ptr not in excluded:
             saved[ptr] = n
         return t
 

@@ -60,6 +60,23 @@ def test_saved_activation_bytes_excludes_parameters():
     assert saved == 8 * 100 * 4                           # only the input; the weight is not a copy
 
 
+def test_saved_activation_bytes_asks_a_callable_exclude_at_each_save():
+    """ZeRO-3 gathers a parameter inside the forward: a list taken before the call would miss it."""
+    lin = torch.nn.Linear(100, 100)
+    x = torch.randn(8, 100, requires_grad=True)
+    gathered = []
+
+    def forward():
+        w = lin.weight.detach().clone().requires_grad_()     # a new storage, made during the forward
+        gathered.append(w)
+        return torch.nn.functional.linear(x, w)
+
+    _, stale = saved_activation_bytes(forward, exclude=[lin.weight])
+    assert stale == 8 * 100 * 4 + 100 * 100 * 4               # the gathered weight counted as an activation
+    _, saved = saved_activation_bytes(forward, exclude=lambda: gathered)
+    assert saved == 8 * 100 * 4
+
+
 def test_measure_step_counts_a_gradient_the_step_frees_and_recreates_once():
     """zero_grad(set_to_none=True) frees the gradients made before the step; backward makes new ones. The
     peak of the second step equals the first's (same allocations, the old gradients gone): before the fix

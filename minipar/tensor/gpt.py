@@ -185,7 +185,8 @@ def compare_to_one_device(recipe: Recipe, *, world_size: int, sequence_parallel:
 def measure_layer(rank, world_size, cfg, batch_size: int, seq_len: int, sequence_parallel: bool = False,
                   group=None, seed: int = 0) -> dict:
     """One transformer block, forward and backward, on this rank: the bytes it sent (from the comm log) and
-    the activation bytes autograd kept (:func:`minipar.memory.saved_activation_bytes`)."""
+    the activation bytes autograd kept (:func:`minipar.memory.saved_activation_bytes`), and the bytes of the
+    parameters the rank's block holds."""
     from .. import comm
     from ..memory import saved_activation_bytes
     from ..models import Block
@@ -201,4 +202,5 @@ def measure_layer(rank, world_size, cfg, batch_size: int, seq_len: int, sequence
     with comm.recording() as log:
         y, activations = saved_activation_bytes(block, x, exclude=list(block.parameters()))
         y.backward(torch.ones_like(y))
-    return {"bytes_sent": log.bytes_sent, "by_op": log.by_op(), "activation_bytes": activations}
+    return {"bytes_sent": log.bytes_sent, "by_op": log.by_op(), "activation_bytes": activations,
+            "param_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}

@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from minipar.course.plotting import RANK_COLOURS
+from minipar.course.plotting import RANK_COLOURS, save_figure
 
 from .tour import COLLECTIVES, busiest_rank_traffic, run_collectives
 
@@ -99,9 +99,7 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
 
 
 def _save(fig, path):
-    import matplotlib.pyplot as plt
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight")
 
 
 def make_collectives(path):

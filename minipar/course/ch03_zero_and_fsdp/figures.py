@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from minipar.memory import saved_activation_bytes
+
 __all__ = ["ThreeLayers", "la_lb_lc_recipe", "la_lb_lc_rank", "run_la_lb_lc", "draw_la_lb_lc", "memory_recipe",
            "run_memory", "measure_stages_with_activations", "ring_and_gloo", "draw_memory", "FIGURES"]
 
@@ -131,20 +133,12 @@ def run_memory(world_size: int = 4) -> dict:
 
 
 def _counting_activations(loss, sink: list):
-    """``loss`` that also appends to ``sink`` the bytes autograd saved for backward during its forward,
-    each storage once, the parameters left out (autograd keeps them by reference; under ZeRO-3 they are
-    the gathered views, whose storage is checked when each tensor is saved)."""
+    """``loss`` that also appends to ``sink`` the bytes autograd saved for backward during its forward
+    (:func:`minipar.memory.saved_activation_bytes`), the parameters left out: under ZeRO-3 they are the
+    gathered views, so they are looked up at each save (``exclude=model.parameters``)."""
     def counted(model, x, y):
-        saved = {}
-
-        def pack(t):
-            st = t.untyped_storage()
-            if st.nbytes() and st.data_ptr() not in {p.untyped_storage().data_ptr() for p in model.parameters()}:
-                saved[st.data_ptr()] = st.nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = loss(model, x, y)
-        sink.append(sum(saved.values()))
+        out, saved = saved_activation_bytes(loss, model, x, y, exclude=model.parameters)
+        sink.append(saved)
         return out
     return counted
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from minipar.check import gpt_recipe
+from minipar.course.plotting import save_figure
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.runtime import measured_idle_fraction, step_rows, typical_step
@@ -206,14 +207,8 @@ def side_by_side(ours: list, theirs: list, width: int = 7, per_line: int = 16) -
     return "\n".join(out)
 
 
-def _save(fig, path):
-    fig.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-
-
 FIGURES = {
-    "04_schedules.png": lambda path: _save(draw_schedules(), path),
-    "04_measured_timelines.png": lambda path: _save(draw_measured(run_timelines()), path),
-    "04_activation_memory.png": lambda path: _save(draw_memory(memory_runs()), path),
+    "04_schedules.png": lambda path: save_figure(draw_schedules(), path),
+    "04_measured_timelines.png": lambda path: save_figure(draw_measured(run_timelines()), path),
+    "04_activation_memory.png": lambda path: save_figure(draw_memory(memory_runs()), path),
 }

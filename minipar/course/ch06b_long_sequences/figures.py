@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 
-from minipar.course.plotting import rank_colour
+from minipar.course.plotting import rank_colour, save_figure
 from minipar.launcher import launch
 from minipar.models import GPTConfig
 from minipar.sequence import ring_attention, ulysses
@@ -148,9 +148,7 @@ def draw_load_balance(data):
 
 
 def _save(fig, path):
-    import matplotlib.pyplot as plt
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _memory_figure(path):

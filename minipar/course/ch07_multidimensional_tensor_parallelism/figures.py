@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from minipar.course.plotting import save_figure
 from minipar.launcher import launch
 
 __all__ = ["owners", "draw_grids", "summa_trace", "draw_summa", "alpha_beta_table", "draw_alpha_beta",
@@ -161,12 +162,7 @@ def draw_alpha_beta(token_counts=(16384, 2048, 256), hidden: int = 8192):
 
 
 def _save(draw):
-    def make(path):
-        fig = draw()
-        fig.savefig(path, dpi=100, bbox_inches="tight")
-        import matplotlib.pyplot as plt
-        plt.close(fig)
-    return make
+    return lambda path: save_figure(draw(), path, dpi=100, bbox_inches="tight")
 
 
 FIGURES = {"07_grids.png": _save(draw_grids), "07_summa_steps.png": _save(draw_summa),

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from minipar.course.plotting import save_figure
 from minipar.precision.formats import FORMATS, FP16, decompose, round_to, spacing, vanishing_ratio
 
 __all__ = ["draw_bit_layouts", "draw_ranges", "draw_spacing", "gradient_log2_values", "fp16_flushed_fraction",
@@ -130,40 +131,25 @@ def draw_vanishing_ratios(ax, fmt=FP16, lo: float = 0.5, hi: float = 4.0, n: int
     ax.set_title(f"{fmt.name}: where an update vanishes depends on where w sits between powers of two")
 
 
-def _vanishing(path):
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    draw_vanishing_ratios(ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _figure(draw, figsize, tight=True, columns=1):
+    """A figure generator: one figure of ``columns`` axes drawn by ``draw``, saved to the path it is given."""
+    def make(path):
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, columns, figsize=figsize)
+        draw(*(axes if columns > 1 else [axes]))
+        save_figure(fig, path, tight_layout=tight, bbox_inches=None if tight else "tight")
+    return make
 
 
-def _layouts(path):
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(10, 3))
-    draw_bit_layouts(ax)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _ranges(path):
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+def _draw_ranges(a, b):
     draw_ranges(a)
     draw_spacing(b)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def _histogram(path):
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4))
-    draw_gradient_histogram(ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+_vanishing = _figure(draw_vanishing_ratios, (9, 3.5))
+_layouts = _figure(draw_bit_layouts, (10, 3), tight=False)
+_ranges = _figure(_draw_ranges, (12, 4), columns=2)
+_histogram = _figure(draw_gradient_histogram, (9, 4))
 
 
 FIGURES = {"10_bit_layouts.png": _layouts, "10_ranges_spacing.png": _ranges,

@@ -3,6 +3,7 @@ calculator's drawing), memory per device over the sequence length, the cost mode
 tour's runs measured (bytes per rank and memory), and predicted against measured step times."""
 from __future__ import annotations
 
+from minipar.course.plotting import save_figure
 from minipar.plan import Layout, Transformer, estimate
 
 __all__ = ["draw_decision_guide", "draw_memory_bars", "sweep_sequence", "draw_sequence_sweep",
@@ -163,10 +164,7 @@ def draw_step_times(rows: list, ax=None, key: str = "predicted", title: str | No
 
 
 def _save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    save_figure(fig, path, dpi=110, tight_layout=True)
 
 
 def _guide(path):
