@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from minipar.course.plotting import RANK_COLOURS
+from minipar.course.plotting import RANK_COLOURS, save_figure
 from minipar.launcher import launch
 
 __all__ = ["layer_costs", "plot_layer_memory", "FIGURES"]
@@ -55,7 +55,7 @@ def plot_layer_memory(rows):
 
 
 def _make_memory(path):
-    plot_layer_memory(layer_costs()).savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(plot_layer_memory(layer_costs()), path, dpi=110, bbox_inches="tight")
 
 
 FIGURES = {"06_tp_sp_memory.png": _make_memory}
