@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["launch", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
+__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
 
@@ -76,6 +76,21 @@ def _in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def choose_backend_and_device(requested: str, *, local_rank: int, cuda_available: bool,
+                              device_count: int) -> tuple:
+    """(backend, device) for a rank: ``"auto"`` is NCCL on GPU ``local_rank % device_count`` when CUDA is
+    available, else gloo on the CPU; ``"gloo"`` is always the CPU; ``"nccl"`` without CUDA is a ValueError.
+    Pure (the caller asks torch.cuda), so it is tested without a GPU."""
+    if requested not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {requested!r}")
+    if requested == "gloo" or (requested == "auto" and not cuda_available):
+        return "gloo", "cpu"
+    if not cuda_available or device_count < 1:
+        raise ValueError("the NCCL backend needs CUDA GPUs, and torch.cuda.is_available() is False here "
+                         "(use --backend gloo or auto to train on the CPU)")
+    return "nccl", f"cuda:{local_rank % device_count}"
+
+
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
            timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
            quiet: bool = False, stream: bool = False, wall_limit: float | None = None, **kwargs) -> list:
@@ -84,7 +99,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     ``timeout`` bounds every collective: a rank that waits longer (a deadlock) fails with
     :class:`LaunchTimeout` naming it. Ranks that compute, however long, are never stopped, unless the
     caller gives ``wall_limit`` (seconds for the whole run; ``None``, the default, means no limit).
-    ``start_method`` is ``"fork"`` on Linux by default and ``"spawn"`` elsewhere (the function then travels
+    ``start_method`` is ``"fork"`` on Linux by default and ``"spawn"`` elsewhere and with ``backend="nccl"``
+    (each rank then makes GPU ``rank % device_count`` its current device; the function travels
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
     prints nothing (the output is still attached to errors).
@@ -99,7 +115,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if wall_limit is not None and not wall_limit > 0:
         raise ValueError(f"wall_limit must be positive seconds or None, got {wall_limit!r}")
-    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    # NCCL: spawn, since a forked child cannot use CUDA once the parent has asked torch.cuda about the GPUs
+    method = start_method or ("fork" if sys.platform.startswith("linux") and backend != "nccl" else "spawn")
     if method == "fork":
         # torch.optim imports torch._dynamo lazily on the first optimizer; import it once here, or every
         # forked rank pays seconds of CPU for it on each launch.
@@ -247,6 +264,8 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
     sys.stdout = sys.stderr = out
     os.environ["LOCAL_RANK"] = str(rank)  # what torchrun would set, for code that reads it
     try:
+        if backend == "nccl":  # NCCL: one GPU per rank, current before the group is created
+            torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))   # no GPU: torch says so
         fn, args, kwargs = direct if direct is not None else _loads(payload)
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,

@@ -45,7 +45,7 @@ class Mesh:
             shown = " x ".join(f"{d}={s}" for d, s in self.sizes.items() if s > 1) or "1"
             raise ValueError(f"mesh {shown} has {product} ranks but world_size is {world_size}: "
                              f"the dimension sizes must multiply to the world size")
-        self.grid = torch.arange(world_size).view(*self.sizes.values())
+        self.grid = torch.arange(world_size, device="cpu").view(*self.sizes.values())   # host-side bookkeeping
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{d}={s}" for d, s in self.sizes.items() if s > 1)

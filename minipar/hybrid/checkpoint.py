@@ -8,14 +8,15 @@ random-number state. On disk::
     DIR/step-00000004/manifest.json  format, step, layout it was saved from, model config, dtype, and for
                                      every file its size, SHA-256 and the tensors it holds with their shapes
     DIR/step-00000004/stage-0.pt     one shard per pipeline stage of the saving layout: that stage's
-    DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL tensors, reference names
+    DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL CPU tensors, reference names
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
 
 A shard holds full tensors: the tensor-parallel pieces are gathered over the tp group (``to_full``) and
 ZeRO-1's flat optimizer shards over the dp group before the first data-parallel replica writes them. A
 loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
 rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
-buffer. So any layout loads any other: the manifest names tensors, not ranks.
+buffer. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
+device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
 has written, then replaces ``latest``. A crash before that leaves ``latest`` pointing at the previous,
@@ -55,8 +56,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the file and what is wrong with it."""
 
 
-def _barrier() -> None:
-    comm.all_reduce(torch.zeros(1))                    # every rank of the world, through the logged wrapper
+def _barrier(device) -> None:
+    comm.all_reduce(torch.zeros(1, device=device))     # every rank of the world, through the logged wrapper
 
 
 def _optimizer_pieces(trainer) -> tuple:
@@ -97,16 +98,16 @@ def save(trainer, directory: str, step: int, *, crash_rank: int | None = None) -
         params, states = {}, {}
         for p in stage.parameters():
             name = trainer.names[id(p)]
-            params[name] = to_full(p, layouts[id(p)], tp_group)
+            params[name] = to_full(p, layouts[id(p)], tp_group).cpu()          # files hold CPU tensors
             for k, v in pieces.get(id(p), {}).items():
-                states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group)
+                states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group).cpu()
         shards[s] = {"params": params, "optimizer": states}
     root = os.path.join(directory, f"step-{step:08d}")
     partial = root + ".partial"
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _barrier()
+    _barrier(trainer.device)
     if trainer.mesh.coord("dp") == 0 and tp_rank(tp_group) == 0:
         for s, shard in shards.items():
             path = os.path.join(partial, f"stage-{s}.pt")
@@ -116,7 +117,7 @@ def save(trainer, directory: str, step: int, *, crash_rank: int | None = None) -
                     f.flush()
                 os.kill(os.getpid(), 9)
             torch.save(shard, path)
-    _barrier()
+    _barrier(trainer.device)
     if rank == 0:
         torch.save({"torch": torch.get_rng_state()}, os.path.join(partial, "rng.pt"))
         _write_manifest(trainer, partial, step, scalars)
@@ -127,7 +128,7 @@ def save(trainer, directory: str, step: int, *, crash_rank: int | None = None) -
         with open(tmp, "w") as f:
             f.write(os.path.basename(root))
         os.replace(tmp, os.path.join(directory, "latest"))
-    _barrier()
+    _barrier(trainer.device)
     return root
 
 
@@ -224,7 +225,7 @@ def load(trainer, directory: str) -> int:
     def full(kind, name, key=None):
         path = files[name]
         if path not in cache:
-            cache[path] = torch.load(path, weights_only=True)
+            cache[path] = torch.load(path, weights_only=True, map_location=trainer.device)
         shard = cache[path]
         return shard["params"][name] if kind == "params" else shard["optimizer"][key][name]
 
@@ -238,10 +239,11 @@ def load(trainer, directory: str) -> int:
             p.copy_(to_shard(full("params", trainer.names[id(p)]), layouts[id(p)], r, t).to(dtype))
     pieces = {k: {id(p): to_shard(full("optimizer", trainer.names[id(p)], k), layouts[id(p)], r, t).to(dtype)
                   for p in trainer.params} for k in keys}
-    scalars = {k: torch.tensor(v, dtype=torch.float32) for k, v in manifest["optimizer_scalars"].items()}
+    # Adam's step count stays on the CPU (torch keeps it there unless the optimizer is capturable or fused)
+    scalars = {k: torch.tensor(v, dtype=torch.float32, device="cpu") for k, v in manifest["optimizer_scalars"].items()}
     if keys:
         _set_optimizer_state(trainer, pieces, scalars)
-    torch.set_rng_state(torch.load(os.path.join(folder, "rng.pt"), weights_only=True)["torch"])
+    torch.set_rng_state(torch.load(os.path.join(folder, "rng.pt"), weights_only=True, map_location="cpu")["torch"])
     return manifest["step"]
 
 

@@ -7,7 +7,11 @@
     torchrun --nproc_per_node=8 -m minipar train --dp 2 --pp 2 --tp 2         # torchrun's ranks instead
 
 It starts dp·pp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
-this process's rank. Progress (step, loss, tokens/s) goes to standard error as it happens; ``--json`` prints
+this process's rank. ``--backend auto`` (the default) is NCCL with one GPU per rank (GPU ``LOCAL_RANK``) when
+CUDA is available, else gloo on the CPU; ``--backend gloo`` is always the CPU; ``--backend nccl`` without a GPU,
+or a local launch of more ranks than GPUs, exits with code 2. The CUDA path is written and checked on CPU by a
+device watch (tests/test_device_path.py: every tensor the step creates names its device); it has not yet run
+on a GPU. Progress (step, loss, tokens/s) goes to standard error as it happens; ``--json`` prints
 one JSON object per step on standard output (``step``, ``loss``, ``tokens_per_s``, ``seconds``), so two
 layouts can be compared by a script. ``--steps N`` trains until global step N; ``--resume DIR`` starts from
 the step saved in DIR. Bad flags and layouts that cannot work exit with code 2 before any process starts.
@@ -20,11 +24,13 @@ import os
 import time
 
 import torch
+import torch.distributed as dist
 
+from ..launcher import choose_backend_and_device
 from . import checkpoint
 from .parallel3d import SCHEDULES, Trainer3D, validate
 
-__all__ = ["main", "build_parser", "make_recipe", "train_rank"]
+__all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -53,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end")
     train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout)")
     train.add_argument("--json", action="store_true", help="one JSON object per step on standard output")
-    train.add_argument("--backend", default="gloo", choices=("gloo",),
-                       help="torch.distributed backend; the model and the pipeline's receive buffers live on the "
-                            "CPU, so gloo only (NCCL needs them on the GPU)")
+    train.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                       help="auto: NCCL on one GPU per rank when CUDA is available, else gloo on the CPU; gloo: "
+                            "the CPU; nccl: the GPUs (an error without them). The GPU path is checked on CPU "
+                            "by a device watch, not yet run on a GPU")
     train.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait")
     return p
 
@@ -68,11 +75,21 @@ def make_recipe(args):
     return recipe
 
 
+def cuda_facts(backend: str) -> dict:
+    """What torch.cuda says, asked only if ``backend`` may use a GPU: a forked gloo rank never touches CUDA."""
+    ask = backend != "gloo" and torch.cuda.is_available()
+    return dict(cuda_available=ask, device_count=torch.cuda.device_count() if ask else 0)
+
+
 def train_rank(rank: int, world_size: int, recipe, *, layout: dict, steps: int, save: str | None = None,
                resume: str | None = None, as_json: bool = False, out_fd: int = 1, err_fd: int = 2) -> list:
-    """One rank of the command: build the mesh and the model, load, train to ``steps``, save. The rank that
-    holds the loss first (last stage, dp 0, tp 0) writes the progress lines. Returns [(step, loss)]."""
-    trainer = Trainer3D(rank, world_size, recipe, **layout)
+    """One rank of the command: build the mesh and the model on this rank's device (its process group's
+    backend and ``LOCAL_RANK``), load, train to ``steps``, save. The rank that holds the loss first (last
+    stage, dp 0, tp 0) writes the progress lines. Returns [(step, loss)]."""
+    backend = dist.get_backend()                 # what the launcher or torchrun started
+    _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                                          **cuda_facts(backend))
+    trainer = Trainer3D(rank, world_size, recipe, **layout, device=device)
     start = checkpoint.load(trainer, resume) if resume else 0
     reporter = trainer.mesh.is_last_stage and trainer.coords[0] == 0 and trainer.coords[2] == 0
     tokens = recipe.batches[0][0].numel()
@@ -119,7 +136,14 @@ def main(argv=None) -> int:
             parser.error(f"cannot resume: {exc}")
         if saved["step"] >= args.steps:
             parser.error(f"--steps {args.steps}: the checkpoint in {args.resume} is already at step {saved['step']}")
-    backend = args.backend
+    try:
+        backend, _ = choose_backend_and_device(args.backend, local_rank=0, **cuda_facts(args.backend))
+    except ValueError as exc:
+        parser.error(f"--backend {args.backend}: {exc}")
+    gpus = cuda_facts(backend)["device_count"]
+    if backend == "nccl" and not torchrun and world_size > gpus:
+        parser.error(f"--backend {args.backend}: {world_size} ranks but {gpus} GPU(s) here, and NCCL cannot put two "
+                     f"ranks on one GPU (use --backend gloo, or torchrun across machines)")
     from ..launcher import launch
     fds = (1, 2) if torchrun else (os.dup(1), os.dup(2))     # the ranks write progress to our stdout/stderr
     try:

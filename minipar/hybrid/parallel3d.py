@@ -157,14 +157,19 @@ class HybridRun(RunResult):
 
 class Trainer3D:
     """One rank of a dp × pp × tp run: builds the groups, the TP model, this rank's stages, the schedule and
-    the DP reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch."""
+    the DP reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
+
+    ``device``: where this rank computes ("cpu" with gloo, "cuda:<local rank>" with NCCL). The model is built
+    on the CPU (the reference's initial weights), then moved; everything a step creates that meets a
+    collective or a parameter is created there (receive buffers, batch shards, the loss, dropout streams)."""
 
     def __init__(self, rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int,
-                 sp: bool = False, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1):
-        self.recipe, self.m, self.zero_stage = recipe, micro_batches, zero
+                 sp: bool = False, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
+                 device="cpu"):
+        self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
         self.mesh = Mesh(world_size, dp=dp, pp=pp, tp=tp).build(rank)
         self.dp_group, self.tp_group = self.mesh.group("dp"), self.mesh.group("tp")
-        ref = recipe.model().to(recipe.dtype)
+        ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
         n_stages = pp * v
@@ -177,8 +182,8 @@ class Trainer3D:
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
         self.runner = HybridPipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
-                                         shapes, t0=synced_clock(None),   # one time axis for all ranks
-                                         tp_group=self.tp_group, vocab_size=ref.cfg.vocab_size)
+                                         shapes, t0=synced_clock(None, self.device),   # one time axis
+                                         device=self.device, tp_group=self.tp_group, vocab_size=ref.cfg.vocab_size)
         if zero == 1:
             self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
                              units=list(self.stages.values()))
@@ -203,7 +208,7 @@ class Trainer3D:
     def step(self, inputs, targets, index: int = 0):
         """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
         stage's ranks, None elsewhere."""
-        x, y = shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp"))
+        x, y = (t.to(self.device) for t in shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp")))
         self.zero_grad()
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
             loss = self.runner.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
@@ -222,15 +227,15 @@ class Trainer3D:
         if loss is None:
             return None
         # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
-        return mean_over_ranks(torch.tensor(loss, dtype=torch.float64), self.dp_group)
+        return mean_over_ranks(torch.tensor(loss, dtype=torch.float64, device=self.device), self.dp_group)
 
     def full_params(self) -> dict:
-        """{reference name: full tensor} of this rank's stages (TP shards gathered: a collective over tp)."""
+        """{reference name: full CPU tensor} of this rank's stages (TP shards gathered: a collective over tp)."""
         full = self.model.full_state_dict()
         mine = set(self.names.values())
         # clone: with tp = 1 full_state_dict hands back row-parallel weights themselves (all_gather_dim
         # returns its input), which the next optimizer step would change under the caller
-        return {n: t.clone() for n, t in full.items() if n in mine}
+        return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
     def model_state_bytes(self) -> int:
         opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
@@ -240,11 +245,11 @@ class Trainer3D:
 
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int, sp: bool = False,
                    zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
-                   track_memory: bool = False) -> HybridRun:
-    """Train ``recipe`` on this rank of a dp × pp × tp mesh; return its losses (last stage only), its stages'
-    full parameters and what it measured."""
+                   track_memory: bool = False, device="cpu") -> HybridRun:
+    """Train ``recipe`` on this rank of a dp × pp × tp mesh (on ``device``); return its losses (last stage
+    only, floats), its stages' full parameters (CPU tensors) and what it measured."""
     t = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v)
+                  micro_batches=micro_batches, v=v, device=device)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):
         start = time.perf_counter()
@@ -270,10 +275,13 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: i
 
 def run(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
         schedule: str = "1f1b", micro_batches: int = 4, v: int = 1, track_memory: bool = False,
-        quiet: bool = True, timeout: float = 120.0) -> list:
-    """Validate the layout, then train on ``world_size`` ranks; return the per-rank :class:`HybridRun`."""
+        device="cpu", quiet: bool = True, timeout: float = 120.0) -> list:
+    """Validate the layout, then train on ``world_size`` ranks; return the per-rank :class:`HybridRun`.
+    ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
     from ..launcher import launch
     validate(recipe, world_size=world_size, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
              micro_batches=micro_batches, v=v)
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     return launch(parallel_train, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v, track_memory=track_memory, quiet=quiet, timeout=timeout)
+                  micro_batches=micro_batches, v=v, track_memory=track_memory, device=device, backend=backend,
+                  quiet=quiet, timeout=timeout)

@@ -60,19 +60,19 @@ class PipelineRun(RunResult):
     overruns: int = 0            # paced: actions whose compute outlasted their slot
 
 
-def synced_clock(group=None) -> float:
-    """Rank 0's ``perf_counter`` now, broadcast: timelines of all ranks on one time axis (one machine)."""
-    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
+def synced_clock(group=None, device="cpu") -> float:
+    """Rank 0's ``perf_counter`` now, broadcast (on ``device``): all ranks' timelines on one time axis."""
+    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64, device=device)
     comm.broadcast(t0, src=torch.distributed.get_process_group_ranks(group)[0] if group else 0, group=group)
     return float(t0)
 
 
 class PipelineRank:
-    """One rank's part of the pipeline: its stages, its action list, its messages."""
+    """One rank's part of the pipeline: its stages, its action list, its messages (received on ``device``)."""
 
     def __init__(self, schedule: Schedule, stages: dict, mesh: RankMesh, shapes: list,
-                 recompute: bool = False, t0: float = 0.0):
-        self.schedule, self.stages, self.shapes = schedule, stages, shapes
+                 recompute: bool = False, t0: float = 0.0, device="cpu"):
+        self.schedule, self.stages, self.shapes, self.device = schedule, stages, shapes, torch.device(device)
         self.pp_ranks, self.group = mesh.ranks("pp"), mesh.group("pp")
         self.actions = schedule.actions[mesh.coord("pp")]
         self.recompute, self.t0 = recompute, t0
@@ -107,13 +107,14 @@ class PipelineRank:
         else:
             shape, dtype = self.shapes[stage + 1]
             src = stage + 1
-        buf, tag = torch.empty(shape, dtype=dtype), self.tag(what, stage if what == "act" else stage + 1, microbatch)
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        tag = self.tag(what, stage if what == "act" else stage + 1, microbatch)
         start = self.clock()
         comm.irecv(buf, self.peer(src), self.group, tag).wait()
         self.input_arrived = self.clock()
         self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.input_arrived))
         if self.pace is not None:      # paced: the slot starts when the sender's slot ended (sent along)
-            sent = torch.empty(1, dtype=torch.float64)
+            sent = torch.empty(1, dtype=torch.float64, device=self.device)
             comm.irecv(sent, self.peer(src), self.group, tag + SENT_AT_TAG).wait()
             self.input_arrived = float(sent)
         return buf
@@ -135,7 +136,7 @@ class PipelineRank:
         for t, dst, tag, to_stage, mb in self.deferred:
             now = self.clock()
             self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
-            sent = torch.tensor([self.slot_end], dtype=torch.float64)
+            sent = torch.tensor([self.slot_end], dtype=torch.float64, device=self.device)
             self.pending_sends.append((comm.isend(sent, dst, self.group, tag + SENT_AT_TAG), sent))
             self.timeline.append((self.step_index, "send", to_stage, mb, now, self.clock()))
         self.deferred = []

@@ -1,13 +1,15 @@
 """minipar's 3D layout against the same layout in PyTorch's own pieces, side by side on CPU ranks (gloo).
 
-    python -m minipar bench torch3d                          # dp × pp × tp = 2×1×2 (4 ranks), then 2×2×2 (8)
+    python -m minipar bench torch3d                          # dp × pp × tp = 2×1×2 (4 ranks), 2×2×2 (8), then
+                                                             # 2×2×2v2: interleaved 1F1B, 2 stages per rank
     python -m minipar bench torch3d --layouts 2x2x2 --json   # one JSON object per layout
     python -m minipar bench torch3d --fsdp                   # PyTorch's dp as fully_shard (ZeRO-3) instead
 
 On every rank both trainers are built from the same TinyGPT and recipe: minipar's
 :class:`~minipar.hybrid.parallel3d.Trainer3D` (its Mesh, TP layers, pipeline runtime and DDP Reducer) and
 :class:`~.torch_side.TorchTrainer3D` (``init_device_mesh``, ``parallelize_module``, FSDP2's ``replicate`` or
-``fully_shard`` over the dp sub-mesh, ``PipelineStage`` + ``Schedule1F1B``, ``loss_parallel``). One step of
+``fully_shard`` over the dp sub-mesh, ``PipelineStage`` + ``Schedule1F1B`` or, for a layout written ``…v2``,
+``ScheduleInterleaved1F1B`` against minipar's interleaved schedule, ``loss_parallel``). One step of
 each (zero_grad, the pipeline schedule with the TP collectives, the dp gradient reduction, Adam, the loss
 averaged over dp) is timed between barriers by :func:`minipar.course.bench.alternating_medians`, the two
 alternating step by step; each trains its own copy on the same batch, so their losses stay equal (printed).
@@ -32,19 +34,19 @@ def _recipe(layers, embd, batch, seq):
 
 
 def bench_rank(rank, world_size, dp=2, pp=2, tp=2, micro_batches=4, layers=4, embd=128, batch=16, seq=64,
-               iters=10, warmup=2, data_parallel="replicate"):
+               iters=10, warmup=2, data_parallel="replicate", v=1):
     """On each rank: {name: median step seconds} and the losses each trainer saw (last stage)."""
     from minipar.course.bench import alternating_medians
     from minipar.hybrid.parallel3d import Trainer3D
 
     from .torch_side import TorchTrainer3D
     m = micro_batches if pp > 1 else 1
-    schedule = "1f1b" if pp > 1 else "gpipe"
+    schedule = "interleaved" if v > 1 else "1f1b" if pp > 1 else "gpipe"
     recipe = _recipe(layers, embd, batch, seq)
     x, y = recipe.batches[0]
-    ours = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule)
+    ours = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule, v=v)
     theirs = TorchTrainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule,
-                            data_parallel=data_parallel)
+                            data_parallel=data_parallel, v=v)
     losses = {"minipar": [], "torch": []}
 
     def step(name, trainer):
@@ -58,23 +60,24 @@ def bench_rank(rank, world_size, dp=2, pp=2, tp=2, micro_batches=4, layers=4, em
     return {"medians": medians, "losses": losses}
 
 
-def run(layout=(2, 2, 2), quiet=True, **kwargs) -> dict:
+def run(layout=(2, 2, 2), quiet=True, v=1, **kwargs) -> dict:
     """Launch :func:`bench_rank` on dp·pp·tp ranks; medians (every rank's: the barriers make them the slowest
     rank's), their ratio, and the largest loss difference between the two trainers step by step."""
     from minipar.launcher import launch
     dp, pp, tp = layout
-    per_rank = launch(bench_rank, dp * pp * tp, dp=dp, pp=pp, tp=tp, quiet=quiet, timeout=300, **kwargs)
+    per_rank = launch(bench_rank, dp * pp * tp, dp=dp, pp=pp, tp=tp, v=v, quiet=quiet, timeout=300, **kwargs)
     last = next(r for r in per_rank if r["losses"]["minipar"])
     diffs = [abs(a - b) for a, b in zip(last["losses"]["minipar"], last["losses"]["torch"])]
     med = per_rank[0]["medians"]
-    return {"layout": f"{dp}x{pp}x{tp}", "ranks": dp * pp * tp, "minipar_ms": round(1e3 * med["minipar"], 2),
+    return {"layout": f"{dp}x{pp}x{tp}" + (f"v{v}" if v > 1 else ""), "ranks": dp * pp * tp, "minipar_ms": round(1e3 * med["minipar"], 2),
             "torch_ms": round(1e3 * med["torch"], 2), "ratio_minipar_over_torch": round(med["minipar"] / med["torch"], 3),
             "steps": len(diffs), "max_loss_diff": max(diffs), "last_loss": last["losses"]["torch"][-1]}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipar bench torch3d", description=__doc__.splitlines()[0])
-    parser.add_argument("--layouts", default="2x1x2,2x2x2", help="comma-separated dp x pp x tp")
+    parser.add_argument("--layouts", default="2x1x2,2x2x2,2x2x2v2",
+                        help="comma-separated dp x pp x tp; a suffix vN: interleaved, N stages per pp rank")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--embd", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
@@ -89,9 +92,10 @@ def main(argv=None) -> int:
         print(f"TinyGPT {a.layers}L/{a.embd}h, vocab 256, global batch {a.batch}x{a.seq}, Adam, float32, CPU "
               f"ranks (gloo); {a.iters} alternating steps; torch dp = {dp_kind}")
     for text in a.layouts.split(","):
-        layout = tuple(int(v) for v in text.lower().split("x"))
-        row = run(layout, micro_batches=a.micro_batches, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq,
-                  iters=a.iters, data_parallel=dp_kind)
+        dims, _, v = text.lower().partition("v")
+        layout = tuple(int(d) for d in dims.split("x"))
+        row = run(layout, v=int(v or 1), micro_batches=a.micro_batches, layers=a.layers, embd=a.embd,
+                  batch=a.batch, seq=a.seq, iters=a.iters, data_parallel=dp_kind)
         row["torch_dp"] = dp_kind
         if a.json:
             print(json.dumps(row))

@@ -1,6 +1,7 @@
 """Chapter 08's layout in PyTorch's own pieces (DeviceMesh, parallelize_module, FSDP2 replicate / fully_shard,
-torch.distributed.pipelining, loss_parallel) trains like one device and like minipar's run of the same layout,
-in float64; DDP over a TP'd model is refused (the message kept here). Equality only: no timing asserted."""
+torch.distributed.pipelining: GPipe, 1F1B and Interleaved1F1B with v = 2, loss_parallel) trains like one device
+and like minipar's run of the same layout, in float64; DDP over a TP'd model is refused (the message kept
+here). Equality only: no timing asserted."""
 import pytest
 import torch
 
@@ -19,9 +20,11 @@ def test_separate_qkv_model_is_the_same_function():
     torch.testing.assert_close(torch_side.TorchGPT(ref)(x), ref(x), atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("dp,pp,tp,m,schedule", [(2, 1, 2, 1, "gpipe"), (2, 2, 2, 4, "1f1b")])
-def test_torch_layout_equals_minipar_and_one_device(dp, pp, tp, m, schedule):
-    out = torch_side.side_by_side(recipe(3), dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule)
+@pytest.mark.parametrize("dp,pp,tp,m,schedule,v", [(2, 1, 2, 1, "gpipe", 1), (2, 2, 2, 4, "1f1b", 1),
+                                                    (2, 2, 2, 4, "interleaved", 2)])
+def test_torch_layout_equals_minipar_and_one_device(dp, pp, tp, m, schedule, v):
+    # interleaved: PyTorch's ScheduleInterleaved1F1B, two stages (one block each) per pp rank, against minipar's
+    out = torch_side.side_by_side(recipe(3), dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule, v=v)
     for key in ("minipar_vs_one_device", "torch_vs_one_device", "minipar_vs_torch"):
         c = out[key]
         assert c.matches and c.max_abs_diff < TOL, (key, str(c))

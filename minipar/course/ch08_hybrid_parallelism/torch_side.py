@@ -5,6 +5,7 @@
     parallelize_module(stage, mesh["tp"], plan)     ColwiseParallel q, k, v, fc / RowwiseParallel proj: ch. 05
     fully_shard(block / stage, mesh=mesh["dp"])     FSDP2 over the data-parallel sub-mesh: ch. 03 (ZeRO-3)
     PipelineStage + Schedule1F1B / ScheduleGPipe    over mesh["pp"]: ch. 04's runtime
+      / ScheduleInterleaved1F1B (v stages per rank)  stage s on pp rank s % pp, as minipar's interleaved
     loss_parallel()                                 cross-entropy on the vocabulary-sharded logits: ch. 05
 
 The model is :class:`TorchGPT`, minipar's :class:`~minipar.models.TinyGPT` with the fused QKV Linear cut into
@@ -128,37 +129,46 @@ class TorchTrainer3D:
     :class:`minipar.hybrid.parallel3d.Trainer3D`."""
 
     def __init__(self, rank, world_size, recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b",
-                 data_parallel: str = "replicate"):
+                 data_parallel: str = "replicate", v: int = 1):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor.parallel import parallelize_module
         self.mesh = init_device_mesh("cpu", (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
         self.dp, self.pp, self.m = dp, pp, micro_batches
         self.dp_rank, self.pp_rank = self.mesh.get_local_rank("dp"), self.mesh.get_local_rank("pp")
-        model = TorchGPT(recipe.model().to(recipe.dtype)).stage(self.pp_rank, pp)
-        plan = {k: v for k, v in tp_plan().items() if k.startswith("blocks") or getattr(model, k) is not None}
-        if tp > 1:
-            parallelize_module(model, self.mesh["tp"], plan)
-        self.model = model
         if data_parallel not in ("fsdp", "replicate"):
             raise ValueError(f"data_parallel must be 'fsdp' or 'replicate', got {data_parallel!r}")
-        if dp > 1:      # one unit per block, the rest in the root, over the dp sub-mesh
-            if data_parallel == "fsdp":              # FSDP2: parameters sharded over dp (ZeRO-3, chapter 03)
-                wrap = lambda m: fully_shard(m, mesh=self.mesh["dp"], reshard_after_forward=pp == 1)  # noqa: E731
-            else:                                    # replicated, gradients all-reduced (DDP, chapter 02)
-                from torch.distributed._composable.replicate_with_fsdp import replicate
-                wrap = lambda m: replicate(m, mesh=self.mesh["dp"])                                   # noqa: E731
-            for block in model.blocks.values():
-                wrap(block)
-            wrap(model)
-        self.module, self.optimizer = model, recipe.optimizer(self.model.parameters())
+        n_stages = pp * v                                 # interleaved (v > 1): stages r, r + pp, ... on rank r
+        self.modules = {s: TorchGPT(recipe.model().to(recipe.dtype)).stage(s, n_stages)
+                        for s in range(self.pp_rank, n_stages, pp)}
+        for model in self.modules.values():
+            plan = {k: p for k, p in tp_plan().items() if k.startswith("blocks") or getattr(model, k) is not None}
+            if tp > 1:
+                parallelize_module(model, self.mesh["tp"], plan)
+            if dp > 1:      # one unit per block, the rest in the root, over the dp sub-mesh
+                if data_parallel == "fsdp":              # FSDP2: parameters sharded over dp (ZeRO-3, chapter 03)
+                    wrap = lambda m: fully_shard(m, mesh=self.mesh["dp"], reshard_after_forward=pp == 1)  # noqa: E731
+                else:                                    # replicated, gradients all-reduced (DDP, chapter 02)
+                    from torch.distributed._composable.replicate_with_fsdp import replicate
+                    wrap = lambda m: replicate(m, mesh=self.mesh["dp"])                                   # noqa: E731
+                for block in model.blocks.values():
+                    wrap(block)
+                wrap(model)
+        self.model = self.modules[self.pp_rank]           # the only one unless interleaved
+        params = [p for model in self.modules.values() for p in model.parameters()]
+        self.optimizer = recipe.optimizer(params)
         self.last = self.pp_rank == pp - 1
         self.schedule = None
         if pp > 1:
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-            stage = PipelineStage(self.model, self.pp_rank, pp, torch.device("cpu"), group=self.mesh["pp"].get_group())
-            kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
-            self.schedule = kind(stage, n_microbatches=micro_batches, loss_fn=lm_loss_parallel)
+            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                      ScheduleInterleaved1F1B)
+            stages = [PipelineStage(model, s, n_stages, torch.device("cpu"), group=self.mesh["pp"].get_group())
+                      for s, model in self.modules.items()]
+            if schedule == "interleaved":
+                self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=lm_loss_parallel)
+            else:
+                kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
+                self.schedule = kind(stages[0], n_microbatches=micro_batches, loss_fn=lm_loss_parallel)
 
     def step(self, inputs, targets):
         from torch.distributed.tensor.parallel import loss_parallel
@@ -189,7 +199,7 @@ class TorchTrainer3D:
         """{reference name: full tensor} of this rank's stage (a collective over dp and tp: every rank calls
         it); q, k, v glued back into the fused ``qkv``."""
         full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-                for n, p in self.module.named_parameters()}
+                for model in self.modules.values() for n, p in model.named_parameters()}
         out = {}
         for name, t in full.items():
             if ".attn.q." in name:
@@ -201,20 +211,20 @@ class TorchTrainer3D:
 
 
 def torch_train(rank, world_size, recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b",
-                data_parallel="replicate") -> RunResult:
+                data_parallel="replicate", v=1) -> RunResult:
     """Train ``recipe`` on this rank of PyTorch's dp × pp × tp layout; a :class:`RunResult` like minipar's."""
     t = TorchTrainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches,
-                       schedule=schedule, data_parallel=data_parallel)
+                       schedule=schedule, data_parallel=data_parallel, v=v)
     losses = [t.step(x, y) for x, y in recipe.batches]
     losses = losses if t.last else None
     return RunResult([float(l) for l in losses] if losses else None, t.full_params())
 
 
-def torch_run(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", data_parallel="replicate",
+def torch_run(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", data_parallel="replicate", v=1,
               timeout=120.0) -> list:
     """Launch :func:`torch_train` on dp·pp·tp ranks; the per-rank :class:`RunResult`."""
     return launch(torch_train, dp * pp * tp, recipe, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches,
-                  schedule=schedule, data_parallel=data_parallel, quiet=True, timeout=timeout)
+                  schedule=schedule, data_parallel=data_parallel, v=v, quiet=True, timeout=timeout)
 
 
 def _merged(runs) -> RunResult:
@@ -227,14 +237,14 @@ def _merged(runs) -> RunResult:
     return RunResult(losses, params)
 
 
-def side_by_side(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b") -> dict:
+def side_by_side(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", v=1) -> dict:
     """Train ``recipe`` on one device, with minipar's 3D layout and with PyTorch's; compare each with one
     device and the two with each other (max |Δ| over losses and parameters)."""
     from minipar.hybrid.parallel3d import run
     ref = train_reference(recipe)
     ours = run(recipe, world_size=dp * pp * tp, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches,
-               schedule=schedule)
-    theirs = torch_run(recipe, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches, schedule=schedule)
+               schedule=schedule, v=v)
+    theirs = torch_run(recipe, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches, schedule=schedule, v=v)
     return {"minipar_vs_one_device": compare(ref, ours, dtype=recipe.dtype),
             "torch_vs_one_device": compare(ref, theirs, dtype=recipe.dtype),
             "minipar_vs_torch": compare(_merged(theirs), ours, dtype=recipe.dtype),
