@@ -18,6 +18,10 @@ Time of one step on one device (no overlap of communication with compute: an upp
     optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO) × the cluster's
                    seconds per parameter (only when the cluster gives one: calibrated on a CPU)
 
+or, FlexFlow's way, compute measured instead of counted: ``compute_seconds`` = the step run for real with
+its communication cut (:func:`minipar.wirecut.cut_wire`: every matmul, element-wise op and optimizer step
+of this device's share, no transfer, no wait); the model then adds only the bubble and the collectives.
+
 Bytes sent per device per step (the same numbers the communication log shows, chapter by chapter):
 TP 4 all-reduces of b·s·h per layer per micro-batch (SP: all-gathers + reduce-scatters, same volume, plus
 this course's re-gather in backward), PP each micro-batch's activation forward and its gradient back at
@@ -171,7 +175,8 @@ class Estimate:
 
 
 def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision="mixed", dropout: bool = True,
-             eager: bool = False, persistent_grads: bool = True, bucket_bytes: float = 25e6) -> Estimate:
+             eager: bool = False, persistent_grads: bool = True, bucket_bytes: float = 25e6,
+             compute_seconds: float | None = None) -> Estimate:
     """Memory per device, step time and MFU of ``layout`` training ``model`` on ``cluster``.
 
     ``precision``: "mixed" (16-bit values, Adam 2 + 2 + 12 bytes), "fp32", or a
@@ -185,12 +190,12 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     prec = zero_memory._precision(precision)
     memory, psi, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
     sent, seconds = _traffic(model, cluster, layout, prec, psi, bucket_bytes)
-    compute = hardware_flops(model, layout.global_batch, layout.recompute) / (
-        layout.devices * cluster.peak_flops * cluster.flops_efficiency)
+    compute = compute_seconds if compute_seconds is not None else hardware_flops(
+        model, layout.global_batch, layout.recompute) / (layout.devices * cluster.peak_flops * cluster.flops_efficiency)
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
-    if cluster.optimizer_seconds_per_param:
+    if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
         time["optimizer"] = psi / (layout.dp if layout.zero else 1) * cluster.optimizer_seconds_per_param
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)

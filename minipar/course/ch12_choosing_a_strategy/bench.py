@@ -4,12 +4,14 @@
   beside :func:`minipar.plan.estimate` for the same layout: bytes each rank sent (the communication log)
   and memory (the measured peak).
 * :func:`calibrate` fits the α-β model of the links (send/recv between 2 ranks over gloo, sizes from 1 KiB
-  to 4 MiB, least squares of t = α + S/β) and measures, on 4 ranks at once (they share the cores), a rank's
+  to 4 MiB, least squares of t = α + S/β) and measures, on n ranks at once (they share the cores), a rank's
   forward + backward FLOP/s, the optimizer's seconds per parameter and a 4-byte all-reduce.
-* :func:`step_times` really trains the step model with DDP, ZeRO-1/2/3, GPipe and 1F1B (pp = 4), TP and
-  TP + SP (t = 4) on 4 ranks, calibrating again on the same ranks just before each, and predicts each
-  step with :func:`minipar.plan.estimate` on the calibrated cluster (and on the first calibration — one
-  thread alone × the share of cores a rank gets — to show what that missed).
+* :func:`step_times` really trains the step model with DDP, ZeRO-1/2/3, GPipe and 1F1B, TP and TP + SP on
+  n ranks (:data:`STEP_RANKS`: one per core, up to 4), calibrating again on the same ranks just before
+  each, and predicts each step with :func:`minipar.plan.estimate` two ways: compute counted (FLOPs / the
+  calibrated FLOP/s) and compute measured (the same step run with the wire cut,
+  :func:`minipar.wirecut.cut_wire`); and on the first calibration (one thread alone × the share of cores a
+  rank gets) to show what that missed.
 
     python -m minipar bench calibrate [--json] [--steps N]
 """
@@ -165,27 +167,27 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def training_flops_per_second(steps: int = 3) -> float:
+def training_flops_per_second(steps: int = 3, ranks: int = 4) -> float:
     """Effective FLOP/s of one thread, alone on the machine, training the step model (model FLOPs of a
     step / its time, best of ``steps``, optimizer included): the old calibration, kept for comparison."""
     from minipar.plan import model_flops
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, opt, x, y, loss = _local_step_model()
+        model, opt, x, y, loss = _local_step_model(ranks)
         step = lambda: (opt.zero_grad(), loss(model, x, y).backward(), opt.step())  # noqa: E731
         step()
         best = min(_timed(step) for _ in range(steps))
     finally:
         torch.set_num_threads(threads)
-    return model_flops(STEP_MODEL, STEP_BATCH // 4) / best
+    return model_flops(STEP_MODEL, STEP_BATCH // ranks) / best
 
 
-def _local_step_model():
-    """(model, optimizer, x, y, loss) of one rank's quarter of a step-model batch, no parallelism."""
+def _local_step_model(ranks: int):
+    """(model, optimizer, x, y, loss) of one rank's 1/ranks of a step-model batch, no parallelism."""
     from minipar.check import gpt_recipe
     from minipar.models import TinyGPT
-    recipe = gpt_recipe(steps=1, batch_size=STEP_BATCH // 4, seq_len=STEP_SEQ, **_cfg_kwargs())
+    recipe = gpt_recipe(steps=1, batch_size=STEP_BATCH // ranks, seq_len=STEP_SEQ, **_cfg_kwargs())
     model = TinyGPT(STEP_CONFIG)
     x, y = recipe.batches[0]
     return model, recipe.optimizer(model.parameters()), x, y, recipe.loss
@@ -193,11 +195,11 @@ def _local_step_model():
 
 def _contended(rank, world_size, repeats):
     """On every rank at once (the ranks share the cores, as in a real run): the FLOP/s of a forward and
-    backward of a quarter batch, the seconds of one Adam step per parameter, and a 4-byte all-reduce on
+    backward of a 1/n batch, the seconds of one Adam step per parameter, and a 4-byte all-reduce on
     all ranks — each the least disturbed of ``repeats`` (after a warm-up)."""
     import torch.distributed as dist
     from minipar.plan import model_flops
-    model, opt, x, y, loss = _local_step_model()
+    model, opt, x, y, loss = _local_step_model(world_size)
     n = sum(p.numel() for p in model.parameters())
     fb, adam, small = [], [], []
     tiny = torch.zeros(1)
@@ -209,63 +211,100 @@ def _contended(rank, world_size, repeats):
         dist.barrier()
         small.append(_timed(lambda: dist.all_reduce(tiny)))
     least = lambda v: min(v[1:])  # noqa: E731
-    return {"flops": model_flops(STEP_MODEL, STEP_BATCH // 4) / least(fb),
-            "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
+    out = {"flops": model_flops(STEP_MODEL, STEP_BATCH // world_size) / least(fb),
+           "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
+    for size in ALLREDUCE_SIZES:       # gloo's all-reduce itself, the median: a step pays the typical one
+        buf, times = torch.zeros(max(1, size // 4)), []
+        for _ in range(repeats + 3):
+            dist.barrier()
+            times.append(_timed(lambda: dist.all_reduce(buf)))
+        out[f"allreduce_{size}_s"] = sorted(times[1:])[len(times[1:]) // 2]
+    return out
 
 
-def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 9) -> dict:
+ALLREDUCE_SIZES = (4, 2 ** 16, 2 ** 19, 2 ** 21)       # bytes of the all-reduces calibrate() times
+
+
+def allreduce_link(cal: dict, devices: int):
+    """(β, α) of one ring step fitted to gloo's own all-reduce on ``devices`` ranks, t = 2(n-1)·α +
+    2(n-1)/n · S/β (least squares in relative error over :data:`ALLREDUCE_SIZES`); None if not measured."""
+    points = [(size, cal[f"allreduce_{size}_s"]) for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal]
+    if len(points) < 2:
+        return None
+    a, b = _fit([x for x, _ in points], [y for _, y in points])
+    return 2 * (devices - 1) / devices * b, max(a, 1e-7) / (2 * (devices - 1))
+
+
+def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 9, ranks: int | None = None) -> dict:
     """Measured on this machine: {"alpha": s, "beta": bytes/s (send/recv between 2 ranks), "flops": FLOP/s
-    of one rank's forward + backward while all 4 ranks compute, "optimizer_s_per_param": one Adam step,
-    seconds per parameter (the same way), "allreduce_small_s": a 4-byte all-reduce on 4 ranks (latency
-    alone), "alone_flops": one thread training alone (optimizer included), "matmul_flops": a bare matmul
-    on one thread, "samples": {bytes: s}}."""
+    of one rank's forward + backward while all ``ranks`` (default :data:`STEP_RANKS`) compute,
+    "optimizer_s_per_param": one Adam step, seconds per parameter (the same way), "allreduce_small_s": a
+    4-byte all-reduce on all ranks (latency alone), "allreduce_<bytes>_s": gloo's all-reduce of
+    :data:`ALLREDUCE_SIZES` bytes on all ranks (the median), "alone_flops": one thread training alone (optimizer
+    included), "matmul_flops": a bare matmul on one thread, "ranks", "samples": {bytes: s}}."""
     from minipar.launcher import launch
     times = launch(_pingpong, 2, list(sizes), repeats, quiet=True)[0]
     alpha, beta = _fit(list(times), list(times.values()))
-    ranks = launch(_contended, 4, repeats, quiet=True)
+    n = ranks or STEP_RANKS
+    ranks = launch(_contended, n, repeats, quiet=True)
     mean = lambda k: sum(r[k] for r in ranks) / len(ranks)  # noqa: E731
     return {"alpha": max(alpha, 0.0), "beta": beta, "flops": mean("flops"),
             "optimizer_s_per_param": mean("optimizer_s_per_param"), "allreduce_small_s": mean("allreduce_small_s"),
-            "alone_flops": training_flops_per_second(), "matmul_flops": flops_per_second(), "samples": times}
+            **{k: mean(k) for k in ranks[0] if k.startswith("allreduce_") and k != "allreduce_small_s"},
+            "alone_flops": training_flops_per_second(ranks=n), "matmul_flops": flops_per_second(), "ranks": n,
+            "samples": times}
 
 
-def calibrated_cluster(cal: dict, devices: int = 4, contended: bool = True) -> Cluster:
+def calibrated_cluster(cal: dict, devices: int | None = None, contended: bool = True) -> Cluster:
     """The machine as a cluster of ``devices`` ranks (one node, every link the measured α, β).
 
     ``contended=True``: a rank's FLOP/s and optimizer cost as measured while all ranks compute at once
-    (what they share — cores, caches, whatever else runs — is in the measurement), and the latency of one
-    ring step from a 4-byte all-reduce on all ranks, t / 2(n-1), when that exceeds the ping-pong α (a
-    collective waits for every rank to be scheduled, a ping-pong for one). ``False``: the first
+    (what they share — cores, caches, whatever else runs — is in the measurement), and the links as gloo's
+    own all-reduce runs over them (:func:`allreduce_link`: timed at a few sizes on all ranks, the median,
+    fitted — a collective pays gloo's algorithm and its threads' wake-ups, which a ping-pong between two
+    waiting ranks does not). Without those timings: the ping-pong's β, and a ring step's latency from a
+    4-byte all-reduce, t / 2(n-1), when that exceeds the ping-pong α. ``False``: the first
     calibration, kept to show why it missed: one thread alone, scaled by the share of cores a rank gets,
     min(1, cores / ranks), with the optimizer inside its FLOP/s."""
     import os
+    devices = devices or cal.get("ranks", 4)
     if not contended:
         share = min(1.0, (os.cpu_count() or 1) / devices)
         return Cluster(devices, 1, 16e9, cal["alone_flops"] * share, cal["beta"], cal["beta"], cal["alpha"],
                        cal["alpha"])
-    hop = max(cal["alpha"], cal["allreduce_small_s"] / (2 * (devices - 1)))    # a ring step among 4 busy ranks
-    return Cluster(devices, 1, 16e9, cal["flops"], cal["beta"], cal["beta"], hop, hop,
+    fitted = allreduce_link(cal, devices)
+    if fitted is not None:          # the collectives as gloo runs them: its all-reduce, timed and fitted
+        bw, hop = fitted
+    else:                           # a ring step among busy ranks, from send/recv and a 4-byte all-reduce
+        bw, hop = cal["beta"], max(cal["alpha"], cal["allreduce_small_s"] / (2 * (devices - 1)))
+    return Cluster(devices, 1, 16e9, cal["flops"], bw, bw, hop, hop,
                    optimizer_seconds_per_param=cal["optimizer_s_per_param"])
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Step times: the tour's strategies really run on 4 ranks vs predicted with the calibrated cluster
+# Step times: the tour's strategies really run on n ranks vs predicted with the calibrated cluster
 # ---------------------------------------------------------------------------------------------------------
 
 STEP_CONFIG = GPTConfig(n_layer=4, n_embd=128, n_head=4, vocab_size=256, block_size=64)
 STEP_BATCH, STEP_SEQ, STEP_M = 16, 64, 8
 STEP_MODEL = Transformer.from_config(STEP_CONFIG, STEP_SEQ)
-# name: the layout estimate() costs (global batch 16 sequences of 64 tokens, float32 Adam, on 4 ranks)
-STEP_LAYOUTS = {
-    "DDP": Layout(dp=4, micro_batch=4),
-    "ZeRO-1": Layout(dp=4, micro_batch=4, zero=1),
-    "ZeRO-2": Layout(dp=4, micro_batch=4, zero=2),
-    "ZeRO-3": Layout(dp=4, micro_batch=4, zero=3),
-    "GPipe": Layout(pp=4, schedule="gpipe", micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
-    "1F1B": Layout(pp=4, micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
-    "TP": Layout(tp=4, micro_batch=STEP_BATCH),
-    "TP + SP": Layout(tp=4, sp=True, micro_batch=STEP_BATCH),
-}
+# one rank per core, as one rank per GPU (more ranks than cores adds the scheduler's waits, which the model
+# of devices that do not share has no term for), at least 2, at most 4
+STEP_RANKS = max(2, min(4, __import__("os").cpu_count() or 2))
+
+
+def step_layouts(n: int = STEP_RANKS) -> dict:
+    """{name: the Layout estimate() costs} on n ranks: global batch 16 sequences of 64 tokens, float32 Adam."""
+    return {
+        "DDP": Layout(dp=n, micro_batch=STEP_BATCH // n),
+        "ZeRO-1": Layout(dp=n, micro_batch=STEP_BATCH // n, zero=1),
+        "ZeRO-2": Layout(dp=n, micro_batch=STEP_BATCH // n, zero=2),
+        "ZeRO-3": Layout(dp=n, micro_batch=STEP_BATCH // n, zero=3),
+        "GPipe": Layout(pp=n, schedule="gpipe", micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
+        "1F1B": Layout(pp=n, micro_batch=STEP_BATCH // STEP_M, micro_batches=STEP_M),
+        "TP": Layout(tp=n, micro_batch=STEP_BATCH),
+        "TP + SP": Layout(tp=n, sp=True, micro_batch=STEP_BATCH),
+    }
 
 
 def _cfg_kwargs():
@@ -275,7 +314,7 @@ def _cfg_kwargs():
 
 
 def _train(rank, world_size, name, recipe):
-    """Train ``recipe`` with the library's strategy ``name`` (a key of :data:`STEP_LAYOUTS`)."""
+    """Train ``recipe`` with the library's strategy ``name`` (a key of :func:`step_layouts`)."""
     from minipar.data import ddp, zero
     from minipar.pipeline import runtime
     from minipar.tensor import gpt
@@ -304,44 +343,74 @@ def _stamped(factory, stamps):
     return build
 
 
-def _step_seconds(rank, world_size, names, steps, repeats):
-    """{name: (seconds per step, the calibration taken just before)} on this rank. The strategy trains
-    ``steps`` steps; the time between the ends of two consecutive optimizer steps is one training step
-    (set-up and the first step's allocations fall before the first stamp); the least disturbed of them.
-    Right before each strategy, :func:`_contended` calibrates compute and the optimizer on the same ranks:
-    the machine is shared, and what else runs on it changes from one second to the next."""
+def _timed_train(rank, world_size, name, steps, cut):
+    """(seconds of one training step of strategy ``name``, seconds per step spent inside minipar.comm's
+    collectives). A step is the time between the ends of two consecutive optimizer steps (set-up and the
+    first step's allocations fall before the first stamp), the least disturbed of ``steps - 1``; the time in
+    collectives is their logged seconds summed over the run / ``steps`` (waiting for the other ranks
+    included; an asynchronous call counts from launch to completion; send/recv not counted: a pipeline posts
+    its receives early, so their seconds are mostly the bubble). With ``cut``, the same with the wire cut."""
+    import contextlib
     import torch.distributed as dist
+    from minipar import comm
     from minipar.check import gpt_recipe
+    from minipar.wirecut import cut_wire
+    recipe = gpt_recipe(steps=steps, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
+    stamps = []
+    recipe.optimizer = _stamped(recipe.optimizer, stamps)
+    dist.barrier()
+    with comm.recording() as log, cut_wire() if cut else contextlib.nullcontext():
+        _train(rank, world_size, name, recipe)
+    in_collectives = sum(r.seconds for r in log.records if r.op not in ("send", "recv"))
+    return min(b - a for a, b in zip(stamps, stamps[1:])), in_collectives / steps
+
+
+def _step_seconds(rank, world_size, names, steps, repeats):
+    """{name: (seconds per step, the same with the wire cut, the calibration taken just before, seconds
+    per step inside minipar.comm's collectives)} on this
+    rank. Right before each strategy, :func:`_contended` calibrates compute and the optimizer on the same
+    ranks: the machine is shared, and what else runs on it changes from one second to the next."""
     out = {}
     for name in names:
         cal = _contended(rank, world_size, repeats)
-        recipe = gpt_recipe(steps=steps, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
-        stamps = []
-        recipe.optimizer = _stamped(recipe.optimizer, stamps)
-        dist.barrier()
-        _train(rank, world_size, name, recipe)
-        out[name] = (min(b - a for a, b in zip(stamps, stamps[1:])), cal)
+        cut, _ = _timed_train(rank, world_size, name, steps, cut=True)
+        real, in_comm = _timed_train(rank, world_size, name, steps, cut=False)
+        out[name] = (real, cut, cal, in_comm)
     return out
 
 
 def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
-    """Run each strategy of :data:`STEP_LAYOUTS` (default all) on 4 ranks and predict it. One dict per
-    strategy: "name", "layout", "measured" (s/step, the slowest rank), "predicted" (:func:`estimate` on
-    the cluster calibrated on the same ranks just before the run: α, β from ``cal``), "terms" (its time
-    terms), "predicted_alone" (the first calibration: ``cal``'s one thread alone × the share of cores)."""
+    """Run each strategy of :func:`step_layouts` (default all) on ``cal["ranks"]`` ranks and predict it.
+    One dict per strategy: "name", "layout", "measured" (s/step, the slowest rank), "predicted"
+    (:func:`estimate` on the cluster calibrated on the same ranks just before the run: α, β from ``cal``;
+    compute = FLOPs / FLOP/s), "terms" (its time terms), "cut" (the step with the wire cut, slowest rank),
+    "predicted_cut" (the same estimate with compute = "cut": FlexFlow's way), "terms_cut",
+    "predicted_alone" (the first calibration: one thread alone × the share of cores), "in_comm" (seconds
+    per step inside minipar.comm's collectives in the real run, the busiest rank: waits included)."""
     from minipar.launcher import launch
-    names = list(STEP_LAYOUTS) if names is None else list(names)
-    ranks = launch(_step_seconds, 4, names, steps, repeats, quiet=True)
+    from minipar.plan import parameters
+    n = cal.get("ranks", STEP_RANKS)
+    layouts = step_layouts(n)
+    names = list(layouts) if names is None else list(names)
+    ranks = launch(_step_seconds, n, names, steps, repeats, quiet=True)
+    # this course's ZeRO reduces one unit (a block, or the rest of the model) at a time: buckets of a unit
+    per_unit = 4 * parameters(STEP_MODEL) / (STEP_CONFIG.n_layer + 1) * 1.001
     out = []
     for name in names:
-        layout = STEP_LAYOUTS[name]
-        local = {k: sum(r[name][1][k] for r in ranks) / len(ranks) for k in ranks[0][name][1]}
-        e = estimate(STEP_MODEL, calibrated_cluster({**cal, **local}), layout, precision="fp32", dropout=False)
-        alone = estimate(STEP_MODEL, calibrated_cluster(cal, contended=False), layout, precision="fp32",
-                         dropout=False)
+        layout = layouts[name]
+        local = {k: sum(r[name][2][k] for r in ranks) / len(ranks) for k in ranks[0][name][2]}
+        cluster = calibrated_cluster({**cal, **local}, n)
+        kw = dict(precision="fp32", dropout=False, bucket_bytes=per_unit if layout.zero else 25 * 2 ** 20)
+        e = estimate(STEP_MODEL, cluster, layout, **kw)
+        cut = max(r[name][1] for r in ranks)
+        c = estimate(STEP_MODEL, cluster, layout, compute_seconds=cut, **kw)
+        alone = estimate(STEP_MODEL, calibrated_cluster(cal, n, contended=False), layout, **kw)
         out.append({"name": name, "layout": str(layout), "measured": max(r[name][0] for r in ranks),
                     "predicted": e.step_seconds, "terms": {k: v for k, v in e.time.items() if k != "total"},
-                    "predicted_alone": alone.step_seconds, "calibration": local})
+                    "cut": cut, "predicted_cut": c.step_seconds,
+                    "terms_cut": {k: v for k, v in c.time.items() if k != "total"},
+                    "predicted_alone": alone.step_seconds, "calibration": local, "ranks": n,
+                    "in_comm": max(r[name][3] for r in ranks)})
     return out
 
 
@@ -360,17 +429,24 @@ def main(argv=None) -> int:
                           "steps": rows}, indent=1))
         return 0
     print(f"alpha {cal['alpha'] * 1e6:.1f} us, beta {cal['beta'] / 1e9:.2f} GB/s; a rank's forward+backward "
-          f"{cal['flops'] / 1e9:.2f} GFLOP/s while 4 compute (one thread alone, training: "
+          f"{cal['flops'] / 1e9:.2f} GFLOP/s while {cal['ranks']} compute (one thread alone, training: "
           f"{cal['alone_flops'] / 1e9:.2f}; bare matmul {cal['matmul_flops'] / 1e9:.1f}); Adam "
-          f"{cal['optimizer_s_per_param'] * 1e9:.1f} ns/param; 4-byte all-reduce on 4 ranks "
+          f"{cal['optimizer_s_per_param'] * 1e9:.1f} ns/param; 4-byte all-reduce on {cal['ranks']} ranks "
           f"{cal['allreduce_small_s'] * 1e6:.0f} us")
+    bw, hop = allreduce_link(cal, cal["ranks"])
+    print(f"gloo's all-reduce on {cal['ranks']} ranks (median): " + ", ".join(
+        f"{size} B {cal[f'allreduce_{size}_s'] * 1e3:.2f} ms" for size in ALLREDUCE_SIZES)
+        + f"; fitted ring step: alpha {hop * 1e6:.0f} us, beta {bw / 1e9:.2f} GB/s")
     for n, t in cal["samples"].items():
         print(f"  {n:>9} B one way: {t * 1e6:9.1f} us   model {(cal['alpha'] + n / cal['beta']) * 1e6:9.1f} us")
+    print(f"{cal['ranks']} ranks; measured / predicted with compute counted (FLOPs), with compute measured "
+          f"(the wire cut), and with the first calibration")
     for r in rows:
-        terms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r["terms"].items() if v)
-        print(f"{r['name']:8} measured {r['measured'] * 1e3:7.1f} ms   predicted {r['predicted'] * 1e3:7.1f} ms "
-              f"(x{r['measured'] / r['predicted']:.2f}; {terms})   first calibration {r['predicted_alone'] * 1e3:7.1f} "
-              f"ms (x{r['measured'] / r['predicted_alone']:.2f})")
+        terms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r["terms_cut"].items() if v)
+        terms += f"; measured in collectives {r['in_comm'] * 1e3:.1f}"
+        print(f"{r['name']:8} measured {r['measured'] * 1e3:7.1f} ms   counted {r['predicted'] * 1e3:7.1f} ms "
+              f"x{r['measured'] / r['predicted']:.2f}   cut {r['predicted_cut'] * 1e3:7.1f} ms "
+              f"x{r['measured'] / r['predicted_cut']:.2f} ({terms})   first x{r['measured'] / r['predicted_alone']:.2f}")
     return 0
 
 

@@ -138,26 +138,31 @@ def draw_predicted_vs_measured(rows: list, axes=None):
     return axes
 
 
-def draw_step_times(rows: list, ax=None, key: str = "predicted", title: str | None = None):
-    """Log-log scatter of predicted (x) against measured (y) seconds per step, one labelled point per row of
-    :func:`.bench.step_times`, the line y = x and a shaded band of ±2× around it."""
+def draw_step_times(rows: list, ax=None, title: str | None = None):
+    """Log-log scatter of predicted (x) against measured (y) seconds per step, two points per row of
+    :func:`.bench.step_times`: compute counted (FLOPs / calibrated FLOP/s; hollow) and compute measured
+    with the wire cut (filled, labelled), joined by a line; the line y = x and a band of ±2× around it."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 5))
-    xs = [r[key] * 1e3 for r in rows]
     ys = [r["measured"] * 1e3 for r in rows]
-    lo, hi = min(xs + ys) / 1.6, max(xs + ys) * 1.6
+    counted = [r["predicted"] * 1e3 for r in rows]
+    cut = [r["predicted_cut"] * 1e3 for r in rows]
+    lo, hi = min(counted + cut + ys) / 1.6, max(counted + cut + ys) * 1.6
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="measured = predicted")
     ax.fill_between([lo, hi], [lo / 2, hi / 2], [lo * 2, hi * 2], color="0.92", label="within 2×")
-    ax.scatter(xs, ys, color="#C44E52", zorder=3)
-    for r, x, y in zip(rows, xs, ys):
+    for a, b, y in zip(counted, cut, ys):
+        ax.plot([a, b], [y, y], color="0.6", lw=0.7)
+    ax.scatter(counted, ys, facecolors="none", edgecolors="#4C72B0", zorder=3, label="compute counted (FLOPs)")
+    ax.scatter(cut, ys, color="#C44E52", zorder=3, label="compute measured (wire cut)")
+    for r, x, y in zip(rows, cut, ys):
         ax.annotate(f"{r['name']} ×{y / x:.2f}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("predicted ms per step (estimate, calibrated on this machine)")
-    ax.set_ylabel("measured ms per step (4 ranks)")
+    ax.set_ylabel(f"measured ms per step ({rows[0].get('ranks', 4)} ranks)")
     ax.set_title(title or "step time: measured / predicted", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     return ax
