@@ -20,6 +20,20 @@ def test_in_flight_counted_on_the_schedule(schedule, p, m, v, want):
     assert in_flight(schedule, p, m, v) == pytest.approx(want)
 
 
+@pytest.mark.parametrize("schedule, want", [("1f1b", 1), ("gpipe", 8), ("zb-h1", 4)])
+def test_the_last_rank_holds_what_its_schedule_says(schedule, want):
+    """The last stage is not always the lightest: 1F1B runs each micro-batch's backward at once (1 in flight),
+    GPipe holds all m, ZB-H1's deferred W holds p. The cost model keeps each of them — the output layer's
+    logits included — and the tour's ZB-H1 and GPipe rows found the miss when it assumed 1 (chapter 12)."""
+    assert in_flight(schedule, 4, 8, rank=3) == want
+    layout = Layout(pp=4, schedule=schedule, micro_batch=2, micro_batches=8)
+    e = estimate(SMALL, CLUSTER, layout, precision="fp32", dropout=False)
+    one = estimate(SMALL, CLUSTER, Layout(pp=4, schedule="1f1b", micro_batch=2, micro_batches=8), precision="fp32",
+                   dropout=False)
+    if schedule != "1f1b":           # the busiest device is now the last one, with `want` micro-batches' logits
+        assert e.memory["activations"] > one.memory["activations"]
+
+
 def test_memory_terms_are_the_formulas():
     layout = Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", micro_batches=192)
     e = estimate(GPT3_175B, CLUSTER, layout)

@@ -114,14 +114,17 @@ def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None)
 
 
 @functools.lru_cache(maxsize=4096)
-def in_flight(schedule: str, p: int, m: int, v: int = 1) -> float:
+def in_flight(schedule: str, p: int, m: int, v: int = 1, rank: int | None = None) -> float:
     """Most micro-batches whose activations one rank holds at once, in units of a whole rank's layers
     (a chunk is 1/v of them), counted by walking the schedule (``F`` adds one, ``BW`` or ``W`` frees
-    one). The max over ranks: GPipe m, 1F1B p, interleaved p + (p-1)/v (on rank 0)."""
+    one). ``rank=None``: the max over ranks — GPipe m, 1F1B p, interleaved p + (p-1)/v (on rank 0);
+    otherwise that rank's — the last rank holds 1 under 1F1B, but m under GPipe and p under ZB-H1 (its
+    deferred W keeps every rank's activations until then: Qi et al. 2023, same peak p on every stage)."""
     if p == 1:
         return 1.0
+    ranks = make_schedule(schedule, p, m, v).actions
     most = 0
-    for actions in make_schedule(schedule, p, m, v).actions:
+    for actions in (ranks if rank is None else [ranks[rank]]):
         held = peak = 0
         for a in actions:
             held += 1 if a.kind == "F" else -1 if a.kind in ("BW", "W") else 0
@@ -223,9 +226,11 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
     if layout.recompute != "none":            # what the backward rematerializes for one layer at a time
         buffers += per_layer("none") - kept
     stages = {}
-    for name, flight in (("first", flying), ("last", 1.0)):
+    last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
+    for name, flight in (("first", flying), ("last", last_flight)):
         states = zero_memory.model_state_bytes(params[name], layout.dp, layout.zero, prec)
-        acts = kept * (model.layers // p) * flight + (logits if name == "last" or p == 1 else 0)
+        # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
+        acts = (kept * (model.layers // p) + (logits if name == "last" or p == 1 else 0)) * flight
         grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
         stages[name] = {"params": states["params"], "grads": grads, "optimizer": states["optimizer"],
                         "activations": acts, "buffers": buffers}

@@ -3,7 +3,8 @@
 The runs are tour rows (their strategies on 4 CPU ranks, their recipes): the bytes each rank sent, read
 from the communication log, must equal the cost model's for the same layout exactly; the memory it
 measured must be within 10 % of the prediction (ZeRO-1 and ZeRO-3 on minipar's rings: model states + the
-step's peak; TP and TP+SP: one layer's activations; the 1F1B pipeline: what its step created). The other
+step's peak; TP and TP+SP: one layer's activations; the 1F1B and ZB-H1 pipelines: what their step created —
+ZB-H1's busiest rank is the last, which its deferred W makes hold p micro-batches and their logits). The other
 rows of ``bench.TOUR_LAYOUTS`` (DDP, ZeRO-2, interleaved, DDP with recomputation) are compared in the
 chapter's figure (``python -m minipar figures -k 12_``); they are left out here to keep this file fast.
 """
@@ -14,7 +15,7 @@ from minipar.course.ch12_choosing_a_strategy import bench, checks
 from minipar.plan import (Layout, activation_bytes_per_layer, estimate, in_flight, layer_parameters,
                           model_state_bytes, plan)
 
-ROWS = ["ZeRO-1 ring", "ZeRO-3 ring", "pipeline 1F1B", "tensor parallel",
+ROWS = ["ZeRO-1 ring", "ZeRO-3 ring", "pipeline 1F1B", "pipeline zero bubble ZB-H1", "tensor parallel",
         "tensor parallel + sequence parallel"]
 
 
