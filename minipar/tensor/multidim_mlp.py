@@ -229,7 +229,8 @@ def measure(rank, world_size, layout: str, sizes=(32, 128, 32), tokens: int = 32
     with comm.recording() as log:
         act = step()
     return {"params": tensor_bytes(model.parameters()), "activations": act, "bytes_model": log.bytes_sent,
-            "bytes_observed": log.observed_bytes_sent, "messages": messages_sent(log), "by_op": log.by_op()}
+            "bytes_observed": log.observed_bytes_sent, "messages": messages_sent(log), "calls": log.count(),
+            "by_op": log.by_op()}
 
 
 def measure_all(world_size: int, layout: str, **kwargs) -> list:

@@ -23,7 +23,7 @@ def measured(layout: str, world_size: int) -> dict:
     """Mean over ranks of :func:`minipar.tensor.multidim_mlp.measure` (a live run) + the formula."""
     per_rank = mm.measure_all(world_size, layout, sizes=SIZES, tokens=TOKENS)
     mean = lambda key: sum(r[key] for r in per_rank) / len(per_rank)  # noqa: E731
-    return {"model": mean("bytes_model"), "observed": mean("bytes_observed"), "messages": mean("messages"),
+    return {"model": mean("bytes_model"), "observed": mean("bytes_observed"), "messages": mean("messages"), "calls": mean("calls"),
             "params": max(r["params"] for r in per_rank), "activations": max(r["activations"] for r in per_rank),
             "formula": mm.formula_bytes(layout, world_size, SIZES, TOKENS)}
 
@@ -39,7 +39,7 @@ def _run(layout: str, world_size: int) -> TourRow:
     return TourRow(strategy=f"tp-{layout}", world_size=world_size,
                    matches=comparison.matches, max_abs_diff=comparison.max_abs_diff,
                    bytes_sent_per_rank=m["model"], bytes_formula=m["formula"], peak_bytes_per_rank=None,
-                   note=note, bytes_observed_per_rank=m["observed"])
+                   note=note, bytes_observed_per_rank=m["observed"], calls_per_rank=m["calls"])
 
 
 STRATEGIES = [("tp-2d", functools.partial(_run, "2d", 4)),
