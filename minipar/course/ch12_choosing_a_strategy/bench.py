@@ -348,7 +348,8 @@ def _timed_train(rank, world_size, name, steps, cut):
     collectives). A step is the time between the ends of two consecutive optimizer steps (set-up and the
     first step's allocations fall before the first stamp), the least disturbed of ``steps - 1``; the time in
     collectives is their logged seconds summed over the run / ``steps`` (waiting for the other ranks
-    included; an asynchronous call counts from launch to completion; send/recv not counted: a pipeline posts
+    included; the set-up's broadcasts and the final gathering of parameters too, a few calls spread over the
+    steps; an asynchronous call counts from launch to completion; send/recv not counted: a pipeline posts
     its receives early, so their seconds are mostly the bubble). With ``cut``, the same with the wire cut."""
     import contextlib
     import torch.distributed as dist
