@@ -39,7 +39,7 @@ __all__ = [
     "CommRecord", "CommLog", "recording", "predicted_bytes_sent",
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send", "recv", "isend", "irecv",
-    "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
+    "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
 ]
 
 
@@ -328,7 +328,7 @@ def _ring_ranks(group):
     return ranks, me
 
 
-def _exchange(send_buf, recv_buf, to_rank, from_rank, group):
+def ring_exchange(send_buf, recv_buf, to_rank, from_rank, group=None):
     """Send to the right neighbour and receive from the left one at the same time (no deadlock:
     every rank posts its send asynchronously before blocking on its receive)."""
     req = isend(send_buf.contiguous(), to_rank, group)
@@ -352,7 +352,7 @@ def ring_reduce_scatter(t: torch.Tensor, group=None) -> torch.Tensor:
     for k in range(n - 1):
         send_idx, recv_idx = (me - k - 1) % n, (me - k - 2) % n
         incoming = torch.empty_like(chunks[recv_idx])
-        _exchange(chunks[send_idx], incoming, right, left, group)
+        ring_exchange(chunks[send_idx], incoming, right, left, group)
         chunks[recv_idx] += incoming
     return chunks[me]
 
@@ -370,7 +370,7 @@ def ring_all_gather(chunk: torch.Tensor, group=None) -> torch.Tensor:
     for k in range(n - 1):
         send_idx, recv_idx = (me - k) % n, (me - k - 1) % n
         chunks[recv_idx] = torch.empty_like(chunk)
-        _exchange(chunks[send_idx], chunks[recv_idx], right, left, group)
+        ring_exchange(chunks[send_idx], chunks[recv_idx], right, left, group)
     return torch.cat(chunks)
 
 
