@@ -21,15 +21,14 @@ import functools
 
 import torch
 
-from minipar import comm
 from minipar.check import gpt_recipe
 from minipar.launcher import launch
-from minipar.memory import measure_step, saved_activation_bytes
+from minipar.memory import measure_step
 from minipar.mesh import Mesh
-from minipar.models import Block, GPTConfig
-from minipar.tensor.gpt import TensorParallelBlock, TensorParallelGPT, compare_to_one_device
-from minipar.tensor.layers import DropoutStreams, keep_gathered_inputs, reduce_scatter_on_rings
-from minipar.tensor.operators import tp_rank, tp_size
+from minipar.models import GPTConfig
+from minipar.tensor import gpt
+from minipar.tensor.gpt import TensorParallelGPT, compare_to_one_device
+from minipar.tensor.layers import keep_gathered_inputs, reduce_scatter_on_rings
 from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 from minipar.course.tour import WORLD_SIZE, TourRow
 
@@ -46,20 +45,13 @@ def _recipe():
 
 def measure_layer_on_wire(rank, world_size, cfg, sequence_parallel, keep_gathered=False, b=B, s=S, seed=0,
                           rings=False):
-    """One block, forward and backward (as :func:`minipar.tensor.gpt.measure_layer`), with the wire observed:
-    (bytes in the log's model, bytes written to the sockets, logged calls, activation bytes kept)."""
-    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
-    torch.manual_seed(seed)
-    block = TensorParallelBlock(Block(cfg), group, sequence_parallel, DropoutStreams(seed, group))
-    reduce_scatter_on_rings(keep_gathered_inputs(block, keep_gathered), rings)
-    x = torch.randn(b, s, cfg.n_embd, generator=torch.Generator().manual_seed(seed))
-    if sequence_parallel:
-        x = x.chunk(tp_size(group), dim=1)[tp_rank(group)]
-    x = x.clone().requires_grad_(True)
-    with comm.recording() as log:
-        y, activations = saved_activation_bytes(block, x, exclude=list(block.parameters()))
-        y.backward(torch.ones_like(y))
-    return log.bytes_sent, log.observed_bytes_sent, log.count(), activations
+    """:func:`minipar.tensor.gpt.measure_layer` with chapter 05's variants (keep the gathered input; the
+    reduce-scatter on minipar's rings): (bytes in the log's model, bytes written to the sockets, logged
+    calls, activation bytes kept)."""
+    r = gpt.measure_layer(rank, world_size, cfg, b, s, sequence_parallel, seed=seed,
+                          prepare=lambda block: reduce_scatter_on_rings(keep_gathered_inputs(block, keep_gathered),
+                                                                        rings))
+    return r["bytes_sent"], r["bytes_observed"], r["calls"], r["activation_bytes"]
 
 
 def _peak_on_rank(rank, world_size, recipe, sequence_parallel, keep_gathered):
