@@ -6,8 +6,8 @@ likely mistake. It prints a short confirmation when right.
 """
 
 
-__all__ = ["ExerciseError", "run_on_ranks", "fail", "unlogged_bytes", "refuse_unlogged", "FRAMING_PER_CALL",
-           "UNLOGGED_LIMIT"]
+__all__ = ["ExerciseError", "run_on_ranks", "fail", "tp_group", "close", "unlogged_bytes", "refuse_unlogged",
+           "FRAMING_PER_CALL", "UNLOGGED_LIMIT"]
 
 
 class ExerciseError(AssertionError):
@@ -42,6 +42,18 @@ def run_on_ranks(fn, world_size: int, *args, what: str = "your function", timeou
 def fail(what: str, expected, got, mistake: str):
     """Raise the standard teaching message: what was checked, expected, got, likely mistake."""
     raise ExerciseError(f"{what}\n  expected: {expected}\n  got:      {got}\n  likely mistake: {mistake}")
+
+
+def tp_group(rank: int, world_size: int):
+    """The tensor-parallel group of all ``world_size`` ranks (what the TP and SP exercises run in)."""
+    from minipar.mesh import Mesh
+    return Mesh(world_size, tp=world_size).build(rank).group("tp")
+
+
+def close(a, b, tol: float = 1e-9) -> bool:
+    """``a`` is a tensor of ``b``'s shape and equal to it within ``tol`` (absolute and relative)."""
+    import torch
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=tol, rtol=tol)
 
 
 FRAMING_PER_CALL = 2048   # gloo's headers per logged call, at most (measured: ~150 B a message, 1.7 KiB a

@@ -14,27 +14,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minipar import comm
-from minipar.course.checks import fail, run_on_ranks
+from minipar.course.checks import close, fail, run_on_ranks, tp_group
 from minipar.course.checks import refuse_unlogged, unlogged_bytes
 
 __all__ = ["check_column_parallel_linear", "check_vocab_parallel_loss", "check_tp_mlp"]
 
-TOL = 1e-9
 RANKS = (2, 4)
-
-
-def _group(rank, world_size):
-    from minipar.mesh import Mesh
-    return Mesh(world_size, tp=world_size).build(rank).group("tp")
 
 
 def _data(*shapes, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
-
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=TOL, rtol=TOL)
 
 
 def _max_diff(a, b) -> str:
@@ -48,7 +38,7 @@ def _max_diff(a, b) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 def _run_column(rank, world_size, function):
-    group = _group(rank, world_size)
+    group = tp_group(rank, world_size)
     x, w, b = _data((3, 5, 8), (12, 8), (12,))
     w_i, b_i = w.chunk(world_size)[rank].clone(), b.chunk(world_size)[rank].clone()
     x_mine, w_i, b_i = x.clone().requires_grad_(True), w_i.requires_grad_(True), b_i.requires_grad_(True)
@@ -74,24 +64,24 @@ def check_column_parallel_linear(function) -> None:
             where = f"column-parallel linear on {n} ranks, rank {r}"
             refuse_unlogged(f"{where}: forward", unlogged[0])
             refuse_unlogged(f"{where}: backward", unlogged[1])
-            if not _close(y_i, y.detach().chunk(n, -1)[r]):
+            if not close(y_i, y.detach().chunk(n, -1)[r]):
                 mistake = ("the output must be this rank's slice x @ w_iᵀ + b_i: no collective in forward"
                            if fwd else "y_i = x @ w_i.T + b_i (PyTorch stores w as (out, in))")
                 fail(f"{where}: forward", "x @ w_i.T + b_i", _max_diff(y_i, y.detach().chunk(n, -1)[r]), mistake)
             if fwd:
                 fail(f"{where}: forward communication", "none (f is the identity forward)", fwd,
                      "every rank already has the whole x: the forward needs no collective")
-            if not _close(db_i, bf.grad.chunk(n)[r]):
+            if not close(db_i, bf.grad.chunk(n)[r]):
                 fail(f"{where}: db_i", "grad_y summed over every dimension but the last", _max_diff(db_i, bf.grad.chunk(n)[r]),
                      "the bias is broadcast over batch and sequence: sum grad_y over all leading dimensions")
-            if not _close(dw_i, wf.grad.chunk(n)[r]):
+            if not close(dw_i, wf.grad.chunk(n)[r]):
                 fail(f"{where}: dW_i", "grad_yᵀ @ x (over all tokens)", _max_diff(dw_i, wf.grad.chunk(n)[r]),
                      "dW_i = grad_y.reshape(-1, out_i).T @ x.reshape(-1, in); no communication needed")
-            if not _close(dx, xf.grad):
+            if not close(dx, xf.grad):
                 partial = grad_partial = None
                 if isinstance(dx, torch.Tensor) and dx.shape == xf.grad.shape:
                     grad_partial = full_grad.chunk(n, -1)[r] @ w.chunk(n)[r]
-                    partial = _close(dx, grad_partial)
+                    partial = close(dx, grad_partial)
                 fail(f"{where}: dX", "the whole dX = Σ_i grad_y_i @ w_i", _max_diff(dx, xf.grad),
                      "this is only your rank's part grad_y_i @ w_i: all-reduce it over the group (f's backward)"
                      if partial else "dX_i = grad_y_i @ w_i, then comm.all_reduce(dX_i, group=group)")
@@ -118,7 +108,7 @@ def _loss_problem(vocab=12, offset=0.0, b=16, s=32):
 
 
 def _run_loss(rank, world_size, loss_fn, offset):
-    group = _group(rank, world_size)
+    group = tp_group(rank, world_size)
     logits, targets = _loss_problem(offset=offset)
     shard = logits.chunk(world_size, -1)[rank].clone()
     start = rank * shard.shape[-1]
@@ -146,7 +136,7 @@ def check_vocab_parallel_loss(loss_fn) -> None:
                     fail(f"{where}: communication", "reductions of per-token numbers (b·s each, or 2·b·s fused)",
                          f"{ops} (payload bytes)", "never gather or reduce the b·s × V logits: reduce "
                          "only per-token numbers (max, target logit, sum of exp)")
-                if not _close(got, want):
+                if not close(got, want):
                     _diagnose_loss(where, got, want, ops, logits, targets, n, offset)
                 total = sum(size for _, size in ops)
                 if {op for op, _ in ops} != {"all_reduce"} or len(ops) not in (2, 3) or total != 3 * token_bytes:
@@ -168,7 +158,7 @@ def _diagnose_loss(where, got, want, ops, logits, targets, n, offset):
     if not torch.isfinite(got).all():
         fail(where, "finite losses", "inf or nan", "subtract the global max (all-reduce with "
              "ReduceOp.MAX) before exp: exp(1000) overflows")
-    if _close(got, want * n) or _close(got, want / n):
+    if close(got, want * n) or close(got, want / n):
         fail(where, "the loss", _max_diff(got, want), "scaled by the number of ranks: SUM, not AVG, and no "
              "division by world_size")
     if sum(size for _, size in ops) < 3 * targets.numel() * 8:
@@ -186,7 +176,7 @@ def _diagnose_loss(where, got, want, ops, logits, targets, n, offset):
 
 def _run_mlp(rank, world_size, mlp_forward):
     from minipar.tensor.operators import copy_to_tp, reduce_from_tp
-    group = _group(rank, world_size)
+    group = tp_group(rank, world_size)
     x, a, a_b, b, b_b = _data((2, 5, 8), (32, 8), (32,), (8, 32), (8,), seed=3)
     a_i, ab_i, b_i = a.chunk(world_size)[rank], a_b.chunk(world_size)[rank], b.chunk(world_size, 1)[rank]
     params = [t.clone().requires_grad_(True) for t in (a_i, ab_i, b_i, b_b)]
@@ -209,8 +199,8 @@ def check_tp_mlp(mlp_forward) -> None:
         for r, (got, dx, grads, n_fwd, n_bwd) in enumerate(run_on_ranks(_run_mlp, n, mlp_forward,
                                                                         what="mlp_forward", timeout=20)):
             where = f"tensor-parallel MLP on {n} ranks, rank {r}"
-            if not _close(got, z.detach()):
-                biased_t_times = isinstance(got, torch.Tensor) and _close(got, z.detach() + (n - 1) * b_b)
+            if not close(got, z.detach()):
+                biased_t_times = isinstance(got, torch.Tensor) and close(got, z.detach() + (n - 1) * b_b)
                 fail(f"{where}: output", "the whole z on every rank", _max_diff(got, z.detach()),
                      "the bias of the row-parallel layer was added before g: every rank added it, so it "
                      "counts t times — add it after the all-reduce" if biased_t_times else
@@ -222,12 +212,12 @@ def check_tp_mlp(mlp_forward) -> None:
                      f"{n_fwd} forward, {n_bwd} backward",
                      "f goes on the input of the column-parallel layer, g on the output of the row-parallel "
                      "layer, once each" if n_bwd == 0 else "use f and g exactly once each")
-            if not _close(dx, full[0].grad):
+            if not close(dx, full[0].grad):
                 fail(f"{where}: dX", "the whole dX", _max_diff(dx, full[0].grad),
                      "f must wrap x itself (before the first linear): its backward all-reduces dX")
             wants = [full[1].grad.chunk(n)[r], full[2].grad.chunk(n)[r], full[3].grad.chunk(n, 1)[r], full[4].grad]
             for name, g_, w_ in zip(("fc_w_i", "fc_b_i", "proj_w_i", "proj_b"), grads, wants):
-                if not _close(g_, w_):
+                if not close(g_, w_):
                     fail(f"{where}: gradient of {name}", "one device's (this rank's slice)", _max_diff(g_, w_),
                          "place f before the first linear and g right after the second linear's matmul; the "
                          "bias after g")

@@ -15,25 +15,15 @@ import functools
 import torch
 
 from minipar import comm
-from minipar.course.checks import fail, refuse_unlogged, run_on_ranks, unlogged_bytes
+from minipar.course.checks import close, fail, refuse_unlogged, run_on_ranks, tp_group, unlogged_bytes
 
 __all__ = ["check_gather_sequence", "check_sync_sp_grads", "check_layer_bytes"]
 
-TOL = 1e-9
 RANKS = (2, 4)
-
-
-def _group(rank, world_size):
-    from minipar.mesh import Mesh
-    return Mesh(world_size, tp=world_size).build(rank).group("tp")
 
 
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=TOL, rtol=TOL)
 
 
 def _max_diff(a, b) -> str:
@@ -50,7 +40,7 @@ SHAPE = (4, 8, 16)      # (batch, sequence, hidden): 4 KiB in float64, well abov
 
 
 def _run_gather(rank, world_size, function):
-    group = _group(rank, world_size)
+    group = tp_group(rank, world_size)
     x_shard = _randn(*SHAPE).chunk(world_size, dim=1)[rank].clone().requires_grad_(True)
     with comm.recording() as fwd:
         y = function.apply(x_shard, group)
@@ -80,7 +70,7 @@ def check_gather_sequence(function) -> None:
             where = f"GatherSequence on {n} ranks, rank {r}"
             refuse_unlogged(f"{where}: forward", unlogged[0])
             refuse_unlogged(f"{where}: backward", unlogged[1])
-            if not _close(y, x):
+            if not close(y, x):
                 batch_dim = isinstance(y, torch.Tensor) and y.shape == (n * SHAPE[0], SHAPE[1] // n, SHAPE[2])
                 fail(f"{where}: forward", f"the whole sequence, shape {tuple(x.shape)}, shards in rank order",
                      _max_diff(y, x),
@@ -97,13 +87,13 @@ def check_gather_sequence(function) -> None:
                 fail(f"{where}: backward", "the gradient of the shard", error,
                      "backward gets the gradient of the whole sequence (b, s, h) and returns (dX_shard, None)")
             want = sum(grads).chunk(n, dim=1)[r]
-            if not _close(dx, want):
+            if not close(dx, want):
                 own = grads[r].chunk(n, dim=1)[r]
                 hint = ("this is only your rank's own gradient: every rank's column shard contributed a "
                         "partial dX for every token, so sum them over the group (reduce-scatter)"
-                        if _close(dx, own) else
+                        if close(dx, own) else
                         "summed, not averaged: the partial dX of the ranks add up (no division by t)"
-                        if _close(dx, want / n) else
+                        if close(dx, want / n) else
                         "return only this rank's tokens (b, s/t, h): the input was a sequence shard"
                         if isinstance(dx, torch.Tensor) and dx.shape == x.shape else
                         "reduce-scatter along the sequence (dim 1): rank i keeps tokens [i·s/t, (i+1)·s/t)")
@@ -148,7 +138,7 @@ def _problem(n_tokens=16):
 
 
 def _run_sync(rank, world_size, sync_fn):
-    group = _group(rank, world_size)
+    group = tp_group(rank, world_size)
     ln, unused = _layer_norm(), torch.nn.Parameter(torch.zeros(H, dtype=torch.float64))
     x, w = (t.chunk(world_size, dim=1)[rank] for t in _problem())
     (ln(x) * w).sum().backward()                  # this rank's tokens only: a partial gradient
@@ -180,13 +170,13 @@ def check_sync_sp_grads(sync_fn) -> None:
             partial = [ln_r.weight.grad, ln_r.bias.grad]
             for name, got, full, mine in zip(("LayerNorm weight", "LayerNorm bias"), (grads[0], grads[2]), want,
                                             partial):
-                if not _close(got, full):
+                if not close(got, full):
                     fail(f"{where}: gradient of the {name}", "the one-device gradient, Σ over the ranks' tokens",
                          _max_diff(got, full),
                          "still this rank's partial gradient (its s/t tokens only): all-reduce (SUM) it over "
-                         "the group, and copy the summed values back into p.grad" if _close(got, mine) else
+                         "the group, and copy the summed values back into p.grad" if close(got, mine) else
                          "summed, not averaged: each rank's gradient is a partial sum over its own tokens, "
-                         "and the whole gradient is their sum" if _close(got, full / n) else
+                         "and the whole gradient is their sum" if close(got, full / n) else
                          "sum each gradient over the group (all-reduce, SUM) and put the result in p.grad")
             payload = sum(g.numel() * 8 for g in want)
             if [op for op, _ in ops] != ["all_reduce"] or ops[0][1] != payload:

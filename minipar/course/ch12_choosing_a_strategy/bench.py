@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -266,7 +267,6 @@ def calibrated_cluster(cal: dict, devices: int | None = None, contended: bool = 
     4-byte all-reduce, t / 2(n-1), when that exceeds the ping-pong α. ``False``: the first
     calibration, kept to show why it missed: one thread alone, scaled by the share of cores a rank gets,
     min(1, cores / ranks), with the optimizer inside its FLOP/s."""
-    import os
     devices = devices or cal.get("ranks", 4)
     if not contended:
         share = min(1.0, (os.cpu_count() or 1) / devices)
@@ -290,7 +290,7 @@ STEP_BATCH, STEP_SEQ, STEP_M = 16, 64, 8
 STEP_MODEL = Transformer.from_config(STEP_CONFIG, STEP_SEQ)
 # one rank per core, as one rank per GPU (more ranks than cores adds the scheduler's waits, which the model
 # of devices that do not share has no term for), at least 2, at most 4
-STEP_RANKS = max(2, min(4, __import__("os").cpu_count() or 2))
+STEP_RANKS = max(2, min(4, os.cpu_count() or 2))
 
 
 def step_layouts(n: int = STEP_RANKS) -> dict:
