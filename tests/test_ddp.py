@@ -17,6 +17,7 @@ from minipar import comm, launch
 from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
 from minipar.data import ddp
 from minipar.loop import shard_batch
+from minipar.course.ch02_data_parallelism.measure import ours_vs_torch
 
 QUIET = dict(quiet=True)
 BUCKET = 16 * 1024  # several buckets for the tiny GPT (~115 KiB of fp32 gradients)
@@ -53,33 +54,13 @@ def test_initial_broadcast_makes_replicas_equal():
     check_equivalence(_scrambled_start, 2, mlp_recipe(steps=2), launch_kwargs=QUIET).assert_ok()
 
 
-def _ours_and_torchs(rank, world_size, recipe, bucket_bytes):
-    """Train the same recipe with minipar's DDP and torch's DDP on the same shards, side by side; return
-    the largest gradient difference (any step) and parameter difference (at the end)."""
-    ours_model, torch_model = recipe.model(), recipe.model()
-    ours = ddp.DistributedDataParallel(ours_model, bucket_bytes=bucket_bytes)
-    theirs = nn.parallel.DistributedDataParallel(torch_model, bucket_cap_mb=bucket_bytes / 2**20)
-    opts = [recipe.optimizer(ours_model.parameters()), recipe.optimizer(torch_model.parameters())]
-    worst_grad = 0.0
-    for batch in recipe.batches:
-        x, y = shard_batch(batch, rank, world_size)
-        for model, opt in zip((ours, theirs), opts):
-            opt.zero_grad(set_to_none=True)
-            recipe.loss(model, x, y).backward()
-        for a, b in zip(ours_model.parameters(), torch_model.parameters()):
-            worst_grad = max(worst_grad, (a.grad - b.grad).abs().max().item())
-        for opt in opts:
-            opt.step()
-    worst_param = max((a - b).abs().max().item() for a, b in zip(ours_model.parameters(), torch_model.parameters()))
-    return worst_grad, worst_param
-
-
 def test_equals_torch_ddp_on_the_same_run():
+    # chapter 02's side-by-side: minipar's DDP and torch's on the same shards, gradients and parameters
     # Both average with a gloo all-reduce, but torch lays out its buckets differently (a 1 MiB first
     # bucket, rebuilt after step 1 in the order gradients arrived), and gloo's reduction order depends on
     # the layout: equal up to float summation order (~1e-8 here), not bit for bit.
     recipe = gpt_recipe(steps=3, batch_size=8, optimizer="sgd")
-    for worst_grad, worst_param in launch(_ours_and_torchs, 4, recipe, BUCKET, **QUIET):
+    for worst_grad, worst_param in launch(ours_vs_torch, 4, recipe, BUCKET, **QUIET):
         assert worst_grad <= 1e-7 and worst_param <= 1e-6, (worst_grad, worst_param)
 
 
