@@ -38,7 +38,7 @@ import torch.distributed as dist
 __all__ = [
     "CommRecord", "CommLog", "recording", "predicted_bytes_sent",
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-    "send", "recv", "isend", "irecv",
+    "send", "recv", "isend", "irecv", "all_reduce_flat",
     "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
 ]
 
@@ -207,6 +207,20 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool
     moved = predicted_bytes_sent("all_reduce", s, n)
     work = _record("all_reduce", n, s, moved, moved, sec, "ring", work if async_op else None)
     return work if async_op else t
+
+
+def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
+    """One all-reduce for many tensors: flatten them into one buffer, reduce it, copy the pieces back in
+    place (one call pays the latency α once, as a DDP bucket does). Returns ``tensors``."""
+    if not tensors:
+        return tensors
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    all_reduce(flat, op=op, group=group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset: offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return tensors
 
 
 def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
