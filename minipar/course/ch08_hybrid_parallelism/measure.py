@@ -1,5 +1,5 @@
 """Chapter 08's measurements: each layout on 8 ranks (bytes per rank per step by kind beside the formulas,
-observed on the sockets, peak memory, step time, bubble), GPT-3's layout from the formulas, and what ZeRO-2/3
+observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
 would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from minipar.pipeline.runtime import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
-__all__ = ["recipe", "LAYOUTS", "measure_layout", "gpt3_layout", "zero_in_pipeline", "layout_memory_formula"]
+__all__ = ["recipe", "LAYOUTS", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "layout_memory_formula"]
 
 BATCH, SEQ = 16, 8
 
@@ -73,12 +73,20 @@ def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 
     return per_gpu * (bytes_param + bytes_grad + bytes_optim / (dp if zero >= 1 else 1))
 
 
-def gpt3_layout(m: int = 256, recompute: bool = True) -> dict:
-    """GPT-3 175B (Brown et al. 2020: 96 layers, h = 12288, 96 heads, s = 2048, 3.2M tokens per batch =
-    1536 sequences) on seed 001's layout: 64 pipeline stages × 6 hosts in data parallel × 8 GPUs in model
-    parallel = 3072 GPUs. Computed from the formulas, not run."""
-    layers, h, a, s, batch, psi = 96, 12288, 96, 2048, 1536, 175e9
+# (layers, hidden, heads, sequence, global batch in sequences, parameters)
+SEED_001_MODELS = {
+    "GPT-3 175B": (96, 12288, 96, 2048, 1536, 175e9),          # Brown et al. 2020 (3.2M tokens per batch)
+    "1T": (128, 25600, 160, 2048, 3072, 1008e9),               # Narayanan et al. 2021, Table 1, last row
+}
+
+
+def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True) -> dict:
+    """A model of :data:`SEED_001_MODELS` on seed 001's layout: 64 pipeline stages × 6 hosts in data parallel ×
+    8 GPUs in model parallel = 3072 GPUs (the layout of Narayanan et al.'s 1T row, which the seed calls
+    GPT-3's). ``m`` micro-batches per replica (default: micro-batch of one sequence). Formulas, not a run."""
+    layers, h, a, s, batch, psi = SEED_001_MODELS[model]
     pp, dp, tp = 64, 6, 8
+    m = m or batch // dp
     per_stage_max = -(-layers // pp)                         # 96 layers on 64 stages: some get 2, some 1
     psi_layer = 12 * h * h
     mb = batch // (dp * m)
@@ -86,7 +94,7 @@ def gpt3_layout(m: int = 256, recompute: bool = True) -> dict:
     in_flight = pp                                           # 1F1B: stage 0 holds p micro-batches
     act = in_flight * per_stage_max * (2 * s * mb * h if recompute else act_layer)
     states = per_stage_max * psi_layer / tp * 16
-    return {"gpus": pp * dp * tp, "layers_per_stage": (layers / pp, per_stage_max), "micro_batch": mb,
+    return {"gpus": pp * dp * tp, "layers_per_stage": (layers / pp, per_stage_max), "micro_batch": mb, "m": m,
             "model_states_per_gpu": states,
             "model_states_per_gpu_zero1": per_stage_max * psi_layer / tp * (4 + 12 / dp),
             "activations_per_gpu": act, "bubble": bubble_formula("1f1b", pp, m), "psi": psi,

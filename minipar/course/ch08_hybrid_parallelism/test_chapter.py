@@ -28,10 +28,15 @@ def test_zero_in_a_pipeline_costs_m_times():
     assert z[3]["by_op"]["all_gather"][0] == 8                         # ZeRO-3: a gather before every F and BW
 
 
-def test_gpt3_layout_numbers():
-    g = measure.gpt3_layout()
-    assert g["gpus"] == 3072 and g["layers_per_stage"] == (1.5, 2)
+def test_seed_001_layout_numbers():
+    g = measure.seed_layout("GPT-3 175B", m=256)
+    assert g["gpus"] == 3072 and g["layers_per_stage"] == (1.5, 2)          # GPT-3 does not cut evenly
     assert g["bubble"] == pytest.approx(63 / (256 + 63))
+    t = measure.seed_layout("1T")
+    assert t["layers_per_stage"] == (2, 2) and t["micro_batch"] == 1 and t["m"] == 512   # the 1T row does
+    assert t["bubble"] == pytest.approx(63 / (512 + 63))
+    # 2 layers × 12h² / 8 × 16 B: 2 · 12 · 25600² / 8 · 16 = 31.5 GB of model states per GPU
+    assert t["model_states_per_gpu"] == 2 * 12 * 25600 ** 2 / 8 * 16
 
 
 # ----------------------------------------------------------------------------------------------------

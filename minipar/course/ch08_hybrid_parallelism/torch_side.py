@@ -136,8 +136,10 @@ class TorchTrainer3D:
         self.mesh = init_device_mesh("cpu", (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
         self.dp, self.pp, self.m = dp, pp, micro_batches
         self.dp_rank, self.pp_rank = self.mesh.get_local_rank("dp"), self.mesh.get_local_rank("pp")
-        if data_parallel not in ("fsdp", "replicate"):
-            raise ValueError(f"data_parallel must be 'fsdp' or 'replicate', got {data_parallel!r}")
+        if data_parallel not in ("fsdp", "replicate", "ddp"):
+            raise ValueError(f"data_parallel must be 'fsdp', 'replicate' or 'ddp', got {data_parallel!r}")
+        if data_parallel == "ddp" and pp > 1:
+            raise ValueError("data_parallel='ddp' is shown without a pipeline (pp = 1): use 'replicate' with pp > 1")
         n_stages = pp * v                                 # interleaved (v > 1): stages r, r + pp, ... on rank r
         self.modules = {s: TorchGPT(recipe.model().to(recipe.dtype)).stage(s, n_stages)
                         for s in range(self.pp_rank, n_stages, pp)}
@@ -145,6 +147,8 @@ class TorchTrainer3D:
             plan = {k: p for k, p in tp_plan().items() if k.startswith("blocks") or getattr(model, k) is not None}
             if tp > 1:
                 parallelize_module(model, self.mesh["tp"], plan)
+            if dp > 1 and data_parallel == "ddp":       # DDP handed the dp sub-mesh (not its process group)
+                continue
             if dp > 1:      # one unit per block, the rest in the root, over the dp sub-mesh
                 if data_parallel == "fsdp":              # FSDP2: parameters sharded over dp (ZeRO-3, chapter 03)
                     wrap = lambda m: fully_shard(m, mesh=self.mesh["dp"], reshard_after_forward=pp == 1)  # noqa: E731
@@ -155,7 +159,11 @@ class TorchTrainer3D:
                     wrap(block)
                 wrap(model)
         self.model = self.modules[self.pp_rank]           # the only one unless interleaved
-        params = [p for model in self.modules.values() for p in model.parameters()]
+        if dp > 1 and data_parallel == "ddp":
+            self.model = nn.parallel.DistributedDataParallel(self.model, device_mesh=self.mesh["dp"])
+        # kept now: DDP's TP glue swaps the DTensor parameters for plain attributes during each forward
+        self.named_params = [(n, p) for model in self.modules.values() for n, p in model.named_parameters()]
+        params = [p for _, p in self.named_params]
         self.optimizer = recipe.optimizer(params)
         self.last = self.pp_rank == pp - 1
         self.schedule = None
@@ -198,8 +206,7 @@ class TorchTrainer3D:
     def full_params(self) -> dict:
         """{reference name: full tensor} of this rank's stage (a collective over dp and tp: every rank calls
         it); q, k, v glued back into the fused ``qkv``."""
-        full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-                for model in self.modules.values() for n, p in model.named_parameters()}
+        full = {n: _full(p).detach().clone() for n, p in self.named_params}
         out = {}
         for name, t in full.items():
             if ".attn.q." in name:
@@ -208,6 +215,16 @@ class TorchTrainer3D:
             elif ".attn.k." not in name and ".attn.v." not in name:
                 out[name] = t
         return out
+
+
+def _full(p):
+    """The whole tensor behind a parameter: a DTensor's ``full_tensor()``; under DDP with a device mesh the TP'd
+    parameters are kept as local shards tagged ``_st_info`` (PyTorch's ``_pre_dp_module_transform``) between
+    forwards, so they are rebuilt as DTensors first (a private helper of PyTorch's TP + DDP glue)."""
+    if hasattr(p, "_st_info"):
+        from torch.distributed.tensor.parallel._data_parallel_utils import _unflatten_tensor
+        p = _unflatten_tensor(p, p._st_info)
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
 def torch_train(rank, world_size, recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b",
@@ -251,13 +268,24 @@ def side_by_side(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", v=1) -
             "losses": {"one device": ref.losses, "minipar": _merged(ours).losses, "torch": _merged(theirs).losses}}
 
 
+def ddp_over_tp_with_mesh(recipe, *, dp: int = 2, tp: int = 2) -> dict:
+    """The path that composes: ``DistributedDataParallel(model, device_mesh=mesh["dp"])`` over a TP'd model
+    (handed the dp sub-mesh, DDP skips the broadcast that concatenates DTensors with plain tensors), trained
+    beside one device: {"one device", "torch DDP + TP"} comparisons and losses."""
+    ref = train_reference(recipe)
+    theirs = torch_run(recipe, dp=dp, pp=1, tp=tp, micro_batches=1, data_parallel="ddp")
+    return {"vs_one_device": compare(ref, theirs, dtype=recipe.dtype),
+            "losses": {"one device": ref.losses, "torch DDP + TP": _merged(theirs).losses}}
+
+
 def ddp_over_tp_error(rank, world_size, recipe):
-    """The piece that does not compose: ``DistributedDataParallel`` over a model already made tensor-parallel.
+    """The trap: ``DistributedDataParallel(model, process_group=...)`` over a model already made tensor-parallel.
     Returns the error its constructor raises on this rank (None if it were accepted). DDP broadcasts the
     module's states from rank 0 with ``_broadcast_coalesced``, which concatenates them: the TP'd weights are
     DTensors, the LayerNorm weights plain tensors, and DTensor refuses the mix. Not a CPU or gloo limit (the
-    broadcast is the same on NCCL); torchtitan raises "DDP has not supported > 1D parallelism" for the same
-    reason and uses FSDP2's ``fully_shard`` or ``replicate`` over the dp sub-mesh instead, as here."""
+    broadcast is the same on NCCL). Handed ``device_mesh=mesh["dp"]`` instead, DDP first turns the DTensors
+    into local shards and composes (:func:`ddp_over_tp_with_mesh`); torchtitan uses FSDP2's ``replicate`` /
+    ``fully_shard`` over the dp sub-mesh, as :class:`TorchTrainer3D` does by default."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     mesh = init_device_mesh("cpu", (world_size // 2, 2), mesh_dim_names=("dp", "tp"))
