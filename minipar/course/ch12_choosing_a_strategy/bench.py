@@ -95,7 +95,8 @@ def _measured_memory(row, how):
 
 def compare_with_tour(names=None) -> list:
     """Run the tour rows ``names`` (default: all of :data:`TOUR_LAYOUTS`) and return one dict per row:
-    strategy, bytes measured / predicted, memory measured / predicted, and what the memory is."""
+    strategy, bytes in the communication log (the algorithm's count: ``bytes_measured``) / observed on the
+    sockets (``bytes_observed``) / predicted, memory measured / predicted, and what the memory is."""
     from minipar.course.tour import strategies
     names = list(TOUR_LAYOUTS) if names is None else list(names)
     runs = {name: run for _, name, run in strategies() if name in names}
@@ -107,7 +108,7 @@ def compare_with_tour(names=None) -> list:
         row = runs[name]()
         want = predict(name)
         out.append({"name": name, "strategy": row.strategy, "matches": row.matches, "bytes_measured": row.bytes_sent_per_rank,
-                    "bytes_predicted": want["bytes"], "memory_measured": _measured_memory(row, want["how"]),
+                    "bytes_observed": row.bytes_observed_per_rank, "bytes_predicted": want["bytes"], "memory_measured": _measured_memory(row, want["how"]),
                     "memory_predicted": want["memory"], "memory_is": want["how"]})
     return out
 
