@@ -16,7 +16,8 @@ from minipar.check import gpt_recipe
 from minipar import launch
 from minipar.models import MLP, GPTConfig
 from minipar.tensor import gpt as tp_gpt
-from minipar.tensor.gpt import compare_to_one_device, measure_layer, validate
+from minipar.tensor.gpt import compare_to_one_device, validate
+from minipar.tensor.measure import measure_layer
 from minipar.tensor.sequence import activation_bytes_formula, tp_bytes_per_layer, uncounted_bytes
 
 QUIET = {"quiet": True}
