@@ -1,4 +1,5 @@
 """Causal ring attention (contiguous and zig-zag) equals dense causal attention: output, dQ, dK, dV."""
+import functools
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from minipar import comm, wire
 from minipar.launcher import launch
 from minipar.sequence import ring_attention as ra
+from minipar.sequence.measure import measured_core, ring_pairs
 
 B, H, S, D = 2, 3, 16, 4
 FRAMING = 192   # bytes per send/recv pair gloo may add on the wire: its header + the receiver's ready notice
@@ -38,13 +40,13 @@ def _rank(rank, world_size, zigzag):
     q, k, v, g_out = problem()
     shard = lambda t: ra.shard_sequence(t, rank, world_size, zigzag).requires_grad_(True)  # noqa: E731
     q, k, v = shard(q), shard(k), shard(v)
-    stats = {}
+    calls = []
     with comm.recording() as fwd:
-        out = ra.ring_attention(q, k, v, zigzag=zigzag, stats=stats)
+        out = measured_core(functools.partial(ra.ring_attention, zigzag=zigzag), calls)(q, k, v)
     with comm.recording() as bwd:
         out.backward(ra.shard_sequence(g_out, rank, world_size, zigzag))
     return (out.detach(), q.grad, k.grad, v.grad, fwd.bytes_sent, fwd.observed_bytes_sent, fwd.count("send"),
-            bwd.bytes_sent, bwd.observed_bytes_sent, bwd.count("send"), stats["blocks"])
+            bwd.bytes_sent, bwd.observed_bytes_sent, bwd.count("send"), calls[0][1] // 2)
 
 
 @pytest.mark.parametrize("zigzag", [False, True])
@@ -62,9 +64,10 @@ def test_ring_attention_equals_dense_forward_and_backward(n, zigzag):
         if wire.available():   # the wire: the model plus gloo's framing per message (144 B seen here)
             assert r[4] <= r[5] <= r[4] + FRAMING * r[6]
             assert r[7] <= r[8] <= r[7] + FRAMING * r[9]
-    blocks = [r[10] for r in results]
+    blocks = [r[10] for r in results]       # measured beside the ring: its matrix products / 2
     # chunk pairs computed: contiguous r+1 (unbalanced), zig-zag 2N+1 on every rank
     assert blocks == ([2 * n + 1] * n if zigzag else [r + 1 for r in range(n)])
+    assert blocks == [ring_pairs(r, n, zigzag) for r in range(n)]        # = what the schedule says
 
 
 def test_lse_merge_is_exact_and_stable():
