@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minipar import comm, launch
+from minipar.data.ddp_measure import watch_buckets
 from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
 from minipar.data import ddp
 from minipar.loop import shard_batch
@@ -98,8 +99,8 @@ def test_bf16_on_the_wire_stays_within_bf16_tolerance():
 
 
 def _overlap(rank, world_size, recipe):
-    timeline = []
-    model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET, timeline=timeline)
+    model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET)
+    timeline = watch_buckets(model)
     x, y = shard_batch(recipe.batches[0], rank, world_size)
     recipe.loss(model, x, y).backward()
     grads = [t for kind, _, t, _ in timeline if kind == "grad"]
