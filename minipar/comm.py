@@ -362,16 +362,18 @@ def ring_exchange(send_buf, recv_buf, to_rank, from_rank, group=None):
     req.wait()
 
 
-def ring_reduce_scatter(t: torch.Tensor, group=None) -> torch.Tensor:
+def ring_reduce_scatter(t: torch.Tensor, group=None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum ``t`` over the ring; return this rank's chunk ``i`` of the sum (t split into N chunks on dim 0).
 
     N-1 steps; in step k rank i sends its running sum of chunk (i-k-1) mod N to rank i+1 and adds what it
     receives from rank i-1 into chunk (i-k-2) mod N. Each rank sends (N-1) chunks: (N-1)/N · S bytes.
-    After the last step rank i holds the complete sum of chunk i.
+    After the last step rank i holds the complete sum of chunk i — in ``out`` if given (a contiguous
+    tensor of the chunk's size, which then serves as chunk i's running sum: no extra copy).
     """
     ranks, me = _ring_ranks(group)
     n = len(ranks)
-    chunks = [c.clone() for c in t.chunk(n)]
+    chunks = [c.clone() for c in t.chunk(n)] if out is None else \
+        [out.view(c.shape).copy_(c) if i == me else c.clone() for i, c in enumerate(t.chunk(n))]
     if len(chunks) != n:
         raise ValueError(f"ring_reduce_scatter needs at least {n} rows on dim 0, got {t.shape[0]}")
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
@@ -473,5 +475,8 @@ def _ring_all_gather_into(out: torch.Tensor, t: torch.Tensor, group) -> torch.Te
 
 def _ring_reduce_scatter_into(out: torch.Tensor, t: torch.Tensor, group) -> torch.Tensor:
     """``out`` = this rank's 1/N of Σ ``t`` (``t`` cut into N equal pieces along dim 0), on the ring."""
-    out.copy_(ring_reduce_scatter(t.reshape(_size(group), -1), group).view_as(out))
+    if out.is_contiguous():
+        ring_reduce_scatter(t.reshape(_size(group), -1), group, out=out)    # sums in place in ``out``
+    else:
+        out.copy_(ring_reduce_scatter(t.reshape(_size(group), -1), group).view_as(out))
     return out
