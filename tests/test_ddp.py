@@ -105,12 +105,20 @@ def _overlap(rank, world_size, recipe):
     recipe.loss(model, x, y).backward()
     grads = [t for kind, _, t, _ in timeline if kind == "grad"]
     launches = sorted(t0 for kind, _, t0, _ in timeline if kind == "comm")
-    return len(model.reducer.buckets), launches[0] < max(grads), len(launches)
+    labels = sorted(label for kind, label, _, _ in timeline if kind == "comm")
+    names = sorted(label for kind, label, _, _ in timeline if kind == "grad")
+    return (len(model.reducer.buckets), launches[0] < max(grads), len(launches), labels,
+            names == sorted(n for n, _ in model.module.named_parameters()),
+            all(t0 <= t1 for kind, _, t0, t1 in timeline))
 
 
 def test_first_bucket_is_launched_while_backward_is_still_running():
-    for n_buckets, overlapped, launched in launch(_overlap, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
+    """Watched from outside (minipar.data.ddp_measure.watch_buckets): one "grad" event per parameter, one
+    "comm" event per bucket (launch <= completion), and the first launch before the last gradient."""
+    for n_buckets, overlapped, launched, labels, every_grad, ordered in \
+            launch(_overlap, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
         assert n_buckets > 1 and launched == n_buckets
+        assert labels == sorted(f"bucket {i}" for i in range(n_buckets)) and every_grad and ordered
         assert overlapped  # launched before the last gradient was even computed
 
 

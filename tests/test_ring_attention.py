@@ -113,3 +113,21 @@ def _vs_torch(rank, world_size, zigzag):
 def test_equals_pytorchs_own_ring_attention(zigzag):
     pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._attention")
     assert max(launch(_vs_torch, 4, zigzag, quiet=True)) < 1e-5   # float32, different summation order
+
+
+def _layer(rank, world_size, method):
+    from minipar.models import GPTConfig
+    from minipar.sequence.measure import layer_on_rank
+    return layer_on_rank(rank, world_size, method, 1, 32, GPTConfig(n_embd=16, n_head=2))
+
+
+@pytest.mark.parametrize("method", ["ring", "ring-zigzag"])
+def test_layer_measurement_beside_the_ring(method):
+    """Chapter 06b's load-balance numbers, measured outside the strategy (sequence/measure.py): the blocks
+    each rank computed (its matrix products / 2) equal the schedule's count, and each rank's attention
+    forward took CPU time."""
+    per_rank = launch(_layer, 4, method, quiet=True)
+    zigzag = method == "ring-zigzag"
+    assert [r["attention_blocks"] for r in per_rank] == [ring_pairs(r, 4, zigzag) for r in range(4)]
+    assert [r["attention_blocks"] for r in per_rank] == ([9] * 4 if zigzag else [1, 2, 3, 4])
+    assert all(0 < r["attention_compute_s"] <= r["forward_cpu_s"] for r in per_rank)
