@@ -109,9 +109,11 @@ def _layers_vs_full(rank, world_size):
 # the one collective each direction logs
 # ----------------------------------------------------------------------------------------------------
 
-def _operators_vs_unsplit(rank, world_size):
+def _operators_vs_unsplit(rank, world_size, rings=False):
     """Every operator on float64 (2, 8, 4) tensors: (forward, gradient, forward ops, backward ops) here,
-    and what the unsplit computation gives (every rank's inputs are drawn from the same seeds)."""
+    and what the unsplit computation gives (every rank's inputs are drawn from the same seeds); with
+    ``rings``, inside ``comm.ring_algorithms()``."""
+    import contextlib
     from minipar import comm
     from minipar.mesh import Mesh
     from minipar.tensor import operators as ops
@@ -133,26 +135,34 @@ def _operators_vs_unsplit(rank, world_size):
     out = {}
     for name, (op, inp, dy, want_y, want_dx) in cases.items():
         inp = inp.clone().requires_grad_(True)
-        with comm.recording() as fwd:
-            y = op(inp, group)
-        with comm.recording() as bwd:
-            y.backward(dy)
+        with comm.ring_algorithms() if rings else contextlib.nullcontext():
+            with comm.recording() as fwd:
+                y = op(inp, group)
+            with comm.recording() as bwd:
+                y.backward(dy)
         out[name] = (float((y - want_y).abs().max()), float((inp.grad - want_dx).abs().max()),
                      [r.op for r in fwd.records], [r.op for r in bwd.records])
     return out
 
 
-def test_operators_equal_the_unsplit_computation_and_log_their_collective():
+@pytest.mark.parametrize("rings", [False, True])
+def test_operators_equal_the_unsplit_computation_and_log_their_collective(rings):
     """f/g (Shoeybi 2019; Korthikanti's f/f̄) and g/ḡ (Korthikanti 2022) at float64, exactly: each moves
-    only what a sum, a concatenation or a slice moves (atol 1e-12 for the reordered sums)."""
+    only what a sum, a concatenation or a slice moves (atol 1e-12 for the reordered sums). Inside
+    comm.ring_algorithms() the same operators run on minipar's send/recv rings."""
     colls = {"f copy_to_tp": ([], ["all_reduce"]), "g reduce_from_tp": (["all_reduce"], []),
              "split_to_tp": ([], ["all_gather"]), "gather_from_tp": (["all_gather"], []),
              "g gather_sequence": (["all_gather"], ["reduce_scatter"]),
              "g-bar scatter_sequence": (["reduce_scatter"], ["all_gather"])}
-    for per_op in launch(_operators_vs_unsplit, 4, **QUIET):
+    for per_op in launch(_operators_vs_unsplit, 4, rings, **QUIET):
         for name, (dy, dx, fwd, bwd) in per_op.items():
             assert dy < 1e-12 and dx < 1e-12, (name, dy, dx)
-            assert (fwd, bwd) == colls[name], name
+            if rings:   # every collective became the ring's messages: (N-1) sends per all-gather/RS, 2(N-1) per AR
+                want = [["send", "recv"] * (3 * (op == "all_reduce") + 3) for op in colls[name][0]], \
+                       [["send", "recv"] * (3 * (op == "all_reduce") + 3) for op in colls[name][1]]
+                assert (fwd, bwd) == tuple(sum(w, []) for w in want), name
+            else:
+                assert (fwd, bwd) == colls[name], name
 
 
 def test_operator_source_shows_its_collective():
