@@ -29,6 +29,7 @@ called around this module, straight through ``torch.distributed``, which the rec
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ __all__ = [
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send", "recv", "isend", "irecv", "all_reduce_flat",
     "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
+    "ring_algorithms",
 ]
 
 
@@ -202,6 +204,8 @@ def _timed(fn):
 # ----------------------------------------------------------------------------------------------------
 
 def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    if _on_ring("all_reduce", op, async_op):
+        return ring_all_reduce(t, group)
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_reduce", s, n)
@@ -225,6 +229,8 @@ def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
 
 def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
     """``out[i]`` receives rank i's ``t``. Payload S = the gathered whole, N · |t|."""
+    if _on_ring("all_gather", async_op=async_op):
+        return [o.copy_(g.view_as(o)) for o, g in zip(out, ring_all_gather(t.reshape(1, -1), group))]
     n = _size(group)
     s = n * _nbytes(t)
     work, sec = _timed(lambda: dist.all_gather(out, t, group=group, async_op=async_op))
@@ -235,6 +241,8 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
 
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async_op: bool = False):
     """Like :func:`all_gather`, into one flat tensor (rank i's piece at ``out[i*len(t):(i+1)*len(t)]``)."""
+    if _on_ring("all_gather", async_op=async_op):
+        return _ring_all_gather_into(out, t, group)
     n, s = _size(group), _nbytes(out)
     work, sec = _timed(lambda: _all_gather_flat(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
@@ -244,6 +252,8 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async
 
 def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     """``out`` on rank i receives the reduction of every rank's ``inputs[i]``. Payload S = all inputs."""
+    if _on_ring("reduce_scatter", op, async_op):
+        return _ring_reduce_scatter_into(out, torch.stack([x.reshape(-1) for x in inputs]), group)
     n = _size(group)
     s = sum(_nbytes(x) for x in inputs)
     work, sec = _timed(lambda: dist.reduce_scatter(out, inputs, op=op, group=group, async_op=async_op))
@@ -255,6 +265,8 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
                           async_op: bool = False):
     """Like :func:`reduce_scatter`, from one flat tensor split into N equal pieces."""
+    if _on_ring("reduce_scatter", op, async_op):
+        return _ring_reduce_scatter_into(out, t, group)
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: _reduce_scatter_flat(out, t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
@@ -350,16 +362,18 @@ def ring_exchange(send_buf, recv_buf, to_rank, from_rank, group=None):
     req.wait()
 
 
-def ring_reduce_scatter(t: torch.Tensor, group=None) -> torch.Tensor:
+def ring_reduce_scatter(t: torch.Tensor, group=None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum ``t`` over the ring; return this rank's chunk ``i`` of the sum (t split into N chunks on dim 0).
 
     N-1 steps; in step k rank i sends its running sum of chunk (i-k-1) mod N to rank i+1 and adds what it
     receives from rank i-1 into chunk (i-k-2) mod N. Each rank sends (N-1) chunks: (N-1)/N · S bytes.
-    After the last step rank i holds the complete sum of chunk i.
+    After the last step rank i holds the complete sum of chunk i — in ``out`` if given (a contiguous
+    tensor of the chunk's size, which then serves as chunk i's running sum: no extra copy).
     """
     ranks, me = _ring_ranks(group)
     n = len(ranks)
-    chunks = [c.clone() for c in t.chunk(n)]
+    chunks = [c.clone() for c in t.chunk(n)] if out is None else \
+        [out.view(c.shape).copy_(c) if i == me else c.clone() for i, c in enumerate(t.chunk(n))]
     if len(chunks) != n:
         raise ValueError(f"ring_reduce_scatter needs at least {n} rows on dim 0, got {t.shape[0]}")
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
@@ -415,3 +429,54 @@ def root_all_reduce(t: torch.Tensor, root: int = 0) -> torch.Tensor:
     for peer in (r for r in range(n) if r != root):
         send(t, dst=peer)
     return t
+
+
+# ----------------------------------------------------------------------------------------------------
+# The one switch: gloo's collectives or minipar's rings
+# ----------------------------------------------------------------------------------------------------
+
+_RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+_rings_on: contextvars.ContextVar = contextvars.ContextVar("minipar_ring_algorithms", default=frozenset())
+
+
+@contextlib.contextmanager
+def ring_algorithms(*ops: str):
+    """Inside this block, :func:`all_reduce`, :func:`all_gather` / :func:`all_gather_into_tensor` and
+    :func:`reduce_scatter` / :func:`reduce_scatter_tensor` run minipar's rings (:func:`ring_all_reduce`,
+    :func:`ring_all_gather`, :func:`ring_reduce_scatter`) instead of gloo's own algorithms, so the wire
+    carries the textbook bytes (gloo's reduce-scatter all-reduces: 2x). The log then holds the rings'
+    send/recv messages. ``ops`` picks some of ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``;
+    none means all three. Sums only, and blocking only: another ``op`` or ``async_op=True`` stays on gloo.
+    The choice is scoped (a ``ContextVar``): it ends with the block, and nested blocks replace it.
+
+        with comm.ring_algorithms("reduce_scatter"):
+            loss.backward()           # every reduce-scatter in here on the send/recv ring
+    """
+    unknown = [op for op in ops if op not in _RING_OPS]
+    if unknown:
+        raise ValueError(f"ring_algorithms knows {_RING_OPS}, got {unknown}")
+    token = _rings_on.set(frozenset(ops or _RING_OPS))
+    try:
+        yield
+    finally:
+        _rings_on.reset(token)
+
+
+def _on_ring(op: str, reduce_op=dist.ReduceOp.SUM, async_op: bool = False) -> bool:
+    """True when ``op`` runs on minipar's ring here: inside :func:`ring_algorithms`, a sum, blocking."""
+    return op in _rings_on.get() and not async_op and reduce_op == dist.ReduceOp.SUM
+
+
+def _ring_all_gather_into(out: torch.Tensor, t: torch.Tensor, group) -> torch.Tensor:
+    """``out`` (flat concatenation along dim 0) from :func:`ring_all_gather` of every rank's ``t``."""
+    out.copy_(ring_all_gather(t.reshape(1, -1), group).view_as(out))
+    return out
+
+
+def _ring_reduce_scatter_into(out: torch.Tensor, t: torch.Tensor, group) -> torch.Tensor:
+    """``out`` = this rank's 1/N of Σ ``t`` (``t`` cut into N equal pieces along dim 0), on the ring."""
+    if out.is_contiguous():
+        ring_reduce_scatter(t.reshape(_size(group), -1), group, out=out)    # sums in place in ``out``
+    else:
+        out.copy_(ring_reduce_scatter(t.reshape(_size(group), -1), group).view_as(out))
+    return out

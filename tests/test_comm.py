@@ -205,3 +205,63 @@ def test_observed_bytes_on_the_wire_against_the_formula():
         else:
             for o, f, c in zip(observed, formula, calls):
                 assert f <= o <= f + FRAMING * c, (op, o, f, c)
+
+
+# ----------------------------------------------------------------------------------------------------
+# comm.ring_algorithms(): one scoped switch from gloo's collectives to minipar's rings
+# ----------------------------------------------------------------------------------------------------
+
+def _switched(rank, world_size, ops):
+    """The five switchable wrappers inside ``ring_algorithms(*ops)``, and once outside: results, the ops
+    the log recorded, its bytes, and the reduce-scatter's bytes on the sockets."""
+    n = world_size
+    x = torch.arange(WIRE_PAYLOAD // 4, dtype=torch.float32) + 1000 * rank      # divisible by n
+    def five():
+        out = {"all_reduce": comm.all_reduce(x.clone()),
+               "all_gather": torch.cat(comm.all_gather([torch.empty(4) for _ in range(n)], x[:4].clone())),
+               "all_gather_into_tensor": comm.all_gather_into_tensor(torch.empty(4 * n), x[:4].clone()),
+               "reduce_scatter": comm.reduce_scatter(torch.empty(4), list(x[:4 * n].clone().chunk(n)))}
+        with comm.recording() as rs:
+            out["reduce_scatter_tensor"] = comm.reduce_scatter_tensor(torch.empty(x.numel() // n), x.clone())
+        return out, rs
+    with comm.recording() as inside, comm.ring_algorithms(*ops):
+        got, rs_in = five()
+    with comm.recording() as outside:
+        want, rs_out = five()
+    return (got, want, sorted({r.op for r in inside.records}), sorted({r.op for r in outside.records}),
+            rs_in.bytes_sent, rs_in.observed_bytes_sent, rs_out.observed_bytes_sent, rs_in.count())
+
+
+def test_ring_algorithms_switch_runs_the_rings_inside_and_gloo_outside():
+    """Inside the block every switchable collective is the ring's send/recv messages (same results as gloo,
+    the textbook (N-1)/N·S bytes logged and on the wire for reduce-scatter, where gloo sends 2x); after the
+    block the same calls are gloo's again."""
+    n, s = 4, WIRE_PAYLOAD
+    for rank, (got, want, ops_in, ops_out, rs_model, rs_wire_in, rs_wire_out, rs_calls) in \
+            enumerate(launch(_switched, n, (), quiet=True)):
+        for op in want:
+            assert torch.equal(got[op], want[op]), (rank, op)
+        assert ops_in == ["recv", "send"]
+        assert ops_out == ["all_gather", "all_reduce", "reduce_scatter"]
+        assert rs_model == comm.predicted_bytes_sent("reduce_scatter", s, n) and rs_calls == 2 * (n - 1)
+        if rs_wire_in is not None:
+            assert rs_model <= rs_wire_in <= rs_model + FRAMING * rs_calls, rs_wire_in
+            assert rs_wire_out >= 2 * rs_model, rs_wire_out                    # gloo's: an all-reduce inside
+
+
+def test_ring_algorithms_switches_only_the_named_collectives():
+    for got, want, ops_in, _, rs_model, *_ in launch(_switched, 2, ("reduce_scatter",), quiet=True):
+        assert ops_in == ["all_gather", "all_reduce", "recv", "send"]         # only the reduce-scatters moved
+        assert all(torch.equal(got[op], want[op]) for op in want)
+
+
+def test_ring_algorithms_rejects_an_unknown_collective_and_is_scoped():
+    with pytest.raises(ValueError, match="all_to_all"):
+        with comm.ring_algorithms("all_to_all"):
+            pass
+    with comm.ring_algorithms("all_gather"):
+        with comm.ring_algorithms("reduce_scatter"):                           # nested: replaces
+            assert comm._on_ring("reduce_scatter") and not comm._on_ring("all_gather")
+        assert comm._on_ring("all_gather") and not comm._on_ring("reduce_scatter")
+        assert not comm._on_ring("all_gather", async_op=True)
+    assert not comm._on_ring("all_gather") and not comm._on_ring("all_reduce")

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minipar import comm, launch
+from minipar.data.ddp_measure import watch_buckets
 from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
 from minipar.data import ddp
 from minipar.loop import shard_batch
@@ -98,18 +99,26 @@ def test_bf16_on_the_wire_stays_within_bf16_tolerance():
 
 
 def _overlap(rank, world_size, recipe):
-    timeline = []
-    model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET, timeline=timeline)
+    model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET)
+    timeline = watch_buckets(model)
     x, y = shard_batch(recipe.batches[0], rank, world_size)
     recipe.loss(model, x, y).backward()
     grads = [t for kind, _, t, _ in timeline if kind == "grad"]
     launches = sorted(t0 for kind, _, t0, _ in timeline if kind == "comm")
-    return len(model.reducer.buckets), launches[0] < max(grads), len(launches)
+    labels = sorted(label for kind, label, _, _ in timeline if kind == "comm")
+    names = sorted(label for kind, label, _, _ in timeline if kind == "grad")
+    return (len(model.reducer.buckets), launches[0] < max(grads), len(launches), labels,
+            names == sorted(n for n, _ in model.module.named_parameters()),
+            all(t0 <= t1 for kind, _, t0, t1 in timeline))
 
 
 def test_first_bucket_is_launched_while_backward_is_still_running():
-    for n_buckets, overlapped, launched in launch(_overlap, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
+    """Watched from outside (minipar.data.ddp_measure.watch_buckets): one "grad" event per parameter, one
+    "comm" event per bucket (launch <= completion), and the first launch before the last gradient."""
+    for n_buckets, overlapped, launched, labels, every_grad, ordered in \
+            launch(_overlap, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
         assert n_buckets > 1 and launched == n_buckets
+        assert labels == sorted(f"bucket {i}" for i in range(n_buckets)) and every_grad and ordered
         assert overlapped  # launched before the last gradient was even computed
 
 

@@ -1,4 +1,5 @@
 """Causal ring attention (contiguous and zig-zag) equals dense causal attention: output, dQ, dK, dV."""
+import functools
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from minipar import comm, wire
 from minipar.launcher import launch
 from minipar.sequence import ring_attention as ra
+from minipar.sequence.measure import measured_core, ring_pairs
 
 B, H, S, D = 2, 3, 16, 4
 FRAMING = 192   # bytes per send/recv pair gloo may add on the wire: its header + the receiver's ready notice
@@ -38,13 +40,13 @@ def _rank(rank, world_size, zigzag):
     q, k, v, g_out = problem()
     shard = lambda t: ra.shard_sequence(t, rank, world_size, zigzag).requires_grad_(True)  # noqa: E731
     q, k, v = shard(q), shard(k), shard(v)
-    stats = {}
+    calls = []
     with comm.recording() as fwd:
-        out = ra.ring_attention(q, k, v, zigzag=zigzag, stats=stats)
+        out = measured_core(functools.partial(ra.ring_attention, zigzag=zigzag), calls)(q, k, v)
     with comm.recording() as bwd:
         out.backward(ra.shard_sequence(g_out, rank, world_size, zigzag))
     return (out.detach(), q.grad, k.grad, v.grad, fwd.bytes_sent, fwd.observed_bytes_sent, fwd.count("send"),
-            bwd.bytes_sent, bwd.observed_bytes_sent, bwd.count("send"), stats["blocks"])
+            bwd.bytes_sent, bwd.observed_bytes_sent, bwd.count("send"), calls[0][1] // 2)
 
 
 @pytest.mark.parametrize("zigzag", [False, True])
@@ -62,9 +64,10 @@ def test_ring_attention_equals_dense_forward_and_backward(n, zigzag):
         if wire.available():   # the wire: the model plus gloo's framing per message (144 B seen here)
             assert r[4] <= r[5] <= r[4] + FRAMING * r[6]
             assert r[7] <= r[8] <= r[7] + FRAMING * r[9]
-    blocks = [r[10] for r in results]
+    blocks = [r[10] for r in results]       # measured beside the ring: its matrix products / 2
     # chunk pairs computed: contiguous r+1 (unbalanced), zig-zag 2N+1 on every rank
     assert blocks == ([2 * n + 1] * n if zigzag else [r + 1 for r in range(n)])
+    assert blocks == [ring_pairs(r, n, zigzag) for r in range(n)]        # = what the schedule says
 
 
 def test_lse_merge_is_exact_and_stable():
@@ -110,3 +113,21 @@ def _vs_torch(rank, world_size, zigzag):
 def test_equals_pytorchs_own_ring_attention(zigzag):
     pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._attention")
     assert max(launch(_vs_torch, 4, zigzag, quiet=True)) < 1e-5   # float32, different summation order
+
+
+def _layer(rank, world_size, method):
+    from minipar.models import GPTConfig
+    from minipar.sequence.measure import layer_on_rank
+    return layer_on_rank(rank, world_size, method, 1, 32, GPTConfig(n_embd=16, n_head=2))
+
+
+@pytest.mark.parametrize("method", ["ring", "ring-zigzag"])
+def test_layer_measurement_beside_the_ring(method):
+    """Chapter 06b's load-balance numbers, measured outside the strategy (sequence/measure.py): the blocks
+    each rank computed (its matrix products / 2) equal the schedule's count, and each rank's attention
+    forward took CPU time."""
+    per_rank = launch(_layer, 4, method, quiet=True)
+    zigzag = method == "ring-zigzag"
+    assert [r["attention_blocks"] for r in per_rank] == [ring_pairs(r, 4, zigzag) for r in range(4)]
+    assert [r["attention_blocks"] for r in per_rank] == ([9] * 4 if zigzag else [1, 2, 3, 4])
+    assert all(0 < r["attention_compute_s"] <= r["forward_cpu_s"] for r in per_rank)

@@ -12,7 +12,8 @@ from minipar.check import gpt_recipe
 from minipar import launch
 from minipar.tensor import gpt as tp_gpt
 from minipar.models import GPTConfig
-from minipar.tensor.gpt import compare_to_one_device, measure_layer
+from minipar.tensor.gpt import compare_to_one_device
+from minipar.tensor.measure import measure_layer
 from minipar.tensor.sequence import (activation_bytes_formula, korthikanti_bytes, sp_bytes_per_layer,
                                      tp_bytes_per_layer, uncounted_bytes)
 

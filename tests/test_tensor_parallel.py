@@ -16,7 +16,8 @@ from minipar.check import gpt_recipe
 from minipar import launch
 from minipar.models import MLP, GPTConfig
 from minipar.tensor import gpt as tp_gpt
-from minipar.tensor.gpt import compare_to_one_device, measure_layer, validate
+from minipar.tensor.gpt import compare_to_one_device, validate
+from minipar.tensor.measure import measure_layer
 from minipar.tensor.sequence import activation_bytes_formula, tp_bytes_per_layer, uncounted_bytes
 
 QUIET = {"quiet": True}
@@ -101,6 +102,77 @@ def _layers_vs_full(rank, world_size):
         "row db": (row.bias.grad - full.bias.grad).abs().max(),
     }
     return {k: float(v) for k, v in diffs.items()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The operators (minipar.tensor.operators): forward and backward equal to the unsplit computation, and
+# the one collective each direction logs
+# ----------------------------------------------------------------------------------------------------
+
+def _operators_vs_unsplit(rank, world_size, rings=False):
+    """Every operator on float64 (2, 8, 4) tensors: (forward, gradient, forward ops, backward ops) here,
+    and what the unsplit computation gives (every rank's inputs are drawn from the same seeds); with
+    ``rings``, inside ``comm.ring_algorithms()``."""
+    import contextlib
+    from minipar import comm
+    from minipar.mesh import Mesh
+    from minipar.tensor import operators as ops
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    draw = lambda r, *shape: torch.randn(*shape, generator=torch.Generator().manual_seed(r), dtype=torch.float64)  # noqa: E731
+    x, shard = draw(99, 2, 8, 4), lambda t, dim: t.chunk(world_size, dim)[rank]  # noqa: E731
+    per_rank = [draw(r, 2, 8, 4) for r in range(world_size)]        # partial sums / rank-specific gradients
+    total = sum(per_rank)
+    cases = {   # name: (operator, input, upstream gradient, expected output, expected input gradient)
+        "f copy_to_tp": (ops.copy_to_tp, x, per_rank[rank], x, total),
+        "g reduce_from_tp": (ops.reduce_from_tp, per_rank[rank], x, total, x),
+        "split_to_tp": (ops.split_to_tp, x, shard(per_rank[rank], -1), shard(x, -1),
+                        torch.cat([p.chunk(world_size, -1)[r] for r, p in enumerate(per_rank)], -1)),
+        "gather_from_tp": (ops.gather_from_tp, shard(x, -1), x, x, shard(x, -1)),
+        "g gather_sequence": (ops.gather_sequence, shard(x, 1), per_rank[rank], x, shard(total, 1)),
+        "g-bar scatter_sequence": (ops.scatter_sequence, per_rank[rank], shard(x, 1), shard(total, 1), x),
+    }
+    out = {}
+    for name, (op, inp, dy, want_y, want_dx) in cases.items():
+        inp = inp.clone().requires_grad_(True)
+        with comm.ring_algorithms() if rings else contextlib.nullcontext():
+            with comm.recording() as fwd:
+                y = op(inp, group)
+            with comm.recording() as bwd:
+                y.backward(dy)
+        out[name] = (float((y - want_y).abs().max()), float((inp.grad - want_dx).abs().max()),
+                     [r.op for r in fwd.records], [r.op for r in bwd.records])
+    return out
+
+
+@pytest.mark.parametrize("rings", [False, True])
+def test_operators_equal_the_unsplit_computation_and_log_their_collective(rings):
+    """f/g (Shoeybi 2019; Korthikanti's f/f̄) and g/ḡ (Korthikanti 2022) at float64, exactly: each moves
+    only what a sum, a concatenation or a slice moves (atol 1e-12 for the reordered sums). Inside
+    comm.ring_algorithms() the same operators run on minipar's send/recv rings."""
+    colls = {"f copy_to_tp": ([], ["all_reduce"]), "g reduce_from_tp": (["all_reduce"], []),
+             "split_to_tp": ([], ["all_gather"]), "gather_from_tp": (["all_gather"], []),
+             "g gather_sequence": (["all_gather"], ["reduce_scatter"]),
+             "g-bar scatter_sequence": (["reduce_scatter"], ["all_gather"])}
+    for per_op in launch(_operators_vs_unsplit, 4, rings, **QUIET):
+        for name, (dy, dx, fwd, bwd) in per_op.items():
+            assert dy < 1e-12 and dx < 1e-12, (name, dy, dx)
+            if rings:   # every collective became the ring's messages: (N-1) sends per all-gather/RS, 2(N-1) per AR
+                want = [["send", "recv"] * (3 * (op == "all_reduce") + 3) for op in colls[name][0]], \
+                       [["send", "recv"] * (3 * (op == "all_reduce") + 3) for op in colls[name][1]]
+                assert (fwd, bwd) == tuple(sum(w, []) for w in want), name
+            else:
+                assert (fwd, bwd) == colls[name], name
+
+
+def test_operator_source_shows_its_collective():
+    """Issue 24: inspect.getsource of Megatron's f and g shows the all-reduce, not a string table."""
+    import inspect
+    from minipar.tensor import operators as ops
+    assert "comm.all_reduce" in inspect.getsource(ops.CopyToTensorParallel.backward)
+    assert "comm.all_reduce" in inspect.getsource(ops.ReduceFromTensorParallel.forward)
+    assert "CopyToTensorParallel.apply(x, group)" in inspect.getsource(ops.copy_to_tp)
+    assert not hasattr(ops, "split_sequence") and not hasattr(ops, "_ConjugatePair")
 
 
 @pytest.mark.parametrize("tp", [4])

@@ -33,7 +33,6 @@ Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel 
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
@@ -55,14 +54,14 @@ class Reducer:
     ``collective(buffer, group)`` launches the reduction and returns an async work handle; the default is
     ``comm.all_reduce(..., async_op=True)`` (a sharded strategy can pass a reduce-scatter instead).
     ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing).
-    If ``timeline`` is a list, (kind, label, start, end) tuples in ``time.perf_counter`` seconds are
-    appended: ``("grad", name, t, t)`` when a gradient is ready, ``("comm", "bucket i", launch, done)``.
+    Its timeline (gradients ready, buckets launched and done) is observed from outside:
+    :func:`minipar.data.ddp_measure.watch_buckets`.
     """
 
     def __init__(self, params: list, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  comm_dtype: torch.dtype | None = None, average: bool = True, collective=None,
-                 names: dict | None = None, timeline: list | None = None):
-        self.group, self.average, self.timeline = group, average, timeline
+                 names: dict | None = None):
+        self.group, self.average = group, average
         self.collective = collective or (lambda buf, g: comm.all_reduce(buf, group=g, async_op=True))
         element_size = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype else None
         # Reverse registration order: the last layers' gradients are ready first in backward.
@@ -75,9 +74,6 @@ class Reducer:
 
     def grad_ready(self, param) -> None:
         """Called by a parameter's hook once its gradient is accumulated."""
-        if self.timeline is not None:
-            now = time.perf_counter()
-            self.timeline.append(("grad", self.names.get(id(param), "?"), now, now))
         self.bucket_of[id(param)].fill(param)
         self.launch_ready()
 
@@ -92,12 +88,7 @@ class Reducer:
         """Start ``bucket``'s reduction asynchronously (averaged first: divide by N, then sum)."""
         if self.average:
             bucket.buffer.div_(dist.get_world_size(self.group))
-        start = time.perf_counter()
         bucket.work = self.collective(bucket.buffer, self.group)
-        if self.timeline is not None:
-            fut = bucket.work.get_future()
-            fut.add_done_callback(lambda _f, b=bucket.index, t0=start: self.timeline.append(
-                ("comm", f"bucket {b}", t0, time.perf_counter())))
 
     def finish(self) -> list:
         """End of backward: fill the slots of parameters that got no gradient, launch what is left, wait
@@ -126,8 +117,7 @@ class DistributedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 comm_dtype: torch.dtype | None = None, find_unused_parameters: bool = False,
-                 timeline: list | None = None):
+                 comm_dtype: torch.dtype | None = None, find_unused_parameters: bool = False):
         super().__init__()
         if comm_dtype is not None and not comm_dtype.is_floating_point:
             raise ValueError(f"comm_dtype must be a floating-point dtype, got {comm_dtype}")
@@ -140,7 +130,7 @@ class DistributedDataParallel(nn.Module):
         self._broadcast_state()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.reducer = Reducer([p for _, p in named], group, bucket_bytes, comm_dtype,
-                               names={id(p): n for n, p in named}, timeline=timeline)
+                               names={id(p): n for n, p in named})
         self._finish_queued = False
         self._hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for _, p in named]
 

@@ -65,11 +65,10 @@ def local_positions(seq_len: int, rank: int, world_size: int, method: str) -> to
     return ring_attention.positions(seq_len, rank, world_size, zigzag=method == "ring-zigzag")
 
 
-def attention_for(method: str, group, stats: dict | None = None):
+def attention_for(method: str, group):
     """The attention core (b, heads, s_local, d)³ → (b, heads, s_local, d) for ``method``."""
     if method in ("ring", "ring-zigzag"):
-        return functools.partial(ring_attention.ring_attention, group=group, zigzag=method == "ring-zigzag",
-                                 stats=stats)
+        return functools.partial(ring_attention.ring_attention, group=group, zigzag=method == "ring-zigzag")
     if method == "ulysses":
         return functools.partial(ulysses.ulysses_attention, group=group)
     return functools.partial(ring_self_attention.ring_self_attention, group=group)

@@ -22,7 +22,6 @@ gradient accumulators dK, dV N times (the last pass hands each accumulator home)
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 import torch.distributed as dist
@@ -127,7 +126,7 @@ class RingAttention(torch.autograd.Function):
     """The ring: forward merges the K,V blocks as they pass; backward passes them again with their dK, dV."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, zigzag, stats):
+    def forward(ctx, q, k, v, group, zigzag):
         ranks, me = _ring(group)
         n = len(ranks)
         right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
@@ -135,24 +134,17 @@ class RingAttention(torch.autograd.Function):
         qs = q.chunk(len(mine), dim=-2)
         acc = [None] * len(mine)                         # per query chunk: (o, lse) merged so far
         kv = torch.stack([k, v]).contiguous()
-        compute = 0.0
         for step in range(n):
             src = (me - step) % n                        # whose K,V block I hold now
             if step < n - 1:                             # next block in flight while I compute
                 incoming, pending = _start_exchange(kv, right, left, group)
-            t0 = time.thread_time()
             ks, vs = kv[0].chunk(len(mine), dim=-2), kv[1].chunk(len(mine), dim=-2)
             for i, j, diagonal in causal_pairs(mine, chunk_ids(src, n, zigzag)):
                 o, lse = block_attention(qs[i], ks[j], vs[j], diagonal)
                 acc[i] = (o, lse) if acc[i] is None else lse_merge(*acc[i], o, lse)
-                if stats is not None:
-                    stats["blocks"] = stats.get("blocks", 0) + 1
-            compute += time.thread_time() - t0
             if step < n - 1:
                 _finish(pending)
                 kv = incoming
-        if stats is not None:
-            stats["forward_compute_s"] = stats.get("forward_compute_s", 0.0) + compute
         out = torch.cat([o for o, _ in acc], dim=-2)
         lse = torch.cat([lse for _, lse in acc], dim=-2)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -192,14 +184,14 @@ class RingAttention(torch.autograd.Function):
             if n > 1:   # hand the accumulator on with its block; after the last step it comes home
                 dkv, pending = _start_exchange(dkv, right, left, group)
                 _finish(pending)
-        return torch.cat(dq, -2), dkv[0], dkv[1], None, None, None
+        return torch.cat(dq, -2), dkv[0], dkv[1], None, None
 
 
-def ring_attention(q, k, v, group=None, zigzag: bool = False, stats: dict | None = None):
+def ring_attention(q, k, v, group=None, zigzag: bool = False):
     """Causal attention of this rank's queries over the whole sequence, for (b, heads, s/N, d) shards laid
-    out by :func:`shard_sequence` (contiguous, or zig-zag). ``stats`` (a dict) receives the chunk pairs
-    computed and the forward compute time (CPU time of this thread, waiting excluded)."""
-    return RingAttention.apply(q, k, v, group, zigzag, stats)
+    out by :func:`shard_sequence` (contiguous, or zig-zag). Its work and time are measured beside it
+    (:mod:`minipar.sequence.measure`)."""
+    return RingAttention.apply(q, k, v, group, zigzag)
 
 
 def forward_bytes(b: int, s: int, h: int, n: int, element_bytes: int = 4) -> int:

@@ -181,30 +181,3 @@ def compare_to_one_device(recipe: Recipe, *, world_size: int, sequence_parallel:
                              sequence_parallel=sequence_parallel, label_smoothing=label_smoothing,
                              **check_kwargs)
 
-
-def measure_layer(rank, world_size, cfg, batch_size: int, seq_len: int, sequence_parallel: bool = False,
-                  group=None, seed: int = 0, prepare=None) -> dict:
-    """One transformer block, forward and backward, on this rank: the bytes it sent (from the comm log: its
-    model, ``bytes_sent``; the sockets, ``bytes_observed``; ``calls``) and the activation bytes autograd kept
-    (:func:`minipar.memory.saved_activation_bytes`), and the bytes of the parameters the rank's block holds.
-    ``prepare(block)``, if given, changes the block before it runs (chapter 05's variants)."""
-    from .. import comm
-    from ..memory import saved_activation_bytes
-    from ..models import Block
-
-    group = group if group is not None else Mesh(world_size, tp=world_size).build(rank).group("tp")
-    torch.manual_seed(seed)
-    block = TensorParallelBlock(Block(cfg), group, sequence_parallel, DropoutStreams(seed, group))
-    if prepare is not None:
-        prepare(block)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch_size, seq_len, cfg.n_embd, generator=g)
-    if sequence_parallel:
-        x = x.chunk(tp_size(group), dim=1)[tp_rank(group)]
-    x = x.clone().requires_grad_(True)   # its own storage: a view would count the whole tensor
-    with comm.recording() as log:
-        y, activations = saved_activation_bytes(block, x, exclude=list(block.parameters()))
-        y.backward(torch.ones_like(y))
-    return {"bytes_sent": log.bytes_sent, "bytes_observed": log.observed_bytes_sent, "calls": log.count(),
-            "by_op": log.by_op(), "activation_bytes": activations,
-            "param_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}

@@ -1,28 +1,38 @@
 """The communication of tensor parallelism as autograd functions over a tensor-parallel group.
 
 Megatron-LM (Shoeybi et al. 2019, "Megatron-LM: Training Multi-Billion Parameter Language Models Using
-Model Parallelism") needs only two operators, conjugate to each other:
+Model Parallelism") needs two operators, conjugate to each other: what one does forward, the other does
+backward. Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models") adds a second conjugate pair along the sequence dimension. The two papers name them
+differently — Korthikanti et al. rename Shoeybi's g to f̄ and use g, ḡ for the new pair — so every class
+below carries both names:
 
-=======================  ==================  ===================  ==========================================
-operator                 forward             backward             where
-=======================  ==================  ===================  ==========================================
-``f = copy_to_tp``       identity            all-reduce (sum)     entering a tensor-parallel region: every
-                                                                  rank used the same X, each added a part of dX
-``g = reduce_from_tp``   all-reduce (sum)    identity             leaving it: the ranks' partial sums of Y
-``split_to_tp``          keep my slice       all-gather           a replicated tensor cut along a dimension
-``gather_from_tp``       all-gather          keep my slice        column-parallel output made whole
-=======================  ==================  ===================  ==========================================
+=============================  ============  =====================  ==============  ==============
+function (class)               Shoeybi 2019  Korthikanti 2022       forward         backward
+=============================  ============  =====================  ==============  ==============
+``copy_to_tp``                 f             f                      identity        all-reduce
+(:class:`CopyToTensorParallel`)
+``reduce_from_tp``             g             f̄ (f-bar)              all-reduce      identity
+(:class:`ReduceFromTensorParallel`)
+``gather_sequence``            —             g                      all-gather      reduce-scatter
+(:class:`GatherSequence`)
+``scatter_sequence``           —             ḡ (g-bar)              reduce-scatter  all-gather
+(:class:`ScatterSequence`)
+``split_to_tp``                —             —                      keep my slice   all-gather
+(:class:`SplitToTensorParallel`)
+``gather_from_tp``             —             —                      all-gather      keep my slice
+(:class:`GatherFromTensorParallel`)
+=============================  ============  =====================  ==============  ==============
 
-Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models") replaces each all-reduce by a reduce-scatter plus an all-gather along the sequence dimension:
+Where they sit: f where a tensor-parallel region starts (every rank used the same X, each adds a part of
+dX), g / f̄ where it ends (the ranks' partial sums of Y). With sequence parallelism g replaces f before a
+column-parallel layer and ḡ replaces f̄ after a row-parallel one: an all-reduce is a reduce-scatter plus an
+all-gather, so the bytes stay the same while the LayerNorms and dropouts between the regions work on s/t
+tokens.
 
-=============================  ====================  ====================
-``gather_sequence``  (g-bar)   all-gather            reduce-scatter
-``scatter_sequence`` (g-bar*)  reduce-scatter        all-gather
-=============================  ====================  ====================
-
-Every collective goes through :mod:`minipar.comm`, so its bytes are logged. ``group`` is always the
-tensor-parallel process group, passed in (a hybrid run has one per data/pipeline coordinate).
+Every collective goes through :mod:`minipar.comm`, so its bytes are logged (and, inside
+``comm.ring_algorithms()``, run on minipar's send/recv rings). ``group`` is always the tensor-parallel
+process group, passed in (a hybrid run has one per data/pipeline coordinate).
 """
 from __future__ import annotations
 
@@ -32,8 +42,9 @@ import torch.distributed as dist
 from .. import comm
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "split_to_tp", "gather_from_tp", "gather_sequence",
-           "scatter_sequence", "split_sequence", "all_gather_dim", "reduce_scatter_dim", "split_dim",
-           "all_reduce_sum", "tp_rank", "tp_size"]
+           "scatter_sequence", "CopyToTensorParallel", "ReduceFromTensorParallel", "SplitToTensorParallel",
+           "GatherFromTensorParallel", "GatherSequence", "ScatterSequence", "all_gather_dim",
+           "reduce_scatter_dim", "split_dim", "all_reduce_sum", "tp_rank", "tp_size", "SEQ_DIM"]
 
 SEQ_DIM = 1   # activations are (batch, sequence, hidden)
 
@@ -51,8 +62,8 @@ def tp_rank(group) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
-    out = x.contiguous().clone()   # a copy: the incoming tensor may be shared by autograd
-    return comm.all_reduce(out, group=group)
+    """Σ over the ranks of ``x``, into a copy (the incoming tensor may be shared by autograd)."""
+    return comm.all_reduce(x.contiguous().clone(), group=group)
 
 
 def split_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -64,7 +75,7 @@ def split_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
 
 
 def all_gather_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` in rank order."""
+    """Concatenate every rank's ``x`` along ``dim`` in rank order (``comm.all_gather_into_tensor``)."""
     t = tp_size(group)
     if t == 1:
         return x
@@ -75,7 +86,7 @@ def all_gather_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
 
 
 def reduce_scatter_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Sum ``x`` over the ranks and keep this rank's slice along ``dim``."""
+    """Sum ``x`` over the ranks and keep this rank's slice along ``dim`` (``comm.reduce_scatter_tensor``)."""
     t = tp_size(group)
     if t == 1:
         return x
@@ -85,68 +96,122 @@ def reduce_scatter_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return out.movedim(0, dim)
 
 
-_OPS = {
-    "identity": lambda x, dim, group: x.view_as(x),
-    "all_reduce": lambda x, dim, group: all_reduce_sum(x, group),
-    "split": split_dim,
-    "all_gather": all_gather_dim,
-    "reduce_scatter": reduce_scatter_dim,
-}
+# ----------------------------------------------------------------------------------------------------
+# Tensor parallelism (Megatron-LM): f and g (Korthikanti's f and f̄)
+# ----------------------------------------------------------------------------------------------------
 
-
-class _ConjugatePair(torch.autograd.Function):
-    """Forward runs one collective, backward its conjugate (the operation that moves the gradient)."""
+class CopyToTensorParallel(torch.autograd.Function):
+    """f (both papers): identity forward; backward all-reduces dX, to which every rank's branch added a part."""
 
     @staticmethod
-    def forward(ctx, x, forward_op, backward_op, dim, group):
-        ctx.backward_op, ctx.dim, ctx.group = backward_op, dim, group
-        return _OPS[forward_op](x, dim, group)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return _OPS[ctx.backward_op](grad, ctx.dim, ctx.group), None, None, None, None
+        return comm.all_reduce(grad.contiguous().clone(), group=ctx.group), None
 
 
-# ----------------------------------------------------------------------------------------------------
-# Tensor parallelism (Megatron-LM)
-# ----------------------------------------------------------------------------------------------------
+class ReduceFromTensorParallel(torch.autograd.Function):
+    """g (Shoeybi 2019) = f̄ (Korthikanti 2022): all-reduce forward (sum the ranks' partial products);
+    identity backward (dY is the same on every rank)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return comm.all_reduce(x.contiguous().clone(), group=group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class SplitToTensorParallel(torch.autograd.Function):
+    """Keep this rank's slice of a replicated tensor along ``dim``; backward all-gathers the slices' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return split_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_dim(grad, ctx.dim, ctx.group), None, None
+
+
+class GatherFromTensorParallel(torch.autograd.Function):
+    """All-gather the ranks' slices along ``dim`` (a column-parallel output made whole); backward keeps
+    this rank's slice of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return all_gather_dim(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return split_dim(grad, ctx.dim, ctx.group), None, None
+
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     """f: identity forward; all-reduce of the gradient backward (each rank's branch adds a part of dX)."""
-    return _ConjugatePair.apply(x, "identity", "all_reduce", -1, group)
+    return CopyToTensorParallel.apply(x, group)
 
 
 def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
-    """g: all-reduce forward (sum the ranks' partial products); identity backward (dY is replicated)."""
-    return _ConjugatePair.apply(x, "all_reduce", "identity", -1, group)
+    """g (Korthikanti's f̄): all-reduce forward (sum the ranks' partial products); identity backward."""
+    return ReduceFromTensorParallel.apply(x, group)
 
 
 def split_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """Keep this rank's slice of a replicated tensor; backward all-gathers the slices' gradients."""
-    return _ConjugatePair.apply(x, "split", "all_gather", dim, group)
+    return SplitToTensorParallel.apply(x, group, dim)
 
 
 def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """All-gather the ranks' slices (e.g. a column-parallel output); backward keeps this rank's slice."""
-    return _ConjugatePair.apply(x, "all_gather", "split", dim, group)
+    return GatherFromTensorParallel.apply(x, group, dim)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Sequence parallelism (Korthikanti et al. 2022)
+# Sequence parallelism (Korthikanti et al. 2022): g and ḡ
 # ----------------------------------------------------------------------------------------------------
+
+class GatherSequence(torch.autograd.Function):
+    """g (Korthikanti 2022; not Shoeybi's g): sequence shards -> whole sequence before a column-parallel
+    layer. Forward all-gathers along the sequence; backward reduce-scatters, since each rank's column shard
+    contributed a partial dX for every token."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_dim(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_dim(grad, SEQ_DIM, ctx.group), None
+
+
+class ScatterSequence(torch.autograd.Function):
+    """ḡ, g-bar (Korthikanti 2022): partial sums -> summed sequence shard after a row-parallel layer.
+    Forward reduce-scatters along the sequence; backward all-gathers (the next region needs dY for every
+    token)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_dim(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_dim(grad, SEQ_DIM, ctx.group), None
+
 
 def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """Sequence shards -> whole sequence before a column-parallel layer: all-gather forward,
-    reduce-scatter backward (each rank's column shard contributed a partial dX for every token)."""
-    return _ConjugatePair.apply(x, "all_gather", "reduce_scatter", SEQ_DIM, group)
+    """g (Korthikanti 2022): all-gather along the sequence forward, reduce-scatter backward."""
+    return GatherSequence.apply(x, group)
 
 
 def scatter_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """Partial sums -> summed sequence shard after a row-parallel layer: reduce-scatter forward,
-    all-gather backward (the next region needs dY for every token)."""
-    return _ConjugatePair.apply(x, "reduce_scatter", "all_gather", SEQ_DIM, group)
-
-
-def split_sequence(x: torch.Tensor, group) -> torch.Tensor:
-    """Keep this rank's sequence shard of a replicated tensor; backward all-gathers."""
-    return _ConjugatePair.apply(x, "split", "all_gather", SEQ_DIM, group)
+    """ḡ (Korthikanti 2022): reduce-scatter along the sequence forward, all-gather backward."""
+    return ScatterSequence.apply(x, group)

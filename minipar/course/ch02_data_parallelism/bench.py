@@ -92,6 +92,7 @@ def sweep_rank(rank, world_size, bucket_sizes=(16 * 1024, 64 * 1024, 256 * 1024,
     hidden fractions and exposed seconds over the timed steps; and the gradient bytes."""
     import torch.distributed as dist
     from minipar.data import ddp
+    from minipar.data.ddp_measure import watch_buckets
     from minipar.loop import shard_batch
 
     from .figures import overlap_fraction
@@ -102,10 +103,9 @@ def sweep_rank(rank, world_size, bucket_sizes=(16 * 1024, 64 * 1024, 256 * 1024,
     configs["one bucket (no overlap)"] = 2 * grad_bytes
     runs = {}
     for name, size in configs.items():
-        events = []
         model = make()
-        runs[name] = (ddp.DistributedDataParallel(model, bucket_bytes=size, timeline=events), events,
-                      torch.optim.SGD(model.parameters(), lr=0.01))
+        wrapped = ddp.DistributedDataParallel(model, bucket_bytes=size)
+        runs[name] = (wrapped, watch_buckets(wrapped), torch.optim.SGD(model.parameters(), lr=0.01))
     out = {name: {"step": [], "hidden": [], "exposed": [], "buckets": len(runs[name][0].reducer.buckets)}
            for name in configs}
     names = list(configs)

@@ -2,7 +2,8 @@
 
 * ``02_ddp_timeline.png``: one DDP training step per rank, on a time axis shared by the ranks: forward,
   backward (a tick where each gradient became ready) and each bucket's all-reduce from its launch to its
-  completion (recorded by :class:`minipar.data.ddp.Reducer`'s timeline and the work's completion callback).
+  completion (observed from outside DDP by :func:`minipar.data.ddp_measure.watch_buckets`, through the
+  reducer's seams and the work's completion callback).
   Buckets launched before backward ends are communication overlapped with compute.
 """
 from __future__ import annotations
@@ -17,12 +18,13 @@ def _timeline_rank(rank, world_size, layers, embd, batch, seq, bucket_bytes, war
     from minipar.loop import lm_loss
     from minipar.course.bench import model_and_batch
     from minipar.data import ddp
+    from minipar.data.ddp_measure import watch_buckets
     from minipar.loop import shard_batch
 
     make, batch_ = model_and_batch(layers, embd, batch, seq)
     x, y = shard_batch(batch_, rank, world_size)
-    events: list = []
-    model = ddp.DistributedDataParallel(make(), bucket_bytes=bucket_bytes, timeline=events)
+    model = ddp.DistributedDataParallel(make(), bucket_bytes=bucket_bytes)
+    events = watch_buckets(model)
     for i in range(warmup + 1):
         events.clear()
         dist.barrier()

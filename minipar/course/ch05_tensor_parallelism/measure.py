@@ -1,6 +1,6 @@
 """Chapter 05's memory per rank, from live tensors: one transformer layer split t ways, its parameters
 (what the rank's modules hold) and the activations autograd keeps for backward, both measured by
-:func:`minipar.tensor.gpt.measure_layer`, beside the formulas.
+:func:`minipar.tensor.measure.measure_layer`, beside the formulas.
 
 Formulas (per layer, float32 here; h hidden, a heads, s sequence, b batch):
 
@@ -26,7 +26,7 @@ def memory_per_degree(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a
     """[{"t", "param_bytes", "param_formula", "activation_bytes", "activation_formula"}], one launch per
     degree; measured values are the maximum over the ranks (all equal here)."""
     from minipar.models import GPTConfig
-    from minipar.tensor.gpt import measure_layer
+    from minipar.tensor.measure import measure_layer
     from minipar.tensor.sequence import activation_bytes_formula, uncounted_bytes
 
     rows = []

@@ -8,8 +8,8 @@ sockets carried (:mod:`minipar.wire`), mean over ranks, next to the formula: 4 a
 (48 KiB); for TP+SP the same volume as all-gathers + reduce-scatters plus the two re-gathers of the
 column-parallel inputs in backward (48 + 12 = 60 KiB, as Megatron-LM does it); with the gathered inputs kept
 instead (:func:`minipar.tensor.layers.keep_gathered_inputs`) SP's bytes equal TP's, and with its
-reduce-scatters on minipar's ring (:func:`~minipar.tensor.layers.reduce_scatter_on_rings`; gloo's all-reduces,
-2x) the wire shows it too. The note
+reduce-scatters on minipar's ring (``with comm.ring_algorithms("reduce_scatter")``; gloo's all-reduces, 2x)
+the wire shows it too. The note
 gives the measured activation bytes of that layer next to Korthikanti et al.'s count scaled to float32 (+
 LayerNorm statistics and the causal mask it leaves out). Peak: one more training step of the whole model
 on each rank (model states + the peak the step allocated, max over ranks), next to one device measured the
@@ -17,18 +17,20 @@ same way in the note.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
+from minipar import comm
 from minipar.check import gpt_recipe
 from minipar.launcher import launch
 from minipar.memory import measure_step
 from minipar.mesh import Mesh
 from minipar.models import GPTConfig
-from minipar.tensor import gpt
 from minipar.tensor.gpt import TensorParallelGPT, compare_to_one_device
-from minipar.tensor.layers import keep_gathered_inputs, reduce_scatter_on_rings
+from minipar.tensor.layers import keep_gathered_inputs
+from minipar.tensor.measure import measure_layer
 from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 from minipar.course.tour import WORLD_SIZE, TourRow
 
@@ -43,14 +45,20 @@ def _recipe():
     return recipe
 
 
+def ring_reduce_scatters(on: bool = True):
+    """The reduce-scatters in the block on minipar's send/recv ring (:func:`minipar.comm.ring_algorithms`),
+    or, ``on=False``, gloo's as they are."""
+    return comm.ring_algorithms("reduce_scatter") if on else contextlib.nullcontext()
+
+
 def measure_layer_on_wire(rank, world_size, cfg, sequence_parallel, keep_gathered=False, b=B, s=S, seed=0,
                           rings=False):
-    """:func:`minipar.tensor.gpt.measure_layer` with chapter 05's variants (keep the gathered input; the
-    reduce-scatter on minipar's rings): (bytes in the log's model, bytes written to the sockets, logged
+    """:func:`minipar.tensor.measure.measure_layer` with chapter 05's variants (keep the gathered input; the
+    reduce-scatters on minipar's rings): (bytes in the log's model, bytes written to the sockets, logged
     calls, activation bytes kept)."""
-    r = gpt.measure_layer(rank, world_size, cfg, b, s, sequence_parallel, seed=seed,
-                          prepare=lambda block: reduce_scatter_on_rings(keep_gathered_inputs(block, keep_gathered),
-                                                                        rings))
+    with ring_reduce_scatters(rings):
+        r = measure_layer(rank, world_size, cfg, b, s, sequence_parallel, seed=seed,
+                          prepare=lambda block: keep_gathered_inputs(block, keep_gathered))
     return r["bytes_sent"], r["bytes_observed"], r["calls"], r["activation_bytes"]
 
 
@@ -63,7 +71,6 @@ def _peak_on_rank(rank, world_size, recipe, sequence_parallel, keep_gathered):
     else:
         group = Mesh(world_size, tp=world_size).build(rank).group("tp")
         model = keep_gathered_inputs(TensorParallelGPT(ref, group, sequence_parallel), keep_gathered)
-        reduce_scatter_on_rings(model, keep_gathered)           # the kept row also runs its RS on rings
         step_loss = model.loss
     del ref
     opt = recipe.optimizer(model.parameters())
@@ -75,9 +82,10 @@ def _peak_on_rank(rank, world_size, recipe, sequence_parallel, keep_gathered):
         if world_size > 1:
             model.finish_backward()
         opt.step()
-    measure_step(step, model.parameters(), opt)               # creates the gradients and Adam's state
-    opt.zero_grad(set_to_none=True)
-    return measure_step(step, model.parameters(), opt).peak
+    with ring_reduce_scatters(keep_gathered):                  # the kept row also runs its RS on rings
+        measure_step(step, model.parameters(), opt)           # creates the gradients and Adam's state
+        opt.zero_grad(set_to_none=True)
+        return measure_step(step, model.parameters(), opt).peak
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,16 +149,17 @@ def _train_kept(rank, world_size, recipe):
     (label smoothing 0.1)."""
     from minipar.check import RunResult
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
-    model = reduce_scatter_on_rings(keep_gathered_inputs(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True)))
+    model = keep_gathered_inputs(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True))
     opt = recipe.optimizer(model.parameters())
     losses = []
-    for inputs, targets in recipe.batches:
-        opt.zero_grad(set_to_none=True)
-        loss = model.loss(inputs, targets, 0.1)
-        loss.backward()
-        model.finish_backward()
-        opt.step()
-        losses.append(loss.item())
+    with ring_reduce_scatters():
+        for inputs, targets in recipe.batches:
+            opt.zero_grad(set_to_none=True)
+            loss = model.loss(inputs, targets, 0.1)
+            loss.backward()
+            model.finish_backward()
+            opt.step()
+            losses.append(loss.item())
     return RunResult(losses, model.full_state_dict())
 
 

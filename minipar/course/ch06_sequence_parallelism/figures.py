@@ -12,7 +12,7 @@ __all__ = ["layer_costs", "plot_layer_memory", "FIGURES"]
 
 
 def _measure_both(rank, world_size, cfg, b, s):
-    from minipar.tensor.gpt import measure_layer
+    from minipar.tensor.measure import measure_layer
     return {sp: measure_layer(rank, world_size, cfg, b, s, sp) for sp in (False, True)}
 
 
