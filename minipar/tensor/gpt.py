@@ -90,8 +90,10 @@ class TensorParallelGPT(SequenceShardEmbedding, nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight   # the same vocabulary rows on this rank
 
-    def forward(self, idx):
-        x = self.embed(idx)                            # whole sequence, or my shard under SP
+    def forward(self, idx, positions=None):
+        """``positions``: the global positions of the tokens the embedding returns (default: all of ``idx``'s,
+        or this rank's shard of them under SP); a context-parallel rank passes its own."""
+        x = self.embed(idx, positions)                 # whole sequence, or my shard under SP
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))                 # the head all-gathers the sequence under SP
