@@ -34,3 +34,43 @@ def test_refused_before_launch():
     with pytest.raises(ValueError, match="dropout"):
         cp.validate(recipe(dropout=0.1), 4, "ring")
     cp.validate(gpt_recipe(seq_len=12), 4, "ring")     # 12 = 4 · 3: contiguous is fine
+
+
+def _tp_times_cp(rank, world_size, method):
+    """TP=2 × CP=2 through the model's seams: the TP model, a CP core, this rank's tokens at their global
+    positions. Logits, and gradients summed over the CP group, against one device (float64)."""
+    from minipar import comm
+    from minipar.mesh import Mesh
+    from minipar.models import GPTConfig, TinyGPT, set_attention_core
+    from minipar.tensor.gpt import TensorParallelGPT
+    from minipar.tensor.layers import shard_rows
+    from minipar.tensor.vocab import vocab_parallel_cross_entropy
+
+    mesh = Mesh(world_size, cp=2, tp=2).build(rank)
+    cp_group, tp_group, cp_rank, tp_rank = mesh.group("cp"), mesh.group("tp"), mesh.coord("cp"), mesh.coord("tp")
+    ref = TinyGPT(GPTConfig(n_layer=2), seed=0).double()
+    g = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(64, (2, 16), generator=g), torch.randint(64, (2, 16), generator=g)
+    want = ref(idx)
+    torch.nn.functional.cross_entropy(want.reshape(-1, 64), targets.reshape(-1)).backward()
+    want_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
+    ref.zero_grad(set_to_none=True)
+
+    model = set_attention_core(TensorParallelGPT(ref, tp_group), cp.attention_for(method, cp_group))
+    pos = cp.local_positions(16, cp_rank, 2, method)
+    logits = model(idx[:, pos], pos)                                     # my tokens, my vocabulary columns
+    loss = vocab_parallel_cross_entropy(logits, targets[:, pos], tp_group, 64).sum() / targets.numel()
+    loss.backward()
+    comm.all_reduce_flat([p.grad for p in model.parameters()], group=cp_group)
+    qkv = model.blocks[0].attn.qkv.weight.grad
+    return ((logits - want[:, pos, 32 * tp_rank: 32 * (tp_rank + 1)]).abs().max().item(),
+            (qkv - shard_rows(want_grads["blocks.0.attn.qkv.weight"], tp_rank, 2, parts=3)).abs().max().item(),
+            (model.ln_f.weight.grad - want_grads["ln_f.weight"]).abs().max().item())
+
+
+@pytest.mark.parametrize("method", ["ring-zigzag", "ulysses"])
+def test_a_cp_core_plugs_into_the_tensor_parallel_model(method):
+    """The seams compose: the CP method replaces only the core of TP's attention (its local heads)."""
+    from minipar import launch
+    for logits, qkv_grad, ln_grad in launch(_tp_times_cp, 4, method, quiet=True):
+        assert logits < 1e-12 and qkv_grad < 1e-12 and ln_grad < 1e-12, (logits, qkv_grad, ln_grad)

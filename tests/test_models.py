@@ -52,3 +52,53 @@ def test_datasets_are_deterministic_and_learnable():
     assert "".join(vocab[i] for i in ids[:10].tolist()) == "A model to"
     losses = train_reference(gpt_recipe(steps=30, batch_size=16)).losses
     assert losses[-1] < 0.8 * losses[0]                          # it learns something in 30 steps
+
+
+def test_embedding_seam_takes_the_positions_a_rank_holds():
+    """A context-parallel rank embeds its tokens at their global positions (zig-zag: two chunks)."""
+    from minipar.models import token_positions
+    model = TinyGPT(GPTConfig(block_size=16), seed=0).double()
+    idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    whole = model.embed(idx)
+    assert torch.equal(whole, model.embed(idx, torch.arange(16)))
+    held = torch.cat([torch.arange(0, 4), torch.arange(12, 16)])         # rank 0 of 2, zig-zag chunks of 4
+    assert torch.equal(model.embed(idx[:, held], held), whole[:, held])
+    assert not torch.allclose(model.embed(idx[:, held]), whole[:, held])  # positions 0..7 would be wrong
+    assert torch.equal(model(idx), model(idx, token_positions(16, 16)))
+    with pytest.raises(ValueError, match="exceeds block_size 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_attention_core_is_one_seam_a_strategy_replaces():
+    from minipar.models import attention_core, causal_attention, set_attention_core
+    model = TinyGPT(GPTConfig(n_layer=2), seed=0).double()
+    names = [n for n, _ in model.named_parameters()]
+    idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    want = model(idx)
+    calls = []
+
+    def counting(q, k, v):
+        calls.append(tuple(q.shape))
+        return causal_attention(q, k, v)
+
+    with attention_core(model, counting):
+        assert torch.equal(model(idx), want)
+    assert calls == [(2, 4, 16, 8)] * 2                                   # every block, (b, heads, s, d)
+    set_attention_core(model, lambda q, k, v: torch.zeros_like(q))
+    assert not torch.allclose(model(idx), want)
+    set_attention_core(model, None)
+    assert torch.equal(model(idx), want) and len(calls) == 2
+    with pytest.raises(RuntimeError), attention_core(model, counting):
+        raise RuntimeError("a failing step restores the causal core too")
+    assert "core" not in model.blocks[0].attn.__dict__
+    assert [n for n, _ in model.named_parameters()] == names and "blocks.1.attn.qkv.bias" in names
+
+
+def test_pipeline_first_stage_embeds_through_the_seam():
+    from minipar.pipeline.stages import split_model
+    model = TinyGPT(GPTConfig(n_layer=2, block_size=16), seed=0)
+    first = split_model(model, 2)[0]
+    idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(first(idx), model.blocks[0](model.embed(idx)))
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        first(torch.zeros(1, 17, dtype=torch.long))

@@ -282,3 +282,33 @@ def test_dropout_streams_agree_and_differ_where_they_must(sequence_parallel):
         assert torch.equal(p0[name], p1[name]), name
     assert torch.equal(d0[0], d1[0])
     assert not torch.equal(d0[1], d1[1])
+
+
+def _seams_on_tp(rank, world_size):
+    """The TP model through the reference's seams: the positions its SP rank holds, and a replaced core
+    reaching every tensor-parallel attention layer (its local heads)."""
+    from minipar.mesh import Mesh
+    from minipar.models import TinyGPT, attention_core, causal_attention
+    from minipar.tensor.gpt import TensorParallelGPT
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    ref = TinyGPT(GPTConfig(n_layer=2), seed=0)
+    idx = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+    held = TensorParallelGPT(ref, group, sequence_parallel=True).positions_held(idx)
+    model = TensorParallelGPT(ref, group)
+    want, shapes = model(idx), []
+
+    def counting(q, k, v):
+        shapes.append(tuple(q.shape))
+        return causal_attention(q, k, v)
+
+    with attention_core(model, counting):
+        got = model(idx)
+    return held.tolist(), shapes, torch.equal(got, want), model.blocks[1].attn.local_heads
+
+
+def test_tp_plugs_into_the_embedding_and_attention_seams():
+    results = launch(_seams_on_tp, 2, **QUIET)
+    for rank, (held, shapes, same, heads) in enumerate(results):
+        assert held == list(range(8 * rank, 8 * rank + 8))         # SP: this rank's half of 0..15
+        assert shapes == [(2, 2, 16, 8)] * 2 and same and heads == 2   # 4 heads / tp=2, whole sequence

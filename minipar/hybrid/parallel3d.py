@@ -47,9 +47,7 @@ from ..mesh import Mesh
 from ..pipeline.runtime import PipelineRank, synced_clock
 from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
-from ..tensor.gpt import TensorParallelGPT
-from ..tensor.layers import dropout
-from ..tensor.operators import tp_rank, tp_size
+from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
@@ -90,17 +88,18 @@ def validate(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: 
                          f"equal micro-batches (global batch = dp × m × micro-batch size)")
 
 
-class HybridStage(nn.Module):
+class HybridStage(SequenceShardEmbedding, nn.Module):
     """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT`: its TP blocks, plus the
-    embeddings (first stage) and the final LayerNorm and vocabulary-parallel head (last stage)."""
+    embeddings (first stage, the model's embedding seam) and the final LayerNorm and vocabulary-parallel head
+    (last stage)."""
 
     def __init__(self, model: TensorParallelGPT, index: int, n_stages: int):
         super().__init__()
         per = model.cfg.n_layer // n_stages
         self.index, self.first, self.last = index, index == 0, index == n_stages - 1
-        self.cfg, self.group, self.sp, self.streams = model.cfg, model.group, model.sequence_parallel, model.streams
+        self.cfg, self.group, self.sequence_parallel = model.cfg, model.group, model.sequence_parallel
         if self.first:
-            self.tok_emb, self.pos_emb = model.tok_emb, model.pos_emb
+            self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
         self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
         if self.last:
             self.ln_f, self.head = model.ln_f, model.head
@@ -108,13 +107,8 @@ class HybridStage(nn.Module):
         self.reference_names = {id(p): names[id(p)] for p in self.parameters()}
 
     def forward(self, x):
-        if self.first:                                  # token ids -> hidden states (TensorParallelGPT's way)
-            pos = torch.arange(x.shape[1], device=x.device)
-            x = self.tok_emb(x)
-            if self.sp:
-                pos = pos.chunk(tp_size(self.group))[tp_rank(self.group)]
-            stream = self.streams.per_rank if self.sp else self.streams.replicated
-            x = dropout(x + self.pos_emb(pos), self.cfg.dropout, stream, self.training)
+        if self.first:                                  # token ids -> hidden states (TensorParallelGPT's seam)
+            x = self.embed(x)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits

@@ -32,10 +32,11 @@ import torch.nn as nn
 
 from ..loop import lm_loss
 from ..models import FeedForward, GPTConfig, TinyGPT
+from ..validation import positive_int
 from .router import Routing, balance_counts, load_balancing_loss, route_groups
 
 __all__ = ["MoEConfig", "MoELayer", "MoEGPT", "dispatch", "combine", "moe_loss", "moe_recipe", "validate_config",
-           "no_drop_capacity_factor", "ffn_flops_per_token"]
+           "no_drop_capacity_factor"]
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,15 @@ class MoEConfig:
 
 def validate_config(moe: MoEConfig, ep: int = 1) -> None:
     """ValueError for a configuration that cannot run: raised when it is made, before any process starts."""
-    if moe.experts < 1:
-        raise ValueError(f"an MoE layer needs at least one expert, got experts={moe.experts}")
+    positive_int("experts (an MoE layer needs at least one expert)", moe.experts)
     if not 1 <= moe.k <= moe.experts:
         raise ValueError(f"top-k={moe.k} must be between 1 and the number of experts ({moe.experts}): "
                          f"a token cannot visit more experts than there are")
     if not moe.capacity_factor > 0:
         raise ValueError(f"capacity factor must be > 0, got {moe.capacity_factor}: every expert needs a slot")
-    if moe.every < 1 or moe.groups < 1:
-        raise ValueError(f"every and groups must be >= 1, got every={moe.every}, groups={moe.groups}")
-    if ep < 1 or moe.experts % ep:
+    positive_int("every", moe.every)
+    positive_int("groups", moe.groups)
+    if moe.experts % positive_int("ep", ep):
         raise ValueError(f"{moe.experts} experts cannot be spread evenly over an expert-parallel group of "
                          f"{ep} ranks: the number of experts must be divisible by the EP size")
 
@@ -162,10 +162,3 @@ def no_drop_capacity_factor(moe_or_experts, k: int = 1) -> float:
     experts = getattr(moe_or_experts, "experts", moe_or_experts)
     k = getattr(moe_or_experts, "k", k)
     return experts / k
-
-
-def ffn_flops_per_token(cfg: GPTConfig, moe: MoEConfig | None = None) -> float:
-    """Forward FLOPs per token of one FFN layer: 2·(2·M·H) for a dense FFN; k·that + 2·M·E for MoE."""
-    dense = 2 * 2 * cfg.n_embd * cfg.ffn_hidden
-    return dense if moe is None else moe.k * dense + 2 * cfg.n_embd * moe.experts
-

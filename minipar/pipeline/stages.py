@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..loop import lm_loss
-from ..models import MLP, TinyGPT
+from ..models import MLP, TinyGPT, TokenPositionEmbedding
+from ..validation import positive_int
 
 __all__ = ["Stage", "split_model", "stage_loss", "boundary_shapes", "assign"]
 
@@ -53,16 +54,16 @@ class Stage(nn.Module):
         return {names[n]: p.detach().clone() for n, p in self.named_parameters()}
 
 
-class _Embed(nn.Module):
-    """Token + position embeddings of a :class:`TinyGPT` (its own modules, shared, not copied)."""
+class _Embed(TokenPositionEmbedding, nn.Module):
+    """Token + position embeddings of a :class:`TinyGPT` through its embedding seam (its own modules,
+    shared, not copied)."""
 
     def __init__(self, model: TinyGPT):
         super().__init__()
-        self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
+        self.cfg, self.tok_emb, self.pos_emb, self.drop = model.cfg, model.tok_emb, model.pos_emb, model.drop
 
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        return self.embed(idx)
 
 
 def _layers(model):
@@ -83,7 +84,7 @@ def _layers(model):
 def split_model(model: nn.Module, n_stages: int) -> list:
     """``n_stages`` stages of equal numbers of layers (MLP Linear layers, GPT blocks)."""
     layers, head, tail = _layers(model)
-    if n_stages < 1 or len(layers) % n_stages:
+    if len(layers) % positive_int("n_stages", n_stages):
         raise ValueError(f"{len(layers)} layers cannot be cut into {n_stages} equal stages: the number of "
                          f"layers must be divisible by p·v = {n_stages}")
     per = len(layers) // n_stages

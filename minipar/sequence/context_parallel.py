@@ -4,7 +4,8 @@ Each rank holds the whole model (replicated, like data parallelism) and, of ever
 its tokens: contiguous s/N (``ring``, ``rsa``, ``ulysses``) or the zig-zag pair of chunks
 (``ring-zigzag``). Everything but attention acts token by token — embeddings (at the tokens' *global*
 positions), LayerNorm, the projections, the MLP, the LM head and the loss — so it runs on the shard as is;
-attention is the only place tokens meet, and is replaced by one of:
+attention is the only place tokens meet, and its core (q, k, v → context) is replaced by one of
+(:func:`minipar.models.set_attention_core`; the projections and everything else stay the reference's):
 
 =============  =====================================================  ==============================
 method         attention                                              refused when
@@ -31,6 +32,8 @@ from .. import comm
 from ..check import Recipe, RunResult
 from ..launcher import launch
 from ..loop import lm_loss
+from ..models import attention_core, set_attention_core
+from ..validation import positive_int
 from ..tensor.sequence import sync_sequence_parallel_grads
 from . import ring_attention, ring_self_attention, ulysses
 
@@ -43,8 +46,7 @@ def validate(recipe: Recipe, world_size: int, method: str = "ring") -> None:
     """ValueError, before any process starts, if ``recipe`` cannot run with ``method`` on ``world_size``."""
     if method not in METHODS:
         raise ValueError(f"unknown context-parallel method {method!r}; choose one of {', '.join(METHODS)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int("world_size", world_size)
     cfg = recipe.model().cfg
     inputs, targets = recipe.batches[0]
     if targets.dtype != torch.long or inputs.dim() != 2:
@@ -76,19 +78,14 @@ def attention_for(method: str, group):
 
 def attention_layer(attn, x, attend):
     """The reference model's attention module on a shard: its own weights, ``attend`` as the core."""
-    b, t, c = x.shape
-    q, k, v = attn.qkv(x).split(c, dim=-1)
-    q, k, v = (z.view(b, t, attn.n_head, c // attn.n_head).transpose(1, 2) for z in (q, k, v))
-    return attn.proj(attend(q, k, v).transpose(1, 2).reshape(b, t, c))
+    with attention_core(attn, attend):
+        return attn(x)
 
 
 def forward_local(model, idx, pos, attend):
     """TinyGPT's forward on this rank's tokens ``idx`` (b, s_local) at global positions ``pos``."""
-    x = model.tok_emb(idx) + model.pos_emb(pos)
-    for block in model.blocks:
-        x = x + attention_layer(block.attn, block.ln1(x), attend)
-        x = x + block.mlp(block.ln2(x))
-    return model.head(model.ln_f(x))
+    with attention_core(model, attend):
+        return model(idx, pos)
 
 
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, method: str = "ring") -> RunResult:
@@ -97,12 +94,12 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, method: str = 
     model = recipe.model().to(recipe.dtype)
     params = list(model.parameters())
     opt = recipe.optimizer(params)
-    attend = attention_for(method, group)
+    set_attention_core(model, attention_for(method, group))
     losses = []
     for inputs, targets in recipe.batches:
         pos = local_positions(inputs.shape[1], rank, world_size, method)
         opt.zero_grad(set_to_none=False)
-        logits = forward_local(model, inputs[:, pos], pos, attend)
+        logits = model(inputs[:, pos], pos)                  # embeddings at my tokens' global positions
         mine = targets[:, pos]
         share = lm_loss(logits, mine) * (mine.numel() / targets.numel())   # Σ over my tokens / ALL tokens
         share.backward()

@@ -14,12 +14,11 @@ bsh): Ulysses' volume falls as 1/N, Megatron's does not. The price: N must divid
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..models import causal_attention
 
 __all__ = ["validate_heads", "seq_to_heads", "heads_to_seq", "dense_causal_attention", "ulysses_attention",
            "forward_bytes", "megatron_sp_forward_bytes"]
@@ -65,12 +64,7 @@ def heads_to_seq(x, group=None):
     return _AllToAll.apply(x, SEQ_DIM, HEAD_DIM, group)
 
 
-def dense_causal_attention(q, k, v):
-    """softmax(QKᵀ/√d + causal mask) V on whole sequences (the single-device attention)."""
-    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    t = s.shape[-1]
-    s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
-    return s.softmax(dim=-1) @ v
+dense_causal_attention = causal_attention   # the single-device core, whole sequences (minipar.models)
 
 
 def ulysses_attention(q, k, v, group=None, attention=dense_causal_attention):

@@ -23,20 +23,21 @@ from ..check import Recipe, RunResult, check_equivalence
 from ..launcher import launch
 from ..loop import lm_loss
 from ..mesh import Mesh
-from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, TensorParallelAttention,
-                     TensorParallelMLP, dropout)
+from ..models import TokenPositionEmbedding
+from ..validation import positive_int
+from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, StreamDropout, TensorParallelAttention,
+                     TensorParallelMLP)
 from .operators import all_gather_dim, tp_rank, tp_size
 from .sequence import sync_sequence_parallel_grads
 from .vocab import VocabParallelEmbedding, pad_rows, padded_vocab_size, vocab_parallel_cross_entropy
 
-__all__ = ["validate", "TensorParallelBlock", "TensorParallelGPT", "smoothed_recipe", "parallel_train", "run",
+__all__ = ["validate", "TensorParallelBlock", "SequenceShardEmbedding", "TensorParallelGPT", "smoothed_recipe", "parallel_train", "run",
            "compare_to_one_device"]
 
 
 def validate(cfg, *, tp: int, seq_len: int | None = None, sequence_parallel: bool = False) -> None:
     """Raise a ValueError (before any process starts) if the model ``cfg`` cannot be split ``tp`` ways."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"the tensor-parallel degree must be a positive integer, got {tp!r}")
+    positive_int("the tensor-parallel degree", tp)
     for what, size in (("n_head (attention heads)", cfg.n_head), ("n_embd (hidden size)", cfg.n_embd),
                        ("ffn_hidden (MLP hidden size)", cfg.ffn_hidden)):
         if size % tp:
@@ -60,7 +61,17 @@ class TensorParallelBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class TensorParallelGPT(nn.Module):
+class SequenceShardEmbedding(TokenPositionEmbedding):
+    """The reference's embedding seam on a tensor-parallel rank: under sequence parallelism the
+    vocabulary-parallel ``tok_emb`` returns this rank's s/t tokens (a reduce-scatter), so the positions it
+    holds are its chunk of 0 … s − 1. Needs ``group`` and ``sequence_parallel`` besides the seam's attributes."""
+
+    def positions_held(self, idx):
+        positions = super().positions_held(idx)
+        return positions.chunk(tp_size(self.group))[tp_rank(self.group)] if self.sequence_parallel else positions
+
+
+class TensorParallelGPT(SequenceShardEmbedding, nn.Module):
     """``forward(idx)`` returns this rank's vocabulary columns of the logits, (b, s, V_padded/t)."""
 
     def __init__(self, ref, group, sequence_parallel: bool = False, seed: int = 0):
@@ -71,6 +82,7 @@ class TensorParallelGPT(nn.Module):
         self.streams = DropoutStreams(seed, group, ref.tok_emb.weight.device)
         self.tok_emb = VocabParallelEmbedding(ref.tok_emb, group, sequence_parallel)
         self.pos_emb, self.ln_f = ref.pos_emb, ref.ln_f
+        self.drop = StreamDropout(cfg.dropout, self.streams, per_rank=sequence_parallel)  # SP: shards differ
         self.blocks = nn.ModuleList(TensorParallelBlock(b, group, sequence_parallel, self.streams)
                                     for b in ref.blocks)
         head = pad_rows(ref.head.weight, padded_vocab_size(cfg.vocab_size, t))
@@ -78,16 +90,10 @@ class TensorParallelGPT(nn.Module):
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight   # the same vocabulary rows on this rank
 
-    def forward(self, idx):
-        s = idx.shape[1]
-        if s > self.cfg.block_size:
-            raise ValueError(f"sequence length {s} exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(s, device=idx.device)
-        x = self.tok_emb(idx)                          # whole sequence, or my shard under SP
-        if self.sequence_parallel:
-            pos = pos.chunk(tp_size(self.group))[tp_rank(self.group)]
-        stream = self.streams.per_rank if self.sequence_parallel else self.streams.replicated
-        x = dropout(x + self.pos_emb(pos), self.cfg.dropout, stream, self.training)
+    def forward(self, idx, positions=None):
+        """``positions``: the global positions of the tokens the embedding returns (default: all of ``idx``'s,
+        or this rank's shard of them under SP); a context-parallel rank passes its own."""
+        x = self.embed(idx, positions)                 # whole sequence, or my shard under SP
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))                 # the head all-gathers the sequence under SP

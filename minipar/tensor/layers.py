@@ -20,16 +20,15 @@ every rank holds whole), one different on every rank (for tensors each rank hold
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..models import CausalSelfAttention
 from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
 from .sequence import RingScatterSequence, column_linear_sequence_parallel
 
-__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "ColumnParallelLinear", "RowParallelLinear",
+__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "StreamDropout", "ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs",
            "reduce_scatter_on_rings"]
 
@@ -61,6 +60,20 @@ def dropout(x: torch.Tensor, p: float, generator: torch.Generator | None, traini
         return x
     keep = torch.empty(x.shape, device=x.device).bernoulli_(1 - p, generator=generator).bool()
     return x * keep / (1 - p)
+
+
+class StreamDropout(nn.Module):
+    """:func:`dropout` as a module drawing from ``streams.per_rank`` (``per_rank=True``: a tensor each rank
+    holds a different part of) or ``streams.replicated`` (a tensor every rank holds whole)."""
+
+    def __init__(self, p: float, streams: DropoutStreams | None, per_rank: bool):
+        super().__init__()
+        self.p, self.streams, self.per_rank = p, streams, per_rank
+
+    def forward(self, x):
+        stream = None if self.streams is None else (self.streams.per_rank if self.per_rank
+                                                    else self.streams.replicated)
+        return dropout(x, self.p, stream, self.training)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -151,49 +164,40 @@ class TensorParallelMLP(nn.Module):
         self.fc = ColumnParallelLinear.from_linear(fc, group, sequence_parallel=sequence_parallel)
         self.proj = RowParallelLinear.from_linear(proj, group, sequence_parallel=sequence_parallel)
         self.p_dropout, self.streams, self.sequence_parallel = p_dropout, streams, sequence_parallel
+        self.drop = _residual_dropout(p_dropout, streams, sequence_parallel)
 
     def forward(self, x):
-        y = self.proj(F.gelu(self.fc(x)))      # GeLU on this rank's columns: no communication needed
-        return dropout(y, self.p_dropout, _residual_stream(self), self.training)
+        return self.drop(self.proj(F.gelu(self.fc(x))))      # GeLU on this rank's columns: no communication
 
 
-def _residual_stream(layer):
+def _residual_dropout(p, streams, sequence_parallel):
     """Dropout after the row-parallel layer: every rank holds the whole Y under TP (masks must agree),
     a different sequence shard under SP (masks must differ)."""
-    if layer.streams is None:
-        return None
-    return layer.streams.per_rank if layer.sequence_parallel else layer.streams.replicated
+    return StreamDropout(p, streams, per_rank=sequence_parallel)
 
 
-class TensorParallelAttention(nn.Module):
+class TensorParallelAttention(CausalSelfAttention):
     """Causal self-attention with the heads split: QKV column-parallel (this rank's heads' Q, K, V),
-    the attention core on n_head/t local heads, the output projection row-parallel."""
+    the attention core on ``n_head`` = n_head/t local heads, the output projection row-parallel. The
+    forward and the core are the reference's (:class:`minipar.models.CausalSelfAttention`); only the
+    layers and the dropout streams differ."""
 
     def __init__(self, attn, group, sequence_parallel: bool = False, streams: DropoutStreams | None = None):
-        super().__init__()
+        nn.Module.__init__(self)
         t = tp_size(group)
         if attn.n_head % t:
             raise ValueError(f"n_head={attn.n_head} is not divisible by the tensor-parallel degree {t}")
-        self.local_heads, self.p_dropout = attn.n_head // t, attn.dropout
+        self.n_head, self.dropout = attn.n_head // t, attn.dropout
         self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, parts=3, sequence_parallel=sequence_parallel)
         self.proj = RowParallelLinear.from_linear(attn.proj, group, sequence_parallel=sequence_parallel)
         self.streams, self.sequence_parallel = streams, sequence_parallel
+        self.resid_drop = _residual_dropout(attn.dropout, streams, sequence_parallel)
+        self.prob_drop = StreamDropout(attn.dropout, streams, per_rank=True)
 
-    def core(self, q, k, v):
-        """softmax(Q Kᵀ/√d + causal mask) V on (batch, local heads, seq, d_head); heads differ by rank, so
-        the attention dropout draws from the per-rank stream."""
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-        s = q.shape[-2]
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        att = dropout(att, self.p_dropout, self.streams and self.streams.per_rank, self.training)
-        return att @ v
+    @property
+    def local_heads(self) -> int:
+        return self.n_head
 
-    def forward(self, x):
-        qkv = self.qkv(x)                                  # (b, s, 3·h/t): whole sequence
-        b, s, width = qkv.shape
-        q, k, v = qkv.split(width // 3, dim=-1)
-        d = width // 3 // self.local_heads
-        q, k, v = (z.view(b, s, self.local_heads, d).transpose(1, 2) for z in (q, k, v))
-        y = self.core(q, k, v).transpose(1, 2).reshape(b, s, width // 3)
-        return dropout(self.proj(y), self.p_dropout, _residual_stream(self), self.training)
+    def attention_dropout(self, att):
+        """Heads differ by rank, so the attention dropout draws from the per-rank stream."""
+        return self.prob_drop(att)

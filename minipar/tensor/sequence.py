@@ -96,15 +96,7 @@ def column_linear_sequence_parallel(x_shard, weight, bias, group, keep_gathered:
 def sync_sequence_parallel_grads(params, group) -> None:
     """Sum over the tensor-parallel group the gradients of replicated parameters applied to sequence
     shards (one flat all-reduce for all of them)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    comm.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset: offset + g.numel()].view_as(g))
-        offset += g.numel()
+    comm.all_reduce_flat([p.grad for p in params if p.grad is not None], group=group)
 
 
 # ----------------------------------------------------------------------------------------------------
