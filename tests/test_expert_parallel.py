@@ -131,8 +131,9 @@ def _with_routings(rank, world_size, recipe):
 # ---- bytes -----------------------------------------------------------------------------------------------
 
 def _bytes(rank, world_size, recipe, ep):
-    log = comm.CommLog()
-    epm.parallel_train(rank, world_size, recipe, ep=ep, a2a_log=log)
+    step_log = comm.CommLog()
+    epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log)
+    log = step_log.select(op="all_to_all", dims=("ep",))
     return log.bytes_sent, log.observed_bytes_sent, log.count("all_to_all")
 
 
@@ -177,7 +178,7 @@ def test_bad_router_settings_refused(kw, reason):
 
 def test_dense_recipe_refused():
     with pytest.raises(ValueError, match="MoEGPT"):
-        epm.validate(gpt_recipe(steps=1), 2, 2)
+        epm.validate(gpt_recipe(steps=1), world_size=2, ep=2)
 
 
 # ---- the scaling bugs these tests exist for are caught ---------------------------------------------------
@@ -189,8 +190,8 @@ def _train_with_bug(rank, world_size, recipe, ep, bug):
     if bug == "expert grads / dp":
         right = epm.sync_gradients
 
-        def wrong(model, world_group, dp_group, world_size):
-            right(model, world_group, dp_group, world_size)
+        def wrong(model, dense_group, dp_group, world_size):
+            right(model, dense_group, dp_group, world_size)
             for n, p in model.named_parameters():
                 if epm.is_expert(n):                 # ÷ dp instead of ÷ W
                     p.grad *= world_size / dist.get_world_size(dp_group)
