@@ -29,6 +29,7 @@ called around this module, straight through ``torch.distributed``, which the rec
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -248,16 +249,32 @@ def predicted_bytes_sent(op: str, payload_bytes: int, n: int, is_root: bool = Fa
 
 
 _last_observed: int | None = None   # wire bytes of the last _timed call (while recording), for its record
+_io_fds: dict = {}                  # pid -> open /proc/<pid>/io (per process: forked ranks open their own)
+
+
+def _wchar() -> int | None:
+    """Bytes this process has written (``wchar``, as :mod:`minipar.wire` reads it), with one ``pread`` of a
+    kept-open file (~7 µs, against ~40 µs to open and parse it each call); None off Linux."""
+    pid = os.getpid()
+    if pid not in _io_fds:
+        try:
+            _io_fds[pid] = os.open(f"/proc/{pid}/io", os.O_RDONLY)
+        except OSError:
+            _io_fds[pid] = None
+    if _io_fds[pid] is None:
+        return None
+    data = os.pread(_io_fds[pid], 1024, 0)
+    start = data.index(b"wchar:") + 6
+    return int(data[start: data.index(b"\n", start)])
 
 
 def _timed(fn):
     global _last_observed
-    from . import wire
-    before = wire.counters().get("wchar") if _active and wire.available() else None
+    before = _wchar() if _active else None
     t0 = time.perf_counter()
     out = fn()
     seconds = time.perf_counter() - t0
-    _last_observed = None if before is None else wire.counters()["wchar"] - before
+    _last_observed = None if before is None else _wchar() - before
     return out, seconds
 
 

@@ -224,3 +224,31 @@ def _train_and_count(rank, world_size, recipe, ep):
     routings = []
     result = epm.parallel_train(rank, world_size, recipe, ep=ep, routings=routings)
     return result, sum(d for layers in routings for _, d in layers)
+
+
+# ---- the groups: all-to-all over ep, experts over dp, everything else over dp × ep ----------------------
+
+def _groups(rank, world_size, recipe, ep):
+    log = comm.CommLog()
+    epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=log)
+    return [(r.op, r.ranks, r.dims, r.payload_bytes) for r in log.records]
+
+
+def test_each_exchange_uses_its_mesh_group():
+    from minipar import Mesh
+    recipe = _recipe(k=1)
+    mesh = Mesh(4, dp=2, ep=2)
+    model = recipe.model()
+    expert_bytes = sum(p.numel() for n, p in model.named_parameters() if epm.is_expert(n)) // 2 * 8
+    dense_bytes = sum(p.numel() for n, p in model.named_parameters() if not epm.is_expert(n)) * 8
+    for rank, records in enumerate(launch(_groups, 4, recipe, 2, quiet=True)):
+        by_dims = {}
+        for op, ranks, dims, payload in records:
+            assert list(ranks) == mesh.group_ranks(dims, rank) and dims == mesh.dims_spanned(ranks)
+            by_dims.setdefault((op, dims), []).append(payload)
+        layers, steps = model.cfg.n_layer, recipe.steps
+        assert len(by_dims[("all_to_all", ("ep",))]) == 4 * layers * steps
+        assert by_dims[("all_reduce", ("dp",))] == [expert_bytes] * steps               # experts: their replicas
+        dense = by_dims[("all_reduce", ("dp", "ep"))]                                    # everything else: all
+        assert dense.count(dense_bytes) == steps and len(dense) == steps * (1 + layers)  # + f's counts per layer
+        assert set(by_dims) == {("all_to_all", ("ep",)), ("all_reduce", ("dp",)), ("all_reduce", ("dp", "ep"))}
