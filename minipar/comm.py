@@ -25,6 +25,11 @@ Logs are scoped: ``with recording() as log:`` collects the calls made inside the
 block is also watched by :mod:`minipar.wire`: ``log.observed_bytes_sent`` is what this process really
 wrote to its sockets meanwhile (the transport's truth, beside the model above — and it sees collectives
 called around this module, straight through ``torch.distributed``, which the records cannot).
+
+Every record names its group: ``ranks`` (global; a send or recv: the pair) and, when the log records with a
+mesh (``recording(mesh=rank_mesh)``), ``dims``, the mesh dimensions those ranks span. Bytes per dimension
+are then a group-by over the log, whatever the strategy: ``log.bytes_by_dims()`` →
+``{("tp",): .., ("pp",): .., ("dp",): ..}``; ``log.select(op="all_to_all", dims=("ep",))`` is a sub-log.
 """
 from __future__ import annotations
 
