@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..mesh import Mesh, RankMesh
+from ..validation import positive_int
 
 __all__ = ["grid_2d", "grid_2p5d", "grid_3d", "build", "reduce_to"]
 
@@ -42,14 +43,9 @@ def _icbrt_exact(n: int):
     return None
 
 
-def _check_world(world_size):
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-
-
 def grid_2d(world_size: int) -> Mesh:
     """A q×q grid (dims ``i``, ``j``); ValueError unless ``world_size`` = q²."""
-    _check_world(world_size)
+    positive_int("world_size", world_size)
     q = _isqrt_exact(world_size)
     if q is None:
         near = math.isqrt(world_size)
@@ -60,9 +56,8 @@ def grid_2d(world_size: int) -> Mesh:
 
 def grid_2p5d(world_size: int, depth: int) -> Mesh:
     """d stacked q×q layers (dims ``k`` (depth), ``i``, ``j``); ValueError unless ``world_size`` = d·q²."""
-    _check_world(world_size)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    positive_int("world_size", world_size)
+    positive_int("depth", depth)
     if world_size % depth:
         raise ValueError(f"2.5D tensor parallelism needs world_size = depth·q², but {world_size} ranks do not "
                          f"divide into depth {depth}")
@@ -75,7 +70,7 @@ def grid_2p5d(world_size: int, depth: int) -> Mesh:
 
 def grid_3d(world_size: int) -> Mesh:
     """A q×q×q cube (dims ``x``, ``y``, ``z``); ValueError unless ``world_size`` = q³."""
-    _check_world(world_size)
+    positive_int("world_size", world_size)
     q = _icbrt_exact(world_size)
     if q is None:
         near = max(1, int(world_size ** (1 / 3)))
