@@ -25,15 +25,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .validation import positive_int
+
 __all__ = ["Mesh", "RankMesh", "DEFAULT_ORDER"]
 
 # Outermost first. tp innermost: its ranks are neighbours (same node), since TP talks the most.
 DEFAULT_ORDER = ("dp", "pp", "cp", "ep", "tp")
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Mesh:
@@ -45,9 +42,9 @@ class Mesh:
         if unknown:
             raise ValueError(f"unknown mesh dimension(s) {sorted(unknown)}; known: {list(order)}")
         for name, size in sizes.items():
-            _positive_int(f"mesh dimension {name}", size)
+            positive_int(f"mesh dimension {name}", size)
         if devices_per_node is not None:
-            _positive_int("devices_per_node", devices_per_node)
+            positive_int("devices_per_node", devices_per_node)
         self.world_size, self.devices_per_node = world_size, devices_per_node
         self.dims = tuple(order)
         self.sizes = {d: sizes.get(d, 1) for d in self.dims}
