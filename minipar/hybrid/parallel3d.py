@@ -263,10 +263,10 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: i
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
     steps = len(recipe.batches)
-    log = comm.CommLog(t.logs["pp+tp"].records + t.logs["dp"].records, mesh=t.mesh.mesh)
-    by_dims = log.bytes_by_dims()                                # bytes per kind: the mesh dim a group spans
+    tagged = comm.CommLog(t.logs["pp+tp"].records + t.logs["dp"].records, mesh=t.mesh.mesh)
+    by_dims = tagged.bytes_by_dims()                             # bytes per kind: the mesh dim a group spans
     by_kind = {k: by_dims.get((k,), 0) / steps for k in ("dp", "pp", "tp")}
-    calls = {k: sum(r.dims == (k,) and r.op != "recv" for r in log.records) / steps for k in ("dp", "pp", "tp")}
+    calls = {k: sum(r.dims == (k,) and r.op != "recv" for r in tagged.records) / steps for k in ("dp", "pp", "tp")}
     observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
     return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
                      observed, seconds, peak, t.runner.timeline, t.model_state_bytes())
