@@ -25,11 +25,17 @@ Logs are scoped: ``with recording() as log:`` collects the calls made inside the
 block is also watched by :mod:`minipar.wire`: ``log.observed_bytes_sent`` is what this process really
 wrote to its sockets meanwhile (the transport's truth, beside the model above — and it sees collectives
 called around this module, straight through ``torch.distributed``, which the records cannot).
+
+Every record names its group: ``ranks`` (global; a send or recv: the pair) and, when the log records with a
+mesh (``recording(mesh=rank_mesh)``), ``dims``, the mesh dimensions those ranks span. Bytes per dimension
+are then a group-by over the log, whatever the strategy: ``log.bytes_by_dims()`` →
+``{("tp",): .., ("pp",): .., ("dp",): ..}``; ``log.select(op="all_to_all", dims=("ep",))`` is a sub-log.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -51,7 +57,12 @@ class CommRecord:
     ``irecv``) from its launch to its completion, filled in when the work completes — until then it holds
     the launch (enqueue) time only and ``pending`` is True. Completion is seen by the work's future for
     collectives; for gloo's send/recv, which have none, by the first ``wait()`` or ``is_completed()`` that
-    finds it done (so at most that late)."""
+    finds it done (so at most that late).
+
+    ``ranks``: the global ranks of the group the call used (a send or recv: the pair {me, peer}); ``dims``:
+    the mesh dimensions they span (:meth:`minipar.mesh.Mesh.dims_spanned`), when the log recording it was
+    given a mesh, else None. ``observed_sent``: bytes this process wrote to its sockets while a blocking call
+    ran (:mod:`minipar.wire`; None for async calls, whose bytes leave after they return)."""
     op: str
     group_size: int
     payload_bytes: int
@@ -60,13 +71,18 @@ class CommRecord:
     seconds: float
     algorithm: str
     pending: bool = False
+    ranks: tuple = ()
+    dims: tuple | None = None
+    observed_sent: int | None = None
 
 
 @dataclass(eq=False)   # logs are told apart by identity (nested recordings may hold equal records)
 class CommLog:
-    """The calls one rank made while this log was recording."""
+    """The calls one rank made while this log was recording. ``mesh`` (a Mesh or RankMesh, optional) names
+    the dimensions each record's group spans."""
     records: list = field(default_factory=list)
     observed_bytes_sent: int | None = None   # wire.observing() over the recording block(s); None: unknown
+    mesh: object = None
 
     def reset(self) -> None:
         self.records.clear()
@@ -95,15 +111,45 @@ class CommLog:
             table[r.op] = (calls + 1, sent + r.sent_bytes)
         return table
 
+    def dims_of(self, record: CommRecord, mesh=None) -> tuple:
+        """The mesh dims ``record``'s group spans: from ``mesh`` if given, else as recorded."""
+        mesh = getattr(mesh, "mesh", mesh)
+        if mesh is not None:
+            return mesh.dims_spanned(record.ranks)
+        if record.dims is None:
+            raise ValueError("this record was made without a mesh: record with comm.recording(mesh=...) or "
+                             "pass mesh= here")
+        return record.dims
+
+    def bytes_by_dims(self, mesh=None) -> dict:
+        """{dims spanned: bytes sent}, a group-by over the records: ``{("tp",): .., ("pp",): .., ("dp",): ..}``
+        for a 3D step; ``()`` holds calls within one rank (a group of one)."""
+        table: dict = {}
+        for r in self.records:
+            key = self.dims_of(r, mesh)
+            table[key] = table.get(key, 0) + r.sent_bytes
+        return table
+
+    def select(self, op: str | None = None, dims=None, mesh=None) -> "CommLog":
+        """A log of the records of ``op`` (if given) over exactly ``dims`` (if given, a tuple in mesh order);
+        its ``observed_bytes_sent`` is the sum of their ``observed_sent`` (None if any is unknown)."""
+        records = [r for r in self.records if (op is None or r.op == op)
+                   and (dims is None or self.dims_of(r, mesh) == tuple(dims))]
+        seen = [r.observed_sent for r in records]
+        return CommLog(records, None if None in seen else sum(seen), mesh if mesh is not None else self.mesh)
+
 
 _active: list[CommLog] = []  # the logs recording on this process (innermost last)
 
 
 @contextlib.contextmanager
-def recording(log: CommLog | None = None):
-    """Record every minipar.comm call on this rank inside the block into ``log`` (a new one by default)."""
+def recording(log: CommLog | None = None, mesh=None):
+    """Record every minipar.comm call on this rank inside the block into ``log`` (a new one by default).
+    With ``mesh`` (a :class:`minipar.mesh.Mesh` or ``RankMesh``) each record also names the dims it spans."""
     from . import wire
     log = log if log is not None else CommLog()
+    if mesh is not None:
+        log.mesh = getattr(mesh, "mesh", mesh)
     _active.append(log)
     try:
         with wire.observing() as seen:
@@ -114,9 +160,25 @@ def recording(log: CommLog | None = None):
             log.observed_bytes_sent = (log.observed_bytes_sent or 0) + seen.bytes_sent
 
 
-def _record(op, n, payload, sent, recv, seconds, algorithm, work=None):
-    """Log one call; for an async call (``work`` given) return the work, timed to its completion."""
-    rec = CommRecord(op, n, int(payload), int(sent), int(recv), seconds, algorithm)
+def _group_ranks(group, peer) -> tuple:
+    if peer is not None:
+        return tuple(sorted({dist.get_rank(), peer}))
+    if group is None or group is dist.group.WORLD:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _record(op, n, payload, sent, recv, seconds, algorithm, work=None, group=None, peer=None):
+    """Log one call (its group: ``group``, or the pair with ``peer`` for a send/recv); for an async call
+    (``work`` given) return the work, timed to its completion."""
+    if not _active:
+        return work
+    ranks = _group_ranks(group, peer)
+    meshes = [log.mesh for log in _active if log.mesh is not None]
+    dims = meshes[-1].dims_spanned(ranks) if meshes else None
+    observed = _last_observed if work is None else None
+    rec = CommRecord(op, n, int(payload), int(sent), int(recv), seconds, algorithm, ranks=ranks, dims=dims,
+                     observed_sent=observed)
     for log in _active:
         log.records.append(rec)
     return work if work is None else _until_done(rec, work, time.perf_counter() - seconds)
@@ -193,10 +255,34 @@ def predicted_bytes_sent(op: str, payload_bytes: int, n: int, is_root: bool = Fa
     }[op]
 
 
+_last_observed: int | None = None   # wire bytes of the last _timed call (while recording), for its record
+_io_fds: dict = {}                  # pid -> open /proc/<pid>/io (per process: forked ranks open their own)
+
+
+def _wchar() -> int | None:
+    """Bytes this process has written (``wchar``, as :mod:`minipar.wire` reads it), with one ``pread`` of a
+    kept-open file (~7 µs, against ~40 µs to open and parse it each call); None off Linux."""
+    pid = os.getpid()
+    if pid not in _io_fds:
+        try:
+            _io_fds[pid] = os.open(f"/proc/{pid}/io", os.O_RDONLY)
+        except OSError:
+            _io_fds[pid] = None
+    if _io_fds[pid] is None:
+        return None
+    data = os.pread(_io_fds[pid], 1024, 0)
+    start = data.index(b"wchar:") + 6
+    return int(data[start: data.index(b"\n", start)])
+
+
 def _timed(fn):
+    global _last_observed
+    before = _wchar() if _active else None
     t0 = time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    _last_observed = None if before is None else _wchar() - before
+    return out, seconds
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -209,7 +295,7 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_reduce", s, n)
-    work = _record("all_reduce", n, s, moved, moved, sec, "ring", work if async_op else None)
+    work = _record("all_reduce", n, s, moved, moved, sec, "ring", work if async_op else None, group)
     return work if async_op else t
 
 
@@ -235,7 +321,7 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
     s = n * _nbytes(t)
     work, sec = _timed(lambda: dist.all_gather(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
-    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None)
+    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None, group)
     return work if async_op else out
 
 
@@ -246,7 +332,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async
     n, s = _size(group), _nbytes(out)
     work, sec = _timed(lambda: _all_gather_flat(out, t, group=group, async_op=async_op))
     moved = predicted_bytes_sent("all_gather", s, n)
-    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None)
+    work = _record("all_gather", n, s, moved, moved, sec, "ring", work if async_op else None, group)
     return work if async_op else out
 
 
@@ -258,7 +344,7 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
     s = sum(_nbytes(x) for x in inputs)
     work, sec = _timed(lambda: dist.reduce_scatter(out, inputs, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
-    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None)
+    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None, group)
     return work if async_op else out
 
 
@@ -270,7 +356,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
     n, s = _size(group), _nbytes(t)
     work, sec = _timed(lambda: _reduce_scatter_flat(out, t, op=op, group=group, async_op=async_op))
     moved = predicted_bytes_sent("reduce_scatter", s, n)
-    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None)
+    work = _record("reduce_scatter", n, s, moved, moved, sec, "ring", work if async_op else None, group)
     return work if async_op else out
 
 
@@ -282,7 +368,7 @@ def all_to_all(out: list, inputs: list, group=None):
     me = dist.get_rank(group) if group is not None else dist.get_rank()
     sent = s - _nbytes(inputs[me])
     recv = sum(_nbytes(x) for x in out) - _nbytes(out[me])
-    _record("all_to_all", n, s, sent, recv, sec, "direct")
+    _record("all_to_all", n, s, sent, recv, sec, "direct", group=group)
     return out
 
 
@@ -290,7 +376,8 @@ def broadcast(t: torch.Tensor, src: int, group=None):
     n, s = _size(group), _nbytes(t)
     _, sec = _timed(lambda: dist.broadcast(t, src=src, group=group))
     root = _is_root(src, group)
-    _record("broadcast", n, s, predicted_bytes_sent("broadcast", s, n, root), 0 if root else s, sec, "direct")
+    _record("broadcast", n, s, predicted_bytes_sent("broadcast", s, n, root), 0 if root else s, sec, "direct",
+            group=group)
     return t
 
 
@@ -300,7 +387,7 @@ def scatter(out: torch.Tensor, chunks: list | None, src: int, group=None):
     root = _is_root(src, group)
     _, sec = _timed(lambda: dist.scatter(out, chunks if root else None, src=src, group=group))
     _record("scatter", n, s, predicted_bytes_sent("scatter", s, n, root), 0 if root else _nbytes(out), sec,
-            "direct")
+            "direct", group=group)
     return out
 
 
@@ -310,7 +397,7 @@ def gather(t: torch.Tensor, out: list | None, dst: int, group=None):
     root = _is_root(dst, group)
     _, sec = _timed(lambda: dist.gather(t, out if root else None, dst=dst, group=group))
     _record("gather", n, s, predicted_bytes_sent("gather", s, n, root), (n - 1) * _nbytes(t) if root else 0,
-            sec, "direct")
+            sec, "direct", group=group)
     return out
 
 
@@ -318,30 +405,31 @@ def reduce(t: torch.Tensor, dst: int, op=dist.ReduceOp.SUM, group=None):
     n, s = _size(group), _nbytes(t)
     root = _is_root(dst, group)
     _, sec = _timed(lambda: dist.reduce(t, dst=dst, op=op, group=group))
-    _record("reduce", n, s, predicted_bytes_sent("reduce", s, n, root), (n - 1) * s if root else 0, sec, "direct")
+    _record("reduce", n, s, predicted_bytes_sent("reduce", s, n, root), (n - 1) * s if root else 0, sec, "direct",
+            group=group)
     return t
 
 
 def send(t: torch.Tensor, dst: int, group=None, tag: int = 0):
     _, sec = _timed(lambda: dist.send(t, dst=dst, group=group, tag=tag))
-    _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct")
+    _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct", peer=dst)
 
 
 def recv(t: torch.Tensor, src: int, group=None, tag: int = 0):
     _, sec = _timed(lambda: dist.recv(t, src=src, group=group, tag=tag))
-    _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct")
+    _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct", peer=src)
     return t
 
 
 def isend(t: torch.Tensor, dst: int, group=None, tag: int = 0):
     """``tag`` tells messages between the same two ranks apart (a pipeline's activations vs gradients)."""
     work, sec = _timed(lambda: dist.isend(t, dst=dst, group=group, tag=tag))
-    return _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct", work)
+    return _record("send", 2, _nbytes(t), _nbytes(t), 0, sec, "direct", work, peer=dst)
 
 
 def irecv(t: torch.Tensor, src: int, group=None, tag: int = 0):
     work, sec = _timed(lambda: dist.irecv(t, src=src, group=group, tag=tag))
-    return _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct", work)
+    return _record("recv", 2, _nbytes(t), 0, _nbytes(t), sec, "direct", work, peer=src)
 
 
 # ----------------------------------------------------------------------------------------------------

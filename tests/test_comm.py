@@ -265,3 +265,54 @@ def test_ring_algorithms_rejects_an_unknown_collective_and_is_scoped():
         assert comm._on_ring("all_gather") and not comm._on_ring("reduce_scatter")
         assert not comm._on_ring("all_gather", async_op=True)
     assert not comm._on_ring("all_gather") and not comm._on_ring("all_reduce")
+
+
+# ---- every record names its group: ranks, mesh dims, and the bytes a blocking call wrote -----------------
+
+def _tagged(rank, world_size):
+    from minipar import Mesh
+    rm = Mesh(world_size, dp=2, tp=2).build(rank)
+    x = torch.ones(256)
+    with comm.recording(mesh=rm) as log:
+        comm.all_reduce(x.clone(), group=rm.group("tp"))
+        comm.all_reduce(x.clone(), group=rm.group("dp"))
+        comm.all_reduce(x.clone(), group=rm.group("dp", "tp"))
+        comm.all_reduce(x.clone())                                    # the world: spans every dim
+        peer = rm.rank_at(dp=1 - rm.coord("dp"))
+        comm.ring_exchange(x, torch.empty_like(x), peer, peer)       # a p2p pair across dp
+    with comm.recording() as plain:                                   # no mesh: dims unknown until one is given
+        comm.all_reduce(x.clone(), group=rm.group("tp"))
+    untagged = plain.records[0].dims
+    try:
+        plain.bytes_by_dims()
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return ([(r.op, r.ranks, r.dims, r.sent_bytes, r.observed_sent) for r in log.records], log.bytes_by_dims(),
+            log.bytes_sent, plain.bytes_by_dims(mesh=rm), untagged, refused,
+            log.select(op="all_reduce", dims=("dp",)).bytes_sent)
+
+
+def test_records_carry_their_group_and_the_dims_it_spans():
+    from minipar import Mesh
+    mesh = Mesh(4, dp=2, tp=2)
+    s = 256 * 4
+    ring = 2 * (2 - 1) / 2 * s
+    for rank, (records, by_dims, total, plain, untagged, refused, dp_bytes) in enumerate(
+            launch(_tagged, 4, quiet=True)):
+        ops = [(op, ranks, dims) for op, ranks, dims, _, _ in records]
+        peer = mesh.rank_at(rank, dp=1 - mesh.coords(rank)["dp"])
+        pair = tuple(sorted((rank, peer)))
+        assert ops == [("all_reduce", tuple(mesh.group_ranks("tp", rank)), ("tp",)),
+                       ("all_reduce", tuple(mesh.group_ranks("dp", rank)), ("dp",)),
+                       ("all_reduce", (0, 1, 2, 3), ("dp", "tp")),
+                       ("all_reduce", (0, 1, 2, 3), ("dp", "tp")),
+                       ("send", pair, ("dp",)), ("recv", pair, ("dp",))]
+        assert by_dims == {("tp",): ring, ("dp",): ring + s, ("dp", "tp"): 2 * (2 * 3 / 4 * s)}
+        assert sum(by_dims.values()) == total and dp_bytes == ring
+        assert plain == {("tp",): ring} and untagged is None and "mesh" in refused
+        for op, _, _, sent, observed in records:
+            if op == "send":                       # async: its bytes leave after the call returns
+                assert observed is None
+            elif observed is not None:             # blocking: at least the model (+ gloo's framing)
+                assert sent <= observed <= sent + 4096

@@ -131,8 +131,9 @@ def _with_routings(rank, world_size, recipe):
 # ---- bytes -----------------------------------------------------------------------------------------------
 
 def _bytes(rank, world_size, recipe, ep):
-    log = comm.CommLog()
-    epm.parallel_train(rank, world_size, recipe, ep=ep, a2a_log=log)
+    step_log = comm.CommLog()
+    epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log)
+    log = step_log.select(op="all_to_all", dims=("ep",))
     return log.bytes_sent, log.observed_bytes_sent, log.count("all_to_all")
 
 
@@ -177,7 +178,7 @@ def test_bad_router_settings_refused(kw, reason):
 
 def test_dense_recipe_refused():
     with pytest.raises(ValueError, match="MoEGPT"):
-        epm.validate(gpt_recipe(steps=1), 2, 2)
+        epm.validate(gpt_recipe(steps=1), world_size=2, ep=2)
 
 
 # ---- the scaling bugs these tests exist for are caught ---------------------------------------------------
@@ -189,8 +190,8 @@ def _train_with_bug(rank, world_size, recipe, ep, bug):
     if bug == "expert grads / dp":
         right = epm.sync_gradients
 
-        def wrong(model, world_group, dp_group, world_size):
-            right(model, world_group, dp_group, world_size)
+        def wrong(model, dense_group, dp_group, world_size):
+            right(model, dense_group, dp_group, world_size)
             for n, p in model.named_parameters():
                 if epm.is_expert(n):                 # ÷ dp instead of ÷ W
                     p.grad *= world_size / dist.get_world_size(dp_group)
@@ -223,3 +224,31 @@ def _train_and_count(rank, world_size, recipe, ep):
     routings = []
     result = epm.parallel_train(rank, world_size, recipe, ep=ep, routings=routings)
     return result, sum(d for layers in routings for _, d in layers)
+
+
+# ---- the groups: all-to-all over ep, experts over dp, everything else over dp × ep ----------------------
+
+def _groups(rank, world_size, recipe, ep):
+    log = comm.CommLog()
+    epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=log)
+    return [(r.op, r.ranks, r.dims, r.payload_bytes) for r in log.records]
+
+
+def test_each_exchange_uses_its_mesh_group():
+    from minipar import Mesh
+    recipe = _recipe(k=1)
+    mesh = Mesh(4, dp=2, ep=2)
+    model = recipe.model()
+    expert_bytes = sum(p.numel() for n, p in model.named_parameters() if epm.is_expert(n)) // 2 * 8
+    dense_bytes = sum(p.numel() for n, p in model.named_parameters() if not epm.is_expert(n)) * 8
+    for rank, records in enumerate(launch(_groups, 4, recipe, 2, quiet=True)):
+        by_dims = {}
+        for op, ranks, dims, payload in records:
+            assert list(ranks) == mesh.group_ranks(dims, rank) and dims == mesh.dims_spanned(ranks)
+            by_dims.setdefault((op, dims), []).append(payload)
+        layers, steps = model.cfg.n_layer, recipe.steps
+        assert len(by_dims[("all_to_all", ("ep",))]) == 4 * layers * steps
+        assert by_dims[("all_reduce", ("dp",))] == [expert_bytes] * steps               # experts: their replicas
+        dense = by_dims[("all_reduce", ("dp", "ep"))]                                    # everything else: all
+        assert dense.count(dense_bytes) == steps and len(dense) == steps * (1 + layers)  # + f's counts per layer
+        assert set(by_dims) == {("all_to_all", ("ep",)), ("all_reduce", ("dp",)), ("all_reduce", ("dp", "ep"))}

@@ -91,7 +91,7 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: dict, steps: int, 
                                           **cuda_facts(backend))
     trainer = Trainer3D(rank, world_size, recipe, **layout, device=device)
     start = checkpoint.load(trainer, resume) if resume else 0
-    reporter = trainer.mesh.is_last_stage and trainer.coords[0] == 0 and trainer.coords[2] == 0
+    reporter = trainer.mesh.is_last_stage and trainer.mesh.coord("dp") == 0 and trainer.mesh.coord("tp") == 0
     tokens = recipe.batches[0][0].numel()
     history = []
     for step in range(start, steps):

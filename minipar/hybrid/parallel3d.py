@@ -187,7 +187,7 @@ class Trainer3D:
             self.reducer = Reducer(self.params, self.dp_group) if dp > 1 else None
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
-        self.logs = {k: comm.CommLog() for k in ("pp+tp", "dp")}
+        self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
 
     @property
     def coords(self) -> tuple:
@@ -257,11 +257,10 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: i
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
     steps = len(recipe.batches)
-    by_kind = {"dp": t.logs["dp"].bytes_sent / steps,
-               "pp": sum(r.sent_bytes for r in t.logs["pp+tp"].records if r.op == "send") / steps}
-    by_kind["tp"] = t.logs["pp+tp"].bytes_sent / steps - by_kind["pp"]
-    calls = {"dp": t.logs["dp"].count() / steps, "pp": t.logs["pp+tp"].count("send") / steps}
-    calls["tp"] = (t.logs["pp+tp"].count() - t.logs["pp+tp"].count("send") - t.logs["pp+tp"].count("recv")) / steps
+    tagged = comm.CommLog(t.logs["pp+tp"].records + t.logs["dp"].records, mesh=t.mesh.mesh)
+    by_dims = tagged.bytes_by_dims()                             # bytes per kind: the mesh dim a group spans
+    by_kind = {k: by_dims.get((k,), 0) / steps for k in ("dp", "pp", "tp")}
+    calls = {k: sum(r.dims == (k,) and r.op != "recv" for r in tagged.records) / steps for k in ("dp", "pp", "tp")}
     observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
     return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
                      observed, seconds, peak, t.runner.timeline, t.model_state_bytes())

@@ -1,6 +1,7 @@
 """Expert parallelism (EP): the experts of every MoE layer spread over ranks, tokens sent to them by all-to-all.
 
-World = dp × ep ranks (``Mesh(world, dp=.., ep=..)``: rank = d·ep + e). Every rank holds the non-expert
+World = dp × ep ranks (``Mesh(world, dp=.., ep=..)``: rank = d·ep + e; groups from the mesh: ``group("ep")``
+for the all-to-all, ``group("dp")`` for an expert's replicas, ``group("dp", "ep")`` for every data-parallel rank). Every rank holds the non-expert
 parameters (attention, embeddings, routers, LayerNorms) and reads its own 1/world of the global batch, as in
 data parallelism; within an EP group of ``ep`` ranks, rank e holds experts e·E/ep … (e+1)·E/ep − 1 of every
 MoE layer, and ranks with the same e in different EP groups hold replicas of the same experts. Per MoE layer:
@@ -32,9 +33,14 @@ when tokens are dropped (``tests/test_expert_parallel.py``); with C ≥ T nothin
 whatever the grouping.
 
 **Gradients.** The loss is the mean over the world's ranks of their local losses, so every gradient is
-divided by the world size W. Non-expert parameters: all-reduce over all W ranks, ÷ W. An expert's gradient
-already holds the contributions of every token of its EP group (they reached it through the all-to-all);
-all-reduce over its replicas (the dp group), and divide by **W, not dp** — the classic scaling bug.
+divided by the world size W. Non-expert parameters: all-reduce over all W data-parallel ranks (the dp × ep
+group), ÷ W. An expert's gradient already holds the contributions of every token of its EP group (they
+reached it through the all-to-all); all-reduce over its replicas (the expert-data-parallel group, dp), and
+divide by **W, not dp** — the classic scaling bug.
+
+**Bytes.** Strategies log every exchange with :mod:`minipar.comm`; ``parallel_train(step_log=log)`` records
+with the mesh, so each record names its group's dims and ``log.select(op="all_to_all")`` is the all-to-all
+traffic, modelled and observed per call, with no log threaded through the layers.
 
 **Load-balancing loss.** f_i counts first choices over the whole micro-batch of all W ranks (an all-reduce
 of E numbers), P_i is each rank's own mean probability; each rank's α·E·Σ f_i·P_i, averaged over ranks
@@ -54,6 +60,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..mesh import Mesh
+from ..validation import positive_int
 from .layer import MoEGPT, MoELayer, validate_config
 from .router import Routing, balance_counts, load_balancing_loss
 
@@ -66,41 +73,40 @@ class AllToAll(torch.autograd.Function):
     """Chunk i of dim 0 goes to rank i of ``group``; backward sends the gradient chunks back the same way."""
 
     @staticmethod
-    def forward(ctx, x, group, log):
-        ctx.group, ctx.log = group, log
-        return exchange(x, group, log)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return exchange(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return exchange(grad, ctx.group, ctx.log), None, None
+        return exchange(grad, ctx.group), None
 
 
-def exchange(x, group, log):
+def exchange(x, group):
     """Chunk i of ``x`` (dim 0, ``group``-size equal chunks) to rank i; returns the chunks received, in
-    rank order. One :func:`minipar.comm.all_to_all`, recorded into ``log`` (and observed on the wire)."""
+    rank order. One :func:`minipar.comm.all_to_all` (logged, with its group, by any recording around it)."""
     n = dist.get_world_size(group)
     send = [c.contiguous() for c in x.chunk(n)]
     received = [torch.empty_like(c) for c in send]
-    with comm.recording(log) if log is not None else contextlib.nullcontext():
-        comm.all_to_all(received, send, group=group)
+    comm.all_to_all(received, send, group=group)
     return torch.cat(received)
 
 
-def all_to_all(x: torch.Tensor, group, log: comm.CommLog | None = None) -> torch.Tensor:
-    """Differentiable all-to-all of ``x``'s dim-0 chunks over ``group`` (its calls recorded into ``log``)."""
-    return AllToAll.apply(x, group, log)
+def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    """Differentiable all-to-all of ``x``'s dim-0 chunks over ``group``."""
+    return AllToAll.apply(x, group)
 
 
 class ExpertParallelMoE(MoELayer):
     """An MoE layer holding only experts ``first … first + E/ep − 1``; the others live on the EP peers."""
 
-    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group, log=None):
+    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
         nn.Module.__init__(self)
         self.moe, self.router = replace(layer.moe, groups=1), layer.router   # a rank's tokens: one group
         self.per_rank = layer.moe.experts // ep
         self.first = ep_rank * self.per_rank
         self.experts = nn.ModuleList(layer.experts[self.first: self.first + self.per_rank])
-        self.ep_group, self.token_group, self.log = ep_group, token_group, log
+        self.ep_group, self.token_group = ep_group, token_group
         self.routing, self.aux_loss = None, torch.zeros(())
 
     def balance_loss(self, routing: Routing) -> torch.Tensor:
@@ -112,19 +118,19 @@ class ExpertParallelMoE(MoELayer):
     def run_experts(self, buffer: torch.Tensor) -> torch.Tensor:
         e, c, m = buffer.shape
         ep = e // self.per_rank
-        received = all_to_all(buffer, self.ep_group, self.log)    # (ep sources × E/ep experts, C, M)
+        received = all_to_all(buffer, self.ep_group)    # (ep sources × E/ep experts, C, M)
         received = received.view(ep, self.per_rank, c, m)
         out = torch.stack([expert(received[:, j].reshape(ep * c, m)).view(ep, c, m)
                            for j, expert in enumerate(self.experts)], dim=1)
-        return all_to_all(out.reshape(e, c, m), self.ep_group, self.log)   # back to the tokens' ranks
+        return all_to_all(out.reshape(e, c, m), self.ep_group)   # back to the tokens' ranks
 
 
-def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group, log=None) -> dict:
+def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group) -> dict:
     """Replace every MoE layer by its expert-parallel slice, in place. Returns {local name: reference name}
     for the parameters this rank holds (local expert j of block b is global expert first + j)."""
     names = {}
     for b in model.moe_blocks():
-        ep_layer = ExpertParallelMoE(model.blocks[b].mlp, ep_rank, ep, ep_group, token_group, log)
+        ep_layer = ExpertParallelMoE(model.blocks[b].mlp, ep_rank, ep, ep_group, token_group)
         model.blocks[b].mlp = ep_layer
         for j in range(ep_layer.per_rank):
             for n, _ in ep_layer.experts[j].named_parameters():
@@ -138,30 +144,29 @@ def is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-def sync_gradients(model: nn.Module, world_group, dp_group, world_size: int) -> None:
-    """Mean of the ranks' gradients: non-expert over all ranks, experts over their replicas; both ÷ W."""
-    for expert, group in ((False, world_group), (True, dp_group)):
+def sync_gradients(model: nn.Module, dense_group, expert_group, world_size: int) -> None:
+    """Mean of the ranks' gradients: non-expert over every data-parallel rank (``dense_group``, dp × ep),
+    experts over their replicas (``expert_group``, dp); both ÷ W. One flat all-reduce per kind."""
+    for expert, group in ((False, dense_group), (True, expert_group)):
         params = [p for n, p in model.named_parameters() if is_expert(n) == expert]
-        if not params:
-            continue
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        if dist.get_world_size(group) > 1:
-            comm.all_reduce(flat, group=group)
-        flat /= world_size
-        offset = 0
         for p in params:
-            p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        if grads and dist.get_world_size(group) > 1:
+            comm.all_reduce_flat(grads, group=group)
+        for g in grads:
+            g /= world_size
 
 
-def validate(recipe, world_size: int, ep: int, micro_batches: int = 1) -> None:
+def validate(recipe, *, world_size: int, ep: int, micro_batches: int = 1) -> None:
     """ValueError before any process starts: EP size not dividing the world or the experts, top-k > E,
     cf ≤ 0 (checked by :func:`minipar.moe.layer.validate_config`), batches not splitting evenly."""
-    if not isinstance(ep, int) or ep < 1 or world_size % ep:
-        raise ValueError(f"EP size {ep} must be a positive divisor of the world size {world_size} "
+    positive_int("world_size", world_size)
+    positive_int("micro_batches", micro_batches)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or world_size % ep:
+        raise ValueError(f"EP size {ep!r} must be a positive divisor of the world size {world_size} "
                          f"(world = dp × ep)")
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     model = recipe.model()
     if not isinstance(model, MoEGPT):
         raise ValueError(f"expert parallelism needs an MoEGPT recipe (minipar.moe.layer.moe_recipe), "
@@ -173,11 +178,11 @@ def validate(recipe, world_size: int, ep: int, micro_batches: int = 1) -> None:
                              f"ranks x {micro_batches} micro-batches")
 
 
-def build(rank: int, world_size: int, recipe, ep: int, a2a_log: comm.CommLog | None = None):
+def build(rank: int, world_size: int, recipe, ep: int):
     """This rank's model (its experts only), the {local: reference} parameter names and its mesh."""
     mesh = Mesh(world_size, dp=world_size // ep, ep=ep).build(rank)
     model = recipe.model().to(recipe.dtype)
-    names = shard_experts(model, mesh.coord("ep"), ep, mesh.group("ep"), dist.group.WORLD, a2a_log)
+    names = shard_experts(model, mesh.coord("ep"), ep, mesh.group("ep"), mesh.group("dp", "ep"))
     return model, names, mesh
 
 
@@ -192,26 +197,25 @@ def train_step(model, recipe, inputs, targets, micro_batches: int, mesh, world_s
         local += loss.detach().double()
         if routings is not None:
             routings.append([(layer.routing.load(), layer.routing.dropped) for layer in model.moe_layers()])
-    sync_gradients(model, dist.group.WORLD, mesh.group("dp"), world_size)
+    sync_gradients(model, mesh.group("dp", "ep"), mesh.group("dp"), world_size)
     return local
 
 
 def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches: int = 1,
-                   a2a_log: comm.CommLog | None = None, step_log: comm.CommLog | None = None,
-                   routings: list | None = None):
-    """Train ``recipe`` with EP (× DP = world/ep). ``a2a_log`` records the layers' all-to-alls only,
-    ``step_log`` every exchange of the training steps; ``routings`` collects, per micro-batch, each MoE
-    layer's (tokens per expert, dropped) on this rank."""
+                   step_log: comm.CommLog | None = None, routings: list | None = None):
+    """Train ``recipe`` with EP (× DP = world/ep). ``step_log`` records every exchange of the training steps,
+    tagged with the mesh dims of its group (``step_log.select(op="all_to_all")``: the layers' all-to-alls);
+    ``routings`` collects, per micro-batch, each MoE layer's (tokens per expert, dropped) on this rank."""
     from ..check import RunResult
     from ..loop import shard_batch
 
-    validate(recipe, world_size, ep, micro_batches)
-    model, names, mesh = build(rank, world_size, recipe, ep, a2a_log)
+    validate(recipe, world_size=world_size, ep=ep, micro_batches=micro_batches)
+    model, names, mesh = build(rank, world_size, recipe, ep)
     opt = recipe.optimizer(model.parameters())
     losses = []
     for batch in recipe.batches:
         inputs, targets = shard_batch(batch, rank, world_size)
-        with comm.recording(step_log) if step_log is not None else contextlib.nullcontext():
+        with comm.recording(step_log, mesh=mesh) if step_log is not None else contextlib.nullcontext():
             opt.zero_grad(set_to_none=True)
             local = train_step(model, recipe, inputs, targets, micro_batches, mesh, world_size, routings)
             opt.step()
@@ -223,7 +227,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches
 def run(recipe, *, world_size: int, ep: int, micro_batches: int = 1, quiet: bool = True, **kwargs) -> list:
     """Validate, then :func:`parallel_train` on ``world_size`` ranks; the per-rank results."""
     from ..launcher import launch
-    validate(recipe, world_size, ep, micro_batches)
+    validate(recipe, world_size=world_size, ep=ep, micro_batches=micro_batches)
     return launch(parallel_train, world_size, recipe, quiet=quiet, ep=ep, micro_batches=micro_batches, **kwargs)
 
 

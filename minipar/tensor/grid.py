@@ -10,7 +10,8 @@ list of ranks computed from the mesh, never a hard-coded global layout::
 
 ``group("j")`` is the line of ranks that differ from this one only in ``j``: with blocks indexed
 ``X[i][j]`` that is *this rank's block row* (same i, every j). A 3D grid also has the three planes
-(``plane("z")``: the q² ranks that share this rank's z coordinate and differ in x and y).
+(``plane("z")``: the q² ranks that share this rank's z coordinate and differ in x and y). A rank's view of a
+grid is the mesh's own :class:`minipar.mesh.RankMesh` (groups over any set of dims, ``rank_at``, ``q``).
 
 Sizes that are not q², d·q², q³ are refused with a ValueError before any process starts
 (:func:`grid_2d`, :func:`grid_2p5d`, :func:`grid_3d` are pure: call them in ``validate``).
@@ -18,15 +19,15 @@ Sizes that are not q², d·q², q³ are refused with a ValueError before any pro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..mesh import Mesh
+from ..mesh import Mesh, RankMesh
+from ..validation import positive_int
 
-__all__ = ["grid_2d", "grid_2p5d", "grid_3d", "RankGrid", "build", "reduce_to"]
+__all__ = ["grid_2d", "grid_2p5d", "grid_3d", "build", "reduce_to"]
 
 
 def _isqrt_exact(n: int):
@@ -42,14 +43,9 @@ def _icbrt_exact(n: int):
     return None
 
 
-def _check_world(world_size):
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-
-
 def grid_2d(world_size: int) -> Mesh:
     """A q×q grid (dims ``i``, ``j``); ValueError unless ``world_size`` = q²."""
-    _check_world(world_size)
+    positive_int("world_size", world_size)
     q = _isqrt_exact(world_size)
     if q is None:
         near = math.isqrt(world_size)
@@ -60,9 +56,8 @@ def grid_2d(world_size: int) -> Mesh:
 
 def grid_2p5d(world_size: int, depth: int) -> Mesh:
     """d stacked q×q layers (dims ``k`` (depth), ``i``, ``j``); ValueError unless ``world_size`` = d·q²."""
-    _check_world(world_size)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    positive_int("world_size", world_size)
+    positive_int("depth", depth)
     if world_size % depth:
         raise ValueError(f"2.5D tensor parallelism needs world_size = depth·q², but {world_size} ranks do not "
                          f"divide into depth {depth}")
@@ -75,7 +70,7 @@ def grid_2p5d(world_size: int, depth: int) -> Mesh:
 
 def grid_3d(world_size: int) -> Mesh:
     """A q×q×q cube (dims ``x``, ``y``, ``z``); ValueError unless ``world_size`` = q³."""
-    _check_world(world_size)
+    positive_int("world_size", world_size)
     q = _icbrt_exact(world_size)
     if q is None:
         near = max(1, int(world_size ** (1 / 3)))
@@ -84,59 +79,10 @@ def grid_3d(world_size: int) -> Mesh:
     return Mesh(world_size, order=("x", "y", "z"), x=q, y=q, z=q)
 
 
-@dataclass
-class RankGrid:
-    """One rank's view of a grid: its coordinates, its line groups (and, on a cube, plane groups)."""
-    mesh: Mesh
-    rank: int
-    _lines: dict
-    _planes: dict
-
-    @property
-    def q(self) -> int:
-        return self.mesh.size(self.mesh.dims[-1])
-
-    def coord(self, dim: str) -> int:
-        return self.mesh.coords(self.rank)[dim]
-
-    def size(self, dim: str) -> int:
-        return self.mesh.size(dim)
-
-    def group(self, dim: str):
-        """The ranks differing from this one only in ``dim``."""
-        return self._lines[dim]
-
-    def ranks(self, dim: str) -> list:
-        return self.mesh.group_ranks(dim, self.rank)
-
-    def plane(self, fixed: str):
-        """(3D) the q² ranks sharing this rank's ``fixed`` coordinate."""
-        return self._planes[fixed]
-
-    def rank_at(self, **coords) -> int:
-        """The global rank at this rank's coordinates with ``coords`` changed."""
-        here = self.mesh.coords(self.rank)
-        here.update(coords)
-        return int(self.mesh.grid[tuple(here[d] for d in self.mesh.dims)])
-
-
-def build(mesh: Mesh, rank: int) -> RankGrid:
-    """Create every line group (and, for three dims of equal size, every plane group) on every rank, in the
-    same order; return this rank's :class:`RankGrid`."""
-    lines, planes = {}, {}
-    for dim in mesh.dims:
-        for ranks in mesh.groups(dim):
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                lines[dim] = group
-    if len(mesh.dims) == 3 and mesh.dims == ("x", "y", "z"):
-        for axis, fixed in enumerate(mesh.dims):
-            for c in range(mesh.size(fixed)):
-                ranks = mesh.grid.select(axis, c).flatten().tolist()
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    planes[fixed] = group
-    return RankGrid(mesh, rank, lines, planes)
+def build(mesh: Mesh, rank: int) -> RankMesh:
+    """This rank's :class:`minipar.mesh.RankMesh` of a grid: its line groups (``group("j")``), its planes
+    (``plane("z")`` = ``group("x", "y")``), ``rank_at(j=k)``, ``q``. Every rank calls it, in the same order."""
+    return mesh.build(rank)
 
 
 def reduce_to(t: torch.Tensor, root: int, group) -> torch.Tensor | None:

@@ -35,7 +35,8 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from .grid import RankGrid, reduce_to
+from ..mesh import RankMesh
+from .grid import reduce_to
 from .operators import all_reduce_sum
 
 __all__ = ["summa_step", "summa", "summa_nt", "summa_tn", "Summa", "block", "Linear2D", "LayerNorm2D",
@@ -47,7 +48,7 @@ def block(t: torch.Tensor, i: int, j: int, q: int) -> torch.Tensor:
     return t.chunk(q, 0)[i].chunk(q, 1)[j].contiguous()
 
 
-def summa_step(k: int, x: torch.Tensor, a: torch.Tensor, acc: torch.Tensor, g: RankGrid) -> torch.Tensor:
+def summa_step(k: int, x: torch.Tensor, a: torch.Tensor, acc: torch.Tensor, g: RankMesh) -> torch.Tensor:
     """Step k of SUMMA on rank (i, j): receive X_ik along the row and A_kj along the column, accumulate."""
     i, j = g.coord("i"), g.coord("j")
     x_k = x.clone() if j == k else torch.empty_like(x)      # rank (i, k) owns X_ik
@@ -57,7 +58,7 @@ def summa_step(k: int, x: torch.Tensor, a: torch.Tensor, acc: torch.Tensor, g: R
     return acc + x_k @ a_k
 
 
-def summa(x: torch.Tensor, a: torch.Tensor, g: RankGrid) -> torch.Tensor:
+def summa(x: torch.Tensor, a: torch.Tensor, g: RankMesh) -> torch.Tensor:
     """``Y_ij = Σ_k X_ik A_kj`` (all blocks the same shape on every rank: an even split)."""
     acc = x.new_zeros(x.shape[0], a.shape[1])
     for k in range(g.size("j")):
@@ -65,7 +66,7 @@ def summa(x: torch.Tensor, a: torch.Tensor, g: RankGrid) -> torch.Tensor:
     return acc
 
 
-def summa_nt(dy: torch.Tensor, a: torch.Tensor, g: RankGrid) -> torch.Tensor:
+def summa_nt(dy: torch.Tensor, a: torch.Tensor, g: RankMesh) -> torch.Tensor:
     """``dX_il = Σ_j dY_ij A_ljᵀ``: broadcast A_lj down column j, multiply, reduce along row i onto (i, l)."""
     i, j, out = g.coord("i"), g.coord("j"), None
     for l in range(g.size("i")):
@@ -76,7 +77,7 @@ def summa_nt(dy: torch.Tensor, a: torch.Tensor, g: RankGrid) -> torch.Tensor:
     return out
 
 
-def summa_tn(x: torch.Tensor, dy: torch.Tensor, g: RankGrid) -> torch.Tensor:
+def summa_tn(x: torch.Tensor, dy: torch.Tensor, g: RankMesh) -> torch.Tensor:
     """``dA_kj = Σ_i X_ikᵀ dY_ij``: broadcast X_ik along row i, multiply, reduce along column j onto (k, j)."""
     i, j, out = g.coord("i"), g.coord("j"), None
     for k in range(g.size("j")):
@@ -106,7 +107,7 @@ class Summa(torch.autograd.Function):
 class Linear2D(nn.Module):
     """A linear layer with X, A = Wᵀ and Y all in q×q blocks; bias b_j on every rank of column j."""
 
-    def __init__(self, linear: nn.Linear, g: RankGrid):
+    def __init__(self, linear: nn.Linear, g: RankMesh):
         super().__init__()
         q, i, j = g.size("i"), g.coord("i"), g.coord("j")
         if linear.in_features % q or linear.out_features % q:
@@ -161,7 +162,7 @@ class LayerNorm2D(nn.Module):
     """LayerNorm over features split along the block row: mean and mean of squares all-reduced along the
     row (2 all-reduces of tokens/q numbers); γ_j, β_j replicated down column j like a bias."""
 
-    def __init__(self, ln: nn.LayerNorm, g: RankGrid):
+    def __init__(self, ln: nn.LayerNorm, g: RankMesh):
         super().__init__()
         q, j = g.size("j"), g.coord("j")
         self.g, self.eps, self.features = g, ln.eps, ln.normalized_shape[0]

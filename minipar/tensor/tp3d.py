@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from .grid import RankGrid
+from ..mesh import RankMesh
 from .operators import all_gather_dim
 
 __all__ = ["ROLES", "roles", "piece", "Cube", "Linear3D", "cube_forward", "bytes_per_linear"]
@@ -56,7 +56,7 @@ def reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
     return comm.ring_reduce_scatter(t.contiguous(), group)
 
 
-def cube_forward(x: torch.Tensor, a: torch.Tensor, g: RankGrid, axes: tuple):
+def cube_forward(x: torch.Tensor, a: torch.Tensor, g: RankMesh, axes: tuple):
     """The three collectives and one matmul of the forward: returns (Y piece, X_mk, A_kn)."""
     m, k, n = axes
     x_mk = all_gather_dim(x, 0, g.group(n))       # gather X's pieces along the n-axis
@@ -87,7 +87,7 @@ class Cube(torch.autograd.Function):
 class Linear3D(nn.Module):
     """A linear layer on the cube; ``layer`` (its index in the model) picks its roles."""
 
-    def __init__(self, linear: nn.Linear, g: RankGrid, layer: int = 0):
+    def __init__(self, linear: nn.Linear, g: RankMesh, layer: int = 0):
         super().__init__()
         q = g.size("x")
         if linear.in_features % (q * q) or linear.out_features % q:
@@ -114,7 +114,7 @@ class Linear3D(nn.Module):
         return all_gather_dim(self.bias.detach(), 0, self.g.group(self.axes[2]))
 
 
-def _assemble_world(t, g: RankGrid, where, axes) -> torch.Tensor:
+def _assemble_world(t, g: RankMesh, where, axes) -> torch.Tensor:
     """Place every rank's piece: ``where((m, k, n))`` -> (row block, column block, row piece)."""
     import torch.distributed as dist
     world = dist.get_world_size()

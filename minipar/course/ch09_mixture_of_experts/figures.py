@@ -92,8 +92,9 @@ def _bytes_rank(rank, world_size, settings, ep):
     rows = []
     for k, cf in settings:
         recipe = moe_recipe(steps=1, batch_size=8, seq_len=16, experts=4, k=k, capacity_factor=cf)
-        log = comm.CommLog()
-        epm.parallel_train(rank, world_size, recipe, ep=ep, a2a_log=log)
+        step_log = comm.CommLog()
+        epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log)
+        log = step_log.select(op="all_to_all", dims=("ep",))
         layers = len(recipe.model().moe_layers())
         rows.append((k, cf, log.bytes_sent / layers, (log.observed_bytes_sent or 0) / layers,
                      log.count("all_to_all") // layers))

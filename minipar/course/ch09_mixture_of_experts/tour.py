@@ -34,9 +34,10 @@ def recipe():
 
 
 def _rank(rank, world_size, recipe, ep):
-    a2a = comm.CommLog()
+    step_log = comm.CommLog()
     routings: list = []
-    result = epm.parallel_train(rank, world_size, recipe, ep=ep, a2a_log=a2a, routings=routings)
+    result = epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log, routings=routings)
+    a2a = step_log.select(op="all_to_all", dims=("ep",))          # the EP group's exchanges, from the log
     dropped = sum(d for layers in routings for _, d in layers)
     model, _, mesh = epm.build(rank, world_size, recipe, ep)
     opt = recipe.optimizer(model.parameters())
