@@ -26,11 +26,10 @@ import torch.nn.functional as F
 
 from ..models import CausalSelfAttention
 from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
-from .sequence import RingScatterSequence, column_linear_sequence_parallel
+from .sequence import column_linear_sequence_parallel
 
 __all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "StreamDropout", "ColumnParallelLinear", "RowParallelLinear",
-           "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs",
-           "reduce_scatter_on_rings"]
+           "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs"]
 
 
 def shard_rows(w: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Tensor:
@@ -89,7 +88,6 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.parts, self.gather_output = group, parts, gather_output
         self.sequence_parallel = sequence_parallel
         self.keep_gathered_input = False       # SP only: keep the gathered input for backward (keep_gathered_inputs)
-        self.ring_reduce_scatter = False       # SP only: reduce-scatter on minipar's ring (reduce_scatter_on_rings)
         self.weight = nn.Parameter(shard_rows(weight, r, t, parts))
         self.bias = None if bias is None else nn.Parameter(shard_rows(bias, r, t, parts))
 
@@ -99,8 +97,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.sequence_parallel:   # x is a sequence shard: gather it inside the matmul (saves memory)
-            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group, self.keep_gathered_input,
-                                                self.ring_reduce_scatter)
+            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group, self.keep_gathered_input)
         else:
             y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)   # f
         return gather_from_tp(y, self.group) if self.gather_output else y
@@ -116,15 +113,6 @@ def keep_gathered_inputs(module: nn.Module, keep: bool = True) -> nn.Module:
     return module
 
 
-def reduce_scatter_on_rings(module: nn.Module, on: bool = True) -> nn.Module:
-    """Under sequence parallelism, run every parallel layer's reduce-scatter in ``module`` on minipar's
-    send/recv ring instead of gloo's (which all-reduces: 2x the bytes on the wire). Returns ``module``."""
-    for m in module.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
-            m.ring_reduce_scatter = on
-    return module
-
-
 class RowParallelLinear(nn.Module):
     """``Y = Σ_i X_i A_i + b``: partial products summed by g (or reduce-scattered along the sequence
     under sequence parallelism), then the full bias, added once on every rank."""
@@ -135,7 +123,6 @@ class RowParallelLinear(nn.Module):
         if weight.shape[1] % t:
             raise ValueError(f"{weight.shape[1]} input features do not split into {t} ranks")
         self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, sequence_parallel
-        self.ring_reduce_scatter = False       # SP only: reduce-scatter on minipar's ring (reduce_scatter_on_rings)
         self.weight = nn.Parameter(shard_cols(weight, r, t))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
 
@@ -148,8 +135,7 @@ class RowParallelLinear(nn.Module):
             x = split_to_tp(x, self.group)
         partial = F.linear(x, self.weight)      # no bias yet: t ranks would add it t times
         if self.sequence_parallel:
-            scatter = RingScatterSequence.apply if self.ring_reduce_scatter else scatter_sequence
-            y = scatter(partial, self.group)
+            y = scatter_sequence(partial, self.group)
         else:
             y = reduce_from_tp(partial, self.group)
         return y if self.bias is None else y + self.bias

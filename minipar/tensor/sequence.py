@@ -23,9 +23,8 @@ as TP" covers only the collectives SP replaces. ``keep_gathered=True`` (:func:`m
 keep_gathered_inputs`) keeps the gathered input instead — t times that input's memory — and then SP's
 bytes equal TP's in the log's model. On the wire one more thing shows: gloo has no reduce-scatter (it
 all-reduces and keeps a chunk), so SP's four reduce-scatters move twice their ring bytes;
-:func:`minipar.tensor.layers.reduce_scatter_on_rings` moves them to minipar's send/recv ring
-(:func:`ring_reduce_scatter_dim`), and then SP with the gathered inputs kept is observed to send what TP
-sends, up to gloo's headers.
+``with comm.ring_algorithms("reduce_scatter"):`` moves them to minipar's send/recv ring, and then SP with
+the gathered inputs kept is observed to send what TP sends, up to gloo's headers.
 
 Replicated parameters used on sequence shards (LayerNorm weights, the row-parallel biases, the position
 embedding) now get only this shard's part of their gradient: :func:`sync_sequence_parallel_grads` sums
@@ -38,7 +37,7 @@ import torch
 from .. import comm
 from .operators import all_gather_dim, reduce_scatter_dim, SEQ_DIM
 
-__all__ = ["column_linear_sequence_parallel", "ring_reduce_scatter_dim", "RingScatterSequence", "sync_sequence_parallel_grads", "activation_elements",
+__all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "activation_elements",
            "activation_bytes_formula", "uncounted_bytes", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
 
 
@@ -47,8 +46,8 @@ class GatheredInputLinear(torch.autograd.Function):
     ``keep_gathered`` saving the gathered X instead (t times the memory, no second all-gather)."""
 
     @staticmethod
-    def forward(ctx, x_shard, weight, bias, group, keep_gathered=False, rings=False):
-        ctx.group, ctx.has_bias, ctx.keep_gathered, ctx.rings = group, bias is not None, keep_gathered, rings
+    def forward(ctx, x_shard, weight, bias, group, keep_gathered=False):
+        ctx.group, ctx.has_bias, ctx.keep_gathered = group, bias is not None, keep_gathered
         x = all_gather_dim(x_shard, SEQ_DIM, group)
         ctx.save_for_backward(x if keep_gathered else x_shard, weight)
         return torch.nn.functional.linear(x, weight, bias)
@@ -57,40 +56,17 @@ class GatheredInputLinear(torch.autograd.Function):
     def backward(ctx, grad_y):
         saved, weight = ctx.saved_tensors
         x = saved if ctx.keep_gathered else all_gather_dim(saved, SEQ_DIM, ctx.group)  # again: bytes for memory
-        scatter = ring_reduce_scatter_dim if ctx.rings else reduce_scatter_dim
-        grad_x = scatter(grad_y @ weight, SEQ_DIM, ctx.group)             # each rank has a partial dX
+        grad_x = reduce_scatter_dim(grad_y @ weight, SEQ_DIM, ctx.group)  # each rank has a partial dX
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None
 
 
-def ring_reduce_scatter_dim(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """:func:`~minipar.tensor.operators.reduce_scatter_dim` on minipar's send/recv ring
-    (:func:`minipar.comm.ring_reduce_scatter`): (t-1)/t · S on the wire, where gloo's own reduce-scatter,
-    an all-reduce in disguise, sends twice that."""
-    return comm.ring_reduce_scatter(x.movedim(dim, 0).contiguous(), group).movedim(0, dim)
-
-
-class RingScatterSequence(torch.autograd.Function):
-    """:func:`~minipar.tensor.operators.scatter_sequence` with its reduce-scatter on the ring: partial sums
-    -> summed sequence shard forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return ring_reduce_scatter_dim(x, SEQ_DIM, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_dim(grad, SEQ_DIM, ctx.group), None
-
-
-def column_linear_sequence_parallel(x_shard, weight, bias, group, keep_gathered: bool = False,
-                                    rings: bool = False):
+def column_linear_sequence_parallel(x_shard, weight, bias, group, keep_gathered: bool = False):
     """The column-parallel matmul on a sequence shard: all-gather in; sequence-shard-only memory (the
     default: the input is all-gathered again in backward), or ``keep_gathered``: the gathered input is kept
     for backward, and the bytes equal TP's exactly (4 all-gathers + 4 reduce-scatters = 4 all-reduces)."""
-    return GatheredInputLinear.apply(x_shard, weight, bias, group, keep_gathered, rings)
+    return GatheredInputLinear.apply(x_shard, weight, bias, group, keep_gathered)
 
 
 def sync_sequence_parallel_grads(params, group) -> None:
