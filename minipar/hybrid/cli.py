@@ -42,7 +42,7 @@ from ..launcher import choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
 from . import checkpoint, guard, preflight
-from .parallel3d import SCHEDULES, Trainer3D, validate
+from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
            "layout_of"]
@@ -132,7 +132,7 @@ def cuda_facts(backend: str) -> dict:
     return dict(cuda_available=ask, device_count=torch.cuda.device_count() if ask else 0)
 
 
-def train_rank(rank: int, world_size: int, recipe, *, layout: Layout, steps: int, save: str | None = None,
+def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
                resume: str | None = None, save_every: int | None = None, run: dict | None = None,
                as_json: bool = False, out_fd: int = 1, err_fd: int = 2) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
@@ -142,6 +142,8 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout, steps: int
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))
+    if isinstance(layout, dict):                 # the keyword form, {"dp": 2, "pp": 2, "tp": 2, ...}
+        layout = Layout.of(None, DEFAULTS, **layout)
     trainer = Trainer3D(rank, world_size, recipe, layout=layout, device=device)
     if save:
         guard.check_shared(save, trainer.device)
