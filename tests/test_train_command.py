@@ -129,3 +129,112 @@ def test_auto_backend_runs_on_gloo_here(capfd, monkeypatch):
     monkeypatch.setattr("minipar.launcher.launch", spy)
     losses, err = train(capfd, "--backend", "auto", "--pp", "2", "--steps", "1")
     assert started == ["nccl" if torch.cuda.device_count() >= 2 else "gloo"] and list(losses) == [1]
+
+
+# ------------------------------------------------------------------------------------------------------
+# What real runs meet (issue 30): bad flags, refused resumes and saves, restarts, nodes, signals
+# ------------------------------------------------------------------------------------------------------
+
+def refused(capsys, monkeypatch, *flags):
+    """Run the command with ``flags``; it must exit 2 with one line on stderr and start no process."""
+    monkeypatch.setattr("minipar.launcher.launch", no_launch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(list(flags))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["--batch-size", "-4"], "--batch-size must be a positive integer, got -4"),
+    (["--n-head", "0"], "--n-head must be a positive integer"),
+    (["--n-layer", "0"], "--n-layer must be a positive integer"),
+    (["--n-embd", "30"], "--n-embd 30 is not divisible by --n-head 4"),
+    (["--seq-len", "4096"], "fit at most 4094"),
+    (["--timeout", "0"], "--timeout must be a positive number"),
+    (["--timeout", "-1"], "--timeout must be a positive number"),
+    (["--timeout", "nan"], "got nan"),
+    (["--timeout", "inf"], "got inf"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--micro-batches", "0"], "--micro-batches must be a positive integer"),
+    (["--virtual-stages", "0"], "--virtual-stages must be a positive integer"),
+    (["--save-every", "0", "--save", "x"], "--save-every must be a positive integer"),
+    (["--save-every", "2"], "--save-every needs --save"),
+    (["--nproc-per-node", "0"], "--nproc-per-node must be a positive integer"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--tp", "3"], "tensor-parallel degree 3"),
+])
+def test_every_flag_is_checked_before_any_process_starts(capsys, monkeypatch, flags, words):
+    assert words in refused(capsys, monkeypatch, *flags)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_at_2(tmp_path_factory):
+    """A checkpoint of the 4-layer model, seed 0, float64, after 2 steps on one process."""
+    folder = str(tmp_path_factory.mktemp("ckpt"))
+    assert main(["--steps", "2", "--micro-batches", "1", "--save", folder, *SMALL[:4], "--dtype", "float64"]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--n-layer", "2"], "config.n_layer: checkpoint 4, this run 2"),
+    (["--n-head", "2"], "config.n_head: checkpoint 4, this run 2"),
+    (["--seed", "1"], "seed: checkpoint 0, this run 1"),
+    (["--dtype", "float32"], "dtype: checkpoint 'float64', this run 'float32'"),
+    (["--batch-size", "4"], "data.batch_size: checkpoint 8, this run 4"),
+    (["--n-layer", "2", "--seed", "3"], "config.n_layer: checkpoint 4, this run 2; seed: checkpoint 0, this run 3"),
+])
+def test_a_resume_into_another_run_is_refused_with_the_differences(capsys, monkeypatch, checkpoint_at_2, flags,
+                                                                   words):
+    base = ["--steps", "4", "--micro-batches", "1", *SMALL[:4], "--dtype", "float64"]
+    err = refused(capsys, monkeypatch, *base, *flags, "--resume", checkpoint_at_2)
+    assert "its checkpoint is of another run" in err and words in err
+
+
+def test_saves_that_cannot_work_or_would_replace_are_refused(capsys, monkeypatch, checkpoint_at_2, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    base = ["--steps", "3", "--micro-batches", "1", *SMALL[:4], "--dtype", "float64"]
+    for where in (str(a_file), str(a_file / "under"), "/proc/minipar-checkpoint"):
+        assert "cannot save into" in refused(capsys, monkeypatch, *base, "--save", where)
+    err = refused(capsys, monkeypatch, *base, "--n-layer", "2", "--save", checkpoint_at_2)
+    assert "holds another run's checkpoint (config.n_layer: checkpoint 4, this run 2" in err
+    err = refused(capsys, monkeypatch, *base, "--steps", "1", "--save", checkpoint_at_2)    # latest 2 -> 1
+    assert "holds step 2, later than this run's start (step 0)" in err and "--overwrite" in err
+    started = []
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: started.append(k["save"]))
+    assert main([*base, "--steps", "1", "--save", checkpoint_at_2, "--overwrite"]) == 0    # asked for: allowed
+    assert main([*base, "--resume", checkpoint_at_2, "--save", checkpoint_at_2]) == 0     # continuing: allowed
+    assert started == [checkpoint_at_2] * 2
+
+
+def test_resume_from_an_empty_folder_starts_fresh_then_continues(capfd, tmp_path):
+    folder = str(tmp_path / "run")                  # does not exist yet: --save creates it
+    same = ["--dp", "1", "--pp", "2", "--tp", "1", "--resume", folder, "--save", folder, "--save-every", "1"]
+    first, err = train(capfd, *same, "--steps", "2")
+    assert list(first) == [1, 2] and "no checkpoint in" in err and "saved step 1" in err and "saved step 2" in err
+    again, err = train(capfd, *same, "--steps", "3")
+    straight, _ = train(capfd, "--dp", "1", "--pp", "2", "--tp", "1", "--steps", "3")
+    assert list(again) == [3] and {**first, **again} == straight
+
+
+def test_the_layout_groups_that_span_nodes_are_named():
+    from minipar.hybrid.cli import groups_across_nodes
+    from minipar.layout import Layout
+    assert groups_across_nodes(Layout(tp=4), 4, 2) == {"tp": [([0, 1, 2, 3], [0, 1])]}
+    assert groups_across_nodes(Layout(dp=2, tp=2), 4, 2) == {"dp": [([0, 2], [0, 1]), ([1, 3], [0, 1])]}
+    assert groups_across_nodes(Layout(dp=2, tp=2), 4, 4) == {}
+
+
+def test_a_tp_group_across_nodes_warns_or_is_refused(capsys, monkeypatch):
+    err = refused(capsys, monkeypatch, "--tp", "4", "--nproc-per-node", "2", "--strict-nodes", *SMALL)
+    assert "--strict-nodes: tp group [0, 1, 2, 3] spans nodes [0, 1] (2 ranks per node)" in err
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: [])
+    assert main(["--tp", "2", "--dp", "2", "--nproc-per-node", "2", *SMALL]) == 0
+    err = capsys.readouterr().err
+    assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
+    assert main(["--tp", "4", "--nproc-per-node", "2", *SMALL]) == 0
+    assert "warning: tp group [0, 1, 2, 3] spans nodes [0, 1]" in capsys.readouterr().err

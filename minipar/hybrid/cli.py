@@ -169,21 +169,23 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
     return history
 
 
-def _check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> None:
+def _check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> list:
+    """The lines to print about where the groups sit (rank 0 only), or ``ValueError`` with ``--strict-nodes``
+    when a tp group spans nodes."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else (args.local_world_size or world_size)
     crossing = groups_across_nodes(layout, world_size, local)
-    if world_size > local and os.environ.get("RANK", "0") == "0":
-        placed = "; ".join(f"{g} on node {sorted({r // local for r in g})}" for g in Mesh(
-            world_size, **layout.sizes).groups("tp"))
-        print(f"{world_size // local} nodes of {local} ranks; tp groups: {placed}", file=sys.stderr)
-    bad = {d: groups for d, groups in crossing.items() if d in NODE_BOUND}
-    if not bad:
-        return
-    named = "; ".join(f"{d} group {ranks} spans nodes {nodes}" for d, groups in bad.items() for ranks, nodes in groups)
-    if args.strict_nodes:
-        raise ValueError(f"--strict-nodes: {named} ({local} ranks per node)")
-    if os.environ.get("RANK", "0") == "0":
-        print(f"warning: {named} ({local} ranks per node): its collectives cross the network", file=sys.stderr)
+    bad = "; ".join(f"{d} group {ranks} spans nodes {nodes}" for d, groups in crossing.items() if d in NODE_BOUND
+                    for ranks, nodes in groups)
+    if bad and args.strict_nodes:
+        raise ValueError(f"--strict-nodes: {bad} ({local} ranks per node)")
+    lines = []
+    if world_size > local:
+        placed = "; ".join(f"{g} on node {sorted({r // local for r in g})}"
+                           for g in Mesh(world_size, **layout.sizes).groups("tp"))
+        lines.append(f"{-(-world_size // local)} nodes of {local} ranks; tp groups: {placed}")
+    if bad:
+        lines.append(f"warning: {bad} ({local} ranks per node): its collectives cross the network")
+    return lines if os.environ.get("RANK", "0") == "0" else []
 
 
 def main(argv=None) -> int:
@@ -201,7 +203,7 @@ def main(argv=None) -> int:
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --dp {args.dp} × --pp "
                              f"{args.pp} × --tp {args.tp} = {layout.world_size}")
-        _check_nodes(args, layout, layout.world_size, torchrun)
+        placement = _check_nodes(args, layout, layout.world_size, torchrun)
         identity = identity_of(args, recipe)
         resume, start = preflight.resume_point(args, identity) if args.resume else (None, 0)
         if args.save:
@@ -209,6 +211,8 @@ def main(argv=None) -> int:
         backend = _backend(args, layout.world_size, torchrun)
     except ValueError as exc:                    # CheckpointError is one
         parser.error(str(exc).replace("\n", " "))
+    for line in placement:
+        print(line, file=sys.stderr)
     if args.resume and resume is None:
         print(f"no checkpoint in {args.resume} yet: starting at step 0", file=sys.stderr)
     return _launch(args, recipe, layout, backend, torchrun, resume=resume,
