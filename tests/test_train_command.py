@@ -3,6 +3,7 @@ layout, clear errors with exit code 2, and the same command under torchrun; the 
 (auto: NCCL on one GPU per rank where CUDA is, else gloo on the CPU), tested without a GPU."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -238,3 +239,80 @@ def test_a_tp_group_across_nodes_warns_or_is_refused(capsys, monkeypatch):
     assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
     assert main(["--tp", "4", "--nproc-per-node", "2", *SMALL]) == 0
     assert "warning: tp group [0, 1, 2, 3] spans nodes [0, 1]" in capsys.readouterr().err
+
+
+def children(pid: int) -> list:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def command(*flags, env=None):
+    return subprocess.Popen([sys.executable, "-m", "minipar", "train", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(proc, words: str) -> None:
+    for line in proc.stderr:                       # the ranks' progress lines, as they happen
+        if words in line:
+            return
+    pytest.fail(f"the run ended without printing {words!r}")
+
+
+def checkpoint_tensors(folder):
+    from minipar.hybrid import checkpoint
+    latest = checkpoint.latest(folder)
+    shards = sorted(f for f in os.listdir(latest) if f.startswith("stage-"))
+    return [torch.load(os.path.join(latest, f), weights_only=True) for f in shards]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the ranks through /proc")
+def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(tmp_path):
+    steps, folder = "40", str(tmp_path / "run")
+    same = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", steps, *SMALL, "--json",
+            "--save-every", "1", "--resume", folder, "--save", folder]
+    first = command(*same)
+    wait_for(first, "saved step 3 ")
+    os.kill(children(first.pid)[-1], signal.SIGKILL)            # one rank dies mid-run
+    _, err = first.communicate(timeout=300)
+    assert first.returncode != 0, err
+    again = subprocess.run([sys.executable, "-m", "minipar", "train", *same], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = {d["step"]: d["loss"] for d in map(json.loads, again.stdout.splitlines())}
+    assert 3 < min(resumed) and max(resumed) == int(steps)       # it went on from a checkpoint after step 3
+    straight = subprocess.run([sys.executable, "-m", "minipar", "train", *same[:-6], "--save",
+                               str(tmp_path / "straight")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    losses = {d["step"]: d["loss"] for d in map(json.loads, straight.stdout.splitlines())}
+    assert resumed == {s: losses[s] for s in resumed}             # bit for bit: same layout, same arithmetic
+    killed, uninterrupted = checkpoint_tensors(folder), checkpoint_tensors(str(tmp_path / "straight"))
+    assert len(killed) == len(uninterrupted) == 2                 # the two stages' parameters and Adam moments
+    for mine, theirs in zip(killed, uninterrupted):
+        assert all(torch.equal(a, b) for a, b in zip(_leaves(mine), _leaves(theirs), strict=True))
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [x for k in sorted(tree) for x in _leaves(tree[k])]
+    return [tree]
+
+
+def test_sigterm_stops_the_ranks_and_leaves_no_temp_folder(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = command("--pp", "2", "--steps", "4000", *SMALL, env=env)
+    wait_for(proc, "step    2/")
+    ranks = children(proc.pid)
+    assert any(name.startswith("minipar-") for name in os.listdir(tmp_path))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("minipar-")]
+    assert ranks and not [pid for pid in ranks if alive(pid)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
