@@ -316,3 +316,32 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_agents_as_two_nodes_train_equal_to_one_process(capfd):
+    """``torchrun --nnodes 2`` on localhost: two agents of 2 processes each, LOCAL_WORLD_SIZE = 2. The
+    tp groups [0, 1] and [2, 3] each sit on one node (the command says so); the losses equal one process."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    flags = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2", *SMALL, "--json", "--timeout", "60"]
+    port = str(free_port())
+    agents = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node),
+                                "--master_addr", "127.0.0.1", "--master_port", port, "-m", "minipar", "train",
+                                *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for node in (0, 1)]
+    outs = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    err = outs[0][1] + outs[1][1]
+    assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
+    lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    two_nodes = {d["step"]: d["loss"] for d in lines}
+    one, _ = train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "2", "--micro-batches", "1")
+    assert two_nodes.keys() == one.keys() == {1, 2}
+    for s in one:
+        assert two_nodes[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
