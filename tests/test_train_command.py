@@ -345,3 +345,47 @@ def test_two_torchrun_agents_as_two_nodes_train_equal_to_one_process(capfd):
     assert two_nodes.keys() == one.keys() == {1, 2}
     for s in one:
         assert two_nodes[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
+
+
+TEXT = ("Il était une fois un modèle trop grand pour un seul appareil. 数据并行 copies the model; 流水线并行 "
+        "cuts it into stages; 张量并行 splits one matrix multiplication. ") * 12
+
+
+def test_training_on_a_text_file_logs_the_held_out_loss(capfd, tmp_path):
+    """--data: character tokens of a UTF-8 file, the last tenth held out; the held-out loss every 2 steps equals
+    the loss of the one-device reference's parameters on the same held-out batch, in the 3D layout too."""
+    from types import SimpleNamespace
+
+    from minipar.check import train_reference
+    from minipar.datasets import lm_batch
+    from minipar.hybrid import cli, preflight
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    flags = ["--data", str(path), "--tokens", "char", "--steps", "4", "--eval-every", "2"]
+    capfd.readouterr()
+    assert main([*flags, *SMALL, "--json", "--pp", "2", "--tp", "2"]) == 0
+    out, err = capfd.readouterr()
+    lines = {d["step"]: d for d in map(json.loads, out.splitlines())}
+    assert [s for s, d in lines.items() if "eval_loss" in d] == [2, 4] and "held-out" in err
+    args = SimpleNamespace(data=str(path), tokens="char", steps=2, batch_size=8, seq_len=8, seed=0, n_layer=4,
+                           n_head=4, n_embd=32, dtype="float64")
+    data = preflight.text_data(args)
+    assert data["vocab_size"] == len(set(TEXT)) and len(data["held_out"]) == len(TEXT) // 10
+    recipe = cli.make_recipe(args, data)
+    model = recipe.model().to(torch.float64)
+    model.load_state_dict(train_reference(recipe).params)
+    with torch.no_grad():
+        want = float(recipe.loss(model, *lm_batch(data["held_out"], 8, 8, 0, seed=0)))
+    assert lines[2]["eval_loss"] == pytest.approx(want, rel=1e-10)
+    assert lines[4]["eval_loss"] != lines[2]["eval_loss"]
+
+
+def test_a_text_file_that_cannot_be_used_is_refused(capsys, monkeypatch, tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    short = tmp_path / "short.txt"
+    short.write_text("tiny", encoding="utf-8")
+    assert "is not UTF-8 text (byte 3" in refused(capsys, monkeypatch, "--data", str(latin1))
+    assert "cannot read" in refused(capsys, monkeypatch, "--data", str(tmp_path / "missing.txt"))
+    assert "needs at least 18" in refused(capsys, monkeypatch, "--data", str(short), "--seq-len", "16")
+    assert "--eval-every must be a positive integer" in refused(capsys, monkeypatch, "--eval-every", "0")

@@ -25,6 +25,8 @@ Nodes: ranks are numbered node by node (``LOCAL_WORLD_SIZE`` under torchrun, ``-
 local launch that stands for several nodes); a tp group that spans nodes is named in a warning, or refused
 with ``--strict-nodes``. Several nodes must ``--save`` onto a shared filesystem (the same folder on every
 node): the ranks check it before training. ``SIGTERM`` stops the ranks and removes the launcher's folder.
+``--data FILE`` trains on the learner's own UTF-8 text (``--tokens byte`` or ``char``); its last tenth is held
+out, and its loss is logged beside the training loss every ``--eval-every`` steps (``eval_loss`` in ``--json``).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ import torch.distributed as dist
 from ..launcher import choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
+from ..datasets import lm_batch
 from . import checkpoint, guard, preflight
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
@@ -87,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let --save replace another run's checkpoint, or a later step")
     train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "
                                                        "folder with no checkpoint yet starts at step 0")
+    train.add_argument("--data", metavar="FILE", help="train on this UTF-8 text (its last tenth held out)")
+    train.add_argument("--tokens", default="byte", choices=("byte", "char"),
+                       help="--data's tokens: bytes or characters")
+    train.add_argument("--eval-every", type=int, default=10, metavar="N",
+                       help="with --data: the held-out loss every N steps (and at the last)")
     train.add_argument("--json", action="store_true", help="one JSON object per step on standard output")
     train.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
                        help="auto: NCCL on one GPU per rank when CUDA is available, else gloo on the CPU; gloo: "
@@ -96,10 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_recipe(args):
+def make_recipe(args, data: dict | None = None):
+    """The tiny GPT on the Markov corpus, or on ``data`` (:func:`preflight.text_data`: its vocabulary)."""
     from ..check import gpt_recipe
+    from ..datasets import lm_batches
+    vocab = {"vocab_size": data["vocab_size"]} if data else {}
     recipe = gpt_recipe(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len))
+                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len),
+                        **vocab)
+    if data:
+        recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)
     recipe.dtype = DTYPES[args.dtype]
     return recipe
 
@@ -109,8 +123,9 @@ def layout_of(args) -> Layout:
                   micro_batches=args.micro_batches, v=args.v)
 
 
-def identity_of(args, recipe) -> dict:
-    data = {"source": "markov", "tokens": preflight.CORPUS_TOKENS, "batch_size": args.batch_size, "seq_len": args.seq_len}
+def identity_of(args, recipe, data: dict | None = None) -> dict:
+    data = {**(data["identity"] if data else {"source": "markov", "tokens": preflight.CORPUS_TOKENS}),
+            "batch_size": args.batch_size, "seq_len": args.seq_len}
     return guard.run_identity(recipe.model().cfg, seed=args.seed, dtype=recipe.dtype, data=data)
 
 
@@ -134,11 +149,13 @@ def cuda_facts(backend: str) -> dict:
 
 def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
                resume: str | None = None, save_every: int | None = None, run: dict | None = None,
-               as_json: bool = False, out_fd: int = 1, err_fd: int = 2) -> list:
+               held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int = 1,
+               err_fd: int = 2) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
     backend and ``LOCAL_RANK``), check the save folder is shared, load ``resume`` (a folder holding a
     checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
-    loss first (last stage, dp 0, tp 0) writes the progress lines. Returns [(step, loss)]."""
+    loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
+    carry the held-out loss every ``eval_every`` steps and at the last. Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))
@@ -155,18 +172,37 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
         t0 = time.perf_counter()
         loss = trainer.step(*recipe.batches[step], step)
         seconds = time.perf_counter() - t0
+        evaluate = held_out is not None and ((step + 1) % eval_every == 0 or step + 1 == steps)
+        held = held_out_loss(trainer, recipe, held_out, reporter) if evaluate else None
         if reporter:
             history.append((step + 1, loss))
-            os.write(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}  {tokens / seconds:,.0f} tokens/s\n"
-                     .encode())
+            shown = f"  held-out {held:.6f}" if held is not None else ""
+            os.write(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}{shown}  {tokens / seconds:,.0f} "
+                             f"tokens/s\n".encode())
             if as_json:
                 line = {"step": step + 1, "loss": loss, "tokens_per_s": tokens / seconds, "seconds": seconds}
+                line |= {"eval_loss": held} if held is not None else {}
                 os.write(out_fd, (json.dumps(line) + "\n").encode())
         if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
             folder = checkpoint.save(trainer, save, step + 1, run=run)
             if reporter:
                 os.write(err_fd, f"saved step {step + 1} to {folder}\n".encode())
     return history
+
+
+def held_out_loss(trainer, recipe, batch: tuple, reporter: bool) -> float | None:
+    """The loss of the current parameters on the held-out ``batch`` (a collective): every rank's stages, full
+    (:meth:`Trainer3D.full_params`), gathered as objects; ``reporter`` puts them into one reference model and
+    runs it forward. Outside the step: its bytes are not the strategy's."""
+    pieces = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, trainer.full_params())
+    if not reporter:
+        return None
+    model = recipe.model().to(dtype=recipe.dtype)
+    model.load_state_dict({name: t for piece in pieces for name, t in piece.items()})
+    model.eval()
+    with torch.no_grad():
+        return float(recipe.loss(model, *batch))
 
 
 def _check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> list:
@@ -195,7 +231,8 @@ def main(argv=None) -> int:
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:
         preflight.check_flags(parser, args)
-        recipe = make_recipe(args)
+        data = preflight.text_data(args)
+        recipe = make_recipe(args, data)
         try:
             validate(recipe, world_size=layout.world_size, layout=layout)
         except ValueError as exc:
@@ -204,7 +241,7 @@ def main(argv=None) -> int:
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --dp {args.dp} × --pp "
                              f"{args.pp} × --tp {args.tp} = {layout.world_size}")
         placement = _check_nodes(args, layout, layout.world_size, torchrun)
-        identity = identity_of(args, recipe)
+        identity = identity_of(args, recipe, data)
         resume, start = preflight.resume_point(args, identity) if args.resume else (None, 0)
         if args.save:
             preflight.check_save(args, identity, start)
@@ -215,8 +252,9 @@ def main(argv=None) -> int:
         print(line, file=sys.stderr)
     if args.resume and resume is None:
         print(f"no checkpoint in {args.resume} yet: starting at step 0", file=sys.stderr)
-    return _launch(args, recipe, layout, backend, torchrun, resume=resume,
-                   run={"seed": args.seed, "data": identity["data"]})
+    held = lm_batch(data["held_out"], args.batch_size, args.seq_len, 0, seed=args.seed) if data else None
+    return _launch(args, recipe, layout, backend, torchrun, resume=resume, held_out=held,
+                   eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]})
 
 
 def _backend(args, world_size: int, torchrun: bool) -> str:

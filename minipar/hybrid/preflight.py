@@ -5,16 +5,17 @@ never another run's checkpoint or a later step without ``--overwrite``)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 
 from . import checkpoint, guard
 
-__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "resume_point", "check_save"]
+__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "resume_point", "check_save"]
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
-            "n_embd", "save_every", "local_world_size")
+            "n_embd", "save_every", "local_world_size", "eval_every")
 
 
 def check_flags(parser: argparse.ArgumentParser, args) -> None:
@@ -30,11 +31,29 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.n_embd % args.n_head:
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
-    if args.seq_len > CORPUS_TOKENS - 2:
-        raise ValueError(f"--seq-len {args.seq_len}: the corpus has {CORPUS_TOKENS} tokens, so a sequence and "
-                         f"its next-token targets fit at most {CORPUS_TOKENS - 2}")
     if args.save_every is not None and not args.save:
         raise ValueError("--save-every needs --save DIR")
+
+
+def text_data(args) -> dict | None:
+    """``--data FILE``: {"train", "held_out": token ids, "vocab_size", "identity"} (the last tenth held out),
+    or None without it; ``ValueError`` for a file that cannot be used, or a sequence longer than the text."""
+    if not args.data:
+        if args.seq_len > CORPUS_TOKENS - 2:
+            raise ValueError(f"--seq-len {args.seq_len}: the corpus has {CORPUS_TOKENS} tokens, so a sequence and "
+                             f"its next-token targets fit at most {CORPUS_TOKENS - 2}")
+        return None
+    from ..datasets import held_out, text_tokens
+    tokens, vocab_size = text_tokens(args.data, args.tokens)
+    train, held = held_out(tokens)
+    for part, ids in (("training nine tenths", train), ("held-out tenth", held)):
+        if len(ids) < args.seq_len + 2:
+            raise ValueError(f"--data {args.data}: its {part} has {len(ids)} {args.tokens} tokens; --seq-len "
+                             f"{args.seq_len} needs at least {args.seq_len + 2}")
+    with open(args.data, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"train": train, "held_out": held, "vocab_size": vocab_size,
+            "identity": {"source": "text", "sha256": digest, "tokens": args.tokens}}
 
 
 def resume_point(args, identity: dict) -> tuple:
