@@ -389,3 +389,10 @@ def test_a_text_file_that_cannot_be_used_is_refused(capsys, monkeypatch, tmp_pat
     assert "cannot read" in refused(capsys, monkeypatch, "--data", str(tmp_path / "missing.txt"))
     assert "needs at least 18" in refused(capsys, monkeypatch, "--data", str(short), "--seq-len", "16")
     assert "--eval-every must be a positive integer" in refused(capsys, monkeypatch, "--eval-every", "0")
+
+
+def test_a_torchrun_world_that_is_not_the_layout_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    err = refused(capsys, monkeypatch, "--tp", "2", *SMALL)
+    assert "torchrun started 3 processes, but the layout (tp 2) has 2 ranks" in err

@@ -40,10 +40,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..datasets import lm_batch
 from ..launcher import choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
-from ..datasets import lm_batch
 from . import checkpoint, guard, preflight
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
@@ -238,8 +238,9 @@ def main(argv=None) -> int:
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --dp {args.dp} × --pp "
-                             f"{args.pp} × --tp {args.tp} = {layout.world_size}")
+            shape = " × ".join(f"{d} {n}" for d, n in layout.sizes.items() if n > 1) or "one rank"
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but the layout ({shape}) has "
+                             f"{layout.world_size} ranks")
         placement = _check_nodes(args, layout, layout.world_size, torchrun)
         identity = identity_of(args, recipe, data)
         resume, start = preflight.resume_point(args, identity) if args.resume else (None, 0)
