@@ -147,6 +147,11 @@ def test_more_layers_than_saved(copy):
         check(copy, recipe_shapes(n_layer=6))
 
 
+def test_fewer_layers_than_saved(copy):
+    with pytest.raises(CheckpointError, match=r"holds blocks\.2\..*which the model does not have"):
+        check(copy, recipe_shapes(n_layer=2))
+
+
 def test_manifest_missing_or_garbage(copy):
     path = os.path.join(copy, "manifest.json")
     with open(path, "w") as f:

@@ -218,6 +218,10 @@ def verify(folder: str, manifest: dict, expected_shapes: dict | None = None) -> 
         if saved != tuple(shape):
             raise CheckpointError(f"{path} holds {tensor} of shape {saved}, but the model's is {tuple(shape)}: "
                                   f"a checkpoint of a different model")
+    extra = sorted(set(where) - set(expected_shapes or where))
+    if extra:                                    # 4 layers into 2 would drop blocks 2 and 3 without a word
+        raise CheckpointError(f"{where[extra[0]][0]} holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "
+                              f"which the model does not have: the checkpoint was saved from a different model")
 
 
 def load(trainer, directory: str) -> int:
