@@ -3,6 +3,8 @@
 * :func:`markov_tokens` — token ids from a random sparse bigram chain: there is structure to learn (each
   token has a few likely successors), so the loss visibly falls within a few dozen steps.
 * :func:`char_corpus` — a short English text shipped with the package, encoded character by character.
+* :func:`text_tokens` — a UTF-8 text file of the learner's own, as byte or character ids, and
+  :func:`held_out` — its last tenth kept back for an evaluation loss.
 * :func:`lm_batches` — (inputs, targets) windows for next-token prediction, the same for every rank.
 * :func:`regression_batches` — (x, y) pairs for the MLP.
 """
@@ -10,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["markov_tokens", "char_corpus", "CORPUS", "lm_batches", "lm_batch", "regression_batches"]
+__all__ = ["markov_tokens", "char_corpus", "CORPUS", "text_tokens", "held_out", "LEVELS", "lm_batches", "lm_batch",
+           "regression_batches"]
+
+LEVELS = ("byte", "char")
 
 CORPUS = """\
 A model too large for one device must be split. Data parallelism copies the model to every device and
@@ -44,6 +49,34 @@ def char_corpus() -> tuple:
     vocab = "".join(sorted(set(CORPUS)))
     index = {ch: i for i, ch in enumerate(vocab)}
     return torch.tensor([index[ch] for ch in CORPUS], dtype=torch.long), vocab
+
+
+def text_tokens(path: str, level: str = "byte") -> tuple:
+    """(ids, vocabulary size) of the UTF-8 text in ``path``: ``"byte"``, one id per byte (256 ids, any
+    script); ``"char"``, one id per distinct character, numbered in sorted order. ``ValueError`` for a file
+    that cannot be read or is not UTF-8 (with the byte offset), or an unknown level."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if level == "byte":
+        return torch.tensor(list(raw), dtype=torch.long), 256
+    vocab = sorted(set(text))
+    index = {ch: i for i, ch in enumerate(vocab)}
+    return torch.tensor([index[ch] for ch in text], dtype=torch.long), max(len(vocab), 1)
+
+
+def held_out(tokens: torch.Tensor, fraction: float = 0.1) -> tuple:
+    """(training, held-out) ids: the last ``fraction`` of the text is never trained on."""
+    cut = len(tokens) - int(len(tokens) * fraction)
+    return tokens[:cut], tokens[cut:]
 
 
 def lm_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, step: int, seed: int = 0):

@@ -9,10 +9,11 @@ import torch
 
 from minipar import launch
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
-from minipar.hybrid import checkpoint
+from minipar.hybrid import checkpoint, guard
 from minipar.hybrid.checkpoint import CheckpointError
 from minipar.hybrid.parallel3d import Trainer3D
 from minipar.launcher import RankError
+from minipar.layout import Layout
 
 
 def recipe(steps=3, **cfg):
@@ -146,6 +147,11 @@ def test_more_layers_than_saved(copy):
         check(copy, recipe_shapes(n_layer=6))
 
 
+def test_fewer_layers_than_saved(copy):
+    with pytest.raises(CheckpointError, match=r"holds blocks\.2\..*which the model does not have"):
+        check(copy, recipe_shapes(n_layer=2))
+
+
 def test_manifest_missing_or_garbage(copy):
     path = os.path.join(copy, "manifest.json")
     with open(path, "w") as f:
@@ -160,3 +166,65 @@ def test_manifest_missing_or_garbage(copy):
 def test_no_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="latest is missing"):
         checkpoint.latest(str(tmp_path))
+
+
+def test_the_manifest_records_the_run(saved):
+    manifest = checkpoint.read_manifest(checkpoint.latest(saved[0]))
+    assert manifest["format"] == "minipar-3d-checkpoint/2" and manifest["dtype"] == "float64"
+    assert manifest["config"]["n_layer"] == 4 and manifest["data"]["position"] == 2 == manifest["step"]
+    assert manifest["layout"] == {**Layout().as_dict(), **L222}
+    assert "seed" in manifest                              # None here: save() was not told the run's seed
+
+
+def test_differences_name_every_field_that_changed():
+    cfg = recipe().model().cfg
+    run = guard.run_identity(cfg, seed=0, dtype=torch.float64, data={"source": "markov", "batch_size": 16})
+    manifest = {**run, "data": {**run["data"], "position": 7}}        # the position may differ
+    assert guard.differences(manifest, run) == []
+    other = guard.run_identity(cfg.with_(n_layer=2, n_head=2), seed=1, dtype=torch.float32,
+                               data={"source": "text", "batch_size": 16})
+    assert guard.differences(manifest, other) == [
+        "config.n_head: checkpoint 4, this run 2", "config.n_layer: checkpoint 4, this run 2",
+        "seed: checkpoint 0, this run 1", "dtype: checkpoint 'float64', this run 'float32'",
+        "data.source: checkpoint 'markov', this run 'text'"]
+    assert guard.differences({}, run)[0] == "config.bias: checkpoint '(not recorded)', this run True"
+
+
+def test_saving_a_step_again_moves_latest_without_a_window(tmp_path):
+    layout = dict(dp=1, pp=2, tp=1, micro_batches=2)
+    d = str(tmp_path)
+    launch(save_rank, 2, recipe(), layout, d, 1, quiet=True)
+    launch(save_rank, 2, recipe(), layout, d, 1, quiet=True)          # the same step, written again
+    assert checkpoint.latest(d).endswith("step-00000001.1")           # a new folder, then latest moved to it
+    assert sorted(os.listdir(d)) == ["latest", "step-00000001.1"]     # and only then the old copy removed
+    check(checkpoint.latest(d), recipe_shapes())
+
+
+def _blind_rank(rank, world_size, base):
+    """Each rank saves into its own folder: as two nodes without a shared filesystem would."""
+    folder = os.path.join(base, f"node-{rank}")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        guard.check_shared(folder)
+    except CheckpointError as exc:
+        return str(exc)
+    return "shared"
+
+
+def test_a_save_folder_that_is_not_shared_is_refused_on_every_rank(tmp_path):
+    said = launch(_blind_rank, 2, str(tmp_path), quiet=True)
+    assert len(said) == 2 and all("ranks [1] do not see rank 0's file" in s and "shared filesystem" in s for s in said)
+    assert launch(_shared_rank, 2, str(tmp_path / "one"), quiet=True) == ["shared", "shared"]
+
+
+def _shared_rank(rank, world_size, folder):
+    guard.check_shared(folder)
+    return "shared"
+
+
+def test_check_folder_says_why_it_cannot_write(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for where, words in ((tmp_path / "file", "File exists"), (tmp_path / "file" / "sub", "Not a directory"),
+                         ("/proc/minipar", "No such file")):
+        with pytest.raises(CheckpointError, match=f"cannot save into {where}: {words}"):
+            guard.check_folder(str(where))

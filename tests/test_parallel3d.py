@@ -5,6 +5,7 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.hybrid.parallel3d import bytes_formula, run, validate
+from minipar.layout import Layout
 
 
 def recipe(steps=2):
@@ -32,13 +33,15 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_equals_one_device(reference, name):
     layout = LAYOUTS[name]
-    runs = run(recipe(), world_size=8, **layout)
+    runs = run(recipe(), layout=Layout(**layout, micro_batches=4))        # the world size is the layout's
     compare(reference, runs, dtype=torch.float64).assert_ok()
     cfg = recipe().model().cfg
     for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
         want = bytes_formula(cfg, batch=16, seq=8, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=4,
                              v=layout.get("v", 1), pp_rank=r.coords[1], zero=layout.get("zero", 0),
                              sp=layout.get("sp", False))
+        assert want == bytes_formula(cfg, batch=16, seq=8, layout=Layout(**layout, micro_batches=4),
+                                     pp_rank=r.coords[1])
         assert r.bytes_by_kind == pytest.approx(want)
         # what the sockets took: at least the model, plus gloo's framing (and 2x the ring for gloo's own
         # reduce-scatter, which all-reduces internally: ZeRO-1's DP traffic is 1.5x the model)
@@ -66,6 +69,13 @@ def test_single_process_layout(reference):
     (dict(world_size=8, dp=2, pp=2, tp=2, schedule="zb-h1"), "unknown schedule"),
     (dict(world_size=64, dp=8, pp=2, tp=4, micro_batches=4), "equal micro-batches"),
     (dict(world_size=8, dp=2, pp=2, tp=2, sp=True, micro_batches=4), None),
+    (dict(world_size=8, dp=2, pp=1, tp=2, cp=2), "cp=2: the 3D trainer runs dp × pp × tp"),
+    (dict(world_size=8, dp=2, pp=1, tp=2, ep=2), "ep=2: the 3D trainer"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, recompute="full"), "does not recompute"),
+    (dict(world_size=8, dp=2, pp=0, tp=2), "Layout.pp must be a positive integer, got 0"),
+    (dict(world_size=8, layout=Layout(dp=2, pp=2, tp=2, micro_batches=4), tp=2), "not both"),
+    (dict(layout=Layout(dp=2, pp=2, tp=2, micro_batches=3)), "equal micro-batches"),
+    (dict(layout=Layout(dp=2, pp=2, tp=2, micro_batches=4)), None),
 ])
 def test_validate(kwargs, words):
     r = gpt_recipe(steps=1, batch_size=16, seq_len=8, n_layer=4)
@@ -86,3 +96,11 @@ def test_sequence_parallel_needs_divisible_sequence():
     r = gpt_recipe(steps=1, batch_size=16, seq_len=6, n_layer=4)
     with pytest.raises(ValueError, match="sequence length 6"):
         validate(r, world_size=4, dp=1, pp=1, tp=4, sp=True, micro_batches=1)
+
+
+def test_every_validate_in_the_library_is_keyword_only():
+    """CONTRIBUTING: validate(recipe, *, world_size, ...) — the strategies' own validators take keywords."""
+    import inspect
+    from minipar.hybrid import parallel3d
+    params = list(inspect.signature(parallel3d.validate).parameters.values())
+    assert [p.name for p in params if p.kind is not p.KEYWORD_ONLY and p.kind is not p.VAR_KEYWORD] == ["recipe"]

@@ -120,3 +120,35 @@ def test_validate_names_the_problem(layout, match):
 
 def test_cluster_devices():
     assert CLUSTER.devices == 1024 and Cluster(4, 2, 1e9, 1e12, 1e9, 1e8).devices == 8
+
+
+def test_context_parallel_is_ring_attention_over_dp_cp_data_ranks():
+    """CP as chapter 06b teaches it: ring attention's bytes per layer and micro-batch (K, V forward cp-1 times;
+    K, V and dK, dV 2cp-1 times backward); CP ranks hold the same parameters, so the gradients are averaged —
+    and ZeRO shards — over dp·cp ranks: dp=2 × cp=4 sends and keeps what dp=8 does."""
+    from minipar.sequence import ring_attention
+    b, m, cp = 2, 4, 4
+    e = estimate(SMALL, CLUSTER, Layout(dp=2, cp=cp, micro_batch=b, micro_batches=m), precision="fp32")
+    per_layer = (ring_attention.forward_bytes(b, SMALL.seq_len, SMALL.hidden, cp, 4)
+                 + ring_attention.backward_bytes(b, SMALL.seq_len, SMALL.hidden, cp, 4))
+    assert per_layer == (4 * cp - 2 + 2 * (cp - 1)) * b * SMALL.seq_len // cp * SMALL.hidden * 4
+    assert e.bytes_sent["cp"] == per_layer * SMALL.layers * m
+    for zero in (0, 1, 3):
+        dp_cp = estimate(SMALL, CLUSTER, Layout(dp=2, cp=cp, zero=zero))
+        dp_only = estimate(SMALL, CLUSTER, Layout(dp=8, zero=zero))
+        assert dp_cp.bytes_sent["dp"] == dp_only.bytes_sent["dp"] > 0
+        for term in ("params", "grads", "optimizer"):
+            assert dp_cp.memory[term] == dp_only.memory[term]
+    # no s² score matrix is kept: activations = the selective count on s/cp tokens, plus one (s/cp)² block
+    long = Transformer(layers=2, hidden=64, heads=4, vocab=128, seq_len=1024)
+    ring = estimate(long, CLUSTER, Layout(cp=4, micro_batch=1), precision="fp32", dropout=False)
+    keep = activation_bytes_per_layer(long, 1, 1, False, "selective", value_bytes=4, dropout=False, seq_len=256)
+    assert ring.memory["buffers"] == 2 * 4 * 256 * 256 * long.heads
+    assert ring.memory["activations"] == pytest.approx(keep * 2 + 4 * 256 * 128 + 2 * 4 * 256 * 64)
+
+
+def test_planner_proposes_context_parallelism_when_asked():
+    from minipar.plan import layouts
+    found = {x.cp for x in layouts(SMALL, dgx_a100(1), 8, cp=(1, 2, 4), recompute=("none",))}
+    assert found == {1, 2, 4}
+    assert {x.cp for x in layouts(SMALL, dgx_a100(1), 8, recompute=("none",))} == {1}

@@ -3,6 +3,7 @@ layout, clear errors with exit code 2, and the same command under torchrun; the 
 (auto: NCCL on one GPU per rank where CUDA is, else gloo on the CPU), tested without a GPU."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -129,3 +130,269 @@ def test_auto_backend_runs_on_gloo_here(capfd, monkeypatch):
     monkeypatch.setattr("minipar.launcher.launch", spy)
     losses, err = train(capfd, "--backend", "auto", "--pp", "2", "--steps", "1")
     assert started == ["nccl" if torch.cuda.device_count() >= 2 else "gloo"] and list(losses) == [1]
+
+
+# ------------------------------------------------------------------------------------------------------
+# What real runs meet (issue 30): bad flags, refused resumes and saves, restarts, nodes, signals
+# ------------------------------------------------------------------------------------------------------
+
+def refused(capsys, monkeypatch, *flags):
+    """Run the command with ``flags``; it must exit 2 with one line on stderr and start no process."""
+    monkeypatch.setattr("minipar.launcher.launch", no_launch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(list(flags))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["--batch-size", "-4"], "--batch-size must be a positive integer, got -4"),
+    (["--n-head", "0"], "--n-head must be a positive integer"),
+    (["--n-layer", "0"], "--n-layer must be a positive integer"),
+    (["--n-embd", "30"], "--n-embd 30 is not divisible by --n-head 4"),
+    (["--seq-len", "4096"], "fit at most 4094"),
+    (["--timeout", "0"], "--timeout must be a positive number"),
+    (["--timeout", "-1"], "--timeout must be a positive number"),
+    (["--timeout", "nan"], "got nan"),
+    (["--timeout", "inf"], "got inf"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--micro-batches", "0"], "--micro-batches must be a positive integer"),
+    (["--virtual-stages", "0"], "--virtual-stages must be a positive integer"),
+    (["--save-every", "0", "--save", "x"], "--save-every must be a positive integer"),
+    (["--save-every", "2"], "--save-every needs --save"),
+    (["--nproc-per-node", "0"], "--nproc-per-node must be a positive integer"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--tp", "3"], "tensor-parallel degree 3"),
+])
+def test_every_flag_is_checked_before_any_process_starts(capsys, monkeypatch, flags, words):
+    assert words in refused(capsys, monkeypatch, *flags)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_at_2(tmp_path_factory):
+    """A checkpoint of the 4-layer model, seed 0, float64, after 2 steps on one process."""
+    folder = str(tmp_path_factory.mktemp("ckpt"))
+    assert main(["--steps", "2", "--micro-batches", "1", "--save", folder, *SMALL[:4], "--dtype", "float64"]) == 0
+    return folder
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--n-layer", "2"], "config.n_layer: checkpoint 4, this run 2"),
+    (["--n-head", "2"], "config.n_head: checkpoint 4, this run 2"),
+    (["--seed", "1"], "seed: checkpoint 0, this run 1"),
+    (["--dtype", "float32"], "dtype: checkpoint 'float64', this run 'float32'"),
+    (["--batch-size", "4"], "data.batch_size: checkpoint 8, this run 4"),
+    (["--n-layer", "2", "--seed", "3"], "config.n_layer: checkpoint 4, this run 2; seed: checkpoint 0, this run 3"),
+])
+def test_a_resume_into_another_run_is_refused_with_the_differences(capsys, monkeypatch, checkpoint_at_2, flags,
+                                                                   words):
+    base = ["--steps", "4", "--micro-batches", "1", *SMALL[:4], "--dtype", "float64"]
+    err = refused(capsys, monkeypatch, *base, *flags, "--resume", checkpoint_at_2)
+    assert "its checkpoint is of another run" in err and words in err
+
+
+def test_saves_that_cannot_work_or_would_replace_are_refused(capsys, monkeypatch, checkpoint_at_2, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    base = ["--steps", "3", "--micro-batches", "1", *SMALL[:4], "--dtype", "float64"]
+    for where in (str(a_file), str(a_file / "under"), "/proc/minipar-checkpoint"):
+        assert "cannot save into" in refused(capsys, monkeypatch, *base, "--save", where)
+    err = refused(capsys, monkeypatch, *base, "--n-layer", "2", "--save", checkpoint_at_2)
+    assert "holds another run's checkpoint (config.n_layer: checkpoint 4, this run 2" in err
+    err = refused(capsys, monkeypatch, *base, "--steps", "1", "--save", checkpoint_at_2)    # latest 2 -> 1
+    assert "holds step 2, later than this run's start (step 0)" in err and "--overwrite" in err
+    started = []
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: started.append(k["save"]))
+    assert main([*base, "--steps", "1", "--save", checkpoint_at_2, "--overwrite"]) == 0    # asked for: allowed
+    assert main([*base, "--resume", checkpoint_at_2, "--save", checkpoint_at_2]) == 0     # continuing: allowed
+    assert started == [checkpoint_at_2] * 2
+
+
+def test_resume_from_an_empty_folder_starts_fresh_then_continues(capfd, tmp_path):
+    folder = str(tmp_path / "run")                  # does not exist yet: --save creates it
+    same = ["--dp", "1", "--pp", "2", "--tp", "1", "--resume", folder, "--save", folder, "--save-every", "1"]
+    first, err = train(capfd, *same, "--steps", "2")
+    assert list(first) == [1, 2] and "no checkpoint in" in err and "saved step 1" in err and "saved step 2" in err
+    again, err = train(capfd, *same, "--steps", "3")
+    straight, _ = train(capfd, "--dp", "1", "--pp", "2", "--tp", "1", "--steps", "3")
+    assert list(again) == [3] and {**first, **again} == straight
+
+
+def test_the_layout_groups_that_span_nodes_are_named():
+    from minipar.hybrid.cli import groups_across_nodes
+    from minipar.layout import Layout
+    assert groups_across_nodes(Layout(tp=4), 4, 2) == {"tp": [([0, 1, 2, 3], [0, 1])]}
+    assert groups_across_nodes(Layout(dp=2, tp=2), 4, 2) == {"dp": [([0, 2], [0, 1]), ([1, 3], [0, 1])]}
+    assert groups_across_nodes(Layout(dp=2, tp=2), 4, 4) == {}
+
+
+def test_a_tp_group_across_nodes_warns_or_is_refused(capsys, monkeypatch):
+    err = refused(capsys, monkeypatch, "--tp", "4", "--nproc-per-node", "2", "--strict-nodes", *SMALL)
+    assert "--strict-nodes: tp group [0, 1, 2, 3] spans nodes [0, 1] (2 ranks per node)" in err
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: [])
+    assert main(["--tp", "2", "--dp", "2", "--nproc-per-node", "2", *SMALL]) == 0
+    err = capsys.readouterr().err
+    assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
+    assert main(["--tp", "4", "--nproc-per-node", "2", *SMALL]) == 0
+    assert "warning: tp group [0, 1, 2, 3] spans nodes [0, 1]" in capsys.readouterr().err
+
+
+def children(pid: int) -> list:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def command(*flags, env=None):
+    return subprocess.Popen([sys.executable, "-m", "minipar", "train", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(proc, words: str) -> None:
+    for line in proc.stderr:                       # the ranks' progress lines, as they happen
+        if words in line:
+            return
+    pytest.fail(f"the run ended without printing {words!r}")
+
+
+def checkpoint_tensors(folder):
+    from minipar.hybrid import checkpoint
+    latest = checkpoint.latest(folder)
+    shards = sorted(f for f in os.listdir(latest) if f.startswith("stage-"))
+    return [torch.load(os.path.join(latest, f), weights_only=True) for f in shards]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the ranks through /proc")
+def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(tmp_path):
+    steps, folder = "40", str(tmp_path / "run")
+    same = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", steps, *SMALL, "--json",
+            "--save-every", "1", "--resume", folder, "--save", folder]
+    first = command(*same)
+    wait_for(first, "saved step 3 ")
+    os.kill(children(first.pid)[-1], signal.SIGKILL)            # one rank dies mid-run
+    _, err = first.communicate(timeout=300)
+    assert first.returncode != 0, err
+    again = subprocess.run([sys.executable, "-m", "minipar", "train", *same], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = {d["step"]: d["loss"] for d in map(json.loads, again.stdout.splitlines())}
+    assert 3 < min(resumed) and max(resumed) == int(steps)       # it went on from a checkpoint after step 3
+    straight = subprocess.run([sys.executable, "-m", "minipar", "train", *same[:-6], "--save",
+                               str(tmp_path / "straight")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    losses = {d["step"]: d["loss"] for d in map(json.loads, straight.stdout.splitlines())}
+    assert resumed == {s: losses[s] for s in resumed}             # bit for bit: same layout, same arithmetic
+    killed, uninterrupted = checkpoint_tensors(folder), checkpoint_tensors(str(tmp_path / "straight"))
+    assert len(killed) == len(uninterrupted) == 2                 # the two stages' parameters and Adam moments
+    for mine, theirs in zip(killed, uninterrupted):
+        assert all(torch.equal(a, b) for a, b in zip(_leaves(mine), _leaves(theirs), strict=True))
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [x for k in sorted(tree) for x in _leaves(tree[k])]
+    return [tree]
+
+
+def test_sigterm_stops_the_ranks_and_leaves_no_temp_folder(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = command("--pp", "2", "--steps", "4000", *SMALL, env=env)
+    wait_for(proc, "step    2/")
+    ranks = children(proc.pid)
+    assert any(name.startswith("minipar-") for name in os.listdir(tmp_path))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("minipar-")]
+    assert ranks and not [pid for pid in ranks if alive(pid)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_agents_as_two_nodes_train_equal_to_one_process(capfd):
+    """``torchrun --nnodes 2`` on localhost: two agents of 2 processes each, LOCAL_WORLD_SIZE = 2. The
+    tp groups [0, 1] and [2, 3] each sit on one node (the command says so); the losses equal one process."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    flags = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2", *SMALL, "--json", "--timeout", "60"]
+    port = str(free_port())
+    agents = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node),
+                                "--master_addr", "127.0.0.1", "--master_port", port, "-m", "minipar", "train",
+                                *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for node in (0, 1)]
+    outs = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    err = outs[0][1] + outs[1][1]
+    assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
+    lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    two_nodes = {d["step"]: d["loss"] for d in lines}
+    one, _ = train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "2", "--micro-batches", "1")
+    assert two_nodes.keys() == one.keys() == {1, 2}
+    for s in one:
+        assert two_nodes[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
+
+
+TEXT = ("Il était une fois un modèle trop grand pour un seul appareil. 数据并行 copies the model; 流水线并行 "
+        "cuts it into stages; 张量并行 splits one matrix multiplication. ") * 12
+
+
+def test_training_on_a_text_file_logs_the_held_out_loss(capfd, tmp_path):
+    """--data: character tokens of a UTF-8 file, the last tenth held out; the held-out loss every 2 steps equals
+    the loss of the one-device reference's parameters on the same held-out batch, in the 3D layout too."""
+    from types import SimpleNamespace
+
+    from minipar.check import train_reference
+    from minipar.datasets import lm_batch
+    from minipar.hybrid import cli, preflight
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    flags = ["--data", str(path), "--tokens", "char", "--steps", "4", "--eval-every", "2"]
+    capfd.readouterr()
+    assert main([*flags, *SMALL, "--json", "--pp", "2", "--tp", "2"]) == 0
+    out, err = capfd.readouterr()
+    lines = {d["step"]: d for d in map(json.loads, out.splitlines())}
+    assert [s for s, d in lines.items() if "eval_loss" in d] == [2, 4] and "held-out" in err
+    args = SimpleNamespace(data=str(path), tokens="char", steps=2, batch_size=8, seq_len=8, seed=0, n_layer=4,
+                           n_head=4, n_embd=32, dtype="float64")
+    data = preflight.text_data(args)
+    assert data["vocab_size"] == len(set(TEXT)) and len(data["held_out"]) == len(TEXT) // 10
+    recipe = cli.make_recipe(args, data)
+    model = recipe.model().to(torch.float64)
+    model.load_state_dict(train_reference(recipe).params)
+    with torch.no_grad():
+        want = float(recipe.loss(model, *lm_batch(data["held_out"], 8, 8, 0, seed=0)))
+    assert lines[2]["eval_loss"] == pytest.approx(want, rel=1e-10)
+    assert lines[4]["eval_loss"] != lines[2]["eval_loss"]
+
+
+def test_a_text_file_that_cannot_be_used_is_refused(capsys, monkeypatch, tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    short = tmp_path / "short.txt"
+    short.write_text("tiny", encoding="utf-8")
+    assert "is not UTF-8 text (byte 3" in refused(capsys, monkeypatch, "--data", str(latin1))
+    assert "cannot read" in refused(capsys, monkeypatch, "--data", str(tmp_path / "missing.txt"))
+    assert "needs at least 18" in refused(capsys, monkeypatch, "--data", str(short), "--seq-len", "16")
+    assert "--eval-every must be a positive integer" in refused(capsys, monkeypatch, "--eval-every", "0")
+
+
+def test_a_torchrun_world_that_is_not_the_layout_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    err = refused(capsys, monkeypatch, "--tp", "2", *SMALL)
+    assert "torchrun started 3 processes, but the layout (tp 2) has 2 ranks" in err

@@ -5,8 +5,9 @@ global step (= the data position: batch k of the recipe is the k-th step's batch
 random-number state. On disk::
 
     DIR/latest                       "step-00000004"  (written last, by os.replace: atomic)
-    DIR/step-00000004/manifest.json  format, step, layout it was saved from, model config, dtype, and for
-                                     every file its size, SHA-256 and the tensors it holds with their shapes
+    DIR/step-00000004/manifest.json  format, step, the layout it was saved from, and what the run is: model
+                                     config, seed, dtype, data (source, batch, sequence, position = step);
+                                     for every file its size, SHA-256 and the tensors it holds with shapes
     DIR/step-00000004/stage-0.pt     one shard per pipeline stage of the saving layout: that stage's
     DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL CPU tensors, reference names
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
@@ -19,8 +20,12 @@ buffer. So any layout loads any other: the manifest names tensors, not ranks. Fi
 device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
-has written, then replaces ``latest``. A crash before that leaves ``latest`` pointing at the previous,
-complete checkpoint. Loading checks every file against the manifest (missing, truncated, corrupt) and every
+has written (``step-N.1``, ``.2``, ... if a ``step-N`` exists already: ``latest`` may point at it), then
+replaces ``latest`` (a small file, ``os.replace``: readers see the old name or the new one, never none), and
+only then removes older folders of the same step. A crash at any point leaves ``latest`` pointing at a
+complete checkpoint. What a run is (model config, seed, dtype, data) and the checks made before training —
+a resume into another run refused, the save folder created, test-written and shared by every rank — are in
+:mod:`minipar.hybrid.guard`. Loading checks every file against the manifest (missing, truncated, corrupt) and every
 tensor against the model (missing, wrong shape) before touching a parameter: :class:`CheckpointError`
 names the file. Nothing is loaded partially.
 
@@ -49,7 +54,7 @@ from .reshard import tp_layouts, to_full, to_shard
 __all__ = ["CheckpointError", "FORMAT", "tp_layouts", "to_full", "to_shard", "save", "load", "latest",
            "read_manifest", "verify"]
 
-FORMAT = "minipar-3d-checkpoint/1"
+FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
 
 
 class CheckpointError(ValueError):
@@ -86,10 +91,10 @@ def _optimizer_pieces(trainer) -> tuple:
     return pieces, scalars
 
 
-def save(trainer, directory: str, step: int, *, crash_rank: int | None = None) -> str:
+def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None) -> str:
     """Save ``trainer``'s state after ``step`` global steps into ``directory`` (a collective: every rank calls
-    it). Returns the checkpoint's folder. ``crash_rank``: that rank kills itself halfway through writing its
-    shard (the crash test)."""
+    it). Returns the checkpoint's folder. ``run``: :func:`run_identity`'s seed and data, for the manifest.
+    ``crash_rank``: that rank kills itself halfway through writing its shard (the crash test)."""
     rank, layouts = dist.get_rank(), tp_layouts(trainer.model)
     tp_group = trainer.tp_group
     pieces, scalars = _optimizer_pieces(trainer)
@@ -120,14 +125,17 @@ def save(trainer, directory: str, step: int, *, crash_rank: int | None = None) -
     _barrier(trainer.device)
     if rank == 0:
         torch.save({"torch": torch.get_rng_state()}, os.path.join(partial, "rng.pt"))
-        _write_manifest(trainer, partial, step, scalars)
-        if os.path.exists(root):
-            shutil.rmtree(root)
+        _write_manifest(trainer, partial, step, scalars, run or {})
+        same_step = [root] + [f"{root}.{i}" for i in range(1, 1000)]
+        root = next(name for name in same_step if not os.path.exists(name))
         os.rename(partial, root)
         tmp = os.path.join(directory, "latest.tmp")
         with open(tmp, "w") as f:
             f.write(os.path.basename(root))
-        os.replace(tmp, os.path.join(directory, "latest"))
+        os.replace(tmp, os.path.join(directory, "latest"))      # the one moment the checkpoint changes
+        for old in same_step:                                   # then the replaced copies of this step
+            if old != root and os.path.isdir(old):
+                shutil.rmtree(old, ignore_errors=True)
     _barrier(trainer.device)
     return root
 
@@ -140,7 +148,7 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _write_manifest(trainer, folder: str, step: int, scalars: dict) -> None:
+def _write_manifest(trainer, folder: str, step: int, scalars: dict, run: dict) -> None:
     files = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
@@ -149,10 +157,10 @@ def _write_manifest(trainer, folder: str, step: int, scalars: dict) -> None:
             shard = torch.load(path, weights_only=True)
             entry["tensors"] = {n: list(v.shape) for n, v in shard["params"].items()}
         files[name] = entry
-    mesh = trainer.mesh.mesh
-    manifest = {"format": FORMAT, "step": step, "dtype": str(trainer.recipe.dtype),
-                "layout": {d: mesh.size(d) for d in ("dp", "pp", "tp")} | {"zero": trainer.zero_stage},
-                "config": dict(vars(trainer.model.cfg)),
+    from .guard import run_identity
+    who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}))
+    manifest = {"format": FORMAT, "step": step, **who, "data": {**who["data"], "position": step},
+                "layout": trainer.layout.as_dict(),
                 "optimizer_scalars": {k: float(v) for k, v in scalars.items()},
                 "files": files}
     with open(os.path.join(folder, "manifest.json.tmp"), "w") as f:
@@ -210,6 +218,10 @@ def verify(folder: str, manifest: dict, expected_shapes: dict | None = None) -> 
         if saved != tuple(shape):
             raise CheckpointError(f"{path} holds {tensor} of shape {saved}, but the model's is {tuple(shape)}: "
                                   f"a checkpoint of a different model")
+    extra = sorted(set(where) - set(expected_shapes or where))
+    if extra:                                    # 4 layers into 2 would drop blocks 2 and 3 without a word
+        raise CheckpointError(f"{where[extra[0]][0]} holds {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, "
+                              f"which the model does not have: the checkpoint was saved from a different model")
 
 
 def load(trainer, directory: str) -> int:

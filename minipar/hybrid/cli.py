@@ -4,6 +4,7 @@
     python -m minipar train --dp 1 --pp 1 --tp 1 --steps 20 --json            # the single-device run
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
+    python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
     torchrun --nproc_per_node=8 -m minipar train --dp 2 --pp 2 --tp 2         # torchrun's ranks instead
 
 It starts dp·pp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
@@ -13,30 +14,53 @@ or a local launch of more ranks than GPUs, exits with code 2. The CUDA path is w
 device watch (tests/test_device_path.py: every tensor the step creates names its device); it has not yet run
 on a GPU. Progress (step, loss, tokens/s) goes to standard error as it happens; ``--json`` prints
 one JSON object per step on standard output (``step``, ``loss``, ``tokens_per_s``, ``seconds``), so two
-layouts can be compared by a script. ``--steps N`` trains until global step N; ``--resume DIR`` starts from
-the step saved in DIR. Bad flags and layouts that cannot work exit with code 2 before any process starts.
+layouts can be compared by a script.
+
+Before any process starts, every flag and the layout are checked (exit 2, one line); so is the checkpoint:
+``--resume DIR`` refuses a checkpoint of another run (model config, seed, dtype or data differ: all listed)
+and starts fresh from a folder with no checkpoint yet, so one command line is both the first launch and the
+restart (torchrun ``--max-restarts``); ``--save DIR`` is created and test-written first, and never replaces
+another run's checkpoint or a later step without ``--overwrite``; ``--save-every N`` saves every N steps.
+Nodes: ranks are numbered node by node (``LOCAL_WORLD_SIZE`` under torchrun, ``--nproc-per-node`` for a
+local launch that stands for several nodes); a tp group that spans nodes is named in a warning, or refused
+with ``--strict-nodes``. Several nodes must ``--save`` onto a shared filesystem (the same folder on every
+node): the ranks check it before training. ``SIGTERM`` stops the ranks and removes the launcher's folder.
+``--data FILE`` trains on the learner's own UTF-8 text (``--tokens byte`` or ``char``); its last tenth is held
+out, and its loss is logged beside the training loss every ``--eval-every`` steps (``eval_loss`` in ``--json``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
+from ..datasets import lm_batch
 from ..launcher import choose_backend_and_device
-from . import checkpoint
-from .parallel3d import SCHEDULES, Trainer3D, validate
+from ..layout import Layout
+from ..mesh import Mesh
+from . import checkpoint, guard, preflight
+from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
-__all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts"]
+__all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
+           "layout_of"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+NODE_BOUND = ("tp",)                     # groups that talk every layer: across nodes they run at network speed
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):            # one line, exit 2 (argparse's own errors too)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m minipar train", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m minipar train", description=__doc__.split("\n\n")[0])
     layout = p.add_argument_group("layout (dp × pp × tp ranks)")
     layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
     layout.add_argument("--pp", type=int, default=1, help="pipeline stages")
@@ -47,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     layout.add_argument("--virtual-stages", type=int, default=1, dest="v", help="chunks per rank (interleaved)")
     layout.add_argument("--micro-batches", type=int, default=8, help="m, per step")
+    layout.add_argument("--nproc-per-node", type=int, default=None, dest="local_world_size",
+                        help="ranks per node for a local launch (default: all on one); torchrun's "
+                             "LOCAL_WORLD_SIZE under torchrun")
+    layout.add_argument("--strict-nodes", action="store_true", help="refuse a tp group that spans nodes")
     train = p.add_argument_group("training")
     train.add_argument("--steps", type=int, default=20, help="train until this global step")
     train.add_argument("--batch-size", type=int, default=16, help="global batch, in sequences")
@@ -56,8 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--n-embd", type=int, default=32)
     train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end")
-    train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout)")
+    train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
+    train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
+    train.add_argument("--overwrite", action="store_true",
+                       help="let --save replace another run's checkpoint, or a later step")
+    train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "
+                                                       "folder with no checkpoint yet starts at step 0")
+    train.add_argument("--data", metavar="FILE", help="train on this UTF-8 text (its last tenth held out)")
+    train.add_argument("--tokens", default="byte", choices=("byte", "char"),
+                       help="--data's tokens: bytes or characters")
+    train.add_argument("--eval-every", type=int, default=10, metavar="N",
+                       help="with --data: the held-out loss every N steps (and at the last)")
     train.add_argument("--json", action="store_true", help="one JSON object per step on standard output")
     train.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
                        help="auto: NCCL on one GPU per rank when CUDA is available, else gloo on the CPU; gloo: "
@@ -67,12 +104,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_recipe(args):
+def make_recipe(args, data: dict | None = None):
+    """The tiny GPT on the Markov corpus, or on ``data`` (:func:`preflight.text_data`: its vocabulary)."""
     from ..check import gpt_recipe
+    from ..datasets import lm_batches
+    vocab = {"vocab_size": data["vocab_size"]} if data else {}
     recipe = gpt_recipe(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len))
+                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len),
+                        **vocab)
+    if data:
+        recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)
     recipe.dtype = DTYPES[args.dtype]
     return recipe
+
+
+def layout_of(args) -> Layout:
+    return Layout(dp=args.dp, pp=args.pp, tp=args.tp, sp=args.sp, zero=args.zero, schedule=args.schedule,
+                  micro_batches=args.micro_batches, v=args.v)
+
+
+def identity_of(args, recipe, data: dict | None = None) -> dict:
+    data = {**(data["identity"] if data else {"source": "markov", "tokens": preflight.CORPUS_TOKENS}),
+            "batch_size": args.batch_size, "seq_len": args.seq_len}
+    return guard.run_identity(recipe.model().cfg, seed=args.seed, dtype=recipe.dtype, data=data)
+
+
+def groups_across_nodes(layout: Layout, world_size: int, local_world_size: int) -> dict:
+    """{dim: [(group's ranks, nodes they sit on)]} for every group of the layout's mesh that spans nodes.
+    Rank r sits on node r // local_world_size (torchrun and this launcher number ranks node by node)."""
+    mesh, crossing = Mesh(world_size, **layout.sizes), {}
+    for dim, size in layout.sizes.items():
+        for ranks in mesh.groups(dim) if size > 1 else []:
+            nodes = sorted({r // local_world_size for r in ranks})
+            if len(nodes) > 1:
+                crossing.setdefault(dim, []).append((ranks, nodes))
+    return crossing
 
 
 def cuda_facts(backend: str) -> dict:
@@ -81,15 +147,23 @@ def cuda_facts(backend: str) -> dict:
     return dict(cuda_available=ask, device_count=torch.cuda.device_count() if ask else 0)
 
 
-def train_rank(rank: int, world_size: int, recipe, *, layout: dict, steps: int, save: str | None = None,
-               resume: str | None = None, as_json: bool = False, out_fd: int = 1, err_fd: int = 2) -> list:
+def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
+               resume: str | None = None, save_every: int | None = None, run: dict | None = None,
+               held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int = 1,
+               err_fd: int = 2) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
-    backend and ``LOCAL_RANK``), load, train to ``steps``, save. The rank that holds the loss first (last
-    stage, dp 0, tp 0) writes the progress lines. Returns [(step, loss)]."""
+    backend and ``LOCAL_RANK``), check the save folder is shared, load ``resume`` (a folder holding a
+    checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
+    loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
+    carry the held-out loss every ``eval_every`` steps and at the last. Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))
-    trainer = Trainer3D(rank, world_size, recipe, **layout, device=device)
+    if isinstance(layout, dict):                 # the keyword form, {"dp": 2, "pp": 2, "tp": 2, ...}
+        layout = Layout.of(None, DEFAULTS, **layout)
+    trainer = Trainer3D(rank, world_size, recipe, layout=layout, device=device)
+    if save:
+        guard.check_shared(save, trainer.device)
     start = checkpoint.load(trainer, resume) if resume else 0
     reporter = trainer.mesh.is_last_stage and trainer.mesh.coord("dp") == 0 and trainer.mesh.coord("tp") == 0
     tokens = recipe.batches[0][0].numel()
@@ -98,59 +172,120 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: dict, steps: int, 
         t0 = time.perf_counter()
         loss = trainer.step(*recipe.batches[step], step)
         seconds = time.perf_counter() - t0
+        evaluate = held_out is not None and ((step + 1) % eval_every == 0 or step + 1 == steps)
+        held = held_out_loss(trainer, recipe, held_out, reporter) if evaluate else None
         if reporter:
             history.append((step + 1, loss))
-            os.write(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}  {tokens / seconds:,.0f} tokens/s\n"
-                     .encode())
+            shown = f"  held-out {held:.6f}" if held is not None else ""
+            os.write(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}{shown}  {tokens / seconds:,.0f} "
+                             f"tokens/s\n".encode())
             if as_json:
                 line = {"step": step + 1, "loss": loss, "tokens_per_s": tokens / seconds, "seconds": seconds}
+                line |= {"eval_loss": held} if held is not None else {}
                 os.write(out_fd, (json.dumps(line) + "\n").encode())
-    if save:
-        folder = checkpoint.save(trainer, save, steps)
-        if reporter:
-            os.write(err_fd, f"saved step {steps} to {folder}\n".encode())
+        if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
+            folder = checkpoint.save(trainer, save, step + 1, run=run)
+            if reporter:
+                os.write(err_fd, f"saved step {step + 1} to {folder}\n".encode())
     return history
+
+
+def held_out_loss(trainer, recipe, batch: tuple, reporter: bool) -> float | None:
+    """The loss of the current parameters on the held-out ``batch`` (a collective): every rank's stages, full
+    (:meth:`Trainer3D.full_params`), gathered as objects; ``reporter`` puts them into one reference model and
+    runs it forward. Outside the step: its bytes are not the strategy's."""
+    pieces = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, trainer.full_params())
+    if not reporter:
+        return None
+    model = recipe.model().to(dtype=recipe.dtype)
+    model.load_state_dict({name: t for piece in pieces for name, t in piece.items()})
+    model.eval()
+    with torch.no_grad():
+        return float(recipe.loss(model, *batch))
+
+
+def _check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> list:
+    """The lines to print about where the groups sit (rank 0 only), or ``ValueError`` with ``--strict-nodes``
+    when a tp group spans nodes."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else (args.local_world_size or world_size)
+    crossing = groups_across_nodes(layout, world_size, local)
+    bad = "; ".join(f"{d} group {ranks} spans nodes {nodes}" for d, groups in crossing.items() if d in NODE_BOUND
+                    for ranks, nodes in groups)
+    if bad and args.strict_nodes:
+        raise ValueError(f"--strict-nodes: {bad} ({local} ranks per node)")
+    lines = []
+    if world_size > local:
+        placed = "; ".join(f"{g} on node {sorted({r // local for r in g})}"
+                           for g in Mesh(world_size, **layout.sizes).groups("tp"))
+        lines.append(f"{-(-world_size // local)} nodes of {local} ranks; tp groups: {placed}")
+    if bad:
+        lines.append(f"warning: {bad} ({local} ranks per node): its collectives cross the network")
+    return lines if os.environ.get("RANK", "0") == "0" else []
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    recipe = make_recipe(args) if args.steps >= 1 else parser.error(f"--steps must be >= 1, got {args.steps}")
-    world_size = args.dp * args.pp * args.tp
-    layout = dict(dp=args.dp, pp=args.pp, tp=args.tp, sp=args.sp, zero=args.zero, schedule=args.schedule,
-                  micro_batches=args.micro_batches, v=args.v)
-    try:
-        validate(recipe, world_size=world_size, **layout)
-    except ValueError as exc:
-        parser.error(f"this layout cannot work: {exc}")
+    layout = layout_of(args)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    if torchrun and int(os.environ["WORLD_SIZE"]) != world_size:
-        parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes, but --dp {args.dp} × --pp "
-                     f"{args.pp} × --tp {args.tp} = {world_size}")
-    if args.resume:
+    try:
+        preflight.check_flags(parser, args)
+        data = preflight.text_data(args)
+        recipe = make_recipe(args, data)
         try:
-            folder = checkpoint.latest(args.resume)
-            saved = checkpoint.read_manifest(folder)
-            checkpoint.verify(folder, saved)
-        except checkpoint.CheckpointError as exc:
-            parser.error(f"cannot resume: {exc}")
-        if saved["step"] >= args.steps:
-            parser.error(f"--steps {args.steps}: the checkpoint in {args.resume} is already at step {saved['step']}")
+            validate(recipe, world_size=layout.world_size, layout=layout)
+        except ValueError as exc:
+            raise ValueError(f"this layout cannot work: {exc}") from None
+        if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
+            shape = " × ".join(f"{d} {n}" for d, n in layout.sizes.items() if n > 1) or "one rank"
+            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but the layout ({shape}) has "
+                             f"{layout.world_size} ranks")
+        placement = _check_nodes(args, layout, layout.world_size, torchrun)
+        identity = identity_of(args, recipe, data)
+        resume, start = preflight.resume_point(args, identity) if args.resume else (None, 0)
+        if args.save:
+            preflight.check_save(args, identity, start)
+        backend = _backend(args, layout.world_size, torchrun)
+    except ValueError as exc:                    # CheckpointError is one
+        parser.error(str(exc).replace("\n", " "))
+    for line in placement:
+        print(line, file=sys.stderr)
+    if args.resume and resume is None:
+        print(f"no checkpoint in {args.resume} yet: starting at step 0", file=sys.stderr)
+    held = lm_batch(data["held_out"], args.batch_size, args.seq_len, 0, seed=args.seed) if data else None
+    return _launch(args, recipe, layout, backend, torchrun, resume=resume, held_out=held,
+                   eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]})
+
+
+def _backend(args, world_size: int, torchrun: bool) -> str:
     try:
         backend, _ = choose_backend_and_device(args.backend, local_rank=0, **cuda_facts(args.backend))
     except ValueError as exc:
-        parser.error(f"--backend {args.backend}: {exc}")
+        raise ValueError(f"--backend {args.backend}: {exc}") from None
     gpus = cuda_facts(backend)["device_count"]
     if backend == "nccl" and not torchrun and world_size > gpus:
-        parser.error(f"--backend {args.backend}: {world_size} ranks but {gpus} GPU(s) here, and NCCL cannot put two "
-                     f"ranks on one GPU (use --backend gloo, or torchrun across machines)")
-    from ..launcher import launch
+        raise ValueError(f"--backend {args.backend}: {world_size} ranks but {gpus} GPU(s) here, and NCCL cannot put "
+                         f"two ranks on one GPU (use --backend gloo, or torchrun across machines)")
+    return backend
+
+
+def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
+    from ..launcher import RankError, launch
     fds = (1, 2) if torchrun else (os.dup(1), os.dup(2))     # the ranks write progress to our stdout/stderr
+
+    def stop(signum, frame):                    # SIGTERM: leave through launch's cleanup (ranks, temp folder)
+        raise SystemExit(128 + signum)
+    previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
-        launch(train_rank, world_size, recipe, layout=layout, steps=args.steps, save=args.save,
-               resume=args.resume, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
-               timeout=args.timeout, quiet=True)
+        launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
+               save_every=args.save_every, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
+               timeout=args.timeout, quiet=True, **kwargs)
+    except RankError as exc:                    # a rank failed: its one-line reason, exit 1
+        print(f"python -m minipar train: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     finally:
         if not torchrun:
+            signal.signal(signal.SIGTERM, previous)
             os.close(fds[0]), os.close(fds[1])
     return 0

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import math
 
+from ..layout import Layout
+
 __all__ = ["bytes_formula", "ring_dp"]
 
 
-def bytes_formula(cfg, *, batch: int, seq: int, dp: int, pp: int, tp: int, m: int, v: int = 1,
-                  pp_rank: int = 0, zero: int = 0, sp: bool = False, element_size: int = 8) -> dict:
+def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp_rank: int = 0,
+                  element_size: int = 8, m: int | None = None, **dims) -> dict:
     """{"dp", "pp", "tp"}: the bytes rank ``pp_rank`` of a pipeline sends per step, from the shapes alone.
+    ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2, m=4``;
+    ``m`` is ``micro_batches``).
     With SP every TP all-reduce becomes an all-gather + reduce-scatter ((t-1)/t·S each) and the column-parallel
     layers re-gather their input in backward: per block 4 reduce-scatters + 6 all-gathers, the embedding 1 + 1,
     the head 1 + 2; the activations between stages are sequence shards; the LayerNorm / row-bias / position
     gradients are summed over tp once per step."""
+    layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
+    dp, pp, tp, m, v, zero, sp = (getattr(layout, k) for k in ("dp", "pp", "tp", "micro_batches", "v", "zero", "sp"))
     b, h, mb, n_stages = element_size, cfg.n_embd, batch // (dp * m), pp * v
     mine = [s for s in range(n_stages) if s % pp == pp_rank]
     per_stage = cfg.n_layer // n_stages

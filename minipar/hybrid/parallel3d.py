@@ -41,6 +41,7 @@ from .. import comm
 from ..check import Recipe, RunResult
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
+from ..layout import Layout
 from ..loop import mean_over_ranks, shard_batch
 from ..memory import LiveTensorTracker, tensor_bytes
 from ..mesh import Mesh
@@ -51,8 +52,8 @@ from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "ZERO_WITH_PP", "validate", "HybridStage", "HybridPipelineRank", "Trainer3D", "HybridRun",
-           "parallel_train", "run", "bytes_formula"]
+__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage", "HybridPipelineRank",
+           "Trainer3D", "HybridRun", "parallel_train", "run", "bytes_formula"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_WITH_PP = ("ZeRO-{z} shards the gradients, so every micro-batch's backward would reduce-scatter its "
@@ -61,12 +62,21 @@ ZERO_WITH_PP = ("ZeRO-{z} shards the gradients, so every micro-batch's backward 
                 "reduces once per step after the last micro-batch (DeepSpeed refuses the same combination)")
 
 
-def validate(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
-             schedule: str = "1f1b", micro_batches: int = 4, v: int = 1) -> None:
-    """Raise ValueError naming the reason, before any process starts, for a layout that cannot work."""
-    for name, x in (("dp", dp), ("pp", pp), ("tp", tp), ("micro_batches", micro_batches), ("v", v)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name} must be a positive integer, got {x!r}")
+DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
+
+
+def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, **dims) -> None:
+    """Raise ValueError naming the reason, before any process starts, for a layout that cannot work.
+    ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
+    ``world_size``: the ranks there are (default: the layout's)."""
+    layout = Layout.of(layout, DEFAULTS, **dims).check()
+    layout.refuse("cp", "ep", why="the 3D trainer runs dp × pp × tp; context and expert parallelism are "
+                                  "chapters 06b and 09 (they join this mesh with the 5D trainer)")
+    if layout.recompute != "none":
+        raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer does not recompute (chapter 11 does)")
+    dp, pp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
+        "dp", "pp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
+    world_size = layout.world_size if world_size is None else world_size
     if dp * pp * tp != world_size:
         raise ValueError(f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp} ranks, but the world size is "
                          f"{world_size}: the mesh's dimensions must multiply to the world size")
@@ -157,11 +167,13 @@ class Trainer3D:
     on the CPU (the reference's initial weights), then moved; everything a step creates that meets a
     collective or a parameter is created there (receive buffers, batch shards, the loss, dropout streams)."""
 
-    def __init__(self, rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int,
-                 sp: bool = False, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
-                 device="cpu"):
+    def __init__(self, rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None, device="cpu",
+                 **dims):
+        self.layout = layout = Layout.of(layout, DEFAULTS, **dims)
+        dp, pp, tp, sp, zero, schedule, micro_batches, v = (getattr(layout, k) for k in (
+            "dp", "pp", "tp", "sp", "zero", "schedule", "micro_batches", "v"))
         self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
-        self.mesh = Mesh(world_size, dp=dp, pp=pp, tp=tp).build(rank)
+        self.mesh = Mesh(world_size, **layout.sizes).build(rank)
         self.dp_group, self.tp_group = self.mesh.group("dp"), self.mesh.group("tp")
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
@@ -237,13 +249,12 @@ class Trainer3D:
         return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
 
 
-def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int, sp: bool = False,
-                   zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
-                   track_memory: bool = False, device="cpu") -> HybridRun:
-    """Train ``recipe`` on this rank of a dp × pp × tp mesh (on ``device``); return its losses (last stage
-    only, floats), its stages' full parameters (CPU tensors) and what it measured."""
-    t = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v, device=device)
+def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None,
+                   track_memory: bool = False, device="cpu", **dims) -> HybridRun:
+    """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
+    ``device``); return its losses (last stage only, floats), its stages' full parameters (CPU tensors) and
+    what it measured."""
+    t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, **dims)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):
         start = time.perf_counter()
@@ -266,15 +277,15 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: i
                      observed, seconds, peak, t.runner.timeline, t.model_state_bytes())
 
 
-def run(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
-        schedule: str = "1f1b", micro_batches: int = 4, v: int = 1, track_memory: bool = False,
-        device="cpu", quiet: bool = True, timeout: float = 120.0) -> list:
-    """Validate the layout, then train on ``world_size`` ranks; return the per-rank :class:`HybridRun`.
+def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, track_memory: bool = False,
+        device="cpu", quiet: bool = True, timeout: float = 120.0, **dims) -> list:
+    """Validate the layout (a :class:`~minipar.layout.Layout` or its fields as keywords), then train on
+    ``world_size`` ranks (default: the layout's); return the per-rank :class:`HybridRun`.
     ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
     from ..launcher import launch
-    validate(recipe, world_size=world_size, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-             micro_batches=micro_batches, v=v)
+    layout = Layout.of(layout, DEFAULTS, **dims)
+    world_size = layout.world_size if world_size is None else world_size
+    validate(recipe, world_size=world_size, layout=layout)
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    return launch(parallel_train, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v, track_memory=track_memory, device=device, backend=backend,
-                  quiet=quiet, timeout=timeout)
+    return launch(parallel_train, world_size, recipe, layout=layout, track_memory=track_memory, device=device,
+                  backend=backend, quiet=quiet, timeout=timeout)

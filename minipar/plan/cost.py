@@ -27,8 +27,11 @@ TP 4 all-reduces of b·s·h per layer per micro-batch (SP: all-gathers + reduce-
 this course's re-gather in backward), PP each micro-batch's activation forward and its gradient back at
 every stage boundary (mean over the pipeline's ranks: 2(pv-1)·m·A/p), DP the ZeRO paper's volumes
 (:func:`minipar.data.zero_memory.bytes_sent_per_step`; ZeRO-2/3 repeat their reduce-scatter — and ZeRO-3
-its gathers — for every micro-batch: why they do not mix with pipelines), CP an all-gather of K and V per
-layer and a reduce-scatter of their gradients.
+its gathers — for every micro-batch: why they do not mix with pipelines), CP ring attention as chapter
+06b teaches it (:mod:`minipar.sequence.ring_attention`: K and V passed cp−1 times forward, K, V and their
+gradient accumulators 2cp−1 times backward, per layer and micro-batch). CP ranks hold the same parameters:
+gradients are averaged, and ZeRO shards, over the dp·cp ranks (Megatron's data-parallel group with CP). Ring
+attention keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time.
 """
 from __future__ import annotations
 
@@ -36,10 +39,11 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from minipar.comm import predicted_bytes_sent
 from minipar.data import zero_memory
+from minipar.layout import Layout
 from minipar.pipeline.schedules import bubble_formula, make_schedule, validate as validate_schedule
 from minipar.recompute import MODES
+from minipar.sequence import ring_attention
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 
 from .cluster import Cluster, collective_seconds, dgx_a100, link
@@ -49,53 +53,13 @@ __all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight",
            "collective_seconds"]
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Degrees of each parallelism and how the step is run. devices = dp·tp·pp·cp (ep must be 1: the
-    model is dense); global batch = dp · micro_batch · micro_batches."""
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    v: int = 1
-    cp: int = 1
-    ep: int = 1
-    zero: int = 0
-    sp: bool = False
-    recompute: str = "none"
-    micro_batch: int = 1
-    micro_batches: int = 1
-    schedule: str = "1f1b"
-
-    @property
-    def devices(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp * self.ep
-
-    @property
-    def global_batch(self) -> int:
-        return self.dp * self.micro_batch * self.micro_batches
-
-    def __str__(self) -> str:
-        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        parts += [f"v={self.v}"] if self.v > 1 else []
-        parts += [f"cp={self.cp}"] if self.cp > 1 else []
-        parts += [f"zero={self.zero}"] if self.zero else []
-        parts += ["sp"] if self.sp else []
-        parts += [f"recompute={self.recompute}"] if self.recompute != "none" else []
-        parts += [f"b={self.micro_batch}", f"m={self.micro_batches}"]
-        parts += [self.schedule] if self.pp > 1 else []
-        return " ".join(parts)
-
-
 def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None) -> None:
     """Raise ValueError with the reason a layout cannot run this model (on this cluster)."""
-    for name in ("dp", "tp", "pp", "v", "cp", "ep", "micro_batch", "micro_batches"):
-        x = getattr(layout, name)
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"Layout.{name} must be a positive integer, got {x!r}")
+    if not isinstance(layout, Layout):
+        raise ValueError(f"layout must be a minipar.layout.Layout, got {type(layout).__name__}")
+    layout.check()
     if layout.ep != 1:
         raise ValueError("ep > 1 needs a mixture-of-experts model (chapter 09); this Transformer is dense")
-    if layout.zero not in zero_memory.STAGE_NAMES:
-        raise ValueError(f"zero must be 0, 1, 2 or 3, got {layout.zero!r}")
     if layout.recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {layout.recompute!r}")
     if model.heads % layout.tp:
@@ -199,7 +163,7 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
-        time["optimizer"] = psi / (layout.dp if layout.zero else 1) * cluster.optimizer_seconds_per_param
+        time["optimizer"] = psi / (layout.dp * layout.cp if layout.zero else 1) * cluster.optimizer_seconds_per_param
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
     return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying)
@@ -212,23 +176,25 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
     params = stage_parameters(model, layout)
 
     def per_layer(mode):
+        mode = "selective" if layout.cp > 1 and mode == "none" else mode     # ring attention: no scores kept
         kept = activation_bytes_per_layer(model, b, t, sp, mode, value_bytes=vb, dropout=dropout, seq_len=s)
         return kept + (uncounted_bytes(s, b, t, sp, value_bytes=vb) if eager and mode != "full" else 0)
 
     kept = per_layer(layout.recompute)
     flying = in_flight(layout.schedule, p, layout.micro_batches, layout.v) if p > 1 else 1.0
     logits = 4 * s * b * model.vocab / t + 2 * vb * s * b * h / (t if sp else 1)  # fp32 log-softmax; LN, head in
-    buffers = 0.0
+    data_ranks = layout.dp * layout.cp               # gradients averaged, ZeRO sharded, over dp·cp ranks
+    buffers = 2.0 * vb * b * s * s * model.heads / t if layout.cp > 1 else 0.0   # one block: scores, probs
     if layout.zero == 3:                      # the embedding unit and the current and next layer, gathered
         buffers += prec.param * (2 * params["layer"] + model.vocab * h / t + model.positions * h)
-    if layout.zero >= 2 and layout.dp > 1:    # one layer's gradients in a ring reduce-scatter: a working
-        buffers += prec.grad * params["layer"] * (1 + 2 / layout.dp)   # copy, a chunk to send, one received
+    if layout.zero >= 2 and data_ranks > 1:   # one layer's gradients in a ring reduce-scatter: a working
+        buffers += prec.grad * params["layer"] * (1 + 2 / data_ranks)   # copy, a chunk to send, one received
     if layout.recompute != "none":            # what the backward rematerializes for one layer at a time
         buffers += per_layer("none") - kept
     stages = {}
     last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
     for name, flight in (("first", flying), ("last", last_flight)):
-        states = zero_memory.model_state_bytes(params[name], layout.dp, layout.zero, prec)
+        states = zero_memory.model_state_bytes(params[name], data_ranks, layout.zero, prec)
         # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
         acts = (kept * (model.layers // p) + (logits if name == "last" or p == 1 else 0)) * flight
         grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
@@ -256,20 +222,21 @@ def _traffic(model, cluster, layout, prec, psi, bucket_bytes):
         per = 4 * collective_seconds("all_reduce", payload, t, bw, lat)
     seconds["tp"] = per * again * layers * m if t > 1 else 0.0
 
-    kv = 2 * s * cp * b * h / t * vb                                 # K and V of the whole sequence
-    bw, lat = link(layout, "cp", cluster)
-    sent["cp"] = (predicted_bytes_sent("all_gather", kv, cp) * again
-                  + predicted_bytes_sent("reduce_scatter", kv, cp)) * layers * m
-    seconds["cp"] = (collective_seconds("all_gather", kv, cp, bw, lat) * again
-                     + collective_seconds("reduce_scatter", kv, cp, bw, lat)) * layers * m
+    bw, lat = link(layout, "cp", cluster)                            # ring attention (chapter 06b)
+    kv_block = 2 * b * s * h / t * vb                                # this rank's K and V: one ring message
+    fwd, bwd = (f(b, model.seq_len, h // t, cp, vb) for f in (ring_attention.forward_bytes,
+                                                              ring_attention.backward_bytes))
+    sent["cp"] = (fwd * again + bwd) * layers * m if cp > 1 else 0.0
+    passes = (cp - 1) * again + (2 * cp - 1)                         # forward, backward ring steps
+    seconds["cp"] = passes * collective_seconds("send", kv_block, 2, bw, lat) * layers * m if cp > 1 else 0.0
 
     act = s * b * h * vb / (t if sp else 1)                          # one micro-batch at a stage boundary
     bw, lat = link(layout, "pp", cluster)
     sent["pp"] = 2 * (p * v - 1) * m * act / p if p > 1 else 0.0
     seconds["pp"] = 2 * v * m * collective_seconds("send", act, 2, bw, lat) if p > 1 else 0.0
 
-    dp = layout.dp
-    bw, lat = link(layout, "dp", cluster)
+    dp = layout.dp * cp           # CP ranks hold the same parameters: their gradients are averaged too
+    bw, lat = min(link(layout, "dp", cluster), link(layout, "cp", cluster))    # the slower of the links
     if layout.zero <= 1:          # one all-reduce (or reduce-scatter + all-gather) per step, in buckets
         sent["dp"] = zero_memory.bytes_sent_per_step(psi, dp, layout.zero, prec)
         messages = max(1, math.ceil(psi * prec.grad / bucket_bytes)) * 2 * (dp - 1)

@@ -49,14 +49,16 @@ def _divisors(n: int) -> list:
 
 def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_batches_max: int = 4096,
             micro_batch_sizes=(1, 2, 4, 8), recompute=("none", "selective", "full"), zero=(0, 1, 2, 3),
-            schedules=("1f1b", "interleaved"), use_all_devices: bool = True):
-    """Every layout of the search space (a generator)."""
+            schedules=("1f1b", "interleaved"), use_all_devices: bool = True, cp=(1,)):
+    """Every layout of the search space (a generator). ``cp``: the context-parallel degrees to try (those
+    that divide the sequence; ring attention, costed as chapter 06b measures it)."""
     n = cluster.devices
     sizes = [n] if use_all_devices else _divisors(n)
     for devices in sizes:
-        for tp in [t for t in _divisors(model.heads) if devices % t == 0]:
-            for pp in [p for p in _divisors(model.layers) if devices % (tp * p) == 0]:
-                dp = devices // (tp * pp)
+        for tp, c in [(t, c) for t in _divisors(model.heads) for c in cp
+                      if devices % (t * c) == 0 and model.seq_len % c == 0]:
+            for pp in [p for p in _divisors(model.layers) if devices % (tp * c * p) == 0]:
+                dp = devices // (tp * c * pp)
                 if global_batch % dp:
                     continue
                 for b in micro_batch_sizes:
@@ -72,11 +74,11 @@ def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_ba
                         for z in zero:
                             if z >= 2 and pp > 1:
                                 continue        # PP accumulates gradients, ZeRO-2/3 shard them (seed 003 §8.3)
-                            if z and dp == 1:
+                            if z and dp * c == 1:
                                 continue
-                            for sp in ([False, True] if tp > 1 else [False]):
+                            for sp in ([False, True] if tp > 1 and model.seq_len % (c * tp) == 0 else [False]):
                                 for r in recompute:
-                                    yield Layout(dp=dp, tp=tp, pp=pp, v=v, zero=z, sp=sp, recompute=r,
+                                    yield Layout(dp=dp, tp=tp, pp=pp, cp=c, v=v, zero=z, sp=sp, recompute=r,
                                                  micro_batch=b, micro_batches=m, schedule=sched)
 
 

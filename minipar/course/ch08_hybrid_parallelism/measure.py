@@ -11,6 +11,7 @@ from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.hybrid.parallel3d import HybridPipelineRank, Trainer3D, bytes_formula, run
 from minipar.launcher import launch
+from minipar.layout import Layout
 from minipar.pipeline.runtime import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
@@ -41,13 +42,11 @@ LAYOUTS = {
 def measure_layout(layout: dict, steps: int = 3, m: int = 4, reference: RunResult | None = None) -> dict:
     """Run ``layout`` on 8 ranks; return its comparison with one device and its measurements (mean over
     ranks of bytes per step by kind, formula beside; max peak; median step time; bubble of one pipeline)."""
-    r = recipe(steps)
-    runs = run(r, world_size=8, micro_batches=m, track_memory=True, **layout)
+    r, shape = recipe(steps), Layout(**layout, micro_batches=m)
+    runs = run(r, layout=shape, track_memory=True)                              # on shape.world_size = 8 ranks
     c = compare(reference or train_reference(r), runs, dtype=r.dtype)
     cfg = r.model().cfg
-    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=m,
-                              v=layout.get("v", 1), pp_rank=x.coords[1], zero=layout.get("zero", 0),
-                              sp=layout.get("sp", False)) for x in runs]
+    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=shape, pp_rank=x.coords[1]) for x in runs]
     mean = lambda xs: sum(xs) / len(xs)                                          # noqa: E731
     one_pipeline = [x for x in runs if x.coords[0] == 0 and x.coords[2] == 0]
     sched, p, v = layout.get("schedule", "1f1b"), layout["pp"], layout.get("v", 1)

@@ -1,0 +1,93 @@
+"""What ``python -m minipar train`` checks before any process starts: every flag (exit 2, one line naming the
+flag), the checkpoint ``--resume`` would load (of this run: model config, seed, dtype and data the same; a
+folder with no checkpoint yet starts at step 0) and the folder ``--save`` would write (created, test-written,
+never another run's checkpoint or a later step without ``--overwrite``)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+
+from . import checkpoint, guard
+
+__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "resume_point", "check_save"]
+
+CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
+POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
+            "n_embd", "save_every", "local_world_size", "eval_every")
+
+
+def check_flags(parser: argparse.ArgumentParser, args) -> None:
+    """``ValueError`` naming the flag, for a value no layout can use (the layout's own rules come after)."""
+    flag = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    for dest in POSITIVE:
+        value = getattr(args, dest)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag[dest]} must be a positive integer, got {value}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.n_embd % args.n_head:
+        raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+    if args.save_every is not None and not args.save:
+        raise ValueError("--save-every needs --save DIR")
+
+
+def text_data(args) -> dict | None:
+    """``--data FILE``: {"train", "held_out": token ids, "vocab_size", "identity"} (the last tenth held out),
+    or None without it; ``ValueError`` for a file that cannot be used, or a sequence longer than the text."""
+    if not args.data:
+        if args.seq_len > CORPUS_TOKENS - 2:
+            raise ValueError(f"--seq-len {args.seq_len}: the corpus has {CORPUS_TOKENS} tokens, so a sequence and "
+                             f"its next-token targets fit at most {CORPUS_TOKENS - 2}")
+        return None
+    from ..datasets import held_out, text_tokens
+    tokens, vocab_size = text_tokens(args.data, args.tokens)
+    train, held = held_out(tokens)
+    for part, ids in (("training nine tenths", train), ("held-out tenth", held)):
+        if len(ids) < args.seq_len + 2:
+            raise ValueError(f"--data {args.data}: its {part} has {len(ids)} {args.tokens} tokens; --seq-len "
+                             f"{args.seq_len} needs at least {args.seq_len + 2}")
+    with open(args.data, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"train": train, "held_out": held, "vocab_size": vocab_size,
+            "identity": {"source": "text", "sha256": digest, "tokens": args.tokens}}
+
+
+def resume_point(args, identity: dict) -> tuple:
+    """(folder to load or None, its step): the checks of ``--resume``."""
+    if not os.path.exists(os.path.join(args.resume, "latest")):
+        if os.path.isdir(args.resume) or (args.save and os.path.abspath(args.save) == os.path.abspath(args.resume)):
+            return None, 0                       # no checkpoint yet: the first launch of a restartable run
+        raise ValueError(f"cannot resume: {args.resume} is not a folder ({args.resume}/latest is missing)")
+    folder = checkpoint.latest(args.resume)
+    saved = checkpoint.read_manifest(folder)
+    checkpoint.verify(folder, saved)
+    diffs = guard.differences(saved, identity)
+    if diffs:
+        raise ValueError(f"cannot resume from {args.resume}: its checkpoint is of another run ({'; '.join(diffs)})")
+    if saved["step"] >= args.steps:
+        raise ValueError(f"--steps {args.steps}: the checkpoint in {args.resume} is already at step {saved['step']}")
+    return args.resume, saved["step"]
+
+
+def check_save(args, identity: dict, start: int) -> None:
+    """``--save``: the folder is created and test-written; another run's checkpoint there, or a later step,
+    is replaced only with ``--overwrite``."""
+    guard.check_folder(args.save)
+    if args.overwrite or not os.path.exists(os.path.join(args.save, "latest")):
+        return
+    try:
+        saved = checkpoint.read_manifest(checkpoint.latest(args.save))
+    except checkpoint.CheckpointError as exc:
+        raise ValueError(f"--save {args.save} holds a checkpoint that cannot be read ({exc}); pass --overwrite "
+                         f"to replace it") from None
+    diffs = guard.differences(saved, identity)
+    if diffs:
+        raise ValueError(f"--save {args.save} holds another run's checkpoint ({'; '.join(diffs)}); choose another "
+                         f"folder or pass --overwrite")
+    if saved["step"] > start:
+        raise ValueError(f"--save {args.save} holds step {saved['step']}, later than this run's start (step "
+                         f"{start}): saving would move 'latest' back; --resume {args.save}, or pass --overwrite")
