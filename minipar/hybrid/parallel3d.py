@@ -53,7 +53,7 @@ from ..tensor.operators import tp_rank, tp_size
 from ..tensor.vocab import vocab_parallel_cross_entropy
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "ZERO_WITH_PP", "validate", "HybridStage", "HybridPipelineRank", "Trainer3D", "HybridRun",
+__all__ = ["SCHEDULES", "ZERO_WITH_PP", "validate", "HybridStage", "Trainer3D", "HybridRun",
            "parallel_train", "run", "bytes_formula"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -120,25 +120,6 @@ class HybridStage(nn.Module):
         return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits
 
 
-class HybridPipelineRank(PipelineRank):
-    """:class:`PipelineRank` whose last stage's loss is the vocabulary-parallel cross-entropy over the TP
-    group (the logits stay split by vocabulary columns), divided by m like every micro-batch loss."""
-
-    def __init__(self, *args, tp_group=None, vocab_size: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tp_group, self.vocab_size = tp_group, vocab_size
-
-    def forward(self, stage, mb):
-        if stage != self.last:
-            return super().forward(stage, mb)
-        x = self.inputs[mb] if stage == 0 else self.receive("act", stage, mb).requires_grad_()
-        logits = self.module(stage, mb)(x)
-        per_token = vocab_parallel_cross_entropy(logits, self.targets[mb], self.tp_group, self.vocab_size)
-        y = per_token.mean() / self.loss_divisor
-        self.mb_losses[mb] = y.detach()
-        self.saved[(stage, mb)] = (x, y)
-
-
 @dataclass
 class HybridRun(RunResult):
     """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
@@ -165,7 +146,7 @@ class Trainer3D:
 
     def __init__(self, rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int,
                  sp: bool = False, zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
-                 device="cpu"):
+                 recompute: bool = False, device="cpu"):
         self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
         self.mesh = Mesh(world_size, dp=dp, pp=pp, tp=tp).build(rank)
         self.dp_group, self.tp_group = self.mesh.group("dp"), self.mesh.group("tp")
@@ -181,9 +162,10 @@ class Trainer3D:
         mb = batch // (dp * micro_batches)
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
-        self.runner = HybridPipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
-                                         shapes, t0=synced_clock(None, self.device),   # one time axis
-                                         device=self.device, tp_group=self.tp_group, vocab_size=ref.cfg.vocab_size)
+        self.vocab_size = ref.cfg.vocab_size
+        self.runner = PipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh, shapes,
+                                   recompute=recompute, t0=synced_clock(None, self.device),   # one time axis
+                                   device=self.device, loss_fn=self.loss)
         if zero == 1:
             self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
                              units=list(self.stages.values()))
@@ -194,6 +176,11 @@ class Trainer3D:
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog() for k in ("pp+tp", "dp")}
+
+    def loss(self, logits, targets):
+        """The last stage's loss: vocabulary-parallel cross-entropy over the TP group (the logits stay split
+        by vocabulary columns), the mean over the micro-batch's tokens (the runtime divides it by m)."""
+        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size).mean()
 
     @property
     def coords(self) -> tuple:
@@ -245,11 +232,11 @@ class Trainer3D:
 
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: int, tp: int, sp: bool = False,
                    zero: int = 0, schedule: str = "1f1b", micro_batches: int = 4, v: int = 1,
-                   track_memory: bool = False, device="cpu") -> HybridRun:
+                   recompute: bool = False, track_memory: bool = False, device="cpu") -> HybridRun:
     """Train ``recipe`` on this rank of a dp × pp × tp mesh (on ``device``); return its losses (last stage
     only, floats), its stages' full parameters (CPU tensors) and what it measured."""
     t = Trainer3D(rank, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v, device=device)
+                  micro_batches=micro_batches, v=v, recompute=recompute, device=device)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):
         start = time.perf_counter()
@@ -274,8 +261,8 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, dp: int, pp: i
 
 
 def run(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool = False, zero: int = 0,
-        schedule: str = "1f1b", micro_batches: int = 4, v: int = 1, track_memory: bool = False,
-        device="cpu", quiet: bool = True, timeout: float = 120.0) -> list:
+        schedule: str = "1f1b", micro_batches: int = 4, v: int = 1, recompute: bool = False,
+        track_memory: bool = False, device="cpu", quiet: bool = True, timeout: float = 120.0) -> list:
     """Validate the layout, then train on ``world_size`` ranks; return the per-rank :class:`HybridRun`.
     ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
     from ..launcher import launch
@@ -283,5 +270,6 @@ def run(recipe: Recipe, *, world_size: int, dp: int, pp: int, tp: int, sp: bool 
              micro_batches=micro_batches, v=v)
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     return launch(parallel_train, world_size, recipe, dp=dp, pp=pp, tp=tp, sp=sp, zero=zero, schedule=schedule,
-                  micro_batches=micro_batches, v=v, track_memory=track_memory, device=device, backend=backend,
+                  micro_batches=micro_batches, v=v, recompute=recompute, track_memory=track_memory, device=device,
+                  backend=backend,
                   quiet=quiet, timeout=timeout)
