@@ -39,7 +39,7 @@ divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Action", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
            "interleaved", "zb_h1", "zb_v", "dualpipe_v", "bubble_formula", "validate", "V_SCHEDULES"]
@@ -68,6 +68,7 @@ class Schedule:
     v: int
     actions: list
     placement: str = "loop"
+    overlapped: frozenset = field(default_factory=frozenset)   # {(rank, i)}: actions i, i+1 are one F&B
 
     @property
     def num_stages(self) -> int:

@@ -14,9 +14,11 @@ way down) and a *chunk 1* (stage 2p-1-r, on the way up).
 * :func:`dualpipe_v` — DualPipeV (DeepSeek-V3 technical report 2024; github.com/deepseek-ai/DualPipe): the
   V of DualPipe on p ranks. Its steady phase pairs the forward of one micro-batch on one chunk with the full
   backward of another on the other chunk ("F&B"): on a GPU the two run at once so that each one's
-  communication hides behind the other's compute. **Here the pair is two consecutive actions, F then BW**
-  (the runtime runs them one after the other; the simulator costs F&B = F + B + W, no overlap credit).
-  Bubble (p-1)(F&B + B - 3W) with B the full backward (DualPipe README's notation).
+  communication hides behind the other's compute. **Here the pair is two consecutive actions, F then BW**,
+  listed in ``Schedule.overlapped``: the runtime runs them one after the other; the simulator
+  (``overlap=True``, the default) starts the pair only when both inputs are there and costs it
+  F&B = F + B + W (no credit for overlap on a CPU). Then the idle per rank is the DualPipe README's
+  (p-1)(F&B + B - 3W), B the full backward; played as two free actions it is (p-1)·F.
 
 Both follow the phase structure of the published schedules (and of ``torch.distributed.pipelining``'s
 ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``, which the chapter runs beside them), written here as
@@ -37,6 +39,7 @@ class _Counter:
         self.count = {}
         self.actions = []
         self.pending_w = []                             # (chunk, micro-batch) whose W is still to do
+        self.pairs = []                                 # indices i: actions i, i+1 are one F&B
 
     def next(self, kind: str, chunk: int) -> None:
         """Append ``kind`` (F, B or BW) of the next micro-batch on ``chunk``; a B leaves its W pending."""
@@ -46,6 +49,12 @@ class _Counter:
         self.actions.append(Action(kind, self.stage[chunk], i))
         if kind == "B":
             self.pending_w.append((chunk, i))
+
+    def overlapped(self, forward_chunk: int) -> None:
+        """F&B: the forward of the next micro-batch on ``forward_chunk``, then the full backward of the next
+        one on the other chunk, marked as one overlapped pair (``Schedule.overlapped``)."""
+        self.pairs.append(len(self.actions))
+        self.next("F", forward_chunk), self.next("BW", 1 - forward_chunk)
 
     def done(self, kind: str, chunk: int) -> int:
         return self.count.get((kind, chunk), 0)
@@ -109,7 +118,7 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     8. the last r+1 pending W's.
     The last rank's first step-4 pair is not overlapped (F then BW, as the published schedule does)."""
     validate("dualpipev", p, m, 2)
-    actions = []
+    actions, pairs = [], set()
     for r in range(p):
         c = _Counter(p, r)
         for _ in range(2 * (p - r - 1)):
@@ -118,12 +127,15 @@ def dualpipe_v(p: int, m: int) -> Schedule:
             c.next("F", 0), c.next("F", 1)
         for _ in range(p - r - 1):
             c.next("B", 1), c.oldest_w(), c.next("F", 1)
-        for _ in range(m - 2 * p + r + 1):
-            c.next("F", 0), c.next("BW", 1)                 # F&B: forward chunk 0, backward chunk 1
-            c.next("F", 1), c.next("BW", 0)                 # F&B: forward chunk 1, backward chunk 0
+        for k in range(m - 2 * p + r + 1):
+            if k == 0 and r == p - 1:
+                c.next("F", 0), c.next("BW", 1)             # not overlapped: a shorter bubble
+            else:
+                c.overlapped(0)                             # F&B: forward chunk 0, backward chunk 1
+            c.overlapped(1)                                 # F&B: forward chunk 1, backward chunk 0
         for _ in range(p - r - 1):
             c.next("BW", 1)
-            c.next("F", 1), c.next("BW", 0)
+            c.overlapped(1)
         split = False
         for i in range(r + 1):
             split = split or (i == (r + 1) // 2 and r % 2 == 1)
@@ -135,4 +147,6 @@ def dualpipe_v(p: int, m: int) -> Schedule:
         while c.pending_w:
             c.oldest_w()
         actions.append(c.actions)
-    return Schedule("dualpipev", p, m, 2, actions, placement="v")
+        pairs |= {(r, i) for i in c.pairs}
+    return Schedule("dualpipev", p, m, 2, actions, placement="v", overlapped=frozenset(pairs))
+
