@@ -87,12 +87,18 @@ def _merge(results) -> RunResult:
     return RunResult(next(r.losses for r in results if r.losses is not None), params)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2), ("zb-v", 4, 8, 2),
+                                            ("dualpipev", 4, 8, 2)])
 def test_equals_torch_distributed_pipelining(schedule, p, m, v):
-    ours = launch(parallel_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
-    theirs = launch(torch_pipeline_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
+    recipe = GPT8 if p * v == 8 else GPT
+    ours = launch(parallel_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
+    theirs = launch(torch_pipeline_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
     # torch divides the summed gradients by m at the end, minipar divides each micro-batch loss: float32
     compare(_merge(theirs), ours, dtype=torch.float32).assert_ok()
+    if schedule in ("zb-v", "dualpipev"):       # the same action lists (torch's F&B pair as its two actions)
+        from minipar.pipeline.schedules import make_schedule
+        mine = make_schedule(schedule, p, m, v).actions
+        assert [t.order for t in theirs] == mine
 
 
 class ForgetsToAccumulate(PipelineRank):

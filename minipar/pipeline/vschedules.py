@@ -69,8 +69,8 @@ class _Counter:
 
 def zb_v(p: int, m: int) -> Schedule:
     """ZB-V on rank r: 2(p-r)-1 forwards on chunk 0; r pairs F(chunk 1) F(chunk 0); p-r triples F B W on
-    chunk 1 (the first losses come back); steady F B W on chunk 0 then on chunk 1; cool-down B's, then the
-    W's. Built for max(m, 2p-1) micro-batches (the warm-up needs 2p-1) and cut back to m."""
+    chunk 1 (the first losses come back); steady F B W on chunk 0 then on chunk 1; cool-down: r pairs of B's,
+    p-r times B W on chunk 0, then the W's left (chunk 1's, then chunk 0's). Built for max(m, 2p-1) micro-batches (the warm-up needs 2p-1) and cut back to m."""
     validate("zb-v", p, m, 2)
     n = max(m, 2 * p - 1)
     actions = []
@@ -92,8 +92,9 @@ def zb_v(p: int, m: int) -> Schedule:
         for _ in range(p - r):
             c.next("B", 0)
             _w_of_chunk(c, 0)
-        while c.pending_w:
-            c.oldest_w()
+        for chunk in (1, 0):                             # the rest: chunk 1's W's, then chunk 0's
+            while any(ch == chunk for ch, _ in c.pending_w):
+                _w_of_chunk(c, chunk)
         actions.append([a for a in c.actions if a.microbatch < m])
     return Schedule("zb-v", p, m, 2, actions, placement="v")
 
