@@ -102,3 +102,15 @@ def test_fifo_order_holds_for_loop_placements_not_for_the_v():
     check(make_schedule("interleaved", 4, 8, 2), order="fifo")
     with pytest.raises(ScheduleError, match="waits forever"):
         check(make_schedule("zb-v", 4, 8, 2), order="fifo")
+
+
+def test_the_error_carries_the_rank_index_and_action():
+    s = make_schedule("zb-v", 4, 8, 2)
+    acts = s.actions[3]
+    k = acts.index(Action("F", 4, 0))
+    moved = acts[:k] + acts[k + 1:]
+    moved.insert(0, Action("F", 4, 0))          # the up-going forward before the down-going one it needs
+    broken = dataclasses.replace(s, actions=s.actions[:3] + [moved])
+    with pytest.raises(ScheduleError) as err:
+        check(broken)
+    assert (err.value.rank, err.value.index, err.value.action) == (3, 0, Action("F", 4, 0))

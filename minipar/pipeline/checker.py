@@ -30,7 +30,12 @@ __all__ = ["ScheduleError", "Message", "messages_of", "check", "p2p_messages"]
 
 
 class ScheduleError(ValueError):
-    """The schedule is wrong: a missing or duplicated action, an unmatched message, or a deadlock."""
+    """The schedule is wrong: a missing or duplicated action, an unmatched message, or a deadlock. For a
+    deadlock, ``rank``, ``index`` and ``action`` say which rank waits forever at which of its actions."""
+
+    def __init__(self, message: str, rank: int | None = None, index: int | None = None, action=None):
+        super().__init__(message)
+        self.rank, self.index, self.action = rank, index, action
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ def check(schedule: Schedule, order: str = "tag") -> int:
         why = _blocked(schedule, r, a, done, posted, order, last)
         others = ", ".join(f"rank {q} at {schedule.actions[q][pos[q]]}" for q in stuck[1:])
         raise ScheduleError(f"deadlock: rank {r} waits forever at action {pos[r]} ({a}): {why}"
-                            + (f"; blocked too: {others}" if others else ""))
+                            + (f"; blocked too: {others}" if others else ""), r, pos[r], a)
     left = [str(m) for q in posted.values() for m in q]
     if left:
         raise ScheduleError(f"sent but never received: {', '.join(left)}")
