@@ -6,7 +6,8 @@ placement (rank r holds stages r and 2p-1-r, which both libraries compute) ``Sch
 Besides the trained parameters, each rank reports PyTorch's schedule in minipar's terms: ``order``, the
 compute actions of the schedule's own action lists (``pipeline_order``, idle slots dropped), and
 ``executed``, the forwards and backwards its stages really ran in the last step (recorded by wrapping the
-stages' ``forward_one_chunk`` / ``backward_one_chunk``), both as :class:`~minipar.pipeline.schedules.Action`.
+stages' ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``), both as
+:class:`~minipar.pipeline.schedules.Action`.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class TorchPipelineRun(RunResult):
 
 def _recorded(stage, log: list):
     """Wrap one ``PipelineStage`` so that every forward / backward it runs is appended to ``log``."""
-    fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
     def forward_one_chunk(chunk, *args, **kwargs):
         log.append(Action("F", stage.stage_index, chunk))
@@ -45,7 +46,11 @@ def _recorded(stage, log: list):
     def backward_one_chunk(chunk, *args, full_backward=True, **kwargs):
         log.append(Action("BW" if full_backward else "B", stage.stage_index, chunk))
         return bwd(chunk, *args, full_backward=full_backward, **kwargs)
+    def backward_weight_one_chunk(chunk, *args, **kwargs):
+        log.append(Action("W", stage.stage_index, chunk))
+        return wgt(chunk, *args, **kwargs)
     stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
     return stage
 
 
