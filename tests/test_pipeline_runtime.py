@@ -29,7 +29,7 @@ def test_mlp_schedules_equal_single_device(schedule, p, m, v):
 GPT8 = gpt_recipe(steps=2, batch_size=8, seq_len=8, n_layer=8, n_embd=16, n_head=2)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("zb-v", 2, 4, 2), ("dualpipev", 2, 4, 2)])
+@pytest.mark.parametrize("schedule,p,m,v", [("zb-v", 2, 4, 2), ("dualpipev", 2, 4, 2), ("v-min", 2, 4, 2)])
 def test_v_schedules_equal_single_device_mlp(schedule, p, m, v):
     check_equivalence(parallel_train, p, MLP, schedule=schedule, m=m, v=v, launch_kwargs=QUIET).assert_ok()
 

@@ -7,10 +7,13 @@ to 1F1B (memory: the peak over ranks, in whole-stage activations; 1F1B's is p, o
     1F1B  B, 1×, 1×     ZB1P  B/3, 1×, 1×     ZB-V  0, 1×, 2×     V-Half  B/2, ½×, 2×     V-Min  2B/3, ⅓×, 2×
 
 The published bubbles are leading terms: what remains here is the start-up, the last rank waiting (p-1)
-forwards of a chunk for its first input, ≈ B/6 for ZB-V and (m+p-1)/(3m+p-1)·B for ZB1P (ZB-H1 here). Stated
-tolerance: bubble within 0.25·B of the published multiple of B; memory and volume exactly. V-Half and V-Min
-(Qi et al. 2024, "Pipeline Parallelism with Controllable Memory") are hand-built from repeating blocks and not
-built here: their rows are printed with the published values only.
+forwards of a chunk for its first input, ≈ B/6 for ZB-V and (m+p-1)/(3m+p-1)·B for ZB1P (ZB-H1 here). V-Min
+(Qi et al. 2024, "Pipeline Parallelism with Controllable Memory") is built here as a repeating block
+(:func:`~minipar.pipeline.vschedules.v_min`): its memory is ⅓× plus a few chunks (2p/3 + O(1) chunk
+activations: 0.5× at p = 4 and 8, 0.375× at p = 16). Stated tolerance: bubble within 0.25·B of the published
+multiple of B; volume exactly; memory exactly, V-Min's within 3 chunk activations (3/(2p) of 1F1B's peak).
+V-Half needs a hand-built warm-up and cool-down around its blocks; it is not built here and its row carries the
+published values only.
 
 **DualPipe README** (DeepSeek 2025, github.com/deepseek-ai/DualPipe), PP stages, F a forward chunk, B a full
 backward chunk, W its weight part, F&B an overlapped forward + backward pair; idle time per device:
@@ -35,7 +38,8 @@ ZERO_BUBBLE_README = {      # name: (bubble in units of B, activation memory ×,
 DUALPIPE_README = {         # name: (bubble formula, parameters per device ×, activations per device, devices)
     "1F1B": ("(PP-1)(F+B)", 1, "PP", "PP"), "ZB1P": ("(PP-1)(F+B-2W)", 1, "PP", "PP"),
     "DualPipeV": ("(PP/2-1)(F&B+B-3W)", 2, "PP+1", "PP/2")}
-OURS = {"1F1B": ("1f1b", 1), "ZB1P": ("zb-h1", 1), "ZB-V": ("zb-v", 2), "DualPipeV": ("dualpipev", 2)}
+OURS = {"1F1B": ("1f1b", 1), "ZB1P": ("zb-h1", 1), "ZB-V": ("zb-v", 2), "V-Min": ("v-min", 2),
+        "DualPipeV": ("dualpipev", 2)}
 
 
 def zero_bubble_table(p: int, m: int) -> list:

@@ -14,7 +14,7 @@ Why it cannot deadlock: sends are ``isend`` (posted, never waited for until they
 a rank blocks only on the ``irecv`` of the input its next action needs. Every message carries a tag naming
 (kind, stage, micro-batch), so a receive matches its own message whatever order the peer sent them in. A
 rank then waits only for actions that come earlier in the dependency graph, which is acyclic for every
-valid schedule (:func:`minipar.pipeline.simulate.simulate` checks it on a clock, without processes).
+valid schedule (:func:`minipar.pipeline.checker.check` plays its messages, without processes).
 
 The loss is an argument (``loss_fn(output, targets)``, as ``torch.distributed.pipelining`` takes it): the last
 stage's output goes through it (:func:`~minipar.pipeline.stages.stage_loss` by default; the 3D trainer passes

@@ -28,6 +28,7 @@ zb-h1          1F1B with BW split into B and W, W filling the bubble  (p-1)/(3m+
                                                                       (Qi et al. 2023, zero bubble)
 zb-v           V placement, 2 stages per rank, B/W split             ~0 for F = B = W (Qi et al. 2024)
 dualpipev      V placement, F of one micro-batch beside BW of another (p-1)(F&B+B-3W) (DeepSeek-V3 2024)
+v-min          V placement, a repeating block: memory 1/3 of ZB-V    ≈ 2/3 of 1F1B's (Qi et al. 2024)
 =============  =====================================================  ==================================
 
 The last two live in :mod:`minipar.pipeline.vschedules`; their ``placement`` is ``"v"``: rank r holds stages
@@ -116,6 +117,9 @@ def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None)
     if name in V_SCHEDULES and v != 2:
         raise ValueError(f"{name} places exactly 2 stages per rank in a V (rank r holds stages r and 2p-1-r): "
                          f"v must be 2, got v={v}")
+    if name == "v-min" and p % 3 == 0:
+        raise ValueError(f"v-min's repeating block needs p not divisible by 3 (its forward and backward slots "
+                         f"would collide modulo 6), got p={p}")
     if name == "dualpipev" and m < 2 * p:
         raise ValueError(f"dualpipev needs at least as many micro-batches as stages (m >= 2p), got m={m}, "
                          f"p={p}: its steady phase pairs the forward of one with the backward of another")
@@ -213,7 +217,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, actions)
 
 
-V_SCHEDULES = ("zb-v", "dualpipev")
+V_SCHEDULES = ("zb-v", "dualpipev", "v-min")
 SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
 
 
@@ -240,6 +244,6 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -
     return (p - 1) / (work + (p - 1 if over == "total" else 0))
 
 
-from .vschedules import dualpipe_v, zb_v  # noqa: E402  (they build on Action, Schedule and validate above)
+from .vschedules import dualpipe_v, v_min, zb_v  # noqa: E402  (they build on Action, Schedule and validate above)
 
-SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v})
+SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min})
