@@ -30,6 +30,7 @@ slot's end), ``wait_for`` (also receive when the sender's slot ended) and ``acti
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -112,14 +113,10 @@ class PacedRank:
         self.deferred = []
 
 
-_PACED = {}
-
-
+@functools.cache
 def paced(rank_class: type) -> type:
     """``rank_class`` with :class:`PacedRank` mixed in (one class per rank class)."""
-    if rank_class not in _PACED:
-        _PACED[rank_class] = type(f"Paced{rank_class.__name__}", (PacedRank, rank_class), {})
-    return _PACED[rank_class]
+    return type(f"Paced{rank_class.__name__}", (PacedRank, rank_class), {})
 
 
 def _time_stage(module, x, target, is_last: bool, kinds: set, reps: int, recompute: bool, loss_fn) -> dict:
