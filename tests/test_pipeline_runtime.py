@@ -159,6 +159,9 @@ def test_paced_runs_train_exactly_like_unpaced_ones():
                       launch_kwargs=QUIET).assert_ok()
     check_equivalence(parallel_train, 2, MLP, schedule="zb-h1", m=4, v=1, pace={"min_slot": 0.002},
                       launch_kwargs=QUIET).assert_ok()
+    # the V: a local hand-over has no sender's slot to wait for (PacedRank only paces messages)
+    check_equivalence(parallel_train, 2, MLP, schedule="zb-v", m=4, v=2, pace={"min_slot": 0.002},
+                      launch_kwargs=QUIET).assert_ok()
 
 
 @pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2)])
