@@ -81,7 +81,8 @@ def draw_v_schedules(p: int = 4, shown=V_SHOWN):
     ax.set_xlabel("stage (input → loss)", fontsize=8)
     ax.set_title("where each stage lives", fontsize=9, loc="left")
     ax.legend(fontsize=7, loc="lower center")
-    axes = [fig.add_subplot(grid[i, 1]) for i in range(len(shown))]
+    axes = [fig.add_subplot(grid[0, 1])]
+    axes += [fig.add_subplot(grid[i, 1], sharex=axes[0]) for i in range(1, len(shown))]   # one time axis
     for a, (name, m, v) in zip(axes, shown):
         sim = simulate(make_schedule(name, p, m, v))
         draw_gantt(a, sim_rows(sim), p, f"{name}  p={p} m={m}:  bubble {sim.bubble_fraction:.1%}, peak "
