@@ -26,6 +26,52 @@ def test_mlp_schedules_equal_single_device(schedule, p, m, v):
     check_equivalence(parallel_train, p, MLP, schedule=schedule, m=m, v=v, launch_kwargs=QUIET).assert_ok()
 
 
+GPT8 = gpt_recipe(steps=2, batch_size=8, seq_len=8, n_layer=8, n_embd=16, n_head=2)
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("zb-v", 2, 4, 2), ("dualpipev", 2, 4, 2), ("v-min", 2, 4, 2)])
+def test_v_schedules_equal_single_device_mlp(schedule, p, m, v):
+    check_equivalence(parallel_train, p, MLP, schedule=schedule, m=m, v=v, launch_kwargs=QUIET).assert_ok()
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipev"])
+def test_v_schedules_on_4_ranks_equal_single_device_and_hand_over_locally(schedule):
+    """8 stages on 4 ranks in a V; stages 3 and 4 share rank 3, so their tensors are handed over without a
+    message: the bytes sent are the checker's message count (6 rank boundaries, not 7) times a tensor."""
+    from minipar.pipeline.checker import check
+    from minipar.pipeline.schedules import make_schedule
+    cmp = check_equivalence(parallel_train, 4, GPT8, schedule=schedule, m=8, v=2, launch_kwargs=QUIET)
+    cmp.assert_ok()
+    runs = launch(parallel_train, 4, GPT8, schedule=schedule, m=8, v=2, quiet=True)
+    assert runs[0].losses is not None and all(r.losses is None for r in runs[1:])   # the loss is on rank 0
+    messages = check(make_schedule(schedule, 4, 8, 2))
+    assert messages == 2 * 8 * 6
+    tensor = (8 // 8) * 8 * 16 * 4                                  # one micro-batch's activation, float32
+    assert sum(r.bytes_sent for r in runs) == GPT8.steps * messages * tensor
+
+
+def test_the_loss_is_an_argument():
+    """A loss_fn of twice the default trains like one device on a doubled loss (the losses double)."""
+    from minipar.pipeline.stages import stage_loss
+    runs = launch(parallel_train, 2, GPT, schedule="1f1b", m=4, quiet=True,
+                  loss_fn=lambda y, t: 2 * stage_loss(y, t))
+    plain = launch(parallel_train, 2, GPT, schedule="1f1b", m=4, quiet=True)
+    assert runs[1].losses[0] == pytest.approx(2 * plain[1].losses[0], rel=1e-6)
+
+
+def test_hybrid_trainer_recomputes_and_still_equals_one_device():
+    from minipar.check import train_reference
+    from minipar.hybrid.parallel3d import run as run3d
+    recipe = gpt_recipe(steps=2, batch_size=16, seq_len=8, n_layer=4)
+    recipe.dtype = torch.float64
+    peaks = {}
+    for recompute in ("none", "full"):
+        runs = run3d(recipe, world_size=4, dp=1, pp=2, tp=2, recompute=recompute, track_memory=True)
+        compare(train_reference(recipe), runs, dtype=torch.float64).assert_ok()
+        peaks[recompute] = max(r.peak_bytes for r in runs)
+    assert peaks["full"] < peaks["none"], peaks                     # the activations were dropped
+
+
 @pytest.mark.parametrize("schedule,p,m,v,recompute", [
     ("gpipe", 2, 4, 1, True), ("1f1b", 4, 4, 1, False), ("interleaved", 2, 4, 2, False),
     ("zb-h1", 2, 4, 1, True),
@@ -41,12 +87,18 @@ def _merge(results) -> RunResult:
     return RunResult(next(r.losses for r in results if r.losses is not None), params)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)])
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2), ("zb-v", 4, 8, 2),
+                                            ("dualpipev", 4, 8, 2)])
 def test_equals_torch_distributed_pipelining(schedule, p, m, v):
-    ours = launch(parallel_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
-    theirs = launch(torch_pipeline_train, p, GPT, schedule=schedule, m=m, v=v, quiet=True)
+    recipe = GPT8 if p * v == 8 else GPT
+    ours = launch(parallel_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
+    theirs = launch(torch_pipeline_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
     # torch divides the summed gradients by m at the end, minipar divides each micro-batch loss: float32
     compare(_merge(theirs), ours, dtype=torch.float32).assert_ok()
+    if schedule in ("zb-v", "dualpipev"):       # the same action lists (torch's F&B pair as its two actions)
+        from minipar.pipeline.schedules import make_schedule
+        mine = make_schedule(schedule, p, m, v).actions
+        assert [t.order for t in theirs] == mine
 
 
 class ForgetsToAccumulate(PipelineRank):
@@ -106,6 +158,9 @@ def test_paced_runs_train_exactly_like_unpaced_ones():
     check_equivalence(parallel_train, 2, MLP, schedule="1f1b", m=4, v=1, pace=Pace(0.004, 0.004, 0.004),
                       launch_kwargs=QUIET).assert_ok()
     check_equivalence(parallel_train, 2, MLP, schedule="zb-h1", m=4, v=1, pace={"min_slot": 0.002},
+                      launch_kwargs=QUIET).assert_ok()
+    # the V: a local hand-over has no sender's slot to wait for (PacedRank only paces messages)
+    check_equivalence(parallel_train, 2, MLP, schedule="zb-v", m=4, v=2, pace={"min_slot": 0.002},
                       launch_kwargs=QUIET).assert_ok()
 
 

@@ -52,7 +52,7 @@ from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage", "HybridPipelineRank",
+__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage",
            "Trainer3D", "HybridRun", "parallel_train", "run", "bytes_formula"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -72,8 +72,9 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     layout = Layout.of(layout, DEFAULTS, **dims).check()
     layout.refuse("cp", "ep", why="the 3D trainer runs dp × pp × tp; context and expert parallelism are "
                                   "chapters 06b and 09 (they join this mesh with the 5D trainer)")
-    if layout.recompute != "none":
-        raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer does not recompute (chapter 11 does)")
+    if layout.recompute not in ("none", "full"):
+        raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer recomputes whole stages ('full') or "
+                         f"nothing ('none'); selective recomputation is chapter 11's")
     dp, pp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
         "dp", "pp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
     world_size = layout.world_size if world_size is None else world_size
@@ -124,25 +125,6 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
         return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits
 
 
-class HybridPipelineRank(PipelineRank):
-    """:class:`PipelineRank` whose last stage's loss is the vocabulary-parallel cross-entropy over the TP
-    group (the logits stay split by vocabulary columns), divided by m like every micro-batch loss."""
-
-    def __init__(self, *args, tp_group=None, vocab_size: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tp_group, self.vocab_size = tp_group, vocab_size
-
-    def forward(self, stage, mb):
-        if stage != self.last:
-            return super().forward(stage, mb)
-        x = self.inputs[mb] if stage == 0 else self.receive("act", stage, mb).requires_grad_()
-        logits = self.module(stage, mb)(x)
-        per_token = vocab_parallel_cross_entropy(logits, self.targets[mb], self.tp_group, self.vocab_size)
-        y = per_token.mean() / self.loss_divisor
-        self.mb_losses[mb] = y.detach()
-        self.saved[(stage, mb)] = (x, y)
-
-
 @dataclass
 class HybridRun(RunResult):
     """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
@@ -187,9 +169,11 @@ class Trainer3D:
         mb = batch // (dp * micro_batches)
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
-        self.runner = HybridPipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
-                                         shapes, t0=synced_clock(None, self.device),   # one time axis
-                                         device=self.device, tp_group=self.tp_group, vocab_size=ref.cfg.vocab_size)
+        self.vocab_size = ref.cfg.vocab_size
+        self.runner = PipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh, shapes,
+                                   recompute=layout.recompute == "full",     # activation checkpointing per stage
+                                   t0=synced_clock(None, self.device),        # one time axis
+                                   device=self.device, loss_fn=self.loss)
         if zero == 1:
             self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
                              units=list(self.stages.values()))
@@ -200,6 +184,11 @@ class Trainer3D:
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
+
+    def loss(self, logits, targets):
+        """The last stage's loss: vocabulary-parallel cross-entropy over the TP group (the logits stay split
+        by vocabulary columns), the mean over the micro-batch's tokens (the runtime divides it by m)."""
+        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size).mean()
 
     @property
     def coords(self) -> tuple:

@@ -1,8 +1,8 @@
 """Pipeline parallelism: schedules as data, a simulator, stages of the reference models, the runtime that
 trains with a schedule over point-to-point messages, and PipeDream's asynchronous variants."""
 from .schedules import (SCHEDULES, Action, Schedule, bubble_formula, gpipe, interleaved, make_schedule, naive,
-                        one_f_one_b, validate, zb_h1)
+                        one_f_one_b, validate, zb_h1, zb_v, dualpipe_v)
 from .simulate import Costs, Deadlock, SimResult, simulate
 
 __all__ = ["SCHEDULES", "Action", "Schedule", "bubble_formula", "gpipe", "interleaved", "make_schedule", "naive",
-           "one_f_one_b", "validate", "zb_h1", "Costs", "Deadlock", "SimResult", "simulate"]
+           "one_f_one_b", "validate", "zb_h1", "zb_v", "dualpipe_v", "Costs", "Deadlock", "SimResult", "simulate"]

@@ -23,9 +23,14 @@ that follow; the late span itself shows in the timeline.
 
 The numbers trained are unchanged: pacing only waits (the result equals one device, as unpaced). The log
 of a paced run also holds the 8-byte send times.
+
+How: :func:`paced` turns any rank class (:class:`~minipar.pipeline.runtime.PipelineRank`, PipeDream's) into
+its paced twin with :class:`PacedRank`, which fills the runtime's three seams: ``post`` (defer a send to the
+slot's end), ``wait_for`` (also receive when the sender's slot ended) and ``action_done`` (:meth:`PacedRank.hold`).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -34,9 +39,10 @@ import torch
 
 from .. import comm
 from .simulate import Costs
-from .stages import stage_loss
 
-__all__ = ["Pace", "calibrate", "unloaded_times", "check", "resolve"]
+__all__ = ["Pace", "PacedRank", "paced", "calibrate", "unloaded_times", "check", "resolve"]
+
+SENT_AT_TAG = 1 << 24     # tag offset of the message carrying when a tensor was sent
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,54 @@ class Pace:
         return cls(up(t["F"]), up(t["B"]), up(t["W"]))
 
 
-def _time_stage(module, x, target, is_last: bool, kinds: set, reps: int, recompute: bool) -> dict:
+class PacedRank:
+    """Mixed in before a rank class by :func:`paced`: every action held to its slot of ``self.pace``."""
+    pace: Pace = None
+    overruns = 0                  # actions whose compute outlasted their slot
+
+    def begin_step(self) -> None:
+        super().begin_step()
+        self.slot_end, self.deferred = self.clock(), []
+
+    def post(self, t, dst: int, tag: int, to_stage: int, microbatch: int) -> None:
+        self.deferred.append((t, dst, tag, to_stage, microbatch))      # posted when the slot ends (hold)
+
+    def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
+        super().wait_for(buf, src, tag, stage, microbatch)
+        sent = torch.empty(1, dtype=torch.float64, device=self.device)  # the slot starts when the sender's
+        comm.irecv(sent, src, self.group, tag + SENT_AT_TAG).wait()       # slot ended (sent along)
+        self.input_arrived = float(sent)
+
+    def action_done(self, kind: str) -> None:
+        self.hold(kind)
+
+    def hold(self, kind: str) -> None:
+        """Sleep until the action's slot is over, then post its sends, each followed by the time the slot
+        ended (the receiver's slot starts then: the transfer is inside it, not idle). Slots are kept on the
+        schedule's clock (``slot_end``), so wake-up delays do not add up along the pipeline."""
+        begin = max(self.slot_end, self.input_arrived)     # this rank free / the input sent, on that clock
+        self.slot_end = begin + self.pace.slot(kind)
+        left = self.slot_end - self.clock()
+        if left > 0:
+            time.sleep(left)
+        else:          # computing (or the input's transfer) took longer: late, the next slot catches up
+            self.overruns += 1
+        for t, dst, tag, to_stage, mb in self.deferred:
+            now = self.clock()
+            self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
+            sent = torch.tensor([self.slot_end], dtype=torch.float64, device=self.device)
+            self.pending_sends.append((comm.isend(sent, dst, self.group, tag + SENT_AT_TAG), sent))
+            self.timeline.append((self.step_index, "send", to_stage, mb, now, self.clock()))
+        self.deferred = []
+
+
+@functools.cache
+def paced(rank_class: type) -> type:
+    """``rank_class`` with :class:`PacedRank` mixed in (one class per rank class)."""
+    return type(f"Paced{rank_class.__name__}", (PacedRank, rank_class), {})
+
+
+def _time_stage(module, x, target, is_last: bool, kinds: set, reps: int, recompute: bool, loss_fn) -> dict:
     """Fastest seconds of F, BW (and B, W) of ``module`` on input ``x`` (one micro-batch), on this rank."""
     from torch.utils.checkpoint import checkpoint
     out = {k: [] for k in kinds | {"F"}}
@@ -77,7 +130,7 @@ def _time_stage(module, x, target, is_last: bool, kinds: set, reps: int, recompu
         t0 = time.perf_counter()
         y = checkpoint(module, xin, use_reentrant=False) if recompute else module(xin)
         if is_last:
-            y = stage_loss(y, target)
+            y = loss_fn(y, target)
         t1 = time.perf_counter()
         dy = None if is_last else torch.randn(y.shape, generator=gen, dtype=y.dtype)
         if "BW" in kinds:
@@ -115,7 +168,7 @@ def unloaded_times(runner, inputs: list, targets: list, reps: int = 10) -> dict:
             x = inputs[0] if stage == 0 else torch.randn(shape, generator=torch.Generator().manual_seed(1),
                                                          dtype=dtype)
             t = _time_stage(runner.module(stage, 0), x, targets[0], stage == runner.last, kinds, reps,
-                            runner.recompute)
+                            runner.recompute, runner.loss_fn)
             mine = torch.maximum(mine, torch.tensor([t.get(k, 0.0) for k in names], dtype=torch.float64))
     comm.all_reduce(mine, op=torch.distributed.ReduceOp.MAX, group=runner.group)
     return {k: float(x) for k, x in zip(names, mine) if x > 0}

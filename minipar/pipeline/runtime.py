@@ -14,12 +14,17 @@ Why it cannot deadlock: sends are ``isend`` (posted, never waited for until they
 a rank blocks only on the ``irecv`` of the input its next action needs. Every message carries a tag naming
 (kind, stage, micro-batch), so a receive matches its own message whatever order the peer sent them in. A
 rank then waits only for actions that come earlier in the dependency graph, which is acyclic for every
-valid schedule (:func:`minipar.pipeline.simulate.simulate` checks it on a clock, without processes).
+valid schedule (:func:`minipar.pipeline.checker.check` plays its messages, without processes).
 
-Paced mode (``pace=``): each action takes a fixed wall time, calibrated before training
-(:mod:`minipar.pipeline.paced`), and posts its messages only when its slot ends, so the timeline follows
-the schedule's dependencies rather than CPU contention (4 ranks on 2 cores): its idle fraction is the
-simulator's, within a few points.
+The loss is an argument (``loss_fn(output, targets)``, as ``torch.distributed.pipelining`` takes it): the last
+stage's output goes through it (:func:`~minipar.pipeline.stages.stage_loss` by default; the 3D trainer passes
+the vocabulary-parallel cross-entropy). The rank that holds a stage is the schedule's to say
+(``Schedule.rank_of``: round-robin, or the V of ZB-V / DualPipeV); a neighbour stage on the same rank gets its
+tensor handed over locally, without a message.
+
+Paced mode (``pace=``) is not in this file: :mod:`minipar.pipeline.paced` adds it to any rank class through
+three seams, :meth:`PipelineRank.post` (a send), :meth:`PipelineRank.wait_for` (a receive) and
+:meth:`PipelineRank.action_done`.
 
 The B/W split of zero-bubble schedules uses ``torch.autograd.grad`` twice on the stage's graph: B asks for
 the input gradient (keeping the graph), W for the parameter gradients. That is exact, but W walks the graph
@@ -40,9 +45,7 @@ from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
 from . import paced, schedules
 from .schedules import Schedule, make_schedule
-from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
-
-SENT_AT_TAG = 1 << 24     # paced mode: tag offset of the message carrying when a tensor was sent
+from .stages import _layers, boundary_shapes, split_model, stage_loss
 
 __all__ = ["PipelineRank", "PipelineRun", "parallel_train", "run", "validate", "synced_clock",
            "step_rows", "measured_idle_fraction", "typical_step"]
@@ -68,78 +71,72 @@ def synced_clock(group=None, device="cpu") -> float:
 
 
 class PipelineRank:
-    """One rank's part of the pipeline: its stages, its action list, its messages (received on ``device``)."""
+    """One rank's part of the pipeline: its stages, its action list, its messages (received on ``device``);
+    the last stage's output goes through ``loss_fn(output, targets)``."""
 
     def __init__(self, schedule: Schedule, stages: dict, mesh: RankMesh, shapes: list,
-                 recompute: bool = False, t0: float = 0.0, device="cpu"):
+                 recompute: bool = False, t0: float = 0.0, device="cpu", loss_fn=stage_loss):
         self.schedule, self.stages, self.shapes, self.device = schedule, stages, shapes, torch.device(device)
-        self.pp_ranks, self.group = mesh.ranks("pp"), mesh.group("pp")
-        self.actions = schedule.actions[mesh.coord("pp")]
-        self.recompute, self.t0 = recompute, t0
+        self.pp_ranks, self.group, self.pp_rank = mesh.ranks("pp"), mesh.group("pp"), mesh.coord("pp")
+        self.actions = schedule.actions[self.pp_rank]
+        self.recompute, self.t0, self.loss_fn = recompute, t0, loss_fn
         self.timeline, self.memory = [], []
         self.last = schedule.num_stages - 1
         self.batch_size_in_microbatches = None   # None: the micro-batches of one run() are one batch
-        self.pace, self.overruns = None, 0        # paced mode: a Pace (fixed slot per action kind)
 
     # -- messages ---------------------------------------------------------------------------------------
     def peer(self, stage: int) -> int:
-        """Global rank holding ``stage``; for v = 1 these are ``mesh.pp_prev`` / ``mesh.pp_next``."""
-        return self.pp_ranks[stage % self.schedule.p]
+        """Global rank holding ``stage`` (the schedule's placement; for v = 1, ``mesh.pp_prev`` / ``pp_next``)."""
+        return self.pp_ranks[self.schedule.rank_of(stage)]
+
+    def is_local(self, stage: int) -> bool:
+        return self.schedule.rank_of(stage) == self.pp_rank
 
     def tag(self, what: str, stage: int, microbatch: int) -> int:
         """Unique per message: the activation entering ``stage`` or the gradient leaving it backwards."""
         return 2 * (stage * self.n_micro + microbatch) + (what == "grad")
 
     def send(self, t, what, to_stage, microbatch):
-        now = self.clock()
-        tag = self.tag(what, to_stage if what == "act" else to_stage + 1, microbatch)
-        if self.pace is not None:           # paced: posted when the action's slot ends (see hold)
-            self.deferred.append((t.contiguous(), self.peer(to_stage), tag, to_stage, microbatch))
+        """The activation entering ``to_stage`` or the gradient of ``to_stage``'s output: a local hand-over
+        if this rank holds ``to_stage`` (the turn of a V), else a message."""
+        if self.is_local(to_stage):
+            self.local[(what, to_stage, microbatch)] = t
             return
-        self.pending_sends.append((comm.isend(t.contiguous(), self.peer(to_stage), self.group, tag), t))
+        tag = self.tag(what, to_stage if what == "act" else to_stage + 1, microbatch)
+        self.post(t.contiguous(), self.peer(to_stage), tag, to_stage, microbatch)
+
+    def post(self, t, dst: int, tag: int, to_stage: int, microbatch: int) -> None:
+        """Post one message (``isend``: never waited for until it completes on its own)."""
+        now = self.clock()
+        self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
         self.timeline.append((self.step_index, "send", to_stage, microbatch, now, self.clock()))
 
     def receive(self, what, stage, microbatch):
         """The activation entering ``stage`` (from stage-1) or the gradient of its output (from stage+1)."""
-        if what == "act":
-            shape, dtype = self.shapes[stage]
-            src = stage - 1
-        else:
-            shape, dtype = self.shapes[stage + 1]
-            src = stage + 1
+        src = stage - 1 if what == "act" else stage + 1
+        if self.is_local(src):
+            return self.local.pop((what, stage, microbatch))
+        shape, dtype = self.shapes[stage if what == "act" else stage + 1]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        tag = self.tag(what, stage if what == "act" else stage + 1, microbatch)
+        self.wait_for(buf, self.peer(src), self.tag(what, stage if what == "act" else stage + 1, microbatch),
+                      stage, microbatch)
+        return buf
+
+    def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
+        """Receive into ``buf``, blocking; the wait is a ``wait`` row of the timeline."""
         start = self.clock()
-        comm.irecv(buf, self.peer(src), self.group, tag).wait()
+        comm.irecv(buf, src, self.group, tag).wait()
         self.input_arrived = self.clock()
         self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.input_arrived))
-        if self.pace is not None:      # paced: the slot starts when the sender's slot ended (sent along)
-            sent = torch.empty(1, dtype=torch.float64, device=self.device)
-            comm.irecv(sent, self.peer(src), self.group, tag + SENT_AT_TAG).wait()
-            self.input_arrived = float(sent)
-        return buf
 
     def clock(self) -> float:
         return time.perf_counter() - self.t0
 
-    def hold(self, kind: str) -> None:
-        """Paced mode: sleep until the action's slot is over, then post its sends, each followed by the time
-        the slot ended (the receiver's slot starts then: the transfer is inside it, not idle). Slots are
-        kept on the schedule's clock (``slot_end``), so wake-up delays do not add up along the pipeline."""
-        begin = max(self.slot_end, self.input_arrived)     # this rank free / the input sent, on that clock
-        self.slot_end = begin + self.pace.slot(kind)
-        left = self.slot_end - self.clock()
-        if left > 0:
-            time.sleep(left)
-        else:          # computing (or the input's transfer) took longer: late, the next slot catches up
-            self.overruns += 1
-        for t, dst, tag, to_stage, mb in self.deferred:
-            now = self.clock()
-            self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
-            sent = torch.tensor([self.slot_end], dtype=torch.float64, device=self.device)
-            self.pending_sends.append((comm.isend(sent, dst, self.group, tag + SENT_AT_TAG), sent))
-            self.timeline.append((self.step_index, "send", to_stage, mb, now, self.clock()))
-        self.deferred = []
+    def begin_step(self) -> None:
+        """Called before a step's first action (paced mode starts its slots here)."""
+
+    def action_done(self, kind: str) -> None:
+        """Called when an action has computed (paced mode holds it to its slot here)."""
 
     # -- compute ----------------------------------------------------------------------------------------
     def module(self, stage: int, microbatch: int):
@@ -151,7 +148,7 @@ class PipelineRank:
         module = self.module(stage, mb)
         y = checkpoint(module, x, use_reentrant=False) if self.recompute else module(x)
         if stage == self.last:
-            y = stage_loss(y, self.targets[mb]) / self.loss_divisor   # mean over the global batch
+            y = self.loss_fn(y, self.targets[mb]) / self.loss_divisor   # mean over the global batch
             self.mb_losses[mb] = y.detach()
         else:
             self.send(y.detach(), "act", stage + 1, mb)
@@ -190,8 +187,8 @@ class PipelineRank:
     def run(self, inputs: list, targets: list, step_index: int = 0, tracker: LiveTensorTracker | None = None):
         """Execute this rank's actions for one global batch; return the loss (last stage) or None."""
         self.inputs, self.targets, self.n_micro = inputs, targets, len(inputs)
-        self.step_index, self.saved, self.pending_sends, self.deferred = step_index, {}, [], []
-        self.slot_end = self.clock()
+        self.step_index, self.saved, self.pending_sends, self.local = step_index, {}, [], {}
+        self.begin_step()
         self.loss_divisor = self.batch_size_in_microbatches or self.n_micro
         self.mb_losses = {}
         do = {"F": self.forward, "BW": self.backward_full, "B": self.backward_input, "W": self.backward_weight}
@@ -200,8 +197,7 @@ class PipelineRank:
             do[a.kind](a.stage, a.microbatch)
             # the action's span starts when its input is there: the wait before is idle time, not work
             begin = max(start, self.input_arrived)
-            if self.pace is not None:
-                self.hold(a.kind)
+            self.action_done(a.kind)
             self.timeline.append((step_index, a.kind, a.stage, a.microbatch, begin, self.clock()))
             if tracker is not None:
                 self.memory.append((step_index, self.clock(), tracker.current))
@@ -214,16 +210,17 @@ class PipelineRank:
 
 def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b", m: int = 4, v: int = 1,
                    recompute: bool = False, mesh: RankMesh | None = None, track_memory: bool = False,
-                   rank_class=PipelineRank, pace=None) -> PipelineRun:
+                   rank_class=PipelineRank, pace=None, loss_fn=stage_loss) -> PipelineRun:
     """Train ``recipe`` with ``schedule`` on a pipeline of all ranks (or ``mesh``'s pp dimension).
     ``pace``: None (as fast as it goes), ``"auto"`` (slots calibrated, :func:`minipar.pipeline.paced.calibrate`),
-    a dict of its keyword arguments, or a :class:`~minipar.pipeline.paced.Pace` (fixed slots, seconds).
+    a dict of its keyword arguments, or a :class:`~minipar.pipeline.paced.Pace` (fixed slots, seconds);
+    ``loss_fn(output, targets)``: the loss of the last stage's output.
     Returns this rank's :class:`PipelineRun` (its stages' parameters, the losses on the last rank)."""
     mesh = mesh or Mesh(world_size, pp=world_size).build(rank)
     p, pp_rank = mesh.size("pp"), mesh.coord("pp")
     sched = make_schedule(schedule, p, m, v)
     all_stages = split_model(recipe.model().to(recipe.dtype), p * v)
-    mine = assign(all_stages, p, pp_rank)
+    mine = {s: all_stages[s] for s in sorted(sched.stages_of(pp_rank))}
     params = [q for s in mine.values() for q in s.parameters()]
     opt = recipe.optimizer(params)
     first_x = recipe.batches[0][0]
@@ -231,7 +228,9 @@ def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b"
         raise ValueError(f"a global batch of {first_x.shape[0]} cannot be cut into m={m} equal micro-batches")
     shapes = boundary_shapes(all_stages, first_x[: first_x.shape[0] // m])
     del all_stages
-    runner = rank_class(sched, mine, mesh, shapes, recompute, synced_clock(mesh.group("pp")))
+    if pace is not None:
+        rank_class = paced.paced(rank_class)
+    runner = rank_class(sched, mine, mesh, shapes, recompute, synced_clock(mesh.group("pp")), loss_fn=loss_fn)
     if pace is not None:     # before the log: the calibration's barriers are not the pipeline's traffic
         runner.pace = paced.resolve(pace, runner, list(first_x.chunk(m)), list(recipe.batches[0][1].chunk(m)))
     losses = []
@@ -248,7 +247,8 @@ def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b"
             losses.append(loss)
     reported = {name: t for s in mine.values() for name, t in s.reference_params().items()}
     return PipelineRun(losses if losses[0] is not None else None, reported,
-                       runner.timeline, runner.memory, log.bytes_sent, runner.pace, runner.overruns)
+                       runner.timeline, runner.memory, log.bytes_sent, getattr(runner, "pace", None),
+                       getattr(runner, "overruns", 0))
 
 
 def validate(recipe, *, world_size: int, schedule: str = "1f1b", m: int = 4, v: int = 1, pace=None, **_) -> None:

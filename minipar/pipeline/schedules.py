@@ -26,7 +26,13 @@ interleaved    1F1B over v chunks, micro-batches in groups of p       (p-1)/(v·
                                                                       2021, Megatron-LM)
 zb-h1          1F1B with BW split into B and W, W filling the bubble  (p-1)/(3m+p-1) for F = B = W
                                                                       (Qi et al. 2023, zero bubble)
+zb-v           V placement, 2 stages per rank, B/W split             ~0 for F = B = W (Qi et al. 2024)
+dualpipev      V placement, F of one micro-batch beside BW of another (p-1)(F&B+B-3W) (DeepSeek-V3 2024)
+v-min          V placement, a repeating block: memory 1/3 of ZB-V    ≈ 2/3 of 1F1B's (Qi et al. 2024)
 =============  =====================================================  ==================================
+
+The last two live in :mod:`minipar.pipeline.vschedules`; their ``placement`` is ``"v"``: rank r holds stages
+r and 2p-1-r, so the first stage's input and the last stage's loss sit on rank 0.
 
 The bubble above is idle / (p · makespan). Megatron-LM (Narayanan et al. 2021) and the Ultra-Scale Playbook
 divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m) interleaved.
@@ -34,10 +40,10 @@ divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Action", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
-           "interleaved", "zb_h1", "bubble_formula", "validate"]
+           "interleaved", "zb_h1", "zb_v", "dualpipe_v", "bubble_formula", "validate", "V_SCHEDULES"]
 
 KINDS = ("F", "B", "W", "BW")
 
@@ -55,24 +61,31 @@ class Action:
 
 @dataclass
 class Schedule:
-    """``actions[r]`` is rank r's ordered list. Stage s runs on rank ``s % p`` as chunk ``s // p``."""
+    """``actions[r]`` is rank r's ordered list. ``placement="loop"``: stage s runs on rank ``s % p`` as chunk
+    ``s // p``; ``placement="v"`` (v = 2): stage s on rank s for s < p, on rank 2p-1-s after (the V)."""
     name: str
     p: int
     m: int
     v: int
     actions: list
+    placement: str = "loop"
+    overlapped: frozenset = field(default_factory=frozenset)   # {(rank, i)}: actions i, i+1 are one F&B
 
     @property
     def num_stages(self) -> int:
         return self.p * self.v
 
     def rank_of(self, stage: int) -> int:
+        if self.placement == "v":
+            return stage if stage < self.p else 2 * self.p - 1 - stage
         return stage % self.p
 
     def chunk_of(self, stage: int) -> int:
         return stage // self.p
 
     def stages_of(self, rank: int) -> list:
+        if self.placement == "v":
+            return [rank, 2 * self.p - 1 - rank]
         return [c * self.p + rank for c in range(self.v)]
 
     def __str__(self) -> str:
@@ -101,7 +114,16 @@ def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None)
     if name == "interleaved" and (m < p or m % p):
         raise ValueError(f"interleaved 1F1B sends micro-batches round the ranks in groups of p: m must be a "
                          f"multiple of p, got m={m}, p={p}")
-    if name != "interleaved" and v != 1:
+    if name in V_SCHEDULES and v != 2:
+        raise ValueError(f"{name} places exactly 2 stages per rank in a V (rank r holds stages r and 2p-1-r): "
+                         f"v must be 2, got v={v}")
+    if name == "v-min" and p % 3 == 0:
+        raise ValueError(f"v-min's repeating block needs p not divisible by 3 (its forward and backward slots "
+                         f"would collide modulo 6), got p={p}")
+    if name == "dualpipev" and m < 2 * p:
+        raise ValueError(f"dualpipev needs at least as many micro-batches as stages (m >= 2p), got m={m}, "
+                         f"p={p}: its steady phase pairs the forward of one with the backward of another")
+    if name not in ("interleaved", *V_SCHEDULES) and v != 1:
         raise ValueError(f"{name} has one stage per rank: v must be 1, got v={v} (use 'interleaved')")
     if n_layers is not None and n_layers % (p * v):
         raise ValueError(f"{n_layers} layers cannot be cut into p·v = {p}·{v} = {p * v} equal stages: the "
@@ -195,6 +217,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, actions)
 
 
+V_SCHEDULES = ("zb-v", "dualpipev", "v-min")
 SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
 
 
@@ -206,13 +229,21 @@ def make_schedule(name: str, p: int, m: int, v: int = 1, n_layers: int | None = 
     return SCHEDULES[name](p, m)
 
 
+
 def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -> float:
     """The bubble with F = B = W = 1 (BW = 2) and free transfers. ``over="total"``: idle / (p · makespan),
     (p-1)/(v·m+p-1); ``over="ideal"``: idle / busy time, (p-1)/(v·m) (Megatron-LM's bubble time over
     ideal time, which interleaving divides by exactly v). ZB-H1: the bubble is (p-1)(F+B-W) = p-1 per
     rank next to 3m of work."""
     validate(name, p, m, v)
+    if name in V_SCHEDULES:
+        raise ValueError(f"{name}: no closed form here; play it on the clock with minipar.pipeline.simulate")
     if over not in ("total", "ideal"):
         raise ValueError(f"over must be 'total' (idle / whole step) or 'ideal' (idle / busy), got {over!r}")
     work = 3 * m if name == "zb-h1" else v * m          # per rank, in units of the bubble's p - 1 slots
     return (p - 1) / (work + (p - 1 if over == "total" else 0))
+
+
+from .vschedules import dualpipe_v, v_min, zb_v  # noqa: E402  (they build on Action, Schedule and validate above)
+
+SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min})

@@ -20,6 +20,11 @@ peak number of micro-batches in flight per rank (forward done, weight gradient n
   Narayanan et al. 2021; the Ultra-Scale Playbook; seed 000): (p-1)/m, and exactly ÷ v interleaved.
 
 Same schedule, same idle time, two denominators: ratio = fraction / (1 - fraction).
+
+Besides: ``idle(r)`` (makespan minus rank r's work), ``peak_activations`` (peak in flight in units of one
+whole rank-stage's activations: a chunk holds 1/v of them) and ``p2p_messages`` (transfers between ranks in
+one step; a V's turn is on one rank and costs none). An F&B pair of DualPipeV (``Schedule.overlapped``) is
+played as one block with ``overlap=True``: it starts when both its inputs are there.
 """
 from __future__ import annotations
 
@@ -77,6 +82,20 @@ class SimResult:
         busy = sum(self.busy(r) for r in range(self.schedule.p))
         return (self.schedule.p * self.makespan - busy) / busy
 
+    def idle(self, rank: int) -> float:
+        """Time rank ``rank`` sits idle in the step: makespan minus its work."""
+        return self.makespan - self.busy(rank)
+
+    @property
+    def p2p_messages(self) -> int:
+        """Point-to-point transfers in one step (activations forward, gradients back)."""
+        return len(self.transfers)
+
+    @property
+    def peak_activations(self) -> list:
+        """Per rank, the peak in flight in units of one rank-stage's activations (a chunk is 1/v of it)."""
+        return [n / self.schedule.v for n in self.peak_in_flight]
+
     @property
     def peak_in_flight(self) -> list:
         """Per rank, the most (stage, micro-batch) activations held at once."""
@@ -97,8 +116,9 @@ def _producer(a: Action, s: Schedule):
     return ("B", a.stage, a.microbatch)                       # W needs its own B
 
 
-def simulate(schedule: Schedule, costs: Costs = Costs()) -> SimResult:
-    """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish."""
+def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -> SimResult:
+    """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish. ``overlap``: an F&B pair
+    (``schedule.overlapped``) starts only when both its inputs are there (one block, as DualPipe runs it)."""
     p = schedule.p
     pos = [0] * p                        # index of each rank's next action
     free = [0.0] * p                     # when each rank is free
@@ -110,26 +130,20 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> SimResult:
         progressed = False
         for r in range(p):
             while pos[r] < len(schedule.actions[r]):
-                a = schedule.actions[r][pos[r]]
-                need = _producer(a, schedule)
-                ready = 0.0
-                if need is not None:
-                    if need not in done:
-                        break
-                    ready = done[need]
-                    src = schedule.rank_of(need[1])
-                    if need[1] != a.stage and src != r:      # crosses ranks: one transfer
-                        what = "act" if a.kind == "F" else "grad"
-                        transfers.append((src, r, ready, ready + costs.p2p, what, a))
-                        ready += costs.p2p
+                n = 2 if overlap and (r, pos[r]) in schedule.overlapped else 1
+                block = schedule.actions[r][pos[r]:pos[r] + n]
+                ready = _inputs_ready(block, schedule, r, done, costs, transfers)
+                if ready is None:
+                    break
                 start = max(free[r], ready)
-                end = start + costs.of(a.kind, schedule.v)
-                timelines[r].append(Slot(a, start, end))
-                free[r] = end
-                key = ("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)
-                done[key] = end
-                pos[r] += 1
-                remaining -= 1
+                for a in block:
+                    end = start + costs.of(a.kind, schedule.v)
+                    timelines[r].append(Slot(a, start, end))
+                    done[("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)] = end
+                    start = end
+                free[r] = start
+                pos[r] += n
+                remaining -= n
                 progressed = True
         if not progressed:
             waiting = [f"rank {r} waits before {schedule.actions[r][pos[r]]} for "
@@ -137,6 +151,26 @@ def simulate(schedule: Schedule, costs: Costs = Costs()) -> SimResult:
                        for r in range(p) if pos[r] < len(schedule.actions[r])]
             raise Deadlock("the schedule deadlocks: " + "; ".join(waiting))
     return SimResult(schedule, costs, timelines, transfers)
+
+
+def _inputs_ready(block: list, schedule: Schedule, r: int, done: dict, costs: Costs, transfers: list):
+    """When every input of ``block`` (one action, or an F&B pair) has arrived on rank r; None: not yet
+    produced. Records the transfers (once, when the block can start)."""
+    ready, moves = 0.0, []
+    for a in block:
+        need = _producer(a, schedule)
+        if need is None:
+            continue
+        if need not in done:
+            return None
+        at = done[need]
+        src = schedule.rank_of(need[1])
+        if need[1] != a.stage and src != r:      # crosses ranks: one transfer
+            moves.append((src, r, at, at + costs.p2p, "act" if a.kind == "F" else "grad", a))
+            at += costs.p2p
+        ready = max(ready, at)
+    transfers.extend(moves)
+    return ready
 
 
 def in_flight_over_time(timeline: list) -> list:

@@ -1,6 +1,9 @@
 """Chapter 04 checks: each passes the solution, fails on the stub, and rejects plausible wrong answers
 (GPipe's order, one warm-up forward too many, the bubble ratio of Megatron's paper, the seed's fraction ÷ v,
-receive-before-send deadlock, the wrong neighbour). Exact comparisons (bubble: 1e-9)."""
+receive-before-send deadlock, the wrong neighbour, a V schedule "fixed" by dropping the action or by moving it
+to the end, or not at all). Exact comparisons (bubble: 1e-9)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -133,3 +136,59 @@ def test_exchange_check_rejects_swapped_results_and_the_stub():
         ch04.check_exchange(exchange_returns_swapped)
     with pytest.raises(NotImplementedError):
         ch04.check_exchange(exchange_stub)
+
+
+# -- 4. a V schedule's deadlock, found with the checker and fixed -------------------------------------------
+
+def fix_deadlock(schedule):
+    from minipar.pipeline.checker import ScheduleError, check
+    try:
+        check(schedule)
+        return schedule
+    except ScheduleError as err:
+        rank, index = err.rank, err.index
+    acts = list(schedule.actions[rank])
+    action = acts.pop(index)
+    for k in range(index + 1, len(acts) + 1):
+        trial = dataclasses.replace(schedule, actions=[acts[:k] + [action] + acts[k:] if r == rank else a
+                                                       for r, a in enumerate(schedule.actions)])
+        try:
+            check(trial)
+            return trial
+        except ScheduleError:
+            continue
+
+
+def _moved(schedule, where):
+    from minipar.pipeline.checker import ScheduleError, check
+    try:
+        check(schedule)
+    except ScheduleError as err:
+        acts = list(schedule.actions[err.rank])
+        action = acts.pop(err.index)
+        if where == "end":
+            acts.append(action)
+        return dataclasses.replace(schedule, actions=[acts if r == err.rank else a
+                                                      for r, a in enumerate(schedule.actions)])
+    return schedule
+
+
+def test_fix_deadlock_check_accepts_the_solution(capsys):
+    ch04.check_fix_deadlock(fix_deadlock)
+    assert "passes the checker" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, says", [
+    (lambda s: _moved(s, "drop"), "same actions"),          # drops the action that waits
+    (lambda s: _moved(s, "end"), "still cannot run"),        # moves it to the very end: its backward waits
+    (lambda s: s, "still cannot run"),                       # returns it unchanged
+    (lambda s: s.actions, "a Schedule"),
+])
+def test_fix_deadlock_check_rejects(wrong, says):
+    with pytest.raises(ExerciseError, match=says):
+        ch04.check_fix_deadlock(wrong)
+
+
+def test_fix_deadlock_check_fails_on_the_stub():
+    with pytest.raises(NotImplementedError):
+        ch04.check_fix_deadlock(stub)

@@ -15,7 +15,8 @@ def rows():
 
 def test_every_schedule_row_matches_and_its_bytes_equal_the_formula(rows):
     assert set(rows) == {"pipeline GPipe", "pipeline GPipe + recompute", "pipeline 1F1B",
-                         "pipeline interleaved 1F1B", "pipeline zero bubble ZB-H1"}
+                         "pipeline interleaved 1F1B", "pipeline zero bubble ZB-H1",
+                         "pipeline ZB-V", "pipeline DualPipeV"}
     for name, row in rows.items():
         assert row.matches, (name, row)
         assert row.bytes_sent_per_rank == row.bytes_formula, (name, row)
@@ -29,3 +30,6 @@ def test_measured_peaks_order_as_the_chapter_says(rows):
     assert ofob < gpipe and rows["pipeline GPipe + recompute"].peak_bytes_per_rank < 0.5 * gpipe
     # interleaving: (p·v - 1)/(p - 1) = 7/3 times the traffic of 1F1B
     assert rows["pipeline interleaved 1F1B"].bytes_sent_per_rank * 3 == rows["pipeline 1F1B"].bytes_sent_per_rank * 7
+    # the V: 2p-2 = 6 crossings, twice 1F1B's p-1 = 3 (its turn stays on one rank)
+    for name in ("pipeline ZB-V", "pipeline DualPipeV"):
+        assert rows[name].bytes_sent_per_rank == 2 * rows["pipeline 1F1B"].bytes_sent_per_rank

@@ -5,8 +5,9 @@ micro-batches of 2, Adam, 2 steps, float64) with :func:`minipar.pipeline.runtime
 compares the loss at every step and every parameter with one device (harness float64 tolerance: the
 micro-batch gradients are summed in another order, which Adam in float32 can amplify for weights whose
 gradient is nearly zero). Bytes: what one rank sends per step (mean over ranks,
-from the communication log) next to the formula 2 · (p·v - 1) · m · A / p, A = one micro-batch's
-activation (2 · 8 · 16 · 8 B): every stage boundary carries each micro-batch's activation forward and its
+from the communication log) next to the formula 2 · c · m · A / p, A = one micro-batch's
+activation (2 · 8 · 16 · 8 B), c the stage boundaries that cross ranks (p·v - 1; 2p - 2 in the V of ZB-V and
+DualPipeV, whose turn stays on rank p-1): each carries each micro-batch's activation forward and its
 gradient back; beside it, what the sockets carried in one step (:mod:`minipar.wire`: a run of 2 steps minus a
 run of 1, so that setup cancels). Peak: live bytes created during a step (activations, gradients, buffers), max over ranks,
 measured with :class:`minipar.memory.LiveTensorTracker`. The PipeDream rows are compared with their own
@@ -38,8 +39,9 @@ def _recipe(optimizer="adam", steps=2):
     return recipe
 
 
-def _bytes_formula(p, m, v):
-    return 2 * (p * v - 1) * m * ACT_BYTES / p
+def _bytes_formula(p, m, v, placement="loop"):
+    crossings = 2 * p - 2 if placement == "v" else p * v - 1
+    return 2 * crossings * m * ACT_BYTES / p
 
 
 def _observed_rank(rank, world_size, recipe, short, **config):
@@ -63,12 +65,14 @@ def _schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow
     sent = sum(r.bytes_sent for r in runs) / len(runs) / recipe.steps
     observed = None if any(o[1] is None for o in out) else sum(o[1] for o in out) / len(out)
     peak = max(b for r in runs for _, _, b in r.memory)
-    bubble = simulate(make_schedule(schedule, WORLD_SIZE, M, v)).bubble_fraction
+    sched = make_schedule(schedule, WORLD_SIZE, M, v)
+    bubble = simulate(sched).bubble_fraction
     name = {"1f1b": "1F1B (PipeDream-Flush)", "gpipe": "GPipe", "interleaved": f"interleaved 1F1B, v={v}",
-            "zb-h1": "zero bubble ZB-H1", "naive": "naive model parallel"}[schedule]
+            "zb-h1": "zero bubble ZB-H1", "naive": "naive model parallel", "zb-v": "zero bubble ZB-V (V placement)",
+            "dualpipev": "DualPipeV (V placement, F&B pairs run in turn)"}[schedule]
     return TourRow(strategy=f"pipeline {name}{' + recompute' if recompute else ''}, pp={WORLD_SIZE}, m={M}",
                    world_size=WORLD_SIZE, matches=cmp.matches, max_abs_diff=cmp.max_abs_diff,
-                   bytes_sent_per_rank=sent, bytes_formula=_bytes_formula(WORLD_SIZE, M, v),
+                   bytes_sent_per_rank=sent, bytes_formula=_bytes_formula(WORLD_SIZE, M, v, sched.placement),
                    peak_bytes_per_rank=peak,
                    note=f"bytes per step (observed: the {recipe.steps}-step run minus a 1-step run, so setup "
                         f"cancels; gloo frames each of the small activation messages); simulated bubble "
@@ -116,6 +120,8 @@ STRATEGIES = [
     ("pipeline 1F1B", functools.partial(_schedule_row, "1f1b")),
     ("pipeline interleaved 1F1B", functools.partial(_schedule_row, "interleaved", 2)),
     ("pipeline zero bubble ZB-H1", functools.partial(_schedule_row, "zb-h1")),
+    ("pipeline ZB-V", functools.partial(_schedule_row, "zb-v", 2)),
+    ("pipeline DualPipeV", functools.partial(_schedule_row, "dualpipev", 2)),
     ("pipeline PipeDream-2BW", functools.partial(_pipedream_row, "2bw")),
     ("pipeline PipeDream async", functools.partial(_pipedream_row, "async")),
 ]

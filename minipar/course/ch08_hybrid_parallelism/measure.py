@@ -9,7 +9,8 @@ import torch
 
 from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
-from minipar.hybrid.parallel3d import HybridPipelineRank, Trainer3D, bytes_formula, run
+from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, run
+from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
 from minipar.pipeline.runtime import measured_idle_fraction
@@ -100,7 +101,7 @@ def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True)
             "even_split_states": layout_memory_formula(psi, dp=dp, pp=pp, tp=tp)}
 
 
-class _ShardedGradsInPipeline(HybridPipelineRank):
+class _ShardedGradsInPipeline(PipelineRank):
     """What ZeRO-2 must do inside a pipeline: after every micro-batch's backward on a stage, reduce-scatter
     the stage's gradients over dp (the full gradients may not stay: that is ZeRO-2's memory saving), and
     add the shard to the sum. ZeRO-3 also all-gathers the stage's parameters before every F and BW
@@ -145,7 +146,7 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
     if zero > 1:
         old = t.runner
         t.runner = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
-                                           zero=zero, tp_group=t.tp_group, vocab_size=old.vocab_size)
+                                           zero=zero, loss_fn=old.loss_fn)
     log = comm.CommLog()
     inputs, targets = recipe.batches[0]
     if zero == 1:

@@ -1,0 +1,116 @@
+"""The V schedules (ZB-V, DualPipeV) and the static checker: no processes."""
+import dataclasses
+
+import pytest
+
+from minipar.pipeline import Action, make_schedule, simulate
+from minipar.pipeline.checker import ScheduleError, check
+from minipar.pipeline.schedules import SCHEDULES, V_SCHEDULES
+
+
+def every_schedule(p):
+    """Every schedule the library makes for p ranks and m = 1..4p (those that validate)."""
+    for name in SCHEDULES:
+        for v in ((2, 3) if name == "interleaved" else (2,) if name in V_SCHEDULES else (1,)):
+            for m in range(1, 4 * p + 1):
+                try:
+                    yield make_schedule(name, p, m, v)
+                except ValueError:
+                    continue
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_every_schedule_passes_the_checker_and_the_simulator_agrees(p):
+    names = set()
+    for s in every_schedule(p):
+        n = check(s)
+        boundaries = sum(s.rank_of(b) != s.rank_of(b + 1) for b in range(s.num_stages - 1))
+        assert n == 2 * s.m * boundaries, (s.name, p, s.m)   # each boundary: m activations, m gradients
+        simulate(s)                                             # and it finishes on the clock
+        names.add(s.name)
+    assert names == set(SCHEDULES)
+
+
+def test_v_placement_puts_the_loss_beside_the_input():
+    s = make_schedule("zb-v", 4, 8, 2)
+    assert [s.stages_of(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [s.rank_of(x) for x in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert {a.stage for a in s.actions[0]} == {0, 7}
+    # stages 3 and 4 meet on rank 3: 6 rank boundaries, not 7 (1F1B on 4 ranks has 3)
+    assert check(s) == 2 * 8 * 6
+
+
+def test_zb_v_and_dualpipe_v_pinned_on_two_ranks():
+    z = make_schedule("zb-v", 2, 4, 2)
+    assert " ".join(map(str, z.actions[1][:8])) == "F0@1 F0@2 F1@1 F1@2 B0@2 W0@2 F2@1 B0@1"
+    d = make_schedule("dualpipev", 2, 4, 2)
+    # steady phase: F&B pairs, each written as two actions, F of one micro-batch then BW of another
+    assert " ".join(map(str, d.actions[0][7:11])) == "F3@0 BW1@3 F2@3 BW0@0"
+
+
+@pytest.mark.parametrize("name,p,m,v,match", [
+    ("zb-v", 4, 8, 1, "exactly 2 stages per rank"), ("dualpipev", 4, 8, 3, "v must be 2"),
+    ("dualpipev", 4, 7, 2, "m >= 2p"), ("1f1b", 4, 8, 2, "v must be 1")])
+def test_v_constraints_are_refused_with_the_reason(name, p, m, v, match):
+    with pytest.raises(ValueError, match=match):
+        make_schedule(name, p, m, v)
+
+
+def _swap(s, rank, i, j):
+    acts = list(s.actions[rank])
+    acts[i], acts[j] = acts[j], acts[i]
+    return dataclasses.replace(s, actions=[acts if r == rank else a for r, a in enumerate(s.actions)])
+
+
+def test_a_hand_broken_schedule_is_caught_naming_the_rank_and_action():
+    s = make_schedule("1f1b", 4, 8)
+    # rank 1 does its first backward before the forward that the last rank needs for it: a cycle
+    k = next(i for i, a in enumerate(s.actions[1]) if a.kind == "BW")
+    broken = _swap(s, 1, 1, k)
+    with pytest.raises(ScheduleError, match=r"deadlock: rank 0 waits forever .*|rank 1"):
+        check(broken)
+    with pytest.raises(ScheduleError, match="waits forever"):
+        check(broken)
+
+
+def test_missing_duplicated_and_misplaced_actions_are_caught():
+    s = make_schedule("zb-h1", 2, 4)
+    drop = dataclasses.replace(s, actions=[s.actions[0][:-1], s.actions[1]])
+    with pytest.raises(ScheduleError, match="never runs W3@0"):
+        check(drop)
+    dup = dataclasses.replace(s, actions=[s.actions[0] + [Action("W", 0, 3)], s.actions[1]])
+    with pytest.raises(ScheduleError, match="twice"):
+        check(dup)
+    away = dataclasses.replace(s, actions=[s.actions[0] + [Action("F", 1, 9)], s.actions[1]])
+    with pytest.raises(ScheduleError, match="held by rank 1"):
+        check(away)
+
+
+def test_a_local_hand_over_out_of_order_is_a_deadlock_on_one_rank():
+    s = make_schedule("zb-v", 2, 4, 2)
+    # rank 1 holds stages 1 and 2: F0@2 before F0@1 waits for itself
+    broken = _swap(s, 1, 0, 1)
+    with pytest.raises(ScheduleError, match="rank 1 waits forever at action 0 \\(F0@2\\).*F0@1"):
+        check(broken)
+
+
+def test_fifo_order_holds_for_loop_placements_not_for_the_v():
+    """Without tags (NCCL matches two ranks' messages in order), the V mixes activations and gradients on
+    the same pair of ranks: the checker says where the order breaks. minipar's runtime tags its messages."""
+    for name in ("gpipe", "1f1b", "zb-h1"):
+        check(make_schedule(name, 4, 8), order="fifo")
+    check(make_schedule("interleaved", 4, 8, 2), order="fifo")
+    with pytest.raises(ScheduleError, match="waits forever"):
+        check(make_schedule("zb-v", 4, 8, 2), order="fifo")
+
+
+def test_the_error_carries_the_rank_index_and_action():
+    s = make_schedule("zb-v", 4, 8, 2)
+    acts = s.actions[3]
+    k = acts.index(Action("F", 4, 0))
+    moved = acts[:k] + acts[k + 1:]
+    moved.insert(0, Action("F", 4, 0))          # the up-going forward before the down-going one it needs
+    broken = dataclasses.replace(s, actions=s.actions[:3] + [moved])
+    with pytest.raises(ScheduleError) as err:
+        check(broken)
+    assert (err.value.rank, err.value.index, err.value.action) == (3, 0, Action("F", 4, 0))
