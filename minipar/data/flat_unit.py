@@ -29,12 +29,47 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 from .. import comm
 
-__all__ = ["FlatUnit", "COLLECTIVES"]
+__all__ = ["FlatUnit", "COLLECTIVES", "FreedParameterError", "ShardedParameter"]
 
 COLLECTIVES = ("gloo", "ring")        # torch.distributed's own, or minipar's send/recv rings
+
+
+class FreedParameterError(RuntimeError):
+    """A ZeRO-3/FSDP parameter was read while its unit's full storage is freed (between uses)."""
+
+
+class ShardedParameter(nn.Parameter):
+    """A stage-3 parameter: a view into its unit's flat buffer, whose storage is freed between uses.
+
+    Reading freed storage would be a read of released memory (a SIGSEGV that kills the rank), so every
+    torch operation on it first checks that its unit is gathered and otherwise raises
+    :class:`FreedParameterError` saying what to do. Metadata (shape, dtype, ``.grad``, hooks) stays
+    readable. Inside the unit's own forward and backward it is an ordinary parameter."""
+
+    _METADATA = frozenset({
+        torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+        torch.Tensor.requires_grad.__get__, torch.Tensor.requires_grad.__set__, torch.Tensor.grad.__get__,
+        torch.Tensor.grad.__set__, torch.Tensor.data.__set__, torch.Tensor.is_leaf.__get__,
+        torch.Tensor.grad_fn.__get__, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.dim,
+        torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook, torch.Tensor.__hash__})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in cls._METADATA:
+            for arg in tree_leaves((args, kwargs)):
+                if isinstance(arg, ShardedParameter) and not arg.flat_unit.gathered:
+                    raise FreedParameterError(
+                        f"{arg.sharded_name!r} is sharded over {arg.flat_unit.n} ranks and its full storage is "
+                        f"freed between uses (ZeRO-3/FSDP); reading it would read released memory. Gather "
+                        f"first, on every rank: `with zero.gathered(): ...`, or take full copies with "
+                        f"`zero.full_parameters()` (FSDP: `model.full_state_dict()`).")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
 
 
 class FlatUnit:
@@ -65,9 +100,11 @@ class FlatUnit:
             self.full = flat.to(compute_dtype)                 # compute copy; FP32 master kept apart
             self.master = nn.Parameter(flat[mine].clone())
         offset = 0
-        for p in params:                                       # the module now computes with views of `full`
-            p.data = self.full[offset: offset + p.numel()].view_as(p)
+        for name, p in zip(names, params):                     # the module now computes with views of `full`
+            p.data = self.full[offset: offset + p.numel()].view(p.shape)
             offset += p.numel()
+            if stage == 3:                                     # reading it while freed raises, not crashes
+                p.__class__, p.flat_unit, p.sharded_name = ShardedParameter, self, name
         self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
         self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
         if stage == 3:

@@ -40,6 +40,7 @@ reduce-scattered gradient is upcast to FP32 before the optimizer sees it.
 """
 from __future__ import annotations
 
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -153,6 +154,21 @@ class ZeRO:
                 unit.refresh_full()
         self._recording = False
         self.steps_done += 1
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Stage 3: all-gather every unit's full parameters for the block, free them after (every rank
+        enters it). Between steps a stage-3 parameter is storage-less; reading it outside raises
+        :class:`~minipar.data.flat_unit.FreedParameterError`."""
+        was = [u.gathered for u in self.units]
+        for unit in self.units:
+            unit.gather()
+        try:
+            yield self.model
+        finally:
+            for unit, kept in zip(self.units, was):
+                if not kept:
+                    unit.free()
 
     def full_parameters(self) -> dict:
         """{name: full tensor} in the master dtype, gathered from the shards (every rank calls this)."""
