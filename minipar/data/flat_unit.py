@@ -76,7 +76,7 @@ class ShardedParameter(nn.Parameter):
                         f"{arg.sharded_name!r} is sharded over {arg.flat_unit.n} ranks and its full storage is "
                         f"freed between uses (ZeRO-3/FSDP); reading it would read released memory. Gather "
                         f"first, on every rank: `with zero.gathered(): ...`, or take full copies with "
-                        f"`zero.full_parameters()` (FSDP: `model.full_state_dict()`).")
+                        f"`zero.full_parameters()` (FSDP: `with model.gathered(): ...`, `model.full_state_dict()`).")
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
         if func == torch.Tensor.grad.__get__ and result is None and _reduced_away(args[0]):

@@ -135,6 +135,10 @@ class FSDP(nn.Module):
                 unit.reduce_grads_now()
         self.zero._recording = False                           # the first backward recorded the order
 
+    def gathered(self):
+        """``with model.gathered(): ...`` — every unit's full parameters for the block (every rank enters)."""
+        return self.zero.gathered()
+
     def full_state_dict(self) -> dict:
         """{name: full tensor} under the wrapped module's names, gathered (every rank calls it)."""
         return self.zero.full_parameters()
