@@ -43,7 +43,11 @@ def _read_between_steps(rank, world_size, recipe):
         freed_again = False
     except FreedParameterError:
         freed_again = True
-    return errors, metadata, torch.equal(inside, full), freed_again
+    # A second step without zero.zero_grad(): its gradients are reduced and added (they used to be ignored).
+    recipe.loss(model, x[rank::world_size], y[rank::world_size]).backward()
+    zero.step()
+    second = [unit for step, kind, unit in zero.events if step == 1 and kind == "reduce-scatter"]
+    return errors, metadata, torch.equal(inside, full), freed_again, (second, [u.label for u in zero.units])
 
 
 @pytest.fixture(scope="module")
@@ -72,5 +76,10 @@ def test_reading_the_gradient_of_a_sharded_parameter_says_where_it_is(outcome):
 
 
 def test_gathered_gives_the_full_parameter_then_frees_it(outcome):
-    _, _, equal_to_full_parameters, freed_again = outcome
+    _, _, equal_to_full_parameters, freed_again, _ = outcome
     assert equal_to_full_parameters and freed_again
+
+
+def test_a_step_without_zero_grad_still_reduces_the_new_gradients(outcome):
+    reduced_in_step_two, units = outcome[4]
+    assert sorted(reduced_in_step_two) == sorted(units)      # every unit reduce-scattered its gradient again

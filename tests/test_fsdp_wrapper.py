@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import launch
+from minipar import comm, launch
 from minipar.check import gpt_recipe
 from minipar.data.flat_unit import FreedGradientWarning, FreedParameterError
 from minipar.data.fsdp import FSDP
@@ -88,7 +88,13 @@ def _mixed(rank, world_size):
     model = FSDP(RECIPE.model(), param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     dtypes = {u.label: (u.full.dtype, u.master.dtype) for u in model.zero.units}
     losses, _ = _loop(model, torch.optim.Adam(model.parameters(), lr=1e-2), rank, world_size)
-    return dtypes, losses
+    reduced_bytes = {}
+    for reduce_dtype in (torch.float32, None):                  # None: reduce in the compute dtype (bf16)
+        model = FSDP(RECIPE.model(), param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+        with comm.recording() as log:
+            lm_loss(model(RECIPE.batches[0][0][:2]), RECIPE.batches[0][1][:2]).backward()
+        reduced_bytes[reduce_dtype] = sum(r.payload_bytes for r in log.records if "reduce_scatter" in r.op)
+    return dtypes, losses, reduced_bytes
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +143,14 @@ def test_reading_a_freed_parameter_or_its_gradient_says_what_to_do(runs):
 
 
 def test_mixed_precision_policy_keeps_norms_and_masters_in_fp32(runs):
-    dtypes, losses = runs[0]["mixed"]
+    dtypes, losses, reduced_bytes = runs[0]["mixed"]
     norms = {label: d for label, d in dtypes.items() if ".ln" in label or label == "ln_f"}
     assert norms and all(d == (torch.float32, torch.float32) for d in norms.values())
     others = [d for label, d in dtypes.items() if label not in norms]
     assert others and all(d == (torch.bfloat16, torch.float32) for d in others)
     assert losses[-1] < losses[0]                                    # it trains
+    # reduce_dtype=float32 reduce-scatters 4 bytes per element where bf16 would send 2 (norms: 4 in both)
+    assert 1.9 < reduced_bytes[torch.float32] / reduced_bytes[None] < 2.0
 
 
 def test_units_must_cover_the_model():
