@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from minipar import launch
+from minipar import comm, launch
 from minipar.data.sharded_optimizer import ShardedOptimizer
 from minipar.models import MLP
 
@@ -56,11 +56,15 @@ def _on_rank(rank, world_size):
     out = {}
     model = MLP(SIZES, seed=0).double()
     ours = ShardedOptimizer(_groups(model), torch.optim.AdamW, **OPTIONS)
-    out["ours"] = _params(_loop(model, ours, rank, world_size))
+    with comm.recording() as log:
+        out["ours"] = _params(_loop(model, ours, rank, world_size))
+    out["ops"] = log.by_op()
     out["state"] = ours.state_dict()
     model = TorchDDP(MLP(SIZES, seed=0).double())
     opt = ShardedOptimizer(_groups(model.module), torch.optim.AdamW, average_gradients=False, **OPTIONS)
-    out["ours under DDP"] = _params(_loop(model, opt, rank, world_size))
+    with comm.recording() as log:                        # torch's DDP is not in minipar's log: only ours
+        out["ours under DDP"] = _params(_loop(model, opt, rank, world_size))
+    out["ops under DDP"] = log.by_op()
     from torch.distributed.optim import ZeroRedundancyOptimizer
     model = TorchDDP(MLP(SIZES, seed=0).double())
     opt = ZeroRedundancyOptimizer(_groups(model.module), optimizer_class=torch.optim.AdamW, **OPTIONS)
@@ -132,6 +136,15 @@ def test_the_scheduler_reached_the_inner_optimizer_and_state_is_a_quarter(runs, 
     per_rank = 2 * sum(-(-n // 4) for n in group_numels)           # exp_avg + exp_avg_sq of one shard
     assert [r["state numel on this rank"] for r in runs] == [per_rank] * 4
     assert per_rank < 2 * sum(group_numels) / 4 + 2 * 2 * 4       # a quarter of AdamW's, + padding
+
+
+def test_under_ddp_it_does_not_average_again(runs):
+    # Averaging gradients that DDP already averaged gives the same numbers, so only the log can tell:
+    # alone, one reduce-scatter and one all-gather per group per step; under DDP, the all-gathers only.
+    calls = STEPS * 2
+    assert {op: n for op, (n, _) in runs[0]["ops"].items()} == {"reduce_scatter": calls,
+                                                                "all_gather": calls}
+    assert {op: n for op, (n, _) in runs[0]["ops under DDP"].items()} == {"all_gather": calls}
 
 
 def test_bad_optimizer_class_is_a_clear_error():
