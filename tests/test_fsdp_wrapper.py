@@ -60,6 +60,7 @@ def _on_rank(rank, world_size):
                                                 for n, p in model.named_parameters()})
     out["messages"] = _messages(FSDP(_model()), rank, world_size)
     out["mixed"] = _mixed(rank, world_size)
+    out["clip and load"] = _clip_and_load(rank, world_size)
     dist.barrier()
     return out
 
@@ -82,6 +83,20 @@ def _messages(model, rank, world_size):
     found["saved bytes"] = buffer.tell()
     found["shards"] = [tuple(p.shape) for p in model.parameters()]
     return found
+
+
+def _clip_and_load(rank, world_size):
+    model = FSDP(_model())
+    inputs, targets = RECIPE.batches[0]
+    per = len(inputs) // world_size
+    lm_loss(model(inputs[rank * per:(rank + 1) * per]), targets[rank * per:(rank + 1) * per]).backward()
+    norm = model.clip_grad_norm_(0.1)
+    clipped = model.full_gradients()
+    trained = FSDP(_model())
+    _loop(trained, _sgd(trained.parameters()), rank, world_size)
+    fresh = FSDP(_model())
+    fresh.load_state_dict(trained.state_dict())
+    return norm, clipped, fresh.state_dict(), trained.state_dict()
 
 
 def _mixed(rank, world_size):
@@ -157,3 +172,22 @@ def test_units_must_cover_the_model():
     model = RECIPE.model()
     with pytest.raises(ValueError, match="in no unit"):
         FSDP(model, units=lambda m: list(m.blocks))
+
+
+def test_clip_grad_norm_uses_the_global_norm(runs):
+    model = _model()
+    inputs, targets = RECIPE.batches[0]
+    lm_loss(model(inputs), targets).backward()
+    want_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    for rank_out in runs:
+        norm, clipped, _, _ = rank_out["clip and load"]
+        assert norm.item() == pytest.approx(want_norm.item(), abs=ATOL)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(clipped[name], p.grad, atol=ATOL, rtol=0)
+
+
+def test_a_full_state_dict_loads_back(runs):
+    for rank_out in runs:
+        _, _, loaded, saved = rank_out["clip and load"]
+        assert loaded.keys() == saved.keys()
+        assert all(torch.equal(loaded[n], saved[n]) for n in saved)

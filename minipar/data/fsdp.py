@@ -17,6 +17,8 @@ simple, at the price of a copy into a staging buffer around each collective. Bot
 3 · b · Ψ · (N-1)/N per step. ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
 two can be compared step by step.
 
+:class:`FSDP` is the drop-in ``nn.Module`` wrapper for a loop of your own (``model = FSDP(model)``, then your
+optimizer over ``model.parameters()``); :func:`fully_shard` returns the ``ZeRO`` object that owns the optimizer.
 The mechanism (gather, compute, free; prefetch; reduce-scatter) lives in :mod:`minipar.data.zero` and
 :mod:`minipar.data.flat_unit`.
 """
@@ -146,6 +148,34 @@ class FSDP(nn.Module):
     def state_dict(self, *args, **kwargs) -> dict:
         """The full, gathered state dict (every rank calls it): :meth:`full_state_dict`."""
         return self.full_state_dict()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True):
+        """Load a full state dict (the wrapped module's names, as :meth:`full_state_dict` gives): each rank
+        keeps its shard of every unit."""
+        for unit in self.zero.units:
+            missing = [n for n in unit.names if n not in state_dict]
+            if missing and strict:
+                raise ValueError(f"the state dict lacks {missing[:3]}")
+            flat = torch.cat([state_dict[n].reshape(-1) if n in state_dict else p.new_zeros(p.numel())
+                              for n, p in zip(unit.names, unit.params)])
+            with torch.no_grad():
+                unit.master.zero_()
+                mine = flat[unit.owned()]
+                unit.master[: mine.numel()].copy_(mine)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the shards' gradients so the *global* 2-norm is at most ``max_norm``; returns that norm.
+        (``torch.nn.utils.clip_grad_norm_(model.parameters())`` would see this rank's shards only.)"""
+        grads = [p.grad for p in self.flat_shards if p.grad is not None]
+        total = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            total += g.double().square().sum()
+        comm.all_reduce(total, group=self.zero.group)          # Σ over ranks of Σ shard² = ‖g‖²
+        norm = total.sqrt()
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return norm.to(grads[0].dtype if grads else torch.float32)
 
     def full_gradients(self) -> dict:
         """{name: full mean gradient} gathered from the shards' ``.grad`` (every rank calls it)."""
