@@ -67,6 +67,30 @@ class LaunchTimeout(RankError):
     """The run did not finish in time: most likely a deadlock (a rank waits for a message never sent)."""
 
 
+def describe_exit(exitcode: int) -> str:
+    """'exited with code 3 (called os._exit or sys.exit)' or, for a negative code -n (killed by signal n),
+    'was killed by SIGSEGV (signal 11: a segmentation fault, a crash in C/C++ code)'."""
+    if exitcode is None or exitcode >= 0:
+        return f"exited with code {exitcode} (called os._exit or sys.exit)"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"was killed by signal {-exitcode}"
+    why = _SIGNAL_MEANING.get(name, "")
+    return f"was killed by {name} (signal {-exitcode}{': ' + why if why else ''})"
+
+
+_SIGNAL_MEANING = {
+    "SIGSEGV": "a segmentation fault, a crash in C/C++ code, e.g. reading a tensor whose storage was freed",
+    "SIGKILL": "killed from outside, often the kernel's out-of-memory killer",
+    "SIGTERM": "asked to terminate from outside",
+    "SIGABRT": "aborted, e.g. a failed C++ assertion",
+    "SIGBUS": "a bus error, e.g. shared memory that ran out",
+    "SIGFPE": "an arithmetic fault in C code",
+    "SIGINT": "interrupted (Ctrl-C)",
+}
+
+
 def _check_world_size(world_size) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -242,8 +266,7 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
                 exc = RankError(rank, message, tb, output)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
-            exc = RankError(rank, f"process exited with code {p.exitcode} without returning (killed, crashed, "
-                                  f"or called os._exit)", output=output)
+            exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output)
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
 

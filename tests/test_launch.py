@@ -76,6 +76,23 @@ def test_a_rank_that_dies_is_named(no_leftover_processes):
         launch(die, 3, timeout=30)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGKILL, signal.SIGTERM])
+def test_a_rank_killed_by_a_signal_names_the_signal(no_leftover_processes, sig):
+    def killed(rank, world_size, sig):
+        if rank == 1:
+            os.kill(os.getpid(), sig)
+        dist.barrier()
+    with pytest.raises(RankError, match=f"rank 1 failed: process was killed by {sig.name} \\(signal {int(sig)}"):
+        launch(killed, 2, sig, timeout=30)
+
+
+def test_describe_exit_explains_codes_and_unknown_signals():
+    from minipar.launcher import describe_exit
+    assert "segmentation fault" in describe_exit(-11)
+    assert describe_exit(3).startswith("exited with code 3")
+    assert describe_exit(-200) == "was killed by signal 200"
+
+
 def test_unpicklable_return_value_is_a_clear_error():
     with pytest.raises(RankError, match="cannot be pickled"):
         launch(lambda rank, world_size: threading.Lock(), 2)

@@ -26,26 +26,82 @@ than one rank's would; with N a power of two that division is exact, the same bi
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 from .. import comm
 
-__all__ = ["FlatUnit", "COLLECTIVES"]
+__all__ = ["FlatUnit", "COLLECTIVES", "FreedParameterError", "FreedGradientWarning", "ShardedParameter"]
 
 COLLECTIVES = ("gloo", "ring")        # torch.distributed's own, or minipar's send/recv rings
+
+
+class FreedParameterError(RuntimeError):
+    """A ZeRO-3/FSDP parameter was read while its unit's full storage is freed (between uses)."""
+
+
+class FreedGradientWarning(UserWarning):
+    """``.grad`` of a ZeRO-3/FSDP parameter was read after its gradient was reduce-scattered into a shard."""
+
+
+class ShardedParameter(nn.Parameter):
+    """A stage-3 parameter: a view into its unit's flat buffer, whose storage is freed between uses.
+
+    Reading freed storage would be a read of released memory (a SIGSEGV that kills the rank), so every
+    torch operation on it first checks that its unit is gathered and otherwise raises
+    :class:`FreedParameterError` saying what to do. Metadata (shape, dtype, ``.grad``, hooks) stays
+    readable. Inside the unit's own forward and backward it is an ordinary parameter."""
+
+    _METADATA = frozenset({
+        torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+        torch.Tensor.requires_grad.__get__, torch.Tensor.requires_grad.__set__, torch.Tensor.grad.__get__,
+        torch.Tensor.grad.__set__, torch.Tensor.data.__set__, torch.Tensor.is_leaf.__get__,
+        torch.Tensor.grad_fn.__get__, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.dim,
+        torch.Tensor.register_hook, torch.Tensor.register_post_accumulate_grad_hook, torch.Tensor.__hash__,
+        torch.Tensor.untyped_storage, torch.Tensor.data_ptr, torch.Tensor.storage_offset, torch.Tensor.stride,
+        torch.Tensor.element_size, torch.Tensor.is_contiguous, torch.Tensor.is_floating_point,
+        torch.Tensor.layout.__get__, torch.Tensor.nbytes.__get__, torch.Tensor.itemsize.__get__})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in cls._METADATA:
+            for arg in tree_leaves((args, kwargs)):
+                if isinstance(arg, ShardedParameter) and not arg.flat_unit.gathered:
+                    raise FreedParameterError(
+                        f"{arg.sharded_name!r} is sharded over {arg.flat_unit.n} ranks and its full storage is "
+                        f"freed between uses (ZeRO-3/FSDP); reading it would read released memory. Gather "
+                        f"first, on every rank: `with zero.gathered(): ...`, or take full copies with "
+                        f"`zero.full_parameters()` (FSDP: `with model.gathered(): ...`, `model.full_state_dict()`).")
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        if func == torch.Tensor.grad.__get__ and result is None and _reduced_away(args[0]):
+            unit = args[0].flat_unit
+            warnings.warn(
+                f"the gradient of {args[0].sharded_name!r} was reduce-scattered, so its .grad is None: this rank "
+                f"keeps its 1/{unit.n} of the unit's flat gradient as the .grad of the flat shard the optimizer "
+                f"steps (`fsdp_model.parameters()`, or `zero.units[i].master`); full gradients, on every rank: "
+                f"`fsdp_model.full_gradients()`.", FreedGradientWarning, stacklevel=2)
+        return result
+
+
+def _reduced_away(param) -> bool:
+    return not param.flat_unit.gathered and param.flat_unit.master.grad is not None
 
 
 class FlatUnit:
     """One unit's parameters as one padded flat buffer; this rank owns (and the optimizer updates) 1/N."""
 
     def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
-                 collectives: str = "gloo"):
+                 collectives: str = "gloo", reduce_dtype=None):
         if collectives not in COLLECTIVES:
             raise ValueError(f"collectives must be one of {COLLECTIVES}, got {collectives!r}")
         self.names, self.params, self.group, self.stage = names, params, group, stage
-        self.collectives = collectives
+        self.collectives, self.reduce_dtype = collectives, reduce_dtype
         self.label = _common_prefix(names)
         self.on_event = on_event or (lambda kind, unit: None)
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -65,9 +121,11 @@ class FlatUnit:
             self.full = flat.to(compute_dtype)                 # compute copy; FP32 master kept apart
             self.master = nn.Parameter(flat[mine].clone())
         offset = 0
-        for p in params:                                       # the module now computes with views of `full`
-            p.data = self.full[offset: offset + p.numel()].view_as(p)
+        for name, p in zip(names, params):                     # the module now computes with views of `full`
+            p.data = self.full[offset: offset + p.numel()].view(p.shape)
             offset += p.numel()
+            if stage == 3:                                     # reading it while freed raises, not crashes
+                p.__class__, p.flat_unit, p.sharded_name = ShardedParameter, self, name
         self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
         self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
         if stage == 3:
@@ -153,7 +211,8 @@ class FlatUnit:
         """Stages 2-3, when the unit's backward is done: reduce-scatter its gradients, keep only my shard."""
         pieces = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in self.params]
         pad = self.padded_numel - self.numel
-        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)]).div_(self.n)   # divide first, then sum
+        flat = torch.cat(pieces + [pieces[0].new_zeros(pad)]).to(self.reduce_dtype or pieces[0].dtype)
+        flat.div_(self.n)                                      # divide first, then sum
         mine = flat.new_empty(self.shard_numel)
         self._reduce_scatter(mine, flat)
         self.on_event("reduce-scatter", self)

@@ -17,20 +17,24 @@ simple, at the price of a copy into a staging buffer around each collective. Bot
 3 · b · Ψ · (N-1)/N per step. ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
 two can be compared step by step.
 
+:class:`FSDP` is the drop-in ``nn.Module`` wrapper for a loop of your own (``model = FSDP(model)``, then your
+optimizer over ``model.parameters()``); :func:`fully_shard` returns the ``ZeRO`` object that owns the optimizer.
 The mechanism (gather, compute, free; prefetch; reduce-scatter) lives in :mod:`minipar.data.zero` and
 :mod:`minipar.data.flat_unit`.
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .. import comm
 from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
 
-__all__ = ["block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
+__all__ = ["FSDP", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
 
 block_units = zero.block_units                 # one unit per transformer block + the root
@@ -63,6 +67,128 @@ def fully_shard(model: nn.Module, optimizer_factory, units=block_units, group=No
     if any(p.requires_grad and id(p) not in inside for p in model.parameters()):
         raise ValueError("some parameters are in no unit; add the root module to the units")
     return zero.ZeRO(model, optimizer_factory, 3, group, units(model), param_dtype, prefetch)
+
+
+NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._BatchNorm)
+
+
+class FSDP(nn.Module):
+    """FSDP as a drop-in ``nn.Module`` wrapper for your own loop (ZeRO-3 over ``units(module)``)::
+
+        model = FSDP(model, group=group, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)        # this rank's flat shards, one per unit
+        loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+
+    ``parameters()`` are the flat master shards this rank owns (1/N of each unit, FSDP1's flat parameters):
+    what the optimizer steps, their ``.grad`` the reduce-scattered mean gradient. The wrapped module's own
+    parameters exist whole only while their unit computes; reading one between steps raises
+    :class:`~minipar.data.flat_unit.FreedParameterError` saying what to do. Gradients are finished at the
+    end of every backward (an autograd callback: units whose gradients never arrived are reduced then).
+    Policy: compute copies and all-gathers in ``param_dtype``, the reduce-scatter in ``reduce_dtype``, the
+    shards and the optimizer in the module's dtype; normalisation layers gather and compute in that dtype
+    too (``norms_in_fp32``), their inputs upcast and outputs cast back."""
+
+    def __init__(self, module: nn.Module, *, group=None, units=block_units, param_dtype=None, reduce_dtype=None,
+                 norms_in_fp32: bool = True, prefetch: bool = True):
+        super().__init__()
+        modules = list(units(module))
+        inside = {id(p) for m in modules for p in m.parameters()}
+        if any(p.requires_grad and id(p) not in inside for p in module.parameters()):
+            raise ValueError("some parameters are in no unit; add the root module to the units")
+        norms = [m for m in module.modules() if isinstance(m, NORMS) and list(m.parameters(recurse=False))] \
+            if param_dtype is not None and norms_in_fp32 else []
+        self.module, self.param_dtype = module, param_dtype
+        self.zero = zero.ZeRO(module, None, 3, group, norms + modules, param_dtype, prefetch,
+                              reduce_dtype=reduce_dtype, fp32_modules=norms)
+        self.flat_shards = nn.ParameterList([u.master for u in self.zero.units])
+        for norm in norms:
+            norm.register_forward_pre_hook(lambda m, args: tuple(
+                a.to(next(iter(m.parameters())).dtype) if torch.is_tensor(a) and a.is_floating_point() else a
+                for a in args))
+            norm.register_forward_hook(lambda m, args, out: out.to(param_dtype))
+        self._finish_queued = False
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """Only this rank's flat shards (what an optimizer steps), named ``flat_shards.i``."""
+        for i, shard in enumerate(self.flat_shards):
+            yield f"{prefix}{'.' if prefix else ''}flat_shards.{i}", shard
+
+    def forward(self, *args, **kwargs):
+        for unit in self.zero.units:                          # a new forward: a new backward to count
+            unit.grads_ready, unit.reduced = 0, False
+        out = self.module(*args, **kwargs)
+        self._finish_queued = False
+        for t in ([out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]):
+            if t.requires_grad:
+                t.register_hook(self._queue_finish)
+        return out
+
+    def _queue_finish(self, grad):
+        if not self._finish_queued:
+            self._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Reduce-scatter the units whose gradients did not all arrive (unused parameters); runs by itself
+        at the end of each backward, so a plain loop never needs to call it."""
+        for unit in self.zero.units:
+            if not unit.reduced:
+                unit.gather()
+                unit.reduce_grads_now()
+        self.zero._recording = False                           # the first backward recorded the order
+
+    def gathered(self):
+        """``with model.gathered(): ...`` — every unit's full parameters for the block (every rank enters)."""
+        return self.zero.gathered()
+
+    def full_state_dict(self) -> dict:
+        """{name: full tensor} under the wrapped module's names, gathered (every rank calls it)."""
+        return self.zero.full_parameters()
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        """The full, gathered state dict (every rank calls it): :meth:`full_state_dict`."""
+        return self.full_state_dict()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True):
+        """Load a full state dict (the wrapped module's names, as :meth:`full_state_dict` gives): each rank
+        keeps its shard of every unit."""
+        for unit in self.zero.units:
+            missing = [n for n in unit.names if n not in state_dict]
+            if missing and strict:
+                raise ValueError(f"the state dict lacks {missing[:3]}")
+            flat = torch.cat([state_dict[n].reshape(-1) if n in state_dict else p.new_zeros(p.numel())
+                              for n, p in zip(unit.names, unit.params)])
+            with torch.no_grad():
+                unit.master.zero_()
+                mine = flat[unit.owned()]
+                unit.master[: mine.numel()].copy_(mine)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the shards' gradients so the *global* 2-norm is at most ``max_norm``; returns that norm.
+        (``torch.nn.utils.clip_grad_norm_(model.parameters())`` would see this rank's shards only.)"""
+        grads = [p.grad for p in self.flat_shards if p.grad is not None]
+        total = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            total += g.double().square().sum()
+        comm.all_reduce(total, group=self.zero.group)          # Σ over ranks of Σ shard² = ‖g‖²
+        norm = total.sqrt()
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
+        return norm.to(grads[0].dtype if grads else torch.float32)
+
+    def full_gradients(self) -> dict:
+        """{name: full mean gradient} gathered from the shards' ``.grad`` (every rank calls it)."""
+        out = {}
+        for unit in self.zero.units:
+            grad = unit.master.grad if unit.master.grad is not None else torch.zeros_like(unit.master)
+            full = grad.new_empty(unit.padded_numel)
+            comm.all_gather_into_tensor(full, grad.detach().contiguous(), group=self.zero.group)
+            offset = 0
+            for name, p in zip(unit.names, unit.params):
+                out[name] = full[offset: offset + p.numel()].view(p.shape).clone()
+                offset += p.numel()
+        return out
 
 
 def parallel_train(rank, world_size, recipe, *, units=block_units, param_dtype=None, prefetch=True,

@@ -40,6 +40,7 @@ reduce-scattered gradient is upcast to FP32 before the optimizer sees it.
 """
 from __future__ import annotations
 
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -61,10 +62,12 @@ def block_units(model: nn.Module) -> list:
 
 class ZeRO:
     """Wrap ``model`` for ZeRO stage ``stage`` over ``group``; ``optimizer_factory(shards)`` builds the
-    optimizer over this rank's master shards. Use: ``zero.zero_grad(); loss.backward(); zero.step()``."""
+    optimizer over this rank's master shards. Use: ``zero.zero_grad(); loss.backward(); zero.step()``.
+    ``param_dtype`` / ``reduce_dtype``: the compute copies' and the gradient reduce-scatter's dtype (the
+    master shards keep the model's); units whose module is in ``fp32_modules`` compute in the master dtype."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
-                 prefetch: bool = True, collectives: str = "gloo"):
+                 prefetch: bool = True, collectives: str = "gloo", *, reduce_dtype=None, fp32_modules=()):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -78,15 +81,17 @@ class ZeRO:
             mine = [p for p in module.parameters() if p not in claimed and p.requires_grad]
             claimed.update(mine)
             if mine:
-                unit = FlatUnit([names[p] for p in mine], mine, group, stage, param_dtype, self._allocated,
+                dtype = None if any(module is m for m in fp32_modules) else param_dtype
+                unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                collectives)
+                                collectives, reduce_dtype)
                 unit.module = module
                 self.units.append(unit)
         left = [n for p, n in names.items() if p not in claimed and p.requires_grad]
         if left:
             raise ValueError(f"parameters in no unit: {left[:3]}; include the root module in `units`")
-        self.optimizer = optimizer_factory([u.master for u in self.units])
+        masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
+        self.optimizer = optimizer_factory(masters) if optimizer_factory is not None else None
         self.forward_order, self.backward_order, self._recording = [], [], True
         if stage >= 2:
             for unit in self.units:
@@ -148,11 +153,28 @@ class ZeRO:
                 unit.gather()
                 unit.reduce_grads_now()
         self.optimizer.step()
+        for unit in self.units:               # ready for the next backward even without zero_grad()
+            unit.grads_ready, unit.reduced = 0, False
         if self.stage <= 2:
             for unit in self.units:
                 unit.refresh_full()
         self._recording = False
         self.steps_done += 1
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Stage 3: all-gather every unit's full parameters for the block, free them after (every rank
+        enters it). Between steps a stage-3 parameter is storage-less; reading it outside raises
+        :class:`~minipar.data.flat_unit.FreedParameterError`."""
+        was = [u.gathered for u in self.units]
+        for unit in self.units:
+            unit.gather()
+        try:
+            yield self.model
+        finally:
+            for unit, kept in zip(self.units, was):
+                if not kept:
+                    unit.free()
 
     def full_parameters(self) -> dict:
         """{name: full tensor} in the master dtype, gathered from the shards (every rank calls this)."""

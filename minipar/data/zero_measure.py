@@ -7,6 +7,7 @@ argument of :func:`minipar.data.zero.parallel_train`, which runs each step.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +16,7 @@ from .. import comm
 from ..check import RunResult
 from ..memory import LiveTensorTracker, tensor_bytes
 from . import zero as zero_module
+from .flat_unit import FreedGradientWarning
 
 __all__ = ["model_state_bytes", "measure_peak", "ZeroRunResult", "StepMeter", "measured_train",
            "measure_stages"]
@@ -27,7 +29,9 @@ def model_state_bytes(zero) -> dict:
     for u in zero.units:
         params.append(u.full)
         (params if u.master.dtype == u.full.dtype else opt).append(u.master)
-        grads += [g for g in [u.master.grad, u.full_grad, *(p.grad for p in u.params)] if g is not None]
+        with warnings.catch_warnings():                    # a reduce-scattered .grad is None: known here
+            warnings.simplefilter("ignore", FreedGradientWarning)
+            grads += [g for g in [u.master.grad, u.full_grad, *(p.grad for p in u.params)] if g is not None]
     for state in zero.optimizer.state.values():
         opt += [v for v in state.values() if torch.is_tensor(v) and v.dim() > 0]
     return {"params": tensor_bytes(params), "grads": tensor_bytes(grads), "optimizer": tensor_bytes(opt)}
