@@ -10,6 +10,7 @@ questions whose answers are in the chapter's solution notebook.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from minipar.course import chapters
 from minipar.course.exercises import BEGIN, END
 
 CHAPTERS = chapters()
+ROOT_DIR = Path(__file__).resolve().parents[1]
 QUESTION = re.compile(r"^(\d+)\. (\S.*)$")
 SOLVED = re.compile(r"^\*\*Q(\d+)\.\*\* (\S.*)$")
 GUESS = re.compile(r"^(\w+) = None\b", re.M)
@@ -145,3 +147,31 @@ def test_the_parsers_refuse_a_malformed_chapter(tmp_path):
     path.write_text(json.dumps(nb))
     with pytest.raises(AssertionError, match="missing or a stub"):
         answers_of(path)
+
+
+def _main_term(chinese: str) -> str:
+    """The term itself, without the explanation in brackets: 环形全归约 (Ring AllReduce) -> 环形全归约."""
+    return re.sub(r"\s*[（(][^）)]*[）)]", "", chinese).strip()
+
+
+def glossary_terms() -> dict:
+    """{english term: {main chinese term: [where]}} over the README's glossary and every chapter's."""
+    terms: dict = {}
+    tables = [("README", (ROOT_DIR / "README.md").read_text(encoding="utf-8"))]
+    tables += [(c.name, "\n".join(t for k, t in _cells(c.notebook) if k == "markdown" and "## Glossary" in t))
+               for c in CHAPTERS]
+    for where, text in tables:
+        for line in text.split("## Glossary", 1)[-1].splitlines():
+            parts = [p.strip() for p in line.strip().strip("|").split("|")]
+            if line.startswith("|") and len(parts) >= 2 and not set(parts[0]) <= set("-: ") \
+                    and parts[0].lower() != "english":
+                terms.setdefault(parts[0].lower(), {}).setdefault(_main_term(parts[1]), []).append(where)
+    return terms
+
+
+def test_one_chinese_term_for_each_glossary_entry():
+    """归约散射, not 规约散射 or 归约分发, in every glossary (issue 27)."""
+    terms = glossary_terms()
+    assert "reduce-scatter" in terms and "ring all-reduce" in terms
+    clashes = {en: zh for en, zh in terms.items() if len(zh) > 1}
+    assert clashes == {}, clashes
