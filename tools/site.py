@@ -152,7 +152,7 @@ def chapter_nav(chapters: list, current: str | None = None, prefix: str = "") ->
             top += f" · <span class='minipar-next'>{link(*chapters[i + 1])} →</span>"
     listing = []
     for stem, title in chapters:
-        short = title.split("·", 1)[-1].strip() or stem
+        short = title.split("·", 1)[-1].split(":")[0].strip() or stem     # the title before its colon
         item = f"<b>{html.escape(short)}</b>" if stem == current else link(stem, short)
         listing.append(f"<span class='minipar-chapter'>{html.escape(stem.split('_')[0])} {item}</span>")
     listing = " · ".join(listing)
