@@ -122,7 +122,35 @@ def summarize(nb) -> dict:
                               and c.get("execution_count") is None),
             "outputs": outputs, "images": images, "errors": errors,
             "figures": sorted(set(re.findall(r"\]\(\.\./figures/([^)\s]+\.png)\)", markdown))),
+            "predict_leaks": predict_leaks(nb),
             "seconds": nb.metadata.get("minipar_seconds")}
+
+
+_GUESS = re.compile(r"^(\w+) = None\b", re.M)
+_REVEALED = re.compile(r"measured (-?[\d,.]+(?:e[-+]?\d+)?)")
+
+
+def _output_text(cell) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []))
+
+
+def predict_leaks(nb) -> list[str]:
+    """Executed cells that print a predict cell's answer before its reveal: the number ``reveal`` reports as
+    measured (3 characters or more, so that a lone "4" does not count) in an output between the two."""
+    leaks = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "# Predict first" not in cell.source:
+            continue
+        for name in _GUESS.findall(cell.source):
+            j = next((j for j in range(i + 1, len(nb.cells)) if nb.cells[j].cell_type == "code"
+                      and re.search(rf"\breveal\(\s*{name}\b", nb.cells[j].source)), None)
+            answers = {a for a in _REVEALED.findall(_output_text(nb.cells[j])) if len(a) >= 3} if j else set()
+            for k in range(i + 1, j or i + 1):
+                shown = _output_text(nb.cells[k])
+                found = sorted(a for a in answers if a in shown or a.replace(",", "") in shown)
+                if found:
+                    leaks.append(f"cell {k} prints {found} before {name} is revealed in cell {j}")
+    return leaks
 
 
 def render(nb) -> str:
