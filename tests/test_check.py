@@ -73,3 +73,15 @@ def test_exact_mode_distinguishes_one_ulp():
     name = next(iter(ref.params))
     nudged = dict(ref.params, **{name: torch.nextafter(ref.params[name], torch.tensor(float("inf")))})
     assert not compare(ref, [RunResult(ref.losses, nudged)], atol=0, rtol=0).matches
+
+
+def test_relative_error_is_reported_only_where_the_reference_is_not_zero():
+    """A parameter whose gradient is zero analytically (attention's key bias) stays ~0; rounding noise over a
+    ~0 reference must not show up as a large relative error — but a real relative error elsewhere must."""
+    ref = RunResult([1.0], {"k_bias": torch.zeros(3), "w": torch.full((2,), 2.0)})
+    noise = RunResult([1.0], {"k_bias": torch.full((3,), 4e-14), "w": torch.full((2,), 2.0)})
+    c = compare(ref, [noise], atol=1e-10, rtol=1e-9)
+    assert c.matches and c.max_rel_diff == 0.0 and c.max_abs_diff == pytest.approx(4e-14)
+    off = RunResult([1.0], {"k_bias": torch.zeros(3), "w": torch.tensor([2.0, 2.002])})
+    c = compare(ref, [off], atol=1e-10, rtol=1e-9)
+    assert not c.matches and c.max_rel_diff == pytest.approx(1e-3, rel=1e-3) and "where |ref| > atol" in str(c)

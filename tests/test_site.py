@@ -35,12 +35,16 @@ def built(tmp_path_factory):
 
 def test_the_site_has_every_chapter(built):
     out, manifest = built
-    assert sorted(manifest["chapters"]) == [p.stem for p in site.chapters(ROOT)], "missing or stale chapters"
+    selected = manifest.get("selected", [p.stem for p in site.chapters(ROOT)])   # a `-k` build: its chapters
+    assert set(selected) <= {p.stem for p in site.chapters(ROOT)}, "stale chapters"
+    assert sorted(manifest["chapters"]) == sorted(selected), "missing chapters"
 
 
 @pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
 def test_chapter_page_has_its_outputs_and_figures_and_no_errors(built, stem):
     out, manifest = built
+    if stem not in manifest.get("selected", [stem]):
+        pytest.skip(f"{stem}: not built in this site (tools/site.py -k)")
     assert stem in manifest["chapters"], f"{stem}: not in the site"
     info = manifest["chapters"][stem]
     page = (out / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
@@ -103,3 +107,66 @@ def test_glossary_rows_are_read_from_the_chapter():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("## Glossary\n\n| English | 中文 |\n|---|---|\n| rank | 进程编号 |\n")]
     assert site.glossary(nb) == [("rank", "进程编号")]
+
+
+def _nav_links(page: str) -> dict:
+    """{'prev'/'next': the href in that span, 'chapters': [hrefs in the chapter list]} of a page's first nav."""
+    nav = re.search(r"<nav class='minipar-nav'.*?</nav>", page, re.S).group(0)
+    found = {k: re.findall(rf"<span class='minipar-{k}'>[^<]*<a href='([^']+)'", nav) for k in ("prev", "next")}
+    found["chapters"] = re.findall(r"<a href='([^']+)'", nav.split("minipar-chapters", 1)[1])
+    found["bold"] = re.findall(r"<span class='minipar-chapter'>[^<]*<b>", nav)
+    return found
+
+
+def test_every_page_has_previous_next_and_the_chapter_list(built):
+    out, manifest = built
+    course = [stem for stem, _ in site.course_chapters(ROOT)]
+    for stem in manifest["chapters"]:
+        page = (out / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+        assert page.count("class='minipar-nav") == 2, f"{stem}: navigation at the top and the bottom"
+        nav, i = _nav_links(page), course.index(stem)
+        assert nav["prev"] == ([f"../notebooks/{course[i - 1]}.html"] if i else []), stem
+        assert nav["next"] == ([f"../notebooks/{course[i + 1]}.html"] if i + 1 < len(course) else []), stem
+        assert nav["chapters"] == [f"../notebooks/{s}.html" for s in course if s != stem] and len(nav["bold"]) == 1
+        for href in nav["chapters"]:            # a chapter in this build is a page of it
+            target = (out / "notebooks" / href).resolve()
+            assert target.stem not in manifest["chapters"] or target.exists(), f"{stem}: {href}"
+    for name in ("index.html", "glossary.html", "figures.html"):
+        nav = _nav_links((out / name).read_text(encoding="utf-8"))
+        assert nav["chapters"] == [f"notebooks/{s}.html" for s in course] and not nav["prev"], name
+
+
+def test_the_navigation_links_neighbours_and_marks_the_current_chapter():
+    chapters = [("00_a", "00 · A"), ("01_b", "01 · B"), ("02_c", "02 · C")]
+    middle, first, last = (_nav_links(site.chapter_nav(chapters, c, "../") + "")
+                           for c in ("01_b", "00_a", "02_c"))
+    assert middle["prev"] == ["../notebooks/00_a.html"] and middle["next"] == ["../notebooks/02_c.html"]
+    assert first["prev"] == [] and first["next"] == ["../notebooks/01_b.html"]
+    assert last["next"] == [] and last["prev"] == ["../notebooks/01_b.html"]
+    assert middle["chapters"] == ["../notebooks/00_a.html", "../notebooks/02_c.html"] and len(middle["bold"]) == 1
+    assert "<b>B</b>" in site.chapter_nav(chapters, "01_b") and "minipar-prev" not in site.chapter_nav(chapters)
+
+
+def test_a_number_printed_before_its_reveal_is_a_leak():
+    nb = nbformat.v4.new_notebook()
+    predict = nbformat.v4.new_code_cell("# Predict first: how many bytes?\nmy_guess = None")
+    run = nbformat.v4.new_code_cell("print(sent)")
+    run.outputs = [nbformat.v4.new_output("stream", name="stdout", text="rank 0 sent 12288 B\n")]
+    shown = nbformat.v4.new_code_cell("reveal(my_guess, sent, what='bytes')")
+    shown.outputs = [nbformat.v4.new_output("stream", name="stdout", text="bytes: measured 12,288 B  ->  ...\n")]
+    nb.cells = [predict, run, shown]
+    assert site.predict_leaks(nb) == ["cell 1 prints ['12,288'] before my_guess is revealed in cell 2"]
+    nb.cells = [predict, shown, run]
+    assert site.predict_leaks(nb) == []
+
+
+# The lead's chapters whose predict cells still show their answer early (issue 27; tests/test_learner_aids.py)
+EARLY_ANSWERS_TO_FIX = {"08_hybrid_parallelism", "09_mixture_of_experts"}
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
+def test_no_chapter_prints_an_answer_before_the_guess_is_revealed(built, stem):
+    out, manifest = built
+    if stem not in manifest["chapters"] or stem in EARLY_ANSWERS_TO_FIX:
+        pytest.skip(f"{stem}: not built here, or known to leak (issue 27)")
+    assert manifest["chapters"][stem].get("predict_leaks", []) == [], stem

@@ -2,6 +2,8 @@
 # Set up what the browser test (tests/browser/) needs, on a fresh Debian/Ubuntu machine or CI runner:
 #   * Chromium from the distribution (Debian: package `chromium`; `playwright install` needs a download
 #     that is not possible everywhere, so the test drives the system browser through `executable_path`);
+#   * a font with Chinese glyphs (Debian's Noto CJK), or the glossaries' 中文 render as empty boxes in the
+#     browser's screenshots (fc-list :lang=zh lists none on a bare machine);
 #   * the Playwright Python package in the project's virtual environment.
 # Idempotent: does nothing that is already done. Usage: tools/setup_browser.sh [path/to/python]
 set -euo pipefail
@@ -12,6 +14,12 @@ find_chromium() {
         if command -v "$name" >/dev/null 2>&1; then command -v "$name"; return 0; fi
     done
     return 1
+}
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null 2>&1; then sudo "$@"; else
+        echo "setup_browser: not root and no sudo: run '$*' as root" >&2; return 1
+    fi
 }
 
 if ! find_chromium >/dev/null; then
@@ -32,6 +40,16 @@ if ! find_chromium >/dev/null; then
     $SUDO apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null \
         || $SUDO apt-get install -y -qq chromium-browser >/dev/null
 fi
+if ! fc-list :lang=zh 2>/dev/null | grep -q .; then
+    if command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        as_root apt-get update -qq
+        as_root apt-get install -y -qq --no-install-recommends fonts-noto-cjk fontconfig >/dev/null
+    else
+        echo "setup_browser: no apt-get here: install a CJK font (Noto Sans CJK) so that 中文 renders" >&2
+    fi
+fi
+echo "setup_browser: Chinese font: $(fc-list :lang=zh family 2>/dev/null | head -1 || echo none)"
 echo "setup_browser: chromium at $(find_chromium) ($("$(find_chromium)" --version 2>/dev/null || echo '?'))"
 
 if ! "$PY" -c "import playwright" 2>/dev/null; then

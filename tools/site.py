@@ -122,18 +122,77 @@ def summarize(nb) -> dict:
                               and c.get("execution_count") is None),
             "outputs": outputs, "images": images, "errors": errors,
             "figures": sorted(set(re.findall(r"\]\(\.\./figures/([^)\s]+\.png)\)", markdown))),
+            "predict_leaks": predict_leaks(nb),
             "seconds": nb.metadata.get("minipar_seconds")}
+
+
+_GUESS = re.compile(r"^(\w+) = None\b", re.M)
+_REVEALED = re.compile(r"measured (-?[\d,.]+(?:e[-+]?\d+)?)")
+
+
+def _output_text(cell) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []))
+
+
+def predict_leaks(nb) -> list[str]:
+    """Executed cells that print a predict cell's answer before its reveal: the number ``reveal`` reports as
+    measured (3 characters or more, so that a lone "4" does not count) in an output between the two."""
+    leaks = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "# Predict first" not in cell.source:
+            continue
+        for name in _GUESS.findall(cell.source):
+            j = next((j for j in range(i + 1, len(nb.cells)) if nb.cells[j].cell_type == "code"
+                      and re.search(rf"\breveal\(\s*{name}\b", nb.cells[j].source)), None)
+            answers = {a for a in _REVEALED.findall(_output_text(nb.cells[j])) if len(a) >= 3} if j else set()
+            for k in range(i + 1, j or i + 1):
+                shown = _output_text(nb.cells[k])
+                found = sorted(a for a in answers if a in shown or a.replace(",", "") in shown)
+                if found:
+                    leaks.append(f"cell {k} prints {found} before {name} is revealed in cell {j}")
+    return leaks
 
 
 def render(nb) -> str:
     from nbconvert import HTMLExporter
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(ROOT / "notebooks")}})
-    body = re.sub(r'href="([\w.-]+)\.ipynb', r'href="\1.html', body)  # links between chapters
-    nav = ("<nav class='minipar-nav' style='padding:8px 16px;border-bottom:1px solid #ddd;font-family:sans-serif'>"
-           "<a href='../index.html'>minipar course</a> · <a href='../glossary.html'>glossary</a> · "
-           "<a href='../figures.html'>figures</a></nav>")
-    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
+    return re.sub(r'href="([\w.-]+)\.ipynb', r'href="\1.html', body)  # links between chapters
+
+
+_NAV_STYLE = ("padding:6px 16px;border-bottom:1px solid #ddd;font-family:system-ui,sans-serif;font-size:14px;"
+              "line-height:1.6;background:#fafafa")
+
+
+def chapter_nav(chapters: list, current: str | None = None, prefix: str = "") -> str:
+    """The navigation every page carries: the course, glossary and figures pages; the previous and next
+    chapter (on a chapter's page); and the list of every chapter, the current one in bold. ``chapters``:
+    [(stem, title)] in order; ``prefix``: the path from the page to the site's root ("../" from notebooks/)."""
+    link = lambda stem, text: f"<a href='{prefix}notebooks/{stem}.html'>{html.escape(text)}</a>"  # noqa: E731
+    top = (f"<a href='{prefix}index.html'>minipar course</a> · <a href='{prefix}glossary.html'>glossary</a> · "
+           f"<a href='{prefix}figures.html'>figures</a>")
+    stems = [stem for stem, _ in chapters]
+    if current in stems:
+        i = stems.index(current)
+        if i > 0:
+            top += f" · <span class='minipar-prev'>← {link(*chapters[i - 1])}</span>"
+        if i + 1 < len(chapters):
+            top += f" · <span class='minipar-next'>{link(*chapters[i + 1])} →</span>"
+    listing = []
+    for stem, title in chapters:
+        short = title.split("·", 1)[-1].split(":")[0].strip() or stem     # the title before its colon
+        item = f"<b>{html.escape(short)}</b>" if stem == current else link(stem, short)
+        listing.append(f"<span class='minipar-chapter'>{html.escape(stem.split('_')[0])} {item}</span>")
+    listing = " · ".join(listing)
+    return (f"<nav class='minipar-nav' style='{_NAV_STYLE}'><div>{top}</div>"
+            f"<div class='minipar-chapters'>chapters: {listing}</div></nav>")
+
+
+def with_nav(page: str, chapters: list, current: str) -> str:
+    """A rendered chapter page with :func:`chapter_nav` at the top and the previous/next links at the bottom."""
+    nav = chapter_nav(chapters, current, prefix="../")
+    page = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, page, count=1)
+    return page.replace("</body>", nav.replace("minipar-nav", "minipar-nav minipar-bottom") + "</body>", 1)
 
 
 def _build_one(args) -> tuple[str, dict, str]:
@@ -178,10 +237,20 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;verti
 img{max-width:100%}figure{display:inline-block;margin:8px;max-width:520px}figcaption{font-size:90%}"""
 
 
-def _page(title: str, body: str) -> str:
+def _page(title: str, body: str, chapters: list = ()) -> str:
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body><p><a href='index.html'>chapters</a> · "
-            f"<a href='glossary.html'>glossary</a> · <a href='figures.html'>figures</a></p>{body}</body></html>")
+            f"<style>{_STYLE}</style></head><body>{chapter_nav(list(chapters))}{body}</body></html>")
+
+
+def course_chapters(root: Path = ROOT) -> list:
+    """[(stem, title)] of every chapter of the course, read from each notebook's first cell (not executed):
+    a site built with ``-k`` still links every chapter, where the full site has it."""
+    import nbformat
+    return [(p.stem, describe(nbformat.read(p, as_version=4))[0] or p.stem) for p in chapters(root)]
+
+
+def _titles(manifest: dict) -> list:
+    return course_chapters()
 
 
 def _inline_markdown(text: str) -> str:
@@ -199,7 +268,7 @@ def write_index(out: Path, manifest: dict) -> None:
             "outputs are the ones it printed and drew. Open the notebooks in JupyterLab (<code>make lab</code>) "
             "to change and rerun them.</p><h2>Chapter map</h2><table><tr><th>#</th><th>chapter</th>"
             f"<th>what it teaches</th><th>reading time</th></tr>{rows}</table>")
-    (out / "index.html").write_text(_page("minipar course", body), encoding="utf-8")
+    (out / "index.html").write_text(_page("minipar course", body, _titles(manifest)), encoding="utf-8")
 
 
 def write_glossary(out: Path, manifest: dict) -> None:
@@ -210,17 +279,17 @@ def write_glossary(out: Path, manifest: dict) -> None:
                                      f"<td><a href='notebooks/{stem}.html'>{html.escape(stem)}</a></td></tr>"))
     body = ("<h1>Glossary · 术语表</h1><table><tr><th>English</th><th>中文</th><th>chapter</th></tr>"
             + "".join(r for _, r in sorted(rows)) + "</table>")
-    (out / "glossary.html").write_text(_page("minipar glossary", body), encoding="utf-8")
+    (out / "glossary.html").write_text(_page("minipar glossary", body, _titles(manifest)), encoding="utf-8")
 
 
-def write_figures(out: Path, root: Path) -> list[str]:
+def write_figures(out: Path, root: Path, chapters: list = ()) -> list[str]:
     names = sorted(p.name for p in (root / "figures").glob("*.png")) if (root / "figures").is_dir() else []
     if names:
         shutil.copytree(root / "figures", out / "figures", dirs_exist_ok=True)
     body = "<h1>Figures</h1><p>Made by <code>python -m minipar figures</code>.</p>" + "".join(
         f"<figure><a href='figures/{n}'><img src='figures/{n}' alt='{n}'></a><figcaption>{n}</figcaption></figure>"
         for n in names)
-    (out / "figures.html").write_text(_page("minipar figures", body), encoding="utf-8")
+    (out / "figures.html").write_text(_page("minipar figures", body, chapters), encoding="utf-8")
     return names
 
 
@@ -241,15 +310,19 @@ class _Inline:
 def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 900, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "notebooks").mkdir(exist_ok=True)
-    manifest = {"built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "chapters": {}}
+    manifest = {"built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "chapters": {},
+                "selected": [p.stem for p in notebooks]}     # all chapters, or those of `-k`
     work = [(p, timeout) for p in notebooks]
+    pages = {}
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
         for stem, info, page in pool.map(_build_one, work):
-            (out / "notebooks" / f"{stem}.html").write_text(page, encoding="utf-8")
+            pages[stem] = page
             manifest["chapters"][stem] = info
             log(f"site: {stem}: {info['seconds']} s, {info['outputs']} outputs, {info['images']} images, "
                 f"{len(info['errors'])} errors")
-    manifest["figures"] = write_figures(out, ROOT)
+    for stem, page in pages.items():      # every title is known now: each page links to every chapter
+        (out / "notebooks" / f"{stem}.html").write_text(with_nav(page, _titles(manifest), stem), encoding="utf-8")
+    manifest["figures"] = write_figures(out, ROOT, _titles(manifest))
     write_index(out, manifest)
     write_glossary(out, manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")

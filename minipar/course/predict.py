@@ -9,13 +9,24 @@ In a chapter::
     ...the run...
     reveal(my_guess, measured, what="bytes sent per rank", formula=comm.predicted_bytes_sent(...))
 
-A guess left at ``None`` is fine: the reveal says so and shows the answer (the notebooks are committed with
-``None``, so that "Run All" and the tests go through). Numbers are compared as a ratio; any other guess
+A guess left at ``None`` is fine: the reveal shows the answer and says what to type where (the notebooks are
+committed with ``None``, so that "Run All", the tests and the static site go through). Numbers are compared as a ratio; any other guess
 (a schedule's name, "yes") is compared as text, case-insensitively.
 """
 from __future__ import annotations
 
-__all__ = ["reveal", "verdict"]
+__all__ = ["reveal", "verdict", "Revealed"]
+
+NO_GUESS = ("no guess written: in JupyterLab, type your number (or answer) into the predict cell's variable, "
+            "run that cell, then this one")
+
+
+class Revealed(str):
+    """The line :func:`reveal` printed. Jupyter shows a cell's last value; this one shows nothing more, so that
+    a cell ending in ``reveal(...)`` prints its line once."""
+
+    def _ipython_display_(self):
+        pass
 
 
 def _fmt(x) -> str:
@@ -29,7 +40,7 @@ def _fmt(x) -> str:
 def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
     """One line judging ``guess`` against ``measured``: within ``rel_tol``, off by a factor, or different."""
     if guess is None:
-        return "no guess written (set the variable above and run again)"
+        return NO_GUESS
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (guess, measured))
     if not numbers:
         same = str(guess).strip().lower() == str(measured).strip().lower()
@@ -44,13 +55,15 @@ def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
     return f"off by ×{ratio:.3g}" if ratio > 1 else f"off by ×1/{1 / ratio:.3g}"
 
 
-def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1) -> str:
-    """Print and return ``what``: measured, the formula's value when given, your guess and :func:`verdict`."""
+def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1) -> Revealed:
+    """Print and return ``what``: measured, the formula's value when given, your guess and :func:`verdict`
+    (returned as :class:`Revealed`, which a notebook does not display a second time)."""
     u = f" {unit}" if unit else ""
     parts = [f"{what}: measured {_fmt(measured)}{u}"]
     if formula is not None:
         parts.append(f"formula {_fmt(formula)}{u}")
-    parts.append(f"your guess {_fmt(guess)}{u}" if guess is not None else "your guess: none")
+    if guess is not None:
+        parts.append(f"your guess {_fmt(guess)}{u}")
     line = "; ".join(parts) + f"  ->  {verdict(guess, measured, rel_tol=rel_tol)}"
     print(line)
-    return line
+    return Revealed(line)

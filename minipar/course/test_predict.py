@@ -17,3 +17,10 @@ def test_reveal_shows_measured_formula_and_guess(capsys):
     assert capsys.readouterr().out.strip() == line
     assert "measured 1,536 B" in line and "formula 1,536 B" in line and "your guess 1,024 B" in line
     assert line.endswith("off by ×1/1.5")
+
+
+def test_a_missing_guess_says_what_to_type_and_the_line_is_shown_once(capsys):
+    line = reveal(None, 12, what="all-reduces per layer", formula=12)
+    assert capsys.readouterr().out.count("all-reduces per layer") == 1
+    assert "your guess" not in line and "type your number" in line and "measured 12" in line
+    assert hasattr(line, "_ipython_display_") and line._ipython_display_() is None   # not displayed a second time

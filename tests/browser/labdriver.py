@@ -38,8 +38,18 @@ def find_chromium() -> str | None:
 
 
 def how_to_set_up() -> str:
-    return (f"the browser test needs Chromium and the playwright package: run `{SETUP.relative_to(ROOT)}` "
-            f"(root: apt-get install -y chromium; pip install playwright; idempotent), or set CHROMIUM=/path")
+    return (f"the browser test needs Chromium, a Chinese font and the playwright package: run "
+            f"`{SETUP.relative_to(ROOT)}` (root: apt-get install -y chromium fonts-noto-cjk; pip install playwright; "
+            f"idempotent), or set CHROMIUM=/path")
+
+
+def chinese_fonts() -> list[str]:
+    """Font families fontconfig offers for Chinese (none: the glossaries' 中文 show as empty boxes)."""
+    try:
+        out = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({line.split(",")[0].strip() for line in out.splitlines() if line.strip()})
 
 
 def _free_port() -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from labdriver import (ARTIFACTS, ERROR_TEXT, ROOT, browser, course_path, find_chromium, how_to_set_up, jupyterlab,
-                       run_chapter)
+from labdriver import (ARTIFACTS, ERROR_TEXT, ROOT, browser, chinese_fonts, course_path, find_chromium, how_to_set_up,
+                       jupyterlab, run_chapter)
 
 
 def notebooks_with_widgets() -> list[Path]:
@@ -51,6 +51,13 @@ def lab_page():
     course = [ROOT / "notebooks", ROOT / "figures"] + [p for p in chapters() if ROOT not in p.parents]
     with jupyterlab(course) as (base, token, root), browser(chromium) as page:
         yield page, base, token
+
+
+def test_the_browser_can_show_chinese():
+    """The glossaries and seed quotes are in Chinese: without a CJK font the screenshots show empty boxes."""
+    if os.environ.get("MINIPAR_SKIP_BROWSER") == "1":
+        pytest.skip("MINIPAR_SKIP_BROWSER=1")
+    assert chinese_fonts(), how_to_set_up()
 
 
 def test_there_are_widgets_to_test():

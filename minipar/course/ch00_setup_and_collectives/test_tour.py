@@ -184,3 +184,16 @@ def test_expected_ring_messages_follow_the_ring():
             assert msgs[r][n - 2] == (total[(r + 1) % n] - inputs[(r + 1) % n].chunk(n)[(r + 1) % n]).tolist()
             assert {tuple(m) for m in msgs[r][n - 1:]} == {tuple(total[c].tolist()) for c in range(n)
                                                           if c != (r + 1) % n}
+
+
+def test_the_chapter_table_shows_each_collectives_busiest_rank():
+    """The tour averages over ranks (broadcast: 768 KiB); the chapter shows the rank a collective waits for:
+    the root of a broadcast sends (N-1)·S = 3 S, the others of a reduce S each (small payload: 4 KiB)."""
+    S = 4096
+    rows = {r["name"]: r for r in ch00.busiest_rank_rows(4, numel=S // 4)}
+    assert set(rows) == set(ch00.COLLECTIVES) and all(r["matches"] for r in rows.values())
+    assert (rows["broadcast"]["rank"], rows["broadcast"]["model"], rows["broadcast"]["formula"]) == (0, 3 * S, 3 * S)
+    assert rows["reduce"]["rank"] != 0 and rows["reduce"]["model"] == rows["reduce"]["formula"] == S
+    assert rows["ring all_reduce"]["model"] == rows["ring all_reduce"]["formula"] == 2 * 3 / 4 * S
+    table = ch00.format_busiest(list(rows.values()))
+    assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)

@@ -33,7 +33,8 @@ from minipar.launcher import launch
 from minipar.course.tour import WORLD_SIZE, TourRow
 
 __all__ = ["Collective", "COLLECTIVES", "ROOT", "rank_input", "run_collectives", "expected_outputs",
-           "compare_outputs", "expected_ring_messages", "collectives_on_rank", "busiest_rank_traffic", "STRATEGIES"]
+           "compare_outputs", "expected_ring_messages", "collectives_on_rank", "busiest_rank_traffic",
+           "busiest_rank_rows", "format_busiest", "STRATEGIES"]
 
 ROOT = 0                  # the root of broadcast, scatter, gather, reduce
 PAYLOAD_BYTES = 1 << 20   # S in the tour: 1 MiB, a multiple of 4 ranks x 4-byte floats
@@ -273,6 +274,36 @@ def _row(name: str, outcome: list, numel: int) -> TourRow:
     return TourRow(name, n, matches, diff, measured, formula, None, f"{note}; S = {payload} B; mean over ranks",
                    bytes_observed_per_rank=observed, kind="collective",
                    calls_per_rank=sum(o["calls"] for o in outcome) / n)
+
+
+GLOO_SHORT = {"broadcast": "gloo: a tree, the root sends 2·S", "reduce": "gloo: the root sends too",
+              "reduce_scatter": "gloo: an all-reduce, keep one chunk"}
+
+
+def busiest_rank_rows(world_size: int = WORLD_SIZE, numel: int = PAYLOAD_BYTES // 4) -> list:
+    """One launch of every operation; per operation the rank whose log shows the most bytes sent, with the
+    formula for that rank (root (N-1)·S for broadcast and reduce's other ranks S ...) and what its sockets
+    really carried. The tour's rows average over ranks; a rooted collective's cost is its busiest rank."""
+    outcomes = run_collectives(world_size, numel=numel, keep_inputs=False)
+    rows = []
+    for name, outcome in outcomes.items():
+        model = [o["bytes_sent"] for o in outcome]
+        busiest = max(range(world_size), key=lambda r: (model[r], -r))
+        rows.append({"name": name, "matches": _row(name, outcome, numel).matches, "rank": busiest,
+                     "model": model[busiest], "formula": COLLECTIVES[name].formula(numel * 4, world_size, busiest),
+                     "observed": outcome[busiest]["bytes_observed"], "note": GLOO_SHORT.get(name, "")})
+    return rows
+
+
+def format_busiest(rows) -> str:
+    """The rows of :func:`busiest_rank_rows` as a table."""
+    from minipar.course.tour import _fmt_bytes
+    lines = [f"{'operation':20} {'matches':7} {'busiest rank':>12} {'sends (log)':>12} {'formula':>10} "
+             f"{'observed':>10}  where gloo differs"]
+    for r in rows:
+        lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':7} {r['rank']:>12} {_fmt_bytes(r['model']):>12} "
+                     f"{_fmt_bytes(r['formula']):>10} {_fmt_bytes(r['observed']):>10}  {r['note']}")
+    return "\n".join(lines)
 
 
 @functools.lru_cache(maxsize=1)

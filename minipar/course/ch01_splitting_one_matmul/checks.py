@@ -168,6 +168,6 @@ def check_row_parallel(row_parallel, world_sizes=(2, 4)) -> None:
                      "dy is whole on every rank, so this rank's columns of dx need no communication")
             if set(ops) != {"all_reduce"} or ops["all_reduce"][0] != 1:
                 fail(what + ": communication", "one all-reduce (of y, in the forward)", ops,
-                     "the row split's backward needs no communication")
+                     "the row split's backward needs no communication (its input arrived as column shards)")
     print(f"row split (uneven: 5 rows of w): y, dx columns and dw rows equal one device on "
           f"{' and '.join(map(str, world_sizes))} ranks")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from minipar.launcher import launch
 
 __all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
-           "FIGURES"]
+           "draw_allreduce_cost", "FIGURES"]
 
 from minipar.course.plotting import RANK_COLOURS
 
@@ -116,10 +116,11 @@ def tp_layer_times(t: int, bandwidth: float, b: int = 1, s: int = 2048, h: int =
     return {"compute": compute, "communication": comm_time}
 
 
-def _make_allreduce(path):
+def draw_allreduce_cost(timings: dict, gpus_per_node: int = 8):
+    """Left: the measured all-reduce times and their α-β fit (from ``timings``, the run being shown).
+    Right: the simulated TP layer of :func:`tp_layer_times`; no inside-a-node bar where t > gpus_per_node."""
     import matplotlib.pyplot as plt
 
-    timings = allreduce_timings()
     alpha, beta = fit_latency_bandwidth(timings)
     sizes = list(timings)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -133,15 +134,20 @@ def _make_allreduce(path):
     degrees = [2, 4, 8, 16]
     width = 0.27
     for k, (name, bw) in enumerate(LINKS.items()):
-        comm_ms = [tp_layer_times(t, bw)["communication"] * 1e3 for t in degrees]
-        ax2.bar([i + (k - 0.5) * width for i in range(len(degrees))], comm_ms, width, label=f"all-reduces, {name}")
+        fits = [t for t in degrees if k == 1 or t <= gpus_per_node]
+        comm_ms = [tp_layer_times(t, bw)["communication"] * 1e3 for t in fits]
+        ax2.bar([degrees.index(t) + (k - 0.5) * width for t in fits], comm_ms, width, label=f"all-reduces, {name}")
     compute_ms = [tp_layer_times(t, 1)["compute"] * 1e3 for t in degrees]
-    ax2.plot(range(len(degrees)), compute_ms, "k^-", label="compute per device (312 TFLOP/s)")
+    ax2.plot(range(len(degrees)), compute_ms, "k^-", label="compute per device (312 TFLOP/s, 100 % of peak)")
     ax2.set_xticks(range(len(degrees)), [f"t = {t}" for t in degrees])
     ax2.set_ylabel("ms per layer per step")
-    ax2.set_title("Simulated: GPT-3 layer (s=2048, h=12288), TP within vs across nodes", fontsize=9)
+    ax2.set_title(f"Simulated: GPT-3 layer (s=2048, h=12288); {gpus_per_node} GPUs per node", fontsize=9)
     ax2.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def _make_allreduce(path):
+    draw_allreduce_cost(allreduce_timings()).savefig(path, dpi=110, bbox_inches="tight")
 
 
 FIGURES = {"05_column_parallel_gelu.png": _make_column, "05_allreduce_cost.png": _make_allreduce}

@@ -1,4 +1,4 @@
-"""Checks for chapter 06's exercises: the sequence-parallel conjugate g-bar (all-gather along the sequence
+"""Checks for chapter 06's exercises: the sequence-parallel operator g (Korthikanti et al. 2022; all-gather along the sequence
 forward, reduce-scatter backward) as an autograd function, the gradient sum of the replicated parameters
 that run on sequence shards (LayerNorm), and the bytes one layer sends under TP and TP+SP.
 
@@ -33,7 +33,7 @@ def _max_diff(a, b) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------
-# 1. g-bar: all-gather along the sequence forward, reduce-scatter backward
+# 1. g (Korthikanti et al. 2022): all-gather along the sequence forward, reduce-scatter backward
 # ----------------------------------------------------------------------------------------------------
 
 SHAPE = (4, 8, 16)      # (batch, sequence, hidden): 4 KiB in float64, well above gloo's headers

@@ -1,5 +1,5 @@
 """Chapter 06 checks: each accepts a right answer and rejects the unfinished stub (NotImplementedError) and
-the plausible wrong answers kept here (g-bar: gathered along the batch, an all-reduce instead of the
+the plausible wrong answers kept here (g: gathered along the batch, an all-reduce instead of the
 all-gather, no sum in backward, an average, an all-reduce instead of the reduce-scatter; the LayerNorm
 gradients: not summed, averaged, one all-reduce per parameter, summed but not copied back, a None grad
 touched; the bytes: TP's all-reduces at half price, SP without its re-gathers, re-gathers counted while the
@@ -14,7 +14,7 @@ from minipar.course.ch06_sequence_parallelism import checks as ch06
 
 
 # ----------------------------------------------------------------------------------------------------
-# 1. g-bar as an autograd function
+# 1. g (Korthikanti et al. 2022) as an autograd function
 # ----------------------------------------------------------------------------------------------------
 
 def _gather(x, dim, group, all_reduce=False):
