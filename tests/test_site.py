@@ -161,7 +161,7 @@ def test_a_number_printed_before_its_reveal_is_a_leak():
 
 
 # The lead's chapters whose predict cells still show their answer early (issue 27; tests/test_learner_aids.py)
-EARLY_ANSWERS_TO_FIX = {"08_hybrid_parallelism", "09_mixture_of_experts"}
+EARLY_ANSWERS_TO_FIX: set = set()
 
 
 @pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
