@@ -1,6 +1,6 @@
 """Chapter 10b checks accept the right answers and reject plausible wrong ones: a scale that is the amax
 itself, its inverse, the max instead of the max of |x|, blocks without the partial edge; errors measured
-over every channel, or with the weights scaled per tensor."""
+over every channel, or with the activations scaled per tensor."""
 import pytest
 import torch
 
@@ -53,11 +53,11 @@ def test_scales_stub_not_implemented():
         ch10b.check_scales(stub, stub)
 
 
-def errors(x, w, keep, everything=False, weights_per_tensor=False):
+def errors(x, w, keep, everything=False, acts_per_tensor=False):
     out = {}
     for g in ("tensor", "row", "block"):
-        xq = quantize(x, E4M3, block_of(g, x.shape, (1, 128)))
-        wq = quantize(w, E4M3, None if weights_per_tensor else block_of(g, w.shape, (128, 128)))
+        xq = quantize(x, E4M3, None if acts_per_tensor else block_of(g, x.shape, (1, 128)))
+        wq = quantize(w, E4M3, block_of(g, w.shape, (128, 128)))
         k = torch.ones_like(keep) if everything else keep
         exact = x[:, k].double() @ w[:, k].double().t()
         got = xq.dequantize()[:, k].double() @ wq.dequantize()[:, k].double().t()
@@ -77,6 +77,6 @@ def test_small_channel_errors_wrong_rejected():
     with pytest.raises(ExerciseError, match="kept channels"):
         ch10b.check_small_channel_errors(lambda x, w, k: errors(x, w, k, everything=True))
     with pytest.raises(ExerciseError, match="blocks"):
-        ch10b.check_small_channel_errors(lambda x, w, k: errors(x, w, k, weights_per_tensor=True))
+        ch10b.check_small_channel_errors(lambda x, w, k: errors(x, w, k, acts_per_tensor=True))
     with pytest.raises(NotImplementedError):
         ch10b.check_small_channel_errors(stub)
