@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minipar.precision.formats import (BF16, E4M3, E5M2, FORMATS, FP16, FP32, compose, decompose, format_of,
+from minipar.precision.formats import (ALL_FORMATS, BF16, E4M3, E5M2, FP16, FP32, compose, decompose, format_of,
                                       round_to, spacing)
 
 _INT = {8: torch.int8, 16: torch.int16, 32: torch.int32}
@@ -19,9 +19,9 @@ def _next_up(x: float, dtype) -> float:
     return float(bits.view(dtype).double())
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(ALL_FORMATS))
 def test_constants_match_torch_finfo(name):
-    f = FORMATS[name]
+    f = ALL_FORMATS[name]
     info = torch.finfo(f.dtype)
     assert f.bits == info.bits
     assert f.max == info.max
@@ -72,9 +72,9 @@ def _samples():
     return specials + (mags * signs).tolist()
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(ALL_FORMATS))
 def test_decompose_then_compose_is_exactly_torch_rounding(name):
-    f = FORMATS[name]
+    f = ALL_FORMATS[name]
     for x in _samples():
         d = decompose(x, f)
         want = round_to(x, f)
@@ -84,7 +84,7 @@ def test_decompose_then_compose_is_exactly_torch_rounding(name):
 
 
 def test_spacing_is_the_gap_to_the_next_value():
-    for f in FORMATS.values():
+    for f in ALL_FORMATS.values():
         for x in (1.0, 3.0, 100.0, 1e-3, f.smallest_normal, f.smallest_normal / 4):
             assert spacing(x, f) == _next_up(x, f.dtype) - round_to(x, f), (f.name, x)
     assert spacing(2048.0, FP16) == 2.0        # above 2048, FP16 cannot hold odd integers

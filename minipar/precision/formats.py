@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "format_of", "Decoded", "decompose", "compose",
+__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "FP8_FORMATS", "ALL_FORMATS", "format_of", "Decoded", "decompose", "compose",
            "round_to", "spacing", "vanishing_ratio"]
 
 
@@ -83,7 +83,9 @@ FP16 = FloatFormat("FP16", 5, 10, torch.float16)
 BF16 = FloatFormat("BF16", 8, 7, torch.bfloat16)
 E4M3 = FloatFormat("E4M3", 4, 3, torch.float8_e4m3fn, finite_only=True)
 E5M2 = FloatFormat("E5M2", 5, 2, torch.float8_e5m2)
-FORMATS = {f.name: f for f in (FP32, FP16, BF16, E4M3, E5M2)}
+FORMATS = {f.name: f for f in (FP32, FP16, BF16)}                 # chapter 10's three
+FP8_FORMATS = {f.name: f for f in (E4M3, E5M2)}
+ALL_FORMATS = {**FORMATS, **FP8_FORMATS}
 _INT_OF_WIDTH = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 
 
@@ -91,10 +93,10 @@ def format_of(fmt) -> FloatFormat:
     """Accept a :class:`FloatFormat`, its name ("FP16") or its torch dtype."""
     if isinstance(fmt, FloatFormat):
         return fmt
-    for f in FORMATS.values():
+    for f in ALL_FORMATS.values():
         if fmt in (f.name, f.name.lower(), f.dtype):
             return f
-    raise ValueError(f"unknown float format {fmt!r}; use one of {list(FORMATS)} or their torch dtypes")
+    raise ValueError(f"unknown float format {fmt!r}; use one of {list(ALL_FORMATS)} or their torch dtypes")
 
 
 @dataclass(frozen=True)
