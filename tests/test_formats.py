@@ -5,19 +5,29 @@ import math
 import pytest
 import torch
 
-from minipar.precision.formats import BF16, FORMATS, FP16, FP32, compose, decompose, format_of, round_to, spacing
+from minipar.precision.formats import (ALL_FORMATS, BF16, E4M3, E5M2, FP16, FP32, compose, decompose, format_of,
+                                      round_to, spacing)
+
+_INT = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+def _next_up(x: float, dtype) -> float:
+    """The representable value after positive ``x``: its bit pattern plus one (nextafter, which torch does
+    not implement for float8)."""
+    t = torch.tensor([x], dtype=torch.float64).to(dtype)
+    bits = t.view(_INT[t.element_size() * 8]) + 1
+    return float(bits.view(dtype).double())
+
+
+@pytest.mark.parametrize("name", list(ALL_FORMATS))
 def test_constants_match_torch_finfo(name):
-    f = FORMATS[name]
+    f = ALL_FORMATS[name]
     info = torch.finfo(f.dtype)
     assert f.bits == info.bits
     assert f.max == info.max
     assert f.smallest_normal == info.tiny
     # finfo has no smallest subnormal: it is the value after 0 (nextafter), which torch computes itself
-    after_zero = torch.nextafter(torch.zeros((), dtype=f.dtype), torch.ones((), dtype=f.dtype))
-    assert f.smallest_subnormal == float(after_zero.double()) > 0
+    assert f.smallest_subnormal == _next_up(0.0, f.dtype) > 0
     assert f.eps == info.eps
 
 
@@ -28,6 +38,10 @@ def test_known_layouts_and_constants():
     assert FP16.max == 65504.0 and FP16.smallest_subnormal == 2.0 ** -24 and FP16.smallest_normal == 2.0 ** -14
     assert BF16.smallest_normal == FP32.smallest_normal          # same exponent, same range
     assert BF16.eps / FP16.eps == 8                                 # 3 fewer mantissa bits
+    assert (E4M3.max, E4M3.smallest_normal, E4M3.smallest_subnormal, E4M3.eps) == (448.0, 2.0 ** -6, 2.0 ** -9, 0.125)
+    assert (E5M2.max, E5M2.smallest_normal, E5M2.smallest_subnormal, E5M2.eps) == (57344.0, 2.0 ** -14, 2.0 ** -16,
+                                                                                 0.25)
+    assert E5M2.smallest_normal == FP16.smallest_normal             # E5M2 is FP16 with 8 fraction bits cut off
 
 
 def test_known_bit_patterns():
@@ -40,6 +54,13 @@ def test_known_bit_patterns():
     assert decompose(2.0 ** -25, FP16).kind == "zero"              # half the smallest subnormal: ties to even -> 0
     assert decompose(2.0 ** -24, FP16).kind == "subnormal"
     assert decompose(float("nan"), BF16).kind == "nan"
+    assert decompose(448, E4M3).bit_string == "0 1111 110"            # the all-ones exponent holds normals
+    assert decompose(float("nan"), E4M3).bit_string.endswith("1111 111") and compose(0, 15, 7, E4M3) != 0
+    assert decompose(1e6, E4M3).value == 448                          # no inf: torch saturates E4M3 casts
+    assert decompose(1e6, E5M2).kind == "inf"                          # E5M2 keeps IEEE's inf
+    assert decompose(57344, E5M2).bit_string == "0 11110 11"
+    assert decompose(2.0 ** -10, E4M3).kind == "zero"                # half the smallest subnormal 2^-9: ties to 0
+    assert decompose(3 * 2.0 ** -11, E4M3).kind == "subnormal"
 
 
 def _samples():
@@ -51,9 +72,9 @@ def _samples():
     return specials + (mags * signs).tolist()
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(ALL_FORMATS))
 def test_decompose_then_compose_is_exactly_torch_rounding(name):
-    f = FORMATS[name]
+    f = ALL_FORMATS[name]
     for x in _samples():
         d = decompose(x, f)
         want = round_to(x, f)
@@ -63,16 +84,16 @@ def test_decompose_then_compose_is_exactly_torch_rounding(name):
 
 
 def test_spacing_is_the_gap_to_the_next_value():
-    for f in (FP32, FP16, BF16):
-        for x in (1.0, 3.0, 1000.0, 1e-3, f.smallest_normal, f.smallest_normal / 4):
-            nxt = torch.nextafter(torch.tensor(x, dtype=f.dtype), torch.tensor(math.inf, dtype=f.dtype))
-            assert spacing(x, f) == float(nxt.double()) - round_to(x, f), (f.name, x)
+    for f in ALL_FORMATS.values():
+        for x in (1.0, 3.0, 100.0, 1e-3, f.smallest_normal, f.smallest_normal / 4):
+            assert spacing(x, f) == _next_up(x, f.dtype) - round_to(x, f), (f.name, x)
     assert spacing(2048.0, FP16) == 2.0        # above 2048, FP16 cannot hold odd integers
+    assert spacing(300.0, E4M3) == 32.0 and spacing(1.0, E4M3) == 0.125
 
 
 def test_bad_format_and_fields():
     with pytest.raises(ValueError):
-        format_of("fp8")
+        format_of("fp7")
     with pytest.raises(ValueError):
         compose(0, 32, 0, FP16)
 

@@ -13,6 +13,13 @@ epsilon (the gap after 1.0) = 2^-m, and the gap between neighbours near x is 2^(
     FP32 1/8/23  max 3.4e38   tiny 1.2e-38  subnormal 1.4e-45  eps 1.2e-7   (~7.2 decimal digits)
     FP16 1/5/10  max 65504    tiny 6.1e-5   subnormal 6.0e-8   eps 9.8e-4   (~3.3 decimal digits)
     BF16 1/8/7   max 3.4e38   tiny 1.2e-38  subnormal 9.2e-41  eps 7.8e-3   (~2.4 decimal digits)
+    E4M3 1/4/3   max 448      tiny 1.6e-2   subnormal 2.0e-3   eps 0.125    (~1.2 decimal digits)
+    E5M2 1/5/2   max 57344    tiny 6.1e-5   subnormal 1.5e-5   eps 0.25     (~0.9 decimal digits)
+
+The two FP8 formats are those of Micikevicius et al. 2022, "FP8 Formats for Deep Learning" (the OCP standard).
+E5M2 keeps the IEEE rules (FP16's exponent, two fraction bits). E4M3 (torch's ``float8_e4m3fn``, "fn" =
+finite, no infinities) gives the all-ones exponent back to normal numbers and keeps only S.1111.111 as NaN:
+so its max is 1.75 · 2^8 = 448 instead of IEEE's 240, and there is no inf (torch saturates to ±448 on a cast).
 
 BF16 comes from Google Brain (Wang & Kanwar 2019, used on TPUs); FP16 mixed precision from Micikevicius
 et al. 2018, "Mixed Precision Training". The constants here are checked against ``torch.finfo`` in the tests.
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "FORMATS", "format_of", "Decoded", "decompose", "compose",
+__all__ = ["FloatFormat", "FP32", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "FP8_FORMATS", "ALL_FORMATS", "format_of", "Decoded", "decompose", "compose",
            "round_to", "spacing", "vanishing_ratio"]
 
 
@@ -34,6 +41,7 @@ class FloatFormat:
     exponent_bits: int
     mantissa_bits: int
     dtype: torch.dtype
+    finite_only: bool = False   # E4M3 ("fn"): the all-ones exponent holds normals, only fraction all ones is NaN
 
     @property
     def bits(self) -> int:
@@ -45,7 +53,10 @@ class FloatFormat:
 
     @property
     def max(self) -> float:
-        """Largest finite value: biased exponent all ones but one, fraction all ones."""
+        """Largest finite value: biased exponent all ones but one, fraction all ones (finite-only formats:
+        exponent all ones, fraction all ones but the last bit, the one pattern left to NaN)."""
+        if self.finite_only:
+            return (2 - 2.0 ** (1 - self.mantissa_bits)) * 2.0 ** (self.bias + 1)
         return (2 - 2.0 ** -self.mantissa_bits) * 2.0 ** self.bias
 
     @property
@@ -70,18 +81,22 @@ class FloatFormat:
 FP32 = FloatFormat("FP32", 8, 23, torch.float32)
 FP16 = FloatFormat("FP16", 5, 10, torch.float16)
 BF16 = FloatFormat("BF16", 8, 7, torch.bfloat16)
-FORMATS = {f.name: f for f in (FP32, FP16, BF16)}
-_INT_OF_WIDTH = {16: torch.int16, 32: torch.int32}
+E4M3 = FloatFormat("E4M3", 4, 3, torch.float8_e4m3fn, finite_only=True)
+E5M2 = FloatFormat("E5M2", 5, 2, torch.float8_e5m2)
+FORMATS = {f.name: f for f in (FP32, FP16, BF16)}                 # chapter 10's three
+FP8_FORMATS = {f.name: f for f in (E4M3, E5M2)}
+ALL_FORMATS = {**FORMATS, **FP8_FORMATS}
+_INT_OF_WIDTH = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 
 
 def format_of(fmt) -> FloatFormat:
     """Accept a :class:`FloatFormat`, its name ("FP16") or its torch dtype."""
     if isinstance(fmt, FloatFormat):
         return fmt
-    for f in FORMATS.values():
+    for f in ALL_FORMATS.values():
         if fmt in (f.name, f.name.lower(), f.dtype):
             return f
-    raise ValueError(f"unknown float format {fmt!r}; use one of {list(FORMATS)} or their torch dtypes")
+    raise ValueError(f"unknown float format {fmt!r}; use one of {list(ALL_FORMATS)} or their torch dtypes")
 
 
 @dataclass(frozen=True)
@@ -100,10 +115,6 @@ class Decoded:
         e, m = self.fmt.exponent_bits, self.fmt.mantissa_bits
         return f"{self.sign} {self.exponent:0{e}b} {self.mantissa:0{m}b}"
 
-    @property
-    def unbiased_exponent(self) -> int:
-        return self.exponent - self.fmt.bias if self.kind == "normal" else 1 - self.fmt.bias
-
 
 def compose(sign: int, exponent: int, mantissa: int, fmt) -> float:
     """The value of the fields (sign, biased exponent, fraction) under the format's rules."""
@@ -112,7 +123,9 @@ def compose(sign: int, exponent: int, mantissa: int, fmt) -> float:
     if not (0 <= exponent <= top and 0 <= mantissa < 2 ** f.mantissa_bits and sign in (0, 1)):
         raise ValueError(f"fields out of range for {f.name}: sign={sign}, exponent={exponent}, mantissa={mantissa}")
     s = -1.0 if sign else 1.0
-    if exponent == top:
+    if f.finite_only and exponent == top and mantissa == 2 ** f.mantissa_bits - 1:
+        return math.nan
+    if exponent == top and not f.finite_only:
         return s * math.inf if mantissa == 0 else math.nan
     fraction = mantissa / 2 ** f.mantissa_bits
     if exponent == 0:                                   # subnormal (or zero): no implicit leading 1
@@ -128,7 +141,9 @@ def decompose(x, fmt) -> Decoded:
     sign = raw >> (f.bits - 1)
     exponent = (raw >> f.mantissa_bits) & (2 ** f.exponent_bits - 1)
     mantissa = raw & (2 ** f.mantissa_bits - 1)
-    if exponent == 2 ** f.exponent_bits - 1:
+    if f.finite_only and exponent == 2 ** f.exponent_bits - 1 and mantissa == 2 ** f.mantissa_bits - 1:
+        kind = "nan"
+    elif exponent == 2 ** f.exponent_bits - 1 and not f.finite_only:
         kind = "inf" if mantissa == 0 else "nan"
     elif exponent == 0:
         kind = "zero" if mantissa == 0 else "subnormal"
