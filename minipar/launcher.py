@@ -145,7 +145,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
         # torch.optim imports torch._dynamo lazily on the first optimizer; import it once here, or every
         # forked rank pays seconds of CPU for it on each launch.
         import torch._dynamo  # noqa: F401
-    workdir = tempfile.mkdtemp(prefix="minipar-")
+    remove_stale_workdirs()
+    workdir = tempfile.mkdtemp(prefix=f"minipar-{os.getpid()}-")
     payload = _dumps((fn, args, kwargs)) if method != "fork" else None
     direct = (fn, args, kwargs) if payload is None else None
     procs = []
@@ -167,6 +168,25 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
         for p in procs:
             p.join(timeout=5)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def remove_stale_workdirs(root: str | None = None) -> list:
+    """Remove the ``minipar-<pid>-*`` folders whose launching process is gone (killed with SIGKILL, which no
+    ``finally`` survives); a live launcher's folder is kept. Returns the folders removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(root):
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "minipar" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)            # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+        except PermissionError:                  # alive, another user's
+            pass
+    return removed
 
 
 def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streamer=None) -> list:

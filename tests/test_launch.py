@@ -318,3 +318,36 @@ def test_ranks_are_started_through_torch_multiprocessing():
     for method in ("fork", "spawn"):
         for frames in launch(started_by, 2, start_method=method):
             assert any(f.replace(os.sep, "/").endswith("torch/multiprocessing/spawn.py") for f in frames)
+
+
+def test_a_folder_left_by_a_killed_launcher_is_removed_by_the_next_launch(tmp_path):
+    """SIGKILL skips the launcher's ``finally``: its ``minipar-<pid>-*`` folder stays behind. The next launch
+    removes folders whose launcher is gone and keeps a live one's."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from minipar.launcher import remove_stale_workdirs
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tempfile.mkdtemp(prefix=f"minipar-{dead.pid}-", dir=tmp_path)
+    alive = tempfile.mkdtemp(prefix=f"minipar-{os.getpid()}-", dir=tmp_path)
+    other = tempfile.mkdtemp(prefix="minipar-notapid-", dir=tmp_path)
+    removed = remove_stale_workdirs(str(tmp_path))
+    assert removed == [os.path.basename(gone)]
+    assert not os.path.exists(gone) and os.path.exists(alive) and os.path.exists(other)
+
+
+def test_launch_names_its_folder_after_the_launcher(tmp_path, monkeypatch):
+    import os
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = launch(_workdir_name, 2, quiet=True)
+    assert all(name.startswith(f"minipar-{os.getpid()}-") for name in seen), seen
+    assert not any(n.startswith("minipar-") for n in os.listdir(tmp_path))     # removed after the run
+
+
+def _workdir_name(rank, world_size):
+    import os
+    import tempfile
+    return next(n for n in os.listdir(tempfile.gettempdir()) if n.startswith("minipar-"))
