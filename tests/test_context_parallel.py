@@ -24,16 +24,16 @@ def test_context_parallel_gpt_equals_one_device(method, n):
 
 def test_refused_before_launch():
     with pytest.raises(ValueError, match="2N = 8"):
-        cp.validate(gpt_recipe(seq_len=12), 4, "ring-zigzag")
+        cp.validate(gpt_recipe(seq_len=12), world_size=4, method="ring-zigzag")
     with pytest.raises(ValueError, match="n_head = 4 is not divisible by N = 3"):
-        cp.validate(gpt_recipe(seq_len=12), 3, "ulysses")
+        cp.validate(gpt_recipe(seq_len=12), world_size=3, method="ulysses")
     with pytest.raises(ValueError, match="divisible by 3"):
-        cp.validate(gpt_recipe(seq_len=16), 3, "ring")
+        cp.validate(gpt_recipe(seq_len=16), world_size=3, method="ring")
     with pytest.raises(ValueError, match="unknown context-parallel method"):
-        cp.validate(recipe(), 4, "striped")
+        cp.validate(recipe(), world_size=4, method="striped")
     with pytest.raises(ValueError, match="dropout"):
-        cp.validate(recipe(dropout=0.1), 4, "ring")
-    cp.validate(gpt_recipe(seq_len=12), 4, "ring")     # 12 = 4 · 3: contiguous is fine
+        cp.validate(recipe(dropout=0.1), world_size=4, method="ring")
+    cp.validate(gpt_recipe(seq_len=12), world_size=4, method="ring")     # 12 = 4 · 3: contiguous is fine
 
 
 def _tp_times_cp(rank, world_size, method):

@@ -42,7 +42,7 @@ __all__ = ["METHODS", "validate", "local_positions", "attention_for", "forward_l
 METHODS = ("ring", "ring-zigzag", "ulysses", "rsa")
 
 
-def validate(recipe: Recipe, world_size: int, method: str = "ring") -> None:
+def validate(recipe: Recipe, *, world_size: int, method: str = "ring") -> None:
     """ValueError, before any process starts, if ``recipe`` cannot run with ``method`` on ``world_size``."""
     if method not in METHODS:
         raise ValueError(f"unknown context-parallel method {method!r}; choose one of {', '.join(METHODS)}")
@@ -113,5 +113,5 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, method: str = 
 
 def run(recipe: Recipe, *, world_size: int, method: str = "ring", **launch_kwargs) -> list:
     """Validate, then train ``recipe`` on ``world_size`` ranks with ``method``; the per-rank RunResults."""
-    validate(recipe, world_size, method)
+    validate(recipe, world_size=world_size, method=method)
     return launch(parallel_train, world_size, recipe, method=method, **launch_kwargs)
