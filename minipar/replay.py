@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minipar.plan.cluster import Cluster, collective_seconds
-from minipar.trace import Comm, Compute, Trace, Wait
+from minipar.trace import Comm, Compute, Mark, Trace, Wait
 
 __all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale", "comm_seconds"]
 
@@ -59,6 +59,18 @@ class ReplayResult:
     finish: list                         # when each rank ran out of events
     cluster: Cluster | None = None
     calls: list = field(default_factory=list)   # [(op, ranks, start, end)] one per collective / message
+    marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
+
+    def step_between(self, label: str) -> float:
+        """The shortest time between two consecutive marks ``label`` of a rank, the slowest rank's: one
+        step, timed as a run measures it between optimizer steps."""
+        gaps = []
+        for marks in self.marks:
+            times = [t for name, t in marks if name == label]
+            if len(times) < 2:
+                raise ValueError(f"fewer than two marks {label!r} on a rank")
+            gaps.append(min(b - a for a, b in zip(times, times[1:])))
+        return max(gaps)
 
     @property
     def step_seconds(self) -> float:
@@ -178,6 +190,7 @@ class _Engine:
         self.calls: dict = {}                     # (key, number) -> _Call
         self.timelines: list = [[] for _ in range(n)]
         self.done_calls: list = []
+        self.marks: list = [[] for _ in range(n)]
 
     def run(self) -> ReplayResult:
         n = len(self.events)
@@ -193,7 +206,7 @@ class _Engine:
             raise self.deadlock()
         for spans in self.timelines:
             spans.sort(key=lambda s: (s.start, s.end))
-        return ReplayResult(self.timelines, list(self.clock), self.cluster, self.done_calls)
+        return ReplayResult(self.timelines, list(self.clock), self.cluster, self.done_calls, self.marks)
 
     def step(self, rank, index, event):
         if isinstance(event, Compute):
@@ -208,6 +221,8 @@ class _Engine:
                 self.wait_for(rank, call)
         elif isinstance(event, Wait):
             self.wait_for(rank, self.mine[rank][event.comm])
+        elif isinstance(event, Mark):
+            self.marks[rank].append((event.label, self.clock[rank]))
         else:
             raise ValueError(f"rank {rank}: unknown event {event!r}")
 

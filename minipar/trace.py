@@ -11,7 +11,9 @@ ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the
 * :class:`Comm` — one call of :mod:`minipar.comm`: op, the group's global ranks, payload bytes, blocking or
   async, and for an async call the index of the :class:`Wait` event where the program waited for it
   (None: never waited for — the replay waits at the rank's end);
-* :class:`Wait` — where an async call was waited for (``work.wait()``).
+* :class:`Wait` — where an async call was waited for (``work.wait()``);
+* :class:`Mark` — a label the program put there with :func:`mark` (the end of an optimizer step, say),
+  so that a replay can tell when each step ended on the declared machine.
 
 Recording lives in :mod:`minipar.comm` (two hooks: before each call, and on each record), so no strategy
 holds tracing code: ``with tracing() as rank_trace: ...`` on a rank, or :func:`run_traced` around any
@@ -24,7 +26,8 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Compute", "Comm", "Wait", "RankTrace", "Trace", "tracing", "run_traced", "load", "Traced"]
+__all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "mark", "run_traced", "load",
+           "Traced"]
 
 
 @dataclass
@@ -60,7 +63,14 @@ class Wait:
     kind: str = "wait"
 
 
-_KINDS = {"compute": Compute, "comm": Comm, "wait": Wait}
+@dataclass
+class Mark:
+    """A point the program labelled with :func:`mark`."""
+    label: str
+    kind: str = "mark"
+
+
+_KINDS = {"compute": Compute, "comm": Comm, "wait": Wait, "mark": Mark}
 
 
 @dataclass
@@ -155,6 +165,11 @@ class _Tracer:
         self.trace.events[index].waited_at = len(self.trace.events) - 1
         self._mark()
 
+    def mark(self, label: str) -> None:
+        self.before_call()
+        self.trace.events.append(Mark(label))
+        self._mark()
+
     def finish(self) -> RankTrace:
         self.before_call()                   # the work after the last call
         return self.trace
@@ -196,6 +211,13 @@ def tracing(rank: int | None = None):
     finally:
         comm._tracers.remove(tracer)
         tracer.finish()
+
+
+def mark(label: str) -> None:
+    """Put a :class:`Mark` into every trace recording on this rank (nothing when none is)."""
+    from minipar import comm
+    for tracer in comm._tracers:
+        tracer.mark(label)
 
 
 class Traced:

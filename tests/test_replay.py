@@ -3,7 +3,7 @@ import pytest
 
 from minipar.plan.cluster import Cluster, dgx_a100, h100_nodes, pcie_node, this_machine
 from minipar.replay import Deadlock, comm_seconds, replay
-from minipar.trace import Comm, Compute, RankTrace, Trace, Wait
+from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 approx = lambda x: pytest.approx(x, abs=1e-12)  # noqa: E731
 
@@ -142,3 +142,15 @@ def test_declared_clusters():
     assert pcie_node().intra_bw == 15.75e9 and pcie_node().devices == 2
     here = this_machine(2e-4, 5e8, 3e10, devices=4)
     assert (here.intra_latency, here.inter_bw, here.peak_flops * here.flops_efficiency) == (2e-4, 5e8, 3e10)
+
+
+def test_marks_time_the_steps():
+    # two steps, each: compute (rank 0: 1 s, rank 1: 2 s), a blocking all-reduce of 1 s, a mark
+    def ranks(r, c):
+        step = [C(c), Comm("all_reduce", (0, 1), 1000), Mark("step")]
+        return RankTrace(r, [C(5.0 if r == 0 else 0.0)] + step + [C(c), Comm("all_reduce", (0, 1), 1000), Mark("step")])
+    res = replay(Trace([ranks(0, 1.0), ranks(1, 2.0)]), cluster(), compute_scale=1.0)
+    assert res.marks == [[("step", approx(7.0)), ("step", approx(10.0))]] * 2
+    assert res.step_between("step") == approx(3.0)        # the slower rank's 2 s + the 1 s all-reduce
+    with pytest.raises(ValueError, match="fewer than two marks"):
+        res.step_between("other")

@@ -7,7 +7,7 @@ from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.plan.cluster import this_machine
 from minipar.replay import replay
-from minipar.trace import Comm, Compute, RankTrace, Trace, Wait, _Tracer, load, run_traced, tracing
+from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, _Tracer, load, run_traced, tracing
 
 
 def hand_trace():
@@ -54,12 +54,14 @@ def test_tracer_hooks_without_processes():
     assert tracer.on_record(comm.CommRecord("broadcast", 2, 8, 8, 0, 0.0, "direct", ranks=(0, 1)), None) is None
     work.wait()
     work.wait()                                                 # a second wait adds nothing
+    tracer.mark("step")
     assert work.is_completed() and work._work.waits == 2
     events = tracer.finish().events
     assert [type(e).__name__ for e in events] == ["Compute", "Comm", "Compute", "Comm", "Compute", "Wait",
-                                                  "Compute"]
+                                                  "Compute", "Mark", "Compute"]
     assert events[0].seconds_cpu > 0 and events[1].async_ and not events[3].async_
     assert events[1].waited_at == 5 and events[5].comm == 1 and events[1].bytes == 4096
+    assert events[7] == Mark("step")
 
 
 def _traced_ddp(rank, world_size, recipe):
