@@ -7,9 +7,11 @@ Rashidi et al. 2020, play the same kind of graph):
   thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s over the device's: a rank here
   doing x FLOP/s, the device ``peak · efficiency``);
 * a :class:`~minipar.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
-  the same group is the same collective; a send and the matching recv, first in first out per direction)
-  and when every member's link is free — a rank's link carries one transfer at a time, so transfers that
-  share it queue (processor sharing would give the same total) — and lasts its α-β time
+  the same group is the same collective; a send and its recv: first in first out per direction and tag)
+  (a message: when both sides posted it, a rendezvous as NCCL's send/recv) and when the links it needs are
+  free — every rank has a link out and a link in (full duplex), each carrying one transfer at a time, so
+  transfers that share one queue (processor sharing would end the last at the same time); a collective
+  takes both links of every member, a message the sender's out and the receiver's in — and lasts its α-β time
   (:func:`minipar.plan.cluster.collective_seconds`) on the intra-node link if its ranks share a node
   (``rank // devices_per_node``), else on the inter-node link;
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
@@ -24,6 +26,11 @@ Per rank: compute, communication **hidden** under its compute, communication **e
 compute), and **idle** (neither: waiting for peers or a busy link, or done before the step ends);
 compute + exposed + idle = step time. ``rows()``: ``(rank, kind, stage, index, start, end)``, the tuple
 of :mod:`minipar.pipeline.gantt`.
+
+The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: the trace of a
+schedule (:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action
+the simulator's start and end (tests/test_replay.py: GPipe, 1F1B, interleaved, ZB-H1), except where the
+replay queues two messages on one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
 """
 from __future__ import annotations
 
@@ -58,7 +65,7 @@ class ReplayResult:
     timelines: list                      # [[Span]] per rank: computes and the transfers it takes part in
     finish: list                         # when each rank ran out of events
     cluster: Cluster | None = None
-    calls: list = field(default_factory=list)   # [(op, ranks, start, end)] one per collective / message
+    calls: list = field(default_factory=list)   # [(op, ranks, start, end)]: a collective, or a "send" (src, dst)
     marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
 
     def step_between(self, label: str) -> float:
@@ -137,7 +144,8 @@ class _Call:
     def describe(self) -> str:
         kind = self.key[0]
         if kind == "p2p":
-            return f"message #{self.number} from rank {self.key[1]} to rank {self.key[2]}"
+            tag = "" if self.key[3] is None else f" tag {self.key[3]}"
+            return f"message #{self.number}{tag} from rank {self.key[1]} to rank {self.key[2]}"
         ops = sorted({c.op for _, c, _ in self.issued.values()})
         return f"{'/'.join(ops)} #{self.number} on ranks {self.members}"
 
@@ -148,7 +156,7 @@ def _call_key(rank: int, event: Comm) -> tuple:
         if len(peers) != 1:
             raise ValueError(f"rank {rank}: a {event.op} needs one peer, its ranks are {event.ranks}")
         src, dst = (rank, peers[0]) if event.op == "send" else (peers[0], rank)
-        return ("p2p", src, dst)
+        return ("p2p", src, dst, event.tag)
     return ("group", tuple(sorted(event.ranks)))
 
 
@@ -183,7 +191,8 @@ class _Engine:
         self.cluster, self.scale = cluster, scale
         self.events = [_with_final_waits(r.events) for r in trace.ranks]
         n = len(self.events)
-        self.clock, self.pos, self.port_free = [0.0] * n, [0] * n, [0.0] * n
+        self.clock, self.pos = [0.0] * n, [0] * n
+        self.link_free: dict = {}                 # (rank, "out" | "in") -> when that link is free
         self.blocked: list = [None] * n           # the _Call a rank waits for
         self.mine: list = [dict() for _ in range(n)]   # event index -> _Call, per rank
         self.counts: dict = {}                    # (rank, key) -> calls issued so far
@@ -230,7 +239,7 @@ class _Engine:
         key = _call_key(rank, event)
         number = self.counts.get((rank, key), 0)
         self.counts[(rank, key)] = number + 1
-        members = key[1:] if key[0] == "p2p" else key[1]
+        members = key[1:3] if key[0] == "p2p" else key[1]
         if rank not in members:
             raise ValueError(f"rank {rank} issued {event.op} on ranks {event.ranks}, which do not include it")
         call = self.calls.setdefault((key, number), _Call(key, number, members))
@@ -247,13 +256,16 @@ class _Engine:
         return call
 
     def resolve(self, call: _Call):
-        op = next(iter(call.issued.values()))[1].op
+        op = "send" if call.key[0] == "p2p" else next(iter(call.issued.values()))[1].op
         payload = max(c.bytes for _, c, _ in call.issued.values())
-        start = max([t for t, _, _ in call.issued.values()] + [self.port_free[m] for m in call.members])
+        links = [(call.key[1], "out"), (call.key[2], "in")] if call.key[0] == "p2p" else \
+            [(m, side) for m in call.members for side in ("out", "in")]
+        start = max([t for t, _, _ in call.issued.values()] + [self.link_free.get(x, 0.0) for x in links])
         call.start, call.end = start, start + comm_seconds(op, call.members, payload, self.cluster)
         self.done_calls.append((op, call.members, call.start, call.end))
+        for x in links:
+            self.link_free[x] = call.end
         for m in call.members:
-            self.port_free[m] = call.end
             _, event, index = call.issued[m]
             self.timelines[m].append(Span(m, event.op, call.start, call.end, index))
             if self.blocked[m] is call:

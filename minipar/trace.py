@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "mark", "run_traced", "load",
-           "Traced"]
+           "Traced", "from_schedule"]
 
 
 @dataclass
@@ -43,13 +43,15 @@ class Compute:
 class Comm:
     """One communication call. ``ranks``: the group's global ranks (a send/recv: the pair); ``bytes``: the
     payload S of :mod:`minipar.comm`'s table; ``async_``: issued with ``async_op=True`` / isend / irecv;
-    ``waited_at``: index of its :class:`Wait` in the rank's events (None: blocking, or never waited for)."""
+    ``waited_at``: index of its :class:`Wait` in the rank's events (None: blocking, or never waited for);
+    ``tag``: tells messages between the same two ranks apart (None: matched first in, first out)."""
     op: str
     ranks: tuple
     bytes: int
     async_: bool = False
     waited_at: int | None = None
     seconds_wall: float = 0.0
+    tag: str | None = None
     kind: str = "comm"
 
     def __post_init__(self):
@@ -238,3 +240,51 @@ def run_traced(fn, world_size: int, *args, meta: dict | None = None, **kwargs):
     from minipar.launcher import launch
     out = launch(Traced(fn), world_size, *args, **kwargs)
     return [r for r, _ in out], Trace([t for _, t in out], dict(meta or {}))
+
+
+def _needs(a, last: int):
+    """The result (kind, stage, micro-batch) action ``a`` of a pipeline schedule needs (None: none)."""
+    if a.kind == "F":
+        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
+    if a.kind in ("B", "BW"):
+        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
+    return ("B", a.stage, a.microbatch)
+
+
+def from_schedule(schedule, costs, message_bytes: int = 0) -> Trace:
+    """The trace a pipeline runtime would leave running ``schedule`` (:mod:`minipar.pipeline.schedules`)
+    with compute costed by ``costs`` (:class:`minipar.pipeline.simulate.Costs`): every receive posted at
+    the start (async) and waited for right before the action that needs it, every result sent (async) to
+    the rank that needs it as soon as it is computed, each message tagged with the action it feeds. Its
+    replay with links of α = ``costs.p2p`` is the pipeline simulator's timeline (tests/test_replay.py)."""
+    last, ranks = schedule.num_stages - 1, range(schedule.p)
+    consumers: dict = {}                                 # result -> [(rank, action)] on other ranks
+    for r in ranks:
+        for a in schedule.actions[r]:
+            need = _needs(a, last)
+            if need is not None and need[1] != a.stage and schedule.rank_of(need[1]) != r:
+                consumers.setdefault(need, []).append((r, a))
+    traces = []
+    for r in ranks:
+        events, posted = [], {}
+        for a in schedule.actions[r]:
+            need = _needs(a, last)
+            if need in consumers and (r, a) in consumers[need]:
+                src = schedule.rank_of(need[1])
+                posted[a] = len(events)
+                events.append(Comm("recv", tuple(sorted((r, src))), message_bytes, True, tag=str(a)))
+        actions, i = schedule.actions[r], 0
+        while i < len(actions):
+            n = 2 if (r, i) in schedule.overlapped else 1    # an F&B pair starts when both inputs are there
+            for a in actions[i:i + n]:
+                if a in posted:
+                    events.append(Wait(posted[a]))
+                    events[posted[a]].waited_at = len(events) - 1
+            for a in actions[i:i + n]:
+                events.append(Compute(costs.of(a.kind, schedule.v)))
+                made = ("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)
+                for dst, c in consumers.get(made, []):
+                    events.append(Comm("send", tuple(sorted((r, dst))), message_bytes, True, tag=str(c)))
+            i += n
+        traces.append(RankTrace(r, events))
+    return Trace(traces, {"schedule": schedule.name, "p": schedule.p, "m": schedule.m, "v": schedule.v})

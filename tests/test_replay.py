@@ -3,7 +3,7 @@ import pytest
 
 from minipar.plan.cluster import Cluster, dgx_a100, h100_nodes, pcie_node, this_machine
 from minipar.replay import Deadlock, comm_seconds, replay
-from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, from_schedule
 
 approx = lambda x: pytest.approx(x, abs=1e-12)  # noqa: E731
 
@@ -154,3 +154,46 @@ def test_marks_time_the_steps():
     assert res.step_between("step") == approx(3.0)        # the slower rank's 2 s + the 1 s all-reduce
     with pytest.raises(ValueError, match="fewer than two marks"):
         res.step_between("other")
+
+
+def links(p, alpha):
+    return Cluster(p, 1, 1e9, 1.0, 1e9, 1e9, alpha, alpha)
+
+
+@pytest.mark.parametrize("name,p,m,v", [("gpipe", 4, 6, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2),
+                                        ("zb-h1", 4, 8, 1)])
+def test_replay_of_a_schedule_is_the_pipeline_simulator(name, p, m, v):
+    """One engine's answer, two ways: the schedule's trace replayed (links of α = the simulator's p2p cost)
+    gives every action the simulator's start and end."""
+    from minipar.pipeline.schedules import make_schedule
+    from minipar.pipeline.simulate import Costs, simulate
+    schedule = make_schedule(name, p, m, v)
+    costs = Costs(F=1.0, B=1.5, W=0.75, p2p=0.25)
+    sim = simulate(schedule, costs)
+    res = replay(from_schedule(schedule, costs), links(p, 0.25), compute_scale=1.0)
+    for r in range(p):
+        want = [(round(s.start, 9), round(s.end, 9)) for s in sim.timelines[r]]
+        got = [(round(s.start, 9), round(s.end, 9)) for s in res.timelines[r] if s.kind == "compute"]
+        assert got == want, f"rank {r}"
+    assert res.step_seconds == approx(sim.makespan)
+    assert sum(res.idle(r) + res.exposed(r) for r in range(p)) == approx(p * sim.makespan - sum(
+        sim.busy(r) for r in range(p)))
+
+
+def test_dualpipev_queues_on_a_shared_in_link():
+    """DualPipeV sends into a middle rank from both sides at once: the replay queues the two messages on the
+    rank's one in-link (the simulator's links are unlimited). Free transfers: the same timeline again."""
+    from minipar.pipeline.schedules import make_schedule
+    from minipar.pipeline.simulate import Costs, simulate
+    schedule = make_schedule("dualpipev", 4, 8, 2)
+    for p2p in (0.0, 0.25):
+        costs = Costs(F=1.0, B=1.5, W=0.75, p2p=p2p)
+        sim, res = simulate(schedule, costs), replay(from_schedule(schedule, costs), links(4, p2p), compute_scale=1)
+        if p2p == 0:
+            assert res.step_seconds == approx(sim.makespan)
+        else:
+            assert res.step_seconds > sim.makespan + 0.2
+            # into rank 2 at t = 3.25: rank 1's F3@1 and rank 3's F0@4; the second waits for the first
+            into_2 = sorted((round(start, 9), round(end, 9), ranks[0]) for op, ranks, start, end in res.calls
+                            if ranks[1:] == (2,) and 3.2 < start < 3.6)     # a message's ranks: (src, dst)
+            assert into_2 == [(3.25, 3.5, 1), (3.5, 3.75, 3)]
