@@ -88,3 +88,31 @@ def test_traced_ddp_on_two_ranks():
     assert played.step_seconds >= max(r.compute_cpu_seconds for r in trace.ranks)
     assert played.step_seconds == pytest.approx(max(played.compute(r) + played.exposed(r) + played.idle(r)
                                                     for r in range(2)))
+
+
+def _traced_strategy(rank, world_size, name):
+    from minipar.check import gpt_recipe
+    from minipar.data import zero
+    from minipar.pipeline import runtime
+    from minipar.tensor import gpt
+    recipe = gpt_recipe(steps=2, batch_size=8, seq_len=16, n_layer=2)
+    train = {"zero3": lambda: zero.parallel_train(rank, world_size, recipe, stage=3),
+             "1f1b": lambda: runtime.parallel_train(rank, world_size, recipe, schedule="1f1b", m=4),
+             "tp+sp": lambda: gpt.parallel_train(rank, world_size, recipe, sequence_parallel=True)}[name]
+    with comm.recording() as log, tracing() as rank_trace:
+        train()
+    return rank_trace, [(r.op, r.ranks, r.payload_bytes) for r in log.records]
+
+
+@pytest.mark.parametrize("name", ["zero3", "1f1b", "tp+sp"])
+def test_other_strategies_traced_and_replayed(name):
+    """No tracing code in the strategies: the comm hooks see every call, and the traces replay (every
+    collective matched, every message received) on this machine and on a DGX-A100 node."""
+    from minipar.plan.cluster import dgx_a100
+    out = launch(_traced_strategy, 2, name, quiet=True)
+    for rank_trace, logged in out:
+        assert [(c.op, c.ranks, c.bytes) for c in rank_trace.comms()] == logged and logged
+    trace = Trace([t for t, _ in out])
+    here = replay(trace, this_machine(5e-5, 5e9, 2e10, devices=2), compute_scale=1.0)
+    there = replay(trace, dgx_a100(1), source_flops_per_second=2e10)
+    assert len(here.calls) == len(there.calls) > 0 and there.step_seconds < here.step_seconds
