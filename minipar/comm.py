@@ -140,6 +140,7 @@ class CommLog:
 
 
 _active: list[CommLog] = []  # the logs recording on this process (innermost last)
+_tracers: list = []          # minipar.trace tracers: told before each call (_timed) and of each record (_record)
 
 
 @contextlib.contextmanager
@@ -181,7 +182,10 @@ def _record(op, n, payload, sent, recv, seconds, algorithm, work=None, group=Non
                      observed_sent=observed)
     for log in _active:
         log.records.append(rec)
-    return work if work is None else _until_done(rec, work, time.perf_counter() - seconds)
+    work = work if work is None else _until_done(rec, work, time.perf_counter() - seconds)
+    for tracer in _tracers:
+        work = tracer.on_record(rec, work)
+    return work
 
 
 class _TimedWork:
@@ -278,6 +282,8 @@ def _wchar() -> int | None:
 def _timed(fn):
     global _last_observed
     before = _wchar() if _active else None
+    for tracer in _tracers:
+        tracer.before_call()
     t0 = time.perf_counter()
     out = fn()
     seconds = time.perf_counter() - t0

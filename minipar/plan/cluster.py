@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from minipar.comm import predicted_bytes_sent
 from minipar.mesh import DEFAULT_ORDER
 
-__all__ = ["Cluster", "dgx_a100", "collective_seconds", "crosses_nodes", "link"]
+__all__ = ["Cluster", "dgx_a100", "h100_nodes", "pcie_node", "this_machine", "CLUSTERS", "collective_seconds",
+           "crosses_nodes", "link"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,55 @@ def dgx_a100(nodes: int, memory_gb: int = 80, flops_efficiency: float = 0.6) -> 
     return Cluster(8, nodes, memory_gb * 10 ** 9, 312e12, 300e9, 25e9, 5e-6, 10e-6, flops_efficiency)
 
 
+def h100_nodes(nodes: int, memory_gb: int = 80, flops_efficiency: float = 0.6) -> Cluster:
+    """DGX H100 nodes: 8 H100 SXM5, 989 TFLOP/s BF16 dense (NVIDIA H100 datasheet); NVLink 4, 900 GB/s
+    per GPU both directions together, so 450 GB/s per direction; one ConnectX-7 InfiniBand NDR port per
+    GPU, 400 Gb/s = 50 GB/s (DGX H100 user guide). Latencies: round numbers (3 µs, 8 µs), not measured;
+    ``flops_efficiency`` an assumption, as for :func:`dgx_a100`."""
+    return Cluster(8, nodes, memory_gb * 10 ** 9, 989e12, 450e9, 50e9, 3e-6, 8e-6, flops_efficiency)
+
+
+def pcie_node(devices: int = 2, flops_efficiency: float = 0.6) -> Cluster:
+    """Seed 002's machine without NVLink (``NCCL_P2P_DISABLE=1``): TITAN RTX GPUs (24 GB, 130 TFLOP/s
+    FP16 tensor cores, NVIDIA Turing whitepaper) talking over PCIe 3.0 x16, 15.75 GB/s per direction
+    (the PCIe 3.0 specification: 8 GT/s · 16 lanes · 128/130). One node; latency 10 µs, a round number."""
+    return Cluster(devices, 1, 24e9, 130e12, 15.75e9, 15.75e9, 10e-6, 10e-6, flops_efficiency)
+
+
+def this_machine(alpha: float, beta: float, flops_per_second: float, devices: int = 4,
+                 memory_bytes: float = 16e9) -> Cluster:
+    """This machine as one node of ``devices`` CPU ranks: α (s) and β (bytes/s) of one ring step fitted
+    to gloo here, and a rank's FLOP/s measured here — the numbers of chapter 12's ``calibrate`` /
+    ``allreduce_link`` (pass them in: the library does not import the course). Efficiency 1: the FLOP/s
+    are already what a rank reaches."""
+    return Cluster(devices, 1, memory_bytes, flops_per_second, beta, beta, alpha, alpha, 1.0)
+
+
+CLUSTERS = {"dgx-a100": dgx_a100, "h100": h100_nodes, "pcie": pcie_node}   # name -> factory (nodes or devices)
+
+
+def _steps_and_bytes(op: str, payload: float, n: int) -> tuple:
+    """(latency terms α, bytes over the busiest rank's link) of one collective: rings for all-reduce,
+    all-gather and reduce-scatter; direct exchanges otherwise (n-1 messages from, or into, the root)."""
+    if op in ("send", "recv"):
+        return 1, payload
+    if op in ("all_reduce", "all_gather", "reduce_scatter"):
+        return (2 if op == "all_reduce" else 1) * (n - 1), predicted_bytes_sent(op, payload, n)
+    if op in ("all_to_all", "scatter", "gather"):
+        return n - 1, (n - 1) / n * payload
+    if op in ("broadcast", "reduce"):
+        return n - 1, (n - 1) * payload
+    raise ValueError(f"no α-β model for {op!r}")
+
+
 def collective_seconds(op: str, payload: float, n: int, bw: float, latency: float) -> float:
-    """α-β time of one ring collective (or one send) of ``payload`` bytes over ``n`` ranks."""
-    if n == 1 and op != "send":
+    """α-β time of one collective (or one send) of ``payload`` bytes over ``n`` ranks: steps · α +
+    bytes sent by the busiest rank / β (ring all-reduce 2(n-1)·α + 2(n-1)/n · S/β, Patarasuk & Yuan 2009;
+    all-gather, reduce-scatter (n-1)·α + (n-1)/n · S/β; all-to-all, scatter, gather the same, direct;
+    broadcast, reduce (n-1)·(α + S/β) through the root)."""
+    if n == 1 and op not in ("send", "recv"):
         return 0.0
-    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}[op]
-    sent = payload if op == "send" else predicted_bytes_sent(op, payload, n)
+    steps, sent = _steps_and_bytes(op, payload, n)
     return steps * latency + sent / bw
 
 

@@ -452,4 +452,9 @@ def main(argv=None) -> int:
     return 0
 
 
-BENCHMARKS = {"calibrate": main}
+def _replay_main(argv=None) -> int:
+    from .replay_bench import main as replay_main     # it imports this module: load it when asked
+    return replay_main(argv)
+
+
+BENCHMARKS = {"calibrate": main, "replay": _replay_main}

@@ -1,0 +1,294 @@
+"""Play a :mod:`minipar.trace` on a declared cluster: what the measured program would do on that machine.
+
+Each rank is a device that runs its events in order (FlexFlow's simulator, Jia et al. 2019; ASTRA-sim,
+Rashidi et al. 2020, play the same kind of graph):
+
+* a :class:`~minipar.trace.Compute` lasts ``flops / (peak · efficiency)`` when its FLOPs are known, else its
+  thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s over the device's: a rank here
+  doing x FLOP/s, the device ``peak · efficiency``);
+* a :class:`~minipar.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
+  the same group is the same collective; a send and its recv: first in first out per direction and tag)
+  (a message: when both sides posted it, a rendezvous as NCCL's send/recv) and when the links it needs are
+  free — every rank has a link out and a link in (full duplex), each carrying one transfer at a time, so
+  transfers that share one queue (processor sharing would end the last at the same time); a collective
+  takes both links of every member, a message the sender's out and the receiver's in — and lasts its α-β time
+  (:func:`minipar.plan.cluster.collective_seconds`) on the intra-node link if its ranks share a node
+  (``rank // devices_per_node``), else on the inter-node link;
+* a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
+  :class:`~minipar.trace.Wait` (never waited for: at the rank's end).
+
+Ranks advance in global time order (always the unblocked rank with the earliest clock), so collectives
+become ready in time order and link queues are first come, first served. If no rank can move while some
+wait, :class:`Deadlock` names who waits for whom; members that issue different ops as the same call are a
+deadlock too (mismatched order).
+
+Per rank: compute, communication **hidden** under its compute, communication **exposed** (not under
+compute), and **idle** (neither: waiting for peers or a busy link, or done before the step ends);
+compute + exposed + idle = step time. ``rows()``: ``(rank, kind, stage, index, start, end)``, the tuple
+of :mod:`minipar.pipeline.gantt`.
+
+The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: the trace of a
+schedule (:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action
+the simulator's start and end (tests/test_replay.py: GPipe, 1F1B, interleaved, ZB-H1), except where the
+replay queues two messages on one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minipar.plan.cluster import Cluster, collective_seconds
+from minipar.trace import Comm, Compute, Mark, Trace, Wait
+
+__all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale", "comm_seconds"]
+
+
+class Deadlock(RuntimeError):
+    """No rank can move: ``waits`` maps each blocked rank to (what it waits for, the ranks that never came)."""
+
+    def __init__(self, message: str, waits: dict | None = None):
+        super().__init__(message)
+        self.waits = waits or {}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One bar: ``kind`` "compute" or the op; ``index`` the event's index in the rank's trace."""
+    rank: int
+    kind: str
+    start: float
+    end: float
+    index: int
+
+
+@dataclass
+class ReplayResult:
+    timelines: list                      # [[Span]] per rank: computes and the transfers it takes part in
+    finish: list                         # when each rank ran out of events
+    cluster: Cluster | None = None
+    calls: list = field(default_factory=list)   # [(op, ranks, start, end)]: a collective, or a "send" (src, dst)
+    marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
+
+    def step_between(self, label: str) -> float:
+        """The shortest time between two consecutive marks ``label`` of a rank, the slowest rank's: one
+        step, timed as a run measures it between optimizer steps."""
+        gaps = []
+        for marks in self.marks:
+            times = [t for name, t in marks if name == label]
+            if len(times) < 2:
+                raise ValueError(f"fewer than two marks {label!r} on a rank")
+            gaps.append(min(b - a for a, b in zip(times, times[1:])))
+        return max(gaps)
+
+    @property
+    def step_seconds(self) -> float:
+        return max(self.finish, default=0.0)
+
+    def compute(self, rank: int) -> float:
+        return sum(s.end - s.start for s in self.timelines[rank] if s.kind == "compute")
+
+    def comm(self, rank: int) -> float:
+        return sum(s.end - s.start for s in self.timelines[rank] if s.kind != "compute")
+
+    def hidden(self, rank: int) -> float:
+        """Transfer time of ``rank`` that overlaps its own compute."""
+        spans = self.timelines[rank]
+        work = [s for s in spans if s.kind == "compute"]
+        return sum(max(0.0, min(m.end, c.end) - max(m.start, c.start))
+                   for m in spans if m.kind != "compute" for c in work)
+
+    def exposed(self, rank: int) -> float:
+        return self.comm(rank) - self.hidden(rank)
+
+    def idle(self, rank: int) -> float:
+        return self.step_seconds - self.compute(rank) - self.exposed(rank)
+
+    def rows(self) -> list:
+        """``(rank, kind, stage, index, start, end)`` per span (stage 0: a trace has no stages)."""
+        return [(s.rank, s.kind, 0, s.index, s.start, s.end) for tl in self.timelines for s in tl]
+
+    def table(self) -> list:
+        """One dict per rank: compute, hidden, exposed, idle (seconds)."""
+        return [{"rank": r, "compute": self.compute(r), "hidden": self.hidden(r), "exposed": self.exposed(r),
+                 "idle": self.idle(r)} for r in range(len(self.timelines))]
+
+    def summary(self) -> str:
+        lines = [f"step {self.step_seconds * 1e3:.3f} ms"]
+        for row in self.table():
+            lines.append("rank {rank}: compute {c:.3f} ms, comm hidden {h:.3f} ms, exposed {e:.3f} ms, "
+                         "idle {i:.3f} ms".format(rank=row["rank"], c=row["compute"] * 1e3, h=row["hidden"] * 1e3,
+                                                  e=row["exposed"] * 1e3, i=row["idle"] * 1e3))
+        return "\n".join(lines)
+
+
+def device_scale(cluster: Cluster, source_flops_per_second: float) -> float:
+    """Seconds on ``cluster``'s device per CPU second here: (FLOP/s of a rank here) / (peak · efficiency)."""
+    return source_flops_per_second / (cluster.peak_flops * cluster.flops_efficiency)
+
+
+def comm_seconds(op: str, ranks, payload: float, cluster: Cluster) -> float:
+    """α-β time of one call over ``ranks`` (global), on the link its group crosses."""
+    nodes = {r // cluster.devices_per_node for r in ranks}
+    bw, lat = ((cluster.inter_bw, cluster.inter_latency) if len(nodes) > 1
+               else (cluster.intra_bw, cluster.intra_latency))
+    return collective_seconds("send" if op in ("send", "recv") else op, payload, len(ranks), bw, lat)
+
+
+class _Call:
+    """One collective or message as the replay sees it: who issued it, when, and when it ran."""
+
+    def __init__(self, key, number, members):
+        self.key, self.number, self.members = key, number, tuple(members)
+        self.issued: dict = {}           # rank -> (time, Comm, event index)
+        self.start = self.end = None
+
+    def describe(self) -> str:
+        kind = self.key[0]
+        if kind == "p2p":
+            tag = "" if self.key[3] is None else f" tag {self.key[3]}"
+            return f"message #{self.number}{tag} from rank {self.key[1]} to rank {self.key[2]}"
+        ops = sorted({c.op for _, c, _ in self.issued.values()})
+        return f"{'/'.join(ops)} #{self.number} on ranks {self.members}"
+
+
+def _call_key(rank: int, event: Comm) -> tuple:
+    if event.op in ("send", "recv"):
+        peers = [r for r in event.ranks if r != rank]
+        if len(peers) != 1:
+            raise ValueError(f"rank {rank}: a {event.op} needs one peer, its ranks are {event.ranks}")
+        src, dst = (rank, peers[0]) if event.op == "send" else (peers[0], rank)
+        return ("p2p", src, dst, event.tag)
+    return ("group", tuple(sorted(event.ranks)))
+
+
+def _with_final_waits(events: list) -> list:
+    """The events, with a Wait at the end for every async call never waited for."""
+    tail = [Wait(i) for i, e in enumerate(events) if isinstance(e, Comm) and e.async_ and e.waited_at is None]
+    return list(events) + tail
+
+
+def replay(trace: Trace, cluster: Cluster, *, compute_scale: float | None = None,
+           source_flops_per_second: float | None = None) -> ReplayResult:
+    """Play ``trace`` on ``cluster``. Compute seconds: ``flops / (peak · efficiency)`` where known, else CPU
+    seconds × ``compute_scale`` (given, or from ``source_flops_per_second`` / ``trace.meta
+    ["flops_per_second"]``: this machine's calibrated FLOP/s per rank)."""
+    world = trace.world_size
+    if world > cluster.devices:
+        raise ValueError(f"the trace has {world} ranks, the cluster {cluster.devices} devices")
+    if [r.rank for r in trace.ranks] != list(range(world)):
+        raise ValueError(f"the trace's ranks must be 0..{world - 1} in order, got {[r.rank for r in trace.ranks]}")
+    if compute_scale is None:
+        source = source_flops_per_second or trace.meta.get("flops_per_second")
+        needs = any(isinstance(e, Compute) and e.flops is None for r in trace.ranks for e in r.events)
+        if source is None and needs:
+            raise ValueError("compute without FLOPs needs compute_scale= or source_flops_per_second= (this "
+                             "machine's calibrated FLOP/s per rank), or trace.meta['flops_per_second']")
+        compute_scale = device_scale(cluster, source) if source else 1.0
+    return _Engine(trace, cluster, compute_scale).run()
+
+
+class _Engine:
+    def __init__(self, trace, cluster, scale):
+        self.cluster, self.scale = cluster, scale
+        self.events = [_with_final_waits(r.events) for r in trace.ranks]
+        n = len(self.events)
+        self.clock, self.pos = [0.0] * n, [0] * n
+        self.link_free: dict = {}                 # (rank, "out" | "in") -> when that link is free
+        self.blocked: list = [None] * n           # the _Call a rank waits for
+        self.mine: list = [dict() for _ in range(n)]   # event index -> _Call, per rank
+        self.counts: dict = {}                    # (rank, key) -> calls issued so far
+        self.calls: dict = {}                     # (key, number) -> _Call
+        self.timelines: list = [[] for _ in range(n)]
+        self.done_calls: list = []
+        self.marks: list = [[] for _ in range(n)]
+
+    def run(self) -> ReplayResult:
+        n = len(self.events)
+        while True:
+            ready = [r for r in range(n) if self.blocked[r] is None and self.pos[r] < len(self.events[r])]
+            if not ready:
+                break
+            rank = min(ready, key=lambda r: (self.clock[r], r))
+            index = self.pos[rank]
+            self.pos[rank] += 1
+            self.step(rank, index, self.events[rank][index])
+        if any(b is not None for b in self.blocked):
+            raise self.deadlock()
+        for spans in self.timelines:
+            spans.sort(key=lambda s: (s.start, s.end))
+        return ReplayResult(self.timelines, list(self.clock), self.cluster, self.done_calls, self.marks)
+
+    def step(self, rank, index, event):
+        if isinstance(event, Compute):
+            seconds = event.flops / (self.cluster.peak_flops * self.cluster.flops_efficiency) \
+                if event.flops is not None else event.seconds_cpu * self.scale
+            start = self.clock[rank]
+            self.clock[rank] = start + seconds
+            self.timelines[rank].append(Span(rank, "compute", start, start + seconds, index))
+        elif isinstance(event, Comm):
+            call = self.issue(rank, index, event)
+            if not event.async_:
+                self.wait_for(rank, call)
+        elif isinstance(event, Wait):
+            self.wait_for(rank, self.mine[rank][event.comm])
+        elif isinstance(event, Mark):
+            self.marks[rank].append((event.label, self.clock[rank]))
+        else:
+            raise ValueError(f"rank {rank}: unknown event {event!r}")
+
+    def issue(self, rank, index, event) -> _Call:
+        key = _call_key(rank, event)
+        number = self.counts.get((rank, key), 0)
+        self.counts[(rank, key)] = number + 1
+        members = key[1:3] if key[0] == "p2p" else key[1]
+        if rank not in members:
+            raise ValueError(f"rank {rank} issued {event.op} on ranks {event.ranks}, which do not include it")
+        call = self.calls.setdefault((key, number), _Call(key, number, members))
+        for other, (_, theirs, _) in call.issued.items():
+            same = theirs.op == event.op if key[0] == "group" else {theirs.op, event.op} == {"send", "recv"}
+            if not same:
+                raise Deadlock(f"mismatched calls: {call.describe()} — rank {other} issued {theirs.op}, rank "
+                               f"{rank} issued {event.op} (the members call in different orders)",
+                               {rank: (call.describe(), [other])})
+        call.issued[rank] = (self.clock[rank], event, index)
+        self.mine[rank][index] = call
+        if len(call.issued) == len(call.members):
+            self.resolve(call)
+        return call
+
+    def resolve(self, call: _Call):
+        op = "send" if call.key[0] == "p2p" else next(iter(call.issued.values()))[1].op
+        payload = max(c.bytes for _, c, _ in call.issued.values())
+        links = [(call.key[1], "out"), (call.key[2], "in")] if call.key[0] == "p2p" else \
+            [(m, side) for m in call.members for side in ("out", "in")]
+        start = max([t for t, _, _ in call.issued.values()] + [self.link_free.get(x, 0.0) for x in links])
+        call.start, call.end = start, start + comm_seconds(op, call.members, payload, self.cluster)
+        self.done_calls.append((op, call.members, call.start, call.end))
+        for x in links:
+            self.link_free[x] = call.end
+        for m in call.members:
+            _, event, index = call.issued[m]
+            self.timelines[m].append(Span(m, event.op, call.start, call.end, index))
+            if self.blocked[m] is call:
+                self.blocked[m] = None
+                self.clock[m] = max(self.clock[m], call.end)
+
+    def wait_for(self, rank, call: _Call):
+        if call.end is not None:
+            self.clock[rank] = max(self.clock[rank], call.end)
+        else:
+            self.blocked[rank] = call
+
+    def deadlock(self) -> Deadlock:
+        waits, lines = {}, []
+        for rank, call in enumerate(self.blocked):
+            if call is None:
+                continue
+            missing = [m for m in call.members if m not in call.issued]
+            waits[rank] = (call.describe(), missing)
+            why = []
+            for m in missing:
+                other = self.blocked[m]
+                why.append(f"rank {m} " + (f"waits for {other.describe()}" if other is not None
+                                           else "never issues it (its trace ended)"))
+            lines.append(f"rank {rank} waits for {call.describe()}: " + "; ".join(why))
+        return Deadlock("deadlock: " + " | ".join(lines), waits)
