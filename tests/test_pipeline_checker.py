@@ -1,11 +1,13 @@
-"""The V schedules (ZB-V, DualPipeV) and the static checker: no processes."""
+"""The V schedules (ZB-V, DualPipeV, V-Min, V-Half) and the static checker: no processes."""
 import dataclasses
+import math
 
 import pytest
 
 from minipar.pipeline import Action, make_schedule, simulate
 from minipar.pipeline.checker import ScheduleError, check
 from minipar.pipeline.schedules import SCHEDULES, V_SCHEDULES
+from minipar.pipeline.vhalf import repeat_block, v_half_block
 
 
 def every_schedule(p):
@@ -117,22 +119,10 @@ def test_the_error_carries_the_rank_index_and_action():
     assert (err.value.rank, err.value.index, err.value.action) == (3, 0, Action("F", 4, 0))
 
 
-def _block_order_alone(p, m):
-    """V-Half's building block repeated every 6 slots, each rank's passes in slot order, not reordered."""
-    from minipar.pipeline.schedules import Schedule
-    from minipar.pipeline.vhalf import v_half_block
-    blk = v_half_block(p)
-    order = [[Action(k, s, i) for _, k, s, i in sorted((6 * i + blk[(k, s)], k, s, i) for s in (r, 2 * p - 1 - r)
-                                                         for k in "FBW" for i in range(m))] for r in range(p)]
-    return Schedule("v-half", p, m, 2, order, placement="v")
-
-
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_v_half_block_lifespans_give_half_the_memory(p):
     """The block's lifespans (slots from F to the end of W) add up to 6p + O(1) on every rank, so the
     repeated block holds ⌈ℓ₀/6⌉ + ⌈ℓ₁/6⌉ ≈ p chunk activations (V-Min's block: ≈ 4p slots, 2p/3 chunks)."""
-    import math
-    from minipar.pipeline.vhalf import v_half_block
     blk = v_half_block(p)
     for r in range(p):
         life = [blk[("W", s)] + 1 - blk[("F", s)] for s in (r, 2 * p - 1 - r)]
@@ -153,5 +143,5 @@ def test_v_half_bubble_about_half_of_1f1b_at_half_the_memory_for_every_m(p):
         res = simulate(make_schedule("v-half", p, m, 2))
         assert 0.4 <= res.bubble_fraction / b <= 0.7, (m, res.bubble_fraction / b)
         assert max(res.peak_in_flight) <= p + 3, (m, res.peak_in_flight)
-    alone = simulate(_block_order_alone(p, 4 * p)).bubble_fraction / b
+    alone = simulate(repeat_block(v_half_block(p), p, 4 * p)).bubble_fraction / b
     assert alone >= (0.52 if p == 2 else 0.7) and res.bubble_fraction / b <= alone - (0 if p == 2 else 0.15)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from .schedules import Action, Schedule, validate
 
-__all__ = ["v_half", "v_half_block"]
+__all__ = ["v_half", "v_half_block", "repeat_block"]
 
 PERIOD = 6          # slots between two micro-batches' blocks: F, B, W of each of a rank's 2 chunks
 
@@ -66,13 +66,20 @@ def v_half(p: int, m: int) -> Schedule:
     (:func:`v_half_block`) repeated every 6 slots, each rank's passes in the order of their slots, then the
     warm-up and cool-down reordered under a memory cap of p chunk activations (:func:`_reorder`)."""
     validate("v-half", p, m, 2)
-    block = v_half_block(p)
+    order = repeat_block(v_half_block(p), p, m).actions
+    return Schedule("v-half", p, m, 2, _reorder(p, order, cap=p), placement="v")
+
+
+def repeat_block(block: dict, p: int, m: int) -> Schedule:
+    """The building block repeated (micro-batch i's pass at slot 6i + its block slot), each rank's passes in
+    the order of their slots: steps 1-2 of the construction, before the reordering (step 3, squeezing, is
+    what the simulator and the runtime do with any order)."""
     order = []
     for r in range(p):
         timed = [(PERIOD * i + block[(kind, s)], kind, s, i)
                  for s in (r, 2 * p - 1 - r) for kind in "FBW" for i in range(m)]
         order.append([Action(kind, s, i) for _, kind, s, i in sorted(timed)])
-    return Schedule("v-half", p, m, 2, _reorder(p, order, cap=p), placement="v")
+    return Schedule("v-half", p, m, 2, order, placement="v")
 
 
 def _reorder(p: int, order: list, cap: int) -> list:
