@@ -145,3 +145,13 @@ def test_v_half_bubble_about_half_of_1f1b_at_half_the_memory_for_every_m(p):
         assert max(res.peak_in_flight) <= p + 3, (m, res.peak_in_flight)
     alone = simulate(repeat_block(v_half_block(p), p, 4 * p)).bubble_fraction / b
     assert alone >= (0.52 if p == 2 else 0.7) and res.bubble_fraction / b <= alone - (0 if p == 2 else 0.15)
+
+
+def test_v_half_block_gap_sets_the_lifespans():
+    """The backward gap is the memory knob: gap 1 is V-Min's block (lifespans ≈ 4p + O(1): 22 at p = 4),
+    gap 2 V-Half's (6p + 8 = 32), gap 3 longer still (38); a gap under one slot is refused."""
+    sums = {g: {sum(v_half_block(4, g)[("W", s)] + 1 - v_half_block(4, g)[("F", s)] for s in (r, 7 - r))
+                for r in range(4)} for g in (1, 2, 3)}
+    assert sums == {1: {22}, 2: {32}, 3: {38}}
+    with pytest.raises(ValueError, match="at least 1 slot"):
+        v_half_block(4, 0)
