@@ -1,11 +1,13 @@
-"""The V schedules (ZB-V, DualPipeV) and the static checker: no processes."""
+"""The V schedules (ZB-V, DualPipeV, V-Min, V-Half) and the static checker: no processes."""
 import dataclasses
+import math
 
 import pytest
 
 from minipar.pipeline import Action, make_schedule, simulate
 from minipar.pipeline.checker import ScheduleError, check
 from minipar.pipeline.schedules import SCHEDULES, V_SCHEDULES
+from minipar.pipeline.vhalf import repeat_block, v_half_block
 
 
 def every_schedule(p):
@@ -50,7 +52,8 @@ def test_zb_v_and_dualpipe_v_pinned_on_two_ranks():
 
 @pytest.mark.parametrize("name,p,m,v,match", [
     ("zb-v", 4, 8, 1, "exactly 2 stages per rank"), ("dualpipev", 4, 8, 3, "v must be 2"),
-    ("dualpipev", 4, 7, 2, "m >= 2p"), ("1f1b", 4, 8, 2, "v must be 1")])
+    ("dualpipev", 4, 7, 2, "m >= 2p"), ("1f1b", 4, 8, 2, "v must be 1"),
+    ("v-half", 4, 8, 1, "exactly 2 stages per rank"), ("v-half", 4, 0, 2, "positive integer")])
 def test_v_constraints_are_refused_with_the_reason(name, p, m, v, match):
     with pytest.raises(ValueError, match=match):
         make_schedule(name, p, m, v)
@@ -114,3 +117,41 @@ def test_the_error_carries_the_rank_index_and_action():
     with pytest.raises(ScheduleError) as err:
         check(broken)
     assert (err.value.rank, err.value.index, err.value.action) == (3, 0, Action("F", 4, 0))
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_v_half_block_lifespans_give_half_the_memory(p):
+    """The block's lifespans (slots from F to the end of W) add up to 6p + O(1) on every rank, so the
+    repeated block holds ⌈ℓ₀/6⌉ + ⌈ℓ₁/6⌉ ≈ p chunk activations (V-Min's block: ≈ 4p slots, 2p/3 chunks)."""
+    blk = v_half_block(p)
+    for r in range(p):
+        life = [blk[("W", s)] + 1 - blk[("F", s)] for s in (r, 2 * p - 1 - r)]
+        assert 6 * p <= sum(life) <= 6 * p + 14, (r, life)            # measured 6p+8 (p = 2, 4), 6p+14 (p = 8)
+        assert sum(math.ceil(x / 6) for x in life) <= p + 3
+    slots = {r: [t % 6 for (k, s), t in blk.items() if min(s, 2 * p - 1 - s) == r] for r in range(p)}
+    assert all(sorted(v) == list(range(6)) for v in slots.values())   # repeats every 6 slots, no collision
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_v_half_bubble_about_half_of_1f1b_at_half_the_memory_for_every_m(p):
+    """m = p..4p, T_F = T_B = T_W: bubble within 0.4-0.7·B, B = (p-1)/(m+p-1) the 1F1B bubble (measured
+    0.45-0.65), peak ≤ p + 3 chunk activations (1F1B: p stages = 2p chunks). The reordered warm-up and
+    cool-down are what buy the bubble: the block order alone leaves 0.70-0.73·B at p = 4, 8 (m = 4p; p = 2:
+    0.53·B either way, nothing to reorder)."""
+    for m in range(p, 4 * p + 1):
+        b = (p - 1) / (m + p - 1)
+        res = simulate(make_schedule("v-half", p, m, 2))
+        assert 0.4 <= res.bubble_fraction / b <= 0.7, (m, res.bubble_fraction / b)
+        assert max(res.peak_in_flight) <= p + 3, (m, res.peak_in_flight)
+    alone = simulate(repeat_block(v_half_block(p), p, 4 * p)).bubble_fraction / b
+    assert alone >= (0.52 if p == 2 else 0.7) and res.bubble_fraction / b <= alone - (0 if p == 2 else 0.15)
+
+
+def test_v_half_block_gap_sets_the_lifespans():
+    """The backward gap is the memory knob: gap 1 is V-Min's block (lifespans ≈ 4p + O(1): 22 at p = 4),
+    gap 2 V-Half's (6p + 8 = 32), gap 3 longer still (38); a gap under one slot is refused."""
+    sums = {g: {sum(v_half_block(4, g)[("W", s)] + 1 - v_half_block(4, g)[("F", s)] for s in (r, 7 - r))
+                for r in range(4)} for g in (1, 2, 3)}
+    assert sums == {1: {22}, 2: {32}, 3: {38}}
+    with pytest.raises(ValueError, match="at least 1 slot"):
+        v_half_block(4, 0)

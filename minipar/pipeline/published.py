@@ -10,10 +10,12 @@ The published bubbles are leading terms: what remains here is the start-up, the 
 forwards of a chunk for its first input, ≈ B/6 for ZB-V and (m+p-1)/(3m+p-1)·B for ZB1P (ZB-H1 here). V-Min
 (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory") is built here as a repeating block
 (:func:`~minipar.pipeline.vschedules.v_min`): its memory is ⅓× plus a few chunks (2p/3 + O(1) chunk
-activations: 0.5× at p = 4 and 8, 0.375× at p = 16). Stated tolerance: bubble within 0.25·B of the published
-multiple of B; volume exactly; memory exactly, V-Min's within 3 chunk activations (3/(2p) of 1F1B's peak).
-V-Half needs a hand-built warm-up and cool-down around its blocks; it is not built here and its row carries the
-published values only.
+activations: 0.5× at p = 4 and 8, 0.375× at p = 16). V-Half (:func:`~minipar.pipeline.vhalf.v_half`) is a
+longer block (lifespans 6p + O(1): ≈ p chunk activations) with its warm-up and cool-down reordered: bubble
+≈ B/2 (0.53·B at p = 2 and 8, 0.54·B at p = 4, m = 4p), memory ½× plus a few chunks (1×, 0.75×, 0.69× at
+p = 2, 4, 8; the paper's ⌊(p+2)/2⌋ stages is 1×, 0.75×, 0.625×). Stated tolerance: bubble within 0.25·B of
+the published multiple of B; volume exactly; memory exactly, V-Min's and V-Half's within 3 chunk activations
+(3/(2p) of 1F1B's peak).
 
 **DualPipe README** (DeepSeek 2025, github.com/deepseek-ai/DualPipe), PP stages, F a forward chunk, B a full
 backward chunk, W its weight part, F&B an overlapped forward + backward pair; idle time per device:
@@ -38,8 +40,8 @@ ZERO_BUBBLE_README = {      # name: (bubble in units of B, activation memory ×,
 DUALPIPE_README = {         # name: (bubble formula, parameters per device ×, activations per device, devices)
     "1F1B": ("(PP-1)(F+B)", 1, "PP", "PP"), "ZB1P": ("(PP-1)(F+B-2W)", 1, "PP", "PP"),
     "DualPipeV": ("(PP/2-1)(F&B+B-3W)", 2, "PP+1", "PP/2")}
-OURS = {"1F1B": ("1f1b", 1), "ZB1P": ("zb-h1", 1), "ZB-V": ("zb-v", 2), "V-Min": ("v-min", 2),
-        "DualPipeV": ("dualpipev", 2)}
+OURS = {"1F1B": ("1f1b", 1), "ZB1P": ("zb-h1", 1), "ZB-V": ("zb-v", 2), "V-Half": ("v-half", 2),
+        "V-Min": ("v-min", 2), "DualPipeV": ("dualpipev", 2)}
 
 
 def zero_bubble_table(p: int, m: int) -> list:

@@ -29,10 +29,13 @@ zb-h1          1F1B with BW split into B and W, W filling the bubble  (p-1)/(3m+
 zb-v           V placement, 2 stages per rank, B/W split             ~0 for F = B = W (Qi et al. 2024)
 dualpipev      V placement, F of one micro-batch beside BW of another (p-1)(F&B+B-3W) (DeepSeek-V3 2024)
 v-min          V placement, a repeating block: memory 1/3 of ZB-V    ≈ 2/3 of 1F1B's (Qi et al. 2024)
+v-half         V placement, a longer block, warm-up/cool-down          ≈ 1/2 of 1F1B's (Qi et al. 2024)
+               reordered: memory 1/2 of ZB-V
 =============  =====================================================  ==================================
 
-The last two live in :mod:`minipar.pipeline.vschedules`; their ``placement`` is ``"v"``: rank r holds stages
-r and 2p-1-r, so the first stage's input and the last stage's loss sit on rank 0.
+The V schedules live in :mod:`minipar.pipeline.vschedules` (V-Half in :mod:`minipar.pipeline.vhalf`); their
+``placement`` is ``"v"``: rank r holds stages r and 2p-1-r, so the first stage's input and the last stage's
+loss sit on rank 0.
 
 The bubble above is idle / (p · makespan). Megatron-LM (Narayanan et al. 2021) and the Ultra-Scale Playbook
 divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m) interleaved.
@@ -217,7 +220,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, actions)
 
 
-V_SCHEDULES = ("zb-v", "dualpipev", "v-min")
+V_SCHEDULES = ("zb-v", "dualpipev", "v-min", "v-half")
 SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
 
 
@@ -246,4 +249,6 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -
 
 from .vschedules import dualpipe_v, v_min, zb_v  # noqa: E402  (they build on Action, Schedule and validate above)
 
-SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min})
+from .vhalf import v_half  # noqa: E402
+
+SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min, "v-half": v_half})

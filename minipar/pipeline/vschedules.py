@@ -20,7 +20,10 @@ way down) and a *chunk 1* (stage 2p-1-r, on the way up).
   F&B = F + B + W (no credit for overlap on a CPU). Then the idle per rank is the DualPipe README's
   (p-1)(F&B + B - 3W), B the full backward; played as two free actions it is (p-1)·F.
 
-Both follow the phase structure of the published schedules (and of ``torch.distributed.pipelining``'s
+V-Min (:func:`v_min`, below) and V-Half (:func:`minipar.pipeline.vhalf.v_half`, its own file) are built from
+a repeating building block instead (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory").
+
+ZB-V and DualPipeV follow the phase structure of the published schedules (and of ``torch.distributed.pipelining``'s
 ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``, which the chapter runs beside them), written here as
 plain action lists so that the checker (:mod:`minipar.pipeline.checker`) and the simulator can read them.
 """
