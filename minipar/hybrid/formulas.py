@@ -19,7 +19,8 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     With SP every TP all-reduce becomes an all-gather + reduce-scatter ((t-1)/t·S each) and the column-parallel
     layers re-gather their input in backward: per block 4 reduce-scatters + 6 all-gathers, the embedding 1 + 1,
     the head 1 + 2; the activations between stages are sequence shards; the LayerNorm / row-bias / position
-    gradients are summed over tp once per step. With context parallelism every activation holds s/cp tokens, the
+    gradients are summed over tp once per step. Full recomputation re-runs each block's forward collectives
+    (and, with SP, the head's all-gather; measured: the embedding and the loss are not re-run). With context parallelism every activation holds s/cp tokens, the
     gradients are averaged over dp × cp, and the cp group carries :func:`minipar.hybrid.context.cp_bytes`."""
     layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
     dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
@@ -36,6 +37,8 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
         tp_bytes = b * m * (half * (10 * blocks + 2 * first + 3 * last) * act + ring * loss) + ring * b * sp_params
     else:
         tp_bytes = ring * b * m * ((4 * blocks + first + last) * act + loss)     # f, g; embedding g; head f
+    if layout.recompute == "full":       # the blocks' forward collectives again (SP: and the head's all-gather)
+        tp_bytes += b * m * act * (half * (4 * blocks + last) if sp else ring * 2 * blocks)
     crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)
     pp_bytes = b * m * act // (tp if sp else 1) * crossings
     vocab = math.ceil(cfg.vocab_size / tp) * tp
