@@ -101,3 +101,37 @@ def test_run_validates_before_starting(monkeypatch):
     with pytest.raises(ValueError, match="2 · cp"):
         run(gpt_recipe(steps=1, batch_size=BATCH, seq_len=12, n_layer=4, n_head=8),
             layout=Layout(cp=4, tp=2, cp_method="ring-zigzag", micro_batches=2, schedule="gpipe"))
+
+
+CLI = ["--batch-size", "8", "--seq-len", "16", "--micro-batches", "2", "--dtype", "float64", "--steps", "2",
+       "--schedule", "gpipe", "--json"]
+
+
+def _losses(capfd, *flags):
+    from minipar.hybrid.cli import main
+    import json
+    capfd.readouterr()
+    assert main([*flags, *CLI]) == 0
+    out, err = capfd.readouterr()
+    return [json.loads(line)["loss"] for line in out.splitlines()], err
+
+
+def test_train_command_with_cp_equals_one_device(capfd):
+    one, _ = _losses(capfd)
+    cp, err = _losses(capfd, "--dp", "2", "--cp", "2", "--tp", "2", "--cp-method", "ring-zigzag")
+    assert len(one) == len(cp) == 2 and err.count("step    1/") == 1      # one reporter, not one per cp rank
+    assert cp == pytest.approx(one, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--cp", "4", "--tp", "2", "--cp-method", "ulysses"], "divisible by cp · tp = 8"),
+    (["--cp", "0"], "--cp must be a positive integer"),
+    (["--cp", "2", "--save", "never-written"], "checkpoints of context-parallel layouts"),
+    (["--cp", "2", "--cp-method", "striped"], "invalid choice"),
+])
+def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):
+    from minipar.hybrid.cli import main
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(SystemExit) as exit_:
+        main([*flags, *CLI])
+    assert exit_.value.code == 2 and words in capfd.readouterr().err
