@@ -28,7 +28,8 @@ ZERO_STAGES = (0, 1, 2, 3)
 class Layout:
     """Degrees of each parallelism (``dp``, ``tp``, ``pp``, ``cp``, ``ep``), ``v`` virtual stages per pipeline
     rank, ``zero`` stage, ``sp`` (sequence parallelism in the TP group), ``recompute`` mode, ``micro_batch``
-    (rows per micro-batch, for the cost model) and ``micro_batches`` (m per step), ``schedule``."""
+    (rows per micro-batch, for the cost model) and ``micro_batches`` (m per step), ``schedule``, and
+    ``cp_method``: how the cp ranks attend (``ring``, ``ring-zigzag``, ``ulysses``, ``rsa``; chapter 06b)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -41,6 +42,7 @@ class Layout:
     micro_batch: int = 1
     micro_batches: int = 1
     schedule: str = "1f1b"
+    cp_method: str = "ring"
 
     @property
     def sizes(self) -> dict:
@@ -68,6 +70,8 @@ class Layout:
             raise ValueError(f"sp must be True or False, got {self.sp!r}")
         if not isinstance(self.schedule, str):
             raise ValueError(f"schedule must be a name, got {self.schedule!r}")
+        if not isinstance(self.cp_method, str):
+            raise ValueError(f"cp_method must be a name, got {self.cp_method!r}")
         return self
 
     def refuse(self, *dims: str, why: str) -> None:
@@ -106,7 +110,7 @@ class Layout:
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
         parts += [f"v={self.v}"] if self.v > 1 else []
-        parts += [f"cp={self.cp}"] if self.cp > 1 else []
+        parts += [f"cp={self.cp}", self.cp_method] if self.cp > 1 else []
         parts += [f"ep={self.ep}"] if self.ep > 1 else []
         parts += [f"zero={self.zero}"] if self.zero else []
         parts += ["sp"] if self.sp else []

@@ -27,10 +27,20 @@ import torch.distributed as dist
 
 from .validation import positive_int
 
-__all__ = ["Mesh", "RankMesh", "DEFAULT_ORDER"]
+__all__ = ["Mesh", "RankMesh", "DEFAULT_ORDER", "megatron_order"]
 
 # Outermost first. tp innermost: its ranks are neighbours (same node), since TP talks the most.
 DEFAULT_ORDER = ("dp", "pp", "cp", "ep", "tp")
+
+
+def megatron_order(spec: str = "tp-cp-ep-dp-pp") -> tuple:
+    """Megatron-Core's order string (innermost first, ``"tp-cp-ep-dp-pp"`` its default) as a :class:`Mesh`
+    order (outermost first): ``("pp", "dp", "ep", "cp", "tp")``. With it ``Mesh(world, order, **sizes)``
+    has Megatron's ``RankGenerator`` groups (tests/test_mesh_megatron.py)."""
+    names = spec.lower().split("-")
+    if len(set(names)) != len(names) or not all(names):
+        raise ValueError(f"order {spec!r}: each dimension must appear once, separated by '-'")
+    return tuple(reversed(names))
 
 
 class Mesh:

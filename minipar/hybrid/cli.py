@@ -2,12 +2,13 @@
 
     python -m minipar train --dp 2 --pp 2 --tp 2 --schedule 1f1b --micro-batches 8 --steps 20
     python -m minipar train --dp 1 --pp 1 --tp 1 --steps 20 --json            # the single-device run
+    python -m minipar train --dp 2 --cp 2 --tp 2 --cp-method ring-zigzag      # context parallelism too
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
     torchrun --nproc_per_node=8 -m minipar train --dp 2 --pp 2 --tp 2         # torchrun's ranks instead
 
-It starts dp·pp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
+It starts dp·pp·cp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
 this process's rank. ``--backend auto`` (the default) is NCCL with one GPU per rank (GPU ``LOCAL_RANK``) when
 CUDA is available, else gloo on the CPU; ``--backend gloo`` is always the CPU; ``--backend nccl`` without a GPU,
 or a local launch of more ranks than GPUs, exits with code 2. The CUDA path is written and checked on CPU by a
@@ -44,7 +45,7 @@ from ..datasets import lm_batch
 from ..launcher import choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
-from . import checkpoint, guard, preflight
+from . import checkpoint, context, guard, preflight
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
@@ -61,11 +62,14 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m minipar train", description=__doc__.split("\n\n")[0])
-    layout = p.add_argument_group("layout (dp × pp × tp ranks)")
+    layout = p.add_argument_group("layout (dp × pp × cp × tp ranks)")
     layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
     layout.add_argument("--pp", type=int, default=1, help="pipeline stages")
     layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     layout.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group")
+    layout.add_argument("--cp", type=int, default=1, help="context-parallel degree (s/cp tokens per rank)")
+    layout.add_argument("--cp-method", default="ring", choices=context.METHODS,
+                        help="how the cp ranks attend (chapter 06b)")
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="ZeRO stage over the DP group (1; 2 and 3 are refused with PP, with the reason)")
     layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
@@ -120,7 +124,7 @@ def make_recipe(args, data: dict | None = None):
 
 def layout_of(args) -> Layout:
     return Layout(dp=args.dp, pp=args.pp, tp=args.tp, sp=args.sp, zero=args.zero, schedule=args.schedule,
-                  micro_batches=args.micro_batches, v=args.v)
+                  micro_batches=args.micro_batches, v=args.v, cp=args.cp, cp_method=args.cp_method)
 
 
 def identity_of(args, recipe, data: dict | None = None) -> dict:
@@ -165,7 +169,7 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
     if save:
         guard.check_shared(save, trainer.device)
     start = checkpoint.load(trainer, resume) if resume else 0
-    reporter = trainer.mesh.is_last_stage and trainer.mesh.coord("dp") == 0 and trainer.mesh.coord("tp") == 0
+    reporter = trainer.mesh.is_last_stage and all(trainer.mesh.coord(d) == 0 for d in ("dp", "cp", "tp"))
     tokens = recipe.batches[0][0].numel()
     history = []
     for step in range(start, steps):

@@ -5,22 +5,27 @@ from __future__ import annotations
 import math
 
 from ..layout import Layout
+from .context import cp_bytes
 
 __all__ = ["bytes_formula", "ring_dp"]
 
 
 def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp_rank: int = 0,
                   element_size: int = 8, m: int | None = None, **dims) -> dict:
-    """{"dp", "pp", "tp"}: the bytes rank ``pp_rank`` of a pipeline sends per step, from the shapes alone.
+    """{"dp", "pp", "tp"} (+ "cp" when cp > 1): the bytes rank ``pp_rank`` of a pipeline sends per step, from
+    the shapes alone.
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2, m=4``;
     ``m`` is ``micro_batches``).
     With SP every TP all-reduce becomes an all-gather + reduce-scatter ((t-1)/t·S each) and the column-parallel
     layers re-gather their input in backward: per block 4 reduce-scatters + 6 all-gathers, the embedding 1 + 1,
     the head 1 + 2; the activations between stages are sequence shards; the LayerNorm / row-bias / position
-    gradients are summed over tp once per step."""
+    gradients are summed over tp once per step. Full recomputation re-runs each block's forward collectives
+    (and, with SP, the head's all-gather; measured: the embedding and the loss are not re-run). With context parallelism every activation holds s/cp tokens, the
+    gradients are averaged over dp × cp, and the cp group carries :func:`minipar.hybrid.context.cp_bytes`."""
     layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
-    dp, pp, tp, m, v, zero, sp = (getattr(layout, k) for k in ("dp", "pp", "tp", "micro_batches", "v", "zero", "sp"))
-    b, h, mb, n_stages = element_size, cfg.n_embd, batch // (dp * m), pp * v
+    dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
+        "dp", "pp", "tp", "micro_batches", "v", "zero", "sp", "cp"))
+    b, h, mb, n_stages, full_seq, seq = element_size, cfg.n_embd, batch // (dp * m), pp * v, seq, seq // cp
     mine = [s for s in range(n_stages) if s % pp == pp_rank]
     per_stage = cfg.n_layer // n_stages
     first, last = sum(s == 0 for s in mine), sum(s == n_stages - 1 for s in mine)
@@ -32,6 +37,8 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
         tp_bytes = b * m * (half * (10 * blocks + 2 * first + 3 * last) * act + ring * loss) + ring * b * sp_params
     else:
         tp_bytes = ring * b * m * ((4 * blocks + first + last) * act + loss)     # f, g; embedding g; head f
+    if layout.recompute == "full":       # the blocks' forward collectives again (SP: and the head's all-gather)
+        tp_bytes += b * m * act * (half * (4 * blocks + last) if sp else ring * 2 * blocks)
     crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)
     pp_bytes = b * m * act // (tp if sp else 1) * crossings
     vocab = math.ceil(cfg.vocab_size / tp) * tp
@@ -39,8 +46,11 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     psi = [per_stage * per_block + (s == 0) * (vocab * h // tp + cfg.block_size * h)
            + (s == n_stages - 1) * (vocab * h // tp + 2 * h) for s in mine]
     if zero:                                                 # ZeRO-1 pads each stage's flat buffer to d shards
-        psi = [math.ceil(x / dp) * dp for x in psi]
-    return {"dp": ring_dp(dp) * b * sum(psi), "pp": pp_bytes, "tp": tp_bytes}
+        psi = [math.ceil(x / (dp * cp)) * dp * cp for x in psi]
+    kinds = {"dp": ring_dp(dp * cp) * b * sum(psi), "pp": pp_bytes, "tp": tp_bytes}
+    if cp > 1:
+        kinds["cp"] = cp_bytes(cfg, layout, micro_batch=mb, seq=full_seq, blocks=blocks, element_size=b)
+    return kinds
 
 
 def ring_dp(n: int) -> float:

@@ -1,4 +1,4 @@
-"""3D parallelism: data × pipeline × tensor parallelism (+ sequence parallelism, + ZeRO-1) on one mesh
+"""Hybrid parallelism: data × pipeline × context × tensor parallelism (+ sequence parallelism, + ZeRO-1) on one mesh
 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM";
 ZeRO-1 over the data-parallel group as in Rajbhandari et al. 2020, §5 and BLOOM/Megatron-DeepSpeed).
 
@@ -25,6 +25,9 @@ rows per micro-batch, s sequence, h hidden, L_r blocks on this rank, Ψ_r parame
     PP  b · m · mb·s·h · (number of stage boundaries this rank sends across, forward and backward)
     DP  2(d-1)/d · b · Ψ_r        (all-reduce, or ZeRO-1's reduce-scatter + all-gather: the same)
 
+Context parallelism (cp > 1, :mod:`.context`): a stage's cp ranks hold s/cp tokens of each row, attend over the
+cp group (chapter 06b), and average gradients over dp × cp: DP reads 2(dp·cp−1)/(dp·cp), activations s/cp.
+
 Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
 :class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
 :class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups.
@@ -50,6 +53,7 @@ from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
+from . import context
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
 __all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage",
@@ -70,16 +74,17 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
     ``world_size``: the ranks there are (default: the layout's)."""
     layout = Layout.of(layout, DEFAULTS, **dims).check()
-    layout.refuse("cp", "ep", why="the 3D trainer runs dp × pp × tp; context and expert parallelism are "
-                                  "chapters 06b and 09 (they join this mesh with the 5D trainer)")
+    layout.refuse("ep", why="the hybrid trainer runs dp × pp × cp × tp; expert parallelism is chapter 09's "
+                            "(it joins this mesh with the 5D trainer)")
     if layout.recompute not in ("none", "full"):
         raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer recomputes whole stages ('full') or "
                          f"nothing ('none'); selective recomputation is chapter 11's")
-    dp, pp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
-        "dp", "pp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
+    dp, pp, cp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
+        "dp", "pp", "cp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
     world_size = layout.world_size if world_size is None else world_size
-    if dp * pp * tp != world_size:
-        raise ValueError(f"dp × pp × tp = {dp} × {pp} × {tp} = {dp * pp * tp} ranks, but the world size is "
+    if dp * pp * cp * tp != world_size:
+        shown = f"dp × pp × cp × tp = {dp} × {pp} × {cp} × {tp}" if cp > 1 else f"dp × pp × tp = {dp} × {pp} × {tp}"
+        raise ValueError(f"{shown} = {dp * pp * cp * tp} ranks, but the world size is "
                          f"{world_size}: the mesh's dimensions must multiply to the world size")
     if zero in (2, 3):
         raise ValueError(ZERO_WITH_PP.format(z=zero))
@@ -93,7 +98,8 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
                          "tie_weights=False with pipeline parallelism")
     validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
     batch, seq = recipe.batches[0][0].shape
-    tp_gpt.validate(cfg, tp=tp, seq_len=seq, sequence_parallel=sp)
+    context.validate(layout, cfg, seq)
+    tp_gpt.validate(cfg, tp=tp, seq_len=seq // cp, sequence_parallel=sp)
     if batch % (dp * micro_batches):
         raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
                          f"equal micro-batches (global batch = dp × m × micro-batch size)")
@@ -116,6 +122,13 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
             self.ln_f, self.head = model.ln_f, model.head
         names = {id(p): n for n, p in model.named_parameters()}
         self.reference_names = {id(p): names[id(p)] for p in self.parameters()}
+        self.token_positions = None           # context parallelism: the global positions of this rank's tokens
+
+    def positions_held(self, idx):
+        if self.token_positions is None:
+            return super().positions_held(idx)
+        held = self.token_positions.to(idx.device)     # SP: this TP rank's chunk of them, as SequenceShardEmbedding
+        return held.chunk(tp_gpt.tp_size(self.group))[tp_gpt.tp_rank(self.group)] if self.sequence_parallel else held
 
     def forward(self, x):
         if self.first:                                  # token ids -> hidden states (TensorParallelGPT's seam)
@@ -156,7 +169,8 @@ class Trainer3D:
             "dp", "pp", "tp", "sp", "zero", "schedule", "micro_batches", "v"))
         self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
         self.mesh = Mesh(world_size, **layout.sizes).build(rank)
-        self.dp_group, self.tp_group = self.mesh.group("dp"), self.mesh.group("tp")
+        # the gradients (and the loss) are averaged over dp × cp: the group("dp") itself when cp = 1
+        self.dp_group, self.tp_group = self.mesh.group("dp", "cp"), self.mesh.group("tp")
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
@@ -166,6 +180,8 @@ class Trainer3D:
         self.params = [p for s in self.stages.values() for p in s.parameters()]
         self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
         batch, seq = recipe.batches[0][0].shape
+        self.positions = context.install(self.model, self.stages.values(), self.mesh, layout, seq)
+        seq //= layout.cp                                         # the tokens this rank holds of each row
         mb = batch // (dp * micro_batches)
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
@@ -180,7 +196,7 @@ class Trainer3D:
             self.optimizer, self.reducer = self.zero.optimizer, None
         else:
             self.zero, self.optimizer = None, recipe.optimizer(self.params)
-            self.reducer = Reducer(self.params, self.dp_group) if dp > 1 else None
+            self.reducer = Reducer(self.params, self.dp_group) if dp * layout.cp > 1 else None
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
@@ -204,6 +220,8 @@ class Trainer3D:
         """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
         stage's ranks, None elsewhere."""
         x, y = (t.to(self.device) for t in shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp")))
+        if self.positions is not None:                            # context parallelism: my tokens of every row
+            x, y = x[:, self.positions.to(self.device)], y[:, self.positions.to(self.device)]
         self.zero_grad()
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
             loss = self.runner.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
@@ -257,10 +275,11 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
         seconds.append(time.perf_counter() - start)
         losses.append(loss)
     steps = len(recipe.batches)
-    tagged = comm.CommLog(t.logs["pp+tp"].records + t.logs["dp"].records, mesh=t.mesh.mesh)
-    by_dims = tagged.bytes_by_dims()                             # bytes per kind: the mesh dim a group spans
-    by_kind = {k: by_dims.get((k,), 0) / steps for k in ("dp", "pp", "tp")}
-    calls = {k: sum(r.dims == (k,) and r.op != "recv" for r in tagged.records) / steps for k in ("dp", "pp", "tp")}
+    kinds = {"dp": (t.logs["dp"], t.mesh.mesh.key(("dp", "cp"))),       # kind: its log, the dims its group spans
+             **{k: (t.logs["pp+tp"], (k,)) for k in ("pp", "tp", "cp") if k != "cp" or t.layout.cp > 1}}
+    by_kind = {k: (log.bytes_by_dims().get(dims, 0) if dims else 0) / steps for k, (log, dims) in kinds.items()}
+    calls = {k: sum(bool(dims) and r.dims == dims and r.op != "recv" for r in log.records) / steps
+             for k, (log, dims) in kinds.items()}
     observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
     return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
                      observed, seconds, peak, t.runner.timeline, t.model_state_bytes())

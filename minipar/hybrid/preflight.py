@@ -15,7 +15,7 @@ __all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "resume_poin
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
-            "n_embd", "save_every", "local_world_size", "eval_every")
+            "n_embd", "save_every", "local_world_size", "eval_every", "cp")
 
 
 def check_flags(parser: argparse.ArgumentParser, args) -> None:
@@ -33,6 +33,9 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.save_every is not None and not args.save:
         raise ValueError("--save-every needs --save DIR")
+    if args.cp > 1 and (args.save or args.resume):
+        raise ValueError(f"--cp {args.cp} with --save/--resume: checkpoints of context-parallel layouts are not "
+                         f"written yet (every cp rank would write the same stage file); train without them")
 
 
 def text_data(args) -> dict | None:
