@@ -38,10 +38,10 @@ def test_layout_equals_one_device(reference, name):
     cfg = recipe().model().cfg
     for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
         want = bytes_formula(cfg, batch=16, seq=8, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=4,
-                             v=layout.get("v", 1), pp_rank=r.coords[1], zero=layout.get("zero", 0),
+                             v=layout.get("v", 1), pp_rank=r.coords["pp"], zero=layout.get("zero", 0),
                              sp=layout.get("sp", False))
         assert want == bytes_formula(cfg, batch=16, seq=8, layout=Layout(**layout, micro_batches=4),
-                                     pp_rank=r.coords[1])
+                                     pp_rank=r.coords["pp"])
         assert r.bytes_by_kind == pytest.approx(want)
         # what the sockets took: at least the model, plus gloo's framing (and 2x the ring for gloo's own
         # reduce-scatter, which all-reduces internally: ZeRO-1's DP traffic is 1.5x the model)
