@@ -52,7 +52,7 @@ def draw_mesh(ax, dp: int = 2, pp: int = 2, tp: int = 2):
 def draw_step(ax, runs, step: int | None = None):
     """Every rank's F/BW spans in one step of a real run (``runs``: per-rank HybridRuns)."""
     from minipar.pipeline.gantt import draw_gantt
-    from minipar.pipeline.runtime import step_rows, typical_step
+    from minipar.pipeline.timeline import step_rows, typical_step
     step = typical_step(runs) if step is None else step
     rows = step_rows(runs, step)
     labels = [f"rank {r} (dp{c['dp']} pp{c['pp']} tp{c['tp']})" for r, c in enumerate(x.coords for x in runs)]

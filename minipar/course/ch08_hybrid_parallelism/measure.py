@@ -13,7 +13,7 @@ from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, run
 from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
-from minipar.pipeline.runtime import measured_idle_fraction
+from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
