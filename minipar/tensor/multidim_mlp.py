@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import comm
 from ..check import RunResult, check_equivalence, default_loss
+from ..models import MLP
 from . import grid as grids
 from . import tp2d, tp2p5d, tp3d
 
@@ -106,12 +106,7 @@ class MultiDimMLP(nn.Module):
             made = [tp3d.Linear3D(l, g, i) for i, l in enumerate(ref.layers)]
         self.layers = nn.ModuleList(made)
 
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = F.gelu(x)
-        return x
+    forward = MLP.forward       # the reference MLP's own forward (GELU between layers), over the sharded layers
 
     def _cut(self, t, last: bool):
         """This rank's part of a (tokens, features) tensor: the input (last=False) or the output layout."""
