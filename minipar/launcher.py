@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .validation import positive_int
+
 __all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
@@ -91,10 +93,6 @@ _SIGNAL_MEANING = {
 }
 
 
-def _check_world_size(world_size) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-
 
 def _in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -129,7 +127,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
     prints nothing (the output is still attached to errors).
     """
-    _check_world_size(world_size)
+    positive_int("world_size", world_size)
     if _in_torchrun():
         return _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
     if dist.is_available() and dist.is_initialized():

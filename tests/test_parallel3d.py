@@ -6,6 +6,7 @@ import torch
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.hybrid.parallel3d import bytes_formula, run, validate
 from minipar.layout import Layout
+from minipar.mesh import Mesh
 
 
 def recipe(steps=2):
@@ -36,12 +37,14 @@ def test_layout_equals_one_device(reference, name):
     runs = run(recipe(), layout=Layout(**layout, micro_batches=4))        # the world size is the layout's
     compare(reference, runs, dtype=torch.float64).assert_ok()
     cfg = recipe().model().cfg
+    mesh = Mesh(8, **Layout(**layout, micro_batches=4).sizes)
+    assert [r.coords for r in runs] == [mesh.coords(rank) for rank in range(8)]   # by name, the mesh's own
     for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
         want = bytes_formula(cfg, batch=16, seq=8, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], m=4,
-                             v=layout.get("v", 1), pp_rank=r.coords[1], zero=layout.get("zero", 0),
+                             v=layout.get("v", 1), pp_rank=r.coords["pp"], zero=layout.get("zero", 0),
                              sp=layout.get("sp", False))
         assert want == bytes_formula(cfg, batch=16, seq=8, layout=Layout(**layout, micro_batches=4),
-                                     pp_rank=r.coords[1])
+                                     pp_rank=r.coords["pp"])
         assert r.bytes_by_kind == pytest.approx(want)
         # what the sockets took: at least the model, plus gloo's framing (and 2x the ring for gloo's own
         # reduce-scatter, which all-reduces internally: ZeRO-1's DP traffic is 1.5x the model)

@@ -127,9 +127,9 @@ def test_1d_baseline_trains_like_one_device():
 
 def test_measured_bytes_and_messages_equal_the_closed_forms():
     """The comparison's numbers: the log's model = the formula; the sockets = model + a header per message."""
-    from minipar.tensor import multidim_mlp as mm
+    from minipar.tensor import multidim_measure as mmeasure
     for layout, world in (("1d", 4), ("2d", 4)):
-        c = mm.counts(layout, world)
-        for r in mm.measure_all(world, layout):
+        c = mmeasure.counts(layout, world)
+        for r in mmeasure.measure_all(world, layout):
             assert r["bytes_model"] == c["bytes"] and r["messages"] == c["messages"]
             assert r["bytes_model"] < r["bytes_observed"] <= r["bytes_model"] + 300 * r["messages"]

@@ -63,11 +63,12 @@ def test_without_depth_sum_each_layer_sees_only_its_tokens():
 
 def test_mlp_trains_like_one_device_and_bytes_measured():
     from minipar.check import mlp_recipe
+    from minipar.tensor import multidim_measure as mmeasure
     from minipar.tensor import multidim_mlp as mm
     mm.run(mm.in_dtype(mlp_recipe(steps=3, optimizer="adam")), world_size=8, layout="2.5d", depth=2,
            launch_kwargs={"quiet": True}).assert_ok()
-    c = mm.counts("2.5d", 8)
-    for r in mm.measure_all(8, "2.5d"):
+    c = mmeasure.counts("2.5d", 8)
+    for r in mmeasure.measure_all(8, "2.5d"):
         assert r["bytes_model"] == c["bytes"] and r["messages"] == c["messages"]
         assert r["bytes_model"] < r["bytes_observed"] <= r["bytes_model"] + 300 * r["messages"]
         assert r["params"] == (32 * 128 * 2) * 4 / 4          # 1/q²: the weights are replicated over depth

@@ -79,11 +79,12 @@ def test_layers_chain_without_relayout():
 
 def test_mlp_trains_like_one_device_and_bytes_measured():
     from minipar.check import mlp_recipe
+    from minipar.tensor import multidim_measure as mmeasure
     from minipar.tensor import multidim_mlp as mm
     mm.run(mm.in_dtype(mlp_recipe(steps=3, optimizer="adam")), world_size=8, layout="3d",
            launch_kwargs={"quiet": True}).assert_ok()
-    c = mm.counts("3d", 8)
-    for r in mm.measure_all(8, "3d"):
+    c = mmeasure.counts("3d", 8)
+    for r in mmeasure.measure_all(8, "3d"):
         assert r["bytes_model"] == c["bytes"] and r["messages"] == c["messages"]
         assert r["bytes_model"] < r["bytes_observed"] <= r["bytes_model"] + 300 * r["messages"]
         assert r["params"] == (32 * 128 * 2) * 4 / 8          # 1/q³ of the weights

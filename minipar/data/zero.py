@@ -48,6 +48,7 @@ import torch.nn as nn
 from .. import comm
 from ..check import RunResult
 from ..loop import mean_over_ranks, shard_batch
+from ..validation import positive_int
 from .flat_unit import COLLECTIVES, FlatUnit
 
 __all__ = ["FlatUnit", "ZeRO", "block_units", "validate", "parallel_train", "run", "STAGES"]
@@ -205,8 +206,7 @@ def validate(recipe, *, world_size: int, stage: int, collectives: str = "gloo", 
     if collectives not in COLLECTIVES:
         raise ValueError(f"collectives must be one of {COLLECTIVES} (gloo's own or minipar's send/recv "
                          f"rings), got {collectives!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int("world_size", world_size)
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
     batch = len(recipe.batches[0][0])

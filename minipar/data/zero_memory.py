@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validation import positive_int
+
 __all__ = ["Precision", "PRECISIONS", "GB", "GiB", "STAGE_NAMES", "model_state_bytes", "bytes_sent_per_step",
            "padded_numel", "fmt", "table"]
 
@@ -54,8 +56,7 @@ def _precision(precision) -> Precision:
 def _check(psi, n, stage) -> None:
     if psi < 0:
         raise ValueError(f"the parameter count must be non-negative, got {psi!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"N (data-parallel ranks) must be a positive integer, got {n!r}")
+    positive_int("N (data-parallel ranks)", n)
     if stage not in STAGE_NAMES:
         raise ValueError(f"stage must be one of {list(STAGE_NAMES)} (0 = DDP), got {stage!r}")
 

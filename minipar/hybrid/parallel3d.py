@@ -49,6 +49,7 @@ from ..loop import mean_over_ranks, shard_batch
 from ..memory import LiveTensorTracker, tensor_bytes
 from ..mesh import Mesh
 from ..pipeline.runtime import PipelineRank, synced_clock
+from ..pipeline.timeline import timed
 from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
@@ -143,8 +144,9 @@ class HybridRun(RunResult):
     """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
     step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
     ``calls_by_kind``, ``step_seconds``, ``peak_bytes`` (model states + live tensors during a step), the
-    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords`` = (dp, pp, tp) of the rank."""
-    coords: tuple = ()
+    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords`` = the rank's mesh coordinates by name,
+    ``{"dp": .., "pp": .., "tp": ..}``."""
+    coords: dict = field(default_factory=dict)
     bytes_by_kind: dict = field(default_factory=dict)
     calls_by_kind: dict = field(default_factory=dict)
     observed: dict = field(default_factory=dict)
@@ -186,7 +188,8 @@ class Trainer3D:
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
         self.vocab_size = ref.cfg.vocab_size
-        self.runner = PipelineRank(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh, shapes,
+        runner_class = timed(PipelineRank)                       # its timeline recorded beside it
+        self.runner = runner_class(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh, shapes,
                                    recompute=layout.recompute == "full",     # activation checkpointing per stage
                                    t0=synced_clock(None, self.device),        # one time axis
                                    device=self.device, loss_fn=self.loss)
@@ -207,8 +210,9 @@ class Trainer3D:
         return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size).mean()
 
     @property
-    def coords(self) -> tuple:
-        return tuple(self.mesh.coord(d) for d in ("dp", "pp", "tp"))
+    def coords(self) -> dict:
+        """{dimension: this rank's coordinate} over the mesh's dimensions, by name."""
+        return dict(self.mesh.coords)
 
     def zero_grad(self) -> None:
         if self.zero is not None:

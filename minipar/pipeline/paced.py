@@ -25,8 +25,10 @@ The numbers trained are unchanged: pacing only waits (the result equals one devi
 of a paced run also holds the 8-byte send times.
 
 How: :func:`paced` turns any rank class (:class:`~minipar.pipeline.runtime.PipelineRank`, PipeDream's) into
-its paced twin with :class:`PacedRank`, which fills the runtime's three seams: ``post`` (defer a send to the
+its paced twin with :class:`PacedRank`, which fills the runtime's seams: ``post`` (defer a send to the
 slot's end), ``wait_for`` (also receive when the sender's slot ended) and ``action_done`` (:meth:`PacedRank.hold`).
+It goes on top of a timed class (``paced(timed(cls))``, :mod:`minipar.pipeline.timeline`), whose rows then
+show the slots: a deferred send passes through the timeline's ``post`` when it is really posted.
 """
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ class PacedRank:
 
     def action_done(self, kind: str) -> None:
         self.hold(kind)
+        super().action_done(kind)        # a timeline (minipar.pipeline.timeline) ends the action's span here
 
     def hold(self, kind: str) -> None:
         """Sleep until the action's slot is over, then post its sends, each followed by the time the slot
@@ -105,11 +108,9 @@ class PacedRank:
         else:          # computing (or the input's transfer) took longer: late, the next slot catches up
             self.overruns += 1
         for t, dst, tag, to_stage, mb in self.deferred:
-            now = self.clock()
-            self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
+            super().post(t, dst, tag, to_stage, mb)                   # the rank class's send, now
             sent = torch.tensor([self.slot_end], dtype=torch.float64, device=self.device)
             self.pending_sends.append((comm.isend(sent, dst, self.group, tag + SENT_AT_TAG), sent))
-            self.timeline.append((self.step_index, "send", to_stage, mb, now, self.clock()))
         self.deferred = []
 
 

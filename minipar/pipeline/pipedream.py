@@ -31,6 +31,7 @@ from .runtime import PipelineRank, synced_clock
 from . import schedules
 from .schedules import make_schedule
 from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
+from .timeline import timed
 
 __all__ = ["PipeDreamRank", "PipeDreamRun", "validate", "parallel_train", "run", "reference_2bw", "reference_async"]
 
@@ -138,7 +139,8 @@ def parallel_train(rank: int, world_size: int, recipe, *, mode: str = "2bw", m: 
     all_stages = split_model(recipe.model().to(recipe.dtype), p)
     mine = assign(all_stages, p, pp_rank)
     shapes = boundary_shapes(all_stages, inputs[0])
-    runner = PipeDreamRank(sched, mine, mesh, shapes, t0=synced_clock(mesh.group("pp")), mode=mode, lr=lr, m=m)
+    runner = timed(PipeDreamRank)(sched, mine, mesh, shapes, t0=synced_clock(mesh.group("pp")), mode=mode, lr=lr,
+                                  m=m)
     runner.run(inputs, targets)
     losses = None
     if runner.mb_losses:

@@ -22,9 +22,11 @@ the vocabulary-parallel cross-entropy). The rank that holds a stage is the sched
 (``Schedule.rank_of``: round-robin, or the V of ZB-V / DualPipeV); a neighbour stage on the same rank gets its
 tensor handed over locally, without a message.
 
-Paced mode (``pace=``) is not in this file: :mod:`minipar.pipeline.paced` adds it to any rank class through
-three seams, :meth:`PipelineRank.post` (a send), :meth:`PipelineRank.wait_for` (a receive) and
-:meth:`PipelineRank.action_done`.
+Measurement and pacing are not in this file, which only executes the schedule: they are mix-ins fed by its
+seams, :meth:`PipelineRank.begin_step`, :meth:`~PipelineRank.begin_action`, :meth:`~PipelineRank.post` (a
+send), :meth:`~PipelineRank.wait_for` (a receive) and :meth:`~PipelineRank.action_done`.
+:mod:`minipar.pipeline.timeline` records what each rank did and when (``timed(cls)``; :func:`parallel_train`
+always uses it), :mod:`minipar.pipeline.paced` holds every action to a calibrated slot (``paced(cls)``).
 
 The B/W split of zero-bubble schedules uses ``torch.autograd.grad`` twice on the stage's graph: B asks for
 the input gradient (keeping the graph), W for the parameter gradients. That is exact, but W walks the graph
@@ -46,6 +48,7 @@ from ..mesh import Mesh, RankMesh
 from . import paced, schedules
 from .schedules import Schedule, make_schedule
 from .stages import _layers, boundary_shapes, split_model, stage_loss
+from .timeline import measured_idle_fraction, step_rows, timed, typical_step  # noqa: F401 (public here too)
 
 __all__ = ["PipelineRank", "PipelineRun", "parallel_train", "run", "validate", "synced_clock",
            "step_rows", "measured_idle_fraction", "typical_step"]
@@ -80,7 +83,6 @@ class PipelineRank:
         self.pp_ranks, self.group, self.pp_rank = mesh.ranks("pp"), mesh.group("pp"), mesh.coord("pp")
         self.actions = schedule.actions[self.pp_rank]
         self.recompute, self.t0, self.loss_fn = recompute, t0, loss_fn
-        self.timeline, self.memory = [], []
         self.last = schedule.num_stages - 1
         self.batch_size_in_microbatches = None   # None: the micro-batches of one run() are one batch
 
@@ -107,9 +109,7 @@ class PipelineRank:
 
     def post(self, t, dst: int, tag: int, to_stage: int, microbatch: int) -> None:
         """Post one message (``isend``: never waited for until it completes on its own)."""
-        now = self.clock()
         self.pending_sends.append((comm.isend(t, dst, self.group, tag), t))
-        self.timeline.append((self.step_index, "send", to_stage, microbatch, now, self.clock()))
 
     def receive(self, what, stage, microbatch):
         """The activation entering ``stage`` (from stage-1) or the gradient of its output (from stage+1)."""
@@ -123,17 +123,20 @@ class PipelineRank:
         return buf
 
     def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
-        """Receive into ``buf``, blocking; the wait is a ``wait`` row of the timeline."""
-        start = self.clock()
+        """Receive into ``buf``, blocking; ``input_arrived``: when it came (on :meth:`clock`)."""
         comm.irecv(buf, src, self.group, tag).wait()
         self.input_arrived = self.clock()
-        self.timeline.append((self.step_index, "wait", stage, microbatch, start, self.input_arrived))
 
     def clock(self) -> float:
+        """Seconds since ``t0`` (a clock synchronised over the pipeline by :func:`synced_clock`)."""
         return time.perf_counter() - self.t0
 
     def begin_step(self) -> None:
         """Called before a step's first action (paced mode starts its slots here)."""
+
+    def begin_action(self, action) -> None:
+        """Called before each action; ``input_arrived`` stays 0 unless the action receives its input."""
+        self.action, self.input_arrived = action, 0.0
 
     def action_done(self, kind: str) -> None:
         """Called when an action has computed (paced mode holds it to its slot here)."""
@@ -184,7 +187,7 @@ class PipelineRank:
         """Called once a micro-batch's weight gradient on ``stage`` is done (PipeDream updates here)."""
 
     # -- one step ---------------------------------------------------------------------------------------
-    def run(self, inputs: list, targets: list, step_index: int = 0, tracker: LiveTensorTracker | None = None):
+    def run(self, inputs: list, targets: list, step_index: int = 0):
         """Execute this rank's actions for one global batch; return the loss (last stage) or None."""
         self.inputs, self.targets, self.n_micro = inputs, targets, len(inputs)
         self.step_index, self.saved, self.pending_sends, self.local = step_index, {}, [], {}
@@ -193,14 +196,9 @@ class PipelineRank:
         self.mb_losses = {}
         do = {"F": self.forward, "BW": self.backward_full, "B": self.backward_input, "W": self.backward_weight}
         for a in self.actions:
-            start, self.input_arrived = self.clock(), 0.0
+            self.begin_action(a)
             do[a.kind](a.stage, a.microbatch)
-            # the action's span starts when its input is there: the wait before is idle time, not work
-            begin = max(start, self.input_arrived)
             self.action_done(a.kind)
-            self.timeline.append((step_index, a.kind, a.stage, a.microbatch, begin, self.clock()))
-            if tracker is not None:
-                self.memory.append((step_index, self.clock(), tracker.current))
             self.pending_sends = [(w, t) for w, t in self.pending_sends if not w.is_completed()]
         for work, _ in self.pending_sends:
             work.wait()
@@ -228,6 +226,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b"
         raise ValueError(f"a global batch of {first_x.shape[0]} cannot be cut into m={m} equal micro-batches")
     shapes = boundary_shapes(all_stages, first_x[: first_x.shape[0] // m])
     del all_stages
+    rank_class = timed(rank_class)                   # the timeline and memory rows, beside the runtime
     if pace is not None:
         rank_class = paced.paced(rank_class)
     runner = rank_class(sched, mine, mesh, shapes, recompute, synced_clock(mesh.group("pp")), loss_fn=loss_fn)
@@ -267,33 +266,3 @@ def run(recipe, *, world_size: int, schedule: str = "1f1b", m: int = 4, v: int =
     from ..launcher import launch
     validate(recipe, world_size=world_size, schedule=schedule, m=m, v=v, **config)
     return launch(parallel_train, world_size, recipe, schedule=schedule, m=m, v=v, quiet=quiet, **config)
-
-
-def step_rows(runs: list, step: int = -1, kinds=("F", "B", "W", "BW")) -> list:
-    """[(rank, kind, stage, microbatch, start, end)] of one step from every rank's timeline, the clock
-    shifted so that the step starts at 0 (``step=-1``: the last step)."""
-    if step < 0:
-        step = max(row[0] for run in runs for row in run.timeline) + 1 + step
-    rows = [(rank, k, s, i, t0, t1) for rank, run in enumerate(runs)
-            for (st, k, s, i, t0, t1) in run.timeline if st == step]
-    origin = min(r[4] for r in rows if r[1] in ("F", "B", "W", "BW"))    # the step's first action starts
-    rows = [r for r in rows if r[1] in kinds]
-    return [(rank, k, s, i, t0 - origin, t1 - origin) for rank, k, s, i, t0, t1 in rows]
-
-
-def measured_idle_fraction(runs: list, step: int = -1) -> float:
-    """1 - (time spent in F/B/W/BW over all ranks) / (p · the step's wall time), from a real run. An
-    action's span starts once its input has arrived (waiting in a receive is idle)."""
-    rows = step_rows(runs, step)
-    makespan = max(r[5] for r in rows)
-    return 1 - sum(r[5] - r[4] for r in rows) / (len(runs) * makespan)
-
-
-def typical_step(runs: list) -> int:
-    """The step whose wall time is the median over the steps after the first (which also allocates): on a
-    shared machine one step can be stretched by other processes, so draw and measure a typical one."""
-    steps = sorted({row[0] for run in runs for row in run.timeline})
-    candidates = steps[1:] or steps
-    spans = {s: max(r[5] for r in step_rows(runs, s)) for s in candidates}
-    ordered = sorted(candidates, key=spans.get)
-    return ordered[len(ordered) // 2]

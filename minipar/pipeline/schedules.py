@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..validation import positive_int
+
 __all__ = ["Action", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
            "interleaved", "zb_h1", "zb_v", "dualpipe_v", "bubble_formula", "validate", "V_SCHEDULES"]
 
@@ -97,17 +99,12 @@ class Schedule:
         return "\n".join(lines)
 
 
-def _positive(name, x):
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive integer, got {x!r}")
-
-
 def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None) -> None:
     """Raise ValueError naming the broken constraint (before any process starts)."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
     for label, x in (("p (pipeline ranks)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
-        _positive(label, x)
+        positive_int(label, x)
     if name == "naive" and m != 1:
         raise ValueError(f"naive model parallelism sends the whole batch at once: m must be 1, got m={m} "
                          f"(with m > 1 micro-batches use 'gpipe' or '1f1b')")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from minipar.data import zero_memory
 from minipar.recompute import MODES
 from minipar.tensor.sequence import activation_bytes_formula
+from minipar.validation import positive_int
 
 __all__ = ["Transformer", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
            "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes", "GPT3_175B", "MODES"]
@@ -61,9 +62,7 @@ class Transformer:
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
-            x = getattr(self, name)
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-                raise ValueError(f"Transformer.{name} must be a positive integer, got {x!r}")
+            positive_int(f"Transformer.{name}", getattr(self, name))
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
 

@@ -87,7 +87,7 @@ def paced_recipe(steps: int = 4):
 def idle_counting_transfers(runs: list, step: int) -> float:
     """Idle fraction of ``step`` if each action began when its input *arrived* (after the transfer and the
     waiting rank's wake-up) rather than when it was sent: what pacing leaves out, shown beside it."""
-    from minipar.pipeline.runtime import step_rows
+    from minipar.pipeline.timeline import step_rows
     work = step_rows(runs, step)
     waits = step_rows(runs, step, kinds=("wait",))
     busy = 0.0
@@ -100,7 +100,7 @@ def idle_counting_transfers(runs: list, step: int) -> float:
 def idle_report(name: str, m: int, v: int, runs: list, p: int = 4) -> dict:
     """Measured idle (median over the steps after the first, which also allocates) beside the simulator's
     for the run's slot lengths (paced) or for F = B = W = 1 (unpaced)."""
-    from minipar.pipeline.runtime import measured_idle_fraction
+    from minipar.pipeline.timeline import measured_idle_fraction
     from minipar.pipeline.schedules import bubble_formula, make_schedule
     from minipar.pipeline.simulate import Costs, simulate
     steps = sorted({row[0] for row in runs[0].timeline})[1:]

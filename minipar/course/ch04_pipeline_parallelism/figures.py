@@ -33,7 +33,7 @@ from minipar.check import gpt_recipe
 from minipar.course.plotting import save_figure
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
-from minipar.pipeline.runtime import measured_idle_fraction, step_rows, typical_step
+from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 from minipar.pipeline.schedules import make_schedule
 from minipar.pipeline.gantt import KIND_COLOURS, draw_gantt, gantt_legend, sim_rows
 from minipar.pipeline.simulate import Costs, simulate
@@ -96,7 +96,7 @@ def draw_v_schedules(p: int = 4, shown=V_SHOWN):
 
 def timeline_recipe(n_layer: int = 8, steps: int = 4):
     """The runs behind the measured charts: tiny GPT, hidden 32, sequence 8, global batch 16 (the step of
-    median length is drawn, see :func:`minipar.pipeline.runtime.typical_step`)."""
+    median length is drawn, see :func:`minipar.pipeline.timeline.typical_step`)."""
     return gpt_recipe(steps=steps, batch_size=16, seq_len=8, n_layer=n_layer, n_embd=32, n_head=2)
 
 

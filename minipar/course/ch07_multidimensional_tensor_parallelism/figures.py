@@ -7,7 +7,7 @@
 * ``07_summa_steps.png`` — SUMMA on a live 2×2 grid: in each step, the blocks each rank received and its
   running Y_ij (from :func:`summa_trace`).
 * ``07_alpha_beta.png`` — a **model**, not a measurement: communication time per rank of one transformer
-  MLP (h → 4h → h, fp16) for P = 8 … 512 on an α-β link (:func:`minipar.tensor.multidim_mlp.link_time`),
+  MLP (h → 4h → h, fp16) for P = 8 … 512 on an α-β link (:func:`minipar.tensor.multidim_measure.link_time`),
   for a large and a small number of tokens per step.
 """
 from __future__ import annotations
@@ -133,7 +133,8 @@ def valid_world(layout: str, p: int) -> bool:
 def alpha_beta_table(tokens: int, hidden: int = 8192, worlds=(8, 16, 27, 32, 64, 125, 128, 216, 256, 343, 512),
                      link: dict | None = None) -> dict:
     """{layout: [(P, seconds, counts)]} for one MLP (h → 4h → h, fp16, 2.5D with d = 2) on the α-β link."""
-    from minipar.tensor.multidim_mlp import LAYOUTS, counts, link_time
+    from minipar.tensor.multidim_measure import counts, link_time
+    from minipar.tensor.multidim_mlp import LAYOUTS
     link = link or LINK
     out = {}
     for layout in LAYOUTS:

@@ -4,7 +4,7 @@ Each row trains the reference MLP [16, 64, 64, 8] (Adam, 3 steps, float64) with
 :func:`minipar.tensor.multidim_mlp.run` and compares loss and every parameter with one device. Bytes: what
 one rank sends for one forward + backward (+ gradient sums) of the bias-free MLP [32, 128, 32] on 32 tokens
 in float32 — the communication log's model (mean over ranks), what the sockets saw (:mod:`minipar.wire`),
-and the closed form (:func:`~minipar.tensor.multidim_mlp.formula_bytes`). Observed exceeds the formula by a
+and the closed form (:func:`~minipar.tensor.multidim_measure.formula_bytes`). Observed exceeds the formula by a
 header per message (measured here: 144 B per point-to-point message, 288 B per step of a gloo collective);
 the note gives that overhead per message and the parameter and saved-activation bytes per rank.
 """
@@ -14,18 +14,19 @@ import functools
 
 from minipar.check import mlp_recipe
 from minipar.course.tour import TourRow
+from minipar.tensor import multidim_measure as mmeasure
 from minipar.tensor import multidim_mlp as mm
 
 SIZES, TOKENS = (32, 128, 32), 32
 
 
 def measured(layout: str, world_size: int) -> dict:
-    """Mean over ranks of :func:`minipar.tensor.multidim_mlp.measure` (a live run) + the formula."""
-    per_rank = mm.measure_all(world_size, layout, sizes=SIZES, tokens=TOKENS)
+    """Mean over ranks of :func:`minipar.tensor.multidim_measure.measure` (a live run) + the formula."""
+    per_rank = mmeasure.measure_all(world_size, layout, sizes=SIZES, tokens=TOKENS)
     mean = lambda key: sum(r[key] for r in per_rank) / len(per_rank)  # noqa: E731
     return {"model": mean("bytes_model"), "observed": mean("bytes_observed"), "messages": mean("messages"), "calls": mean("calls"),
             "params": max(r["params"] for r in per_rank), "activations": max(r["activations"] for r in per_rank),
-            "formula": mm.formula_bytes(layout, world_size, SIZES, TOKENS)}
+            "formula": mmeasure.formula_bytes(layout, world_size, SIZES, TOKENS)}
 
 
 def _run(layout: str, world_size: int) -> TourRow:

@@ -52,10 +52,10 @@ def draw_mesh(ax, dp: int = 2, pp: int = 2, tp: int = 2):
 def draw_step(ax, runs, step: int | None = None):
     """Every rank's F/BW spans in one step of a real run (``runs``: per-rank HybridRuns)."""
     from minipar.pipeline.gantt import draw_gantt
-    from minipar.pipeline.runtime import step_rows, typical_step
+    from minipar.pipeline.timeline import step_rows, typical_step
     step = typical_step(runs) if step is None else step
     rows = step_rows(runs, step)
-    labels = [f"rank {r} (dp{c[0]} pp{c[1]} tp{c[2]})" for r, c in enumerate(x.coords for x in runs)]
+    labels = [f"rank {r} (dp{c['dp']} pp{c['pp']} tp{c['tp']})" for r, c in enumerate(x.coords for x in runs)]
     draw_gantt(ax, rows, len(runs), f"one step at 2×2×2, 1F1B, m = 4 (measured, step {step})")
     ax.set_yticks(range(len(runs)), labels, fontsize=7)
     ax.set_xlabel("seconds", fontsize=8)

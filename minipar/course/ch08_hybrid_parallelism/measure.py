@@ -13,7 +13,7 @@ from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, run
 from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
-from minipar.pipeline.runtime import measured_idle_fraction
+from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
@@ -47,9 +47,9 @@ def measure_layout(layout: dict, steps: int = 3, m: int = 4, reference: RunResul
     runs = run(r, layout=shape, track_memory=True)                              # on shape.world_size = 8 ranks
     c = compare(reference or train_reference(r), runs, dtype=r.dtype)
     cfg = r.model().cfg
-    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=shape, pp_rank=x.coords[1]) for x in runs]
+    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=shape, pp_rank=x.coords["pp"]) for x in runs]
     mean = lambda xs: sum(xs) / len(xs)                                          # noqa: E731
-    one_pipeline = [x for x in runs if x.coords[0] == 0 and x.coords[2] == 0]
+    one_pipeline = [x for x in runs if all(c == 0 for d, c in x.coords.items() if d != "pp")]   # dp = tp = 0
     sched, p, v = layout.get("schedule", "1f1b"), layout["pp"], layout.get("v", 1)
     return {
         "matches": c.matches, "max_abs_diff": c.max_abs_diff,
