@@ -46,7 +46,7 @@ def test_layout_equals_one_device(reference, name):
     compare(reference, runs, dtype=torch.float64).assert_ok()
     cfg = recipe().model().cfg
     for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
-        want = bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=r.coords[1])
+        want = bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=r.coords["pp"])
         assert set(want) == {"dp", "pp", "tp", "cp"} and want["cp"] > 0
         assert r.bytes_by_kind == pytest.approx(want)
 

@@ -144,8 +144,7 @@ class HybridRun(RunResult):
     """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
     step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
     ``calls_by_kind``, ``step_seconds``, ``peak_bytes`` (model states + live tensors during a step), the
-    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords`` = the rank's mesh coordinates by name,
-    ``{"dp": .., "pp": .., "tp": ..}``."""
+    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords``: the mesh coordinates by name."""
     coords: dict = field(default_factory=dict)
     bytes_by_kind: dict = field(default_factory=dict)
     calls_by_kind: dict = field(default_factory=dict)
@@ -188,11 +187,10 @@ class Trainer3D:
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
         self.vocab_size = ref.cfg.vocab_size
-        runner_class = timed(PipelineRank)                       # its timeline recorded beside it
-        self.runner = runner_class(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh, shapes,
-                                   recompute=layout.recompute == "full",     # activation checkpointing per stage
-                                   t0=synced_clock(None, self.device),        # one time axis
-                                   device=self.device, loss_fn=self.loss)
+        self.runner = timed(PipelineRank)(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
+                                          shapes, recompute=layout.recompute == "full",   # checkpointed stages
+                                          t0=synced_clock(None, self.device),             # one time axis
+                                          device=self.device, loss_fn=self.loss)
         if zero == 1:
             self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
                              units=list(self.stages.values()))
@@ -210,8 +208,7 @@ class Trainer3D:
         return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size).mean()
 
     @property
-    def coords(self) -> dict:
-        """{dimension: this rank's coordinate} over the mesh's dimensions, by name."""
+    def coords(self) -> dict:                                  # {dimension: coordinate}, by name
         return dict(self.mesh.coords)
 
     def zero_grad(self) -> None:
