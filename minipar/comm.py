@@ -47,7 +47,7 @@ __all__ = [
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send", "recv", "isend", "irecv", "all_reduce_flat",
     "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
-    "ring_algorithms",
+    "ring_algorithms", "rings_selected",
 ]
 
 
@@ -554,6 +554,12 @@ def ring_algorithms(*ops: str):
         yield
     finally:
         _rings_on.reset(token)
+
+
+def rings_selected(op: str) -> bool:
+    """True inside ``ring_algorithms(...)`` naming ``op`` (or all): a strategy that drives the rings itself
+    (ZeRO's flat units, to keep their own buffers) asks this instead of taking a flag."""
+    return op in _rings_on.get()
 
 
 def _on_ring(op: str, reduce_op=dist.ReduceOp.SUM, async_op: bool = False) -> bool:

@@ -10,16 +10,17 @@ Padded to a multiple of N so every rank owns an equal shard S = ⌈numel/N⌉:
 * :meth:`FlatUnit.refresh_full` — after the optimizer updated the shard, all-gather the new parameters
   (stages 1 and 2, whose full parameters persist).
 
-Which collectives move the bytes (``collectives``):
+Which collectives move the bytes (``comm.ring_algorithms()``, the one switch, asked per collective):
 
-* ``"gloo"`` (default): ``torch.distributed``'s, through :mod:`minipar.comm`. On CPU, gloo has no
+* outside the switch (default): ``torch.distributed``'s, through :mod:`minipar.comm`. On CPU, gloo has no
   reduce-scatter of its own: PyTorch's gloo backend all-reduces the whole buffer and keeps a chunk, so a
   reduce-scatter puts 2(N-1)/N·S on the wire, twice the ring's (observed with :mod:`minipar.wire`): ZeRO-1/2
   then send 1.5x DDP, ZeRO-3 2.0x. (NCCL has a real reduce-scatter.)
-* ``"ring"``: minipar's own rings from send/recv (:func:`minipar.comm.ring_reduce_scatter`,
-  :func:`~minipar.comm.ring_all_gather`, :func:`~minipar.comm.ring_all_reduce`), which send exactly
-  (N-1)/N·S per reduce-scatter or all-gather: the paper's 1x DDP (ZeRO-1/2) and 1.5x DDP (ZeRO-3) are then
-  what the sockets carry. The rings block, so a prefetch gathers at once instead of in the background.
+* inside ``with comm.ring_algorithms():``: minipar's own rings from send/recv
+  (:func:`minipar.comm.ring_reduce_scatter`, :func:`~minipar.comm.ring_all_gather`,
+  :func:`~minipar.comm.ring_all_reduce`), which send exactly (N-1)/N·S per reduce-scatter or all-gather: the
+  paper's 1x DDP (ZeRO-1/2) and 1.5x DDP (ZeRO-3) are then what the sockets carry. The rings block, so a
+  prefetch gathers at once instead of in the background.
 
 Gradients are divided by N *before* they are summed (as DDP does), so 16-bit gradients overflow no sooner
 than one rank's would; with N a power of two that division is exact, the same bits as dividing after.
@@ -35,9 +36,8 @@ from torch.utils._pytree import tree_leaves
 
 from .. import comm
 
-__all__ = ["FlatUnit", "COLLECTIVES", "FreedParameterError", "FreedGradientWarning", "ShardedParameter"]
+__all__ = ["FlatUnit", "FreedParameterError", "FreedGradientWarning", "ShardedParameter"]
 
-COLLECTIVES = ("gloo", "ring")        # torch.distributed's own, or minipar's send/recv rings
 
 
 class FreedParameterError(RuntimeError):
@@ -97,11 +97,9 @@ class FlatUnit:
     """One unit's parameters as one padded flat buffer; this rank owns (and the optimizer updates) 1/N."""
 
     def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
-                 collectives: str = "gloo", reduce_dtype=None):
-        if collectives not in COLLECTIVES:
-            raise ValueError(f"collectives must be one of {COLLECTIVES}, got {collectives!r}")
+                 reduce_dtype=None):
         self.names, self.params, self.group, self.stage = names, params, group, stage
-        self.collectives, self.reduce_dtype = collectives, reduce_dtype
+        self.reduce_dtype = reduce_dtype
         self.label = _common_prefix(names)
         self.on_event = on_event or (lambda kind, unit: None)
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -147,7 +145,7 @@ class FlatUnit:
         self.on_alloc(storage.nbytes())
         self.on_event("all-gather", self)
         self.sending = self.master.detach().to(self.full.dtype)    # (kept alive until the gather is done)
-        if self.collectives == "ring":                        # blocking: a prefetch gathers right now
+        if comm.rings_selected("all_gather"):                 # blocking: a prefetch gathers right now
             self._all_gather(self.full, self.sending)
             async_op = False
         else:
@@ -197,7 +195,7 @@ class FlatUnit:
         """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard."""
         self.full_grad.div_(self.n)                            # the mean: divide first, then sum
         if self.stage == 0:
-            if self.collectives == "ring":
+            if comm.rings_selected("all_reduce"):
                 comm.ring_all_reduce(self.full_grad, group=self.group)
             else:
                 comm.all_reduce(self.full_grad, group=self.group)
@@ -225,13 +223,13 @@ class FlatUnit:
 
     # --- the two collectives, on gloo's implementation or on minipar's rings --------------------------
     def _all_gather(self, full, mine) -> None:
-        if self.collectives == "ring":
+        if comm.rings_selected("all_gather"):
             full.copy_(comm.ring_all_gather(mine.clone(), group=self.group))
         else:
             comm.all_gather_into_tensor(full, mine, group=self.group)
 
     def _reduce_scatter(self, mine, flat) -> None:
-        if self.collectives == "ring":
+        if comm.rings_selected("reduce_scatter"):
             mine.copy_(comm.ring_reduce_scatter(flat.view(self.n, -1), group=self.group).reshape(-1))
         else:
             comm.reduce_scatter_tensor(mine, flat, group=self.group)

@@ -30,8 +30,8 @@ is element-wise, so stepping a flat shard is the same arithmetic as stepping the
   freed after its gradients are reduce-scattered. The next unit's all-gather is started early (prefetch)
   in the order recorded during the first step.
 
-On CPU, gloo's reduce-scatter is an all-reduce in disguise (2x the bytes on the wire); ``collectives="ring"``
-runs the reduce-scatters and all-gathers on minipar's send/recv rings, so that the table's last column is
+On CPU, gloo's reduce-scatter is an all-reduce in disguise (2x the bytes on the wire); inside
+``with comm.ring_algorithms():`` the reduce-scatters and all-gathers run on minipar's send/recv rings, so that the table's last column is
 what the sockets carry (ZeRO-1/2 = 1x DDP, ZeRO-3 = 1.5x), observed — see :mod:`minipar.data.flat_unit`.
 
 Mixed precision plugs in with ``param_dtype``: the compute copies (full parameters, gradients, the
@@ -49,7 +49,7 @@ from .. import comm
 from ..check import RunResult
 from ..loop import mean_over_ranks, shard_batch
 from ..validation import positive_int
-from .flat_unit import COLLECTIVES, FlatUnit
+from .flat_unit import FlatUnit
 
 __all__ = ["FlatUnit", "ZeRO", "block_units", "validate", "parallel_train", "run", "STAGES"]
 
@@ -68,7 +68,7 @@ class ZeRO:
     master shards keep the model's); units whose module is in ``fp32_modules`` compute in the master dtype."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
-                 prefetch: bool = True, collectives: str = "gloo", *, reduce_dtype=None, fp32_modules=()):
+                 prefetch: bool = True, *, reduce_dtype=None, fp32_modules=()):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -85,7 +85,7 @@ class ZeRO:
                 dtype = None if any(module is m for m in fp32_modules) else param_dtype
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                collectives, reduce_dtype)
+                                reduce_dtype)
                 unit.module = module
                 self.units.append(unit)
         left = [n for p, n in names.items() if p not in claimed and p.requires_grad]
@@ -201,11 +201,11 @@ class ZeRO:
         return sum(u.padded_numel for u in self.units)
 
 
-def validate(recipe, *, world_size: int, stage: int, collectives: str = "gloo", **_) -> None:
+def validate(recipe, *, world_size: int, stage: int, **config) -> None:
     """Raise ValueError for a configuration that cannot run, before any process starts."""
-    if collectives not in COLLECTIVES:
-        raise ValueError(f"collectives must be one of {COLLECTIVES} (gloo's own or minipar's send/recv "
-                         f"rings), got {collectives!r}")
+    if "collectives" in config:
+        raise ValueError("ZeRO takes no collectives= flag: run it inside `with comm.ring_algorithms():` (in the "
+                         "rank's function) for minipar's send/recv rings, outside it for gloo's")
     positive_int("world_size", world_size)
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
@@ -215,16 +215,16 @@ def validate(recipe, *, world_size: int, stage: int, collectives: str = "gloo", 
 
 
 def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_dtype=None, prefetch=True,
-                   group=None, observe=None, collectives="gloo"):
-    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch.
-    ``collectives="ring"`` moves the bytes on minipar's send/recv rings (the paper's byte counts, observed
-    on CPU), ``"gloo"`` on torch.distributed's (see :mod:`minipar.data.flat_unit`).
+                   group=None, observe=None):
+    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch. Called
+    inside ``with comm.ring_algorithms():`` its bytes move on minipar's send/recv rings (the paper's byte
+    counts, observed on CPU), else on torch.distributed's (see :mod:`minipar.data.flat_unit`).
 
     ``observe(zero, step)`` (optional) runs each step — how :mod:`minipar.data.zero_measure` watches the
     bytes and the memory without living inside the strategy."""
-    validate(recipe, world_size=world_size, stage=stage, collectives=collectives)
+    validate(recipe, world_size=world_size, stage=stage)
     model = recipe.model().to(recipe.dtype)
-    zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch, collectives)
+    zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch)
     losses = []
     for batch in recipe.batches:
         x, y = shard_batch(batch, rank, world_size)

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
@@ -162,8 +164,11 @@ def ring_and_gloo(rank, world_size, recipe) -> dict:
     """ZeRO-1 and ZeRO-3 on minipar's rings and on gloo's collectives, and DDP (stage 0, gloo's all-reduce),
     one after the other in one launch: {("ring" | "gloo", stage) | "DDP": ZeroRunResult} on this rank."""
     from minipar.data.zero_measure import measured_train
-    out = {(c, s): measured_train(rank, world_size, recipe, stage=s, collectives=c)
-           for c in ("ring", "gloo") for s in (1, 3)}
+    from minipar import comm
+    out = {}
+    for c in ("ring", "gloo"):              # minipar's send/recv rings: the one switch, else gloo's collectives
+        with comm.ring_algorithms() if c == "ring" else contextlib.nullcontext():
+            out.update({(c, s): measured_train(rank, world_size, recipe, stage=s) for s in (1, 3)})
     out["DDP"] = measured_train(rank, world_size, recipe, stage=0)
     return out
 
