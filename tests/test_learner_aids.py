@@ -96,13 +96,7 @@ def answer_leaks(path) -> list:
     return leaks
 
 
-# Chapters whose predict cells still show their answer early: the lead's (08, 09) — issue 27
-EARLY_ANSWERS_TO_FIX: set = set()
-
-
-@pytest.mark.parametrize("chapter", [pytest.param(c, marks=pytest.mark.xfail(
-    strict=True, reason="issue 27: the answer is shown before the reveal")) if c.name in EARLY_ANSWERS_TO_FIX
-    else c for c in CHAPTERS], ids=lambda c: c.name)
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_no_answer_shows_before_the_learner_guesses(chapter):
     assert answer_leaks(chapter.notebook) == []
 

@@ -160,13 +160,9 @@ def test_a_number_printed_before_its_reveal_is_a_leak():
     assert site.predict_leaks(nb) == []
 
 
-# The lead's chapters whose predict cells still show their answer early (issue 27; tests/test_learner_aids.py)
-EARLY_ANSWERS_TO_FIX: set = set()
-
-
 @pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
 def test_no_chapter_prints_an_answer_before_the_guess_is_revealed(built, stem):
     out, manifest = built
-    if stem not in manifest["chapters"] or stem in EARLY_ANSWERS_TO_FIX:
-        pytest.skip(f"{stem}: not built here, or known to leak (issue 27)")
+    if stem not in manifest["chapters"]:
+        pytest.skip(f"{stem}: not built here")
     assert manifest["chapters"][stem].get("predict_leaks", []) == [], stem
