@@ -190,11 +190,6 @@ class RankMesh:
         return self.group(*(d for d in self.mesh.dims if d != self.mesh.dims_of(fixed)[0]))
 
     @property
-    def q(self) -> int:
-        """Side of a square or cubic tensor-parallel grid: the size of the last (fastest) dim."""
-        return self.mesh.size(self.mesh.dims[-1])
-
-    @property
     def pp_prev(self):
         """Global rank of the previous pipeline stage (None on the first stage)."""
         i = self.coord("pp")

@@ -7,11 +7,11 @@ Rashidi et al. 2020, play the same kind of graph):
   thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s over the device's: a rank here
   doing x FLOP/s, the device ``peak · efficiency``);
 * a :class:`~minipar.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
-  the same group is the same collective; a send and its recv: first in first out per direction and tag)
-  (a message: when both sides posted it, a rendezvous as NCCL's send/recv) and when the links it needs are
-  free — every rank has a link out and a link in (full duplex), each carrying one transfer at a time, so
-  transfers that share one queue (processor sharing would end the last at the same time); a collective
-  takes both links of every member, a message the sender's out and the receiver's in — and lasts its α-β time
+  the same group is the same collective; a message: when both sides posted it, matched first in first out
+  per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
+  has a link out and a link in, each carrying one transfer at a time (transfers that share one queue); a
+  collective takes both links of every member, a message the sender's out and the receiver's in — and lasts
+  its α-β time
   (:func:`minipar.plan.cluster.collective_seconds`) on the intra-node link if its ranks share a node
   (``rank // devices_per_node``), else on the inter-node link;
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
@@ -22,15 +22,14 @@ become ready in time order and link queues are first come, first served. If no r
 wait, :class:`Deadlock` names who waits for whom; members that issue different ops as the same call are a
 deadlock too (mismatched order).
 
-Per rank: compute, communication **hidden** under its compute, communication **exposed** (not under
-compute), and **idle** (neither: waiting for peers or a busy link, or done before the step ends);
-compute + exposed + idle = step time. ``rows()``: ``(rank, kind, stage, index, start, end)``, the tuple
-of :mod:`minipar.pipeline.gantt`.
+Per rank: compute, communication **hidden** under its compute, **exposed** (not under compute), and **idle**
+(waiting for peers or a busy link, or done early); compute + exposed + idle = step time. ``rows()``: the
+``(rank, kind, stage, index, start, end)`` tuples of :mod:`minipar.pipeline.gantt`.
 
-The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: the trace of a
-schedule (:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action
-the simulator's start and end (tests/test_replay.py: GPipe, 1F1B, interleaved, ZB-H1), except where the
-replay queues two messages on one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
+The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: a schedule's trace
+(:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action the
+simulator's start and end (GPipe, 1F1B, interleaved, ZB-H1), except where the replay queues two messages on
+one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
 """
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ class ReplayResult:
     marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
 
     def step_between(self, label: str) -> float:
-        """The shortest time between two consecutive marks ``label`` of a rank, the slowest rank's: one
-        step, timed as a run measures it between optimizer steps."""
+        """One step as a run times it: the shortest gap between consecutive marks ``label``, slowest rank."""
         gaps = []
         for marks in self.marks:
             times = [t for name, t in marks if name == label]
@@ -86,17 +84,25 @@ class ReplayResult:
     def compute(self, rank: int) -> float:
         return sum(s.end - s.start for s in self.timelines[rank] if s.kind == "compute")
 
+    def _busy_on_wire(self, rank: int) -> list:        # the union of its transfers: a send + a recv count once
+        merged = []
+        for s in sorted((s for s in self.timelines[rank] if s.kind != "compute"), key=lambda s: s.start):
+            if merged and s.start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], s.end)
+            else:
+                merged.append([s.start, s.end])
+        return merged
+
     def comm(self, rank: int) -> float:
-        return sum(s.end - s.start for s in self.timelines[rank] if s.kind != "compute")
+        return sum(end - start for start, end in self._busy_on_wire(rank))
 
     def hidden(self, rank: int) -> float:
         """Transfer time of ``rank`` that overlaps its own compute."""
-        spans = self.timelines[rank]
-        work = [s for s in spans if s.kind == "compute"]
-        return sum(max(0.0, min(m.end, c.end) - max(m.start, c.start))
-                   for m in spans if m.kind != "compute" for c in work)
+        work = [s for s in self.timelines[rank] if s.kind == "compute"]
+        return sum(max(0.0, min(end, c.end) - max(start, c.start))
+                   for start, end in self._busy_on_wire(rank) for c in work)
 
-    def exposed(self, rank: int) -> float:
+    def exposed(self, rank: int) -> float:                     # compute + exposed + idle = the step
         return self.comm(rank) - self.hidden(rank)
 
     def idle(self, rank: int) -> float:
@@ -162,8 +168,8 @@ def _call_key(rank: int, event: Comm) -> tuple:
 
 def _with_final_waits(events: list) -> list:
     """The events, with a Wait at the end for every async call never waited for."""
-    tail = [Wait(i) for i, e in enumerate(events) if isinstance(e, Comm) and e.async_ and e.waited_at is None]
-    return list(events) + tail
+    return list(events) + [Wait(i) for i, e in enumerate(events)
+                           if isinstance(e, Comm) and e.async_ and e.waited_at is None]
 
 
 def replay(trace: Trace, cluster: Cluster, *, compute_scale: float | None = None,

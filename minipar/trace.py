@@ -242,33 +242,25 @@ def run_traced(fn, world_size: int, *args, meta: dict | None = None, **kwargs):
     return [r for r, _ in out], Trace([t for _, t in out], dict(meta or {}))
 
 
-def _needs(a, last: int):
-    """The result (kind, stage, micro-batch) action ``a`` of a pipeline schedule needs (None: none)."""
-    if a.kind == "F":
-        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
-    if a.kind in ("B", "BW"):
-        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
-    return ("B", a.stage, a.microbatch)
-
-
 def from_schedule(schedule, costs, message_bytes: int = 0) -> Trace:
     """The trace a pipeline runtime would leave running ``schedule`` (:mod:`minipar.pipeline.schedules`)
     with compute costed by ``costs`` (:class:`minipar.pipeline.simulate.Costs`): every receive posted at
     the start (async) and waited for right before the action that needs it, every result sent (async) to
     the rank that needs it as soon as it is computed, each message tagged with the action it feeds. Its
     replay with links of α = ``costs.p2p`` is the pipeline simulator's timeline (tests/test_replay.py)."""
+    from .pipeline.schedules import needs            # (the library's pipeline schedules: imported when used)
     last, ranks = schedule.num_stages - 1, range(schedule.p)
     consumers: dict = {}                                 # result -> [(rank, action)] on other ranks
     for r in ranks:
         for a in schedule.actions[r]:
-            need = _needs(a, last)
+            need = needs(a, last)
             if need is not None and need[1] != a.stage and schedule.rank_of(need[1]) != r:
                 consumers.setdefault(need, []).append((r, a))
     traces = []
     for r in ranks:
         events, posted = [], {}
         for a in schedule.actions[r]:
-            need = _needs(a, last)
+            need = needs(a, last)
             if need in consumers and (r, a) in consumers[need]:
                 src = schedule.rank_of(need[1])
                 posted[a] = len(events)

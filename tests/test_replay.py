@@ -197,3 +197,15 @@ def test_dualpipev_queues_on_a_shared_in_link():
             into_2 = sorted((round(start, 9), round(end, 9), ranks[0]) for op, ranks, start, end in res.calls
                             if ranks[1:] == (2,) and 3.2 < start < 3.6)     # a message's ranks: (src, dst)
             assert into_2 == [(3.25, 3.5, 1), (3.5, 3.75, 3)]
+
+
+def test_a_send_and_a_receive_at_once_count_once():
+    # a ring exchange on 2 ranks: each sends 1000 B to the other and receives 1000 B, both async, then waits.
+    # The two transfers run at once (one link each way, 1 s each): 1 s of communication, not 2, and no idle.
+    def ranks(r):
+        peer = 1 - r
+        return rank_trace(r, Comm("send", (r, peer), 1000, async_=True), Comm("recv", (peer, r), 1000, async_=True),
+                          ("wait", 0), ("wait", 1))
+    res = replay(Trace([ranks(0), ranks(1)]), cluster(), compute_scale=1.0)
+    assert res.step_seconds == approx(1.0)
+    assert (res.comm(0), res.exposed(0), res.idle(0)) == (approx(1.0), approx(1.0), approx(0.0))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .schedules import Action, Schedule
 
-__all__ = ["ScheduleError", "Message", "messages_of", "check", "p2p_messages"]
+__all__ = ["ScheduleError", "Message", "messages_of", "check"]
 
 
 class ScheduleError(ValueError):
@@ -161,9 +161,3 @@ def _blocked(schedule, r, a, done, posted, order, last):
         if order == "fifo" and queue[0] != msg:
             return f"it receives {msg} but rank {msg.src} sent {queue[0]} first (FIFO order)"
     return None
-
-
-def p2p_messages(schedule: Schedule) -> int:
-    """Point-to-point messages in one step (each one micro-batch's activation or gradient): 2·m per
-    boundary between stages on different ranks."""
-    return check(schedule)

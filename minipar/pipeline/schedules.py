@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from ..validation import positive_int
 
-__all__ = ["Action", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
+__all__ = ["Action", "needs", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
            "interleaved", "zb_h1", "zb_v", "dualpipe_v", "bubble_formula", "validate", "V_SCHEDULES"]
 
 KINDS = ("F", "B", "W", "BW")
@@ -62,6 +62,16 @@ class Action:
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}@{self.stage}"
+
+
+def needs(a: Action, last: int):
+    """The result (kind, stage, micro-batch) action ``a`` waits for (None: none): F the activation from the
+    stage before; B/BW the gradient from the stage after (the last stage: its own F, the loss); W its own B."""
+    if a.kind == "F":
+        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
+    if a.kind in ("B", "BW"):
+        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
+    return ("B", a.stage, a.microbatch)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schedules import Action, Schedule
+from .schedules import Action, Schedule, needs
 
 __all__ = ["Costs", "Slot", "SimResult", "Deadlock", "simulate", "in_flight_over_time"]
 
@@ -107,13 +107,8 @@ class Deadlock(RuntimeError):
 
 
 def _producer(a: Action, s: Schedule):
-    """The action whose result ``a`` needs from another stage (None: local or no input)."""
-    last = s.num_stages - 1
-    if a.kind == "F":
-        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
-    if a.kind in ("B", "BW"):
-        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
-    return ("B", a.stage, a.microbatch)                       # W needs its own B
+    """The action whose result ``a`` needs (None: no input)."""
+    return needs(a, s.num_stages - 1)
 
 
 def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -> SimResult:

@@ -27,7 +27,7 @@ m ≥ 1 are accepted (the block is deadlock-free by construction: its order foll
 """
 from __future__ import annotations
 
-from .schedules import Action, Schedule, validate
+from .schedules import Action, Schedule, needs, validate
 
 __all__ = ["v_half", "v_half_block", "repeat_block"]
 
@@ -121,8 +121,5 @@ def _pick(left: list, may_grow: bool, ready) -> int | None:
 def _ready(a: Action, last: int, ends: dict, t: int) -> bool:
     """Whether ``a``'s input has been produced by slot t: F of the stage before, B of the stage after (the
     last stage: its own F, the loss), W: its own B."""
-    s, i = a.stage, a.microbatch
-    need = {"F": ("F", s - 1, i) if s > 0 else None,
-            "B": ("B", s + 1, i) if s < last else ("F", s, i),
-            "W": ("B", s, i)}[a.kind]
+    need = needs(a, last)
     return need is None or ends.get(need, t + 1) <= t

@@ -37,7 +37,7 @@ from ..validation import positive_int
 from ..tensor.sequence import sync_sequence_parallel_grads
 from . import ring_attention, ring_self_attention, ulysses
 
-__all__ = ["METHODS", "validate", "local_positions", "attention_for", "forward_local", "parallel_train", "run"]
+__all__ = ["METHODS", "validate", "local_positions", "attention_for", "parallel_train", "run"]
 
 METHODS = ("ring", "ring-zigzag", "ulysses", "rsa")
 
@@ -80,12 +80,6 @@ def attention_layer(attn, x, attend):
     """The reference model's attention module on a shard: its own weights, ``attend`` as the core."""
     with attention_core(attn, attend):
         return attn(x)
-
-
-def forward_local(model, idx, pos, attend):
-    """TinyGPT's forward on this rank's tokens ``idx`` (b, s_local) at global positions ``pos``."""
-    with attention_core(model, attend):
-        return model(idx, pos)
 
 
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, method: str = "ring") -> RunResult:

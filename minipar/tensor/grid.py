@@ -81,7 +81,7 @@ def grid_3d(world_size: int) -> Mesh:
 
 def build(mesh: Mesh, rank: int) -> RankMesh:
     """This rank's :class:`minipar.mesh.RankMesh` of a grid: its line groups (``group("j")``), its planes
-    (``plane("z")`` = ``group("x", "y")``), ``rank_at(j=k)``, ``q``. Every rank calls it, in the same order."""
+    (``plane("z")`` = ``group("x", "y")``), ``rank_at(j=k)``. Every rank calls it, in the same order."""
     return mesh.build(rank)
 
 

@@ -149,7 +149,6 @@ class TensorParallelMLP(nn.Module):
         super().__init__()
         self.fc = ColumnParallelLinear.from_linear(fc, group, sequence_parallel=sequence_parallel)
         self.proj = RowParallelLinear.from_linear(proj, group, sequence_parallel=sequence_parallel)
-        self.p_dropout, self.streams, self.sequence_parallel = p_dropout, streams, sequence_parallel
         self.drop = _residual_dropout(p_dropout, streams, sequence_parallel)
 
     def forward(self, x):

@@ -39,9 +39,11 @@ def _recipe(optimizer="adam", steps=2):
     return recipe
 
 
-def _bytes_formula(p, m, v, placement="loop"):
-    crossings = 2 * p - 2 if placement == "v" else p * v - 1
-    return 2 * crossings * m * ACT_BYTES / p
+def _bytes_formula(sched):
+    """2 · c · m · A / p, c the stage boundaries whose two stages sit on different ranks (p·v − 1 round-robin,
+    2p − 2 in a V, whose turn stays on rank p−1): read off the schedule's own placement."""
+    crossings = sum(sched.rank_of(s) != sched.rank_of(s + 1) for s in range(sched.num_stages - 1))
+    return 2 * crossings * sched.m * ACT_BYTES / sched.p
 
 
 def _observed_rank(rank, world_size, recipe, short, **config):
@@ -72,7 +74,7 @@ def _schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow
             "dualpipev": "DualPipeV (V placement, F&B pairs run in turn)"}[schedule]
     return TourRow(strategy=f"pipeline {name}{' + recompute' if recompute else ''}, pp={WORLD_SIZE}, m={M}",
                    world_size=WORLD_SIZE, matches=cmp.matches, max_abs_diff=cmp.max_abs_diff,
-                   bytes_sent_per_rank=sent, bytes_formula=_bytes_formula(WORLD_SIZE, M, v, sched.placement),
+                   bytes_sent_per_rank=sent, bytes_formula=_bytes_formula(sched),
                    peak_bytes_per_rank=peak,
                    note=f"bytes per step (observed: the {recipe.steps}-step run minus a 1-step run, so setup "
                         f"cancels; gloo frames each of the small activation messages); simulated bubble "

@@ -423,6 +423,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--steps", type=int, default=5, help="training steps per strategy (default 5)")
     args = parser.parse_args(argv)
+    if args.steps < 2:                             # a step is the gap between two optimizer steps
+        parser.error(f"--steps must be at least 2, got {args.steps}")
     cal = calibrate()
     rows = step_times(cal, steps=args.steps)
     if args.json:

@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--steps", type=int, default=4, help="training steps per strategy (default 4)")
     args = parser.parse_args(argv)
+    if args.steps < 2:                             # a step is the gap between two optimizer steps
+        parser.error(f"--steps must be at least 2, got {args.steps}")
     cal = calibrate()
     rows = replay_rows(cal, steps=args.steps)
     if args.json:
@@ -103,5 +105,3 @@ def main(argv=None) -> int:
               f"idle {r['idle_share_here']:.0%} of the run")
     return 0
 
-
-BENCHMARKS = {"replay": main}
