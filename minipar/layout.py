@@ -4,7 +4,11 @@ Validation, the 3D trainer, ``python -m minipar train``, checkpoints, the byte f
 take a :class:`Layout`; none spells dp/pp/tp separately. The mesh dimensions are :data:`MESH_DIMS` (in
 :mod:`minipar.mesh`'s order, outermost first), so::
 
-    world_size = dp · pp · cp · ep · tp            global batch = dp · micro_batch · micro_batches
+    world_size = dp · pp · cp · tp                 global batch = dp · micro_batch · micro_batches
+
+Expert parallelism is *folded* (Megatron-Core's expert data parallelism, torchtitan's sparse mesh): the ep
+ranks that share a pipeline stage and a TP coordinate are borrowed from the dp × cp ranks, so ep adds no
+ranks and must divide dp · cp; each expert is replicated over ``expert_data_parallel = dp · cp / ep`` of them.
 
 Adding a mesh dimension is adding a field here and its name to :data:`MESH_DIMS` (and to
 ``minipar.mesh.DEFAULT_ORDER``); a strategy that does not run it yet refuses it in its own ``validate``
@@ -46,8 +50,14 @@ class Layout:
 
     @property
     def sizes(self) -> dict:
-        """{mesh dimension: degree}, outermost first: what :class:`minipar.mesh.Mesh` takes."""
-        return {d: getattr(self, d) for d in MESH_DIMS}
+        """{mesh dimension: degree}, outermost first: what :class:`minipar.mesh.Mesh` takes for the dense mesh.
+        ``"ep"`` is 1 there: ep is folded into dp × cp (see the module's docstring), it adds no ranks."""
+        return {d: 1 if d == "ep" else getattr(self, d) for d in MESH_DIMS}
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """How many ranks hold a replica of each expert: dp · cp / ep (Megatron-Core's expert-DP size)."""
+        return self.dp * self.cp // self.ep
 
     @property
     def world_size(self) -> int:
@@ -72,6 +82,9 @@ class Layout:
             raise ValueError(f"schedule must be a name, got {self.schedule!r}")
         if not isinstance(self.cp_method, str):
             raise ValueError(f"cp_method must be a name, got {self.cp_method!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp·cp = {self.dp * self.cp}: expert parallelism borrows its "
+                             f"ranks from the data- and context-parallel ranks (expert data parallelism), it adds none")
         return self
 
     def refuse(self, *dims: str, why: str) -> None:

@@ -109,7 +109,7 @@ def test_collective_seconds_alpha_beta():
 
 @pytest.mark.parametrize("layout, match", [
     (Layout(tp=5), "tp=5 must divide"), (Layout(pp=5, micro_batches=5), "cannot be cut"),
-    (Layout(tp=2, sp=False, dp=1, ep=2), "mixture-of-experts"), (Layout(sp=True), "needs tp > 1"),
+    (Layout(tp=2, sp=False, dp=2, ep=2), "mixture-of-experts"), (Layout(dp=1, ep=2), "must divide dp·cp"), (Layout(sp=True), "needs tp > 1"),
     (Layout(pp=2, micro_batches=1), "m >= p"), (Layout(zero=4), "zero must be"),
     (Layout(recompute="half"), "recompute must be"), (Layout(dp=2048), "cluster has 1024"),
     (Layout(v=2), "needs a pipeline")])
