@@ -52,6 +52,7 @@ def _on_rank(rank, world_size):
     model = FSDP(_model())
     losses, grads = _loop(model, _sgd(model.parameters()), rank, world_size)
     out["ours"] = (losses, grads, model.state_dict())
+    out["event steps"] = sorted({step for step, _, _ in model.zero.events})
     model = _model()
     for unit in [*model.blocks, model]:
         fully_shard(unit, mesh=init_device_mesh("cpu", (world_size,)))
@@ -135,6 +136,12 @@ def test_user_loop_equals_one_device(runs, reference, run):
             torch.testing.assert_close(grads[name], want, atol=ATOL, rtol=0, msg=f"{run}: grad {name}")
         for name, want in want_params.items():
             torch.testing.assert_close(params[name], want, atol=ATOL, rtol=0, msg=f"{run}: {name}")
+
+
+def test_events_are_labelled_by_step_in_the_users_loop(runs):
+    """The user's optimizer steps the shards, so each backward's end closes a step: the gather/free events
+    of the 3 steps carry step labels 0, 1, 2 (before, ZeRO's counter never advanced here)."""
+    assert runs[0]["event steps"] == list(range(len(RECIPE.batches)))
 
 
 def test_ours_equals_torch_fully_shard(runs):

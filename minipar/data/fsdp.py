@@ -131,11 +131,7 @@ class FSDP(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """Reduce-scatter the units whose gradients did not all arrive (unused parameters); runs by itself
         at the end of each backward, so a plain loop never needs to call it."""
-        for unit in self.zero.units:
-            if not unit.reduced:
-                unit.gather()
-                unit.reduce_grads_now()
-        self.zero._recording = False                           # the first backward recorded the order
+        self.zero.finish_gradients(ends_step=True)             # the caller's optimizer steps the shards
 
     def gathered(self):
         """``with model.gathered(): ...`` — every unit's full parameters for the block (every rank enters)."""

@@ -145,21 +145,34 @@ class ZeRO:
             if self.stage <= 1:
                 unit.attach_grads()
 
-    def step(self) -> None:
-        """Reduce what the backward has not reduced yet, update my shards, rebuild the full parameters."""
+    def finish_gradients(self, *, ends_step: bool = False) -> None:
+        """Reduce what the backward has not reduced yet (stage 1: every full gradient; stages 2–3: the units
+        with unused parameters), so every shard holds its mean gradient. ``ends_step``: a caller that steps
+        the optimizer itself (:class:`~minipar.data.fsdp.FSDP`) ends the step here, so ``events`` stay
+        labelled by step."""
         for unit in self.units:
             if self.stage <= 1:
                 unit.reduce_full_grad()
             elif not unit.reduced:                             # a unit with unused parameters
                 unit.gather()
                 unit.reduce_grads_now()
-        self.optimizer.step()
+        self._recording = False                                # the first backward recorded the order
+        if ends_step:
+            self._reset_units()
+            self.steps_done += 1
+
+    def _reset_units(self) -> None:
         for unit in self.units:               # ready for the next backward even without zero_grad()
             unit.grads_ready, unit.reduced = 0, False
+
+    def step(self) -> None:
+        """Reduce what the backward has not reduced yet, update my shards, rebuild the full parameters."""
+        self.finish_gradients()
+        self.optimizer.step()
+        self._reset_units()
         if self.stage <= 2:
             for unit in self.units:
                 unit.refresh_full()
-        self._recording = False
         self.steps_done += 1
 
     @contextlib.contextmanager
