@@ -74,6 +74,7 @@ def test_ddp_buckets_estimate_equals_replay(compute):
     model = estimate(MODEL, CLUSTER, layout, overlap="minipar", **kw)
     blocking = estimate(MODEL, CLUSTER, layout, **kw)
     assert model.step_seconds == pytest.approx(played, rel=1e-9)             # the same program, the same link
+    assert estimate(MODEL, CLUSTER, layout, overlap=True, **kw).step_seconds == model.step_seconds  # DDP: both
     assert model.hidden["dp"] > 0 and model.hidden["dp"] + model.time["dp"] == pytest.approx(blocking.time["dp"])
     # without overlap the estimate over-predicts DDP by exactly the hidden communication
     assert blocking.step_seconds - played == pytest.approx(model.hidden_comm_seconds, rel=1e-9)

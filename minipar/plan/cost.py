@@ -204,7 +204,10 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
-        time["optimizer"] = psi / (layout.dp * layout.cp if layout.zero else 1) * cluster.optimizer_seconds_per_param
+        experts = expert_parameters(model, layout.tp, layout.ep) * (model.layers // p)   # sharded over dp·cp/ep
+        updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
+            if layout.zero else psi
+        time["optimizer"] = updated * cluster.optimizer_seconds_per_param
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
     return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying, hidden=hidden, overlap=overlap)
