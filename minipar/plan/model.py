@@ -28,6 +28,10 @@ b micro-batch, B global batch, t tensor-parallel degree, f FFN hidden size (4h u
 * Model states per device: :func:`minipar.data.zero_memory.model_state_bytes` (ZeRO, Rajbhandari et al.
   2020), called, not rewritten.
 
+* Mixture of experts (:class:`MoETransformer`, chapter 09): an MoE block holds E expert MLPs and a router
+  (parameters: the MLP × E + h·E; a rank of ep holds E/ep experts), computes k·cf slots per token (FLOPs:
+  the MLP's × k·cf + 2·tokens·h·E) and keeps the MLP's activations for each slot (a model).
+
 MFU (model FLOPs utilization) = model FLOPs / (seconds · devices · peak FLOP/s); HFU uses hardware FLOPs.
 """
 from __future__ import annotations
