@@ -7,7 +7,8 @@ import pytest
 from minipar.data import zero_memory
 from minipar.pipeline.schedules import make_schedule
 from minipar.pipeline.simulate import Costs
-from minipar.plan import Cluster, Layout, Transformer, estimate, kendall_tau, rank_agreement, stage_parameters
+from minipar.plan import (Cluster, Layout, Transformer, agreement_text, estimate, kendall_tau, rank_agreement,
+                          stage_parameters)
 from minipar.plan.overlap import bucketed_exposed, prefetched_exposed
 from minipar.replay import replay
 from minipar.trace import Comm, Compute, RankTrace, Trace, Wait, from_schedule
@@ -182,6 +183,9 @@ def test_rank_agreement_orders_picks_and_ratios():
     assert a["rows"][1] == {"name": "ZeRO-3", "predicted": 0.8, "observed": 1.2, "ratio": pytest.approx(2 / 3),
                             "predicted_rank": 1, "observed_rank": 2}
     assert rank_agreement(predicted, observed, tie=0.25)["picks_agree"]        # 1.2 vs 1.0: within the noise
+    text = agreement_text(a, unit=1.0, unit_name="s")
+    assert "Kendall tau-b 0.333" in text and "pick ZeRO-3, observed best DDP: disagree (observed, the predicted pick is ×1.20 the best's time)" in text
+    assert text.splitlines()[2].split() == ["ZeRO-3", "0.800", "s", "1.200", "s", "0.67", "1", "2"]
     with pytest.raises(ValueError, match="same strategies"):
         rank_agreement({"DDP": 1.0}, {"TP": 1.0})
     with pytest.raises(ValueError, match="positive"):

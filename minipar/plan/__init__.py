@@ -10,7 +10,7 @@ Pure functions, no processes (chapter 12):
   bytes and seconds (tp, cp, ep, pp, dp), :mod:`.overlap` what of them a program hides (``overlap=``);
 * :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);
 * :mod:`.rules` — :func:`decide` (the seeds' decision guide as rules), :func:`family`;
-* :mod:`.agreement` — :func:`rank_agreement`, :func:`kendall_tau` (does a prediction rank strategies as a
+* :mod:`.agreement` — :func:`rank_agreement`, :func:`kendall_tau`, :func:`agreement_text` (does a prediction rank strategies as a
   measurement or a replay does?).
 """
 from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters,
@@ -18,7 +18,7 @@ from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per
                     parameters)
 from .cost import Cluster, Estimate, Layout, collective_seconds, dgx_a100, estimate, in_flight, stage_parameters, validate
 from .overlap import OVERLAPS
-from .agreement import kendall_tau, rank_agreement
+from .agreement import agreement_text, kendall_tau, rank_agreement
 from .planner import Plan, layouts, plan
 from .rules import Advice, decide, family
 
@@ -26,4 +26,5 @@ __all__ = ["Transformer", "GPT3_175B", "parameters", "layer_parameters", "activa
            "forward_flops", "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes",
            "Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "stage_parameters",
            "collective_seconds", "dgx_a100", "Plan", "plan", "layouts", "Advice", "decide", "family",
-           "MoETransformer", "expert_parameters", "OVERLAPS", "kendall_tau", "rank_agreement"]
+           "MoETransformer", "expert_parameters", "OVERLAPS", "kendall_tau", "rank_agreement",
+           "agreement_text"]

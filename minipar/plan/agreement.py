@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["kendall_tau", "rank_agreement"]
+__all__ = ["kendall_tau", "rank_agreement", "agreement_text"]
 
 
 def _tied(a: float, b: float, tie: float) -> bool:
@@ -69,3 +69,19 @@ def rank_agreement(predicted: dict, observed: dict, *, tie: float = 0.0) -> dict
     return {"tau": tau, "predicted_order": p_order, "observed_order": o_order, "predicted_pick": pick,
             "observed_pick": best, "picks_agree": _tied(observed[pick], observed[best], tie),
             "pick_gap": observed[pick] / observed[best], "rows": rows}
+
+
+def agreement_text(agreement: dict, unit: float = 1e-3, unit_name: str = "ms",
+                   labels=("predicted", "observed")) -> str:
+    """:func:`rank_agreement`'s result as a table (observed order) and a verdict line, ready to print."""
+    p, o = labels
+    lines = [f"{'strategy':12}{p:>12}{o:>12}{p + '/' + o:>22}{'ranks':>8}"]
+    for r in agreement["rows"]:
+        shown = [f"{r[k] / unit:.3f} {unit_name}" for k in ("predicted", "observed")]
+        lines.append(f"{r['name']:12}{shown[0]:>12}{shown[1]:>12}{r['ratio']:>22.2f}"
+                     f"{r['predicted_rank']:>5} {r['observed_rank']:<2}")
+    verdict = "agree" if agreement["picks_agree"] else (
+        f"disagree ({o}, the {p} pick is ×{agreement['pick_gap']:.2f} the best's time)")
+    lines.append(f"Kendall tau-b {agreement['tau']:.3f}; {p} pick {agreement['predicted_pick']}, {o} best "
+                 f"{agreement['observed_pick']}: {verdict}")
+    return "\n".join(lines)
