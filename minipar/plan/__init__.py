@@ -3,19 +3,28 @@
 Pure functions, no processes (chapter 12):
 
 * :mod:`.model` — :class:`Transformer`, :func:`parameters`, :func:`activation_bytes_per_layer`,
-  :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes` (the papers' formulas);
+  :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes` (the papers' formulas),
+  :class:`MoETransformer`;
 * :mod:`.cluster` — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
-* :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term);
+* :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term); :mod:`.traffic` its
+  bytes and seconds (tp, cp, ep, pp, dp), :mod:`.overlap` what of them a program hides (``overlap=``);
 * :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);
-* :mod:`.rules` — :func:`decide` (the seeds' decision guide as rules), :func:`family`.
+* :mod:`.rules` — :func:`decide` (the seeds' decision guide as rules), :func:`family`;
+* :mod:`.agreement` — :func:`rank_agreement`, :func:`kendall_tau`, :func:`agreement_text` (does a prediction rank strategies as a
+  measurement or a replay does?).
 """
-from .model import (GPT3_175B, Transformer, activation_bytes_per_layer, forward_flops, hardware_flops, hfu,
-                    layer_parameters, mfu, model_flops, model_state_bytes, parameters)
+from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters,
+                    forward_flops, hardware_flops, hfu, layer_parameters, mfu, model_flops, model_state_bytes,
+                    parameters)
 from .cost import Cluster, Estimate, Layout, collective_seconds, dgx_a100, estimate, in_flight, stage_parameters, validate
+from .overlap import OVERLAPS
+from .agreement import agreement_text, kendall_tau, rank_agreement
 from .planner import Plan, layouts, plan
 from .rules import Advice, decide, family
 
 __all__ = ["Transformer", "GPT3_175B", "parameters", "layer_parameters", "activation_bytes_per_layer",
            "forward_flops", "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes",
            "Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "stage_parameters",
-           "collective_seconds", "dgx_a100", "Plan", "plan", "layouts", "Advice", "decide", "family"]
+           "collective_seconds", "dgx_a100", "Plan", "plan", "layouts", "Advice", "decide", "family",
+           "MoETransformer", "expert_parameters", "OVERLAPS", "kendall_tau", "rank_agreement",
+           "agreement_text"]

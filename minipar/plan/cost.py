@@ -10,11 +10,15 @@ Memory of the busiest device (the first pipeline stage, or the last when the out
                    ZeRO-2/3's reduce-scatter of one layer's gradients (a working copy and two ring chunks);
                    with recomputation, what the backward rematerializes for one layer at a time
 
-Time of one step on one device (no overlap of communication with compute: an upper bound)::
+Time of one step on one device (``overlap=False``, the default: no overlap of communication with compute,
+an upper bound; ``overlap="minipar"`` or ``True``: the data-parallel term is what :mod:`.overlap` leaves
+exposed — DDP's buckets under the backward, ZeRO-3's prefetched gathers under the previous unit's compute —
+and ``Estimate.hidden`` the rest)::
 
     compute        hardware FLOPs / (devices · peak FLOP/s · efficiency)
     bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
     collectives    the α-β model of :mod:`minipar.plan.cluster`, on the links each group really crosses
+                   (:mod:`.traffic`: tp, cp, ep, pp, dp), exposed seconds
     optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO) × the cluster's
                    seconds per parameter (only when the cluster gives one: calibrated on a CPU)
 
@@ -22,16 +26,12 @@ or, FlexFlow's way, compute measured instead of counted: ``compute_seconds`` = t
 its communication cut (:func:`minipar.wirecut.cut_wire`: every matmul, element-wise op and optimizer step
 of this device's share, no transfer, no wait); the model then adds only the bubble and the collectives.
 
-Bytes sent per device per step (the same numbers the communication log shows, chapter by chapter):
-TP 4 all-reduces of b·s·h per layer per micro-batch (SP: all-gathers + reduce-scatters, same volume, plus
-this course's re-gather in backward), PP each micro-batch's activation forward and its gradient back at
-every stage boundary (mean over the pipeline's ranks: 2(pv-1)·m·A/p), DP the ZeRO paper's volumes
-(:func:`minipar.data.zero_memory.bytes_sent_per_step`; ZeRO-2/3 repeat their reduce-scatter — and ZeRO-3
-its gathers — for every micro-batch: why they do not mix with pipelines), CP ring attention as chapter
-06b teaches it (:mod:`minipar.sequence.ring_attention`: K and V passed cp−1 times forward, K, V and their
-gradient accumulators 2cp−1 times backward, per layer and micro-batch). CP ranks hold the same parameters:
-gradients are averaged, and ZeRO shards, over the dp·cp ranks (Megatron's data-parallel group with CP). Ring
-attention keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time.
+Bytes sent per device per step: :mod:`.traffic` (the same numbers the communication log shows, chapter by
+chapter). CP ranks hold the same parameters: gradients are averaged, and ZeRO shards, over the dp·cp ranks
+(Megatron's data-parallel group with CP); a cp rank keeps the activations of its s/cp tokens. Ring attention
+keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time; Ulysses
+(whole sequence, a/cp heads) and RSA ((s/cp) × s rows) keep a·s²·b/cp scores. An :class:`MoETransformer`
+with ep: E/ep experts per rank, their model states sharded (ZeRO) over the expert-data-parallel dp·cp/ep ranks.
 """
 from __future__ import annotations
 
@@ -43,11 +43,14 @@ from minipar.data import zero_memory
 from minipar.layout import Layout
 from minipar.pipeline.schedules import bubble_formula, make_schedule, validate as validate_schedule
 from minipar.recompute import MODES
-from minipar.sequence import ring_attention
-from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
+from minipar.sequence.context_parallel import METHODS as CP_METHODS
+from minipar.tensor.sequence import uncounted_bytes
 
-from .cluster import Cluster, collective_seconds, dgx_a100, link
-from .model import Transformer, activation_bytes_per_layer, hardware_flops, layer_parameters, model_flops
+from .cluster import Cluster, collective_seconds, dgx_a100
+from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
+                    hardware_flops, layer_parameters, model_flops)
+from .overlap import OVERLAPS, data_parallel_exposed
+from .traffic import traffic
 
 __all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "dgx_a100", "stage_parameters",
            "collective_seconds"]
@@ -58,8 +61,19 @@ def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None)
     if not isinstance(layout, Layout):
         raise ValueError(f"layout must be a minipar.layout.Layout, got {type(layout).__name__}")
     layout.check()
-    if layout.ep != 1:
-        raise ValueError("ep > 1 needs a mixture-of-experts model (chapter 09); this Transformer is dense")
+    if layout.ep != 1 and not isinstance(model, MoETransformer):
+        raise ValueError("ep > 1 needs a mixture-of-experts model (chapter 09: plan.MoETransformer); this "
+                         "Transformer is dense")
+    if layout.ep != 1 and model.experts % layout.ep:
+        raise ValueError(f"ep={layout.ep} must divide the {model.experts} experts (each rank holds E/ep of them)")
+    if layout.cp_method not in CP_METHODS:
+        raise ValueError(f"unknown context-parallel method {layout.cp_method!r}; choose one of {CP_METHODS}")
+    if layout.cp > 1 and layout.cp_method == "ulysses" and (model.heads // layout.tp) % layout.cp:
+        raise ValueError(f"Ulysses gives each cp rank whole heads: heads / tp = {model.heads // layout.tp} must "
+                         f"be divisible by cp = {layout.cp}")
+    if layout.cp > 1 and layout.cp_method == "ring-zigzag" and model.seq_len % (2 * layout.cp):
+        raise ValueError(f"zig-zag ring attention cuts the sequence in 2·cp chunks: {model.seq_len} is not "
+                         f"divisible by {2 * layout.cp}")
     if layout.recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {layout.recompute!r}")
     if model.heads % layout.tp:
@@ -103,7 +117,7 @@ def stage_parameters(model: Transformer, layout: Layout) -> dict:
     (÷ t); the last stage keeps its own copy of it for the output layer when the weights are tied and
     pp > 1 (as Megatron does); positions and the final LayerNorm stay whole."""
     t, h = layout.tp, model.hidden
-    layer = layer_parameters(model, t)
+    layer = layer_parameters(model, t, layout.ep)
     per_stage = model.layers // layout.pp * layer
     word = model.vocab * h / t
     first = per_stage + word + model.positions * h
@@ -115,7 +129,9 @@ def stage_parameters(model: Transformer, layout: Layout) -> dict:
 
 @dataclass
 class Estimate:
-    """Per-device memory (bytes), step time (seconds), bytes sent per device per step, MFU."""
+    """Per-device memory (bytes), step time (seconds; its communication terms are the *exposed* seconds),
+    bytes sent per device per step, MFU; ``hidden``: communication seconds the overlap model puts under
+    compute, per term (empty without overlap). All of it a model."""
     layout: Layout
     memory: dict
     time: dict
@@ -124,6 +140,18 @@ class Estimate:
     memory_limit: float
     in_flight: float
     notes: list = field(default_factory=list)
+    hidden: dict = field(default_factory=dict)
+    overlap: object = False
+
+    @property
+    def exposed_comm_seconds(self) -> float:
+        """Communication the step waits for (model): the time terms that are collectives."""
+        return sum(v for k, v in self.time.items() if k in self.bytes_sent)
+
+    @property
+    def hidden_comm_seconds(self) -> float:
+        """Communication under compute (model): 0 without overlap."""
+        return sum(self.hidden.values())
 
     @property
     def fits(self) -> bool:
@@ -137,13 +165,16 @@ class Estimate:
         gb = lambda x: f"{x / 1e9:.1f}"  # noqa: E731
         mem = ", ".join(f"{k} {gb(v)}" for k, v in self.memory.items() if k != "total")
         tim = ", ".join(f"{k} {v:.3g}" for k, v in self.time.items() if k != "total")
+        comm = (f"; model: comm exposed {self.exposed_comm_seconds:.3g} s, hidden {self.hidden_comm_seconds:.3g} s"
+                if self.overlap else "")
         return (f"{self.layout}: memory {gb(self.memory['total'])} GB/device ({mem}); step "
-                f"{self.time['total']:.3g} s ({tim}); MFU {self.mfu:.1%}{'' if self.fits else '  DOES NOT FIT'}")
+                f"{self.time['total']:.3g} s ({tim}{comm}); MFU {self.mfu:.1%}"
+                f"{'' if self.fits else '  DOES NOT FIT'}")
 
 
 def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision="mixed", dropout: bool = True,
              eager: bool = False, persistent_grads: bool = True, bucket_bytes: float = 25e6,
-             compute_seconds: float | None = None) -> Estimate:
+             compute_seconds: float | None = None, overlap=False) -> Estimate:
     """Memory per device, step time and MFU of ``layout`` training ``model`` on ``cluster``.
 
     ``precision``: "mixed" (16-bit values, Adam 2 + 2 + 12 bytes), "fp32", or a
@@ -152,21 +183,34 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     mask: :func:`minipar.tensor.sequence.uncounted_bytes`); ``dropout=False`` drops the masks.
     ``persistent_grads=False``: gradients do not outlive the step (``zero_grad(set_to_none=True)``, no flat
     gradient buffer): they are created as the backward frees activations, so only what exceeds the
-    activations adds to the peak."""
+    activations adds to the peak. ``overlap``: False (every collective exposed), ``"minipar"`` (what this
+    course's programs overlap) or True (what PyTorch DDP and DeepSpeed overlap): :mod:`.overlap`."""
     validate(model, layout, cluster)
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap must be one of {list(OVERLAPS)}, got {overlap!r}")
     prec = zero_memory._precision(precision)
     memory, psi, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
-    sent, seconds = _traffic(model, cluster, layout, prec, psi, bucket_bytes)
-    compute = compute_seconds if compute_seconds is not None else hardware_flops(
-        model, layout.global_batch, layout.recompute) / (layout.devices * cluster.peak_flops * cluster.flops_efficiency)
+    sent, seconds, dp_parts = traffic(model, cluster, layout, prec, psi, bucket_bytes)
+    flops = hardware_flops(model, layout.global_batch, layout.recompute)
+    compute = compute_seconds if compute_seconds is not None else flops / (
+        layout.devices * cluster.peak_flops * cluster.flops_efficiency)
+    hidden = {}
+    if overlap:               # the forward's share of the FLOPs (the rest, recomputation included, is backward)
+        forward = compute * forward_flops(model, layout.global_batch * model.seq_len) / flops
+        exposed = data_parallel_exposed(layout.zero, overlap, dp_parts, forward, compute - forward,
+                                        layout.micro_batches)
+        hidden["dp"], seconds["dp"] = seconds["dp"] - exposed, exposed
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
-        time["optimizer"] = psi / (layout.dp * layout.cp if layout.zero else 1) * cluster.optimizer_seconds_per_param
+        experts = expert_parameters(model, layout.tp, layout.ep) * (model.layers // p)   # sharded over dp·cp/ep
+        updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
+            if layout.zero else psi
+        time["optimizer"] = updated * cluster.optimizer_seconds_per_param
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
-    return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying)
+    return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying, hidden=hidden, overlap=overlap)
 
 
 def _memory(model, layout, prec, dropout, eager, persistent_grads):
@@ -175,16 +219,21 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
     b, h, s = layout.micro_batch, model.hidden, model.seq_len // layout.cp
     params = stage_parameters(model, layout)
 
+    ring = layout.cp > 1 and layout.cp_method.startswith("ring")
+
     def per_layer(mode):
-        mode = "selective" if layout.cp > 1 and mode == "none" else mode     # ring attention: no scores kept
+        mode = "selective" if ring and mode == "none" else mode              # ring attention: no scores kept
         kept = activation_bytes_per_layer(model, b, t, sp, mode, value_bytes=vb, dropout=dropout, seq_len=s)
+        if layout.cp > 1 and not ring and mode == "none":    # Ulysses, RSA: a·s²·b/cp = cp × the (s/cp)² term
+            kept += (layout.cp - 1) * (kept - activation_bytes_per_layer(
+                model, b, t, sp, "selective", value_bytes=vb, dropout=dropout, seq_len=s))
         return kept + (uncounted_bytes(s, b, t, sp, value_bytes=vb) if eager and mode != "full" else 0)
 
     kept = per_layer(layout.recompute)
     flying = in_flight(layout.schedule, p, layout.micro_batches, layout.v) if p > 1 else 1.0
     logits = 4 * s * b * model.vocab / t + 2 * vb * s * b * h / (t if sp else 1)  # fp32 log-softmax; LN, head in
     data_ranks = layout.dp * layout.cp               # gradients averaged, ZeRO sharded, over dp·cp ranks
-    buffers = 2.0 * vb * b * s * s * model.heads / t if layout.cp > 1 else 0.0   # one block: scores, probs
+    buffers = 2.0 * vb * b * s * s * model.heads / t if ring else 0.0   # one block: scores, probs
     if layout.zero == 3:                      # the embedding unit and the current and next layer, gathered
         buffers += prec.param * (2 * params["layer"] + model.vocab * h / t + model.positions * h)
     if layout.zero >= 2 and data_ranks > 1:   # one layer's gradients in a ring reduce-scatter: a working
@@ -194,7 +243,11 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
     stages = {}
     last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
     for name, flight in (("first", flying), ("last", last_flight)):
-        states = zero_memory.model_state_bytes(params[name], data_ranks, layout.zero, prec)
+        experts = expert_parameters(model, t, layout.ep) * (model.layers // p)    # over dp·cp/ep ranks
+        states = zero_memory.model_state_bytes(params[name] - experts, data_ranks, layout.zero, prec)
+        if experts:
+            more = zero_memory.model_state_bytes(experts, layout.expert_data_parallel, layout.zero, prec)
+            states = {k: states[k] + more[k] for k in states}
         # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
         acts = (kept * (model.layers // p) + (logits if name == "last" or p == 1 else 0)) * flight
         grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
@@ -203,46 +256,3 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
         stages[name]["total"] = sum(stages[name].values())
     busiest = max(stages, key=lambda k: stages[k]["total"])
     return stages[busiest], params[busiest], flying
-
-
-def _traffic(model, cluster, layout, prec, psi, bucket_bytes):
-    """({tp, cp, pp, dp: bytes sent per device per step}, {the same: α-β seconds})."""
-    vb, t, p, m, v, cp, sp = prec.param, layout.tp, layout.pp, layout.micro_batches, layout.v, layout.cp, layout.sp
-    b, h, s = layout.micro_batch, model.hidden, model.seq_len // cp
-    layers, again = model.layers // p, 1.5 if layout.recompute == "full" else 1.0   # full: forward's again
-    sent, seconds = {}, {}
-
-    bw, lat = link(layout, "tp", cluster)
-    payload = s * b * h * vb
-    sent["tp"] = (sp_bytes_per_layer if sp else tp_bytes_per_layer)(s, b, h, t, value_bytes=vb) * again * layers * m
-    if sp:        # per layer: 4 all-gathers + 4 reduce-scatters, and the 2 re-gathers of the backward
-        per = 6 * collective_seconds("all_gather", payload, t, bw, lat) + 4 * collective_seconds(
-            "reduce_scatter", payload, t, bw, lat)
-    else:         # per layer: g forward and f backward, in attention and in the MLP
-        per = 4 * collective_seconds("all_reduce", payload, t, bw, lat)
-    seconds["tp"] = per * again * layers * m if t > 1 else 0.0
-
-    bw, lat = link(layout, "cp", cluster)                            # ring attention (chapter 06b)
-    kv_block = 2 * b * s * h / t * vb                                # this rank's K and V: one ring message
-    fwd, bwd = (f(b, model.seq_len, h // t, cp, vb) for f in (ring_attention.forward_bytes,
-                                                              ring_attention.backward_bytes))
-    sent["cp"] = (fwd * again + bwd) * layers * m if cp > 1 else 0.0
-    passes = (cp - 1) * again + (2 * cp - 1)                         # forward, backward ring steps
-    seconds["cp"] = passes * collective_seconds("send", kv_block, 2, bw, lat) * layers * m if cp > 1 else 0.0
-
-    act = s * b * h * vb / (t if sp else 1)                          # one micro-batch at a stage boundary
-    bw, lat = link(layout, "pp", cluster)
-    sent["pp"] = 2 * (p * v - 1) * m * act / p if p > 1 else 0.0
-    seconds["pp"] = 2 * v * m * collective_seconds("send", act, 2, bw, lat) if p > 1 else 0.0
-
-    dp = layout.dp * cp           # CP ranks hold the same parameters: their gradients are averaged too
-    bw, lat = min(link(layout, "dp", cluster), link(layout, "cp", cluster))    # the slower of the links
-    if layout.zero <= 1:          # one all-reduce (or reduce-scatter + all-gather) per step, in buckets
-        sent["dp"] = zero_memory.bytes_sent_per_step(psi, dp, layout.zero, prec)
-        messages = max(1, math.ceil(psi * prec.grad / bucket_bytes)) * 2 * (dp - 1)
-    else:                         # reduce-scatter every micro-batch; ZeRO-3 also gathers twice per micro-batch
-        gathers = 1 if layout.zero == 2 else 2 * m
-        sent["dp"] = (dp - 1) / dp * psi * (m * prec.grad + gathers * prec.param)
-        messages = (m + gathers) * (layers + 1) * (dp - 1)
-    seconds["dp"] = messages * lat + sent["dp"] / bw if dp > 1 else 0.0
-    return sent, seconds

@@ -28,6 +28,10 @@ b micro-batch, B global batch, t tensor-parallel degree, f FFN hidden size (4h u
 * Model states per device: :func:`minipar.data.zero_memory.model_state_bytes` (ZeRO, Rajbhandari et al.
   2020), called, not rewritten.
 
+* Mixture of experts (:class:`MoETransformer`, chapter 09): an MoE block holds E expert MLPs and a router
+  (parameters: the MLP × E + h·E; a rank of ep holds E/ep experts), computes k·cf slots per token (FLOPs:
+  the MLP's × k·cf + 2·tokens·h·E) and keeps the MLP's activations for each slot (a model).
+
 MFU (model FLOPs utilization) = model FLOPs / (seconds · devices · peak FLOP/s); HFU uses hardware FLOPs.
 """
 from __future__ import annotations
@@ -39,7 +43,7 @@ from minipar.recompute import MODES
 from minipar.tensor.sequence import activation_bytes_formula
 from minipar.validation import positive_int
 
-__all__ = ["Transformer", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
+__all__ = ["Transformer", "MoETransformer", "expert_parameters", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
            "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes", "GPT3_175B", "MODES"]
 
 
@@ -81,17 +85,68 @@ class Transformer:
                    tied_embeddings=cfg.tie_weights, final_norm=True, max_positions=cfg.block_size)
 
 
+@dataclass(frozen=True)
+class MoETransformer(Transformer):
+    """The same decoder with the MLP of every ``every``-th block replaced by a mixture of experts
+    (:mod:`minipar.moe`, chapter 09; Switch Transformers, Fedus et al. 2021; GShard, Lepikhin et al. 2020):
+    ``experts`` MLPs of the dense shape and a router (h × E, no bias); each token visits its top ``k``,
+    each expert computes C = ⌈k·T/E·cf⌉ padded slots. So an MoE layer holds E× the MLP's parameters and
+    computes k·cf× its FLOPs (+ the router's 2·T·h·E). The field names are :class:`minipar.moe.MoEConfig`'s,
+    so this object can be passed where chapter 09's formulas take a config."""
+    experts: int = 8
+    k: int = 1
+    capacity_factor: float = 1.0
+    every: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("experts", "k", "every"):
+            positive_int(f"MoETransformer.{name}", getattr(self, name))
+        if self.k > self.experts:
+            raise ValueError(f"top-k={self.k} must not exceed the {self.experts} experts")
+        if not self.capacity_factor > 0:
+            raise ValueError(f"capacity factor must be > 0, got {self.capacity_factor}")
+
+    @property
+    def moe_share(self) -> float:
+        """The fraction of blocks that are MoE blocks (1/every)."""
+        return 1 / self.every
+
+    @property
+    def slots_per_token(self) -> float:
+        """k·cf: the expert slots computed (and sent) per token."""
+        return self.k * self.capacity_factor
+
+
 GPT3_175B = Transformer(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048)
 
 
-def layer_parameters(model: Transformer, tp: int = 1) -> float:
+def _is_moe(model) -> bool:
+    return isinstance(model, MoETransformer)
+
+
+def expert_parameters(model: Transformer, tp: int = 1, ep: int = 1) -> float:
+    """Expert parameters of one block (averaged over blocks: 1/every of them are MoE blocks) held by one rank
+    of ``tp`` × ``ep``: E/ep experts, each an MLP split as the dense one (weights and the first bias ÷ t, the
+    projection's bias whole). 0 for a dense model."""
+    if not _is_moe(model):
+        return 0.0
+    h, f = model.hidden, model.ffn
+    return model.moe_share * model.experts / ep * ((h * f + f + f * h) / tp + h)
+
+
+def layer_parameters(model: Transformer, tp: int = 1, ep: int = 1) -> float:
     """Parameters of one block held by one of ``tp`` tensor-parallel ranks: QKV and the first MLP matmul
     split by columns (weights and biases ÷ t), the projections by rows (weights ÷ t, biases whole), the two
-    LayerNorms whole. With t = 1 and f = 4h: 12h² + 13h."""
+    LayerNorms whole. With t = 1 and f = 4h: 12h² + 13h. A :class:`MoETransformer`'s MoE blocks hold
+    E/ep experts (:func:`expert_parameters`) and the router (h·E, whole) instead of the MLP."""
     h, f = model.hidden, model.ffn
-    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h
-    whole = h + h + 4 * h                      # the two projection biases, the two LayerNorms
-    return split / tp + whole
+    attention = (3 * h * h + 3 * h + h * h) / tp + h + 4 * h   # QKV, projection (its bias whole), LayerNorms
+    dense_mlp = (h * f + f + f * h) / tp + h
+    if not _is_moe(model):
+        return attention + dense_mlp
+    share = model.moe_share
+    return attention + (1 - share) * dense_mlp + share * h * model.experts + expert_parameters(model, tp, ep)
 
 
 def parameters(model: Transformer) -> int:
@@ -123,14 +178,23 @@ def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int = 1
     if recompute == "selective":                           # the attention core's a·s²·b terms go
         per_as2b = (2 * value_bytes + 1) if dropout else value_bytes
         total -= per_as2b * a * s * s * b / tp
+    if _is_moe(model):       # k·cf slots per token: the MLP's inputs (h, f, f) again, and the (E, C, h)
+        extra = model.slots_per_token - 1                  # dispatch and combine buffers (a model)
+        total += model.moe_share * value_bytes * s * b * (extra * (h + 2 * model.ffn / tp)
+                                                          + 2 * model.slots_per_token * h)
     return total
 
 
 def forward_flops(model: Transformer, tokens: int) -> float:
     """Matmul FLOPs of one forward over ``tokens`` = B·s tokens: per layer 2·tokens·(4h² + 2hf) for the
-    weights and 4·tokens·s·h for QKᵀ and the attention over V; the logits 2·tokens·h·V."""
+    weights and 4·tokens·s·h for QKᵀ and the attention over V; the logits 2·tokens·h·V. An MoE block's MLP
+    computes k·cf slots per token (padded to capacity, as :mod:`minipar.moe` runs it) and its router
+    2·tokens·h·E."""
     h, s, f = model.hidden, model.seq_len, model.ffn
-    per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 4 * tokens * s * h
+    mlp = 2 * tokens * 2 * h * f
+    if _is_moe(model):
+        mlp += model.moe_share * (mlp * (model.slots_per_token - 1) + 2 * tokens * h * model.experts)
+    per_layer = 2 * tokens * 4 * h * h + mlp + 4 * tokens * s * h
     return model.layers * per_layer + 2 * tokens * h * model.vocab
 
 

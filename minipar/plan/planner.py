@@ -22,8 +22,8 @@ from .rules import family
 __all__ = ["Plan", "plan", "layouts"]
 
 _TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces", "dp": "data-parallel traffic",
-               "pp": "pipeline sends", "cp": "context-parallel gathers", "compute": "compute (recomputation)",
-               "optimizer": "optimizer step"}
+               "pp": "pipeline sends", "cp": "context-parallel attention exchange", "ep": "expert all-to-alls",
+               "compute": "compute (recomputation)", "optimizer": "optimizer step"}
 
 
 @dataclass
@@ -49,9 +49,13 @@ def _divisors(n: int) -> list:
 
 def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_batches_max: int = 4096,
             micro_batch_sizes=(1, 2, 4, 8), recompute=("none", "selective", "full"), zero=(0, 1, 2, 3),
-            schedules=("1f1b", "interleaved"), use_all_devices: bool = True, cp=(1,)):
+            schedules=("1f1b", "interleaved"), use_all_devices: bool = True, cp=(1,), cp_methods=("ring",),
+            ep=(1,)):
     """Every layout of the search space (a generator). ``cp``: the context-parallel degrees to try (those
-    that divide the sequence; ring attention, costed as chapter 06b measures it)."""
+    that divide the sequence), each with every method of ``cp_methods`` (chapter 06b: "ring",
+    "ring-zigzag", "ulysses", "rsa"; those the model allows). ``ep``: expert-parallel degrees for an
+    :class:`~minipar.plan.model.MoETransformer` (those dividing its experts and dp·cp: ep borrows data-
+    and context-parallel ranks)."""
     n = cluster.devices
     sizes = [n] if use_all_devices else _divisors(n)
     for devices in sizes:
@@ -77,9 +81,19 @@ def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_ba
                             if z and dp * c == 1:
                                 continue
                             for sp in ([False, True] if tp > 1 and model.seq_len % (c * tp) == 0 else [False]):
-                                for r in recompute:
+                                for r, method, e in _variants(model, tp, c, dp, recompute, cp_methods, ep):
                                     yield Layout(dp=dp, tp=tp, pp=pp, cp=c, v=v, zero=z, sp=sp, recompute=r,
-                                                 micro_batch=b, micro_batches=m, schedule=sched)
+                                                 micro_batch=b, micro_batches=m, schedule=sched, cp_method=method,
+                                                 ep=e)
+
+
+def _variants(model, tp, cp, dp, recompute, cp_methods, ep):
+    """(recompute, cp method, ep) triples a layout of these degrees can take."""
+    methods = [x for x in cp_methods if cp > 1 and (x != "ulysses" or (model.heads // tp) % cp == 0)
+               and (x != "ring-zigzag" or model.seq_len % (2 * cp) == 0)] if cp > 1 else ["ring"]
+    experts = getattr(model, "experts", None)
+    eps = [e for e in ep if e == 1 or (experts and experts % e == 0 and (dp * cp) % e == 0)]
+    return [(r, x, e) for r in recompute for x in methods for e in eps]
 
 
 def _why_slower(e, winner) -> str:
@@ -97,15 +111,16 @@ def _why_slower(e, winner) -> str:
 
 
 def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 3, precision="mixed",
-         **search) -> Plan:
+         overlap=False, **search) -> Plan:
     """The ``top`` fastest layouts of ``model`` on all of ``cluster`` that fit in memory, and why each other
-    family lost. ``search`` narrows the space (see :func:`layouts`)."""
+    family lost. ``search`` narrows the space (see :func:`layouts`); ``overlap``: as in
+    :func:`minipar.plan.estimate`."""
     if global_batch < 1:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     fitting, best_any, families, names = [], {}, {}, {}
     considered = 0
     for layout in layouts(model, cluster, global_batch, **search):
-        e = _estimate(model, cluster, layout, precision)
+        e = estimate(model, cluster, layout, precision=precision, overlap=overlap)
         considered += 1
         fam = family(layout)
         if layout.tp > cluster.devices_per_node:
@@ -134,7 +149,4 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
                              f"> {cluster.memory_bytes / 1e9:.0f} GB ({e.layout})")
     return Plan(best, rejected, considered, len(fitting), {**best_any, **families})
 
-
-def _estimate(model, cluster, layout, precision):
-    return estimate(model, cluster, layout, precision=precision)
 

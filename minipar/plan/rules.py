@@ -43,6 +43,7 @@ def family(layout: Layout) -> str:
     parts += ["TP"] if layout.tp > 1 else []
     parts += ["PP"] if layout.pp > 1 else []
     parts += ["CP"] if layout.cp > 1 else []
+    parts += ["EP"] if layout.ep > 1 else []
     name = " + ".join(parts) or "one device"
     return "DDP" if name == "DP" else name
 

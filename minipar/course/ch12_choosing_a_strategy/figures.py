@@ -1,12 +1,16 @@
-"""Chapter 12 pictures: the seeds' decision guide as a flow chart, a stacked memory bar per device (the
-calculator's drawing), memory per device over the sequence length, the cost model beside what the
+"""Chapter 12 pictures: the seeds' decision guide as a flow chart, a stacked memory bar per device and the
+memory-and-time calculator that draws it (:func:`calculate`, :func:`draw_calculator`,
+:func:`calculator_controls`: every knob, cp and ep included), memory per device over the sequence length, the cost model beside what the
 tour's runs measured (bytes per rank and memory), and predicted against measured step times."""
 from __future__ import annotations
 
 from minipar.course.plotting import save_figure
-from minipar.plan import Layout, Transformer, estimate
+from dataclasses import replace
 
-__all__ = ["draw_decision_guide", "draw_memory_bars", "sweep_sequence", "draw_sequence_sweep",
+from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, dgx_a100, estimate
+
+__all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "calculate", "draw_calculator",
+           "calculator_controls", "sweep_sequence", "draw_sequence_sweep",
            "draw_predicted_vs_measured", "draw_step_times", "MEMORY_COLOURS", "FIGURES"]
 
 MEMORY_COLOURS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#8172B2", "activations": "#C44E52",
@@ -81,6 +85,72 @@ def draw_memory_bars(estimates: dict, limit: float | None = None, ax=None):
     ax.set_ylabel("GB per device")
     ax.legend(fontsize=8, loc="upper left")
     return ax
+
+
+CALCULATOR_MODELS = {
+    "GPT-3 175B": GPT3_175B, "GPT 13B": Transformer(40, 5120, 40, 51200, 2048),
+    "GPT 1.3B": Transformer(24, 2048, 16, 51200, 2048),
+    # GPT 1.3B with 8 experts in every other block (Switch/GLaM's placement), top-2, capacity factor 1.25
+    "MoE 1.3B × 8 experts": MoETransformer(24, 2048, 16, 51200, 2048, experts=8, k=2, capacity_factor=1.25,
+                                           every=2),
+}
+
+
+def calculate(model="GPT-3 175B", seq_len=2048, dp=8, zero=1, tp=8, sp=True, pp=16, schedule="1f1b", v=1,
+              cp=1, cp_method="ring", ep=1, micro_batch=1, micro_batches=192, recompute="selective",
+              overlap=False):
+    """The estimate of one layout of a :data:`CALCULATOR_MODELS` model at ``seq_len`` on as many DGX A100
+    nodes (8 GPUs each) as the layout needs (world = dp·pp·cp·tp; ep borrows from dp·cp). ``v`` counts only
+    for the interleaved schedule. Raises ValueError, with the reason, for a layout that cannot run."""
+    layout = Layout(dp=dp, tp=tp, pp=pp, v=v if schedule == "interleaved" else 1, cp=cp, cp_method=cp_method,
+                    ep=ep, zero=zero, sp=sp, recompute=recompute, micro_batch=micro_batch,
+                    micro_batches=micro_batches, schedule=schedule)
+    return estimate(replace(CALCULATOR_MODELS[model], seq_len=seq_len), dgx_a100(-(-layout.devices // 8)), layout,
+                    overlap=overlap)
+
+
+def draw_calculator(**knobs):
+    """:func:`calculate` drawn: the busiest device's memory bar against 80 GB, and the estimate's text (or
+    why the layout cannot run). Returns the estimate (None when invalid)."""
+    import matplotlib.pyplot as plt
+    try:
+        e = calculate(**knobs)
+    except ValueError as exc:
+        print("not a valid layout:", exc)
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    draw_memory_bars({"busiest device": e}, 80e9, ax)
+    nodes = -(-e.layout.devices // 8)
+    ax.set_title(f"{knobs.get('model', 'GPT-3 175B')}, {e.layout.devices} GPUs on {nodes} nodes, "
+                 f"global batch {e.layout.global_batch}", fontsize=9)
+    plt.show()
+    print(e)
+    return e
+
+
+def calculator_controls() -> dict:
+    """The widgets for ``ipywidgets.interact(draw_calculator, **calculator_controls())``; v is enabled only
+    for the interleaved schedule, the cp method only when cp > 1, ep only for the MoE model."""
+    import ipywidgets as widgets
+    controls = dict(model=widgets.Dropdown(options=list(CALCULATOR_MODELS)), seq_len=widgets.IntSlider(2048, 512, 131072, 512),
+                    dp=widgets.IntSlider(8, 1, 1024), zero=widgets.Dropdown(options=[0, 1, 2, 3], value=1),
+                    tp=widgets.Dropdown(options=[1, 2, 4, 8, 16], value=8), sp=True,
+                    pp=widgets.Dropdown(options=[1, 2, 4, 8, 12, 16, 24, 32], value=16),
+                    schedule=widgets.Dropdown(options=["1f1b", "gpipe", "interleaved", "zb-h1"]),
+                    v=widgets.IntSlider(1, 1, 4, description="v", disabled=True),
+                    cp=widgets.Dropdown(options=[1, 2, 4, 8, 16], value=1),
+                    cp_method=widgets.Dropdown(options=["ring", "ring-zigzag", "ulysses", "rsa"], disabled=True),
+                    ep=widgets.Dropdown(options=[1, 2, 4, 8], value=1, disabled=True),
+                    micro_batch=widgets.IntSlider(1, 1, 16), micro_batches=widgets.IntSlider(192, 1, 1024),
+                    recompute=["selective", "none", "full"],
+                    overlap=widgets.Dropdown(options=[("no overlap", False), ("as minipar", "minipar"),
+                                                      ("as DDP / DeepSpeed", True)], value=False))
+    follow_from = {"v": ("schedule", lambda x: x == "interleaved"), "cp_method": ("cp", lambda x: x > 1),
+                   "ep": ("model", lambda x: isinstance(CALCULATOR_MODELS[x], MoETransformer))}
+    for target, (source, enabled) in follow_from.items():
+        controls[source].observe(lambda change, t=target, f=enabled: setattr(controls[t], "disabled",
+                                                                            not f(change["new"])), names="value")
+    return controls
 
 
 SWEEP_LAYOUTS = {
