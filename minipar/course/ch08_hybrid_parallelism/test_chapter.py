@@ -196,3 +196,32 @@ def test_reduction_groups_stub():
         raise NotImplementedError()
     with pytest.raises(NotImplementedError):
         ch08.check_reduction_groups(stub)
+
+
+@pytest.mark.parametrize("world, dp, pp, cp, tp, ep", ch08.SHAPES_5D)
+def test_the_chunk_rule_is_megatrons_expert_generator(world, dp, pp, cp, tp, ep):
+    """On Megatron's order, chunks of ep consecutive ranks of each dense dp × cp group are its expert generator's
+    ep groups and the strided sets its expert-DP groups (that generator equals Megatron's: test_mesh_megatron)."""
+    from minipar.mesh import Mesh, megatron_order
+    dense = Mesh(world, megatron_order(), dp=dp, pp=pp, cp=cp, tp=tp).groups("dp", "cp")
+    experts = Mesh(world, megatron_order(), dp=dp * cp // ep, pp=pp, ep=ep, tp=tp)
+    assert sorted(g[i:i + ep] for g in dense for i in range(0, len(g), ep)) == sorted(experts.groups("ep"))
+    assert sorted(g[j::ep] for g in dense for j in range(ep)) == sorted(experts.groups("dp"))
+
+
+def test_ops_by_dims_reads_one_step_between_marks():
+    from minipar.course.ch08_hybrid_parallelism.five_d import ops_by_dims, step_events
+    from minipar.mesh import Mesh
+    from minipar.trace import Comm, Compute, Mark, RankTrace, Trace
+    mesh = Mesh(4, dp=2, tp=2)
+
+    def rank(r):
+        tp_peer, dp_peer = mesh.group_ranks("tp", r), mesh.group_ranks("dp", r)
+        step = [Compute(0.1), Comm("all_reduce", tp_peer, 64), Comm("all_reduce", dp_peer, 400)]
+        return RankTrace(r, [Comm("broadcast", range(4), 8), *step, Mark("step"), *step,
+                             Comm("send", dp_peer, 32), Comm("recv", dp_peer, 32), Mark("step"), *step, Mark("step")])
+    trace = Trace([rank(r) for r in range(4)])
+    assert len(step_events(trace.ranks[0], 1)) == 5
+    assert ops_by_dims(trace, mesh, step=1) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64),
+                                                ("send", ("dp",)): (1, 32)}
+    assert ops_by_dims(trace, mesh, step=2) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64)}
