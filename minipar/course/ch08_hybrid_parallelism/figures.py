@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-__all__ = ["draw_mesh", "draw_step", "draw_memory", "FIGURES"]
+__all__ = ["draw_mesh", "draw_step", "draw_memory", "draw_mesh_5d", "draw_replayed_step", "FIGURES"]
 
 COLOURS = {"tp": "tab:red", "pp": "tab:blue", "dp": "tab:green"}
 
@@ -115,3 +115,109 @@ def _memory_figure(path):
 
 FIGURES = {"08_mesh_groups.png": _mesh_figure, "08_step_timeline.png": _step_figure,
            "08_memory_per_layout.png": _memory_figure}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the five-dimensional mesh (dp × pp × cp × tp, ep folded into dp × cp) and one traced 16-rank step
+# ---------------------------------------------------------------------------------------------------------
+
+COLOURS_5D = {"tp": "tab:red", "cp": "tab:orange", "pp": "tab:blue", "dp": "tab:green", "ep": "tab:purple",
+              "expert_dp": "tab:purple"}
+
+
+def _position_5d(rank: int, mesh) -> tuple:
+    c = mesh.coords(rank)                       # a node per dp coordinate; pp down; cp blocks of tp pairs across
+    return 5.6 * c["dp"] + 2.4 * c["cp"] + 1.0 * c["tp"], -1.4 * c["pp"]
+
+
+def _link(ax, a, b, mesh, colour, bend=0.0, style="-", lw=2.2, alpha=1.0):
+    (x0, y0), (x1, y1) = _position_5d(a, mesh), _position_5d(b, mesh)
+    ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-", color=colour, lw=lw, linestyle=style,
+                                                          alpha=alpha, connectionstyle=f"arc3,rad={bend}"))
+
+
+def draw_mesh_5d(ax, dp: int = 2, pp: int = 2, cp: int = 2, tp: int = 2, ep: int | None = None,
+                 devices_per_node: int = 8):
+    """The ranks of ``Mesh(dp·pp·cp·tp, dp=, pp=, cp=, tp=)`` on nodes of ``devices_per_node``; ``ep=None``:
+    the dense groups (tp, cp, pp, dp links); ``ep`` given: the expert groups of
+    :func:`five_d.reduction_groups` (ep: thick shaded links, expert-DP: dashed arcs) over faint dense ones."""
+    from matplotlib.patches import FancyBboxPatch
+    from minipar.mesh import Mesh
+    from .five_d import reduction_groups
+    world = dp * pp * cp * tp
+    mesh = Mesh(world, dp=dp, pp=pp, cp=cp, tp=tp, devices_per_node=devices_per_node)
+    fade = 0.25 if ep else 1.0
+    for dim, bend in (("dp", 0.25), ("pp", 0.0), ("cp", -0.3), ("tp", 0.0)):
+        for ranks in mesh.groups(dim):
+            for a, b in zip(ranks, ranks[1:]):
+                _link(ax, a, b, mesh, COLOURS_5D[dim], bend, alpha=fade)
+    if ep:
+        groups = reduction_groups(world, dp=dp, pp=pp, cp=cp, tp=tp, ep=ep)
+        for ranks in groups["ep"]:
+            for a, b in zip(ranks, ranks[1:]):
+                _link(ax, a, b, mesh, COLOURS_5D["ep"], 0.45, lw=6, alpha=0.45)
+        for ranks in groups["expert_dp"]:
+            for a, b in zip(ranks, ranks[1:]):
+                _link(ax, a, b, mesh, COLOURS_5D["expert_dp"], -0.35, style="--", lw=1.6)
+    for rank in range(world):
+        x, y = _position_5d(rank, mesh)
+        ax.scatter([x], [y], s=330, color="white", edgecolor="black", zorder=3)
+        ax.text(x, y, str(rank), ha="center", va="center", fontsize=8, zorder=4)
+    for node in range(-(-world // devices_per_node)):
+        xs, ys = zip(*(_position_5d(r, mesh) for r in range(world) if mesh.node_of(r) == node))
+        ax.add_patch(FancyBboxPatch((min(xs) - 0.5, min(ys) - 0.5), max(xs) - min(xs) + 1.0, max(ys) - min(ys) + 1.0,
+                                    boxstyle="round,pad=0.1", fill=False, linestyle="--", edgecolor="grey"))
+        ax.text(min(xs) - 0.5, max(ys) + 0.75, f"node {node} ({devices_per_node} devices)", fontsize=7, color="grey")
+    shown = ("ep", "expert_dp") if ep else ("dp", "pp", "cp", "tp")
+    for dim in shown:
+        ax.plot([], [], color=COLOURS_5D[dim], lw=2.2, linestyle="--" if dim == "expert_dp" else "-",
+                label=f"{dim.replace('_', '-')} group")
+    ax.legend(loc="lower center", ncol=4, fontsize=7, bbox_to_anchor=(0.5, -0.22), frameon=False)
+    what = (f"experts folded into dp × cp: ep {ep} (chunks of each dp × cp group), expert-DP {dp * cp // ep}"
+            if ep else f"dense: dp {dp} × pp {pp} × cp {cp} × tp {tp} (tp innermost, dp outermost)")
+    ax.set_title(what, fontsize=8)
+    ax.set_axis_off()
+    ax.set_aspect("equal")
+    ax.set_ylim(-1.4 * (pp - 1) - 1.2, 1.2)
+
+
+def _mesh_5d_figure(path):
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+    draw_mesh_5d(axes[0])
+    draw_mesh_5d(axes[1], ep=2)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def draw_replayed_step(ax, replayed, trace, mesh, step: int = 1):
+    """Each rank's spans between its ``step``-th and next "step" mark of a :func:`minipar.replay.replay`:
+    compute grey, a call coloured by the mesh dimensions its group spans (dp × cp = the gradients)."""
+    starts = [marks[step - 1][1] for marks in replayed.marks]
+    ends = [marks[step][1] for marks in replayed.marks]
+    t0, t1 = min(starts), max(ends)
+    bars: dict = {}
+    for rank, spans in enumerate(replayed.timelines):
+        for s in spans:
+            if s.end < t0 or s.start > t1 or s.end <= s.start:
+                continue
+            if s.kind == "compute":
+                key = "compute"
+            else:
+                dims = mesh.dims_spanned(trace.ranks[rank].events[s.index].ranks)
+                key = "dp × cp" if set(dims) >= {"dp"} else " × ".join(dims)
+            bars.setdefault(key, {}).setdefault(rank, []).append(((s.start - t0) * 1e3, (s.end - s.start) * 1e3))
+    colours = {"compute": "lightgrey", "tp": "tab:red", "cp": "tab:orange", "pp": "tab:blue", "dp × cp": "tab:green"}
+    for key, per_rank in bars.items():
+        for rank, spans in per_rank.items():
+            ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=colours.get(key, "black"), linewidth=0)
+        ax.plot([], [], color=colours.get(key, "black"), lw=6, label=key)
+    labels = [f"{r} " + " ".join(f"{d}{c}" for d, c in mesh.coords(r).items() if mesh.sizes[d] > 1)
+              for r in range(mesh.world_size)]
+    ax.set_yticks(range(mesh.world_size), labels, fontsize=6)
+    ax.set_ylim(mesh.world_size - 0.5, -0.5)
+    ax.set_xlabel("ms (replayed)", fontsize=8)
+    ax.legend(fontsize=7, ncol=6, loc="lower center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+
+
+FIGURES["08_mesh_5d.png"] = _mesh_5d_figure

@@ -134,3 +134,94 @@ def test_reshard():
         raise NotImplementedError()
     with pytest.raises(NotImplementedError):
         ch08.check_reshard(stub)
+
+
+# ----------------------------------------------------------------------------------------------------
+# exercise 4: the gradient-reduction groups of a 5D layout (ep folded into dp × cp)
+# ----------------------------------------------------------------------------------------------------
+
+def reduction_solution(world_size, dp, pp, cp, tp, ep):
+    grid = torch.arange(world_size).view(dp, pp, cp, tp)
+    dense = grid.permute(1, 3, 0, 2).reshape(-1, dp * cp).tolist()     # (pp, tp) fixed; dp, cp vary (cp fastest)
+    return {"dense": dense,
+            "ep": [g[i:i + ep] for g in dense for i in range(0, len(g), ep)],
+            "expert_dp": [g[j::ep] for g in dense for j in range(ep)]}
+
+
+def reduction_dp_only(world_size, dp, pp, cp, tp, ep):      # gradients over dp alone: cp ranks keep their own
+    out = reduction_solution(world_size, dp, pp, cp, tp, ep)
+    grid = torch.arange(world_size).view(dp, pp, cp, tp)
+    out["dense"] = grid.permute(1, 2, 3, 0).reshape(-1, dp).tolist()
+    return out
+
+
+def reduction_ep_across_pp(world_size, dp, pp, cp, tp, ep):  # ep chunks cut from dp × pp × cp: across stages
+    out = reduction_solution(world_size, dp, pp, cp, tp, ep)
+    wide = torch.arange(world_size).view(dp, pp, cp, tp).permute(3, 0, 1, 2).reshape(tp, -1).tolist()
+    out["ep"] = [g[i:i + ep] for g in wide for i in range(0, len(g), ep)]
+    out["expert_dp"] = [g[j::ep] for g in wide for j in range(ep)][:len(out["expert_dp"])]
+    return out
+
+
+def reduction_swapped(world_size, dp, pp, cp, tp, ep):       # ep strided, expert-DP consecutive
+    out = reduction_solution(world_size, dp, pp, cp, tp, ep)
+    out["ep"], out["expert_dp"] = out["expert_dp"], out["ep"]
+    return out
+
+
+def test_reduction_solution_is_the_five_d_rule():
+    from minipar.course.ch08_hybrid_parallelism.five_d import reduction_groups
+    for world, dp, pp, cp, tp, ep in ch08.SHAPES_5D:
+        assert reduction_solution(world, dp, pp, cp, tp, ep) == reduction_groups(world, dp=dp, pp=pp, cp=cp, tp=tp,
+                                                                                 ep=ep)
+    g = reduction_groups(16, dp=2, pp=2, cp=2, tp=2, ep=2)                 # the chapter's 16-rank layout
+    assert g["dense"][0] == [0, 2, 8, 10] and g["ep"][:2] == [[0, 2], [8, 10]] and g["expert_dp"][:2] == [[0, 8], [2, 10]]
+    with pytest.raises(ValueError, match="must divide"):
+        reduction_groups(16, dp=2, pp=2, cp=2, tp=2, ep=3)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (reduction_dp_only, "dp × cp"),
+    (reduction_ep_across_pp, "more than one pipeline stage"),
+    (reduction_swapped, "consecutive chunks"),
+])
+def test_reduction_groups(wrong, words):
+    ch08.check_reduction_groups(reduction_solution)
+    with pytest.raises(ExerciseError, match=words):
+        ch08.check_reduction_groups(wrong)
+
+
+def test_reduction_groups_stub():
+    def stub(world_size, dp, pp, cp, tp, ep):
+        raise NotImplementedError()
+    with pytest.raises(NotImplementedError):
+        ch08.check_reduction_groups(stub)
+
+
+@pytest.mark.parametrize("world, dp, pp, cp, tp, ep", ch08.SHAPES_5D)
+def test_the_chunk_rule_is_megatrons_expert_generator(world, dp, pp, cp, tp, ep):
+    """On Megatron's order, chunks of ep consecutive ranks of each dense dp × cp group are its expert generator's
+    ep groups and the strided sets its expert-DP groups (that generator equals Megatron's: test_mesh_megatron)."""
+    from minipar.mesh import Mesh, megatron_order
+    dense = Mesh(world, megatron_order(), dp=dp, pp=pp, cp=cp, tp=tp).groups("dp", "cp")
+    experts = Mesh(world, megatron_order(), dp=dp * cp // ep, pp=pp, ep=ep, tp=tp)
+    assert sorted(g[i:i + ep] for g in dense for i in range(0, len(g), ep)) == sorted(experts.groups("ep"))
+    assert sorted(g[j::ep] for g in dense for j in range(ep)) == sorted(experts.groups("dp"))
+
+
+def test_ops_by_dims_reads_one_step_between_marks():
+    from minipar.course.ch08_hybrid_parallelism.five_d import ops_by_dims, step_events
+    from minipar.mesh import Mesh
+    from minipar.trace import Comm, Compute, Mark, RankTrace, Trace
+    mesh = Mesh(4, dp=2, tp=2)
+
+    def rank(r):
+        tp_peer, dp_peer = mesh.group_ranks("tp", r), mesh.group_ranks("dp", r)
+        step = [Compute(0.1), Comm("all_reduce", tp_peer, 64), Comm("all_reduce", dp_peer, 400)]
+        return RankTrace(r, [Comm("broadcast", range(4), 8), *step, Mark("step"), *step,
+                             Comm("send", dp_peer, 32), Comm("recv", dp_peer, 32), Mark("step"), *step, Mark("step")])
+    trace = Trace([rank(r) for r in range(4)])
+    assert len(step_events(trace.ranks[0], 1)) == 5
+    assert ops_by_dims(trace, mesh, step=1) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64),
+                                                ("send", ("dp",)): (1, 32)}
+    assert ops_by_dims(trace, mesh, step=2) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64)}

@@ -1,0 +1,146 @@
+"""Chapter 08's five-dimensional part: dp × pp × cp × tp on one mesh, with ep folded into dp × cp.
+
+* :func:`reduction_groups` — the groups a 5D layout reduces over, computed from :class:`minipar.mesh.Mesh`:
+  dense gradients over dp × cp; expert parallelism (ep) borrows its ranks from each (pp, tp) coordinate's
+  dp × cp ranks — consecutive chunks of ``ep`` in mesh order (Megatron-Core's ``"tp-cp-ep-dp-pp"`` with
+  ep inside dp, ``tests/test_mesh_megatron.py``) — and each expert's gradients are reduced over the
+  expert-data-parallel group: the ranks at the same place in every chunk, dp · cp / ep of them.
+* :func:`run_5d` — one launch of ``world`` ranks: each rank builds the mesh, reports the members of its
+  torch process groups (and sums its rank id over each, so the groups are real), trains the recipe in float64
+  under :mod:`minipar.trace` (each optimizer step marked) with memory tracked, then again in float32.
+* :func:`ops_by_dims` — what one traced step's calls moved, per (op, dims spanned): which tensor goes over which
+  group.
+* :func:`declared_cluster` — two nodes of 8 for replaying the trace: compute as measured here, links declared.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minipar.layout import Layout
+from minipar.mesh import Mesh
+
+__all__ = ["LAYOUT_5D", "EP", "reduction_groups", "run_5d", "step_events", "ops_by_dims", "declared_cluster", "recipes"]
+
+LAYOUT_5D = Layout(dp=2, pp=2, cp=2, tp=2, micro_batches=4)      # 16 ranks, 1F1B, ring attention over cp
+EP = 2                                                           # folded: divides dp · cp = 4
+
+
+def reduction_groups(world_size: int, *, dp: int, pp: int, cp: int, tp: int, ep: int) -> dict:
+    """{"dense": dp × cp groups, "ep": expert-parallel groups, "expert_dp": expert-data-parallel groups} of a
+    ``Mesh(world_size, dp=, pp=, cp=, tp=)`` (minipar's order: dp, pp, cp, tp outermost to innermost).
+    For each dense group g (ascending ranks: cp fastest, then dp): ep groups g[i·ep:(i+1)·ep], expert-DP
+    groups g[j::ep] — so ep × expert-DP re-cuts exactly the ranks of dp × cp, never across pp or tp."""
+    Layout(dp=dp, pp=pp, cp=cp, tp=tp, ep=ep).check()                # ep must divide dp · cp
+    mesh = Mesh(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
+    dense = mesh.groups("dp", "cp")
+    return {"dense": dense,
+            "ep": [g[i:i + ep] for g in dense for i in range(0, len(g), ep)],
+            "expert_dp": [g[j::ep] for g in dense for j in range(ep)]}
+
+
+def recipes(steps: int = 3):
+    """The chapter's recipe (measure.recipe: tiny GPT, 4 layers, global batch 16 × 8 tokens) in float64 and float32."""
+    from .measure import recipe
+    r64, r32 = recipe(steps), recipe(steps)
+    r32.dtype = torch.float32
+    return r64, r32
+
+
+def _marked(factory):
+    """The optimizer factory with every ``step()`` marked in the trace (a step = the gap between two marks)."""
+    from minipar import trace
+
+    def build(params):
+        opt = factory(params)
+        step = opt.step
+
+        def marked_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            trace.mark("step")
+            return out
+        opt.step = marked_step
+        return opt
+    return build
+
+
+def _groups_seen(rank: int, world_size: int, layout: Layout, ep: int) -> dict:
+    """Build the mesh on this running rank; per group: its members as torch reports them, and the sum of the
+    members' rank ids all-reduced over it (= sum of the members when the group is real)."""
+    import torch.distributed as dist
+    from minipar import comm
+    mesh = Mesh(world_size, **layout.sizes).build(rank, combos=[("dp", "cp")])
+    handles = {"dp,cp": mesh.group("dp", "cp"), "tp": mesh.group("tp"), "pp": mesh.group("pp"),
+               "cp": mesh.group("cp")}
+    expert = reduction_groups(world_size, dp=layout.dp, pp=layout.pp, cp=layout.cp, tp=layout.tp, ep=ep)
+    for kind in ("ep", "expert_dp"):                        # every rank creates every group, in the same order
+        for ranks in expert[kind]:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                handles[kind] = group
+    out = {}
+    for name, group in handles.items():
+        total = torch.tensor([float(rank)])
+        comm.all_reduce(total, group=group)
+        out[name] = (dist.get_process_group_ranks(group), int(total.item()))
+    return out
+
+
+def _rank_5d(rank: int, world_size: int, recipe64, recipe32, layout: Layout, ep: int) -> dict:
+    from minipar import trace
+    from minipar.hybrid.parallel3d import parallel_train
+    groups = _groups_seen(rank, world_size, layout, ep)
+    recipe64.optimizer = _marked(recipe64.optimizer)
+    with trace.tracing(rank) as rank_trace:
+        run64 = parallel_train(rank, world_size, recipe64, layout=layout, track_memory=True)
+    start = time.perf_counter()
+    run32 = parallel_train(rank, world_size, recipe32, layout=layout)
+    return {"groups": groups, "run64": run64, "trace": rank_trace, "losses32": run32.losses,
+            "params32": run32.params, "seconds32": time.perf_counter() - start}
+
+
+def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D, ep: int = EP) -> dict:
+    """Validate, then one launch of ``layout.world_size`` ranks (see the module's docstring). Returns
+    {"groups": [per rank], "runs64": [HybridRun], "trace": Trace, "runs32": [RunResult]}."""
+    from minipar.check import RunResult
+    from minipar.hybrid.parallel3d import validate
+    from minipar.launcher import launch
+    from minipar.trace import Trace
+    validate(recipe64, layout=layout)
+    Layout(dp=layout.dp, pp=layout.pp, cp=layout.cp, tp=layout.tp, ep=ep).check()
+    out = launch(_rank_5d, layout.world_size, recipe64, recipe32, layout, ep, quiet=True, timeout=180)
+    return {"groups": [o["groups"] for o in out], "runs64": [o["run64"] for o in out],
+            "trace": Trace([o["trace"] for o in out], {"layout": str(layout)}),
+            "runs32": [RunResult(o["losses32"], o["params32"]) for o in out]}
+
+
+def step_events(rank_trace, step: int = 1) -> list:
+    """The events of one rank between its ``step``-th and ``step + 1``-th "step" marks (step 1: the second
+    step, after the first optimizer step; the first also holds the set-up)."""
+    marks = [i for i, e in enumerate(rank_trace.events) if getattr(e, "label", None) == "step"]
+    return rank_trace.events[marks[step - 1] + 1:marks[step]]
+
+
+def ops_by_dims(trace, mesh: Mesh, step: int = 1) -> dict:
+    """{(op, dims spanned): (calls, payload bytes)} per rank in one step (:func:`step_events`), mean over the
+    ranks, from a trace's calls (a send counted on its sender; the receive is the same message)."""
+    table: dict = {}
+    for rank_trace in trace.ranks:
+        for call in step_events(rank_trace, step):
+            if getattr(call, "kind", None) != "comm" or call.op == "recv":
+                continue
+            key = (call.op, mesh.dims_spanned(call.ranks))
+            calls, nbytes = table.get(key, (0, 0))
+            table[key] = (calls + 1, nbytes + call.bytes)
+    n = trace.world_size
+    return {k: (c / n, b / n) for k, (c, b) in sorted(table.items(), key=lambda kv: -kv[1][1])}
+
+
+def declared_cluster(devices_per_node: int = 8, nodes: int = 2, intra_bw: float = 2e9, inter_bw: float = 2e8,
+                     intra_latency: float = 20e-6, inter_latency: float = 200e-6):
+    """A declared cluster to replay the 16-rank trace on (a model, not this machine): compute as each segment's
+    measured thread CPU time here (replay with ``compute_scale=1``), links 2 GB/s inside a node of 8 and
+    10× slower between nodes (round numbers)."""
+    from minipar.plan.cluster import Cluster
+    return Cluster(devices_per_node, nodes, 16e9, 1.0, intra_bw, inter_bw, intra_latency, inter_latency)
