@@ -12,10 +12,12 @@ on the cluster's α-β links. Measured here, one α-β pair does not fit every c
 
 :class:`OpLinks` is that choice, passed to ``replay(..., comm_time=OpLinks(...))``; :func:`fit_link` fits one
 op's pair. To compare a replay with the run, step by step: :func:`step_seconds` (the slowest rank's time
-from one mark to the next, per step, as the run's clock times it), and :func:`wall_compute` (the trace with
-every compute segment's wall seconds in place of its thread CPU seconds: replayed, it separates the two
-causes of a miss — the CPU time a rank lost to other processes on shared cores, and what the replay's
-model of the communication leaves out). :func:`with_flops` copies the FLOPs counted in one run (counting
+from one mark to the next, per step, as the run's clock times it); :func:`with_other_threads` (each
+segment also pays the CPU seconds the rank's other threads — gloo's, moving and summing bytes — used
+meanwhile: on a CPU, communication "hidden" under compute takes the compute's core) and
+:func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
+processes too). Replayed side by side they separate the causes of a miss: the rank's own communication
+threads, other processes on shared cores, and what the replay's model of the communication leaves out. :func:`with_flops` copies the FLOPs counted in one run (counting
 slows every op, so not in the timed run) onto the segments of another with the same events.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from minipar.comm import predicted_bytes_sent
 from minipar.plan.cluster import Cluster
 from minipar.trace import Comm, Compute, RankTrace, Trace
 
-__all__ = ["OpLinks", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_flops"]
+__all__ = ["OpLinks", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_other_threads", "with_flops"]
 
 
 def ring_terms(op: str, n: int) -> tuple:
@@ -102,6 +104,16 @@ def wall_compute(trace: Trace) -> Trace:
         return dataclasses.replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, Compute) else e
     return Trace([RankTrace(r.rank, [swap(e) for e in r.events]) for r in trace.ranks],
                  {**trace.meta, "compute": "wall"})
+
+
+def with_other_threads(trace: Trace) -> Trace:
+    """The trace with every :class:`~minipar.trace.Compute` lasting its thread CPU seconds plus the CPU
+    seconds the rank's other threads used meanwhile (``seconds_other_threads``): one core per rank runs both."""
+    def add(e):
+        return dataclasses.replace(e, seconds_cpu=e.seconds_cpu + e.seconds_other_threads) \
+            if isinstance(e, Compute) else e
+    return Trace([RankTrace(r.rank, [add(e) for e in r.events]) for r in trace.ranks],
+                 {**trace.meta, "compute": "cpu + other threads"})
 
 
 def _shape(events) -> list:

@@ -32,11 +32,13 @@ __all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "
 
 @dataclass
 class Compute:
-    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known."""
+    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known, and the CPU
+    seconds the rank's *other* threads (gloo's, moving and summing bytes) used meanwhile."""
     seconds_cpu: float
     seconds_wall: float = 0.0
     flops: float | None = None
     kind: str = "compute"
+    seconds_other_threads: float = 0.0
 
 
 @dataclass
@@ -146,7 +148,7 @@ class _Tracer:
         self._mark()
 
     def _mark(self) -> None:
-        self._cpu, self._wall = time.thread_time(), time.perf_counter()
+        self._cpu, self._wall, self._process = time.thread_time(), time.perf_counter(), time.process_time()
 
     def before_call(self) -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
@@ -154,7 +156,8 @@ class _Tracer:
         if self._counter is not None:             # FLOPs counted since the segment began
             total = self._counter.get_total_flops()
             flops, self._flops = float(total - self._flops), total
-        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops))
+        others = max(0.0, time.process_time() - self._process - (cpu - self._cpu))
+        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others))
         self._wall = wall
 
     def on_record(self, rec, work):

@@ -2,7 +2,7 @@
 compute, FLOPs copied between runs — each against a timeline worked out by hand."""
 import pytest
 
-from minipar.fidelity import OpLinks, fit_link, ring_terms, step_seconds, wall_compute, with_flops
+from minipar.fidelity import OpLinks, fit_link, ring_terms, step_seconds, wall_compute, with_flops, with_other_threads
 from minipar.plan.cluster import Cluster, dgx_a100
 from minipar.replay import replay
 from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
@@ -82,6 +82,16 @@ def test_wall_compute_replays_the_clock_not_the_cpu():
     walled = wall_compute(trace)
     assert replay(walled, ONE, compute_scale=1.0).step_seconds == approx(2.5 + 1.2 + 0.5)
     assert walled.meta["compute"] == "wall" and trace.ranks[0].events[0].seconds_cpu == 1.0   # a copy
+
+
+def test_other_threads_cpu_is_added_to_the_segment_it_ran_under():
+    # 1 s of the rank's compute, during which gloo's threads used 0.4 s of CPU (an async all-reduce hidden
+    # under it): one core per rank runs both, so the segment lasts 1.4 s
+    trace = two_ranks(Compute(1.0, 1.5, seconds_other_threads=0.4), Comm("all_reduce", (0, 1), 1000), Compute(0.5, 0.5))
+    assert replay(trace, ONE, compute_scale=1.0).step_seconds == approx(1 + 1.2 + 0.5)
+    both = with_other_threads(trace)
+    assert replay(both, ONE, compute_scale=1.0).step_seconds == approx(1.4 + 1.2 + 0.5)
+    assert both.meta["compute"] == "cpu + other threads" and trace.ranks[0].events[0].seconds_cpu == 1.0
 
 
 def test_with_flops_copies_counted_flops_and_the_replay_uses_them():

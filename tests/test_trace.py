@@ -60,6 +60,7 @@ def test_tracer_hooks_without_processes():
     assert [type(e).__name__ for e in events] == ["Compute", "Comm", "Compute", "Comm", "Compute", "Wait",
                                                   "Compute", "Mark", "Compute"]
     assert events[0].seconds_cpu > 0 and events[1].async_ and not events[3].async_
+    assert all(e.seconds_other_threads >= 0 for e in events if isinstance(e, Compute))
     assert events[1].waited_at == 5 and events[5].comm == 1 and events[1].bytes == 4096
     assert events[7] == Mark("step")
 

@@ -12,8 +12,9 @@ rank's step:
   is each segment's thread CPU seconds; each collective costs what gloo's own op costs here, fitted at a
   few sizes, a message what a ping-pong costs (:func:`bench.op_links`);
 * beside it, to say what a miss is made of: the replay with **one link** for every call (gloo's all-reduce
-  fitted, the first version), and with **wall-clock compute** (the time a segment took on the clock,
-  time lost to other processes on shared cores included);
+  fitted, the first version); with **+ threads**, each segment also paying the CPU its rank's other
+  threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
+  time lost on shared cores to other processes too);
 * **replay on a DGX-A100 node** (a model): compute scaled by this machine's calibrated FLOP/s over the A100's
   peak × efficiency, or — ``flops=True`` — each segment's counted FLOPs (:func:`minipar.fidelity.with_flops`);
 * **planner** (:func:`minipar.plan.estimate`) here (the calibrated cluster) and on the DGX node.
@@ -77,13 +78,14 @@ def _spread(values) -> dict:
 
 def _replays(trace, cal, n, counted):
     """{column: seconds per step (median over the run's steps)} of one run's trace."""
-    from minipar.fidelity import step_seconds, wall_compute, with_flops
+    from minipar.fidelity import step_seconds, wall_compute, with_flops, with_other_threads
     from minipar.plan.cluster import dgx_a100
     from minipar.replay import replay
     here, links = calibrated_cluster(cal, n), op_links(cal, n)
     per_op = {"comm_time": links} if links is not None else {}
     played = {"replay_here": replay(trace, here, compute_scale=1.0, **per_op),
               "replay_here_one_link": replay(trace, here, compute_scale=1.0),
+              "replay_here_threads": replay(with_other_threads(trace), here, compute_scale=1.0, **per_op),
               "replay_here_wall": replay(wall_compute(trace), here, compute_scale=1.0, **per_op),
               "replay_dgx_a100": replay(trace, dgx_a100(1), source_flops_per_second=cal["flops"])}
     if counted is not None:
@@ -93,10 +95,13 @@ def _replays(trace, cal, n, counted):
 
 def _miss(row) -> str | None:
     """Which term a replay here that misses by more than :data:`TOLERANCE` lacks, read off the columns."""
-    if abs(row["ratio_replay_here"]["median"] - 1) <= TOLERANCE:
+    close = lambda column: abs(row[f"ratio_{column}"]["median"] - 1) <= TOLERANCE  # noqa: E731
+    if close("replay_here"):
         return None
-    if abs(row["ratio_replay_here_wall"]["median"] - 1) <= TOLERANCE:
-        return "compute time lost to other processes (wall-clock compute closes it: shared cores)"
+    if close("replay_here_threads"):
+        return "the CPU of the rank's own communication threads during compute (+ threads closes it)"
+    if close("replay_here_wall"):
+        return "compute time lost to other processes on shared cores (wall-clock compute closes it)"
     return "communication and waiting (wall-clock compute does not close it either)"
 
 
@@ -157,14 +162,15 @@ def format_table(table: dict) -> str:
     x = lambda s: f"{s['median']:4.2f} [{s['min']:.2f}–{s['max']:.2f}]"  # noqa: E731
     lines = [f"{table['ranks']} ranks, {table['runs']} runs of {table['steps']} steps; ms per step, median "
              f"[min–max] over the runs; ratio = predicted / measured",
-             f"{'':8}{'measured':>18}  {'replay here':>18} {'ratio':>16}  {'one link':>8} {'wall':>6}  "
+             f"{'':8}{'measured':>18}  {'replay here':>18} {'ratio':>16}  {'one link':>8} {'+thr.':>6} {'wall':>6}  "
              f"{'planner':>8} {'ratio':>5}  | DGX-A100 model: replay, planner (ms)"]
     for r in table["rows"]:
         dgx = f"{r['replay_dgx_a100']['median'] * 1e3:.3f}"
         if "replay_dgx_a100_flops" in r:
             dgx += f" (FLOPs: {r['replay_dgx_a100_flops']['median'] * 1e3:.3f})"
         lines.append(f"{r['name']:8}{ms(r['measured']):>18}  {ms(r['replay_here']):>18} {x(r['ratio_replay_here']):>16}  "
-                     f"{r['ratio_replay_here_one_link']['median']:8.2f} {r['ratio_replay_here_wall']['median']:6.2f}  "
+                     f"{r['ratio_replay_here_one_link']['median']:8.2f} {r['ratio_replay_here_threads']['median']:6.2f} "
+                     f"{r['ratio_replay_here_wall']['median']:6.2f}  "
                      f"{r['planner_here'] * 1e3:8.1f} {r['ratio_planner_here']:5.2f}  | {dgx}, "
                      f"{r['planner_dgx_a100'] * 1e3:.3f}" + (f"   miss: {r['miss']}" if r["miss"] else ""))
     for k, order in table["rankings"].items():

@@ -39,14 +39,16 @@ def test_kendall_tau():
         kendall_tau([1, 2], [1])
 
 
-def _row(replay, wall):
-    return {"ratio_replay_here": {"median": replay}, "ratio_replay_here_wall": {"median": wall}}
+def _row(replay, threads, wall):
+    return {"ratio_replay_here": {"median": replay}, "ratio_replay_here_threads": {"median": threads},
+            "ratio_replay_here_wall": {"median": wall}}
 
 
 def test_miss_names_the_term():
-    assert _miss(_row(1 + TOLERANCE / 2, 3.0)) is None
-    assert "shared cores" in _miss(_row(0.5, 0.95))
-    assert "communication" in _miss(_row(0.5, 0.6))
+    assert _miss(_row(1 + TOLERANCE / 2, 3.0, 3.0)) is None
+    assert "communication threads" in _miss(_row(0.5, 0.9, 1.0))
+    assert "other processes" in _miss(_row(0.5, 0.6, 0.95))
+    assert "communication and waiting" in _miss(_row(0.5, 0.6, 0.6))
 
 
 def test_bad_input_refused_before_any_process():
@@ -69,11 +71,11 @@ def test_the_table_per_strategy(table):
     rows = table["rows"]
     assert [r["name"] for r in rows] == NAMES and (table["ranks"], table["runs"], table["steps"]) == (N, 2, 2)
     for r in rows:
-        for column in ("measured", "replay_here", "replay_here_one_link", "replay_here_wall", "replay_dgx_a100",
-                       "replay_dgx_a100_flops"):
+        for column in ("measured", "replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall",
+                       "replay_dgx_a100", "replay_dgx_a100_flops"):
             s = r[column]
             assert len(s["runs"]) == 2 and 0 < s["min"] <= s["median"] <= s["max"], (r["name"], column)
-        for column in ("replay_here", "replay_here_one_link", "replay_here_wall"):
+        for column in ("replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall"):
             ratios = [p / m for p, m in zip(r[column]["runs"], r["measured"]["runs"])]
             assert r[f"ratio_{column}"]["runs"] == pytest.approx(ratios)
         assert r["ratio_planner_here"] == pytest.approx(r["planner_here"] / r["measured"]["median"])
