@@ -17,8 +17,9 @@ segment also pays the CPU seconds the rank's other threads — gloo's, moving an
 meanwhile: on a CPU, communication "hidden" under compute takes the compute's core) and
 :func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
 processes too). Replayed side by side they separate the causes of a miss: the rank's own communication
-threads, other processes on shared cores, and what the replay's model of the communication leaves out. :func:`with_flops` copies the FLOPs counted in one run (counting
-slows every op, so not in the timed run) onto the segments of another with the same events.
+threads, other processes on shared cores, and what the replay's model of the communication leaves out.
+:func:`with_flops` copies the FLOPs counted in one run (counting slows every op, so not in the timed run)
+onto the segments of another with the same events.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from minipar.comm import predicted_bytes_sent
 from minipar.plan.cluster import Cluster
 from minipar.trace import Comm, Compute, RankTrace, Trace
 
-__all__ = ["OpLinks", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_other_threads", "with_flops"]
+__all__ = ["OpLinks", "fit_affine", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_other_threads",
+           "with_flops"]
 
 
 def ring_terms(op: str, n: int) -> tuple:
@@ -41,8 +43,9 @@ def ring_terms(op: str, n: int) -> tuple:
     return steps[op], predicted_bytes_sent(op, 1, n)
 
 
-def _fit(xs, ys):
-    """Least squares of y = a + x·s in relative error (weights 1/y²: small sizes fix a, large ones s)."""
+def fit_affine(xs, ys) -> tuple:
+    """(a, s) of y = a + x·s by least squares in relative error (weights 1/y²: small sizes fix a, large
+    ones s — a latency and a bandwidth from timings over three decades of sizes)."""
     w = [1 / y ** 2 for y in ys]
     s0, s1, s2 = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
     t0, t1 = sum(wi * y for wi, y in zip(w, ys)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
@@ -56,7 +59,7 @@ def fit_link(op: str, n: int, samples: dict) -> tuple:
     if len(samples) < 2:
         raise ValueError(f"fitting {op} needs at least two sizes, got {len(samples)}")
     k, f = ring_terms(op, n)
-    a, slope = _fit(list(samples), list(samples.values()))
+    a, slope = fit_affine(list(samples), list(samples.values()))
     if slope <= 0:
         raise ValueError(f"{op}: time does not grow with size in {samples}; no bandwidth to fit")
     return f / slope, max(a / k, 1e-7)

@@ -5,7 +5,8 @@
   and memory (the measured peak).
 * :func:`calibrate` fits the α-β model of the links (send/recv between 2 ranks over gloo, sizes from 1 KiB
   to 4 MiB, least squares of t = α + S/β) and measures, on n ranks at once (they share the cores), a rank's
-  forward + backward FLOP/s, the optimizer's seconds per parameter and a 4-byte all-reduce.
+  forward + backward FLOP/s, the optimizer's seconds per parameter, a 4-byte all-reduce, and gloo's
+  all-reduce, all-gather and reduce-scatter at four sizes each (:func:`allreduce_link`, :func:`op_links`).
 * :func:`step_times` really trains the step model with DDP, ZeRO-1/2/3, GPipe and 1F1B, TP and TP + SP on
   n ranks (:data:`STEP_RANKS`: one per core, up to 4), calibrating again on the same ranks just before
   each, and predicts each step with :func:`minipar.plan.estimate` two ways: compute counted (FLOPs / the
@@ -142,12 +143,10 @@ def _pingpong(rank, world_size, sizes, repeats):
 
 def _fit(xs, ys):
     """Least squares of y = a + x / b in relative error (weights 1/y², so the small messages that fix α
-    count as much as the large ones that fix β): returns (a, b)."""
-    w = [1 / y ** 2 for y in ys]
-    s0, s1, s2 = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
-    t0, t1 = sum(wi * y for wi, y in zip(w, ys)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-    slope = (s0 * t1 - s1 * t0) / (s0 * s2 - s1 * s1)
-    return (t0 - slope * s1) / s0, 1 / slope
+    count as much as the large ones that fix β, :func:`minipar.fidelity.fit_affine`): returns (a, b)."""
+    from minipar.fidelity import fit_affine
+    a, slope = fit_affine(xs, ys)
+    return a, 1 / slope
 
 
 def flops_per_second(n: int = 256, repeats: int = 5) -> float:
@@ -243,11 +242,12 @@ _TIMED_OPS = ("allreduce_", "all_gather_", "reduce_scatter_")   # their keys: f"
 def allreduce_link(cal: dict, devices: int):
     """(β, α) of one ring step fitted to gloo's own all-reduce on ``devices`` ranks, t = 2(n-1)·α +
     2(n-1)/n · S/β (least squares in relative error over :data:`ALLREDUCE_SIZES`); None if not measured."""
-    points = [(size, cal[f"allreduce_{size}_s"]) for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal]
-    if len(points) < 2:
+    from minipar.fidelity import fit_link
+    points = {size: cal[f"allreduce_{size}_s"] for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal}
+    try:
+        return fit_link("all_reduce", devices, points)
+    except ValueError:              # fewer than two sizes, or no growth with size: not measured usefully
         return None
-    a, b = _fit([x for x, _ in points], [y for _, y in points])
-    return 2 * (devices - 1) / devices * b, max(a, 1e-7) / (2 * (devices - 1))
 
 
 def op_links(cal: dict, devices: int):

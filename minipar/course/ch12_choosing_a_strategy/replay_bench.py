@@ -148,7 +148,8 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
 def _rankings(rows) -> dict:
     value = {"measured": lambda r: r["measured"]["median"], "replay_here": lambda r: r["replay_here"]["median"],
              "planner_here": lambda r: r["planner_here"],
-             "replay_dgx_a100": lambda r: r["replay_dgx_a100"]["median"], "planner_dgx_a100": lambda r: r["planner_dgx_a100"]}
+             "replay_dgx_a100": lambda r: r["replay_dgx_a100"]["median"],
+             "planner_dgx_a100": lambda r: r["planner_dgx_a100"]}
     rankings = {k: [r["name"] for r in sorted(rows, key=f)] for k, f in value.items()}
     measured = [value["measured"](r) for r in rows]
     tau = {k: kendall_tau(measured, [value[k](r) for r in rows]) if len(rows) > 1 else None
