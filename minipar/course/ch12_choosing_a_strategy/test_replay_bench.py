@@ -1,5 +1,7 @@
 """``bench replay`` end to end, tiny (2 ranks, 3 strategies, 2 runs of 2 steps, FLOPs counted), with a made-up
 calibration: no timing is asserted (this is a test, on a shared machine), only what the table is made of."""
+import json
+
 import pytest
 
 from minipar.course.bench import benchmarks
@@ -90,5 +92,6 @@ def test_rankings_tau_and_picks(table):
     fastest = min(table["rows"], key=lambda r: r["measured"]["median"])["name"]
     assert table["picks"]["measured"] == fastest
     assert set(table["tau"]) == {"replay_here", "planner_here"} and all(-1 <= t <= 1 for t in table["tau"].values())
+    assert json.loads(json.dumps(table)) == table                  # what --json prints
     text = format_table(table)
     assert all(name in text for name in NAMES) and "τ vs measured" in text and "FLOPs:" in text
