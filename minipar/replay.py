@@ -11,9 +11,8 @@ Rashidi et al. 2020, play the same kind of graph):
   per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
   has a link out and a link in, each carrying one transfer at a time (transfers that share one queue); a
   collective takes both links of every member, a message the sender's out and the receiver's in — and lasts
-  its α-β time
-  (:func:`minipar.plan.cluster.collective_seconds`) on the intra-node link if its ranks share a node
-  (``rank // devices_per_node``), else on the inter-node link;
+  its α-β time (:func:`comm_seconds`: on the intra-node link if its ranks share a node, ``rank //
+  devices_per_node``, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.fidelity.OpLinks`);
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
   :class:`~minipar.trace.Wait` (never waited for: at the rank's end).
 
@@ -173,10 +172,11 @@ def _with_final_waits(events: list) -> list:
 
 
 def replay(trace: Trace, cluster: Cluster, *, compute_scale: float | None = None,
-           source_flops_per_second: float | None = None) -> ReplayResult:
+           source_flops_per_second: float | None = None, comm_time=comm_seconds) -> ReplayResult:
     """Play ``trace`` on ``cluster``. Compute seconds: ``flops / (peak · efficiency)`` where known, else CPU
     seconds × ``compute_scale`` (given, or from ``source_flops_per_second`` / ``trace.meta
-    ["flops_per_second"]``: this machine's calibrated FLOP/s per rank)."""
+    ["flops_per_second"]``: this machine's calibrated FLOP/s per rank). A call lasts ``comm_time(op, ranks,
+    payload, cluster)`` seconds."""
     world = trace.world_size
     if world > cluster.devices:
         raise ValueError(f"the trace has {world} ranks, the cluster {cluster.devices} devices")
@@ -189,12 +189,12 @@ def replay(trace: Trace, cluster: Cluster, *, compute_scale: float | None = None
             raise ValueError("compute without FLOPs needs compute_scale= or source_flops_per_second= (this "
                              "machine's calibrated FLOP/s per rank), or trace.meta['flops_per_second']")
         compute_scale = device_scale(cluster, source) if source else 1.0
-    return _Engine(trace, cluster, compute_scale).run()
+    return _Engine(trace, cluster, compute_scale, comm_time).run()
 
 
 class _Engine:
-    def __init__(self, trace, cluster, scale):
-        self.cluster, self.scale = cluster, scale
+    def __init__(self, trace, cluster, scale, comm_time=comm_seconds):
+        self.cluster, self.scale, self.comm_time = cluster, scale, comm_time
         self.events = [_with_final_waits(r.events) for r in trace.ranks]
         n = len(self.events)
         self.clock, self.pos = [0.0] * n, [0] * n
@@ -267,7 +267,7 @@ class _Engine:
         links = [(call.key[1], "out"), (call.key[2], "in")] if call.key[0] == "p2p" else \
             [(m, side) for m in call.members for side in ("out", "in")]
         start = max([t for t, _, _ in call.issued.values()] + [self.link_free.get(x, 0.0) for x in links])
-        call.start, call.end = start, start + comm_seconds(op, call.members, payload, self.cluster)
+        call.start, call.end = start, start + self.comm_time(op, call.members, payload, self.cluster)
         self.done_calls.append((op, call.members, call.start, call.end))
         for x in links:
             self.link_free[x] = call.end

@@ -32,11 +32,13 @@ __all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "
 
 @dataclass
 class Compute:
-    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known."""
+    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known, and the CPU
+    seconds the rank's *other* threads (gloo's, moving and summing bytes) used meanwhile."""
     seconds_cpu: float
     seconds_wall: float = 0.0
     flops: float | None = None
     kind: str = "compute"
+    seconds_other_threads: float = 0.0
 
 
 @dataclass
@@ -141,16 +143,21 @@ def load(path) -> Trace:
 class _Tracer:
     """Told by :mod:`minipar.comm` before each call (closes the compute segment) and of each record."""
 
-    def __init__(self, rank: int):
-        self.trace = RankTrace(rank)
+    def __init__(self, rank: int, counter=None):
+        self.trace, self._counter, self._flops = RankTrace(rank), counter, 0
         self._mark()
 
     def _mark(self) -> None:
-        self._cpu, self._wall = time.thread_time(), time.perf_counter()
+        self._cpu, self._wall, self._process = time.thread_time(), time.perf_counter(), time.process_time()
 
     def before_call(self) -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
-        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall))
+        flops = None
+        if self._counter is not None:             # FLOPs counted since the segment began
+            total = self._counter.get_total_flops()
+            flops, self._flops = float(total - self._flops), total
+        others = max(0.0, time.process_time() - self._process - (cpu - self._cpu))
+        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others))
         self._wall = wall
 
     def on_record(self, rec, work):
@@ -198,17 +205,21 @@ class _WaitSeen:
 
 
 @contextlib.contextmanager
-def tracing(rank: int | None = None):
+def tracing(rank: int | None = None, flops: bool = False):
     """Trace this rank's communication calls and the compute between them inside the block; yields the
-    :class:`RankTrace`, complete when the block ends. Opens a :func:`minipar.comm.recording` of its own."""
+    :class:`RankTrace`, complete when the block ends. Opens a :func:`minipar.comm.recording` of its own.
+    ``flops=True``: each segment's matmul FLOPs too (``torch.utils.flop_counter.FlopCounterMode``; it
+    slows every op, so time such a run for its FLOPs, not its seconds)."""
     from minipar import comm
     import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    tracer = _Tracer(rank)
+    counter = FlopCounterMode(display=False) if flops else None
+    tracer = _Tracer(rank, counter)
     comm._tracers.append(tracer)
     try:
-        with comm.recording():
+        with comm.recording(), counter if flops else contextlib.nullcontext():
             yield tracer.trace
     finally:
         comm._tracers.remove(tracer)
@@ -226,11 +237,11 @@ class Traced:
     """``fn`` (a ``parallel_train``) run under :func:`tracing`: returns ``(fn's result, RankTrace)``.
     A class, not a closure, so that the launcher can pickle it for spawned ranks."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, flops: bool = False):
+        self.fn, self.flops = fn, flops
 
     def __call__(self, rank: int, world_size: int, *args, **kwargs):
-        with tracing(rank) as rank_trace:
+        with tracing(rank, flops=self.flops) as rank_trace:
             result = self.fn(rank, world_size, *args, **kwargs)
         return result, rank_trace
 

@@ -60,6 +60,7 @@ def test_tracer_hooks_without_processes():
     assert [type(e).__name__ for e in events] == ["Compute", "Comm", "Compute", "Comm", "Compute", "Wait",
                                                   "Compute", "Mark", "Compute"]
     assert events[0].seconds_cpu > 0 and events[1].async_ and not events[3].async_
+    assert all(e.seconds_other_threads >= 0 for e in events if isinstance(e, Compute))
     assert events[1].waited_at == 5 and events[5].comm == 1 and events[1].bytes == 4096
     assert events[7] == Mark("step")
 
@@ -116,3 +117,21 @@ def test_other_strategies_traced_and_replayed(name):
     here = replay(trace, this_machine(5e-5, 5e9, 2e10, devices=2), compute_scale=1.0)
     there = replay(trace, dgx_a100(1), source_flops_per_second=2e10)
     assert len(here.calls) == len(there.calls) > 0 and there.step_seconds < here.step_seconds
+
+
+def test_flops_counted_per_segment_without_processes():
+    """tracing(flops=True): each segment carries the matmul FLOPs counted inside it (2·m·n·k per matmul);
+    without it, None."""
+    import torch
+    from minipar.trace import mark
+    a, b, c = torch.randn(8, 16), torch.randn(16, 32), torch.randn(32, 4)
+    with tracing(0, flops=True) as counted:
+        y = a @ b                                   # 2·8·16·32
+        mark("half")
+        y @ c                                       # 2·8·32·4
+        y.relu()                                    # no matmul: no FLOPs counted
+    computes = [e for e in counted.events if isinstance(e, Compute)]
+    assert [e.flops for e in computes] == [2 * 8 * 16 * 32, 2 * 8 * 32 * 4]
+    with tracing(0) as plain:
+        a @ b
+    assert [e.flops for e in plain.events] == [None]

@@ -5,7 +5,8 @@
   and memory (the measured peak).
 * :func:`calibrate` fits the α-β model of the links (send/recv between 2 ranks over gloo, sizes from 1 KiB
   to 4 MiB, least squares of t = α + S/β) and measures, on n ranks at once (they share the cores), a rank's
-  forward + backward FLOP/s, the optimizer's seconds per parameter and a 4-byte all-reduce.
+  forward + backward FLOP/s, the optimizer's seconds per parameter, a 4-byte all-reduce, and gloo's
+  all-reduce, all-gather and reduce-scatter at four sizes each (:func:`allreduce_link`, :func:`op_links`).
 * :func:`step_times` really trains the step model with DDP, ZeRO-1/2/3, GPipe and 1F1B, TP and TP + SP on
   n ranks (:data:`STEP_RANKS`: one per core, up to 4), calibrating again on the same ranks just before
   each, and predicts each step with :func:`minipar.plan.estimate` two ways: compute counted (FLOPs / the
@@ -142,12 +143,10 @@ def _pingpong(rank, world_size, sizes, repeats):
 
 def _fit(xs, ys):
     """Least squares of y = a + x / b in relative error (weights 1/y², so the small messages that fix α
-    count as much as the large ones that fix β): returns (a, b)."""
-    w = [1 / y ** 2 for y in ys]
-    s0, s1, s2 = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
-    t0, t1 = sum(wi * y for wi, y in zip(w, ys)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-    slope = (s0 * t1 - s1 * t0) / (s0 * s2 - s1 * s1)
-    return (t0 - slope * s1) / s0, 1 / slope
+    count as much as the large ones that fix β, :func:`minipar.fidelity.fit_affine`): returns (a, b)."""
+    from minipar.fidelity import fit_affine
+    a, slope = fit_affine(xs, ys)
+    return a, 1 / slope
 
 
 def flops_per_second(n: int = 256, repeats: int = 5) -> float:
@@ -215,26 +214,56 @@ def _contended(rank, world_size, repeats):
     least = lambda v: min(v[1:])  # noqa: E731
     out = {"flops": model_flops(STEP_MODEL, STEP_BATCH // world_size) / least(fb),
            "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
-    for size in ALLREDUCE_SIZES:       # gloo's all-reduce itself, the median: a step pays the typical one
-        buf, times = torch.zeros(max(1, size // 4)), []
-        for _ in range(repeats + 3):
-            dist.barrier()
-            times.append(_timed(lambda: dist.all_reduce(buf)))
-        out[f"allreduce_{size}_s"] = sorted(times[1:])[len(times[1:]) // 2]
+    for size in ALLREDUCE_SIZES:       # gloo's collectives themselves, the median: a step pays the typical one
+        for key, call in _collective_calls(size, world_size).items():
+            times = []
+            for _ in range(repeats + 3):
+                dist.barrier()
+                times.append(_timed(call))
+            out[f"{key}_{size}_s"] = sorted(times[1:])[len(times[1:]) // 2]
     return out
 
 
-ALLREDUCE_SIZES = (4, 2 ** 16, 2 ** 19, 2 ** 21)       # bytes of the all-reduces calibrate() times
+def _collective_calls(size: int, n: int) -> dict:
+    """{key: a call of gloo's op on ``size`` bytes of payload (minipar.comm's S)}: all-reduce ("allreduce",
+    the key it always had), all-gather (S: the gathered whole) and reduce-scatter (S: the full input)."""
+    from minipar import comm
+    whole = torch.zeros(max(n, size // 4 // n * n))
+    part = torch.zeros(whole.numel() // n)
+    return {"allreduce": lambda: comm.all_reduce(whole),
+            "all_gather": lambda: comm.all_gather_into_tensor(whole, part),
+            "reduce_scatter": lambda: comm.reduce_scatter_tensor(part, whole)}
+
+
+ALLREDUCE_SIZES = (4, 2 ** 16, 2 ** 19, 2 ** 21)       # bytes of the collectives calibrate() times
+_TIMED_OPS = ("allreduce_", "all_gather_", "reduce_scatter_")   # their keys: f"{op}_{bytes}_s"
 
 
 def allreduce_link(cal: dict, devices: int):
     """(β, α) of one ring step fitted to gloo's own all-reduce on ``devices`` ranks, t = 2(n-1)·α +
     2(n-1)/n · S/β (least squares in relative error over :data:`ALLREDUCE_SIZES`); None if not measured."""
-    points = [(size, cal[f"allreduce_{size}_s"]) for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal]
-    if len(points) < 2:
+    from minipar.fidelity import fit_link
+    points = {size: cal[f"allreduce_{size}_s"] for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal}
+    try:
+        return fit_link("all_reduce", devices, points)
+    except ValueError:              # fewer than two sizes, or no growth with size: not measured usefully
         return None
-    a, b = _fit([x for x, _ in points], [y for _, y in points])
-    return 2 * (devices - 1) / devices * b, max(a, 1e-7) / (2 * (devices - 1))
+
+
+def op_links(cal: dict, devices: int):
+    """:class:`minipar.fidelity.OpLinks` of this machine: each collective gloo was timed doing (all-reduce,
+    all-gather, reduce-scatter; :data:`ALLREDUCE_SIZES`) on its own fitted α, β (:func:`minipar.fidelity.
+    fit_link`), send/recv on the ping-pong's α, β. None where ``cal`` has no per-op timings."""
+    from minipar.fidelity import OpLinks, fit_link
+    ops = {}
+    for op, key in (("all_reduce", "allreduce"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter")):
+        samples = {size: cal[f"{key}_{size}_s"] for size in ALLREDUCE_SIZES if f"{key}_{size}_s" in cal}
+        if len(samples) >= 2:
+            try:
+                ops[op] = fit_link(op, devices, samples)
+            except ValueError:          # no growth with size (a noisy calibration): the cluster's link
+                pass
+    return OpLinks(ops, (cal["beta"], cal["alpha"])) if ops else None
 
 
 def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 9, ranks: int | None = None) -> dict:
@@ -252,7 +281,7 @@ def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int 
     mean = lambda k: sum(r[k] for r in ranks) / len(ranks)  # noqa: E731
     return {"alpha": max(alpha, 0.0), "beta": beta, "flops": mean("flops"),
             "optimizer_s_per_param": mean("optimizer_s_per_param"), "allreduce_small_s": mean("allreduce_small_s"),
-            **{k: mean(k) for k in ranks[0] if k.startswith("allreduce_") and k != "allreduce_small_s"},
+            **{k: mean(k) for k in ranks[0] if k.startswith(_TIMED_OPS) and k != "allreduce_small_s"},
             "alone_flops": training_flops_per_second(ranks=n), "matmul_flops": flops_per_second(), "ranks": n,
             "samples": times}
 
@@ -330,7 +359,10 @@ def _train(rank, world_size, name, recipe):
 
 
 def _stamped(factory, stamps):
-    """The recipe's optimizer factory, with every ``step()`` of the optimizer it builds time-stamped."""
+    """The recipe's optimizer factory, with every ``step()`` of the optimizer it builds time-stamped (and
+    marked "step" in a :mod:`minipar.trace` recording on the rank)."""
+    from minipar import trace
+
     def build(params):
         opt = factory(params)
         step = opt.step
@@ -338,6 +370,7 @@ def _stamped(factory, stamps):
         def stamped_step(*args, **kwargs):
             out = step(*args, **kwargs)
             stamps.append(time.perf_counter())
+            trace.mark("step")                   # and in the trace, when one is recording (else nothing)
             return out
         opt.step = stamped_step
         return opt
@@ -381,6 +414,14 @@ def _step_seconds(rank, world_size, names, steps, repeats):
     return out
 
 
+def planner_options(layout) -> dict:
+    """:func:`estimate`'s options for the step model as this course trains it: float32, no dropout, DDP's
+    25 MiB buckets; this course's ZeRO reduces one unit (a block, or the rest of the model) at a time."""
+    from minipar.plan import parameters
+    per_unit = 4 * parameters(STEP_MODEL) / (STEP_CONFIG.n_layer + 1) * 1.001
+    return dict(precision="fp32", dropout=False, bucket_bytes=per_unit if layout.zero else 25 * 2 ** 20)
+
+
 def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
     """Run each strategy of :func:`step_layouts` (default all) on ``cal["ranks"]`` ranks and predict it.
     One dict per strategy: "name", "layout", "measured" (s/step, the slowest rank), "predicted"
@@ -390,19 +431,16 @@ def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
     "predicted_alone" (the first calibration: one thread alone × the share of cores), "in_comm" (seconds
     per step inside minipar.comm's collectives in the real run, the busiest rank: waits included)."""
     from minipar.launcher import launch
-    from minipar.plan import parameters
     n = cal.get("ranks", STEP_RANKS)
     layouts = step_layouts(n)
     names = list(layouts) if names is None else list(names)
     ranks = launch(_step_seconds, n, names, steps, repeats, quiet=True)
-    # this course's ZeRO reduces one unit (a block, or the rest of the model) at a time: buckets of a unit
-    per_unit = 4 * parameters(STEP_MODEL) / (STEP_CONFIG.n_layer + 1) * 1.001
     out = []
     for name in names:
         layout = layouts[name]
         local = {k: sum(r[name][2][k] for r in ranks) / len(ranks) for k in ranks[0][name][2]}
         cluster = calibrated_cluster({**cal, **local}, n)
-        kw = dict(precision="fp32", dropout=False, bucket_bytes=per_unit if layout.zero else 25 * 2 ** 20)
+        kw = planner_options(layout)
         e = estimate(STEP_MODEL, cluster, layout, **kw)
         cut = max(r[name][1] for r in ranks)
         c = estimate(STEP_MODEL, cluster, layout, compute_seconds=cut, **kw)

@@ -1,20 +1,97 @@
-"""``bench replay`` end to end on 2 ranks, with a made-up calibration (no timing asserted: this is a test)."""
+"""``bench replay`` end to end, tiny (2 ranks, 3 strategies, 2 runs of 2 steps, FLOPs counted), with a made-up
+calibration: no timing is asserted (this is a test, on a shared machine), only what the table is made of."""
+import json
+
+import pytest
+
 from minipar.course.bench import benchmarks
-from minipar.course.ch12_choosing_a_strategy.replay_bench import replay_rows
+from minipar.course.ch12_choosing_a_strategy import bench
+from minipar.course.ch12_choosing_a_strategy.replay_bench import REPLAY_STRATEGIES, TOLERANCE, _miss, fidelity_table, \
+    format_table, kendall_tau, main
+from minipar.fidelity import ring_terms
 
-CAL = {"ranks": 2, "flops": 2e10, "alpha": 5e-5, "beta": 5e9, "allreduce_small_s": 2e-4,
-       "optimizer_s_per_param": 3e-9}
+N = 2
+ALPHA, BETA = 2e-4, 6e8
+CAL = {"ranks": N, "flops": 2e10, "alpha": 5e-5, "beta": 5e9, "allreduce_small_s": 2e-4, "optimizer_s_per_param": 3e-9,
+       **{f"{key}_{s}_s": ring_terms(op, N)[0] * ALPHA + ring_terms(op, N)[1] * s / (BETA / (2 if op == "reduce_scatter" else 1))
+          for op, key in (("all_reduce", "allreduce"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"))
+          for s in bench.ALLREDUCE_SIZES}}
+NAMES = ["DDP", "1F1B", "TP + SP"]
 
 
-def test_registered():
+def test_registered_and_all_eight():
     assert "replay" in benchmarks() and "calibrate" in benchmarks()
+    assert REPLAY_STRATEGIES == ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "GPipe", "1F1B", "TP", "TP + SP")
 
 
-def test_replay_rows_for_ddp_and_1f1b():
-    rows = replay_rows(CAL, steps=3)
-    assert [r["name"] for r in rows] == ["DDP", "1F1B"]
+def test_op_links_from_the_calibration():
+    links = bench.op_links(CAL, N)
+    assert links.ops["all_reduce"] == pytest.approx((BETA, ALPHA), rel=1e-9)
+    assert links.ops["all_gather"] == pytest.approx((BETA, ALPHA), rel=1e-9)
+    assert links.ops["reduce_scatter"] == pytest.approx((BETA / 2, ALPHA), rel=1e-9)   # gloo's: an all-reduce
+    assert links.p2p == (CAL["beta"], CAL["alpha"])
+    assert bench.op_links({"alpha": 1e-5, "beta": 1e9}, N) is None                      # nothing timed per op
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)        # 2 pairs agree, 1 does not
+    with pytest.raises(ValueError, match="equal length"):
+        kendall_tau([1, 2], [1])
+
+
+def _row(replay, threads, wall):
+    return {"ratio_replay_here": {"median": replay}, "ratio_replay_here_threads": {"median": threads},
+            "ratio_replay_here_wall": {"median": wall}}
+
+
+def test_miss_names_the_term():
+    assert _miss(_row(1 + TOLERANCE / 2, 3.0, 3.0)) is None
+    assert "communication threads" in _miss(_row(0.5, 0.9, 1.0))
+    assert "other processes" in _miss(_row(0.5, 0.6, 0.95))
+    assert "communication and waiting" in _miss(_row(0.5, 0.6, 0.6))
+
+
+def test_bad_input_refused_before_any_process():
+    with pytest.raises(ValueError, match="steps ≥ 2"):
+        fidelity_table(CAL, steps=1)
+    with pytest.raises(ValueError, match="runs ≥ 1"):
+        fidelity_table(CAL, runs=0)
+    with pytest.raises(ValueError, match="no strategy"):
+        fidelity_table(CAL, names=["FSDP"])
+    with pytest.raises(SystemExit):
+        main(["--runs", "0"])
+
+
+@pytest.fixture(scope="module")
+def table():
+    return fidelity_table(CAL, names=NAMES, steps=2, runs=2, flops=True)
+
+
+def test_the_table_per_strategy(table):
+    rows = table["rows"]
+    assert [r["name"] for r in rows] == NAMES and (table["ranks"], table["runs"], table["steps"]) == (N, 2, 2)
     for r in rows:
-        assert r["measured"] > 0 and r["replay_here"] > 0 and r["planner_here"] > 0
+        for column in ("measured", "replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall",
+                       "replay_dgx_a100", "replay_dgx_a100_flops"):
+            s = r[column]
+            assert len(s["runs"]) == 2 and 0 < s["min"] <= s["median"] <= s["max"], (r["name"], column)
+        for column in ("replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall"):
+            ratios = [p / m for p, m in zip(r[column]["runs"], r["measured"]["runs"])]
+            assert r[f"ratio_{column}"]["runs"] == pytest.approx(ratios)
+        assert r["ratio_planner_here"] == pytest.approx(r["planner_here"] / r["measured"]["median"])
         # an A100 at 0.6 · 312 TFLOP/s against a CPU rank at 20 GFLOP/s: the replay there is far shorter
-        assert r["replay_dgx_a100"] < r["replay_here"] / 100
-        assert 0 <= r["exposed_share_here"] <= 1 and 0 <= r["idle_share_here"] <= 1
+        assert r["replay_dgx_a100"]["median"] < r["replay_here"]["median"] / 100
+        assert r["miss"] is None or isinstance(r["miss"], str)
+
+
+def test_rankings_tau_and_picks(table):
+    for k, order in table["rankings"].items():
+        assert sorted(order) == sorted(NAMES) and table["picks"][k] == order[0]
+    fastest = min(table["rows"], key=lambda r: r["measured"]["median"])["name"]
+    assert table["picks"]["measured"] == fastest
+    assert set(table["tau"]) == {"replay_here", "planner_here"} and all(-1 <= t <= 1 for t in table["tau"].values())
+    assert json.loads(json.dumps(table)) == table                  # what --json prints
+    text = format_table(table)
+    assert all(name in text for name in NAMES) and "τ vs measured" in text and "FLOPs:" in text

@@ -1,0 +1,138 @@
+"""A replay against the run it was traced from: links per kind of call, per-step times, and what to compare.
+
+:mod:`minipar.replay` plays a :mod:`minipar.trace` on a :class:`~minipar.plan.cluster.Cluster`, every call
+on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
+2020, and Calculon, Isaev et al. 2023, likewise time each collective by its own algorithm):
+
+* a **message** (send / recv between two ranks) costs the ping-pong's α + S/β: one rendezvous, one copy;
+* a **collective** costs what gloo's own algorithm for *that op* costs, each fitted to its own timings at a
+  few sizes — ``t = k·α + f·S/β`` with k, f the ring's steps and share of S (all-reduce 2(n-1), 2(n-1)/n;
+  all-gather and reduce-scatter n-1, (n-1)/n), so an op whose algorithm is not the ring (gloo's
+  reduce-scatter is an all-reduce that keeps one chunk) shows up as a lower fitted β, not as a miss.
+
+:class:`OpLinks` is that choice, passed to ``replay(..., comm_time=OpLinks(...))``; :func:`fit_link` fits one
+op's pair. To compare a replay with the run, step by step: :func:`step_seconds` (the slowest rank's time
+from one mark to the next, per step, as the run's clock times it); :func:`with_other_threads` (each
+segment also pays the CPU seconds the rank's other threads — gloo's, moving and summing bytes — used
+meanwhile: on a CPU, communication "hidden" under compute takes the compute's core) and
+:func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
+processes too). Replayed side by side they separate the causes of a miss: the rank's own communication
+threads, other processes on shared cores, and what the replay's model of the communication leaves out.
+:func:`with_flops` copies the FLOPs counted in one run (counting slows every op, so not in the timed run)
+onto the segments of another with the same events.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from minipar.comm import predicted_bytes_sent
+from minipar.plan.cluster import Cluster
+from minipar.trace import Comm, Compute, RankTrace, Trace
+
+__all__ = ["OpLinks", "fit_affine", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_other_threads",
+           "with_flops"]
+
+
+def ring_terms(op: str, n: int) -> tuple:
+    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β``: the ring's latency steps, and the share of the
+    payload S one rank sends (:func:`minipar.comm.predicted_bytes_sent`)."""
+    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}
+    if op not in steps:
+        raise ValueError(f"no ring form for {op!r}: one of {sorted(steps)}")
+    return steps[op], predicted_bytes_sent(op, 1, n)
+
+
+def fit_affine(xs, ys) -> tuple:
+    """(a, s) of y = a + x·s by least squares in relative error (weights 1/y²: small sizes fix a, large
+    ones s — a latency and a bandwidth from timings over three decades of sizes)."""
+    w = [1 / y ** 2 for y in ys]
+    s0, s1, s2 = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
+    t0, t1 = sum(wi * y for wi, y in zip(w, ys)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
+    slope = (s0 * t1 - s1 * t0) / (s0 * s2 - s1 * s1)
+    return (t0 - slope * s1) / s0, slope
+
+
+def fit_link(op: str, n: int, samples: dict) -> tuple:
+    """(β bytes/s, α s) that make ``t = k·α + f·S/β`` (:func:`ring_terms`) fit ``samples`` {S bytes: t s} of
+    ``op`` on n ranks, in relative error. α is kept ≥ 0.1 µs (a fit may cross zero), β > 0."""
+    if len(samples) < 2:
+        raise ValueError(f"fitting {op} needs at least two sizes, got {len(samples)}")
+    k, f = ring_terms(op, n)
+    a, slope = fit_affine(list(samples), list(samples.values()))
+    if slope <= 0:
+        raise ValueError(f"{op}: time does not grow with size in {samples}; no bandwidth to fit")
+    return f / slope, max(a / k, 1e-7)
+
+
+@dataclass(frozen=True)
+class OpLinks:
+    """Seconds of one call by its kind: ``ops`` {op: (β, α)} for the collectives timed one by one, ``p2p``
+    (β, α) for send/recv, the cluster's own links for anything else. Each in the α-β form of
+    :func:`minipar.plan.cluster.collective_seconds`. A replay's ``comm_time``."""
+    ops: dict = field(default_factory=dict)
+    p2p: tuple | None = None
+
+    def link(self, op: str):
+        return self.p2p if op in ("send", "recv") else self.ops.get(op)
+
+    def __call__(self, op: str, ranks, payload: float, cluster: Cluster) -> float:
+        from minipar.plan.cluster import collective_seconds
+        from minipar.replay import comm_seconds
+        found = self.link(op)
+        if found is None:
+            return comm_seconds(op, ranks, payload, cluster)
+        bw, latency = found
+        return collective_seconds("send" if op in ("send", "recv") else op, payload, len(ranks), bw, latency)
+
+
+def step_seconds(result, label: str = "step") -> list:
+    """Per step (from one mark ``label`` to the next), the slowest rank's seconds: a run's step as the clock
+    between two optimizer steps times it (``result``: a :class:`minipar.replay.ReplayResult`)."""
+    per_rank = []
+    for marks in result.marks:
+        times = [t for name, t in marks if name == label]
+        if len(times) < 2:
+            raise ValueError(f"fewer than two marks {label!r} on a rank")
+        per_rank.append([b - a for a, b in zip(times, times[1:])])
+    if len({len(g) for g in per_rank}) != 1:
+        raise ValueError(f"ranks marked {label!r} a different number of times: {[len(g) + 1 for g in per_rank]}")
+    return [max(gaps) for gaps in zip(*per_rank)]
+
+
+def wall_compute(trace: Trace) -> Trace:
+    """The trace with every :class:`~minipar.trace.Compute`'s thread CPU seconds replaced by its wall
+    seconds (what the segment took on the clock, time lost to other processes included)."""
+    def swap(e):
+        return dataclasses.replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, Compute) else e
+    return Trace([RankTrace(r.rank, [swap(e) for e in r.events]) for r in trace.ranks],
+                 {**trace.meta, "compute": "wall"})
+
+
+def with_other_threads(trace: Trace) -> Trace:
+    """The trace with every :class:`~minipar.trace.Compute` lasting its thread CPU seconds plus the CPU
+    seconds the rank's other threads used meanwhile (``seconds_other_threads``): one core per rank runs both."""
+    def add(e):
+        return dataclasses.replace(e, seconds_cpu=e.seconds_cpu + e.seconds_other_threads) \
+            if isinstance(e, Compute) else e
+    return Trace([RankTrace(r.rank, [add(e) for e in r.events]) for r in trace.ranks],
+                 {**trace.meta, "compute": "cpu + other threads"})
+
+
+def _shape(events) -> list:
+    return [(e.kind, e.op if isinstance(e, Comm) else None) for e in events]
+
+
+def with_flops(trace: Trace, counted: Trace) -> Trace:
+    """``trace`` with each compute segment's ``flops`` taken from the same segment of ``counted`` (a run of
+    the same program traced with ``tracing(flops=True)``). ValueError if their events differ."""
+    if trace.world_size != counted.world_size:
+        raise ValueError(f"{trace.world_size} ranks against {counted.world_size}")
+    ranks = []
+    for mine, theirs in zip(trace.ranks, counted.ranks):
+        if _shape(mine.events) != _shape(theirs.events):
+            raise ValueError(f"rank {mine.rank}: the two runs' events differ ({len(mine.events)} against "
+                             f"{len(theirs.events)}); FLOPs can only be copied between runs of one program")
+        ranks.append(RankTrace(mine.rank, [dataclasses.replace(e, flops=c.flops) if isinstance(e, Compute) else e
+                                           for e, c in zip(mine.events, theirs.events)]))
+    return Trace(ranks, {**trace.meta, "flops": "counted"})

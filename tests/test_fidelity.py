@@ -1,0 +1,119 @@
+"""minipar.fidelity on hand-made traces (no processes): links per kind of call, per-step times, wall-clock
+compute, FLOPs copied between runs — each against a timeline worked out by hand."""
+import pytest
+
+from minipar.fidelity import OpLinks, fit_link, ring_terms, step_seconds, wall_compute, with_flops, with_other_threads
+from minipar.plan.cluster import Cluster, dgx_a100
+from minipar.replay import replay
+from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+
+approx = lambda x: pytest.approx(x, rel=1e-9, abs=1e-12)  # noqa: E731
+ONE = Cluster(2, 1, 1e9, 1.0, 1000.0, 1000.0, 0.1, 0.1)       # every call: α 0.1 s, β 1000 B/s
+
+
+def two_ranks(*events):
+    return Trace([RankTrace(r, list(events)) for r in range(2)])
+
+
+def test_ring_terms():
+    assert ring_terms("all_reduce", 4) == (6, 1.5) and ring_terms("all_gather", 4) == (3, 0.75)
+    assert ring_terms("reduce_scatter", 2) == (1, 0.5) and ring_terms("send", 2) == (1, 1)
+    with pytest.raises(ValueError, match="no ring form"):
+        ring_terms("broadcast", 2)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_fit_link_gives_back_the_alpha_and_beta_the_times_were_made_of(op, n):
+    k, f = ring_terms(op, n)
+    alpha, beta = 3e-4, 4e8
+    samples = {s: k * alpha + f * s / beta for s in (4, 2 ** 16, 2 ** 19, 2 ** 21)}
+    bw, lat = fit_link(op, n, samples)
+    assert bw == pytest.approx(beta, rel=1e-9) and lat == pytest.approx(alpha, rel=1e-9)
+    # gloo's reduce-scatter as an all-reduce keeping one chunk: twice the ring's bytes -> half the fitted β
+    doubled = {s: k * alpha + 2 * f * s / beta for s in samples}
+    assert fit_link(op, n, doubled)[0] == pytest.approx(beta / 2, rel=1e-9)
+
+
+def test_fit_link_refuses_what_it_cannot_fit():
+    with pytest.raises(ValueError, match="at least two sizes"):
+        fit_link("all_reduce", 2, {4: 1e-4})
+    with pytest.raises(ValueError, match="does not grow"):
+        fit_link("all_reduce", 2, {4: 2e-3, 2 ** 20: 1e-3})
+
+
+def test_op_links_time_each_kind_of_call_on_its_own_link():
+    # rank 0: compute 1 s, send 100 B to rank 1, all-reduce 1000 B, reduce-scatter 1000 B (blocking each)
+    r0 = RankTrace(0, [Compute(1.0, 1.0), Comm("send", (0, 1), 100), Comm("all_reduce", (0, 1), 1000),
+                       Comm("reduce_scatter", (0, 1), 1000)])
+    r1 = RankTrace(1, [Compute(1.0, 1.0), Comm("recv", (0, 1), 100), Comm("all_reduce", (0, 1), 1000),
+                       Comm("reduce_scatter", (0, 1), 1000)])
+    trace = Trace([r0, r1])
+    # one link: send 0.1 + 0.1 = 0.2; all-reduce 2·0.1 + 1000/1000 = 1.2; reduce-scatter 0.1 + 500/1000 = 0.6
+    assert replay(trace, ONE, compute_scale=1.0).step_seconds == approx(1 + 0.2 + 1.2 + 0.6)
+    links = OpLinks({"all_reduce": (500.0, 0.2)}, p2p=(10_000.0, 0.001))
+    # send on the ping-pong link: 0.001 + 100/10000 = 0.011; all-reduce on its own: 2·0.2 + 1000/500 = 2.4;
+    # reduce-scatter not timed: the cluster's link, 0.6
+    res = replay(trace, ONE, compute_scale=1.0, comm_time=links)
+    assert res.step_seconds == approx(1 + 0.011 + 2.4 + 0.6)
+    assert [round(end - start, 9) for _, _, start, end in res.calls] == [0.011, 2.4, 0.6]
+    assert links.link("recv") == links.p2p and links.link("broadcast") is None
+
+
+def test_step_seconds_is_the_slowest_rank_per_step():
+    # rank 0 computes 1 s then 3 s per step, rank 1 2 s then 1 s; each step ends in a blocking all-reduce
+    # (1.2 s) and a mark. Step 1: both wait for rank 1 (2 s) -> 3.2; step 2: rank 0 takes 3 s -> 4.2.
+    ar = lambda: Comm("all_reduce", (0, 1), 1000)  # noqa: E731
+    def rank(r, a, b):
+        return RankTrace(r, [Mark("step"), Compute(a, a), ar(), Mark("step"), Compute(b, b), ar(), Mark("step")])
+    res = replay(Trace([rank(0, 1.0, 3.0), rank(1, 2.0, 1.0)]), ONE, compute_scale=1.0)
+    assert step_seconds(res) == [approx(3.2), approx(4.2)]
+    with pytest.raises(ValueError, match="fewer than two marks"):
+        step_seconds(res, "other")
+    uneven = Trace([RankTrace(0, [Mark("step"), Mark("step"), Mark("step")]), RankTrace(1, [Mark("step"), Mark("step")])])
+    with pytest.raises(ValueError, match="different number"):
+        step_seconds(replay(uneven, ONE, compute_scale=1.0))
+
+
+def test_wall_compute_replays_the_clock_not_the_cpu():
+    # a segment that ran 1 s on the CPU but took 2.5 s on the clock (the core was shared)
+    trace = two_ranks(Compute(1.0, 2.5), Comm("all_reduce", (0, 1), 1000), Compute(0.5, 0.5))
+    assert replay(trace, ONE, compute_scale=1.0).step_seconds == approx(1 + 1.2 + 0.5)
+    walled = wall_compute(trace)
+    assert replay(walled, ONE, compute_scale=1.0).step_seconds == approx(2.5 + 1.2 + 0.5)
+    assert walled.meta["compute"] == "wall" and trace.ranks[0].events[0].seconds_cpu == 1.0   # a copy
+
+
+def test_other_threads_cpu_is_added_to_the_segment_it_ran_under():
+    # 1 s of the rank's compute, during which gloo's threads used 0.4 s of CPU (an async all-reduce hidden
+    # under it): one core per rank runs both, so the segment lasts 1.4 s
+    trace = two_ranks(Compute(1.0, 1.5, seconds_other_threads=0.4), Comm("all_reduce", (0, 1), 1000), Compute(0.5, 0.5))
+    assert replay(trace, ONE, compute_scale=1.0).step_seconds == approx(1 + 1.2 + 0.5)
+    both = with_other_threads(trace)
+    assert replay(both, ONE, compute_scale=1.0).step_seconds == approx(1.4 + 1.2 + 0.5)
+    assert both.meta["compute"] == "cpu + other threads" and trace.ranks[0].events[0].seconds_cpu == 1.0
+
+
+def test_with_flops_copies_counted_flops_and_the_replay_uses_them():
+    timed = two_ranks(Compute(2.0, 2.0), Comm("all_reduce", (0, 1), 8), Compute(1.0, 1.0), Mark("step"))
+    counted = two_ranks(Compute(9.0, 9.0, flops=312e12 * 0.6), Comm("all_reduce", (0, 1), 8),
+                        Compute(5.0, 5.0, flops=0.0), Mark("step"))
+    both = with_flops(timed, counted)
+    assert [e.flops for e in both.ranks[0].events if isinstance(e, Compute)] == [312e12 * 0.6, 0.0]
+    assert both.ranks[0].events[0].seconds_cpu == 2.0 and both.meta["flops"] == "counted"
+    # on a DGX-A100 (312 TFLOP/s × 0.6): 1 s of FLOPs, a zero-FLOP segment, the all-reduce of 8 B in between
+    a100 = dgx_a100(1)
+    ar = 2 * a100.intra_latency + 8 / a100.intra_bw
+    assert replay(both, a100).step_seconds == approx(1.0 + ar)
+    with pytest.raises(ValueError, match="events differ"):
+        with_flops(timed, two_ranks(Compute(1.0), Comm("all_gather", (0, 1), 8), Compute(1.0), Mark("step")))
+    with pytest.raises(ValueError, match="ranks"):
+        with_flops(timed, Trace([RankTrace(0, [])]))
+
+
+def test_waits_keep_their_place_when_flops_are_copied():
+    events = [Compute(1.0), Comm("all_reduce", (0, 1), 8, async_=True, waited_at=3), Compute(1.0), Wait(1)]
+    counted = [Compute(1.0, flops=5.0), Comm("all_reduce", (0, 1), 8, async_=True, waited_at=3),
+               Compute(1.0, flops=7.0), Wait(1)]
+    out = with_flops(two_ranks(*events), two_ranks(*counted))
+    assert out.ranks[1].events[3] == Wait(1) and out.ranks[1].events[2].flops == 7.0
