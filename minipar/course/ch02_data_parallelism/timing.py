@@ -223,12 +223,13 @@ def table(measured: dict, played: dict) -> list:
     return rows
 
 
-def draw_replays(axes, results: dict, p: int, unit: float = 1e-3, unit_name: str = "ms"):
+def draw_replays(axes, results: dict, p: int, unit: float = 1e-3, unit_name: str = "ms", gap: int = -1):
     """One Gantt per ``{title: ReplayResult}`` on ``axes`` (:func:`minipar.pipeline.gantt.draw_gantt`), each
-    showing its last step (between its last two "step" marks) in ``unit``."""
+    showing one step in ``unit``: the one ending at "step" mark ``gap`` (-1: the last step)."""
     from minipar.pipeline.gantt import draw_gantt, replay_rows
     for ax, (title, result) in zip(axes, results.items()):
         times = [t for label, t in result.marks[0] if label == "step"]
-        rows = [(r, k, s, i, a / unit, b / unit) for r, k, s, i, a, b in replay_rows(result, times[-2], times[-1])]
-        draw_gantt(ax, rows, p, f"{title}: step {(times[-1] - times[-2]) / unit:.3g} {unit_name}", labels=False)
+        t0, t1 = times[gap - 1], times[gap]
+        rows = [(r, k, s, i, a / unit, b / unit) for r, k, s, i, a, b in replay_rows(result, t0, t1)]
+        draw_gantt(ax, rows, p, f"{title}: step {(t1 - t0) / unit:.3g} {unit_name}", labels=False)
         ax.set_xlabel(unit_name, fontsize=7)
