@@ -26,8 +26,8 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "mark", "run_traced", "load",
-           "Traced", "from_schedule"]
+__all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "tracing", "mark", "position", "run_traced",
+           "load", "Traced", "from_schedule"]
 
 
 @dataclass
@@ -231,6 +231,17 @@ def mark(label: str) -> None:
     from minipar import comm
     for tracer in comm._tracers:
         tracer.mark(label)
+
+
+def position():
+    """Where this rank is in its innermost trace: (the index its open compute segment will take, the thread
+    CPU seconds that segment has run so far) — to place an observation (live memory, say) on a replay's time
+    axis; None when no trace is recording."""
+    from minipar import comm
+    if not comm._tracers:
+        return None
+    tracer = comm._tracers[-1]
+    return len(tracer.trace.events), time.thread_time() - tracer._cpu
 
 
 class Traced:

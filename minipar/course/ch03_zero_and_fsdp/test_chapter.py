@@ -1,0 +1,42 @@
+"""Chapter 03's timing helper: refuses bad input before launch; a short run gives both traces, replayable,
+and a memory timeline that lands inside the watched step on the replay's time axis."""
+import pytest
+
+from minipar.course.ch03_zero_and_fsdp import timing
+
+
+def test_measure_refuses_too_few_steps_before_launch():
+    with pytest.raises(ValueError, match="at least 3"):
+        timing.measure(2, steps=2)
+
+
+def test_prefetch_traces_and_the_memory_of_step_two():
+    from minipar.plan.cluster import dgx_a100
+    from minipar.replay import replay
+    m = timing.measure(2, steps=3)
+    asyncs = {name: sum(c.async_ for c in t.ranks[0].comms() if c.op == "all_gather")
+              for name, t in m["traces"].items()}
+    assert asyncs["prefetch"] > 0 and asyncs["no prefetch"] == 0     # prefetch issues gathers before they are needed
+    for name, t in m["traces"].items():
+        res = replay(t, dgx_a100(1), source_flops_per_second=m["flops_here"])
+        assert res.step_between("step") > 0
+        marks = [when for label, when in res.marks[0] if label == "step"]
+        points = timing.memory_on_replay(m["memory"][name], t.ranks[0], res)
+        # step 2 (from the mark after step 1; ZeRO's step goes on a little after its optimizer's mark), and only it
+        assert len(points) > 100 and all(marks[0] <= when < marks[2] for when, _ in points)
+        assert sum(when <= marks[1] for when, _ in points) > 0.9 * len(points)
+        assert max(b for _, b in points) > min(b for _, b in points) > 0
+
+
+def test_trace_position_names_the_open_compute_segment():
+    import time
+    from minipar import trace
+    assert trace.position() is None                                 # no trace recording
+    with trace.tracing(0) as rank_trace:
+        trace.mark("a")                                             # events 0 (compute), 1 (mark)
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.01:
+            pass
+        index, cpu = trace.position()
+    assert index == 2 and isinstance(rank_trace.events[2], trace.Compute)
+    assert 0.01 <= cpu <= rank_trace.events[2].seconds_cpu

@@ -1,0 +1,184 @@
+"""Chapter 03's time: ZeRO-3 with and without prefetch, measured here and replayed on a named cluster.
+
+One launch trains the tiny GPT with ZeRO-3 (one unit per block, :func:`minipar.data.zero.parallel_train`)
+twice, ``prefetch=True`` and ``False``, under :func:`minipar.trace.tracing`, each optimizer step marked.
+Per run: the wall seconds between optimizer steps (**measured on this machine**) and the trace, which
+:func:`minipar.course.ch02_data_parallelism.timing.replays` plays on declared clusters (**model**). With
+prefetch the next unit's all-gather is issued before the current unit computes and waited for when it is
+needed; without, each gather is issued and waited for right where the unit starts.
+
+The memory timeline: in one step (the second; the steps timed are the ones after it, without the watch's
+overhead) a :class:`minipar.memory.LiveTensorTracker` and ZeRO's ``on_alloc`` (gathered parameters) count
+the live bytes at every allocation and free, each sample stamped with :func:`minipar.trace.position`, so that
+:func:`memory_on_replay` can put it on any replay's time axis: a sample taken c CPU seconds into compute
+segment i sits at that segment's replayed start + c × its replayed length / its CPU seconds.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minipar.memory import LiveTensorTracker
+from minipar.trace import Compute, Mark, position
+
+__all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
+
+STEP_RECIPE = dict(batch_size=16, seq_len=32, n_layer=4, n_embd=64)   # 4 blocks: 4 units (+ the root)
+
+
+def _marked(factory, stamps):
+    """The optimizer factory, with every ``step()`` time-stamped and marked "step" in the trace."""
+    from minipar import trace
+
+    def build(params):
+        opt = factory(params)
+        step = opt.step
+
+        def marked_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            stamps.append(time.perf_counter())
+            trace.mark("step")
+            return out
+        opt.step = marked_step
+        return opt
+    return build
+
+
+class _Sampling(LiveTensorTracker):
+    """A live-tensor tracker that appends (trace position, live bytes) to ``samples`` at every change."""
+
+    def __init__(self, samples: list, base: int):
+        super().__init__()
+        self.samples, self.base, self.active = samples, base, True
+
+    def sample(self) -> None:
+        where = position() if self.active else None       # (frees seen after the step are not its own)
+        if where is not None:
+            self.samples.append((where[0], where[1], self.base + self.current))
+
+    def _freed(self, ptr: int, nbytes: int) -> None:
+        super()._freed(ptr, nbytes)
+        self.sample()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.sample()
+        return out
+
+
+class MemoryWatch:
+    """``observe(zero, step)`` for :func:`minipar.data.zero.parallel_train`: step number ``at`` (1-based) runs
+    with its live bytes sampled (model states at its start + what it allocates, gathered parameters
+    included); ``samples``: [(trace event index, CPU seconds into that segment, live bytes)]."""
+
+    def __init__(self, at: int):
+        self.at, self.count, self.samples = at, 0, []
+
+    def __call__(self, zero, step):
+        from minipar.data.zero_measure import model_state_bytes
+        self.count += 1
+        if self.count != self.at:
+            return step()
+        tracker = _Sampling(self.samples, sum(model_state_bytes(zero).values()))
+
+        def allocated(nbytes):
+            tracker.current += nbytes
+            tracker.sample()
+        zero.on_alloc = allocated
+        try:
+            with tracker:
+                return step()
+        finally:
+            zero.on_alloc, tracker.active = None, False
+
+
+def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
+    """[(replayed seconds, live bytes)] of a :class:`MemoryWatch`'s samples on ``result``'s time axis. A
+    sample inside a compute segment is placed by its CPU share of the segment; one taken inside a
+    communication call (its buffers) at the replayed start of that call."""
+    spans = {s.index: s for s in result.timelines[rank]}
+    out = []
+    for index, cpu, live in samples:
+        span = spans.get(index)
+        if span is None:
+            continue
+        event = trace_rank.events[index]
+        if isinstance(event, Compute) and event.seconds_cpu > 0:
+            out.append((span.start + min(1.0, cpu / event.seconds_cpu) * (span.end - span.start), live))
+        else:
+            out.append((span.start, live))
+    return sorted(out)
+
+
+def traced_rank(rank, world_size, steps):
+    """{prefetch: (fastest wall gap between optimizer steps, RankTrace)}, and the step's FLOPs per rank."""
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+    from minipar import trace
+    from minipar.check import gpt_recipe
+    from minipar.data import zero
+    from minipar.loop import shard_batch
+    torch.set_num_threads(1)
+    out = {}
+    for prefetch in (True, False):
+        recipe = gpt_recipe(steps=steps + 1, optimizer="sgd", **STEP_RECIPE)   # step 1 records the unit order
+        stamps = []
+        recipe.optimizer = _marked(recipe.optimizer, stamps)
+        dist.barrier()
+        watch = MemoryWatch(at=2)
+        with trace.tracing(rank) as rank_trace:
+            zero.parallel_train(rank, world_size, recipe, stage=3, prefetch=prefetch, observe=watch)
+        gaps = [b - a for a, b in zip(stamps[2:], stamps[3:])]        # the steps after the watched one
+        out[prefetch] = (min(gaps), rank_trace, watch.samples)
+    recipe = gpt_recipe(steps=1, **STEP_RECIPE)
+    x, y = shard_batch(recipe.batches[0], rank, world_size)
+    with FlopCounterMode(display=False) as counter:
+        recipe.loss(recipe.model(), x, y).backward()
+    from minipar.course.ch02_data_parallelism.timing import link_times
+    return out, counter.get_total_flops(), link_times()
+
+
+def _last_step_cpu(rank_trace) -> float:
+    """Thread CPU seconds of compute between the rank's last two "step" marks."""
+    marks = [i for i, e in enumerate(rank_trace.events) if isinstance(e, Mark) and e.label == "step"]
+    return sum(e.seconds_cpu for e in rank_trace.events[marks[-2]:marks[-1]] if isinstance(e, Compute))
+
+
+def measure(world_size: int = 4, steps: int = 3) -> dict:
+    """{"traces": {"prefetch" | "no prefetch": Trace}, "measured": {…: s}, "memory": {…: rank 0's
+    MemoryWatch samples of step 2}, "flops_here", "flops_per_step", "steps", "alpha", "beta" (gloo's
+    all-reduce here, fitted), "param_bytes" (gathered per pass)} — the shape :func:`minipar.course.ch02_data_parallelism.timing.replays` reads. The first
+    optimizer step (the unit order being recorded, no prefetch yet) stays in the trace, so a replay's step is
+    read between later marks (``step_between``)."""
+    from minipar.launcher import launch
+    from minipar.trace import Trace
+    if steps < 3:
+        raise ValueError(f"steps must be at least 3 (step 2 is watched; a step is the gap between two later "
+                         f"optimizer steps), got {steps}")
+    ranks = launch(traced_rank, world_size, steps, quiet=True, timeout=300)
+    names = {True: "prefetch", False: "no prefetch"}
+    traces = {names[p]: Trace([r[0][p][1] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}) for p in names}
+    from minipar.course.ch02_data_parallelism.timing import fit_link
+    flops = ranks[0][1]
+    alpha, beta = fit_link(ranks[0][2], world_size)
+    cpu_per_step = max(_last_step_cpu(t) for t in traces["prefetch"].ranks)
+    return {"traces": traces, "measured": {names[p]: max(r[0][p][0] for r in ranks) for p in names},
+            "memory": {names[p]: ranks[0][0][p][2] for p in names},
+            "flops_per_step": flops, "flops_here": flops / cpu_per_step, "steps": steps + 1,
+            "world_size": world_size, "alpha": alpha, "beta": beta,
+            "param_bytes": sum(c.bytes for c in traces["prefetch"].ranks[0].comms() if c.op == "all_gather")
+            / (2 * (steps + 1))}
+
+
+def draw_step_and_memory(axes, title: str, result, samples, trace_rank, p: int, unit: float = 1e-3):
+    """On two axes: the watched step (step 2) of ``result`` as a Gantt, and rank 0's live bytes on the same
+    time axis (``unit`` seconds per tick)."""
+    from minipar.course.ch02_data_parallelism.timing import draw_replays
+    draw_replays(axes[:1], {title: result}, p, unit=unit, gap=1)
+    start = [t for label, t in result.marks[0] if label == "step"][0]
+    points = memory_on_replay(samples, trace_rank, result)
+    axes[1].step([(t - start) / unit for t, _ in points], [b / 2 ** 20 for _, b in points], where="post", lw=0.8)
+    axes[1].set_xlim(axes[0].get_xlim())
+    axes[1].set_ylabel("rank 0 live MiB", fontsize=7)
+    axes[1].tick_params(labelsize=7)
