@@ -76,8 +76,8 @@ def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:
         at = [i for i, e in enumerate(r.events) if isinstance(e, trace.Mark) and e.label == label]
         if len(at) < 2:
             raise ValueError(f"rank {r.rank}: fewer than two marks {label!r}")
-        events = [e for e in r.events[at[-2] + 1:at[-1]]]
-        if any(isinstance(e, (trace.Wait,)) or (isinstance(e, trace.Comm) and e.async_) for e in events):
+        events = r.events[at[-2] + 1:at[-1]]
+        if any(isinstance(e, trace.Wait) or (isinstance(e, trace.Comm) and e.async_) for e in events):
             raise ValueError("one_step keeps blocking calls only (an async call's Wait index would move)")
         ranks.append(trace.RankTrace(r.rank, events))
     return trace.Trace(ranks, dict(traced.meta))
