@@ -1,0 +1,169 @@
+"""Chapter 04, §8: why an unpaced pipeline idles more than (p-1)/(m+p-1) — measured, replayed here, replayed on
+a named cluster.
+
+One real run of a schedule is traced (:mod:`minipar.trace`: every rank's compute between its messages, in
+thread CPU seconds and wall seconds) with a mark at each action's start, input arrival and end
+(:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.replay.replay` on
+clusters that add one term at a time (:func:`idle_terms`):
+
+* ``formula`` — (p-1)/(m+p-1): equal stages, free and instant transfers (GPipe, Huang et al. 2019);
+* ``stages`` — the trace's own compute (each segment's CPU seconds: unequal stages, Python overhead), on
+  free links;
+* ``p2p`` — the same, on links of the α and β measured here between two ranks (:func:`p2p_link`);
+* ``cores`` — the same links, each compute segment lasting its *wall* seconds: what sharing the cores with
+  the other ranks (and other jobs) stretched it to;
+* ``measured`` — the run's own timeline on the wall clock (:func:`minipar.pipeline.timeline.measured_idle_fraction`);
+* ``dgx_a100`` — a model: the CPU seconds scaled to an A100 (this machine's matmul FLOP/s over 312 TFLOP/s ×
+  0.6) on one DGX-A100 node's NVLink (:func:`minipar.plan.cluster.dgx_a100`).
+
+Every idle fraction is the same quantity as the measured one: 1 - Σ action spans / (p · step), an action's span
+starting once its input is there; the replayed spans come from the marks (:func:`replayed_runs`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from minipar import trace
+from minipar.pipeline import runtime
+from minipar.pipeline.runtime import PipelineRank
+from minipar.pipeline.schedules import bubble_formula
+from minipar.pipeline.timeline import measured_idle_fraction, step_rows
+from minipar.plan.cluster import dgx_a100, this_machine
+from minipar.replay import replay
+
+__all__ = ["MarkedRank", "traced_run", "replayed_runs", "with_wall_compute", "p2p_link", "idle_terms",
+           "stage_work", "draw_terms", "TERMS", "TITLES"]
+
+TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
+
+
+class MarkedRank(PipelineRank):
+    """The runtime's rank, putting a :func:`minipar.trace.mark` where an action begins, where its input
+    arrived and where it ends (``done <kind> <stage> <microbatch>``)."""
+
+    def begin_action(self, action) -> None:
+        super().begin_action(action)
+        trace.mark("begin")
+
+    def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
+        super().wait_for(buf, src, tag, stage, microbatch)
+        trace.mark("arrived")
+
+    def action_done(self, kind: str) -> None:
+        trace.mark(f"done {kind} {self.action.stage} {self.action.microbatch}")
+        super().action_done(kind)
+
+
+def traced_run(recipe, *, schedule: str, p: int, m: int) -> tuple:
+    """(per-rank PipelineRuns, :class:`minipar.trace.Trace`) of one unpaced run, every rank traced."""
+    runtime.validate(recipe, world_size=p, schedule=schedule, m=m)
+    return trace.run_traced(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
+                            quiet=True, meta={"schedule": schedule, "p": p, "m": m})
+
+
+def replayed_runs(result, steps: int) -> list:
+    """The replay's action spans as runs with a ``timeline`` (rows ``(step, kind, stage, microbatch, start,
+    end)``, as the runtime records them), so that :func:`step_rows`, :func:`measured_idle_fraction` and the
+    chapter's Gantt charts read a replay as they read a run. ``steps``: the run's optimizer steps."""
+    runs = []
+    for marks in result.marks:
+        rows, begin, arrived = [], 0.0, 0.0
+        for label, t in marks:
+            if label == "begin":
+                begin, arrived = t, 0.0
+            elif label == "arrived":
+                arrived = t
+            elif label.startswith("done "):
+                _, kind, stage, mb = label.split()
+                rows.append([kind, int(stage), int(mb), max(begin, arrived), t])
+        per_step = len(rows) // steps
+        runs.append(SimpleNamespace(timeline=[(i // per_step, *row) for i, row in enumerate(rows)]))
+    return runs
+
+
+def with_wall_compute(traced: trace.Trace) -> trace.Trace:
+    """A copy of ``traced`` whose compute segments last their wall seconds instead of their CPU seconds."""
+    copy = trace.Trace.from_dict(traced.to_dict())
+    for rank in copy.ranks:
+        rank.events = [replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, trace.Compute) else e
+                       for e in rank.events]
+    return copy
+
+
+def _ping_pong(rank, world_size, sizes, reps):
+    from minipar import comm
+    out = {}
+    for n in sizes:
+        buf, samples = torch.zeros(n // 4), []
+        for _ in range(reps + 2):                          # the first two set up the connection
+            t0 = time.perf_counter()
+            if rank == 0:
+                comm.send(buf, 1), comm.recv(buf, 1)
+            else:
+                comm.recv(buf, 0), comm.send(buf, 0)
+            samples.append((time.perf_counter() - t0) / 2)
+        out[n] = min(samples[2:])              # one way; the least disturbed: waiting for a core is not the link
+    return out
+
+
+def p2p_link(sizes=(256, 4096, 65536), reps: int = 20) -> tuple:
+    """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: blocking send/recv
+    round trips, the fastest one-way time per size (the link, not the wait for a core: that is the ``cores``
+    term), fitted by least squares to t = α + S/β."""
+    from minipar.launcher import launch
+    samples = launch(_ping_pong, 2, list(sizes), reps, quiet=True)[0]
+    design = torch.tensor([[1.0, float(s)] for s in samples], dtype=torch.float64)
+    secs = torch.tensor(list(samples.values()), dtype=torch.float64).unsqueeze(1)
+    alpha, per_byte = torch.linalg.lstsq(design, secs).solution.squeeze(1).tolist()
+    return max(alpha, 0.0), (1 / per_byte if per_byte > 0 else float("inf")), samples
+
+
+def draw_terms(terms: dict, p: int, shown=("stages", "p2p", "cores", "measured"), step: int = -1):
+    """Gantt charts (ms) of one step: the replays of ``shown`` and the measured timeline, idle fraction in
+    each title (a matplotlib Figure)."""
+    import matplotlib.pyplot as plt
+    from minipar.pipeline.gantt import draw_gantt, gantt_legend
+    fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.2 * len(shown) + 0.8), sharex=True)
+    for ax, name in zip(axes, shown):
+        idle, runs = terms[name]
+        rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
+        label = "measured (wall clock)" if name == "measured" else f"replayed here: {TITLES[name]}"
+        draw_gantt(ax, rows, p, f"{label}: idle {idle:.1%}", labels=False)
+    axes[-1].set_xlabel("ms (4 CPU processes)", fontsize=8)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.14, hspace=0.7)
+    gantt_legend(fig)
+    return fig
+
+
+TITLES = {"stages": "measured CPU costs, free links", "p2p": "+ measured p2p α, β",
+          "cores": "+ compute stretched to its wall time (shared cores)", "dgx_a100": "model: one DGX-A100 node"}
+
+
+def stage_work(runs: list, step: int) -> list:
+    """Seconds of action spans per rank in ``step`` (each rank holds one stage here)."""
+    rows = step_rows(runs, step)
+    return [sum(b - a for r, _, _, _, a, b in rows if r == rank) for rank in range(len(runs))]
+
+
+def idle_terms(runs: list, traced: trace.Trace, *, alpha: float, beta: float, flops_here: float,
+               step: int = -1) -> dict:
+    """{term: (idle fraction, replayed runs or the measured runs)} for :data:`TERMS` (see the module's
+    docstring), all of step ``step`` of the same run."""
+    meta, steps = traced.meta, 1 + max(row[0] for row in runs[0].timeline)
+    p, step = meta["p"], step % steps
+    free = this_machine(0.0, float("inf"), 1.0, devices=p)
+    here = replace(free, intra_latency=alpha, inter_latency=alpha, intra_bw=beta, inter_bw=beta)
+    played = {"stages": replay(traced, free, compute_scale=1.0),
+              "p2p": replay(traced, here, compute_scale=1.0),
+              "cores": replay(with_wall_compute(traced), here, compute_scale=1.0),
+              "dgx_a100": replay(traced, dgx_a100(1), source_flops_per_second=flops_here)}
+    out = {"formula": (bubble_formula(meta["schedule"], p, meta["m"]), None),
+           "measured": (measured_idle_fraction(runs, step), runs)}
+    for name, result in played.items():
+        as_runs = replayed_runs(result, steps)
+        out[name] = (measured_idle_fraction(as_runs, step), as_runs)
+    return {name: out[name] for name in TERMS}
