@@ -432,7 +432,7 @@ def test_sixteen_ranks_equal_one_process_and_resume_at_cp_1(capfd, tmp_path, one
 
 
 def test_sixteen_ranks_under_torchrun_then_resume_at_another_cp_and_tp(capfd, tmp_path, one_process_3_steps):
-    """16 processes under torchrun (about 40 s on 2 idle cores: torch imported 16 times), saved there, then
+    """16 processes under torchrun (38 s on 2 idle cores, 49 s under load: torch imported 16 times), saved there, then
     resumed locally on 8 ranks with tp 2 -> 1 and cp's method ring-zigzag -> Ulysses."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     flags = [*FIVE_D, "--steps", "2", *SMALL, "--json", "--save", str(tmp_path)]
