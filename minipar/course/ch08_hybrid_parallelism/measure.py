@@ -1,5 +1,5 @@
-"""Chapter 08's measurements: each layout on 8 ranks, the 5D one on 16 (bytes per rank per step by kind beside the formulas,
-observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
+"""Chapter 08's measurements: each layout on 8 ranks, the 5D one on 16 (bytes per rank per step by kind beside
+the formulas, observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
 would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
 from __future__ import annotations
 
