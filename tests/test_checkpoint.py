@@ -1,6 +1,7 @@
 """Checkpoints of a 3D run: saved at 2×2×2, loaded losslessly at 1×2×4, 4×2×1 and on one process; resumed
 training equals training that never stopped; a crash mid-save leaves the previous checkpoint loadable; a
-corrupt or mismatched checkpoint gets an error naming the file."""
+corrupt or mismatched checkpoint gets an error naming the file. Context-parallel layouts: one writer per stage
+file (coordinate 0 along dp, cp and tp), saved at cp 2 and resumed at another cp and tp."""
 import os
 import shutil
 
@@ -228,3 +229,92 @@ def test_check_folder_says_why_it_cannot_write(tmp_path):
                          ("/proc/minipar", "No such file")):
         with pytest.raises(CheckpointError, match=f"cannot save into {where}: {words}"):
             guard.check_folder(str(where))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Context-parallel layouts: cp shards no parameter, so one rank per stage (coordinate 0 along dp, cp, tp)
+# writes; the checkpoint resumes at another cp and tp to the uninterrupted step (float64, compare's atol
+# 1e-10, rtol 1e-9)
+# ------------------------------------------------------------------------------------------------------
+
+CP_SAVE = dict(dp=1, cp=2, pp=2, tp=2, micro_batches=4, cp_method="ring-zigzag")
+
+
+@pytest.fixture(scope="module")
+def saved_cp(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("ckpt-cp"))
+    params = {}
+    for p in launch(save_rank, 8, recipe(), CP_SAVE, directory, 2, quiet=True):
+        params.update(p)
+    return directory, params
+
+
+def test_one_writer_per_stage_file_whatever_the_mesh():
+    from minipar.mesh import Mesh
+    mesh = Mesh(16, dp=2, pp=2, cp=2, tp=2)
+    writers = [r for r in range(16) if checkpoint.writes(mesh.coords(r), checkpoint.STAGE_REPLICATED)]
+    assert [mesh.coords(r)["pp"] for r in writers] == [0, 1] and writers[0] == 0
+    old_rule = [r for r in range(16) if checkpoint.writes(mesh.coords(r), ("dp", "tp"))]    # cp forgotten
+    assert len(old_rule) == 4
+
+
+def _count_writes(rank, world_size, recipe, layout, directory):
+    written, real_save = [], torch.save
+
+    def counting(obj, path, *args, **kwargs):
+        written.append(os.path.basename(str(path)))
+        return real_save(obj, path, *args, **kwargs)
+    torch.save = counting                      # this forked rank's torch only
+    t = Trainer3D(rank, world_size, recipe, **layout)
+    t.step(*recipe.batches[0], 0)
+    checkpoint.save(t, directory, 1)
+    return [w for w in written if w.startswith("stage-")]
+
+
+def test_each_stage_file_is_written_by_one_rank_at_cp_2(tmp_path):
+    layout = dict(dp=2, cp=2, pp=1, tp=2, micro_batches=2, schedule="gpipe", zero=1)    # ZeRO-1 over dp × cp
+    written = [w for ws in launch(_count_writes, 8, recipe(1), layout, str(tmp_path), quiet=True) for w in ws]
+    assert written == ["stage-0.pt"]
+    check(checkpoint.latest(str(tmp_path)))
+
+
+def test_the_manifest_records_the_cp_layout(saved_cp):
+    manifest = checkpoint.read_manifest(checkpoint.latest(saved_cp[0]))
+    assert manifest["layout"] == {**Layout().as_dict(), **CP_SAVE}
+    assert sorted(manifest["files"]) == ["rng.pt", "stage-0.pt", "stage-1.pt"]
+
+
+@pytest.mark.parametrize("world_size, layout", [
+    (8, dict(dp=2, cp=1, pp=2, tp=2, micro_batches=4, zero=1)),
+    (8, dict(dp=2, cp=2, pp=2, tp=1, micro_batches=4, cp_method="ulysses")),
+    (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
+], ids=["cp1 tp2 zero1", "cp2 tp1 ulysses", "one process"])
+def test_a_cp_checkpoint_resumes_at_another_cp_and_tp(saved_cp, world_size, layout):
+    directory, at_save = saved_cp
+    results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
+    seen = set()
+    for start, loaded, _ in results:
+        assert start == 2
+        for name, t in loaded.items():              # lossless: every element as it was saved
+            assert torch.equal(t, at_save[name]), name
+            seen.add(name)
+    assert seen == set(at_save)
+    ref = train_reference(recipe())                 # the resumed step 3 is one process's uninterrupted step 3
+    compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
+
+
+def test_a_cp_run_resumed_at_its_own_layout_equals_the_uninterrupted_run(saved_cp):
+    resumed = [r for _, _, r in launch(resume_rank, 8, recipe(), CP_SAVE, saved_cp[0], quiet=True)]
+    straight = launch(_train_rank, 8, recipe(), CP_SAVE, quiet=True)
+    for res, full in zip(resumed, straight):
+        assert (res.losses is None) == (full.losses is None)
+        if res.losses is not None:
+            assert res.losses == full.losses[2:]        # bit for bit: same layout, same arithmetic
+        for name, t in res.params.items():
+            assert torch.equal(t, full.params[name]), name
+
+
+def _train_rank(rank, world_size, recipe, layout):
+    t = Trainer3D(rank, world_size, recipe, **layout)
+    losses = [t.step(*recipe.batches[i], i) for i in range(recipe.steps)]
+    return RunResult(losses if losses[0] is not None else None, t.full_params())

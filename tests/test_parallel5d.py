@@ -126,7 +126,6 @@ def test_train_command_with_cp_equals_one_device(capfd):
 @pytest.mark.parametrize("flags, words", [
     (["--cp", "4", "--tp", "2", "--cp-method", "ulysses"], "divisible by cp · tp = 8"),
     (["--cp", "0"], "--cp must be a positive integer"),
-    (["--cp", "2", "--save", "never-written"], "checkpoints of context-parallel layouts"),
     (["--cp", "2", "--cp-method", "striped"], "invalid choice"),
 ])
 def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):

@@ -396,3 +396,53 @@ def test_a_torchrun_world_that_is_not_the_layout_is_refused(capsys, monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "3")
     err = refused(capsys, monkeypatch, "--tp", "2", *SMALL)
     assert "torchrun started 3 processes, but the layout (tp 2) has 2 ranks" in err
+
+
+# ------------------------------------------------------------------------------------------------------
+# 16 ranks: dp 2 × cp 2 × pp 2 × tp 2 from the shell, locally and under torchrun, equal to one process
+# (float64, rel 1e-12); its checkpoints resume at layouts with another cp and tp to the same next loss
+# ------------------------------------------------------------------------------------------------------
+
+FIVE_D = ["--dp", "2", "--cp", "2", "--pp", "2", "--tp", "2", "--cp-method", "ring-zigzag"]
+
+
+@pytest.fixture(scope="module")
+def one_process_3_steps():
+    """The single-process losses of steps 1..3 (run in a subprocess: capfd is per test)."""
+    done = subprocess.run([sys.executable, "-m", "minipar", "train", "--steps", "3", *SMALL, "--micro-batches",
+                           "1", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+
+
+def _same(got: dict, want: dict):
+    assert got.keys() <= want.keys() and got
+    for s in got:
+        assert got[s] == pytest.approx(want[s], rel=1e-12, abs=1e-12), s
+
+
+def test_sixteen_ranks_equal_one_process_and_resume_at_cp_1(capfd, tmp_path, one_process_3_steps):
+    first, err = train(capfd, *FIVE_D, "--steps", "2", "--save", str(tmp_path))
+    assert list(first) == [1, 2] and err.count("step    1/") == 1 and "saved step 2" in err
+    _same(first, one_process_3_steps)
+    resumed, _ = train(capfd, "--dp", "4", "--cp", "1", "--pp", "2", "--tp", "2", "--steps", "3",
+                       "--resume", str(tmp_path))                      # 16 ranks again: cp 2 -> 1, dp 2 -> 4
+    assert list(resumed) == [3]
+    _same(resumed, one_process_3_steps)
+
+
+def test_sixteen_ranks_under_torchrun_then_resume_at_another_cp_and_tp(capfd, tmp_path, one_process_3_steps):
+    """16 processes under torchrun (38 s on 2 idle cores, 49 s under load: torch imported 16 times), saved there, then
+    resumed locally on 8 ranks with tp 2 -> 1 and cp's method ring-zigzag -> Ulysses."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    flags = [*FIVE_D, "--steps", "2", *SMALL, "--json", "--save", str(tmp_path)]
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=16", "-m", "minipar", "train", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_torchrun = {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+    assert list(under_torchrun) == [1, 2]
+    _same(under_torchrun, one_process_3_steps)
+    resumed, _ = train(capfd, "--dp", "2", "--cp", "2", "--pp", "2", "--tp", "1", "--cp-method", "ulysses",
+                       "--steps", "3", "--resume", str(tmp_path))
+    assert list(resumed) == [3]
+    _same(resumed, one_process_3_steps)

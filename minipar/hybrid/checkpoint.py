@@ -1,4 +1,4 @@
-"""Checkpoints of a 3D run that load into any other layout (dp × pp × tp, ± ZeRO-1, or one process).
+"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ± ZeRO-1, or one process).
 
 What a checkpoint holds: the parameters, the optimizer state (Adam's two moments and its step count), the
 global step (= the data position: batch k of the recipe is the k-th step's batch on every layout) and the
@@ -13,7 +13,9 @@ random-number state. On disk::
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
 
 A shard holds full tensors: the tensor-parallel pieces are gathered over the tp group (``to_full``) and
-ZeRO-1's flat optimizer shards over the dp group before the first data-parallel replica writes them. A
+ZeRO-1's flat optimizer shards over its dp × cp group; then the tensors are the same on every rank along dp,
+cp and tp (context parallelism splits the tokens, never a parameter), and the rank with coordinate 0 along
+every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. A
 loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
 rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
 buffer. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
@@ -51,8 +53,8 @@ from .. import comm
 from ..tensor.operators import tp_rank, tp_size
 from .reshard import tp_layouts, to_full, to_shard
 
-__all__ = ["CheckpointError", "FORMAT", "tp_layouts", "to_full", "to_shard", "save", "load", "latest",
-           "read_manifest", "verify"]
+__all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
+           "load", "latest", "read_manifest", "verify"]
 
 FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
 
@@ -63,6 +65,19 @@ class CheckpointError(ValueError):
 
 def _barrier(device) -> None:
     comm.all_reduce(torch.zeros(1, device=device))     # every rank of the world, through the logged wrapper
+
+
+# What a stage file holds (full tensors, TP gathered) is the same on every rank of the stage: along dp and cp
+# (replicas; context parallelism shards activations, not parameters) and along tp (after the gather).
+STAGE_REPLICATED = ("dp", "cp", "tp")
+
+
+def writes(coords: dict, replicated: tuple) -> bool:
+    """Whether the rank at mesh ``coords`` writes a tensor that is the same on every rank along the
+    ``replicated`` dimensions: the rank with coordinate 0 along each of them, so exactly one rank per
+    distinct copy (per pipeline stage for :data:`STAGE_REPLICATED`; an expert, held by its ep coordinate,
+    would name the dimensions it is replicated along instead)."""
+    return all(coords.get(d, 0) == 0 for d in replicated)
 
 
 def _optimizer_pieces(trainer) -> tuple:
@@ -113,7 +128,7 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
     _barrier(trainer.device)
-    if trainer.mesh.coord("dp") == 0 and tp_rank(tp_group) == 0:
+    if writes(trainer.mesh.coords, STAGE_REPLICATED):
         for s, shard in shards.items():
             path = os.path.join(partial, f"stage-{s}.pt")
             if crash_rank == rank:

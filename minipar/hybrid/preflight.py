@@ -33,9 +33,6 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.save_every is not None and not args.save:
         raise ValueError("--save-every needs --save DIR")
-    if args.cp > 1 and (args.save or args.resume):
-        raise ValueError(f"--cp {args.cp} with --save/--resume: checkpoints of context-parallel layouts are not "
-                         f"written yet (every cp rank would write the same stage file); train without them")
 
 
 def text_data(args) -> dict | None:

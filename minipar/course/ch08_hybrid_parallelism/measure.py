@@ -1,5 +1,5 @@
-"""Chapter 08's measurements: each layout on 8 ranks (bytes per rank per step by kind beside the formulas,
-observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
+"""Chapter 08's measurements: each layout on 8 ranks, the 5D one on 16 (bytes per rank per step by kind beside
+the formulas, observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
 would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
-from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, run
+from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, parallel_train, validate
 from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
@@ -17,7 +17,7 @@ from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
-__all__ = ["recipe", "LAYOUTS", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "layout_memory_formula"]
+__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "layout_memory_formula"]
 
 BATCH, SEQ = 16, 8
 
@@ -38,26 +38,49 @@ LAYOUTS = {
     "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1),
     "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
 }
+# 16 ranks, apart from the 8-rank LAYOUTS (the chapter's memory figure runs those on 8): the tour's 5d row
+LAYOUTS_16 = {"2x2x2x2 dp pp cp tp": dict(dp=2, pp=2, cp=2, tp=2, cp_method="ring-zigzag")}
+
+
+def _logged_rank(rank, world_size, recipe, layout):
+    """:func:`parallel_train`, with every call of its steps also kept: (its HybridRun, {dims spanned: observed
+    bytes per step, or None where a call is asynchronous — isend/irecv's bytes leave after they return})."""
+    with comm.recording() as log:                      # no mesh here: only the step's own logs name dims
+        result = parallel_train(rank, world_size, recipe, layout=layout, track_memory=True)
+    observed: dict = {}
+    for rec in log.records:
+        if rec.dims is not None:                       # a step's call (not the clock's broadcast, the gather)
+            seen = observed.get(rec.dims, 0)
+            observed[rec.dims] = None if seen is None or rec.observed_sent is None else seen + rec.observed_sent
+    steps = len(recipe.batches)
+    return result, {dims: None if b is None else b / steps for dims, b in observed.items()}
 
 
 def measure_layout(layout: dict, steps: int = 3, m: int = 4, reference: RunResult | None = None) -> dict:
-    """Run ``layout`` on 8 ranks; return its comparison with one device and its measurements (mean over
-    ranks of bytes per step by kind, formula beside; max peak; median step time; bubble of one pipeline)."""
+    """Run ``layout`` on its ranks (8; 16 with cp = 2); return its comparison with one device and its
+    measurements (mean over ranks of bytes per step by kind, formula beside; observed per window and per
+    dims spanned where the calls block; max peak and model states; median step time; one pipeline's bubble)."""
     r, shape = recipe(steps), Layout(**layout, micro_batches=m)
-    runs = run(r, layout=shape, track_memory=True)                              # on shape.world_size = 8 ranks
+    validate(r, layout=shape)
+    logged = launch(_logged_rank, shape.world_size, r, shape, quiet=True, timeout=120.0)
+    runs = [x for x, _ in logged]
     c = compare(reference or train_reference(r), runs, dtype=r.dtype)
     cfg = r.model().cfg
     formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=shape, pp_rank=x.coords["pp"]) for x in runs]
     mean = lambda xs: sum(xs) / len(xs)                                          # noqa: E731
     one_pipeline = [x for x in runs if all(c == 0 for d, c in x.coords.items() if d != "pp")]   # dp = tp = 0
     sched, p, v = layout.get("schedule", "1f1b"), layout["pp"], layout.get("v", 1)
+    kinds = list(formulas[0])                                                    # dp, pp, tp (+ cp)
     return {
         "matches": c.matches, "max_abs_diff": c.max_abs_diff,
-        "bytes": {k: mean([x.bytes_by_kind[k] for x in runs]) for k in ("dp", "pp", "tp")},
-        "formula": {k: mean([f[k] for f in formulas]) for k in ("dp", "pp", "tp")},
+        "bytes": {k: mean([x.bytes_by_kind[k] for x in runs]) for k in kinds},
+        "formula": {k: mean([f[k] for f in formulas]) for k in kinds},
         "observed": {k: mean([x.observed[k] for x in runs]) for k in ("dp", "pp+tp")},
-        "calls": {k: mean([x.calls_by_kind[k] for x in runs]) for k in ("dp", "pp", "tp")},
+        "observed_by_dims": {d: None if None in (o.get(d) for _, o in logged) else mean([o[d] for _, o in logged])
+                             for d in logged[0][1]},
+        "calls": {k: mean([x.calls_by_kind[k] for x in runs]) for k in kinds},
         "peak_bytes": max(x.peak_bytes for x in runs),
+        "model_state_bytes": max(x.model_state_bytes for x in runs),
         "step_seconds": statistics.median(s for x in runs for s in x.step_seconds[1:]),
         "bubble": measured_idle_fraction(one_pipeline) if p > 1 else 0.0,
         "bubble_formula": bubble_formula(sched, p, m, v) if p > 1 else 0.0,

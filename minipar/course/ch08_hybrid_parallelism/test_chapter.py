@@ -1,9 +1,12 @@
 """Chapter 08: the tour rows (3d, 3d+zero1: equal to one device, bytes = formula), the GPT-3 and ZeRO-in-a-
 pipeline numbers, and the exercise checks, each rejecting the stub and plausible wrong answers kept here."""
+import re
+
 import pytest
 import torch
 
 from minipar.course.checks import ExerciseError
+from minipar.course.tour import observed_status
 from minipar.course.ch08_hybrid_parallelism import checks as ch08
 from minipar.course.ch08_hybrid_parallelism import measure, tour
 from minipar.tensor.layers import shard_cols, shard_rows
@@ -17,6 +20,20 @@ def test_tour_rows(name):
     assert row.matches and row.max_abs_diff < 1e-10
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)          # model log = formula
     assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
+    assert row.peak_bytes_per_rank > 0
+
+
+def test_5d_tour_row():
+    """16 ranks, dp 2 × pp 2 × cp 2 × tp 2: equal to one device; model bytes = formula in every dimension (the
+    note lists each, formula beside); observed within gloo's per-call allowance."""
+    row = dict(tour.STRATEGIES)["5d"]()
+    assert row.strategy == "5d" and row.world_size == 16 and row.matches and row.max_abs_diff < 1e-10
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+    for dim in ("dp×cp", "pp", "cp", "tp"):
+        model, formula = re.search(rf"[:,] {dim} ([\d.]+) KiB \(([\d.]+) KiB\)", row.note).groups()
+        assert model == formula and float(model) > 0, dim
+    assert "tp " in row.note.split("observed")[1] and "asynchronous" in row.note
+    assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank and observed_status(row) == "within"
     assert row.peak_bytes_per_rank > 0
 
 
