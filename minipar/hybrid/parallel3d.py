@@ -51,7 +51,7 @@ from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
-from . import context
+from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
 __all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage",
@@ -72,8 +72,6 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
     ``world_size``: the ranks there are (default: the layout's)."""
     layout = Layout.of(layout, DEFAULTS, **dims).check()
-    layout.refuse("ep", why="the hybrid trainer runs dp × pp × cp × tp; expert parallelism is chapter 09's "
-                            "(it joins this mesh with the 5D trainer)")
     if layout.recompute not in ("none", "full"):
         raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer recomputes whole stages ('full') or "
                          f"nothing ('none'); selective recomputation is chapter 11's")
@@ -90,13 +88,15 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
         raise ValueError(f"zero must be 0 (plain data parallelism) or 1 (ZeRO-1), got {zero!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
-    cfg = recipe.model().cfg
+    model = recipe.model()
+    cfg = model.cfg
     if cfg.tie_weights and pp > 1:
         raise ValueError("tied embedding and head weights live on the first and the last stage: use "
                          "tie_weights=False with pipeline parallelism")
     validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
     batch, seq = recipe.batches[0][0].shape
     context.validate(layout, cfg, seq)
+    experts.validate(layout, model, seq)
     tp_gpt.validate(cfg, tp=tp, seq_len=seq // cp, sequence_parallel=sp)
     if batch % (dp * micro_batches):
         raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
@@ -156,6 +156,7 @@ class Trainer3D:
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
+        self.experts = experts.install(self.model, self.mesh, layout, self.dp_group)    # MoE: the folded ep groups
         n_stages = pp * v
         self.stages = {s: HybridStage(self.model, s, n_stages)
                        for s in range(n_stages) if s % pp == self.mesh.coord("pp")}
@@ -172,13 +173,18 @@ class Trainer3D:
                                           shapes, recompute=layout.recompute == "full",   # checkpointed stages
                                           t0=synced_clock(None, self.device),             # one time axis
                                           device=self.device, loss_fn=self.loss)
+        skip = self.experts.ids if self.experts else set()        # experts: reduced over expert-DP instead
+        dense = [p for p in self.params if id(p) not in skip]
         if zero == 1:
-            self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
-                             units=list(self.stages.values()))
+            units = [experts.DenseParams(s, skip) if skip else s for s in self.stages.values()]
+            self.zero = ZeRO(nn.ModuleList(units), recipe.optimizer, 1, self.dp_group, units=units)
             self.optimizer, self.reducer = self.zero.optimizer, None
+            if self.experts:
+                self.experts.optimizer = recipe.optimizer(self.experts.params)
         else:
             self.zero, self.optimizer = None, recipe.optimizer(self.params)
-            self.reducer = Reducer(self.params, self.dp_group) if dp * layout.cp > 1 else None
+            self.reducer = Reducer(dense, self.dp_group) if dp * layout.cp > 1 else None
+        self.dense_params = dense
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
@@ -193,6 +199,8 @@ class Trainer3D:
         return dict(self.mesh.coords)
 
     def zero_grad(self) -> None:
+        if self.experts and self.experts.optimizer:
+            self.experts.optimizer.zero_grad(set_to_none=True)
         if self.zero is not None:
             self.zero.zero_grad()
         else:
@@ -211,14 +219,20 @@ class Trainer3D:
                 from ..tensor.sequence import sync_sequence_parallel_grads
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
         with comm.recording(self.logs["dp"]):                     # gradients over the data-parallel group
+            if self.experts:
+                self.experts.reduce_gradients()                  # ÷ dp·cp, all-reduce over expert-DP
+                if self.experts.optimizer:
+                    self.experts.optimizer.step()
             if self.zero is not None:
                 self.zero.step()                                 # reduce-scatter, step my shard, all-gather
             else:
                 if self.reducer is not None:
-                    for p in self.params:
+                    for p in self.dense_params:
                         self.reducer.grad_ready(p)
                     self.reducer.finish()                        # bucketed all-reduce, averaged over dp
                 self.optimizer.step()
+        if self.experts:                                          # the stages' balancing losses, onto the loss
+            loss = self.experts.add_aux(loss, self.mesh.group("pp"), self.device)
         if loss is None:
             return None
         # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
@@ -233,7 +247,9 @@ class Trainer3D:
         return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
     def model_state_bytes(self) -> int:
-        opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        states = [*self.optimizer.state.values(), *(self.experts.optimizer.state.values()
+                                                    if self.experts and self.experts.optimizer else [])]
+        opt = [v for st in states for v in st.values() if torch.is_tensor(v)]
         grads = [p.grad for p in self.params if p.grad is not None]
         return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
 

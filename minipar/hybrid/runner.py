@@ -54,6 +54,9 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
     steps = len(recipe.batches)
     kinds = {"dp": (t.logs["dp"], t.mesh.mesh.key(("dp", "cp"))),       # kind: its log, the dims its group spans
              **{k: (t.logs["pp+tp"], (k,)) for k in ("pp", "tp", "cp") if k != "cp" or t.layout.cp > 1}}
+    if t.experts:                      # MoE: the folded groups' records carry their tag (minipar.hybrid.experts.Tag)
+        kinds |= {"ep": (t.logs["pp+tp"], ("ep",)), "balance": (t.logs["pp+tp"], ("balance",)),
+                  "edp": (t.logs["dp"], ("edp",))}
     by_kind = {k: (log.bytes_by_dims().get(dims, 0) if dims else 0) / steps for k, (log, dims) in kinds.items()}
     calls = {k: sum(bool(dims) and r.dims == dims and r.op != "recv" for r in log.records) / steps
              for k, (log, dims) in kinds.items()}
