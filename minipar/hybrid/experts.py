@@ -155,12 +155,18 @@ class Experts:
     reduction (÷ ``divisor`` = dp·cp, then all-reduce over expert-DP)."""
 
     def __init__(self, layers: list, ep_group, edp_group, divisor: int, micro_batches: int):
-        self.layers, self.ep_group, self.edp_group, self.divisor = layers, ep_group, edp_group, divisor
-        self.params = [p for layer in layers for p in layer.experts.parameters()]
-        self.ids = set(map(id, self.params))
+        self.ep_group, self.edp_group, self.divisor = ep_group, edp_group, divisor
         self.optimizer = None                   # ZeRO-1: the experts' own optimizer (outside the shards)
         for layer in layers:
             layer.aux_scale = 1.0 / micro_batches
+        self.keep(layers)
+
+    def keep(self, layers) -> "Experts":
+        """Hold only ``layers`` (the MoE layers of this rank's pipeline stages)."""
+        self.layers = list(layers)
+        self.params = [p for layer in self.layers for p in layer.experts.parameters()]
+        self.ids = set(map(id, self.params))
+        return self
 
     def reduce_gradients(self) -> None:
         for p in self.params:

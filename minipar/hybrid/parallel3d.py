@@ -161,6 +161,8 @@ class Trainer3D:
         self.stages = {s: HybridStage(self.model, s, n_stages)
                        for s in range(n_stages) if s % pp == self.mesh.coord("pp")}
         self.params = [p for s in self.stages.values() for p in s.parameters()]
+        if self.experts:                                          # only the MoE layers of my stages
+            self.experts.keep(m for s in self.stages.values() for m in s.modules() if m in self.experts.layers)
         self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
         batch, seq = recipe.batches[0][0].shape
         self.positions = context.install(self.model, self.stages.values(), self.mesh, layout, seq)
