@@ -181,7 +181,7 @@ class Trainer3D:
             units = [experts.DenseParams(s, skip) if skip else s for s in self.stages.values()]
             self.zero = ZeRO(nn.ModuleList(units), recipe.optimizer, 1, self.dp_group, units=units)
             self.optimizer, self.reducer = self.zero.optimizer, None
-            if self.experts:
+            if self.experts and self.experts.params:              # experts outside the shards: their own
                 self.experts.optimizer = recipe.optimizer(self.experts.params)
         else:
             self.zero, self.optimizer = None, recipe.optimizer(self.params)
