@@ -78,7 +78,7 @@ def test_ep_and_expert_dp_partition_every_dense_group(fields):
     plan = expert_groups(mesh, layout.ep)
     assert len(plan) == layout.pp * layout.tp
     for dense, (ep_sets, edp_sets) in zip(mesh.groups("dp", "cp"), plan):
-        assert all(len(s) == layout.ep for s in ep_sets) and all(len(s) == layout.expert_data_parallel for s in edp_sets)
+        assert {len(s) for s in ep_sets} == {layout.ep} and {len(s) for s in edp_sets} == {layout.expert_data_parallel}
         for sets in (ep_sets, edp_sets):
             assert sorted(r for s in sets for r in s) == sorted(dense)            # a partition of the dense group
         assert all(len(set(a) & set(b)) == 1 for a in ep_sets for b in edp_sets)    # one rank per (ep, expert-DP)

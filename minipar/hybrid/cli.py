@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--cp", type=int, default=1, help="context-parallel degree (s/cp tokens per rank)")
     layout.add_argument("--cp-method", default="ring", choices=context.METHODS,
                         help="how the cp ranks attend (chapter 06b)")
-    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree, borrowed from dp × cp (adds no ranks)")
+    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from dp × cp)")
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="ZeRO stage over the DP group (1; 2 and 3 are refused with PP, with the reason)")
     layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
@@ -116,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 def make_recipe(args, data: dict | None = None):
     """The tiny GPT (``--experts``: its MoE variant) on the Markov corpus, or on ``data`` (its vocabulary)."""
     from ..check import gpt_recipe
-    shape = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, n_layer=args.n_layer,
-                 n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len), **({"vocab_size": data[
-                     "vocab_size"]} if data else {}))
+    shape = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, n_head=args.n_head,
+                 n_layer=args.n_layer, n_embd=args.n_embd, block_size=max(32, args.seq_len),
+                 **({"vocab_size": data["vocab_size"]} if data else {}))
     recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k,
                                 capacity_factor=args.capacity_factor, **shape) if args.experts else gpt_recipe(**shape))
     if data:

@@ -51,7 +51,8 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     vocab = math.ceil(cfg.vocab_size / tp) * tp
     per_block = (12 * h * h + 7 * h) // tp + 6 * h          # split weights/biases /t; LayerNorms, row biases whole
     per_moe_block = (4 * h * h + 3 * h) // tp + 5 * h + (moe.experts * h if moe else 0)   # attention, LNs, router
-    psi = [(per_stage - moe_in[s]) * per_block + moe_in[s] * per_moe_block + (s == 0) * (vocab * h // tp + cfg.block_size * h)
+    psi = [(per_stage - moe_in[s]) * per_block + moe_in[s] * per_moe_block
+           + (s == 0) * (vocab * h // tp + cfg.block_size * h)
            + (s == n_stages - 1) * (vocab * h // tp + 2 * h) for s in mine]
     if zero:                                                 # ZeRO-1 pads each stage's flat buffer to d shards
         psi = [math.ceil(x / (dp * cp)) * dp * cp for x in psi]
