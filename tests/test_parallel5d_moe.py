@@ -178,3 +178,12 @@ def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):
     with pytest.raises(SystemExit) as exit_:
         main([*CLI, *flags])
     assert exit_.value.code == 2 and words in capfd.readouterr().err
+
+
+def test_tour_row():
+    """Chapter 08's 5d-moe row (dp 2 × pp 2 × tp 2, ep 2, top-2 with drops): one device, bytes = formula."""
+    from minipar.course.ch08_hybrid_parallelism import tour
+    row = dict(tour.STRATEGIES)["5d-moe"]()
+    assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 128.0 KiB (128.0 KiB)" in row.note
+    assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
