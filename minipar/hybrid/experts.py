@@ -1,6 +1,7 @@
-"""Expert parallelism inside the hybrid trainer: the fifth dimension, *folded* into dp × cp (Megatron-Core's expert
-data parallelism, Liu et al. 2024 "Upcycling"/MCore MoE docs; torchtitan's sparse mesh; the layers of chapter 09:
-:mod:`minipar.moe`, Lepikhin et al. 2020 GShard, Fedus et al. 2021 Switch).
+"""Expert parallelism inside the hybrid trainer: the fifth dimension, *folded* into dp × cp (Megatron-Core's MoE
+with its expert-data-parallel groups and ``MoEAuxLossAutoScaler``; torchtitan's sparse mesh), on the layers of
+chapter 09 (:mod:`minipar.moe`: Lepikhin et al. 2020, GShard, arXiv:2006.16668; Fedus et al. 2021, Switch
+Transformers, arXiv:2101.03961).
 
 The model is :class:`minipar.moe.layer.MoEGPT`: dense attention, an MoE FFN in every ``every``-th block. On a
 rank of the dp × pp × cp × tp mesh:

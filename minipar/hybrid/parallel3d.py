@@ -28,6 +28,10 @@ rows per micro-batch, s sequence, h hidden, L_r blocks on this rank, Ψ_r parame
 Context parallelism (cp > 1, :mod:`.context`): a stage's cp ranks hold s/cp tokens of each row, attend over the
 cp group (chapter 06b), and average gradients over dp × cp: DP reads 2(dp·cp−1)/(dp·cp), activations s/cp.
 
+Expert parallelism (ep > 1, :mod:`.experts`): an MoE model's experts spread over ep ranks borrowed from dp × cp
+(folded: no extra ranks), all-to-all dispatch/combine, each stage's balancing loss seeded into its own backward,
+expert gradients averaged over the expert-data-parallel group (÷ dp·cp), router and dense weights over dp × cp.
+
 Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
 :class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
 :class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups.
@@ -137,8 +141,9 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
 
 
 class Trainer3D:
-    """One rank of a dp × pp × tp run: builds the groups, the TP model, this rank's stages, the schedule and
-    the DP reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
+    """One rank of a dp × pp × cp × tp run (ep folded into dp × cp): builds the groups, the TP model (its MoE
+    layers' expert slices: ``experts``, None for a dense model), this rank's stages, the schedule and the DP
+    reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
 
     ``device``: where this rank computes ("cpu" with gloo, "cuda:<local rank>" with NCCL). The model is built
     on the CPU (the reference's initial weights), then moved; everything a step creates that meets a

@@ -17,8 +17,8 @@ __all__ = ["HybridRun", "parallel_train", "run"]
 
 @dataclass
 class HybridRun(RunResult):
-    """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
-    step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
+    """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp" (+ "cp"; an MoE
+    model: + "ep", "edp", "balance"): model bytes per step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
     ``calls_by_kind``, ``step_seconds``, ``peak_bytes`` (model states + live tensors during a step), the
     pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords``: the mesh coordinates by name."""
     coords: dict = field(default_factory=dict)
