@@ -187,3 +187,18 @@ def test_tour_row():
     assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 128.0 KiB (128.0 KiB)" in row.note
     assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
+
+
+def _watched(rank, world_size, recipe, layout):
+    from test_device_path import DeviceWatch          # tests/test_device_path.py: factories without device=
+    from minipar.hybrid.parallel3d import parallel_train
+    with DeviceWatch() as watch:
+        parallel_train(rank, world_size, recipe, layout=layout, device="cpu")
+    return sorted(set(watch.calls))
+
+
+def test_every_factory_in_the_moe_path_names_its_device():
+    from minipar import launch
+    layout = Layout(dp=2, pp=2, ep=2, zero=1, micro_batches=2)
+    found = {c for calls in launch(_watched, 4, recipe(layout), layout, quiet=True) for c in calls}
+    assert not found, "tensor factories without device= under minipar/:\n" + "\n".join(sorted(found))
