@@ -42,6 +42,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..check import gpt_recipe
 from ..datasets import lm_batch, lm_batches
 from ..launcher import choose_backend_and_device
 from ..layout import Layout
@@ -115,12 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_recipe(args, data: dict | None = None):
     """The tiny GPT (``--experts``: its MoE variant) on the Markov corpus, or on ``data`` (its vocabulary)."""
-    from ..check import gpt_recipe
     shape = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, n_head=args.n_head,
                  n_layer=args.n_layer, n_embd=args.n_embd, block_size=max(32, args.seq_len),
                  **({"vocab_size": data["vocab_size"]} if data else {}))
-    recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k,
-                                capacity_factor=args.capacity_factor, **shape) if args.experts else gpt_recipe(**shape))
+    recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k, **shape,
+              capacity_factor=args.capacity_factor) if getattr(args, "experts", 0) else gpt_recipe(**shape))
     if data:
         recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)
     recipe.dtype = DTYPES[args.dtype]

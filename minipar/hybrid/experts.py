@@ -59,7 +59,7 @@ class Tag:
         return self.dims if len(set(ranks)) > 1 else ()
 
 
-def validate(layout, model, seq_len: int) -> None:
+def validate(layout, model) -> None:
     """ValueError, before any process starts, for an MoE/ep layout the hybrid trainer cannot run."""
     moe = getattr(model, "moe", None) if isinstance(model, MoEGPT) else None
     if moe is None:

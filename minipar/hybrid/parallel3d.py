@@ -100,7 +100,7 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
     batch, seq = recipe.batches[0][0].shape
     context.validate(layout, cfg, seq)
-    experts.validate(layout, model, seq)
+    experts.validate(layout, model)
     tp_gpt.validate(cfg, tp=tp, seq_len=seq // cp, sequence_parallel=sp)
     if batch % (dp * micro_batches):
         raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
