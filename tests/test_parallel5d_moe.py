@@ -20,15 +20,15 @@ BATCH, SEQ, E = 8, 8, 4
 NO_DROP = dict(k=1, capacity_factor=float(E))           # C = T: no token dropped, whatever the grouping
 
 
-def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0):
+def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0, n_layer=2):
     return hybrid_moe_recipe(layout, steps=3, batch_size=BATCH, seq_len=SEQ, experts=E, k=k,
-                             capacity_factor=capacity_factor, every=every, n_layer=2, n_head=4, n_embd=16,
+                             capacity_factor=capacity_factor, every=every, n_layer=n_layer, n_head=4, n_embd=16,
                              dropout=dropout)
 
 
 @functools.lru_cache(maxsize=None)
-def reference(dp, cp, m, every, k, capacity_factor):
-    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor))
+def reference(dp, cp, m, every, k, capacity_factor, n_layer=2):
+    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor, n_layer=n_layer))
 
 
 LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
@@ -38,6 +38,8 @@ LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
     "dp2 cp2 pp2 ep4 zigzag": (dict(dp=2, cp=2, pp=2, ep=4, cp_method="ring-zigzag"), NO_DROP),
     "dp2 cp2 pp2 ep2 ulysses zero1 every2": (dict(dp=2, cp=2, pp=2, ep=2, zero=1, cp_method="ulysses",
                                                   schedule="gpipe"), dict(NO_DROP, every=2)),
+    "dp2 pp2 tp2 ep2 interleaved v2": (dict(dp=2, pp=2, tp=2, ep=2, schedule="interleaved", v=2),
+                                       dict(NO_DROP, n_layer=4)),
 }
 
 
@@ -48,7 +50,8 @@ def test_layout_equals_one_device(name):
     assert layout.world_size == 8
     r = recipe(layout, **moe)
     runs = run(r, layout=layout)
-    ref = reference(layout.dp, layout.cp, 2, moe.get("every", 1), moe["k"], moe["capacity_factor"])
+    ref = reference(layout.dp, layout.cp, 2, moe.get("every", 1), moe["k"], moe["capacity_factor"],
+                    moe.get("n_layer", 2))
     compare(ref, runs, dtype=torch.float64).assert_ok()
     model = r.model()
     held = {n for res in runs for n in res.params if ".experts." in n}
