@@ -170,6 +170,8 @@ class Experts:
         return self
 
     def reduce_gradients(self) -> None:
+        """g_expert ← Σ_{expert-DP replicas} g / (dp·cp): the loss is the mean over the dp·cp token-holding ranks,
+        and an expert's gradient already sums its ep group's tokens (÷ expert-DP would be ep× too large)."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
