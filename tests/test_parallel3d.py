@@ -74,7 +74,7 @@ def test_single_process_layout(reference):
     (dict(world_size=8, dp=2, pp=2, tp=2, sp=True, micro_batches=4), None),
     (dict(world_size=8, dp=2, pp=1, tp=2, cp=2), None),             # context parallelism: tests/test_parallel5d.py
     (dict(world_size=8, dp=1, pp=1, tp=2, cp=4, cp_method="ulysses"), "divisible by cp · tp = 8"),
-    (dict(world_size=8, dp=2, pp=1, tp=2, ep=2), "ep=2: the hybrid trainer"),
+    (dict(world_size=4, dp=2, pp=1, tp=2, ep=2), "ep=2: expert parallelism needs a mixture-of-experts"),
     (dict(world_size=8, dp=2, pp=2, tp=2, recompute="selective"), "selective recomputation is chapter 11"),
     (dict(world_size=8, dp=2, pp=0, tp=2), "Layout.pp must be a positive integer, got 0"),
     (dict(world_size=8, layout=Layout(dp=2, pp=2, tp=2, micro_batches=4), tp=2), "not both"),

@@ -79,7 +79,7 @@ def test_the_comparison_sees_gradients_not_reduced_over_cp(reference):
     (dict(cp=4, tp=4, cp_method="ulysses"), "divisible by cp · tp = 16"),
     (dict(cp=2, tp=4, sp=True, cp_method="ring", seq=12), "divisible by cp · tp = 8"),
     (dict(cp=2, tp=2, dp=2, dropout=0.1), "dropout"),
-    (dict(cp=2, tp=2, dp=2, ep=2), "ep=2: the hybrid trainer"),
+    (dict(cp=2, tp=2, dp=2, ep=2), "ep=2: expert parallelism needs a mixture-of-experts model"),
     (dict(cp=2, tp=2, dp=2, world_size=16), "dp × pp × cp × tp = 2 × 1 × 2 × 2 = 8 ranks"),
     (dict(cp=4, tp=2, cp_method="ring-zigzag"), None),
     (dict(cp=4, tp=2, cp_method="ulysses"), None),

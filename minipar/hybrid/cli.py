@@ -3,6 +3,7 @@
     python -m minipar train --dp 2 --pp 2 --tp 2 --schedule 1f1b --micro-batches 8 --steps 20
     python -m minipar train --dp 1 --pp 1 --tp 1 --steps 20 --json            # the single-device run
     python -m minipar train --dp 2 --cp 2 --tp 2 --cp-method ring-zigzag      # context parallelism too
+    python -m minipar train --dp 2 --pp 2 --tp 2 --ep 2 --experts 4 --top-k 2  # MoE, experts over dp × cp
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
@@ -41,11 +42,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..datasets import lm_batch
+from ..check import gpt_recipe
+from ..datasets import lm_batch, lm_batches
 from ..launcher import choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
-from . import checkpoint, context, guard, preflight
+from . import checkpoint, context, experts, guard, preflight
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--cp", type=int, default=1, help="context-parallel degree (s/cp tokens per rank)")
     layout.add_argument("--cp-method", default="ring", choices=context.METHODS,
                         help="how the cp ranks attend (chapter 06b)")
+    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from dp × cp)")
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="ZeRO stage over the DP group (1; 2 and 3 are refused with PP, with the reason)")
     layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
@@ -86,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--n-layer", type=int, default=4)
     train.add_argument("--n-head", type=int, default=4)
     train.add_argument("--n-embd", type=int, default=32)
+    train.add_argument("--experts", type=int, default=0, help="experts per MoE FFN (0: the dense GPT)")
+    train.add_argument("--top-k", type=int, default=1, help="experts per token")
+    train.add_argument("--capacity-factor", type=float, default=1.25, help="C = ceil(k·T/E·cf) slots per expert")
     train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
@@ -109,13 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_recipe(args, data: dict | None = None):
-    """The tiny GPT on the Markov corpus, or on ``data`` (:func:`preflight.text_data`: its vocabulary)."""
-    from ..check import gpt_recipe
-    from ..datasets import lm_batches
-    vocab = {"vocab_size": data["vocab_size"]} if data else {}
-    recipe = gpt_recipe(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-                        n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=max(32, args.seq_len),
-                        **vocab)
+    """The tiny GPT (``--experts``: its MoE variant) on the Markov corpus, or on ``data`` (its vocabulary)."""
+    shape = dict(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed, n_head=args.n_head,
+                 n_layer=args.n_layer, n_embd=args.n_embd, block_size=max(32, args.seq_len),
+                 **({"vocab_size": data["vocab_size"]} if data else {}))
+    recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k, **shape,
+              capacity_factor=args.capacity_factor) if getattr(args, "experts", 0) else gpt_recipe(**shape))
     if data:
         recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)
     recipe.dtype = DTYPES[args.dtype]
@@ -124,7 +129,7 @@ def make_recipe(args, data: dict | None = None):
 
 def layout_of(args) -> Layout:
     return Layout(dp=args.dp, pp=args.pp, tp=args.tp, sp=args.sp, zero=args.zero, schedule=args.schedule,
-                  micro_batches=args.micro_batches, v=args.v, cp=args.cp, cp_method=args.cp_method)
+                  micro_batches=args.micro_batches, v=args.v, cp=args.cp, cp_method=args.cp_method, ep=args.ep)
 
 
 def identity_of(args, recipe, data: dict | None = None) -> dict:

@@ -6,12 +6,13 @@ import math
 
 from ..layout import Layout
 from .context import cp_bytes
+from .experts import expert_bytes
 
 __all__ = ["bytes_formula", "ring_dp"]
 
 
 def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp_rank: int = 0,
-                  element_size: int = 8, m: int | None = None, **dims) -> dict:
+                  element_size: int = 8, m: int | None = None, moe=None, **dims) -> dict:
     """{"dp", "pp", "tp"} (+ "cp" when cp > 1): the bytes rank ``pp_rank`` of a pipeline sends per step, from
     the shapes alone.
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2, m=4``;
@@ -21,7 +22,10 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     the head 1 + 2; the activations between stages are sequence shards; the LayerNorm / row-bias / position
     gradients are summed over tp once per step. Full recomputation re-runs each block's forward collectives
     (and, with SP, the head's all-gather; measured: the embedding and the loss are not re-run). With context parallelism every activation holds s/cp tokens, the
-    gradients are averaged over dp × cp, and the cp group carries :func:`minipar.hybrid.context.cp_bytes`."""
+    gradients are averaged over dp × cp, and the cp group carries :func:`minipar.hybrid.context.cp_bytes`.
+    ``moe`` (a :class:`minipar.moe.layer.MoEConfig`): every ``moe.every``-th block's FFN is an MoE layer,
+    replicated over tp (its block has only attention's f and g), its router in the dense Ψ, its experts
+    reduced over expert-DP; adds "ep", "edp", "balance" (:func:`minipar.hybrid.experts.expert_bytes`)."""
     layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
     dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
         "dp", "pp", "tp", "micro_batches", "v", "zero", "sp", "cp"))
@@ -32,24 +36,31 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     ring, half = 2 * (tp - 1) / tp, (tp - 1) / tp
     act, loss = mb * seq * h, 3 * mb * seq * last                           # one micro-batch's boundary tensor
     blocks = per_stage * len(mine)
+    is_moe = [moe is not None and (b + 1) % moe.every == 0 for b in range(cfg.n_layer)]
+    moe_in = [sum(is_moe[s * per_stage:(s + 1) * per_stage]) for s in range(n_stages)]   # MoE layers per stage
+    moe_layers = sum(moe_in[s] for s in mine)
     if sp:
         sp_params = blocks * 6 * h + first * cfg.block_size * h + last * 2 * h
         tp_bytes = b * m * (half * (10 * blocks + 2 * first + 3 * last) * act + ring * loss) + ring * b * sp_params
     else:
-        tp_bytes = ring * b * m * ((4 * blocks + first + last) * act + loss)     # f, g; embedding g; head f
+        tp_bytes = ring * b * m * ((4 * blocks - 2 * moe_layers + first + last) * act + loss)  # f, g; emb g; head f
     if layout.recompute == "full":       # the blocks' forward collectives again (SP: and the head's all-gather)
         tp_bytes += b * m * act * (half * (4 * blocks + last) if sp else ring * 2 * blocks)
     crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)
     pp_bytes = b * m * act // (tp if sp else 1) * crossings
     vocab = math.ceil(cfg.vocab_size / tp) * tp
     per_block = (12 * h * h + 7 * h) // tp + 6 * h          # split weights/biases /t; LayerNorms, row biases whole
-    psi = [per_stage * per_block + (s == 0) * (vocab * h // tp + cfg.block_size * h)
+    per_moe_block = (4 * h * h + 3 * h) // tp + 5 * h + (moe.experts * h if moe else 0)   # attention, LNs, router
+    psi = [(per_stage - moe_in[s]) * per_block + moe_in[s] * per_moe_block
+           + (s == 0) * (vocab * h // tp + cfg.block_size * h)
            + (s == n_stages - 1) * (vocab * h // tp + 2 * h) for s in mine]
     if zero:                                                 # ZeRO-1 pads each stage's flat buffer to d shards
         psi = [math.ceil(x / (dp * cp)) * dp * cp for x in psi]
     kinds = {"dp": ring_dp(dp * cp) * b * sum(psi), "pp": pp_bytes, "tp": tp_bytes}
     if cp > 1:
         kinds["cp"] = cp_bytes(cfg, layout, micro_batch=mb, seq=full_seq, blocks=blocks, element_size=b)
+    if moe is not None:
+        kinds |= expert_bytes(cfg, moe, layout, micro_batch=mb, seq=full_seq, moe_layers=moe_layers, element_size=b)
     return kinds
 
 

@@ -28,25 +28,26 @@ rows per micro-batch, s sequence, h hidden, L_r blocks on this rank, Ψ_r parame
 Context parallelism (cp > 1, :mod:`.context`): a stage's cp ranks hold s/cp tokens of each row, attend over the
 cp group (chapter 06b), and average gradients over dp × cp: DP reads 2(dp·cp−1)/(dp·cp), activations s/cp.
 
+Expert parallelism (ep > 1, :mod:`.experts`): an MoE model's experts spread over ep ranks borrowed from dp × cp
+(folded: no extra ranks), all-to-all dispatch/combine, each stage's balancing loss seeded into its own backward,
+expert gradients averaged over the expert-data-parallel group (÷ dp·cp), router and dense weights over dp × cp.
+
 Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
 :class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
 :class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn as nn
 
 from .. import comm
-from ..check import Recipe, RunResult
+from ..check import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
 from ..layout import Layout
 from ..loop import mean_over_ranks, shard_batch
-from ..memory import LiveTensorTracker, tensor_bytes
+from ..memory import tensor_bytes
 from ..mesh import Mesh
 from ..pipeline.runtime import PipelineRank, synced_clock
 from ..pipeline.timeline import timed
@@ -54,7 +55,7 @@ from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.vocab import vocab_parallel_cross_entropy
-from . import context
+from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
 __all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage",
@@ -75,8 +76,6 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
     ``world_size``: the ranks there are (default: the layout's)."""
     layout = Layout.of(layout, DEFAULTS, **dims).check()
-    layout.refuse("ep", why="the hybrid trainer runs dp × pp × cp × tp; expert parallelism is chapter 09's "
-                            "(it joins this mesh with the 5D trainer)")
     if layout.recompute not in ("none", "full"):
         raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer recomputes whole stages ('full') or "
                          f"nothing ('none'); selective recomputation is chapter 11's")
@@ -93,13 +92,15 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
         raise ValueError(f"zero must be 0 (plain data parallelism) or 1 (ZeRO-1), got {zero!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
-    cfg = recipe.model().cfg
+    model = recipe.model()
+    cfg = model.cfg
     if cfg.tie_weights and pp > 1:
         raise ValueError("tied embedding and head weights live on the first and the last stage: use "
                          "tie_weights=False with pipeline parallelism")
     validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
     batch, seq = recipe.batches[0][0].shape
     context.validate(layout, cfg, seq)
+    experts.validate(layout, model)
     tp_gpt.validate(cfg, tp=tp, seq_len=seq // cp, sequence_parallel=sp)
     if batch % (dp * micro_batches):
         raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
@@ -139,25 +140,10 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
         return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits
 
 
-@dataclass
-class HybridRun(RunResult):
-    """A rank's :class:`RunResult` plus its measurements: ``bytes_by_kind`` {"dp", "pp", "tp": model bytes per
-    step, mean over steps}, ``observed`` {"dp", "pp+tp", "total": bytes the sockets took, per step},
-    ``calls_by_kind``, ``step_seconds``, ``peak_bytes`` (model states + live tensors during a step), the
-    pipeline ``timeline`` and ``model_state_bytes`` at the end; ``coords``: the mesh coordinates by name."""
-    coords: dict = field(default_factory=dict)
-    bytes_by_kind: dict = field(default_factory=dict)
-    calls_by_kind: dict = field(default_factory=dict)
-    observed: dict = field(default_factory=dict)
-    step_seconds: list = field(default_factory=list)
-    peak_bytes: int = 0
-    timeline: list = field(default_factory=list)
-    model_state_bytes: int = 0
-
-
 class Trainer3D:
-    """One rank of a dp × pp × tp run: builds the groups, the TP model, this rank's stages, the schedule and
-    the DP reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
+    """One rank of a dp × pp × cp × tp run (ep folded into dp × cp): builds the groups, the TP model (its MoE
+    layers' expert slices: ``experts``, None for a dense model), this rank's stages, the schedule and the DP
+    reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
 
     ``device``: where this rank computes ("cpu" with gloo, "cuda:<local rank>" with NCCL). The model is built
     on the CPU (the reference's initial weights), then moved; everything a step creates that meets a
@@ -175,10 +161,13 @@ class Trainer3D:
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
+        self.experts = experts.install(self.model, self.mesh, layout, self.dp_group)    # MoE: the folded ep groups
         n_stages = pp * v
         self.stages = {s: HybridStage(self.model, s, n_stages)
                        for s in range(n_stages) if s % pp == self.mesh.coord("pp")}
         self.params = [p for s in self.stages.values() for p in s.parameters()]
+        if self.experts:                                          # only the MoE layers of my stages
+            self.experts.keep(m for s in self.stages.values() for m in s.modules() if m in self.experts.layers)
         self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
         batch, seq = recipe.batches[0][0].shape
         self.positions = context.install(self.model, self.stages.values(), self.mesh, layout, seq)
@@ -191,13 +180,18 @@ class Trainer3D:
                                           shapes, recompute=layout.recompute == "full",   # checkpointed stages
                                           t0=synced_clock(None, self.device),             # one time axis
                                           device=self.device, loss_fn=self.loss)
+        skip = self.experts.ids if self.experts else set()        # experts: reduced over expert-DP instead
+        dense = [p for p in self.params if id(p) not in skip]
         if zero == 1:
-            self.zero = ZeRO(nn.ModuleList(self.stages.values()), recipe.optimizer, 1, self.dp_group,
-                             units=list(self.stages.values()))
+            units = [experts.DenseParams(s, skip) if skip else s for s in self.stages.values()]
+            self.zero = ZeRO(nn.ModuleList(units), recipe.optimizer, 1, self.dp_group, units=units)
             self.optimizer, self.reducer = self.zero.optimizer, None
+            if self.experts and self.experts.params:              # experts outside the shards: their own
+                self.experts.optimizer = recipe.optimizer(self.experts.params)
         else:
             self.zero, self.optimizer = None, recipe.optimizer(self.params)
-            self.reducer = Reducer(self.params, self.dp_group) if dp * layout.cp > 1 else None
+            self.reducer = Reducer(dense, self.dp_group) if dp * layout.cp > 1 else None
+        self.dense_params = dense
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
@@ -212,6 +206,8 @@ class Trainer3D:
         return dict(self.mesh.coords)
 
     def zero_grad(self) -> None:
+        if self.experts and self.experts.optimizer:
+            self.experts.optimizer.zero_grad(set_to_none=True)
         if self.zero is not None:
             self.zero.zero_grad()
         else:
@@ -230,14 +226,20 @@ class Trainer3D:
                 from ..tensor.sequence import sync_sequence_parallel_grads
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
         with comm.recording(self.logs["dp"]):                     # gradients over the data-parallel group
+            if self.experts:
+                self.experts.reduce_gradients()                  # ÷ dp·cp, all-reduce over expert-DP
+                if self.experts.optimizer:
+                    self.experts.optimizer.step()
             if self.zero is not None:
                 self.zero.step()                                 # reduce-scatter, step my shard, all-gather
             else:
                 if self.reducer is not None:
-                    for p in self.params:
+                    for p in self.dense_params:
                         self.reducer.grad_ready(p)
                     self.reducer.finish()                        # bucketed all-reduce, averaged over dp
                 self.optimizer.step()
+        if self.experts:                                          # the stages' balancing losses, onto the loss
+            loss = self.experts.add_aux(loss, self.mesh.group("pp"), self.device)
         if loss is None:
             return None
         # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
@@ -252,49 +254,11 @@ class Trainer3D:
         return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
     def model_state_bytes(self) -> int:
-        opt = [v for st in self.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+        states = [*self.optimizer.state.values(), *(self.experts.optimizer.state.values()
+                                                    if self.experts and self.experts.optimizer else [])]
+        opt = [v for st in states for v in st.values() if torch.is_tensor(v)]
         grads = [p.grad for p in self.params if p.grad is not None]
         return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
 
 
-def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None,
-                   track_memory: bool = False, device="cpu", **dims) -> HybridRun:
-    """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
-    ``device``); return its losses (last stage only, floats), its stages' full parameters (CPU tensors) and
-    what it measured."""
-    t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, **dims)
-    losses, seconds, peak = [], [], 0
-    for i, (inputs, targets) in enumerate(recipe.batches):
-        start = time.perf_counter()
-        if track_memory and i == len(recipe.batches) - 1:        # the last step: states exist already
-            base = t.model_state_bytes()
-            with LiveTensorTracker() as tracker:
-                loss = t.step(inputs, targets, i)
-            peak = base + tracker.peak
-        else:
-            loss = t.step(inputs, targets, i)
-        seconds.append(time.perf_counter() - start)
-        losses.append(loss)
-    steps = len(recipe.batches)
-    kinds = {"dp": (t.logs["dp"], t.mesh.mesh.key(("dp", "cp"))),       # kind: its log, the dims its group spans
-             **{k: (t.logs["pp+tp"], (k,)) for k in ("pp", "tp", "cp") if k != "cp" or t.layout.cp > 1}}
-    by_kind = {k: (log.bytes_by_dims().get(dims, 0) if dims else 0) / steps for k, (log, dims) in kinds.items()}
-    calls = {k: sum(bool(dims) and r.dims == dims and r.op != "recv" for r in log.records) / steps
-             for k, (log, dims) in kinds.items()}
-    observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
-    return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
-                     observed, seconds, peak, t.runner.timeline, t.model_state_bytes())
-
-
-def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, track_memory: bool = False,
-        device="cpu", quiet: bool = True, timeout: float = 120.0, **dims) -> list:
-    """Validate the layout (a :class:`~minipar.layout.Layout` or its fields as keywords), then train on
-    ``world_size`` ranks (default: the layout's); return the per-rank :class:`HybridRun`.
-    ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
-    from ..launcher import launch
-    layout = Layout.of(layout, DEFAULTS, **dims)
-    world_size = layout.world_size if world_size is None else world_size
-    validate(recipe, world_size=world_size, layout=layout)
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    return launch(parallel_train, world_size, recipe, layout=layout, track_memory=track_memory, device=device,
-                  backend=backend, quiet=quiet, timeout=timeout)
+from .runner import HybridRun, parallel_train, run  # noqa: E402  (re-exported: the one-rank loop and the launch)

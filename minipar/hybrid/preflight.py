@@ -15,7 +15,7 @@ __all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "resume_poin
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
-            "n_embd", "save_every", "local_world_size", "eval_every", "cp")
+            "n_embd", "save_every", "local_world_size", "eval_every", "cp", "ep", "top_k")
 
 
 def check_flags(parser: argparse.ArgumentParser, args) -> None:
@@ -33,6 +33,11 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     if args.save_every is not None and not args.save:
         raise ValueError("--save-every needs --save DIR")
+    if args.experts < 0:
+        raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
+    if args.experts and (args.save or args.resume):
+        raise ValueError(f"--experts {args.experts} with --save/--resume: checkpoints of MoE layouts are not written "
+                         f"yet (the ep ranks of a stage hold different experts); train without them")
 
 
 def text_data(args) -> dict | None:

@@ -107,7 +107,7 @@ class ExpertParallelMoE(MoELayer):
         self.first = ep_rank * self.per_rank
         self.experts = nn.ModuleList(layer.experts[self.first: self.first + self.per_rank])
         self.ep_group, self.token_group = ep_group, token_group
-        self.routing, self.aux_loss = None, torch.zeros(())
+        self.routing, self.aux_loss = None, torch.zeros((), device=layer.router.weight.device)
 
     def balance_loss(self, routing: Routing) -> torch.Tensor:
         counts = balance_counts(routing)

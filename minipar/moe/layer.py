@@ -93,7 +93,7 @@ class MoELayer(nn.Module):
         self.router = nn.Linear(cfg.n_embd, moe.experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(cfg) for _ in range(moe.experts))
         self.routing: Routing | None = None
-        self.aux_loss = torch.zeros(())
+        self.aux_loss = torch.zeros((), device=self.router.weight.device)
 
     def forward(self, x):
         shape = x.shape

@@ -23,7 +23,7 @@ from ..check import Recipe, RunResult, check_equivalence
 from ..launcher import launch
 from ..loop import lm_loss
 from ..mesh import Mesh
-from ..models import TokenPositionEmbedding
+from ..models import FeedForward, TokenPositionEmbedding
 from ..validation import positive_int
 from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, StreamDropout, TensorParallelAttention,
                      TensorParallelMLP)
@@ -53,8 +53,9 @@ class TensorParallelBlock(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = block.ln1, block.ln2      # replicated; on sequence shards under SP
         self.attn = TensorParallelAttention(block.attn, group, sequence_parallel, streams)
+        # a block's FFN is split over tp; any other MLP (an MoE layer) stays whole on every tp rank (expert-TP = 1)
         self.mlp = TensorParallelMLP(block.mlp.fc, block.mlp.proj, group, sequence_parallel,
-                                     block.mlp.drop.p, streams)
+                                     block.mlp.drop.p, streams) if isinstance(block.mlp, FeedForward) else block.mlp
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))

@@ -1,0 +1,269 @@
+"""Expert parallelism inside the hybrid trainer: the fifth dimension, *folded* into dp × cp (Megatron-Core's MoE
+with its expert-data-parallel groups and ``MoEAuxLossAutoScaler``; torchtitan's sparse mesh), on the layers of
+chapter 09 (:mod:`minipar.moe`: Lepikhin et al. 2020, GShard, arXiv:2006.16668; Fedus et al. 2021, Switch
+Transformers, arXiv:2101.03961).
+
+The model is :class:`minipar.moe.layer.MoEGPT`: dense attention, an MoE FFN in every ``every``-th block. On a
+rank of the dp × pp × cp × tp mesh:
+
+* **Groups.** The n = dp·cp ranks that share a (pp, tp) coordinate hold different tokens of the same stage.
+  Sorted ascending (dp outer, cp inner), they are cut into n/ep **ep groups** of ep consecutive ranks (the
+  all-to-all) and ep **expert-data-parallel groups**, the strided sets ``ranks[j::ep]`` (an expert's replicas):
+  ep × expert-DP partitions every dense dp × cp group exactly (:func:`expert_groups`, tested).
+* **Experts.** Rank j of its ep group holds experts j·E/ep … (j+1)·E/ep − 1 of every MoE layer of its stages,
+  under their reference names (``blocks.1.mlp.experts.3.fc.weight``), so ``full_params()`` sees experts as
+  pipeline stages see blocks. Expert-TP = 1: the MoE FFN (router + experts) is whole on every tp rank; without
+  SP the tp ranks hold the same tokens, route them identically and compute the same thing (SP is refused).
+* **Forward** (chapter 09): route the rank's T = mb·s/cp tokens, capacity C = ⌈k·T/E·cf⌉ per expert, dispatch
+  buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine.
+* **Balancing loss.** f_i counts first choices over the whole micro-batch (an all-reduce of E counts over the
+  dp × cp token group), P_i is the rank's own mean; the aux loss lives in every stage that has MoE layers, so
+  it enters the backward through :class:`AuxLossInBackward` (Megatron's ``MoEAuxLossAutoScaler``): identity on
+  the activations, whose backward also seeds ∂aux = 1/m. Averaged over dp × cp with the rest:
+  (1/m)·Σ_i α·E·Σ_e f_e(i)·P̄_e(i), the loss of one device that accumulates m micro-batches
+  (:func:`reference_loss`).
+* **Gradients.** Dense and router: the trainer's Reducer (or ZeRO-1) over dp × cp, ÷ dp·cp. Experts: an
+  all-reduce over the expert-DP group, **÷ dp·cp, not ÷ expert-DP** (an expert's gradient already sums its ep
+  group's tokens; chapter 09's "divide by W, not dp"). With ZeRO-1 the experts stay outside the shards (their
+  own optimizer, replicated over expert-DP).
+
+Bytes per rank per step (b bytes per element, m micro-batches, L_e MoE layers on the rank), the log naming each
+kind by a tag: ``ep`` = m·L_e·4·(ep−1)/ep·E·C·h·b (dispatch + combine, forward and backward); ``edp`` =
+2(n_e−1)/n_e·b·Ψ_experts (n_e = dp·cp/ep); ``balance`` = m·L_e·2(n−1)/n·E·b (the f counts).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+from ..loop import lm_loss
+from ..mesh import Mesh
+from ..moe.expert_parallel import ExpertParallelMoE, exchange
+from ..moe.layer import MoEGPT, MoELayer, moe_recipe, validate_config
+from ..moe.router import balance_counts, capacity, load_balancing_loss
+
+__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "TaggedAllToAll", "HybridExpertLayer",
+           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "expert_bytes"]
+
+
+class Tag:
+    """A stand-in mesh for :func:`minipar.comm.recording`: every record of a group of > 1 ranks spans ``dims``
+    (the folded groups span dp and/or cp of the dense mesh, so the log names them by what they carry)."""
+
+    def __init__(self, *dims: str):
+        self.dims = dims
+
+    def dims_spanned(self, ranks) -> tuple:
+        return self.dims if len(set(ranks)) > 1 else ()
+
+
+def validate(layout, model) -> None:
+    """ValueError, before any process starts, for an MoE/ep layout the hybrid trainer cannot run."""
+    moe = getattr(model, "moe", None) if isinstance(model, MoEGPT) else None
+    if moe is None:
+        layout.refuse("ep", why="expert parallelism needs a mixture-of-experts model (--experts > 0)")
+        return
+    validate_config(moe, layout.ep)                                        # E divisible by ep, 1 ≤ k ≤ E, cf > 0
+    if layout.sp:
+        raise ValueError("sequence parallelism with an MoE model: the tp ranks would hold different tokens, "
+                         "but the MoE FFN is replicated over tp (expert-TP = 1); drop sp")
+    if layout.recompute != "none":
+        raise ValueError(f"recompute={layout.recompute!r} with an MoE model: the recomputed forward would repeat "
+                         f"the routing's collectives and count the balancing loss twice; use recompute='none'")
+    if model.cfg.dropout:
+        raise ValueError(f"dropout = {model.cfg.dropout} with an MoE model: the replicated experts would draw "
+                         f"different masks on the tp ranks than one device; use dropout = 0")
+
+
+def expert_groups(mesh: Mesh, ep: int) -> list:
+    """For every dense dp × cp group of the mesh (one per (pp, tp)): (its ep groups, its expert-DP groups);
+    ep groups are consecutive chunks of ep of its sorted ranks, expert-DP groups the strided sets."""
+    out = []
+    for dense in mesh.groups("dp", "cp"):
+        ranks = sorted(dense)
+        out.append(([ranks[i:i + ep] for i in range(0, len(ranks), ep)], [ranks[j::ep] for j in range(ep)]))
+    return out
+
+
+class AuxLossInBackward(torch.autograd.Function):
+    """``forward(x, aux, scale)`` = x; backward passes ∂x through and seeds ∂aux = ``scale`` (Megatron-Core's
+    MoEAuxLossAutoScaler): a stage's balancing loss joins the backward without reaching the last stage."""
+
+    @staticmethod
+    def forward(ctx, x, aux, scale):
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+class TaggedAllToAll(torch.autograd.Function):
+    """Chapter 09's differentiable all-to-all, each exchange (forward and backward) logged with dims ("ep",)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        with comm.recording(mesh=Tag("ep")):
+            return exchange(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with comm.recording(mesh=Tag("ep")):
+            return exchange(grad, ctx.group), None
+
+
+class HybridExpertLayer(ExpertParallelMoE):
+    """Chapter 09's :class:`ExpertParallelMoE` on the folded groups: experts keyed by their global index
+    (``experts.3``), the all-to-alls and counts tagged in the log, the aux loss joined to the backward with
+    ``aux_scale`` (1/m); ``aux_values`` collects each forward's aux loss (for the reported loss)."""
+
+    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
+        super().__init__(layer, ep_rank, ep, ep_group, token_group)
+        self.experts = nn.ModuleDict({str(self.first + j): e for j, e in enumerate(self.experts)})
+        self.ep, self.aux_scale, self.aux_values = ep, 1.0, []
+
+    def forward(self, x):
+        out = super().forward(x)
+        self.aux_values.append(self.aux_loss.detach())
+        return AuxLossInBackward.apply(out, self.aux_loss, self.aux_scale)
+
+    def balance_loss(self, routing):
+        counts = balance_counts(routing)
+        with comm.recording(mesh=Tag("balance")):
+            comm.all_reduce(counts, group=self.token_group)      # first choices over the whole micro-batch
+        total = routing.probs.shape[0] * dist.get_world_size(self.token_group)
+        return load_balancing_loss(routing, self.moe.alpha, counts, total)
+
+    def run_experts(self, buffer):
+        experts = list(self.experts.values())
+        if self.ep == 1:
+            return torch.stack([expert(buffer[e]) for e, expert in enumerate(experts)])
+        e, c, h = buffer.shape
+        received = TaggedAllToAll.apply(buffer, self.ep_group).view(self.ep, self.per_rank, c, h)
+        out = torch.stack([expert(received[:, j].reshape(self.ep * c, h)).view(self.ep, c, h)
+                           for j, expert in enumerate(experts)], dim=1)
+        return TaggedAllToAll.apply(out.reshape(e, c, h), self.ep_group)
+
+
+class Experts:
+    """A rank's expert side: its :class:`HybridExpertLayer` s, expert parameters, groups, and the gradient
+    reduction (÷ ``divisor`` = dp·cp, then all-reduce over expert-DP)."""
+
+    def __init__(self, layers: list, ep_group, edp_group, divisor: int, micro_batches: int):
+        self.ep_group, self.edp_group, self.divisor = ep_group, edp_group, divisor
+        self.optimizer = None                   # ZeRO-1: the experts' own optimizer (outside the shards)
+        for layer in layers:
+            layer.aux_scale = 1.0 / micro_batches
+        self.keep(layers)
+
+    def keep(self, layers) -> "Experts":
+        """Hold only ``layers`` (the MoE layers of this rank's pipeline stages)."""
+        self.layers = list(layers)
+        self.params = [p for layer in self.layers for p in layer.experts.parameters()]
+        self.ids = set(map(id, self.params))
+        return self
+
+    def reduce_gradients(self) -> None:
+        """g_expert ← Σ_{expert-DP replicas} g / (dp·cp): the loss is the mean over the dp·cp token-holding ranks,
+        and an expert's gradient already sums its ep group's tokens (÷ expert-DP would be ep× too large)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        for g in grads:
+            g.div_(self.divisor)
+        if grads and self.edp_group is not None:
+            with comm.recording(mesh=Tag("edp")):
+                comm.all_reduce_flat(grads, group=self.edp_group)
+
+    def add_aux(self, loss, pp_group, device):
+        """``loss`` (the last stage's, or None) + the step's aux losses of every stage: a sum over the pp group,
+        outside the step's recordings (reporting, not training)."""
+        aux = torch.tensor(self.aux_total(), dtype=torch.float64, device=device)
+        if dist.get_world_size(pp_group) > 1:
+            comm.all_reduce(aux, group=pp_group)
+        return None if loss is None else loss + float(aux)
+
+    def aux_total(self) -> float:
+        """Σ of this rank's aux losses of the last step, each × 1/m (then cleared)."""
+        total = sum(float(v) * layer.aux_scale for layer in self.layers for v in layer.aux_values)
+        for layer in self.layers:
+            layer.aux_values.clear()
+        return total
+
+
+def install(model, mesh, layout, dense_group) -> Experts | None:
+    """Replace the MoE layers of ``model`` (a TensorParallelGPT of an MoEGPT) by their expert-parallel slices
+    on this rank (every rank creates every folded group, in the same order); None for a dense model."""
+    if not any(isinstance(b.mlp, MoELayer) for b in model.blocks):
+        return None
+    n, ep, rank = layout.dp * layout.cp, layout.ep, mesh.rank
+    plan = expert_groups(mesh.mesh, ep)
+    found = {0: None, 1: dense_group if ep == 1 and n > 1 else None}      # ep = 1: expert-DP is dp × cp itself
+    for kind in (0, 1):                                                   # every ep group, then every expert-DP group
+        for ranks in (r for sets in plan for r in sets[kind]):
+            if (kind == 0 and ep > 1) or (kind == 1 and 1 < len(ranks) < n):
+                group = dist.new_group(ranks)
+                found[kind] = group if rank in ranks else found[kind]
+    ep_group, edp_group = found[0], found[1]
+    my_ep = next(r for sets, _ in plan for r in sets if rank in r)
+    layers = []
+    for block in model.blocks:
+        if isinstance(block.mlp, MoELayer):
+            block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, dense_group)
+            layers.append(block.mlp)
+    return Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches)
+
+
+class DenseParams(nn.Module):
+    """A stage's non-expert parameters (the same tensors): what ZeRO-1 shards over dp × cp."""
+
+    def __init__(self, stage: nn.Module, skip: set):
+        super().__init__()
+        self.held = nn.ParameterList([p for p in stage.parameters() if id(p) not in skip])
+
+
+def reference_loss(dp: int, micro_batches: int):
+    """One device's loss for a dp × m run: global micro-batch i = every dp rank's i-th micro-batch, and the
+    loss is (1/m)·Σ_i (cross-entropy of i + its balancing losses, f counted over micro-batch i)."""
+    def loss(model, inputs, targets):
+        rows, seq = inputs.shape[0] // (dp * micro_batches), inputs.shape[1]
+        x, y = (t.reshape(dp, micro_batches, rows, seq) for t in (inputs, targets))
+        total = 0.0
+        for i in range(micro_batches):
+            xi, yi = x[:, i].reshape(dp * rows, seq), y[:, i].reshape(dp * rows, seq)
+            total = total + (lm_loss(model(xi), yi) + model.aux_loss()) / micro_batches
+        return total
+    return loss
+
+
+def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: int = 16, experts: int = 4,
+                      k: int = 1, capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1,
+                      dtype=torch.float64, seed: int = 0, **cfg):
+    """The MoE tiny GPT whose one-device loss is the hybrid run's (:func:`reference_loss`). With cp = 1 the
+    reference routes each micro-batch in dp groups (``MoEConfig(groups=dp)``), the ranks' own token sets, so
+    they agree even when tokens are dropped; with cp > 1 a rank's tokens are no contiguous group: compare with
+    a no-drop capacity (cf = E/k)."""
+    groups = layout.dp if layout.cp == 1 else 1
+    recipe = moe_recipe(steps, batch_size, seq_len, "adam", seed, dtype, experts, k, capacity_factor, alpha,
+                        every, groups, **cfg)
+    recipe.loss = reference_loss(layout.dp, layout.micro_batches)
+    return recipe
+
+
+def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
+    """{"ep", "edp", "balance"}: bytes one rank sends per step (module docstring), ``moe_layers`` its MoE layers."""
+    n, ep, b, m = layout.dp * layout.cp, layout.ep, element_size, layout.micro_batches
+    edp = n // ep
+    c = capacity(micro_batch * seq // layout.cp, moe.experts, moe.capacity_factor, moe.k)
+    per_expert = 2 * cfg.n_embd * cfg.ffn_hidden + (cfg.ffn_hidden + cfg.n_embd) * cfg.bias
+    psi = moe_layers * moe.experts // ep * per_expert
+    return {"ep": m * moe_layers * 4 * (ep - 1) / ep * moe.experts * c * cfg.n_embd * b,
+            "edp": 2 * (edp - 1) / edp * b * psi,
+            "balance": m * moe_layers * 2 * (n - 1) / n * moe.experts * b}

@@ -1,0 +1,207 @@
+"""Expert parallelism inside the hybrid trainer (dp × pp × cp × tp with ep folded into dp × cp, + ZeRO-1) equals
+single-device training of the MoE GPT: the loss (cross-entropy + balancing losses) at every step and every
+parameter, experts included, after 3 Adam steps, float64, compare's tolerance (atol 1e-10, rtol 1e-9; measured
+max |Δ| ≈ 1e-14). The reference accumulates the run's m global micro-batches (f counted per micro-batch); with
+cp = 1 it routes in the ranks' groups, so layouts that drop tokens (cf = 1) agree too; with cp > 1 the capacity
+is no-drop (cf = E/k). Bytes of every kind (ep, edp, balance with dp, pp, tp, cp) equal the formulas on every
+rank; a wrong expert-gradient divisor and a balancing loss left out of a stage's backward are both caught."""
+import functools
+
+import pytest
+import torch
+
+from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.hybrid.experts import expert_groups, hybrid_moe_recipe
+from minipar.hybrid.parallel3d import bytes_formula, run, validate
+from minipar.layout import Layout
+from minipar.mesh import Mesh
+
+BATCH, SEQ, E = 8, 8, 4
+NO_DROP = dict(k=1, capacity_factor=float(E))           # C = T: no token dropped, whatever the grouping
+
+
+def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0, n_layer=2):
+    return hybrid_moe_recipe(layout, steps=3, batch_size=BATCH, seq_len=SEQ, experts=E, k=k,
+                             capacity_factor=capacity_factor, every=every, n_layer=n_layer, n_head=4, n_embd=16,
+                             dropout=dropout)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(dp, cp, m, every, k, capacity_factor, n_layer=2):
+    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor, n_layer=n_layer))
+
+
+LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
+    "dp2 cp2 tp2 ep2 ring": (dict(dp=2, cp=2, tp=2, ep=2, schedule="gpipe"), NO_DROP),
+    "dp2 pp2 tp2 ep2 top2 drops": (dict(dp=2, pp=2, tp=2, ep=2), dict(k=2, capacity_factor=1.0)),
+    "dp4 pp2 ep4 zero1 drops": (dict(dp=4, pp=2, ep=4, zero=1), dict(k=1, capacity_factor=1.0)),
+    "dp2 cp2 pp2 ep4 zigzag": (dict(dp=2, cp=2, pp=2, ep=4, cp_method="ring-zigzag"), NO_DROP),
+    "dp2 cp2 pp2 ep2 ulysses zero1 every2": (dict(dp=2, cp=2, pp=2, ep=2, zero=1, cp_method="ulysses",
+                                                  schedule="gpipe"), dict(NO_DROP, every=2)),
+    "dp2 pp2 tp2 ep2 interleaved v2": (dict(dp=2, pp=2, tp=2, ep=2, schedule="interleaved", v=2),
+                                       dict(NO_DROP, n_layer=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_equals_one_device(name):
+    fields, moe = LAYOUTS[name]
+    layout = Layout(**fields, micro_batches=2)
+    assert layout.world_size == 8
+    r = recipe(layout, **moe)
+    runs = run(r, layout=layout)
+    ref = reference(layout.dp, layout.cp, 2, moe.get("every", 1), moe["k"], moe["capacity_factor"],
+                    moe.get("n_layer", 2))
+    compare(ref, runs, dtype=torch.float64).assert_ok()
+    model = r.model()
+    held = {n for res in runs for n in res.params if ".experts." in n}
+    assert held == {n for n, _ in model.named_parameters() if ".experts." in n}     # every expert, global names
+    for res in runs:                   # bytes per kind: the group-tagged log equals the formula on every rank
+        want = bytes_formula(model.cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=res.coords["pp"], moe=model.moe)
+        assert set(res.bytes_by_kind) == set(want) and res.bytes_by_kind == pytest.approx(want)
+    assert any(res.bytes_by_kind["ep"] > 0 for res in runs)
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if "drops" in n])
+def test_the_drop_layouts_drop_tokens(name):
+    """The layouts said to drop do drop: the reference's routing of the first micro-batch loses token-choices."""
+    fields, moe = LAYOUTS[name]
+    layout = Layout(**fields, micro_batches=2)
+    model = recipe(layout, **moe).model().double()
+    inputs = recipe(layout, **moe).batches[0][0]
+    model(inputs.reshape(layout.dp, 2, -1, SEQ)[:, 0].reshape(-1, SEQ))
+    assert sum(layer.routing.dropped for layer in model.moe_layers()) > 0
+
+
+@pytest.mark.parametrize("fields", [dict(dp=2, cp=2, tp=2, ep=2), dict(dp=4, pp=2, ep=2), dict(dp=2, cp=4, ep=4),
+                                    dict(dp=4, cp=2, ep=8), dict(dp=2, cp=2, pp=2, ep=1)])
+def test_ep_and_expert_dp_partition_every_dense_group(fields):
+    layout = Layout(**fields)
+    mesh = Mesh(layout.world_size, **layout.sizes)
+    plan = expert_groups(mesh, layout.ep)
+    assert len(plan) == layout.pp * layout.tp
+    for dense, (ep_sets, edp_sets) in zip(mesh.groups("dp", "cp"), plan):
+        assert {len(s) for s in ep_sets} == {layout.ep} and {len(s) for s in edp_sets} == {layout.expert_data_parallel}
+        for sets in (ep_sets, edp_sets):
+            assert sorted(r for s in sets for r in s) == sorted(dense)            # a partition of the dense group
+        assert all(len(set(a) & set(b)) == 1 for a in ep_sets for b in edp_sets)    # one rank per (ep, expert-DP)
+
+
+def _with_bug(rank, world_size, recipe, layout, bug):
+    """The trainer with one plausible bug: expert gradients ÷ expert-DP instead of ÷ dp·cp, or the balancing loss
+    left out of the first stage's backward (only the last stage's loss seeded)."""
+    from minipar.hybrid.parallel3d import Trainer3D
+    t = Trainer3D(rank, world_size, recipe, layout=layout)
+    if bug == "divisor":
+        t.experts.divisor = layout.expert_data_parallel
+    elif t.mesh.coord("pp") == 0:
+        for layer in t.experts.layers:
+            layer.aux_scale = 0.0
+    losses = [t.step(x, y, i) for i, (x, y) in enumerate(recipe.batches)]
+    return RunResult(losses if losses[0] is not None else None, t.full_params())
+
+
+@pytest.mark.parametrize("bug, fields, wrong", [
+    ("divisor", dict(dp=4, ep=2, schedule="gpipe"), ".experts."),
+    ("aux", dict(dp=2, pp=2, ep=2), "blocks.0.mlp.router.weight"),
+])
+def test_the_comparison_catches_the_bugs(bug, fields, wrong):
+    from minipar import launch
+    layout = Layout(**fields, micro_batches=2)
+    r = recipe(layout)
+    runs = launch(_with_bug, 4, r, layout, bug, quiet=True)
+    ref = reference(layout.dp, 1, 2, 1, 1, float(E))
+    comparison = compare(ref, runs, dtype=torch.float64)
+    assert not comparison.matches, str(comparison)
+    bad = [n for res in runs for n, p in res.params.items() if wrong in n and not torch.allclose(p, ref.params[n])]
+    assert bad, f"no parameter matching {wrong!r} differs"
+    print(bug, comparison)
+
+
+@pytest.mark.parametrize("fields, moe, words", [
+    (dict(dp=3, ep=3), {}, "4 experts cannot be spread evenly over an expert-parallel group of 3"),
+    (dict(dp=2, tp=2, sp=True, ep=2), {}, "sequence parallelism with an MoE model"),
+    (dict(dp=2, pp=2, ep=2, recompute="full"), {}, "recompute='full' with an MoE model"),
+    (dict(dp=2, ep=2), dict(dropout=0.1), "dropout = 0.1 with an MoE model"),
+    (dict(dp=2, cp=2, ep=4, pp=2), {}, None),
+])
+def test_validate(fields, moe, words):
+    layout = Layout(**fields, micro_batches=2)
+    r = recipe(layout, **moe)
+    if words is None:
+        validate(r, layout=layout)
+        return
+    with pytest.raises(ValueError, match=words):
+        validate(r, layout=layout)
+
+
+def test_validate_refuses_ep_without_experts_and_ep_not_dividing_dp_cp():
+    dense = gpt_recipe(steps=1, batch_size=BATCH, seq_len=SEQ, n_layer=2, n_head=4)
+    with pytest.raises(ValueError, match="ep=2: expert parallelism needs a mixture-of-experts model"):
+        validate(dense, layout=Layout(dp=2, ep=2, micro_batches=2))
+    with pytest.raises(ValueError, match="ep=4 must divide dp·cp = 2"):
+        validate(recipe(Layout(dp=2)), layout=Layout(dp=2, ep=4, micro_batches=2))
+
+
+def test_run_validates_before_starting(monkeypatch):
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match="sequence parallelism with an MoE model"):
+        run(recipe(Layout(dp=2)), layout=Layout(dp=2, tp=2, sp=True, ep=2, micro_batches=2))
+
+
+CLI = ["--batch-size", "8", "--seq-len", "8", "--micro-batches", "2", "--dtype", "float64", "--steps", "3",
+       "--n-layer", "2", "--n-embd", "16", "--experts", "4", "--top-k", "2", "--capacity-factor", "2", "--json"]
+
+
+def test_train_command_with_ep_equals_one_device(capfd):
+    import json
+    from minipar.hybrid.cli import build_parser, main, make_recipe
+    flags = ["--dp", "2", "--pp", "2", "--tp", "2", "--ep", "2", *CLI]
+    ref = train_reference(make_recipe(build_parser().parse_args(flags)))
+    capfd.readouterr()
+    assert main(flags) == 0
+    out, err = capfd.readouterr()
+    losses = [json.loads(line)["loss"] for line in out.splitlines()]
+    assert len(losses) == 3 and err.count("step    1/") == 1
+    assert losses == pytest.approx(ref.losses, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--dp", "2", "--ep", "2", "--experts", "0"], "expert parallelism needs a mixture-of-experts model"),
+    (["--dp", "3", "--ep", "3"], "4 experts cannot be spread evenly"),
+    (["--ep", "2"], "ep=2 must divide dp·cp = 1"),
+    (["--save", "never-written"], "checkpoints of MoE layouts"),
+    (["--top-k", "0"], "--top-k must be a positive integer"),
+    (["--experts", "-1"], "--experts must be >= 0"),
+    (["--top-k", "5"], "top-k=5 must be between 1 and the number of experts"),
+])
+def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):
+    from minipar.hybrid.cli import main
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(SystemExit) as exit_:
+        main([*CLI, *flags])
+    assert exit_.value.code == 2 and words in capfd.readouterr().err
+
+
+def test_tour_row():
+    """Chapter 08's 5d-moe row (dp 2 × pp 2 × tp 2, ep 2, top-2 with drops): one device, bytes = formula."""
+    from minipar.course.ch08_hybrid_parallelism import tour
+    row = dict(tour.STRATEGIES)["5d-moe"]()
+    assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 128.0 KiB (128.0 KiB)" in row.note
+    assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
+
+
+def _watched(rank, world_size, recipe, layout):
+    from test_device_path import DeviceWatch          # tests/test_device_path.py: factories without device=
+    from minipar.hybrid.parallel3d import parallel_train
+    with DeviceWatch() as watch:
+        parallel_train(rank, world_size, recipe, layout=layout, device="cpu")
+    return sorted(set(watch.calls))
+
+
+def test_every_factory_in_the_moe_path_names_its_device():
+    from minipar import launch
+    layout = Layout(dp=2, pp=2, ep=2, zero=1, micro_batches=2)
+    found = {c for calls in launch(_watched, 4, recipe(layout), layout, quiet=True) for c in calls}
+    assert not found, "tensor factories without device= under minipar/:\n" + "\n".join(sorted(found))
