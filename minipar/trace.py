@@ -4,20 +4,16 @@ Measure what the program does, then play it on a declared machine (FlexFlow's si
 ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the measuring half,
 :mod:`minipar.replay` the playing half. Per rank, in program order, a trace holds
 
-* :class:`Compute` — the time this rank's thread spent between two communication calls, in **thread CPU
-  time** (``time.thread_time()``: what the thread itself ran, which two shared cores do not inflate with
-  other processes' work) beside the wall time; optionally its FLOPs. gloo's own worker threads are not
-  counted (their time is the communication's);
+* :class:`Compute` — this rank's thread's time between two communication calls, in **thread CPU time**
+  (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs;
 * :class:`Comm` — one call of :mod:`minipar.comm`: op, the group's global ranks, payload bytes, blocking or
   async, and for an async call the index of the :class:`Wait` event where the program waited for it
   (None: never waited for — the replay waits at the rank's end);
 * :class:`Wait` — where an async call was waited for (``work.wait()``);
-* :class:`Mark` — a label the program put there with :func:`mark` (the end of an optimizer step, say),
-  so that a replay can tell when each step ended on the declared machine.
+* :class:`Mark` — a label put there with :func:`mark` (a step's end: where a replay's steps end).
 
-Recording lives in :mod:`minipar.comm` (two hooks: before each call, and on each record), so no strategy
-holds tracing code: ``with tracing() as rank_trace: ...`` on a rank, or :func:`run_traced` around any
-``parallel_train``. A trace is data: :meth:`Trace.save` / :func:`load` (JSON), :meth:`Trace.summary`.
+Recording lives in :mod:`minipar.comm` (hooks before each call and on each record), so no strategy holds
+tracing code: ``with tracing() as rank_trace:`` on a rank, or :func:`run_traced` around a ``parallel_train``. A trace is data: :meth:`Trace.save` / :func:`load` (JSON), :meth:`Trace.summary`.
 """
 from __future__ import annotations
 
