@@ -113,7 +113,8 @@ def _miss(row) -> str | None:
 def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int = 5, flops: bool = False) -> dict:
     """Measure and replay ``names`` (default the eight) ``runs`` times on ``cal["ranks"]`` ranks: {"rows":
     one dict per strategy (each column's median/min/max over runs, "ratio_<column>" = predicted / measured
-    per run, "miss"), "rankings", "tau", "picks"} (see the module's docstring)."""
+    per run, "miss", "planner_<where>_overlap_terms": the estimate's time terms, "calls_per_step"), "rankings",
+    "picks", "agreements", "tau"} (see the module's docstring)."""
     from minipar.launcher import launch
     from minipar.plan import estimate
     from minipar.plan.cluster import dgx_a100
@@ -144,8 +145,11 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
         kw = planner_options(layouts[name])
         for where, cluster in (("here", calibrated_cluster(cal, n)), ("dgx_a100", dgx_a100(1))):
             for suffix, overlap in (("", False), ("_overlap", "minipar")):
-                row[f"planner_{where}{suffix}"] = estimate(STEP_MODEL, cluster, layouts[name], overlap=overlap,
-                                                           **kw).step_seconds
+                e = estimate(STEP_MODEL, cluster, layouts[name], overlap=overlap, **kw)
+                row[f"planner_{where}{suffix}"] = e.step_seconds
+            row[f"planner_{where}_overlap_terms"] = {k: v for k, v in e.time.items() if k != "total"}
+        # communication calls per step of the busiest rank (the whole run's trace / steps: set-up included)
+        row["calls_per_step"] = max(len(r.comms()) for r in trace.ranks) / steps
         row["ratio_planner_here"] = row["planner_here"] / row["measured"]["median"]
         row["ratio_planner_here_overlap"] = row["planner_here_overlap"] / row["measured"]["median"]
         row["miss"] = _miss(row)

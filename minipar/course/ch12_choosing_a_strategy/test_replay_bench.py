@@ -99,6 +99,10 @@ def test_the_table_per_strategy(table):
             assert r[f"ratio_{column}"]["runs"] == pytest.approx(ratios)
         assert r["ratio_planner_here"] == pytest.approx(r["planner_here"] / r["measured"]["median"])
         assert 0 < r["planner_here_overlap"] <= r["planner_here"] and 0 < r["planner_dgx_a100_overlap"] <= r["planner_dgx_a100"]
+        for where in ("here", "dgx_a100"):
+            terms = r[f"planner_{where}_overlap_terms"]
+            assert sum(terms.values()) == pytest.approx(r[f"planner_{where}_overlap"]) and terms["compute"] > 0
+        assert r["calls_per_step"] > 0 and r["calls_per_step"] * 2 == int(r["calls_per_step"] * 2)
         # an A100 at 0.6 · 312 TFLOP/s against a CPU rank at 20 GFLOP/s: the replay there is far shorter
         assert r["replay_dgx_a100"]["median"] < r["replay_here"]["median"] / 100
         assert r["miss"] is None or isinstance(r["miss"], str)
