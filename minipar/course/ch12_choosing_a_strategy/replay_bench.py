@@ -26,8 +26,9 @@ Over the runs: the median and the spread (min–max) of every number and of pred
 the strategies by each column, and :data:`AGREEMENTS` — each a :func:`minipar.plan.rank_agreement` (Kendall's
 τ-b, both orders, both picks, the pick's gap) of one column against another: the issue's check is the planner
 (with overlap) against the replay on the same cluster, here and on the DGX node. Where the picks differ,
-``pick_within_spread`` says whether the two strategies' spreads over the runs overlap (the observed order of
-the two is then not settled by these runs).
+``pick_ahead_runs`` counts the runs in which the observed column put the predicted pick at or ahead of the
+observed best (each run is one round of all strategies: paired), ``pick_within_spread`` that it did so at
+least once (the order of the two is then not settled by these runs).
 """
 from __future__ import annotations
 
@@ -177,20 +178,27 @@ def _rankings(rows) -> dict:
             a = rank_agreement({r["name"]: _value(r, predicted) for r in rows},
                                {r["name"]: _value(r, observed) for r in rows})
             a["columns"] = [predicted, observed]
-            a["pick_within_spread"] = _overlapping(by_name[a["predicted_pick"]][observed],
-                                                   by_name[a["observed_pick"]][observed])
+            a["pick_ahead_runs"] = _runs_ahead(by_name[a["predicted_pick"]][observed],
+                                               by_name[a["observed_pick"]][observed])
+            a["pick_within_spread"] = a["pick_ahead_runs"] > 0
+            a["runs"] = len(by_name[a["observed_pick"]][observed]["runs"])
             agreements[label] = a
     return {"rankings": rankings, "picks": {k: v[0] for k, v in rankings.items()}, "agreements": agreements,
             "tau": {k: a["tau"] for k, a in agreements.items()}}
 
 
-def _overlapping(a, b) -> bool:
-    """Do two strategies' [min, max] over the runs overlap (the order of the two not settled by the runs)?"""
-    return a["min"] <= b["max"] and b["min"] <= a["max"]
+def _runs_ahead(pick, best) -> int:
+    """In how many runs (the same round for both: paired) the column put ``pick`` at or ahead of ``best``;
+    more than 0 while ``best`` wins on the median: the order of the two is not settled by these runs.
+    A planner column (one number, no runs) counts 0."""
+    if not isinstance(pick, dict):
+        return 0
+    return sum(p <= b for p, b in zip(pick["runs"], best["runs"]))
 
 
-def format_table(table: dict) -> str:
-    """The table as text: ms per step, median [min–max] over the runs; ratios predicted / measured."""
+def format_table(table: dict, agreements: bool = True) -> str:
+    """The table as text: ms per step, median [min–max] over the runs; ratios predicted / measured; the
+    rankings; with ``agreements``, :func:`agreements_text` under them."""
     ms = lambda s: f"{s['median'] * 1e3:6.1f} [{s['min'] * 1e3:.0f}–{s['max'] * 1e3:.0f}]"  # noqa: E731
     x = lambda s: f"{s['median']:4.2f} [{s['min']:.2f}–{s['max']:.2f}]"  # noqa: E731
     lines = [f"{table['ranks']} ranks, {table['runs']} runs of {table['steps']} steps; ms per step, median "
@@ -209,7 +217,7 @@ def format_table(table: dict) -> str:
                      f"{r['planner_dgx_a100'] * 1e3:.3f}, {r['planner_dgx_a100_overlap'] * 1e3:.3f}" + (f"   miss: {r['miss']}" if r["miss"] else ""))
     for k, order in table["rankings"].items():
         lines.append(f"ranking by {k:24}: {' < '.join(order)}")
-    return "\n".join(lines + [agreements_text(table)])
+    return "\n".join(lines + ([agreements_text(table)] if agreements else []))
 
 
 def agreements_text(table: dict, names=None) -> str:
@@ -225,8 +233,9 @@ def agreements_text(table: dict, names=None) -> str:
         out += ["", f"{label} ({predicted} against {observed}):",
                 agreement_text(a, *((1e-6, "us") if small else (1e-3, "ms")), labels=short)]
         if not a["picks_agree"]:
-            out.append(f"  the two picks' {short[1]} spreads over the runs "
-                       + ("overlap: within the run-to-run spread" if a["pick_within_spread"] else "do not overlap"))
+            k, runs = a["pick_ahead_runs"], a["runs"]
+            out.append(f"  {short[1]}: {a['predicted_pick']} at or ahead of {a['observed_pick']} in {k} of {runs} runs"
+                       + (" — the gap is inside the run-to-run spread" if k else " — beyond the run-to-run spread"))
     return "\n".join(out)
 
 

@@ -35,7 +35,8 @@ def test_op_links_from_the_calibration():
 
 def _spread_row(name, measured, replay, planner, spread=0.0):
     """A table row with given medians (and ± ``spread`` as min/max) for the ranking checks."""
-    one = lambda m: {"median": m, "min": m * (1 - spread), "max": m * (1 + spread)}  # noqa: E731
+    one = lambda m: {"median": m, "min": m * (1 - spread), "max": m * (1 + spread),  # noqa: E731
+                     "runs": [m * (1 - spread), m, m * (1 + spread)]}
     return {"name": name, "measured": one(measured), "replay_here": one(replay), "replay_dgx_a100": one(replay / 1e3),
             "planner_here": planner, "planner_here_overlap": planner, "planner_dgx_a100": planner / 1e3,
             "planner_dgx_a100_overlap": planner / 1e3}
@@ -48,13 +49,20 @@ def test_rankings_use_plan_rank_agreement_and_say_when_picks_differ():
     a = r["agreements"]["planner vs replay, here"]
     assert a["tau"] == -1.0 and (a["predicted_pick"], a["observed_pick"], a["picks_agree"]) == ("C", "A", False)
     assert a["pick_gap"] == pytest.approx(3.0) and a["columns"] == ["planner_here_overlap", "replay_here"]
-    assert a["pick_within_spread"] is False                    # no spread: A is settled as faster than C
+    assert (a["pick_ahead_runs"], a["pick_within_spread"]) == (0, False)   # C behind A in every run
     text = agreements_text(r, ["planner vs replay, here"])
-    assert "Kendall tau-b -1.000" in text and "disagree" in text and "do not overlap" in text
-    wide = _rankings([_spread_row("A", 1.0, 1.1, 3.0, 0.5), _spread_row("B", 2.0, 2.2, 2.0, 0.5),
-                      _spread_row("C", 1.2, 1.3, 1.0, 0.5)])
-    assert wide["agreements"]["planner vs replay, here"]["pick_within_spread"] is True
-    assert "within the run-to-run spread" in agreements_text(wide)
+    assert "Kendall tau-b -1.000" in text and "disagree" in text and "in 0 of 3 runs — beyond" in text
+    # paired runs: C (replay 1.3 ± 50 %) ahead of A (1.1 ± 50 %) in none of the same rounds, though the
+    # spreads overlap; C tied with A run by run (only its median a hair slower): at or ahead in 3 of 3
+    apart = _rankings([_spread_row("A", 1.0, 1.1, 3.0, 0.5), _spread_row("B", 2.0, 2.2, 2.0, 0.5),
+                       _spread_row("C", 1.2, 1.3, 1.0, 0.5)])
+    assert apart["agreements"]["planner vs replay, here"]["pick_ahead_runs"] == 0
+    close = [_spread_row("A", 1.0, 1.1, 3.0, 0.5), _spread_row("B", 2.0, 2.2, 2.0, 0.5),
+             _spread_row("C", 1.2, 1.1, 1.0, 0.5)]
+    close[2]["replay_here"]["median"] = 1.1 * 1.0001              # C behind A on the median, tied run by run
+    tied = _rankings(close)["agreements"]["planner vs replay, here"]
+    assert (tied["observed_pick"], tied["pick_ahead_runs"], tied["pick_within_spread"]) == ("A", 3, True)
+    assert "in 3 of 3 runs — the gap is inside the run-to-run spread" in agreements_text(_rankings(close))
     assert "us" in agreements_text(r, ["planner vs replay, DGX-A100"])        # a DGX step in microseconds
 
 
@@ -122,3 +130,4 @@ def test_rankings_tau_and_picks(table):
     text = format_table(table)
     assert all(name in text for name in NAMES) and "Kendall tau-b" in text and "FLOPs:" in text
     assert all(label in text for label in AGREEMENTS)
+    assert format_table(table, agreements=False) + "\n" + agreements_text(table) == text
