@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import launch_trace
 from .validation import positive_int
 
 __all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
@@ -115,7 +116,8 @@ def choose_backend_and_device(requested: str, *, local_rank: int, cuda_available
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
            timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
-           quiet: bool = False, stream: bool = False, wall_limit: float | None = None, **kwargs) -> list:
+           quiet: bool = False, stream: bool = False, wall_limit: float | None = None, trace: bool = False,
+           **kwargs):
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return the per-rank results.
 
     ``timeout`` bounds every collective: a rank that waits longer (a deadlock) fails with
@@ -125,11 +127,14 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     (each rank then makes GPU ``rank % device_count`` its current device; the function travels
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
-    prints nothing (the output is still attached to errors).
+    prints nothing (the output is still attached to errors). ``trace=True``: every rank runs under
+    :func:`minipar.trace.tracing` and the call returns ``(results, Trace)`` (:mod:`minipar.launch_trace`,
+    which also records every launch inside a ``recording_launches()`` block).
     """
     positive_int("world_size", world_size)
+    fn, finish = launch_trace.prepare(fn, world_size, trace)
     if _in_torchrun():
-        return _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
+        return finish(_launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout))
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("launch() was called from a process that already has a torch.distributed process "
                            "group; call fn directly there, or destroy the group first")
@@ -158,7 +163,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
             streamer.poll(final=True)
         elif not quiet:
             _print_outputs([_read_output(workdir, r) for r in range(world_size)])
-        return results
+        return finish(results)
     finally:
         for p in procs:  # whatever happened (error, timeout, KeyboardInterrupt): no process survives us
             if p.is_alive():

@@ -8,6 +8,11 @@ chapter's rows never touches this file.
     python -m minipar tour            # the table, each row's note as a footnote, a headline that counts
     python -m minipar tour --json     # one JSON object per row (bytes_observed_per_rank included)
     python -m minipar tour -k zero    # only the strategies whose name contains "zero"
+    python -m minipar tour --trace DIR   # also DIR/<row>.json: a minipar.trace.Trace of each row's run
+
+With ``--trace`` every launch a row makes is traced by the launcher (:mod:`minipar.launch_trace`; no strategy
+holds tracing code) and the row's last launch on its own world size is saved (``trace.load`` reads it back);
+a row that launches nothing of its own (it reuses an earlier row's run, or runs in threads) gets no file.
 
 Three byte columns, per rank (mean over ranks unless the note says otherwise):
 
@@ -29,12 +34,14 @@ single-process simulation of its own, different, update rule. The headline count
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 __all__ = ["TourRow", "KINDS", "OVERHEAD_PER_CALL", "strategies", "run_tour", "observed_status",
-           "format_table", "headline", "main"]
+           "format_table", "headline", "main", "save_row_trace", "trace_file_name"]
 
 WORLD_SIZE = 4
 KINDS = ("training", "collective", "update rule")
@@ -63,7 +70,9 @@ def strategies() -> list:
     return [(chapter.name, name, run) for chapter, rows in collect("tour", "STRATEGIES") for name, run in rows]
 
 
-def run_tour(select: str | None = None, progress=None) -> list:
+def run_tour(select: str | None = None, progress=None, trace_dir=None) -> list:
+    """Run the rows whose name contains ``select`` (all by default); with ``trace_dir``, save each row's
+    trace there (:func:`save_row_trace`)."""
     progress = progress or sys.stderr  # looked up at call time, so a redirected stderr sees the lines
     rows = []
     chosen = [s for s in strategies() if select is None or select.lower() in s[1].lower()]
@@ -72,10 +81,37 @@ def run_tour(select: str | None = None, progress=None) -> list:
     for i, (_, name, run) in enumerate(steps, 1):
         steps.write(f"[{i}/{len(chosen)}] {name} ...", file=progress)
         t0 = time.perf_counter()
-        row = run()
+        if trace_dir is None:
+            row = run()
+        else:
+            from minipar.launch_trace import recording_launches
+            with recording_launches() as traces:
+                row = run()
         row.seconds = time.perf_counter() - t0
+        if trace_dir is not None:
+            saved = save_row_trace(trace_dir, name, row.world_size, traces)
+            steps.write(f"  trace: {saved or 'none (no launch of its own)'}", file=progress)
         rows.append(row)
     return rows
+
+
+def trace_file_name(strategy: str) -> str:
+    """The file a row's trace goes to: its name with every run of other characters than letters, digits,
+    ``+``, ``.`` and ``-`` made one ``_``, then ``.json``."""
+    return re.sub(r"[^A-Za-z0-9+.-]+", "_", strategy).strip("_") + ".json"
+
+
+def save_row_trace(directory, strategy: str, world_size: int, traces: list):
+    """Save the last of ``traces`` on ``world_size`` ranks (else the last) as ``directory/<row>.json``;
+    return its path, or None when the row launched nothing."""
+    if not traces:
+        return None
+    own = [t for t in traces if t.world_size == world_size] or traces
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, trace_file_name(strategy))
+    own[-1].meta.update(strategy=strategy, launches=len(traces))
+    own[-1].save(path)
+    return path
 
 
 def observed_status(row) -> str | None:
@@ -169,8 +205,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipar tour", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("-k", dest="select", help="only strategies whose name contains this")
+    parser.add_argument("--trace", metavar="DIR", help="save each row's trace as DIR/<row>.json (minipar.trace)")
     args = parser.parse_args(argv)
-    rows = run_tour(args.select)
+    rows = run_tour(args.select, trace_dir=args.trace)
     if args.json:
         print(json.dumps([{**asdict(r), "observed_status": observed_status(r)} for r in rows], indent=1))
     else:

@@ -6,8 +6,8 @@ import pytest
 
 from minipar.course.bench import benchmarks
 from minipar.course.ch12_choosing_a_strategy import bench
-from minipar.course.ch12_choosing_a_strategy.replay_bench import REPLAY_STRATEGIES, TOLERANCE, _miss, fidelity_table, \
-    format_table, kendall_tau, main
+from minipar.course.ch12_choosing_a_strategy.replay_bench import AGREEMENTS, REPLAY_STRATEGIES, TOLERANCE, _miss, \
+    _rankings, agreements_text, fidelity_table, format_table, main
 from minipar.fidelity import ring_terms
 
 N = 2
@@ -33,12 +33,37 @@ def test_op_links_from_the_calibration():
     assert bench.op_links({"alpha": 1e-5, "beta": 1e9}, N) is None                      # nothing timed per op
 
 
-def test_kendall_tau():
-    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
-    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
-    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)        # 2 pairs agree, 1 does not
-    with pytest.raises(ValueError, match="equal length"):
-        kendall_tau([1, 2], [1])
+def _spread_row(name, measured, replay, planner, spread=0.0):
+    """A table row with given medians (and ± ``spread`` as min/max) for the ranking checks."""
+    one = lambda m: {"median": m, "min": m * (1 - spread), "max": m * (1 + spread),  # noqa: E731
+                     "runs": [m * (1 - spread), m, m * (1 + spread)]}
+    return {"name": name, "measured": one(measured), "replay_here": one(replay), "replay_dgx_a100": one(replay / 1e3),
+            "planner_here": planner, "planner_here_overlap": planner, "planner_dgx_a100": planner / 1e3,
+            "planner_dgx_a100_overlap": planner / 1e3}
+
+
+def test_rankings_use_plan_rank_agreement_and_say_when_picks_differ():
+    rows = [_spread_row("A", 1.0, 1.1, 3.0), _spread_row("B", 2.0, 2.2, 2.0), _spread_row("C", 3.0, 3.3, 1.0)]
+    r = _rankings(rows)
+    assert set(r["agreements"]) == set(AGREEMENTS) and r["tau"]["replay vs measured, here"] == 1.0
+    a = r["agreements"]["planner vs replay, here"]
+    assert a["tau"] == -1.0 and (a["predicted_pick"], a["observed_pick"], a["picks_agree"]) == ("C", "A", False)
+    assert a["pick_gap"] == pytest.approx(3.0) and a["columns"] == ["planner_here_overlap", "replay_here"]
+    assert (a["pick_ahead_runs"], a["pick_within_spread"]) == (0, False)   # C behind A in every run
+    text = agreements_text(r, ["planner vs replay, here"])
+    assert "Kendall tau-b -1.000" in text and "disagree" in text and "in 0 of 3 runs — beyond" in text
+    # paired runs: C (replay 1.3 ± 50 %) ahead of A (1.1 ± 50 %) in none of the same rounds, though the
+    # spreads overlap; C tied with A run by run (only its median a hair slower): at or ahead in 3 of 3
+    apart = _rankings([_spread_row("A", 1.0, 1.1, 3.0, 0.5), _spread_row("B", 2.0, 2.2, 2.0, 0.5),
+                       _spread_row("C", 1.2, 1.3, 1.0, 0.5)])
+    assert apart["agreements"]["planner vs replay, here"]["pick_ahead_runs"] == 0
+    close = [_spread_row("A", 1.0, 1.1, 3.0, 0.5), _spread_row("B", 2.0, 2.2, 2.0, 0.5),
+             _spread_row("C", 1.2, 1.1, 1.0, 0.5)]
+    close[2]["replay_here"]["median"] = 1.1 * 1.0001              # C behind A on the median, tied run by run
+    tied = _rankings(close)["agreements"]["planner vs replay, here"]
+    assert (tied["observed_pick"], tied["pick_ahead_runs"], tied["pick_within_spread"]) == ("A", 3, True)
+    assert "in 3 of 3 runs — the gap is inside the run-to-run spread" in agreements_text(_rankings(close))
+    assert "us" in agreements_text(r, ["planner vs replay, DGX-A100"])        # a DGX step in microseconds
 
 
 def _row(replay, threads, wall):
@@ -81,6 +106,11 @@ def test_the_table_per_strategy(table):
             ratios = [p / m for p, m in zip(r[column]["runs"], r["measured"]["runs"])]
             assert r[f"ratio_{column}"]["runs"] == pytest.approx(ratios)
         assert r["ratio_planner_here"] == pytest.approx(r["planner_here"] / r["measured"]["median"])
+        assert 0 < r["planner_here_overlap"] <= r["planner_here"] and 0 < r["planner_dgx_a100_overlap"] <= r["planner_dgx_a100"]
+        for where in ("here", "dgx_a100"):
+            terms = r[f"planner_{where}_overlap_terms"]
+            assert sum(terms.values()) == pytest.approx(r[f"planner_{where}_overlap"]) and terms["compute"] > 0
+        assert r["calls_per_step"] > 0 and r["calls_per_step"] * 2 == int(r["calls_per_step"] * 2)
         # an A100 at 0.6 · 312 TFLOP/s against a CPU rank at 20 GFLOP/s: the replay there is far shorter
         assert r["replay_dgx_a100"]["median"] < r["replay_here"]["median"] / 100
         assert r["miss"] is None or isinstance(r["miss"], str)
@@ -91,7 +121,13 @@ def test_rankings_tau_and_picks(table):
         assert sorted(order) == sorted(NAMES) and table["picks"][k] == order[0]
     fastest = min(table["rows"], key=lambda r: r["measured"]["median"])["name"]
     assert table["picks"]["measured"] == fastest
-    assert set(table["tau"]) == {"replay_here", "planner_here"} and all(-1 <= t <= 1 for t in table["tau"].values())
+    assert set(table["tau"]) == set(AGREEMENTS) and all(-1 <= t <= 1 for t in table["tau"].values())
+    for label, (predicted, observed) in AGREEMENTS.items():
+        a = table["agreements"][label]
+        assert a["predicted_pick"] == table["picks"][predicted] and a["observed_pick"] == table["picks"][observed]
+        assert [row["observed"] for row in a["rows"]] == sorted(row["observed"] for row in a["rows"])
     assert json.loads(json.dumps(table)) == table                  # what --json prints
     text = format_table(table)
-    assert all(name in text for name in NAMES) and "τ vs measured" in text and "FLOPs:" in text
+    assert all(name in text for name in NAMES) and "Kendall tau-b" in text and "FLOPs:" in text
+    assert all(label in text for label in AGREEMENTS)
+    assert format_table(table, agreements=False) + "\n" + agreements_text(table) == text

@@ -1,0 +1,54 @@
+"""The launcher's tracing: every rank of a launch run under :func:`minipar.trace.tracing`, no strategy changed.
+
+Two ways in, both through :func:`minipar.launch`:
+
+    results, trace = launch(fn, 4, *args, trace=True)      # this launch: (results, Trace)
+
+    with recording_launches() as traces:                    # every launch inside the block, however deep
+        row = some_strategy.run(recipe, world_size=4)       # (a strategy's run() calls launch itself)
+    traces[-1].save("row.json")
+
+Each rank's function is wrapped in :class:`minipar.trace.Traced` (a picklable class, so spawned ranks get it
+too); the wrapper returns (the function's result, the rank's :class:`~minipar.trace.RankTrace`), which the
+launcher splits again, so the caller's results are exactly the untraced ones. The recording itself is
+:mod:`minipar.comm`'s (two hooks: before each call and on each record): strategy files hold no tracing code.
+Outside a ``recording_launches`` block and without ``trace=True`` the launcher wraps nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["recording_launches", "prepare"]
+
+_recorders: list = []          # the lists of open recording_launches() blocks, innermost last
+
+
+@contextlib.contextmanager
+def recording_launches():
+    """Collect a :class:`minipar.trace.Trace` of every :func:`minipar.launch` inside the block, in order
+    (``meta``: the function's name and the world size). Yields the list, filled as launches end."""
+    traces: list = []
+    _recorders.append(traces)
+    try:
+        yield traces
+    finally:
+        del _recorders[next(i for i, r in enumerate(_recorders) if r is traces)]   # by identity: lists compare equal
+
+
+def prepare(fn, world_size: int, trace: bool):
+    """(the function each rank runs, ``finish(results)``): with ``trace`` or inside
+    :func:`recording_launches`, ``fn`` traced and ``finish`` splitting (result, RankTrace) pairs into the
+    results and one :class:`~minipar.trace.Trace` (handed to every open recorder; returned beside the
+    results when ``trace``); else ``fn`` itself and the identity."""
+    if not trace and not _recorders:
+        return fn, lambda results: results
+    from .trace import Trace, Traced
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def finish(pairs):
+        run = Trace([rank_trace for _, rank_trace in pairs], {"function": name, "world_size": world_size})
+        for traces in _recorders:
+            traces.append(run)
+        results = [result for result, _ in pairs]
+        return (results, run) if trace else results
+    return Traced(fn), finish
