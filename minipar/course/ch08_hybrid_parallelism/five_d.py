@@ -139,6 +139,9 @@ def _moe_rank(rank: int, world_size: int, recipe, layout: Layout) -> dict:
     t = Trainer3D(rank, world_size, recipe, layout=layout)
     seen = {}
     for name, group in (("dense", t.dp_group), ("ep", t.experts.ep_group), ("expert_dp", t.experts.edp_group)):
+        if group is None:                                    # a group of one rank (ep = 1, or ep = dp·cp)
+            seen[name] = ([rank], rank)
+            continue
         total = torch.tensor([float(rank)])
         comm.all_reduce(total, group=group)
         seen[name] = (dist.get_process_group_ranks(group), int(total.item()))
