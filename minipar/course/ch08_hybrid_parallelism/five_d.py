@@ -8,6 +8,10 @@
 * :func:`run_5d` — one launch of ``world`` ranks: each rank builds the mesh, reports the members of its
   torch process groups (and sums its rank id over each, so the groups are real), trains the recipe in float64
   under :mod:`minipar.trace` (each optimizer step marked) with memory tracked, then again in float32.
+* :func:`run_5d_moe` — the same mesh with MoE layers and ep folded in (:mod:`minipar.hybrid.experts`): each rank
+  reports the dense, ep and expert-DP groups of its own trainer (members and the sum of rank ids over each), the
+  experts it holds and its parameter bytes (experts apart), then trains; no-drop capacity, since with cp > 1 a
+  rank's tokens are no contiguous routing group of one device.
 * :func:`ops_by_dims` — what one traced step's calls moved, per (op, dims spanned): which tensor goes over which
   group.
 * :func:`declared_cluster` — two nodes of 8 for replaying the trace: compute as measured here, links declared.
@@ -21,10 +25,11 @@ import torch
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
-__all__ = ["LAYOUT_5D", "EP", "reduction_groups", "run_5d", "step_events", "ops_by_dims", "declared_cluster", "recipes"]
+__all__ = ["LAYOUT_5D", "EP", "MOE_LAYOUT_5D", "reduction_groups", "run_5d", "moe_recipe", "run_5d_moe", "step_events", "ops_by_dims", "declared_cluster", "recipes"]
 
 LAYOUT_5D = Layout(dp=2, pp=2, cp=2, tp=2, micro_batches=4)      # 16 ranks, 1F1B, ring attention over cp
 EP = 2                                                           # folded: divides dp · cp = 4
+MOE_LAYOUT_5D = Layout(dp=2, pp=2, cp=2, tp=2, ep=EP, micro_batches=4)
 
 
 def reduction_groups(world_size: int, *, dp: int, pp: int, cp: int, tp: int, ep: int) -> dict:
@@ -113,6 +118,47 @@ def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D, ep: int = EP) -> dict
     return {"groups": [o["groups"] for o in out], "runs64": [o["run64"] for o in out],
             "trace": Trace([o["trace"] for o in out], {"layout": str(layout)}),
             "runs32": [RunResult(o["losses32"], o["params32"]) for o in out]}
+
+
+def moe_recipe(layout: Layout = MOE_LAYOUT_5D, steps: int = 3, experts: int = 4):
+    """The chapter's model (4 layers, hidden 32, global batch 16 × 8 tokens, float64) with every FFN an MoE layer
+    of ``experts`` experts, top-1, capacity factor E/k (no token dropped), Switch balancing loss α = 0.01."""
+    from minipar.hybrid.experts import hybrid_moe_recipe
+    from .measure import BATCH, SEQ
+    return hybrid_moe_recipe(layout, steps=steps, batch_size=BATCH, seq_len=SEQ, experts=experts, k=1,
+                             capacity_factor=float(experts), n_layer=4)
+
+
+def _moe_rank(rank: int, world_size: int, recipe, layout: Layout) -> dict:
+    """The groups, experts and parameter bytes of a :class:`~minipar.hybrid.parallel3d.Trainer3D` built on this
+    rank, then the measured run (:func:`~minipar.hybrid.parallel3d.parallel_train`, memory tracked)."""
+    import torch.distributed as dist
+    from minipar import comm
+    from minipar.hybrid.parallel3d import Trainer3D, parallel_train
+    from minipar.memory import tensor_bytes
+    t = Trainer3D(rank, world_size, recipe, layout=layout)
+    seen = {}
+    for name, group in (("dense", t.dp_group), ("ep", t.experts.ep_group), ("expert_dp", t.experts.edp_group)):
+        if group is None:                                    # a group of one rank (ep = 1, or ep = dp·cp)
+            seen[name] = ([rank], rank)
+            continue
+        total = torch.tensor([float(rank)])
+        comm.all_reduce(total, group=group)
+        seen[name] = (dist.get_process_group_ranks(group), int(total.item()))
+    held = sorted({int(i) for layer in t.experts.layers for i in layer.experts.keys()})
+    param_bytes = {"experts": tensor_bytes(t.experts.params), "all": tensor_bytes(t.params)}
+    run = parallel_train(rank, world_size, recipe, layout=layout, track_memory=True)
+    return {"groups": seen, "experts_held": held, "param_bytes": param_bytes, "run": run}
+
+
+def run_5d_moe(recipe=None, layout: Layout = MOE_LAYOUT_5D) -> list:
+    """Validate, then one launch of ``layout.world_size`` ranks (:func:`_moe_rank`); per rank {"groups":
+    {"dense" | "ep" | "expert_dp": (members, Σ rank ids)}, "experts_held", "param_bytes", "run": HybridRun}."""
+    from minipar.hybrid.parallel3d import validate
+    from minipar.launcher import launch
+    recipe = moe_recipe(layout) if recipe is None else recipe
+    validate(recipe, layout=layout)
+    return launch(_moe_rank, layout.world_size, recipe, layout, quiet=True, timeout=180)
 
 
 def step_events(rank_trace, step: int = 1) -> list:

@@ -242,3 +242,29 @@ def test_ops_by_dims_reads_one_step_between_marks():
     assert ops_by_dims(trace, mesh, step=1) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64),
                                                 ("send", ("dp",)): (1, 32)}
     assert ops_by_dims(trace, mesh, step=2) == {("all_reduce", ("dp",)): (1, 400), ("all_reduce", ("tp",)): (1, 64)}
+
+
+@pytest.mark.parametrize("fields", [dict(dp=2, cp=2, pp=2, ep=2), dict(dp=2, cp=2, pp=2, ep=4)])
+def test_run_5d_moe_reports_the_trainers_groups_and_equals_one_device(fields):
+    """§9.6 on 8 ranks (the chapter runs 16): every rank's trainer groups are five_d.reduction_groups' (ep = 4:
+    expert-DP of one rank), its experts the ep-rank's slice, its states 4× its parameters (Adam), the run equal
+    to one device in float64, and the expert-DP bytes = 2(n−1)/n × the experts' parameter bytes."""
+    from minipar.check import compare, train_reference
+    from minipar.course.ch08_hybrid_parallelism.five_d import moe_recipe, reduction_groups, run_5d_moe
+    from minipar.layout import Layout
+    layout = Layout(**fields, micro_batches=4)
+    recipe = moe_recipe(layout)
+    out = run_5d_moe(recipe, layout)
+    want = reduction_groups(8, dp=2, pp=2, cp=2, tp=1, ep=layout.ep)
+    per_rank = 4 // layout.ep
+    for rank, o in enumerate(out):
+        for kind in ("dense", "ep", "expert_dp"):
+            members, total = o["groups"][kind]
+            assert rank in members and members in want[kind] and total == sum(members), (rank, kind)
+        j = o["groups"]["ep"][0].index(rank)
+        assert o["experts_held"] == list(range(j * per_rank, (j + 1) * per_rank))
+        states, params = o["run"].model_state_bytes, o["param_bytes"]
+        assert 0 <= states - 4 * params["all"] < 1e-3 * states and 0 < params["experts"] < params["all"]
+        n_e = 4 // layout.ep
+        assert o["run"].bytes_by_kind["edp"] == pytest.approx(2 * (n_e - 1) / n_e * params["experts"])
+    compare(train_reference(recipe), [o["run"] for o in out], dtype=torch.float64).assert_ok()
