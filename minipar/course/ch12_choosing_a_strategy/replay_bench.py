@@ -12,7 +12,7 @@ rank's step:
   is each segment's thread CPU seconds; each collective costs what gloo's own op costs here, fitted at a
   few sizes, a message what a ping-pong costs (:func:`bench.op_links`);
 * beside it, to say what a miss is made of: the replay with **one link** for every call (gloo's all-reduce
-  fitted, the first version); with **+ threads**, each segment also paying the CPU its rank's other
+  fitted: the planner's link); with **+ threads**, each segment also paying the CPU its rank's other
   threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
   time lost on shared cores to other processes too);
 * **replay on a DGX-A100 node** (a model): compute scaled by this machine's calibrated FLOP/s over the A100's
@@ -24,8 +24,9 @@ rank's step:
 
 Over the runs: the median and the spread (min–max) of every number and of predicted/measured; the ranking of
 the strategies by each column, and :data:`AGREEMENTS` — each a :func:`minipar.plan.rank_agreement` (Kendall's
-τ-b, both orders, both picks, the pick's gap) of one column against another: the issue's check is the planner
-(with overlap) against the replay on the same cluster, here and on the DGX node. Where the picks differ,
+τ-b, both orders, both picks, the pick's gap) of one column against another: the planner's check is the planner
+(with overlap) against the replay on the same cluster (here: the replay on the planner's one link), here and on
+the DGX node. Where the picks differ,
 ``pick_ahead_runs`` counts the runs in which the observed column put the predicted pick at or ahead of the
 observed best (each run is one round of all strategies: paired), ``pick_within_spread`` that it did so at
 least once (the order of the two is then not settled by these runs).
@@ -41,12 +42,12 @@ __all__ = ["REPLAY_STRATEGIES", "TOLERANCE", "AGREEMENTS", "fidelity_table", "fo
            "main"]
 
 REPLAY_STRATEGIES = tuple(step_layouts(2))
-TOLERANCE = 0.15                     # the issue's goal: predicted within ±15 % of measured
+TOLERANCE = 0.15                     # the goal: predicted within ±15 % of measured
 # name: (predicted column, observed column) of each ranking check (plan.rank_agreement)
 AGREEMENTS = {
-    "planner vs replay, here": ("planner_here_overlap", "replay_here"),
+    "planner vs replay, here": ("planner_here_overlap", "replay_here_one_link"),   # the planner's own link
     "planner vs replay, DGX-A100": ("planner_dgx_a100_overlap", "replay_dgx_a100"),
-    "planner (no overlap) vs replay, here": ("planner_here", "replay_here"),
+    "planner (no overlap) vs replay, here": ("planner_here", "replay_here_one_link"),
     "replay vs measured, here": ("replay_here", "measured"),
     "planner vs measured, here": ("planner_here_overlap", "measured"),
 }
@@ -107,7 +108,7 @@ def _miss(row) -> str | None:
     if close("replay_here_threads"):
         return "the CPU of the rank's own communication threads during compute (+ threads closes it)"
     if close("replay_here_wall"):
-        return "compute time lost to other processes on shared cores (wall-clock compute closes it)"
+        return "time lost on shared cores, to other processes or gloo's own threads (wall-clock compute closes it)"
     return "communication and waiting (wall-clock compute does not close it either)"
 
 
