@@ -169,7 +169,7 @@ def _rankings(rows) -> dict:
     """{"rankings": {column: names fastest first}, "picks": {column: the fastest}, "agreements": {name of
     :data:`AGREEMENTS`: plan.rank_agreement + "pick_within_spread"}, "tau": {name: τ-b}}."""
     from minipar.plan import rank_agreement
-    columns = ["measured", "replay_here", "planner_here", "planner_here_overlap", "replay_dgx_a100",
+    columns = ["measured", "replay_here", "replay_here_one_link", "planner_here", "planner_here_overlap", "replay_dgx_a100",
                "planner_dgx_a100", "planner_dgx_a100_overlap"]
     rankings = {k: [r["name"] for r in sorted(rows, key=lambda r: _value(r, k))] for k in columns}
     agreements = {}

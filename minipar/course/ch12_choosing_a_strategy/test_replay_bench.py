@@ -37,9 +37,10 @@ def _spread_row(name, measured, replay, planner, spread=0.0):
     """A table row with given medians (and ± ``spread`` as min/max) for the ranking checks."""
     one = lambda m: {"median": m, "min": m * (1 - spread), "max": m * (1 + spread),  # noqa: E731
                      "runs": [m * (1 - spread), m, m * (1 + spread)]}
-    return {"name": name, "measured": one(measured), "replay_here": one(replay), "replay_dgx_a100": one(replay / 1e3),
-            "planner_here": planner, "planner_here_overlap": planner, "planner_dgx_a100": planner / 1e3,
-            "planner_dgx_a100_overlap": planner / 1e3}
+    here = one(replay)             # the replay on the per-op links and on the planner's one link: alike here
+    return {"name": name, "measured": one(measured), "replay_here": here, "replay_here_one_link": here,
+            "replay_dgx_a100": one(replay / 1e3), "planner_here": planner, "planner_here_overlap": planner,
+            "planner_dgx_a100": planner / 1e3, "planner_dgx_a100_overlap": planner / 1e3}
 
 
 def test_rankings_use_plan_rank_agreement_and_say_when_picks_differ():
@@ -48,7 +49,7 @@ def test_rankings_use_plan_rank_agreement_and_say_when_picks_differ():
     assert set(r["agreements"]) == set(AGREEMENTS) and r["tau"]["replay vs measured, here"] == 1.0
     a = r["agreements"]["planner vs replay, here"]
     assert a["tau"] == -1.0 and (a["predicted_pick"], a["observed_pick"], a["picks_agree"]) == ("C", "A", False)
-    assert a["pick_gap"] == pytest.approx(3.0) and a["columns"] == ["planner_here_overlap", "replay_here"]
+    assert a["pick_gap"] == pytest.approx(3.0) and a["columns"] == ["planner_here_overlap", "replay_here_one_link"]
     assert (a["pick_ahead_runs"], a["pick_within_spread"]) == (0, False)   # C behind A in every run
     text = agreements_text(r, ["planner vs replay, here"])
     assert "Kendall tau-b -1.000" in text and "disagree" in text and "in 0 of 3 runs — beyond" in text
