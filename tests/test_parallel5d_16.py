@@ -3,7 +3,7 @@ at every step and every parameter after 3 Adam steps, float64, compare's toleran
 measured max |Δ| ≈ 5e-14). Each context-parallel method runs once (ring-zigzag, Ulysses with SP, RSA, ring),
 one layout with ZeRO-1 over dp × cp, and one with all five dimensions > 1: dp 2 × cp 2 × pp 2 × tp 2 with ep = 2
 folded into dp × cp (the MoE GPT of :func:`~minipar.hybrid.experts.hybrid_moe_recipe`, no-drop capacity as cp > 1
-needs; measured 3.1 s, max |Δ| ≈ 1e-14). On every rank the bytes of each kind (dp × cp, pp, cp, tp; + ep, edp,
+needs; measured 2.8 to 3.1 s, max |Δ| ≈ 2e-13). On every rank the bytes of each kind (dp × cp, pp, cp, tp; + ep, edp,
 balance) equal ``bytes_formula``, and every rank reports its memory (model states and peak), ZeRO-1's beside its
 formula.
 

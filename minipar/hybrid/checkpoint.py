@@ -166,7 +166,8 @@ def _write_manifest(trainer, folder: str, step: int, scalars: dict, run: dict) -
             entry["tensors"] = {n: list(v.shape) for n, v in shard["params"].items()}
         files[name] = entry
     from .guard import run_identity
-    who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}))
+    who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}),
+                       moe=getattr(trainer.recipe.model(), "moe", None) if trainer.experts else None)
     manifest = {"format": FORMAT, "step": step, **who, "data": {**who["data"], "position": step},
                 "layout": trainer.layout.as_dict(),
                 "optimizer_scalars": {k: float(v) for k, v in scalars.items()},
