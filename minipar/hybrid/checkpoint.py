@@ -1,4 +1,5 @@
-"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ± ZeRO-1, or one process).
+"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ep folded into dp × cp, ±
+ZeRO-1, or one process).
 
 What a checkpoint holds: the parameters, the optimizer state (Adam's two moments and its step count), the
 global step (= the data position: batch k of the recipe is the k-th step's batch on every layout) and the
@@ -10,15 +11,21 @@ random-number state. On disk::
                                      for every file its size, SHA-256 and the tensors it holds with shapes
     DIR/step-00000004/stage-0.pt     one shard per pipeline stage of the saving layout: that stage's
     DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL CPU tensors, reference names
+    DIR/step-00000004/experts-1-ep0.pt  an MoE model: the experts ep rank 0 of stage 1 holds (E/ep per MoE
+                                     layer, global names ``blocks.3.mlp.experts.1.fc.weight``), their moments
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
 
 A shard holds full tensors: the tensor-parallel pieces are gathered over the tp group (``to_full``) and
 ZeRO-1's flat optimizer shards over its dp × cp group; then the tensors are the same on every rank along dp,
 cp and tp (context parallelism splits the tokens, never a parameter), and the rank with coordinate 0 along
-every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. A
+every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. An expert is
+different on every ep rank and the same along its expert-data-parallel group and tp (expert-TP = 1), so the
+rank at coordinate 0 of expert-DP and tp in each ep group writes its experts (:data:`EXPERT_REPLICATED`):
+one writer per (stage, ep rank) file; with ZeRO-1 the experts' moments come from their own optimizer. A
 loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
 rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
-buffer. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
+buffer; an expert is taken whole by the ranks that hold it at the loading layout's ep. So any layout loads any
+other (another cp, ep, tp, pp): the manifest names tensors, not ranks. Files hold CPU copies whatever
 device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
@@ -77,8 +84,8 @@ EXPERT_REPLICATED = ("edp", "tp")
 def writes(coords: dict, replicated: tuple) -> bool:
     """Whether the rank at mesh ``coords`` writes a tensor that is the same on every rank along the
     ``replicated`` dimensions: the rank with coordinate 0 along each of them, so exactly one rank per
-    distinct copy (per pipeline stage for :data:`STAGE_REPLICATED`; an expert, held by its ep coordinate,
-    would name the dimensions it is replicated along instead)."""
+    distinct copy: per pipeline stage for :data:`STAGE_REPLICATED`, per (stage, ep rank) for
+    :data:`EXPERT_REPLICATED` (``coords`` then carry the rank's ``ep`` and ``edp`` coordinates)."""
     return all(coords.get(d, 0) == 0 for d in replicated)
 
 

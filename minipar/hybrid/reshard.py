@@ -7,7 +7,11 @@ A parameter of :class:`minipar.tensor.gpt.TensorParallelGPT` is one of three kin
   rank r holds rows ``[r·R/t, (r+1)·R/t)`` of each of ``parts`` stacked blocks (3 for a fused QKV weight);
   a vocabulary tensor is padded with zero rows to a multiple of t first, and the padding is dropped again;
 * ``"cols"`` — row-parallel weights: rank r holds columns ``[r·C/t, (r+1)·C/t)``;
-* ``"whole"`` — LayerNorms, row-parallel biases, position embeddings: the same on every rank.
+* ``"whole"`` — LayerNorms, row-parallel biases, position embeddings, an MoE model's routers and experts
+  (expert-TP = 1): the same on every rank.
+
+The optimizer side: :func:`optimizer_pieces` gathers ZeRO-1's flat shards into per-parameter moments (the
+experts, outside the shards, from their own optimizer) and :func:`set_optimizer_state` cuts them back.
 """
 from __future__ import annotations
 
