@@ -1,7 +1,10 @@
 """Checkpoints of a 3D run: saved at 2×2×2, loaded losslessly at 1×2×4, 4×2×1 and on one process; resumed
 training equals training that never stopped; a crash mid-save leaves the previous checkpoint loadable; a
 corrupt or mismatched checkpoint gets an error naming the file. Context-parallel layouts: one writer per stage
-file (coordinate 0 along dp, cp and tp), saved at cp 2 and resumed at another cp and tp."""
+file (coordinate 0 along dp, cp and tp), saved at cp 2 and resumed at another cp and tp. MoE layouts: the experts
+in a file per (stage, ep rank), written by the rank at expert-DP 0 and tp 0, their Adam state with them (ZeRO-1:
+the experts' own optimizer); saved at dp2 pp2 tp2 ep2 + ZeRO-1, resumed at cp2 ep4 tp1, at pp1 ep1 tp2 and on one
+process (the one-device model and Adam) to the uninterrupted step 3; a rule where only ep-rank 0 writes fails."""
 import os
 import shutil
 
