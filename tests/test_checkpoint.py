@@ -1,7 +1,10 @@
 """Checkpoints of a 3D run: saved at 2×2×2, loaded losslessly at 1×2×4, 4×2×1 and on one process; resumed
 training equals training that never stopped; a crash mid-save leaves the previous checkpoint loadable; a
 corrupt or mismatched checkpoint gets an error naming the file. Context-parallel layouts: one writer per stage
-file (coordinate 0 along dp, cp and tp), saved at cp 2 and resumed at another cp and tp."""
+file (coordinate 0 along dp, cp and tp), saved at cp 2 and resumed at another cp and tp. MoE layouts: the experts
+in a file per (stage, ep rank), written by the rank at expert-DP 0 and tp 0, their Adam state with them (ZeRO-1:
+the experts' own optimizer); saved at dp2 pp2 tp2 ep2 + ZeRO-1, resumed at cp2 ep4 tp1, at pp1 ep1 tp2 and on one
+process (the one-device model and Adam) to the uninterrupted step 3; a rule where only ep-rank 0 writes fails."""
 import os
 import shutil
 
@@ -318,3 +321,104 @@ def _train_rank(rank, world_size, recipe, layout):
     t = Trainer3D(rank, world_size, recipe, **layout)
     losses = [t.step(*recipe.batches[i], i) for i in range(recipe.steps)]
     return RunResult(losses if losses[0] is not None else None, t.full_params())
+
+
+# ------------------------------------------------------------------------------------------------------
+# MoE (expert-parallel) layouts: experts written once per ep rank, resumed at another cp, ep and tp
+# ------------------------------------------------------------------------------------------------------
+
+def moe_recipe(steps=3):
+    """The MoE GPT of a dp = 2, m = 2 run (its one-device loss), no-drop capacity (cf = E/k): every layout with
+    dp = 2 and m = 2 has the same loss whatever its cp, ep, tp and pp."""
+    from minipar.hybrid.experts import hybrid_moe_recipe
+    return hybrid_moe_recipe(Layout(dp=2, micro_batches=2), steps=steps, batch_size=8, seq_len=8, experts=4, k=1,
+                             capacity_factor=4.0, n_layer=2, n_head=4, n_embd=16)
+
+
+MOE_SAVE = dict(dp=2, pp=2, tp=2, ep=2, zero=1, micro_batches=2)            # experts in their own optimizer
+
+
+def _wrong_writer_save(rank, world_size, recipe, layout, directory, steps):
+    checkpoint.EXPERT_REPLICATED = ("ep", "edp", "tp")          # the bug: only ep-rank 0 writes its experts
+    return save_rank(rank, world_size, recipe, layout, directory, steps)
+
+
+@pytest.fixture(scope="module")
+def saved_moe(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("ckpt-moe"))
+    params = {}
+    for p in launch(save_rank, 8, moe_recipe(), MOE_SAVE, directory, 2, quiet=True):
+        params.update(p)
+    return directory, params
+
+
+def test_moe_experts_are_written_once_per_ep_rank(saved_moe):
+    manifest = checkpoint.read_manifest(checkpoint.latest(saved_moe[0]))
+    assert sorted(manifest["files"]) == ["experts-0-ep0.pt", "experts-0-ep1.pt", "experts-1-ep0.pt",
+                                         "experts-1-ep1.pt", "rng.pt", "stage-0.pt", "stage-1.pt"]
+    held = {f: set(e["tensors"]) for f, e in manifest["files"].items() if "tensors" in e}
+    assert {n.split(".experts.")[1].split(".")[0] for n in held["experts-0-ep1.pt"]} == {"2", "3"}
+    assert not any(".experts." in n for n in held["stage-0.pt"] | held["stage-1.pt"])
+    shard = torch.load(os.path.join(checkpoint.latest(saved_moe[0]), "experts-1-ep0.pt"), weights_only=True)
+    assert set(shard["optimizer"]) == {"exp_avg", "exp_avg_sq"} and manifest["optimizer_scalars"] == {"step": 2.0}
+
+
+@pytest.mark.parametrize("world_size, layout", [
+    (8, dict(dp=2, cp=2, pp=2, tp=1, ep=4, micro_batches=2, cp_method="ring-zigzag")),
+    (4, dict(dp=2, pp=1, tp=2, ep=1, micro_batches=2, schedule="gpipe", zero=1)),
+], ids=["cp2 ep4 tp1", "pp1 ep1 tp2 zero1"])
+def test_a_moe_checkpoint_resumes_at_another_cp_ep_and_tp(saved_moe, world_size, layout):
+    directory, at_save = saved_moe
+    results = launch(resume_rank, world_size, moe_recipe(), layout, directory, quiet=True)
+    seen = set()
+    for start, loaded, _ in results:
+        assert start == 2
+        for name, t in loaded.items():              # lossless: every element as it was saved, experts included
+            assert torch.equal(t, at_save[name]), name
+            seen.add(name)
+    assert seen == set(at_save)
+    ref = train_reference(moe_recipe())             # the resumed step 3 is one device's uninterrupted step 3
+    compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
+
+
+def one_process_resume(recipe, directory) -> RunResult:
+    """The checkpoint's full tensors into the one-device model and its Adam (moments and step), then the
+    remaining steps as :func:`minipar.check.train_reference` takes them."""
+    folder = checkpoint.latest(directory)
+    manifest = checkpoint.read_manifest(folder)
+    params, states = {}, {}
+    for file in (f for f, e in manifest["files"].items() if "tensors" in e):
+        shard = torch.load(os.path.join(folder, file), weights_only=True)
+        params.update(shard["params"])
+        for key, tensors in shard["optimizer"].items():
+            states.setdefault(key, {}).update(tensors)
+    model = recipe.model().to(recipe.dtype)
+    model.load_state_dict(params)
+    opt = recipe.optimizer(model.parameters())
+    for name, p in model.named_parameters():
+        opt.state[p] = {"step": torch.tensor(manifest["optimizer_scalars"]["step"]),
+                        **{k: states[k][name].clone() for k in states}}
+    losses = []
+    for inputs, targets in recipe.batches[manifest["step"]:]:
+        opt.zero_grad(set_to_none=True)
+        loss = recipe.loss(model, inputs, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_a_moe_checkpoint_resumes_on_one_process(saved_moe):
+    ref = train_reference(moe_recipe())
+    compare(RunResult(ref.losses[2:], ref.params), [one_process_resume(moe_recipe(), saved_moe[0])],
+            dtype=torch.float64).assert_ok()
+
+
+def test_a_writer_rule_that_forgets_the_ep_ranks_fails(tmp_path):
+    """Only ep-rank 0 writing its experts (the dense rule applied to experts): the experts of ep-rank 1 are in no
+    file, and loading anywhere names the missing tensor."""
+    launch(_wrong_writer_save, 8, moe_recipe(), MOE_SAVE, str(tmp_path), 1, quiet=True)
+    shapes = {n: tuple(p.shape) for n, p in moe_recipe().model().named_parameters()}
+    with pytest.raises(CheckpointError, match=r"holds blocks\.\d\.mlp\.experts\.[23]\."):
+        checkpoint.verify(checkpoint.latest(str(tmp_path)), checkpoint.read_manifest(checkpoint.latest(str(tmp_path))),
+                          shapes)

@@ -1,18 +1,23 @@
 """The hybrid trainer on 16 ranks (dp 2 × pp 2 × cp 2 × tp 2 and kin) equals single-device training: the loss
 at every step and every parameter after 3 Adam steps, float64, compare's tolerance (atol 1e-10, rtol 1e-9;
 measured max |Δ| ≈ 5e-14). Each context-parallel method runs once (ring-zigzag, Ulysses with SP, RSA, ring),
-one layout with ZeRO-1 over dp × cp; on every rank the bytes of each kind (dp × cp, pp, cp, tp) equal
-``bytes_formula``, and every rank reports its memory (model states and peak), ZeRO-1's beside its formula.
+one layout with ZeRO-1 over dp × cp, and one with all five dimensions > 1: dp 2 × cp 2 × pp 2 × tp 2 with ep = 2
+folded into dp × cp (the MoE GPT of :func:`~minipar.hybrid.experts.hybrid_moe_recipe`, no-drop capacity as cp > 1
+needs; measured 2.8 to 3.1 s, max |Δ| ≈ 2e-13). On every rank the bytes of each kind (dp × cp, pp, cp, tp; + ep, edp,
+balance) equal ``bytes_formula``, and every rank reports its memory (model states and peak), ZeRO-1's beside its
+formula.
 
 One launch per layout, 16 processes on this machine's 2 cores: about 2 to 2.5 s each when it is quiet
 (measured 2.4, 2.0, 2.3, 2.2 s); each case prints its time. A layout line takes recipe changes too, so a
-MoE layout (``ep=2`` folded into dp × cp, a MoE recipe) is one more line of :data:`LAYOUTS`."""
+MoE layout (``ep=2`` folded into dp × cp, a MoE recipe: ``experts`` among the changes) is one line of
+:data:`LAYOUTS`."""
 import time
 
 import pytest
 import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
+from minipar.hybrid.experts import hybrid_moe_recipe
 from minipar.hybrid.parallel3d import bytes_formula, run
 from minipar.layout import Layout
 
@@ -20,7 +25,9 @@ BATCH, SEQ = 8, 8
 WORLD = 16
 
 
-def recipe(steps=3, **changes):
+def recipe(steps=3, layout=None, **changes):
+    if "experts" in changes:         # the MoE GPT of this layout's dp and m (its one-device loss)
+        return hybrid_moe_recipe(layout, steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=4, n_head=4, **changes)
     r = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=4, n_head=4, **changes)
     r.dtype = torch.float64          # Adam amplifies summation-order rounding in float32
     return r
@@ -33,6 +40,9 @@ LAYOUTS = {
                                               schedule="gpipe"), {}),
     "dp2 cp2 pp2 tp2 zero1 rsa": (dict(dp=2, cp=2, pp=2, tp=2, zero=1, cp_method="rsa"), {}),
     "cp4 pp2 tp2 interleaved ring": (dict(cp=4, pp=2, tp=2, schedule="interleaved", v=2), {}),
+    # all five > 1: ep = 2 folded into dp × cp; cp > 1 compares at no-drop capacity (cf = E/k)
+    "dp2 cp2 pp2 tp2 ep2 moe zigzag": (dict(dp=2, cp=2, pp=2, tp=2, ep=2, cp_method="ring-zigzag"),
+                                       dict(experts=4, k=1, capacity_factor=4.0)),
 }
 
 
@@ -48,9 +58,9 @@ def runs():
             assert layout.world_size == WORLD
             key = tuple(sorted(changes.items()))
             if key not in references:
-                references[key] = train_reference(recipe(**changes))
+                references[key] = train_reference(recipe(layout=layout, **changes))
             start = time.perf_counter()
-            result = run(recipe(**changes), layout=layout, track_memory=True)
+            result = run(recipe(layout=layout, **changes), layout=layout, track_memory=True)
             cache[name] = (layout, result, time.perf_counter() - start, references[key])
         return cache[name]
     return get
@@ -59,15 +69,17 @@ def runs():
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_equals_one_device(runs, name):
     layout, result, seconds, reference = runs(name)
-    print(f"{name}: {WORLD} ranks, {seconds:.1f} s")
     comparison = compare(reference, result, dtype=torch.float64)
+    print(f"{name}: {WORLD} ranks, {seconds:.1f} s, max |Δ| {comparison.max_abs_diff:.1e}")
     comparison.assert_ok()
     assert comparison.max_abs_diff < 1e-10
-    cfg = recipe(**LAYOUTS[name][1]).model().cfg
+    model = recipe(layout=layout, **LAYOUTS[name][1]).model()
+    kinds = ("dp", "pp", "tp", "cp") + (("ep", "edp", "balance") if layout.ep > 1 else ())
     for r in result:                  # bytes per kind: the communication log equals the formula on every rank
-        want = bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=r.coords["pp"])
-        assert {"dp", "pp", "tp", "cp"} <= set(want) and all(want[k] > 0 for k in ("dp", "pp", "tp", "cp"))
-        assert r.bytes_by_kind == pytest.approx(want)
+        want = bytes_formula(model.cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=r.coords["pp"],
+                             moe=getattr(model, "moe", None))
+        assert set(kinds) <= set(want) and all(want[k] > 0 for k in kinds)
+        assert set(r.bytes_by_kind) == set(want) and r.bytes_by_kind == pytest.approx(want)
         assert r.peak_bytes > r.model_state_bytes > 0           # memory per rank: reported, and states are in it
 
 

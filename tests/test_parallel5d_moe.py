@@ -170,7 +170,6 @@ def test_train_command_with_ep_equals_one_device(capfd):
     (["--dp", "2", "--ep", "2", "--experts", "0"], "expert parallelism needs a mixture-of-experts model"),
     (["--dp", "3", "--ep", "3"], "4 experts cannot be spread evenly"),
     (["--ep", "2"], "ep=2 must divide dp·cp = 1"),
-    (["--save", "never-written"], "checkpoints of MoE layouts"),
     (["--top-k", "0"], "--top-k must be a positive integer"),
     (["--experts", "-1"], "--experts must be >= 0"),
     (["--top-k", "5"], "top-k=5 must be between 1 and the number of experts"),

@@ -446,3 +446,56 @@ def test_sixteen_ranks_under_torchrun_then_resume_at_another_cp_and_tp(capfd, tm
                        "--steps", "3", "--resume", str(tmp_path))
     assert list(resumed) == [3]
     _same(resumed, one_process_3_steps)
+
+
+# ------------------------------------------------------------------------------------------------------
+# 16 ranks with all five dimensions > 1: dp 2 × cp 2 × pp 2 × tp 2, ep 2 folded into dp × cp (the MoE GPT);
+# saved there, resumed at another cp, ep and tp (4 ranks) to the same next loss
+# ------------------------------------------------------------------------------------------------------
+
+MOE = ["--experts", "4", "--top-k", "1", "--capacity-factor", "4"]      # no-drop capacity: cf = E/k (cp > 1)
+FIVE_D_MOE = [*FIVE_D, "--ep", "2", *MOE]
+
+
+def moe_one_process(steps: int) -> dict:
+    """The single-device losses of the command's MoE run: its recipe (the loss of dp 2 × m 2: f counted per global
+    micro-batch, :func:`minipar.hybrid.experts.reference_loss`) trained on one process."""
+    from minipar.check import train_reference
+    from minipar.hybrid.cli import build_parser, make_recipe
+    args = build_parser().parse_args([*FIVE_D_MOE, "--steps", str(steps), *SMALL])
+    return dict(enumerate(train_reference(make_recipe(args)).losses, start=1))
+
+
+def test_sixteen_moe_ranks_equal_one_process_and_resume_at_another_cp_ep_and_tp(capfd, monkeypatch, tmp_path):
+    first, err = train(capfd, *FIVE_D_MOE, "--steps", "2", "--save", str(tmp_path))
+    assert list(first) == [1, 2] and "saved step 2" in err
+    one = moe_one_process(3)
+    _same(first, one)
+    manifest = json.load(open(os.path.join(tmp_path, open(os.path.join(tmp_path, "latest")).read(), "manifest.json")))
+    assert {f for f in manifest["files"] if f.startswith("experts-")} == {f"experts-{s}-ep{e}.pt" for s in (0, 1)
+                                                                           for e in (0, 1)}
+    resumed, _ = train(capfd, "--dp", "2", "--cp", "1", "--pp", "2", "--tp", "1", "--ep", "1", *MOE, "--steps", "3",
+                       "--resume", str(tmp_path))                     # 4 ranks: cp 2 -> 1, ep 2 -> 1, tp 2 -> 1
+    assert list(resumed) == [3]
+    _same(resumed, one)
+    err = refused(capfd, monkeypatch, "--dp", "2", "--pp", "2", *MOE[:-2], "--capacity-factor", "1",
+                  "--steps", "3", *SMALL, "--resume", str(tmp_path))
+    assert "config.moe_capacity_factor: checkpoint 4.0, this run 1.0" in err
+
+
+def test_sixteen_moe_ranks_under_torchrun_then_resume_at_ep_4(capfd, tmp_path):
+    """The same 16-rank MoE run under torchrun (34 s by hand, 40 s as this test, on 2 cores at load 8), saved there, resumed locally on 8 ranks
+    with ep 2 -> 4, tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    flags = [*FIVE_D_MOE, "--steps", "2", *SMALL, "--json", "--save", str(tmp_path)]
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=16", "-m", "minipar", "train", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_torchrun = {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+    assert list(under_torchrun) == [1, 2]
+    one = moe_one_process(3)
+    _same(under_torchrun, one)
+    resumed, _ = train(capfd, "--dp", "2", "--cp", "2", "--pp", "2", "--tp", "1", "--ep", "4", *MOE,
+                       "--cp-method", "ulysses", "--steps", "3", "--resume", str(tmp_path))
+    assert list(resumed) == [3]
+    _same(resumed, one)

@@ -1,4 +1,5 @@
-"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ± ZeRO-1, or one process).
+"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ep folded into dp × cp, ±
+ZeRO-1, or one process).
 
 What a checkpoint holds: the parameters, the optimizer state (Adam's two moments and its step count), the
 global step (= the data position: batch k of the recipe is the k-th step's batch on every layout) and the
@@ -10,15 +11,21 @@ random-number state. On disk::
                                      for every file its size, SHA-256 and the tensors it holds with shapes
     DIR/step-00000004/stage-0.pt     one shard per pipeline stage of the saving layout: that stage's
     DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL CPU tensors, reference names
+    DIR/step-00000004/experts-1-ep0.pt  an MoE model: the experts ep rank 0 of stage 1 holds (E/ep per MoE
+                                     layer, global names ``blocks.3.mlp.experts.1.fc.weight``), their moments
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
 
 A shard holds full tensors: the tensor-parallel pieces are gathered over the tp group (``to_full``) and
 ZeRO-1's flat optimizer shards over its dp × cp group; then the tensors are the same on every rank along dp,
 cp and tp (context parallelism splits the tokens, never a parameter), and the rank with coordinate 0 along
-every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. A
+every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. An expert is
+different on every ep rank and the same along its expert-data-parallel group and tp (expert-TP = 1), so the
+rank at coordinate 0 of expert-DP and tp in each ep group writes its experts (:data:`EXPERT_REPLICATED`):
+one writer per (stage, ep rank) file; with ZeRO-1 the experts' moments come from their own optimizer. A
 loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
 rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
-buffer. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
+buffer; an expert is taken whole by the ranks that hold it at the loading layout's ep. So any layout loads any
+other (another cp, ep, tp, pp): the manifest names tensors, not ranks. Files hold CPU copies whatever
 device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
@@ -51,9 +58,9 @@ import torch.distributed as dist
 
 from .. import comm
 from ..tensor.operators import tp_rank, tp_size
-from .reshard import tp_layouts, to_full, to_shard
+from .reshard import optimizer_pieces, set_optimizer_state, tp_layouts, to_full, to_shard
 
-__all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
+__all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "EXPERT_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
            "load", "latest", "read_manifest", "verify"]
 
 FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
@@ -70,40 +77,33 @@ def _barrier(device) -> None:
 # What a stage file holds (full tensors, TP gathered) is the same on every rank of the stage: along dp and cp
 # (replicas; context parallelism shards activations, not parameters) and along tp (after the gather).
 STAGE_REPLICATED = ("dp", "cp", "tp")
+# An expert is held by one ep rank and replicated along its expert-data-parallel group ("edp") and along tp.
+EXPERT_REPLICATED = ("edp", "tp")
 
 
 def writes(coords: dict, replicated: tuple) -> bool:
     """Whether the rank at mesh ``coords`` writes a tensor that is the same on every rank along the
     ``replicated`` dimensions: the rank with coordinate 0 along each of them, so exactly one rank per
-    distinct copy (per pipeline stage for :data:`STAGE_REPLICATED`; an expert, held by its ep coordinate,
-    would name the dimensions it is replicated along instead)."""
+    distinct copy: per pipeline stage for :data:`STAGE_REPLICATED`, per (stage, ep rank) for
+    :data:`EXPERT_REPLICATED` (``coords`` then carry the rank's ``ep`` and ``edp`` coordinates)."""
     return all(coords.get(d, 0) == 0 for d in replicated)
 
 
-def _optimizer_pieces(trainer) -> tuple:
-    """({id(param): {state key: TP piece}}, {scalar key: tensor}) of this rank's stages, ZeRO-1's flat
-    shards gathered over dp first (a collective over dp)."""
-    pieces, scalars = {}, {}
-    if trainer.zero is None:
-        for p in trainer.params:
-            for k, v in trainer.optimizer.state.get(p, {}).items():
-                if torch.is_tensor(v) and v.shape == p.shape:
-                    pieces.setdefault(id(p), {})[k] = v
-                else:
-                    scalars[k] = v
-        return pieces, scalars
-    for unit in trainer.zero.units:
-        for k, v in trainer.optimizer.state.get(unit.master, {}).items():
-            if not (torch.is_tensor(v) and v.shape == unit.master.shape):
-                scalars[k] = v
-                continue
-            flat = v.new_empty(unit.padded_numel)
-            comm.all_gather_into_tensor(flat, v.detach().contiguous(), group=unit.group)
-            offset = 0
-            for p in unit.params:
-                pieces.setdefault(id(p), {})[k] = flat[offset: offset + p.numel()].view(p.shape)
-                offset += p.numel()
-    return pieces, scalars
+def _files(trainer) -> dict:
+    """{file name: (the parameters it holds, whether this rank writes it)} for this rank's stages: a stage's
+    dense tensors (written by the rank at coordinate 0 of dp, cp, tp) and, for an MoE model, the experts of
+    each of its ep ranks (written by the rank at coordinate 0 of expert-DP and tp)."""
+    ex, coords = trainer.experts, trainer.mesh.coords
+    files = {}
+    for s, stage in trainer.stages.items():
+        params = list(stage.parameters())
+        ids = ex.ids if ex else set()
+        files[f"stage-{s}.pt"] = ([p for p in params if id(p) not in ids], writes(coords, STAGE_REPLICATED))
+        held = [p for p in params if id(p) in ids]
+        if held:
+            files[f"experts-{s}-ep{ex.ep_rank}.pt"] = (held, writes({**coords, "ep": ex.ep_rank, "edp": ex.edp_rank},
+                                                                    EXPERT_REPLICATED))
+    return files
 
 
 def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None) -> str:
@@ -112,31 +112,31 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
     ``crash_rank``: that rank kills itself halfway through writing its shard (the crash test)."""
     rank, layouts = dist.get_rank(), tp_layouts(trainer.model)
     tp_group = trainer.tp_group
-    pieces, scalars = _optimizer_pieces(trainer)
+    pieces, scalars = optimizer_pieces(trainer)
     shards = {}
-    for s, stage in trainer.stages.items():               # gather before anyone writes: collectives first
+    for file, (held, mine) in _files(trainer).items():     # gather before anyone writes: collectives first
         params, states = {}, {}
-        for p in stage.parameters():
+        for p in held:
             name = trainer.names[id(p)]
             params[name] = to_full(p, layouts[id(p)], tp_group).cpu()          # files hold CPU tensors
             for k, v in pieces.get(id(p), {}).items():
                 states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group).cpu()
-        shards[s] = {"params": params, "optimizer": states}
+        if mine:
+            shards[file] = {"params": params, "optimizer": states}
     root = os.path.join(directory, f"step-{step:08d}")
     partial = root + ".partial"
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
     _barrier(trainer.device)
-    if writes(trainer.mesh.coords, STAGE_REPLICATED):
-        for s, shard in shards.items():
-            path = os.path.join(partial, f"stage-{s}.pt")
-            if crash_rank == rank:
-                with open(path, "wb") as f:                  # half a file, then the process dies
-                    f.write(b"\x00" * 100)
-                    f.flush()
-                os.kill(os.getpid(), 9)
-            torch.save(shard, path)
+    for file, shard in shards.items():
+        path = os.path.join(partial, file)
+        if crash_rank == rank:
+            with open(path, "wb") as f:                  # half a file, then the process dies
+                f.write(b"\x00" * 100)
+                f.flush()
+            os.kill(os.getpid(), 9)
+        torch.save(shard, path)
     _barrier(trainer.device)
     if rank == 0:
         torch.save({"torch": torch.get_rng_state()}, os.path.join(partial, "rng.pt"))
@@ -168,12 +168,13 @@ def _write_manifest(trainer, folder: str, step: int, scalars: dict, run: dict) -
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         entry = {"bytes": os.path.getsize(path), "sha256": _sha256(path)}
-        if name.startswith("stage-"):
+        if name.startswith(("stage-", "experts-")):
             shard = torch.load(path, weights_only=True)
             entry["tensors"] = {n: list(v.shape) for n, v in shard["params"].items()}
         files[name] = entry
     from .guard import run_identity
-    who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}))
+    who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}),
+                       moe=getattr(trainer.recipe.model(), "moe", None) if trainer.experts else None)
     manifest = {"format": FORMAT, "step": step, **who, "data": {**who["data"], "position": step},
                 "layout": trainer.layout.as_dict(),
                 "optimizer_scalars": {k: float(v) for k, v in scalars.items()},
@@ -269,22 +270,6 @@ def load(trainer, directory: str) -> int:
     # Adam's step count stays on the CPU (torch keeps it there unless the optimizer is capturable or fused)
     scalars = {k: torch.tensor(v, dtype=torch.float32, device="cpu") for k, v in manifest["optimizer_scalars"].items()}
     if keys:
-        _set_optimizer_state(trainer, pieces, scalars)
+        set_optimizer_state(trainer, pieces, scalars)
     torch.set_rng_state(torch.load(os.path.join(folder, "rng.pt"), weights_only=True, map_location="cpu")["torch"])
     return manifest["step"]
-
-
-def _set_optimizer_state(trainer, pieces: dict, scalars: dict) -> None:
-    opt = trainer.optimizer
-    if trainer.zero is None:
-        for p in trainer.params:
-            opt.state[p] = {**{k: v.clone() for k, v in scalars.items()},
-                            **{k: pieces[k][id(p)] for k in pieces}}
-        return
-    for unit in trainer.zero.units:
-        state = {k: v.clone() for k, v in scalars.items()}
-        for k in pieces:
-            flat = torch.cat([pieces[k][id(p)].reshape(-1) for p in unit.params])
-            flat = torch.cat([flat, flat.new_zeros(unit.padded_numel - unit.numel)])
-            state[k] = flat[unit.owned()].clone()
-        opt.state[unit.master] = state

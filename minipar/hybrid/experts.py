@@ -158,6 +158,7 @@ class Experts:
     def __init__(self, layers: list, ep_group, edp_group, divisor: int, micro_batches: int):
         self.ep_group, self.edp_group, self.divisor = ep_group, edp_group, divisor
         self.optimizer = None                   # ZeRO-1: the experts' own optimizer (outside the shards)
+        self.ep_rank, self.edp_rank = 0, 0      # this rank's place in its ep and expert-DP groups (install)
         for layer in layers:
             layer.aux_scale = 1.0 / micro_batches
         self.keep(layers)
@@ -218,7 +219,10 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
         if isinstance(block.mlp, MoELayer):
             block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, dense_group)
             layers.append(block.mlp)
-    return Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches)
+    held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches)
+    my_edp = next(r for _, sets in plan for r in sets if rank in r)
+    held.ep_rank, held.edp_rank = my_ep.index(rank), my_edp.index(rank)     # the checkpoint's writer rule
+    return held
 
 
 class DenseParams(nn.Module):

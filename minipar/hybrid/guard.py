@@ -18,10 +18,15 @@ from .checkpoint import CheckpointError, _barrier
 __all__ = ["run_identity", "differences", "check_folder", "check_shared"]
 
 
-def run_identity(cfg, *, seed, dtype, data: dict) -> dict:
-    """What a checkpoint must share with the run that resumes it: the model ``config``, the ``seed``, the
-    ``dtype`` and the ``data`` stream (source, batch size, sequence length: batch k is the k-th step's)."""
-    return {"config": dict(vars(cfg)), "seed": seed, "dtype": str(dtype).removeprefix("torch."), "data": dict(data)}
+def run_identity(cfg, *, seed, dtype, data: dict, moe=None) -> dict:
+    """What a checkpoint must share with the run that resumes it: the model ``config`` (an MoE model's experts,
+    top-k and capacity factor among it: ``moe``, a :class:`~minipar.moe.layer.MoEConfig` or None), the
+    ``seed``, the ``dtype`` and the ``data`` stream (source, batch size, sequence length: batch k is the k-th
+    step's)."""
+    config = dict(vars(cfg))
+    if moe is not None:
+        config |= {"moe_experts": moe.experts, "moe_top_k": moe.k, "moe_capacity_factor": float(moe.capacity_factor)}
+    return {"config": config, "seed": seed, "dtype": str(dtype).removeprefix("torch."), "data": dict(data)}
 
 
 def differences(manifest: dict, identity: dict) -> list:

@@ -11,7 +11,7 @@ import os
 
 from . import checkpoint, guard
 
-__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "resume_point", "check_save"]
+__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "with_moe", "resume_point", "check_save"]
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
@@ -35,9 +35,6 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError("--save-every needs --save DIR")
     if args.experts < 0:
         raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
-    if args.experts and (args.save or args.resume):
-        raise ValueError(f"--experts {args.experts} with --save/--resume: checkpoints of MoE layouts are not written "
-                         f"yet (the ep ranks of a stage hold different experts); train without them")
 
 
 def text_data(args) -> dict | None:
@@ -61,8 +58,19 @@ def text_data(args) -> dict | None:
             "identity": {"source": "text", "sha256": digest, "tokens": args.tokens}}
 
 
+def with_moe(identity: dict, args) -> dict:
+    """``identity`` with ``--experts``, ``--top-k`` and ``--capacity-factor`` in its config (what a checkpoint
+    of an MoE run records: :func:`minipar.hybrid.guard.run_identity`)."""
+    if not args.experts:
+        return identity
+    moe = argparse.Namespace(experts=args.experts, k=args.top_k, capacity_factor=args.capacity_factor)
+    return {**identity, "config": guard.run_identity(argparse.Namespace(**identity["config"]), seed=None, dtype="",
+                                                     data={}, moe=moe)["config"]}
+
+
 def resume_point(args, identity: dict) -> tuple:
     """(folder to load or None, its step): the checks of ``--resume``."""
+    identity = with_moe(identity, args)
     if not os.path.exists(os.path.join(args.resume, "latest")):
         if os.path.isdir(args.resume) or (args.save and os.path.abspath(args.save) == os.path.abspath(args.resume)):
             return None, 0                       # no checkpoint yet: the first launch of a restartable run
@@ -81,6 +89,7 @@ def resume_point(args, identity: dict) -> tuple:
 def check_save(args, identity: dict, start: int) -> None:
     """``--save``: the folder is created and test-written; another run's checkpoint there, or a later step,
     is replaced only with ``--overwrite``."""
+    identity = with_moe(identity, args)
     guard.check_folder(args.save)
     if args.overwrite or not os.path.exists(os.path.join(args.save, "latest")):
         return

@@ -7,18 +7,23 @@ A parameter of :class:`minipar.tensor.gpt.TensorParallelGPT` is one of three kin
   rank r holds rows ``[r·R/t, (r+1)·R/t)`` of each of ``parts`` stacked blocks (3 for a fused QKV weight);
   a vocabulary tensor is padded with zero rows to a multiple of t first, and the padding is dropped again;
 * ``"cols"`` — row-parallel weights: rank r holds columns ``[r·C/t, (r+1)·C/t)``;
-* ``"whole"`` — LayerNorms, row-parallel biases, position embeddings: the same on every rank.
+* ``"whole"`` — LayerNorms, row-parallel biases, position embeddings, an MoE model's routers and experts
+  (expert-TP = 1): the same on every rank.
+
+The optimizer side: :func:`optimizer_pieces` gathers ZeRO-1's flat shards into per-parameter moments (the
+experts, outside the shards, from their own optimizer) and :func:`set_optimizer_state` cuts them back.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
+from .. import comm
 from ..tensor.layers import ColumnParallelLinear, RowParallelLinear, shard_cols, shard_rows
 from ..tensor.operators import all_gather_dim, tp_size
 from ..tensor.vocab import VocabParallelEmbedding, pad_rows, padded_vocab_size
 
-__all__ = ["tp_layouts", "to_full", "to_shard"]
+__all__ = ["tp_layouts", "to_full", "to_shard", "optimizer_pieces", "set_optimizer_state"]
 
 WHOLE = ("whole", 1, None)
 
@@ -64,3 +69,55 @@ def to_shard(full: torch.Tensor, layout: tuple, rank: int, t: int) -> torch.Tens
     if vocab is not None:
         full = pad_rows(full, padded_vocab_size(vocab, t))
     return shard_rows(full, rank, t, parts)
+
+
+def _plain_pieces(optimizer, params, pieces: dict, scalars: dict) -> None:
+    for p in params:
+        for k, v in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(v) and v.shape == p.shape:
+                pieces.setdefault(id(p), {})[k] = v
+            else:
+                scalars[k] = v
+
+
+def optimizer_pieces(trainer) -> tuple:
+    """({id(param): {state key: TP piece}}, {scalar key: tensor}) of this rank's stages, ZeRO-1's flat
+    shards gathered over dp × cp first (a collective); an MoE model's experts, outside ZeRO-1's shards, from
+    their own optimizer (the same Adam step count)."""
+    pieces, scalars = {}, {}
+    if trainer.zero is None:
+        _plain_pieces(trainer.optimizer, trainer.params, pieces, scalars)
+        return pieces, scalars
+    if trainer.experts and trainer.experts.optimizer:
+        _plain_pieces(trainer.experts.optimizer, trainer.experts.params, pieces, scalars)
+    for unit in trainer.zero.units:
+        for k, v in trainer.optimizer.state.get(unit.master, {}).items():
+            if not (torch.is_tensor(v) and v.shape == unit.master.shape):
+                scalars[k] = v
+                continue
+            flat = v.new_empty(unit.padded_numel)
+            comm.all_gather_into_tensor(flat, v.detach().contiguous(), group=unit.group)
+            offset = 0
+            for p in unit.params:
+                pieces.setdefault(id(p), {})[k] = flat[offset: offset + p.numel()].view(p.shape)
+                offset += p.numel()
+    return pieces, scalars
+
+
+def set_optimizer_state(trainer, pieces: dict, scalars: dict) -> None:
+    """Install full-size ``pieces`` {state key: {id(param): this rank's TP piece}} and ``scalars`` into the
+    trainer's optimizer(s): per parameter, or cut into this rank's ZeRO-1 slice of each flat buffer."""
+    def plain(optimizer, params):
+        for p in params:
+            optimizer.state[p] = {**{k: v.clone() for k, v in scalars.items()}, **{k: pieces[k][id(p)] for k in pieces}}
+    if trainer.zero is None:
+        return plain(trainer.optimizer, trainer.params)
+    if trainer.experts and trainer.experts.optimizer:
+        plain(trainer.experts.optimizer, trainer.experts.params)
+    for unit in trainer.zero.units:
+        state = {k: v.clone() for k, v in scalars.items()}
+        for k in pieces:
+            flat = torch.cat([pieces[k][id(p)].reshape(-1) for p in unit.params])
+            flat = torch.cat([flat, flat.new_zeros(unit.padded_numel - unit.numel)])
+            state[k] = flat[unit.owned()].clone()
+        trainer.optimizer.state[unit.master] = state
