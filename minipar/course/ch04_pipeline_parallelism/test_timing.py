@@ -69,13 +69,6 @@ def test_replayed_runs_reads_marks_as_rows_and_spans_start_when_the_input_arrive
     assert played[1].timeline == [(0, "F", 1, 0, 1.5, 2.5)]          # begins at 0, its input arrives at 1 + 0.5
 
 
-def test_with_wall_compute_replaces_cpu_seconds_and_leaves_the_original():
-    trace = Trace([RankTrace(0, [Compute(1.0, 3.0), Mark("x"), Compute(2.0, 5.0)])])
-    wall = timing.with_wall_compute(trace)
-    assert [e.seconds_cpu for e in wall.ranks[0].events if isinstance(e, Compute)] == [3.0, 5.0]
-    assert [e.seconds_cpu for e in trace.ranks[0].events if isinstance(e, Compute)] == [1.0, 2.0]
-
-
 def test_idle_terms_order_the_terms_the_chapter_asserts(traced):
     runs, trace = traced["1f1b"]
     alpha, beta, samples = timing.p2p_link(sizes=(256, 65536), reps=5)

@@ -21,13 +21,11 @@ starting once its input is there; the replayed spans come from the marks (:func:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from types import SimpleNamespace
 
-import torch
-
 from minipar import trace
+from minipar.fidelity import fit_affine, wall_compute
 from minipar.pipeline import runtime
 from minipar.pipeline.runtime import PipelineRank
 from minipar.pipeline.schedules import bubble_formula
@@ -35,7 +33,7 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows
 from minipar.plan.cluster import dgx_a100, this_machine
 from minipar.replay import replay
 
-__all__ = ["MarkedRank", "traced_run", "replayed_runs", "with_wall_compute", "p2p_link", "idle_terms",
+__all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms",
            "stage_work", "draw_terms", "TERMS", "TITLES"]
 
 TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
@@ -85,40 +83,15 @@ def replayed_runs(result, steps: int) -> list:
     return runs
 
 
-def with_wall_compute(traced: trace.Trace) -> trace.Trace:
-    """A copy of ``traced`` whose compute segments last their wall seconds instead of their CPU seconds."""
-    copy = trace.Trace.from_dict(traced.to_dict())
-    for rank in copy.ranks:
-        rank.events = [replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, trace.Compute) else e
-                       for e in rank.events]
-    return copy
-
-
-def _ping_pong(rank, world_size, sizes, reps):
-    from minipar import comm
-    out = {}
-    for n in sizes:
-        buf, samples = torch.zeros(n // 4), []
-        for _ in range(reps + 2):                          # the first two set up the connection
-            t0 = time.perf_counter()
-            if rank == 0:
-                comm.send(buf, 1), comm.recv(buf, 1)
-            else:
-                comm.recv(buf, 0), comm.send(buf, 0)
-            samples.append((time.perf_counter() - t0) / 2)
-        out[n] = min(samples[2:])              # one way; the least disturbed: waiting for a core is not the link
-    return out
-
-
 def p2p_link(sizes=(256, 4096, 65536), reps: int = 20) -> tuple:
-    """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: blocking send/recv
-    round trips, the fastest one-way time per size (the link, not the wait for a core: that is the ``cores``
-    term), fitted by least squares to t = α + S/β."""
+    """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: chapter 12's blocking
+    send/recv ping-pong, the fastest one-way time of ``reps`` round trips per size (the link, not the wait for a
+    core: that is the ``cores`` term), fitted to t = α + S/β by :func:`minipar.fidelity.fit_affine` (least
+    squares in relative error); β = ∞ when the fastest times do not grow with S (small sizes, a busy machine)."""
+    from minipar.course.ch12_choosing_a_strategy.bench import _pingpong
     from minipar.launcher import launch
-    samples = launch(_ping_pong, 2, list(sizes), reps, quiet=True)[0]
-    design = torch.tensor([[1.0, float(s)] for s in samples], dtype=torch.float64)
-    secs = torch.tensor(list(samples.values()), dtype=torch.float64).unsqueeze(1)
-    alpha, per_byte = torch.linalg.lstsq(design, secs).solution.squeeze(1).tolist()
+    samples = launch(_pingpong, 2, list(sizes), reps + 1, quiet=True)[0]     # its first round trip is a warm-up
+    alpha, per_byte = fit_affine(list(samples), list(samples.values()))
     return max(alpha, 0.0), (1 / per_byte if per_byte > 0 else float("inf")), samples
 
 
@@ -159,7 +132,7 @@ def idle_terms(runs: list, traced: trace.Trace, *, alpha: float, beta: float, fl
     here = replace(free, intra_latency=alpha, inter_latency=alpha, intra_bw=beta, inter_bw=beta)
     played = {"stages": replay(traced, free, compute_scale=1.0),
               "p2p": replay(traced, here, compute_scale=1.0),
-              "cores": replay(with_wall_compute(traced), here, compute_scale=1.0),
+              "cores": replay(wall_compute(traced), here, compute_scale=1.0),
               "dgx_a100": replay(traced, dgx_a100(1), source_flops_per_second=flops_here)}
     out = {"formula": (bubble_formula(meta["schedule"], p, meta["m"]), None),
            "measured": (measured_idle_fraction(runs, step), runs)}

@@ -1,7 +1,7 @@
 """Chapter 08's five-dimensional part: dp × pp × cp × tp on one mesh, with ep folded into dp × cp.
 
-* :func:`reduction_groups` — the groups a 5D layout reduces over, computed from :class:`minipar.mesh.Mesh`:
-  dense gradients over dp × cp; expert parallelism (ep) borrows its ranks from each (pp, tp) coordinate's
+* :func:`reduction_groups` — the groups a 5D layout reduces over, from :class:`minipar.mesh.Mesh` and the
+  trainer's :func:`minipar.hybrid.experts.expert_groups`: dense gradients over dp × cp; expert parallelism (ep) borrows its ranks from each (pp, tp) coordinate's
   dp × cp ranks — consecutive chunks of ``ep`` in mesh order (Megatron-Core's ``"tp-cp-ep-dp-pp"`` with
   ep inside dp, ``tests/test_mesh_megatron.py``) — and each expert's gradients are reduced over the
   expert-data-parallel group: the ranks at the same place in every chunk, dp · cp / ep of them.
@@ -18,10 +18,9 @@
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from minipar.hybrid.experts import expert_groups
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
@@ -34,15 +33,13 @@ MOE_LAYOUT_5D = Layout(dp=2, pp=2, cp=2, tp=2, ep=EP, micro_batches=4)
 
 def reduction_groups(world_size: int, *, dp: int, pp: int, cp: int, tp: int, ep: int) -> dict:
     """{"dense": dp × cp groups, "ep": expert-parallel groups, "expert_dp": expert-data-parallel groups} of a
-    ``Mesh(world_size, dp=, pp=, cp=, tp=)`` (minipar's order: dp, pp, cp, tp outermost to innermost).
-    For each dense group g (ascending ranks: cp fastest, then dp): ep groups g[i·ep:(i+1)·ep], expert-DP
-    groups g[j::ep] — so ep × expert-DP re-cuts exactly the ranks of dp × cp, never across pp or tp."""
+    ``Mesh(world_size, dp=, pp=, cp=, tp=)``: the trainer's own rule, :func:`minipar.hybrid.experts.expert_groups`
+    (ep groups = consecutive chunks of ``ep`` of each dense group, expert-DP = the strided sets), flattened."""
     Layout(dp=dp, pp=pp, cp=cp, tp=tp, ep=ep).check()                # ep must divide dp · cp
     mesh = Mesh(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
-    dense = mesh.groups("dp", "cp")
-    return {"dense": dense,
-            "ep": [g[i:i + ep] for g in dense for i in range(0, len(g), ep)],
-            "expert_dp": [g[j::ep] for g in dense for j in range(ep)]}
+    cuts = expert_groups(mesh, ep)
+    return {"dense": mesh.groups("dp", "cp"), "ep": [g for chunks, _ in cuts for g in chunks],
+            "expert_dp": [g for _, strided in cuts for g in strided]}
 
 
 def recipes(steps: int = 3):
@@ -70,7 +67,7 @@ def _marked(factory):
     return build
 
 
-def _groups_seen(rank: int, world_size: int, layout: Layout, ep: int) -> dict:
+def _groups_seen(rank: int, world_size: int, layout: Layout) -> dict:
     """Build the mesh on this running rank; per group: its members as torch reports them, and the sum of the
     members' rank ids all-reduced over it (= sum of the members when the group is real)."""
     import torch.distributed as dist
@@ -78,12 +75,6 @@ def _groups_seen(rank: int, world_size: int, layout: Layout, ep: int) -> dict:
     mesh = Mesh(world_size, **layout.sizes).build(rank, combos=[("dp", "cp")])
     handles = {"dp,cp": mesh.group("dp", "cp"), "tp": mesh.group("tp"), "pp": mesh.group("pp"),
                "cp": mesh.group("cp")}
-    expert = reduction_groups(world_size, dp=layout.dp, pp=layout.pp, cp=layout.cp, tp=layout.tp, ep=ep)
-    for kind in ("ep", "expert_dp"):                        # every rank creates every group, in the same order
-        for ranks in expert[kind]:
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                handles[kind] = group
     out = {}
     for name, group in handles.items():
         total = torch.tensor([float(rank)])
@@ -92,20 +83,19 @@ def _groups_seen(rank: int, world_size: int, layout: Layout, ep: int) -> dict:
     return out
 
 
-def _rank_5d(rank: int, world_size: int, recipe64, recipe32, layout: Layout, ep: int) -> dict:
+def _rank_5d(rank: int, world_size: int, recipe64, recipe32, layout: Layout) -> dict:
     from minipar import trace
     from minipar.hybrid.parallel3d import parallel_train
-    groups = _groups_seen(rank, world_size, layout, ep)
+    groups = _groups_seen(rank, world_size, layout)
     recipe64.optimizer = _marked(recipe64.optimizer)
     with trace.tracing(rank) as rank_trace:
         run64 = parallel_train(rank, world_size, recipe64, layout=layout, track_memory=True)
-    start = time.perf_counter()
     run32 = parallel_train(rank, world_size, recipe32, layout=layout)
     return {"groups": groups, "run64": run64, "trace": rank_trace, "losses32": run32.losses,
-            "params32": run32.params, "seconds32": time.perf_counter() - start}
+            "params32": run32.params}
 
 
-def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D, ep: int = EP) -> dict:
+def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D) -> dict:
     """Validate, then one launch of ``layout.world_size`` ranks (see the module's docstring). Returns
     {"groups": [per rank], "runs64": [HybridRun], "trace": Trace, "runs32": [RunResult]}."""
     from minipar.check import RunResult
@@ -113,8 +103,7 @@ def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D, ep: int = EP) -> dict
     from minipar.launcher import launch
     from minipar.trace import Trace
     validate(recipe64, layout=layout)
-    Layout(dp=layout.dp, pp=layout.pp, cp=layout.cp, tp=layout.tp, ep=ep).check()
-    out = launch(_rank_5d, layout.world_size, recipe64, recipe32, layout, ep, quiet=True, timeout=180)
+    out = launch(_rank_5d, layout.world_size, recipe64, recipe32, layout, quiet=True, timeout=180)
     return {"groups": [o["groups"] for o in out], "runs64": [o["run64"] for o in out],
             "trace": Trace([o["trace"] for o in out], {"layout": str(layout)}),
             "runs32": [RunResult(o["losses32"], o["params32"]) for o in out]}
