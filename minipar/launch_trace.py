@@ -13,12 +13,16 @@ too); the wrapper returns (the function's result, the rank's :class:`~minipar.tr
 launcher splits again, so the caller's results are exactly the untraced ones. The recording itself is
 :mod:`minipar.comm`'s (two hooks: before each call and on each record): strategy files hold no tracing code.
 Outside a ``recording_launches`` block and without ``trace=True`` the launcher wraps nothing.
+
+A step's time in such a trace is read between marks: :func:`stamped_optimizer` wraps a recipe's optimizer so
+that every ``step()`` appends its wall time and marks "step" in the rank's trace.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 
-__all__ = ["recording_launches", "prepare"]
+__all__ = ["recording_launches", "prepare", "stamped_optimizer"]
 
 _recorders: list = []          # the lists of open recording_launches() blocks, innermost last
 
@@ -52,3 +56,23 @@ def prepare(fn, world_size: int, trace: bool):
         results = [result for result, _ in pairs]
         return (results, run) if trace else results
     return Traced(fn), finish
+
+
+def stamped_optimizer(factory, stamps: list):
+    """A recipe's optimizer factory whose optimizers, after each ``step()``, append ``time.perf_counter()`` to
+    ``stamps`` and :func:`minipar.trace.mark` "step" (a no-op when no trace is recording). A training step is
+    then the gap between two stamps, or between two marks of a replay (``ReplayResult.step_between``)."""
+    from .trace import mark
+
+    def build(params):
+        opt = factory(params)
+        step = opt.step
+
+        def stamped_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            stamps.append(time.perf_counter())
+            mark("step")
+            return out
+        opt.step = stamped_step
+        return opt
+    return build

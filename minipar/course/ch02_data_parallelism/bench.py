@@ -52,7 +52,8 @@ def _step_fn(model, opt, x, y, sync=True):
 
 def bench_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, bucket_mb=1.0, iters=20, warmup=3,
                with_dp=False, repeats=1):
-    """On each rank: {name: median step seconds} plus the gradient bytes and the step's comm bytes."""
+    """On each rank: {name: median step seconds} plus the gradient bytes and the step's comm bytes
+    (``iters=0``: the bytes alone, nothing timed)."""
     from minipar import comm
     from minipar.data import ddp, dp
     from minipar.loop import shard_batch
@@ -74,8 +75,8 @@ def bench_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, bucket_mb
         steps["DP threads (rank 0 alone)"] = dp_step if rank == 0 else (lambda: None)
     with comm.recording() as log:
         steps["minipar DDP"]()
-    runs = [alternating_medians(steps, iters=iters, warmup=warmup) for _ in range(repeats)]
-    medians = {name: sorted(r[name] for r in runs)[len(runs) // 2] for name in steps}
+    runs = [alternating_medians(steps, iters=iters, warmup=warmup) for _ in range(repeats)] if iters else []
+    medians = {name: sorted(r[name] for r in runs)[len(runs) // 2] for name in steps} if runs else {}
     grad_bytes = sum(p.numel() * p.element_size() for p in ours_model.parameters())
     dp_bytes = None
     if with_dp and rank == 0:

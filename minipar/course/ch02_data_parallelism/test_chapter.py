@@ -26,11 +26,16 @@ def test_dp_step_as_processes_equals_one_device():
     assert max((got[n] - want[n]).abs().max().item() for n in want) < 1e-12
 
 
-def test_fit_link_recovers_alpha_beta():
-    n, alpha, beta = 4, 20e-6, 1e9
-    t = lambda s: 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta  # noqa: E731
-    a, b = timing.fit_link({4: t(4), 2 ** 19: t(2 ** 19)}, n)
-    assert a == pytest.approx(alpha) and b == pytest.approx(beta)
+def test_exposed_and_hidden_are_read_in_the_last_step_alone():
+    from minipar.replay import ReplayResult, Span
+    spans = [Span(0, "compute", 0, 1, 0), Span(0, "all_reduce", 1, 3, 1),        # step 1: exposed 2
+             Span(0, "compute", 3, 5, 3), Span(0, "all_reduce", 4, 5, 4),        # step 2: hidden 1
+             Span(0, "all_gather", 5, 6, 6)]                                     # after: a final gather
+    result = ReplayResult([spans], [6.0], marks=[[("step", 3.0), ("step", 5.0)]])
+    assert timing.exposed_per_step(result) == 0 and timing.hidden_share(result) == 1.0   # whole run: 3, 1/4
+    assert [(s.start, s.end) for s in timing.last_step(result).timelines[0]] == [(0, 2), (1, 2)]
+    with pytest.raises(ValueError, match="fewer than two"):
+        timing.last_step(ReplayResult([spans], [6.0], marks=[[("step", 3.0)]]))
 
 
 def test_scaled_multiplies_messages_only():

@@ -10,7 +10,7 @@ runs threads in one process, which a per-device trace cannot see). Per configura
 * its :mod:`minipar.trace` (compute in thread CPU seconds, every collective), which :func:`replays` plays on
 
   - this machine as a cluster (:func:`minipar.plan.cluster.this_machine`: compute as measured, links α, β
-    fitted to gloo's all-reduce timed in the same launch, :func:`fit_link`),
+    fitted to gloo's all-reduce timed in the same launch, :func:`minipar.fidelity.fit_link`),
   - a DGX-A100 node and seed 002's PCIe machine (:mod:`minipar.plan.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-__all__ = ["dp_step", "traced_rank", "link_times", "fit_link", "measure", "scaled", "replays", "hidden_share", "table",
-           "titan_rtx", "draw_replays", "exposed_per_step", "GPT2_SMALL_PARAMS", "SEED_TOKENS_PER_GPU"]
+__all__ = ["dp_step", "traced_rank", "all_reduce_seconds", "measure", "scaled", "replays", "hidden_share", "table",
+           "titan_rtx", "draw_replays", "exposed_per_step", "last_step", "GPT2_SMALL_PARAMS", "SEED_TOKENS_PER_GPU"]
 
 GPT2_SMALL_PARAMS = 124_439_808     # seed 002's model (GPT-2 small)
 SEED_TOKENS_PER_GPU = 4 * 1024      # seed 002: --per_device_train_batch_size 4, run_clm's 1024-token blocks
@@ -89,18 +89,21 @@ def _traced(step, rank, steps):
     return min(b - a for a, b in zip(stamps, stamps[1:])), rank_trace
 
 
-def link_times(repeats=5) -> dict:
-    """Median seconds of gloo all-reduces of :data:`LINK_SIZES` bytes on every rank (for :func:`fit_link`)."""
+def all_reduce_seconds(rank, world_size, sizes=LINK_SIZES, repeats=5) -> dict:
+    """{bytes: seconds} of gloo float32 all-reduces of each of ``sizes`` bytes on this rank, the fastest of
+    ``repeats`` after one warm-up (the least disturbed: the machine is shared). Runs on every rank of a launch
+    (``launch(all_reduce_seconds, n, ...)``, or inside a rank's function), for
+    :func:`minipar.fidelity.fit_link`."""
     import torch.distributed as dist
     out = {}
-    for size in LINK_SIZES:
+    for size in sizes:
         buf, times = torch.zeros(max(1, size // 4)), []
         for _ in range(repeats + 1):
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(buf)
             times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times[1:])
+        out[size] = min(times[1:])
     return out
 
 
@@ -127,15 +130,8 @@ def traced_rank(rank, world_size, bucket_sizes, layers, embd, batch, seq, steps)
     out["DP"] = _traced(lambda: dp_step(rank, world_size, model, opt, x, y), rank, steps)
     with FlopCounterMode(display=False) as counter:
         lm_loss(make()(xs), ys).backward()
-    return {"runs": out, "link": link_times(), "flops": counter.get_total_flops(), "grad_bytes": grad_bytes,
+    return {"runs": out, "link": all_reduce_seconds(rank, world_size), "flops": counter.get_total_flops(), "grad_bytes": grad_bytes,
             "buckets": {n: s for n, s in configs.items()}}
-
-
-def fit_link(times: dict, n: int) -> tuple:
-    """(α per ring step, β bytes/s) from gloo all-reduces of two sizes: t = 2(n-1)·α + 2(n-1)/n · S/β."""
-    (s0, t0), (s1, t1) = sorted(times.items())
-    slope = max((t1 - t0) / (s1 - s0), 1e-15)
-    return max(t0 - slope * s0, 1e-7) / (2 * (n - 1)), 2 * (n - 1) / n / slope
 
 
 def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=2, embd=64, batch=16, seq=32,
@@ -143,6 +139,7 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
     """Launch :func:`traced_rank`: {"traces": {config: Trace}, "measured": {config: s}, "alpha", "beta",
     "flops_here" (FLOP/s of a rank: counted FLOPs / CPU seconds of compute per step), "grad_bytes",
     "all_reduces" (per step, traced), ...}."""
+    from minipar.fidelity import fit_link
     from minipar.launcher import launch
     from minipar.trace import Trace
     if steps < 2:
@@ -151,7 +148,7 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
                    timeout=300)
     names = list(ranks[0]["runs"])
     traces = {n: Trace([r["runs"][n][1] for r in ranks], {"strategy": n}) for n in names}
-    alpha, beta = fit_link(ranks[0]["link"], world_size)
+    beta, alpha = fit_link("all_reduce", world_size, ranks[0]["link"])
     ddp_trace = traces[names[0]]
     cpu_per_step = max(t.compute_cpu_seconds for t in ddp_trace.ranks) / steps
     return {"traces": traces, "measured": {n: max(r["runs"][n][0] for r in ranks) for n in names},
@@ -196,28 +193,46 @@ def replays(measured: dict, clusters: dict, compute_factor: float = 1.0, bytes_f
     return out
 
 
-def exposed_per_step(result, steps: int) -> float:
-    """The busiest rank's communication not under its compute, per step (seconds)."""
-    rank = max(range(len(result.timelines)), key=result.compute)
-    return result.exposed(rank) / steps
+def last_step(result, label: str = "step"):
+    """``result`` cut to one step: each rank's spans clipped to the gap between its last two marks ``label``
+    (so neither a first step that differs from the rest nor the set-up or a final gather is counted)."""
+    from minipar.replay import ReplayResult
+    timelines, finish = [], []
+    for spans, marks in zip(result.timelines, result.marks):
+        times = [t for name, t in marks if name == label]
+        if len(times) < 2:
+            raise ValueError(f"fewer than two marks {label!r} on a rank")
+        t0, t1 = times[-2], times[-1]
+        timelines.append([dataclasses.replace(s, start=max(s.start, t0) - t0, end=min(s.end, t1) - t0)
+                          for s in spans if s.end > t0 and s.start < t1])
+        finish.append(t1 - t0)
+    return ReplayResult(timelines, finish, result.cluster)
 
 
-def hidden_share(result) -> float:
-    """Share of the busiest rank's transfer time that ran under its compute (the replay's hidden / comm)."""
-    rank = max(range(len(result.timelines)), key=result.compute)
-    comm = result.comm(rank)
-    return result.hidden(rank) / comm if comm else 0.0
+def exposed_per_step(result, label: str = "step") -> float:
+    """The busiest rank's communication not under its compute in one step (:func:`last_step`), seconds."""
+    step = last_step(result, label)
+    return step.exposed(max(range(len(step.timelines)), key=step.compute))
+
+
+def hidden_share(result, label: str = "step") -> float:
+    """Share of the busiest rank's transfer time that ran under its compute in one step (:func:`last_step`):
+    the replay's hidden / comm."""
+    step = last_step(result, label)
+    rank = max(range(len(step.timelines)), key=step.compute)
+    comm = step.comm(rank)
+    return step.hidden(rank) / comm if comm else 0.0
 
 
 def table(measured: dict, played: dict) -> list:
     """One dict per config: measured here (s), then per cluster the replayed step (s), the exposed
-    communication per step (s) and the hidden share."""
+    communication of one step (s) and the hidden share in it (:func:`last_step`)."""
     rows = []
     for name in measured["traces"]:
         row = {"config": name, "measured_here": measured["measured"][name]}
         for where, results in played.items():
             row[f"step_{where}"] = results[name].step_between("step")
-            row[f"exposed_{where}"] = exposed_per_step(results[name], measured["steps"])
+            row[f"exposed_{where}"] = exposed_per_step(results[name])
             row[f"hidden_{where}"] = hidden_share(results[name])
         rows.append(row)
     return rows

@@ -2,6 +2,7 @@
 and a memory timeline that lands inside the watched step on the replay's time axis."""
 import pytest
 
+from minipar.check import gpt_recipe
 from minipar.course.ch03_zero_and_fsdp import timing
 
 
@@ -17,6 +18,8 @@ def test_prefetch_traces_and_the_memory_of_step_two():
     asyncs = {name: sum(c.async_ for c in t.ranks[0].comms() if c.op == "all_gather")
               for name, t in m["traces"].items()}
     assert asyncs["prefetch"] > 0 and asyncs["no prefetch"] == 0     # prefetch issues gathers before they are needed
+    model = gpt_recipe(steps=1, **timing.STEP_RECIPE).model()
+    assert m["param_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())   # not the gathers
     for name, t in m["traces"].items():
         res = replay(t, dgx_a100(1), source_flops_per_second=m["flops_here"])
         assert res.step_between("step") > 0
@@ -26,6 +29,20 @@ def test_prefetch_traces_and_the_memory_of_step_two():
         assert len(points) > 100 and all(marks[0] <= when < marks[2] for when, _ in points)
         assert sum(when <= marks[1] for when, _ in points) > 0.9 * len(points)
         assert max(b for _, b in points) > min(b for _, b in points) > 0
+
+
+def test_stamped_optimizer_stamps_and_marks_every_step():
+    import torch
+    from minipar import trace
+    from minipar.launch_trace import stamped_optimizer
+    stamps, w = [], torch.nn.Parameter(torch.ones(2))
+    opt = stamped_optimizer(lambda params: torch.optim.SGD(params, lr=0.5), stamps)([w])
+    with trace.tracing(0) as rank_trace:
+        for _ in range(3):
+            w.grad = torch.ones(2)
+            opt.step()
+    assert len(stamps) == 3 and stamps == sorted(stamps) and w.tolist() == [-0.5, -0.5]
+    assert [e.label for e in rank_trace.events if isinstance(e, trace.Mark)] == ["step"] * 3
 
 
 def test_trace_position_names_the_open_compute_segment():

@@ -15,34 +15,15 @@ segment i sits at that segment's replayed start + c × its replayed length / its
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
+from minipar.launch_trace import stamped_optimizer
 from minipar.memory import LiveTensorTracker
 from minipar.trace import Compute, Mark, position
 
 __all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
 STEP_RECIPE = dict(batch_size=16, seq_len=32, n_layer=4, n_embd=64)   # 4 blocks: 4 units (+ the root)
-
-
-def _marked(factory, stamps):
-    """The optimizer factory, with every ``step()`` time-stamped and marked "step" in the trace."""
-    from minipar import trace
-
-    def build(params):
-        opt = factory(params)
-        step = opt.step
-
-        def marked_step(*args, **kwargs):
-            out = step(*args, **kwargs)
-            stamps.append(time.perf_counter())
-            trace.mark("step")
-            return out
-        opt.step = marked_step
-        return opt
-    return build
 
 
 class _Sampling(LiveTensorTracker):
@@ -112,7 +93,8 @@ def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
 
 
 def traced_rank(rank, world_size, steps):
-    """{prefetch: (fastest wall gap between optimizer steps, RankTrace)}, and the step's FLOPs per rank."""
+    """({prefetch: (fastest wall gap between optimizer steps, RankTrace, memory samples)}, the step's FLOPs
+    per rank, gloo's all-reduce seconds by size, the model's parameter bytes)."""
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
     from minipar import trace
@@ -124,7 +106,7 @@ def traced_rank(rank, world_size, steps):
     for prefetch in (True, False):
         recipe = gpt_recipe(steps=steps + 1, optimizer="sgd", **STEP_RECIPE)   # step 1 records the unit order
         stamps = []
-        recipe.optimizer = _marked(recipe.optimizer, stamps)
+        recipe.optimizer = stamped_optimizer(recipe.optimizer, stamps)
         dist.barrier()
         watch = MemoryWatch(at=2)
         with trace.tracing(rank) as rank_trace:
@@ -135,8 +117,9 @@ def traced_rank(rank, world_size, steps):
     x, y = shard_batch(recipe.batches[0], rank, world_size)
     with FlopCounterMode(display=False) as counter:
         recipe.loss(recipe.model(), x, y).backward()
-    from minipar.course.ch02_data_parallelism.timing import link_times
-    return out, counter.get_total_flops(), link_times()
+    from minipar.course.ch02_data_parallelism.timing import all_reduce_seconds
+    param_bytes = sum(p.numel() * p.element_size() for p in recipe.model().parameters())
+    return out, counter.get_total_flops(), all_reduce_seconds(rank, world_size), param_bytes
 
 
 def _last_step_cpu(rank_trace) -> float:
@@ -148,7 +131,7 @@ def _last_step_cpu(rank_trace) -> float:
 def measure(world_size: int = 4, steps: int = 3) -> dict:
     """{"traces": {"prefetch" | "no prefetch": Trace}, "measured": {…: s}, "memory": {…: rank 0's
     MemoryWatch samples of step 2}, "flops_here", "flops_per_step", "steps", "alpha", "beta" (gloo's
-    all-reduce here, fitted), "param_bytes" (gathered per pass)} — the shape :func:`minipar.course.ch02_data_parallelism.timing.replays` reads. The first
+    all-reduce here, fitted), "param_bytes" (the model's parameters)} — the shape :func:`minipar.course.ch02_data_parallelism.timing.replays` reads. The first
     optimizer step (the unit order being recorded, no prefetch yet) stays in the trace, so a replay's step is
     read between later marks (``step_between``)."""
     from minipar.launcher import launch
@@ -159,16 +142,15 @@ def measure(world_size: int = 4, steps: int = 3) -> dict:
     ranks = launch(traced_rank, world_size, steps, quiet=True, timeout=300)
     names = {True: "prefetch", False: "no prefetch"}
     traces = {names[p]: Trace([r[0][p][1] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}) for p in names}
-    from minipar.course.ch02_data_parallelism.timing import fit_link
+    from minipar.fidelity import fit_link
     flops = ranks[0][1]
-    alpha, beta = fit_link(ranks[0][2], world_size)
+    beta, alpha = fit_link("all_reduce", world_size, ranks[0][2])
     cpu_per_step = max(_last_step_cpu(t) for t in traces["prefetch"].ranks)
     return {"traces": traces, "measured": {names[p]: max(r[0][p][0] for r in ranks) for p in names},
             "memory": {names[p]: ranks[0][0][p][2] for p in names},
             "flops_per_step": flops, "flops_here": flops / cpu_per_step, "steps": steps + 1,
             "world_size": world_size, "alpha": alpha, "beta": beta,
-            "param_bytes": sum(c.bytes for c in traces["prefetch"].ranks[0].comms() if c.op == "all_gather")
-            / (2 * (steps + 1))}
+            "param_bytes": ranks[0][3]}
 
 
 def draw_step_and_memory(axes, title: str, result, samples, trace_rank, p: int, unit: float = 1e-3):

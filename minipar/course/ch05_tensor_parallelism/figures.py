@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
@@ -68,27 +66,11 @@ def _make_column(path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def _time_all_reduce(rank, world_size, sizes, reps):
-    import torch.distributed as dist
-
-    from minipar import comm
-    out = {}
-    for n in sizes:
-        t = torch.ones(n)
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            comm.all_reduce(t)
-            times.append(time.perf_counter() - t0)
-        out[n * 4] = min(times)   # the least disturbed run: this machine is shared
-    return out
-
-
 def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(5, 12)), reps: int = 5) -> dict:
     """{message bytes: seconds of one float32 all-reduce} measured on ``world_size`` ranks (the best of
     ``reps`` on the slowest rank)."""
-    per_rank = launch(_time_all_reduce, world_size, list(sizes), reps, quiet=True)
+    from minipar.course.ch02_data_parallelism.timing import all_reduce_seconds
+    per_rank = launch(all_reduce_seconds, world_size, [4 * n for n in sizes], reps, quiet=True)
     return {s: max(r[s] for r in per_rank) for s in per_rank[0]}
 
 

@@ -18,46 +18,30 @@ their ratio (:func:`tp_table`).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from minipar import trace
+from minipar.launch_trace import stamped_optimizer
 from minipar.plan.cluster import h100_nodes, this_machine
 from minipar.replay import replay
 
-__all__ = ["traced_tp", "one_step", "placements", "tp_table", "PLACEMENTS"]
-
-PLACEMENTS = ("here", "inside", "across")
-
-
-def _marked_optimizer(factory, stamps):
-    def build(params):
-        opt = factory(params)
-        step = opt.step
-
-        def marked_step(*args, **kwargs):
-            out = step(*args, **kwargs)
-            stamps.append(time.perf_counter())
-            trace.mark("step")
-            return out
-        opt.step = marked_step
-        return opt
-    return build
+__all__ = ["traced_tp", "one_step", "placements", "tp_table"]
 
 
 def _traced_train(rank, world_size, recipe):
     import torch.distributed as dist
     from minipar.tensor import gpt
     stamps = []
-    recipe.optimizer = _marked_optimizer(recipe.optimizer, stamps)
+    recipe.optimizer = stamped_optimizer(recipe.optimizer, stamps)
     dist.barrier()
     with trace.tracing(rank) as rank_trace:
         result = gpt.parallel_train(rank, world_size, recipe)
-    return stamps[-1] - stamps[-2], rank_trace, result.losses
+    return stamps[-1] - stamps[-2], rank_trace, result
 
 
 def traced_tp(recipe, t: int) -> tuple:
-    """(measured wall seconds of the last step, slowest rank; :class:`minipar.trace.Trace`; losses) of
+    """(measured wall seconds of the last step, slowest rank; :class:`minipar.trace.Trace`; the ranks'
+    :class:`minipar.check.RunResult`, for :func:`minipar.check.compare` with ``train_reference(recipe)``) of
     ``recipe`` trained with TP degree ``t`` on ``t`` ranks here."""
     from minipar.launcher import launch
     from minipar.tensor import gpt
@@ -65,7 +49,7 @@ def traced_tp(recipe, t: int) -> tuple:
         raise ValueError("a step is timed between two optimizer steps: the recipe needs at least 2 steps")
     gpt.validate(recipe.model().cfg, tp=t, seq_len=recipe.batches[0][0].shape[1])
     out = launch(_traced_train, t, recipe, quiet=True)
-    return max(s for s, _, _ in out), trace.Trace([r for _, r, _ in out], {"t": t}), out[0][2]
+    return max(s for s, _, _ in out), trace.Trace([r for _, r, _ in out], {"t": t}), [res for _, _, res in out]
 
 
 def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:

@@ -25,6 +25,7 @@ import time
 import torch
 
 from minipar.data.zero_memory import Precision
+from minipar.launch_trace import stamped_optimizer
 from minipar.models import GPTConfig
 from minipar.plan import Cluster, Layout, Transformer, activation_bytes_per_layer, estimate
 from minipar.tensor.sequence import uncounted_bytes
@@ -358,23 +359,7 @@ def _train(rank, world_size, name, recipe):
         gpt.parallel_train(rank, world_size, recipe, sequence_parallel=name == "TP + SP")
 
 
-def _stamped(factory, stamps):
-    """The recipe's optimizer factory, with every ``step()`` of the optimizer it builds time-stamped (and
-    marked "step" in a :mod:`minipar.trace` recording on the rank)."""
-    from minipar import trace
-
-    def build(params):
-        opt = factory(params)
-        step = opt.step
-
-        def stamped_step(*args, **kwargs):
-            out = step(*args, **kwargs)
-            stamps.append(time.perf_counter())
-            trace.mark("step")                   # and in the trace, when one is recording (else nothing)
-            return out
-        opt.step = stamped_step
-        return opt
-    return build
+_stamped = stamped_optimizer        # the recipe's optimizer, each step() time-stamped and marked "step"
 
 
 def _timed_train(rank, world_size, name, steps, cut):
