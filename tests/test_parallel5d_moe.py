@@ -219,3 +219,18 @@ def test_every_factory_in_the_moe_path_names_its_device():
     layout = Layout(dp=2, pp=2, ep=2, zero=1, micro_batches=2)
     found = {c for calls in launch(_watched, 4, recipe(layout), layout, quiet=True) for c in calls}
     assert not found, "tensor factories without device= under minipar/:\n" + "\n".join(sorted(found))
+
+
+def test_reference_with_cp_and_drops_warns_and_the_help_says_so():
+    """cp > 1 with cf < E/k: the one-device reference cannot route as the run does; the helper warns, the train
+    command's help names the condition, and cp = 1 (routing groups) or cf = E/k stays silent."""
+    import warnings
+    from minipar.hybrid.cli import build_parser
+    from minipar.hybrid.experts import RoutingMismatch
+    with pytest.warns(RoutingMismatch, match=r"cp = 2 with capacity factor 1.25 < E/k = 4"):
+        recipe(Layout(dp=2, cp=2), capacity_factor=1.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recipe(Layout(dp=2, cp=2), capacity_factor=float(E))
+        recipe(Layout(dp=2), capacity_factor=1.0)
+    assert "with --cp > 1 the run equals one device only at cf ≥ E/k" in " ".join(build_parser().format_help().split())
