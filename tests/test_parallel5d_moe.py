@@ -133,6 +133,23 @@ def test_the_sgd_comparison_passes_without_the_bug():
     comparison.assert_ok()
 
 
+def test_the_divisor_bug_doubles_the_sgd_step_of_every_expert():
+    """One SGD step: with ÷ expert-DP (2) instead of ÷ dp·cp (4) every expert moves exactly twice as far as on one
+    device (Δp = −lr·2g), every other parameter as far: the bug is the constant 2× the test above catches."""
+    from minipar import launch
+    layout = Layout(**DIVISOR_LAYOUT, micro_batches=2)
+    r = recipe(layout, optimizer="sgd")
+    r.batches = r.batches[:1]
+    runs = launch(_with_bug, 4, r, layout, "divisor", quiet=True)
+    start = {n: p.detach().to(r.dtype) for n, p in r.model().named_parameters()}
+    ref = train_reference(r)
+    for res in runs:
+        for n, p in res.params.items():
+            factor = 2.0 if ".experts." in n else 1.0
+            torch.testing.assert_close(p - start[n], factor * (ref.params[n] - start[n]), atol=1e-12, rtol=1e-9)
+    assert any((ref.params[n] - start[n]).abs().max() > 1e-4 for n in start if ".experts." in n)   # a real step
+
+
 @pytest.mark.parametrize("fields, moe, words", [
     (dict(dp=3, ep=3), {}, "4 experts cannot be spread evenly over an expert-parallel group of 3"),
     (dict(dp=2, tp=2, sp=True, ep=2), {}, "sequence parallelism with an MoE model"),
