@@ -4,7 +4,9 @@ parameter, experts included, after 3 Adam steps, float64, compare's tolerance (a
 max |Δ| ≈ 1e-14). The reference accumulates the run's m global micro-batches (f counted per micro-batch); with
 cp = 1 it routes in the ranks' groups, so layouts that drop tokens (cf = 1) agree too; with cp > 1 the capacity
 is no-drop (cf = E/k). Bytes of every kind (ep, edp, balance with dp, pp, tp, cp) equal the formulas on every
-rank; a wrong expert-gradient divisor and a balancing loss left out of a stage's backward are both caught."""
+rank; a wrong expert-gradient divisor (run with SGD, where it doubles the experts' step: measured max |Δ| ≈ 5e-3;
+with Adam only the ε term would see the constant 2×) and a balancing loss left out of a stage's backward are both
+caught, and the same SGD run without the bug matches."""
 import functools
 
 import pytest
@@ -20,15 +22,16 @@ BATCH, SEQ, E = 8, 8, 4
 NO_DROP = dict(k=1, capacity_factor=float(E))           # C = T: no token dropped, whatever the grouping
 
 
-def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0, n_layer=2):
+def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0, n_layer=2, optimizer="adam"):
     return hybrid_moe_recipe(layout, steps=3, batch_size=BATCH, seq_len=SEQ, experts=E, k=k,
                              capacity_factor=capacity_factor, every=every, n_layer=n_layer, n_head=4, n_embd=16,
-                             dropout=dropout)
+                             dropout=dropout, optimizer=optimizer)
 
 
 @functools.lru_cache(maxsize=None)
-def reference(dp, cp, m, every, k, capacity_factor, n_layer=2):
-    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor, n_layer=n_layer))
+def reference(dp, cp, m, every, k, capacity_factor, n_layer=2, optimizer="adam"):
+    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor, n_layer=n_layer,
+                                  optimizer=optimizer))
 
 
 LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
@@ -89,33 +92,62 @@ def test_ep_and_expert_dp_partition_every_dense_group(fields):
 
 def _with_bug(rank, world_size, recipe, layout, bug):
     """The trainer with one plausible bug: expert gradients ÷ expert-DP instead of ÷ dp·cp, or the balancing loss
-    left out of the first stage's backward (only the last stage's loss seeded)."""
+    left out of the first stage's backward (only the last stage's loss seeded); ``bug=None``: as shipped."""
     from minipar.hybrid.parallel3d import Trainer3D
     t = Trainer3D(rank, world_size, recipe, layout=layout)
     if bug == "divisor":
         t.experts.divisor = layout.expert_data_parallel
-    elif t.mesh.coord("pp") == 0:
+    elif bug == "aux" and t.mesh.coord("pp") == 0:
         for layer in t.experts.layers:
             layer.aux_scale = 0.0
     losses = [t.step(x, y, i) for i, (x, y) in enumerate(recipe.batches)]
     return RunResult(losses if losses[0] is not None else None, t.full_params())
 
 
-@pytest.mark.parametrize("bug, fields, wrong", [
-    ("divisor", dict(dp=4, ep=2, schedule="gpipe"), ".experts."),
-    ("aux", dict(dp=2, pp=2, ep=2), "blocks.0.mlp.router.weight"),
-])
-def test_the_comparison_catches_the_bugs(bug, fields, wrong):
+def _compare_with_bug(bug, fields, optimizer):
     from minipar import launch
     layout = Layout(**fields, micro_batches=2)
-    r = recipe(layout)
-    runs = launch(_with_bug, 4, r, layout, bug, quiet=True)
-    ref = reference(layout.dp, 1, 2, 1, 1, float(E))
-    comparison = compare(ref, runs, dtype=torch.float64)
+    runs = launch(_with_bug, 4, recipe(layout, optimizer=optimizer), layout, bug, quiet=True)
+    ref = reference(layout.dp, 1, 2, 1, 1, float(E), optimizer=optimizer)
+    return compare(ref, runs, dtype=torch.float64), runs, ref
+
+
+DIVISOR_LAYOUT = dict(dp=4, ep=2, schedule="gpipe")       # expert-DP 2, dp·cp 4: the bug doubles g_expert
+
+
+@pytest.mark.parametrize("bug, fields, optimizer, wrong, at_least", [
+    ("divisor", DIVISOR_LAYOUT, "sgd", ".experts.", 1e-4),    # SGD: 2·g doubles the step (Adam would cancel it)
+    ("aux", dict(dp=2, pp=2, ep=2), "adam", "blocks.0.mlp.router.weight", 1e-3),
+])
+def test_the_comparison_catches_the_bugs(bug, fields, optimizer, wrong, at_least):
+    comparison, runs, ref = _compare_with_bug(bug, fields, optimizer)
     assert not comparison.matches, str(comparison)
-    bad = [n for res in runs for n, p in res.params.items() if wrong in n and not torch.allclose(p, ref.params[n])]
-    assert bad, f"no parameter matching {wrong!r} differs"
-    print(bug, comparison)
+    worst = max((p - ref.params[n]).abs().max().item() for res in runs for n, p in res.params.items() if wrong in n)
+    print(bug, optimizer, f"max |Δ| on {wrong!r}: {worst:.3g}", comparison)
+    assert worst > at_least, f"the {bug} bug moves {wrong!r} by only {worst:.3g}: caught by rounding, not loudly"
+
+
+def test_the_sgd_comparison_passes_without_the_bug():
+    """The same SGD run, as shipped: equal to one device (so the divisor case above fails because of the bug)."""
+    comparison, _, _ = _compare_with_bug(None, DIVISOR_LAYOUT, "sgd")
+    comparison.assert_ok()
+
+
+def test_the_divisor_bug_doubles_the_sgd_step_of_every_expert():
+    """One SGD step: with ÷ expert-DP (2) instead of ÷ dp·cp (4) every expert moves exactly twice as far as on one
+    device (Δp = −lr·2g), every other parameter as far: the bug is the constant 2× the test above catches."""
+    from minipar import launch
+    layout = Layout(**DIVISOR_LAYOUT, micro_batches=2)
+    r = recipe(layout, optimizer="sgd")
+    r.batches = r.batches[:1]
+    runs = launch(_with_bug, 4, r, layout, "divisor", quiet=True)
+    start = {n: p.detach().to(r.dtype) for n, p in r.model().named_parameters()}
+    ref = train_reference(r)
+    for res in runs:
+        for n, p in res.params.items():
+            factor = 2.0 if ".experts." in n else 1.0
+            torch.testing.assert_close(p - start[n], factor * (ref.params[n] - start[n]), atol=1e-12, rtol=1e-9)
+    assert any((ref.params[n] - start[n]).abs().max() > 1e-4 for n in start if ".experts." in n)   # a real step
 
 
 @pytest.mark.parametrize("fields, moe, words", [
@@ -204,3 +236,18 @@ def test_every_factory_in_the_moe_path_names_its_device():
     layout = Layout(dp=2, pp=2, ep=2, zero=1, micro_batches=2)
     found = {c for calls in launch(_watched, 4, recipe(layout), layout, quiet=True) for c in calls}
     assert not found, "tensor factories without device= under minipar/:\n" + "\n".join(sorted(found))
+
+
+def test_reference_with_cp_and_drops_warns_and_the_help_says_so():
+    """cp > 1 with cf < E/k: the one-device reference cannot route as the run does; the helper warns, the train
+    command's help names the condition, and cp = 1 (routing groups) or cf = E/k stays silent."""
+    import warnings
+    from minipar.hybrid.cli import build_parser
+    from minipar.hybrid.experts import RoutingMismatch
+    with pytest.warns(RoutingMismatch, match=r"cp = 2 with capacity factor 1.25 < E/k = 4"):
+        recipe(Layout(dp=2, cp=2), capacity_factor=1.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recipe(Layout(dp=2, cp=2), capacity_factor=float(E))
+        recipe(Layout(dp=2), capacity_factor=1.0)
+    assert "with --cp > 1 the run equals one device only at cf ≥ E/k" in " ".join(build_parser().format_help().split())

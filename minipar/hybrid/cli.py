@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--n-embd", type=int, default=32)
     train.add_argument("--experts", type=int, default=0, help="experts per MoE FFN (0: the dense GPT)")
     train.add_argument("--top-k", type=int, default=1, help="experts per token")
-    train.add_argument("--capacity-factor", type=float, default=1.25, help="C = ceil(k·T/E·cf) slots per expert")
+    train.add_argument("--capacity-factor", type=float, default=1.25, help="C = ceil(k·T/E·cf) slots per expert; "
+                       "with --cp > 1 the run equals one device only at cf ≥ E/k (no token dropped)")
     train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
@@ -101,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "
                                                        "folder with no checkpoint yet starts at step 0")
     train.add_argument("--data", metavar="FILE", help="train on this UTF-8 text (its last tenth held out)")
-    train.add_argument("--tokens", default="byte", choices=("byte", "char"),
-                       help="--data's tokens: bytes or characters")
+    train.add_argument("--tokens", default="byte", choices=("byte", "char"), help="--data read as bytes or characters")
     train.add_argument("--eval-every", type=int, default=10, metavar="N",
                        help="with --data: the held-out loss every N steps (and at the last)")
     train.add_argument("--json", action="store_true", help="one JSON object per step on standard output")

@@ -33,6 +33,8 @@ kind by a tag: ``ep`` = m·L_e·4·(ep−1)/ep·E·C·h·b (dispatch + combine, 
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -40,12 +42,13 @@ import torch.nn as nn
 from .. import comm
 from ..loop import lm_loss
 from ..mesh import Mesh
-from ..moe.expert_parallel import ExpertParallelMoE, exchange
-from ..moe.layer import MoEGPT, MoELayer, moe_recipe, validate_config
-from ..moe.router import balance_counts, capacity, load_balancing_loss
+from ..moe.expert_parallel import ExpertParallelMoE
+from ..moe.layer import MoEGPT, MoELayer, moe_recipe, no_drop_capacity_factor, validate_config
+from ..moe.router import capacity
 
-__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "TaggedAllToAll", "HybridExpertLayer",
-           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "expert_bytes"]
+__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer",
+           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch",
+           "expert_bytes"]
 
 
 class Tag:
@@ -103,52 +106,24 @@ class AuxLossInBackward(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
-class TaggedAllToAll(torch.autograd.Function):
-    """Chapter 09's differentiable all-to-all, each exchange (forward and backward) logged with dims ("ep",)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        with comm.recording(mesh=Tag("ep")):
-            return exchange(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        with comm.recording(mesh=Tag("ep")):
-            return exchange(grad, ctx.group), None
-
-
 class HybridExpertLayer(ExpertParallelMoE):
     """Chapter 09's :class:`ExpertParallelMoE` on the folded groups: experts keyed by their global index
-    (``experts.3``), the all-to-alls and counts tagged in the log, the aux loss joined to the backward with
-    ``aux_scale`` (1/m); ``aux_values`` collects each forward's aux loss (for the reported loss)."""
+    (``experts.3``), the all-to-alls and counts tagged in the log (:meth:`log_mesh`), the aux loss joined to the
+    backward with ``aux_scale`` (1/m); ``aux_values`` collects each forward's aux loss (for the reported loss)."""
 
     def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
         super().__init__(layer, ep_rank, ep, ep_group, token_group)
         self.experts = nn.ModuleDict({str(self.first + j): e for j, e in enumerate(self.experts)})
-        self.ep, self.aux_scale, self.aux_values = ep, 1.0, []
+        self.aux_scale, self.aux_values = 1.0, []
 
     def forward(self, x):
         out = super().forward(x)
         self.aux_values.append(self.aux_loss.detach())
         return AuxLossInBackward.apply(out, self.aux_loss, self.aux_scale)
 
-    def balance_loss(self, routing):
-        counts = balance_counts(routing)
-        with comm.recording(mesh=Tag("balance")):
-            comm.all_reduce(counts, group=self.token_group)      # first choices over the whole micro-batch
-        total = routing.probs.shape[0] * dist.get_world_size(self.token_group)
-        return load_balancing_loss(routing, self.moe.alpha, counts, total)
-
-    def run_experts(self, buffer):
-        experts = list(self.experts.values())
-        if self.ep == 1:
-            return torch.stack([expert(buffer[e]) for e, expert in enumerate(experts)])
-        e, c, h = buffer.shape
-        received = TaggedAllToAll.apply(buffer, self.ep_group).view(self.ep, self.per_rank, c, h)
-        out = torch.stack([expert(received[:, j].reshape(self.ep * c, h)).view(self.ep, c, h)
-                           for j, expert in enumerate(experts)], dim=1)
-        return TaggedAllToAll.apply(out.reshape(e, c, h), self.ep_group)
+    def log_mesh(self, kind):
+        """The folded groups' exchanges are logged by what they carry: ``Tag("ep")``, ``Tag("balance")``."""
+        return Tag(kind)
 
 
 class Experts:
@@ -204,23 +179,28 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
     on this rank (every rank creates every folded group, in the same order); None for a dense model."""
     if not any(isinstance(b.mlp, MoELayer) for b in model.blocks):
         return None
-    n, ep, rank = layout.dp * layout.cp, layout.ep, mesh.rank
+    ep, n_e, rank = layout.ep, layout.expert_data_parallel, mesh.rank
     plan = expert_groups(mesh.mesh, ep)
-    found = {0: None, 1: dense_group if ep == 1 and n > 1 else None}      # ep = 1: expert-DP is dp × cp itself
-    for kind in (0, 1):                                                   # every ep group, then every expert-DP group
-        for ranks in (r for sets in plan for r in sets[kind]):
-            if (kind == 0 and ep > 1) or (kind == 1 and 1 < len(ranks) < n):
-                group = dist.new_group(ranks)
-                found[kind] = group if rank in ranks else found[kind]
-    ep_group, edp_group = found[0], found[1]
-    my_ep = next(r for sets, _ in plan for r in sets if rank in r)
+    ep_group, my_ep = None, next(r for ep_sets, _ in plan for r in ep_sets if rank in r)
+    if ep > 1:
+        for ranks in (r for ep_sets, _ in plan for r in ep_sets):          # every ep group, on every rank
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                ep_group = group
+    edp_group, my_edp = None, next(r for _, edp_sets in plan for r in edp_sets if rank in r)
+    if n_e > 1 and ep == 1:                                               # expert-DP is dp × cp itself
+        edp_group = dense_group
+    elif n_e > 1:
+        for ranks in (r for _, edp_sets in plan for r in edp_sets):       # then every expert-DP group
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                edp_group = group
     layers = []
     for block in model.blocks:
         if isinstance(block.mlp, MoELayer):
             block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, dense_group)
             layers.append(block.mlp)
     held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches)
-    my_edp = next(r for _, sets in plan for r in sets if rank in r)
     held.ep_rank, held.edp_rank = my_ep.index(rank), my_edp.index(rank)     # the checkpoint's writer rule
     return held
 
@@ -249,22 +229,31 @@ def reference_loss(dp: int, micro_batches: int):
 
 def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: int = 16, experts: int = 4,
                       k: int = 1, capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1,
-                      dtype=torch.float64, seed: int = 0, **cfg):
-    """The MoE tiny GPT whose one-device loss is the hybrid run's (:func:`reference_loss`). With cp = 1 the
-    reference routes each micro-batch in dp groups (``MoEConfig(groups=dp)``), the ranks' own token sets, so
-    they agree even when tokens are dropped; with cp > 1 a rank's tokens are no contiguous group: compare with
-    a no-drop capacity (cf = E/k)."""
+                      optimizer: str = "adam", dtype=torch.float64, seed: int = 0, **cfg):
+    """The MoE tiny GPT whose one-device loss is the hybrid run's (:func:`reference_loss`), trained with
+    ``optimizer`` ("adam" or "sgd", as :func:`minipar.check.gpt_recipe`). With cp = 1 the reference
+    routes each micro-batch in dp groups (``MoEConfig(groups=dp)``), the ranks' own token sets, so they agree even
+    when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
+    needs a no-drop capacity, cf ≥ E/k: a smaller cf warns (:class:`RoutingMismatch`)."""
+    if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k):
+        warnings.warn(f"cp = {layout.cp} with capacity factor {capacity_factor} < E/k = {experts / k:g}: tokens "
+                      f"may be dropped, and the one-device reference routes them differently from the run; "
+                      f"compare with cf ≥ {experts / k:g}", RoutingMismatch, stacklevel=2)
     groups = layout.dp if layout.cp == 1 else 1
-    recipe = moe_recipe(steps, batch_size, seq_len, "adam", seed, dtype, experts, k, capacity_factor, alpha,
+    recipe = moe_recipe(steps, batch_size, seq_len, optimizer, seed, dtype, experts, k, capacity_factor, alpha,
                         every, groups, **cfg)
     recipe.loss = reference_loss(layout.dp, layout.micro_batches)
     return recipe
 
 
+class RoutingMismatch(UserWarning):
+    """:func:`hybrid_moe_recipe`'s reference cannot route as the run does (cp > 1 with dropping possible)."""
+
+
 def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
     """{"ep", "edp", "balance"}: bytes one rank sends per step (module docstring), ``moe_layers`` its MoE layers."""
-    n, ep, b, m = layout.dp * layout.cp, layout.ep, element_size, layout.micro_batches
-    edp = n // ep
+    n, ep, edp = layout.dp * layout.cp, layout.ep, layout.expert_data_parallel
+    b, m = element_size, layout.micro_batches
     c = capacity(micro_batch * seq // layout.cp, moe.experts, moe.capacity_factor, moe.k)
     per_expert = 2 * cfg.n_embd * cfg.ffn_hidden + (cfg.ffn_hidden + cfg.n_embd) * cfg.bias
     psi = moe_layers * moe.experts // ep * per_expert

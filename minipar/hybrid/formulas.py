@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..layout import Layout
+from ..moe.layer import moe_blocks
 from .context import cp_bytes
 from .experts import expert_bytes
 
@@ -36,7 +37,8 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     ring, half = 2 * (tp - 1) / tp, (tp - 1) / tp
     act, loss = mb * seq * h, 3 * mb * seq * last                           # one micro-batch's boundary tensor
     blocks = per_stage * len(mine)
-    is_moe = [moe is not None and (b + 1) % moe.every == 0 for b in range(cfg.n_layer)]
+    with_moe = set(moe_blocks(cfg.n_layer, moe.every)) if moe is not None else set()
+    is_moe = [b in with_moe for b in range(cfg.n_layer)]
     moe_in = [sum(is_moe[s * per_stage:(s + 1) * per_stage]) for s in range(n_stages)]   # MoE layers per stage
     moe_layers = sum(moe_in[s] for s in mine)
     if sp:

@@ -261,4 +261,14 @@ class Trainer3D:
         return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
 
 
-from .runner import HybridRun, parallel_train, run  # noqa: E402  (re-exported: the one-rank loop and the launch)
+def __getattr__(name: str):
+    """``parallel3d.run`` / ``parallel_train`` / ``HybridRun``, where the chapters import them from, live in
+    :mod:`.runner` (which imports this module): resolved on first use, so neither module imports the other
+    while it loads."""
+    if name in _FROM_RUNNER:
+        from . import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_FROM_RUNNER = ("HybridRun", "parallel_train", "run")

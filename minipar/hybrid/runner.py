@@ -1,6 +1,7 @@
 """The 3D/5D trainer's loop and launch: :func:`parallel_train` (one rank: :class:`~.parallel3d.Trainer3D` over the
 recipe's batches, plus what it measured, bytes per kind from the group-tagged logs) and :func:`run` (validate,
-then launch). Re-exported by :mod:`minipar.hybrid.parallel3d`, where they have always been imported from."""
+then launch). :mod:`minipar.hybrid.parallel3d` hands them out too (its module ``__getattr__``), where they have
+always been imported from; this module imports it, not the other way round."""
 from __future__ import annotations
 
 import time
@@ -9,8 +10,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..check import Recipe, RunResult
+from ..launcher import launch
 from ..layout import Layout
 from ..memory import LiveTensorTracker
+from .parallel3d import DEFAULTS, Trainer3D, validate
 
 __all__ = ["HybridRun", "parallel_train", "run"]
 
@@ -31,13 +34,11 @@ class HybridRun(RunResult):
     model_state_bytes: int = 0
 
 
-
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None,
                    track_memory: bool = False, device="cpu", **dims) -> HybridRun:
     """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
     ``device``); return its losses (last stage only, floats), its stages' full parameters (CPU tensors) and
     what it measured."""
-    from .parallel3d import Trainer3D
     t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, **dims)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):
@@ -70,8 +71,6 @@ def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None 
     """Validate the layout (a :class:`~minipar.layout.Layout` or its fields as keywords), then train on
     ``world_size`` ranks (default: the layout's); return the per-rank :class:`HybridRun`.
     ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
-    from ..launcher import launch
-    from .parallel3d import DEFAULTS, validate
     layout = Layout.of(layout, DEFAULTS, **dims)
     world_size = layout.world_size if world_size is None else world_size
     validate(recipe, world_size=world_size, layout=layout)

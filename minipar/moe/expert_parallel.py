@@ -64,22 +64,30 @@ from ..validation import positive_int
 from .layer import MoEGPT, MoELayer, validate_config
 from .router import Routing, balance_counts, load_balancing_loss
 
-__all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "shard_experts", "is_expert",
+__all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "logged_with", "shard_experts", "is_expert",
            "sync_gradients", "validate", "build", "train_step", "parallel_train", "run",
            "predicted_all_to_all_bytes"]
 
 
 class AllToAll(torch.autograd.Function):
-    """Chunk i of dim 0 goes to rank i of ``group``; backward sends the gradient chunks back the same way."""
+    """Chunk i of dim 0 goes to rank i of ``group``; backward sends the gradient chunks back the same way.
+    ``log_mesh`` (optional): the mesh each exchange, forward and backward, is recorded with (its dims)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return exchange(x, group)
+    def forward(ctx, x, group, log_mesh=None):
+        ctx.group, ctx.log_mesh = group, log_mesh
+        with logged_with(log_mesh):
+            return exchange(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return exchange(grad, ctx.group), None
+        with logged_with(ctx.log_mesh):
+            return exchange(grad, ctx.group), None, None
+
+
+def logged_with(log_mesh):
+    """``comm.recording(mesh=log_mesh)`` (records name the dims ``log_mesh`` gives them), or nothing when None."""
+    return contextlib.nullcontext() if log_mesh is None else comm.recording(mesh=log_mesh)
 
 
 def exchange(x, group):
@@ -92,9 +100,9 @@ def exchange(x, group):
     return torch.cat(received)
 
 
-def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
-    """Differentiable all-to-all of ``x``'s dim-0 chunks over ``group``."""
-    return AllToAll.apply(x, group)
+def all_to_all(x: torch.Tensor, group, log_mesh=None) -> torch.Tensor:
+    """Differentiable all-to-all of ``x``'s dim-0 chunks over ``group`` (recorded with ``log_mesh`` if given)."""
+    return AllToAll.apply(x, group, log_mesh)
 
 
 class ExpertParallelMoE(MoELayer):
@@ -109,20 +117,29 @@ class ExpertParallelMoE(MoELayer):
         self.ep_group, self.token_group = ep_group, token_group
         self.routing, self.aux_loss = None, torch.zeros((), device=layer.router.weight.device)
 
+    def log_mesh(self, kind: str):
+        """The mesh the exchanges of ``kind`` ("ep": the all-to-alls, "balance": the f counts) are recorded
+        with; None (the default): whatever recording is around them names their dims."""
+        return None
+
     def balance_loss(self, routing: Routing) -> torch.Tensor:
         counts = balance_counts(routing)
-        comm.all_reduce(counts, group=self.token_group)           # first choices over the whole micro-batch
+        with logged_with(self.log_mesh("balance")):
+            comm.all_reduce(counts, group=self.token_group)       # first choices over the whole micro-batch
         total = routing.probs.shape[0] * dist.get_world_size(self.token_group)
         return load_balancing_loss(routing, self.moe.alpha, counts, total)
 
     def run_experts(self, buffer: torch.Tensor) -> torch.Tensor:
+        experts = list(self.experts.children())         # a ModuleList, or a ModuleDict keyed by global index
+        if self.ep_group is None:                        # no EP group: every expert is here
+            return torch.stack([expert(buffer[e]) for e, expert in enumerate(experts)])
         e, c, m = buffer.shape
-        ep = e // self.per_rank
-        received = all_to_all(buffer, self.ep_group)    # (ep sources × E/ep experts, C, M)
+        ep, tag = e // self.per_rank, self.log_mesh("ep")
+        received = all_to_all(buffer, self.ep_group, tag)    # (ep sources × E/ep experts, C, M)
         received = received.view(ep, self.per_rank, c, m)
         out = torch.stack([expert(received[:, j].reshape(ep * c, m)).view(ep, c, m)
-                           for j, expert in enumerate(self.experts)], dim=1)
-        return all_to_all(out.reshape(e, c, m), self.ep_group)   # back to the tokens' ranks
+                           for j, expert in enumerate(experts)], dim=1)
+        return all_to_all(out.reshape(e, c, m), self.ep_group, tag)   # back to the tokens' ranks
 
 
 def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group) -> dict:

@@ -35,8 +35,8 @@ from ..models import FeedForward, GPTConfig, TinyGPT
 from ..validation import positive_int
 from .router import Routing, balance_counts, load_balancing_loss, route_groups
 
-__all__ = ["MoEConfig", "MoELayer", "MoEGPT", "dispatch", "combine", "moe_loss", "moe_recipe", "validate_config",
-           "no_drop_capacity_factor"]
+__all__ = ["MoEConfig", "MoELayer", "MoEGPT", "moe_blocks", "dispatch", "combine", "moe_loss", "moe_recipe",
+           "validate_config", "no_drop_capacity_factor"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,11 @@ class MoELayer(nn.Module):
         return torch.stack([expert(buffer[e]) for e, expert in enumerate(self.experts)])
 
 
+def moe_blocks(n_layer: int, every: int) -> list:
+    """The blocks with an MoE FFN: b with (b + 1) % every == 0, the last of each run of ``every``."""
+    return [b for b in range(n_layer) if (b + 1) % every == 0]
+
+
 class MoEGPT(TinyGPT):
     """TinyGPT whose every ``moe.every``-th block (the last of each run of ``every``) has an MoE FFN.
 
@@ -126,7 +131,7 @@ class MoEGPT(TinyGPT):
         self._init_weights(seed)    # GPT-2's init over every parameter, experts and routers included
 
     def moe_blocks(self) -> list:
-        return [b for b in range(self.cfg.n_layer) if (b + 1) % self.moe.every == 0]
+        return moe_blocks(self.cfg.n_layer, self.moe.every)
 
     def moe_layers(self) -> list:
         return [self.blocks[b].mlp for b in self.moe_blocks()]
