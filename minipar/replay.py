@@ -74,7 +74,8 @@ class ReplayResult:
                                   what=f"marks {label!r}")
 
     def step_between(self, label: str) -> float:
-        """One step as a run times it: the fastest of :meth:`step_gaps` (the first often carries set-up)."""
+        """One step as a run times it: the fastest step of :meth:`step_gaps` (each timed on its slowest rank;
+        the first step often carries set-up)."""
         return min(self.step_gaps(label))
 
     @property
@@ -94,7 +95,7 @@ class ReplayResult:
                 "idle": difference(window, union(work + wire))}
 
     def totals(self, rank: int) -> dict:
-        """Seconds of each of :meth:`pieces`: compute + comm hidden + comm exposed + idle = the step."""
+        """Seconds of each of :meth:`pieces`: compute + comm exposed + idle = the step (hidden is under compute)."""
         return {kind: length(got) for kind, got in self.pieces(rank).items()}
 
     def compute(self, rank: int) -> float:

@@ -27,8 +27,8 @@ def _grid(sets, step=0.25, top=20):
 def test_against_a_grid_on_random_sets():
     rng = random.Random(0)
     for _ in range(200):
-        a, b = (union((s, s + rng.randint(0, 8) / 4) for s in (rng.randint(0, 60) / 4 for _ in range(rng.randint(0, 6))))
-                for _ in range(2))
+        starts = [[rng.randint(0, 60) / 4 for _ in range(rng.randint(0, 6))] for _ in range(2)]
+        a, b = (union((s, s + rng.randint(0, 8) / 4) for s in side) for side in starts)
         ga, gb = _grid(a), _grid(b)
         assert _grid(intersection(a, b)) == ga & gb and _grid(difference(a, b)) == ga - gb
         assert _grid(union(a + b)) == ga | gb

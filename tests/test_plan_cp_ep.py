@@ -7,7 +7,7 @@ import pytest
 from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
 from minipar.moe.expert_parallel import predicted_all_to_all_bytes
-from minipar.plan import (Layout, MoETransformer, Transformer, collective_seconds, dgx_a100, estimate,
+from minipar.plan import (Layout, MoETransformer, Transformer, dgx_a100, estimate,
                           expert_parameters, forward_flops, layer_parameters, layouts, parameters, plan,
                           stage_parameters, validate)
 

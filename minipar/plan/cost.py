@@ -36,7 +36,6 @@ with ep: E/ep experts per rank, their model states sharded (ZeRO) over the exper
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 from minipar.data import zero_memory
