@@ -11,11 +11,12 @@ on the cluster's α-β links. Measured here, one α-β pair does not fit every c
   reduce-scatter is an all-reduce that keeps one chunk) shows up as a lower fitted β, not as a miss.
 
 :class:`OpLinks` is that choice, passed to ``replay(..., comm_time=OpLinks(...))``; :func:`fit_link` fits one
-op's pair. To compare a replay with the run, step by step: :func:`step_seconds` (the slowest rank's time
-from one mark to the next, per step, as the run's clock times it); :func:`with_other_threads` (each
-segment also pays the CPU seconds the rank's other threads — gloo's, moving and summing bytes — used
-meanwhile: on a CPU, communication "hidden" under compute takes the compute's core) and
-:func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
+op's pair. To compare a replay with the run, step by step: the replay's step times
+(:meth:`minipar.replay.ReplayResult.step_gaps`) against the run's, both by
+:func:`minipar.intervals.slowest_rank_steps` (per step, the slowest rank's time from one step to the next);
+:func:`with_other_threads` (each segment also pays the CPU seconds the rank's other threads — gloo's, moving
+and summing bytes — used meanwhile: on a CPU, communication "hidden" under compute takes the compute's core)
+and :func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
 processes too). Replayed side by side they separate the causes of a miss: the rank's own communication
 threads, other processes on shared cores, and what the replay's model of the communication leaves out.
 :func:`with_flops` copies the FLOPs counted in one run (counting slows every op, so not in the timed run)
@@ -30,7 +31,7 @@ from minipar.comm import predicted_bytes_sent
 from minipar.plan.cluster import Cluster
 from minipar.trace import Comm, Compute, RankTrace, Trace
 
-__all__ = ["OpLinks", "fit_affine", "fit_link", "ring_terms", "step_seconds", "wall_compute", "with_other_threads",
+__all__ = ["OpLinks", "fit_affine", "fit_link", "ring_terms", "wall_compute", "with_other_threads",
            "with_flops"]
 
 
@@ -84,20 +85,6 @@ class OpLinks:
             return comm_seconds(op, ranks, payload, cluster)
         bw, latency = found
         return collective_seconds("send" if op in ("send", "recv") else op, payload, len(ranks), bw, latency)
-
-
-def step_seconds(result, label: str = "step") -> list:
-    """Per step (from one mark ``label`` to the next), the slowest rank's seconds: a run's step as the clock
-    between two optimizer steps times it (``result``: a :class:`minipar.replay.ReplayResult`)."""
-    per_rank = []
-    for marks in result.marks:
-        times = [t for name, t in marks if name == label]
-        if len(times) < 2:
-            raise ValueError(f"fewer than two marks {label!r} on a rank")
-        per_rank.append([b - a for a, b in zip(times, times[1:])])
-    if len({len(g) for g in per_rank}) != 1:
-        raise ValueError(f"ranks marked {label!r} a different number of times: {[len(g) + 1 for g in per_rank]}")
-    return [max(gaps) for gaps in zip(*per_rank)]
 
 
 def wall_compute(trace: Trace) -> Trace:

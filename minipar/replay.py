@@ -22,8 +22,8 @@ wait, :class:`Deadlock` names who waits for whom; members that issue different o
 deadlock too (mismatched order).
 
 Per rank: compute, communication **hidden** under its compute, **exposed** (not under compute), and **idle**
-(waiting for peers or a busy link, or done early); compute + exposed + idle = step time. ``rows()``: the
-``(rank, kind, stage, index, start, end)`` tuples of :mod:`minipar.pipeline.gantt`.
+(waiting for peers or a busy link, or done early); compute + exposed + idle = step time; ``pieces()``: the
+intervals of each, which :func:`minipar.pipeline.gantt.replay_rows` draws. ``step_gaps()``: the step times.
 
 The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: a schedule's trace
 (:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action the
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minipar.intervals import difference, intersection, length, slowest_rank_steps, union
 from minipar.plan.cluster import Cluster, collective_seconds
 from minipar.trace import Comm, Compute, Mark, Trace, Wait
 
@@ -66,63 +67,62 @@ class ReplayResult:
     calls: list = field(default_factory=list)   # [(op, ranks, start, end)]: a collective, or a "send" (src, dst)
     marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
 
+    def step_gaps(self, label: str = "step") -> list:
+        """The step times, one per step: from one mark ``label`` to the next on the slowest rank
+        (:func:`slowest_rank_steps`), as the clock between two optimizer steps of a run times a step."""
+        return slowest_rank_steps([[t for name, t in marks if name == label] for marks in self.marks],
+                                  what=f"marks {label!r}")
+
     def step_between(self, label: str) -> float:
-        """One step as a run times it: the shortest gap between consecutive marks ``label``, slowest rank."""
-        gaps = []
-        for marks in self.marks:
-            times = [t for name, t in marks if name == label]
-            if len(times) < 2:
-                raise ValueError(f"fewer than two marks {label!r} on a rank")
-            gaps.append(min(b - a for a, b in zip(times, times[1:])))
-        return max(gaps)
+        """One step as a run times it: the fastest step of :meth:`step_gaps` (each timed on its slowest rank;
+        the first step often carries set-up)."""
+        return min(self.step_gaps(label))
 
     @property
     def step_seconds(self) -> float:
         return max(self.finish, default=0.0)
 
-    def compute(self, rank: int) -> float:
-        return sum(s.end - s.start for s in self.timelines[rank] if s.kind == "compute")
+    def pieces(self, rank: int, start: float = 0.0, end: float | None = None) -> dict:
+        """``rank``'s time in [start, end] (default the whole replay) as sets of intervals
+        (:mod:`minipar.intervals`): "compute"; the union of its transfers (a send and a recv at once count
+        once) under its compute, "comm hidden", and not, "comm exposed"; "idle": neither. They tile the window."""
+        end = self.step_seconds if end is None else end
+        window = [(start, end)] if end > start else []
+        spans = self.timelines[rank]
+        work = intersection(union((s.start, s.end) for s in spans if s.kind == "compute"), window)
+        wire = intersection(union((s.start, s.end) for s in spans if s.kind != "compute"), window)
+        return {"compute": work, "comm hidden": intersection(wire, work), "comm exposed": difference(wire, work),
+                "idle": difference(window, union(work + wire))}
 
-    def _busy_on_wire(self, rank: int) -> list:        # the union of its transfers: a send + a recv count once
-        merged = []
-        for s in sorted((s for s in self.timelines[rank] if s.kind != "compute"), key=lambda s: s.start):
-            if merged and s.start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], s.end)
-            else:
-                merged.append([s.start, s.end])
-        return merged
+    def totals(self, rank: int) -> dict:
+        """Seconds of each of :meth:`pieces`: compute + comm exposed + idle = the step (hidden is under compute)."""
+        return {kind: length(got) for kind, got in self.pieces(rank).items()}
+
+    def compute(self, rank: int) -> float:
+        return self.totals(rank)["compute"]
 
     def comm(self, rank: int) -> float:
-        return sum(end - start for start, end in self._busy_on_wire(rank))
+        return self.hidden(rank) + self.exposed(rank)
 
     def hidden(self, rank: int) -> float:
         """Transfer time of ``rank`` that overlaps its own compute."""
-        work = [s for s in self.timelines[rank] if s.kind == "compute"]
-        return sum(max(0.0, min(end, c.end) - max(start, c.start))
-                   for start, end in self._busy_on_wire(rank) for c in work)
+        return self.totals(rank)["comm hidden"]
 
-    def exposed(self, rank: int) -> float:                     # compute + exposed + idle = the step
-        return self.comm(rank) - self.hidden(rank)
+    def exposed(self, rank: int) -> float:
+        return self.totals(rank)["comm exposed"]
 
     def idle(self, rank: int) -> float:
-        return self.step_seconds - self.compute(rank) - self.exposed(rank)
-
-    def rows(self) -> list:
-        """``(rank, kind, stage, index, start, end)`` per span (stage 0: a trace has no stages)."""
-        return [(s.rank, s.kind, 0, s.index, s.start, s.end) for tl in self.timelines for s in tl]
+        return self.totals(rank)["idle"]
 
     def table(self) -> list:
         """One dict per rank: compute, hidden, exposed, idle (seconds)."""
-        return [{"rank": r, "compute": self.compute(r), "hidden": self.hidden(r), "exposed": self.exposed(r),
-                 "idle": self.idle(r)} for r in range(len(self.timelines))]
+        return [{"rank": r, "compute": t["compute"], "hidden": t["comm hidden"], "exposed": t["comm exposed"],
+                 "idle": t["idle"]} for r, t in enumerate(map(self.totals, range(len(self.timelines))))]
 
     def summary(self) -> str:
-        lines = [f"step {self.step_seconds * 1e3:.3f} ms"]
-        for row in self.table():
-            lines.append("rank {rank}: compute {c:.3f} ms, comm hidden {h:.3f} ms, exposed {e:.3f} ms, "
-                         "idle {i:.3f} ms".format(rank=row["rank"], c=row["compute"] * 1e3, h=row["hidden"] * 1e3,
-                                                  e=row["exposed"] * 1e3, i=row["idle"] * 1e3))
-        return "\n".join(lines)
+        return "\n".join([f"step {self.step_seconds * 1e3:.3f} ms"] + [
+            f"rank {t['rank']}: compute {t['compute'] * 1e3:.3f} ms, comm hidden {t['hidden'] * 1e3:.3f} ms, "
+            f"exposed {t['exposed'] * 1e3:.3f} ms, idle {t['idle'] * 1e3:.3f} ms" for t in self.table()])
 
 
 def device_scale(cluster: Cluster, source_flops_per_second: float) -> float:

@@ -1,8 +1,8 @@
-"""minipar.fidelity on hand-made traces (no processes): links per kind of call, per-step times, wall-clock
-compute, FLOPs copied between runs — each against a timeline worked out by hand."""
+"""minipar.fidelity on hand-made traces (no processes): links per kind of call, wall-clock compute, FLOPs
+copied between runs — each against a timeline worked out by hand (per-step times: tests/test_replay.py)."""
 import pytest
 
-from minipar.fidelity import OpLinks, fit_link, ring_terms, step_seconds, wall_compute, with_flops, with_other_threads
+from minipar.fidelity import OpLinks, fit_link, ring_terms, wall_compute, with_flops, with_other_threads
 from minipar.plan.cluster import Cluster, dgx_a100
 from minipar.replay import replay
 from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
@@ -58,21 +58,6 @@ def test_op_links_time_each_kind_of_call_on_its_own_link():
     assert res.step_seconds == approx(1 + 0.011 + 2.4 + 0.6)
     assert [round(end - start, 9) for _, _, start, end in res.calls] == [0.011, 2.4, 0.6]
     assert links.link("recv") == links.p2p and links.link("broadcast") is None
-
-
-def test_step_seconds_is_the_slowest_rank_per_step():
-    # rank 0 computes 1 s then 3 s per step, rank 1 2 s then 1 s; each step ends in a blocking all-reduce
-    # (1.2 s) and a mark. Step 1: both wait for rank 1 (2 s) -> 3.2; step 2: rank 0 takes 3 s -> 4.2.
-    ar = lambda: Comm("all_reduce", (0, 1), 1000)  # noqa: E731
-    def rank(r, a, b):
-        return RankTrace(r, [Mark("step"), Compute(a, a), ar(), Mark("step"), Compute(b, b), ar(), Mark("step")])
-    res = replay(Trace([rank(0, 1.0, 3.0), rank(1, 2.0, 1.0)]), ONE, compute_scale=1.0)
-    assert step_seconds(res) == [approx(3.2), approx(4.2)]
-    with pytest.raises(ValueError, match="fewer than two marks"):
-        step_seconds(res, "other")
-    uneven = Trace([RankTrace(0, [Mark("step"), Mark("step"), Mark("step")]), RankTrace(1, [Mark("step"), Mark("step")])])
-    with pytest.raises(ValueError, match="different number"):
-        step_seconds(replay(uneven, ONE, compute_scale=1.0))
 
 
 def test_wall_compute_replays_the_clock_not_the_cpu():

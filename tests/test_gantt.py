@@ -31,16 +31,20 @@ def total(rows, rank, kind):
 def test_replay_rows_are_the_replays_compute_hidden_exposed_idle():
     res = ddp_like()
     rows = gantt.replay_rows(res)
-    for rank in (0, 1):
-        assert total(rows, rank, "compute") == pytest.approx(res.compute(rank))
-        assert total(rows, rank, "comm hidden") == pytest.approx(res.hidden(rank))
-        assert total(rows, rank, "comm exposed") == pytest.approx(res.exposed(rank))
-        assert total(rows, rank, "idle") == pytest.approx(res.idle(rank))
     # by hand: bucket 1 runs 2.0..2.8 (rank 1 issues it at 2.0), bucket 2 2.8..3.6; rank 0's compute ended at
-    # 2.0, so all its transfer time is exposed; rank 1 computes 2.0..2.5 under bucket 1 (hidden 0.5)
-    assert total(rows, 0, "comm hidden") == pytest.approx(0.0)
-    assert total(rows, 1, "comm hidden") == pytest.approx(0.5)
-    assert total(rows, 0, "idle") == pytest.approx(0.5) == pytest.approx(res.idle(0))   # 3.9..4.4
+    # 2.0, so all its transfer time is exposed, and it is done at 3.9 (idle to 4.4); rank 1 computes 2.0..2.5
+    # under bucket 1 (hidden 0.5), then waits for bucket 2 (exposed 2.5..3.6), then 0.8 s of optimizer
+    want = {0: {"compute": 2.3, "comm hidden": 0.0, "comm exposed": 1.6, "idle": 0.5},
+            1: {"compute": 3.3, "comm hidden": 0.5, "comm exposed": 1.1, "idle": 0.0}}
+    for rank in (0, 1):
+        assert {k: total(rows, rank, k) for k in gantt.REPLAY_KINDS} == pytest.approx(want[rank])
+        assert res.totals(rank) == pytest.approx(want[rank])
+        # the bars tile the step: compute and idle never overlap, nor hidden and exposed, and they add up
+        for pair in (("compute", "idle"), ("comm hidden", "comm exposed")):
+            bars = sorted((a, b) for r, k, _, _, a, b in rows if r == rank and k in pair)
+            assert all(b <= c + 1e-12 for (_, b), (c, _) in zip(bars, bars[1:]))
+        assert total(rows, rank, "compute") + total(rows, rank, "comm exposed") + total(rows, rank, "idle") \
+            == pytest.approx(res.step_seconds) == pytest.approx(4.4)
 
 
 def test_replay_rows_window_shifts_to_zero_and_clips():

@@ -7,7 +7,7 @@ import pytest
 from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
 from minipar.moe.expert_parallel import predicted_all_to_all_bytes
-from minipar.plan import (Layout, MoETransformer, Transformer, collective_seconds, dgx_a100, estimate,
+from minipar.plan import (Layout, MoETransformer, Transformer, dgx_a100, estimate,
                           expert_parameters, forward_flops, layer_parameters, layouts, parameters, plan,
                           stage_parameters, validate)
 
@@ -17,21 +17,32 @@ MOE = MoETransformer(layers=4, hidden=64, heads=8, vocab=128, seq_len=64, expert
 FP32 = dict(precision="fp32", dropout=False)
 
 
+# Calls per layer and micro-batch, counted by hand from the chapter-06b code (cp = 4), forward + backward:
+# ring attention (minipar/sequence/ring_attention.py): K, V passed cp−1 = 3 times forward; backward K, V cp−1
+# = 3 times and dK, dV cp = 4 times: 3 + 7 = 10 messages (the tour's cp-ring row counts 10 on the wire), each of
+# one K+V (or dK+dV) block pair; full recomputation runs the forward's 3 again: 13. RSA (ring_self_attention.py)
+# passes K, V 3 times forward and 2·3 = 6 backward: 9, recomputed 12. Ulysses (ulysses.py): forward seq_to_heads
+# of Q, K, V and heads_to_seq of O, 4 all-to-alls; backward each one's gradient, 4 more: 8, recomputed 12.
+CP_CALLS = {("ring", "none"): 10, ("ring", "full"): 13, ("ring-zigzag", "none"): 10, ("ring-zigzag", "full"): 13,
+            ("rsa", "none"): 9, ("rsa", "full"): 12, ("ulysses", "none"): 8, ("ulysses", "full"): 12}
+
+
 @pytest.mark.parametrize("method", ["ring", "ring-zigzag", "ulysses", "rsa"])
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_cp_bytes_are_the_methods_formulas(method, recompute):
+def test_cp_bytes_and_seconds_are_the_methods_calls_counted_by_hand(method, recompute):
     layout = Layout(dp=2, cp=4, cp_method=method, recompute=recompute, micro_batch=2, micro_batches=3)
     e = estimate(DENSE, CLUSTER, layout, **FP32)
-    want = cp_bytes(SimpleNamespace(n_embd=64), layout, micro_batch=2, seq=64, blocks=4, element_size=4)
-    assert e.bytes_sent["cp"] == want > 0
-    block = 2 * 16 * 64 * 4                                  # b · s/cp · h · 4 bytes
-    if method == "ulysses":                                  # 4 all-to-alls forward, 4 backward (+4 recomputed)
-        calls = (12 if recompute == "full" else 8) * 4 * 3
-        link = (CLUSTER.intra_bw, CLUSTER.intra_latency)
-        assert e.time["cp"] == pytest.approx(calls * collective_seconds("all_to_all", block, 4, *link))
-    else:                                                    # one K+V message per ring pass
-        passes = want / (2 * block)
-        assert e.time["cp"] == pytest.approx(passes * (CLUSTER.intra_latency + 2 * block / CLUSTER.intra_bw))
+    calls = CP_CALLS[method, recompute] * 4 * 3                     # × 4 layers × 3 micro-batches
+    block = 2 * 16 * 64 * 4                                         # b · s/cp · h · 4 bytes = 8 KiB
+    alpha, beta = CLUSTER.intra_latency, CLUSTER.intra_bw           # the 4 cp ranks share a node
+    if method == "ulysses":     # an all-to-all keeps 1/cp of the block and sends the rest, in cp−1 messages
+        assert e.bytes_sent["cp"] == pytest.approx(calls * 3 / 4 * block)
+        assert e.time["cp"] == pytest.approx(calls * (3 * alpha + 3 / 4 * block / beta))
+    else:                       # one message of two blocks per pass
+        assert e.bytes_sent["cp"] == calls * 2 * block
+        assert e.time["cp"] == pytest.approx(calls * (alpha + 2 * block / beta))
+    assert e.bytes_sent["cp"] == cp_bytes(SimpleNamespace(n_embd=64), layout, micro_batch=2, seq=64, blocks=4,
+                                          element_size=4)                  # chapter 06b's formula, the same
 
 
 def test_cp_memory_ring_keeps_no_scores_ulysses_keeps_a_over_cp_of_them():
@@ -63,6 +74,10 @@ def test_moe_parameters_and_flops():
     assert parameters(MOE) == parameters(DENSE) + 4 * ((E - 1) * mlp + h * E)
     assert expert_parameters(MOE, 1, 4) == 2 * mlp and expert_parameters(DENSE) == 0
     assert layer_parameters(MOE, 1, 4) == layer_parameters(DENSE) - mlp + 2 * mlp + h * E
+    # a stage's expert parameters: its layers × E/ep experts (pp 2: 2 layers; tp 2 splits all but one bias)
+    assert stage_parameters(MOE, Layout(pp=2, ep=4))["experts"] == 2 * 2 * mlp
+    assert stage_parameters(MOE, Layout(tp=2, ep=8))["experts"] == 4 * 1 * ((mlp - h) / 2 + h)
+    assert stage_parameters(DENSE, Layout(pp=2))["experts"] == 0
     tokens = 100
     dense_mlp_flops = 2 * tokens * 2 * h * f
     assert forward_flops(MOE, tokens) == pytest.approx(
@@ -75,8 +90,8 @@ def test_ep_all_to_all_bytes_and_expert_data_parallel_gradients():
     one = predicted_all_to_all_bytes(2 * 64, 64, MOE, 4, element_size=4)   # per direction, per MoE layer
     assert e.bytes_sent["ep"] == pytest.approx(2 * one["wire"] * 4 * 3)
     assert one["formula"] == 2 * 2 * 1.25 * 128 * 64 * 4                   # 2·k·cf·T·h·b
-    psi = stage_parameters(MOE, layout)["first"]
-    experts = expert_parameters(MOE, 1, 4) * 4
+    psi, experts = stage_parameters(MOE, layout)["first"], stage_parameters(MOE, layout)["experts"]
+    assert experts == 4 * 2 * (64 * 256 + 256 + 256 * 64 + 64)            # 4 layers × 8/ep experts, each an MLP
     dense = zero_memory.bytes_sent_per_step(psi - experts, 8, 0, "fp32")
     assert e.bytes_sent["dp"] == pytest.approx(dense + zero_memory.bytes_sent_per_step(experts, 2, 0, "fp32"))
     # model states: dense ones sharded (ZeRO-1) over dp·cp = 8, experts over expert-DP = 8/4 = 2

@@ -151,9 +151,37 @@ def test_marks_time_the_steps():
         return RankTrace(r, [C(5.0 if r == 0 else 0.0)] + step + [C(c), Comm("all_reduce", (0, 1), 1000), Mark("step")])
     res = replay(Trace([ranks(0, 1.0), ranks(1, 2.0)]), cluster(), compute_scale=1.0)
     assert res.marks == [[("step", approx(7.0)), ("step", approx(10.0))]] * 2
+    assert res.step_gaps("step") == [approx(3.0)]
     assert res.step_between("step") == approx(3.0)        # the slower rank's 2 s + the 1 s all-reduce
-    with pytest.raises(ValueError, match="fewer than two marks"):
+    with pytest.raises(ValueError, match="fewer than two marks 'other' on rank 0"):
         res.step_between("other")
+
+
+def test_a_step_time_is_the_slowest_rank_per_step():
+    # rank 0 computes 1 s then 3 s per step, rank 1 2 s then 1 s; each step ends in a blocking all-reduce
+    # (2·0.1 + 1000/1000 = 1.2 s) and a mark. Step 1: both wait for rank 1 (2 s) -> 3.2; step 2: rank 0 takes
+    # 3 s -> 4.2.
+    ar = lambda: Comm("all_reduce", (0, 1), 1000)  # noqa: E731
+    def rank(r, a, b):
+        return RankTrace(r, [Mark("step"), C(a), ar(), Mark("step"), C(b), ar(), Mark("step")])
+    res = replay(Trace([rank(0, 1.0, 3.0), rank(1, 2.0, 1.0)]), cluster(alpha=0.1), compute_scale=1.0)
+    assert res.step_gaps() == [approx(3.2), approx(4.2)] and res.step_between("step") == approx(3.2)
+    uneven = Trace([RankTrace(0, [Mark("step")] * 3), RankTrace(1, [Mark("step")] * 2)])
+    with pytest.raises(ValueError, match="different number of marks 'step': \\[3, 2\\]"):
+        replay(uneven, cluster(), compute_scale=1.0).step_gaps()
+
+
+def test_step_time_takes_the_slowest_rank_of_each_step_not_each_ranks_fastest_step():
+    # marks before each all-reduce (1 s), so the ranks' gaps differ: rank 0 computes 1, 3, 1 s, rank 1 3, 1, 3 s.
+    # By hand: marks at 1 and 3; all-reduce 3..4; marks at 7 and 5; all-reduce 7..8; marks at 9 and 11.
+    ar = lambda: Comm("all_reduce", (0, 1), 1000)  # noqa: E731
+    def rank(r, a, b):
+        return RankTrace(r, [C(a), Mark("step"), ar(), C(b), Mark("step"), ar(), C(a), Mark("step")])
+    res = replay(Trace([rank(0, 1.0, 3.0), rank(1, 3.0, 1.0)]), cluster(), compute_scale=1.0)
+    assert [[t for _, t in m] for m in res.marks] == [[approx(1), approx(7), approx(9)],
+                                                      [approx(3), approx(5), approx(11)]]
+    # gaps: rank 0 [6, 2], rank 1 [2, 6] -> per step the slowest [6, 6]; each rank's fastest step would be 2
+    assert res.step_gaps() == [approx(6.0), approx(6.0)] and res.step_between("step") == approx(6.0)
 
 
 def links(p, alpha):

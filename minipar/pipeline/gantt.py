@@ -26,50 +26,14 @@ def sim_rows(sim) -> list:
             for r, tl in enumerate(sim.timelines) for s in tl]
 
 
-def _merged(intervals) -> list:
-    out: list = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        elif end > start:
-            out.append([start, end])
-    return out
-
-
-def _cut(intervals, holes) -> list:
-    """The parts of ``intervals`` outside ``holes`` (both merged, sorted)."""
-    out = []
-    for start, end in intervals:
-        for h0, h1 in holes:
-            if h1 <= start or h0 >= end:
-                continue
-            if h0 > start:
-                out.append([start, h0])
-            start = max(start, h1)
-        if end > start:
-            out.append([start, end])
-    return out
-
-
-def _overlap(intervals, others) -> list:
-    return [[max(a, c), min(b, d)] for a, b in intervals for c, d in others if min(b, d) > max(a, c)]
-
-
 def replay_rows(result, start: float = 0.0, end: float | None = None) -> list:
     """[(rank, kind, 0, 0, start, end)] of a :class:`minipar.replay.ReplayResult` between ``start`` and
-    ``end`` (default: the whole replay), shifted so that ``start`` is 0. Per rank: its compute; the union of
-    its transfers, cut into "comm hidden" (under its own compute) and "comm exposed" (the rest); "idle"
-    where it neither computes nor transfers — the replay's compute / hidden / exposed / idle, drawn."""
-    end = result.step_seconds if end is None else end
-    window = [[start, end]]
-    rows = []
-    for rank, spans in enumerate(result.timelines):
-        work = _merged(_overlap(_merged((s.start, s.end) for s in spans if s.kind == "compute"), window))
-        wire = _merged(_overlap(_merged((s.start, s.end) for s in spans if s.kind != "compute"), window))
-        pieces = {"compute": work, "comm hidden": _overlap(wire, work), "comm exposed": _cut(wire, work),
-                  "idle": _cut(window, _merged(work + wire))}
-        rows += [(rank, kind, 0, 0, a - start, b - start) for kind, got in pieces.items() for a, b in got]
-    return rows
+    ``end`` (default: the whole replay), shifted so that ``start`` is 0: each rank's
+    :meth:`~minipar.replay.ReplayResult.pieces` — compute; its transfers under its own compute ("comm
+    hidden") and not ("comm exposed"); "idle" where it neither computes nor transfers — the intervals whose
+    lengths are the replay's compute / hidden / exposed / idle."""
+    return [(rank, kind, 0, 0, a - start, b - start) for rank in range(len(result.timelines))
+            for kind, got in result.pieces(rank, start, end).items() for a, b in got]
 
 
 def draw_gantt(ax, rows: list, p: int, title: str = "", labels: bool = True, v: int = 1):

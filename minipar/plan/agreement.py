@@ -6,9 +6,9 @@ they disagree, and tied in x (or y) when its two values are equal there::
 
     τ_b = (n_c − n_d) / √((n₀ − n₁)(n₀ − n₂)),   n₀ = n(n−1)/2, n₁ / n₂ the pairs tied in x / in y
 
-1 is the same order, −1 the reverse, 0 no relation. ``tie`` > 0 counts two values within that relative
-distance of each other as tied (a gap smaller than the run-to-run noise says nothing about the order).
-Pure functions; no scipy.
+1 is the same order, −1 the reverse, 0 no relation. Ties are equal values; whether a gap is larger than the
+run-to-run noise is for the caller to say (``python -m minipar bench replay`` counts the runs in which the
+order held). Pure functions; no scipy.
 """
 from __future__ import annotations
 
@@ -17,24 +17,18 @@ import math
 __all__ = ["kendall_tau", "rank_agreement", "agreement_text"]
 
 
-def _tied(a: float, b: float, tie: float) -> bool:
-    return a == b or abs(a - b) <= tie * max(abs(a), abs(b))
-
-
-def kendall_tau(x, y, tie: float = 0.0) -> float:
+def kendall_tau(x, y) -> float:
     """τ-b of the paired sequences ``x`` and ``y`` (ties handled); nan when either has every pair tied."""
     x, y = list(x), list(y)
     if len(x) != len(y):
         raise ValueError(f"x and y must pair up: {len(x)} values against {len(y)}")
     if len(x) < 2:
         raise ValueError("a ranking needs at least 2 values")
-    if tie < 0:
-        raise ValueError(f"tie must be >= 0, got {tie}")
     concordant = discordant = tied_x = tied_y = pairs = 0
     for i in range(len(x)):
         for j in range(i + 1, len(x)):
             pairs += 1
-            tx, ty = _tied(x[i], x[j], tie), _tied(y[i], y[j], tie)
+            tx, ty = x[i] == x[j], y[i] == y[j]
             tied_x += tx
             tied_y += ty
             if not (tx or ty):
@@ -45,7 +39,7 @@ def kendall_tau(x, y, tie: float = 0.0) -> float:
     return (concordant - discordant) / denominator if denominator else math.nan
 
 
-def rank_agreement(predicted: dict, observed: dict, *, tie: float = 0.0) -> dict:
+def rank_agreement(predicted: dict, observed: dict) -> dict:
     """Compare ``predicted`` and ``observed`` {strategy: seconds per step} (smaller is better).
 
     Returns {"tau": Kendall's τ-b, "predicted_order" / "observed_order": names fastest first,
@@ -60,14 +54,14 @@ def rank_agreement(predicted: dict, observed: dict, *, tie: float = 0.0) -> dict
         if bad:
             raise ValueError(f"{side} step times must be positive numbers; not so for {bad}")
     names = list(observed)
-    tau = kendall_tau([predicted[k] for k in names], [observed[k] for k in names], tie)
+    tau = kendall_tau([predicted[k] for k in names], [observed[k] for k in names])
     p_order = sorted(names, key=lambda k: predicted[k])
     o_order = sorted(names, key=lambda k: observed[k])
     rows = [{"name": k, "predicted": predicted[k], "observed": observed[k], "ratio": predicted[k] / observed[k],
              "predicted_rank": p_order.index(k) + 1, "observed_rank": o_order.index(k) + 1} for k in o_order]
     pick, best = p_order[0], o_order[0]
     return {"tau": tau, "predicted_order": p_order, "observed_order": o_order, "predicted_pick": pick,
-            "observed_pick": best, "picks_agree": _tied(observed[pick], observed[best], tie),
+            "observed_pick": best, "picks_agree": observed[pick] == observed[best],
             "pick_gap": observed[pick] / observed[best], "rows": rows}
 
 

@@ -36,7 +36,6 @@ with ep: E/ep experts per rank, their model states sharded (ZeRO) over the exper
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 from minipar.data import zero_memory
@@ -113,18 +112,21 @@ def in_flight(schedule: str, p: int, m: int, v: int = 1, rank: int | None = None
 
 def stage_parameters(model: Transformer, layout: Layout) -> dict:
     """Parameters held by one device of the first and of the last pipeline stage (tensor-parallel share):
-    {"first": ..., "last": ..., "layer": one layer's}. The word embedding is split over the vocabulary
-    (÷ t); the last stage keeps its own copy of it for the output layer when the weights are tied and
-    pp > 1 (as Megatron does); positions and the final LayerNorm stay whole."""
+    {"first": ..., "last": ..., "layer": one layer's, "experts": the expert parameters of a stage's layers
+    (:func:`~.model.expert_parameters`; 0 for a dense model), which are averaged and sharded over the
+    expert-data-parallel ranks (dp·cp/ep) instead of dp·cp}. The word embedding is split over the
+    vocabulary (÷ t); the last stage keeps its own copy of it for the output layer when the weights are tied
+    and pp > 1 (as Megatron does); positions and the final LayerNorm stay whole."""
     t, h = layout.tp, model.hidden
     layer = layer_parameters(model, t, layout.ep)
-    per_stage = model.layers // layout.pp * layer
+    layers = model.layers // layout.pp
+    per_stage, experts = layers * layer, layers * expert_parameters(model, t, layout.ep)
     word = model.vocab * h / t
     first = per_stage + word + model.positions * h
     last_extra = (word if (not model.tied_embeddings or layout.pp > 1) else 0) + (2 * h if model.final_norm else 0)
     if layout.pp == 1:
-        return {"first": first + last_extra, "last": first + last_extra, "layer": layer}
-    return {"first": first, "last": per_stage + last_extra, "layer": layer}
+        return {"first": first + last_extra, "last": first + last_extra, "layer": layer, "experts": experts}
+    return {"first": first, "last": per_stage + last_extra, "layer": layer, "experts": experts}
 
 
 @dataclass
@@ -189,8 +191,8 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap must be one of {list(OVERLAPS)}, got {overlap!r}")
     prec = zero_memory._precision(precision)
-    memory, psi, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
-    sent, seconds, dp_parts = traffic(model, cluster, layout, prec, psi, bucket_bytes)
+    memory, psi, experts, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
+    sent, seconds, dp_parts = traffic(model, cluster, layout, prec, psi, bucket_bytes, experts=experts)
     flops = hardware_flops(model, layout.global_batch, layout.recompute)
     compute = compute_seconds if compute_seconds is not None else flops / (
         layout.devices * cluster.peak_flops * cluster.flops_efficiency)
@@ -204,7 +206,6 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
-        experts = expert_parameters(model, layout.tp, layout.ep) * (model.layers // p)   # sharded over dp·cp/ep
         updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
             if layout.zero else psi
         time["optimizer"] = updated * cluster.optimizer_seconds_per_param
@@ -214,7 +215,8 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
 
 
 def _memory(model, layout, prec, dropout, eager, persistent_grads):
-    """(memory terms of the busiest device, its parameter count, micro-batches in flight)."""
+    """(memory terms of the busiest device, its parameter count, the expert parameters among them,
+    micro-batches in flight)."""
     vb, t, p, sp = prec.param, layout.tp, layout.pp, layout.sp
     b, h, s = layout.micro_batch, model.hidden, model.seq_len // layout.cp
     params = stage_parameters(model, layout)
@@ -242,8 +244,8 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
         buffers += per_layer("none") - kept
     stages = {}
     last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
+    experts = params["experts"]                                  # over dp·cp/ep ranks
     for name, flight in (("first", flying), ("last", last_flight)):
-        experts = expert_parameters(model, t, layout.ep) * (model.layers // p)    # over dp·cp/ep ranks
         states = zero_memory.model_state_bytes(params[name] - experts, data_ranks, layout.zero, prec)
         if experts:
             more = zero_memory.model_state_bytes(experts, layout.expert_data_parallel, layout.zero, prec)
@@ -255,4 +257,4 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
                         "activations": acts, "buffers": buffers}
         stages[name]["total"] = sum(stages[name].values())
     busiest = max(stages, key=lambda k: stages[k]["total"])
-    return stages[busiest], params[busiest], flying
+    return stages[busiest], params[busiest], experts, flying

@@ -29,14 +29,15 @@ from minipar.hybrid.context import cp_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
 from .cluster import collective_seconds, link
-from .model import MoETransformer, expert_parameters
+from .model import MoETransformer
 
 __all__ = ["traffic", "data_parallel_traffic"]
 
 
-def traffic(model, cluster, layout, prec, psi, bucket_bytes) -> tuple:
+def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) -> tuple:
     """({tp, cp, pp, dp[, ep]: bytes sent per device per step}, {the same: α-β seconds}, the dp term's parts
-    for :mod:`.overlap`: {"reduce", "gather": seconds, "buckets", "units"})."""
+    for :mod:`.overlap`: {"reduce", "gather": seconds, "buckets", "units"}). ``psi``: the device's
+    parameters, ``experts`` of them expert parameters (:func:`~.cost.stage_parameters`)."""
     vb, t, p, m, cp, sp = prec.param, layout.tp, layout.pp, layout.micro_batches, layout.cp, layout.sp
     b, h, s = layout.micro_batch, model.hidden, model.seq_len // cp
     layers, again = model.layers // p, 1.5 if layout.recompute == "full" else 1.0   # full: forward's again
@@ -62,7 +63,6 @@ def traffic(model, cluster, layout, prec, psi, bucket_bytes) -> tuple:
     seconds["pp"] = 2 * layout.v * m * collective_seconds("send", act, 2, bw, lat) if p > 1 else 0.0
 
     bw, lat = min(link(layout, "dp", cluster), link(layout, "cp", cluster))    # the slower of the links
-    experts = expert_parameters(model, t, layout.ep) * layers
     sent["dp"], seconds["dp"], parts = data_parallel_traffic(psi - experts, layout.dp * cp, layout.zero, m,
                                                              layers + 1, prec, bw, lat, bucket_bytes)
     if experts:                   # expert gradients: over the ranks holding the same experts, dp·cp/ep

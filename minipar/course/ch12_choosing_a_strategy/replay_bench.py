@@ -85,7 +85,7 @@ def _spread(values) -> dict:
 
 def _replays(trace, cal, n, counted):
     """{column: seconds per step (median over the run's steps)} of one run's trace."""
-    from minipar.fidelity import step_seconds, wall_compute, with_flops, with_other_threads
+    from minipar.fidelity import wall_compute, with_flops, with_other_threads
     from minipar.plan.cluster import dgx_a100
     from minipar.replay import replay
     here, links = calibrated_cluster(cal, n), op_links(cal, n)
@@ -97,7 +97,7 @@ def _replays(trace, cal, n, counted):
               "replay_dgx_a100": replay(trace, dgx_a100(1), source_flops_per_second=cal["flops"])}
     if counted is not None:
         played["replay_dgx_a100_flops"] = replay(with_flops(trace, counted), dgx_a100(1))
-    return {k: statistics.median(step_seconds(r)) for k, r in played.items()}
+    return {k: statistics.median(r.step_gaps("step")) for k, r in played.items()}
 
 
 def _miss(row) -> str | None:
@@ -117,6 +117,7 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
     one dict per strategy (each column's median/min/max over runs, "ratio_<column>" = predicted / measured
     per run, "miss", "planner_<where>_overlap_terms": the estimate's time terms, "calls_per_step"), "rankings",
     "picks", "agreements", "tau"} (see the module's docstring)."""
+    from minipar.intervals import slowest_rank_steps
     from minipar.launcher import launch
     from minipar.plan import estimate
     from minipar.plan.cluster import dgx_a100
@@ -134,8 +135,7 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
         columns: dict = {}
         counted = Trace([r[1][name] for r in per_rank]) if flops else None
         for run in range(runs):
-            stamps = [r[0][run][name][0] for r in per_rank]
-            gaps = [max(g) for g in zip(*[[b - a for a, b in zip(s, s[1:])] for s in stamps])]
+            gaps = slowest_rank_steps([r[0][run][name][0] for r in per_rank], what="optimizer steps")
             trace = Trace([r[0][run][name][1] for r in per_rank], {"flops_per_second": cal["flops"]})
             values = {"measured": statistics.median(gaps), **_replays(trace, cal, n, counted)}
             for k, v in values.items():
