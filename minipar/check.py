@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .launcher import launch
 from .loop import lm_loss
 
-__all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "compare",
+__all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "train_steps", "compare",
            "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
 
 # (atol, rtol) per dtype, for a few optimizer steps of the reference models.
@@ -113,13 +113,18 @@ def train_reference(recipe: Recipe) -> RunResult:
 
 def _train_reference(recipe: Recipe) -> RunResult:
     model = recipe.model().to(recipe.dtype)
-    opt = recipe.optimizer(model.parameters())
+    return train_steps(recipe, model, recipe.optimizer(model.parameters()), recipe.batches)
+
+
+def train_steps(recipe: Recipe, model, optimizer, batches) -> RunResult:
+    """One optimizer step of ``model`` per batch with ``recipe.loss`` (a resumed run: a model and optimizer
+    loaded from a checkpoint, the batches after it); its losses and final parameters."""
     losses = []
-    for inputs, targets in recipe.batches:
-        opt.zero_grad(set_to_none=True)
+    for inputs, targets in batches:
+        optimizer.zero_grad(set_to_none=True)
         loss = recipe.loss(model, inputs, targets)
         loss.backward()
-        opt.step()
+        optimizer.step()
         losses.append(loss.item())
     return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minipar import launch
-from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.check import RunResult, compare, gpt_recipe, train_reference, train_steps
 from minipar.hybrid import checkpoint, guard
 from minipar.hybrid.checkpoint import CheckpointError
 from minipar.hybrid.parallel3d import Trainer3D
@@ -56,6 +56,17 @@ def saved(tmp_path_factory):
     return directory, params
 
 
+def assert_lossless(results, at_save) -> None:
+    """Every resumed rank starts at step 2 and holds every element as it was saved; together they hold all."""
+    seen = set()
+    for start, loaded, _ in results:
+        assert start == 2
+        for name, t in loaded.items():
+            assert torch.equal(t, at_save[name]), name
+            seen.add(name)
+    assert seen == set(at_save)
+
+
 @pytest.mark.parametrize("world_size, layout", [
     (8, dict(dp=1, pp=2, tp=4, micro_batches=4)),
     (8, dict(dp=4, pp=2, tp=1, micro_batches=4, zero=1)),
@@ -64,13 +75,7 @@ def saved(tmp_path_factory):
 def test_load_in_another_layout(saved, world_size, layout):
     directory, at_save = saved
     results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
-    seen = set()
-    for start, loaded, _ in results:
-        assert start == 2
-        for name, t in loaded.items():              # lossless: every element as it was saved
-            assert torch.equal(t, at_save[name]), name
-            seen.add(name)
-    assert seen == set(at_save)
+    assert_lossless(results, at_save)
     ref = train_reference(recipe())                 # and the resumed step is the uninterrupted step 3
     ref3 = RunResult(ref.losses[2:], ref.params)
     compare(ref3, [r for _, _, r in results], dtype=torch.float64).assert_ok()
@@ -295,13 +300,7 @@ def test_the_manifest_records_the_cp_layout(saved_cp):
 def test_a_cp_checkpoint_resumes_at_another_cp_and_tp(saved_cp, world_size, layout):
     directory, at_save = saved_cp
     results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
-    seen = set()
-    for start, loaded, _ in results:
-        assert start == 2
-        for name, t in loaded.items():              # lossless: every element as it was saved
-            assert torch.equal(t, at_save[name]), name
-            seen.add(name)
-    assert seen == set(at_save)
+    assert_lossless(results, at_save)
     ref = train_reference(recipe())                 # the resumed step 3 is one process's uninterrupted step 3
     compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
 
@@ -398,14 +397,7 @@ def one_process_resume(recipe, directory) -> RunResult:
     for name, p in model.named_parameters():
         opt.state[p] = {"step": torch.tensor(manifest["optimizer_scalars"]["step"]),
                         **{k: states[k][name].clone() for k in states}}
-    losses = []
-    for inputs, targets in recipe.batches[manifest["step"]:]:
-        opt.zero_grad(set_to_none=True)
-        loss = recipe.loss(model, inputs, targets)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+    return train_steps(recipe, model, opt, recipe.batches[manifest["step"]:])
 
 
 def test_a_moe_checkpoint_resumes_on_one_process(saved_moe):
