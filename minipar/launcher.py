@@ -51,6 +51,7 @@ from .validation import positive_int
 __all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
+START_TIMEOUT = 120.0   # seconds the ranks may take to all start (see _arrive_together)
 
 
 class RankError(RuntimeError):
@@ -314,6 +315,7 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
             torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))   # no GPU: torch says so
         fn, args, kwargs = direct if direct is not None else _loads(payload)
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+        _arrive_together(store, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         value = fn(rank, world_size, *args, **kwargs)
@@ -328,6 +330,15 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         out.flush()
         # Skip interpreter teardown: destroying a process group whose peers are gone can block.
         os._exit(0)
+
+
+def _arrive_together(store, world_size: int, timeout: float) -> None:
+    """Wait on the store until every rank has started, allowing at least :data:`START_TIMEOUT` s: on a loaded
+    machine the ranks may start seconds apart, and a short collective ``timeout`` (a deadlock test's 2 s)
+    must not count that against ``init_process_group``'s connections."""
+    if store.add("minipar/arrived", 1) == world_size:
+        store.set("minipar/all_arrived", "1")
+    store.wait(["minipar/all_arrived"], datetime.timedelta(seconds=max(timeout, START_TIMEOUT)))
 
 
 def _leave_together(store, world_size: int, timeout: float) -> None:

@@ -1,4 +1,5 @@
 """The launcher: results, captured output, errors naming the rank, deadlocks, interrupts, no leftovers."""
+import faulthandler
 import os
 import signal
 import subprocess
@@ -50,7 +51,7 @@ def test_a_raising_rank_is_named_quickly_while_others_wait(no_leftover_processes
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(fail_on_two, 4, timeout=30)
-    assert time.monotonic() - t0 < 10                  # well before the collective timeout
+    assert time.monotonic() - t0 < 20                  # well before the collective timeout
     assert info.value.rank == 2
     assert "rank 2 failed: ValueError: rank two is broken" in str(info.value)
     assert "fail_on_two" in info.value.rank_traceback
@@ -80,6 +81,7 @@ def test_a_rank_that_dies_is_named(no_leftover_processes):
 def test_a_rank_killed_by_a_signal_names_the_signal(no_leftover_processes, sig):
     def killed(rank, world_size, sig):
         if rank == 1:
+            faulthandler.disable()                     # pytest's handler would print a "Fatal Python error"
             os.kill(os.getpid(), sig)
         dist.barrier()
     with pytest.raises(RankError, match=f"rank 1 failed: process was killed by {sig.name} \\(signal {int(sig)}"):
@@ -206,9 +208,9 @@ def _compute_then_all_reduce(rank, world_size, seconds, step):
 def test_a_long_run_making_progress_is_not_killed(no_leftover_processes):
     """The launcher used to cut every run off at 2 * timeout + 30 s ("deadlock?"): 34 s for timeout=2."""
     t0 = time.monotonic()
-    results = launch(_compute_then_all_reduce, 2, 36.0, 1.5, timeout=2)
+    results = launch(_compute_then_all_reduce, 2, 36.0, 1.0, timeout=2)   # 1 s of slack per round
     assert time.monotonic() - t0 > 36
-    assert all(rounds >= 10 and total == 2.0 for rounds, total in results)   # ~23 unloaded
+    assert all(rounds >= 10 and total == 2.0 for rounds, total in results)   # ~35 unloaded
 
 
 def test_a_rank_may_compute_without_collectives_longer_than_the_timeout(no_leftover_processes):
@@ -242,7 +244,7 @@ def test_wall_limit_stops_a_run_that_is_still_working(no_leftover_processes):
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout, match=r"still running at the wall-clock limit of 1 s") as info:
         launch(sleep_long, 2, wall_limit=1)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 20
     assert info.value.rank == 0 and "started" in info.value.output
 
 

@@ -211,7 +211,7 @@ def run_chapter(page, base: str, token: str, notebook: str, shots: Path, *, run_
                       ".setAttribute('data-minipar-cell', String(i))", index)
         locator = page.locator(f"[data-minipar-cell='{index}']")
         locator.scroll_into_view_if_needed()
-        view, deadline = page.evaluate(_JS_VIEW, index), time.monotonic() + 15
+        view, deadline = page.evaluate(_JS_VIEW, index), time.monotonic() + 45
         while not (view["images"] or view["text"]) and time.monotonic() < deadline:  # still rendering
             time.sleep(0.25)
             view = page.evaluate(_JS_VIEW, index)
@@ -232,7 +232,7 @@ def run_chapter(page, base: str, token: str, notebook: str, shots: Path, *, run_
             handle.focus()
             at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
             handle.press("ArrowLeft" if at_max else "ArrowRight")
-            after, deadline = before, time.monotonic() + 20
+            after, deadline = before, time.monotonic() + 60   # a slow machine redraws slowly
             while after == before and time.monotonic() < deadline:
                 time.sleep(0.25)
                 after = page.evaluate(_JS_VIEW, index)

@@ -88,9 +88,8 @@ def p2p_link(sizes=(256, 4096, 65536), reps: int = 20) -> tuple:
     send/recv ping-pong, the fastest one-way time of ``reps`` round trips per size (the link, not the wait for a
     core: that is the ``cores`` term), fitted to t = α + S/β by :func:`minipar.fidelity.fit_affine` (least
     squares in relative error); β = ∞ when the fastest times do not grow with S (small sizes, a busy machine)."""
-    from minipar.course.ch12_choosing_a_strategy.bench import _pingpong
-    from minipar.launcher import launch
-    samples = launch(_pingpong, 2, list(sizes), reps + 1, quiet=True)[0]     # its first round trip is a warm-up
+    from minipar.course.ch12_choosing_a_strategy.bench import pingpong
+    samples = {size: min(v) for size, v in pingpong(sizes, reps + 1).items()}   # the first round trip: a warm-up
     alpha, per_byte = fit_affine(list(samples), list(samples.values()))
     return max(alpha, 0.0), (1 / per_byte if per_byte > 0 else float("inf")), samples
 

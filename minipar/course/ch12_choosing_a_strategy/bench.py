@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import time
 
 import torch
@@ -138,8 +139,16 @@ def _pingpong(rank, world_size, sizes, repeats):
                 comm.recv(buf, 0)
                 comm.send(buf, 0)
             samples.append((time.perf_counter() - t0) / 2)        # one way
-        times[n] = min(samples[1:])             # the first is a warm-up; min: the least disturbed by others
+        times[n] = samples[1:]                  # the first is a warm-up
     return times
+
+
+def pingpong(sizes, repeats: int) -> dict:
+    """{bytes: [one-way seconds of each blocking send/recv round trip / 2]} between two ranks here, ``repeats``
+    round trips per size, the first (a warm-up) left out. Its min is the link undisturbed (chapter 4's α, β);
+    its mean what a program pays per message on average (:func:`calibrate`'s ``p2p_alpha``, ``p2p_beta``)."""
+    from minipar.launcher import launch
+    return launch(_pingpong, 2, list(sizes), repeats, quiet=True)[0]
 
 
 def _fit(xs, ys):
@@ -215,13 +224,29 @@ def _contended(rank, world_size, repeats):
     least = lambda v: min(v[1:])  # noqa: E731
     out = {"flops": model_flops(STEP_MODEL, STEP_BATCH // world_size) / least(fb),
            "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
-    for size in ALLREDUCE_SIZES:       # gloo's collectives themselves, the median: a step pays the typical one
+    out.update(collective_times(world_size))
+    return out
+
+
+def collective_times(world_size: int, repeats: int | None = None) -> dict:
+    """On every rank at once: {"<op>_<bytes>_s": the mean seconds of ``repeats`` (default
+    :data:`COLLECTIVE_REPEATS`) calls of gloo's all-reduce, all-gather and reduce-scatter of
+    :data:`ALLREDUCE_SIZES` bytes, each call after a barrier, "<op>_<bytes>_median_s": their median}.
+
+    The mean, not the median: here a call's time has two modes (a few hundred µs, or ~2 ms when a rank's
+    blocked threads are woken late: a quarter to a half of the calls), and a step pays the sum of its calls —
+    the expected call, not the typical one."""
+    import torch.distributed as dist
+    repeats = repeats or COLLECTIVE_REPEATS
+    out = {}
+    for size in ALLREDUCE_SIZES:
         for key, call in _collective_calls(size, world_size).items():
             times = []
-            for _ in range(repeats + 3):
+            for _ in range(repeats + 1):
                 dist.barrier()
                 times.append(_timed(call))
-            out[f"{key}_{size}_s"] = sorted(times[1:])[len(times[1:]) // 2]
+            out[f"{key}_{size}_s"] = sum(times[1:]) / repeats          # the first: a warm-up
+            out[f"{key}_{size}_median_s"] = statistics.median(times[1:])
     return out
 
 
@@ -237,6 +262,7 @@ def _collective_calls(size: int, n: int) -> dict:
 
 
 ALLREDUCE_SIZES = (4, 2 ** 16, 2 ** 19, 2 ** 21)       # bytes of the collectives calibrate() times
+COLLECTIVE_REPEATS = 60            # calls per op and size: the mean of a two-mode time settles to ~10 %
 _TIMED_OPS = ("allreduce_", "all_gather_", "reduce_scatter_")   # their keys: f"{op}_{bytes}_s"
 
 
@@ -264,23 +290,30 @@ def op_links(cal: dict, devices: int):
                 ops[op] = fit_link(op, devices, samples)
             except ValueError:          # no growth with size (a noisy calibration): the cluster's link
                 pass
-    return OpLinks(ops, (cal["beta"], cal["alpha"])) if ops else None
+    p2p = (cal["p2p_beta"], cal["p2p_alpha"]) if "p2p_beta" in cal else (cal["beta"], cal["alpha"])
+    return OpLinks(ops, p2p) if ops else None
 
 
 def calibrate(sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22), repeats: int = 9, ranks: int | None = None) -> dict:
-    """Measured on this machine: {"alpha": s, "beta": bytes/s (send/recv between 2 ranks), "flops": FLOP/s
-    of one rank's forward + backward while all ``ranks`` (default :data:`STEP_RANKS`) compute,
-    "optimizer_s_per_param": one Adam step, seconds per parameter (the same way), "allreduce_small_s": a
-    4-byte all-reduce on all ranks (latency alone), "allreduce_<bytes>_s": gloo's all-reduce of
-    :data:`ALLREDUCE_SIZES` bytes on all ranks (the median), "alone_flops": one thread training alone (optimizer
-    included), "matmul_flops": a bare matmul on one thread, "ranks", "samples": {bytes: s}}."""
+    """Measured on this machine: {"alpha": s, "beta": bytes/s (send/recv between 2 ranks, the fastest round
+    trips: the link undisturbed), "p2p_alpha", "p2p_beta" (the same fitted to the mean round trip: what a
+    message costs a program on average), "flops": FLOP/s of one rank's forward + backward while all ``ranks``
+    (default :data:`STEP_RANKS`) compute, "optimizer_s_per_param": one Adam step, seconds per parameter (the
+    same way), "allreduce_small_s": a 4-byte all-reduce on all ranks (latency alone), "<op>_<bytes>_s":
+    gloo's all-reduce, all-gather and reduce-scatter of :data:`ALLREDUCE_SIZES` bytes on all ranks (the mean
+    of :data:`COLLECTIVE_REPEATS` calls; "<op>_<bytes>_median_s" their median), "alone_flops": one thread
+    training alone (optimizer included), "matmul_flops": a bare matmul on one thread, "ranks", "samples":
+    {bytes: s} (the fastest one-way times)}."""
     from minipar.launcher import launch
-    times = launch(_pingpong, 2, list(sizes), repeats, quiet=True)[0]
+    samples = pingpong(sizes, max(repeats, COLLECTIVE_REPEATS))
+    times = {size: min(v) for size, v in samples.items()}            # min: the least disturbed by others
     alpha, beta = _fit(list(times), list(times.values()))
+    p2p_alpha, p2p_beta = _fit(list(samples), [sum(v) / len(v) for v in samples.values()])
     n = ranks or STEP_RANKS
     ranks = launch(_contended, n, repeats, quiet=True)
     mean = lambda k: sum(r[k] for r in ranks) / len(ranks)  # noqa: E731
-    return {"alpha": max(alpha, 0.0), "beta": beta, "flops": mean("flops"),
+    return {"alpha": max(alpha, 0.0), "beta": beta, "p2p_alpha": max(p2p_alpha, 0.0), "p2p_beta": p2p_beta,
+            "flops": mean("flops"),
             "optimizer_s_per_param": mean("optimizer_s_per_param"), "allreduce_small_s": mean("allreduce_small_s"),
             **{k: mean(k) for k in ranks[0] if k.startswith(_TIMED_OPS) and k != "allreduce_small_s"},
             "alone_flops": training_flops_per_second(ranks=n), "matmul_flops": flops_per_second(), "ranks": n,

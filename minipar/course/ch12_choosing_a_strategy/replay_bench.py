@@ -9,8 +9,9 @@ rank's step:
 
 * **measured** — the wall clock from one optimizer step to the next;
 * **replay here** — the same run's trace played on this machine (:func:`minipar.replay.replay`): compute
-  is each segment's thread CPU seconds; each collective costs what gloo's own op costs here, fitted at a
-  few sizes, a message what a ping-pong costs (:func:`bench.op_links`);
+  is each segment's thread CPU seconds; each collective costs what gloo's own op costs here on average,
+  timed at a few sizes at the start of the same round and fitted, a message what a ping-pong costs on
+  average (:func:`bench.op_links`, :func:`bench.collective_times`);
 * beside it, to say what a miss is made of: the replay with **one link** for every call (gloo's all-reduce
   fitted: the planner's link); with **+ threads**, each segment also paying the CPU its rank's other
   threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
@@ -36,7 +37,7 @@ from __future__ import annotations
 import statistics
 
 from .bench import STEP_BATCH, STEP_MODEL, STEP_SEQ, _cfg_kwargs, _stamped, _train, calibrate, calibrated_cluster, \
-    op_links, planner_options, step_layouts
+    collective_times, op_links, planner_options, step_layouts
 
 __all__ = ["REPLAY_STRATEGIES", "TOLERANCE", "AGREEMENTS", "fidelity_table", "format_table", "agreements_text",
            "main"]
@@ -64,14 +65,15 @@ def _stamped_train(rank, world_size, name, steps):
 
 
 def _rounds(rank, world_size, names, steps, runs, flops):
-    """On each rank: ``runs`` rounds of {name: (stamps, RankTrace)}, and with ``flops`` one more round traced
-    with FLOPs counted (its times unused: counting slows every op)."""
+    """On each rank: ``runs`` rounds of {name: (stamps, RankTrace)}, each round beginning with gloo's
+    collectives timed (:func:`bench.collective_times`, under the key "links"), and with ``flops`` one more
+    round traced with FLOPs counted (its times unused: counting slows every op)."""
     import torch.distributed as dist
     from minipar.trace import Traced
     timed, counted = Traced(_stamped_train), Traced(_stamped_train, flops=True)
     out = []
     for _ in range(runs):
-        one = {}
+        one = {"links": collective_times(world_size)}
         for name in names:
             dist.barrier()
             one[name] = timed(rank, world_size, name, steps)
@@ -137,7 +139,8 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
         for run in range(runs):
             gaps = slowest_rank_steps([r[0][run][name][0] for r in per_rank], what="optimizer steps")
             trace = Trace([r[0][run][name][1] for r in per_rank], {"flops_per_second": cal["flops"]})
-            values = {"measured": statistics.median(gaps), **_replays(trace, cal, n, counted)}
+            links = {k: statistics.fmean(r[0][run]["links"][k] for r in per_rank) for k in per_rank[0][0][run]["links"]}
+            values = {"measured": statistics.median(gaps), **_replays(trace, {**cal, **links}, n, counted)}
             for k, v in values.items():
                 columns.setdefault(k, []).append(v)
         row = {"name": name, "layout": str(layouts[name]), "ranks": n}
