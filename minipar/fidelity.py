@@ -20,7 +20,9 @@ and :func:`wall_compute` (each segment's wall seconds in place of its thread CPU
 processes too). Replayed side by side they separate the causes of a miss: the rank's own communication
 threads, other processes on shared cores, and what the replay's model of the communication leaves out.
 :func:`with_flops` copies the FLOPs counted in one run (counting slows every op, so not in the timed run)
-onto the segments of another with the same events.
+onto the segments of another with the same events. :func:`observed_calls` is the check of the engine
+itself: each blocking collective lasts what it lasted in the run (no link model at all), so what is left of
+a miss is the replay's composition — compute, waits, overlap — not the calibration.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from minipar.comm import predicted_bytes_sent
 from minipar.plan.cluster import Cluster
 from minipar.trace import Comm, Compute, RankTrace, Trace
 
-__all__ = ["OpLinks", "fit_affine", "fit_link", "ring_terms", "wall_compute", "with_other_threads",
-           "with_flops"]
+__all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", "wall_compute",
+           "with_other_threads", "with_flops"]
 
 
 def ring_terms(op: str, n: int) -> tuple:
@@ -123,3 +125,31 @@ def with_flops(trace: Trace, counted: Trace) -> Trace:
         ranks.append(RankTrace(mine.rank, [dataclasses.replace(e, flops=c.flops) if isinstance(e, Compute) else e
                                            for e, c in zip(mine.events, theirs.events)]))
     return Trace(ranks, {**trace.meta, "flops": "counted"})
+
+
+def observed_calls(trace: Trace, fallback):
+    """A replay's ``comm_time`` under which every blocking collective lasts what it lasted in ``trace``'s own
+    run: the k-th call of an op on a group takes the shortest of its members' wall seconds for their k-th
+    such call (the last to arrive waited only for the call itself). Async calls (their seconds are the issue
+    alone) and send/recv (a receive is posted early, its seconds are mostly waiting) take ``fallback``'s
+    time (an :class:`OpLinks`, say). One callable per replay: it hands out each call's time once, in order."""
+    seen: dict = {}
+    for r in trace.ranks:
+        count: dict = {}
+        for e in r.comms():
+            key = (e.op, tuple(sorted(e.ranks)))
+            k = count.get(key, 0)
+            count[key] = k + 1
+            if e.async_ or e.op in ("send", "recv"):
+                continue
+            times = seen.setdefault(key, {})
+            times[k] = min(times.get(k, e.seconds_wall), e.seconds_wall)
+    issued: dict = {}
+
+    def comm_time(op, ranks, payload, cluster):
+        key = (op, tuple(sorted(ranks)))
+        k = issued.get(key, 0)
+        issued[key] = k + 1
+        found = seen.get(key, {}).get(k)
+        return found if found is not None else fallback(op, ranks, payload, cluster)
+    return comm_time

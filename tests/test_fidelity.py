@@ -2,7 +2,8 @@
 copied between runs — each against a timeline worked out by hand (per-step times: tests/test_replay.py)."""
 import pytest
 
-from minipar.fidelity import OpLinks, fit_link, ring_terms, wall_compute, with_flops, with_other_threads
+from minipar.fidelity import OpLinks, fit_link, observed_calls, ring_terms, wall_compute, with_flops, \
+    with_other_threads
 from minipar.plan.cluster import Cluster, dgx_a100
 from minipar.replay import replay
 from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
@@ -102,3 +103,26 @@ def test_waits_keep_their_place_when_flops_are_copied():
                Compute(1.0, flops=7.0), Wait(1)]
     out = with_flops(two_ranks(*events), two_ranks(*counted))
     assert out.ranks[1].events[3] == Wait(1) and out.ranks[1].events[2].flops == 7.0
+
+
+def test_observed_calls_replay_each_blocking_collective_as_long_as_it_took():
+    # rank 0 computes 1 s, rank 1 3 s, then a blocking all-reduce: rank 0 waited 2 s in it plus the call
+    # (2.25 s on its clock), rank 1 only the call (0.25 s); then a second all-reduce that took 0.5 s on both,
+    # and an async all-gather (its 0.01 s is the issue alone) waited for at the end
+    r0 = RankTrace(0, [Compute(1.0, 1.0), Comm("all_reduce", (0, 1), 1000, seconds_wall=2.25),
+                       Comm("all_reduce", (0, 1), 1000, seconds_wall=0.5),
+                       Comm("all_gather", (1, 0), 1000, async_=True, waited_at=4, seconds_wall=0.01), Wait(3)])
+    r1 = RankTrace(1, [Compute(3.0, 3.0), Comm("all_reduce", (0, 1), 1000, seconds_wall=0.25),
+                       Comm("all_reduce", (0, 1), 1000, seconds_wall=0.5),
+                       Comm("all_gather", (0, 1), 1000, async_=True, waited_at=4, seconds_wall=0.01), Wait(3)])
+    trace = Trace([r0, r1])
+    # the first call lasts the shorter of 2.25 and 0.25, the second 0.5; the async all-gather is on the
+    # cluster's link (α 0.1, 500 B at 1000 B/s: 0.6); rank 0 waits for rank 1's 3 s
+    res = replay(trace, ONE, compute_scale=1.0, comm_time=observed_calls(trace, OpLinks()))
+    assert [round(end - start, 9) for _, _, start, end in res.calls] == [0.25, 0.5, 0.6]
+    assert res.step_seconds == approx(3 + 0.25 + 0.5 + 0.6)
+    # one callable per replay: a second replay with the same one has no times left, so it falls back
+    used = observed_calls(trace, OpLinks())
+    replay(trace, ONE, compute_scale=1.0, comm_time=used)
+    again = replay(trace, ONE, compute_scale=1.0, comm_time=used)
+    assert again.step_seconds == approx(3 + 1.2 + 1.2 + 0.6)

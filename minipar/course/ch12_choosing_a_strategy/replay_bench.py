@@ -87,15 +87,17 @@ def _spread(values) -> dict:
 
 def _replays(trace, cal, n, counted):
     """{column: seconds per step (median over the run's steps)} of one run's trace."""
-    from minipar.fidelity import wall_compute, with_flops, with_other_threads
+    from minipar.fidelity import observed_calls, wall_compute, with_flops, with_other_threads
     from minipar.plan.cluster import dgx_a100
-    from minipar.replay import replay
+    from minipar.replay import comm_seconds, replay
     here, links = calibrated_cluster(cal, n), op_links(cal, n)
     per_op = {"comm_time": links} if links is not None else {}
     played = {"replay_here": replay(trace, here, compute_scale=1.0, **per_op),
               "replay_here_one_link": replay(trace, here, compute_scale=1.0),
               "replay_here_threads": replay(with_other_threads(trace), here, compute_scale=1.0, **per_op),
               "replay_here_wall": replay(wall_compute(trace), here, compute_scale=1.0, **per_op),
+              "replay_here_calls_seen": replay(trace, here, compute_scale=1.0,
+                                               comm_time=observed_calls(trace, links or comm_seconds)),
               "replay_dgx_a100": replay(trace, dgx_a100(1), source_flops_per_second=cal["flops"])}
     if counted is not None:
         played["replay_dgx_a100_flops"] = replay(with_flops(trace, counted), dgx_a100(1))
@@ -111,7 +113,9 @@ def _miss(row) -> str | None:
         return "the CPU of the rank's own communication threads during compute (+ threads closes it)"
     if close("replay_here_wall"):
         return "time lost on shared cores, to other processes or gloo's own threads (wall-clock compute closes it)"
-    return "communication and waiting (wall-clock compute does not close it either)"
+    if close("replay_here_calls_seen"):
+        return "the calls cost more inside the step than calibrated (their own times, as seen, close it)"
+    return "communication and waiting (wall-clock compute does not close it, nor do the calls' own times)"
 
 
 def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int = 5, flops: bool = False) -> dict:
@@ -207,7 +211,8 @@ def format_table(table: dict, agreements: bool = True) -> str:
     x = lambda s: f"{s['median']:4.2f} [{s['min']:.2f}–{s['max']:.2f}]"  # noqa: E731
     lines = [f"{table['ranks']} ranks, {table['runs']} runs of {table['steps']} steps; ms per step, median "
              f"[min–max] over the runs; ratio = predicted / measured",
-             f"{'':8}{'measured':>18}  {'replay here':>18} {'ratio':>16}  {'one link':>8} {'+thr.':>6} {'wall':>6}  "
+             f"{'':8}{'measured':>18}  {'replay here':>18} {'ratio':>16}  {'one link':>8} {'+thr.':>6} {'wall':>6} "
+             f"{'seen':>5}  "
              f"{'planner':>8} {'ratio':>5} {'overlap':>7}  | DGX-A100 model (ms): replay, planner, with overlap"]
     for r in table["rows"]:
         dgx = f"{r['replay_dgx_a100']['median'] * 1e3:.3f}"
@@ -215,7 +220,7 @@ def format_table(table: dict, agreements: bool = True) -> str:
             dgx += f" (FLOPs: {r['replay_dgx_a100_flops']['median'] * 1e3:.3f})"
         lines.append(f"{r['name']:8}{ms(r['measured']):>18}  {ms(r['replay_here']):>18} {x(r['ratio_replay_here']):>16}  "
                      f"{r['ratio_replay_here_one_link']['median']:8.2f} {r['ratio_replay_here_threads']['median']:6.2f} "
-                     f"{r['ratio_replay_here_wall']['median']:6.2f}  "
+                     f"{r['ratio_replay_here_wall']['median']:6.2f} {r['ratio_replay_here_calls_seen']['median']:5.2f}  "
                      f"{r['planner_here'] * 1e3:8.1f} {r['ratio_planner_here']:5.2f} "
                      f"{r['planner_here_overlap'] * 1e3:7.1f}  | {dgx}, "
                      f"{r['planner_dgx_a100'] * 1e3:.3f}, {r['planner_dgx_a100_overlap'] * 1e3:.3f}" + (f"   miss: {r['miss']}" if r["miss"] else ""))

@@ -67,15 +67,16 @@ def test_rankings_use_plan_rank_agreement_and_say_when_picks_differ():
     assert "us" in agreements_text(r, ["planner vs replay, DGX-A100"])        # a DGX step in microseconds
 
 
-def _row(replay, threads, wall):
+def _row(replay, threads, wall, seen=0.5):
     return {"ratio_replay_here": {"median": replay}, "ratio_replay_here_threads": {"median": threads},
-            "ratio_replay_here_wall": {"median": wall}}
+            "ratio_replay_here_wall": {"median": wall}, "ratio_replay_here_calls_seen": {"median": seen}}
 
 
 def test_miss_names_the_term():
     assert _miss(_row(1 + TOLERANCE / 2, 3.0, 3.0)) is None
     assert "communication threads" in _miss(_row(0.5, 0.9, 1.0))
     assert "other processes" in _miss(_row(0.5, 0.6, 0.95))
+    assert "inside the step than calibrated" in _miss(_row(0.5, 0.6, 0.6, seen=0.95))
     assert "communication and waiting" in _miss(_row(0.5, 0.6, 0.6))
 
 
@@ -100,10 +101,11 @@ def test_the_table_per_strategy(table):
     assert [r["name"] for r in rows] == NAMES and (table["ranks"], table["runs"], table["steps"]) == (N, 2, 2)
     for r in rows:
         for column in ("measured", "replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall",
-                       "replay_dgx_a100", "replay_dgx_a100_flops"):
+                       "replay_here_calls_seen", "replay_dgx_a100", "replay_dgx_a100_flops"):
             s = r[column]
             assert len(s["runs"]) == 2 and 0 < s["min"] <= s["median"] <= s["max"], (r["name"], column)
-        for column in ("replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall"):
+        for column in ("replay_here", "replay_here_one_link", "replay_here_threads", "replay_here_wall",
+                       "replay_here_calls_seen"):
             ratios = [p / m for p, m in zip(r[column]["runs"], r["measured"]["runs"])]
             assert r[f"ratio_{column}"]["runs"] == pytest.approx(ratios)
         assert r["ratio_planner_here"] == pytest.approx(r["planner_here"] / r["measured"]["median"])
