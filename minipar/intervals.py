@@ -9,11 +9,12 @@ makes one from any pairs. Intersection and difference sweep both sets once: O(le
 
 And the other time a timeline is read for: a **step time**, the slowest rank's time from one step's point to
 the next (:func:`slowest_rank_steps`) — of a replay's marks (:meth:`minipar.replay.ReplayResult.step_gaps`) as
-of a run's clock at each optimizer step (``python -m minipar bench replay``).
+of a run's clock at each optimizer step (``python -m minipar bench replay``) — and the events of one step of
+a trace, between two of its marks (:func:`step_slice`).
 """
 from __future__ import annotations
 
-__all__ = ["union", "intersection", "difference", "length", "slowest_rank_steps"]
+__all__ = ["union", "intersection", "difference", "length", "slowest_rank_steps", "step_slice"]
 
 
 def union(intervals) -> list:
@@ -78,3 +79,15 @@ def slowest_rank_steps(times_per_rank, what: str = "times") -> list:
     if len({len(g) for g in gaps}) != 1:
         raise ValueError(f"ranks have a different number of {what}: {[len(g) + 1 for g in gaps]}")
     return [max(step) for step in zip(*gaps)]
+
+
+def step_slice(events: list, label: str = "step", k: int = -1) -> list:
+    """The events strictly between two consecutive marks ``label`` of one rank's events (a
+    :class:`minipar.trace.RankTrace`'s): the k-th step counted from 0 (k = 0: between the first two marks),
+    or from the end (k = -1, the default: between the last two). ValueError if there is no such step."""
+    marks = [i for i, e in enumerate(events) if getattr(e, "kind", None) == "mark" and e.label == label]
+    pairs = list(zip(marks, marks[1:]))
+    if not -len(pairs) <= k < len(pairs):
+        raise ValueError(f"no step {k} between marks {label!r}: {len(marks)} such marks, {len(pairs)} steps")
+    first, last = pairs[k]
+    return events[first + 1:last]

@@ -3,7 +3,8 @@ import random
 
 import pytest
 
-from minipar.intervals import difference, intersection, length, slowest_rank_steps, union
+from minipar.intervals import difference, intersection, length, slowest_rank_steps, step_slice, union
+from minipar.trace import Comm, Compute, Mark
 
 
 def test_union_joins_overlapping_and_touching_and_drops_empty():
@@ -44,3 +45,16 @@ def test_slowest_rank_steps_is_per_step_the_slowest_rank():
         slowest_rank_steps([[0, 1], [0]], what="stamps")
     with pytest.raises(ValueError, match=r"different number of times: \[3, 2\]"):
         slowest_rank_steps([[0, 1, 2], [0, 1]])
+
+
+def test_step_slice_takes_the_events_between_two_marks():
+    setup, a, b, c = Compute(9.0, 9.0), Compute(1.0, 1.0), Comm("all_reduce", (0, 1), 8), Compute(2.0, 2.0)
+    events = [setup, Mark("step"), a, b, Mark("other"), Mark("step"), c, Mark("step"), Compute(5.0, 5.0)]
+    assert step_slice(events) == [c]                                # the last step by default
+    assert step_slice(events, "step", 0) == [a, b, events[4]]       # other labels stay inside
+    assert step_slice(events, "step", -2) == step_slice(events, "step", 0)
+    for k in (2, -3):
+        with pytest.raises(ValueError, match="3 such marks, 2 steps"):
+            step_slice(events, "step", k)
+    with pytest.raises(ValueError, match="1 such marks, 0 steps"):
+        step_slice(events, "other")

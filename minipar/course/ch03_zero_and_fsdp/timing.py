@@ -19,7 +19,7 @@ import torch
 
 from minipar.launch_trace import stamped_optimizer
 from minipar.memory import LiveTensorTracker
-from minipar.trace import Compute, Mark, position
+from minipar.trace import Compute, position
 
 __all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
@@ -124,8 +124,8 @@ def traced_rank(rank, world_size, steps):
 
 def _last_step_cpu(rank_trace) -> float:
     """Thread CPU seconds of compute between the rank's last two "step" marks."""
-    marks = [i for i, e in enumerate(rank_trace.events) if isinstance(e, Mark) and e.label == "step"]
-    return sum(e.seconds_cpu for e in rank_trace.events[marks[-2]:marks[-1]] if isinstance(e, Compute))
+    from minipar.intervals import step_slice
+    return sum(e.seconds_cpu for e in step_slice(rank_trace.events, "step", -1) if isinstance(e, Compute))
 
 
 def measure(world_size: int = 4, steps: int = 3) -> dict:

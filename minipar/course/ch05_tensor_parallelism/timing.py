@@ -55,12 +55,13 @@ def traced_tp(recipe, t: int) -> tuple:
 def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:
     """The events of the last step alone (between the last two marks ``label`` on every rank): a trace
     that replays as one step, without the set-up and the final gather of the shards."""
+    from minipar.intervals import step_slice
     ranks = []
     for r in traced.ranks:
-        at = [i for i, e in enumerate(r.events) if isinstance(e, trace.Mark) and e.label == label]
-        if len(at) < 2:
-            raise ValueError(f"rank {r.rank}: fewer than two marks {label!r}")
-        events = r.events[at[-2] + 1:at[-1]]
+        try:
+            events = step_slice(r.events, label, -1)
+        except ValueError:
+            raise ValueError(f"rank {r.rank}: fewer than two marks {label!r}") from None
         if any(isinstance(e, trace.Wait) or (isinstance(e, trace.Comm) and e.async_) for e in events):
             raise ValueError("one_step keeps blocking calls only (an async call's Wait index would move)")
         ranks.append(trace.RankTrace(r.rank, events))

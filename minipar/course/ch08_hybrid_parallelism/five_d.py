@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from minipar.hybrid.experts import expert_groups
+from minipar.intervals import step_slice
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
@@ -153,8 +154,7 @@ def run_5d_moe(recipe=None, layout: Layout = MOE_LAYOUT_5D) -> list:
 def step_events(rank_trace, step: int = 1) -> list:
     """The events of one rank between its ``step``-th and ``step + 1``-th "step" marks (step 1: the second
     step, after the first optimizer step; the first also holds the set-up)."""
-    marks = [i for i, e in enumerate(rank_trace.events) if getattr(e, "label", None) == "step"]
-    return rank_trace.events[marks[step - 1] + 1:marks[step]]
+    return step_slice(rank_trace.events, "step", step - 1)
 
 
 def ops_by_dims(trace, mesh: Mesh, step: int = 1) -> dict:
