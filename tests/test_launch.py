@@ -213,6 +213,21 @@ def test_a_long_run_making_progress_is_not_killed(no_leftover_processes):
     assert all(rounds >= 10 and total == 2.0 for rounds, total in results)   # ~35 unloaded
 
 
+def test_a_rank_that_starts_late_is_waited_for_not_called_a_deadlock(no_leftover_processes):
+    """Rank 1 reaches the rendezvous 4 s after rank 0 (its arguments take that long to unpickle: a slow,
+    loaded machine), twice the 2 s collective timeout: the ranks meet on the store first, so the short
+    timeout bounds the collectives only, not the start."""
+    def late_on_rank_1(x):
+        if os.environ.get("LOCAL_RANK") == "1":
+            time.sleep(4)
+        return x
+
+    class LateToUnpickle:
+        def __reduce__(self):
+            return late_on_rank_1, (7,)
+    assert launch(lambda rank, world_size, x: x + rank, 2, LateToUnpickle(), timeout=2, start_method="spawn") == [7, 8]
+
+
 def test_a_rank_may_compute_without_collectives_longer_than_the_timeout(no_leftover_processes):
     """Rank 0 returns at once; rank 1 computes for 3x the collective timeout. Nobody is waiting in a
     collective, so nothing is a deadlock: both results come back."""

@@ -11,25 +11,14 @@ from minipar.plan import (Cluster, Layout, Transformer, agreement_text, estimate
                           stage_parameters)
 from minipar.plan.overlap import bucketed_exposed, prefetched_exposed
 from minipar.replay import replay
-from minipar.trace import Comm, Compute, RankTrace, Trace, Wait, from_schedule
+from minipar.trace import Comm, Compute, Trace, from_schedule
+from test_replay import rank_trace       # ("wait", i) tuples turned into Wait events
 
 MODEL = Transformer(layers=4, hidden=64, heads=4, vocab=128, seq_len=32)
 N = 4
 # 1 FLOP/s peak (a trace's compute is its own seconds), every link α = 1 ms, β = 1 MB/s, no optimizer term
 CLUSTER = Cluster(N, 1, 1e12, 1.0, 1e6, 1e6, 1e-3, 1e-3)
 FP32 = dict(precision="fp32", dropout=False)
-
-
-def _with_waits(rank, events):
-    """Events with ("wait", index) tuples turned into Wait events (the Comm's waited_at filled)."""
-    out = []
-    for e in events:
-        if isinstance(e, tuple):
-            out.append(Wait(e[1]))
-            out[e[1]].waited_at = len(out) - 1
-        else:
-            out.append(e)
-    return RankTrace(rank, out)
 
 
 # --- the closed forms against a brute-force pipeline of k pieces on one link ---------------------------------------
@@ -62,7 +51,7 @@ def _ddp_trace(compute, buckets, bucket_bytes):
         for _ in range(buckets):
             events += [Compute(2 * compute / 3 / buckets), Comm("all_reduce", tuple(range(N)), bucket_bytes, True)]
         events += [("wait", 2 + 2 * i) for i in range(buckets)]
-        ranks.append(_with_waits(r, events))
+        ranks.append(rank_trace(r, *events))
     return Trace(ranks)
 
 
@@ -100,7 +89,7 @@ def _zero3_trace(compute, units, unit_bytes):
                     events.append(Comm("reduce_scatter", group, unit_bytes))
                 if i + 1 < units:
                     events.append(("wait", prefetch))
-        ranks.append(_with_waits(r, events))
+        ranks.append(rank_trace(r, *events))
     return Trace(ranks)
 
 

@@ -25,6 +25,15 @@ def train(capfd, *flags):
     return {d["step"]: d["loss"] for d in lines}, err
 
 
+def train_under_torchrun(nproc: int, *flags, timeout: int = 600) -> dict:
+    """``torchrun --standalone --nproc_per_node=nproc -m minipar train *flags --json``: {step: loss}."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", f"--nproc_per_node={nproc}", "-m", "minipar", "train", *flags,
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+
+
 def test_save_then_resume_equals_uninterrupted(capfd, tmp_path):
     layout = ["--dp", "1", "--pp", "2", "--tp", "2"]
     first, err = train(capfd, *layout, "--steps", "2", "--save", str(tmp_path))
@@ -66,13 +75,9 @@ def test_exit_code_from_the_shell():
 
 
 def test_under_torchrun(capfd):
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    flags = ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "2", *SMALL, "--json"]
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", "-m", "minipar", "train", *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    under_torchrun = {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
-    local, _ = train(capfd, *flags[:-1 - len(SMALL)])
+    flags = ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "2"]
+    under_torchrun = train_under_torchrun(2, *flags, *SMALL, timeout=300)
+    local, _ = train(capfd, *flags)
     assert under_torchrun == local           # the same ranks, the same arithmetic, another launcher
 
 
@@ -434,12 +439,7 @@ def test_sixteen_ranks_equal_one_process_and_resume_at_cp_1(capfd, tmp_path, one
 def test_sixteen_ranks_under_torchrun_then_resume_at_another_cp_and_tp(capfd, tmp_path, one_process_3_steps):
     """16 processes under torchrun (38 s on 2 idle cores, 49 s under load: torch imported 16 times), saved there, then
     resumed locally on 8 ranks with tp 2 -> 1 and cp's method ring-zigzag -> Ulysses."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    flags = [*FIVE_D, "--steps", "2", *SMALL, "--json", "--save", str(tmp_path)]
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=16", "-m", "minipar", "train", *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    under_torchrun = {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+    under_torchrun = train_under_torchrun(16, *FIVE_D, "--steps", "2", *SMALL, "--save", str(tmp_path))
     assert list(under_torchrun) == [1, 2]
     _same(under_torchrun, one_process_3_steps)
     resumed, _ = train(capfd, "--dp", "2", "--cp", "2", "--pp", "2", "--tp", "1", "--cp-method", "ulysses",
@@ -486,12 +486,7 @@ def test_sixteen_moe_ranks_equal_one_process_and_resume_at_another_cp_ep_and_tp(
 def test_sixteen_moe_ranks_under_torchrun_then_resume_at_ep_4(capfd, tmp_path):
     """The same 16-rank MoE run under torchrun (34 s by hand, 40 s as this test, on 2 cores at load 8), saved there, resumed locally on 8 ranks
     with ep 2 -> 4, tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    flags = [*FIVE_D_MOE, "--steps", "2", *SMALL, "--json", "--save", str(tmp_path)]
-    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node=16", "-m", "minipar", "train", *flags],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    under_torchrun = {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+    under_torchrun = train_under_torchrun(16, *FIVE_D_MOE, "--steps", "2", *SMALL, "--save", str(tmp_path))
     assert list(under_torchrun) == [1, 2]
     one = moe_one_process(3)
     _same(under_torchrun, one)

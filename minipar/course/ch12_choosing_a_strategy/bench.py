@@ -207,7 +207,8 @@ def _local_step_model(ranks: int):
 def _contended(rank, world_size, repeats):
     """On every rank at once (the ranks share the cores, as in a real run): the FLOP/s of a forward and
     backward of a 1/n batch, the seconds of one Adam step per parameter, and a 4-byte all-reduce on
-    all ranks — each the least disturbed of ``repeats`` (after a warm-up)."""
+    all ranks — each the least disturbed of ``repeats`` (after a warm-up) — and gloo's collectives at
+    :data:`ALLREDUCE_SIZES` (:func:`collective_times`: their mean)."""
     import torch.distributed as dist
     from minipar.plan import model_flops
     model, opt, x, y, loss = _local_step_model(world_size)
