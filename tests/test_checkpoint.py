@@ -46,14 +46,19 @@ def resume_rank(rank, world_size, recipe, layout, directory):
 L222 = dict(dp=2, pp=2, tp=2, micro_batches=4)
 
 
+def save_on_8(tmp_path_factory, name: str, rec, layout) -> tuple:
+    """(directory, full parameters the ranks had when saving) of a checkpoint after 2 steps on 8 ranks."""
+    directory = str(tmp_path_factory.mktemp(name))
+    params = {}
+    for p in launch(save_rank, 8, rec, layout, directory, 2, quiet=True):
+        params.update(p)
+    return directory, params
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A checkpoint after 2 steps at 2×2×2 and the full parameters the ranks had when saving."""
-    directory = str(tmp_path_factory.mktemp("ckpt"))
-    params = {}
-    for p in launch(save_rank, 8, recipe(), L222, directory, 2, quiet=True):
-        params.update(p)
-    return directory, params
+    return save_on_8(tmp_path_factory, "ckpt", recipe(), L222)
 
 
 def assert_lossless(results, at_save) -> None:
@@ -250,11 +255,7 @@ CP_SAVE = dict(dp=1, cp=2, pp=2, tp=2, micro_batches=4, cp_method="ring-zigzag")
 
 @pytest.fixture(scope="module")
 def saved_cp(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("ckpt-cp"))
-    params = {}
-    for p in launch(save_rank, 8, recipe(), CP_SAVE, directory, 2, quiet=True):
-        params.update(p)
-    return directory, params
+    return save_on_8(tmp_path_factory, "ckpt-cp", recipe(), CP_SAVE)
 
 
 def test_one_writer_per_stage_file_whatever_the_mesh():
@@ -344,11 +345,7 @@ def _wrong_writer_save(rank, world_size, recipe, layout, directory, steps):
 
 @pytest.fixture(scope="module")
 def saved_moe(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("ckpt-moe"))
-    params = {}
-    for p in launch(save_rank, 8, moe_recipe(), MOE_SAVE, directory, 2, quiet=True):
-        params.update(p)
-    return directory, params
+    return save_on_8(tmp_path_factory, "ckpt-moe", moe_recipe(), MOE_SAVE)
 
 
 def test_moe_experts_are_written_once_per_ep_rank(saved_moe):
