@@ -78,12 +78,17 @@ def assert_lossless(results, at_save) -> None:
     (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
 ], ids=["1x2x4", "4x2x1+zero1", "one process"])
 def test_load_in_another_layout(saved, world_size, layout):
+    assert_resumes_losslessly_to_step_3(saved, world_size, layout)
+
+
+def assert_resumes_losslessly_to_step_3(saved, world_size, layout) -> None:
+    """Resumed at ``layout`` from ``saved`` (directory, parameters at save): lossless, and the resumed step is
+    one process's uninterrupted step 3."""
     directory, at_save = saved
     results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
     assert_lossless(results, at_save)
-    ref = train_reference(recipe())                 # and the resumed step is the uninterrupted step 3
-    ref3 = RunResult(ref.losses[2:], ref.params)
-    compare(ref3, [r for _, _, r in results], dtype=torch.float64).assert_ok()
+    ref = train_reference(recipe())
+    compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
 
 
 def test_resume_is_bit_exact_in_the_same_layout(tmp_path):
@@ -299,11 +304,7 @@ def test_the_manifest_records_the_cp_layout(saved_cp):
     (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
 ], ids=["cp1 tp2 zero1", "cp2 tp1 ulysses", "one process"])
 def test_a_cp_checkpoint_resumes_at_another_cp_and_tp(saved_cp, world_size, layout):
-    directory, at_save = saved_cp
-    results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
-    assert_lossless(results, at_save)
-    ref = train_reference(recipe())                 # the resumed step 3 is one process's uninterrupted step 3
-    compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
+    assert_resumes_losslessly_to_step_3(saved_cp, world_size, layout)
 
 
 def test_a_cp_run_resumed_at_its_own_layout_equals_the_uninterrupted_run(saved_cp):
