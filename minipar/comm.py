@@ -22,7 +22,7 @@ The hand-written :func:`ring_all_reduce`, :func:`ring_all_gather`, :func:`ring_r
 :func:`root_all_reduce` use only ``send``/``recv``, so their bytes are counted message by message as they are really sent.
 
 Logs are scoped: ``with recording() as log:`` collects the calls made inside the block on this rank. The
-block is also watched by :mod:`minipar.wire`: ``log.observed_bytes_sent`` is what this process really
+block is also watched by :mod:`minipar.observe.wire`: ``log.observed_bytes_sent`` is what this process really
 wrote to its sockets meanwhile (the transport's truth, beside the model above — and it sees collectives
 called around this module, straight through ``torch.distributed``, which the records cannot).
 
@@ -62,7 +62,7 @@ class CommRecord:
     ``ranks``: the global ranks of the group the call used (a send or recv: the pair {me, peer}); ``dims``:
     the mesh dimensions they span (:meth:`minipar.mesh.Mesh.dims_spanned`), when the log recording it was
     given a mesh, else None. ``observed_sent``: bytes this process wrote to its sockets while a blocking call
-    ran (:mod:`minipar.wire`; None for async calls, whose bytes leave after they return)."""
+    ran (:mod:`minipar.observe.wire`; None for async calls, whose bytes leave after they return)."""
     op: str
     group_size: int
     payload_bytes: int
@@ -140,14 +140,14 @@ class CommLog:
 
 
 _active: list[CommLog] = []  # the logs recording on this process (innermost last)
-_tracers: list = []          # minipar.trace tracers: told before each call (_timed) and of each record (_record)
+_tracers: list = []          # minipar.observe.trace tracers: told before each call (_timed) and of each record (_record)
 
 
 @contextlib.contextmanager
 def recording(log: CommLog | None = None, mesh=None):
     """Record every minipar.comm call on this rank inside the block into ``log`` (a new one by default).
     With ``mesh`` (a :class:`minipar.mesh.Mesh` or ``RankMesh``) each record also names the dims it spans."""
-    from . import wire
+    from .observe import wire
     log = log if log is not None else CommLog()
     if mesh is not None:
         log.mesh = getattr(mesh, "mesh", mesh)
@@ -264,7 +264,7 @@ _io_fds: dict = {}                  # pid -> open /proc/<pid>/io (per process: f
 
 
 def _wchar() -> int | None:
-    """Bytes this process has written (``wchar``, as :mod:`minipar.wire` reads it), with one ``pread`` of a
+    """Bytes this process has written (``wchar``, as :mod:`minipar.observe.wire` reads it), with one ``pread`` of a
     kept-open file (~7 µs, against ~40 µs to open and parse it each call); None off Linux."""
     pid = os.getpid()
     if pid not in _io_fds:

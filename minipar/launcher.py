@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from . import launch_trace
+from .observe import launch_trace
 from .validation import positive_int
 
 __all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
@@ -129,7 +129,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
     prints nothing (the output is still attached to errors). ``trace=True``: every rank runs under
-    :func:`minipar.trace.tracing` and the call returns ``(results, Trace)`` (:mod:`minipar.launch_trace`,
+    :func:`minipar.observe.trace.tracing` and the call returns ``(results, Trace)`` (:mod:`minipar.observe.launch_trace`,
     which also records every launch inside a ``recording_launches()`` block).
     """
     positive_int("world_size", world_size)

@@ -133,7 +133,7 @@ def test_predicted_bytes_for_one_rank_is_zero():
     assert comm.predicted_bytes_sent("all_reduce", 1000, 4) == 1500
 
 
-# --- what the sockets carried (minipar.wire), not the log's model: the measurement ----------------------
+# --- what the sockets carried (minipar.observe.wire), not the log's model: the measurement ----------------------
 
 WIRE_PAYLOAD = 64 * 1024      # bytes: large beside gloo's headers (~150 B a message, ~1.7 KiB a 4-rank all-reduce)
 FRAMING = 2048                # allowance per call, bytes
@@ -180,7 +180,7 @@ def _observed(rank, world_size):
     return out
 
 
-@pytest.mark.skipif(not __import__("minipar.wire", fromlist=["available"]).available(), reason="no /proc/self/io")
+@pytest.mark.skipif(not __import__("minipar.observe.wire", fromlist=["available"]).available(), reason="no /proc/self/io")
 def test_observed_bytes_on_the_wire_against_the_formula():
     """Each collective on 4 ranks, 64 KiB: the bytes each rank really wrote to its sockets equal the formula
     (comm.predicted_bytes_sent) plus at most FRAMING bytes per logged call — except where gloo runs another

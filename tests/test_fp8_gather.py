@@ -3,7 +3,8 @@ wire carries 1 byte per element — half of BF16's, a quarter of FP32's (observe
 import pytest
 import torch
 
-from minipar import comm, wire
+from minipar import comm
+from minipar.observe import wire
 from minipar.launcher import launch
 from minipar.precision.fp8 import quantize
 from minipar.precision.fp8_gather import all_gather_bytes

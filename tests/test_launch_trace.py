@@ -2,8 +2,9 @@
 that launches deep inside (a strategy's run), and ``python -m minipar tour --trace DIR``."""
 import torch
 
-from minipar import comm, launch, trace
-from minipar.launch_trace import recording_launches
+from minipar import comm, launch
+from minipar.observe import trace
+from minipar.observe.launch_trace import recording_launches
 
 
 def _talk(rank, world_size):

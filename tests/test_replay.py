@@ -1,9 +1,9 @@
 """The replay engine on hand-made traces, against timelines computed by hand (no processes)."""
 import pytest
 
-from minipar.plan.cluster import Cluster, dgx_a100, h100_nodes, pcie_node, this_machine
-from minipar.replay import Deadlock, comm_seconds, replay
-from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, from_schedule
+from minipar.observe.cluster import Cluster, dgx_a100, h100_nodes, pcie_node, this_machine
+from minipar.observe.replay import Deadlock, comm_seconds, replay
+from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, from_schedule
 
 approx = lambda x: pytest.approx(x, abs=1e-12)  # noqa: E731
 

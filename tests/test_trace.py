@@ -5,9 +5,9 @@ from minipar import comm
 from minipar.check import mlp_recipe
 from minipar.data import ddp
 from minipar.launcher import launch
-from minipar.plan.cluster import this_machine
-from minipar.replay import replay
-from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, _Tracer, load, run_traced, tracing
+from minipar.observe.cluster import this_machine
+from minipar.observe.replay import replay
+from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, _Tracer, load, run_traced, tracing
 
 
 def hand_trace():
@@ -109,7 +109,7 @@ def _traced_strategy(rank, world_size, name):
 def test_other_strategies_traced_and_replayed(name):
     """No tracing code in the strategies: the comm hooks see every call, and the traces replay (every
     collective matched, every message received) on this machine and on a DGX-A100 node."""
-    from minipar.plan.cluster import dgx_a100
+    from minipar.observe.cluster import dgx_a100
     out = launch(_traced_strategy, 2, name, quiet=True)
     for rank_trace, logged in out:
         assert [(c.op, c.ranks, c.bytes) for c in rank_trace.comms()] == logged and logged
@@ -123,7 +123,7 @@ def test_flops_counted_per_segment_without_processes():
     """tracing(flops=True): each segment carries the matmul FLOPs counted inside it (2·m·n·k per matmul);
     without it, None."""
     import torch
-    from minipar.trace import mark
+    from minipar.observe.trace import mark
     a, b, c = torch.randn(8, 16), torch.randn(16, 32), torch.randn(32, 4)
     with tracing(0, flops=True) as counted:
         y = a @ b                                   # 2·8·16·32

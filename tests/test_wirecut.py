@@ -1,4 +1,4 @@
-"""minipar.wirecut: inside ``cut_wire()`` minipar.comm moves nothing, never waits, and leaves outputs of the
+"""minipar.observe.wirecut: inside ``cut_wire()`` minipar.comm moves nothing, never waits, and leaves outputs of the
 right shape; outside it, everything is as before."""
 import time
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import comm, launch, wire
-from minipar.wirecut import cut_wire
+from minipar import comm, launch
+from minipar.observe import wire
+from minipar.observe.wirecut import cut_wire
 
 
 def _collectives(rank, world_size):

@@ -14,7 +14,7 @@ Which collectives move the bytes (``comm.ring_algorithms()``, the one switch, as
 
 * outside the switch (default): ``torch.distributed``'s, through :mod:`minipar.comm`. On CPU, gloo has no
   reduce-scatter of its own: PyTorch's gloo backend all-reduces the whole buffer and keeps a chunk, so a
-  reduce-scatter puts 2(N-1)/N·S on the wire, twice the ring's (observed with :mod:`minipar.wire`): ZeRO-1/2
+  reduce-scatter puts 2(N-1)/N·S on the wire, twice the ring's (observed with :mod:`minipar.observe.wire`): ZeRO-1/2
   then send 1.5x DDP, ZeRO-3 2.0x. (NCCL has a real reduce-scatter.)
 * inside ``with comm.ring_algorithms():``: minipar's own rings from send/recv
   (:func:`minipar.comm.ring_reduce_scatter`, :func:`~minipar.comm.ring_all_gather`,

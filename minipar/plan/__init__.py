@@ -5,7 +5,7 @@ Pure functions, no processes (chapter 12):
 * :mod:`.model` — :class:`Transformer`, :func:`parameters`, :func:`activation_bytes_per_layer`,
   :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes` (the papers' formulas),
   :class:`MoETransformer`;
-* :mod:`.cluster` — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
+* :mod:`minipar.observe.cluster` (re-exported here) — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
 * :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term); :mod:`.traffic` its
   bytes and seconds (tp, cp, ep, pp, dp), :mod:`.overlap` what of them a program hides (``overlap=``);
 * :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);

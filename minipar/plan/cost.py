@@ -17,13 +17,13 @@ and ``Estimate.hidden`` the rest)::
 
     compute        hardware FLOPs / (devices · peak FLOP/s · efficiency)
     bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
-    collectives    the α-β model of :mod:`minipar.plan.cluster`, on the links each group really crosses
+    collectives    the α-β model of :mod:`minipar.observe.cluster`, on the links each group really crosses
                    (:mod:`.traffic`: tp, cp, ep, pp, dp), exposed seconds
     optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO) × the cluster's
                    seconds per parameter (only when the cluster gives one: calibrated on a CPU)
 
 or, FlexFlow's way, compute measured instead of counted: ``compute_seconds`` = the step run for real with
-its communication cut (:func:`minipar.wirecut.cut_wire`: every matmul, element-wise op and optimizer step
+its communication cut (:func:`minipar.observe.wirecut.cut_wire`: every matmul, element-wise op and optimizer step
 of this device's share, no transfer, no wait); the model then adds only the bubble and the collectives.
 
 Bytes sent per device per step: :mod:`.traffic` (the same numbers the communication log shows, chapter by
@@ -45,7 +45,7 @@ from minipar.recompute import MODES
 from minipar.sequence.context_parallel import METHODS as CP_METHODS
 from minipar.tensor.sequence import uncounted_bytes
 
-from .cluster import Cluster, collective_seconds, dgx_a100
+from minipar.observe.cluster import Cluster, collective_seconds, dgx_a100
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
                     hardware_flops, layer_parameters, model_flops)
 from .overlap import OVERLAPS, data_parallel_exposed

@@ -28,7 +28,7 @@ from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
-from .cluster import collective_seconds, link
+from minipar.observe.cluster import collective_seconds, link
 from .model import MoETransformer
 
 __all__ = ["traffic", "data_parallel_traffic"]

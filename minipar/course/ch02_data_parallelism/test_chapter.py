@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minipar.course.ch02_data_parallelism import timing
-from minipar.trace import Comm, Compute, RankTrace, Trace
+from minipar.observe.trace import Comm, Compute, RankTrace, Trace
 
 
 def _dp_train(rank, world_size, recipe):
@@ -27,7 +27,7 @@ def test_dp_step_as_processes_equals_one_device():
 
 
 def test_exposed_and_hidden_are_read_in_the_last_step_alone():
-    from minipar.replay import ReplayResult, Span
+    from minipar.observe.replay import ReplayResult, Span
     spans = [Span(0, "compute", 0, 1, 0), Span(0, "all_reduce", 1, 3, 1),        # step 1: exposed 2
              Span(0, "compute", 3, 5, 3), Span(0, "all_reduce", 4, 5, 4),        # step 2: hidden 1
              Span(0, "all_gather", 5, 6, 6)]                                     # after: a final gather

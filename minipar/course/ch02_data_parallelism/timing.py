@@ -7,11 +7,11 @@ runs threads in one process, which a per-device trace cannot see). Per configura
 
 * **measured on this machine**: wall seconds between consecutive optimizer steps (the fastest gap; the
   strategy's figure is the slowest rank's);
-* its :mod:`minipar.trace` (compute in thread CPU seconds, every collective), which :func:`replays` plays on
+* its :mod:`minipar.observe.trace` (compute in thread CPU seconds, every collective), which :func:`replays` plays on
 
-  - this machine as a cluster (:func:`minipar.plan.cluster.this_machine`: compute as measured, links α, β
-    fitted to gloo's all-reduce timed in the same launch, :func:`minipar.fidelity.fit_link`),
-  - a DGX-A100 node and seed 002's PCIe machine (:mod:`minipar.plan.cluster`), each compute segment scaled
+  - this machine as a cluster (:func:`minipar.observe.cluster.this_machine`: compute as measured, links α, β
+    fitted to gloo's all-reduce timed in the same launch, :func:`minipar.observe.fidelity.fit_link`),
+  - a DGX-A100 node and seed 002's PCIe machine (:mod:`minipar.observe.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
 
@@ -77,7 +77,7 @@ def _ddp_step(wrapped, opt, xs, ys):
 def _traced(step, rank, steps):
     """(fastest wall gap between consecutive optimizer steps, the RankTrace of ``steps`` steps)."""
     import torch.distributed as dist
-    from minipar import trace
+    from minipar.observe import trace
     step()                                            # warm-up, not traced
     dist.barrier()
     stamps = []
@@ -93,7 +93,7 @@ def all_reduce_seconds(rank, world_size, sizes=LINK_SIZES, repeats=5) -> dict:
     """{bytes: seconds} of gloo float32 all-reduces of each of ``sizes`` bytes on this rank, the fastest of
     ``repeats`` after one warm-up (the least disturbed: the machine is shared). Runs on every rank of a launch
     (``launch(all_reduce_seconds, n, ...)``, or inside a rank's function), for
-    :func:`minipar.fidelity.fit_link`."""
+    :func:`minipar.observe.fidelity.fit_link`."""
     import torch.distributed as dist
     out = {}
     for size in sizes:
@@ -139,9 +139,9 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
     """Launch :func:`traced_rank`: {"traces": {config: Trace}, "measured": {config: s}, "alpha", "beta",
     "flops_here" (FLOP/s of a rank: counted FLOPs / CPU seconds of compute per step), "grad_bytes",
     "all_reduces" (per step, traced), ...}."""
-    from minipar.fidelity import fit_link
+    from minipar.observe.fidelity import fit_link
     from minipar.launcher import launch
-    from minipar.trace import Trace
+    from minipar.observe.trace import Trace
     if steps < 2:
         raise ValueError(f"steps must be at least 2 (a step is the gap between two optimizer steps), got {steps}")
     ranks = launch(traced_rank, world_size, tuple(bucket_sizes), layers, embd, batch, seq, steps, quiet=True,
@@ -159,11 +159,11 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
 
 
 def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
-    """Seed 002's machine: :func:`minipar.plan.cluster.pcie_node` (TITAN RTX over PCIe 3.0), and with
+    """Seed 002's machine: :func:`minipar.observe.cluster.pcie_node` (TITAN RTX over PCIe 3.0), and with
     ``nvlink`` its two-link NVLink bridge, 50 GB/s per direction (NVIDIA: "100 GB/s" both directions).
     ``fp32``: the peak of FP32 arithmetic, 16.3 TFLOP/s (Turing whitepaper), for a run without ``--fp16``
     (seed 002's command line has none) instead of ``pcie_node``'s FP16 tensor-core 130 TFLOP/s."""
-    from minipar.plan.cluster import pcie_node
+    from minipar.observe.cluster import pcie_node
     node = pcie_node(devices)
     if fp32:
         node = dataclasses.replace(node, peak_flops=16.3e12)
@@ -173,7 +173,7 @@ def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
 def scaled(trace, bytes_factor: float):
     """The same program with every message ``bytes_factor`` times larger (a what-if: a model with that many
     times the parameters, in the same number of buckets)."""
-    from minipar.trace import Comm, RankTrace, Trace
+    from minipar.observe.trace import Comm, RankTrace, Trace
     ranks = [RankTrace(r.rank, [dataclasses.replace(e, bytes=round(e.bytes * bytes_factor))
                                 if isinstance(e, Comm) else e for e in r.events]) for r in trace.ranks]
     return Trace(ranks, dict(trace.meta, bytes_factor=bytes_factor))
@@ -184,7 +184,7 @@ def replays(measured: dict, clusters: dict, compute_factor: float = 1.0, bytes_f
     the others scale it by FLOP/s here / the device's. What-ifs (1: the measured run): ``compute_factor``
     multiplies every compute segment, ``bytes_factor`` every message (:func:`scaled`) — a model ``f`` times
     larger trained on ``k`` times the tokens per rank is compute × f·k, bytes × f."""
-    from minipar.replay import device_scale, replay
+    from minipar.observe.replay import device_scale, replay
     out = {}
     for where, cluster in clusters.items():
         scale = 1.0 if where == "here" else device_scale(cluster, measured["flops_here"])
@@ -196,7 +196,7 @@ def replays(measured: dict, clusters: dict, compute_factor: float = 1.0, bytes_f
 def last_step(result, label: str = "step"):
     """``result`` cut to one step: each rank's spans clipped to the gap between its last two marks ``label``
     (so neither a first step that differs from the rest nor the set-up or a final gather is counted)."""
-    from minipar.replay import ReplayResult
+    from minipar.observe.replay import ReplayResult
     timelines, finish = [], []
     for spans, marks in zip(result.timelines, result.marks):
         times = [t for name, t in marks if name == label]

@@ -1,7 +1,7 @@
 """Chapter 03's time: ZeRO-3 with and without prefetch, measured here and replayed on a named cluster.
 
 One launch trains the tiny GPT with ZeRO-3 (one unit per block, :func:`minipar.data.zero.parallel_train`)
-twice, ``prefetch=True`` and ``False``, under :func:`minipar.trace.tracing`, each optimizer step marked.
+twice, ``prefetch=True`` and ``False``, under :func:`minipar.observe.trace.tracing`, each optimizer step marked.
 Per run: the wall seconds between optimizer steps (**measured on this machine**) and the trace, which
 :func:`minipar.course.ch02_data_parallelism.timing.replays` plays on declared clusters (**model**). With
 prefetch the next unit's all-gather is issued before the current unit computes and waited for when it is
@@ -9,7 +9,7 @@ needed; without, each gather is issued and waited for right where the unit start
 
 The memory timeline: in one step (the second; the steps timed are the ones after it, without the watch's
 overhead) a :class:`minipar.memory.LiveTensorTracker` and ZeRO's ``on_alloc`` (gathered parameters) count
-the live bytes at every allocation and free, each sample stamped with :func:`minipar.trace.position`, so that
+the live bytes at every allocation and free, each sample stamped with :func:`minipar.observe.trace.position`, so that
 :func:`memory_on_replay` can put it on any replay's time axis: a sample taken c CPU seconds into compute
 segment i sits at that segment's replayed start + c × its replayed length / its CPU seconds.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from minipar.launch_trace import stamped_optimizer
+from minipar.observe.launch_trace import stamped_optimizer
 from minipar.memory import LiveTensorTracker
-from minipar.trace import Compute, position
+from minipar.observe.trace import Compute, position
 
 __all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
@@ -97,7 +97,7 @@ def traced_rank(rank, world_size, steps):
     per rank, gloo's all-reduce seconds by size, the model's parameter bytes)."""
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
-    from minipar import trace
+    from minipar.observe import trace
     from minipar.check import gpt_recipe
     from minipar.data import zero
     from minipar.loop import shard_batch
@@ -124,7 +124,7 @@ def traced_rank(rank, world_size, steps):
 
 def _last_step_cpu(rank_trace) -> float:
     """Thread CPU seconds of compute between the rank's last two "step" marks."""
-    from minipar.intervals import step_slice
+    from minipar.observe.intervals import step_slice
     return sum(e.seconds_cpu for e in step_slice(rank_trace.events, "step", -1) if isinstance(e, Compute))
 
 
@@ -135,14 +135,14 @@ def measure(world_size: int = 4, steps: int = 3) -> dict:
     optimizer step (the unit order being recorded, no prefetch yet) stays in the trace, so a replay's step is
     read between later marks (``step_between``)."""
     from minipar.launcher import launch
-    from minipar.trace import Trace
+    from minipar.observe.trace import Trace
     if steps < 3:
         raise ValueError(f"steps must be at least 3 (step 2 is watched; a step is the gap between two later "
                          f"optimizer steps), got {steps}")
     ranks = launch(traced_rank, world_size, steps, quiet=True, timeout=300)
     names = {True: "prefetch", False: "no prefetch"}
     traces = {names[p]: Trace([r[0][p][1] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}) for p in names}
-    from minipar.fidelity import fit_link
+    from minipar.observe.fidelity import fit_link
     flops = ranks[0][1]
     beta, alpha = fit_link("all_reduce", world_size, ranks[0][2])
     cpu_per_step = max(_last_step_cpu(t) for t in traces["prefetch"].ranks)

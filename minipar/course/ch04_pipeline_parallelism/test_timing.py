@@ -9,9 +9,9 @@ from minipar.check import gpt_recipe
 from minipar.course.ch04_pipeline_parallelism import timing
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
-from minipar.plan.cluster import this_machine
-from minipar.replay import replay
-from minipar.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.observe.cluster import this_machine
+from minipar.observe.replay import replay
+from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 FREE = this_machine(0.0, float("inf"), 1.0, devices=4)
 

@@ -1,9 +1,9 @@
 """Chapter 04, §8: why an unpaced pipeline idles more than (p-1)/(m+p-1) — measured, replayed here, replayed on
 a named cluster.
 
-One real run of a schedule is traced (:mod:`minipar.trace`: every rank's compute between its messages, in
+One real run of a schedule is traced (:mod:`minipar.observe.trace`: every rank's compute between its messages, in
 thread CPU seconds and wall seconds) with a mark at each action's start, input arrival and end
-(:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.replay.replay` on
+(:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.observe.replay.replay` on
 clusters that add one term at a time (:func:`idle_terms`):
 
 * ``formula`` — (p-1)/(m+p-1): equal stages, free and instant transfers (GPipe, Huang et al. 2019);
@@ -14,7 +14,7 @@ clusters that add one term at a time (:func:`idle_terms`):
   the other ranks (and other jobs) stretched it to;
 * ``measured`` — the run's own timeline on the wall clock (:func:`minipar.pipeline.timeline.measured_idle_fraction`);
 * ``dgx_a100`` — a model: the CPU seconds scaled to an A100 (this machine's matmul FLOP/s over 312 TFLOP/s ×
-  0.6) on one DGX-A100 node's NVLink (:func:`minipar.plan.cluster.dgx_a100`).
+  0.6) on one DGX-A100 node's NVLink (:func:`minipar.observe.cluster.dgx_a100`).
 
 Every idle fraction is the same quantity as the measured one: 1 - Σ action spans / (p · step), an action's span
 starting once its input is there; the replayed spans come from the marks (:func:`replayed_runs`).
@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from minipar import trace
-from minipar.fidelity import fit_affine, wall_compute
+from minipar.observe import trace
+from minipar.observe.fidelity import fit_affine, wall_compute
 from minipar.pipeline import runtime
 from minipar.pipeline.runtime import PipelineRank
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
-from minipar.plan.cluster import dgx_a100, this_machine
-from minipar.replay import replay
+from minipar.observe.cluster import dgx_a100, this_machine
+from minipar.observe.replay import replay
 
 __all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms",
            "stage_work", "draw_terms", "TERMS", "TITLES"]
@@ -40,7 +40,7 @@ TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
 
 
 class MarkedRank(PipelineRank):
-    """The runtime's rank, putting a :func:`minipar.trace.mark` where an action begins, where its input
+    """The runtime's rank, putting a :func:`minipar.observe.trace.mark` where an action begins, where its input
     arrived and where it ends (``done <kind> <stage> <microbatch>``)."""
 
     def begin_action(self, action) -> None:
@@ -57,7 +57,7 @@ class MarkedRank(PipelineRank):
 
 
 def traced_run(recipe, *, schedule: str, p: int, m: int) -> tuple:
-    """(per-rank PipelineRuns, :class:`minipar.trace.Trace`) of one unpaced run, every rank traced."""
+    """(per-rank PipelineRuns, :class:`minipar.observe.trace.Trace`) of one unpaced run, every rank traced."""
     runtime.validate(recipe, world_size=p, schedule=schedule, m=m)
     return trace.run_traced(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
                             quiet=True, meta={"schedule": schedule, "p": p, "m": m})
@@ -86,7 +86,7 @@ def replayed_runs(result, steps: int) -> list:
 def p2p_link(sizes=(256, 4096, 65536), reps: int = 20) -> tuple:
     """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: chapter 12's blocking
     send/recv ping-pong, the fastest one-way time of ``reps`` round trips per size (the link, not the wait for a
-    core: that is the ``cores`` term), fitted to t = α + S/β by :func:`minipar.fidelity.fit_affine` (least
+    core: that is the ``cores`` term), fitted to t = α + S/β by :func:`minipar.observe.fidelity.fit_affine` (least
     squares in relative error); β = ∞ when the fastest times do not grow with S (small sizes, a busy machine)."""
     from minipar.course.ch12_choosing_a_strategy.bench import pingpong
     samples = {size: min(v) for size, v in pingpong(sizes, reps + 1).items()}   # the first round trip: a warm-up

@@ -8,7 +8,7 @@ gradient is nearly zero). Bytes: what one rank sends per step (mean over ranks,
 from the communication log) next to the formula 2 · c · m · A / p, A = one micro-batch's
 activation (2 · 8 · 16 · 8 B), c the stage boundaries that cross ranks (p·v - 1; 2p - 2 in the V of ZB-V and
 DualPipeV, whose turn stays on rank p-1): each carries each micro-batch's activation forward and its
-gradient back; beside it, what the sockets carried in one step (:mod:`minipar.wire`: a run of 2 steps minus a
+gradient back; beside it, what the sockets carried in one step (:mod:`minipar.observe.wire`: a run of 2 steps minus a
 run of 1, so that setup cancels). Peak: live bytes created during a step (activations, gradients, buffers), max over ranks,
 measured with :class:`minipar.memory.LiveTensorTracker`. The PipeDream rows are compared with their own
 update rules (they are not synchronous training) and train with SGD for 6 steps.

@@ -1,12 +1,12 @@
 """Chapter 05, §7: TP inside a node vs across nodes — measured here, replayed here, replayed on H100 nodes.
 
-The tiny GPT is trained tensor-parallel on t ranks here, every rank traced (:mod:`minipar.trace`: its compute
+The tiny GPT is trained tensor-parallel on t ranks here, every rank traced (:mod:`minipar.observe.trace`: its compute
 between collectives in thread CPU seconds, and every all-reduce with its bytes), a mark after each optimizer
-step. One step of that trace (the last) is played by :func:`minipar.replay.replay` on
+step. One step of that trace (the last) is played by :func:`minipar.observe.replay.replay` on
 
 * ``here`` — this machine: compute as measured (CPU seconds), links of the α, β fitted to gloo's all-reduce
   here (one ring step: α_allreduce / 2(N-1));
-* ``inside`` — a model: two DGX H100 nodes (:func:`minipar.plan.cluster.h100_nodes`), the t ranks in one
+* ``inside`` — a model: two DGX H100 nodes (:func:`minipar.observe.cluster.h100_nodes`), the t ranks in one
   node (NVLink, 450 GB/s, 3 µs), compute scaled by this machine's matmul FLOP/s over the H100's 989 TFLOP/s
   × 0.6;
 * ``across`` — the same devices with the t ranks split over two nodes, t/2 in each (so every TP ring
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minipar import trace
-from minipar.launch_trace import stamped_optimizer
-from minipar.plan.cluster import h100_nodes, this_machine
-from minipar.replay import replay
+from minipar.observe import trace
+from minipar.observe.launch_trace import stamped_optimizer
+from minipar.observe.cluster import h100_nodes, this_machine
+from minipar.observe.replay import replay
 
 __all__ = ["traced_tp", "one_step", "placements", "tp_table"]
 
@@ -40,7 +40,7 @@ def _traced_train(rank, world_size, recipe):
 
 
 def traced_tp(recipe, t: int) -> tuple:
-    """(measured wall seconds of the last step, slowest rank; :class:`minipar.trace.Trace`; the ranks'
+    """(measured wall seconds of the last step, slowest rank; :class:`minipar.observe.trace.Trace`; the ranks'
     :class:`minipar.check.RunResult`, for :func:`minipar.check.compare` with ``train_reference(recipe)``) of
     ``recipe`` trained with TP degree ``t`` on ``t`` ranks here."""
     from minipar.launcher import launch
@@ -55,7 +55,7 @@ def traced_tp(recipe, t: int) -> tuple:
 def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:
     """The events of the last step alone (between the last two marks ``label`` on every rank): a trace
     that replays as one step, without the set-up and the final gather of the shards."""
-    from minipar.intervals import step_slice
+    from minipar.observe.intervals import step_slice
     ranks = []
     for r in traced.ranks:
         try:

@@ -11,7 +11,7 @@
   n ranks (:data:`STEP_RANKS`: one per core, up to 4), calibrating again on the same ranks just before
   each, and predicts each step with :func:`minipar.plan.estimate` two ways: compute counted (FLOPs / the
   calibrated FLOP/s) and compute measured (the same step run with the wire cut,
-  :func:`minipar.wirecut.cut_wire`); and on the first calibration (one thread alone × the share of cores a
+  :func:`minipar.observe.wirecut.cut_wire`); and on the first calibration (one thread alone × the share of cores a
   rank gets) to show what that missed.
 
     python -m minipar bench calibrate [--json] [--steps N]
@@ -26,7 +26,7 @@ import time
 import torch
 
 from minipar.data.zero_memory import Precision
-from minipar.launch_trace import stamped_optimizer
+from minipar.observe.launch_trace import stamped_optimizer
 from minipar.models import GPTConfig
 from minipar.plan import Cluster, Layout, Transformer, activation_bytes_per_layer, estimate
 from minipar.tensor.sequence import uncounted_bytes
@@ -153,8 +153,8 @@ def pingpong(sizes, repeats: int) -> dict:
 
 def _fit(xs, ys):
     """Least squares of y = a + x / b in relative error (weights 1/y², so the small messages that fix α
-    count as much as the large ones that fix β, :func:`minipar.fidelity.fit_affine`): returns (a, b)."""
-    from minipar.fidelity import fit_affine
+    count as much as the large ones that fix β, :func:`minipar.observe.fidelity.fit_affine`): returns (a, b)."""
+    from minipar.observe.fidelity import fit_affine
     a, slope = fit_affine(xs, ys)
     return a, 1 / slope
 
@@ -270,7 +270,7 @@ _TIMED_OPS = ("allreduce_", "all_gather_", "reduce_scatter_")   # their keys: f"
 def allreduce_link(cal: dict, devices: int):
     """(β, α) of one ring step fitted to gloo's own all-reduce on ``devices`` ranks, t = 2(n-1)·α +
     2(n-1)/n · S/β (least squares in relative error over :data:`ALLREDUCE_SIZES`); None if not measured."""
-    from minipar.fidelity import fit_link
+    from minipar.observe.fidelity import fit_link
     points = {size: cal[f"allreduce_{size}_s"] for size in ALLREDUCE_SIZES if f"allreduce_{size}_s" in cal}
     try:
         return fit_link("all_reduce", devices, points)
@@ -279,10 +279,10 @@ def allreduce_link(cal: dict, devices: int):
 
 
 def op_links(cal: dict, devices: int):
-    """:class:`minipar.fidelity.OpLinks` of this machine: each collective gloo was timed doing (all-reduce,
-    all-gather, reduce-scatter; :data:`ALLREDUCE_SIZES`) on its own fitted α, β (:func:`minipar.fidelity.
+    """:class:`minipar.observe.fidelity.OpLinks` of this machine: each collective gloo was timed doing (all-reduce,
+    all-gather, reduce-scatter; :data:`ALLREDUCE_SIZES`) on its own fitted α, β (:func:`minipar.observe.fidelity.
     fit_link`), send/recv on the ping-pong's α, β. None where ``cal`` has no per-op timings."""
-    from minipar.fidelity import OpLinks, fit_link
+    from minipar.observe.fidelity import OpLinks, fit_link
     ops = {}
     for op, key in (("all_reduce", "allreduce"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter")):
         samples = {size: cal[f"{key}_{size}_s"] for size in ALLREDUCE_SIZES if f"{key}_{size}_s" in cal}
@@ -408,7 +408,7 @@ def _timed_train(rank, world_size, name, steps, cut):
     import torch.distributed as dist
     from minipar import comm
     from minipar.check import gpt_recipe
-    from minipar.wirecut import cut_wire
+    from minipar.observe.wirecut import cut_wire
     recipe = gpt_recipe(steps=steps, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
     stamps = []
     recipe.optimizer = _stamped(recipe.optimizer, stamps)

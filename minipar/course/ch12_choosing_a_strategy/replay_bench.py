@@ -2,13 +2,13 @@
 here and on a DGX-A100 node, the planner beside them — how well a replay predicts this machine.
 
 Every run trains the eight strategies of :func:`bench.step_layouts` one after the other on n ranks (one per
-core), each under :class:`minipar.trace.Traced` with its optimizer steps stamped and marked
+core), each under :class:`minipar.observe.trace.Traced` with its optimizer steps stamped and marked
 (:func:`bench._stamped`); ``runs`` such rounds alternate the strategies, so that whatever else the machine
 does falls on all of them alike. Per strategy and run, each a median over the run's steps, the slowest
 rank's step:
 
 * **measured** — the wall clock from one optimizer step to the next;
-* **replay here** — the same run's trace played on this machine (:func:`minipar.replay.replay`): compute
+* **replay here** — the same run's trace played on this machine (:func:`minipar.observe.replay.replay`): compute
   is each segment's thread CPU seconds; each collective costs what gloo's own op costs here on average,
   timed at a few sizes at the start of the same round and fitted, a message what a ping-pong costs on
   average (:func:`bench.op_links`, :func:`bench.collective_times`);
@@ -17,11 +17,11 @@ rank's step:
   threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
   time lost on shared cores to other processes too);
 * **replay on a DGX-A100 node** (a model): compute scaled by this machine's calibrated FLOP/s over the A100's
-  peak × efficiency, or — ``flops=True`` — each segment's counted FLOPs (:func:`minipar.fidelity.with_flops`);
+  peak × efficiency, or — ``flops=True`` — each segment's counted FLOPs (:func:`minipar.observe.fidelity.with_flops`);
 * **planner** (:func:`minipar.plan.estimate`) here (the calibrated cluster) and on the DGX node, without
   overlap and with ``overlap="minipar"`` (what this course's programs hide under compute: :mod:`minipar.plan.overlap`).
   Its cluster has one link (gloo's all-reduce, fitted): :class:`minipar.plan.Cluster` takes one α-β pair per
-  level, not the replay's per-op :class:`minipar.fidelity.OpLinks`.
+  level, not the replay's per-op :class:`minipar.observe.fidelity.OpLinks`.
 
 Over the runs: the median and the spread (min–max) of every number and of predicted/measured; the ranking of
 the strategies by each column, and :data:`AGREEMENTS` — each a :func:`minipar.plan.rank_agreement` (Kendall's
@@ -69,7 +69,7 @@ def _rounds(rank, world_size, names, steps, runs, flops):
     collectives timed (:func:`bench.collective_times`, under the key "links"), and with ``flops`` one more
     round traced with FLOPs counted (its times unused: counting slows every op)."""
     import torch.distributed as dist
-    from minipar.trace import Traced
+    from minipar.observe.trace import Traced
     timed, counted = Traced(_stamped_train), Traced(_stamped_train, flops=True)
     out = []
     for _ in range(runs):
@@ -87,9 +87,9 @@ def _spread(values) -> dict:
 
 def _replays(trace, cal, n, counted):
     """{column: seconds per step (median over the run's steps)} of one run's trace."""
-    from minipar.fidelity import observed_calls, wall_compute, with_flops, with_other_threads
-    from minipar.plan.cluster import dgx_a100
-    from minipar.replay import comm_seconds, replay
+    from minipar.observe.fidelity import observed_calls, wall_compute, with_flops, with_other_threads
+    from minipar.observe.cluster import dgx_a100
+    from minipar.observe.replay import comm_seconds, replay
     here, links = calibrated_cluster(cal, n), op_links(cal, n)
     per_op = {"comm_time": links} if links is not None else {}
     played = {"replay_here": replay(trace, here, compute_scale=1.0, **per_op),
@@ -123,11 +123,11 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
     one dict per strategy (each column's median/min/max over runs, "ratio_<column>" = predicted / measured
     per run, "miss", "planner_<where>_overlap_terms": the estimate's time terms, "calls_per_step"), "rankings",
     "picks", "agreements", "tau"} (see the module's docstring)."""
-    from minipar.intervals import slowest_rank_steps
+    from minipar.observe.intervals import slowest_rank_steps
     from minipar.launcher import launch
     from minipar.plan import estimate
-    from minipar.plan.cluster import dgx_a100
-    from minipar.trace import Trace
+    from minipar.observe.cluster import dgx_a100
+    from minipar.observe.trace import Trace
     if steps < 2 or runs < 1:
         raise ValueError(f"need steps ≥ 2 (a step is the gap between two optimizer steps) and runs ≥ 1, got "
                          f"steps={steps}, runs={runs}")

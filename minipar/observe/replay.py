@@ -1,20 +1,20 @@
-"""Play a :mod:`minipar.trace` on a declared cluster: what the measured program would do on that machine.
+"""Play a :mod:`minipar.observe.trace` on a declared cluster: what the measured program would do on that machine.
 
 Each rank is a device that runs its events in order (FlexFlow's simulator, Jia et al. 2019; ASTRA-sim,
 Rashidi et al. 2020, play the same kind of graph):
 
-* a :class:`~minipar.trace.Compute` lasts ``flops / (peak · efficiency)`` when its FLOPs are known, else its
+* a :class:`~minipar.observe.trace.Compute` lasts ``flops / (peak · efficiency)`` when its FLOPs are known, else its
   thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s over the device's: a rank here
   doing x FLOP/s, the device ``peak · efficiency``);
-* a :class:`~minipar.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
+* a :class:`~minipar.observe.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
   the same group is the same collective; a message: when both sides posted it, matched first in first out
   per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
   has a link out and a link in, each carrying one transfer at a time (transfers that share one queue); a
   collective takes both links of every member, a message the sender's out and the receiver's in — and lasts
   its α-β time (:func:`comm_seconds`: on the intra-node link if its ranks share a node, ``rank //
-  devices_per_node``, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.fidelity.OpLinks`);
+  devices_per_node``, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.observe.fidelity.OpLinks`);
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
-  :class:`~minipar.trace.Wait` (never waited for: at the rank's end).
+  :class:`~minipar.observe.trace.Wait` (never waited for: at the rank's end).
 
 Ranks advance in global time order (always the unblocked rank with the earliest clock), so collectives
 become ready in time order and link queues are first come, first served. If no rank can move while some
@@ -26,7 +26,7 @@ Per rank: compute, communication **hidden** under its compute, **exposed** (not 
 intervals of each, which :func:`minipar.pipeline.gantt.replay_rows` draws. ``step_gaps()``: the step times.
 
 The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: a schedule's trace
-(:func:`minipar.trace.from_schedule`) replayed with links of α = its p2p cost gives every action the
+(:func:`minipar.observe.trace.from_schedule`) replayed with links of α = its p2p cost gives every action the
 simulator's start and end (GPipe, 1F1B, interleaved, ZB-H1), except where the replay queues two messages on
 one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
 """
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minipar.intervals import difference, intersection, length, slowest_rank_steps, union
-from minipar.plan.cluster import Cluster, collective_seconds
-from minipar.trace import Comm, Compute, Mark, Trace, Wait
+from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, union
+from minipar.observe.cluster import Cluster, collective_seconds
+from minipar.observe.trace import Comm, Compute, Mark, Trace, Wait
 
 __all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale", "comm_seconds"]
 
@@ -84,7 +84,7 @@ class ReplayResult:
 
     def pieces(self, rank: int, start: float = 0.0, end: float | None = None) -> dict:
         """``rank``'s time in [start, end] (default the whole replay) as sets of intervals
-        (:mod:`minipar.intervals`): "compute"; the union of its transfers (a send and a recv at once count
+        (:mod:`minipar.observe.intervals`): "compute"; the union of its transfers (a send and a recv at once count
         once) under its compute, "comm hidden", and not, "comm exposed"; "idle": neither. They tile the window."""
         end = self.step_seconds if end is None else end
         window = [(start, end)] if end > start else []

@@ -2,7 +2,7 @@
 
 Measure what the program does, then play it on a declared machine (FlexFlow's simulator, Jia et al. 2019;
 ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the measuring half,
-:mod:`minipar.replay` the playing half. Per rank, in program order, a trace holds
+:mod:`minipar.observe.replay` the playing half. Per rank, in program order, a trace holds
 
 * :class:`Compute` — this rank's thread's time between two communication calls, in **thread CPU time**
   (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs;
@@ -90,7 +90,7 @@ class RankTrace:
 @dataclass
 class Trace:
     """Every rank's :class:`RankTrace`; ``meta`` says where it was measured (e.g. ``flops_per_second`` of a
-    rank here, which :mod:`minipar.replay` scales compute by)."""
+    rank here, which :mod:`minipar.observe.replay` scales compute by)."""
     ranks: list
     meta: dict = field(default_factory=dict)
 
@@ -266,7 +266,7 @@ def from_schedule(schedule, costs, message_bytes: int = 0) -> Trace:
     the start (async) and waited for right before the action that needs it, every result sent (async) to
     the rank that needs it as soon as it is computed, each message tagged with the action it feeds. Its
     replay with links of α = ``costs.p2p`` is the pipeline simulator's timeline (tests/test_replay.py)."""
-    from .pipeline.schedules import needs            # (the library's pipeline schedules: imported when used)
+    from minipar.pipeline.schedules import needs            # (the library's pipeline schedules: imported when used)
     last, ranks = schedule.num_stages - 1, range(schedule.p)
     consumers: dict = {}                                 # result -> [(rank, action)] on other ranks
     for r in ranks:

@@ -1,6 +1,6 @@
 """A replay against the run it was traced from: links per kind of call, per-step times, and what to compare.
 
-:mod:`minipar.replay` plays a :mod:`minipar.trace` on a :class:`~minipar.plan.cluster.Cluster`, every call
+:mod:`minipar.observe.replay` plays a :mod:`minipar.observe.trace` on a :class:`~minipar.observe.cluster.Cluster`, every call
 on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
 2020, and Calculon, Isaev et al. 2023, likewise time each collective by its own algorithm):
 
@@ -12,8 +12,8 @@ on the cluster's α-β links. Measured here, one α-β pair does not fit every c
 
 :class:`OpLinks` is that choice, passed to ``replay(..., comm_time=OpLinks(...))``; :func:`fit_link` fits one
 op's pair. To compare a replay with the run, step by step: the replay's step times
-(:meth:`minipar.replay.ReplayResult.step_gaps`) against the run's, both by
-:func:`minipar.intervals.slowest_rank_steps` (per step, the slowest rank's time from one step to the next);
+(:meth:`minipar.observe.replay.ReplayResult.step_gaps`) against the run's, both by
+:func:`minipar.observe.intervals.slowest_rank_steps` (per step, the slowest rank's time from one step to the next);
 :func:`with_other_threads` (each segment also pays the CPU seconds the rank's other threads — gloo's, moving
 and summing bytes — used meanwhile: on a CPU, communication "hidden" under compute takes the compute's core)
 and :func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
@@ -30,8 +30,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from minipar.comm import predicted_bytes_sent
-from minipar.plan.cluster import Cluster
-from minipar.trace import Comm, Compute, RankTrace, Trace
+from minipar.observe.cluster import Cluster
+from minipar.observe.trace import Comm, Compute, RankTrace, Trace
 
 __all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", "wall_compute",
            "with_other_threads", "with_flops"]
@@ -72,7 +72,7 @@ def fit_link(op: str, n: int, samples: dict) -> tuple:
 class OpLinks:
     """Seconds of one call by its kind: ``ops`` {op: (β, α)} for the collectives timed one by one, ``p2p``
     (β, α) for send/recv, the cluster's own links for anything else. Each in the α-β form of
-    :func:`minipar.plan.cluster.collective_seconds`. A replay's ``comm_time``."""
+    :func:`minipar.observe.cluster.collective_seconds`. A replay's ``comm_time``."""
     ops: dict = field(default_factory=dict)
     p2p: tuple | None = None
 
@@ -80,8 +80,8 @@ class OpLinks:
         return self.p2p if op in ("send", "recv") else self.ops.get(op)
 
     def __call__(self, op: str, ranks, payload: float, cluster: Cluster) -> float:
-        from minipar.plan.cluster import collective_seconds
-        from minipar.replay import comm_seconds
+        from minipar.observe.cluster import collective_seconds
+        from minipar.observe.replay import comm_seconds
         found = self.link(op)
         if found is None:
             return comm_seconds(op, ranks, payload, cluster)
@@ -90,7 +90,7 @@ class OpLinks:
 
 
 def wall_compute(trace: Trace) -> Trace:
-    """The trace with every :class:`~minipar.trace.Compute`'s thread CPU seconds replaced by its wall
+    """The trace with every :class:`~minipar.observe.trace.Compute`'s thread CPU seconds replaced by its wall
     seconds (what the segment took on the clock, time lost to other processes included)."""
     def swap(e):
         return dataclasses.replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, Compute) else e
@@ -99,7 +99,7 @@ def wall_compute(trace: Trace) -> Trace:
 
 
 def with_other_threads(trace: Trace) -> Trace:
-    """The trace with every :class:`~minipar.trace.Compute` lasting its thread CPU seconds plus the CPU
+    """The trace with every :class:`~minipar.observe.trace.Compute` lasting its thread CPU seconds plus the CPU
     seconds the rank's other threads used meanwhile (``seconds_other_threads``): one core per rank runs both."""
     def add(e):
         return dataclasses.replace(e, seconds_cpu=e.seconds_cpu + e.seconds_other_threads) \

@@ -1,4 +1,4 @@
-"""The launcher's tracing: every rank of a launch run under :func:`minipar.trace.tracing`, no strategy changed.
+"""The launcher's tracing: every rank of a launch run under :func:`minipar.observe.trace.tracing`, no strategy changed.
 
 Two ways in, both through :func:`minipar.launch`:
 
@@ -8,8 +8,8 @@ Two ways in, both through :func:`minipar.launch`:
         row = some_strategy.run(recipe, world_size=4)       # (a strategy's run() calls launch itself)
     traces[-1].save("row.json")
 
-Each rank's function is wrapped in :class:`minipar.trace.Traced` (a picklable class, so spawned ranks get it
-too); the wrapper returns (the function's result, the rank's :class:`~minipar.trace.RankTrace`), which the
+Each rank's function is wrapped in :class:`minipar.observe.trace.Traced` (a picklable class, so spawned ranks get it
+too); the wrapper returns (the function's result, the rank's :class:`~minipar.observe.trace.RankTrace`), which the
 launcher splits again, so the caller's results are exactly the untraced ones. The recording itself is
 :mod:`minipar.comm`'s (two hooks: before each call and on each record): strategy files hold no tracing code.
 Outside a ``recording_launches`` block and without ``trace=True`` the launcher wraps nothing.
@@ -29,7 +29,7 @@ _recorders: list = []          # the lists of open recording_launches() blocks, 
 
 @contextlib.contextmanager
 def recording_launches():
-    """Collect a :class:`minipar.trace.Trace` of every :func:`minipar.launch` inside the block, in order
+    """Collect a :class:`minipar.observe.trace.Trace` of every :func:`minipar.launch` inside the block, in order
     (``meta``: the function's name and the world size). Yields the list, filled as launches end."""
     traces: list = []
     _recorders.append(traces)
@@ -42,7 +42,7 @@ def recording_launches():
 def prepare(fn, world_size: int, trace: bool):
     """(the function each rank runs, ``finish(results)``): with ``trace`` or inside
     :func:`recording_launches`, ``fn`` traced and ``finish`` splitting (result, RankTrace) pairs into the
-    results and one :class:`~minipar.trace.Trace` (handed to every open recorder; returned beside the
+    results and one :class:`~minipar.observe.trace.Trace` (handed to every open recorder; returned beside the
     results when ``trace``); else ``fn`` itself and the identity."""
     if not trace and not _recorders:
         return fn, lambda results: results
@@ -60,7 +60,7 @@ def prepare(fn, world_size: int, trace: bool):
 
 def stamped_optimizer(factory, stamps: list):
     """A recipe's optimizer factory whose optimizers, after each ``step()``, append ``time.perf_counter()`` to
-    ``stamps`` and :func:`minipar.trace.mark` "step" (a no-op when no trace is recording). A training step is
+    ``stamps`` and :func:`minipar.observe.trace.mark` "step" (a no-op when no trace is recording). A training step is
     then the gap between two stamps, or between two marks of a replay (``ReplayResult.step_between``)."""
     from .trace import mark
 

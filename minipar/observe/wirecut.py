@@ -23,7 +23,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from . import comm
+from minipar import comm
 
 __all__ = ["cut_wire"]
 
