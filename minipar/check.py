@@ -25,8 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .datasets import lm_batches, markov_tokens, regression_batches
 from .launcher import launch
 from .loop import lm_loss
+from .models import MLP, GPTConfig, TinyGPT
 
 __all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "train_steps", "compare",
            "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
@@ -215,8 +217,6 @@ def check_equivalence(parallel_train: Callable, world_size: int, recipe: Recipe,
 def gpt_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer: str = "adam",
                seed: int = 0, **cfg_changes) -> Recipe:
     """The tiny GPT on :func:`minipar.datasets.markov_tokens`, ``steps`` global batches of ``batch_size``."""
-    from .datasets import lm_batches, markov_tokens
-    from .models import GPTConfig, TinyGPT
 
     cfg = GPTConfig(**cfg_changes)
     tokens = markov_tokens(4096, cfg.vocab_size, seed=seed)
@@ -228,8 +228,6 @@ def gpt_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer
 def mlp_recipe(steps: int = 3, batch_size: int = 16, sizes=(16, 64, 64, 8), optimizer: str = "sgd",
                seed: int = 0) -> Recipe:
     """The MLP on :func:`minipar.datasets.regression_batches`."""
-    from .datasets import regression_batches
-    from .models import MLP
 
     batches = regression_batches(batch_size, sizes[0], sizes[-1], steps, seed=seed)
     return Recipe(model=lambda: MLP(sizes, seed=seed), batches=batches, optimizer=_optimizer(optimizer),

@@ -10,8 +10,8 @@ Expert parallelism is *folded* (Megatron-Core's expert data parallelism, torchti
 ranks that share a pipeline stage and a TP coordinate are borrowed from the dp × cp ranks, so ep adds no
 ranks and must divide dp · cp; each expert is replicated over ``expert_data_parallel = dp · cp / ep`` of them.
 
-Adding a mesh dimension is adding a field here and its name to :data:`MESH_DIMS` (and to
-``minipar.mesh.DEFAULT_ORDER``); a strategy that does not run it yet refuses it in its own ``validate``
+Adding a mesh dimension is adding a field here and its name to ``minipar.mesh.DEFAULT_ORDER`` (which
+:data:`MESH_DIMS` is); a strategy that does not run it yet refuses it in its own ``validate``
 (:meth:`Layout.refuse`), so nothing else changes.
 """
 from __future__ import annotations
@@ -20,11 +20,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .mesh import DEFAULT_ORDER
 from .validation import positive_int
 
 __all__ = ["Layout", "MESH_DIMS", "ZERO_STAGES"]
 
-MESH_DIMS = ("dp", "pp", "cp", "ep", "tp")      # minipar.mesh.DEFAULT_ORDER: tp innermost (one node)
+MESH_DIMS = DEFAULT_ORDER                      # the mesh's order, outermost first: tp innermost (one node)
 ZERO_STAGES = (0, 1, 2, 3)
 
 

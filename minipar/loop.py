@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+
+from . import comm
 
 __all__ = ["lm_loss", "shard_batch", "mean_over_ranks"]
 
@@ -38,8 +41,6 @@ def shard_batch(batch, rank: int, world_size: int):
 def mean_over_ranks(loss, group=None) -> float:
     """(1/N) Σ_r loss_r over the ranks of ``group``, as a Python float (one all-reduce of one number,
     logged by :mod:`minipar.comm` like every other collective)."""
-    from . import comm
-    import torch.distributed as dist
     value = (loss.detach().clone().reshape(1) if isinstance(loss, torch.Tensor)
              else torch.tensor([float(loss)], dtype=torch.float64))   # a Python float keeps its 64 bits
     comm.all_reduce(value, group=group)

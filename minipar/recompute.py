@@ -29,6 +29,10 @@ import types
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
+
+from .memory import LiveTensorTracker
+from .models import TinyGPT
 
 __all__ = ["MODES", "apply_recompute", "remove_recompute", "full_block_forward", "selective_attention", "activation_bytes_formula", "recompute_modes"]
 
@@ -109,7 +113,6 @@ def activation_bytes_formula(s: int, b: int, h: int, a: int, mode: str = "none",
 # ----------------------------------------------------------------------------------------------------
 
 def _block_stack(cfg, mode, dtype, seed):
-    from .models import TinyGPT
     model = apply_recompute(TinyGPT(cfg, seed=seed), mode).to(dtype)
     model.train()
     return model
@@ -121,7 +124,6 @@ def activation_bytes_per_block(cfg, mode: str, batch: int, seq: int, dtype=torch
     Live tensors (:class:`minipar.memory.LiveTensorTracker`) after the forward of 3 blocks minus after 2:
     the difference is one block's share, its input included (the previous block's output, held by its
     LayerNorm or by the checkpoint). Needs ``cfg.n_layer >= 3``."""
-    from .memory import LiveTensorTracker
     if cfg.n_layer < 3:
         raise ValueError("activation_bytes_per_block needs a config with n_layer >= 3")
     model = _block_stack(cfg, mode, dtype, seed)
@@ -141,7 +143,6 @@ def activation_bytes_per_block(cfg, mode: str, batch: int, seq: int, dtype=torch
 
 def step_flops(model: nn.Module, inputs, targets) -> int:
     """FLOPs of forward + backward (matmuls, counted by ``torch.utils.flop_counter.FlopCounterMode``)."""
-    from torch.utils.flop_counter import FlopCounterMode
     counter = FlopCounterMode(display=False)
     with counter:
         model.loss(inputs, targets).backward()
@@ -151,7 +152,6 @@ def step_flops(model: nn.Module, inputs, targets) -> int:
 def memory_timeline(model: nn.Module, inputs, targets) -> tuple:
     """Live bytes after every operator of one forward + backward: (timeline [(event, bytes, op)], peak,
     index of the first backward event). Parameters and gradients created before are not counted."""
-    from .memory import LiveTensorTracker
     tracker = LiveTensorTracker(keep_timeline=True)
     with tracker:
         loss = model.loss(inputs, targets)

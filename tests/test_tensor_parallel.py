@@ -312,3 +312,24 @@ def test_tp_plugs_into_the_embedding_and_attention_seams():
     for rank, (held, shapes, same, heads) in enumerate(results):
         assert held == list(range(8 * rank, 8 * rank + 8))         # SP: this rank's half of 0..15
         assert shapes == [(2, 2, 16, 8)] * 2 and same and heads == 2   # 4 heads / tp=2, whole sequence
+
+
+def _sum_over_one_and_two(rank, world_size):
+    import torch.distributed as dist
+    from minipar import comm
+    from minipar.tensor.operators import all_reduce_sum
+    alone = [dist.new_group([r]) for r in range(world_size)][rank]
+    x = torch.full((3,), float(rank + 1))
+    with comm.recording() as log:
+        solo = all_reduce_sum(x, alone)
+    calls_alone = log.count()
+    with comm.recording() as log:
+        both = all_reduce_sum(x, None)
+    return solo.tolist(), calls_alone, both.tolist(), log.count()
+
+
+def test_all_reduce_sum_makes_no_call_on_a_group_of_one():
+    """Megatron's ``_reduce`` bypass: a one-rank group returns its input and logs no call; two ranks sum."""
+    for rank, (solo, calls_alone, both, calls_both) in enumerate(launch(_sum_over_one_and_two, 2, **QUIET)):
+        assert (solo, calls_alone) == ([rank + 1.0] * 3, 0)
+        assert (both, calls_both) == ([3.0] * 3, 1)

@@ -56,22 +56,14 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from .. import comm
 from ..tensor.operators import tp_rank, tp_size
+from .guard import CheckpointError, barrier, run_identity
 from .reshard import optimizer_pieces, set_optimizer_state, tp_layouts, to_full, to_shard
 
 __all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "EXPERT_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
            "load", "latest", "read_manifest", "verify"]
 
 FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file and what is wrong with it."""
-
-
-def _barrier(device) -> None:
-    comm.all_reduce(torch.zeros(1, device=device))     # every rank of the world, through the logged wrapper
 
 
 # What a stage file holds (full tensors, TP gathered) is the same on every rank of the stage: along dp and cp
@@ -128,7 +120,7 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _barrier(trainer.device)
+    barrier(trainer.device)
     for file, shard in shards.items():
         path = os.path.join(partial, file)
         if crash_rank == rank:
@@ -137,7 +129,7 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
                 f.flush()
             os.kill(os.getpid(), 9)
         torch.save(shard, path)
-    _barrier(trainer.device)
+    barrier(trainer.device)
     if rank == 0:
         torch.save({"torch": torch.get_rng_state()}, os.path.join(partial, "rng.pt"))
         _write_manifest(trainer, partial, step, scalars, run or {})
@@ -151,7 +143,7 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
         for old in same_step:                                   # then the replaced copies of this step
             if old != root and os.path.isdir(old):
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier(trainer.device)
+    barrier(trainer.device)
     return root
 
 
@@ -172,7 +164,6 @@ def _write_manifest(trainer, folder: str, step: int, scalars: dict, run: dict) -
             shard = torch.load(path, weights_only=True)
             entry["tensors"] = {n: list(v.shape) for n, v in shard["params"].items()}
         files[name] = entry
-    from .guard import run_identity
     who = run_identity(trainer.model.cfg, seed=run.get("seed"), dtype=trainer.recipe.dtype, data=run.get("data", {}),
                        moe=getattr(trainer.recipe.model(), "moe", None) if trainer.experts else None)
     manifest = {"format": FORMAT, "step": step, **who, "data": {**who["data"], "position": step},

@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from ..check import gpt_recipe
 from ..datasets import lm_batch, lm_batches
-from ..launcher import choose_backend_and_device
+from ..launcher import RankError, choose_backend_and_device, launch
 from ..layout import Layout
 from ..mesh import Mesh
 from . import checkpoint, context, experts, guard, preflight
@@ -280,7 +280,6 @@ def _backend(args, world_size: int, torchrun: bool) -> str:
 
 
 def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
-    from ..launcher import RankError, launch
     fds = (1, 2) if torchrun else (os.dup(1), os.dup(2))     # the ranks write progress to our stdout/stderr
 
     def stop(signum, frame):                    # SIGTERM: leave through launch's cleanup (ranks, temp folder)

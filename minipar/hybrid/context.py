@@ -28,25 +28,13 @@ METHODS = context_parallel.METHODS      # ring, ring-zigzag, ulysses, rsa
 
 
 def validate(layout, cfg, seq_len: int) -> None:
-    """ValueError, before any process starts, for a cp layout that cannot work (the reason named)."""
-    method, cp, tp = layout.cp_method, layout.cp, layout.tp
-    if method not in METHODS:
-        raise ValueError(f"unknown context-parallel method {method!r}; choose one of {', '.join(METHODS)}")
-    if cp == 1:
-        return
-    if cfg.dropout:
-        raise ValueError(f"dropout = {cfg.dropout} with cp = {cp}: the sequence shards would draw different "
-                         f"masks than one device; use dropout = 0")
-    if method == "ulysses" and (cfg.n_head // tp) % cp:
-        raise ValueError(f"Ulysses gives each cp rank whole heads of its tensor-parallel shard, but "
-                         f"n_head / tp = {cfg.n_head} / {tp} = {cfg.n_head // tp} heads are not divisible by "
-                         f"cp = {cp}: n_head must be divisible by cp · tp = {cp * tp} (or use ring attention)")
-    parts = 2 * cp if method == "ring-zigzag" else cp
-    if seq_len % parts:
-        how = "2 · cp (zig-zag: chunks r and 2·cp−1−r)" if method == "ring-zigzag" else "cp"
-        raise ValueError(f"sequence length {seq_len} is not divisible by {how} = {parts}: every cp rank must "
-                         f"hold the same number of tokens")
-    if layout.sp and (seq_len // cp) % tp:
+    """ValueError, before any process starts, for a cp layout that cannot work (the reason named): chapter
+    06b's rule (:func:`minipar.sequence.context_parallel.check_split`) on the cp group, and sequence
+    parallelism's split of each cp rank's tokens over tp."""
+    cp, tp = layout.cp, layout.tp
+    context_parallel.check_split(layout.cp_method, seq_len=seq_len, n_head=cfg.n_head, cp=cp,
+                                 dropout=cfg.dropout, tp=tp)
+    if cp > 1 and layout.sp and (seq_len // cp) % tp:
         raise ValueError(f"sequence parallelism splits each cp rank's {seq_len // cp} tokens over tp = {tp}: "
                          f"use a sequence length divisible by cp · tp = {cp * tp}")
 

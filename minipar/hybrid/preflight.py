@@ -9,6 +9,7 @@ import hashlib
 import math
 import os
 
+from ..datasets import held_out, text_tokens
 from . import checkpoint, guard
 
 __all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "with_moe", "resume_point", "check_save"]
@@ -45,7 +46,6 @@ def text_data(args) -> dict | None:
             raise ValueError(f"--seq-len {args.seq_len}: the corpus has {CORPUS_TOKENS} tokens, so a sequence and "
                              f"its next-token targets fit at most {CORPUS_TOKENS - 2}")
         return None
-    from ..datasets import held_out, text_tokens
     tokens, vocab_size = text_tokens(args.data, args.tokens)
     train, held = held_out(tokens)
     for part, ids in (("training nine tenths", train), ("held-out tenth", held)):

@@ -59,10 +59,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..check import RunResult
+from ..launcher import launch
+from ..loop import shard_batch
 from ..mesh import Mesh
 from ..validation import positive_int
 from .layer import MoEGPT, MoELayer, validate_config
-from .router import Routing, balance_counts, load_balancing_loss
+from .router import Routing, balance_counts, capacity, load_balancing_loss
 
 __all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "logged_with", "shard_experts", "is_expert",
            "sync_gradients", "validate", "build", "train_step", "parallel_train", "run",
@@ -223,8 +226,6 @@ def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches
     """Train ``recipe`` with EP (× DP = world/ep). ``step_log`` records every exchange of the training steps,
     tagged with the mesh dims of its group (``step_log.select(op="all_to_all")``: the layers' all-to-alls);
     ``routings`` collects, per micro-batch, each MoE layer's (tokens per expert, dropped) on this rank."""
-    from ..check import RunResult
-    from ..loop import shard_batch
 
     validate(recipe, world_size=world_size, ep=ep, micro_batches=micro_batches)
     model, names, mesh = build(rank, world_size, recipe, ep)
@@ -243,7 +244,6 @@ def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches
 
 def run(recipe, *, world_size: int, ep: int, micro_batches: int = 1, quiet: bool = True, **kwargs) -> list:
     """Validate, then :func:`parallel_train` on ``world_size`` ranks; the per-rank results."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, ep=ep, micro_batches=micro_batches)
     return launch(parallel_train, world_size, recipe, quiet=quiet, ep=ep, micro_batches=micro_batches, **kwargs)
 
@@ -252,7 +252,6 @@ def predicted_all_to_all_bytes(tokens: int, width: int, moe, ep: int, element_si
     """Per rank, per MoE layer, per training step, **per direction** (dispatch or combine; the step moves
     as much again the other way): the formula 2·k·cf·T·M·b, the padded buffers 2·E·C·M·b really exchanged
     (C rounded up), and ``wire``, the part that leaves the rank ((ep−1)/ep of it: a rank's own chunk stays)."""
-    from .router import capacity
     c = capacity(tokens, moe.experts, moe.capacity_factor, moe.k)
     formula = 2 * moe.k * moe.capacity_factor * tokens * width * element_size
     buffer = 2 * moe.experts * c * width * element_size

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..check import gpt_recipe
 from ..loop import lm_loss
 from ..models import FeedForward, GPTConfig, TinyGPT
 from ..validation import positive_int
@@ -151,7 +152,6 @@ def moe_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer
                capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1, groups: int = 1,
                **cfg_changes):
     """The MoE tiny GPT on :func:`minipar.datasets.markov_tokens` (as :func:`minipar.check.gpt_recipe`)."""
-    from ..check import gpt_recipe
     moe = MoEConfig(experts, k, capacity_factor, alpha, every, groups)
     base = gpt_recipe(steps, batch_size, seq_len, optimizer, seed, **cfg_changes)
     cfg = base.model().cfg

@@ -31,7 +31,11 @@ import torch.nn.functional as F
 
 from .. import comm
 from ..check import Recipe, RunResult
+from ..data.ddp import DistributedDataParallel
+from ..data.zero import ZeRO, block_units
+from ..data.zero_measure import model_state_bytes
 from ..loop import lm_loss, mean_over_ranks, shard_batch
+from ..models import MLP
 from .loss_scaler import DynamicLossScaler, ScaledOptimizer
 
 __all__ = ["MixedPrecision", "fp32_loss", "train_mixed", "underflow_fraction", "small_gradient_case",
@@ -131,7 +135,6 @@ def small_gradient_case(residual: float = 1e-4, seed: int = 0, sizes=(32, 128, 1
     """A regression MLP that is nearly fitted: targets = its own output + ``residual``-sized noise, so its
     gradients are mostly below FP16's smallest subnormal 2^-24 (the case the loss scale exists for).
     Returns (model factory, x, y)."""
-    from ..models import MLP
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(256, sizes[0], generator=g)
     with torch.no_grad():
@@ -159,7 +162,6 @@ def ddp_parallel_train(rank, world_size, recipe, dtype=torch.float16, scaler="au
     every rank keeps FP32 masters, the buckets of 16-bit (scaled) gradients are all-reduced in 16 bits —
     2·2Ψ·(N-1)/N bytes sent per rank and step instead of 2·4Ψ·(N-1)/N. The averaged gradients are the same
     on every rank, so every rank's scaler takes the same decision without talking."""
-    from ..data.ddp import DistributedDataParallel
     if isinstance(scaler, dict):                 # scaler settings (a scaler cannot be built before launch)
         scaler = DynamicLossScaler(**scaler)
     mp = MixedPrecision(recipe.model(), recipe.optimizer, dtype, scaler)
@@ -178,8 +180,6 @@ def zero_parallel_train(rank, world_size, recipe, dtype=torch.float16, stage: in
     """Mixed precision under :class:`minipar.data.zero.ZeRO` with ``param_dtype=dtype``: 16-bit compute
     copies and collectives, FP32 master shards and optimizer state (1/N each). The loss scaler wraps the
     optimizer over the shards; its overflow flag is all-reduced because each rank sees only its shard."""
-    from ..data.zero import ZeRO, block_units
-    from ..data.zero_measure import model_state_bytes
     if scaler == "auto":
         scaler = {} if dtype == torch.float16 else None
     if isinstance(scaler, dict):                 # settings: the group only exists inside the rank

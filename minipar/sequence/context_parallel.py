@@ -37,9 +37,30 @@ from ..validation import positive_int
 from ..tensor.sequence import sync_sequence_parallel_grads
 from . import ring_attention, ring_self_attention, ulysses
 
-__all__ = ["METHODS", "validate", "local_positions", "attention_for", "parallel_train", "run"]
+__all__ = ["METHODS", "check_split", "validate", "local_positions", "attention_for", "parallel_train", "run"]
 
 METHODS = ("ring", "ring-zigzag", "ulysses", "rsa")
+
+
+def check_split(method: str, *, seq_len: int, n_head: int, cp: int, dropout: float = 0.0, tp: int = 1) -> None:
+    """ValueError naming the reason if ``method`` cannot split a sequence of ``seq_len`` tokens over ``cp``
+    ranks — the one rule, for chapter 06b's runs and for the hybrid trainer's cp groups alike: a known method;
+    no dropout (the shards would draw other masks than one device); Ulysses needs whole heads per rank (of the
+    ``n_head / tp`` heads a tensor-parallel shard holds); ring methods need equal chunks (zig-zag: 2·cp)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown context-parallel method {method!r}; choose one of {', '.join(METHODS)}")
+    if cp == 1:
+        return
+    if dropout:
+        raise ValueError(f"dropout = {dropout} with cp = {cp}: the sequence shards would draw different masks "
+                         f"than one device; use dropout = 0 to compare with single-device training")
+    if method == "ulysses" and tp > 1 and (n_head // tp) % cp:
+        raise ValueError(f"Ulysses gives each cp rank whole heads of its tensor-parallel shard, but "
+                         f"n_head / tp = {n_head} / {tp} = {n_head // tp} heads are not divisible by "
+                         f"cp = {cp}: n_head must be divisible by cp · tp = {cp * tp} (or use ring attention)")
+    if method == "ulysses":
+        ulysses.validate_heads(n_head, cp)
+    ring_attention.validate_sequence(seq_len, cp, zigzag=method == "ring-zigzag")
 
 
 def validate(recipe: Recipe, *, world_size: int, method: str = "ring") -> None:
@@ -51,15 +72,7 @@ def validate(recipe: Recipe, *, world_size: int, method: str = "ring") -> None:
     inputs, targets = recipe.batches[0]
     if targets.dtype != torch.long or inputs.dim() != 2:
         raise ValueError("context parallelism here trains a language model: (batch, seq) token ids and targets")
-    if cfg.dropout:
-        raise ValueError(f"dropout = {cfg.dropout}: the shards would draw different masks than one device; "
-                         f"use dropout = 0 to compare with single-device training")
-    seq_len = inputs.shape[1]
-    if method == "ulysses":
-        ulysses.validate_heads(cfg.n_head, world_size)
-        ring_attention.validate_sequence(seq_len, world_size)
-    else:
-        ring_attention.validate_sequence(seq_len, world_size, zigzag=method == "ring-zigzag")
+    check_split(method, seq_len=inputs.shape[1], n_head=cfg.n_head, cp=world_size, dropout=cfg.dropout)
 
 
 def local_positions(seq_len: int, rank: int, world_size: int, method: str) -> torch.Tensor:

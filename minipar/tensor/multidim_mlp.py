@@ -22,14 +22,19 @@ forms) is measured beside this file, in :mod:`minipar.tensor.multidim_measure`.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
 from .. import comm
 from ..check import RunResult, check_equivalence, default_loss
+from ..mesh import Mesh
 from ..models import MLP
 from . import grid as grids
 from . import tp2d, tp2p5d, tp3d
+from .layers import ColumnParallelLinear, RowParallelLinear
+from .operators import all_gather_dim
 
 __all__ = ["LAYOUTS", "in_dtype", "validate", "make_grid", "build_group", "MultiDimMLP", "parallel_train", "run"]
 
@@ -39,7 +44,6 @@ LAYOUTS = ("1d", "2d", "2.5d", "3d")
 def in_dtype(recipe, dtype=torch.float64):
     """A copy of ``recipe`` trained in ``dtype``, its batches converted too (float64: only summation order
     differs from one device, so the comparison can be tight)."""
-    import dataclasses
     batches = [(x.to(dtype), t.to(dtype) if t.is_floating_point() else t) for x, t in recipe.batches]
     return dataclasses.replace(recipe, batches=batches, dtype=dtype)
 
@@ -47,7 +51,6 @@ def in_dtype(recipe, dtype=torch.float64):
 def make_grid(layout: str, world_size: int, depth: int = 2):
     """The pure grid (a :class:`minipar.mesh.Mesh`) of a layout; ValueError if the world does not fit."""
     if layout == "1d":
-        from ..mesh import Mesh
         return Mesh(world_size, tp=world_size)
     if layout == "2d":
         return grids.grid_2d(world_size)
@@ -95,7 +98,6 @@ class MultiDimMLP(nn.Module):
         self.layout, self.g = layout, g
         n = len(ref.layers)
         if layout == "1d":
-            from .layers import ColumnParallelLinear, RowParallelLinear
             made = [ColumnParallelLinear.from_linear(l, g, gather_output=(i == n - 1)) if i % 2 == 0
                     else RowParallelLinear.from_linear(l, g) for i, l in enumerate(ref.layers)]
         elif layout == "2d":
@@ -136,7 +138,6 @@ class MultiDimMLP(nn.Module):
         out = {}
         for n, layer in enumerate(self.layers):
             if self.layout == "1d":
-                from .operators import all_gather_dim
                 column = n % 2 == 0
                 out[f"layers.{n}.weight"] = all_gather_dim(layer.weight.detach(), 0 if column else 1, self.g)
                 if layer.bias is not None:

@@ -62,7 +62,10 @@ def tp_rank(group) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
-    """Σ over the ranks of ``x``, into a copy (the incoming tensor may be shared by autograd)."""
+    """Σ over the ranks of ``x``, into a copy (the incoming tensor may be shared by autograd); a group of one
+    rank has nothing to add, so no call is made (Megatron's ``_reduce`` bypasses it the same way)."""
+    if tp_size(group) == 1:
+        return x
     return comm.all_reduce(x.contiguous().clone(), group=group)
 
 

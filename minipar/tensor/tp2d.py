@@ -37,7 +37,7 @@ import torch.nn as nn
 from .. import comm
 from ..mesh import RankMesh
 from .grid import reduce_to
-from .operators import all_reduce_sum
+from .operators import all_gather_dim, all_reduce_sum
 
 __all__ = ["summa_step", "summa", "summa_nt", "summa_tn", "Summa", "block", "Linear2D", "LayerNorm2D",
            "bytes_per_linear"]
@@ -134,7 +134,6 @@ class Linear2D(nn.Module):
 
 
 def _gather_line(t, group):
-    from .operators import all_gather_dim
     return all_gather_dim(t.contiguous(), 0, group)
 
 
