@@ -8,7 +8,7 @@ import torch
 
 from minipar import launch
 from minipar.check import gpt_recipe
-from minipar.data.flat_unit import FreedGradientWarning, FreedParameterError
+from minipar.data.sharded_parameter import FreedGradientWarning, FreedParameterError
 from minipar.data.zero import ZeRO
 
 RECIPE = gpt_recipe(steps=1, batch_size=4, seq_len=8, optimizer="adam")

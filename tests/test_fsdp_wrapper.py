@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from minipar import comm, launch
 from minipar.check import gpt_recipe
-from minipar.data.flat_unit import FreedGradientWarning, FreedParameterError
+from minipar.data.sharded_parameter import FreedGradientWarning, FreedParameterError
 from minipar.data.fsdp import FSDP
 from minipar.loop import lm_loss
 

@@ -39,6 +39,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..check import RunResult
+from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from .buckets import Bucket, assign_buckets
 
@@ -247,8 +249,6 @@ def parallel_train(rank: int, world_size: int, recipe, *, bucket_bytes: int = DE
 
     The communication of the training steps is recorded into ``step_log`` (the initial broadcast and the
     all-reduce of the loss for reporting are not). Returns a :class:`minipar.check.RunResult`."""
-    from ..check import RunResult
-
     validate(recipe, world_size=world_size, accum_steps=accum_steps, bucket_bytes=bucket_bytes)
     model = recipe.model().to(recipe.dtype)
     ddp = DistributedDataParallel(model, group, bucket_bytes, comm_dtype, find_unused_parameters)
@@ -272,6 +272,5 @@ def parallel_train(rank: int, world_size: int, recipe, *, bucket_bytes: int = DE
 
 def run(recipe, *, world_size: int, quiet: bool = True, **config) -> list:
     """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks; per-rank RunResults."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, **config)
     return launch(parallel_train, world_size, recipe, quiet=quiet, **config)

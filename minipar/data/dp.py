@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
+from ..check import RunResult
+
 __all__ = ["DataParallel", "Replicate", "Gather", "ExchangeLog", "predicted_exchange_bytes", "validate", "run"]
 
 
@@ -183,7 +185,6 @@ def run(recipe, *, devices, step_logs: list | None = None):
 
 
 def _train(recipe, devices, step_logs):
-    from ..check import RunResult
     model = recipe.model().to(recipe.dtype).to(devices[0])
     dp = DataParallel(model, devices)
     opt = recipe.optimizer(model.parameters())

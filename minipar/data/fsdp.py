@@ -19,8 +19,8 @@ two can be compared step by step.
 
 :class:`FSDP` is the drop-in ``nn.Module`` wrapper for a loop of your own (``model = FSDP(model)``, then your
 optimizer over ``model.parameters()``); :func:`fully_shard` returns the ``ZeRO`` object that owns the optimizer.
-The mechanism (gather, compute, free; prefetch; reduce-scatter) lives in :mod:`minipar.data.zero` and
-:mod:`minipar.data.flat_unit`.
+The mechanism lives in :mod:`minipar.data.flat_unit` (the flat buffer: gather, compute, free,
+reduce-scatter) and :mod:`minipar.data.zero` (when each unit does it; prefetch).
 """
 from __future__ import annotations
 
@@ -50,22 +50,13 @@ def validate(recipe, *, world_size: int, units=block_units, **_) -> None:
     parameter belongs to one of the chosen units' modules."""
     zero.validate(recipe, world_size=world_size, stage=3)
     model = recipe.model()
-    modules = units(model) if callable(units) else units
-    inside = {id(p) for m in modules for p in m.parameters()}
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
-    if missing:
-        raise ValueError(f"parameters {missing[:3]} are in no unit; add the root module to the units "
-                         f"(it takes whatever the other units leave)")
+    zero.check_units(model, units(model) if callable(units) else units)
 
 
 def fully_shard(model: nn.Module, optimizer_factory, units=block_units, group=None, param_dtype=None,
                 prefetch: bool = True) -> zero.ZeRO:
     """Shard ``model`` FSDP-style: ZeRO stage 3 over the units ``units(model)`` (nested units first,
     the root last). Returns the :class:`~minipar.data.zero.ZeRO` object that owns the optimizer."""
-    modules = units(model)
-    inside = {id(p) for m in modules for p in m.parameters()}
-    if any(p.requires_grad and id(p) not in inside for p in model.parameters()):
-        raise ValueError("some parameters are in no unit; add the root module to the units")
     return zero.ZeRO(model, optimizer_factory, 3, group, units(model), param_dtype, prefetch)
 
 
@@ -82,7 +73,7 @@ class FSDP(nn.Module):
     ``parameters()`` are the flat master shards this rank owns (1/N of each unit, FSDP1's flat parameters):
     what the optimizer steps, their ``.grad`` the reduce-scattered mean gradient. The wrapped module's own
     parameters exist whole only while their unit computes; reading one between steps raises
-    :class:`~minipar.data.flat_unit.FreedParameterError` saying what to do. Gradients are finished at the
+    :class:`~minipar.data.sharded_parameter.FreedParameterError` saying what to do. Gradients are finished at the
     end of every backward (an autograd callback: units whose gradients never arrived are reduced then).
     Policy: compute copies and all-gathers in ``param_dtype``, the reduce-scatter in ``reduce_dtype``, the
     shards and the optimizer in the module's dtype; normalisation layers gather and compute in that dtype
@@ -91,10 +82,7 @@ class FSDP(nn.Module):
     def __init__(self, module: nn.Module, *, group=None, units=block_units, param_dtype=None, reduce_dtype=None,
                  norms_in_fp32: bool = True, prefetch: bool = True):
         super().__init__()
-        modules = list(units(module))
-        inside = {id(p) for m in modules for p in m.parameters()}
-        if any(p.requires_grad and id(p) not in inside for p in module.parameters()):
-            raise ValueError("some parameters are in no unit; add the root module to the units")
+        modules = list(units(module))                          # (zero.ZeRO checks they cover the module)
         norms = [m for m in module.modules() if isinstance(m, NORMS) and list(m.parameters(recurse=False))] \
             if param_dtype is not None and norms_in_fp32 else []
         self.module, self.param_dtype = module, param_dtype
@@ -114,8 +102,7 @@ class FSDP(nn.Module):
             yield f"{prefix}{'.' if prefix else ''}flat_shards.{i}", shard
 
     def forward(self, *args, **kwargs):
-        for unit in self.zero.units:                          # a new forward: a new backward to count
-            unit.grads_ready, unit.reduced = 0, False
+        self.zero.expect_backward()                            # a new forward: a new backward to count
         out = self.module(*args, **kwargs)
         self._finish_queued = False
         for t in ([out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]):
@@ -152,12 +139,10 @@ class FSDP(nn.Module):
             missing = [n for n in unit.names if n not in state_dict]
             if missing and strict:
                 raise ValueError(f"the state dict lacks {missing[:3]}")
-            flat = torch.cat([state_dict[n].reshape(-1) if n in state_dict else p.new_zeros(p.numel())
-                              for n, p in zip(unit.names, unit.params)])
+            full = [state_dict[n] if n in state_dict else unit.master.new_zeros(p.shape)
+                    for n, p in zip(unit.names, unit.params)]
             with torch.no_grad():
-                unit.master.zero_()
-                mine = flat[unit.owned()]
-                unit.master[: mine.numel()].copy_(mine)
+                unit.master.copy_(unit.my_shard(full))
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the shards' gradients so the *global* 2-norm is at most ``max_norm``; returns that norm.
@@ -178,12 +163,7 @@ class FSDP(nn.Module):
         out = {}
         for unit in self.zero.units:
             grad = unit.master.grad if unit.master.grad is not None else torch.zeros_like(unit.master)
-            full = grad.new_empty(unit.padded_numel)
-            comm.all_gather_into_tensor(full, grad.detach().contiguous(), group=self.zero.group)
-            offset = 0
-            for name, p in zip(unit.names, unit.params):
-                out[name] = full[offset: offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
+            out.update(zip(unit.names, unit.full_tensors(grad)))
         return out
 
 

@@ -14,6 +14,9 @@ the ranks both move 2(N-1)/N · P: the difference is that the parameter server p
 
 Li et al. 2014, "Scaling Distributed Machine Learning with the Parameter Server" (OSDI); Dean et al. 2012
 (DistBelief). Synchronous here, so that it equals one device; the original ones also ran asynchronously.
+
+Gradients and weights travel as one flat buffer each (:class:`minipar.data.flat_unit.FlatLayout` with one
+part: nothing is sharded, the server holds it all).
 """
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..check import RunResult
+from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
+from .flat_unit import FlatLayout
 
 __all__ = ["push_gradients", "pull_weights", "validate", "parallel_train", "run", "predicted_bytes_sent"]
 
@@ -31,15 +37,15 @@ def predicted_bytes_sent(rank: int, world_size: int, param_bytes: int, server: i
     return (world_size - 1) * param_bytes if rank == server else param_bytes
 
 
-def _flat_grads(params) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+def _layout(params) -> FlatLayout:
+    return FlatLayout([p.shape for p in params])              # one part: the whole buffer, unpadded
 
 
 def push_gradients(params: list, server: int) -> torch.Tensor | None:
     """Workers send their flat gradient to ``server``; the server returns the average over all ranks
     (its own included, summed in rank order), workers return None."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    mine = _flat_grads(params)
+    mine = _layout(params).flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
     if rank != server:
         comm.send(mine, dst=server)
         return None
@@ -54,32 +60,22 @@ def push_gradients(params: list, server: int) -> torch.Tensor | None:
 def pull_weights(params: list, server: int) -> None:
     """The server sends its flat weights to every worker; workers overwrite theirs with them."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    layout = _layout(params)
     with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        flat = layout.flatten([p.detach() for p in params])
         if rank == server:
             pending = [comm.isend(flat, dst=w) for w in range(world_size) if w != server]
             for req in pending:
                 req.wait()
             return
         comm.recv(flat, src=server)
-        offset = 0
-        for p in params:
-            p.copy_(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def _set_grads(params: list, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in params:
-        p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+        for p, weights in zip(params, layout.views(flat)):
+            p.copy_(weights)
 
 
 def parallel_train(rank: int, world_size: int, recipe, *, server: int = 0, step_log=None):
     """Train ``recipe`` with a parameter server on rank ``server`` (every rank also computes its 1/N of
     the batch). Traffic of the steps goes to ``step_log``; the initial pull and the loss report do not."""
-    from ..check import RunResult
-
     model = recipe.model().to(recipe.dtype)
     params = list(model.parameters())
     pull_weights(params, server)  # everyone starts from the server's weights
@@ -93,7 +89,8 @@ def parallel_train(rank: int, world_size: int, recipe, *, server: int = 0, step_
             loss.backward()
             average = push_gradients(params, server)
             if rank == server:
-                _set_grads(params, average)
+                for p, grad in zip(params, _layout(params).views(average)):
+                    p.grad = grad.clone()
                 opt.step()
             pull_weights(params, server)
         losses.append(mean_over_ranks(loss.double()))
@@ -113,6 +110,5 @@ def validate(recipe, *, world_size: int, server: int = 0, **_) -> None:
 
 def run(recipe, *, world_size: int, server: int = 0, quiet: bool = True) -> list:
     """Check the inputs, then run :func:`parallel_train` on ``world_size`` ranks."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, server=server)
     return launch(parallel_train, world_size, recipe, server=server, quiet=quiet)

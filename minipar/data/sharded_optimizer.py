@@ -9,8 +9,9 @@ Use it in your own loop where you would build an optimizer::
     loss.backward(); opt.step(); opt.zero_grad(); sched.step()
 
 Each parameter group is concatenated into one flat buffer padded to a multiple of N, S = ⌈numel/N⌉; rank r
-owns elements ``[r·S, (r+1)·S)``: a flat shard that the inner optimizer (``optimizer_class`` with the
-group's options) updates, so its state is K·Ψ/N bytes per rank instead of K·Ψ. One step::
+owns elements ``[r·S, (r+1)·S)`` (:class:`minipar.data.flat_unit.FlatLayout`, the layout of ZeRO's units):
+a flat shard that the inner optimizer (``optimizer_class`` with the group's options) updates, so its state is
+K·Ψ/N bytes per rank instead of K·Ψ. One step::
 
     g_r = reduce-scatter(g / N)[r]        (skipped with average_gradients=False: the model, e.g. DDP, averaged)
     w_r ← inner step on (w_r, g_r)         element-wise optimizers: the same arithmetic as on whole tensors
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from .flat_unit import FlatLayout
 
 __all__ = ["ShardedOptimizer"]
 
@@ -46,31 +48,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, optimizer_class([probe], **defaults).defaults)   # so a scheduler sees 'lr' 
         self.group, self.average_gradients = group, average_gradients
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.shards = [self._make_shard(g) for g in self.param_groups]
+        self.layouts = [self._layout(g) for g in self.param_groups]
+        self.shards = [torch.nn.Parameter(self._my_shard([p.detach() for p in g["params"]], layout))
+                       for g, layout in zip(self.param_groups, self.layouts)]
         self.inner = optimizer_class([{**self._options(g), "params": [shard]}
                                       for g, shard in zip(self.param_groups, self.shards)])
 
-    def _make_shard(self, param_group) -> torch.nn.Parameter:
+    def _layout(self, param_group) -> FlatLayout:
         dtypes = {p.dtype for p in param_group["params"]}
         if len(dtypes) != 1:
             raise ValueError(f"a parameter group must hold one dtype, got {sorted(map(str, dtypes))}; "
                              f"put each dtype in its own group")
-        numel = sum(p.numel() for p in param_group["params"])
-        shard_numel = -(-numel // self.n)
-        flat = self._flat([p.detach() for p in param_group["params"]], shard_numel)
-        return torch.nn.Parameter(flat[self._mine(shard_numel)].clone())
+        return FlatLayout([p.shape for p in param_group["params"]], self.n)
 
     @staticmethod
     def _options(param_group) -> dict:
         return {k: v for k, v in param_group.items() if k != "params"}
 
-    def _mine(self, shard_numel: int) -> slice:
-        return slice(self.rank * shard_numel, (self.rank + 1) * shard_numel)
-
-    def _flat(self, tensors, shard_numel: int) -> torch.Tensor:
-        """The tensors concatenated and zero-padded to N·S elements."""
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.cat([flat, flat.new_zeros(shard_numel * self.n - flat.numel())])
+    def _my_shard(self, tensors, layout) -> torch.Tensor:
+        """This rank's slice of ``tensors`` flattened and padded (a copy)."""
+        return layout.flatten(tensors)[layout.shard(self.rank)].clone()
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -79,46 +76,39 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for param_group, shard, inner_group in zip(self.param_groups, self.shards, self.inner.param_groups):
+        for param_group, shard, inner_group, layout in zip(self.param_groups, self.shards, self.inner.param_groups,
+                                                           self.layouts):
             inner_group.update(self._options(param_group))          # what a scheduler changed (lr, ...)
             params = param_group["params"]
-            shard.copy_(self._flat([p.detach() for p in params], shard.numel())[self._mine(shard.numel())])
-            grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in params],
-                               shard.numel())
+            shard.copy_(layout.flatten([p.detach() for p in params])[layout.shard(self.rank)])
+            grads = layout.flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
             if self.average_gradients:
                 shard.grad = grads.new_empty(shard.numel())
                 comm.reduce_scatter_tensor(shard.grad, grads.div_(self.n), group=self.group)  # divide, then sum
             else:
-                shard.grad = grads[self._mine(shard.numel())].clone()
+                shard.grad = grads[layout.shard(self.rank)].clone()
             if all(p.grad is None for p in params):
                 shard.grad = None                                   # as torch skips params without grads
         self.inner.step()
-        for param_group, shard in zip(self.param_groups, self.shards):
-            self._write_back(param_group["params"], shard)
+        for param_group, shard, layout in zip(self.param_groups, self.shards, self.layouts):
+            for p, full in zip(param_group["params"], layout.views(layout.gather(shard, self.group))):
+                p.copy_(full)                                       # every rank's parameters whole again
         return loss
-
-    def _write_back(self, params, shard) -> None:
-        full = shard.new_empty(shard.numel() * self.n)
-        comm.all_gather_into_tensor(full, shard.detach(), group=self.group)
-        offset = 0
-        for p in params:
-            p.copy_(full[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
 
     # --- checkpoints: the single-device format of optimizer_class -------------------------------------
     def state_dict(self) -> dict:
-        """Gather the shards' state (every rank calls this; PyTorch's ZeroRedundancyOptimizer needs ``consolidate_state_dict(to)``
-        first): ``optimizer_class``'s own state_dict for
-        these parameters on one device."""
+        """Gather the shards' state (every rank calls this; PyTorch's ZeroRedundancyOptimizer needs
+        ``consolidate_state_dict(to)`` first): ``optimizer_class``'s own state_dict for these parameters on
+        one device."""
         inner = self.inner.state_dict()
         state, index = {}, 0
-        for g, param_group in enumerate(self.param_groups):
+        for g, (param_group, layout) in enumerate(zip(self.param_groups, self.layouts)):
             shard_state = inner["state"].get(g, {})
             for i in range(len(param_group["params"])):
                 state[index + i] = {}
-            for key, value in shard_state.items():
-                pieces = self._unflatten(value, param_group["params"]) if _is_flat(value, self.shards[g]) \
-                    else [value] * len(param_group["params"])
+            for key, value in shard_state.items():              # an element-wise moment: gather and cut
+                pieces = [v.clone() for v in layout.views(layout.gather(value, self.group))] \
+                    if _is_flat(value, self.shards[g]) else [value] * len(param_group["params"])
                 for i, piece in enumerate(pieces):
                     state[index + i][key] = piece
             index += len(param_group["params"])
@@ -128,15 +118,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
             groups.append({**self._options(param_group), "params": ids})
             index += len(ids)
         return {"state": {k: v for k, v in state.items() if v}, "param_groups": groups}
-
-    def _unflatten(self, shard_value, params) -> list:
-        full = shard_value.new_empty(shard_value.numel() * self.n)
-        comm.all_gather_into_tensor(full, shard_value.contiguous(), group=self.group)
-        pieces, offset = [], 0
-        for p in params:
-            pieces.append(full[offset: offset + p.numel()].view(p.shape).clone())
-            offset += p.numel()
-        return pieces
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a state_dict of ``optimizer_class``'s format (from :meth:`state_dict` or from that
@@ -148,13 +129,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for g, (saved, param_group) in enumerate(zip(groups, self.param_groups)):
             param_group.update({k: v for k, v in saved.items() if k != "params"})
             per_param = [state_dict["state"].get(i, {}) for i in saved["params"]]
-            shard = self.shards[g]
             for key in per_param[0] if per_param else ():
                 values = [s[key] for s in per_param]
                 if all(torch.is_tensor(v) and v.dim() > 0 and v.shape == p.shape
                        for v, p in zip(values, param_group["params"])):
-                    flat = self._flat(values, shard.numel())[self._mine(shard.numel())].clone()
-                    inner_state.setdefault(g, {})[key] = flat
+                    inner_state.setdefault(g, {})[key] = self._my_shard(values, self.layouts[g])
                 else:
                     inner_state.setdefault(g, {})[key] = values[0]
         self.inner.load_state_dict({"state": inner_state, "param_groups": [

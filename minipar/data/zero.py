@@ -31,8 +31,10 @@ is element-wise, so stepping a flat shard is the same arithmetic as stepping the
   in the order recorded during the first step.
 
 On CPU, gloo's reduce-scatter is an all-reduce in disguise (2x the bytes on the wire); inside
-``with comm.ring_algorithms():`` the reduce-scatters and all-gathers run on minipar's send/recv rings, so that the table's last column is
-what the sockets carry (ZeRO-1/2 = 1x DDP, ZeRO-3 = 1.5x), observed — see :mod:`minipar.data.flat_unit`.
+``with comm.ring_algorithms():`` the reduce-scatters and all-gathers run on minipar's send/recv rings, so
+that the table's last column is what the sockets carry (ZeRO-1/2 = 1x DDP, ZeRO-3 = 1.5x), observed.
+The flat buffer itself — flatten, pad, shard, all-gather, free, reduce-scatter, each collective where it
+happens — is :mod:`minipar.data.flat_unit`; this file decides *when* each unit does what.
 
 Mixed precision plugs in with ``param_dtype``: the compute copies (full parameters, gradients, the
 collectives) are in that dtype, the FP32 master shards and the optimizer state stay in FP32, and the
@@ -45,13 +47,13 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from .. import comm
 from ..check import RunResult
+from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..validation import positive_int
 from .flat_unit import FlatUnit
 
-__all__ = ["FlatUnit", "ZeRO", "block_units", "validate", "parallel_train", "run", "STAGES"]
+__all__ = ["ZeRO", "block_units", "check_units", "validate", "parallel_train", "run", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
 
@@ -59,6 +61,15 @@ STAGES = (0, 1, 2, 3)
 def block_units(model: nn.Module) -> list:
     """The default wrapping: one unit per transformer block (``model.blocks``), then the root (the rest)."""
     return [*getattr(model, "blocks", []), model]
+
+
+def check_units(model: nn.Module, modules) -> None:
+    """ValueError unless every trainable parameter of ``model`` belongs to one of the units' ``modules``."""
+    inside = {id(p) for m in modules for p in m.parameters()}
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
+    if missing:
+        raise ValueError(f"parameters {missing[:3]} are in no unit; add the root module to the units "
+                         f"(it takes whatever the other units leave)")
 
 
 class ZeRO:
@@ -75,10 +86,12 @@ class ZeRO:
         self.on_alloc = None          # a measuring observer's callback (minipar.data.zero_measure), or None
         self.events = []                                        # (step, "all-gather"|"free"|..., unit label)
         self.steps_done = 0
+        modules = list(units if units is not None else block_units(model))
+        check_units(model, modules)
         names = {p: n for n, p in model.named_parameters()}
         claimed: set = set()
         self.units = []
-        for module in (units if units is not None else block_units(model)):
+        for module in modules:                                 # each parameter in the first unit that has it
             mine = [p for p in module.parameters() if p not in claimed and p.requires_grad]
             claimed.update(mine)
             if mine:
@@ -88,9 +101,6 @@ class ZeRO:
                                 reduce_dtype)
                 unit.module = module
                 self.units.append(unit)
-        left = [n for p, n in names.items() if p not in claimed and p.requires_grad]
-        if left:
-            raise ValueError(f"parameters in no unit: {left[:3]}; include the root module in `units`")
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
         self.optimizer = optimizer_factory(masters) if optimizer_factory is not None else None
         self.forward_order, self.backward_order, self._recording = [], [], True
@@ -140,10 +150,17 @@ class ZeRO:
 
     # --- the step --------------------------------------------------------------------------------------
     def zero_grad(self) -> None:
+        self.expect_backward()
         for unit in self.units:
-            unit.master.grad, unit.grads_ready, unit.reduced = None, 0, False
+            unit.master.grad = None
             if self.stage <= 1:
                 unit.attach_grads()
+
+    def expect_backward(self) -> None:
+        """Count the next backward's gradients afresh (stages 2-3: a unit reduce-scatters when its last
+        parameter's gradient arrives). After a step, by ``zero_grad`` and by ``FSDP.forward``."""
+        for unit in self.units:
+            unit.grads_ready, unit.reduced = 0, False
 
     def finish_gradients(self, *, ends_step: bool = False) -> None:
         """Reduce what the backward has not reduced yet (stage 1: every full gradient; stages 2–3: the units
@@ -158,18 +175,14 @@ class ZeRO:
                 unit.reduce_grads_now()
         self._recording = False                                # the first backward recorded the order
         if ends_step:
-            self._reset_units()
+            self.expect_backward()                             # ready for the next backward even without zero_grad()
             self.steps_done += 1
-
-    def _reset_units(self) -> None:
-        for unit in self.units:               # ready for the next backward even without zero_grad()
-            unit.grads_ready, unit.reduced = 0, False
 
     def step(self) -> None:
         """Reduce what the backward has not reduced yet, update my shards, rebuild the full parameters."""
         self.finish_gradients()
         self.optimizer.step()
-        self._reset_units()
+        self.expect_backward()
         if self.stage <= 2:
             for unit in self.units:
                 unit.refresh_full()
@@ -179,7 +192,7 @@ class ZeRO:
     def gathered(self):
         """Stage 3: all-gather every unit's full parameters for the block, free them after (every rank
         enters it). Between steps a stage-3 parameter is storage-less; reading it outside raises
-        :class:`~minipar.data.flat_unit.FreedParameterError`."""
+        :class:`~minipar.data.sharded_parameter.FreedParameterError`."""
         was = [u.gathered for u in self.units]
         for unit in self.units:
             unit.gather()
@@ -192,18 +205,8 @@ class ZeRO:
 
     def full_parameters(self) -> dict:
         """{name: full tensor} in the master dtype, gathered from the shards (every rank calls this)."""
-        out = {}
-        for unit in self.units:
-            full = unit.master.new_empty(unit.padded_numel)
-            if self.stage == 0:
-                full.copy_(unit.master.detach())
-            else:
-                comm.all_gather_into_tensor(full, unit.master.detach(), group=self.group)
-            offset = 0
-            for name, p in zip(unit.names, unit.params):
-                out[name] = full[offset: offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
-        return out
+        return {name: full for unit in self.units
+                for name, full in zip(unit.names, unit.full_tensors(unit.master))}
 
     @property
     def numel(self) -> int:
@@ -255,6 +258,5 @@ def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_
 
 def run(recipe, *, world_size: int, stage: int, quiet: bool = True, **config) -> list:
     """Check the configuration, then train on ``world_size`` ranks: per-rank RunResults."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, stage=stage, **config)
     return launch(parallel_train, world_size, recipe, stage=stage, quiet=quiet, **config)

@@ -16,7 +16,7 @@ from .. import comm
 from ..check import RunResult
 from ..memory import LiveTensorTracker, tensor_bytes
 from . import zero as zero_module
-from .flat_unit import FreedGradientWarning
+from .sharded_parameter import FreedGradientWarning
 
 __all__ = ["model_state_bytes", "measure_peak", "ZeroRunResult", "StepMeter", "measured_train",
            "measure_stages"]

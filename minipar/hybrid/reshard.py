@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import comm
 from ..tensor.layers import ColumnParallelLinear, RowParallelLinear, shard_cols, shard_rows
 from ..tensor.operators import all_gather_dim, tp_size
 from ..tensor.vocab import VocabParallelEmbedding, pad_rows, padded_vocab_size
@@ -95,12 +94,8 @@ def optimizer_pieces(trainer) -> tuple:
             if not (torch.is_tensor(v) and v.shape == unit.master.shape):
                 scalars[k] = v
                 continue
-            flat = v.new_empty(unit.padded_numel)
-            comm.all_gather_into_tensor(flat, v.detach().contiguous(), group=unit.group)
-            offset = 0
-            for p in unit.params:
-                pieces.setdefault(id(p), {})[k] = flat[offset: offset + p.numel()].view(p.shape)
-                offset += p.numel()
+            for p, full in zip(unit.params, unit.full_tensors(v)):     # all-gather the moment, cut it
+                pieces.setdefault(id(p), {})[k] = full
     return pieces, scalars
 
 
@@ -117,7 +112,5 @@ def set_optimizer_state(trainer, pieces: dict, scalars: dict) -> None:
     for unit in trainer.zero.units:
         state = {k: v.clone() for k, v in scalars.items()}
         for k in pieces:
-            flat = torch.cat([pieces[k][id(p)].reshape(-1) for p in unit.params])
-            flat = torch.cat([flat, flat.new_zeros(unit.padded_numel - unit.numel)])
-            state[k] = flat[unit.owned()].clone()
+            state[k] = unit.my_shard([pieces[k][id(p)] for p in unit.params])
         trainer.optimizer.state[unit.master] = state
