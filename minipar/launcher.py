@@ -41,17 +41,35 @@ import time
 import traceback
 from typing import Any, Callable
 
+import cloudpickle  # carries functions defined in a notebook cell to spawned ranks, unlike pickle
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .observe import launch_trace
 from .validation import positive_int
 
-__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
+__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT", "launch_hooks"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
 START_TIMEOUT = 120.0   # seconds the ranks may take to all start (see _arrive_together)
+
+# Each hook: wrap(fn, world_size) -> (the function each rank runs instead, finish(results) -> the results to
+# return). The launcher imports no tracing; minipar.observe.launch_trace.recording_launches() registers one.
+launch_hooks: list = []
+
+
+def _hooked(fn, world_size: int):
+    """(``fn`` wrapped by every hook in :data:`launch_hooks`, the hooks' ``finish`` steps, last hook first)."""
+    finishes = []
+    for wrap in list(launch_hooks):
+        fn, finish = wrap(fn, world_size)
+        finishes.append(finish)
+
+    def finish_all(results):
+        for finish in reversed(finishes):
+            results = finish(results)
+        return results
+    return fn, finish_all
 
 
 class RankError(RuntimeError):
@@ -117,8 +135,7 @@ def choose_backend_and_device(requested: str, *, local_rank: int, cuda_available
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
            timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
-           quiet: bool = False, stream: bool = False, wall_limit: float | None = None, trace: bool = False,
-           **kwargs):
+           quiet: bool = False, stream: bool = False, wall_limit: float | None = None, **kwargs):
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return the per-rank results.
 
     ``timeout`` bounds every collective: a rank that waits longer (a deadlock) fails with
@@ -128,12 +145,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     (each rank then makes GPU ``rank % device_count`` its current device; the function travels
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
-    prints nothing (the output is still attached to errors). ``trace=True``: every rank runs under
-    :func:`minipar.observe.trace.tracing` and the call returns ``(results, Trace)`` (:mod:`minipar.observe.launch_trace`,
-    which also records every launch inside a ``recording_launches()`` block).
+    prints nothing (the output is still attached to errors). Each hook in :data:`launch_hooks` wraps ``fn``
+    and finishes the results (:func:`minipar.observe.launch_trace.traced_launch` traces every rank so).
     """
     positive_int("world_size", world_size)
-    fn, finish = launch_trace.prepare(fn, world_size, trace)
+    fn, finish = _hooked(fn, world_size)
     if _in_torchrun():
         return finish(_launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout))
     if dist.is_available() and dist.is_initialized():
@@ -403,7 +419,6 @@ def _print_outputs(outputs) -> None:
 
 
 def _dumps(obj) -> bytes:
-    import cloudpickle  # carries functions defined in a notebook cell, unlike pickle
     buf = io.BytesIO()
     torch.save(obj, buf, pickle_module=cloudpickle)
     return buf.getvalue()

@@ -27,10 +27,22 @@ import torch.distributed as dist
 
 from .validation import positive_int
 
-__all__ = ["Mesh", "RankMesh", "DEFAULT_ORDER", "megatron_order"]
+__all__ = ["Mesh", "RankMesh", "DEFAULT_ORDER", "megatron_order", "node_of", "crosses_nodes"]
 
 # Outermost first. tp innermost: its ranks are neighbours (same node), since TP talks the most.
 DEFAULT_ORDER = ("dp", "pp", "cp", "ep", "tp")
+
+
+def node_of(rank: int, devices_per_node: int | None) -> int:
+    """The node holding global ``rank``: rank // devices_per_node, ranks numbered node by node as torchrun
+    does (0 for every rank when ``devices_per_node`` is None: one node). The one rule of node placement:
+    the mesh, the cost model's links and the replay all ask it."""
+    return 0 if devices_per_node is None else rank // devices_per_node
+
+
+def crosses_nodes(ranks, devices_per_node: int | None) -> bool:
+    """Does a group of global ``ranks`` span more than one node (its traffic then takes the slow link)?"""
+    return len({node_of(r, devices_per_node) for r in ranks}) > 1
 
 
 def megatron_order(spec: str = "tp-cp-ep-dp-pp") -> tuple:
@@ -122,12 +134,12 @@ class Mesh:
         return tuple(d for d in self.dims if len({c[d] for c in coords}) > 1)
 
     def node_of(self, rank: int) -> int:
-        """The node holding ``rank``: rank // devices_per_node (0 for every rank on one node)."""
-        return 0 if self.devices_per_node is None else rank // self.devices_per_node
+        """The node holding ``rank`` (:func:`node_of` with this mesh's ``devices_per_node``)."""
+        return node_of(rank, self.devices_per_node)
 
     def crosses_nodes(self, ranks) -> bool:
-        """Does a group of ``ranks`` span more than one node (its traffic then uses the slow link)?"""
-        return len({self.node_of(r) for r in ranks}) > 1
+        """Does a group of ``ranks`` span more than one node (:func:`crosses_nodes`)?"""
+        return crosses_nodes(ranks, self.devices_per_node)
 
     def combinations(self) -> list:
         """Every key a default :meth:`build` creates: (), each dim of size > 1, and each set of them."""

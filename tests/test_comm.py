@@ -267,6 +267,19 @@ def test_ring_algorithms_rejects_an_unknown_collective_and_is_scoped():
     assert not comm._on_ring("all_gather") and not comm._on_ring("all_reduce")
 
 
+def test_ring_algorithms_enabled_false_changes_nothing():
+    """``enabled=`` makes the switch a flag (no ``... if on else nullcontext()`` at the caller): False leaves
+    whatever is in force, inside another block too."""
+    with comm.ring_algorithms("all_gather", enabled=False):
+        assert not comm._on_ring("all_gather")
+    with comm.ring_algorithms("all_gather"):
+        with comm.ring_algorithms("reduce_scatter", enabled=False):
+            assert comm._on_ring("all_gather") and not comm._on_ring("reduce_scatter")
+    with pytest.raises(ValueError, match="all_to_all"):
+        with comm.ring_algorithms("all_to_all", enabled=False):
+            pass
+
+
 # ---- every record names its group: ranks, mesh dims, and the bytes a blocking call wrote -----------------
 
 def _tagged(rank, world_size):

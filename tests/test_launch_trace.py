@@ -1,10 +1,10 @@
-"""The launcher records traces (issue 25): ``launch(..., trace=True)``, ``recording_launches()`` around code
+"""The launcher records traces (issue 25): ``traced_launch(...)``, ``recording_launches()`` around code
 that launches deep inside (a strategy's run), and ``python -m minipar tour --trace DIR``."""
 import torch
 
 from minipar import comm, launch
 from minipar.observe import trace
-from minipar.observe.launch_trace import recording_launches
+from minipar.observe.launch_trace import recording_launches, traced_launch
 
 
 def _talk(rank, world_size):
@@ -22,8 +22,8 @@ def _talk(rank, world_size):
     return rank * 10, [(r.op, tuple(r.ranks), r.payload_bytes) for r in log.records]
 
 
-def test_trace_true_returns_results_and_a_trace_equal_to_the_comm_log():
-    results, run = launch(_talk, 2, trace=True, quiet=True)
+def test_traced_launch_returns_results_and_a_trace_equal_to_the_comm_log():
+    results, run = traced_launch(_talk, 2, quiet=True)
     assert [r[0] for r in results] == [0, 10]                  # the results as without tracing
     assert isinstance(run, trace.Trace) and run.world_size == 2 and run.meta["world_size"] == 2
     for rank, (_, logged) in enumerate(results):
@@ -37,11 +37,11 @@ def test_trace_true_returns_results_and_a_trace_equal_to_the_comm_log():
 
 def test_untraced_launch_unchanged_and_nested_launches_recorded():
     plain = launch(_talk, 2, quiet=True)
-    assert [r[0] for r in plain] == [0, 10]                    # no (results, trace) pair without trace=True
+    assert [r[0] for r in plain] == [0, 10]                    # no (results, trace) pair from launch itself
     with recording_launches() as outer:
         with recording_launches() as inner:
             launch(_talk, 2, quiet=True)
-        results, run = launch(_talk, 2, quiet=True, trace=True)
+        results, run = traced_launch(_talk, 2, quiet=True)
     assert len(inner) == 1 and len(outer) == 2 and outer[1] is run and outer[0] is inner[0]
     assert [c.op for c in outer[0].ranks[1].comms()] == ["all_reduce", "all_gather", "all_reduce",
                                                           "recv"]

@@ -10,6 +10,7 @@ from minipar.moe.expert_parallel import predicted_all_to_all_bytes
 from minipar.plan import (Layout, MoETransformer, Transformer, dgx_a100, estimate,
                           expert_parameters, forward_flops, layer_parameters, layouts, parameters, plan,
                           stage_parameters, validate)
+from minipar.plan.traffic import dim_link
 
 CLUSTER = dgx_a100(2)
 DENSE = Transformer(layers=4, hidden=64, heads=8, vocab=128, seq_len=64)
@@ -119,3 +120,18 @@ def test_planner_searches_cp_methods_and_ep():
     assert all(x.ep == 1 for x in layouts(DENSE, dgx_a100(1), 8, ep=(1, 2), recompute=("none",)))
     best = plan(MOE, dgx_a100(1), 8, ep=(1, 2, 4, 8), recompute=("none",), overlap=True)
     assert any("EP" in family for family in best.families)
+
+
+def test_folded_ep_keeps_the_dp_ring_inside_one_node():
+    """ep is folded into dp × cp (it adds no ranks): Layout(dp=8, ep=8) is 8 ranks, one DGX node, so every
+    group — dp, ep — runs over NVLink. The planner once counted ep among the ranks (dp ring 8 × 8 > 8 devices
+    per node) and priced the dp ring on InfiniBand: the estimate then changed with the inter-node link."""
+    import dataclasses
+    node = dgx_a100(1)
+    slow_between_nodes = dataclasses.replace(node, inter_bw=1.0, inter_latency=1.0)   # 1 B/s, 1 s: unmissable
+    layout = Layout(dp=8, ep=8, micro_batch=2, micro_batches=2)
+    assert dim_link(layout, "dp", node) == dim_link(layout, "ep", node) == (node.intra_bw, node.intra_latency)
+    assert estimate(MOE, slow_between_nodes, layout, **FP32).time == estimate(MOE, node, layout, **FP32).time
+    across = Layout(dp=16, ep=8, micro_batch=2, micro_batches=2)       # 16 ranks: the dp ring spans 2 nodes
+    assert dim_link(across, "dp", CLUSTER) == (CLUSTER.inter_bw, CLUSTER.inter_latency)
+    assert dim_link(across, "ep", CLUSTER) == (CLUSTER.intra_bw, CLUSTER.intra_latency)   # 8 consecutive ranks

@@ -6,8 +6,10 @@ from minipar.check import mlp_recipe
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.observe.cluster import this_machine
+from minipar.observe.launch_trace import traced_launch
 from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, _Tracer, load, run_traced, tracing
+from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, load
+from minipar.observe.tracer import _Tracer, tracing
 
 
 def hand_trace():
@@ -83,7 +85,7 @@ def test_traced_ddp_on_two_ranks():
         computes = [e for e in rank_trace.events if isinstance(e, Compute)]
         assert len(computes) == len(comms) + sum(c.async_ for c in comms) + 1   # between calls and waits
         assert all(e.seconds_cpu > 0 for e in computes) and rank_trace.compute_cpu_seconds > 0
-    results, trace = run_traced(ddp.parallel_train, 2, recipe, quiet=True, meta={"flops_per_second": 1e9})
+    results, trace = traced_launch(ddp.parallel_train, 2, recipe, quiet=True, meta={"flops_per_second": 1e9})
     assert trace.world_size == 2 and results[0].losses == results[1].losses
     played = replay(trace, this_machine(1e-4, 1e9, 1e9, devices=2))
     assert played.step_seconds >= max(r.compute_cpu_seconds for r in trace.ranks)
@@ -123,7 +125,7 @@ def test_flops_counted_per_segment_without_processes():
     """tracing(flops=True): each segment carries the matmul FLOPs counted inside it (2·m·n·k per matmul);
     without it, None."""
     import torch
-    from minipar.observe.trace import mark
+    from minipar.observe.tracer import mark
     a, b, c = torch.randn(8, 16), torch.randn(16, 32), torch.randn(32, 4)
     with tracing(0, flops=True) as counted:
         y = a @ b                                   # 2·8·16·32

@@ -141,12 +141,11 @@ def identity_of(args, recipe, data: dict | None = None) -> dict:
 def groups_across_nodes(layout: Layout, world_size: int, local_world_size: int) -> dict:
     """{dim: [(group's ranks, nodes they sit on)]} for every group of the layout's mesh that spans nodes.
     Rank r sits on node r // local_world_size (torchrun and this launcher number ranks node by node)."""
-    mesh, crossing = Mesh(world_size, **layout.sizes), {}
+    mesh, crossing = Mesh(world_size, devices_per_node=local_world_size, **layout.sizes), {}
     for dim, size in layout.sizes.items():
         for ranks in mesh.groups(dim) if size > 1 else []:
-            nodes = sorted({r // local_world_size for r in ranks})
-            if len(nodes) > 1:
-                crossing.setdefault(dim, []).append((ranks, nodes))
+            if mesh.crosses_nodes(ranks):
+                crossing.setdefault(dim, []).append((ranks, sorted({mesh.node_of(r) for r in ranks})))
     return crossing
 
 

@@ -1,21 +1,22 @@
-"""The hardware side of the cost model: a cluster of nodes, its links, and what one collective costs on them.
+"""The table of links: a cluster of nodes, its two links, and what one call costs on them — the one α-β model
+that the planner (:mod:`minipar.plan`), the replay (:mod:`minipar.observe.replay`) and the fits
+(:mod:`minipar.observe.fidelity`) all use.
 
-α-β model: a ring collective over n ranks costs k·α + bytes_sent/β, k its number of steps (2(n-1) for an
-all-reduce, n-1 for an all-gather or a reduce-scatter, 1 for a send), bytes_sent the ring's volume
-(:func:`minipar.comm.predicted_bytes_sent`); α and β are the node's link if the group stays in a node, the
-inter-node link if it crosses one. Ranks are laid out in :mod:`minipar.mesh`'s order (dp, pp, cp, ep, tp):
-tp innermost, so a TP group stays in a node whenever t ≤ devices per node.
+α-β model: a call over n ranks costs t = k·α + f·S/β (:func:`alpha_beta_terms`): k its latency steps
+(2(n-1) for a ring all-reduce, n-1 for an all-gather or a reduce-scatter, 1 for a send), f·S the bytes the
+busiest rank sends (:func:`minipar.comm.predicted_bytes_sent`). α and β are the node's link if the group
+stays in a node, the inter-node link if it spans nodes (:func:`link`), by the mesh's one rule: rank r sits
+on node r // devices_per_node (:func:`minipar.mesh.crosses_nodes`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from minipar.comm import predicted_bytes_sent
-from minipar.mesh import DEFAULT_ORDER
+from minipar.mesh import crosses_nodes
 
-__all__ = ["Cluster", "dgx_a100", "h100_nodes", "pcie_node", "this_machine", "CLUSTERS", "collective_seconds",
-           "crosses_nodes", "link"]
+__all__ = ["Cluster", "dgx_a100", "h100_nodes", "pcie_node", "this_machine", "alpha_beta_terms",
+           "collective_seconds", "link", "comm_seconds"]
 
 
 @dataclass(frozen=True)
@@ -71,43 +72,41 @@ def this_machine(alpha: float, beta: float, flops_per_second: float, devices: in
     return Cluster(devices, 1, memory_bytes, flops_per_second, beta, beta, alpha, alpha, 1.0)
 
 
-CLUSTERS = {"dgx-a100": dgx_a100, "h100": h100_nodes, "pcie": pcie_node}   # name -> factory (nodes or devices)
-
-
-def _steps_and_bytes(op: str, payload: float, n: int) -> tuple:
-    """(latency terms α, bytes over the busiest rank's link) of one collective: rings for all-reduce,
-    all-gather and reduce-scatter; direct exchanges otherwise (n-1 messages from, or into, the root)."""
+def alpha_beta_terms(op: str, n: int) -> tuple:
+    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β``: latency steps, and the share of the payload S the
+    busiest rank sends. Rings for all-reduce (2(n-1), 2(n-1)/n; Patarasuk & Yuan 2009), all-gather and
+    reduce-scatter (n-1, (n-1)/n); a send or recv (1, 1); direct exchanges otherwise, n-1 messages from, or
+    into, the root: all-to-all, scatter, gather (n-1, (n-1)/n), broadcast and reduce (n-1, n-1)."""
     if op in ("send", "recv"):
-        return 1, payload
+        return 1, 1
     if op in ("all_reduce", "all_gather", "reduce_scatter"):
-        return (2 if op == "all_reduce" else 1) * (n - 1), predicted_bytes_sent(op, payload, n)
+        return (2 if op == "all_reduce" else 1) * (n - 1), predicted_bytes_sent(op, 1, n)
     if op in ("all_to_all", "scatter", "gather"):
-        return n - 1, (n - 1) / n * payload
+        return n - 1, (n - 1) / n
     if op in ("broadcast", "reduce"):
-        return n - 1, (n - 1) * payload
+        return n - 1, n - 1
     raise ValueError(f"no α-β model for {op!r}")
 
 
 def collective_seconds(op: str, payload: float, n: int, bw: float, latency: float) -> float:
-    """α-β time of one collective (or one send) of ``payload`` bytes over ``n`` ranks: steps · α +
-    bytes sent by the busiest rank / β (ring all-reduce 2(n-1)·α + 2(n-1)/n · S/β, Patarasuk & Yuan 2009;
-    all-gather, reduce-scatter (n-1)·α + (n-1)/n · S/β; all-to-all, scatter, gather the same, direct;
-    broadcast, reduce (n-1)·(α + S/β) through the root)."""
+    """α-β time of one collective (or one send) of ``payload`` bytes over ``n`` ranks on a link of bandwidth
+    ``bw`` and latency ``latency``: k·α + f·S/β (:func:`alpha_beta_terms`); 0 for a group of one."""
     if n == 1 and op not in ("send", "recv"):
         return 0.0
-    steps, sent = _steps_and_bytes(op, payload, n)
-    return steps * latency + sent / bw
+    steps, share = alpha_beta_terms(op, n)
+    return steps * latency + share * payload / bw
 
 
-def crosses_nodes(layout, dim: str, cluster: Cluster) -> bool:
-    """Does a ``dim`` group span more than one node (ranks laid out in minipar.mesh's order)?"""
-    size = getattr(layout, dim)
-    inner = math.prod(getattr(layout, d) for d in DEFAULT_ORDER[DEFAULT_ORDER.index(dim) + 1:])
-    return size > 1 and inner * size > cluster.devices_per_node
-
-
-def link(layout, dim: str, cluster: Cluster) -> tuple:
-    """(bandwidth, latency) of the links a ``dim`` group's ring runs over."""
-    if crosses_nodes(layout, dim, cluster):
+def link(cluster: Cluster, *groups) -> tuple:
+    """(bandwidth, latency) of the slowest link the ``groups`` (each a collection of global ranks) run over:
+    the inter-node link if any of them spans nodes (:func:`minipar.mesh.crosses_nodes`), else the node's."""
+    if any(crosses_nodes(ranks, cluster.devices_per_node) for ranks in groups):
         return cluster.inter_bw, cluster.inter_latency
     return cluster.intra_bw, cluster.intra_latency
+
+
+def comm_seconds(op: str, ranks, payload: float, cluster: Cluster) -> float:
+    """α-β time of one call over ``ranks`` (global), on the link its group runs over (a replay's default
+    ``comm_time``)."""
+    return collective_seconds("send" if op in ("send", "recv") else op, payload, len(ranks),
+                              *link(cluster, ranks))

@@ -1,7 +1,7 @@
 """A replay against the run it was traced from: links per kind of call, per-step times, and what to compare.
 
-:mod:`minipar.observe.replay` plays a :mod:`minipar.observe.trace` on a :class:`~minipar.observe.cluster.Cluster`, every call
-on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
+:mod:`minipar.observe.replay` plays a :mod:`minipar.observe.trace` on a
+:class:`~minipar.observe.cluster.Cluster`, every call on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
 2020, and Calculon, Isaev et al. 2023, likewise time each collective by its own algorithm):
 
 * a **message** (send / recv between two ranks) costs the ping-pong's α + S/β: one rendezvous, one copy;
@@ -29,21 +29,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from minipar.comm import predicted_bytes_sent
-from minipar.observe.cluster import Cluster
+from minipar.observe.cluster import Cluster, alpha_beta_terms, collective_seconds, comm_seconds
 from minipar.observe.trace import Comm, Compute, RankTrace, Trace
 
 __all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", "wall_compute",
            "with_other_threads", "with_flops"]
 
 
+_RING_FORM = ("all_gather", "all_reduce", "reduce_scatter", "send")   # the ops fitted in the ring's form
+
+
 def ring_terms(op: str, n: int) -> tuple:
-    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β``: the ring's latency steps, and the share of the
-    payload S one rank sends (:func:`minipar.comm.predicted_bytes_sent`)."""
-    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1, "send": 1}
-    if op not in steps:
-        raise ValueError(f"no ring form for {op!r}: one of {sorted(steps)}")
-    return steps[op], predicted_bytes_sent(op, 1, n)
+    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β`` (:func:`minipar.observe.cluster.alpha_beta_terms`),
+    for the ops fitted here: the rings and a send."""
+    if op not in _RING_FORM:
+        raise ValueError(f"no ring form for {op!r}: one of {list(_RING_FORM)}")
+    return alpha_beta_terms(op, n)
 
 
 def fit_affine(xs, ys) -> tuple:
@@ -80,8 +81,6 @@ class OpLinks:
         return self.p2p if op in ("send", "recv") else self.ops.get(op)
 
     def __call__(self, op: str, ranks, payload: float, cluster: Cluster) -> float:
-        from minipar.observe.cluster import collective_seconds
-        from minipar.observe.replay import comm_seconds
         found = self.link(op)
         if found is None:
             return comm_seconds(op, ranks, payload, cluster)

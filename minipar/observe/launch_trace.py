@@ -1,18 +1,20 @@
-"""The launcher's tracing: every rank of a launch run under :func:`minipar.observe.trace.tracing`, no strategy changed.
+"""Every rank of a launch traced (:func:`minipar.observe.tracer.tracing`), no strategy changed.
 
-Two ways in, both through :func:`minipar.launch`:
+Two ways in, both around :func:`minipar.launch`:
 
-    results, trace = launch(fn, 4, *args, trace=True)      # this launch: (results, Trace)
+    results, trace = traced_launch(fn, 4, *args)            # this launch: (results, Trace)
 
     with recording_launches() as traces:                    # every launch inside the block, however deep
         row = some_strategy.run(recipe, world_size=4)       # (a strategy's run() calls launch itself)
     traces[-1].save("row.json")
 
-Each rank's function is wrapped in :class:`minipar.observe.trace.Traced` (a picklable class, so spawned ranks get it
-too); the wrapper returns (the function's result, the rank's :class:`~minipar.observe.trace.RankTrace`), which the
-launcher splits again, so the caller's results are exactly the untraced ones. The recording itself is
-:mod:`minipar.comm`'s (two hooks: before each call and on each record): strategy files hold no tracing code.
-Outside a ``recording_launches`` block and without ``trace=True`` the launcher wraps nothing.
+The launcher knows nothing of tracing: it keeps a list of hooks (``minipar.launcher.launch_hooks``), each
+``wrap(fn, world_size) -> (fn, finish)``. While a :func:`recording_launches` block is open, this module's
+hook wraps each rank's function in :class:`minipar.observe.tracer.Traced` (a picklable class, so spawned
+ranks get it too), which returns (the function's result, the rank's :class:`~minipar.observe.trace.RankTrace`);
+its ``finish`` splits the pairs again, so the caller's results are exactly the untraced ones, and hands one
+:class:`~minipar.observe.trace.Trace` to every open block. The recording itself is an observer of
+:mod:`minipar.comm`: strategy files hold no tracing code. Outside such a block the launcher wraps nothing.
 
 A step's time in such a trace is read between marks: :func:`stamped_optimizer` wraps a recipe's optimizer so
 that every ``step()`` appends its wall time and marks "step" in the rank's trace.
@@ -22,9 +24,27 @@ from __future__ import annotations
 import contextlib
 import time
 
-__all__ = ["recording_launches", "prepare", "stamped_optimizer"]
+from minipar import launcher
+
+from .trace import Trace
+from .tracer import Traced, mark
+
+__all__ = ["traced_launch", "recording_launches", "stamped_optimizer"]
 
 _recorders: list = []          # the lists of open recording_launches() blocks, innermost last
+
+
+def _trace_each_rank(fn, world_size: int):
+    """The launch hook: (``fn`` traced on every rank, ``finish(pairs)`` -> the results, with one Trace
+    (``meta``: the function's name and the world size) handed to every open recorder)."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def finish(pairs):
+        run = Trace([rank_trace for _, rank_trace in pairs], {"function": name, "world_size": world_size})
+        for traces in _recorders:
+            traces.append(run)
+        return [result for result, _ in pairs]
+    return Traced(fn), finish
 
 
 @contextlib.contextmanager
@@ -32,37 +52,31 @@ def recording_launches():
     """Collect a :class:`minipar.observe.trace.Trace` of every :func:`minipar.launch` inside the block, in order
     (``meta``: the function's name and the world size). Yields the list, filled as launches end."""
     traces: list = []
+    if not _recorders:
+        launcher.launch_hooks.append(_trace_each_rank)
     _recorders.append(traces)
     try:
         yield traces
     finally:
         del _recorders[next(i for i, r in enumerate(_recorders) if r is traces)]   # by identity: lists compare equal
+        if not _recorders:
+            launcher.launch_hooks.remove(_trace_each_rank)
 
 
-def prepare(fn, world_size: int, trace: bool):
-    """(the function each rank runs, ``finish(results)``): with ``trace`` or inside
-    :func:`recording_launches`, ``fn`` traced and ``finish`` splitting (result, RankTrace) pairs into the
-    results and one :class:`~minipar.observe.trace.Trace` (handed to every open recorder; returned beside the
-    results when ``trace``); else ``fn`` itself and the identity."""
-    if not trace and not _recorders:
-        return fn, lambda results: results
-    from .trace import Trace, Traced
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
-
-    def finish(pairs):
-        run = Trace([rank_trace for _, rank_trace in pairs], {"function": name, "world_size": world_size})
-        for traces in _recorders:
-            traces.append(run)
-        results = [result for result, _ in pairs]
-        return (results, run) if trace else results
-    return Traced(fn), finish
+def traced_launch(fn, world_size: int, *args, meta: dict | None = None, **kwargs):
+    """``minipar.launch(fn, world_size, *args, **kwargs)`` with every rank traced: (the results, exactly the
+    untraced ones, and the launch's :class:`~minipar.observe.trace.Trace`, ``meta`` added to its own)."""
+    with recording_launches() as traces:
+        results = launcher.launch(fn, world_size, *args, **kwargs)
+    run = traces[-1]
+    run.meta.update(meta or {})
+    return results, run
 
 
 def stamped_optimizer(factory, stamps: list):
     """A recipe's optimizer factory whose optimizers, after each ``step()``, append ``time.perf_counter()`` to
-    ``stamps`` and :func:`minipar.observe.trace.mark` "step" (a no-op when no trace is recording). A training step is
-    then the gap between two stamps, or between two marks of a replay (``ReplayResult.step_between``)."""
-    from .trace import mark
+    ``stamps`` and :func:`minipar.observe.tracer.mark` "step" (a no-op when no trace is recording). A training
+    step is then the gap between two stamps, or between two marks of a replay (``ReplayResult.step_between``)."""
 
     def build(params):
         opt = factory(params)

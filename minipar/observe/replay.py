@@ -11,8 +11,8 @@ Rashidi et al. 2020, play the same kind of graph):
   per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
   has a link out and a link in, each carrying one transfer at a time (transfers that share one queue); a
   collective takes both links of every member, a message the sender's out and the receiver's in — and lasts
-  its α-β time (:func:`comm_seconds`: on the intra-node link if its ranks share a node, ``rank //
-  devices_per_node``, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.observe.fidelity.OpLinks`);
+  its α-β time (:func:`minipar.observe.cluster.comm_seconds`: on the intra-node link if its ranks share a
+  node, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.observe.fidelity.OpLinks`);
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
   :class:`~minipar.observe.trace.Wait` (never waited for: at the rank's end).
 
@@ -35,10 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, union
-from minipar.observe.cluster import Cluster, collective_seconds
+from minipar.observe.cluster import Cluster, comm_seconds
 from minipar.observe.trace import Comm, Compute, Mark, Trace, Wait
 
-__all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale", "comm_seconds"]
+__all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale"]
 
 
 class Deadlock(RuntimeError):
@@ -128,14 +128,6 @@ class ReplayResult:
 def device_scale(cluster: Cluster, source_flops_per_second: float) -> float:
     """Seconds on ``cluster``'s device per CPU second here: (FLOP/s of a rank here) / (peak · efficiency)."""
     return source_flops_per_second / (cluster.peak_flops * cluster.flops_efficiency)
-
-
-def comm_seconds(op: str, ranks, payload: float, cluster: Cluster) -> float:
-    """α-β time of one call over ``ranks`` (global), on the link its group crosses."""
-    nodes = {r // cluster.devices_per_node for r in ranks}
-    bw, lat = ((cluster.inter_bw, cluster.inter_latency) if len(nodes) > 1
-               else (cluster.intra_bw, cluster.intra_latency))
-    return collective_seconds("send" if op in ("send", "recv") else op, payload, len(ranks), bw, lat)
 
 
 class _Call:

@@ -26,24 +26,49 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-__all__ = ["available", "counters", "Observed", "observing", "HEADER_ALLOWANCE"]
+__all__ = ["available", "counters", "written", "Observed", "observing", "HEADER_ALLOWANCE"]
 
 HEADER_ALLOWANCE = 64     # bytes per message of gloo framing a comparison with a model may allow
 _IO = "/proc/self/io"
+_readers: dict = {}       # pid -> this process's kept-open /proc/self/io (a forked rank opens its own)
 
 
 def available() -> bool:
     return os.path.exists(_IO)
 
 
+def _read() -> bytes | None:
+    """The counters' text, from one kept-open file per process (seek to 0 and read again: ~7 µs, against
+    ~40 µs to open and parse it each time — :mod:`minipar.comm` reads it twice per call while recording)."""
+    pid = os.getpid()
+    if pid not in _readers:
+        try:
+            _readers[pid] = open(_IO, "rb", buffering=0)
+        except OSError:
+            _readers[pid] = None
+    reader = _readers[pid]
+    if reader is None:
+        return None
+    reader.seek(0)
+    return reader.read(1024)
+
+
 def counters() -> dict:
     """{'wchar': bytes written, 'syscw': write calls, 'rchar': ..., 'syscr': ...} for this process."""
     out = {}
-    with open(_IO) as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            out[key.strip()] = int(value)
+    for line in _read().decode().splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = int(value)
     return out
+
+
+def written() -> int | None:
+    """Bytes this process has written so far (``wchar``); None off Linux."""
+    data = _read()
+    if data is None:
+        return None
+    start = data.index(b"wchar:") + 6
+    return int(data[start: data.index(b"\n", start)])
 
 
 @dataclass

@@ -21,17 +21,38 @@ Per layer and micro-batch unless said otherwise (b micro-batch, s sequence, h hi
 """
 from __future__ import annotations
 
+import functools
 import math
 from types import SimpleNamespace
 
 from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
+from minipar.hybrid.experts import expert_groups
+from minipar.mesh import Mesh
+from minipar.moe.expert_parallel import predicted_all_to_all_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
 from minipar.observe.cluster import collective_seconds, link
 from .model import MoETransformer
 
-__all__ = ["traffic", "data_parallel_traffic"]
+__all__ = ["traffic", "data_parallel_traffic", "dim_link"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _groups(sizes: tuple, ep: int, dim: str) -> tuple:
+    """Every ``dim`` group of the dense mesh of ``sizes`` ((dim, degree) pairs, outermost first); for "ep",
+    the expert groups, folded into the dp × cp groups (:func:`minipar.hybrid.experts.expert_groups`)."""
+    mesh = Mesh(math.prod(n for _, n in sizes), **dict(sizes))
+    if dim == "ep":
+        return tuple(tuple(g) for ep_groups, _ in expert_groups(mesh, ep) for g in ep_groups)
+    return tuple(tuple(g) for g in mesh.groups(dim))
+
+
+def dim_link(layout, dim: str, cluster) -> tuple:
+    """(bandwidth, latency) of the slowest link a ``dim`` group of ``layout`` runs over
+    (:func:`minipar.observe.cluster.link`), its ranks placed by the layout's dense mesh (``layout.sizes``: ep
+    is folded into dp × cp and adds no ranks, so it stretches no other dimension's group)."""
+    return link(cluster, *_groups(tuple(layout.sizes.items()), layout.ep, dim))
 
 
 def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) -> tuple:
@@ -43,7 +64,7 @@ def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) 
     layers, again = model.layers // p, 1.5 if layout.recompute == "full" else 1.0   # full: forward's again
     sent, seconds = {}, {}
 
-    bw, lat = link(layout, "tp", cluster)
+    bw, lat = dim_link(layout, "tp", cluster)
     payload = s * b * h * vb
     sent["tp"] = (sp_bytes_per_layer if sp else tp_bytes_per_layer)(s, b, h, t, value_bytes=vb) * again * layers * m
     if sp:        # per layer: 4 all-gathers + 4 reduce-scatters, and the 2 re-gathers of the backward
@@ -58,11 +79,11 @@ def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) 
         sent["ep"], seconds["ep"] = _expert_parallel(model, cluster, layout, vb, layers)
 
     act = s * b * h * vb / (t if sp else 1)                          # one micro-batch at a stage boundary
-    bw, lat = link(layout, "pp", cluster)
+    bw, lat = dim_link(layout, "pp", cluster)
     sent["pp"] = 2 * (p * layout.v - 1) * m * act / p if p > 1 else 0.0
     seconds["pp"] = 2 * layout.v * m * collective_seconds("send", act, 2, bw, lat) if p > 1 else 0.0
 
-    bw, lat = min(link(layout, "dp", cluster), link(layout, "cp", cluster))    # the slower of the links
+    bw, lat = min(dim_link(layout, "dp", cluster), dim_link(layout, "cp", cluster))    # the slower of the links
     sent["dp"], seconds["dp"], parts = data_parallel_traffic(psi - experts, layout.dp * cp, layout.zero, m,
                                                              layers + 1, prec, bw, lat, bucket_bytes)
     if experts:                   # expert gradients: over the ranks holding the same experts, dp·cp/ep
@@ -109,7 +130,7 @@ def _context_parallel(model, cluster, layout, vb, layers) -> tuple:
     sent = cp_bytes(SimpleNamespace(n_embd=model.hidden), layout, micro_batch=b, seq=seq, blocks=layers,
                     element_size=vb)
     block = b * (seq // cp) * model.hidden / layout.tp * vb
-    bw, lat = link(layout, "cp", cluster)
+    bw, lat = dim_link(layout, "cp", cluster)
     if layout.cp_method == "ulysses":
         calls = (12 if layout.recompute == "full" else 8) * layers * layout.micro_batches
         return sent, calls * collective_seconds("all_to_all", block, cp, bw, lat)
@@ -118,7 +139,6 @@ def _context_parallel(model, cluster, layout, vb, layers) -> tuple:
 
 def _expert_parallel(model, cluster, layout, vb, layers) -> tuple:
     """Dispatch and combine all-to-alls of every MoE layer, forward and backward (chapter 09's formula)."""
-    from minipar.moe.expert_parallel import predicted_all_to_all_bytes
     ep = layout.ep
     if ep == 1:
         return 0.0, 0.0
@@ -126,7 +146,7 @@ def _expert_parallel(model, cluster, layout, vb, layers) -> tuple:
     one = predicted_all_to_all_bytes(tokens, model.hidden, model, ep, element_size=vb)   # per direction
     moe_layers = layers * model.moe_share * layout.micro_batches
     again = 1.5 if layout.recompute == "full" else 1.0               # the forward's two exchanges again
-    bw, lat = link(layout, "ep", cluster)
+    bw, lat = dim_link(layout, "ep", cluster)
     sent = 2 * one["wire"] * moe_layers * again
     calls = 4 * moe_layers * again                                   # each an (E, C, h) buffer
     return sent, calls * collective_seconds("all_to_all", one["buffer"] / 2, ep, bw, lat)

@@ -102,7 +102,7 @@ def layer_on_rank(rank: int, world_size: int, method: str, b: int, s: int, cfg, 
                                else fwd.observed_bytes_sent + bwd.observed_bytes_sent),
             "forward_bytes_sent": fwd.bytes_sent, "forward_bytes_observed": fwd.observed_bytes_sent,
             # messages this rank put on the wire: each send, and N−1 per all-to-all (one to each peer)
-            "messages": sum(log.count("send") + (world_size - 1) * log.count("all_to_all") for log in (fwd, bwd)),
+            "messages": fwd.messages() + bwd.messages(),
             "activation_bytes": act,
             "attention_blocks": sum(m for _, m in core_calls) // 2,        # Q·Kᵀ and P·V per block
             "attention_compute_s": sum(s for s, _ in core_calls), "forward_cpu_s": forward_cpu}

@@ -4,7 +4,7 @@
 * :func:`measure` (on every rank: :func:`measure_all`) runs one forward + backward (+ gradient sums) of a
   bias-free MLP and returns parameter and saved-activation bytes, bytes sent (the log's model,
   ``log.bytes_sent``, and what the sockets saw, ``log.observed_bytes_sent``), messages sent
-  (:func:`messages_sent`, from the log's records) and the calls per operation;
+  (:meth:`minipar.observe.log.CommLog.messages`, from the log's records) and the calls per operation;
 * :func:`formula_bytes` is the closed form of the same step's bytes, :func:`counts` its bytes, messages and
   collectives to wait in; :func:`link_time` turns counts into seconds on an α-β link (a model, labelled).
 """
@@ -19,15 +19,7 @@ from ..models import MLP
 from . import tp2d, tp2p5d, tp3d
 from .multidim_mlp import MultiDimMLP, build_group, make_grid
 
-__all__ = ["measure", "measure_all", "messages_sent", "formula_bytes", "counts", "link_time"]
-
-
-def messages_sent(log) -> int:
-    """Point-to-point messages this rank sent under each record's algorithm (ring steps, direct sends)."""
-    per_op = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 2}
-    return sum(per_op[r.op] * (r.group_size - 1) if r.op in per_op else
-               (r.group_size - 1 if r.op == "broadcast" and r.sent_bytes else int(r.op == "send"))
-               for r in log.records)
+__all__ = ["measure", "measure_all", "formula_bytes", "counts", "link_time"]
 
 
 def measure(rank, world_size, layout: str, sizes=(32, 128, 32), tokens: int = 32, depth: int = 2,
@@ -49,7 +41,7 @@ def measure(rank, world_size, layout: str, sizes=(32, 128, 32), tokens: int = 32
     with comm.recording() as log:
         act = step()
     return {"params": tensor_bytes(model.parameters()), "activations": act, "bytes_model": log.bytes_sent,
-            "bytes_observed": log.observed_bytes_sent, "messages": messages_sent(log), "calls": log.count(),
+            "bytes_observed": log.observed_bytes_sent, "messages": log.messages(), "calls": log.count(),
             "by_op": log.by_op()}
 
 
@@ -85,7 +77,7 @@ def formula_bytes(layout: str, world_size: int, sizes=(32, 128, 32), tokens: int
 def counts(layout: str, world_size: int, sizes=(32, 128, 32), tokens: int = 32, depth: int = 2,
            value_bytes: int = 4) -> dict:
     """Per rank for one forward + backward of the bias-free MLP: ``bytes`` (:func:`formula_bytes`),
-    ``messages`` sent (ring steps, direct sends; as :func:`messages_sent` counts them) and ``syncs`` —
+    ``messages`` sent (ring steps, direct sends; as ``CommLog.messages`` counts them) and ``syncs`` —
     collective operations the rank must wait in (1D: one all-reduce per layer; 2D: 6q broadcasts or
     reduces per layer, SUMMA's q steps × 3 products × 2 operands; 2.5D: the same + one depth all-reduce;
     3D: 6 collectives per layer)."""

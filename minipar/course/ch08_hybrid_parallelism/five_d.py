@@ -53,7 +53,7 @@ def recipes(steps: int = 3):
 
 def _marked(factory):
     """The optimizer factory with every ``step()`` marked in the trace (a step = the gap between two marks)."""
-    from minipar.observe import trace
+    from minipar.observe import tracer
 
     def build(params):
         opt = factory(params)
@@ -61,7 +61,7 @@ def _marked(factory):
 
         def marked_step(*args, **kwargs):
             out = step(*args, **kwargs)
-            trace.mark("step")
+            tracer.mark("step")
             return out
         opt.step = marked_step
         return opt
@@ -85,11 +85,11 @@ def _groups_seen(rank: int, world_size: int, layout: Layout) -> dict:
 
 
 def _rank_5d(rank: int, world_size: int, recipe64, recipe32, layout: Layout) -> dict:
-    from minipar.observe import trace
-    from minipar.hybrid.parallel3d import parallel_train
+    from minipar.observe import tracer
+    from minipar.hybrid.runner import parallel_train
     groups = _groups_seen(rank, world_size, layout)
     recipe64.optimizer = _marked(recipe64.optimizer)
-    with trace.tracing(rank) as rank_trace:
+    with tracer.tracing(rank) as rank_trace:
         run64 = parallel_train(rank, world_size, recipe64, layout=layout, track_memory=True)
     run32 = parallel_train(rank, world_size, recipe32, layout=layout)
     return {"groups": groups, "run64": run64, "trace": rank_trace, "losses32": run32.losses,
@@ -121,10 +121,11 @@ def moe_recipe(layout: Layout = MOE_LAYOUT_5D, steps: int = 3, experts: int = 4)
 
 def _moe_rank(rank: int, world_size: int, recipe, layout: Layout) -> dict:
     """The groups, experts and parameter bytes of a :class:`~minipar.hybrid.parallel3d.Trainer3D` built on this
-    rank, then the measured run (:func:`~minipar.hybrid.parallel3d.parallel_train`, memory tracked)."""
+    rank, then the measured run (:func:`~minipar.hybrid.runner.parallel_train`, memory tracked)."""
     import torch.distributed as dist
     from minipar import comm
-    from minipar.hybrid.parallel3d import Trainer3D, parallel_train
+    from minipar.hybrid.parallel3d import Trainer3D
+    from minipar.hybrid.runner import parallel_train
     from minipar.memory import tensor_bytes
     t = Trainer3D(rank, world_size, recipe, layout=layout)
     seen = {}

@@ -1,0 +1,142 @@
+"""The tracer: record a :mod:`minipar.observe.trace` of this rank while the program runs, no strategy changed.
+
+``with tracing() as rank_trace:`` puts a tracer on :mod:`minipar.comm`'s observer list: before each call it
+closes the compute segment that ran since the last one (thread CPU seconds, wall seconds, the CPU seconds of
+the rank's other threads, FLOPs if counted), and for each record it appends the :class:`~.trace.Comm` (an
+async call's work is wrapped so that its ``wait()`` becomes a :class:`~.trace.Wait`). :func:`mark` labels a
+point (a step's end); :func:`position` says where the trace is now. :class:`Traced` is a rank's function run
+under :func:`tracing` — what :func:`minipar.observe.launch_trace.traced_launch` hands the launcher.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
+
+from minipar import comm
+
+from .trace import Comm, Compute, Mark, RankTrace, Wait
+
+__all__ = ["tracing", "mark", "position", "Traced"]
+
+
+class _Tracer:
+    """An observer of :mod:`minipar.comm` (on ``comm.observers`` while its :func:`tracing` block runs): told
+    before each call (closes the compute segment) and of each record (appends the call)."""
+
+    watching = True
+
+    def __init__(self, rank: int, counter=None):
+        self.trace, self._counter, self._flops = RankTrace(rank), counter, 0
+        self._mark()
+
+    def _mark(self) -> None:
+        self._cpu, self._wall, self._process = time.thread_time(), time.perf_counter(), time.process_time()
+
+    def before_call(self) -> None:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        flops = None
+        if self._counter is not None:             # FLOPs counted since the segment began
+            total = self._counter.get_total_flops()
+            flops, self._flops = float(total - self._flops), total
+        others = max(0.0, time.process_time() - self._process - (cpu - self._cpu))
+        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others))
+        self._wall = wall
+
+    def on_record(self, rec, work):
+        """Append the call; wrap an async work so its ``wait()`` is seen. Returns the work to hand back."""
+        events = self.trace.events
+        events.append(Comm(rec.op, rec.ranks, rec.payload_bytes, work is not None, None,
+                           time.perf_counter() - self._wall))
+        index = len(events) - 1
+        self._mark()
+        return work if work is None else _WaitSeen(work, self, index)
+
+    def waited(self, index: int, wall_before: float) -> None:
+        self.trace.events.append(Wait(index))
+        self.trace.events[index].waited_at = len(self.trace.events) - 1
+        self._mark()
+
+    def mark(self, label: str) -> None:
+        self.before_call()
+        self.trace.events.append(Mark(label))
+        self._mark()
+
+    def finish(self) -> RankTrace:
+        self.before_call()                   # the work after the last call
+        return self.trace
+
+
+class _WaitSeen:
+    """An async work whose first ``wait()`` adds a :class:`Wait` event; everything else is the work's."""
+
+    def __init__(self, work, tracer: _Tracer, index: int):
+        self._work, self._tracer, self._index, self._seen = work, tracer, index, False
+
+    def wait(self, *args, **kwargs):
+        if self._seen:
+            return self._work.wait(*args, **kwargs)
+        self._tracer.before_call()
+        wall = time.perf_counter()
+        out = self._work.wait(*args, **kwargs)
+        self._seen = True
+        self._tracer.waited(self._index, wall)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+
+@contextlib.contextmanager
+def tracing(rank: int | None = None, flops: bool = False):
+    """Trace this rank's communication calls and the compute between them inside the block; yields the
+    :class:`~.trace.RankTrace`, complete when the block ends. Opens a :func:`minipar.comm.recording` of its
+    own. ``flops=True``: each segment's matmul FLOPs too (``torch.utils.flop_counter.FlopCounterMode``; it
+    slows every op, so time such a run for its FLOPs, not its seconds)."""
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    counter = FlopCounterMode(display=False) if flops else None
+    tracer = _Tracer(rank, counter)
+    comm.observers.append(tracer)
+    try:
+        with comm.recording(), counter if flops else contextlib.nullcontext():
+            yield tracer.trace
+    finally:
+        comm.observers.remove(tracer)
+        tracer.finish()
+
+
+def _tracers() -> list:
+    return [o for o in comm.observers if isinstance(o, _Tracer)]
+
+
+def mark(label: str) -> None:
+    """Put a :class:`~.trace.Mark` into every trace recording on this rank (nothing when none is)."""
+    for tracer in _tracers():
+        tracer.mark(label)
+
+
+def position():
+    """Where this rank is in its innermost trace: (the index its open compute segment will take, the thread
+    CPU seconds that segment has run so far) — to place an observation (live memory, say) on a replay's time
+    axis; None when no trace is recording."""
+    tracers = _tracers()
+    if not tracers:
+        return None
+    return len(tracers[-1].trace.events), time.thread_time() - tracers[-1]._cpu
+
+
+class Traced:
+    """``fn`` (a ``parallel_train``) run under :func:`tracing`: returns ``(fn's result, RankTrace)``.
+    A class, not a closure, so that the launcher can pickle it for spawned ranks."""
+
+    def __init__(self, fn, flops: bool = False):
+        self.fn, self.flops = fn, flops
+
+    def __call__(self, rank: int, world_size: int, *args, **kwargs):
+        with tracing(rank, flops=self.flops) as rank_trace:
+            result = self.fn(rank, world_size, *args, **kwargs)
+        return result, rank_trace
