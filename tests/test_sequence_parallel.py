@@ -89,7 +89,7 @@ def test_generalised_count_reduces_to_the_papers_formulas():
 
 
 def _keep_gathered_layer(rank, world_size, keep, rings=False, sp=True):
-    from minipar.course.ch05_tensor_parallelism.tour import measure_layer_on_wire
+    from minipar.course.tp_layer import measure_layer_on_wire
     return measure_layer_on_wire(rank, world_size, GPTConfig(n_embd=32, n_head=4), sp, keep, b=2, s=16, rings=rings)
 
 

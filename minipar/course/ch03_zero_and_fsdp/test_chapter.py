@@ -33,11 +33,11 @@ def test_prefetch_traces_and_the_memory_of_step_two():
 
 def test_stamped_optimizer_stamps_and_marks_every_step():
     import torch
-    from minipar.observe import trace
+    from minipar.observe import trace, tracer
     from minipar.observe.launch_trace import stamped_optimizer
     stamps, w = [], torch.nn.Parameter(torch.ones(2))
     opt = stamped_optimizer(lambda params: torch.optim.SGD(params, lr=0.5), stamps)([w])
-    with trace.tracing(0) as rank_trace:
+    with tracer.tracing(0) as rank_trace:
         for _ in range(3):
             w.grad = torch.ones(2)
             opt.step()
@@ -47,13 +47,13 @@ def test_stamped_optimizer_stamps_and_marks_every_step():
 
 def test_trace_position_names_the_open_compute_segment():
     import time
-    from minipar.observe import trace
-    assert trace.position() is None                                 # no trace recording
-    with trace.tracing(0) as rank_trace:
-        trace.mark("a")                                             # events 0 (compute), 1 (mark)
+    from minipar.observe import trace, tracer
+    assert tracer.position() is None                                # no trace recording
+    with tracer.tracing(0) as rank_trace:
+        tracer.mark("a")                                            # events 0 (compute), 1 (mark)
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.01:
             pass
-        index, cpu = trace.position()
+        index, cpu = tracer.position()
     assert index == 2 and isinstance(rank_trace.events[2], trace.Compute)
     assert 0.01 <= cpu <= rank_trace.events[2].seconds_cpu

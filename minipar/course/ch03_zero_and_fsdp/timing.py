@@ -1,15 +1,16 @@
 """Chapter 03's time: ZeRO-3 with and without prefetch, measured here and replayed on a named cluster.
 
 One launch trains the tiny GPT with ZeRO-3 (one unit per block, :func:`minipar.data.zero.parallel_train`)
-twice, ``prefetch=True`` and ``False``, under :func:`minipar.observe.trace.tracing`, each optimizer step marked.
-Per run: the wall seconds between optimizer steps (**measured on this machine**) and the trace, which
-:func:`minipar.course.ch02_data_parallelism.timing.replays` plays on declared clusters (**model**). With
+twice, ``prefetch=True`` and ``False``, under :func:`minipar.observe.tracer.tracing`, each optimizer step marked.
+Per run, measured as :mod:`minipar.observe.measure` measures every run: the wall seconds between optimizer
+steps (**measured on this machine**: the fastest step, each on its slowest rank) and the trace, which
+:func:`minipar.course.replays.replays` plays on declared clusters (**model**). With
 prefetch the next unit's all-gather is issued before the current unit computes and waited for when it is
 needed; without, each gather is issued and waited for right where the unit starts.
 
 The memory timeline: in one step (the second; the steps timed are the ones after it, without the watch's
 overhead) a :class:`minipar.memory.LiveTensorTracker` and ZeRO's ``on_alloc`` (gathered parameters) count
-the live bytes at every allocation and free, each sample stamped with :func:`minipar.observe.trace.position`, so that
+the live bytes at every allocation and free, each sample stamped with :func:`minipar.observe.tracer.position`, so that
 :func:`memory_on_replay` can put it on any replay's time axis: a sample taken c CPU seconds into compute
 segment i sits at that segment's replayed start + c × its replayed length / its CPU seconds.
 """
@@ -17,9 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from minipar.observe.launch_trace import stamped_optimizer
+from minipar.check import gpt_recipe
+from minipar.course.replays import draw_replays
+from minipar.data import zero
+from minipar.data.zero_measure import model_state_bytes
+from minipar.launcher import launch
+from minipar.loop import shard_batch
 from minipar.memory import LiveTensorTracker
-from minipar.observe.trace import Compute, position
+from minipar.observe.measure import Links, counted_flops, gather_steps, step_cpu_seconds, time_calls, timed_steps
+from minipar.observe.trace import Compute
+from minipar.observe.tracer import position
 
 __all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
@@ -57,7 +65,6 @@ class MemoryWatch:
         self.at, self.count, self.samples = at, 0, []
 
     def __call__(self, zero, step):
-        from minipar.data.zero_measure import model_state_bytes
         self.count += 1
         if self.count != self.at:
             return step()
@@ -92,71 +99,54 @@ def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
     return sorted(out)
 
 
+LINK_SIZES, LINK_REPEATS = (4, 2 ** 19), 5       # gloo's all-reduce timed as chapter 02 times it
+
+
 def traced_rank(rank, world_size, steps):
-    """({prefetch: (fastest wall gap between optimizer steps, RankTrace, memory samples)}, the step's FLOPs
-    per rank, gloo's all-reduce seconds by size, the model's parameter bytes)."""
-    import torch.distributed as dist
-    from torch.utils.flop_counter import FlopCounterMode
-    from minipar.observe import trace
-    from minipar.check import gpt_recipe
-    from minipar.data import zero
-    from minipar.loop import shard_batch
+    """({prefetch: (RankSteps, memory samples)}, the step's FLOPs per rank, gloo's all-reduce times
+    (:func:`minipar.observe.measure.time_calls`), the model's parameter bytes)."""
     torch.set_num_threads(1)
     out = {}
     for prefetch in (True, False):
         recipe = gpt_recipe(steps=steps + 1, optimizer="sgd", **STEP_RECIPE)   # step 1 records the unit order
-        stamps = []
-        recipe.optimizer = stamped_optimizer(recipe.optimizer, stamps)
-        dist.barrier()
         watch = MemoryWatch(at=2)
-        with trace.tracing(rank) as rank_trace:
-            zero.parallel_train(rank, world_size, recipe, stage=3, prefetch=prefetch, observe=watch)
-        gaps = [b - a for a, b in zip(stamps[2:], stamps[3:])]        # the steps after the watched one
-        out[prefetch] = (min(gaps), rank_trace, watch.samples)
+        with timed_steps(rank) as run:
+            zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch, observe=watch)
+        out[prefetch] = (run, watch.samples)
     recipe = gpt_recipe(steps=1, **STEP_RECIPE)
     x, y = shard_batch(recipe.batches[0], rank, world_size)
-    with FlopCounterMode(display=False) as counter:
-        recipe.loss(recipe.model(), x, y).backward()
-    from minipar.course.ch02_data_parallelism.timing import all_reduce_seconds
+    flops = counted_flops(lambda: recipe.loss(recipe.model(), x, y).backward())
     param_bytes = sum(p.numel() * p.element_size() for p in recipe.model().parameters())
-    return out, counter.get_total_flops(), all_reduce_seconds(rank, world_size), param_bytes
-
-
-def _last_step_cpu(rank_trace) -> float:
-    """Thread CPU seconds of compute between the rank's last two "step" marks."""
-    from minipar.observe.intervals import step_slice
-    return sum(e.seconds_cpu for e in step_slice(rank_trace.events, "step", -1) if isinstance(e, Compute))
+    links = time_calls(world_size, LINK_SIZES, LINK_REPEATS, ops=("all_reduce",))
+    return out, flops, links, param_bytes
 
 
 def measure(world_size: int = 4, steps: int = 3) -> dict:
     """{"traces": {"prefetch" | "no prefetch": Trace}, "measured": {…: s}, "memory": {…: rank 0's
     MemoryWatch samples of step 2}, "flops_here", "flops_per_step", "steps", "alpha", "beta" (gloo's
-    all-reduce here, fitted), "param_bytes" (the model's parameters)} — the shape :func:`minipar.course.ch02_data_parallelism.timing.replays` reads. The first
-    optimizer step (the unit order being recorded, no prefetch yet) stays in the trace, so a replay's step is
-    read between later marks (``step_between``)."""
-    from minipar.launcher import launch
-    from minipar.observe.trace import Trace
+    all-reduce here, fitted), "param_bytes" (the model's parameters)} — the shape
+    :func:`minipar.course.replays.replays` reads. The first optimizer step (the unit order being recorded, no
+    prefetch yet) stays in the trace, so a replay's step is read between later marks (``step_between``);
+    the steps measured are those after the watched one."""
     if steps < 3:
         raise ValueError(f"steps must be at least 3 (step 2 is watched; a step is the gap between two later "
                          f"optimizer steps), got {steps}")
     ranks = launch(traced_rank, world_size, steps, quiet=True, timeout=300)
     names = {True: "prefetch", False: "no prefetch"}
-    traces = {names[p]: Trace([r[0][p][1] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}) for p in names}
-    from minipar.observe.fidelity import fit_link
+    runs = {names[p]: gather_steps([r[0][p][0] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}, skip=2)
+            for p in names}
+    traces = {name: run.trace for name, run in runs.items()}
     flops = ranks[0][1]
-    beta, alpha = fit_link("all_reduce", world_size, ranks[0][2])
-    cpu_per_step = max(_last_step_cpu(t) for t in traces["prefetch"].ranks)
-    return {"traces": traces, "measured": {names[p]: max(r[0][p][0] for r in ranks) for p in names},
-            "memory": {names[p]: ranks[0][0][p][2] for p in names},
-            "flops_per_step": flops, "flops_here": flops / cpu_per_step, "steps": steps + 1,
-            "world_size": world_size, "alpha": alpha, "beta": beta,
-            "param_bytes": ranks[0][3]}
+    beta, alpha = Links(world_size, [r[2] for r in ranks]).fit("all_reduce", min)
+    return {"traces": traces, "measured": {name: run.fastest for name, run in runs.items()},
+            "memory": {names[p]: ranks[0][0][p][1] for p in names},
+            "flops_per_step": flops, "flops_here": flops / step_cpu_seconds(traces["prefetch"]), "steps": steps + 1,
+            "world_size": world_size, "alpha": alpha, "beta": beta, "param_bytes": ranks[0][3]}
 
 
 def draw_step_and_memory(axes, title: str, result, samples, trace_rank, p: int, unit: float = 1e-3):
     """On two axes: the watched step (step 2) of ``result`` as a Gantt, and rank 0's live bytes on the same
     time axis (``unit`` seconds per tick)."""
-    from minipar.course.ch02_data_parallelism.timing import draw_replays
     draw_replays(axes[:1], {title: result}, p, unit=unit, gap=1)
     start = [t for label, t in result.marks[0] if label == "step"][0]
     points = memory_on_replay(samples, trace_rank, result)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minipar.launcher import launch
+from minipar.observe.measure import calibrate_links
 
 __all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
            "draw_allreduce_cost", "FIGURES"]
@@ -67,11 +68,11 @@ def _make_column(path):
 
 
 def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(5, 12)), reps: int = 5) -> dict:
-    """{message bytes: seconds of one float32 all-reduce} measured on ``world_size`` ranks (the best of
-    ``reps`` on the slowest rank)."""
-    from minipar.course.ch02_data_parallelism.timing import all_reduce_seconds
-    per_rank = launch(all_reduce_seconds, world_size, [4 * n for n in sizes], reps, quiet=True)
-    return {s: max(r[s] for r in per_rank) for s in per_rank[0]}
+    """{message bytes: seconds of one float32 all-reduce of ``sizes`` floats} measured on ``world_size`` ranks
+    (the best of ``reps`` calls, mean over ranks: :func:`minipar.observe.measure.calibrate_links`)."""
+    links = calibrate_links(world_size, sizes=[4 * n for n in sizes], repeats=reps, ops=("all_reduce",),
+                            p2p_sizes=None)
+    return links.seconds("all_reduce", min)
 
 
 def fit_latency_bandwidth(timings: dict, world_size: int = 4):

@@ -6,7 +6,8 @@ import pytest
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.ch05_tensor_parallelism import timing
-from minipar.observe.replay import comm_seconds, device_scale
+from minipar.observe.cluster import comm_seconds
+from minipar.observe.replay import device_scale
 from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 

@@ -21,41 +21,29 @@ from __future__ import annotations
 from dataclasses import replace
 
 from minipar.observe import trace
-from minipar.observe.launch_trace import stamped_optimizer
 from minipar.observe.cluster import h100_nodes, this_machine
+from minipar.observe.intervals import step_slice
+from minipar.observe.measure import measure_steps
 from minipar.observe.replay import replay
+from minipar.tensor import gpt
 
 __all__ = ["traced_tp", "one_step", "placements", "tp_table"]
-
-
-def _traced_train(rank, world_size, recipe):
-    import torch.distributed as dist
-    from minipar.tensor import gpt
-    stamps = []
-    recipe.optimizer = stamped_optimizer(recipe.optimizer, stamps)
-    dist.barrier()
-    with trace.tracing(rank) as rank_trace:
-        result = gpt.parallel_train(rank, world_size, recipe)
-    return stamps[-1] - stamps[-2], rank_trace, result
 
 
 def traced_tp(recipe, t: int) -> tuple:
     """(measured wall seconds of the last step, slowest rank; :class:`minipar.observe.trace.Trace`; the ranks'
     :class:`minipar.check.RunResult`, for :func:`minipar.check.compare` with ``train_reference(recipe)``) of
-    ``recipe`` trained with TP degree ``t`` on ``t`` ranks here."""
-    from minipar.launcher import launch
-    from minipar.tensor import gpt
+    ``recipe`` trained with TP degree ``t`` on ``t`` ranks here (:func:`minipar.observe.measure.measure_steps`)."""
     if len(recipe.batches) < 2:
         raise ValueError("a step is timed between two optimizer steps: the recipe needs at least 2 steps")
     gpt.validate(recipe.model().cfg, tp=t, seq_len=recipe.batches[0][0].shape[1])
-    out = launch(_traced_train, t, recipe, quiet=True)
-    return max(s for s, _, _ in out), trace.Trace([r for _, r, _ in out], {"t": t}), [res for _, _, res in out]
+    steps = measure_steps(gpt.parallel_train, t, recipe, meta={"t": t})
+    return steps.seconds[-1], steps.trace, steps.results
 
 
 def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:
     """The events of the last step alone (between the last two marks ``label`` on every rank): a trace
     that replays as one step, without the set-up and the final gather of the shards."""
-    from minipar.observe.intervals import step_slice
     ranks = []
     for r in traced.ranks:
         try:

@@ -17,12 +17,10 @@ same way in the note.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 
-from minipar import comm
 from minipar.check import gpt_recipe
 from minipar.launcher import launch
 from minipar.memory import measure_step
@@ -30,11 +28,11 @@ from minipar.mesh import Mesh
 from minipar.models import GPTConfig
 from minipar.tensor.gpt import TensorParallelGPT, compare_to_one_device
 from minipar.tensor.layers import keep_gathered_inputs
-from minipar.tensor.measure import measure_layer
 from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 from minipar.course.tour import WORLD_SIZE, TourRow
+from minipar.course.tp_layer import measure_layer_on_wire, ring_reduce_scatters
 
-__all__ = ["STRATEGIES", "measure_layer_on_wire"]
+__all__ = ["STRATEGIES"]
 
 B, S, H, A = 4, 16, 32, 4
 
@@ -43,23 +41,6 @@ def _recipe():
     recipe = gpt_recipe(steps=3, batch_size=B, seq_len=S, vocab_size=66, n_embd=H, n_head=A)
     recipe.dtype = torch.float64
     return recipe
-
-
-def ring_reduce_scatters(on: bool = True):
-    """The reduce-scatters in the block on minipar's send/recv ring (:func:`minipar.comm.ring_algorithms`),
-    or, ``on=False``, gloo's as they are."""
-    return comm.ring_algorithms("reduce_scatter") if on else contextlib.nullcontext()
-
-
-def measure_layer_on_wire(rank, world_size, cfg, sequence_parallel, keep_gathered=False, b=B, s=S, seed=0,
-                          rings=False):
-    """:func:`minipar.tensor.measure.measure_layer` with chapter 05's variants (keep the gathered input; the
-    reduce-scatters on minipar's rings): (bytes in the log's model, bytes written to the sockets, logged
-    calls, activation bytes kept)."""
-    with ring_reduce_scatters(rings):
-        r = measure_layer(rank, world_size, cfg, b, s, sequence_parallel, seed=seed,
-                          prepare=lambda block: keep_gathered_inputs(block, keep_gathered))
-    return r["bytes_sent"], r["bytes_observed"], r["calls"], r["activation_bytes"]
 
 
 def _peak_on_rank(rank, world_size, recipe, sequence_parallel, keep_gathered):

@@ -16,6 +16,8 @@ import torch
 
 from minipar import comm
 from minipar.course.checks import close, fail, refuse_unlogged, run_on_ranks, tp_group, unlogged_bytes
+from minipar.course.tp_layer import measure_layer_on_wire
+from minipar.models import GPTConfig
 
 __all__ = ["check_gather_sequence", "check_sync_sp_grads", "check_layer_bytes"]
 
@@ -199,8 +201,6 @@ CASES = ((False, True), (True, True), (True, False))   # (sequence_parallel, reg
 
 
 def _measure_layer(rank, world_size):
-    from minipar.course.ch05_tensor_parallelism.tour import measure_layer_on_wire
-    from minipar.models import GPTConfig
     cfg = GPTConfig(n_embd=LAYER["h"], n_head=LAYER["a"])
     return {(sp, regather): measure_layer_on_wire(rank, world_size, cfg, sp, not regather, LAYER["b"], LAYER["s"])
             for sp, regather in CASES}

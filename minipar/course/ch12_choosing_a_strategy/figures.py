@@ -270,7 +270,8 @@ def _measured(path):
 
 def _step_times(path):
     import matplotlib.pyplot as plt
-    from .bench import calibrate, step_times
+    from .bench import step_times
+    from .calibration import calibrate
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     draw_step_times(step_times(calibrate()), ax)
     _save(fig, path)

@@ -1,9 +1,9 @@
 """``python -m minipar bench replay [--runs N] [--json]``: each strategy measured here, its own trace replayed
 here and on a DGX-A100 node, the planner beside them — how well a replay predicts this machine.
 
-Every run trains the eight strategies of :func:`bench.step_layouts` one after the other on n ranks (one per
-core), each under :class:`minipar.observe.trace.Traced` with its optimizer steps stamped and marked
-(:func:`bench._stamped`); ``runs`` such rounds alternate the strategies, so that whatever else the machine
+Every run trains the eight strategies of :func:`.calibration.step_layouts` one after the other on n ranks (one
+per core), each traced with its optimizer steps stamped and marked (:func:`minipar.observe.measure.timed_steps`);
+``runs`` such rounds alternate the strategies, so that whatever else the machine
 does falls on all of them alike. Per strategy and run, each a median over the run's steps, the slowest
 rank's step:
 
@@ -11,7 +11,7 @@ rank's step:
 * **replay here** — the same run's trace played on this machine (:func:`minipar.observe.replay.replay`): compute
   is each segment's thread CPU seconds; each collective costs what gloo's own op costs here on average,
   timed at a few sizes at the start of the same round and fitted, a message what a ping-pong costs on
-  average (:func:`bench.op_links`, :func:`bench.collective_times`);
+  average (:func:`.calibration.op_links`, :func:`.calibration.collective_times`);
 * beside it, to say what a miss is made of: the replay with **one link** for every call (gloo's all-reduce
   fitted: the planner's link); with **+ threads**, each segment also paying the CPU its rank's other
   threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
@@ -34,10 +34,20 @@ least once (the order of the two is then not settled by these runs).
 """
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 
-from .bench import STEP_BATCH, STEP_MODEL, STEP_SEQ, _cfg_kwargs, _stamped, _train, calibrate, calibrated_cluster, \
-    collective_times, op_links, planner_options, step_layouts
+from minipar.launcher import launch
+from minipar.observe.cluster import comm_seconds, dgx_a100
+from minipar.observe.fidelity import observed_calls, wall_compute, with_flops, with_other_threads
+from minipar.observe.measure import gather_steps, timed_steps
+from minipar.observe.replay import replay
+from minipar.observe.trace import Trace
+from minipar.plan import agreement_text, estimate, rank_agreement
+
+from .calibration import STEP_MODEL, calibrate, calibrated_cluster, collective_times, op_links, planner_options, \
+    step_layouts, step_recipe, train
 
 __all__ = ["REPLAY_STRATEGIES", "TOLERANCE", "AGREEMENTS", "fidelity_table", "format_table", "agreements_text",
            "main"]
@@ -54,31 +64,24 @@ AGREEMENTS = {
 }
 
 
-def _stamped_train(rank, world_size, name, steps):
-    """This rank's optimizer-step times (perf_counter) training strategy ``name`` for ``steps`` steps."""
-    from minipar.check import gpt_recipe
-    recipe = gpt_recipe(steps=steps, batch_size=STEP_BATCH, seq_len=STEP_SEQ, **_cfg_kwargs())
-    stamps = []
-    recipe.optimizer = _stamped(recipe.optimizer, stamps)
-    _train(rank, world_size, name, recipe)
-    return stamps
-
-
 def _rounds(rank, world_size, names, steps, runs, flops):
-    """On each rank: ``runs`` rounds of {name: (stamps, RankTrace)}, each round beginning with gloo's
-    collectives timed (:func:`bench.collective_times`, under the key "links"), and with ``flops`` one more
-    round traced with FLOPs counted (its times unused: counting slows every op)."""
-    import torch.distributed as dist
-    from minipar.observe.trace import Traced
-    timed, counted = Traced(_stamped_train), Traced(_stamped_train, flops=True)
+    """On each rank: ``runs`` rounds of {name: RankSteps (stamps, trace)}, each round beginning with gloo's
+    collectives timed (:func:`.calibration.collective_times`, under the key "links"), and with ``flops`` one
+    more round traced with FLOPs counted (its times unused: counting slows every op)."""
     out = []
     for _ in range(runs):
         one = {"links": collective_times(world_size)}
         for name in names:
-            dist.barrier()
-            one[name] = timed(rank, world_size, name, steps)
+            with timed_steps(rank) as one[name]:
+                train(rank, world_size, name, one[name].stamped(step_recipe(steps)))
         out.append(one)
-    return out, {name: counted(rank, world_size, name, steps)[1] for name in names} if flops else None
+    if not flops:
+        return out, None
+    counted = {}
+    for name in names:
+        with timed_steps(rank, flops=True) as counted[name]:
+            train(rank, world_size, name, counted[name].stamped(step_recipe(steps)))
+    return out, {name: run.trace for name, run in counted.items()}
 
 
 def _spread(values) -> dict:
@@ -87,9 +90,6 @@ def _spread(values) -> dict:
 
 def _replays(trace, cal, n, counted):
     """{column: seconds per step (median over the run's steps)} of one run's trace."""
-    from minipar.observe.fidelity import observed_calls, wall_compute, with_flops, with_other_threads
-    from minipar.observe.cluster import dgx_a100
-    from minipar.observe.replay import comm_seconds, replay
     here, links = calibrated_cluster(cal, n), op_links(cal, n)
     per_op = {"comm_time": links} if links is not None else {}
     played = {"replay_here": replay(trace, here, compute_scale=1.0, **per_op),
@@ -123,11 +123,6 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
     one dict per strategy (each column's median/min/max over runs, "ratio_<column>" = predicted / measured
     per run, "miss", "planner_<where>_overlap_terms": the estimate's time terms, "calls_per_step"), "rankings",
     "picks", "agreements", "tau"} (see the module's docstring)."""
-    from minipar.observe.intervals import slowest_rank_steps
-    from minipar.launcher import launch
-    from minipar.plan import estimate
-    from minipar.observe.cluster import dgx_a100
-    from minipar.observe.trace import Trace
     if steps < 2 or runs < 1:
         raise ValueError(f"need steps ≥ 2 (a step is the gap between two optimizer steps) and runs ≥ 1, got "
                          f"steps={steps}, runs={runs}")
@@ -141,10 +136,10 @@ def fidelity_table(cal: dict, names=REPLAY_STRATEGIES, steps: int = 4, runs: int
         columns: dict = {}
         counted = Trace([r[1][name] for r in per_rank]) if flops else None
         for run in range(runs):
-            gaps = slowest_rank_steps([r[0][run][name][0] for r in per_rank], what="optimizer steps")
-            trace = Trace([r[0][run][name][1] for r in per_rank], {"flops_per_second": cal["flops"]})
+            measured = gather_steps([r[0][run][name] for r in per_rank], {"flops_per_second": cal["flops"]})
+            trace = measured.trace
             links = {k: statistics.fmean(r[0][run]["links"][k] for r in per_rank) for k in per_rank[0][0][run]["links"]}
-            values = {"measured": statistics.median(gaps), **_replays(trace, {**cal, **links}, n, counted)}
+            values = {"measured": measured.median, **_replays(trace, {**cal, **links}, n, counted)}
             for k, v in values.items():
                 columns.setdefault(k, []).append(v)
         row = {"name": name, "layout": str(layouts[name]), "ranks": n}
@@ -175,7 +170,6 @@ def _value(row, column) -> float:
 def _rankings(rows) -> dict:
     """{"rankings": {column: names fastest first}, "picks": {column: the fastest}, "agreements": {name of
     :data:`AGREEMENTS`: plan.rank_agreement + "pick_within_spread"}, "tau": {name: τ-b}}."""
-    from minipar.plan import rank_agreement
     columns = ["measured", "replay_here", "replay_here_one_link", "planner_here", "planner_here_overlap", "replay_dgx_a100",
                "planner_dgx_a100", "planner_dgx_a100_overlap"]
     rankings = {k: [r["name"] for r in sorted(rows, key=lambda r: _value(r, k))] for k in columns}
@@ -232,7 +226,6 @@ def format_table(table: dict, agreements: bool = True) -> str:
 def agreements_text(table: dict, names=None) -> str:
     """:data:`AGREEMENTS` (default all) printed with :func:`minipar.plan.agreement_text`: per strategy the
     two columns in ms and their ratio, Kendall's τ-b, the picks; where they differ, whether within the spread."""
-    from minipar.plan import agreement_text
     out = []
     for label in names or table["agreements"]:
         a = table["agreements"][label]
@@ -249,8 +242,6 @@ def agreements_text(table: dict, names=None) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-    import json
     parser = argparse.ArgumentParser(prog="python -m minipar bench replay")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--runs", type=int, default=5, help="rounds of all strategies (default 5; median, spread)")

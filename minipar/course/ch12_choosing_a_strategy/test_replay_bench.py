@@ -5,7 +5,7 @@ import json
 import pytest
 
 from minipar.course.bench import benchmarks
-from minipar.course.ch12_choosing_a_strategy import bench
+from minipar.course.ch12_choosing_a_strategy import calibration
 from minipar.course.ch12_choosing_a_strategy.replay_bench import AGREEMENTS, REPLAY_STRATEGIES, TOLERANCE, _miss, \
     _rankings, agreements_text, fidelity_table, format_table, main
 from minipar.observe.fidelity import ring_terms
@@ -15,7 +15,7 @@ ALPHA, BETA = 2e-4, 6e8
 CAL = {"ranks": N, "flops": 2e10, "alpha": 5e-5, "beta": 5e9, "allreduce_small_s": 2e-4, "optimizer_s_per_param": 3e-9,
        **{f"{key}_{s}_s": ring_terms(op, N)[0] * ALPHA + ring_terms(op, N)[1] * s / (BETA / (2 if op == "reduce_scatter" else 1))
           for op, key in (("all_reduce", "allreduce"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"))
-          for s in bench.ALLREDUCE_SIZES}}
+          for s in calibration.ALLREDUCE_SIZES}}
 NAMES = ["DDP", "1F1B", "TP + SP"]
 
 
@@ -25,12 +25,12 @@ def test_registered_and_all_eight():
 
 
 def test_op_links_from_the_calibration():
-    links = bench.op_links(CAL, N)
+    links = calibration.op_links(CAL, N)
     assert links.ops["all_reduce"] == pytest.approx((BETA, ALPHA), rel=1e-9)
     assert links.ops["all_gather"] == pytest.approx((BETA, ALPHA), rel=1e-9)
     assert links.ops["reduce_scatter"] == pytest.approx((BETA / 2, ALPHA), rel=1e-9)   # gloo's: an all-reduce
     assert links.p2p == (CAL["beta"], CAL["alpha"])
-    assert bench.op_links({"alpha": 1e-5, "beta": 1e9}, N) is None                      # nothing timed per op
+    assert calibration.op_links({"alpha": 1e-5, "beta": 1e9}, N) is None                      # nothing timed per op
 
 
 def _spread_row(name, measured, replay, planner, spread=0.0):

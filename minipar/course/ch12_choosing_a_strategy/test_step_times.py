@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from minipar.course.ch12_choosing_a_strategy import bench, figures
+from minipar.course.ch12_choosing_a_strategy import bench, calibration, figures
 from minipar.plan import Cluster, Layout, estimate, validate
 
 FAKE_CAL = {"alpha": 1e-4, "beta": 3e9, "flops": 5e9, "optimizer_s_per_param": 2e-8, "allreduce_small_s": 1e-3,
@@ -17,19 +17,19 @@ FAKE_CAL = {"alpha": 1e-4, "beta": 3e9, "flops": 5e9, "optimizer_s_per_param": 2
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_step_strategy_is_a_valid_layout_of_the_step_model_on_n_ranks(n):
-    layouts = bench.step_layouts(n)
+    layouts = calibration.step_layouts(n)
     for name, layout in layouts.items():
-        validate(bench.STEP_MODEL, layout, bench.calibrated_cluster(FAKE_CAL, n))
-        assert layout.devices == n and layout.global_batch == bench.STEP_BATCH, name
+        validate(calibration.STEP_MODEL, layout, calibration.calibrated_cluster(FAKE_CAL, n))
+        assert layout.devices == n and layout.global_batch == calibration.STEP_BATCH, name
     assert {"DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "GPipe", "1F1B", "TP", "TP + SP"} <= set(layouts)
-    assert 2 <= bench.STEP_RANKS <= 4
+    assert 2 <= calibration.STEP_RANKS <= 4
 
 
 def test_measured_compute_replaces_the_flop_count_and_the_optimizer_term_only():
     """estimate(compute_seconds=c): compute = c, no optimizer term (the measured step has it), the bubble
     scaled from c by the schedule's formula, the collectives unchanged."""
     c = Cluster(2, 1, 16e9, 1e10, 1e9, 1e9, optimizer_seconds_per_param=1e-8)
-    m, layout = bench.STEP_MODEL, bench.step_layouts(2)["1F1B"]
+    m, layout = calibration.STEP_MODEL, calibration.step_layouts(2)["1F1B"]
     counted = estimate(m, c, layout, precision="fp32")
     cut = estimate(m, c, layout, precision="fp32", compute_seconds=0.05)
     assert cut.time["compute"] == 0.05 and "optimizer" not in cut.time and "optimizer" in counted.time
@@ -40,7 +40,7 @@ def test_measured_compute_replaces_the_flop_count_and_the_optimizer_term_only():
 
 def test_optimizer_term_counts_the_parameters_a_device_updates():
     c = Cluster(4, 1, 16e9, 1e10, 1e9, 1e9, optimizer_seconds_per_param=1e-8)
-    m = bench.STEP_MODEL
+    m = calibration.STEP_MODEL
     ddp = estimate(m, c, Layout(dp=4, micro_batch=4), precision="fp32").time["optimizer"]
     zero1 = estimate(m, c, Layout(dp=4, micro_batch=4, zero=1), precision="fp32").time["optimizer"]
     assert zero1 == pytest.approx(ddp / 4)                 # ZeRO: each rank steps its 1/N shard
@@ -56,19 +56,19 @@ def test_the_links_are_fitted_to_gloo_s_all_reduce_when_it_was_timed():
     alpha, beta = 2e-4, 6e8
     for n in (2, 4):
         cal = {**FAKE_CAL, **{f"allreduce_{s}_s": 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta
-                              for s in bench.ALLREDUCE_SIZES}}
-        bw, hop = bench.allreduce_link(cal, n)
+                              for s in calibration.ALLREDUCE_SIZES}}
+        bw, hop = calibration.allreduce_link(cal, n)
         assert bw == pytest.approx(beta, rel=1e-9) and hop == pytest.approx(alpha, rel=1e-9)
-        cluster = bench.calibrated_cluster(cal, n)
+        cluster = calibration.calibrated_cluster(cal, n)
         assert (cluster.intra_bw, cluster.intra_latency) == (bw, hop)
-    assert bench.allreduce_link(FAKE_CAL, 2) is None                  # not timed: the ping-pong's β
-    assert bench.calibrated_cluster(FAKE_CAL, 2).intra_bw == FAKE_CAL["beta"]
+    assert calibration.allreduce_link(FAKE_CAL, 2) is None                  # not timed: the ping-pong's β
+    assert calibration.calibrated_cluster(FAKE_CAL, 2).intra_bw == FAKE_CAL["beta"]
 
 
 def test_first_calibration_scales_one_thread_by_the_share_of_cores():
-    alone = bench.calibrated_cluster(FAKE_CAL, contended=False)
+    alone = calibration.calibrated_cluster(FAKE_CAL, contended=False)
     assert alone.optimizer_seconds_per_param == 0 and alone.peak_flops <= FAKE_CAL["alone_flops"]
-    assert bench.calibrated_cluster(FAKE_CAL).peak_flops == FAKE_CAL["flops"]
+    assert calibration.calibrated_cluster(FAKE_CAL).peak_flops == FAKE_CAL["flops"]
 
 
 @pytest.fixture(scope="module")

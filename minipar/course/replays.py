@@ -1,0 +1,86 @@
+"""A measured run replayed on named clusters, and one step of a replay read: shared by chapters 02 and 03.
+
+A chapter's timing module measures its strategy (:mod:`minipar.observe.measure`: the traces, a step's FLOPs
+and CPU seconds); :func:`replays` plays every trace on each cluster (:func:`minipar.observe.replay.replay`),
+"here" with compute as measured, any other cluster with compute scaled to its device's FLOP/s, optionally
+as a what-if (a larger model: :func:`scaled`). One step of a replay (:func:`last_step`) is then read for its
+exposed communication and the share of it hidden under compute, and drawn (:func:`draw_replays`).
+
+The replays are a model (FlexFlow's simulator, Jia et al. 2019): labelled so wherever they are shown.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from minipar.observe.replay import ReplayResult, device_scale, replay
+from minipar.observe.trace import Comm, RankTrace, Trace
+from minipar.pipeline.gantt import draw_gantt, replay_rows
+
+__all__ = ["GPT2_SMALL_PARAMS", "SEED_TOKENS_PER_GPU", "scaled", "replays", "last_step", "exposed_per_step",
+           "hidden_share", "draw_replays"]
+
+GPT2_SMALL_PARAMS = 124_439_808     # seed 002's model (GPT-2 small)
+SEED_TOKENS_PER_GPU = 4 * 1024      # seed 002: --per_device_train_batch_size 4, run_clm's 1024-token blocks
+
+
+def scaled(trace, bytes_factor: float):
+    """The same program with every message ``bytes_factor`` times larger (a what-if: a model with that many
+    times the parameters, in the same number of buckets)."""
+    ranks = [RankTrace(r.rank, [dataclasses.replace(e, bytes=round(e.bytes * bytes_factor))
+                                if isinstance(e, Comm) else e for e in r.events]) for r in trace.ranks]
+    return Trace(ranks, dict(trace.meta, bytes_factor=bytes_factor))
+
+
+def replays(measured: dict, clusters: dict, compute_factor: float = 1.0, bytes_factor: float = 1.0) -> dict:
+    """{cluster name: {config: ReplayResult}} of ``measured["traces"]`` ({config: Trace}). A cluster named
+    "here" replays compute as measured (scale 1), the others scale it by ``measured["flops_here"]`` / the
+    device's FLOP/s. What-ifs (1: the measured run): ``compute_factor`` multiplies every compute segment,
+    ``bytes_factor`` every message (:func:`scaled`) — a model ``f`` times larger trained on ``k`` times the
+    tokens per rank is compute × f·k, bytes × f."""
+    out = {}
+    for where, cluster in clusters.items():
+        scale = 1.0 if where == "here" else device_scale(cluster, measured["flops_here"])
+        out[where] = {n: replay(scaled(t, bytes_factor) if bytes_factor != 1 else t, cluster,
+                                compute_scale=scale * compute_factor) for n, t in measured["traces"].items()}
+    return out
+
+
+def last_step(result, label: str = "step"):
+    """``result`` cut to one step: each rank's spans clipped to the gap between its last two marks ``label``
+    (so neither a first step that differs from the rest nor the set-up or a final gather is counted)."""
+    timelines, finish = [], []
+    for spans, marks in zip(result.timelines, result.marks):
+        times = [t for name, t in marks if name == label]
+        if len(times) < 2:
+            raise ValueError(f"fewer than two marks {label!r} on a rank")
+        t0, t1 = times[-2], times[-1]
+        timelines.append([dataclasses.replace(s, start=max(s.start, t0) - t0, end=min(s.end, t1) - t0)
+                          for s in spans if s.end > t0 and s.start < t1])
+        finish.append(t1 - t0)
+    return ReplayResult(timelines, finish, result.cluster)
+
+
+def exposed_per_step(result, label: str = "step") -> float:
+    """The busiest rank's communication not under its compute in one step (:func:`last_step`), seconds."""
+    step = last_step(result, label)
+    return step.exposed(max(range(len(step.timelines)), key=step.compute))
+
+
+def hidden_share(result, label: str = "step") -> float:
+    """Share of the busiest rank's transfer time that ran under its compute in one step (:func:`last_step`):
+    the replay's hidden / comm."""
+    step = last_step(result, label)
+    rank = max(range(len(step.timelines)), key=step.compute)
+    comm = step.comm(rank)
+    return step.hidden(rank) / comm if comm else 0.0
+
+
+def draw_replays(axes, results: dict, p: int, unit: float = 1e-3, unit_name: str = "ms", gap: int = -1):
+    """One Gantt per ``{title: ReplayResult}`` on ``axes`` (:func:`minipar.pipeline.gantt.draw_gantt`), each
+    showing one step in ``unit``: the one ending at "step" mark ``gap`` (-1: the last step)."""
+    for ax, (title, result) in zip(axes, results.items()):
+        times = [t for label, t in result.marks[0] if label == "step"]
+        t0, t1 = times[gap - 1], times[gap]
+        rows = [(r, k, s, i, a / unit, b / unit) for r, k, s, i, a, b in replay_rows(result, t0, t1)]
+        draw_gantt(ax, rows, p, f"{title}: step {(t1 - t0) / unit:.3g} {unit_name}", labels=False)
+        ax.set_xlabel(unit_name, fontsize=7)

@@ -1,0 +1,24 @@
+"""The course's reading of a replay (replays.py): one step read alone; the what-if scales messages only."""
+import pytest
+
+from minipar.course import replays
+from minipar.observe.replay import ReplayResult, Span
+from minipar.observe.trace import Comm, Compute, RankTrace, Trace
+
+
+def test_exposed_and_hidden_are_read_in_the_last_step_alone():
+    spans = [Span(0, "compute", 0, 1, 0), Span(0, "all_reduce", 1, 3, 1),        # step 1: exposed 2
+             Span(0, "compute", 3, 5, 3), Span(0, "all_reduce", 4, 5, 4),        # step 2: hidden 1
+             Span(0, "all_gather", 5, 6, 6)]                                     # after: a final gather
+    result = ReplayResult([spans], [6.0], marks=[[("step", 3.0), ("step", 5.0)]])
+    assert replays.exposed_per_step(result) == 0 and replays.hidden_share(result) == 1.0   # whole run: 3, 1/4
+    assert [(s.start, s.end) for s in replays.last_step(result).timelines[0]] == [(0, 2), (1, 2)]
+    with pytest.raises(ValueError, match="fewer than two"):
+        replays.last_step(ReplayResult([spans], [6.0], marks=[[("step", 3.0)]]))
+
+
+def test_scaled_multiplies_messages_only():
+    trace = Trace([RankTrace(0, [Compute(1.0, 1.0), Comm("all_reduce", (0, 1), 100)])])
+    out = replays.scaled(trace, 3.0)
+    assert out.ranks[0].events[1].bytes == 300 and out.ranks[0].events[0].seconds_cpu == 1.0
+    assert trace.ranks[0].events[1].bytes == 100                     # the measured trace is left as it was
