@@ -25,7 +25,8 @@ from torch.utils._device import _device_constructors
 import minipar
 from minipar.check import gpt_recipe
 from minipar.hybrid.cli import train_rank
-from minipar.hybrid.parallel3d import parallel_train, validate
+from minipar.hybrid.parallel3d import validate
+from minipar.hybrid.runner import parallel_train
 from minipar.launcher import launch
 
 LIBRARY = os.path.dirname(os.path.abspath(minipar.__file__)) + os.sep

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minipar.precision.accumulation import accumulate, accumulation_error, round_mantissa
-from minipar.precision.formats import E4M3, E5M2
-from minipar.precision.fp8 import (GRANULARITIES, AmaxHistory, FP8Linear, FP8Recipe, Quantized, block_amax,
+from minipar.precision.formats import E4M3
+from minipar.precision.fp8 import (GRANULARITIES, AmaxHistory, FP8Linear, FP8Recipe, block_amax,
                                    fp8_matmul, gemm_error, quantize, to_fp8)
 
 HALF_ULP_E4M3 = 2.0 ** -4          # round to nearest: relative error <= 2^-(m+1) for normal values

@@ -2,7 +2,6 @@
 ``Float8Linear`` with ``emulate=True`` — the same recipe, its default — where torchao is installed (an optional
 course extra, ``pip install -e .[fp8]``; the library does not need it): one layer's output and gradients agree
 far more closely than either agrees with FP32, and the tiny GPT's losses over 20 BF16 steps stay together."""
-import dataclasses
 import logging
 
 import pytest

@@ -34,7 +34,7 @@ EXEMPT = {
 STRATEGIES = ["minipar.data.dp", "minipar.data.ddp", "minipar.data.parameter_server", "minipar.data.zero",
               "minipar.data.fsdp", "minipar.pipeline.runtime", "minipar.pipeline.pipedream", "minipar.tensor.gpt",
               "minipar.tensor.matmul_split", "minipar.sequence.context_parallel", "minipar.tensor.multidim_mlp",
-              "minipar.moe.expert_parallel", "minipar.hybrid.parallel3d"]
+              "minipar.moe.expert_parallel", "minipar.hybrid.runner"]
 
 
 def library_files() -> list:

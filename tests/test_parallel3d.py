@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
-from minipar.hybrid.parallel3d import bytes_formula, run, validate
+from minipar.hybrid.parallel3d import bytes_formula, validate
+from minipar.hybrid.runner import run
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
@@ -92,7 +93,7 @@ def test_validate(kwargs, words):
 
 def test_run_validates_before_starting(monkeypatch):
     monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
-    with pytest.raises(ValueError, match="tp = 2"):
+    with pytest.raises(ValueError, match="dp=2 x tp=3 has 6 ranks but world_size is 4"):
         run(recipe(), world_size=4, dp=2, pp=1, tp=3)
 
 

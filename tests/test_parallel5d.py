@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
-from minipar.hybrid.parallel3d import bytes_formula, run, validate
+from minipar.hybrid.parallel3d import bytes_formula, validate
+from minipar.hybrid.runner import run
 from minipar.layout import Layout
 
 BATCH, SEQ = 8, 16
@@ -80,7 +81,7 @@ def test_the_comparison_sees_gradients_not_reduced_over_cp(reference):
     (dict(cp=2, tp=4, sp=True, cp_method="ring", seq=12), "divisible by cp · tp = 8"),
     (dict(cp=2, tp=2, dp=2, dropout=0.1), "dropout"),
     (dict(cp=2, tp=2, dp=2, ep=2), "ep=2: expert parallelism needs a mixture-of-experts model"),
-    (dict(cp=2, tp=2, dp=2, world_size=16), "dp × pp × cp × tp = 2 × 1 × 2 × 2 = 8 ranks"),
+    (dict(cp=2, tp=2, dp=2, world_size=16), "has 8 ranks but world_size is 16"),
     (dict(cp=4, tp=2, cp_method="ring-zigzag"), None),
     (dict(cp=4, tp=2, cp_method="ulysses"), None),
 ])

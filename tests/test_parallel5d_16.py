@@ -18,7 +18,8 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.hybrid.experts import hybrid_moe_recipe
-from minipar.hybrid.parallel3d import bytes_formula, run
+from minipar.hybrid.parallel3d import bytes_formula
+from minipar.hybrid.runner import run
 from minipar.layout import Layout
 
 BATCH, SEQ = 8, 8

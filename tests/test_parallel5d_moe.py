@@ -14,7 +14,8 @@ import torch
 
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.hybrid.experts import expert_groups, hybrid_moe_recipe
-from minipar.hybrid.parallel3d import bytes_formula, run, validate
+from minipar.hybrid.parallel3d import bytes_formula, validate
+from minipar.hybrid.runner import run
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
@@ -225,7 +226,7 @@ def test_tour_row():
 
 def _watched(rank, world_size, recipe, layout):
     from test_device_path import DeviceWatch          # tests/test_device_path.py: factories without device=
-    from minipar.hybrid.parallel3d import parallel_train
+    from minipar.hybrid.runner import parallel_train
     with DeviceWatch() as watch:
         parallel_train(rank, world_size, recipe, layout=layout, device="cpu")
     return sorted(set(watch.calls))

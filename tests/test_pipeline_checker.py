@@ -155,3 +155,32 @@ def test_v_half_block_gap_sets_the_lifespans():
     assert sums == {1: {22}, 2: {32}, 3: {38}}
     with pytest.raises(ValueError, match="at least 1 slot"):
         v_half_block(4, 0)
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2),
+                                    ("dualpipev", 2), ("v-half", 2)])
+def test_one_lowering_feeds_the_checker_the_trace_and_the_simulator(name, v):
+    """The messages are derived once (minipar.pipeline.lowering): every send has its receive, each action is
+    preceded by what it receives and followed by what it sends, and the checker, the schedule-made trace and
+    the simulator count the same messages."""
+    from minipar.pipeline.lowering import Recv, Send, lower
+    from minipar.pipeline.schedule_trace import from_schedule
+    from minipar.pipeline.simulate import Costs
+    s = make_schedule(name, 4, 8, v)
+    lowered = lower(s)
+    sends = sorted(str(x.message) for steps in lowered for x in steps if isinstance(x, Send))
+    recvs = sorted(str(x.message) for steps in lowered for x in steps if isinstance(x, Recv))
+    assert sends == recvs and len(set(sends)) == len(sends)
+    assert [[x for x in steps if isinstance(x, Action)] for steps in lowered] == s.actions
+    comms = [e for r in from_schedule(s, Costs()).ranks for e in r.comms()]
+    assert check(s) == len(sends) == simulate(s).p2p_messages == len(comms) // 2
+
+
+def test_the_v_placement_is_the_one_every_consumer_reads():
+    from minipar.models import MLP
+    from minipar.pipeline.stages import assign, split_model
+    s = make_schedule("zb-v", 4, 8, 2)
+    cut = split_model(MLP([8] * 9), 8)
+    assert [sorted(assign(cut, 4, r, s.placement)) for r in range(4)] == [s.stages_of(r) for r in range(4)] == \
+        [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [s.rank_of(x) for x in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]

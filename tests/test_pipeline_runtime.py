@@ -67,7 +67,7 @@ def test_the_loss_is_an_argument():
 
 def test_hybrid_trainer_recomputes_and_still_equals_one_device():
     from minipar.check import train_reference
-    from minipar.hybrid.parallel3d import run as run3d
+    from minipar.hybrid.runner import run as run3d
     recipe = gpt_recipe(steps=2, batch_size=16, seq_len=8, n_layer=4)
     recipe.dtype = torch.float64
     peaks = {}

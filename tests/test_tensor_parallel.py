@@ -249,7 +249,6 @@ def test_bytes_and_activation_memory_per_layer(tp):
 def _dropout_replicas(rank, world_size, sequence_parallel):
     """Train 2 steps with dropout 0.2; return what must agree across the group and the two streams' draws."""
     from minipar.mesh import Mesh
-    from minipar.models import TinyGPT
     from minipar.tensor.gpt import TensorParallelGPT
     from minipar.tensor.layers import DropoutStreams
 

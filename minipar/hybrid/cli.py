@@ -44,7 +44,8 @@ import torch.distributed as dist
 
 from ..check import gpt_recipe
 from ..datasets import lm_batch, lm_batches
-from ..launcher import RankError, choose_backend_and_device, launch
+from .. import launcher
+from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
 from ..mesh import Mesh
 from . import checkpoint, context, experts, guard, preflight
@@ -285,7 +286,7 @@ def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
         raise SystemExit(128 + signum)
     previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
-        launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
+        launcher.launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
                save_every=args.save_every, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
                timeout=args.timeout, quiet=True, **kwargs)
     except RankError as exc:                    # a rank failed: its one-line reason, exit 1

@@ -6,6 +6,7 @@ import math
 
 from ..layout import Layout
 from ..moe.layer import moe_blocks
+from ..pipeline.actions import placement_of, stages_of
 from .context import cp_bytes
 from .experts import expert_bytes
 
@@ -31,7 +32,7 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
         "dp", "pp", "tp", "micro_batches", "v", "zero", "sp", "cp"))
     b, h, mb, n_stages, full_seq, seq = element_size, cfg.n_embd, batch // (dp * m), pp * v, seq, seq // cp
-    mine = [s for s in range(n_stages) if s % pp == pp_rank]
+    mine = stages_of(pp_rank, pp, v, placement_of(layout.schedule))    # the schedules' one placement
     per_stage = cfg.n_layer // n_stages
     first, last = sum(s == 0 for s in mine), sum(s == n_stages - 1 for s in mine)
     ring, half = 2 * (tp - 1) / tp, (tp - 1) / tp

@@ -34,7 +34,9 @@ expert gradients averaged over the expert-data-parallel group (÷ dp·cp), route
 
 Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
 :class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
-:class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups.
+:class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups. The loop over the
+batches and the launch (``parallel_train``, ``run``, ``HybridRun``) live in :mod:`minipar.hybrid.runner`, which
+imports this module.
 """
 from __future__ import annotations
 
@@ -54,12 +56,13 @@ from ..pipeline.timeline import timed
 from ..pipeline.schedules import make_schedule, validate as validate_schedule
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
+from ..tensor.sequence import sync_sequence_parallel_grads
 from ..tensor.vocab import vocab_parallel_cross_entropy
 from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage",
-           "Trainer3D", "HybridRun", "parallel_train", "run", "bytes_formula"]
+__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
+           "bytes_formula"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ZERO_WITH_PP = ("ZeRO-{z} shards the gradients, so every micro-batch's backward would reduce-scatter its "
@@ -81,11 +84,7 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
                          f"nothing ('none'); selective recomputation is chapter 11's")
     dp, pp, cp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
         "dp", "pp", "cp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
-    world_size = layout.world_size if world_size is None else world_size
-    if dp * pp * cp * tp != world_size:
-        shown = f"dp × pp × cp × tp = {dp} × {pp} × {cp} × {tp}" if cp > 1 else f"dp × pp × tp = {dp} × {pp} × {tp}"
-        raise ValueError(f"{shown} = {dp * pp * cp * tp} ranks, but the world size is "
-                         f"{world_size}: the mesh's dimensions must multiply to the world size")
+    Mesh(layout.world_size if world_size is None else world_size, **layout.sizes)   # the mesh's own size check
     if zero in (2, 3):
         raise ValueError(ZERO_WITH_PP.format(z=zero))
     if zero not in (0, 1):
@@ -162,9 +161,8 @@ class Trainer3D:
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
         self.experts = experts.install(self.model, self.mesh, layout, self.dp_group)    # MoE: the folded ep groups
-        n_stages = pp * v
-        self.stages = {s: HybridStage(self.model, s, n_stages)
-                       for s in range(n_stages) if s % pp == self.mesh.coord("pp")}
+        n_stages, sched = pp * v, make_schedule(schedule, pp, micro_batches, v)
+        self.stages = {s: HybridStage(self.model, s, n_stages) for s in sched.stages_of(self.mesh.coord("pp"))}
         self.params = [p for s in self.stages.values() for p in s.parameters()]
         if self.experts:                                          # only the MoE layers of my stages
             self.experts.keep(m for s in self.stages.values() for m in s.modules() if m in self.experts.layers)
@@ -176,10 +174,10 @@ class Trainer3D:
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
         shapes = [((mb, seq), torch.long)] + [act] * (n_stages - 1)
         self.vocab_size = ref.cfg.vocab_size
-        self.runner = timed(PipelineRank)(make_schedule(schedule, pp, micro_batches, v), self.stages, self.mesh,
-                                          shapes, recompute=layout.recompute == "full",   # checkpointed stages
-                                          t0=synced_clock(None, self.device),             # one time axis
-                                          device=self.device, loss_fn=self.loss)
+        self.pipeline = timed(PipelineRank)(sched, self.stages, self.mesh, shapes,   # this rank's pipeline part
+                                            recompute=layout.recompute == "full",     # checkpointed stages
+                                            t0=synced_clock(None, self.device),       # one time axis
+                                            device=self.device, loss_fn=self.loss)
         skip = self.experts.ids if self.experts else set()        # experts: reduced over expert-DP instead
         dense = [p for p in self.params if id(p) not in skip]
         if zero == 1:
@@ -221,9 +219,8 @@ class Trainer3D:
             x, y = x[:, self.positions.to(self.device)], y[:, self.positions.to(self.device)]
         self.zero_grad()
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
-            loss = self.runner.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
+            loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
             if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
-                from ..tensor.sequence import sync_sequence_parallel_grads
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
         with comm.recording(self.logs["dp"]):                     # gradients over the data-parallel group
             if self.experts:
@@ -259,16 +256,3 @@ class Trainer3D:
         opt = [v for st in states for v in st.values() if torch.is_tensor(v)]
         grads = [p.grad for p in self.params if p.grad is not None]
         return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
-
-
-def __getattr__(name: str):
-    """``parallel3d.run`` / ``parallel_train`` / ``HybridRun``, where the chapters import them from, live in
-    :mod:`.runner` (which imports this module): resolved on first use, so neither module imports the other
-    while it loads."""
-    if name in _FROM_RUNNER:
-        from . import runner
-        return getattr(runner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_FROM_RUNNER = ("HybridRun", "parallel_train", "run")

@@ -1,7 +1,6 @@
 """The 3D/5D trainer's loop and launch: :func:`parallel_train` (one rank: :class:`~.parallel3d.Trainer3D` over the
 recipe's batches, plus what it measured, bytes per kind from the group-tagged logs) and :func:`run` (validate,
-then launch). :mod:`minipar.hybrid.parallel3d` hands them out too (its module ``__getattr__``), where they have
-always been imported from; this module imports it, not the other way round."""
+then launch). It imports :mod:`minipar.hybrid.parallel3d`, not the other way round: import them from here."""
 from __future__ import annotations
 
 import time
@@ -10,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..check import Recipe, RunResult
-from ..launcher import launch
+from .. import launcher
 from ..layout import Layout
 from ..memory import LiveTensorTracker
 from .parallel3d import DEFAULTS, Trainer3D, validate
@@ -63,7 +62,7 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
              for k, (log, dims) in kinds.items()}
     observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
     return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
-                     observed, seconds, peak, t.runner.timeline, t.model_state_bytes())
+                     observed, seconds, peak, t.pipeline.timeline, t.model_state_bytes())
 
 
 def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, track_memory: bool = False,
@@ -75,5 +74,5 @@ def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None 
     world_size = layout.world_size if world_size is None else world_size
     validate(recipe, world_size=world_size, layout=layout)
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-    return launch(parallel_train, world_size, recipe, layout=layout, track_memory=track_memory, device=device,
-                  backend=backend, quiet=quiet, timeout=timeout)
+    return launcher.launch(parallel_train, world_size, recipe, layout=layout, track_memory=track_memory, device=device,
+                           backend=backend, quiet=quiet, timeout=timeout)

@@ -25,13 +25,13 @@ Per rank: compute, communication **hidden** under its compute, **exposed** (not 
 (waiting for peers or a busy link, or done early); compute + exposed + idle = step time; ``pieces()``: the
 intervals of each, which :func:`minipar.pipeline.gantt.replay_rows` draws. ``step_gaps()``: the step times.
 
-The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine's special case: a schedule's trace
-(:func:`minipar.observe.trace.from_schedule`) replayed with links of α = its p2p cost gives every action the
-simulator's start and end (GPipe, 1F1B, interleaved, ZB-H1), except where the replay queues two messages on
-one in-link that the simulator lets pass at once (DualPipeV's middle ranks).
+The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine playing a schedule's trace
+(:func:`minipar.pipeline.schedule_trace.from_schedule`); its links carry any number of messages at once, so
+it routes each message through a stand-in rank of its own — a plain replay queues them on one in-link.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, union
@@ -199,16 +199,22 @@ class _Engine:
         self.done_calls: list = []
         self.marks: list = [[] for _ in range(n)]
 
+    def ready(self, rank) -> bool:
+        return self.blocked[rank] is None and self.pos[rank] < len(self.events[rank])
+
     def run(self) -> ReplayResult:
-        n = len(self.events)
-        while True:
-            ready = [r for r in range(n) if self.blocked[r] is None and self.pos[r] < len(self.events[r])]
-            if not ready:
-                break
-            rank = min(ready, key=lambda r: (self.clock[r], r))
+        # Always step the ready rank with the earliest clock (ties: the lowest rank). A heap of (clock, rank)
+        # holds an entry for every ready rank; entries gone stale (the rank moved on or blocked) are skipped.
+        self.heap = [(0.0, r) for r in range(len(self.events)) if self.ready(r)]
+        while self.heap:
+            clock, rank = heapq.heappop(self.heap)
+            if clock != self.clock[rank] or not self.ready(rank):
+                continue
             index = self.pos[rank]
             self.pos[rank] += 1
             self.step(rank, index, self.events[rank][index])
+            if self.ready(rank):
+                heapq.heappush(self.heap, (self.clock[rank], rank))
         if any(b is not None for b in self.blocked):
             raise self.deadlock()
         for spans in self.timelines:
@@ -269,6 +275,8 @@ class _Engine:
             if self.blocked[m] is call:
                 self.blocked[m] = None
                 self.clock[m] = max(self.clock[m], call.end)
+                if self.ready(m):
+                    heapq.heappush(self.heap, (self.clock[m], m))
 
     def wait_for(self, rank, call: _Call):
         if call.end is not None:

@@ -1,14 +1,10 @@
 """Check a schedule before it runs: every message has its two ends, and playing it cannot hang.
 
 A schedule is data (each rank's action list), so the messages it implies can be listed and played without
-processes. For action ``a`` on rank r, with stage s held by ``schedule.rank_of(s)``:
-
-* ``F`` of (s, i) receives the activation of (s, i) from the rank of s-1 (s > 0) and sends the activation of
-  (s+1, i) to the rank of s+1 (s < last);
-* ``B`` / ``BW`` of (s, i) receives the gradient of (s, i)'s output from the rank of s+1 (s < last) and sends
-  the gradient of its input to the rank of s-1 (s > 0); ``W`` sends and receives nothing;
-* a neighbour on the *same* rank (the turn of a V) is a local hand-over: no message, but the producing
-  action must come earlier in the rank's own list.
+processes. They are read from the one lowering of a schedule into messages,
+:func:`minipar.pipeline.lowering.lower` (the runtime reads the same): each action receives the inputs it waits
+for from other ranks and sends what it produced for them; a neighbour on the *same* rank (the turn of a V)
+is a local hand-over: no message, but the producing action must come earlier in the rank's own list.
 
 Semantics played (those of :mod:`minipar.pipeline.runtime`, and of a ``batch_isend_irecv`` per action):
 a send is posted and never blocks; a receive blocks until its message has been sent. With ``order="fifo"``
@@ -22,11 +18,11 @@ on the rank that holds it, with W after its B and the backward after its forward
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
-from .schedules import Action, Schedule
+from .actions import Action, Schedule
+from .lowering import Recv, Send, lower
 
-__all__ = ["ScheduleError", "Message", "messages_of", "check"]
+__all__ = ["ScheduleError", "check"]
 
 
 class ScheduleError(ValueError):
@@ -36,20 +32,6 @@ class ScheduleError(ValueError):
     def __init__(self, message: str, rank: int | None = None, index: int | None = None, action=None):
         super().__init__(message)
         self.rank, self.index, self.action = rank, index, action
-
-
-@dataclass(frozen=True)
-class Message:
-    """``what`` ("act" / "grad") of (``stage``, ``microbatch``) going ``src`` → ``dst``: the activation
-    entering ``stage``, or the gradient of ``stage``'s output."""
-    what: str
-    stage: int
-    microbatch: int
-    src: int
-    dst: int
-
-    def __str__(self) -> str:
-        return f"{self.what}({self.stage},{self.microbatch}) {self.src}→{self.dst}"
 
 
 def _local_needs(a: Action, last: int) -> list:
@@ -62,21 +44,18 @@ def _local_needs(a: Action, last: int) -> list:
     return [("B", s, i)]
 
 
-def messages_of(schedule: Schedule, rank: int, a: Action) -> tuple:
-    """(receives, sends) of action ``a`` on ``rank``: lists of :class:`Message`."""
-    last, s, i = schedule.num_stages - 1, a.stage, a.microbatch
-    recv, send = [], []
-    if a.kind == "F":
-        if s > 0 and schedule.rank_of(s - 1) != rank:
-            recv.append(Message("act", s, i, schedule.rank_of(s - 1), rank))
-        if s < last and schedule.rank_of(s + 1) != rank:
-            send.append(Message("act", s + 1, i, rank, schedule.rank_of(s + 1)))
-    elif a.kind in ("B", "BW"):
-        if s < last and schedule.rank_of(s + 1) != rank:
-            recv.append(Message("grad", s, i, schedule.rank_of(s + 1), rank))
-        if s > 0 and schedule.rank_of(s - 1) != rank:
-            send.append(Message("grad", s - 1, i, rank, schedule.rank_of(s - 1)))
-    return recv, send
+def _per_action(lowered_rank: list) -> list:
+    """One rank's lowered list regrouped by action: [(receives, sends)] per action, as lists of Message."""
+    grouped, recv = [], []
+    for x in lowered_rank:
+        if isinstance(x, Recv):
+            recv.append(x.message)
+        elif isinstance(x, Send):
+            grouped[-1][1].append(x.message)
+        else:
+            grouped.append((recv, []))
+            recv = []
+    return grouped
 
 
 def _check_complete(schedule: Schedule) -> None:
@@ -109,6 +88,7 @@ def check(schedule: Schedule, order: str = "tag") -> int:
         raise ValueError(f"order must be 'tag' or 'fifo', got {order!r}")
     _check_complete(schedule)
     p, last = schedule.p, schedule.num_stages - 1
+    moves = [_per_action(steps) for steps in lower(schedule)]   # moves[r][k]: (receives, sends) of action k
     pos, done = [0] * p, set()
     posted = {}                                              # (src, dst) -> deque of messages in flight
     sent = received = 0
@@ -118,9 +98,9 @@ def check(schedule: Schedule, order: str = "tag") -> int:
         for r in range(p):
             while pos[r] < len(schedule.actions[r]):
                 a = schedule.actions[r][pos[r]]
-                if _blocked(schedule, r, a, done, posted, order, last) is not None:
+                if _blocked(schedule, r, a, moves[r][pos[r]][0], done, posted, order, last) is not None:
                     break
-                recv, send = messages_of(schedule, r, a)
+                recv, send = moves[r][pos[r]]
                 for msg in recv:
                     posted[(msg.src, msg.dst)].remove(msg)
                     received += 1
@@ -132,14 +112,14 @@ def check(schedule: Schedule, order: str = "tag") -> int:
                 progress = True
     stuck = [r for r in range(p) if pos[r] < len(schedule.actions[r])]
     # a rank that waits for its own later action is the cause; the others wait for it
-    stuck.sort(key=lambda q: (f"rank {q} has not run" not in _blocked(schedule, q, schedule.actions[q][pos[q]],
-                                                                        done, posted, order, last), q))
+    def why(q):
+        return _blocked(schedule, q, schedule.actions[q][pos[q]], moves[q][pos[q]][0], done, posted, order, last)
+    stuck.sort(key=lambda q: (f"rank {q} has not run" not in why(q), q))
     if stuck:
         r = stuck[0]
         a = schedule.actions[r][pos[r]]
-        why = _blocked(schedule, r, a, done, posted, order, last)
         others = ", ".join(f"rank {q} at {schedule.actions[q][pos[q]]}" for q in stuck[1:])
-        raise ScheduleError(f"deadlock: rank {r} waits forever at action {pos[r]} ({a}): {why}"
+        raise ScheduleError(f"deadlock: rank {r} waits forever at action {pos[r]} ({a}): {why(r)}"
                             + (f"; blocked too: {others}" if others else ""), r, pos[r], a)
     left = [str(m) for q in posted.values() for m in q]
     if left:
@@ -148,13 +128,12 @@ def check(schedule: Schedule, order: str = "tag") -> int:
     return sent
 
 
-def _blocked(schedule, r, a, done, posted, order, last):
-    """Why action ``a`` on rank r cannot start yet (None: it can)."""
+def _blocked(schedule, r, a, receives, done, posted, order, last):
+    """Why action ``a`` on rank r, which ``receives`` these messages, cannot start yet (None: it can)."""
     for kind, s, i in _local_needs(a, last):
         if (kind, s, i) not in done and (schedule.rank_of(s) == r or kind == "F" and s == a.stage):
             return f"it needs {kind}{i}@{s}, which rank {r} has not run before it"
-    recv, _ = messages_of(schedule, r, a)
-    for msg in recv:
+    for msg in receives:
         queue = posted.get((msg.src, msg.dst), ())
         if msg not in queue:
             return f"it receives {msg}, never sent before"

@@ -26,6 +26,7 @@ import torch
 from torch.func import functional_call
 
 from ..check import RunResult
+from ..launcher import launch
 from ..mesh import Mesh, RankMesh
 from .runtime import PipelineRank, synced_clock
 from . import schedules
@@ -154,7 +155,6 @@ def parallel_train(rank: int, world_size: int, recipe, *, mode: str = "2bw", m: 
 
 def run(recipe, *, world_size: int, mode: str = "2bw", m: int = 4, lr: float = 0.1, quiet: bool = True) -> list:
     """Check the configuration, then train with PipeDream on ``world_size`` ranks: per-rank runs."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, mode=mode, m=m)
     return launch(parallel_train, world_size, recipe, mode=mode, m=m, lr=lr, quiet=quiet)
 

@@ -19,8 +19,10 @@ valid schedule (:func:`minipar.pipeline.checker.check` plays its messages, witho
 The loss is an argument (``loss_fn(output, targets)``, as ``torch.distributed.pipelining`` takes it): the last
 stage's output goes through it (:func:`~minipar.pipeline.stages.stage_loss` by default; the 3D trainer passes
 the vocabulary-parallel cross-entropy). The rank that holds a stage is the schedule's to say
-(``Schedule.rank_of``: round-robin, or the V of ZB-V / DualPipeV); a neighbour stage on the same rank gets its
-tensor handed over locally, without a message.
+(``Schedule.rank_of``: round-robin, or the V of ZB-V / DualPipeV), and which messages an action sends and
+receives, with their peers and tags, is the lowering's (:func:`minipar.pipeline.lowering.lower`, which the
+checker and the simulator read too); a neighbour stage on the same rank gets its tensor handed over locally,
+without a message.
 
 Measurement and pacing are not in this file, which only executes the schedule: they are mix-ins fed by its
 seams, :meth:`PipelineRank.begin_step`, :meth:`~PipelineRank.begin_action`, :meth:`~PipelineRank.post` (a
@@ -45,9 +47,12 @@ from .. import comm
 from ..check import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
+from ..launcher import launch
 from . import paced, schedules
-from .schedules import Schedule, make_schedule
-from .stages import _layers, boundary_shapes, split_model, stage_loss
+from .actions import Action, Schedule
+from .lowering import lower, rank_messages
+from .schedules import make_schedule
+from .stages import _layers, assign, boundary_shapes, split_model, stage_loss
 from .timeline import measured_idle_fraction, step_rows, timed, typical_step  # noqa: F401 (public here too)
 
 __all__ = ["PipelineRank", "PipelineRun", "parallel_train", "run", "validate", "synced_clock",
@@ -81,31 +86,22 @@ class PipelineRank:
                  recompute: bool = False, t0: float = 0.0, device="cpu", loss_fn=stage_loss):
         self.schedule, self.stages, self.shapes, self.device = schedule, stages, shapes, torch.device(device)
         self.pp_ranks, self.group, self.pp_rank = mesh.ranks("pp"), mesh.group("pp"), mesh.coord("pp")
-        self.actions = schedule.actions[self.pp_rank]
+        self.program = lower(schedule)[self.pp_rank]      # the actions with their sends and receives
+        self.actions = [x for x in self.program if isinstance(x, Action)]
+        self.incoming, self.outgoing = rank_messages(self.program)   # {(what, stage, micro-batch): Message}
         self.recompute, self.t0, self.loss_fn = recompute, t0, loss_fn
         self.last = schedule.num_stages - 1
         self.batch_size_in_microbatches = None   # None: the micro-batches of one run() are one batch
 
-    # -- messages ---------------------------------------------------------------------------------------
-    def peer(self, stage: int) -> int:
-        """Global rank holding ``stage`` (the schedule's placement; for v = 1, ``mesh.pp_prev`` / ``pp_next``)."""
-        return self.pp_ranks[self.schedule.rank_of(stage)]
-
-    def is_local(self, stage: int) -> bool:
-        return self.schedule.rank_of(stage) == self.pp_rank
-
-    def tag(self, what: str, stage: int, microbatch: int) -> int:
-        """Unique per message: the activation entering ``stage`` or the gradient leaving it backwards."""
-        return 2 * (stage * self.n_micro + microbatch) + (what == "grad")
-
+    # -- messages: peers and tags as the lowering (minipar.pipeline.lowering) lists them ----------------------
     def send(self, t, what, to_stage, microbatch):
-        """The activation entering ``to_stage`` or the gradient of ``to_stage``'s output: a local hand-over
-        if this rank holds ``to_stage`` (the turn of a V), else a message."""
-        if self.is_local(to_stage):
+        """The activation entering ``to_stage`` or the gradient of ``to_stage``'s output: a message if the
+        lowering lists one, else a local hand-over (this rank holds ``to_stage``: the turn of a V)."""
+        msg = self.outgoing.get((what, to_stage, microbatch))
+        if msg is None:
             self.local[(what, to_stage, microbatch)] = t
             return
-        tag = self.tag(what, to_stage if what == "act" else to_stage + 1, microbatch)
-        self.post(t.contiguous(), self.peer(to_stage), tag, to_stage, microbatch)
+        self.post(t.contiguous(), self.pp_ranks[msg.dst], msg.tag(self.n_micro), to_stage, microbatch)
 
     def post(self, t, dst: int, tag: int, to_stage: int, microbatch: int) -> None:
         """Post one message (``isend``: never waited for until it completes on its own)."""
@@ -113,13 +109,12 @@ class PipelineRank:
 
     def receive(self, what, stage, microbatch):
         """The activation entering ``stage`` (from stage-1) or the gradient of its output (from stage+1)."""
-        src = stage - 1 if what == "act" else stage + 1
-        if self.is_local(src):
+        msg = self.incoming.get((what, stage, microbatch))
+        if msg is None:
             return self.local.pop((what, stage, microbatch))
         shape, dtype = self.shapes[stage if what == "act" else stage + 1]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self.wait_for(buf, self.peer(src), self.tag(what, stage if what == "act" else stage + 1, microbatch),
-                      stage, microbatch)
+        self.wait_for(buf, self.pp_ranks[msg.src], msg.tag(self.n_micro), stage, microbatch)
         return buf
 
     def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
@@ -218,7 +213,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b"
     p, pp_rank = mesh.size("pp"), mesh.coord("pp")
     sched = make_schedule(schedule, p, m, v)
     all_stages = split_model(recipe.model().to(recipe.dtype), p * v)
-    mine = {s: all_stages[s] for s in sorted(sched.stages_of(pp_rank))}
+    mine = assign(all_stages, p, pp_rank, sched.placement)
     params = [q for s in mine.values() for q in s.parameters()]
     opt = recipe.optimizer(params)
     first_x = recipe.batches[0][0]
@@ -263,6 +258,5 @@ def run(recipe, *, world_size: int, schedule: str = "1f1b", m: int = 4, v: int =
         **config) -> list:
     """Check the configuration, then run :func:`parallel_train` on ``world_size`` ranks (one stage group
     each); return the per-rank :class:`PipelineRun`."""
-    from ..launcher import launch
     validate(recipe, world_size=world_size, schedule=schedule, m=m, v=v, **config)
     return launch(parallel_train, world_size, recipe, schedule=schedule, m=m, v=v, quiet=quiet, **config)

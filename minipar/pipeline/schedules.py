@@ -2,9 +2,11 @@
 
 A schedule is, for every pipeline rank, the ordered list of its :class:`Action`\\ s. The same lists drive the
 runtime that trains with them (:mod:`minipar.pipeline.runtime`), the simulator that plays them on a clock
-(:mod:`minipar.pipeline.simulate`) and the Gantt charts. The model is cut into ``p · v`` stages; stage ``s``
-lives on rank ``s % p`` as its chunk ``s // p`` (round-robin, as in seed 000: 16 layers, 4 ranks, v = 2 puts
-layers 0-1 and 8-9 on rank 0).
+(:mod:`minipar.pipeline.simulate`) and the Gantt charts, all through one lowering into messages
+(:mod:`minipar.pipeline.lowering`). The model is cut into ``p · v`` stages; stage ``s`` lives on rank
+``s % p`` as its chunk ``s // p`` (round-robin, as in seed 000: 16 layers, 4 ranks, v = 2 puts layers 0-1 and
+8-9 on rank 0). :class:`Action`, :class:`Schedule`, the placement and :func:`validate` sit one floor lower,
+in :mod:`minipar.pipeline.actions`, which every schedule module builds on.
 
 Action kinds:
 
@@ -43,101 +45,12 @@ divide the same idle time by the ideal (busy) time instead: (p-1)/m, (p-1)/(v·m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..validation import positive_int
+from .actions import V_SCHEDULES, Action, Schedule, needs, validate
+from .vhalf import v_half
+from .vschedules import dualpipe_v, v_min, zb_v
 
 __all__ = ["Action", "needs", "Schedule", "SCHEDULES", "make_schedule", "naive", "gpipe", "one_f_one_b",
            "interleaved", "zb_h1", "zb_v", "dualpipe_v", "bubble_formula", "validate", "V_SCHEDULES"]
-
-KINDS = ("F", "B", "W", "BW")
-
-
-@dataclass(frozen=True)
-class Action:
-    """One unit of work: ``kind`` of micro-batch ``microbatch`` through model stage ``stage``."""
-    kind: str
-    stage: int
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}@{self.stage}"
-
-
-def needs(a: Action, last: int):
-    """The result (kind, stage, micro-batch) action ``a`` waits for (None: none): F the activation from the
-    stage before; B/BW the gradient from the stage after (the last stage: its own F, the loss); W its own B."""
-    if a.kind == "F":
-        return ("F", a.stage - 1, a.microbatch) if a.stage > 0 else None
-    if a.kind in ("B", "BW"):
-        return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
-    return ("B", a.stage, a.microbatch)
-
-
-@dataclass
-class Schedule:
-    """``actions[r]`` is rank r's ordered list. ``placement="loop"``: stage s runs on rank ``s % p`` as chunk
-    ``s // p``; ``placement="v"`` (v = 2): stage s on rank s for s < p, on rank 2p-1-s after (the V)."""
-    name: str
-    p: int
-    m: int
-    v: int
-    actions: list
-    placement: str = "loop"
-    overlapped: frozenset = field(default_factory=frozenset)   # {(rank, i)}: actions i, i+1 are one F&B
-
-    @property
-    def num_stages(self) -> int:
-        return self.p * self.v
-
-    def rank_of(self, stage: int) -> int:
-        if self.placement == "v":
-            return stage if stage < self.p else 2 * self.p - 1 - stage
-        return stage % self.p
-
-    def chunk_of(self, stage: int) -> int:
-        return stage // self.p
-
-    def stages_of(self, rank: int) -> list:
-        if self.placement == "v":
-            return [rank, 2 * self.p - 1 - rank]
-        return [c * self.p + rank for c in range(self.v)]
-
-    def __str__(self) -> str:
-        lines = [f"{self.name} p={self.p} m={self.m} v={self.v}"]
-        lines += [f"  rank {r}: " + " ".join(str(a) for a in acts) for r, acts in enumerate(self.actions)]
-        return "\n".join(lines)
-
-
-def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None) -> None:
-    """Raise ValueError naming the broken constraint (before any process starts)."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}")
-    for label, x in (("p (pipeline ranks)", p), ("m (micro-batches)", m), ("v (chunks per rank)", v)):
-        positive_int(label, x)
-    if name == "naive" and m != 1:
-        raise ValueError(f"naive model parallelism sends the whole batch at once: m must be 1, got m={m} "
-                         f"(with m > 1 micro-batches use 'gpipe' or '1f1b')")
-    if name in ("1f1b", "zb-h1") and m < p:
-        raise ValueError(f"{name} needs at least as many micro-batches as ranks (m >= p), got m={m}, p={p}: "
-                         f"with fewer there is no steady phase (use 'gpipe')")
-    if name == "interleaved" and (m < p or m % p):
-        raise ValueError(f"interleaved 1F1B sends micro-batches round the ranks in groups of p: m must be a "
-                         f"multiple of p, got m={m}, p={p}")
-    if name in V_SCHEDULES and v != 2:
-        raise ValueError(f"{name} places exactly 2 stages per rank in a V (rank r holds stages r and 2p-1-r): "
-                         f"v must be 2, got v={v}")
-    if name == "v-min" and p % 3 == 0:
-        raise ValueError(f"v-min's repeating block needs p not divisible by 3 (its forward and backward slots "
-                         f"would collide modulo 6), got p={p}")
-    if name == "dualpipev" and m < 2 * p:
-        raise ValueError(f"dualpipev needs at least as many micro-batches as stages (m >= 2p), got m={m}, "
-                         f"p={p}: its steady phase pairs the forward of one with the backward of another")
-    if name not in ("interleaved", *V_SCHEDULES) and v != 1:
-        raise ValueError(f"{name} has one stage per rank: v must be 1, got v={v} (use 'interleaved')")
-    if n_layers is not None and n_layers % (p * v):
-        raise ValueError(f"{n_layers} layers cannot be cut into p·v = {p}·{v} = {p * v} equal stages: the "
-                         f"number of layers must be divisible by p·v")
 
 
 def naive(p: int, m: int = 1) -> Schedule:
@@ -227,8 +140,8 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, actions)
 
 
-V_SCHEDULES = ("zb-v", "dualpipev", "v-min", "v-half")
-SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1}
+SCHEDULES = {"naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1,
+             "zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min, "v-half": v_half}
 
 
 def make_schedule(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None) -> Schedule:
@@ -237,7 +150,6 @@ def make_schedule(name: str, p: int, m: int, v: int = 1, n_layers: int | None = 
     if name == "interleaved":
         return interleaved(p, m, v)
     return SCHEDULES[name](p, m)
-
 
 
 def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -> float:
@@ -252,10 +164,3 @@ def bubble_formula(name: str, p: int, m: int, v: int = 1, over: str = "total") -
         raise ValueError(f"over must be 'total' (idle / whole step) or 'ideal' (idle / busy), got {over!r}")
     work = 3 * m if name == "zb-h1" else v * m          # per rank, in units of the bubble's p - 1 slots
     return (p - 1) / (work + (p - 1 if over == "total" else 0))
-
-
-from .vschedules import dualpipe_v, v_min, zb_v  # noqa: E402  (they build on Action, Schedule and validate above)
-
-from .vhalf import v_half  # noqa: E402
-
-SCHEDULES.update({"zb-v": zb_v, "dualpipev": dualpipe_v, "v-min": v_min, "v-half": v_half})

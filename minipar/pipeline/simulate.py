@@ -11,6 +11,14 @@ An action starts at max(rank free, inputs arrived) and lasts its cost. A stage i
 so compute costs are divided by v; a transfer costs ``p2p`` whatever v (the activation has the same size).
 If no rank can start its next action the schedule deadlocks, and :class:`Deadlock` says who waits for what.
 
+The clock is not this file's: the schedule is written as the trace its runtime would leave
+(:func:`minipar.pipeline.schedule_trace.from_schedule`, its messages those of the one lowering,
+:mod:`minipar.pipeline.lowering`) and played by the replay engine that plays measured runs
+(:func:`minipar.observe.replay.replay`), compute scaled by 1. The replay's links carry one transfer at a time
+each way; the simulator's are unlimited (each transfer costs ``p2p``, whatever else is in flight), so with
+``p2p > 0`` every message is relayed by a wire of its own (:func:`through_wires`). A rank that waits for a
+result it only makes later in its own list sends no message the replay could wait on: its list is cut there.
+
 Results: per-rank timelines, makespan, the bubble in both conventions found in the literature, and the
 peak number of micro-batches in flight per rank (forward done, weight gradient not yet: activations held).
 
@@ -28,11 +36,16 @@ played as one block with ``overlap=True``: it starts when both its inputs are th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .schedules import Action, Schedule, needs
+from ..observe.cluster import Cluster
+from ..observe.replay import Deadlock as ReplayDeadlock, replay
+from ..observe.trace import Comm, Compute, RankTrace, Trace
+from .actions import Action, Schedule, needs
+from .lowering import lower
+from .schedule_trace import consumers, from_lowered
 
-__all__ = ["Costs", "Slot", "SimResult", "Deadlock", "simulate", "in_flight_over_time"]
+__all__ = ["Costs", "Slot", "SimResult", "Deadlock", "simulate", "through_wires", "in_flight_over_time"]
 
 
 @dataclass(frozen=True)
@@ -106,66 +119,96 @@ class Deadlock(RuntimeError):
     """No rank can start its next action: each waits for data that is never produced."""
 
 
-def _producer(a: Action, s: Schedule):
-    """The action whose result ``a`` needs (None: no input)."""
-    return needs(a, s.num_stages - 1)
-
-
 def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -> SimResult:
     """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish. ``overlap``: an F&B pair
-    (``schedule.overlapped``) starts only when both its inputs are there (one block, as DualPipe runs it)."""
-    p = schedule.p
-    pos = [0] * p                        # index of each rank's next action
-    free = [0.0] * p                     # when each rank is free
-    done = {}                            # (kind, stage, mb) -> end time; BW counts as B (and W)
-    timelines = [[] for _ in range(p)]
-    transfers = []
-    remaining = sum(len(a) for a in schedule.actions)
-    while remaining:
-        progressed = False
-        for r in range(p):
-            while pos[r] < len(schedule.actions[r]):
-                n = 2 if overlap and (r, pos[r]) in schedule.overlapped else 1
-                block = schedule.actions[r][pos[r]:pos[r] + n]
-                ready = _inputs_ready(block, schedule, r, done, costs, transfers)
-                if ready is None:
-                    break
-                start = max(free[r], ready)
-                for a in block:
-                    end = start + costs.of(a.kind, schedule.v)
-                    timelines[r].append(Slot(a, start, end))
-                    done[("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)] = end
-                    start = end
-                free[r] = start
-                pos[r] += n
-                remaining -= n
-                progressed = True
-        if not progressed:
-            waiting = [f"rank {r} waits before {schedule.actions[r][pos[r]]} for "
-                       f"{_producer(schedule.actions[r][pos[r]], schedule)}"
-                       for r in range(p) if pos[r] < len(schedule.actions[r])]
-            raise Deadlock("the schedule deadlocks: " + "; ".join(waiting))
-    return SimResult(schedule, costs, timelines, transfers)
+    (``schedule.overlapped``) starts only when both its inputs are there (one block, as DualPipe runs it).
+    The clock is the replay engine's (:func:`minipar.observe.replay.replay`) playing the schedule's trace
+    (:func:`minipar.pipeline.schedule_trace.from_schedule`) with compute scale 1 and free links."""
+    played = schedule if overlap else replace(schedule, overlapped=frozenset())
+    cuts = [_local_cut(played, r) for r in range(schedule.p)]       # a rank that waits for its own later action
+    runnable = replace(played, actions=[acts[:cut] for acts, cut in zip(played.actions, cuts)])
+    lowered = lower(runnable)
+    trace = from_lowered(runnable, lowered, costs)
+    if costs.p2p:
+        trace = through_wires(trace, costs.p2p)
+    world = trace.world_size
+    links = Cluster(devices_per_node=world, nodes=1, memory_bytes=0.0, peak_flops=1.0, intra_bw=float("inf"),
+                    inter_bw=float("inf"))
+    try:
+        res = replay(trace, links, compute_scale=1.0, comm_time=lambda *_: 0.0)
+    except ReplayDeadlock as err:
+        raise _deadlock(played, cuts, err.waits) from None
+    if any(cut < len(acts) for acts, cut in zip(played.actions, cuts)):
+        raise _deadlock(played, cuts, {})
+    timelines = []
+    for r, acts in enumerate(played.actions):
+        spans = sorted((s for s in res.timelines[r] if s.kind == "compute"), key=lambda s: s.index)
+        timelines.append([Slot(a, s.start, s.end) for a, s in zip(acts, spans)])
+    return SimResult(schedule, costs, timelines, _transfers(played, lowered, timelines, costs.p2p))
 
 
-def _inputs_ready(block: list, schedule: Schedule, r: int, done: dict, costs: Costs, transfers: list):
-    """When every input of ``block`` (one action, or an F&B pair) has arrived on rank r; None: not yet
-    produced. Records the transfers (once, when the block can start)."""
-    ready, moves = 0.0, []
-    for a in block:
-        need = _producer(a, schedule)
-        if need is None:
+def through_wires(trace: Trace, p2p: float) -> Trace:
+    """``trace`` with every message relayed by a wire of its own (an extra rank that receives it, holds it
+    ``p2p`` seconds and hands it on): a transfer costs ``p2p`` and never queues behind another, the
+    simulator's unlimited links (the replay's own links carry one transfer at a time each way)."""
+    ranks = [RankTrace(r.rank, [replace(e) for e in r.events]) for r in trace.ranks]
+    wires = {}                                               # (src, dst, tag) -> wire rank
+    for r in ranks:
+        for e in r.events:
+            if isinstance(e, Comm) and e.op in ("send", "recv"):
+                peer = next(q for q in e.ranks if q != r.rank)
+                src, dst = (r.rank, peer) if e.op == "send" else (peer, r.rank)
+                wire = wires.setdefault((src, dst, e.tag), len(trace.ranks) + len(wires))
+                e.ranks = (r.rank, wire)
+    for (src, dst, tag), wire in wires.items():
+        ranks.append(RankTrace(wire, [Comm("recv", (src, wire), 0, tag=tag), Compute(p2p),
+                                      Comm("send", (wire, dst), 0, tag=tag)]))
+    return Trace(ranks, dict(trace.meta))
+
+
+def _local_cut(schedule: Schedule, r: int) -> int:
+    """Index of rank r's first block (action, or F&B pair) that needs a result this rank makes only later or
+    never (it waits forever: no message will come); the list's length if none."""
+    last, acts, made, i = schedule.num_stages - 1, schedule.actions[r], set(), 0
+    while i < len(acts):
+        n = 2 if (r, i) in schedule.overlapped else 1
+        for a in acts[i:i + n]:
+            need = needs(a, last)
+            local = need is not None and (need[1] == a.stage or schedule.rank_of(need[1]) == r)
+            if local and need not in made:
+                return i
+        made |= {("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch) for a in acts[i:i + n]}
+        i += n
+    return len(acts)
+
+
+def _deadlock(schedule: Schedule, cuts: list, waits: dict) -> Deadlock:
+    """Who waits before which action for what: the replay's blocked ranks (the tag of the message each
+    waits for names the action), then the ranks stuck at their own later action."""
+    waiting = []
+    for r, acts in enumerate(schedule.actions):
+        if r in waits:
+            tag = waits[r][0].split(" tag ")[1].split(" ")[0]
+            k = next(k for k, a in enumerate(acts) if str(a) == tag)
+            k -= (r, k - 1) in schedule.overlapped                   # an F&B pair waits as one block
+        elif cuts[r] < len(acts):
+            k = cuts[r]
+        else:
             continue
-        if need not in done:
-            return None
-        at = done[need]
-        src = schedule.rank_of(need[1])
-        if need[1] != a.stage and src != r:      # crosses ranks: one transfer
-            moves.append((src, r, at, at + costs.p2p, "act" if a.kind == "F" else "grad", a))
-            at += costs.p2p
-        ready = max(ready, at)
-    transfers.extend(moves)
-    return ready
+        waiting.append(f"rank {r} waits before {acts[k]} for {needs(acts[k], schedule.num_stages - 1)}")
+    return Deadlock("the schedule deadlocks: " + "; ".join(waiting))
+
+
+def _transfers(schedule: Schedule, lowered: list, timelines: list, p2p: float) -> list:
+    """[(src, dst, start, end, "act" | "grad", the action it feeds)]: each message of the lowering, from the
+    end of the action that made it."""
+    ended = {("B" if s.action.kind == "BW" else s.action.kind, s.action.stage, s.action.microbatch): s.end
+             for tl in timelines for s in tl}
+    out = []
+    for msg, a in consumers(lowered).items():
+        at = ended[needs(a, schedule.num_stages - 1)]
+        out.append((msg.src, msg.dst, at, at + p2p, msg.what, a))
+    return out
 
 
 def in_flight_over_time(timeline: list) -> list:

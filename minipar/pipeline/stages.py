@@ -2,10 +2,10 @@
 
 ``split_model(model, n_stages)`` returns ``n_stages`` :class:`Stage` modules, built from the model's own
 layers (so a pipeline starts from exactly the single-device weights). Layers are cut into equal
-consecutive groups; with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to rank ``s % p`` (round
-robin, seed 000's layout). For the tiny GPT, stage 0 also holds the embeddings and the last stage the final
-LayerNorm and the LM head (the pipeline API constraint of seed 002: a model as a sequence of stages with
-tensors in and out).
+consecutive groups; with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to the rank the schedule's
+placement names (:mod:`minipar.pipeline.actions`: ``s % p``, round robin, seed 000's layout; or the V). For
+the tiny GPT, stage 0 also holds the embeddings and the last stage the final LayerNorm and the LM head (the
+pipeline API constraint of seed 002: a model as a sequence of stages with tensors in and out).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ..loop import lm_loss
 from ..models import MLP, TinyGPT, TokenPositionEmbedding
 from ..validation import positive_int
+from .actions import stages_of
 
 __all__ = ["Stage", "split_model", "stage_loss", "boundary_shapes", "assign"]
 
@@ -99,9 +100,11 @@ def split_model(model: nn.Module, n_stages: int) -> list:
     return stages
 
 
-def assign(stages: list, p: int, rank: int) -> dict:
-    """{stage index: stage} that rank ``rank`` of ``p`` holds (round robin: s % p == rank)."""
-    return {s.index: s for s in stages if s.index % p == rank}
+def assign(stages: list, p: int, rank: int, placement: str = "loop") -> dict:
+    """{stage index: stage} that rank ``rank`` of ``p`` holds, by the schedules' one placement
+    (:func:`minipar.pipeline.actions.stages_of`: ``"loop"``, s % p == rank; ``"v"``, stages r and 2p-1-r)."""
+    held = stages_of(rank, p, len(stages) // p, placement)
+    return {s.index: s for s in stages if s.index in held}
 
 
 def stage_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

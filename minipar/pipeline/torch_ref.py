@@ -19,7 +19,7 @@ import torch.distributed as dist
 from ..check import RunResult
 from ..mesh import Mesh, RankMesh
 from .schedules import Action, make_schedule
-from .stages import split_model, stage_loss
+from .stages import assign, split_model, stage_loss
 
 __all__ = ["torch_pipeline_train", "TORCH_SCHEDULES", "TorchPipelineRun"]
 
@@ -74,7 +74,7 @@ def torch_pipeline_train(rank: int, world_size: int, recipe, schedule: str = "1f
     mesh = mesh or Mesh(world_size, pp=world_size).build(rank)
     p, pp_rank = mesh.size("pp"), mesh.coord("pp")
     all_stages = split_model(recipe.model().to(recipe.dtype), p * v)
-    stages = {s: all_stages[s] for s in sorted(make_schedule(schedule, p, m, v).stages_of(pp_rank))}
+    stages = assign(all_stages, p, pp_rank, make_schedule(schedule, p, m, v).placement)
     executed = []
     torch_stages = [_recorded(pipelining.PipelineStage(s, s.index, p * v, torch.device("cpu"),
                                                        group=mesh.group("pp")), executed)

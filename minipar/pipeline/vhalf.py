@@ -27,7 +27,7 @@ m ≥ 1 are accepted (the block is deadlock-free by construction: its order foll
 """
 from __future__ import annotations
 
-from .schedules import Action, Schedule, needs, validate
+from .actions import Action, Schedule, needs, validate
 
 __all__ = ["v_half", "v_half_block", "repeat_block"]
 

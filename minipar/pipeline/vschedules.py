@@ -29,9 +29,10 @@ plain action lists so that the checker (:mod:`minipar.pipeline.checker`) and the
 """
 from __future__ import annotations
 
-from .schedules import Action, Schedule, validate
+from .actions import Action, Schedule, validate
+from .vhalf import repeat_block, v_half_block
 
-__all__ = ["zb_v", "dualpipe_v"]
+__all__ = ["zb_v", "dualpipe_v", "v_min"]
 
 
 class _Counter:
@@ -155,24 +156,15 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     return Schedule("dualpipev", p, m, 2, actions, placement="v", overlapped=frozenset(pairs))
 
 
-
 def v_min(p: int, m: int) -> Schedule:
     """V-Min (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"), built as a repeating block:
     on a clock of chunk slots (F = B = W = 1), micro-batch i runs F on stage s at 6i + s (down and up the V),
     then B on stage s at 6i + 2p + (2p-1-s) (back), and the two W's in the two slots modulo 6 that no other
-    action of the rank takes, whichever way round ends the activations' lives sooner. Every rank then does one F, B, W per chunk every 6 slots: no bubble in
-    the steady phase, and each activation lives only as long as its micro-batch's block — about 2p/3 chunks
-    held per rank, a third of ZB-V's 2p. The price is the ramp: one block's span, ≈ 4p slots, is idle per
-    rank (2/3 of 1F1B's). The block's four F/B slots differ modulo 6 unless 3 divides p."""
+    action of the rank takes, whichever way round ends the activations' lives sooner. Every rank then does
+    one F, B, W per chunk every 6 slots: no bubble in the steady phase, and each activation lives only as
+    long as its micro-batch's block — about 2p/3 chunks held per rank, a third of ZB-V's 2p. The price is
+    the ramp: one block's span, ≈ 4p slots, is idle per rank (2/3 of 1F1B's). The block's four F/B slots
+    differ modulo 6 unless 3 divides p. It is V-Half's building block with its backward passes one slot
+    apart instead of two (:func:`minipar.pipeline.vhalf.v_half_block`), repeated without reordering."""
     validate("v-min", p, m, 2)
-    actions = []
-    for r in range(p):
-        down, up = r, 2 * p - 1 - r
-        slots = {"F": {down: down, up: up}, "B": {up: 2 * p + r, down: 4 * p - 1 - r}}
-        free = sorted(set(range(6)) - {t % 6 for kind in slots.values() for t in kind.values()})
-        after = lambda b, q: b + 1 + (q - b - 1) % 6                    # noqa: E731  first t > b, t ≡ q
-        slots["W"] = min(({s: after(slots["B"][s], q) for s, q in zip((up, down), order)}
-                          for order in (free, free[::-1])), key=lambda w: sum(w.values()))  # shortest lives
-        timed = [(6 * i + t, kind, s, i) for i in range(m) for kind, at in slots.items() for s, t in at.items()]
-        actions.append([Action(kind, s, i) for _, kind, s, i in sorted(timed)])
-    return Schedule("v-min", p, m, 2, actions, placement="v")
+    return Schedule("v-min", p, m, 2, repeat_block(v_half_block(p, backward_gap=1), p, m).actions, placement="v")

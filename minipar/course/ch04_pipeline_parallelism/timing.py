@@ -1,7 +1,7 @@
 """Chapter 04, §8: why an unpaced pipeline idles more than (p-1)/(m+p-1) — measured, replayed here, replayed on
 a named cluster.
 
-One real run of a schedule is traced (:mod:`minipar.observe.trace`: every rank's compute between its messages, in
+One real run of a schedule is traced (:mod:`minipar.observe.tracer`: every rank's compute between its messages, in
 thread CPU seconds and wall seconds) with a mark at each action's start, input arrival and end
 (:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.observe.replay.replay` on
 clusters that add one term at a time (:func:`idle_terms`):
@@ -24,14 +24,18 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from minipar.observe import trace
-from minipar.observe.fidelity import fit_affine, wall_compute
+from minipar.observe import tracer
+from minipar.observe.cluster import dgx_a100, this_machine
+from minipar.observe.fidelity import wall_compute
+from minipar.observe.launch_trace import traced_launch
+from minipar.observe.measure import calibrate_links, fit_p2p
+from minipar.observe.replay import replay
+from minipar.observe.trace import Trace
 from minipar.pipeline import runtime
+from minipar.pipeline.gantt import draw_gantt, gantt_legend
 from minipar.pipeline.runtime import PipelineRank
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
-from minipar.observe.cluster import dgx_a100, this_machine
-from minipar.observe.replay import replay
 
 __all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms",
            "stage_work", "draw_terms", "TERMS", "TITLES"]
@@ -40,27 +44,28 @@ TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
 
 
 class MarkedRank(PipelineRank):
-    """The runtime's rank, putting a :func:`minipar.observe.trace.mark` where an action begins, where its input
+    """The runtime's rank, putting a :func:`minipar.observe.tracer.mark` where an action begins, where its input
     arrived and where it ends (``done <kind> <stage> <microbatch>``)."""
 
     def begin_action(self, action) -> None:
         super().begin_action(action)
-        trace.mark("begin")
+        tracer.mark("begin")
 
     def wait_for(self, buf, src: int, tag: int, stage: int, microbatch: int) -> None:
         super().wait_for(buf, src, tag, stage, microbatch)
-        trace.mark("arrived")
+        tracer.mark("arrived")
 
     def action_done(self, kind: str) -> None:
-        trace.mark(f"done {kind} {self.action.stage} {self.action.microbatch}")
+        tracer.mark(f"done {kind} {self.action.stage} {self.action.microbatch}")
         super().action_done(kind)
 
 
 def traced_run(recipe, *, schedule: str, p: int, m: int) -> tuple:
-    """(per-rank PipelineRuns, :class:`minipar.observe.trace.Trace`) of one unpaced run, every rank traced."""
+    """(per-rank PipelineRuns, :class:`minipar.observe.trace.Trace`) of one unpaced run, every rank traced
+    (:func:`minipar.observe.launch_trace.traced_launch`)."""
     runtime.validate(recipe, world_size=p, schedule=schedule, m=m)
-    return trace.run_traced(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
-                            quiet=True, meta={"schedule": schedule, "p": p, "m": m})
+    return traced_launch(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
+                         quiet=True, meta={"schedule": schedule, "p": p, "m": m})
 
 
 def replayed_runs(result, steps: int) -> list:
@@ -84,21 +89,21 @@ def replayed_runs(result, steps: int) -> list:
 
 
 def p2p_link(sizes=(256, 4096, 65536), reps: int = 20) -> tuple:
-    """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: chapter 12's blocking
-    send/recv ping-pong, the fastest one-way time of ``reps`` round trips per size (the link, not the wait for a
-    core: that is the ``cores`` term), fitted to t = α + S/β by :func:`minipar.observe.fidelity.fit_affine` (least
-    squares in relative error); β = ∞ when the fastest times do not grow with S (small sizes, a busy machine)."""
-    from minipar.course.ch12_choosing_a_strategy.bench import pingpong
-    samples = {size: min(v) for size, v in pingpong(sizes, reps + 1).items()}   # the first round trip: a warm-up
-    alpha, per_byte = fit_affine(list(samples), list(samples.values()))
-    return max(alpha, 0.0), (1 / per_byte if per_byte > 0 else float("inf")), samples
+    """(α seconds, β bytes/s, {bytes: seconds}) of one message between two ranks here: a blocking send/recv
+    ping-pong (:func:`minipar.observe.measure.calibrate_links`), the fastest one-way time of ``reps`` round trips
+    per size (the link, not the wait for a core: that is the ``cores`` term), fitted to t = α + S/β
+    (:func:`minipar.observe.measure.fit_p2p`, least squares in relative error); β = ∞ when the fastest times do
+    not grow with S (small sizes, a busy machine)."""
+    links = calibrate_links(2, ops=(), p2p_sizes=sizes, repeats=reps + 1)    # the first round trip: a warm-up
+    samples = links.p2p_seconds(min)
+    beta, alpha = fit_p2p(samples)
+    return alpha, beta, samples
 
 
 def draw_terms(terms: dict, p: int, shown=("stages", "p2p", "cores", "measured"), step: int = -1):
     """Gantt charts (ms) of one step: the replays of ``shown`` and the measured timeline, idle fraction in
     each title (a matplotlib Figure)."""
-    import matplotlib.pyplot as plt
-    from minipar.pipeline.gantt import draw_gantt, gantt_legend
+    import matplotlib.pyplot as plt          # heavy, and only for drawing
     fig, axes = plt.subplots(len(shown), 1, figsize=(10, 1.2 * len(shown) + 0.8), sharex=True)
     for ax, name in zip(axes, shown):
         idle, runs = terms[name]
@@ -121,7 +126,7 @@ def stage_work(runs: list, step: int) -> list:
     return [sum(b - a for r, _, _, _, a, b in rows if r == rank) for rank in range(len(runs))]
 
 
-def idle_terms(runs: list, traced: trace.Trace, *, alpha: float, beta: float, flops_here: float,
+def idle_terms(runs: list, traced: Trace, *, alpha: float, beta: float, flops_here: float,
                step: int = -1) -> dict:
     """{term: (idle fraction, replayed runs or the measured runs)} for :data:`TERMS` (see the module's
     docstring), all of step ``step`` of the same run."""

@@ -85,7 +85,7 @@ def _mesh_figure(path):
 
 def _step_figure(path):
     import matplotlib.pyplot as plt
-    from minipar.hybrid.parallel3d import run
+    from minipar.hybrid.runner import run
     from .measure import recipe
     runs = run(recipe(3), world_size=8, dp=2, pp=2, tp=2, micro_batches=4)
     fig, ax = plt.subplots(figsize=(9, 3.6))
@@ -96,7 +96,7 @@ def _step_figure(path):
 
 def memory_by_layout(steps: int = 2) -> dict:
     """{layout: (peak, model states)} per rank, max over the 8 ranks, from real runs."""
-    from minipar.hybrid.parallel3d import run
+    from minipar.hybrid.runner import run
     from .measure import LAYOUTS, recipe
     out = {}
     for name, layout in LAYOUTS.items():

@@ -9,7 +9,8 @@ import torch
 
 from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
-from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, parallel_train, validate
+from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, validate
+from minipar.hybrid.runner import parallel_train
 from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
@@ -167,9 +168,9 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
     """One step; bytes and calls over the dp group per step (ZeRO-2/3 in the pipeline vs ZeRO-1)."""
     t = Trainer3D(rank, world_size, recipe, **layout, zero=1 if zero == 1 else 0)
     if zero > 1:
-        old = t.runner
-        t.runner = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
-                                           zero=zero, loss_fn=old.loss_fn)
+        old = t.pipeline
+        t.pipeline = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
+                                             zero=zero, loss_fn=old.loss_fn)
     log = comm.CommLog()
     inputs, targets = recipe.batches[0]
     if zero == 1:
@@ -179,7 +180,7 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
         from minipar.loop import shard_batch
         x, y = shard_batch((inputs, targets), t.mesh.coord("dp"), t.mesh.size("dp"))
         with comm.recording() as all_:
-            t.runner.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
+            t.pipeline.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
         log.records = [r for r in all_.records if r.op in ("reduce_scatter", "all_gather")]
         log.observed_bytes_sent = None
     return {"bytes": log.bytes_sent, "calls": log.count(), "by_op": log.by_op()}

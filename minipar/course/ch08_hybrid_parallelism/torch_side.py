@@ -15,15 +15,13 @@ not its heads' Q, K and V; on three separate weights each rank gets its heads of
 ``wq``, ``wk``, ``wv`` for this reason). Everything else is the same module, the same initial weights, the same
 batches, the same Adam: :func:`torch_train` returns a :class:`minipar.check.RunResult` under the reference
 names (q, k, v glued back into ``qkv``), so :func:`minipar.check.compare` checks it against one device and
-against minipar's :func:`minipar.hybrid.parallel3d.run` of the same layout.
+against minipar's :func:`minipar.hybrid.runner.run` of the same layout.
 """
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -257,7 +255,7 @@ def _merged(runs) -> RunResult:
 def side_by_side(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", v=1) -> dict:
     """Train ``recipe`` on one device, with minipar's 3D layout and with PyTorch's; compare each with one
     device and the two with each other (max |Δ| over losses and parameters)."""
-    from minipar.hybrid.parallel3d import run
+    from minipar.hybrid.runner import run
     ref = train_reference(recipe)
     ours = run(recipe, world_size=dp * pp * tp, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches,
                schedule=schedule, v=v)

@@ -3,7 +3,7 @@ parallelism and with ZeRO-1 over the dp group; and the 5D layout on 16 ranks (dp
 ring-zigzag attention), its bytes by mesh dimension (dp × cp, pp, cp, tp) beside the formulas.
 
 Each row trains the tiny GPT (4 layers, hidden 32, 4 heads, Adam, 3 steps, float64, global batch 16 × 8
-tokens) with :func:`minipar.hybrid.parallel3d.run` and compares the loss at every step and every parameter
+tokens) with :func:`minipar.hybrid.runner.run` and compares the loss at every step and every parameter
 with one device (harness float64 tolerance). Bytes: sent per rank per step, mean over the 8 ranks, from the
 communication log (DP + PP + TP), next to :func:`minipar.hybrid.parallel3d.bytes_formula`; observed: what
 the sockets took (:mod:`minipar.observe.wire`). The note splits them by kind and says why observed differs.
@@ -79,7 +79,8 @@ def moe_5d() -> TourRow:
     :func:`~minipar.hybrid.parallel3d.bytes_formula` (``moe=``), mean over the 8 ranks."""
     from minipar.check import compare, train_reference
     from minipar.hybrid.experts import hybrid_moe_recipe
-    from minipar.hybrid.parallel3d import bytes_formula, run
+    from minipar.hybrid.parallel3d import bytes_formula
+    from minipar.hybrid.runner import run
     from minipar.layout import Layout
     layout = Layout(dp=2, pp=2, tp=2, ep=2, micro_batches=4)
     recipe = hybrid_moe_recipe(layout, steps=3, batch_size=16, seq_len=8, experts=4, k=2, capacity_factor=1.0,

@@ -3,7 +3,6 @@ activation matrix of the tiny GPT, the accumulation error against K with and wit
 training curves of BF16 and the FP8 recipes."""
 from __future__ import annotations
 
-import math
 
 import torch
 
