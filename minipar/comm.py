@@ -370,8 +370,8 @@ def ring_algorithms(*ops: str, enabled: bool = True):
 
 
 def rings_selected(op: str) -> bool:
-    """True inside ``ring_algorithms(...)`` naming ``op`` (or all): a strategy that drives the rings itself
-    (ZeRO's flat units, to keep their own buffers) asks this instead of taking a flag."""
+    """True inside ``ring_algorithms(...)`` naming ``op`` (or all): for a caller that must know whether an
+    async call would block on the rings (the flat units' prefetch gathers at once there), not take a flag."""
     return op in _rings_on.get()
 
 
