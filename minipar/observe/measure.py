@@ -39,7 +39,7 @@ from minipar.observe.trace import Compute, Trace
 from minipar.observe.tracer import mark, tracing
 
 __all__ = ["RankSteps", "Steps", "timed_steps", "gather_steps", "measure_steps", "step_cpu_seconds", "counted_flops",
-           "flops_per_second", "LINK_OPS", "time_calls", "pingpong", "fit_p2p", "fit_links", "Links",
+           "flops_per_second", "wall_seconds", "LINK_OPS", "time_calls", "pingpong", "fit_p2p", "fit_links", "Links",
            "calibrate_links"]
 
 
@@ -150,13 +150,14 @@ def flops_per_second(n: int = 256, repeats: int = 5) -> float:
     try:
         a, b = torch.randn(n, n), torch.randn(n, n)
         a @ b
-        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+        best = min(wall_seconds(lambda: a @ b) for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
     return 2 * n ** 3 / best
 
 
-def _timed(fn) -> float:
+def wall_seconds(fn) -> float:
+    """Wall-clock seconds of one call ``fn()`` (``time.perf_counter``)."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -191,7 +192,7 @@ def time_calls(world_size: int, sizes, repeats: int, ops=LINK_OPS) -> dict:
             times = []
             for _ in range(repeats + 1):
                 dist.barrier()
-                times.append(_timed(calls[op]))
+                times.append(wall_seconds(calls[op]))
             out[op][size] = times[1:]
     return out
 

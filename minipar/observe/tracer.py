@@ -54,7 +54,7 @@ class _Tracer:
         self._mark()
         return work if work is None else _WaitSeen(work, self, index)
 
-    def waited(self, index: int, wall_before: float) -> None:
+    def waited(self, index: int) -> None:
         self.trace.events.append(Wait(index))
         self.trace.events[index].waited_at = len(self.trace.events) - 1
         self._mark()
@@ -79,15 +79,13 @@ class _WaitSeen:
         if self._seen:
             return self._work.wait(*args, **kwargs)
         self._tracer.before_call()
-        wall = time.perf_counter()
         out = self._work.wait(*args, **kwargs)
         self._seen = True
-        self._tracer.waited(self._index, wall)
+        self._tracer.waited(self._index)
         return out
 
     def __getattr__(self, name):
         return getattr(self._work, name)
-
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..validation import positive_int
 
-__all__ = ["KINDS", "Action", "needs", "Schedule", "PLACEMENTS", "placement_of", "rank_of", "stages_of",
+__all__ = ["KINDS", "Action", "needs", "made", "Schedule", "PLACEMENTS", "placement_of", "rank_of", "stages_of",
            "NAMES", "V_SCHEDULES", "validate"]
 
 KINDS = ("F", "B", "W", "BW")
@@ -49,6 +49,11 @@ def needs(a: Action, last: int):
     if a.kind in ("B", "BW"):
         return ("B", a.stage + 1, a.microbatch) if a.stage < last else ("F", last, a.microbatch)
     return ("B", a.stage, a.microbatch)
+
+
+def made(a: Action) -> tuple:
+    """The result (kind, stage, micro-batch) action ``a`` produces, in :func:`needs`' terms (a BW is a B)."""
+    return ("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch)
 
 
 def placement_of(name: str) -> str:

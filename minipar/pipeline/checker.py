@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, Schedule
+from .actions import Action, Schedule, made
 from .lowering import Recv, Send, lower
 
 __all__ = ["ScheduleError", "check"]
@@ -107,7 +107,7 @@ def check(schedule: Schedule, order: str = "tag") -> int:
                 for msg in send:
                     posted.setdefault((msg.src, msg.dst), deque()).append(msg)
                     sent += 1
-                done.add(("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch))
+                done.add(made(a))
                 pos[r] += 1
                 progress = True
     stuck = [r for r in range(p) if pos[r] < len(schedule.actions[r])]

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from ..observe.cluster import Cluster
 from ..observe.replay import Deadlock as ReplayDeadlock, replay
 from ..observe.trace import Comm, Compute, RankTrace, Trace
-from .actions import Action, Schedule, needs
+from .actions import Action, Schedule, made, needs
 from .lowering import lower
 from .schedule_trace import consumers, from_lowered
 
@@ -169,15 +169,15 @@ def through_wires(trace: Trace, p2p: float) -> Trace:
 def _local_cut(schedule: Schedule, r: int) -> int:
     """Index of rank r's first block (action, or F&B pair) that needs a result this rank makes only later or
     never (it waits forever: no message will come); the list's length if none."""
-    last, acts, made, i = schedule.num_stages - 1, schedule.actions[r], set(), 0
+    last, acts, produced, i = schedule.num_stages - 1, schedule.actions[r], set(), 0
     while i < len(acts):
         n = 2 if (r, i) in schedule.overlapped else 1
         for a in acts[i:i + n]:
             need = needs(a, last)
             local = need is not None and (need[1] == a.stage or schedule.rank_of(need[1]) == r)
-            if local and need not in made:
+            if local and need not in produced:
                 return i
-        made |= {("B" if a.kind == "BW" else a.kind, a.stage, a.microbatch) for a in acts[i:i + n]}
+        produced |= {made(a) for a in acts[i:i + n]}
         i += n
     return len(acts)
 
@@ -202,7 +202,7 @@ def _deadlock(schedule: Schedule, cuts: list, waits: dict) -> Deadlock:
 def _transfers(schedule: Schedule, lowered: list, timelines: list, p2p: float) -> list:
     """[(src, dst, start, end, "act" | "grad", the action it feeds)]: each message of the lowering, from the
     end of the action that made it."""
-    ended = {("B" if s.action.kind == "BW" else s.action.kind, s.action.stage, s.action.microbatch): s.end
+    ended = {made(s.action): s.end
              for tl in timelines for s in tl}
     out = []
     for msg, a in consumers(lowered).items():

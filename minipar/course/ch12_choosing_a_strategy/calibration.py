@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,7 +23,7 @@ from minipar.check import gpt_recipe
 from minipar.data import ddp, zero
 from minipar.launcher import launch
 from minipar.models import GPTConfig, TinyGPT
-from minipar.observe.measure import LINK_OPS, fit_links, fit_p2p, flops_per_second, pingpong, time_calls
+from minipar.observe.measure import LINK_OPS, fit_links, fit_p2p, flops_per_second, pingpong, time_calls, wall_seconds
 from minipar.pipeline import runtime
 from minipar.plan import Cluster, Layout, Transformer, model_flops, parameters
 from minipar.tensor import gpt
@@ -89,12 +88,6 @@ def planner_options(layout) -> dict:
 # Calibration: α, β of the links between ranks, FLOP/s of one rank
 # ---------------------------------------------------------------------------------------------------------
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def training_flops_per_second(steps: int = 3, ranks: int = 4) -> float:
     """Effective FLOP/s of one thread, alone on the machine, training the step model (model FLOPs of a
     step / its time, best of ``steps``, optimizer included): the old calibration, kept for comparison."""
@@ -104,7 +97,7 @@ def training_flops_per_second(steps: int = 3, ranks: int = 4) -> float:
         model, opt, x, y, loss = _local_step_model(ranks)
         step = lambda: (opt.zero_grad(), loss(model, x, y).backward(), opt.step())  # noqa: E731
         step()
-        best = min(_timed(step) for _ in range(steps))
+        best = min(wall_seconds(step) for _ in range(steps))
     finally:
         torch.set_num_threads(threads)
     return model_flops(STEP_MODEL, STEP_BATCH // ranks) / best
@@ -132,10 +125,10 @@ def _contended(rank, world_size, repeats):
     for i in range(repeats + 1):
         dist.barrier()
         opt.zero_grad()
-        fb.append(_timed(lambda: loss(model, x, y).backward()))
-        adam.append(_timed(opt.step))
+        fb.append(wall_seconds(lambda: loss(model, x, y).backward()))
+        adam.append(wall_seconds(opt.step))
         dist.barrier()
-        small.append(_timed(lambda: dist.all_reduce(tiny)))
+        small.append(wall_seconds(lambda: dist.all_reduce(tiny)))
     least = lambda v: min(v[1:])  # noqa: E731
     out = {"flops": model_flops(STEP_MODEL, STEP_BATCH // world_size) / least(fb),
            "optimizer_s_per_param": least(adam) / n, "allreduce_small_s": least(small)}
