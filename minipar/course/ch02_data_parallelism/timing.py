@@ -39,7 +39,8 @@ from minipar.observe.measure import Links, RankSteps, counted_flops, gather_step
 __all__ = ["dp_step", "traced_rank", "measure", "table", "titan_rtx"]
 
 LINK_SIZES = (4, 2 ** 19)          # bytes of the all-reduces timed here to fit α and β
-LINK_REPEATS = 5                   # calls of each, after a warm-up; the fastest is fitted (the least disturbed)
+LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
+                                   # call of a size can land in the slow mode of a call here, ~2 ms, and the fit finds no bandwidth)
 
 
 def dp_step(rank, world_size, model, opt, x, y):

@@ -99,7 +99,7 @@ def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
     return sorted(out)
 
 
-LINK_SIZES, LINK_REPEATS = (4, 2 ** 19), 5       # gloo's all-reduce timed as chapter 02 times it
+LINK_SIZES, LINK_REPEATS = (4, 2 ** 19), 20      # gloo's all-reduce timed as chapter 02 times it
 
 
 def traced_rank(rank, world_size, steps):
