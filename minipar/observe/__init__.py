@@ -9,9 +9,12 @@ no planner and no course code.
   :mod:`~minipar.observe.tracer` — records one on a rank (an observer of :mod:`minipar.comm`);
   :mod:`~minipar.observe.launch_trace` — every rank of a launch traced (``traced_launch``,
   ``recording_launches``: a hook of the launcher), no strategy changed.
-* :mod:`~minipar.observe.cluster` — the one table of links: declared clusters, which link a group of ranks
-  runs over (the mesh's node rule), and the α-β cost of one call — for the planner, the replay and the fits.
-* :mod:`~minipar.observe.replay` — a trace played on a declared cluster; :mod:`~minipar.observe.fidelity` —
+* :mod:`~minipar.observe.cluster` — the one table of links: declared clusters (from link cards), which link a
+  group of ranks runs over (the mesh's node rule), and the α-β cost of one call — for the planner, the replay
+  and the fits; :mod:`~minipar.observe.device` — declared GPUs (device cards) and what one operator costs on
+  them (roofline + launch floor); :mod:`~minipar.observe.opcount` — the operators a program runs, counted.
+* :mod:`~minipar.observe.replay` — a trace played on a declared cluster (:mod:`~minipar.observe.replay_result`:
+  what it returns); :mod:`~minipar.observe.fidelity` —
   links fitted to this machine; :mod:`~minipar.observe.intervals` — the interval algebra of a timeline;
   :mod:`~minipar.observe.measure` — a strategy's steps traced and timed, this machine's links calibrated.
 """

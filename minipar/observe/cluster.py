@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from minipar.comm import predicted_bytes_sent
 from minipar.mesh import crosses_nodes
 
-__all__ = ["Cluster", "dgx_a100", "h100_nodes", "pcie_node", "this_machine", "alpha_beta_terms",
-           "collective_seconds", "link", "comm_seconds"]
+from .device import A100_SXM_80GB, H100_SXM, DeviceCard
+
+__all__ = ["Cluster", "LinkCard", "NVLINK3", "NVLINK4", "IB_HDR", "IB_NDR", "PCIE3", "gpu_cluster", "a100_cluster",
+           "h100_cluster", "dgx_a100",
+           "h100_nodes", "pcie_node", "this_machine", "alpha_beta_terms", "collective_seconds", "link",
+           "comm_seconds"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,54 @@ class Cluster:
     inter_latency: float = 0.0
     flops_efficiency: float = 1.0
     optimizer_seconds_per_param: float = 0.0
+    device: DeviceCard | None = None
 
     @property
     def devices(self) -> int:
         return self.devices_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class LinkCard:
+    """One link as the collectives see it: ``bandwidth`` per device and direction (bytes/s, the datasheet's),
+    ``latency`` per step (s), and ``efficiency``, the share of the bandwidth a large ring collective reaches
+    (NCCL's "bus bandwidth" over the link's): a cluster built on it uses bandwidth × efficiency as β."""
+    name: str
+    bandwidth: float
+    latency: float
+    efficiency: float
+    source: str = ""
+
+    @property
+    def beta(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+_ROUND = "latency and efficiency: round numbers of the size nccl-tests reports show, not measured here"
+NVLINK3 = LinkCard("NVLink 3 (DGX A100)", 300e9, 5e-6, 0.77, "NVIDIA A100 datasheet: 600 GB/s both ways; " + _ROUND)
+NVLINK4 = LinkCard("NVLink 4 (DGX H100)", 450e9, 3e-6, 0.80, "NVIDIA H100 datasheet: 900 GB/s both ways; " + _ROUND)
+IB_HDR = LinkCard("InfiniBand HDR, a port per GPU", 25e9, 10e-6, 0.90, "HDR: 200 Gb/s per port; " + _ROUND)
+IB_NDR = LinkCard("InfiniBand NDR, a port per GPU", 50e9, 8e-6, 0.90, "NDR: 400 Gb/s per port; " + _ROUND)
+PCIE3 = LinkCard("PCIe 3.0 x16", 15.75e9, 10e-6, 0.80, "PCIe 3.0: 8 GT/s · 16 lanes · 128/130; " + _ROUND)
+
+
+def gpu_cluster(card: DeviceCard, nodes: int, intra: LinkCard, inter: LinkCard, devices_per_node: int = 8
+                ) -> Cluster:
+    """``nodes`` nodes of ``devices_per_node`` ``card`` GPUs joined by ``intra`` inside a node and ``inter``
+    across nodes: the cluster the device model prices (:mod:`minipar.observe.device`; the planner's compute
+    is then the operators of :mod:`minipar.plan.operators`, a replay's the operators a trace counted)."""
+    return Cluster(devices_per_node, nodes, card.memory_bytes, card.peak_flops, intra.beta, inter.beta,
+                   intra.latency, inter.latency, card.gemm_efficiency, device=card)
+
+
+def a100_cluster(nodes: int) -> Cluster:
+    """DGX A100 nodes (A100 SXM4 80 GB, NVLink 3, InfiniBand HDR) with the device model."""
+    return gpu_cluster(A100_SXM_80GB, nodes, NVLINK3, IB_HDR)
+
+
+def h100_cluster(nodes: int, card: DeviceCard = H100_SXM) -> Cluster:
+    """DGX H100 nodes (H100 SXM, NVLink 4, InfiniBand NDR) with the device model."""
+    return gpu_cluster(card, nodes, NVLINK4, IB_NDR)
 
 
 def dgx_a100(nodes: int, memory_gb: int = 80, flops_efficiency: float = 0.6) -> Cluster:

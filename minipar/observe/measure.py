@@ -66,13 +66,14 @@ class RankSteps:
 
 
 @contextlib.contextmanager
-def timed_steps(rank: int, traced: bool = True, flops: bool = False):
+def timed_steps(rank: int, traced: bool = True, flops: bool = False, ops: bool = False):
     """On a rank: wait for every rank (a barrier, so that all start the block together), then run the block
-    under :func:`minipar.observe.tracer.tracing` (``traced=False``: untraced; ``flops``: FLOPs counted too).
+    under :func:`minipar.observe.tracer.tracing` (``traced=False``: untraced; ``flops``: FLOPs counted too;
+    ``ops``: operators counted, :mod:`minipar.observe.opcount`).
     Yields a :class:`RankSteps`; its ``trace`` is complete when the block ends."""
     run = RankSteps()
     dist.barrier()
-    with tracing(rank, flops=flops) if traced else contextlib.nullcontext() as rank_trace:
+    with tracing(rank, flops=flops, ops=ops) if traced else contextlib.nullcontext() as rank_trace:
         run.trace = rank_trace
         yield run
 
@@ -108,23 +109,24 @@ class _Stepped:
     """``train(rank, world_size, recipe, ...)`` with the recipe's optimizer stamped, inside :func:`timed_steps`.
     A class, so that the launcher can pickle it."""
 
-    def __init__(self, train, flops: bool):
-        self.train, self.flops = train, flops
+    def __init__(self, train, flops: bool, ops: bool = False):
+        self.train, self.flops, self.ops = train, flops, ops
 
     def __call__(self, rank, world_size, recipe, *args, **kwargs) -> RankSteps:
-        with timed_steps(rank, flops=self.flops) as run:
+        with timed_steps(rank, flops=self.flops, ops=self.ops) as run:
             run.result = self.train(rank, world_size, run.stamped(recipe), *args, **kwargs)
         return run
 
 
 def measure_steps(train, world_size: int, recipe, *args, meta: dict | None = None, flops: bool = False,
-                  timeout: float = 300, **kwargs) -> Steps:
+                  ops: bool = False, timeout: float = 300, **kwargs) -> Steps:
     """Launch ``train(rank, world_size, recipe, *args, **kwargs)`` (a ``parallel_train``) on ``world_size``
     ranks, every rank traced, each optimizer step stamped: :class:`Steps` (seconds per step between optimizer
-    steps, the Trace with ``meta``, each rank's result). The recipe needs at least 2 steps."""
+    steps, the Trace with ``meta``, each rank's result; ``flops``/``ops``: counted in the trace, for a
+    replay on a device card). The recipe needs at least 2 steps."""
     if len(recipe.batches) < 2:
         raise ValueError("a step is timed between two optimizer steps: the recipe needs at least 2 steps")
-    ranks = launch(_Stepped(train, flops), world_size, recipe, *args, quiet=True, timeout=timeout, **kwargs)
+    ranks = launch(_Stepped(train, flops, ops), world_size, recipe, *args, quiet=True, timeout=timeout, **kwargs)
     return gather_steps(ranks, meta)
 
 

@@ -3,9 +3,11 @@
 Each rank is a device that runs its events in order (FlexFlow's simulator, Jia et al. 2019; ASTRA-sim,
 Rashidi et al. 2020, play the same kind of graph):
 
-* a :class:`~minipar.observe.trace.Compute` lasts ``flops / (peak · efficiency)`` when its FLOPs are known, else its
-  thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s over the device's: a rank here
-  doing x FLOP/s, the device ``peak · efficiency``);
+* a :class:`~minipar.observe.trace.Compute` on a cluster with a device card (:mod:`minipar.observe.device`)
+  lasts what its counted operators cost there (roofline + a launch floor per kernel; a trace without them is
+  refused: CPU seconds say nothing of a GPU); on a cluster without one, ``flops / (peak · efficiency)`` when
+  its FLOPs are known, else its thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s
+  over the device's — "here", scale 1, is the one honest use of CPU seconds);
 * a :class:`~minipar.observe.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
   the same group is the same collective; a message: when both sides posted it, matched first in first out
   per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
@@ -28,14 +30,16 @@ intervals of each, which :func:`minipar.pipeline.gantt.replay_rows` draws. ``ste
 The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine playing a schedule's trace
 (:func:`minipar.pipeline.schedule_trace.from_schedule`); its links carry any number of messages at once, so
 it routes each message through a stand-in rank of its own — a plain replay queues them on one in-link.
+The result, and how it is read: :mod:`minipar.observe.replay_result`.
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
-from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, union
 from minipar.observe.cluster import Cluster, comm_seconds
+from minipar.observe.device import ops_seconds
+from minipar.observe.opcount import ops_of
+from minipar.observe.replay_result import ReplayResult, Span
 from minipar.observe.trace import Comm, Compute, Mark, Trace, Wait
 
 __all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale"]
@@ -47,82 +51,6 @@ class Deadlock(RuntimeError):
     def __init__(self, message: str, waits: dict | None = None):
         super().__init__(message)
         self.waits = waits or {}
-
-
-@dataclass(frozen=True)
-class Span:
-    """One bar: ``kind`` "compute" or the op; ``index`` the event's index in the rank's trace."""
-    rank: int
-    kind: str
-    start: float
-    end: float
-    index: int
-
-
-@dataclass
-class ReplayResult:
-    timelines: list                      # [[Span]] per rank: computes and the transfers it takes part in
-    finish: list                         # when each rank ran out of events
-    cluster: Cluster | None = None
-    calls: list = field(default_factory=list)   # [(op, ranks, start, end)]: a collective, or a "send" (src, dst)
-    marks: list = field(default_factory=list)   # [[(label, time)]] per rank: where its Marks fell
-
-    def step_gaps(self, label: str = "step") -> list:
-        """The step times, one per step: from one mark ``label`` to the next on the slowest rank
-        (:func:`slowest_rank_steps`), as the clock between two optimizer steps of a run times a step."""
-        return slowest_rank_steps([[t for name, t in marks if name == label] for marks in self.marks],
-                                  what=f"marks {label!r}")
-
-    def step_between(self, label: str) -> float:
-        """One step as a run times it: the fastest step of :meth:`step_gaps` (each timed on its slowest rank;
-        the first step often carries set-up)."""
-        return min(self.step_gaps(label))
-
-    @property
-    def step_seconds(self) -> float:
-        return max(self.finish, default=0.0)
-
-    def pieces(self, rank: int, start: float = 0.0, end: float | None = None) -> dict:
-        """``rank``'s time in [start, end] (default the whole replay) as sets of intervals
-        (:mod:`minipar.observe.intervals`): "compute"; the union of its transfers (a send and a recv at once count
-        once) under its compute, "comm hidden", and not, "comm exposed"; "idle": neither. They tile the window."""
-        end = self.step_seconds if end is None else end
-        window = [(start, end)] if end > start else []
-        spans = self.timelines[rank]
-        work = intersection(union((s.start, s.end) for s in spans if s.kind == "compute"), window)
-        wire = intersection(union((s.start, s.end) for s in spans if s.kind != "compute"), window)
-        return {"compute": work, "comm hidden": intersection(wire, work), "comm exposed": difference(wire, work),
-                "idle": difference(window, union(work + wire))}
-
-    def totals(self, rank: int) -> dict:
-        """Seconds of each of :meth:`pieces`: compute + comm exposed + idle = the step (hidden is under compute)."""
-        return {kind: length(got) for kind, got in self.pieces(rank).items()}
-
-    def compute(self, rank: int) -> float:
-        return self.totals(rank)["compute"]
-
-    def comm(self, rank: int) -> float:
-        return self.hidden(rank) + self.exposed(rank)
-
-    def hidden(self, rank: int) -> float:
-        """Transfer time of ``rank`` that overlaps its own compute."""
-        return self.totals(rank)["comm hidden"]
-
-    def exposed(self, rank: int) -> float:
-        return self.totals(rank)["comm exposed"]
-
-    def idle(self, rank: int) -> float:
-        return self.totals(rank)["idle"]
-
-    def table(self) -> list:
-        """One dict per rank: compute, hidden, exposed, idle (seconds)."""
-        return [{"rank": r, "compute": t["compute"], "hidden": t["comm hidden"], "exposed": t["comm exposed"],
-                 "idle": t["idle"]} for r, t in enumerate(map(self.totals, range(len(self.timelines))))]
-
-    def summary(self) -> str:
-        return "\n".join([f"step {self.step_seconds * 1e3:.3f} ms"] + [
-            f"rank {t['rank']}: compute {t['compute'] * 1e3:.3f} ms, comm hidden {t['hidden'] * 1e3:.3f} ms, "
-            f"exposed {t['exposed'] * 1e3:.3f} ms, idle {t['idle'] * 1e3:.3f} ms" for t in self.table()])
 
 
 def device_scale(cluster: Cluster, source_flops_per_second: float) -> float:
@@ -174,6 +102,12 @@ def replay(trace: Trace, cluster: Cluster, *, compute_scale: float | None = None
         raise ValueError(f"the trace has {world} ranks, the cluster {cluster.devices} devices")
     if [r.rank for r in trace.ranks] != list(range(world)):
         raise ValueError(f"the trace's ranks must be 0..{world - 1} in order, got {[r.rank for r in trace.ranks]}")
+    if cluster.device is not None:
+        bare = [r.rank for r in trace.ranks if any(isinstance(e, Compute) and e.ops is None for e in r.events)]
+        if bare:
+            raise ValueError(f"a replay on a device card ({cluster.device.name}) prices each compute segment's "
+                             f"operators; ranks {bare} have segments without them: trace with ops=True")
+        compute_scale = 1.0
     if compute_scale is None:
         source = source_flops_per_second or trace.meta.get("flops_per_second")
         needs = any(isinstance(e, Compute) and e.flops is None for r in trace.ranks for e in r.events)
@@ -223,8 +157,12 @@ class _Engine:
 
     def step(self, rank, index, event):
         if isinstance(event, Compute):
-            seconds = event.flops / (self.cluster.peak_flops * self.cluster.flops_efficiency) \
-                if event.flops is not None else event.seconds_cpu * self.scale
+            if self.cluster.device is not None:
+                seconds = ops_seconds(ops_of(event.ops), self.cluster.device)
+            elif event.flops is not None:
+                seconds = event.flops / (self.cluster.peak_flops * self.cluster.flops_efficiency)
+            else:
+                seconds = event.seconds_cpu * self.scale
             start = self.clock[rank]
             self.clock[rank] = start + seconds
             self.timelines[rank].append(Span(rank, "compute", start, start + seconds, index))

@@ -5,7 +5,8 @@ ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the
 :mod:`minipar.observe.replay` the playing half. Per rank, in program order, a trace holds
 
 * :class:`Compute` — this rank's thread's time between two communication calls, in **thread CPU time**
-  (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs;
+  (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs
+  and its operators (what a GPU would launch: :mod:`minipar.observe.opcount`);
 * :class:`Comm` — one call of :mod:`minipar.comm`: op, the group's global ranks, payload bytes, blocking or
   async, and for an async call the index of the :class:`Wait` event where the program waited for it
   (None: never waited for — the replay waits at the rank's end);
@@ -29,13 +30,15 @@ __all__ = ["Compute", "Comm", "Wait", "Mark", "RankTrace", "Trace", "load"]
 
 @dataclass
 class Compute:
-    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known, and the CPU
-    seconds the rank's *other* threads (gloo's, moving and summing bytes) used meanwhile."""
+    """Work between two communication calls: thread CPU seconds, wall seconds, FLOPs if known, the CPU
+    seconds the rank's *other* threads (gloo's, moving and summing bytes) used meanwhile, and, if counted,
+    its operators (``ops``: rows of :meth:`minipar.observe.opcount.OperatorCounter.take`)."""
     seconds_cpu: float
     seconds_wall: float = 0.0
     flops: float | None = None
     kind: str = "compute"
     seconds_other_threads: float = 0.0
+    ops: list | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from minipar import comm
 
+from .opcount import OperatorCounter
 from .trace import Comm, Compute, Mark, RankTrace, Wait
 
 __all__ = ["tracing", "mark", "position", "Traced"]
@@ -37,12 +38,16 @@ class _Tracer:
 
     def before_call(self) -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
-        flops = None
-        if self._counter is not None:             # FLOPs counted since the segment began
+        flops = ops = None
+        if isinstance(self._counter, OperatorCounter):     # the operators run since the segment began
+            flops = float(self._counter.total_flops())
+            ops = self._counter.take()
+        elif self._counter is not None:                     # FLOPs counted since the segment began
             total = self._counter.get_total_flops()
             flops, self._flops = float(total - self._flops), total
         others = max(0.0, time.process_time() - self._process - (cpu - self._cpu))
-        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others))
+        self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others,
+                                         ops=ops))
         self._wall = wall
 
     def on_record(self, rec, work):
@@ -89,18 +94,19 @@ class _WaitSeen:
 
 
 @contextlib.contextmanager
-def tracing(rank: int | None = None, flops: bool = False):
+def tracing(rank: int | None = None, flops: bool = False, ops: bool = False):
     """Trace this rank's communication calls and the compute between them inside the block; yields the
     :class:`~.trace.RankTrace`, complete when the block ends. Opens a :func:`minipar.comm.recording` of its
-    own. ``flops=True``: each segment's matmul FLOPs too (``torch.utils.flop_counter.FlopCounterMode``; it
-    slows every op, so time such a run for its FLOPs, not its seconds)."""
+    own. ``flops=True``: each segment's matmul FLOPs too (``torch.utils.flop_counter.FlopCounterMode``);
+    ``ops=True``: each segment's operators, and their FLOPs (:class:`~.opcount.OperatorCounter`). Either
+    slows every op: time such a run for what it counts, not its seconds."""
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    counter = FlopCounterMode(display=False) if flops else None
+    counter = OperatorCounter() if ops else FlopCounterMode(display=False) if flops else None
     tracer = _Tracer(rank, counter)
     comm.observers.append(tracer)
     try:
-        with comm.recording(), counter if flops else contextlib.nullcontext():
+        with comm.recording(), counter if counter is not None else contextlib.nullcontext():
             yield tracer.trace
     finally:
         comm.observers.remove(tracer)
@@ -131,10 +137,10 @@ class Traced:
     """``fn`` (a ``parallel_train``) run under :func:`tracing`: returns ``(fn's result, RankTrace)``.
     A class, not a closure, so that the launcher can pickle it for spawned ranks."""
 
-    def __init__(self, fn, flops: bool = False):
-        self.fn, self.flops = fn, flops
+    def __init__(self, fn, flops: bool = False, ops: bool = False):
+        self.fn, self.flops, self.ops = fn, flops, ops
 
     def __call__(self, rank: int, world_size: int, *args, **kwargs):
-        with tracing(rank, flops=self.flops) as rank_trace:
+        with tracing(rank, flops=self.flops, ops=self.ops) as rank_trace:
             result = self.fn(rank, world_size, *args, **kwargs)
         return result, rank_trace

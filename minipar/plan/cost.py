@@ -15,12 +15,16 @@ an upper bound; ``overlap="minipar"`` or ``True``: the data-parallel term is wha
 exposed — DDP's buckets under the backward, ZeRO-3's prefetched gathers under the previous unit's compute —
 and ``Estimate.hidden`` the rest)::
 
-    compute        hardware FLOPs / (devices · peak FLOP/s · efficiency)
+    compute        on a cluster with a device card (:func:`minipar.observe.cluster.gpu_cluster`): the
+                   operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
+                   memory-bound operators, kernel floors) priced on the card, × micro-batches; else
+                   hardware FLOPs / (devices · peak FLOP/s · efficiency)
     bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
     collectives    the α-β model of :mod:`minipar.observe.cluster`, on the links each group really crosses
                    (:mod:`.traffic`: tp, cp, ep, pp, dp), exposed seconds
-    optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO) × the cluster's
-                   seconds per parameter (only when the cluster gives one: calibrated on a CPU)
+    optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO): Adam's bytes on the
+                   card (:func:`.operators.optimizer_step`), or × the cluster's seconds per parameter
+                   (when it gives one: calibrated on a CPU)
 
 or, FlexFlow's way, compute measured instead of counted: ``compute_seconds`` = the step run for real with
 its communication cut (:func:`minipar.observe.wirecut.cut_wire`: every matmul, element-wise op and optimizer step
@@ -46,8 +50,10 @@ from minipar.sequence.context_parallel import METHODS as CP_METHODS
 from minipar.tensor.sequence import uncounted_bytes
 
 from minipar.observe.cluster import Cluster, collective_seconds, dgx_a100
+from minipar.observe.device import ops_seconds
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
                     hardware_flops, layer_parameters, model_flops)
+from .operators import MEGATRON_2022, optimizer_step, stage_seconds
 from .overlap import OVERLAPS, data_parallel_exposed
 from .traffic import traffic
 
@@ -176,7 +182,7 @@ class Estimate:
 
 def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision="mixed", dropout: bool = True,
              eager: bool = False, persistent_grads: bool = True, bucket_bytes: float = 25e6,
-             compute_seconds: float | None = None, overlap=False) -> Estimate:
+             compute_seconds: float | None = None, overlap=False, kernels=MEGATRON_2022) -> Estimate:
     """Memory per device, step time and MFU of ``layout`` training ``model`` on ``cluster``.
 
     ``precision``: "mixed" (16-bit values, Adam 2 + 2 + 12 bytes), "fp32", or a
@@ -186,7 +192,8 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     ``persistent_grads=False``: gradients do not outlive the step (``zero_grad(set_to_none=True)``, no flat
     gradient buffer): they are created as the backward frees activations, so only what exceeds the
     activations adds to the peak. ``overlap``: False (every collective exposed), ``"minipar"`` (what this
-    course's programs overlap) or True (what PyTorch DDP and DeepSpeed overlap): :mod:`.overlap`."""
+    course's programs overlap) or True (what PyTorch DDP and DeepSpeed overlap): :mod:`.overlap`.
+    ``kernels``: how the framework runs a layer (:class:`.operators.Kernels`), on a cluster with a device card."""
     validate(model, layout, cluster)
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap must be one of {list(OVERLAPS)}, got {overlap!r}")
@@ -194,8 +201,12 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     memory, psi, experts, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
     sent, seconds, dp_parts = traffic(model, cluster, layout, prec, psi, bucket_bytes, experts=experts)
     flops = hardware_flops(model, layout.global_batch, layout.recompute)
-    compute = compute_seconds if compute_seconds is not None else flops / (
-        layout.devices * cluster.peak_flops * cluster.flops_efficiency)
+    if compute_seconds is not None:
+        compute = compute_seconds
+    elif cluster.device is not None:               # the operators of the slowest stage, m micro-batches
+        compute = layout.micro_batches * stage_seconds(model, layout, cluster.device, kernels, prec.param)["slowest"]
+    else:
+        compute = flops / (layout.devices * cluster.peak_flops * cluster.flops_efficiency)
     hidden = {}
     if overlap:               # the forward's share of the FLOPs (the rest, recomputation included, is backward)
         forward = compute * forward_flops(model, layout.global_batch * model.seq_len) / flops
@@ -205,10 +216,12 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
+    updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
+        if layout.zero else psi
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
-        updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
-            if layout.zero else psi
         time["optimizer"] = updated * cluster.optimizer_seconds_per_param
+    elif cluster.device is not None and compute_seconds is None:
+        time["optimizer"] = ops_seconds(optimizer_step(updated), cluster.device)
     time["total"] = sum(time.values())
     util = model_flops(model, layout.global_batch) / (time["total"] * layout.devices * cluster.peak_flops)
     return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying, hidden=hidden, overlap=overlap)

@@ -63,12 +63,27 @@ class Transformer:
     tied_embeddings: bool = True
     final_norm: bool = False
     max_positions: int | None = None
+    kv_heads: int | None = None
+    gated_mlp: bool = False
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
             positive_int(f"Transformer.{name}", getattr(self, name))
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.kv_heads is not None and self.heads % positive_int("Transformer.kv_heads", self.kv_heads):
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+
+    @property
+    def qkv_width(self) -> float:
+        """Output width of the QKV matmul: h(1 + 2·kv/a) — 3h, or less with grouped-query attention
+        (``kv_heads`` < heads: Ainslie et al. 2023)."""
+        return self.hidden * (1 + 2 * (self.kv_heads or self.heads) / self.heads)
+
+    @property
+    def mlp_matrices(self) -> int:
+        """2 (h×f, f×h), or 3 for a gated MLP (SwiGLU: Shazeer 2020; Llama)."""
+        return 3 if self.gated_mlp else 2
 
     @property
     def ffn(self) -> int:
@@ -140,9 +155,9 @@ def layer_parameters(model: Transformer, tp: int = 1, ep: int = 1) -> float:
     split by columns (weights and biases ÷ t), the projections by rows (weights ÷ t, biases whole), the two
     LayerNorms whole. With t = 1 and f = 4h: 12h² + 13h. A :class:`MoETransformer`'s MoE blocks hold
     E/ep experts (:func:`expert_parameters`) and the router (h·E, whole) instead of the MLP."""
-    h, f = model.hidden, model.ffn
-    attention = (3 * h * h + 3 * h + h * h) / tp + h + 4 * h   # QKV, projection (its bias whole), LayerNorms
-    dense_mlp = (h * f + f + f * h) / tp + h
+    h, f, q = model.hidden, model.ffn, model.qkv_width
+    attention = (q * h + q + h * h) / tp + h + 4 * h   # QKV, projection (its bias whole), LayerNorms
+    dense_mlp = ((model.mlp_matrices - 1) * (h * f + f) + f * h) / tp + h
     if not _is_moe(model):
         return attention + dense_mlp
     share = model.moe_share
@@ -191,10 +206,10 @@ def forward_flops(model: Transformer, tokens: int) -> float:
     computes k·cf slots per token (padded to capacity, as :mod:`minipar.moe` runs it) and its router
     2·tokens·h·E."""
     h, s, f = model.hidden, model.seq_len, model.ffn
-    mlp = 2 * tokens * 2 * h * f
+    mlp = 2 * tokens * model.mlp_matrices * h * f
     if _is_moe(model):
         mlp += model.moe_share * (mlp * (model.slots_per_token - 1) + 2 * tokens * h * model.experts)
-    per_layer = 2 * tokens * 4 * h * h + mlp + 4 * tokens * s * h
+    per_layer = 2 * tokens * (model.qkv_width + h) * h + mlp + 4 * tokens * s * h
     return model.layers * per_layer + 2 * tokens * h * model.vocab
 
 

@@ -1,0 +1,114 @@
+"""A declared GPU, from first principles: what one operator costs on it (a model, never a measurement).
+
+A roofline with a floor (Williams et al. 2009, "Roofline"; How to Scale Your Model, ch. 1; the Ultra-Scale
+Playbook's GPU primer). An operator that does F FLOPs and moves B bytes between HBM and the chip in k kernels
+lasts::
+
+    t = max(F / (peak · η_F),  B / (HBM bandwidth · η_B))  +  k · launch floor
+
+* η_F — the fraction of the tensor cores' peak a kernel of that kind reaches: ``gemm_efficiency`` for a large
+  matmul (the one number fitted, once, per card: :data:`FITTED`), ``attention_efficiency`` for a fused
+  FlashAttention kernel (Dao 2023: 50–73 % of an A100's peak forward + backward; FlashAttention-3, Shah et
+  al. 2024: FlashAttention-2 reaches about 35 % of an H100's). An element-wise operator's FLOPs are so few
+  that its bytes decide.
+* η_B — the share of the HBM's datasheet bandwidth a streaming kernel reaches (``memory_efficiency``).
+* the floor — what one kernel costs however small it is: the launch, and eager PyTorch's dispatch before
+  it. A tiny model is floor-bound: its step lasts at least its kernel count × the floor.
+
+So the efficiency of a matmul against its size is not a table: it is F / (peak · t) of this formula — small
+matmuls are bound by their bytes or by the floor, large ones by η_F. :class:`Op` is one operator (or k alike
+ones), counted from a program by :mod:`minipar.observe.opcount` or written down by
+:mod:`minipar.plan.operators` for a model of real size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "A100_SXM_80GB", "H100_SXM", "H100_SXM_500W",
+           "CARDS", "FITTED", "achieved_flops"]
+
+
+@dataclass(frozen=True)
+class DeviceCard:
+    """One GPU: ``peak_flops`` (16-bit tensor cores, dense), ``hbm_bandwidth`` (bytes/s), ``memory_bytes``,
+    ``launch_floor`` (seconds per kernel), the efficiencies η of the module's formula, and where each number
+    comes from (``source``)."""
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    memory_bytes: float
+    launch_floor: float
+    gemm_efficiency: float
+    attention_efficiency: float
+    memory_efficiency: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Op:
+    """``count`` alike operators: each does ``flops`` FLOPs, moves ``bytes`` bytes and launches ``kernels``
+    kernels. ``kind``: "gemm" (a matmul), "attention" (a fused attention kernel) or "memory" (everything
+    else: element-wise, norms, softmax, reductions, copies, the optimizer)."""
+    name: str
+    kind: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    kernels: int = 1
+    count: float = 1
+
+    def __post_init__(self):
+        if self.kind not in ("gemm", "attention", "memory"):
+            raise ValueError(f"Op.kind must be 'gemm', 'attention' or 'memory', got {self.kind!r}")
+
+
+def op_seconds(op: Op, card: DeviceCard) -> float:
+    """Seconds of ``op.count`` operators on ``card``: count · (max(F / (peak·η_F), B / (HBM·η_B)) + k·floor)."""
+    eta = {"gemm": card.gemm_efficiency, "attention": card.attention_efficiency, "memory": 1.0}[op.kind]
+    compute = op.flops / (card.peak_flops * eta) if op.flops else 0.0
+    memory = op.bytes / (card.hbm_bandwidth * card.memory_efficiency)
+    return op.count * (max(compute, memory) + op.kernels * card.launch_floor)
+
+
+def ops_seconds(ops, card: DeviceCard) -> float:
+    """Seconds of a list of :class:`Op` run one after another on ``card``."""
+    return sum(op_seconds(op, card) for op in ops)
+
+
+def achieved_flops(op: Op, card: DeviceCard) -> float:
+    """FLOP/s the model gives ``op`` on ``card`` (its efficiency against size is this over the peak)."""
+    return op.flops * op.count / op_seconds(op, card)
+
+
+# What was fitted, once (python -m minipar bench published --fit prints the fit again): each card's
+# gemm_efficiency, the only free number, chosen to minimise the largest |predicted/published − 1| over the
+# published runs of that card (minipar.plan.published). Everything else is a datasheet or a paper.
+FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.805, over Korthikanti et al. 2022 Table 5 (8 runs, one "
+                             "number: the check is that it fits all eight)"),
+          "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
+                            "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
+
+_FLOOR = ("launch floor 5 µs: a round number for one eager PyTorch operator (dispatch + cudaLaunchKernel, "
+          "a few µs each), not measured")
+
+A100_SXM_80GB = DeviceCard(
+    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.805, attention_efficiency=0.72,
+    memory_efficiency=0.85,
+    source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM); attention: "
+           "FlashAttention-2 (Dao 2023) reaches up to 73 % of peak forward + backward; HBM: 85 %, about what "
+           "streaming benchmarks reach (a round number); " + _FLOOR)
+
+H100_SXM = DeviceCard(
+    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.805, attention_efficiency=0.35,
+    memory_efficiency=0.85,
+    source="NVIDIA H100 datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3 (SXM5, 700 W); attention: "
+           "FlashAttention-2 reaches about 35 % of an H100 (Shah et al. 2024, FlashAttention-3); GEMM "
+           "efficiency: the A100's fitted value, not fitted here; " + _FLOOR)
+
+H100_SXM_500W = DeviceCard(
+    "H100-SXM-500W", 989e12, 2.4e12, 96e9, 5e-6, gemm_efficiency=0.45, attention_efficiency=0.35,
+    memory_efficiency=0.85,
+    source="torchtitan docs/performance.md: Grand Teton hosts, H100 with 96 GB HBM2e at 2.4 TB/s, power "
+           "limited to 500 W (below the 700 W the 989 TFLOP/s peak assumes: the fitted GEMM efficiency "
+           "carries the lower clock); attention and floor as H100-SXM5-80GB")
+
+CARDS = {card.name: card for card in (A100_SXM_80GB, H100_SXM, H100_SXM_500W)}

@@ -1,0 +1,130 @@
+"""Published training runs, and what the planner predicts for them with one set of constants: the check of the
+model of time against real clusters (``python -m minipar bench published``).
+
+Every prediction is :func:`minipar.plan.estimate` on a cluster built from device and link cards
+(:func:`minipar.observe.cluster.gpu_cluster`): compute from the operators of :mod:`.operators`, collectives from
+the α-β model, the pipeline bubble from the schedule. The only number fitted is each card's large-matmul
+efficiency (:data:`minipar.observe.device.FITTED`; :func:`fit_gemm_efficiency` shows the fit).
+
+Sources:
+
+* Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 3 (models:
+  s = 2048, V = 51200, t = 8, micro-batch 1, the pipeline sizes below) and Table 5 (iteration seconds on DGX
+  A100 nodes; "present work" = sequence parallelism + selective recomputation, against full recomputation).
+  Source check: the present-work rows' MFU (41.5, 51.4, 56.0, 56.3 %) are confirmed by the Megatron-LM README,
+  which the times reproduce through the FLOP formula (tests/test_plan_model.py); the full-recomputation times
+  were typed from the paper's table, not found as text here.
+* torchtitan, docs/performance.md, Table 1: Llama-3.1-8B on 8 H100 (Grand Teton, 500 W), FSDP, local batch 2,
+  sequence 8192, selective (op-level) activation checkpointing, no torch.compile: 5,762 tokens/s per GPU; and
+  its Llama-3.1-405B table: 128 H100, FSDP 16 × TP 8 (with sequence parallelism), local batch 2, full
+  checkpointing, no Float8: 109 tokens/s per GPU (torchtitan divides a data-parallel rank's tokens by the 8
+  GPUs of its tp group: 2·8192/8 tokens per GPU per step) at 29.0 % MFU, which the step time reproduces.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from minipar.data.zero_memory import Precision
+from minipar.layout import Layout
+from minipar.observe.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
+from minipar.observe.device import A100_SXM_80GB, H100_SXM_500W, DeviceCard
+
+from .cost import estimate
+from .model import Transformer
+from .operators import MEGATRON_2022, TORCHTITAN_EAGER, Kernels
+
+__all__ = ["PublishedRun", "RUNS", "predict", "table", "fit_gemm_efficiency", "table_text"]
+
+KORTHIKANTI = "Korthikanti et al. 2022, Table 5"
+TORCHTITAN = "torchtitan docs/performance.md, Table 1"
+TORCHTITAN_405B = "torchtitan docs/performance.md, Llama 3.1 405B"
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """A run as published: its model, layout, GPUs (``card`` × ``nodes`` nodes of 8, ``intra``/``inter`` links),
+    framework (``kernels``), the published seconds per iteration and where they come from."""
+    name: str
+    model: Transformer
+    layout: Layout
+    card: DeviceCard
+    nodes: int
+    links: tuple
+    kernels: Kernels
+    seconds: float
+    source: str
+    precision: object = "mixed"
+    overlap: object = False
+    fitted: bool = True          # one of the runs its card's matmul efficiency was fitted on (else: a check)
+
+
+def _korthikanti(name, heads, hidden, layers, pp, batch, seconds, full):
+    model = Transformer(layers, hidden, heads, 51200, 2048)
+    layout = Layout(tp=8, pp=pp, sp=not full, recompute="full" if full else "selective", micro_batch=1,
+                    micro_batches=batch)
+    return PublishedRun(f"{name} {'full recompute' if full else 'SP + selective'}", model, layout, A100_SXM_80GB,
+                        8 * pp // 8, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, KORTHIKANTI)
+
+
+LLAMA31_8B = Transformer(32, 4096, 32, 128256, 8192, ffn_hidden=14336, tied_embeddings=False, final_norm=True,
+                         kv_heads=8, gated_mlp=True)
+LLAMA31_405B = Transformer(126, 16384, 128, 128256, 8192, ffn_hidden=53248, tied_embeddings=False, final_norm=True,
+                           kv_heads=8, gated_mlp=True)
+TORCHTITAN_PRECISION = Precision(2, 4, 12)      # BF16 parameters, gradients reduced in FP32, FP32 Adam
+
+RUNS = [
+    *(_korthikanti(*row, full=False) for row in (("22B", 64, 6144, 48, 1, 4, 1.10), ("175B", 96, 12288, 96, 8, 64, 13.75),
+                                                  ("530B", 128, 20480, 105, 35, 280, 37.83),
+                                                  ("1T", 160, 25600, 128, 64, 512, 71.49))),
+    *(_korthikanti(*row, full=True) for row in (("22B", 64, 6144, 48, 1, 4, 1.42), ("175B", 96, 12288, 96, 8, 64, 18.13),
+                                                 ("530B", 128, 20480, 105, 35, 280, 49.05),
+                                                 ("1T", 160, 25600, 128, 64, 512, 94.42))),
+    PublishedRun("Llama-3.1-8B FSDP", LLAMA31_8B, Layout(dp=8, zero=3, recompute="selective", micro_batch=2),
+                 H100_SXM_500W, 1, (NVLINK4, IB_NDR), TORCHTITAN_EAGER, 2 * 8192 / 5762, TORCHTITAN,
+                 precision=TORCHTITAN_PRECISION, overlap=True),
+    PublishedRun("Llama-3.1-405B FSDP + TP", LLAMA31_405B,
+                 Layout(dp=16, tp=8, sp=True, zero=3, recompute="full", micro_batch=2), H100_SXM_500W, 16,
+                 (NVLINK4, IB_NDR), TORCHTITAN_EAGER, 2 * 8192 / 8 / 109, TORCHTITAN_405B,
+                 precision=TORCHTITAN_PRECISION, overlap=True, fitted=False),
+]
+
+
+def predict(run: PublishedRun, card: DeviceCard | None = None):
+    """The planner's :class:`~.cost.Estimate` for ``run`` (on ``card`` instead of the run's, to fit)."""
+    cluster = gpu_cluster(card or run.card, run.nodes, *run.links)
+    return estimate(run.model, cluster, run.layout, precision=run.precision, overlap=run.overlap,
+                    kernels=run.kernels)
+
+
+def table(runs=RUNS) -> list:
+    """[{"run", "device", "published", "predicted", "ratio", "terms", "role", "source"}] — seconds per
+    iteration; ``role``: "fitted" (its card's efficiency was fitted on it, with others) or "check"."""
+    rows = []
+    for run in runs:
+        got = predict(run)
+        rows.append({"run": run.name, "device": f"{run.nodes * 8}× {run.card.name}", "published": run.seconds,
+                     "predicted": got.step_seconds, "ratio": got.step_seconds / run.seconds,
+                     "terms": {k: v for k, v in got.time.items() if k != "total" and v},
+                     "role": "fitted" if run.fitted else "check", "source": run.source})
+    return rows
+
+
+def fit_gemm_efficiency(runs, card: DeviceCard, grid=None) -> tuple:
+    """(η, worst |ratio − 1|): the card's large-matmul efficiency that minimises the largest error over
+    ``runs`` (a grid search over 0.30–0.95 in steps of 0.005)."""
+    best = None
+    for eta in grid or [0.30 + 0.005 * i for i in range(131)]:
+        trial = dataclasses.replace(card, gemm_efficiency=eta)
+        worst = max(abs(predict(run, trial).step_seconds / run.seconds - 1) for run in runs)
+        if best is None or worst < best[1]:
+            best = (eta, worst)
+    return best
+
+
+def table_text(rows) -> str:
+    lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>8}  source"]
+    for r in rows:
+        lines.append(f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}"
+                     f"{r['ratio']:>7.2f}{r['role']:>8}  {r['source']}")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""The device model (minipar.observe.device), the operator counter, the link cards and the published-runs
+check, pinned on hand-computed numbers: a GEMM, a LayerNorm, an Adam step, ring collectives, and the
+planner's step against Korthikanti et al. 2022 Table 5 and torchtitan (±15 %)."""
+import dataclasses
+
+import pytest
+import torch
+
+from minipar.check import gpt_recipe
+from minipar.data import ddp
+from minipar.layout import Layout
+from minipar.observe import measure
+from minipar.observe.cluster import IB_HDR, NVLINK3, a100_cluster, collective_seconds, comm_seconds, dgx_a100
+from minipar.observe.device import A100_SXM_80GB, CARDS, H100_SXM_500W, Op, achieved_flops, op_seconds
+from minipar.observe.intervals import step_slice
+from minipar.observe.opcount import OperatorCounter, kernel_count
+from minipar.observe.replay import replay
+from minipar.observe.trace import Compute
+from minipar.plan import estimate
+from minipar.plan.model import GPT3_175B, Transformer, forward_flops, layer_parameters
+from minipar.plan.operators import layer_forward, optimizer_step, stage_seconds
+from minipar.plan.published import RUNS, fit_gemm_efficiency, predict, table
+
+A100 = A100_SXM_80GB
+
+
+def test_a_large_gemm_is_bound_by_its_flops():
+    m, k, n = 8192, 12288, 4 * 12288 // 8                   # GPT-3's fc1 on one of 8 tp ranks, 4 sequences
+    gemm = Op("fc1", "gemm", 2 * m * k * n, 2 * (m * k + k * n + m * n))
+    flops_s = 2 * m * k * n / (312e12 * A100.gemm_efficiency)          # 1.24e12 FLOPs / 251 TFLOP/s
+    assert op_seconds(gemm, A100) == pytest.approx(flops_s + 5e-6, rel=1e-12)
+    assert flops_s == pytest.approx(4.925e-3, rel=1e-3)
+    assert achieved_flops(gemm, A100) / 312e12 == pytest.approx(A100.gemm_efficiency, rel=2e-3)   # the floor: 0.1 %
+
+
+def test_a_small_gemm_is_bound_by_its_bytes_or_the_floor():
+    tiny = Op("mm", "gemm", 2 * 64 * 64 * 64, 2 * 3 * 64 * 64)
+    assert op_seconds(tiny, A100) == pytest.approx(5e-6 + 24576 / (2.039e12 * 0.85), rel=1e-12)
+    assert achieved_flops(tiny, A100) / 312e12 < 0.001              # efficiency against size: nothing
+    skinny = Op("gemv", "gemm", 2 * 4096 * 4096, 2 * (4096 * 4096 + 2 * 4096))       # a matrix-vector product
+    assert op_seconds(skinny, A100) == pytest.approx(2 * (4096 ** 2 + 8192) / (2.039e12 * 0.85) + 5e-6, rel=1e-12)
+
+
+def test_a_layernorm_moves_its_bytes():
+    s, b, h = 2048, 1, 12288                  # read and write s·b·h 16-bit values: 100.7 MB
+    norm = layer_forward(GPT3_175B, b)[0]
+    assert norm.name == "norm 1" and norm.bytes == 2 * 2 * s * b * h
+    assert op_seconds(norm, A100) == pytest.approx(2 * 2 * s * b * h / (2.039e12 * 0.85) + 5e-6, rel=1e-12)
+    assert op_seconds(norm, A100) == pytest.approx(63.1e-6, rel=2e-3)
+
+
+def test_an_adam_step_moves_30_bytes_per_parameter():
+    (adam,) = optimizer_step(1e9)
+    assert adam.bytes == 30e9 and adam.kernels == 12
+    assert op_seconds(adam, A100) == pytest.approx(30e9 / (2.039e12 * 0.85) + 12 * 5e-6, rel=1e-12)
+
+
+def test_layer_operators_carry_the_papers_flops():
+    model, b = GPT3_175B, 1
+    ops = layer_forward(model, b, t=8, sp=True)
+    matmul = sum(op.flops for op in ops if op.kind == "gemm")
+    one_layer = (forward_flops(model, b * model.seq_len) - 2 * b * model.seq_len * model.hidden * model.vocab) \
+        / model.layers
+    assert matmul == pytest.approx(one_layer / 8, rel=1e-12)
+
+
+def test_llama_blocks_count_grouped_query_attention_and_swiglu():
+    llama = Transformer(32, 4096, 32, 128256, 8192, ffn_hidden=14336, tied_embeddings=False, kv_heads=8,
+                        gated_mlp=True)
+    weights = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336          # 218,103,808
+    biases = (4096 + 2 * 1024) + 4096 + 2 * 14336 + 4096        # QKV, projection, two MLP inputs, MLP output
+    assert layer_parameters(llama) - weights == biases + 4 * 4096                # + two norms' γ and β
+    with pytest.raises(ValueError, match="must divide heads"):
+        Transformer(2, 64, 8, 100, 16, kv_heads=3)
+
+
+def test_operator_counter_sees_a_linear_layer():
+    lin = torch.nn.Linear(32, 16)
+    x = torch.randn(8, 32, requires_grad=True)
+    with OperatorCounter() as counter:
+        lin(x).sum().backward()
+    rows = counter.take()
+    gemms = [r for r in rows if r["kind"] == "gemm"]
+    assert sum(r["flops"] * r["count"] for r in gemms) == 3 * 2 * 8 * 32 * 16      # forward, dX, dW
+    addmm = next(r for r in gemms if r["name"] == "aten.addmm")
+    assert addmm["bytes"] == 4 * (16 + 8 * 32 + 32 * 16 + 8 * 16)                 # bias, x, Wᵀ, out
+    assert not any(r["name"] in ("aten.t", "aten.view", "aten.detach") for r in rows)
+    assert counter.take() == []
+
+
+def test_ring_collectives_on_link_cards():
+    cluster = a100_cluster(2)
+    beta, alpha = 300e9 * 0.77, 5e-6
+    s = 64e6
+    # all-reduce inside a node: 2(n-1) steps of α, 2(n-1)/n of S over β
+    assert comm_seconds("all_reduce", range(8), s, cluster) == pytest.approx(14 * alpha + 14 / 8 * s / beta)
+    # across the two nodes: the InfiniBand card
+    assert comm_seconds("all_gather", [0, 8], s, cluster) == pytest.approx(1e-5 + 0.5 * s / (25e9 * 0.9))
+    assert collective_seconds("send", s, 2, IB_HDR.beta, IB_HDR.latency) == pytest.approx(1e-5 + s / 22.5e9)
+    assert NVLINK3.beta == pytest.approx(231e9)
+
+
+def test_planner_prices_operators_on_a_device_card():
+    layout = Layout(tp=8, pp=8, sp=True, recompute="selective", micro_batches=64)
+    got = estimate(GPT3_175B, a100_cluster(8), layout)
+    per_micro_batch = stage_seconds(GPT3_175B, layout, A100)["slowest"]
+    assert got.time["compute"] == pytest.approx(64 * per_micro_batch, rel=1e-12)
+    assert got.time["bubble"] == pytest.approx(7 * per_micro_batch, rel=1e-12)       # 1F1B: (p-1) slots
+    old = estimate(GPT3_175B, dgx_a100(8), layout)                                    # no card: FLOPs / (peak·η)
+    assert "optimizer" not in old.time
+
+
+def test_published_runs_within_15_percent():
+    rows = table()
+    assert len(rows) == len(RUNS) >= 10
+    for r in rows:
+        assert abs(r["ratio"] - 1) <= 0.15, r
+    assert {r["role"] for r in rows} == {"fitted", "check"}
+
+
+def test_the_fit_is_what_the_cards_carry_and_moves_the_prediction():
+    for name in ("A100-SXM4-80GB", "H100-SXM-500W"):
+        card = CARDS[name]
+        runs = [r for r in RUNS if r.card is card and r.fitted]
+        eta, worst = fit_gemm_efficiency(runs, card, grid=[card.gemm_efficiency - 0.01, card.gemm_efficiency,
+                                                           card.gemm_efficiency + 0.01])
+        assert eta == card.gemm_efficiency and worst < 0.05
+    run = RUNS[1]                                                   # 175B, SP + selective
+    slower = predict(run, dataclasses.replace(A100, gemm_efficiency=0.6)).step_seconds
+    assert slower / run.seconds > 1.15                             # the old assumption (0.6) misses the row
+    assert H100_SXM_500W.hbm_bandwidth == 2.4e12
+
+
+def test_a_traced_ddp_step_on_a_gpu_lasts_at_least_its_kernels_times_the_floor():
+    steps = measure.measure_steps(ddp.parallel_train, 2, gpt_recipe(steps=3, batch_size=4), ops=True)
+    result = replay(steps.trace, a100_cluster(1))
+    kernels = max(sum(kernel_count(e.ops) for e in step_slice(r.events) if isinstance(e, Compute))
+                  for r in steps.trace.ranks)
+    assert kernels > 100
+    assert result.step_gaps()[-1] >= kernels * A100.launch_floor
+    bare = measure.measure_steps(ddp.parallel_train, 2, gpt_recipe(steps=2, batch_size=4))
+    with pytest.raises(ValueError, match="trace with ops=True"):
+        replay(bare.trace, a100_cluster(1))
