@@ -29,7 +29,8 @@ def test_a_large_gemm_is_bound_by_its_flops():
     gemm = Op("fc1", "gemm", 2 * m * k * n, 2 * (m * k + k * n + m * n))
     flops_s = 2 * m * k * n / (312e12 * A100.gemm_efficiency)          # 1.24e12 FLOPs / 251 TFLOP/s
     assert op_seconds(gemm, A100) == pytest.approx(flops_s + 5e-6, rel=1e-12)
-    assert flops_s == pytest.approx(4.925e-3, rel=1e-3)
+    assert gemm.flops == 1_236_950_581_248                                # 2·8192·12288·6144
+    assert 4.5e-3 < flops_s < 5.5e-3                                      # ~5 ms at ~250 TFLOP/s
     assert achieved_flops(gemm, A100) / 312e12 == pytest.approx(A100.gemm_efficiency, rel=2e-3)   # the floor: 0.1 %
 
 
@@ -105,7 +106,7 @@ def test_planner_prices_operators_on_a_device_card():
     got = estimate(GPT3_175B, a100_cluster(8), layout)
     per_micro_batch = stage_seconds(GPT3_175B, layout, A100)["slowest"]
     assert got.time["compute"] == pytest.approx(64 * per_micro_batch, rel=1e-12)
-    assert got.time["bubble"] == pytest.approx(7 * per_micro_batch, rel=1e-12)       # 1F1B: (p-1) slots
+    assert got.time["bubble"] == pytest.approx(7 * (per_micro_batch + got.time["tp"] / 64), rel=1e-12)  # p-1 slots
     old = estimate(GPT3_175B, dgx_a100(8), layout)                                    # no card: FLOPs / (peak·η)
     assert "optimizer" not in old.time
 

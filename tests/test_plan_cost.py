@@ -86,8 +86,9 @@ def test_time_terms():
     e = estimate(GPT3_175B, CLUSTER, layout)
     compute = hardware_flops(GPT3_175B, 1536) / (1024 * 312e12 * 0.6)
     assert e.time["compute"] == pytest.approx(compute)
-    f = bubble_formula("1f1b", 16, 192)
-    assert e.time["bubble"] == pytest.approx(compute * f / (1 - f))
+    f = bubble_formula("1f1b", 16, 192)          # an idle slot lasts a stage's work: compute and tp collectives
+    assert e.time["bubble"] == pytest.approx((compute + e.time["tp"]) * f / (1 - f))
+    assert e.time["tp"] > 0
     assert e.time["total"] == pytest.approx(sum(v for k, v in e.time.items() if k != "total"))
     inter = estimate(GPT3_175B, CLUSTER, Layout(dp=8, tp=8, pp=16, v=2, schedule="interleaved", micro_batches=192))
     assert inter.time["bubble"] < e.time["bubble"] and inter.bytes_sent["pp"] > e.bytes_sent["pp"]

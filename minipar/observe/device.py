@@ -82,7 +82,7 @@ def achieved_flops(op: Op, card: DeviceCard) -> float:
 # What was fitted, once (python -m minipar bench published --fit prints the fit again): each card's
 # gemm_efficiency, the only free number, chosen to minimise the largest |predicted/published − 1| over the
 # published runs of that card (minipar.plan.published). Everything else is a datasheet or a paper.
-FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.805, over Korthikanti et al. 2022 Table 5 (8 runs, one "
+FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.815, over Korthikanti et al. 2022 Table 5 (8 runs, one "
                              "number: the check is that it fits all eight)"),
           "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
                             "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
@@ -91,14 +91,14 @@ _FLOOR = ("launch floor 5 µs: a round number for one eager PyTorch operator (di
           "a few µs each), not measured")
 
 A100_SXM_80GB = DeviceCard(
-    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.805, attention_efficiency=0.72,
+    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.72,
     memory_efficiency=0.85,
     source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM); attention: "
            "FlashAttention-2 (Dao 2023) reaches up to 73 % of peak forward + backward; HBM: 85 %, about what "
            "streaming benchmarks reach (a round number); " + _FLOOR)
 
 H100_SXM = DeviceCard(
-    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.805, attention_efficiency=0.35,
+    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.35,
     memory_efficiency=0.85,
     source="NVIDIA H100 datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3 (SXM5, 700 W); attention: "
            "FlashAttention-2 reaches about 35 % of an H100 (Shah et al. 2024, FlashAttention-3); GEMM "

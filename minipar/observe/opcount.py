@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 
 from .device import Op
 
-__all__ = ["OperatorCounter", "kernel_count", "ops_of"]
+__all__ = ["OperatorCounter", "kernel_count", "ops_of", "rows_of"]
 
 aten = torch.ops.aten
 _NO_KERNEL = {aten.detach, aten._unsafe_view, aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
@@ -78,10 +78,17 @@ class OperatorCounter(TorchDispatchMode):
 
 
 def kernel_count(rows) -> int:
-    """Kernels in ``rows`` (a :meth:`OperatorCounter.take` list): one per operator."""
-    return sum(r["count"] for r in rows)
+    """Kernels in ``rows`` (a :meth:`OperatorCounter.take` list: one per operator; a row written from a
+    model's operators may say ``"kernels"`` per operator)."""
+    return sum(r["count"] * r.get("kernels", 1) for r in rows)
 
 
 def ops_of(rows) -> list:
     """``rows`` as :class:`minipar.observe.device.Op` objects, to price on a card."""
-    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], 1, r["count"]) for r in rows]
+    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], r.get("kernels", 1), r["count"]) for r in rows]
+
+
+def rows_of(ops) -> list:
+    """:class:`minipar.observe.device.Op` objects as rows (the inverse of :func:`ops_of`)."""
+    return [{"name": o.name, "kind": o.kind, "count": o.count, "flops": o.flops, "bytes": o.bytes,
+             "kernels": o.kernels} for o in ops]

@@ -132,6 +132,7 @@ class _Engine:
         self.timelines: list = [[] for _ in range(n)]
         self.done_calls: list = []
         self.marks: list = [[] for _ in range(n)]
+        self.priced: dict = {}                    # id(a Compute's ops) -> seconds on the card
 
     def ready(self, rank) -> bool:
         return self.blocked[rank] is None and self.pos[rank] < len(self.events[rank])
@@ -157,8 +158,11 @@ class _Engine:
 
     def step(self, rank, index, event):
         if isinstance(event, Compute):
-            if self.cluster.device is not None:
-                seconds = ops_seconds(ops_of(event.ops), self.cluster.device)
+            if self.cluster.device is not None:       # priced once per list of rows (segments may share one)
+                key = id(event.ops)
+                if key not in self.priced:
+                    self.priced[key] = ops_seconds(ops_of(event.ops), self.cluster.device)
+                seconds = self.priced[key]
             elif event.flops is not None:
                 seconds = event.flops / (self.cluster.peak_flops * self.cluster.flops_efficiency)
             else:

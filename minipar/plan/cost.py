@@ -19,7 +19,8 @@ and ``Estimate.hidden`` the rest)::
                    operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
                    memory-bound operators, kernel floors) priced on the card, × micro-batches; else
                    hardware FLOPs / (devices · peak FLOP/s · efficiency)
-    bubble         compute · f / (1 - f),  f = bubble_formula(schedule, p, m, v)      (chapter 04)
+    bubble         (compute + tp, cp, ep collectives) · f / (1 - f),  f = bubble_formula(schedule, p, m, v)
+                   (chapter 04): an idle slot lasts a stage's whole work on a micro-batch, collectives included
     collectives    the α-β model of :mod:`minipar.observe.cluster`, on the links each group really crosses
                    (:mod:`.traffic`: tp, cp, ep, pp, dp), exposed seconds
     optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO): Adam's bytes on the
@@ -215,7 +216,8 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
         hidden["dp"], seconds["dp"] = seconds["dp"] - exposed, exposed
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
-    time = {"compute": compute, "bubble": compute * f / (1 - f), **seconds}
+    staged = compute + sum(seconds.get(k, 0.0) for k in ("tp", "cp", "ep"))    # a stage's work, collectives too
+    time = {"compute": compute, "bubble": staged * f / (1 - f), **seconds}
     updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
         if layout.zero else psi
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
