@@ -142,3 +142,12 @@ def test_a_traced_ddp_step_on_a_gpu_lasts_at_least_its_kernels_times_the_floor()
     bare = measure.measure_steps(ddp.parallel_train, 2, gpt_recipe(steps=2, batch_size=4))
     with pytest.raises(ValueError, match="trace with ops=True"):
         replay(bare.trace, a100_cluster(1))
+
+
+def test_hiding_tokens_is_the_flops_to_bandwidth_ratio():
+    from minipar.plan.overlap import hiding_tokens
+    f = 312e12 * A100.gemm_efficiency
+    # many ranks: T ≥ F·e/(2β); over InfiniBand HDR (22.5 GB/s) about 11,300 tokens per A100, over NVLink 3 about 1,100
+    assert hiding_tokens(f, IB_HDR.beta) == pytest.approx(f * 2 / (2 * IB_HDR.beta))
+    assert 10_000 < hiding_tokens(f, IB_HDR.beta) < 12_000 and 1_000 < hiding_tokens(f, NVLINK3.beta) < 1_200
+    assert hiding_tokens(f, IB_HDR.beta, n=2) == pytest.approx(hiding_tokens(f, IB_HDR.beta) / 2)

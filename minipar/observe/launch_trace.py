@@ -31,42 +31,46 @@ from .tracer import Traced, mark
 
 __all__ = ["traced_launch", "recording_launches", "stamped_optimizer"]
 
-_recorders: list = []          # the lists of open recording_launches() blocks, innermost last
+_recorders: list = []          # (list, ops wanted) of each open recording_launches() block, innermost last
 
 
 def _trace_each_rank(fn, world_size: int):
     """The launch hook: (``fn`` traced on every rank, ``finish(pairs)`` -> the results, with one Trace
-    (``meta``: the function's name and the world size) handed to every open recorder)."""
+    (``meta``: the function's name and the world size) handed to every open recorder). Operators are
+    counted (:mod:`minipar.observe.opcount`) when any open recorder asked for them."""
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    ops = any(counted for _, counted in _recorders)
 
     def finish(pairs):
         run = Trace([rank_trace for _, rank_trace in pairs], {"function": name, "world_size": world_size})
-        for traces in _recorders:
+        for traces, _ in _recorders:
             traces.append(run)
         return [result for result, _ in pairs]
-    return Traced(fn), finish
+    return Traced(fn, ops=ops), finish
 
 
 @contextlib.contextmanager
-def recording_launches():
+def recording_launches(ops: bool = False):
     """Collect a :class:`minipar.observe.trace.Trace` of every :func:`minipar.launch` inside the block, in order
-    (``meta``: the function's name and the world size). Yields the list, filled as launches end."""
+    (``meta``: the function's name and the world size). Yields the list, filled as launches end. ``ops``:
+    count each compute segment's operators too (for a replay on a device card; it slows every operator)."""
     traces: list = []
     if not _recorders:
         launcher.launch_hooks.append(_trace_each_rank)
-    _recorders.append(traces)
+    _recorders.append((traces, ops))
     try:
         yield traces
     finally:
-        del _recorders[next(i for i, r in enumerate(_recorders) if r is traces)]   # by identity: lists compare equal
+        del _recorders[next(i for i, (r, _) in enumerate(_recorders) if r is traces)]   # by identity
         if not _recorders:
             launcher.launch_hooks.remove(_trace_each_rank)
 
 
-def traced_launch(fn, world_size: int, *args, meta: dict | None = None, **kwargs):
+def traced_launch(fn, world_size: int, *args, meta: dict | None = None, ops: bool = False, **kwargs):
     """``minipar.launch(fn, world_size, *args, **kwargs)`` with every rank traced: (the results, exactly the
-    untraced ones, and the launch's :class:`~minipar.observe.trace.Trace`, ``meta`` added to its own)."""
-    with recording_launches() as traces:
+    untraced ones, and the launch's :class:`~minipar.observe.trace.Trace`, ``meta`` added to its own);
+    ``ops``: each compute segment's operators counted too."""
+    with recording_launches(ops) as traces:
         results = launcher.launch(fn, world_size, *args, **kwargs)
     run = traces[-1]
     run.meta.update(meta or {})

@@ -32,11 +32,27 @@ others accumulate under ``no_sync``).
 """
 from __future__ import annotations
 
-__all__ = ["OVERLAPS", "bucketed_exposed", "prefetched_exposed", "data_parallel_exposed"]
+__all__ = ["OVERLAPS", "bucketed_exposed", "prefetched_exposed", "data_parallel_exposed", "hiding_tokens"]
 
 OVERLAPS = {False: frozenset(),
             "minipar": frozenset({"ddp buckets", "zero-3 gathers"}),
             True: frozenset({"ddp buckets", "zero-1/2 reduce-scatter", "zero-3 gathers", "zero-3 reduce-scatter"})}
+
+
+def hiding_tokens(flops_per_second: float, beta: float, grad_bytes: float = 2.0, n: int | None = None) -> float:
+    """Tokens per device per step above which data-parallel gradient traffic can hide under the backward
+    (the closed form of "compute-bound"; How to Scale Your Model, ch. on data parallelism): the backward does
+    about 4·N FLOPs per token (2/3 of 6·N), the ring all-reduce sends 2(n−1)/n · e·N bytes per device, so it
+    hides when 4·N·T / F ≥ 2(n−1)/n · e·N / β, i.e.
+
+        T ≥ (F / β) · e · (n−1) / (2n)        (→ F·e / (2β) for large n)
+
+    ``flops_per_second`` F what a device reaches, ``beta`` β its link (bytes/s), e = ``grad_bytes``; ``n``:
+    the data-parallel ranks (None: many). FSDP/ZeRO-3 sends 1.5× DDP's bytes (two gathers and a
+    reduce-scatter of the parameters): its threshold is 1.5× this one. A model: it ignores latency, the last
+    bucket and the optimizer."""
+    share = 2.0 if n is None else 2 * (n - 1) / n
+    return (flops_per_second / beta) * grad_bytes * share / 4
 
 
 def bucketed_exposed(comm: float, backward: float, buckets: int) -> float:
