@@ -20,7 +20,8 @@ FREE = this_machine(0.0, float("inf"), 1.0, devices=4)
 def traced():
     recipe = gpt_recipe(steps=2, batch_size=8, seq_len=8, n_layer=4, n_embd=16, n_head=2)
     recipe.dtype = torch.float64
-    return {s: timing.traced_run(recipe, schedule=s, p=4, m=4) for s in ("gpipe", "1f1b")}
+    return {s: timing.traced_run(recipe, schedule=s, p=4, m=4) for s in ("gpipe", "1f1b")} | \
+        {"1f1b counted": timing.traced_run(recipe, schedule="1f1b", p=4, m=4, ops=True)}
 
 
 def _as_formula_assumes(trace: Trace) -> Trace:
@@ -73,8 +74,13 @@ def test_idle_terms_order_the_terms_the_chapter_asserts(traced):
     runs, trace = traced["1f1b"]
     alpha, beta, samples = timing.p2p_link(sizes=(256, 65536), reps=5)
     assert alpha > 0 and beta > 0 and set(samples) == {256, 65536}
-    terms = timing.idle_terms(runs, trace, alpha=alpha, beta=beta, flops_here=1e11)
+    counted = traced["1f1b counted"][1]
+    terms = timing.idle_terms(runs, trace, alpha=alpha, beta=beta, counted=counted)
     idle = {k: v for k, (v, _) in terms.items()}
     assert tuple(idle) == timing.TERMS and idle["formula"] == bubble_formula("1f1b", 4, 4)
-    assert idle["formula"] < idle["stages"] <= idle["p2p"] + 1e-12 and idle["dgx_a100"] > idle["stages"]
+    assert idle["formula"] < idle["stages"] <= idle["p2p"] + 1e-12 and idle["dgx_a100"] > idle["formula"]
     assert all(0 <= v < 1 for v in idle.values())
+    # the A100 model is launch-bound: every rank's work in a step is at least its kernels × the 5 µs floor
+    work = timing.stage_work(terms["dgx_a100"][1], -1)
+    kernels = timing.action_kernels(counted, steps=2, step=-1)
+    assert all(w >= k * 5e-6 * (1 - 1e-9) for w, k in zip(work, kernels)) and min(kernels) > 50

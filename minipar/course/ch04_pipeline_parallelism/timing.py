@@ -13,8 +13,10 @@ clusters that add one term at a time (:func:`idle_terms`):
 * ``cores`` — the same links, each compute segment lasting its *wall* seconds: what sharing the cores with
   the other ranks (and other jobs) stretched it to;
 * ``measured`` — the run's own timeline on the wall clock (:func:`minipar.pipeline.timeline.measured_idle_fraction`);
-* ``dgx_a100`` — a model: the CPU seconds scaled to an A100 (this machine's matmul FLOP/s over 312 TFLOP/s ×
-  0.6) on one DGX-A100 node's NVLink (:func:`minipar.observe.cluster.dgx_a100`).
+* ``dgx_a100`` — a model: the same program run once more with its operators counted
+  (:mod:`minipar.observe.opcount`), each compute segment priced on the A100 card (roofline + a launch floor per
+  kernel, :mod:`minipar.observe.device`) on one DGX-A100 node's NVLink (:func:`minipar.observe.cluster.a100_cluster`)
+  — never CPU seconds scaled: they say nothing of a GPU.
 
 Every idle fraction is the same quantity as the measured one: 1 - Σ action spans / (p · step), an action's span
 starting once its input is there; the replayed spans come from the marks (:func:`replayed_runs`).
@@ -25,19 +27,20 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from minipar.observe import tracer
-from minipar.observe.cluster import dgx_a100, this_machine
+from minipar.observe.cluster import a100_cluster, this_machine
 from minipar.observe.fidelity import wall_compute
 from minipar.observe.launch_trace import traced_launch
 from minipar.observe.measure import calibrate_links, fit_p2p
 from minipar.observe.replay import replay
-from minipar.observe.trace import Trace
+from minipar.observe.opcount import kernel_count
+from minipar.observe.trace import Compute, Mark, Trace
 from minipar.pipeline import runtime
 from minipar.pipeline.gantt import draw_gantt, gantt_legend
 from minipar.pipeline.runtime import PipelineRank
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
 
-__all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms",
+__all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms", "action_kernels",
            "stage_work", "draw_terms", "TERMS", "TITLES"]
 
 TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
@@ -60,12 +63,12 @@ class MarkedRank(PipelineRank):
         super().action_done(kind)
 
 
-def traced_run(recipe, *, schedule: str, p: int, m: int) -> tuple:
+def traced_run(recipe, *, schedule: str, p: int, m: int, ops: bool = False) -> tuple:
     """(per-rank PipelineRuns, :class:`minipar.observe.trace.Trace`) of one unpaced run, every rank traced
-    (:func:`minipar.observe.launch_trace.traced_launch`)."""
+    (:func:`minipar.observe.launch_trace.traced_launch`; ``ops``: operators counted, for the A100 model)."""
     runtime.validate(recipe, world_size=p, schedule=schedule, m=m)
     return traced_launch(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
-                         quiet=True, meta={"schedule": schedule, "p": p, "m": m})
+                         quiet=True, ops=ops, meta={"schedule": schedule, "p": p, "m": m})
 
 
 def replayed_runs(result, steps: int) -> list:
@@ -126,10 +129,30 @@ def stage_work(runs: list, step: int) -> list:
     return [sum(b - a for r, _, _, _, a, b in rows if r == rank) for rank in range(len(runs))]
 
 
-def idle_terms(runs: list, traced: Trace, *, alpha: float, beta: float, flops_here: float,
+def action_kernels(counted: Trace, steps: int, step: int = -1) -> list:
+    """Kernels each rank launches inside its actions of ``step`` (from each action's start, or its input's
+    arrival, to its end: the spans :func:`stage_work` sums), in a trace with operators counted."""
+    out = []
+    for rank in counted.ranks:
+        per_action, inside, kernels = [], False, 0
+        for e in rank.events:
+            if isinstance(e, Mark) and e.label in ("begin", "arrived"):
+                inside, kernels = True, 0
+            elif isinstance(e, Mark) and e.label.startswith("done "):
+                per_action.append(kernels)
+                inside = False
+            elif inside and isinstance(e, Compute):
+                kernels += kernel_count(e.ops)
+        per_step = len(per_action) // steps
+        out.append(sum(per_action[(step % steps) * per_step:(step % steps + 1) * per_step]))
+    return out
+
+
+def idle_terms(runs: list, traced: Trace, *, alpha: float, beta: float, counted: Trace,
                step: int = -1) -> dict:
     """{term: (idle fraction, replayed runs or the measured runs)} for :data:`TERMS` (see the module's
-    docstring), all of step ``step`` of the same run."""
+    docstring), all of step ``step`` of the same run; ``counted``: the same program's trace with its
+    operators counted (:func:`traced_run` with ``ops=True``), for the A100 model."""
     meta, steps = traced.meta, 1 + max(row[0] for row in runs[0].timeline)
     p, step = meta["p"], step % steps
     free = this_machine(0.0, float("inf"), 1.0, devices=p)
@@ -137,7 +160,7 @@ def idle_terms(runs: list, traced: Trace, *, alpha: float, beta: float, flops_he
     played = {"stages": replay(traced, free, compute_scale=1.0),
               "p2p": replay(traced, here, compute_scale=1.0),
               "cores": replay(wall_compute(traced), here, compute_scale=1.0),
-              "dgx_a100": replay(traced, dgx_a100(1), source_flops_per_second=flops_here)}
+              "dgx_a100": replay(counted, a100_cluster(1))}
     out = {"formula": (bubble_formula(meta["schedule"], p, meta["m"]), None),
            "measured": (measured_idle_fraction(runs, step), runs)}
     for name, result in played.items():
