@@ -134,16 +134,18 @@ def test_the_scheduler_reached_the_inner_optimizer_and_state_is_a_quarter(runs, 
     assert runs[0]["lr after the schedule"] == [pytest.approx(1e-2 / STEPS)] * 2
     group_numels = [sum(p.numel() for p in g["params"]) for g in reference[1].param_groups]
     per_rank = 2 * sum(-(-n // 4) for n in group_numels)           # exp_avg + exp_avg_sq of one shard
-    assert [r["state numel on this rank"] for r in runs] == [per_rank] * 4
-    assert per_rank < 2 * sum(group_numels) / 4 + 2 * 2 * 4       # a quarter of AdamW's, + padding
+    held = [r["state numel on this rank"] for r in runs]
+    assert sum(held) == 2 * sum(group_numels)                       # every element's moments, once
+    assert all(per_rank - 2 * 2 * 3 <= h <= per_rank for h in held)   # a quarter each (less the padding)
 
 
 def test_under_ddp_it_does_not_average_again(runs):
     # Averaging gradients that DDP already averaged gives the same numbers, so only the log can tell:
-    # alone, one reduce-scatter and one all-gather per group per step; under DDP, the all-gathers only.
+    # alone, one reduce-scatter and one all-gather per group per step (and one all-reduce of a flag per
+    # parameter: which have a gradient on some rank); under DDP, the all-gathers only.
     calls = STEPS * 2
     assert {op: n for op, (n, _) in runs[0]["ops"].items()} == {"reduce_scatter": calls,
-                                                                "all_gather": calls}
+                                                                "all_gather": calls, "all_reduce": STEPS}
     assert {op: n for op, (n, _) in runs[0]["ops under DDP"].items()} == {"all_gather": calls}
 
 

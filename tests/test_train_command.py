@@ -172,6 +172,11 @@ def refused(capsys, monkeypatch, *flags):
     (["--nproc-per-node", "0"], "--nproc-per-node must be a positive integer"),
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--tp", "3"], "tensor-parallel degree 3"),
+    (["--step", "4"], "unrecognized arguments: --step 4"),               # no abbreviations (allow_abbrev)
+    (["--keep", "-1", "--save", "x"], "--keep must be >= 0"),
+    (["--sp"], "--sp splits the sequence over the tp group, and --tp 1 has none"),
+    (["--zero", "2"], "--zero 2: this command's trainer shards only the optimizer state"),
+    (["--zero", "3", "--dp", "2"], "ZeRO-2 and -3, which shard gradients and parameters too, are chapter 03's"),
 ])
 def test_every_flag_is_checked_before_any_process_starts(capsys, monkeypatch, flags, words):
     assert words in refused(capsys, monkeypatch, *flags)

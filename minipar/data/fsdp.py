@@ -14,8 +14,14 @@ with, at most N-1 padding elements per unit. PyTorch's FSDP2 (``fully_shard``) i
 parameter on dim 0 (a ``DTensor`` per parameter, each padded to a multiple of N): parameters keep their
 identity, shape and dtype, so per-parameter optimizers, frozen parameters and sharded checkpoints are
 simple, at the price of a copy into a staging buffer around each collective. Both move the same bytes:
-3 · b · Ψ · (N-1)/N per step. ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
+3 · b · Ψ · (N-1)/N per step. ``FSDP(module, per_parameter=True)`` is that design here
+(:mod:`minipar.data.fsdp2`), and ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
 two can be compared step by step.
+
+What the flat design cannot do: a parameter no rank used in a step still has its elements in the unit's flat
+shard, with a zero gradient, so the optimizer steps them (Adam's moments decay, weight decay shrinks them);
+frozen parameters are left out of the units and never move. Per-parameter sharding keeps ``.grad`` None for
+an unused parameter, as one device does.
 
 :class:`FSDP` is the drop-in ``nn.Module`` wrapper for a loop of your own (``model = FSDP(model)``, then your
 optimizer over ``model.parameters()``); :func:`fully_shard` returns the ``ZeRO`` object that owns the optimizer.
@@ -33,8 +39,9 @@ from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
+from .fsdp2 import PerParameterFSDP, compute_in_own_dtype
 
-__all__ = ["FSDP", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
+__all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
 
 block_units = zero.block_units                 # one unit per transformer block + the root
@@ -63,6 +70,22 @@ def fully_shard(model: nn.Module, optimizer_factory, units=block_units, group=No
 NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._BatchNorm)
 
 
+def is_norm(module: nn.Module, norm_classes=()) -> bool:
+    """A normalisation layer, recognised by what it is: one of torch's (:data:`NORMS`), one of
+    ``norm_classes``, a class whose name ends in "Norm" (a learner's ``RMSNorm``), or a module marked
+    ``module.is_norm = True``; with parameters of its own (what the policy keeps in FP32)."""
+    named = type(module).__name__.lower().endswith("norm") or getattr(module, "is_norm", False)
+    return bool((isinstance(module, NORMS + tuple(norm_classes)) or named)
+                and list(module.parameters(recurse=False)))
+
+
+def _norms(module, param_dtype, norms_in_fp32: bool, norm_classes) -> list:
+    """The norms a 16-bit policy keeps in their own dtype (none without one)."""
+    if param_dtype is None or not norms_in_fp32:
+        return []
+    return [m for m in module.modules() if is_norm(m, norm_classes)]
+
+
 class FSDP(nn.Module):
     """FSDP as a drop-in ``nn.Module`` wrapper for your own loop (ZeRO-3 over ``units(module)``)::
 
@@ -77,23 +100,32 @@ class FSDP(nn.Module):
     end of every backward (an autograd callback: units whose gradients never arrived are reduced then).
     Policy: compute copies and all-gathers in ``param_dtype``, the reduce-scatter in ``reduce_dtype``, the
     shards and the optimizer in the module's dtype; normalisation layers gather and compute in that dtype
-    too (``norms_in_fp32``), their inputs upcast and outputs cast back."""
+    too (``norms_in_fp32``; :func:`is_norm` says which, ``norm_classes`` names more), their inputs upcast and
+    outputs cast back.
+
+    ``per_parameter=True`` shards each parameter on dim 0 instead (FSDP2's design,
+    :class:`~minipar.data.fsdp2.PerParameterFSDP`): ``parameters()`` are then the module's own parameters as
+    dim-0 shards, each with its ``.grad`` after backward."""
+
+    def __new__(cls, module=None, *, per_parameter: bool = False, group=None, units=block_units, param_dtype=None,
+                reduce_dtype=None, norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=()):
+        if per_parameter:
+            return PerParameterFSDP(module, group=group, units=units, param_dtype=param_dtype,
+                                    reduce_dtype=reduce_dtype,
+                                    fp32_modules=_norms(module, param_dtype, norms_in_fp32, norm_classes))
+        return super().__new__(cls)
 
     def __init__(self, module: nn.Module, *, group=None, units=block_units, param_dtype=None, reduce_dtype=None,
-                 norms_in_fp32: bool = True, prefetch: bool = True):
+                 norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(), per_parameter: bool = False):
         super().__init__()
         modules = list(units(module))                          # (zero.ZeRO checks they cover the module)
-        norms = [m for m in module.modules() if isinstance(m, NORMS) and list(m.parameters(recurse=False))] \
-            if param_dtype is not None and norms_in_fp32 else []
+        norms = _norms(module, param_dtype, norms_in_fp32, norm_classes)
         self.module, self.param_dtype = module, param_dtype
         self.zero = zero.ZeRO(module, None, 3, group, norms + modules, param_dtype, prefetch,
                               reduce_dtype=reduce_dtype, fp32_modules=norms)
         self.flat_shards = nn.ParameterList([u.master for u in self.zero.units])
         for norm in norms:
-            norm.register_forward_pre_hook(lambda m, args: tuple(
-                a.to(next(iter(m.parameters())).dtype) if torch.is_tensor(a) and a.is_floating_point() else a
-                for a in args))
-            norm.register_forward_hook(lambda m, args, out: out.to(param_dtype))
+            compute_in_own_dtype(norm, param_dtype)
         self._finish_queued = False
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):

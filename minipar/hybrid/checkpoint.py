@@ -31,8 +31,10 @@ device trained; a load maps them onto the loading trainer's ``device`` (``map_lo
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
 has written (``step-N.1``, ``.2``, ... if a ``step-N`` exists already: ``latest`` may point at it), then
 replaces ``latest`` (a small file, ``os.replace``: readers see the old name or the new one, never none), and
-only then removes older folders of the same step. A crash at any point leaves ``latest`` pointing at a
-complete checkpoint. What a run is (model config, seed, dtype, data) and the checks made before training —
+only then removes older folders of the same step and, with ``keep=N``, every complete checkpoint but the
+newest N (never the one ``latest`` names: :func:`prune`). A crash at any point leaves ``latest`` pointing at a
+complete checkpoint; a write that fails for a full disk says which file and what ``latest`` still names
+(:func:`~minipar.hybrid.guard.write_failed`). What a run is (model config, seed, dtype, data) and the checks made before training —
 a resume into another run refused, the save folder created, test-written and shared by every rank — are in
 :mod:`minipar.hybrid.guard`. Loading checks every file against the manifest (missing, truncated, corrupt) and every
 tensor against the model (missing, wrong shape) before touching a parameter: :class:`CheckpointError`
@@ -51,17 +53,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 
 import torch
 import torch.distributed as dist
 
 from ..tensor.operators import tp_rank, tp_size
-from .guard import CheckpointError, barrier, run_identity
+from .guard import CheckpointError, barrier, run_identity, write_failed
 from .reshard import optimizer_pieces, set_optimizer_state, tp_layouts, to_full, to_shard
 
 __all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "EXPERT_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
-           "load", "latest", "read_manifest", "verify"]
+           "load", "latest", "read_manifest", "verify", "prune"]
 
 FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
 
@@ -98,10 +101,12 @@ def _files(trainer) -> dict:
     return files
 
 
-def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None) -> str:
+def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None,
+         keep: int | None = None) -> str:
     """Save ``trainer``'s state after ``step`` global steps into ``directory`` (a collective: every rank calls
     it). Returns the checkpoint's folder. ``run``: :func:`run_identity`'s seed and data, for the manifest.
-    ``crash_rank``: that rank kills itself halfway through writing its shard (the crash test)."""
+    ``crash_rank``: that rank kills itself halfway through writing its shard (the crash test). ``keep``: how
+    many complete checkpoints stay afterwards (None or 0: all)."""
     rank, layouts = dist.get_rank(), tp_layouts(trainer.model)
     tp_group = trainer.tp_group
     pieces, scalars = optimizer_pieces(trainer)
@@ -128,11 +133,13 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
                 f.write(b"\x00" * 100)
                 f.flush()
             os.kill(os.getpid(), 9)
-        torch.save(shard, path)
+        _write(lambda: torch.save(shard, path), path, directory)
     barrier(trainer.device)
     if rank == 0:
-        torch.save({"torch": torch.get_rng_state()}, os.path.join(partial, "rng.pt"))
-        _write_manifest(trainer, partial, step, scalars, run or {})
+        rng = os.path.join(partial, "rng.pt")
+        _write(lambda: torch.save({"torch": torch.get_rng_state()}, rng), rng, directory)
+        manifest = os.path.join(partial, "manifest.json")
+        _write(lambda: _write_manifest(trainer, partial, step, scalars, run or {}), manifest, directory)
         same_step = [root] + [f"{root}.{i}" for i in range(1, 1000)]
         root = next(name for name in same_step if not os.path.exists(name))
         os.rename(partial, root)
@@ -143,8 +150,35 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
         for old in same_step:                                   # then the replaced copies of this step
             if old != root and os.path.isdir(old):
                 shutil.rmtree(old, ignore_errors=True)
+        prune(directory, keep)
     barrier(trainer.device)
     return root
+
+
+def _write(write, path: str, directory: str) -> None:
+    """``write()``, or the error that says what failed: a full disk names ``path`` and the checkpoint
+    ``latest`` still names (the half-written ``step-N.partial`` is never pointed at)."""
+    try:
+        write()
+    except (OSError, RuntimeError) as exc:
+        explained = write_failed(exc, path, directory)
+        if explained is exc:
+            raise
+        raise explained from None
+
+
+def prune(directory: str, keep: int | None) -> list:
+    """Remove every complete checkpoint folder of ``directory`` but the newest ``keep`` (by step), never the
+    one ``latest`` names; returns the removed names. ``keep`` None or 0: remove nothing."""
+    if not keep:
+        return []
+    named = os.path.basename(latest(directory))
+    found = [(int(m[1]), int(m[2] or 0), name) for name in os.listdir(directory)
+             if (m := re.fullmatch(r"step-(\d+)(?:\.(\d+))?", name)) and os.path.isdir(os.path.join(directory, name))]
+    old = [name for *_, name in sorted(found)[:-keep] if name != named]
+    for name in old:
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    return old
 
 
 def _sha256(path: str) -> str:

@@ -21,8 +21,10 @@ layouts can be compared by a script.
 Before any process starts, every flag and the layout are checked (exit 2, one line); so is the checkpoint:
 ``--resume DIR`` refuses a checkpoint of another run (model config, seed, dtype or data differ: all listed)
 and starts fresh from a folder with no checkpoint yet, so one command line is both the first launch and the
-restart (torchrun ``--max-restarts``); ``--save DIR`` is created and test-written first, and never replaces
-another run's checkpoint or a later step without ``--overwrite``; ``--save-every N`` saves every N steps.
+restart (torchrun ``--max-restarts``); ``--save DIR`` is created and test-written first, never replaces
+another run's checkpoint or a later step without ``--overwrite``, and is locked while the run writes (a second
+run on it is refused, naming the holder's pid and host); ``--save-every N`` saves every N steps, ``--keep N``
+keeps the newest N (default 3); a full disk names the file and the checkpoint ``latest`` still names.
 Nodes: ranks are numbered node by node (``LOCAL_WORLD_SIZE`` under torchrun, ``--nproc-per-node`` for a
 local launch that stands for several nodes); a tp group that spans nodes is named in a warning, or refused
 with ``--strict-nodes``. Several nodes must ``--save`` onto a shared filesystem (the same folder on every
@@ -47,15 +49,14 @@ from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
-from ..mesh import Mesh
 from . import checkpoint, context, experts, guard, preflight
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
+from .preflight import groups_across_nodes
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
            "layout_of"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-NODE_BOUND = ("tp",)                     # groups that talk every layer: across nodes they run at network speed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +65,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m minipar train", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m minipar train", description=__doc__.split("\n\n")[0],
+                allow_abbrev=False)              # --step 4 is an error, not --steps 4
     layout = p.add_argument_group("layout (dp × pp × cp × tp ranks)")
     layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
     layout.add_argument("--pp", type=int, default=1, help="pipeline stages")
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
+    train.add_argument("--keep", type=int, default=3, metavar="N", help="keep the newest N checkpoints in --save "
+                       "(never the one 'latest' names; 0: keep all)")
     train.add_argument("--overwrite", action="store_true",
                        help="let --save replace another run's checkpoint, or a later step")
     train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "
@@ -139,17 +143,6 @@ def identity_of(args, recipe, data: dict | None = None) -> dict:
     return guard.run_identity(recipe.model().cfg, seed=args.seed, dtype=recipe.dtype, data=data)
 
 
-def groups_across_nodes(layout: Layout, world_size: int, local_world_size: int) -> dict:
-    """{dim: [(group's ranks, nodes they sit on)]} for every group of the layout's mesh that spans nodes.
-    Rank r sits on node r // local_world_size (torchrun and this launcher number ranks node by node)."""
-    mesh, crossing = Mesh(world_size, devices_per_node=local_world_size, **layout.sizes), {}
-    for dim, size in layout.sizes.items():
-        for ranks in mesh.groups(dim) if size > 1 else []:
-            if mesh.crosses_nodes(ranks):
-                crossing.setdefault(dim, []).append((ranks, sorted({mesh.node_of(r) for r in ranks})))
-    return crossing
-
-
 def cuda_facts(backend: str) -> dict:
     """What torch.cuda says, asked only if ``backend`` may use a GPU: a forked gloo rank never touches CUDA."""
     ask = backend != "gloo" and torch.cuda.is_available()
@@ -157,7 +150,8 @@ def cuda_facts(backend: str) -> dict:
 
 
 def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
-               resume: str | None = None, save_every: int | None = None, run: dict | None = None,
+               resume: str | None = None, save_every: int | None = None, keep: int | None = None,
+               run: dict | None = None,
                held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int = 1,
                err_fd: int = 2) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
@@ -193,7 +187,7 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
                 line |= {"eval_loss": held} if held is not None else {}
                 os.write(out_fd, (json.dumps(line) + "\n").encode())
         if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
-            folder = checkpoint.save(trainer, save, step + 1, run=run)
+            folder = checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
             if reporter:
                 os.write(err_fd, f"saved step {step + 1} to {folder}\n".encode())
     return history
@@ -214,30 +208,12 @@ def held_out_loss(trainer, recipe, batch: tuple, reporter: bool) -> float | None
         return float(recipe.loss(model, *batch))
 
 
-def _check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> list:
-    """The lines to print about where the groups sit (rank 0 only), or ``ValueError`` with ``--strict-nodes``
-    when a tp group spans nodes."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else (args.local_world_size or world_size)
-    crossing = groups_across_nodes(layout, world_size, local)
-    bad = "; ".join(f"{d} group {ranks} spans nodes {nodes}" for d, groups in crossing.items() if d in NODE_BOUND
-                    for ranks, nodes in groups)
-    if bad and args.strict_nodes:
-        raise ValueError(f"--strict-nodes: {bad} ({local} ranks per node)")
-    lines = []
-    if world_size > local:
-        placed = "; ".join(f"{g} on node {sorted({r // local for r in g})}"
-                           for g in Mesh(world_size, **layout.sizes).groups("tp"))
-        lines.append(f"{-(-world_size // local)} nodes of {local} ranks; tp groups: {placed}")
-    if bad:
-        lines.append(f"warning: {bad} ({local} ranks per node): its collectives cross the network")
-    return lines if os.environ.get("RANK", "0") == "0" else []
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     layout = layout_of(args)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    lock = None
     try:
         preflight.check_flags(parser, args)
         data = preflight.text_data(args)
@@ -250,21 +226,28 @@ def main(argv=None) -> int:
             shape = " × ".join(f"{d} {n}" for d, n in layout.sizes.items() if n > 1) or "one rank"
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but the layout ({shape}) has "
                              f"{layout.world_size} ranks")
-        placement = _check_nodes(args, layout, layout.world_size, torchrun)
+        placement = preflight.check_nodes(args, layout, layout.world_size, torchrun)
         identity = identity_of(args, recipe, data)
+        lock = preflight.take_folder(args)       # before reading it: nobody else writes there from now on
         resume, start = preflight.resume_point(args, identity) if args.resume else (None, 0)
         if args.save:
             preflight.check_save(args, identity, start)
         backend = _backend(args, layout.world_size, torchrun)
     except ValueError as exc:                    # CheckpointError is one
+        if lock:
+            guard.unlock_folder(lock)
         parser.error(str(exc).replace("\n", " "))
     for line in placement:
         print(line, file=sys.stderr)
     if args.resume and resume is None:
         print(f"no checkpoint in {args.resume} yet: starting at step 0", file=sys.stderr)
     held = lm_batch(data["held_out"], args.batch_size, args.seq_len, 0, seed=args.seed) if data else None
-    return _launch(args, recipe, layout, backend, torchrun, resume=resume, held_out=held,
-                   eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]})
+    try:                                         # the --save folder is this run's until it ends
+        return _launch(args, recipe, layout, backend, torchrun, resume=resume, held_out=held,
+                       eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]})
+    finally:
+        if lock:
+            guard.unlock_folder(lock)
 
 
 def _backend(args, world_size: int, torchrun: bool) -> str:
@@ -287,7 +270,7 @@ def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
     previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
         launcher.launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
-               save_every=args.save_every, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
+               save_every=args.save_every, keep=args.keep, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
                timeout=args.timeout, quiet=True, **kwargs)
     except RankError as exc:                    # a rank failed: its one-line reason, exit 1
         print(f"python -m minipar train: {str(exc).splitlines()[0]}", file=sys.stderr)

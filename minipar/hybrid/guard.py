@@ -1,5 +1,8 @@
 """What must hold before a 3D run trains: the checkpoint it resumes is of the same run, the folder it saves into
-can be written, holds no other run's checkpoint, and is the same folder on every rank that writes.
+can be written, holds no other run's checkpoint, is the same folder on every rank that writes, and belongs to
+this run alone while it writes (:func:`lock_folder`: a lock file naming the holder's pid and host; two runs
+writing one folder would replace each other's checkpoints); and what a failed write says (:func:`write_failed`:
+a full disk names the file and the checkpoint ``latest`` still names).
 
 A run is its model config, seed, dtype and data stream (:func:`run_identity`); a checkpoint's manifest records
 them (:mod:`minipar.hybrid.checkpoint`), so :func:`differences` can list what a resume would silently change —
@@ -7,13 +10,22 @@ four layers loaded into two, another seed — and the command refuses it before 
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import socket
+import time
 
 import torch
 import torch.distributed as dist
 
 from .. import comm
-__all__ = ["CheckpointError", "barrier", "run_identity", "differences", "check_folder", "check_shared"]
+__all__ = ["CheckpointError", "LOCK", "barrier", "run_identity", "differences", "check_folder", "check_shared",
+           "lock_folder", "unlock_folder", "write_failed"]
+
+LOCK = ".minipar-lock"                   # in the --save folder while a run writes there: {"pid", "host", "since"}
+FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+# torch.save's zip writer reports a short write (a full disk, a file-size limit) as "unexpected pos N vs M"
 
 
 class CheckpointError(ValueError):
@@ -92,3 +104,75 @@ def check_shared(directory: str, device="cpu") -> None:
         raise CheckpointError(f"ranks {blind_ranks.nonzero().flatten().tolist()} do not see rank 0's file in "
                               f"{directory}: several nodes must save onto a shared filesystem (the same folder "
                               f"on every node)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                                   # someone else's process: alive
+        return True
+    return True
+
+
+def lock_folder(directory: str) -> str:
+    """Make ``directory`` this run's while it writes: create ``directory/.minipar-lock`` (``O_EXCL``: one
+    creator wins) holding this process's pid and host; returns its path. Held by a live run (or by one on
+    another host, which cannot be asked): :class:`CheckpointError` naming it. Left by a dead process on this
+    host (killed before it could remove it): taken over."""
+    path = os.path.join(directory, LOCK)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    holder = json.load(f)
+            except (OSError, ValueError):
+                holder = {}                                   # being written this instant: a run is starting
+            pid, host = holder.get("pid"), holder.get("host", "?")
+            if isinstance(pid, int) and host == me["host"] and not _alive(pid):
+                try:
+                    os.remove(path)                           # a killed run's lock: nobody writes any more
+                except FileNotFoundError:
+                    pass
+                continue
+            raise CheckpointError(
+                f"--save {directory} is in use by pid {pid if pid is not None else '?'} on host {host} (since "
+                f"{holder.get('since', '?')}; lock {path}): two runs writing one folder replace each other's "
+                f"checkpoints; wait for that run, choose another folder, or remove {path} if that run is gone"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return path
+    raise CheckpointError(f"--save {directory}: could not take its lock {path} (other runs keep taking it)")
+
+
+def unlock_folder(path: str) -> None:
+    """Remove the lock :func:`lock_folder` took, if it is still this process's."""
+    try:
+        with open(path) as f:
+            mine = json.load(f).get("pid") == os.getpid()
+    except (OSError, ValueError):
+        return
+    if mine:
+        os.remove(path)
+
+
+def write_failed(exc: BaseException, path: str, directory: str) -> BaseException:
+    """The error to raise when writing ``path`` of a checkpoint in ``directory`` raised ``exc``: for a full
+    disk or file-size limit (``ENOSPC``/``EFBIG``/``EDQUOT``, or torch.save's "unexpected pos" short write)
+    a :class:`CheckpointError` saying so, naming the file and the checkpoint ``latest`` still names;
+    anything else unchanged."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if getattr(exc, "errno", None) not in FULL and "unexpected pos" not in text:
+        return exc
+    try:
+        with open(os.path.join(directory, "latest")) as f:
+            still = f"{directory}/latest still names {f.read().strip()}, the last complete checkpoint"
+    except OSError:
+        still = f"{directory} holds no complete checkpoint yet (no latest)"
+    return CheckpointError(f"cannot write {path}: the disk (or the file-size limit) is full ({text}); "
+                           f"{still}; free space and resume")

@@ -1,7 +1,8 @@
 """What ``python -m minipar train`` checks before any process starts: every flag (exit 2, one line naming the
 flag), the checkpoint ``--resume`` would load (of this run: model config, seed, dtype and data the same; a
 folder with no checkpoint yet starts at step 0) and the folder ``--save`` would write (created, test-written,
-never another run's checkpoint or a later step without ``--overwrite``)."""
+never another run's checkpoint or a later step without ``--overwrite``), and where the groups sit on the
+nodes (:func:`check_nodes`)."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,17 @@ import math
 import os
 
 from ..datasets import held_out, text_tokens
+from ..layout import Layout
+from ..mesh import Mesh
 from . import checkpoint, guard
 
-__all__ = ["CORPUS_TOKENS", "POSITIVE", "check_flags", "text_data", "with_moe", "resume_point", "check_save"]
+__all__ = ["CORPUS_TOKENS", "POSITIVE", "NODE_BOUND", "check_flags", "text_data", "with_moe", "resume_point",
+           "take_folder", "check_save", "groups_across_nodes", "check_nodes"]
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
             "n_embd", "save_every", "local_world_size", "eval_every", "cp", "ep", "top_k")
+NODE_BOUND = ("tp",)                     # groups that talk every layer: across nodes they run at network speed
 
 
 def check_flags(parser: argparse.ArgumentParser, args) -> None:
@@ -36,6 +41,15 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError("--save-every needs --save DIR")
     if args.experts < 0:
         raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
+    if args.keep < 0:
+        raise ValueError(f"--keep must be >= 0 (0: keep every checkpoint), got {args.keep}")
+    if args.sp and args.tp == 1:
+        raise ValueError("--sp splits the sequence over the tp group, and --tp 1 has none: it would change "
+                         "nothing; drop --sp or set --tp > 1")
+    if args.zero in (2, 3) and args.pp == 1:
+        raise ValueError(f"--zero {args.zero}: this command's trainer shards only the optimizer state (--zero 1); "
+                         f"ZeRO-2 and -3, which shard gradients and parameters too, are chapter 03's "
+                         f"(minipar.data.zero, minipar.data.fsdp) and not built into it; use --zero 1")
 
 
 def text_data(args) -> dict | None:
@@ -86,6 +100,15 @@ def resume_point(args, identity: dict) -> tuple:
     return args.resume, saved["step"]
 
 
+def take_folder(args) -> str | None:
+    """``--save``: create the folder and lock it for this run (:func:`minipar.hybrid.guard.lock_folder`; under
+    torchrun, rank 0 only); the lock's path, or None without ``--save``."""
+    if not args.save or os.environ.get("RANK", "0") != "0":
+        return None
+    guard.check_folder(args.save)
+    return guard.lock_folder(args.save)
+
+
 def check_save(args, identity: dict, start: int) -> None:
     """``--save``: the folder is created and test-written; another run's checkpoint there, or a later step,
     is replaced only with ``--overwrite``."""
@@ -105,3 +128,33 @@ def check_save(args, identity: dict, start: int) -> None:
     if saved["step"] > start:
         raise ValueError(f"--save {args.save} holds step {saved['step']}, later than this run's start (step "
                          f"{start}): saving would move 'latest' back; --resume {args.save}, or pass --overwrite")
+
+
+def groups_across_nodes(layout: Layout, world_size: int, local_world_size: int) -> dict:
+    """{dim: [(group's ranks, nodes they sit on)]} for every group of the layout's mesh that spans nodes.
+    Rank r sits on node r // local_world_size (torchrun and this launcher number ranks node by node)."""
+    mesh, crossing = Mesh(world_size, devices_per_node=local_world_size, **layout.sizes), {}
+    for dim, size in layout.sizes.items():
+        for ranks in mesh.groups(dim) if size > 1 else []:
+            if mesh.crosses_nodes(ranks):
+                crossing.setdefault(dim, []).append((ranks, sorted({mesh.node_of(r) for r in ranks})))
+    return crossing
+
+
+def check_nodes(args, layout: Layout, world_size: int, torchrun: bool) -> list:
+    """The lines to print about where the groups sit (rank 0 only), or ``ValueError`` with ``--strict-nodes``
+    when a tp group spans nodes."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if torchrun else (args.local_world_size or world_size)
+    crossing = groups_across_nodes(layout, world_size, local)
+    bad = "; ".join(f"{d} group {ranks} spans nodes {nodes}" for d, groups in crossing.items() if d in NODE_BOUND
+                    for ranks, nodes in groups)
+    if bad and args.strict_nodes:
+        raise ValueError(f"--strict-nodes: {bad} ({local} ranks per node)")
+    lines = []
+    if world_size > local:
+        placed = "; ".join(f"{g} on node {sorted({r // local for r in g})}"
+                           for g in Mesh(world_size, **layout.sizes).groups("tp"))
+        lines.append(f"{-(-world_size // local)} nodes of {local} ranks; tp groups: {placed}")
+    if bad:
+        lines.append(f"warning: {bad} ({local} ranks per node): its collectives cross the network")
+    return lines if os.environ.get("RANK", "0") == "0" else []

@@ -1,0 +1,217 @@
+"""Per-parameter sharding, FSDP2's design (PyTorch's ``fully_shard``; Zhao et al. 2023, "PyTorch FSDP",
+arXiv:2304.11277, and PyTorch's FSDP2 notes): every parameter is sharded on dim 0, so each one keeps its identity,
+shape and dtype, and after backward the shard's gradient is in its own ``.grad``.
+
+A parameter of shape (d₀, …) is padded to N·c rows, c = ⌈d₀/N⌉; rank r holds rows [r·c, (r+1)·c) as a
+parameter of shape (c, …) (zeros past d₀). A unit (a module gathered together) still moves its parameters in
+one collective each way, through staging buffers::
+
+    copy-in     my shards, one after another, into a flat send buffer        T = Σ c_p·(rest of p) elements
+    all-gather  N·T elements: row r of the (N, T) result is rank r's buffer
+    copy-out    each parameter's column block of it, (N·c_p, …), cut to d₀ rows: the full parameter
+    ... forward / backward with the full parameters ...
+    copy-in     each full gradient padded to N·c_p rows, as (N, c_p·rest), into its column block
+    reduce-scatter  (÷N first) row r, T elements, to rank r; copy-out: each parameter's piece is its ``.grad``
+
+Bytes per unit and step: all-gather before forward and again before backward, reduce-scatter after it,
+(N-1)·b·T each, the same as the flat buffer of :mod:`minipar.data.flat_unit` up to the padding (per parameter
+here: at most N-1 rows of each; there: at most N-1 elements of the unit). The price is the copy-in and
+copy-out around each collective; the flat buffer computes straight from the gathered buffer.
+
+Semantics as on one device: a frozen parameter (``requires_grad=False``) stays whole and is never sharded;
+a parameter that no rank used in a backward keeps ``.grad`` None (one all-reduce of a byte per parameter
+tells every rank), so ``torch.optim.AdamW`` skips it; gradients accumulate over backwards until
+``zero_grad``. The gradients are reduce-scattered when the backward ends, unit after unit in a fixed order,
+so every rank issues the same collectives whichever parameters it used (PyTorch's FSDP2 starts each unit's
+reduce-scatter as that unit's backward ends, overlapping it with the rest).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .. import comm
+
+__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype"]
+
+
+def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
+    """A layer kept in its parameters' dtype under a 16-bit policy (a norm): its inputs cast up to that dtype,
+    its output back to ``param_dtype``."""
+    own = next(module.parameters()).dtype
+    module.register_forward_pre_hook(lambda m, args: tuple(
+        a.to(own) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+    module.register_forward_hook(lambda m, args, out: out.to(param_dtype))
+
+
+class ShardedParam:
+    """One parameter sharded on dim 0: ``shard`` (c, …) is what the optimizer steps, ``full`` the gathered
+    (d₀, …) tensor the module computes with (its storage freed between uses); ``owners`` are the (module,
+    name) pairs that register it (a tied weight has two)."""
+
+    def __init__(self, param: nn.Parameter, owners, n: int, rank: int, compute_dtype):
+        self.shape, self.owners = param.shape, owners
+        rows = param.detach().reshape(param.shape[0] if param.dim() else 1, -1)     # (d₀, rest)
+        self.d0, self.rest = rows.shape
+        self.c = -(-self.d0 // n)                                                   # ⌈d₀/N⌉ rows per rank
+        padded = torch.cat([rows, rows.new_zeros(n * self.c - self.d0, self.rest)])
+        local_shape = (self.c, *param.shape[1:]) if param.dim() else (self.c,)
+        self.shard = nn.Parameter(padded[rank * self.c:(rank + 1) * self.c].clone().view(local_shape))
+        self.full = nn.Parameter(param.detach().to(compute_dtype).clone())
+        self.full.data.untyped_storage().resize_(0)                                 # gathered when needed
+        self.numel = self.c * self.rest                                             # my elements
+
+    def install(self, which: nn.Parameter) -> None:
+        for module, name in self.owners:
+            module._parameters[name] = which
+
+
+class PerParameterUnit:
+    """The parameters gathered together (one module's): one all-gather and one reduce-scatter each way."""
+
+    def __init__(self, module, params, group, reduce_dtype=None):
+        self.module, self.params, self.group, self.reduce_dtype = module, params, group, reduce_dtype
+        self.n = dist.get_world_size(group)
+        self.offsets = [sum(p.numel for p in params[:i]) for i in range(len(params))]
+        self.total = sum(p.numel for p in params)                                  # T
+        self.gathered, self.freed_after_backward = False, 0
+
+    def gather(self) -> None:
+        """Copy-in, all-gather, copy-out: every parameter's full tensor (storage re-allocated)."""
+        if self.gathered:
+            return
+        dtype = self.params[0].full.dtype
+        send = torch.cat([p.shard.detach().reshape(-1).to(dtype) for p in self.params])      # copy-in
+        received = send.new_empty(self.n * self.total)
+        comm.all_gather_into_tensor(received, send, group=self.group)
+        table = received.view(self.n, self.total)
+        for p, offset in zip(self.params, self.offsets):                                     # copy-out
+            full = p.full.data                          # .data: refilling it is no autograd in-place write
+            full.untyped_storage().resize_(full.numel() * full.element_size())
+            rows = table[:, offset:offset + p.numel].reshape(self.n * p.c, p.rest)[:p.d0]
+            full.copy_(rows.reshape(p.shape))
+        self.gathered = True
+
+    def free(self) -> None:
+        for p in self.params:
+            p.full.data.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def reduce(self, active) -> None:
+        """Copy-in the full gradients, reduce-scatter their mean, copy-out each piece into ``shard.grad``
+        (added, as torch accumulates); a parameter no rank used keeps its ``.grad``."""
+        dtype = self.reduce_dtype or self.params[0].full.dtype
+        table = torch.zeros(self.n, self.total, dtype=dtype)
+        for p, offset in zip(self.params, self.offsets):
+            if p.full.grad is not None:
+                rows = p.full.grad.reshape(p.d0, p.rest).to(dtype)
+                padded = torch.cat([rows, rows.new_zeros(self.n * p.c - p.d0, p.rest)])
+                table[:, offset:offset + p.numel] = padded.view(self.n, p.numel)
+        table.div_(self.n)                                                  # the mean: divide, then sum
+        mine = table.new_empty(self.total)
+        comm.reduce_scatter_tensor(mine, table.view(-1), group=self.group)
+        for p, offset, used in zip(self.params, self.offsets, active):
+            p.full.grad = None
+            if used:
+                piece = mine[offset:offset + p.numel].view_as(p.shard).to(p.shard.dtype)
+                p.shard.grad = piece.clone() if p.shard.grad is None else p.shard.grad + piece
+
+
+class PerParameterFSDP(nn.Module):
+    """``FSDP(module, per_parameter=True)``: the module's trainable parameters become their dim-0 shards
+    (``model.parameters()`` yields them, each ``.grad`` of its shape and dtype after backward); ``units``
+    chooses what is gathered together (see :class:`~minipar.data.fsdp.FSDP`); ``fp32_modules`` (the norms, under
+    a ``param_dtype`` policy) are units of their own, gathered and computed in their parameters' dtype."""
+
+    def __init__(self, module: nn.Module, *, group=None, units, param_dtype=None, reduce_dtype=None,
+                 fp32_modules=()):
+        super().__init__()
+        self.module, self.group = module, group
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        owners = {}
+        for m in module.modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((m, name))
+        claimed, chosen = set(), []
+        for unit_module in [*fp32_modules, *units(module)]:     # each parameter in the first unit that has it
+            mine = [p for p in unit_module.parameters() if p.requires_grad and id(p) not in claimed]
+            claimed.update(id(p) for p in mine)
+            chosen.append((unit_module, mine))
+        self.units = []
+        for unit_module, mine in chosen:
+            if not mine:
+                continue
+            own = any(unit_module is m for m in fp32_modules)
+            sharded = [ShardedParam(p, owners[id(p)], n, rank, p.dtype if own else param_dtype or p.dtype)
+                       for p in mine]
+            unit = PerParameterUnit(unit_module, sharded, group, reduce_dtype)
+            for p in sharded:
+                p.install(p.shard)                       # between steps the module holds its shards
+                p.full.register_post_accumulate_grad_hook(lambda _, u=unit: self._grad_arrived(u))
+            unit_module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
+            unit_module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
+            self.units.append(unit)
+        for norm in fp32_modules:
+            compute_in_own_dtype(norm, param_dtype)
+        self._finish_queued = False
+
+    def _before_forward(self, unit) -> None:
+        unit.gather()
+        for p in unit.params:
+            p.install(p.full)
+
+    def _after_forward(self, unit, output) -> None:
+        for p in unit.params:
+            p.install(p.shard)
+        unit.free()
+        for t in [output] if torch.is_tensor(output) else [t for t in output if torch.is_tensor(t)]:
+            if t.requires_grad:
+                t.register_hook(lambda grad, u=unit: u.gather())      # the unit's backward begins
+
+    def _grad_arrived(self, unit) -> None:
+        unit.freed_after_backward += 1
+        if unit.freed_after_backward == len(unit.params):
+            unit.free()                                  # its backward is done: the parameters can go
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        self._finish_queued = False
+        for t in [out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]:
+            if t.requires_grad:
+                t.register_hook(self._queue_finish)
+        return out
+
+    def _queue_finish(self, grad):
+        if not self._finish_queued:
+            self._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+
+    def finish_gradient_synchronization(self) -> None:
+        """At the end of each backward: which parameters some rank used (one all-reduce), then one
+        reduce-scatter per unit in unit order."""
+        flags = torch.tensor([p.full.grad is not None for u in self.units for p in u.params], dtype=torch.uint8)
+        comm.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        index = 0
+        for unit in self.units:
+            active = [bool(f) for f in flags[index:index + len(unit.params)]]
+            index += len(unit.params)
+            if any(active):
+                unit.reduce(active)
+            unit.free()
+            unit.freed_after_backward = 0
+
+    def full_state_dict(self) -> dict:
+        """{name: full tensor} under the wrapped module's names (every rank calls it: one gather per unit)."""
+        for unit in self.units:
+            unit.gather()
+        out = {}
+        for name, p in self.module.named_parameters():
+            out[name] = p.detach().clone()
+        for unit in self.units:
+            for p in unit.params:
+                name = next(n for n, q in self.module.named_parameters() if q is p.shard)
+                out[name] = p.full.detach().to(p.shard.dtype).clone()
+            unit.free()
+        return out
