@@ -9,11 +9,16 @@ Attention with Blockwise Transformers"; the online softmax of Milakov & Gimelshe
     o   = exp(lse_A − lse) · o_A + exp(lse_B − lse) · o_B
 
 so no rank ever holds a whole row of scores: memory per rank is O(s/N · h) plus one (s/N)² block.
+**Each block is one call of the single-device kernel**, FlashAttention-2 (:mod:`minipar.sequence.flash`,
+Dao 2023, Algorithms 1 and 2), whose key tiles here arrive from the ring: its forward gives the block's
+(o_B, lse_B), its backward the block's dQ, dK, dV from the merged lse.
 
 **Causal and load balance.** Cut the sequence into chunks; a query chunk attends to key chunks with a
 lower index fully, to its own chunk with the triangular mask, and skips later ones. With N contiguous
 chunks rank r computes r + 1 blocks: rank N−1 does N times the work of rank 0. **Zig-zag** cuts 2N chunks
-and gives rank r chunks r and 2N−1−r: every rank then computes 2N + 1 (half-size) chunk pairs.
+and gives rank r chunks r and 2N−1−r: every rank then computes 2N + 1 (half-size) chunk pairs (the layout of
+zhuzilin/ring-flash-attention's ``zigzag_ring_flash_attn``, 2024, its issue #2; Llama 3's context
+parallelism, Dubey et al. 2024 §3.3.2, uses the same one).
 
 **Bytes per rank per layer** (b batch, s sequence, h = heads · d_head, e bytes per element):
 forward, K and V passed N−1 times: ``2(N−1) · b(s/N)h · e``; backward, K,V passed again N−1 times and their
@@ -27,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from .flash import flash_backward, flash_forward
 
 __all__ = ["chunk_ids", "positions", "validate_sequence", "shard_sequence", "unshard_sequence",
            "block_attention", "lse_merge", "causal_pairs", "RingAttention", "ring_attention", "forward_bytes", "backward_bytes"]
@@ -140,8 +146,8 @@ class RingAttention(torch.autograd.Function):
                 incoming, pending = _start_exchange(kv, right, left, group)
             ks, vs = kv[0].chunk(len(mine), dim=-2), kv[1].chunk(len(mine), dim=-2)
             for i, j, diagonal in causal_pairs(mine, chunk_ids(src, n, zigzag)):
-                o, lse = block_attention(qs[i], ks[j], vs[j], diagonal)
-                acc[i] = (o, lse) if acc[i] is None else lse_merge(*acc[i], o, lse)
+                o, lse = flash_forward(qs[i], ks[j], vs[j], diagonal, block_q=None, block_k=None)
+                acc[i] = (o, lse[..., None]) if acc[i] is None else lse_merge(*acc[i], o, lse[..., None])
             if step < n - 1:
                 _finish(pending)
                 kv = incoming
@@ -159,12 +165,12 @@ class RingAttention(torch.autograd.Function):
         right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
         mine = chunk_ids(me, n, ctx.zigzag)
         parts = len(mine)
-        qs, dos, lses = q.chunk(parts, -2), d_out.chunk(parts, -2), lse.chunk(parts, -2)
-        deltas = (d_out * out).sum(-1, keepdim=True).chunk(parts, -2)   # D_i = rowsum(dO ∘ O)
+        qs, dos = q.chunk(parts, -2), d_out.chunk(parts, -2)
+        lses = lse.squeeze(-1).chunk(parts, -1)
+        deltas = (d_out * out).sum(-1).chunk(parts, -1)                  # D_i = rowsum(dO ∘ O)
         dq = [torch.zeros_like(x) for x in qs]
         kv = torch.stack([k, v]).contiguous()
         dkv = torch.zeros_like(kv)                       # the accumulator that travels with its block
-        scale = 1 / math.sqrt(q.shape[-1])
         for step in range(n):
             src = (me - step) % n
             if step < n - 1:
@@ -172,11 +178,10 @@ class RingAttention(torch.autograd.Function):
             ks, vs = kv[0].chunk(parts, -2), kv[1].chunk(parts, -2)
             dks, dvs = list(dkv[0].chunk(parts, -2)), list(dkv[1].chunk(parts, -2))
             for i, j, diagonal in causal_pairs(mine, chunk_ids(src, n, ctx.zigzag)):
-                p = torch.exp(_scores(qs[i], ks[j], diagonal) - lses[i])     # this block's softmax rows
-                dvs[j] = dvs[j] + p.transpose(-2, -1) @ dos[i]
-                ds = p * (dos[i] @ vs[j].transpose(-2, -1) - deltas[i])
-                dq[i] = dq[i] + ds @ ks[j] * scale
-                dks[j] = dks[j] + ds.transpose(-2, -1) @ qs[i] * scale
+                # FlashAttention-2's backward on this block: its softmax rebuilt from the merged lse
+                dqi, dkj, dvj = flash_backward(qs[i], ks[j], vs[j], dos[i], lses[i], deltas[i], diagonal,
+                                               block_q=None, block_k=None)
+                dq[i], dks[j], dvs[j] = dq[i] + dqi, dks[j] + dkj, dvs[j] + dvj
             dkv = torch.stack([torch.cat(dks, -2), torch.cat(dvs, -2)]).contiguous()
             if step < n - 1:
                 _finish(pending)

@@ -8,18 +8,30 @@
   and ring attention, Ulysses, ring self-attention on 4 ranks.
 * ``06b_load_balance.png`` — per-rank attention compute time (CPU time) of causal ring attention without
   and with zig-zag, s = 2048 on 4 ranks.
+* ``06b_flash_tiling.png`` — FlashAttention-2's causal forward over a 6 × 6 grid of score tiles: the order
+  the tiles are computed, and at chosen moments which tile exists (one), which are done (folded into the
+  running max, sum and output, and freed) and which are skipped (above the diagonal), from
+  :func:`minipar.sequence.flash.tiles`.
+* ``06b_memory_three_bars.png`` — activation bytes of one layer at s = 512, measured: dense attention on one
+  device → FlashAttention on one device (no s² scores) → ring attention per rank on 4 ranks (÷ N).
 """
 from __future__ import annotations
 
 
+import functools
+
+import torch
+
 from minipar.course.plotting import rank_colour, save_figure
 from minipar.launcher import launch
-from minipar.models import GPTConfig
-from minipar.sequence import ring_attention, ulysses
+from minipar.memory import saved_activation_bytes
+from minipar.models import GPTConfig, TinyGPT, attention_core
+from minipar.sequence import flash, ring_attention, ulysses
 from minipar.sequence.measure import dense_layer, formula_bytes, layer_on_rank
 
-__all__ = ["schedule", "bytes_vs_ranks", "memory_vs_sequence", "load_balance", "draw_schedule", "draw_bytes",
-           "draw_memory", "draw_load_balance", "FIGURES"]
+__all__ = ["schedule", "bytes_vs_ranks", "memory_vs_sequence", "load_balance", "flash_layer", "memory_three_ways",
+           "draw_schedule", "draw_bytes", "draw_memory", "draw_load_balance", "draw_tiling", "draw_three_bars",
+           "FIGURES"]
 
 CFG = GPTConfig(n_embd=32, n_head=4)
 
@@ -63,6 +75,24 @@ def memory_vs_sequence(lengths=(64, 128, 256, 512), world_size=4, methods=("ring
     for i, (method, _, _) in enumerate(runs):
         out.setdefault(method, []).append(max(rank[i]["activation_bytes"] for rank in per_rank))
     return out
+
+
+def flash_layer(cfg, b: int, s: int, block: int = 64, dtype=torch.float32) -> dict:
+    """One device, the same block and input as :func:`~minipar.sequence.measure.dense_layer`, with
+    FlashAttention (:func:`minipar.sequence.flash.flash_attention`, causal) as its attention core."""
+    block_module = TinyGPT(cfg.with_(block_size=max(cfg.block_size, s), n_layer=1), seed=0).blocks[0].to(dtype)
+    x = torch.randn(b, s, cfg.n_embd, generator=torch.Generator().manual_seed(1), dtype=dtype).requires_grad_(True)
+    core = functools.partial(flash.flash_attention, is_causal=True, block_q=block, block_k=block)
+    with attention_core(block_module.attn, core):
+        _, act = saved_activation_bytes(block_module, x, exclude=list(block_module.parameters()) + [x])
+    return {"activation_bytes": act}
+
+
+def memory_three_ways(s: int = 512, world_size: int = 4, b: int = 1) -> dict:
+    """Activation bytes of one layer of the tiny GPT at sequence length ``s``, measured: {"dense": one
+    device, "flash": one device with FlashAttention, "ring": ring attention, max over ``world_size`` ranks}."""
+    mem = memory_vs_sequence((s,), world_size, methods=("ring",), b=b)
+    return {"dense": mem["one device"][0], "flash": flash_layer(CFG, b, s)["activation_bytes"], "ring": mem["ring"][0]}
 
 
 def load_balance(s: int = 2048, world_size: int = 4, repeats: int = 3) -> dict:
@@ -147,6 +177,64 @@ def draw_load_balance(data):
     return fig
 
 
+def draw_tiling(tiles_per_side: int = 6, moments=(0, 7, 20)):
+    """The causal score matrix as a grid of tiles: left, the order FlashAttention-2's forward computes them
+    (query blocks outer, key blocks inner); then, at each of ``moments``, the one tile that exists."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    n = tiles_per_side
+    order = [(rows.start, cols.start) for rows, cols in flash.tiles(n, n, 1, 1, is_causal=True)]
+    fig, axes = plt.subplots(1, 1 + len(moments), figsize=(3.1 * (1 + len(moments)), 4.0))
+    for ax, moment in zip(axes, (None, *moments)):
+        for qb in range(n):
+            for kb in range(n):
+                if (qb, kb) not in order:
+                    ax.add_patch(Rectangle((kb, qb), 1, 1, facecolor="#eeeeee", hatch="//", edgecolor="#bbbbbb"))
+                    continue
+                t = order.index((qb, kb))
+                if moment is None:
+                    ax.add_patch(Rectangle((kb, qb), 1, 1, facecolor=rank_colour(0), alpha=0.35, edgecolor="white"))
+                    ax.text(kb + 0.5, qb + 0.5, str(t), ha="center", va="center", fontsize=8)
+                elif t == moment:
+                    ax.add_patch(Rectangle((kb, qb), 1, 1, facecolor=rank_colour(3), edgecolor="black"))
+                elif t < moment:
+                    ax.add_patch(Rectangle((kb, qb), 1, 1, facecolor=rank_colour(0), alpha=0.15, edgecolor="white"))
+        ax.set_xlim(0, n), ax.set_ylim(n, 0), ax.set_aspect("equal")
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_xlabel("key block j"), ax.set_ylabel("query block i")
+        if moment is None:
+            ax.set_title("order of the tiles\n(causal: upper triangle skipped)", fontsize=9)
+        else:
+            qb, kb = order[moment]
+            ax.set_title(f"moment {moment}: only S[{qb},{kb}] exists\nrow block {qb} keeps m, ℓ, Õ", fontsize=9)
+    fig.legend([Patch(facecolor=rank_colour(3), edgecolor="black"), Patch(facecolor=rank_colour(0), alpha=0.15),
+                Patch(facecolor="#eeeeee", hatch="//", edgecolor="#bbbbbb")],
+               ["the one tile alive", "done: folded into (m, ℓ, Õ), freed", "skipped: wholly masked"],
+               loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return fig
+
+
+def draw_three_bars(data: dict, s: int = 512, world_size: int = 4):
+    """Three bars from :func:`memory_three_ways`, each step's factor written on the arrow between them."""
+    import matplotlib.pyplot as plt
+
+    labels = ["dense attention\none device", "FlashAttention\none device", f"ring attention\nper rank, N = {world_size}"]
+    values = [data["dense"] / 2**10, data["flash"] / 2**10, data["ring"] / 2**10]
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.bar(range(3), values, 0.55, color=[rank_colour(3), rank_colour(0), rank_colour(2)])
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:,.0f} KiB", ha="center", va="bottom", fontsize=8)
+    for i, why in ((0, "no s² scores kept"), (1, f"s/N tokens per rank")):
+        ax.annotate(f"÷ {values[i] / values[i + 1]:.1f}\n{why}", xy=(i + 0.72, max(values[i + 1], values[0] * 0.35)),
+                    ha="center", fontsize=8)
+    ax.set_xticks(range(3), labels, fontsize=8)
+    ax.set_ylabel(f"activation KiB kept for backward\n(one layer, s = {s}, measured)")
+    fig.tight_layout()
+    return fig
+
+
 def _save(fig, path):
     save_figure(fig, path, dpi=110)
 
@@ -161,4 +249,6 @@ FIGURES = {
     "06b_bytes.png": lambda path: _save(draw_bytes(bytes_vs_ranks()), path),
     "06b_activation_memory.png": _memory_figure,
     "06b_load_balance.png": lambda path: _save(draw_load_balance(load_balance()), path),
+    "06b_flash_tiling.png": lambda path: _save(draw_tiling(), path),
+    "06b_memory_three_bars.png": lambda path: _save(draw_three_bars(memory_three_ways()), path),
 }

@@ -1,11 +1,14 @@
 """Chapter 06b: its tour rows match one device with observed bytes beside the formula; its checks reject the
-stub and plausible wrong answers and accept the solutions; its figure helpers hold what the chapter says."""
+stub and plausible wrong answers and accept the solutions (the LSE merge, zig-zag, the online-softmax forward);
+its figure helpers hold what the chapter says."""
+import math
+
 import pytest
 import torch
 
 from minipar.course.checks import ExerciseError
 from minipar.course.ch06b_long_sequences import checks, figures, tour
-from minipar.sequence import ring_attention as ra
+from minipar.sequence import flash, ring_attention as ra
 
 
 @pytest.mark.parametrize("name", ["cp-ring", "cp-ring-zigzag", "ulysses"])
@@ -92,3 +95,89 @@ def test_schedule_covers_the_causal_triangle_once():
         assert set(blocks) == {(q, k) for q in range(chunks) for k in range(q + 1)}
     per_rank = [sum(1 for r, _ in figures.schedule(4, True).values() if r == rank) for rank in range(4)]
     assert per_rank == [9, 9, 9, 9]
+
+
+# ---- exercise 3: the online-softmax forward over key blocks ----
+
+def _scores(q, k):
+    return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+
+
+def online_solution(q, k, v, block):
+    m = l = acc = None
+    for j in range(0, k.shape[-2], block):
+        s = _scores(q, k[..., j:j + block, :])
+        m_new = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        if m is None:
+            l, acc = p.sum(-1), p @ v[..., j:j + block, :]
+        else:
+            l = torch.exp(m - m_new) * l + p.sum(-1)
+            acc = torch.exp(m - m_new)[..., None] * acc + p @ v[..., j:j + block, :]
+        m = m_new
+    return acc / l[..., None], m + torch.log(l)
+
+
+def online_stub(q, k, v, block):
+    raise NotImplementedError()
+
+
+def online_no_rescale(q, k, v, block):       # forgets exp(m − m') on what was accumulated
+    m = l = acc = None
+    for j in range(0, k.shape[-2], block):
+        s = _scores(q, k[..., j:j + block, :])
+        m = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m[..., None])
+        l = p.sum(-1) if l is None else l + p.sum(-1)
+        acc = p @ v[..., j:j + block, :] if acc is None else acc + p @ v[..., j:j + block, :]
+    return acc / l[..., None], m + torch.log(l)
+
+
+def online_average(q, k, v, block):          # each block normalised on its own, then averaged
+    parts = [ra.block_attention(q, k[..., j:j + block, :], v[..., j:j + block, :]) for j in range(0, k.shape[-2], block)]
+    return sum(o for o, _ in parts) / len(parts), torch.logcumsumexp(torch.cat([x for _, x in parts], -1), -1)[..., -1]
+
+
+def online_lse_without_max(q, k, v, block):
+    o, lse = online_solution(q, k, v, block)
+    m = _scores(q, k).amax(-1)
+    return o, lse - m
+
+
+def online_no_max(q, k, v, block):           # exp(s) itself: overflows float32 for large scores
+    l = acc = 0
+    for j in range(0, k.shape[-2], block):
+        p = torch.exp(_scores(q, k[..., j:j + block, :]))
+        l, acc = l + p.sum(-1), acc + p @ v[..., j:j + block, :]
+    return acc / l[..., None], torch.log(l)
+
+
+def online_all_scores(q, k, v, block):       # right numbers, but a whole row of scores at once
+    o, lse = ra.block_attention(q, k, v)
+    return o, lse[..., 0]
+
+
+def online_keepdim_lse(q, k, v, block):
+    o, lse = online_solution(q, k, v, block)
+    return o, lse[..., None]
+
+
+def test_online_softmax_check_accepts_solutions_and_rejects_stub():
+    checks.check_online_softmax(online_solution)
+    checks.check_online_softmax(lambda q, k, v, block: flash.flash_forward(q, k, v, block_q=None, block_k=block))
+    with pytest.raises(NotImplementedError):
+        checks.check_online_softmax(online_stub)
+
+
+@pytest.mark.parametrize("wrong,says", [
+    (online_no_rescale, "multiplied by exp"),
+    (online_average, "multiplied by exp"),
+    (online_lse_without_max, "must be added back"),
+    (online_no_max, "overflows float32"),
+    (online_all_scores, "never to hold a row of scores"),
+    (online_keepdim_lse, "no trailing 1"),
+    (lambda q, k, v, block: online_solution(q, k, v, block)[0], "return the normalised output"),
+])
+def test_online_softmax_check_rejects_plausible_wrong_answers(wrong, says):
+    with pytest.raises(ExerciseError, match=says):
+        checks.check_online_softmax(wrong)
