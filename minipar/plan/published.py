@@ -18,7 +18,9 @@ Sources:
   sequence 8192, selective (op-level) activation checkpointing, no torch.compile: 5,762 tokens/s per GPU; and
   its Llama-3.1-405B table: 128 H100, FSDP 16 × TP 8 (with sequence parallelism), local batch 2, full
   checkpointing, no Float8: 109 tokens/s per GPU (torchtitan divides a data-parallel rank's tokens by the 8
-  GPUs of its tp group: 2·8192/8 tokens per GPU per step) at 29.0 % MFU, which the step time reproduces.
+  GPUs of its tp group: 2·8192/8 tokens per GPU per step) at 29.0 % MFU, which the step time reproduces. That
+  table says "H100 (94GB memory)" and no power limit; the check assumes Table 1's machine (Grand Teton's 96 GB
+  H100, which reports about 94 GiB, at 500 W) — an assumption, said here.
 """
 from __future__ import annotations
 
