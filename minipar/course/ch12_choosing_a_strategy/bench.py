@@ -139,20 +139,20 @@ def _timed_train(rank, world_size, name, steps, cut) -> RankSteps:
     return run
 
 
-def _step_seconds(rank, world_size, names, steps, repeats):
-    """{name: (RankSteps with the wire cut, RankSteps of the real run, the calibration taken just before)} on
-    this rank. Right before each strategy, :func:`.calibration._contended` calibrates compute and the optimizer
-    on the same ranks: the machine is shared, and what else runs on it changes from one second to the next."""
+def _step_seconds(rank, world_size, names, steps, repeats, real=True):
+    """{name: (RankSteps with the wire cut, RankSteps of the real run or None, the calibration taken just
+    before)} on this rank. Right before each strategy, :func:`.calibration._contended` calibrates compute and the
+    optimizer on the same ranks: the machine is shared, and what else runs on it changes from one second to the
+    next."""
     out = {}
     for name in names:
         cal = _contended(rank, world_size, repeats)
         cut = _timed_train(rank, world_size, name, steps, cut=True)
-        real = _timed_train(rank, world_size, name, steps, cut=False)
-        out[name] = (cut, real, cal)
+        out[name] = (cut, _timed_train(rank, world_size, name, steps, cut=False) if real else None, cal)
     return out
 
 
-def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
+def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3, measured: dict | None = None) -> list:
     """Run each strategy of :func:`step_layouts` (default all) on ``cal["ranks"]`` ranks and predict it.
     One dict per strategy: "name", "layout", "measured" (s/step, the slowest rank), "predicted"
     (:func:`estimate` on the cluster calibrated on the same ranks just before the run: α, β from ``cal``;
@@ -160,11 +160,20 @@ def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
     "predicted_cut" (the same estimate with compute = "cut": FlexFlow's way), "terms_cut",
     "predicted_alone" (the first calibration: one thread alone × the share of cores), "in_comm" (seconds
     per step inside minipar.comm's collectives in the real run, the busiest rank: waits included). A step is
-    the fastest of the run's steps, each timed on its slowest rank (:func:`minipar.observe.measure.gather_steps`)."""
+    the median of the run's steps, each timed on its slowest rank (:func:`minipar.observe.measure.gather_steps`),
+    as in :func:`.replay_bench.fidelity_table`; "cut", an input (compute), the fastest of the cut run's steps.
+
+    ``measured``: a :func:`.replay_bench.fidelity_table` of the same strategies — its "measured" column (the
+    slowest rank's step, median over the steps, median [min–max] over its runs) is taken instead of a run of
+    this function's own, which is then not made ("measured" is that median, "measured_spread" the spread,
+    "in_comm" None): one measurement, one definition of a step, for every table that shows it."""
     n = cal.get("ranks", STEP_RANKS)
     layouts = step_layouts(n)
     names = list(layouts) if names is None else list(names)
-    ranks = launch(_step_seconds, n, names, steps, repeats, quiet=True)
+    taken = None if measured is None else {r["name"]: r["measured"] for r in measured["rows"]}
+    if taken is not None and (set(names) - set(taken) or measured["ranks"] != n):
+        raise ValueError(f"the table measured {sorted(taken)} on {measured['ranks']} ranks; asked for {names} on {n}")
+    ranks = launch(_step_seconds, n, names, steps, repeats, taken is None, quiet=True)
     out = []
     for name in names:
         layout = layouts[name]
@@ -172,16 +181,18 @@ def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3) -> list:
         cluster = calibrated_cluster({**cal, **local}, n)
         kw = planner_options(layout)
         e = estimate(STEP_MODEL, cluster, layout, **kw)
-        cut = gather_steps([r[name][0] for r in ranks]).fastest
-        real = gather_steps([r[name][1] for r in ranks])
+        cut = gather_steps([r[name][0] for r in ranks]).fastest      # compute: the least disturbed cut step
+        real = None if taken else gather_steps([r[name][1] for r in ranks])
+        spread = taken[name] if taken else None
         c = estimate(STEP_MODEL, cluster, layout, compute_seconds=cut, **kw)
         alone = estimate(STEP_MODEL, calibrated_cluster(cal, n, contended=False), layout, **kw)
-        out.append({"name": name, "layout": str(layout), "measured": real.fastest,
+        out.append({"name": name, "layout": str(layout), "measured": spread["median"] if taken else real.median,
+                    "measured_spread": spread,
                     "predicted": e.step_seconds, "terms": {k: v for k, v in e.time.items() if k != "total"},
                     "cut": cut, "predicted_cut": c.step_seconds,
                     "terms_cut": {k: v for k, v in c.time.items() if k != "total"},
                     "predicted_alone": alone.step_seconds, "calibration": local, "ranks": n,
-                    "in_comm": max(real.results)})
+                    "in_comm": None if taken else max(real.results)})
     return out
 
 

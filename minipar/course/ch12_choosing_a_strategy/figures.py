@@ -218,11 +218,17 @@ def draw_step_times(rows: list, ax=None, title: str | None = None):
     ys = [r["measured"] * 1e3 for r in rows]
     counted = [r["predicted"] * 1e3 for r in rows]
     cut = [r["predicted_cut"] * 1e3 for r in rows]
-    lo, hi = min(counted + cut + ys) / 1.6, max(counted + cut + ys) * 1.6
+    ends = [s[k] * 1e3 for s in (r.get("measured_spread") for r in rows) if s for k in ("min", "max")]
+    lo, hi = min(counted + cut + ys + ends) / 1.6, max(counted + cut + ys + ends) * 1.6
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="measured = predicted")
     ax.fill_between([lo, hi], [lo / 2, hi / 2], [lo * 2, hi * 2], color="0.92", label="within 2×")
     for a, b, y in zip(counted, cut, ys):
         ax.plot([a, b], [y, y], color="0.6", lw=0.7)
+    spreads = [r.get("measured_spread") for r in rows]
+    if all(spreads):                 # the measured range over the runs, at the wire-cut prediction
+        ax.errorbar(cut, ys, yerr=[[y - s["min"] * 1e3 for y, s in zip(ys, spreads)],
+                                   [s["max"] * 1e3 - y for y, s in zip(ys, spreads)]],
+                    fmt="none", ecolor="#C44E52", elinewidth=0.8, capsize=2, label="measured [min–max] over runs")
     ax.scatter(counted, ys, facecolors="none", edgecolors="#4C72B0", zorder=3, label="compute counted (FLOPs)")
     ax.scatter(cut, ys, color="#C44E52", zorder=3, label="compute measured (wire cut)")
     for r, x, y in zip(rows, cut, ys):
@@ -232,8 +238,8 @@ def draw_step_times(rows: list, ax=None, title: str | None = None):
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("predicted ms per step (estimate, calibrated on this machine)")
-    ax.set_ylabel(f"measured ms per step ({rows[0].get('ranks', 4)} ranks)")
-    ax.set_title(title or "step time: measured / predicted", fontsize=10)
+    ax.set_ylabel(f"measured ms per step ({rows[0].get('ranks', 4)} ranks; median)")
+    ax.set_title(title or "a step (the slowest rank's): measured / predicted", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     return ax
 
@@ -272,10 +278,22 @@ def _step_times(path):
     import matplotlib.pyplot as plt
     from .bench import step_times
     from .calibration import calibrate
+    from .replay_bench import fidelity_table
+    cal = calibrate()
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
-    draw_step_times(step_times(calibrate()), ax)
+    draw_step_times(step_times(cal, steps=3, measured=fidelity_table(cal, runs=5, steps=3)), ax)
+    _save(fig, path)
+
+
+def _published(path):
+    import matplotlib.pyplot as plt
+    from minipar.plan.published import table
+    from .time_model import draw_published
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    draw_published(table(), ax)
     _save(fig, path)
 
 
 FIGURES = {"12_decision_guide.png": _guide, "12_memory_vs_sequence.png": _sweep,
-           "12_predicted_vs_measured.png": _measured, "12_step_time_predicted_vs_measured.png": _step_times}
+           "12_predicted_vs_measured.png": _measured, "12_step_time_predicted_vs_measured.png": _step_times,
+           "12_published_runs.png": _published}
