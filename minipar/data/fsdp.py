@@ -39,7 +39,7 @@ from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
-from .fsdp2 import PerParameterFSDP, compute_in_own_dtype
+from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
@@ -135,17 +135,7 @@ class FSDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         self.zero.expect_backward()                            # a new forward: a new backward to count
-        out = self.module(*args, **kwargs)
-        self._finish_queued = False
-        for t in ([out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]):
-            if t.requires_grad:
-                t.register_hook(self._queue_finish)
-        return out
-
-    def _queue_finish(self, grad):
-        if not self._finish_queued:
-            self._finish_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+        return finish_at_backward_end(self, self.module(*args, **kwargs))
 
     def finish_gradient_synchronization(self) -> None:
         """Reduce-scatter the units whose gradients did not all arrive (unused parameters); runs by itself

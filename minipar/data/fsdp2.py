@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from .. import comm
 
-__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype"]
+__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end"]
 
 
 def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
@@ -118,6 +118,22 @@ class PerParameterUnit:
                 p.shard.grad = piece.clone() if p.shard.grad is None else p.shard.grad + piece
 
 
+def finish_at_backward_end(wrapper, out):
+    """``out``, hooked so that ``wrapper.finish_gradient_synchronization()`` runs once when the backward
+    through it ends (autograd's ``queue_callback``: after every gradient of that pass) — so a plain training
+    loop never calls it. Used by both FSDP designs."""
+    wrapper._finish_queued = False
+
+    def queue(grad):
+        if not wrapper._finish_queued:
+            wrapper._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(wrapper.finish_gradient_synchronization)
+    for t in [out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]:
+        if t.requires_grad:
+            t.register_hook(queue)
+    return out
+
+
 class PerParameterFSDP(nn.Module):
     """``FSDP(module, per_parameter=True)``: the module's trainable parameters become their dim-0 shards
     (``model.parameters()`` yields them, each ``.grad`` of its shape and dtype after backward); ``units``
@@ -176,17 +192,7 @@ class PerParameterFSDP(nn.Module):
             unit.free()                                  # its backward is done: the parameters can go
 
     def forward(self, *args, **kwargs):
-        out = self.module(*args, **kwargs)
-        self._finish_queued = False
-        for t in [out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]:
-            if t.requires_grad:
-                t.register_hook(self._queue_finish)
-        return out
-
-    def _queue_finish(self, grad):
-        if not self._finish_queued:
-            self._finish_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+        return finish_at_backward_end(self, self.module(*args, **kwargs))
 
     def finish_gradient_synchronization(self) -> None:
         """At the end of each backward: which parameters some rank used (one all-reduce), then one
