@@ -1,10 +1,13 @@
 """Chapter 02 pictures, from real runs on 4 ranks.
 
 * ``02_ddp_timeline.png``: one DDP training step per rank, on a time axis shared by the ranks: forward,
-  backward (a tick where each gradient became ready) and each bucket's all-reduce from its launch to its
-  completion (observed from outside DDP by :func:`minipar.data.ddp_measure.watch_buckets`, through the
+  backward up to its last gradient (a tick where each gradient became ready), the wait after it (grey: backward
+  has nothing left to compute and ``loss.backward()`` waits for the last buckets), and each bucket's all-reduce
+  from its launch to its completion (observed from outside DDP by :func:`minipar.data.ddp_measure.watch_buckets`, through the
   reducer's seams and the work's completion callback).
   Buckets launched before backward ends are communication overlapped with compute.
+* ``02_bucket_u_curve.png``: a model — one DDP trace (one parameter per bucket, operators counted) re-bucketed
+  at each capacity and replayed on four A100s across InfiniBand (:mod:`.buckets`): the step against the bucket.
 """
 from __future__ import annotations
 
@@ -37,7 +40,10 @@ def _timeline_rank(rank, world_size, layers, embd, batch, seq, bucket_bytes, war
         t2 = time.perf_counter()
         model.zero_grad(set_to_none=True)
     time.sleep(0.05)  # let the last completion callbacks land
-    spans = [("forward", "forward", t0, t1), ("backward", "backward", t1, t2)]
+    # backward computes until its last gradient; from there until loss.backward() returns it only waits for
+    # the last buckets' all-reduces (and for the slowest rank to join them): idle, not compute
+    last_grad = max(a for k, _, a, _ in events if k == "grad" and a >= t1)
+    spans = [("forward", "forward", t0, t1), ("backward", "backward", t1, last_grad), ("wait", "wait", last_grad, t2)]
     # (a completion callback of the previous step may land late: keep only this step's events)
     return [(k, label, a - origin, b - origin) for k, label, a, b in spans + list(events) if a >= origin]
 
@@ -62,7 +68,7 @@ def draw_timeline(per_rank, ax=None):
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * len(per_rank)))
-    colours = {"forward": "#4C72B0", "backward": "#55A868"}
+    colours = {"forward": "#4C72B0", "backward": "#55A868", "wait": "#BBBBBB"}
     for rank, events in enumerate(per_rank):
         y = len(per_rank) - 1 - rank
         for kind, label, a, b in events:
@@ -79,10 +85,11 @@ def draw_timeline(per_rank, ax=None):
     ax.set_xlabel("ms since the step began")
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=colours["forward"], label="forward"),
-                       Patch(color=colours["backward"], label="backward (ticks: a gradient ready)"),
+                       Patch(color=colours["backward"], label="backward to its last gradient (ticks: a gradient ready)"),
+                       Patch(color=colours["wait"], label="idle: waiting for the last buckets"),
                        Patch(color="#C44E52", label="a bucket's all-reduce, launch → done")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
-    ax.set_title("DDP: buckets are all-reduced while backward is still running", fontsize=10)
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
+    ax.set_title("DDP, measured here: buckets are all-reduced while backward is still running", fontsize=10)
     return ax.figure
 
 
@@ -95,4 +102,14 @@ def _make_timeline(path):
     plt.close(fig)
 
 
-FIGURES = {"02_ddp_timeline.png": _make_timeline}
+def _make_u_curve(path):
+    import matplotlib.pyplot as plt
+    from .buckets import BUCKET_SIZES, counted_per_parameter, draw_sweep, sweep
+    trace, grad_bytes = counted_per_parameter()
+    fig = draw_sweep(sweep(trace, BUCKET_SIZES + (grad_bytes,)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+FIGURES = {"02_ddp_timeline.png": _make_timeline, "02_bucket_u_curve.png": _make_u_curve}

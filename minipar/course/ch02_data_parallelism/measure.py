@@ -8,10 +8,16 @@ result, compared in the notebook with one device, and what the communication log
 * :func:`ours_vs_torch` — minipar's DDP and ``torch.nn.parallel.DistributedDataParallel`` side by side on
   the same shards: the largest gradient and parameter differences;
 * :func:`accumulation` — DDP with k = 1 and k = 4 micro-batches per step (``no_sync`` for the first k-1);
-* :func:`timeline_summary` — one rank's DDP timeline (from :func:`.figures.ddp_timeline`) in four numbers.
+* :func:`timeline_summary` — one rank's DDP timeline (from :func:`.figures.ddp_timeline`) in four numbers;
+* :func:`threads_vs_one_thread` — DataParallel's replica forwards on threads against the same forwards one
+  after another on one thread (the GIL's baseline), in this process.
 """
 from __future__ import annotations
 
+import dataclasses
+import time
+
+import torch
 import torch.nn as nn
 
 from minipar import comm
@@ -19,7 +25,8 @@ from minipar.data import ddp
 from minipar.data import parameter_server as ps
 from minipar.loop import shard_batch
 
-__all__ = ["ps_traffic", "ddp_with_bytes", "ours_vs_torch", "accumulation", "timeline_summary"]
+__all__ = ["ps_traffic", "ddp_with_bytes", "ours_vs_torch", "accumulation", "timeline_summary",
+           "threads_vs_one_thread"]
 
 
 def ps_traffic(rank, world_size, recipe):
@@ -67,12 +74,41 @@ def accumulation(rank, world_size, recipe, ks=(1, 4), bucket_bytes=16 * 1024):
 
 
 def timeline_summary(events) -> dict:
-    """One rank's step: buckets launched, ms into backward of the first launch and of the last gradient,
-    ms at which backward returned (every bucket reduced), and the share of comm time hidden by compute."""
+    """One rank's step: buckets launched, ms into backward of the first launch and of the last gradient (where
+    the drawn backward ends), ms at which ``loss.backward()`` returned (every bucket reduced: the end of the
+    drawn wait), and the share of comm time hidden by compute (before the last gradient)."""
     from .figures import overlap_fraction
-    (b0, b1), = [(a, b) for k, _, a, b in events if k == "backward"]
+    (b0, _), = [(a, b) for k, _, a, b in events if k == "backward"]
+    (_, b1), = [(a, b) for k, _, a, b in events if k == "wait"]
     launches = [a for k, _, a, _ in events if k == "comm"]
     last_grad = max(a for k, _, a, _ in events if k == "grad")
     return {"buckets": len(launches), "first_launch_ms": 1e3 * (min(launches) - b0),
             "last_grad_ms": 1e3 * (last_grad - b0), "reduced_ms": 1e3 * (b1 - b0),
             "hidden": overlap_fraction(events)}
+
+
+def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:
+    """{"one_thread": [s], "threads": [s]}, ``runs`` of each after a warm-up: wall seconds of the forwards of
+    the first global batch's ``devices`` shards run one after another on one thread (the baseline), and of
+    :class:`minipar.data.dp.DataParallel`'s replica threads on the same shards (first start to last end of
+    :attr:`minipar.data.dp.ExchangeLog.spans`). Both with one intra-op thread per forward, as ``dp.run``."""
+    from minipar.data import dp
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    chunks = recipe.batches[0][0].chunk(devices)
+    model = recipe.model()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = []
+        for _ in range(runs + 1):
+            start = time.perf_counter()
+            for chunk in chunks:
+                model(chunk)
+            one.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    logs = []
+    dp.run(dataclasses.replace(recipe, batches=[recipe.batches[0]] * (runs + 1)), devices=devices, step_logs=logs)
+    threads = [max(e for _, _, e in log.spans) - min(s for _, s, _ in log.spans) for log in logs]
+    return {"one_thread": one[1:], "threads": threads[1:]}

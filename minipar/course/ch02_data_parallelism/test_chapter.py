@@ -30,6 +30,21 @@ def test_measure_refuses_one_step_before_launch():
         timing.measure(2, steps=1)
 
 
-def test_titan_rtx_links_and_peaks():
-    assert timing.titan_rtx(2).intra_bw == 50e9 and timing.titan_rtx(2, nvlink=False).intra_bw == 15.75e9
-    assert timing.titan_rtx(2, fp32=True).peak_flops == 16.3e12
+def test_titan_rtx_cards_links_and_peaks():
+    from minipar.observe.cluster import PCIE3
+    nvlink, pcie, fp32 = timing.titan_rtx(2), timing.titan_rtx(2, nvlink=False), timing.titan_rtx(2, fp32=True)
+    assert nvlink.intra_bw == 50e9 * timing.NVLINK_BRIDGE.efficiency and pcie.intra_bw == PCIE3.beta
+    assert (nvlink.device.peak_flops, nvlink.device.hbm_bandwidth, fp32.device.peak_flops) == (130e12, 672e9, 16.3e12)
+    assert nvlink.devices_per_node == 2 and nvlink.nodes == 1 and "Turing" in timing.TITAN_RTX.source
+
+
+def test_threads_vs_one_thread_times_the_same_shards_both_ways():
+    from minipar.check import gpt_recipe
+    from minipar.course.ch02_data_parallelism.measure import threads_vs_one_thread
+    recipe = gpt_recipe(steps=1, batch_size=4, n_layer=1, n_embd=16)
+    before = torch.get_num_threads()
+    got = threads_vs_one_thread(recipe, 2, runs=3)
+    assert len(got["one_thread"]) == len(got["threads"]) == 3 and min(got["one_thread"] + got["threads"]) > 0
+    assert torch.get_num_threads() == before                   # the caller's thread count is restored
+    with pytest.raises(ValueError, match="runs"):
+        threads_vs_one_thread(recipe, 2, runs=0)

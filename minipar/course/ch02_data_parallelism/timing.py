@@ -6,8 +6,8 @@ processes, so that each device's compute and messages are traced as DDP's are �
 runs threads in one process, which a per-device trace cannot see). Per configuration, measured as
 :mod:`minipar.observe.measure` measures every run:
 
-* **measured on this machine**: wall seconds between consecutive optimizer steps (the fastest step, each
-  timed on its slowest rank);
+* **measured on this machine**: wall seconds between consecutive optimizer steps, each timed on its slowest
+  rank: ``steps`` − 1 of them per configuration (5 by default), shown as median [min – max];
 * its :mod:`minipar.observe.trace` (compute in thread CPU seconds, every collective), which
   :func:`minipar.course.replays.replays` plays on
 
@@ -32,11 +32,13 @@ from minipar.course.replays import exposed_per_step, hidden_share
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.loop import lm_loss, shard_batch
-from minipar.observe.cluster import pcie_node
+from minipar.observe.cluster import PCIE3, LinkCard, gpu_cluster
+from minipar.observe.device import A100_SXM_80GB, DeviceCard
 from minipar.observe.measure import Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
     timed_steps
 
-__all__ = ["dp_step", "traced_rank", "measure", "table", "titan_rtx"]
+__all__ = ["dp_step", "traced_rank", "measure", "ties", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
+           "titan_rtx"]
 
 LINK_SIZES = (4, 2 ** 19)          # bytes of the all-reduces timed here to fit α and β
 LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
@@ -80,10 +82,11 @@ def _ddp_step(wrapped, opt, xs, ys):
     opt.step()
 
 
-def _traced(step, rank, steps) -> RankSteps:
-    """``steps`` calls of ``step`` after one warm-up (not traced), each ending a step (:mod:`minipar.observe.measure`)."""
+def _traced(step, rank, steps, ops=False) -> RankSteps:
+    """``steps`` calls of ``step`` after one warm-up (not traced), each ending a step (:mod:`minipar.observe.measure`;
+    ``ops``: each compute segment's operators counted, which slows them: not a timed run)."""
     step()
-    with timed_steps(rank) as run:
+    with timed_steps(rank, ops=ops) as run:
         for _ in range(steps):
             step()
             run.tick()
@@ -91,7 +94,8 @@ def _traced(step, rank, steps) -> RankSteps:
 
 
 def traced_rank(rank, world_size, bucket_sizes, layers, embd, batch, seq, steps):
-    """On each rank: {"runs": {config: RankSteps}, "link": gloo's all-reduce times (:func:`minipar.observe.
+    """On each rank: {"runs": {config: RankSteps}, "counted": {config: RankSteps of 2 steps, operators
+    counted}, "link": gloo's all-reduce times (:func:`minipar.observe.
     measure.time_calls`), "flops": the step's FLOPs, ...}."""
     torch.set_num_threads(1)
     make, (x, y) = model_and_batch(layers, embd, batch, seq)
@@ -100,23 +104,26 @@ def traced_rank(rank, world_size, bucket_sizes, layers, embd, batch, seq, steps)
     configs = {f"DDP {b // 1024} KiB buckets": b for b in bucket_sizes if b < grad_bytes}
     configs["DDP one bucket"] = 2 * grad_bytes
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.01)  # noqa: E731
-    out = {}
+    out, counted = {}, {}
     for name, size in configs.items():
         model = make()
         wrapped, opt = ddp.DistributedDataParallel(model, bucket_bytes=size), sgd(model)
         out[name] = _traced(lambda: _ddp_step(wrapped, opt, xs, ys), rank, steps)
+        counted[name] = _traced(lambda: _ddp_step(wrapped, opt, xs, ys), rank, 2, ops=True)
     model = make()
     opt = sgd(model)
     out["DP"] = _traced(lambda: dp_step(rank, world_size, model, opt, x, y), rank, steps)
+    counted["DP"] = _traced(lambda: dp_step(rank, world_size, model, opt, x, y), rank, 2, ops=True)
     flops = counted_flops(lambda: lm_loss(make()(xs), ys).backward())
-    return {"runs": out, "link": time_calls(world_size, LINK_SIZES, LINK_REPEATS, ops=("all_reduce",)),
+    return {"runs": out, "counted": counted, "link": time_calls(world_size, LINK_SIZES, LINK_REPEATS, ops=("all_reduce",)),
             "flops": flops, "grad_bytes": grad_bytes, "buckets": dict(configs)}
 
 
 def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=2, embd=64, batch=16, seq=32,
-            steps=3) -> dict:
-    """Launch :func:`traced_rank`: {"traces": {config: Trace}, "measured": {config: s (the fastest step, each
-    on its slowest rank)}, "alpha", "beta" (gloo's all-reduce, the fastest call of each size fitted),
+            steps=6) -> dict:
+    """Launch :func:`traced_rank`: {"traces": {config: Trace}, "counted": {config: Trace of 2 more steps with
+    each compute segment's operators, for a replay on a device card}, "measured": {config: s (the median step, each on
+    its slowest rank)}, "measured_steps": {config: [s of each of the ``steps`` − 1 steps]}, "alpha", "beta" (gloo's all-reduce, the fastest call of each size fitted),
     "flops_here" (FLOP/s of a rank: counted FLOPs / CPU seconds of compute in a step), "grad_bytes",
     "all_reduces" (per step, traced), ...}."""
     if steps < 2:
@@ -126,32 +133,57 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
     names = list(ranks[0]["runs"])
     runs = {n: gather_steps([r["runs"][n] for r in ranks], {"strategy": n}) for n in names}
     traces = {n: run.trace for n, run in runs.items()}
+    counted = {n: gather_steps([r["counted"][n] for r in ranks], {"strategy": n}).trace for n in names}
     beta, alpha = Links(world_size, [r["link"] for r in ranks]).fit("all_reduce", min)
     flops = ranks[0]["flops"]
-    return {"traces": traces, "measured": {n: run.fastest for n, run in runs.items()},
+    return {"traces": traces, "counted": counted, "measured": {n: run.median for n, run in runs.items()},
+            "measured_steps": {n: list(run.seconds) for n, run in runs.items()},
             "alpha": alpha, "beta": beta, "flops_per_step": flops,
             "flops_here": flops / step_cpu_seconds(traces[names[0]]), "grad_bytes": ranks[0]["grad_bytes"],
             "bucket_bytes": ranks[0]["buckets"], "world_size": world_size, "steps": steps,
             "all_reduces": {n: sum(c.op == "all_reduce" for c in t.ranks[0].comms()) / steps for n, t in traces.items()}}
 
 
+_ROUND = "launch floor, efficiencies: the A100 card's (minipar.observe.device), not fitted on a TITAN RTX"
+TITAN_RTX = DeviceCard(
+    "TITAN RTX", 130e12, 672e9, 24e9, A100_SXM_80GB.launch_floor,
+    gemm_efficiency=A100_SXM_80GB.gemm_efficiency, attention_efficiency=A100_SXM_80GB.attention_efficiency,
+    memory_efficiency=A100_SXM_80GB.memory_efficiency,
+    source="NVIDIA Turing architecture whitepaper (2018), TITAN RTX: 130 TFLOP/s FP16 tensor cores with FP32 "
+           "accumulate, 16.3 TFLOP/s FP32; 24 GB GDDR6 at 672 GB/s; " + _ROUND)
+TITAN_RTX_FP32 = dataclasses.replace(TITAN_RTX, name="TITAN RTX, FP32", peak_flops=16.3e12)
+NVLINK_BRIDGE = LinkCard("NVLink bridge (two TITAN RTX)", 50e9, 10e-6, 0.80,
+                         "NVIDIA: the TITAN RTX NVLink bridge, 100 GB/s both directions together; latency and "
+                         "efficiency: PCIE3's round numbers")
+
+
 def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
-    """Seed 002's machine: :func:`minipar.observe.cluster.pcie_node` (TITAN RTX over PCIe 3.0), and with
-    ``nvlink`` its two-link NVLink bridge, 50 GB/s per direction (NVIDIA: "100 GB/s" both directions).
-    ``fp32``: the peak of FP32 arithmetic, 16.3 TFLOP/s (Turing whitepaper), for a run without ``--fp16``
-    (seed 002's command line has none) instead of ``pcie_node``'s FP16 tensor-core 130 TFLOP/s."""
-    node = pcie_node(devices)
-    if fp32:
-        node = dataclasses.replace(node, peak_flops=16.3e12)
-    return dataclasses.replace(node, intra_bw=50e9, inter_bw=50e9) if nvlink else node
+    """Seed 002's machine as a carded cluster (:func:`minipar.observe.cluster.gpu_cluster`): ``devices``
+    :data:`TITAN_RTX` in one node over PCIe 3.0 x16 (:data:`minipar.observe.cluster.PCIE3`) or, with
+    ``nvlink``, over their NVLink bridge (:data:`NVLINK_BRIDGE`, 50 GB/s per direction). ``fp32``: the card
+    at its FP32 peak (:data:`TITAN_RTX_FP32`), for a run without ``--fp16`` (seed 002's command line has
+    none) instead of its FP16 tensor cores."""
+    card = TITAN_RTX_FP32 if fp32 else TITAN_RTX
+    link = NVLINK_BRIDGE if nvlink else PCIE3
+    return gpu_cluster(card, 1, link, link, devices_per_node=devices)
+
+
+def ties(seconds: dict) -> list:
+    """Pairs of configurations (in ``seconds``' order, {config: [s, …]}) whose [min – max] ranges overlap: a
+    difference inside the spread, a tie that a ranking must not decide."""
+    names = list(seconds)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
+            if max(seconds[a]) >= min(seconds[b]) and max(seconds[b]) >= min(seconds[a])]
 
 
 def table(measured: dict, played: dict) -> list:
-    """One dict per config: measured here (s), then per cluster the replayed step (s), the exposed
+    """One dict per config: measured here (s: the median, and "measured_min" / "measured_max"), then per cluster the replayed step (s), the exposed
     communication of one step (s) and the hidden share in it (:func:`minipar.course.replays.last_step`)."""
     rows = []
     for name in measured["traces"]:
-        row = {"config": name, "measured_here": measured["measured"][name]}
+        steps = measured["measured_steps"][name]
+        row = {"config": name, "measured_here": measured["measured"][name], "measured_min": min(steps),
+               "measured_max": max(steps)}
         for where, results in played.items():
             row[f"step_{where}"] = results[name].step_between("step")
             row[f"exposed_{where}"] = exposed_per_step(results[name])

@@ -2,19 +2,24 @@
 
 * ``05_column_parallel_gelu.png`` — Y = GeLU(X A) with A split by columns on 2 ranks: X, each rank's
   columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, seed 002).
-* ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), with the
-  fitted latency + size/bandwidth line; beside it a simulated cluster: one GPT-3 layer's TP all-reduces
-  on a node-local vs an inter-node link, against its compute (stated assumptions, :func:`tp_layer_times`).
+* ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), median
+  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space;
+  beside it a model: tokens/s per GPU of a GPT-3-shaped model against the TP degree, inside a node and
+  across nodes (:mod:`.throughput`: the planner's estimate on A100 and H100 cards).
 """
 from __future__ import annotations
+
+import math
+import statistics
 
 import torch
 import torch.nn.functional as F
 
 from minipar.launcher import launch
+from minipar.observe.fidelity import fit_affine
 from minipar.observe.measure import calibrate_links
 
-__all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth", "tp_layer_times", "LINKS",
+__all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth",
            "draw_allreduce_cost", "FIGURES"]
 
 from minipar.course.plotting import RANK_COLOURS
@@ -67,70 +72,90 @@ def _make_column(path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(5, 12)), reps: int = 5) -> dict:
-    """{message bytes: seconds of one float32 all-reduce of ``sizes`` floats} measured on ``world_size`` ranks
-    (the best of ``reps`` calls, mean over ranks: :func:`minipar.observe.measure.calibrate_links`)."""
+def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 12)), reps: int = 5) -> dict:
+    """{message bytes: [seconds of each of ``reps`` float32 all-reduces of ``sizes`` floats]} measured on
+    ``world_size`` ranks at once, each call after a barrier, its time the mean of the ranks' clocks of it
+    (:func:`minipar.observe.measure.calibrate_links`, one warm-up call first)."""
     links = calibrate_links(world_size, sizes=[4 * n for n in sizes], repeats=reps, ops=("all_reduce",),
                             p2p_sizes=None)
-    return links.seconds("all_reduce", min)
+    per_rank = [calls["all_reduce"] for calls in links.calls]
+    return {size: [statistics.fmean(r[size][i] for r in per_rank) for i in range(reps)] for size in per_rank[0]}
 
 
-def fit_latency_bandwidth(timings: dict, world_size: int = 4):
-    """Least squares ``t = α + 2(N-1)/N · S / β``: returns (α seconds, β bytes/second)."""
-    sizes = torch.tensor([2 * (world_size - 1) / world_size * s for s in timings], dtype=torch.float64)
-    secs = torch.tensor(list(timings.values()), dtype=torch.float64)
-    design = torch.stack([torch.ones_like(sizes), sizes], dim=1)
-    alpha, inv_beta = torch.linalg.lstsq(design, secs.unsqueeze(1)).solution.squeeze(1).tolist()
-    return max(alpha, 0.0), 1 / inv_beta if inv_beta > 0 else float("inf")
+def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 50):
+    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the median of each size's calls in
+    **log space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB
+    ones β; in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α,
+    log 1/β), started from the relative-error fit (:func:`minipar.observe.fidelity.fit_affine`). A size may
+    be given one time or a list of repeats."""
+    xs = [2 * (world_size - 1) / world_size * s for s in timings]
+    ys = [statistics.median(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
+    if len(xs) < 2:
+        raise ValueError(f"an α-β fit needs at least two sizes, got {len(xs)}")
+    a, slope = fit_affine(xs, ys)
+    u, v = math.log(max(a, 1e-3 * min(ys))), math.log(max(slope, 1e-18))
+    for _ in range(iterations):                      # residual r = log(α + x·s) − log y
+        a, slope = math.exp(u), math.exp(v)
+        model = [a + x * slope for x in xs]
+        r = [math.log(m / y) for m, y in zip(model, ys)]
+        ju, jv = [a / m for m in model], [x * slope / m for x, m in zip(xs, model)]
+        guu, guv, gvv = sum(j * j for j in ju), sum(p * q for p, q in zip(ju, jv)), sum(j * j for j in jv)
+        bu, bv = sum(j * e for j, e in zip(ju, r)), sum(j * e for j, e in zip(jv, r))
+        det = guu * gvv - guv * guv
+        if det <= 0:
+            break
+        du, dv = (gvv * bu - guv * bv) / det, (guu * bv - guv * bu) / det
+        u, v = u - max(-1.0, min(1.0, du)), v - max(-1.0, min(1.0, dv))
+        if abs(du) + abs(dv) < 1e-10:
+            break
+    return math.exp(u), 1 / math.exp(v)
 
 
-# A simulated cluster (stated assumptions, not measurements): one GPT-3-sized layer, 16-bit activations.
-LINKS = {"inside a node (NVLink-class, 300 GB/s)": 300e9, "across nodes (InfiniBand-class, 25 GB/s)": 25e9}
-
-
-def tp_layer_times(t: int, bandwidth: float, b: int = 1, s: int = 2048, h: int = 12288,
-                   flops: float = 312e12, latency: float = 10e-6) -> dict:
-    """Seconds per layer per step on t devices: compute = 3 · (24bsh² + 4bs²h) / t / flops (forward +
-    backward ≈ 3 forwards); communication = 4 all-reduces of b·s·h 2-byte values over a link of
-    ``bandwidth`` bytes/s: 4 · (α + 2(t-1)/t · 2bsh / bandwidth). Not overlapped (Megatron's TP
-    all-reduces sit on the critical path)."""
-    compute = 3 * (24 * b * s * h * h + 4 * b * s * s * h) / t / flops
-    comm_time = 4 * (latency + 2 * (t - 1) / t * 2 * b * s * h / bandwidth) if t > 1 else 0.0
-    return {"compute": compute, "communication": comm_time}
-
-
-def draw_allreduce_cost(timings: dict, gpus_per_node: int = 8):
-    """Left: the measured all-reduce times and their α-β fit (from ``timings``, the run being shown).
-    Right: the simulated TP layer of :func:`tp_layer_times`; no inside-a-node bar where t > gpus_per_node."""
+def draw_allreduce_cost(timings: dict, rows: list | None = None):
+    """Left: the measured all-reduce times (median of the repeats, bars from the fastest to the slowest call)
+    and their log-space α-β fit (:func:`fit_latency_bandwidth`). Right (``rows`` of
+    :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput`, a model): tokens/s per GPU of a
+    GPT-3-shaped model against the TP degree, inside a node and across nodes, on each card."""
     import matplotlib.pyplot as plt
 
     alpha, beta = fit_latency_bandwidth(timings)
     sizes = list(timings)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax.loglog(sizes, [timings[s] * 1e3 for s in sizes], "o", label="measured, 4 CPU ranks (gloo)")
-    ax.loglog(sizes, [(alpha + 1.5 * s / beta) * 1e3 for s in sizes], "-",
-              label=f"fit: {alpha * 1e3:.2f} ms + 2(N-1)/N·S / ({beta / 1e9:.2f} GB/s)")
+    med = [statistics.median(timings[s]) * 1e3 for s in sizes]
+    lo = [m - min(timings[s]) * 1e3 for m, s in zip(med, sizes)]
+    hi = [max(timings[s]) * 1e3 - m for m, s in zip(med, sizes)]
+    fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(11 if rows else 5.5, 3.8), squeeze=False)
+    ax = axes[0][0]
+    ax.errorbar(sizes, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2,
+                label=f"measured, 4 CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
+    ax.plot(sizes, [(alpha + 1.5 * s / beta) * 1e3 for s in sizes], "-",
+            label=f"fit in log space: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
+    ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
     ax.set_ylabel("one all-reduce (ms)")
     ax.legend(fontsize=7)
     ax.set_title("Measured: a fixed latency, then time grows with S", fontsize=9)
-    degrees = [2, 4, 8, 16]
-    width = 0.27
-    for k, (name, bw) in enumerate(LINKS.items()):
-        fits = [t for t in degrees if k == 1 or t <= gpus_per_node]
-        comm_ms = [tp_layer_times(t, bw)["communication"] * 1e3 for t in fits]
-        ax2.bar([degrees.index(t) + (k - 0.5) * width for t in fits], comm_ms, width, label=f"all-reduces, {name}")
-    compute_ms = [tp_layer_times(t, 1)["compute"] * 1e3 for t in degrees]
-    ax2.plot(range(len(degrees)), compute_ms, "k^-", label="compute per device (312 TFLOP/s, 100 % of peak)")
-    ax2.set_xticks(range(len(degrees)), [f"t = {t}" for t in degrees])
-    ax2.set_ylabel("ms per layer per step")
-    ax2.set_title(f"Simulated: GPT-3 layer (s=2048, h=12288); {gpus_per_node} GPUs per node", fontsize=9)
-    ax2.legend(fontsize=7)
+    if rows:
+        ax2 = axes[0][1]
+        for (card, placement), style in zip(sorted({(r["card"], r["placement"]) for r in rows}),
+                                            ("o-", "s--", "o-", "s--")):
+            mine = [r for r in rows if (r["card"], r["placement"]) == (card, placement)]
+            ax2.plot([r["t"] for r in mine], [r["tokens_per_gpu"] for r in mine], style,
+                     label=f"{card.split(' (')[0]}, {placement}")
+        ax2.set_xscale("log", base=2)
+        ax2.set_xticks([r["t"] for r in mine], [str(r["t"]) for r in mine])
+        ax2.set_xlabel("TP degree t")
+        ax2.set_ylabel("tokens/s per GPU")
+        ax2.set_title("Model (the planner): a GPT-3-shaped model (h = 12288, s = 2048), TP alone", fontsize=9)
+        ax2.legend(fontsize=7)
     return fig
 
 
 def _make_allreduce(path):
-    draw_allreduce_cost(allreduce_timings()).savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    from .throughput import tp_throughput
+    fig = draw_allreduce_cost(allreduce_timings(reps=7), tp_throughput())    # as the chapter: 7 calls a size
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 FIGURES = {"05_column_parallel_gelu.png": _make_column, "05_allreduce_cost.png": _make_allreduce}

@@ -1,5 +1,6 @@
 """Chapter 05's TP timing (timing.py): one step cut out of a trace, the placements, and a real TP trace's
-replayed communication equal to the α-β sum of its collectives on the link the placement puts them on."""
+replayed communication equal to the α-β sum of its collectives on the link the placement puts them on, its
+compute the counted operators priced on the H100 card, split into matmuls, memory-bound operators and floors."""
 import math
 
 import pytest
@@ -7,7 +8,8 @@ import pytest
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.ch05_tensor_parallelism import timing
 from minipar.observe.cluster import comm_seconds
-from minipar.observe.replay import device_scale
+from minipar.observe.device import H100_SXM, ops_seconds
+from minipar.observe.opcount import kernel_count, ops_of
 from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 
@@ -34,24 +36,52 @@ def test_placements_put_the_ring_inside_one_node_or_across_two():
     assert timing.placements(16, 1e-3, 1e9)["inside"] is None
 
 
-def test_traced_tp_refuses_before_launch():
+def test_tp_runs_refuses_before_launch():
     with pytest.raises(ValueError, match="at least 2 steps"):
-        timing.traced_tp(_recipe(steps=1), 2)
+        timing.tp_runs(_recipe(steps=1), 2)
     with pytest.raises(ValueError):
-        timing.traced_tp(_recipe(), 3)                       # 4 heads do not split 3 ways
+        timing.tp_runs(_recipe(), 3)                         # 4 heads do not split 3 ways
+    with pytest.raises(ValueError, match="counted_steps"):
+        timing.tp_runs(_recipe(), 2, counted_steps=3)
 
 
-def test_replayed_tp_comm_is_the_alpha_beta_sum_of_the_steps_all_reduces():
-    measured, traced, results = timing.traced_tp(_recipe(), 2)
-    assert measured > 0 and compare(train_reference(_recipe()), results).matches   # TP trains as one device
-    step = timing.one_step(traced)
+def test_replayed_tp_comm_is_the_alpha_beta_sum_and_compute_the_counted_operators_on_the_card():
+    recipe = _recipe(steps=3)
+    measured, timed, counted, results, counted_results, counted_recipe = timing.tp_runs(recipe, 2)
+    assert len(measured) == 2 and min(measured) > 0 and counted_recipe.steps == 2
+    assert compare(train_reference(recipe), results).matches
+    assert compare(train_reference(counted_recipe), counted_results).matches
+    assert all(e.ops is None for e in timed.ranks[0].events if isinstance(e, Compute))     # the timed run: not counted
+    assert any(e.ops for e in counted.ranks[0].events if isinstance(e, Compute))
+    step = timing.one_step(counted)
     calls = [e for e in step.ranks[0].events if isinstance(e, Comm)]
     assert calls and {c.op for c in calls} <= {"all_reduce"}
-    table = timing.tp_table(step, 2, alpha=1e-4, beta=1e9, flops_here=1e11)
+    table = timing.tp_table(timing.one_step(timed), step, 2, alpha=1e-4, beta=1e9)
     for where in ("inside", "across"):
         cluster = timing.placements(2, 1e-4, 1e9)[where]
         expected = sum(comm_seconds(c.op, c.ranks, c.bytes, cluster) for c in calls)
         assert math.isclose(table[where]["comm"], expected, rel_tol=1e-9)
-        cpu = max(r.compute_cpu_seconds for r in step.ranks)
-        assert math.isclose(table[where]["compute"], cpu * device_scale(cluster, 1e11), rel_tol=1e-9)
-    assert table["across"]["comm"] > table["inside"]["comm"] and table["inside"]["ratio"] > 1
+        rows = [r for e in step.ranks[0].events if isinstance(e, Compute) for r in e.ops]
+        priced = ops_seconds(ops_of(rows), cluster.device)          # each operator on the card, with its floor
+        terms = table[where]["terms"]
+        assert math.isclose(table[where]["compute"], priced, rel_tol=1e-9)
+        assert math.isclose(terms["gemm"] + terms["memory"] + terms["floor"], priced, rel_tol=1e-9)
+        assert terms["kernels"] == kernel_count(rows) and terms["floor"] == kernels_floor(rows, cluster)
+    assert table["across"]["comm"] > table["inside"]["comm"]
+    with pytest.raises(ValueError, match="ops=True"):
+        timing.compute_terms(timing.one_step(timed).ranks[0])
+
+
+def kernels_floor(rows, cluster):
+    return kernel_count(rows) * cluster.device.launch_floor
+
+
+def test_compute_terms_split_a_hand_counted_segment():
+    gemm = {"name": "aten.mm", "kind": "gemm", "count": 2, "flops": 2e12, "bytes": 8}
+    add = {"name": "aten.add", "kind": "memory", "count": 3, "flops": 0, "bytes": 3.35e9}
+    terms = timing.compute_terms(RankTrace(0, [Compute(1.0, ops=[gemm, add])]), H100_SXM)
+    # 2 matmuls of 2 TFLOP: 2 · 2e12 / (989e12 · η_gemm); 3 adds of 3.35 GB: 3 · 3.35e9 / (3.35e12 · η_HBM)
+    assert (H100_SXM.peak_flops, H100_SXM.hbm_bandwidth) == (989e12, 3.35e12)
+    assert math.isclose(terms["gemm"], 2 * 2e12 / (989e12 * H100_SXM.gemm_efficiency))
+    assert math.isclose(terms["memory"], 3 * 1e-3 / H100_SXM.memory_efficiency)
+    assert terms["kernels"] == 5 and math.isclose(terms["floor"], 5 * 5e-6)

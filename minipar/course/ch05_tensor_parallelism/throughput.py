@@ -1,0 +1,50 @@
+"""Chapter 05, §7: tensor parallelism at a GPT-3 layer's size — the planner's estimate, not a measurement.
+
+A model of GPT-3's layer shape (h = 12288, 96 heads, s = 2048, vocabulary 51200; :data:`GPT3_LAYERS` layers, so
+the embedding and the output layer weigh little beside them) trained with TP degree t alone on t GPUs:
+:func:`minipar.plan.estimate` on a cluster built from device and link cards
+(:func:`minipar.observe.cluster.gpu_cluster`): compute is the layers' operators priced on the card (matmuls,
+attention, memory-bound operators, a launch floor per kernel: :mod:`minipar.plan.operators`), the ``tp`` term
+the α-β time of TP's all-reduces (4 per layer per micro-batch, Shoeybi et al. 2019) on the link the group
+crosses. **Inside a node**: ``devices_per_node`` = 8, the group on NVLink up to t = 8 (t = 16 spans two
+nodes); **across nodes**: ``devices_per_node`` = 2, so every group of t > 2 crosses InfiniBand.
+
+Throughput per GPU = tokens of a step / (step seconds · t): what TP trades when it splits a layer t ways.
+"""
+from __future__ import annotations
+
+from minipar.observe.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
+from minipar.observe.device import A100_SXM_80GB, H100_SXM
+from minipar.plan import Layout, Transformer, estimate
+
+__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput"]
+
+GPT3_LAYERS = 4
+MICRO_BATCHES = 8                                  # 8 sequences of 2048 tokens a step: the optimizer amortized
+CARDS = {"A100 (NVLink 3, IB HDR)": (A100_SXM_80GB, NVLINK3, IB_HDR),
+         "H100 (NVLink 4, IB NDR)": (H100_SXM, NVLINK4, IB_NDR)}
+PLACEMENTS = {"inside a node": 8, "across nodes": 2}   # devices per node
+
+
+def gpt3_shaped(layers: int = GPT3_LAYERS) -> Transformer:
+    """GPT-3 175B's layer (Brown et al. 2020, Table 2.1: h = 12288, 96 heads, s = 2048), ``layers`` of them."""
+    return Transformer(layers=layers, hidden=12288, heads=96, vocab=51200, seq_len=2048)
+
+
+def tp_throughput(degrees=(1, 2, 4, 8, 16), model: Transformer | None = None) -> list:
+    """One row per (card, placement, t): {"card", "placement", "t", "nodes", "compute", "tp", "step" (s),
+    "tokens_per_gpu" (tokens/s per GPU), "tp_share" (tp / step)} of :func:`minipar.plan.estimate`."""
+    model = model or gpt3_shaped()
+    rows = []
+    for card_name, (card, intra, inter) in CARDS.items():
+        for placement, per_node in PLACEMENTS.items():
+            for t in degrees:
+                nodes = -(-t // per_node)
+                cluster = gpu_cluster(card, nodes, intra, inter, devices_per_node=min(per_node, t))
+                est = estimate(model, cluster, Layout(tp=t, micro_batch=1, micro_batches=MICRO_BATCHES))
+                step = est.step_seconds
+                rows.append({"card": card_name, "placement": placement, "t": t, "nodes": nodes,
+                             "compute": est.time["compute"], "tp": est.time["tp"], "step": step,
+                             "tokens_per_gpu": MICRO_BATCHES * model.seq_len / (step * t),
+                             "tp_share": est.time["tp"] / step})
+    return rows
