@@ -113,6 +113,13 @@ def traced_rank(rank, world_size, steps):
         with timed_steps(rank) as run:
             zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch, observe=watch)
         out[prefetch] = (run, watch.samples)
+    counted = {}
+    for prefetch in (True, False):           # the same program once more, its operators counted (a device card)
+        recipe = gpt_recipe(steps=3, optimizer="sgd", **STEP_RECIPE)
+        with timed_steps(rank, ops=True) as run:
+            zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch)
+        counted[prefetch] = run
+    out["counted"] = counted
     recipe = gpt_recipe(steps=1, **STEP_RECIPE)
     x, y = shard_batch(recipe.batches[0], rank, world_size)
     flops = counted_flops(lambda: recipe.loss(recipe.model(), x, y).backward())
@@ -122,7 +129,8 @@ def traced_rank(rank, world_size, steps):
 
 
 def measure(world_size: int = 4, steps: int = 3) -> dict:
-    """{"traces": {"prefetch" | "no prefetch": Trace}, "measured": {…: s}, "memory": {…: rank 0's
+    """{"traces": {"prefetch" | "no prefetch": Trace}, "counted": {…: Trace of 3 more steps with each compute
+    segment's operators, for a replay on a device card}, "measured": {…: s}, "memory": {…: rank 0's
     MemoryWatch samples of step 2}, "flops_here", "flops_per_step", "steps", "alpha", "beta" (gloo's
     all-reduce here, fitted), "param_bytes" (the model's parameters)} — the shape
     :func:`minipar.course.replays.replays` reads. The first optimizer step (the unit order being recorded, no
@@ -138,7 +146,9 @@ def measure(world_size: int = 4, steps: int = 3) -> dict:
     traces = {name: run.trace for name, run in runs.items()}
     flops = ranks[0][1]
     beta, alpha = Links(world_size, [r[2] for r in ranks]).fit("all_reduce", min)
-    return {"traces": traces, "measured": {name: run.fastest for name, run in runs.items()},
+    counted = {names[p]: gather_steps([r[0]["counted"][p] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}).trace
+               for p in names}
+    return {"traces": traces, "counted": counted, "measured": {name: run.fastest for name, run in runs.items()},
             "memory": {names[p]: ranks[0][0][p][1] for p in names},
             "flops_per_step": flops, "flops_here": flops / step_cpu_seconds(traces["prefetch"]), "steps": steps + 1,
             "world_size": world_size, "alpha": alpha, "beta": beta, "param_bytes": ranks[0][3]}
