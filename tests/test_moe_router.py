@@ -8,7 +8,7 @@ import torch
 
 from minipar.models import GPTConfig
 from minipar.moe.layer import MoEConfig, MoEGPT, MoELayer, combine, dispatch, moe_recipe, validate_config
-from minipar.moe.router import (balance_counts, capacity, fairscale_aux, gshard_paper_aux,
+from minipar.moe.router import (balance_counts, capacity, deepspeed_aux, gshard_paper_aux,
                                 load_balancing_loss, route)
 
 
@@ -82,9 +82,9 @@ def test_aux_loss_equals_its_formula():
     want = 0.01 * 4 * sum(fi * pi for fi, pi in zip(f, P))
     assert load_balancing_loss(r, alpha=0.01).item() == pytest.approx(want, rel=1e-12)
     assert balance_counts(r).tolist() == [20 * fi for fi in f]
-    # GShard's paper form is E^2 smaller; fairscale's mean(me*ce)*E*E equals Switch's (alpha = 1)
+    # GShard's paper and fairscale's mean(me*ce) are E^2 smaller; DeepSpeed's/fairseq's mean(me*ce)*E*E equals Switch's
     switch = load_balancing_loss(r, alpha=1.0)
-    assert fairscale_aux(r).item() == pytest.approx(switch.item(), rel=1e-12)
+    assert deepspeed_aux(r).item() == pytest.approx(switch.item(), rel=1e-12)
     assert (gshard_paper_aux(r) * 16).item() == pytest.approx(switch.item(), rel=1e-12)
 
 

@@ -5,5 +5,9 @@ combined with data parallelism.
 * :mod:`minipar.moe.router` — :func:`~minipar.moe.router.route`, capacity, the Switch loss;
 * :mod:`minipar.moe.layer` — :class:`~minipar.moe.layer.MoELayer`, :class:`~minipar.moe.layer.MoEGPT`,
   :func:`~minipar.moe.layer.moe_recipe`;
-* :mod:`minipar.moe.expert_parallel` — ``run(recipe, *, world_size, ep=...)``.
+* :mod:`minipar.moe.expert_parallel` — ``run(recipe, *, world_size, ep=...)``;
+* :mod:`minipar.moe.balance` — the router z-loss (ST-MoE), the sequence-wise and batch-wise balance loss and
+  auxiliary-loss-free balancing (DeepSeek-V3);
+* :mod:`minipar.moe.eplb` — :func:`~minipar.moe.eplb.rebalance_experts`, DeepSeek's expert-parallel load
+  balancer (redundant experts packed onto GPUs).
 """

@@ -42,6 +42,10 @@ divide by **W, not dp** — the classic scaling bug.
 with the mesh, so each record names its group's dims and ``log.select(op="all_to_all")`` is the all-to-all
 traffic, modelled and observed per call, with no log threaded through the layers.
 
+**Shared experts** (``MoEConfig(shared=S)``, DeepSeekMoE) see every token of their own rank: they are dense
+parameters, held by every rank and averaged over all W ranks like attention. Loss-free balancing
+(``bias_rate``) is refused here: its bias must be updated from the whole batch's load, not built yet.
+
 **Load-balancing loss.** f_i counts first choices over the whole micro-batch of all W ranks (an all-reduce
 of E numbers), P_i is each rank's own mean probability; each rank's α·E·Σ f_i·P_i, averaged over ranks
 with the rest of the loss, is the whole micro-batch's aux loss and has its gradient. (Computing f per rank
@@ -112,11 +116,13 @@ class ExpertParallelMoE(MoELayer):
     """An MoE layer holding only experts ``first … first + E/ep − 1``; the others live on the EP peers."""
 
     def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
+        refuse_routing_bias(layer.moe)
         nn.Module.__init__(self)
         self.moe, self.router = replace(layer.moe, groups=1), layer.router   # a rank's tokens: one group
         self.per_rank = layer.moe.experts // ep
         self.first = ep_rank * self.per_rank
         self.experts = nn.ModuleList(layer.experts[self.first: self.first + self.per_rank])
+        self.shared = layer.shared                # shared experts: dense, on every rank (DeepSeekMoE)
         self.ep_group, self.token_group = ep_group, token_group
         self.routing, self.aux_loss = None, torch.zeros((), device=layer.router.weight.device)
 
@@ -143,6 +149,14 @@ class ExpertParallelMoE(MoELayer):
         out = torch.stack([expert(received[:, j].reshape(ep * c, m)).view(ep, c, m)
                            for j, expert in enumerate(experts)], dim=1)
         return all_to_all(out.reshape(e, c, m), self.ep_group, tag)   # back to the tokens' ranks
+
+
+def refuse_routing_bias(moe) -> None:
+    """Loss-free balancing needs every rank's bias updated from the whole batch's load (an all-reduce of E
+    counts after each step): not built here yet, so refused rather than trained with a bias left at zero."""
+    if moe.bias_rate > 0:
+        raise ValueError(f"loss-free balancing (bias_rate={moe.bias_rate}) is not supported under expert "
+                         f"parallelism yet: train it on one device (minipar.moe.layer.MoEGPT.update_routing_bias)")
 
 
 def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group) -> dict:
@@ -192,6 +206,7 @@ def validate(recipe, *, world_size: int, ep: int, micro_batches: int = 1) -> Non
         raise ValueError(f"expert parallelism needs an MoEGPT recipe (minipar.moe.layer.moe_recipe), "
                          f"got a {type(model).__name__}")
     validate_config(model.moe, ep)
+    refuse_routing_bias(model.moe)
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % (world_size * micro_batches):
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by {world_size} "

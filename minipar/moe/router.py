@@ -19,10 +19,13 @@ is expert i (counted before dropping; no gradient) and P_i = mean over tokens of
 
     aux = α · E · Σ_i f_i · P_i          (= α when routing is uniform, f_i = P_i = 1/E; Switch: α = 1e-2)
 
-Its gradient pushes probability away from the experts that receive many tokens. GShard's paper writes
-mean_i(f_i · P_i) = (1/E) Σ_i f_i · P_i: E² smaller than the above for the same routing. fairscale's and
-DeepSpeed's top-2 gates compute ``mean(me * ce) * E * E``, which undoes that E² and so equals Switch's
-form: when copying an α between code bases, check which of the two a code uses.
+Its gradient pushes probability away from the experts that receive many tokens. GShard's paper (Algorithm 1)
+writes mean_i(f_i · P_i) = (1/E) Σ_i f_i · P_i: E² smaller than the above for the same routing, and so does
+fairscale's ``top2gating`` (``l_aux = torch.mean(me * ce)``, fairscale/nn/moe/top2gate.py, averaged over its
+groups too). DeepSpeed's ``top2gating`` and fairseq's (``torch.mean(me * ce) * num_experts * num_experts``,
+deepspeed/moe/sharded_moe.py, fairseq/modules/moe/top2gate.py) multiply that E² back and equal Switch's form,
+as does DeepSpeed's ``top1gating`` (``torch.sum(me * ce) * num_experts``): when copying an α between code bases,
+check which of the two a code uses.
 
 :func:`balance_counts` separates the counts from the division so that, over several ranks, the counts can
 be summed first (one all-reduce of E numbers) and f taken over the whole batch: see
@@ -37,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["Routing", "capacity", "route", "route_groups", "balance_counts", "load_balancing_loss", "gshard_paper_aux",
-           "fairscale_aux"]
+           "deepspeed_aux"]
 
 
 def capacity(tokens: int, experts: int, capacity_factor: float, k: int = 1) -> int:
@@ -75,15 +78,22 @@ class Routing:
         return torch.bincount(self.expert.reshape(-1), minlength=self.experts)
 
 
-def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.25, cap: int | None = None) -> Routing:
+def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.25, cap: int | None = None,
+          bias: torch.Tensor | None = None) -> Routing:
     """Route T tokens given router ``logits`` (T, E): top-k experts, gates, slots, and which are dropped.
 
-    ``cap`` overrides the capacity (default :func:`capacity` of T tokens)."""
+    ``cap`` overrides the capacity (default :func:`capacity` of T tokens). ``bias`` (E,), loss-free balancing
+    (:mod:`minipar.moe.balance`): added to the probabilities only to choose the top k; the gates are the
+    unbiased probabilities, so the bias gets no gradient."""
     t, e = logits.shape
     if not 1 <= k <= e:
         raise ValueError(f"top-k must be between 1 and the number of experts ({e}), got {k}")
     probs = logits.softmax(dim=-1)
-    top_p, expert = probs.topk(k, dim=-1)                            # (T, k), sorted by probability
+    if bias is None:
+        top_p, expert = probs.topk(k, dim=-1)                        # (T, k), sorted by probability
+    else:
+        expert = (probs.detach() + bias.detach()).topk(k, dim=-1).indices    # choose with the bias ...
+        top_p = probs.gather(-1, expert)                                       # ... weigh without it
     gate = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
     # Slots: count, per expert, the choices before this one, first choices of all tokens first.
     onehot = F.one_hot(expert.t().reshape(-1), e)                   # (k·T, E) choice-major
@@ -93,7 +103,8 @@ def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.25, cap: 
     return Routing(probs, expert, gate, slot, slot < c, c)
 
 
-def route_groups(logits: torch.Tensor, groups: int, k: int = 1, capacity_factor: float = 1.25) -> Routing:
+def route_groups(logits: torch.Tensor, groups: int, k: int = 1, capacity_factor: float = 1.25,
+                 bias: torch.Tensor | None = None) -> Routing:
     """Route G equal consecutive groups of tokens independently (GShard's *groups*), each with its own
     capacity C = ⌈k·(T/G)/E·cf⌉: what G ranks do, each routing its own tokens. Returned as one Routing over
     all T tokens whose buffer has G·C slots per expert, group g's in slots g·C … g·C + C − 1."""
@@ -101,8 +112,8 @@ def route_groups(logits: torch.Tensor, groups: int, k: int = 1, capacity_factor:
     if groups < 1 or t % groups:
         raise ValueError(f"{t} tokens do not split into {groups} equal routing groups")
     if groups == 1:
-        return route(logits, k, capacity_factor)
-    parts = [route(chunk, k, capacity_factor) for chunk in logits.chunk(groups)]
+        return route(logits, k, capacity_factor, bias=bias)
+    parts = [route(chunk, k, capacity_factor, bias=bias) for chunk in logits.chunk(groups)]
     c = parts[0].capacity
     slot = torch.cat([p.slot + g * c for g, p in enumerate(parts)])
     kept = torch.cat([p.kept for p in parts])
@@ -130,13 +141,14 @@ def load_balancing_loss(routing: Routing, alpha: float = 1e-2, counts: torch.Ten
 
 
 def gshard_paper_aux(routing: Routing) -> torch.Tensor:
-    """GShard's Algorithm 1: mean_e(c_e / S · m_e) = (1/E) Σ f_i P_i (E² below Switch's, α = 1)."""
+    """GShard's Algorithm 1 and fairscale's ``top2gating``: mean_e(c_e / S · m_e) = (1/E) Σ f_i P_i (E² below
+    Switch's, α = 1)."""
     f = balance_counts(routing) / routing.probs.shape[0]
     return (f * routing.probs.mean(dim=0)).mean()
 
 
-def fairscale_aux(routing: Routing) -> torch.Tensor:
-    """fairscale's / DeepSpeed's ``mean(me * ce) * E * E`` = E Σ f_i P_i (Switch's, α = 1)."""
+def deepspeed_aux(routing: Routing) -> torch.Tensor:
+    """DeepSpeed's and fairseq's ``mean(me * ce) * E * E`` = E Σ f_i P_i (Switch's, α = 1)."""
     e = routing.experts
     ce = F.one_hot(routing.expert[:, 0], e).to(routing.probs.dtype).mean(dim=0)
     me = routing.probs.mean(dim=0)

@@ -11,20 +11,22 @@
 
 Figures: ``09_routing.png`` (a routing drawn: slots, capacity, dropped tokens), ``09_balance.png`` (the
 busiest expert's load over training with and without the balancing loss), ``09_capacity.png`` (dropped
-fraction vs capacity factor).
+fraction vs capacity factor), ``09_loss_free.png`` (the busiest expert's load and the LM loss: no balancing, the
+Switch loss, loss-free balancing).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import replace
 
 import torch
 
 from minipar.moe.layer import MoEConfig, MoEGPT, moe_recipe
 from minipar.moe.router import route
 
-__all__ = ["balance_run", "busiest_share", "drop_fraction", "all_to_all_bytes", "flops_per_token",
-           "draw_routing", "draw_balance", "draw_capacity", "FIGURES"]
+__all__ = ["balance_run", "busiest_share", "expert_loads", "lm_losses", "drop_fraction", "all_to_all_bytes",
+           "flops_per_token", "LOSS_FREE_RATE", "draw_lm_loss", "draw_routing", "draw_balance", "draw_capacity", "FIGURES"]
 
 
 def _skewed_routers(model, std: float, seed: int = 1) -> None:
@@ -48,17 +50,21 @@ def _one_thread():
 
 
 def balance_run(alpha: float, steps: int = 60, router_std: float = 1.0, experts: int = 4,
-                capacity_factor: float = 1.25, seed: int = 0) -> dict:
+                capacity_factor: float = 1.25, seed: int = 0, bias_rate: float = 0.0, lr: float | None = None) -> dict:
     """Train the MoE GPT (top-1) for ``steps`` Adam steps on one process. Returns per step: ``loss`` (LM +
     aux), ``aux``, ``wanted`` [layer][expert] first-choice tokens, ``dropped`` fraction; ``tokens`` per
-    layer; ``logits``: the first MoE layer's router logits (T, E) in the last step."""
+    layer, ``experts``; ``logits``: the first MoE layer's router logits (T, E) in the last step.
+    ``bias_rate`` γ > 0: loss-free balancing, the routing biases updated after every step (``bias``: their
+    values at the end, per layer)."""
     with _one_thread():
         recipe = moe_recipe(steps=steps, batch_size=8, seq_len=16, experts=experts, k=1,
                             capacity_factor=capacity_factor, alpha=alpha, seed=seed)
         model = recipe.model()
+        if bias_rate:
+            model = MoEGPT(model.cfg, replace(model.moe, bias_rate=bias_rate), seed)
         _skewed_routers(model, router_std)
-        opt = recipe.optimizer(model.parameters())
-        out = {"loss": [], "aux": [], "wanted": [], "dropped": [], "tokens": 0}
+        opt = recipe.optimizer(model.parameters()) if lr is None else torch.optim.Adam(model.parameters(), lr=lr)
+        out = {"loss": [], "aux": [], "wanted": [], "dropped": [], "tokens": 0, "experts": experts}
         first = model.moe_layers()[0].router
         first.register_forward_hook(lambda m, i, o: out.__setitem__("logits", o.detach()))
         for x, y in recipe.batches:
@@ -66,13 +72,25 @@ def balance_run(alpha: float, steps: int = 60, router_std: float = 1.0, experts:
             loss = recipe.loss(model, x, y)
             loss.backward()
             opt.step()
+            model.update_routing_bias()
             routings = [layer.routing for layer in model.moe_layers()]
             out["tokens"] = routings[0].probs.shape[0]
             out["loss"].append(loss.item())
             out["aux"].append(model.aux_loss().item())
             out["wanted"].append([r.wanted().tolist() for r in routings])
             out["dropped"].append(sum(r.dropped for r in routings) / (len(routings) * out["tokens"]))
+        out["bias"] = [getattr(layer, "routing_bias", torch.zeros(experts)).tolist() for layer in model.moe_layers()]
         return out
+
+
+def lm_losses(run: dict) -> list:
+    """Per step: the language-model loss alone (the total minus the balancing terms)."""
+    return [total - aux for total, aux in zip(run["loss"], run["aux"])]
+
+
+def expert_loads(run: dict, last: int = 20) -> torch.Tensor:
+    """(layers, E): the tokens each expert was sent, summed over the run's ``last`` steps (EPLB's input)."""
+    return torch.tensor(run["wanted"][-last:]).sum(dim=0)
 
 
 def busiest_share(run: dict) -> list:
@@ -119,13 +137,15 @@ def all_to_all_bytes(settings=((1, 1.0), (1, 1.25), (1, 2.0), (2, 1.25)), world_
     return rows
 
 
-def flops_per_token(experts: int = 4, k: int = 1, capacity_factor: float = 1.0, tokens: int = 8 * 16) -> dict:
+def flops_per_token(experts: int = 4, k: int = 1, capacity_factor: float = 1.0, tokens: int = 8 * 16,
+                    **moe_changes) -> dict:
     """Forward FLOPs per token and parameters: the MoE GPT, and a dense GPT whose FFN hidden size is E
-    times larger (about the same parameters). Counted by ``torch.utils.flop_counter`` (matmuls)."""
+    times larger (about the same parameters). Counted by ``torch.utils.flop_counter`` (matmuls).
+    ``moe_changes``: other :class:`~minipar.moe.layer.MoEConfig` fields (``shared``, ``granularity``)."""
     from torch.utils.flop_counter import FlopCounterMode
     from minipar.models import GPTConfig, TinyGPT
     cfg = GPTConfig()
-    moe_model = MoEGPT(cfg, MoEConfig(experts, k, capacity_factor))
+    moe_model = MoEGPT(cfg, MoEConfig(experts, k, capacity_factor, **moe_changes))
     dense = TinyGPT(cfg.with_(ffn_mult=cfg.ffn_mult * experts))
     base = TinyGPT(cfg)
     idx = torch.randint(0, cfg.vocab_size, (tokens // 16, 16), generator=torch.Generator().manual_seed(0))
@@ -175,8 +195,22 @@ def draw_balance(runs: dict, ax=None):
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("training step")
     ax.set_ylabel("tokens / fair share T/E")
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=5.2 if len(runs) > 2 else None)          # room above the curves for a two-column legend
+    ax.legend(fontsize=7 if len(runs) > 2 else 8, ncol=2 if len(runs) > 2 else 1, loc="upper right")
     ax.set_title("load of the busiest expert (max over 2 MoE layers), top-1, 4 experts, cf 1.25")
+    return ax
+
+
+def draw_lm_loss(runs: dict, ax=None):
+    """runs: {label: balance_run(...)}; the language-model loss alone (balancing terms removed) over steps."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(7, 3))[1]
+    for label, run in runs.items():
+        ax.plot(lm_losses(run), label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("LM loss (cross-entropy)")
+    ax.legend(fontsize=8)
+    ax.set_title("language-model loss, without the balancing terms")
     return ax
 
 
@@ -211,14 +245,28 @@ def _routing_png(path):
     plt.close(ax.figure)
 
 
+LOSS_FREE_RATE = 0.01      # γ of the chapter's loss-free run (DeepSeek-V3: 0.001 at a far smaller learning rate)
+
+
 @functools.lru_cache(maxsize=1)
 def _balance_runs():
-    return {"α = 0": balance_run(0.0), "α = 0.1": balance_run(0.1)}
+    return {"α = 0": balance_run(0.0), "α = 0.1": balance_run(0.1),
+            f"loss-free γ = {LOSS_FREE_RATE}": balance_run(0.0, bias_rate=LOSS_FREE_RATE)}
+
+
+def _loss_free_png(path):
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5))
+    draw_balance(_balance_runs(), ax=top)
+    draw_lm_loss(_balance_runs(), ax=bottom)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _balance_png(path):
     import matplotlib.pyplot as plt
-    ax = draw_balance(_balance_runs())
+    ax = draw_balance({k: v for k, v in _balance_runs().items() if k.startswith("α")})
     ax.figure.tight_layout()
     ax.figure.savefig(path, dpi=120)
     plt.close(ax.figure)
@@ -227,7 +275,7 @@ def _balance_png(path):
 def _capacity_png(path):
     import matplotlib.pyplot as plt
     curves = {f"router trained with {label}": drop_fraction(run["logits"], CAPACITY_FACTORS)
-              for label, run in _balance_runs().items()}
+              for label, run in _balance_runs().items() if label.startswith("α")}
     ax = draw_capacity(CAPACITY_FACTORS, curves,
                        title="dropped vs cf, 1st MoE layer after 60 steps (top-1, E = 4, T = 128)")
     ax.figure.tight_layout()
@@ -235,4 +283,5 @@ def _capacity_png(path):
     plt.close(ax.figure)
 
 
-FIGURES = {"09_routing.png": _routing_png, "09_balance.png": _balance_png, "09_capacity.png": _capacity_png}
+FIGURES = {"09_routing.png": _routing_png, "09_balance.png": _balance_png, "09_capacity.png": _capacity_png,
+           "09_loss_free.png": _loss_free_png}

@@ -38,6 +38,15 @@ def test_routing_example_and_drop_fraction():
     assert all(a >= b for a, b in zip(fracs, fracs[1:])) and fracs[-1] == 0.0
 
 
+def test_loss_free_run_moves_its_biases_and_adds_no_loss_term():
+    run = figures.balance_run(0.0, steps=6, bias_rate=0.01)
+    assert all(a == 0.0 for a in run["aux"]) and figures.lm_losses(run) == run["loss"]
+    assert all(abs(b) <= 6 * 0.01 + 1e-9 for layer in run["bias"] for b in layer)     # at most γ per step
+    assert any(b != 0 for layer in run["bias"] for b in layer)
+    loads = figures.expert_loads(run, last=2)
+    assert loads.shape == (2, 4) and loads.sum().item() == 2 * 2 * run["tokens"]      # 2 layers x 2 steps
+
+
 def test_flops_per_token_moe_near_dense_of_same_compute():
     f = figures.flops_per_token()
     moe, same_params, same_compute = f["moe"], f["dense same params"], f["dense same compute"]
