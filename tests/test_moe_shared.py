@@ -68,3 +68,13 @@ def test_expert_parallel_with_shared_and_fine_grained_experts_equals_one_device(
     reference = train_reference(recipe)
     assert any(".shared.0." in n for n in reference.params)
     compare(reference, epm.run(recipe, world_size=4, ep=ep), dtype=torch.float64).assert_ok()
+
+
+def test_the_hybrid_trainer_refuses_what_it_does_not_place_yet():
+    from minipar.hybrid.experts import validate
+    from minipar.layout import Layout
+    for extra in ({"shared": 1}, {"granularity": 2}, {"bias_rate": 1e-3}):
+        model = MoEGPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32),
+                       MoEConfig(experts=4, **extra))
+        with pytest.raises(ValueError, match="routed full-size experts only"):
+            validate(Layout(dp=2, ep=2), model)

@@ -69,6 +69,11 @@ def validate(layout, model) -> None:
         layout.refuse("ep", why="expert parallelism needs a mixture-of-experts model (--experts > 0)")
         return
     validate_config(moe, layout.ep)                                        # E divisible by ep, 1 ≤ k ≤ E, cf > 0
+    unplaced = {k: v for k, v in (("shared", moe.shared), ("granularity", moe.granularity), ("bias_rate", moe.bias_rate))
+                if v != (1 if k == "granularity" else 0)}
+    if unplaced:      # the layer has them (chapter 09); this trainer's placement, bytes and checkpoints do not yet
+        raise ValueError(f"the hybrid trainer places routed full-size experts only: {unplaced} is for "
+                         f"minipar.moe's layers (chapter 09), not yet for this trainer")
     if layout.sp:
         raise ValueError("sequence parallelism with an MoE model: the tp ranks would hold different tokens, "
                          "but the MoE FFN is replicated over tp (expert-TP = 1); drop sp")
