@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from minipar.observe.device import DeviceCard, Op, ops_seconds
 
-__all__ = ["Kernels", "MEGATRON_2022", "TORCHTITAN_EAGER", "layer_forward", "layer_step", "head_step",
+__all__ = ["Kernels", "MEGATRON_2022", "TORCHTITAN_EAGER", "layer_forward", "layer_backward", "layer_step", "head_step",
            "optimizer_step", "stage_seconds"]
 
 
@@ -116,10 +116,15 @@ def _recomputed(forward: list, recompute: str, kernels: Kernels) -> list:
     return [op for op in forward if op.kind == "memory"] + matmuls[1::2]      # every other matmul
 
 
+def layer_backward(forward: list, recompute: str = "none", kernels: Kernels = MEGATRON_2022) -> list:
+    """What ``recompute`` repeats of a layer's ``forward`` operators, then their backward, last operator first."""
+    return _recomputed(forward, recompute, kernels) + [x for op in reversed(forward) for x in _backward(op)]
+
+
 def layer_step(model, b, t=1, sp=False, recompute="none", kernels=MEGATRON_2022, e=2, seq_len=None) -> list:
     """One layer's forward, what ``recompute`` repeats, and its backward, for one micro-batch."""
     forward = layer_forward(model, b, t, sp, kernels, e, seq_len)
-    return forward + _recomputed(forward, recompute, kernels) + [x for op in forward for x in _backward(op)]
+    return forward + layer_backward(forward, recompute, kernels)
 
 
 def head_step(model, b, t=1, kernels=MEGATRON_2022, e=2) -> list:

@@ -23,7 +23,7 @@ from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace
 from minipar.pipeline.schedules import make_schedule
 
 from .cost import estimate, stage_parameters
-from .operators import MEGATRON_2022, _backward, _recomputed, head_step, layer_forward, optimizer_step
+from .operators import MEGATRON_2022, head_step, layer_backward, layer_forward, optimizer_step
 
 __all__ = ["layout_trace", "replay_layout", "planner_and_replay"]
 
@@ -77,7 +77,7 @@ def layout_trace(model, layout: Layout, kernels=MEGATRON_2022, e: int = 2, steps
     mesh = Mesh(layout.devices, **layout.sizes)
     p, m, t, b = layout.pp, layout.micro_batches, layout.tp, layout.micro_batch
     forward = layer_forward(model, b, t, layout.sp, kernels, e)
-    backward = _recomputed(forward, layout.recompute, kernels) + [x for op in reversed(forward) for x in _backward(op)]
+    backward = layer_backward(forward, layout.recompute, kernels)
     head = head_step(model, b, t, kernels, e)
     act = b * model.seq_len * model.hidden * e                     # a tp collective's payload, a stage's send
     send = act / (t if layout.sp else 1)
