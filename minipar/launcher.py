@@ -133,6 +133,13 @@ def choose_backend_and_device(requested: str, *, local_rank: int, cuda_available
     return "nccl", f"cuda:{local_rank % device_count}"
 
 
+def default_start_method(backend: str) -> str:
+    """How :func:`launch` starts ranks: ``"fork"`` on Linux, ``"spawn"`` elsewhere and for NCCL (a forked
+    child cannot use CUDA once the parent has asked torch.cuda about the GPUs). A spawned rank inherits no
+    file descriptor but its own stdout/stderr, which the launcher captures."""
+    return "fork" if sys.platform.startswith("linux") and backend != "nccl" else "spawn"
+
+
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo",
            timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
            quiet: bool = False, stream: bool = False, wall_limit: float | None = None, **kwargs):
@@ -159,8 +166,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if wall_limit is not None and not wall_limit > 0:
         raise ValueError(f"wall_limit must be positive seconds or None, got {wall_limit!r}")
-    # NCCL: spawn, since a forked child cannot use CUDA once the parent has asked torch.cuda about the GPUs
-    method = start_method or ("fork" if sys.platform.startswith("linux") and backend != "nccl" else "spawn")
+    method = start_method or default_start_method(backend)
     if method == "fork":
         # torch.optim imports torch._dynamo lazily on the first optimizer; import it once here, or every
         # forked rank pays seconds of CPU for it on each launch.

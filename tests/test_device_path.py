@@ -97,3 +97,17 @@ def test_the_watch_catches_a_device_less_factory_in_library_code():
         torch.zeros(3)                               # this file's call is not library code: not recorded
         torch.ones(2, device="cpu")                  # explicit: fine
     assert watch.calls == ["minipar/hybrid/parallel3d.py:2 torch.zeros"]
+
+
+def test_train_command_with_spawned_ranks_prints_their_progress(monkeypatch, capfd):
+    """``python -m minipar train --backend nccl`` spawns its ranks (CUDA forbids fork), and a spawned rank
+    inherits no file descriptor but its own: its progress lines travel through files the command relays.
+    Found on an H100 (2026-11-27): the command failed with ``OSError: [Errno 22]`` writing to the parent's
+    duplicated stdout; under torchrun it ran. Here the spawn path runs with gloo (no GPU needed)."""
+    import minipar.hybrid.cli as cli
+    import minipar.launcher as launcher
+    monkeypatch.setattr(launcher, "default_start_method", lambda backend: "spawn")
+    assert cli.main(["--dp", "2", "--steps", "2", "--json", "--dtype", "float64"]) == 0
+    out, err = capfd.readouterr()
+    assert [line["step"] for line in map(__import__("json").loads, out.splitlines())] == [1, 2]
+    assert "step    2/2" in err
