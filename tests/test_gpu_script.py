@@ -18,7 +18,8 @@ def test_dry_run_writes_labelled_json(tmp_path):
     assert report["device"] == "cpu" and report["date"] and report["card"] is None
     tiny = report["sizes"]["tiny"]
     assert {"gemm", "memory", "attention"} <= set(tiny["classes"])
-    assert all(r["measured_s"] > 0 for r in tiny["operators"]) and tiny["block_step_s"] > 0
+    assert all(r["measured_s"] > 0 and r["flops"] >= 0 and r["kernels"] >= 1 for r in tiny["operators"])
+    assert tiny["block_step_s"] > 0 and report["course"] and report["adamw"]["measured_s"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")

@@ -23,10 +23,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minipar.observe.device import A100_SXM_80GB, CARDS, H100_SXM, Op, op_seconds
+from minipar.observe.device import (
+    A100_SXM_80GB,
+    CARDS,
+    H100_SXM,
+    Op,
+    op_seconds,
+    ops_seconds,
+)
+from minipar.observe.opcount import OperatorCounter, kernel_count, ops_of
 
-SIZES = {"GPT-2 small layer": (8, 1024, 768, 12), "1.3B layer": (4, 2048, 2048, 16),
-         "GPT-3 175B layer, t=8 shard": (1, 2048, 12288, 96)}
+SIZES = {"tiny layer (launch-bound)": (2, 64, 64, 4), "GPT-2 small layer": (8, 1024, 768, 12),
+         "1.3B layer": (4, 2048, 2048, 16), "GPT-3 175B layer, t=8 shard": (1, 2048, 12288, 96)}
 TINY = {"tiny": (2, 64, 64, 4)}
 
 
@@ -109,6 +117,100 @@ def block_step(b, s, h, a, device, dtype):
     return step
 
 
+def timed_stream(fn, device, repeats: int, k: int = 10) -> float:
+    """Median seconds of ``fn()`` when ``k`` calls run back to back (the launch hidden under the previous
+    kernel, as in a training step's stream): the time the model's max(FLOP, byte) term should predict."""
+    return timed(lambda: [fn() for _ in range(k)], device, repeats) / k
+
+
+def block_check(b, s, h, a, device, dtype, card, repeats: int) -> dict:
+    """One block's forward + backward: measured wall time; its operators counted where it runs
+    (:class:`minipar.observe.opcount.OperatorCounter`: on a GPU, SDPA is the flash kernel) and priced on the
+    card, as a replay prices a trace; on a GPU, the kernels' own time and number from torch.profiler."""
+    step = block_step(b, s, h, a, device, dtype)
+    with OperatorCounter() as counter:
+        step()
+    rows = counter.take()
+    rounds = [timed(step, device, repeats) for _ in range(3)]       # three medians: the run-to-run spread
+    got = {"measured_s": statistics.median(rounds), "rounds_s": rounds, "counted_kernels": kernel_count(rows),
+           "counted_ops": rows, "model_s": ops_seconds(ops_of(rows), card) if card else None}
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        got["profiled_kernels"] = len(kernels) / 5
+        got["profiled_kernel_s"] = sum(e.time_range.elapsed_us() for e in kernels) / 5 / 1e6
+    return got
+
+
+COURSE_MODELS = {"TinyGPT (the course's default)": {}, "TinyGPT 4L/256h, seq 128": {"n_layer": 4, "n_embd": 256, "n_head": 4,
+                                                                                        "block_size": 128}}
+
+
+def course_step(cfg_changes: dict, device, card, repeats: int, seq_len: int = 16) -> dict:
+    """One training step (forward, backward, Adam) of the course's TinyGPT on ``device`` in float32: measured
+    wall time, its operators counted where it runs, priced on the card (what chapter 12 does with a trace
+    taken on the CPU), and the kernels the profiler saw."""
+    from minipar.check import gpt_recipe
+    seq = 128 if cfg_changes else seq_len
+    recipe = gpt_recipe(steps=1, seq_len=seq, **cfg_changes)
+    model = recipe.model().to(device)
+    opt = recipe.optimizer(model.parameters())
+    x, y = (t.to(device) for t in recipe.batches[0])
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model.loss(x, y).backward()
+        opt.step()
+    step()
+    with OperatorCounter() as counter:
+        step()
+    rows = counter.take()
+    rounds = [timed(step, device, repeats) for _ in range(3)]
+    got = {"tokens": x.numel(), "measured_s": statistics.median(rounds), "rounds_s": rounds,
+           "counted_kernels": kernel_count(rows),
+           "counted_ops": rows, "model_s": ops_seconds(ops_of(rows), card) if card else None}
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+        got["profiled_kernels"] = len(kernels) / 5
+        got["profiled_kernel_s"] = sum(e.time_range.elapsed_us() for e in kernels) / 5 / 1e6
+    return got
+
+
+def launch_floor(device, count: int = 2000) -> float:
+    """Wall seconds per eager operator when each does almost nothing: ``count`` one-element adds enqueued back
+    to back, then one synchronize (the device model's launch floor is this number)."""
+    x = torch.zeros(1, device=device)
+    for _ in range(50):
+        x = x + 1
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(count):
+        x = x + 1
+    sync()
+    return (time.perf_counter() - t0) / count
+
+
+def adam_step(parameters: int, device, repeats: int):
+    """Median seconds of one multi-tensor AdamW step over ``parameters`` FP32 numbers in 12 tensors, and its
+    model: a memory-bound op reading weight, gradient, m, v and writing weight, m, v (28 bytes a parameter)."""
+    n = parameters // 12
+    params = [torch.nn.Parameter(torch.randn(n, device=device)) for _ in range(12)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    return timed(opt.step, device, repeats), Op("adamw", "memory", 0.0, 28.0 * n * 12, 12)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--out", required=True)
@@ -124,24 +226,48 @@ def main(argv=None) -> int:
     card = card_for(name)
     report = {"device": name, "card": card.name if card else None, "date": datetime.date.today().isoformat(),
               "torch": torch.__version__, "dtype": str(dtype), "sizes": {}}
+    floor = launch_floor(device)
+    report["launch_floor_s"] = floor
+    print(f"launch floor: {floor * 1e6:.2f} µs per eager operator (model {5.0:.1f} µs)")
+    adam_s, adam_op = adam_step(1_000_000 if args.tiny else 200_000_000, device, args.repeats)
+    report["adamw"] = {"parameters": adam_op.bytes / 28.0, "measured_s": adam_s,
+                       "model_s": op_seconds(adam_op, card) if card else None}
+    print(f"AdamW over {adam_op.bytes / 28.0:.3g} FP32 parameters: {adam_s * 1e3:.3f} ms"
+          + (f" model {report['adamw']['model_s'] * 1e3:.3f} ms" if card else ""))
     for label, (b, s, h, a) in (TINY if args.tiny else SIZES).items():
         t = 8 if "t=8" in label else 1
         rows, classes = [], {}
         for op_name, kind, fn, op in operators(b, s, h, a, t, device, dtype):
             seconds = timed(fn, device, args.repeats)
             model = op_seconds(op, card) if card else None
-            rows.append({"op": op_name, "class": kind, "measured_s": seconds, "model_s": model})
+            rows.append({"op": op_name, "class": kind, "flops": op.flops, "bytes": op.bytes, "kernels": op.kernels,
+                         "measured_s": seconds, "model_s": model,
+                         "stream_s": timed_stream(fn, device, max(3, args.repeats // 4))})
             got = classes.setdefault(kind, [0.0, 0.0])
             got[0] += seconds
             got[1] += model or 0.0
-        step = timed(block_step(b, s, h // t if t > 1 else h, a // t, device, dtype), device, args.repeats)
+        block = block_check(b, s, h // t, a // t, device, dtype, card, args.repeats)
+        step = block["measured_s"]
         report["sizes"][label] = {"shape": {"b": b, "s": s, "h": h, "a": a, "t": t}, "operators": rows,
                                   "classes": {k: {"measured_s": m, "model_s": p or None,
                                                   "ratio": m / p if p else None} for k, (m, p) in classes.items()},
-                                  "block_step_s": step}
+                                  "block_step_s": step, "block": block}
         for k, (m, p) in classes.items():
             print(f"{label:30s} {k:10s} measured {m * 1e3:9.3f} ms" + (f"  model {p * 1e3:9.3f} ms  ×{m / p:.2f}" if p else ""))
-        print(f"{label:30s} block forward+backward measured {step * 1e3:.3f} ms")
+        print(f"{label:30s} block forward+backward measured {step * 1e3:.3f} ms"
+              + (f"  model {block['model_s'] * 1e3:.3f} ms  ×{step / block['model_s']:.2f}" if card else "")
+              + f"  {block['counted_kernels']} counted kernels"
+              + (f", profiled {block['profiled_kernels']:.0f} kernels {block['profiled_kernel_s'] * 1e3:.3f} ms"
+                 if "profiled_kernels" in block else ""))
+    report["course"] = {}
+    for label, changes in COURSE_MODELS.items():
+        got = course_step(changes, device, card, args.repeats)
+        report["course"][label] = got
+        print(f"{label:30s} training step measured {got['measured_s'] * 1e3:.3f} ms"
+              + (f"  model {got['model_s'] * 1e3:.3f} ms  ×{got['measured_s'] / got['model_s']:.2f}" if card else "")
+              + f"  {got['counted_kernels']} counted kernels"
+              + (f", profiled {got['profiled_kernels']:.0f} kernels {got['profiled_kernel_s'] * 1e3:.3f} ms"
+                 if "profiled_kernels" in got else ""))
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
     return 0

@@ -12,8 +12,13 @@ lasts::
   al. 2024: FlashAttention-2 reaches about 35 % of an H100's). An element-wise operator's FLOPs are so few
   that its bytes decide.
 * η_B — the share of the HBM's datasheet bandwidth a streaming kernel reaches (``memory_efficiency``).
-* the floor — what one kernel costs however small it is: the launch, and eager PyTorch's dispatch before
-  it. A tiny model is floor-bound: its step lasts at least its kernel count × the floor.
+* the floor — what one kernel costs the device however small it is (its launch and start-up).
+
+An eager PyTorch program adds a second clock: the host (Python, the dispatcher, autograd) spends about
+:data:`EAGER_HOST_SECONDS` on each operator before the device can run it. Measured on one H100
+(:mod:`minipar.observe.gpu_measured`), a tiny model's training step lasts its operators × that host time — about
+eight times its kernels' own time — so :func:`eager_bounds` gives the two limits such a step lies between:
+max(device, host) when the host runs ahead of the device, device + host when it never does.
 
 So the efficiency of a matmul against its size is not a table: it is F / (peak · t) of this formula — small
 matmuls are bound by their bytes or by the floor, large ones by η_F. :class:`Op` is one operator (or k alike
@@ -25,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "A100_SXM_80GB", "H100_SXM", "H100_SXM_500W",
-           "CARDS", "FITTED", "achieved_flops"]
+           "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,21 @@ def ops_seconds(ops, card: DeviceCard) -> float:
     return sum(op_seconds(op, card) for op in ops)
 
 
+# Host seconds per eager operator, measured: the median of a launch-bound run's wall time ÷ its counted
+# operators over the launch-bound runs of tools/gpu_operators.py on one H100 (figures/data/gpu/; the
+# spread, 37–100 µs over ten, and the runs: minipar.observe.gpu_measured.host_seconds_per_operator).
+EAGER_HOST_SECONDS = 39e-6
+
+
+def eager_bounds(ops, card: DeviceCard, host: float = EAGER_HOST_SECONDS) -> tuple:
+    """(low, high) seconds of ``ops`` run by eager PyTorch: the device needs D = :func:`ops_seconds`, the host
+    n · ``host`` for the n kernels it enqueues. The host never waits for the device, so the step lasts at
+    least max(D, n · host) (perfect overlap) and at most D + n · host (none: each kernel waits for its launch)."""
+    device = ops_seconds(ops, card)
+    host_total = host * sum(op.count * op.kernels for op in ops)
+    return max(device, host_total), device + host_total
+
+
 def achieved_flops(op: Op, card: DeviceCard) -> float:
     """FLOP/s the model gives ``op`` on ``card`` (its efficiency against size is this over the peak)."""
     return op.flops * op.count / op_seconds(op, card)
@@ -84,11 +104,17 @@ def achieved_flops(op: Op, card: DeviceCard) -> float:
 # published runs of that card (minipar.plan.published). Everything else is a datasheet or a paper.
 FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.815, over Korthikanti et al. 2022 Table 5 (8 runs, one "
                              "number: the check is that it fits all eight)"),
+          "H100-SXM5-80GB": ("gemm_efficiency = 0.72, measured: the median over 78 timings of matmuls from "
+                             "three GPT layer sizes, each run ten times back to back, on one H100 80GB HBM3 "
+                             "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, figures/data/gpu/, "
+                             "minipar.observe.gpu_measured.gemm_efficiency); range 0.15–0.82"),
           "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
                             "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
 
-_FLOOR = ("launch floor 5 µs: a round number for one eager PyTorch operator (dispatch + cudaLaunchKernel, "
-          "a few µs each), not measured")
+_FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it is, a round number; one H100 "
+          "ran the 53 kernels of a tiny layer's forward + backward in 111 µs of kernel time (2 µs each), and "
+          "enqueued one-element adds at one per 8–11 µs. The host's own time per eager operator is "
+          "EAGER_HOST_SECONDS (measured)")
 
 A100_SXM_80GB = DeviceCard(
     "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.72,
@@ -98,11 +124,11 @@ A100_SXM_80GB = DeviceCard(
            "streaming benchmarks reach (a round number); " + _FLOOR)
 
 H100_SXM = DeviceCard(
-    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.35,
+    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.72, attention_efficiency=0.35,
     memory_efficiency=0.85,
     source="NVIDIA H100 datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3 (SXM5, 700 W); attention: "
            "FlashAttention-2 reaches about 35 % of an H100 (Shah et al. 2024, FlashAttention-3); GEMM "
-           "efficiency: the A100's fitted value, not fitted here; " + _FLOOR)
+           "efficiency: measured on one H100 (FITTED); " + _FLOOR)
 
 H100_SXM_500W = DeviceCard(
     "H100-SXM-500W", 989e12, 2.4e12, 96e9, 5e-6, gemm_efficiency=0.45, attention_efficiency=0.35,

@@ -33,6 +33,7 @@ from minipar.tensor.sequence import uncounted_bytes
 
 from .calibration import ALLREDUCE_SIZES, STEP_MODEL, STEP_RANKS, _contended, allreduce_link, calibrate, \
     calibrated_cluster, planner_options, step_layouts, step_recipe, train
+from .gpu_bench import main as gpu_main
 from .published_bench import main as published_main
 from .replay_bench import main as replay_main
 
@@ -232,4 +233,4 @@ def main(argv=None) -> int:
     return 0
 
 
-BENCHMARKS = {"calibrate": main, "replay": replay_main, "published": published_main}
+BENCHMARKS = {"calibrate": main, "replay": replay_main, "published": published_main, "gpu": gpu_main}

@@ -163,3 +163,27 @@ def planner_kernels(model, layout, card: DeviceCard, kernels=MEGATRON_2022) -> d
         ops += [Op(o.name, o.kind, o.flops, o.bytes, o.kernels, o.count * m)
                 for o in head_step(model, layout.micro_batch, layout.tp, kernels)]
     return bound_split(ops, card)
+
+
+def draw_gpu_check(rows: list, ax=None):
+    """The steps one H100 measured (:func:`minipar.observe.gpu_measured.step_rows`): per step, the device's own
+    time (the card's price of its counted operators), the eager bounds as a band, and what was measured (dots:
+    each run), milliseconds on a log scale."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.gca()
+    steps = list(dict.fromkeys(r["step"] for r in rows))
+    for y, step in enumerate(steps):
+        mine = [r for r in rows if r["step"] == step]
+        first = mine[0]
+        ax.barh(y, first["high"] * 1e3 - first["low"] * 1e3, left=first["low"] * 1e3, height=0.5, color="0.85",
+                label="eager bounds (model)" if y == 0 else None)
+        ax.plot([first["device"] * 1e3], [y], "|", color="C0", markersize=18, mew=2,
+                label="device alone (model)" if y == 0 else None)
+        ax.plot([r["measured"] * 1e3 for r in mine], [y] * len(mine), "o", color="C3",
+                label="measured (each run)" if y == 0 else None)
+    ax.set_yticks(range(len(steps)), steps)
+    ax.set_xscale("log")
+    ax.set_xlabel("milliseconds per step (log)")
+    ax.set_title("One H100: measured steps against the device model")
+    ax.legend(loc="upper left", fontsize=8)
+    return ax

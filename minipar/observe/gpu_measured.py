@@ -1,0 +1,113 @@
+"""What one H100 measured, beside the device model (:mod:`minipar.observe.device`): the model's check on a GPU.
+
+``tools/gpu_operators.py`` ran three times on one NVIDIA H100 80GB HBM3 (700 W, torch 2.11, bf16 for the
+layers, float32 for the course's model; 2026-11-27); its JSON files are in ``figures/data/gpu/``. They hold,
+for four layer sizes (a launch-bound tiny one, GPT-2 small, 1.3B, a GPT-3 layer's t = 8 shard):
+
+* each operator timed alone and ten times back to back ("stream": the launch hidden under the previous
+  kernel, which is what the roofline term predicts) with CUDA events, beside its model;
+* one block's forward + backward: wall time, its operators counted where it ran (SDPA is the flash kernel
+  there), and the profiler's kernel count and kernel time;
+* (runs 2–3) three medians of each block, and (run 3) a training step of the course's TinyGPT at two sizes.
+
+This module reads them and derives the three numbers the model takes from them: the H100's GEMM
+efficiency (:func:`gemm_efficiency`), the host's seconds per eager operator (:func:`host_seconds_per_operator`),
+and the check that every measured step lies within its :func:`~minipar.observe.device.eager_bounds`
+(:func:`step_rows`). Nothing here runs on a GPU: the numbers are what the runs wrote.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from .device import CARDS, EAGER_HOST_SECONDS, H100_SXM, DeviceCard, Op, eager_bounds, op_seconds
+from .opcount import ops_of
+
+__all__ = ["RUNS_DIR", "runs", "gemm_efficiency", "class_ratios", "host_seconds_per_operator", "step_rows",
+           "table_text"]
+
+RUNS_DIR = Path(__file__).resolve().parents[2] / "figures" / "data" / "gpu"
+LAUNCH_BOUND = ("tiny layer (launch-bound)", "TinyGPT (the course's default)", "TinyGPT 4L/256h, seq 128")
+
+
+def runs(folder: Path = RUNS_DIR) -> list:
+    """The runs' reports, oldest first, each with ``"file"`` added."""
+    return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(folder.glob("*.json"))]
+
+
+def _op(row: dict) -> Op:
+    return Op(row["op"], row["class"], row["flops"], row["bytes"], row["kernels"])
+
+
+def gemm_efficiency(reports: list, card: DeviceCard = H100_SXM) -> tuple:
+    """(median, low, high) fraction of the card's peak the matmuls reached, timed back to back (their launch
+    hidden: the card's launch floor taken off), the launch-bound tiny layer left out; the median is what the
+    card's ``gemm_efficiency`` says."""
+    etas = [row["flops"] / ((row["stream_s"] - card.launch_floor) * card.peak_flops)
+            for report in reports for label, size in report["sizes"].items() if label not in LAUNCH_BOUND
+            for row in size["operators"] if row["class"] == "gemm" and "stream_s" in row]
+    return statistics.median(etas), min(etas), max(etas)
+
+
+def class_ratios(report: dict, card: DeviceCard | None = None) -> dict:
+    """{size: {class: measured ÷ model}} for one run (the operators timed back to back where the run did,
+    else alone), the model on ``card`` (default: the run's card as it is now)."""
+    card = card or CARDS[report["card"]]
+    out = {}
+    for label, size in report["sizes"].items():
+        sums = {}
+        for row in size["operators"]:
+            got = sums.setdefault(row["class"], [0.0, 0.0])
+            got[0] += row.get("stream_s", row["measured_s"])
+            got[1] += op_seconds(_op(row), card)
+        out[label] = {k: m / p for k, (m, p) in sums.items()}
+    return out
+
+
+def _steps(report: dict):
+    """(label, measured seconds, rounds, counted operator rows) of each block and course step of a run."""
+    for label, size in report["sizes"].items():
+        block = size.get("block", {})
+        if "counted_ops" in block:
+            yield label, block["measured_s"], block.get("rounds_s", [block["measured_s"]]), block["counted_ops"]
+    for label, step in report.get("course", {}).items():
+        yield label, step["measured_s"], step["rounds_s"], step["counted_ops"]
+
+
+def host_seconds_per_operator(reports: list) -> tuple:
+    """(median, every value): a launch-bound step's wall seconds ÷ its counted kernels, per run and round."""
+    values = [seconds / sum(r["count"] * r.get("kernels", 1) for r in rows)
+              for report in reports for label, _, rounds, rows in _steps(report) if label in LAUNCH_BOUND
+              for seconds in rounds]
+    return statistics.median(values), values
+
+
+def step_rows(reports: list, host: float = EAGER_HOST_SECONDS) -> list:
+    """Every measured block and course step beside the model: {"run", "step", "measured" (median), "spread"
+    (min, max of its rounds), "kernels", "device" (the card's price of its counted operators: roofline +
+    launch floor), "low", "high" (:func:`eager_bounds`), "ratio" (measured ÷ the bound it passed, 1 inside)}."""
+    rows = []
+    for report in reports:
+        card = CARDS[report["card"]]
+        for label, measured, rounds, counted in _steps(report):
+            ops = ops_of(counted)
+            low, high = eager_bounds(ops, card, host)
+            ratio = measured / low if measured < low else measured / high if measured > high else 1.0
+            rows.append({"run": report["file"], "step": label, "measured": measured,
+                         "spread": (min(rounds), max(rounds)), "kernels": sum(o.count * o.kernels for o in ops),
+                         "device": sum(op_seconds(o, card) for o in ops), "low": low, "high": high,
+                         "ratio": ratio})
+    return rows
+
+
+def table_text(rows: list) -> str:
+    """The rows of :func:`step_rows` as a fixed-width table, milliseconds."""
+    lines = [f"{'run':28s} {'step':31s} {'measured (spread)':>22s} {'kernels':>7s} {'device':>7s} "
+             f"{'bounds':>15s}  ratio"]
+    for r in rows:
+        lo, hi = r["spread"]
+        lines.append(f"{r['run']:28s} {r['step']:31s} {r['measured'] * 1e3:7.3f} ({lo * 1e3:5.2f}–{hi * 1e3:5.2f}) "
+                     f"{r['kernels']:7.0f} {r['device'] * 1e3:7.3f} {r['low'] * 1e3:6.3f}–{r['high'] * 1e3:6.3f}"
+                     f"  {r['ratio']:.2f}")
+    return "\n".join(lines)
