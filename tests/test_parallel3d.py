@@ -28,6 +28,9 @@ LAYOUTS = {
     "2x1x4": dict(dp=2, pp=1, tp=4, schedule="gpipe"),
     "2x2x2+sp": dict(dp=2, pp=2, tp=2, sp=True),
     "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1, schedule="gpipe"),
+    "2x2x2+zero2": dict(dp=2, pp=2, tp=2, zero=2),
+    "2x2x2+zero3": dict(dp=2, pp=2, tp=2, zero=3),
+    "2x2x2+zero3 interleaved": dict(dp=2, pp=2, tp=2, zero=3, schedule="interleaved", v=2),
     "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
 }
 
@@ -68,8 +71,7 @@ def test_single_process_layout(reference):
     (dict(world_size=16, dp=1, pp=8, tp=2, micro_batches=8), "cannot be cut into"),
     (dict(world_size=8, dp=2, pp=2, tp=2, micro_batches=1), "m >= p"),
     (dict(world_size=8, dp=2, pp=2, tp=2, micro_batches=3, schedule="interleaved", v=2), "multiple of p"),
-    (dict(world_size=8, dp=2, pp=2, tp=2, zero=2), "ZeRO-2"),
-    (dict(world_size=8, dp=2, pp=2, tp=2, zero=3), "reduce-scatter"),
+    (dict(world_size=8, dp=2, pp=2, tp=2, zero=4), "zero must be 0"),
     (dict(world_size=8, dp=2, pp=2, tp=2, schedule="zb-h1"), "unknown schedule"),
     (dict(world_size=64, dp=8, pp=2, tp=4, micro_batches=4), "equal micro-batches"),
     (dict(world_size=8, dp=2, pp=2, tp=2, sp=True, micro_batches=4), None),
@@ -109,3 +111,17 @@ def test_every_validate_in_the_library_is_keyword_only():
     from minipar.hybrid import parallel3d
     params = list(inspect.signature(parallel3d.validate).parameters.values())
     assert [p.name for p in params if p.kind is not p.KEYWORD_ONLY and p.kind is not p.VAR_KEYWORD] == ["recipe"]
+
+
+def test_zero_2_and_3_in_a_pipeline_collect_once_per_step_and_shard_between_steps(reference):
+    """Issue 39: inside a pipeline ZeRO-2/3 gather and reduce once per step (ZeRO-1's collectives and bytes,
+    whatever m), hold less than ZeRO-1 between steps and more at the step's peak; all equal one device."""
+    got = {}
+    for z in (1, 2, 3):
+        runs = run(recipe(), layout=Layout(dp=2, pp=2, tp=2, zero=z, micro_batches=4), track_memory=True)
+        compare(reference, runs, dtype=torch.float64).assert_ok()
+        got[z] = runs[0]
+    assert got[1].calls_by_kind["dp"] == got[2].calls_by_kind["dp"] == got[3].calls_by_kind["dp"] == 2
+    assert got[1].bytes_by_kind["dp"] == got[2].bytes_by_kind["dp"] == got[3].bytes_by_kind["dp"]
+    assert got[3].model_state_bytes < got[2].model_state_bytes < got[1].model_state_bytes
+    assert got[3].peak_bytes > got[1].peak_bytes

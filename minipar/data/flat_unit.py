@@ -86,8 +86,11 @@ class FlatUnit:
     ``stage`` 0 owns the whole buffer (DDP); 1-2 keep the full parameters; 3 frees them between uses."""
 
     def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
-                 reduce_dtype=None):
+                 reduce_dtype=None, accumulate: bool = False):
         self.names, self.params, self.group, self.stage = names, params, group, stage
+        # accumulate: the gradients of every micro-batch add up in one full flat buffer, reduce-scattered once
+        # per step whatever the stage (a pipeline's ZeRO-2/3); stages 2-3 free that buffer between steps
+        self.accumulate = accumulate or stage <= 1
         self.reduce_dtype = reduce_dtype
         self.label = _common_prefix(names)
         self.on_event = on_event or (lambda kind, unit: None)
@@ -108,10 +111,18 @@ class FlatUnit:
             p.data = view                                      # 5. the module computes with views of `full`
             if stage == 3:                                     # reading it while freed raises, not crashes
                 p.__class__, p.flat_unit, p.sharded_name = ShardedParameter, self, name
-        self.full_grad = torch.zeros_like(self.full) if stage <= 1 else None
+        self.full_grad = torch.zeros_like(self.full) if self.accumulate else None
         self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
+        if self.accumulate and stage >= 2:
+            self._resize(self.full_grad, 0)
         if stage == 3:
             self.free()
+
+    def _resize(self, tensor, numel: int) -> None:
+        """Give ``tensor``'s storage ``numel`` elements (0: free it), telling the memory observer."""
+        storage = tensor.untyped_storage()
+        self.on_alloc(numel * tensor.element_size() - storage.nbytes())
+        storage.resize_(numel * tensor.element_size())
 
     def owned(self) -> slice:
         """This rank's elements of the flat buffer (everything under stage 0)."""
@@ -152,13 +163,17 @@ class FlatUnit:
 
     # --- 7. gradients: reduce-scatter into my shard --------------------------------------------------------
     def attach_grads(self) -> None:
-        """Stages 0-1: the module's .grad are views of one persistent flat gradient buffer."""
+        """Stages 0-1 (and ``accumulate``): the module's .grad are views of one flat gradient buffer, persistent
+        under stages 0-1, allocated again here under 2-3."""
+        if self.full_grad.untyped_storage().nbytes() == 0:
+            self._resize(self.full_grad, self.full_grad.numel())
         self.full_grad.zero_()
         for p, view in zip(self.params, self.layout.views(self.full_grad)):
             p.grad = view
 
     def reduce_full_grad(self) -> None:
-        """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard."""
+        """Stage 0: all-reduce the whole buffer. Stage 1: reduce-scatter it, in place, into my shard. Stages 2-3
+        with ``accumulate``: the same, then keep my shard's gradient and free the buffer."""
         self.full_grad.div_(self.n)                            # the mean: divide first, then sum
         if self.stage == 0:
             comm.all_reduce(self.full_grad, group=self.group)
@@ -166,6 +181,13 @@ class FlatUnit:
         else:
             mine = self.full_grad[self.owned()]
             comm.reduce_scatter_tensor(mine, self.full_grad, group=self.group)
+        if self.stage >= 2:                                    # only my shard's gradient survives the step
+            self._set_master_grad(mine.clone())
+            for p in self.params:
+                p.grad = None
+            self._resize(self.full_grad, 0)
+            self.reduced = True
+            return
         self._set_master_grad(mine)
 
     def on_param_grad(self, _param) -> None:

@@ -76,13 +76,22 @@ class ZeRO:
     """Wrap ``model`` for ZeRO stage ``stage`` over ``group``; ``optimizer_factory(shards)`` builds the
     optimizer over this rank's master shards. Use: ``zero.zero_grad(); loss.backward(); zero.step()``.
     ``param_dtype`` / ``reduce_dtype``: the compute copies' and the gradient reduce-scatter's dtype (the
-    master shards keep the model's); units whose module is in ``fp32_modules`` compute in the master dtype."""
+    master shards keep the model's); units whose module is in ``fp32_modules`` compute in the master dtype.
+
+    ``once_per_step`` (for a pipeline, whose step runs m micro-batches' forwards and backwards): the gradients
+    of all m accumulate in a full buffer and are reduce-scattered once, after the last; under stage 3 the full
+    parameters are all-gathered once at the start of the step (:meth:`gather_for_step`) and freed after the
+    optimizer step, instead of around every micro-batch's use of every unit — torchtitan's FSDP with
+    ``reshard_after_forward=False`` under pipelining. Collectives per step: one reduce-scatter (+ one
+    all-gather) per unit, not m; the price is memory: the full parameters (stage 3) and gradients (stages
+    2–3) for the length of the step. Between steps a rank holds only its shards."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
-                 prefetch: bool = True, *, reduce_dtype=None, fp32_modules=()):
+                 prefetch: bool = True, *, reduce_dtype=None, fp32_modules=(), once_per_step: bool = False):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
+        self.once_per_step = once_per_step      # a pipeline's m micro-batches: see the class docstring
         self.on_alloc = None          # a measuring observer's callback (minipar.data.zero_measure), or None
         self.events = []                                        # (step, "all-gather"|"free"|..., unit label)
         self.steps_done = 0
@@ -98,17 +107,17 @@ class ZeRO:
                 dtype = None if any(module is m for m in fp32_modules) else param_dtype
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                reduce_dtype)
+                                reduce_dtype, accumulate=once_per_step)
                 unit.module = module
                 self.units.append(unit)
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
         self.optimizer = optimizer_factory(masters) if optimizer_factory is not None else None
         self.forward_order, self.backward_order, self._recording = [], [], True
-        if stage >= 2:
+        if stage >= 2 and not once_per_step:
             for unit in self.units:
                 for p in unit.params:
                     p.register_post_accumulate_grad_hook(lambda p, u=unit: u.on_param_grad(p))
-        if stage == 3:
+        if stage == 3 and not once_per_step:
             for unit in self.units:
                 unit.module.register_forward_pre_hook(lambda m, a, u=unit: self.before_forward(u))
                 unit.module.register_forward_hook(lambda m, a, out, u=unit: self.after_forward(u, out))
@@ -153,8 +162,15 @@ class ZeRO:
         self.expect_backward()
         for unit in self.units:
             unit.master.grad = None
-            if self.stage <= 1:
+            if self.stage <= 1 or self.once_per_step:
                 unit.attach_grads()
+
+    def gather_for_step(self) -> None:
+        """``once_per_step`` under stage 3: all-gather every unit's full parameters for the whole step."""
+        for unit in self.units:
+            unit.gather()
+        for unit in self.units:
+            unit.wait()
 
     def expect_backward(self) -> None:
         """Count the next backward's gradients afresh (stages 2-3: a unit reduce-scatters when its last
@@ -168,7 +184,7 @@ class ZeRO:
         the optimizer itself (:class:`~minipar.data.fsdp.FSDP`) ends the step here, so ``events`` stay
         labelled by step."""
         for unit in self.units:
-            if self.stage <= 1:
+            if self.stage <= 1 or (self.once_per_step and not unit.reduced):
                 unit.reduce_full_grad()
             elif not unit.reduced:                             # a unit with unused parameters
                 unit.gather()
@@ -183,9 +199,11 @@ class ZeRO:
         self.finish_gradients()
         self.optimizer.step()
         self.expect_backward()
-        if self.stage <= 2:
-            for unit in self.units:
+        for unit in self.units:
+            if self.stage <= 2:
                 unit.refresh_full()
+            elif self.once_per_step:
+                unit.free()                                    # gathered for the step: shards only now
         self.steps_done += 1
 
     @contextlib.contextmanager
@@ -202,6 +220,13 @@ class ZeRO:
             for unit, kept in zip(self.units, was):
                 if not kept:
                     unit.free()
+
+    def load_masters_from_parameters(self) -> None:
+        """Copy the full parameters (gathered: every rank holds them) into this rank's master shards, after
+        something wrote the parameters (a checkpoint's load); stages 0-2 in the master dtype share storage."""
+        with torch.no_grad():
+            for unit in self.units:
+                unit.master.copy_(unit.my_shard([p.detach() for p in unit.params]))
 
     def full_parameters(self) -> dict:
         """{name: full tensor} in the master dtype, gathered from the shards (every rank calls this)."""

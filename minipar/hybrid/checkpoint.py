@@ -111,15 +111,16 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
     tp_group = trainer.tp_group
     pieces, scalars = optimizer_pieces(trainer)
     shards = {}
-    for file, (held, mine) in _files(trainer).items():     # gather before anyone writes: collectives first
-        params, states = {}, {}
-        for p in held:
-            name = trainer.names[id(p)]
-            params[name] = to_full(p, layouts[id(p)], tp_group).cpu()          # files hold CPU tensors
-            for k, v in pieces.get(id(p), {}).items():
-                states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group).cpu()
-        if mine:
-            shards[file] = {"params": params, "optimizer": states}
+    with trainer.readable_params():                          # ZeRO-3: gathered over dp × cp for the save
+        for file, (held, mine) in _files(trainer).items():     # gather before anyone writes: collectives first
+            params, states = {}, {}
+            for p in held:
+                name = trainer.names[id(p)]
+                params[name] = to_full(p, layouts[id(p)], tp_group).cpu()          # files hold CPU tensors
+                for k, v in pieces.get(id(p), {}).items():
+                    states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group).cpu()
+            if mine:
+                shards[file] = {"params": params, "optimizer": states}
     root = os.path.join(directory, f"step-{step:08d}")
     partial = root + ".partial"
     if rank == 0:
@@ -287,9 +288,11 @@ def load(trainer, directory: str) -> int:
     for path in set(files.values()):
         full("params", next(n for n, p in files.items() if p == path))
         keys |= set(cache[path]["optimizer"])
-    with torch.no_grad():
+    with torch.no_grad(), trainer.readable_params():       # ZeRO-3: write the gathered copy, then the shards
         for p in trainer.params:
             p.copy_(to_shard(full("params", trainer.names[id(p)]), layouts[id(p)], r, t).to(dtype))
+        if trainer.zero is not None:
+            trainer.zero.load_masters_from_parameters()
     pieces = {k: {id(p): to_shard(full("optimizer", trainer.names[id(p)], k), layouts[id(p)], r, t).to(dtype)
                   for p in trainer.params} for k in keys}
     # Adam's step count stays on the CPU (torch keeps it there unless the optimizer is capturable or fused)

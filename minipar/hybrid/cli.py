@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the cp ranks attend (chapter 06b)")
     layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from dp × cp)")
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
-                        help="ZeRO stage over the DP group (1; 2 and 3 are refused with PP, with the reason)")
+                        help="ZeRO stage over the DP group: 1 optimizer state, 2 + gradients, 3 + parameters "
+                             "(sharded between steps; gathered and reduced once per step, not per micro-batch)")
     layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     layout.add_argument("--virtual-stages", type=int, default=1, dest="v", help="chunks per rank (interleaved)")
     layout.add_argument("--micro-batches", type=int, default=8, help="m, per step")

@@ -40,6 +40,8 @@ imports this module.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
@@ -61,14 +63,10 @@ from ..tensor.vocab import vocab_parallel_cross_entropy
 from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "ZERO_WITH_PP", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
+__all__ = ["SCHEDULES", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
            "bytes_formula"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-ZERO_WITH_PP = ("ZeRO-{z} shards the gradients, so every micro-batch's backward would reduce-scatter its "
-                "stage's gradients over the data-parallel group (m collectives and m× the bytes per step "
-                "instead of one, measured in chapter 08); with pipeline parallelism use ZeRO-1, which "
-                "reduces once per step after the last micro-batch (DeepSpeed refuses the same combination)")
 
 
 DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
@@ -85,10 +83,8 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     dp, pp, cp, tp, zero, schedule, micro_batches, v, sp = (getattr(layout, k) for k in (
         "dp", "pp", "cp", "tp", "zero", "schedule", "micro_batches", "v", "sp"))
     Mesh(layout.world_size if world_size is None else world_size, **layout.sizes)   # the mesh's own size check
-    if zero in (2, 3):
-        raise ValueError(ZERO_WITH_PP.format(z=zero))
-    if zero not in (0, 1):
-        raise ValueError(f"zero must be 0 (plain data parallelism) or 1 (ZeRO-1), got {zero!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0 (plain data parallelism) or a ZeRO stage 1, 2 or 3, got {zero!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
     model = recipe.model()
@@ -180,9 +176,10 @@ class Trainer3D:
                                             device=self.device, loss_fn=self.loss)
         skip = self.experts.ids if self.experts else set()        # experts: reduced over expert-DP instead
         dense = [p for p in self.params if id(p) not in skip]
-        if zero == 1:
+        if zero:       # ZeRO-1/2/3 over dp × cp, one unit per stage, collectives once per step (not per micro-batch)
             units = [experts.DenseParams(s, skip) if skip else s for s in self.stages.values()]
-            self.zero = ZeRO(nn.ModuleList(units), recipe.optimizer, 1, self.dp_group, units=units)
+            self.zero = ZeRO(nn.ModuleList(units), recipe.optimizer, zero, self.dp_group, units=units,
+                             once_per_step=True)
             self.optimizer, self.reducer = self.zero.optimizer, None
             if self.experts and self.experts.params:              # experts outside the shards: their own
                 self.experts.optimizer = recipe.optimizer(self.experts.params)
@@ -218,6 +215,9 @@ class Trainer3D:
         if self.positions is not None:                            # context parallelism: my tokens of every row
             x, y = x[:, self.positions.to(self.device)], y[:, self.positions.to(self.device)]
         self.zero_grad()
+        if self.zero_stage == 3:
+            with comm.recording(self.logs["dp"]):
+                self.zero.gather_for_step()                      # the full parameters, for all m micro-batches
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
             loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
             if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
@@ -242,17 +242,28 @@ class Trainer3D:
         # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
         return mean_over_ranks(torch.tensor(loss, dtype=torch.float64, device=self.device), self.dp_group)
 
+    def readable_params(self):
+        """A context in which this rank's parameters hold their values: ZeRO-3 frees them between steps, so
+        there it all-gathers them over dp × cp (a collective) and frees them after; elsewhere it does nothing."""
+        return self.zero.gathered() if self.zero_stage == 3 else contextlib.nullcontext()
+
     def full_params(self) -> dict:
         """{reference name: full CPU tensor} of this rank's stages (TP shards gathered: a collective over tp)."""
-        full = self.model.full_state_dict()
         mine = set(self.names.values())
-        # clone: with tp = 1 full_state_dict hands back row-parallel weights themselves (all_gather_dim
-        # returns its input), which the next optimizer step would change under the caller
-        return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
+        with self.readable_params():
+            full = self.model.full_state_dict()
+            # clone: with tp = 1 full_state_dict hands back row-parallel weights themselves (all_gather_dim
+            # returns its input), which the next optimizer step (or ZeRO-3's free) would change under the caller
+            return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
     def model_state_bytes(self) -> int:
         states = [*self.optimizer.state.values(), *(self.experts.optimizer.state.values()
                                                     if self.experts and self.experts.optimizer else [])]
         opt = [v for st in states for v in st.values() if torch.is_tensor(v)]
         grads = [p.grad for p in self.params if p.grad is not None]
-        return tensor_bytes(self.params) + tensor_bytes(opt) + tensor_bytes(grads)
+        units = self.zero.units if self.zero else []
+        # storages counted once: ZeRO-1/2's FP32 master shards (and ZeRO-1's shard gradients) are views of the
+        # full buffers; ZeRO-3's master shards and ZeRO-2/3's shard gradients are storages of their own
+        masters = [u.master for u in units]
+        grads += [u.master.grad for u in units if u.master.grad is not None]
+        return tensor_bytes([*self.params, *masters]) + tensor_bytes(opt) + tensor_bytes(grads)

@@ -46,10 +46,6 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
     if args.sp and args.tp == 1:
         raise ValueError("--sp splits the sequence over the tp group, and --tp 1 has none: it would change "
                          "nothing; drop --sp or set --tp > 1")
-    if args.zero in (2, 3) and args.pp == 1:
-        raise ValueError(f"--zero {args.zero}: this command's trainer shards only the optimizer state (--zero 1); "
-                         f"ZeRO-2 and -3, which shard gradients and parameters too, are chapter 03's "
-                         f"(minipar.data.zero, minipar.data.fsdp) and not built into it; use --zero 1")
 
 
 def text_data(args) -> dict | None:

@@ -3,6 +3,8 @@ recipe's batches, plus what it measured, bytes per kind from the group-tagged lo
 then launch). It imports :mod:`minipar.hybrid.parallel3d`, not the other way round: import them from here."""
 from __future__ import annotations
 
+import functools
+
 import time
 from dataclasses import dataclass, field
 
@@ -33,6 +35,12 @@ class HybridRun(RunResult):
     model_state_bytes: int = 0
 
 
+def _resized(tracker, nbytes: int) -> None:
+    """ZeRO's report of storage it resized by hand (gathered or freed parameters, gradient buffers)."""
+    tracker.current += nbytes
+    tracker.peak = max(tracker.peak, tracker.current)
+
+
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None,
                    track_memory: bool = False, device="cpu", **dims) -> HybridRun:
     """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
@@ -45,7 +53,13 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
         if track_memory and i == len(recipe.batches) - 1:        # the last step: states exist already
             base = t.model_state_bytes()
             with LiveTensorTracker() as tracker:
-                loss = t.step(inputs, targets, i)
+                if t.zero is not None:            # storage ZeRO resizes by hand is invisible to the dispatcher
+                    t.zero.on_alloc = functools.partial(_resized, tracker)
+                try:
+                    loss = t.step(inputs, targets, i)
+                finally:
+                    if t.zero is not None:
+                        t.zero.on_alloc = None
             peak = base + tracker.peak
         else:
             loss = t.step(inputs, targets, i)

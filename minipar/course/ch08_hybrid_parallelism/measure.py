@@ -10,7 +10,7 @@ import torch
 from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, validate
-from minipar.hybrid.runner import parallel_train
+from minipar.hybrid.runner import parallel_train, run
 from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
@@ -18,7 +18,8 @@ from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
-__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "layout_memory_formula"]
+__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step",
+           "layout_memory_formula"]
 
 BATCH, SEQ = 16, 8
 
@@ -196,3 +197,19 @@ def zero_in_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2) -> dict:
 def _zero_pp_ranks(rank, world_size, recipe, layout):
     """The three variants one after the other in one launch (each builds its own mesh)."""
     return {z: _zero_pp_rank(rank, world_size, recipe, layout, z) for z in (1, 2, 3)}
+
+
+def zero_once_per_step(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 2) -> dict:
+    """ZeRO-1/2/3 as the 3D trainer runs them in a pipeline — gathered and reduced once per step, not per
+    micro-batch (:class:`minipar.data.zero.ZeRO`'s ``once_per_step``) — checked against one device:
+    {zero: {"matches": bool, "calls": collectives over dp per step, "bytes": over dp per step, "between":
+    model-state bytes a rank holds between steps, "peak": the step's measured peak}} (rank 0's view)."""
+    r = recipe(steps)
+    reference = train_reference(r)
+    out = {}
+    for z in (1, 2, 3):
+        runs = run(r, layout=Layout(dp=dp, pp=pp, tp=tp, zero=z, micro_batches=m), track_memory=True)
+        out[z] = {"matches": compare(reference, runs, dtype=torch.float64).matches,
+                  "calls": runs[0].calls_by_kind["dp"], "bytes": runs[0].bytes_by_kind["dp"],
+                  "between": runs[0].model_state_bytes, "peak": runs[0].peak_bytes}
+    return out
