@@ -86,8 +86,9 @@ class FlatUnit:
     ``stage`` 0 owns the whole buffer (DDP); 1-2 keep the full parameters; 3 frees them between uses."""
 
     def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
-                 reduce_dtype=None, accumulate: bool = False):
+                 reduce_dtype=None, accumulate: bool = False, replicate_group=None):
         self.names, self.params, self.group, self.stage = names, params, group, stage
+        self.replicate_group = replicate_group       # HSDP: the same shard on other nodes (minipar.data.hsdp)
         # accumulate: the gradients of every micro-batch add up in one full flat buffer, reduce-scattered once
         # per step whatever the stage (a pipeline's ZeRO-2/3); stages 2-3 free that buffer between steps
         self.accumulate = accumulate or stage <= 1
@@ -212,6 +213,9 @@ class FlatUnit:
             self.free()
 
     def _set_master_grad(self, averaged) -> None:
+        if self.replicate_group is not None:                   # HSDP: average my shard over its replicas too
+            averaged = averaged / dist.get_world_size(self.replicate_group)
+            comm.all_reduce(averaged, group=self.replicate_group)
         grad = averaged.to(self.master.dtype)                  # already the mean over ranks (divided first)
         if self.master.grad is None or self.stage <= 1:
             self.master.grad = grad

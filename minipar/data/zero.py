@@ -84,10 +84,15 @@ class ZeRO:
     optimizer step, instead of around every micro-batch's use of every unit — torchtitan's FSDP with
     ``reshard_after_forward=False`` under pipelining. Collectives per step: one reduce-scatter (+ one
     all-gather) per unit, not m; the price is memory: the full parameters (stage 3) and gradients (stages
-    2–3) for the length of the step. Between steps a rank holds only its shards."""
+    2–3) for the length of the step. Between steps a rank holds only its shards.
+
+    ``replicate_group`` (HSDP, :mod:`minipar.data.hsdp`): ``group`` shards inside a node, and each shard's
+    gradient is then averaged over the ranks holding the same shard on the other nodes (one all-reduce of
+    Ψ/N_shard per unit, the only traffic that crosses nodes)."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
-                 prefetch: bool = True, *, reduce_dtype=None, fp32_modules=(), once_per_step: bool = False):
+                 prefetch: bool = True, *, reduce_dtype=None, fp32_modules=(), once_per_step: bool = False,
+                 replicate_group=None):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -107,7 +112,7 @@ class ZeRO:
                 dtype = None if any(module is m for m in fp32_modules) else param_dtype
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                reduce_dtype, accumulate=once_per_step)
+                                reduce_dtype, accumulate=once_per_step, replicate_group=replicate_group)
                 unit.module = module
                 self.units.append(unit)
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)

@@ -22,7 +22,7 @@ def rows():
 
 def test_every_row_matches_one_device(rows):
     assert set(rows) == {"ZeRO-1 ring", "ZeRO-2 ring", "ZeRO-3 ring", "ZeRO-1 gloo", "ZeRO-2 gloo",
-                         "ZeRO-3 gloo", "FSDP2 (torch fully_shard)"}
+                         "ZeRO-3 gloo", "FSDP2 (torch fully_shard)", "HSDP (2 nodes)"}
     for name, row in rows.items():
         assert row.matches and row.kind == "training", (name, row)
 
@@ -42,3 +42,9 @@ def test_observed_bytes_are_the_papers_on_rings_and_more_on_gloo(rows):
     fsdp2 = rows["FSDP2 (torch fully_shard)"]
     assert fsdp2.bytes_sent_per_rank is None                          # torch.distributed directly: no log
     assert fsdp2.bytes_formula < fsdp2.bytes_observed_per_rank < rows["ZeRO-3 gloo"].bytes_observed_per_rank
+
+
+def test_hsdp_row_sends_less_across_nodes_than_flat_fsdp(rows):
+    row = rows["HSDP (2 nodes)"]
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula, rel=1e-9)
+    assert "×2.25 less" in row.note                      # n·3(N−1)/N ÷ 2(n−1) = 2·3·3/4 ÷ 2, N = 4, n = 2

@@ -119,8 +119,38 @@ def _torch_fsdp2() -> TourRow:
                    None, formula, None, note, bytes_observed_per_rank=observed)
 
 
+def _hsdp() -> TourRow:
+    """HSDP on 4 ranks declared as 2 nodes of 2 (issue 39): ZeRO-3 inside each node, the gradient shards
+    all-reduced across; equal to one device; the bytes its sends carried across the node boundary beside the
+    formula and beside flat FSDP's (ZeRO-3 over all 4), run the same way."""
+    from minipar.data import hsdp
+    recipe = _recipe()
+    reference = train_reference(recipe)
+    runs = {mode: hsdp.run(recipe, world_size=WORLD_SIZE, per_node=2, mode=mode) for mode in ("hsdp", "fsdp")}
+    c = compare(reference, runs["hsdp"])
+    S = sum(p.numel() for p in recipe.model().parameters()) * 4
+    cross = {m: statistics.mean(sum(r.cross_node[i] for r in rs) for i in range(recipe.steps)) for m, rs in runs.items()}
+    want = {m: hsdp.CROSS_NODE_FORMULAS[m](S, WORLD_SIZE, 2) for m in runs}
+    sent = statistics.mean(statistics.mean(r.sent) for r in runs["hsdp"])
+    g, claimed, padded = 2, set(), 0                      # Ψ with each unit padded to the node's 2 shards
+    for unit in zero.block_units(recipe.model()):
+        mine = [p for p in unit.parameters() if p not in claimed and p.requires_grad]
+        claimed.update(mine)
+        padded += -(-sum(p.numel() for p in mine) // g) * g
+    # per rank: ZeRO-3 inside the node (2 all-gathers + 1 reduce-scatter over g) + the shard's all-reduce across
+    formula = zero_memory.bytes_sent_per_step(padded, g, 3, "fp32") + 2 * (2 - 1) / 2 * padded / g * 4
+    note = (f"2 nodes × 2 (declared): bytes across the node boundary per step, all ranks: HSDP "
+            f"{cross['hsdp']:,.0f} (formula 2(n−1)·S = {want['hsdp']:,.0f}) vs flat FSDP {cross['fsdp']:,.0f} "
+            f"(n·3(N−1)/N·S = {want['fsdp']:,.0f}), ×{cross['fsdp'] / cross['hsdp']:.2f} less; parameters held "
+            f"per rank {runs['hsdp'][0].param_bytes:,} B (Ψ/2) vs {runs['fsdp'][0].param_bytes:,} B (Ψ/4); bytes "
+            f"counted from each send's destination on minipar's rings")
+    return TourRow("HSDP (shard in node, replicate across)", WORLD_SIZE, c.matches and compare(reference, runs["fsdp"]).matches,
+                   c.max_abs_diff, sent, formula, None, note)
+
+
 STRATEGIES = [
     *[(f"ZeRO-{s} ring", functools.partial(_row, s, "ring")) for s in STAGES],
     *[(f"ZeRO-{s} gloo", functools.partial(_row, s, "gloo")) for s in STAGES],
     ("FSDP2 (torch fully_shard)", _torch_fsdp2),
+    ("HSDP (2 nodes)", _hsdp),
 ]

@@ -12,7 +12,7 @@ from minipar.course.ch08_hybrid_parallelism import measure, tour
 from minipar.tensor.layers import shard_cols, shard_rows
 
 
-@pytest.mark.parametrize("name", ["3d", "3d+zero1"])
+@pytest.mark.parametrize("name", ["3d", "3d+zero1", "3d+zero3"])
 def test_tour_rows(name):
     run = dict(tour.STRATEGIES)[name]
     row = run()
