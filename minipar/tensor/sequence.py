@@ -15,8 +15,9 @@ Activation bytes per layer (a = heads, 16-bit activations, 1-byte dropout masks;
     TP + SP           sbh (34/t + 5as/(ht))
 
 The column-parallel layer under SP keeps only its input's sequence shard for backward and all-gathers it
-again there (an extra all-gather per column-parallel layer in backward, which Megatron overlaps with the
-weight-gradient matmul): without that, the gathered input (sbh per layer) would be kept whole. So SP's bytes
+again there (an extra all-gather per column-parallel layer in backward, which Megatron hides under the
+input-gradient GEMM — the weight-gradient GEMM needs the gathered input, so it runs after, with the input
+gradient's reduce-scatter under it; :mod:`minipar.tensor.collective_matmul` does it so): without that, the gathered input (sbh per layer) would be kept whole. So SP's bytes
 per layer are TP's (4 all-reduces = 4 all-gathers + 4 reduce-scatters) **plus** those two re-gathers in
 backward: with b=4, s=16, h=32, t=4 in float32, 48 KiB + 12 KiB = 60 KiB per rank; the paper's "same bytes
 as TP" covers only the collectives SP replaces. ``keep_gathered=True`` (:func:`minipar.tensor.layers.
