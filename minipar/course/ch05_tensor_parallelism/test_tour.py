@@ -31,3 +31,9 @@ def test_rows_match_bytes_and_memory(rows):
         assert kept.bytes_formula <= kept.bytes_observed_per_rank <= tp.bytes_observed_per_rank
         assert abs(kept.bytes_observed_per_rank - tp.bytes_observed_per_rank) < 8 * 1024
         assert sp.bytes_observed_per_rank > 60 * 1024 + 12 * 1024 and "all-reduces" in sp.note
+
+
+def test_collective_matmul_row_equals_one_device_with_sps_bytes(rows):
+    row = rows["tensor parallel + SP, collective matmul"]
+    assert row.matches and row.max_abs_diff < 1e-10
+    assert row.bytes_sent_per_rank == row.bytes_formula == rows["tensor parallel + sequence parallel"].bytes_formula

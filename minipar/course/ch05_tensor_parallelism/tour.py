@@ -144,6 +144,52 @@ def _train_kept(rank, world_size, recipe):
     return RunResult(losses, model.full_state_dict())
 
 
+def _train_collective_matmul(rank, world_size, recipe):
+    """The SP TP GPT with every sequence-parallel linear a collective matmul (async TP,
+    :mod:`minipar.tensor.collective_matmul`), label smoothing 0.1."""
+    from minipar.check import RunResult
+    from minipar.tensor.collective_matmul import use_collective_matmul
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    model = use_collective_matmul(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True))
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for inputs, targets in recipe.batches:
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(inputs, targets, 0.1)
+        loss.backward()
+        model.finish_backward()
+        opt.step()
+        losses.append(loss.item())
+    return RunResult(losses, model.full_state_dict())
+
+
+def _layer_bytes_collective_matmul(rank, world_size):
+    from minipar.tensor.collective_matmul import use_collective_matmul
+    from minipar.tensor.measure import measure_layer
+    res = measure_layer(rank, world_size, GPTConfig(n_embd=H, n_head=A), B, S, True, prepare=use_collective_matmul)
+    return res["bytes_sent"]
+
+
+def _collective_matmul() -> TourRow:
+    """TP + SP with the all-gather + GEMM and GEMM + reduce-scatter decomposed into ring steps whose transfers
+    run under the previous step's GEMM (issue 39): equal to one device; the same bytes per layer as SP."""
+    from minipar.check import compare, train_reference
+    from minipar.tensor.gpt import smoothed_recipe
+    recipe = _recipe()
+    runs = launch(_train_collective_matmul, WORLD_SIZE, recipe, quiet=True)
+    c = compare(train_reference(smoothed_recipe(recipe, 0.1)), runs, dtype=recipe.dtype)
+    sent = launch(_layer_bytes_collective_matmul, WORLD_SIZE, quiet=True)
+    formula = sp_bytes_per_layer(S, B, H, WORLD_SIZE, regather=True)
+    note = ("every sequence-parallel linear a collective matmul: p ring steps, each shard's send posted before "
+            "the step's GEMM and waited after it (forward), the X re-gather under the dX GEMM and dX's "
+            "reduce-scatter under the dW GEMM (backward, Megatron's order); bytes per layer = SP's "
+            "(48 + 12 KiB), all as point-to-point sends")
+    return TourRow(strategy=f"tensor parallel + SP, collective matmul (async TP), tp={WORLD_SIZE}", world_size=WORLD_SIZE,
+                   matches=c.matches, max_abs_diff=c.max_abs_diff, bytes_sent_per_rank=sum(sent) / len(sent),
+                   bytes_formula=formula, peak_bytes_per_rank=None, note=note)
+
+
 STRATEGIES = [("tensor parallel", functools.partial(_run, False)),
               ("tensor parallel + sequence parallel", functools.partial(_run, True)),
-              ("tensor parallel + sequence parallel, inputs kept, ring RS", functools.partial(_run, True, True))]
+              ("tensor parallel + sequence parallel, inputs kept, ring RS", functools.partial(_run, True, True)),
+              ("tensor parallel + SP, collective matmul", _collective_matmul)]
