@@ -37,6 +37,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import flight
 from .observe import wire
 from .observe.log import RECORDER, CommLog, CommRecord, recording   # the log's names, for comm.recording() etc.
 
@@ -59,10 +60,14 @@ def _group_ranks(group, peer) -> tuple:
     return tuple(dist.get_process_group_ranks(group))
 
 
-def _call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, async_op=False):
+def _call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, async_op=False, tensor=None, tag=0):
     """Run ``run`` (the ``torch.distributed`` call), telling the watching observers before it and of its record
     after it (group: ``group``, or the pair with ``peer``; a blocking call's wire bytes). Returns ``run``'s
-    result — an async call's work as the observers hand it back (timed to completion, its wait seen)."""
+    result — an async call's work as the observers hand it back (timed to completion, its wait seen).
+    The rank's :mod:`minipar.flight` recorder, when started, writes the call (``tensor``'s shape and dtype,
+    ``tag`` for a send/recv) as issued before ``run`` and completed after it (an async one: after its wait)."""
+    recorder = flight.recorder
+    flight_seq = None if recorder is None else recorder.issued(op, group, peer, tag, tensor)
     watching = [o for o in observers if o.watching]
     before = wire.written() if watching else None
     for observer in watching:
@@ -70,6 +75,11 @@ def _call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, 
     t0 = time.perf_counter()
     work = run()
     seconds = time.perf_counter() - t0
+    if flight_seq is not None:
+        if not async_op:
+            recorder.completed(flight_seq)
+        elif not watching:
+            return recorder.until_done(work, flight_seq)
     if not watching:
         return work
     observed = None if before is None or async_op else wire.written() - before
@@ -78,6 +88,8 @@ def _call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, 
     handle = work if async_op else None
     for observer in watching:
         handle = observer.on_record(rec, handle)
+    if async_op and flight_seq is not None:
+        handle = recorder.until_done(handle, flight_seq)
     return handle if async_op else work
 
 
@@ -121,10 +133,10 @@ def predicted_bytes_sent(op: str, payload_bytes: int, n: int, is_root: bool = Fa
 # Collectives (wrappers over torch.distributed); each one records what it moved
 # ----------------------------------------------------------------------------------------------------
 
-def _ring_shaped(op, run, n, s, group, async_op, result):
+def _ring_shaped(op, run, n, s, group, async_op, result, tensor):
     """An all-reduce, all-gather or reduce-scatter through gloo, recorded with the ring's bytes both ways."""
     moved = predicted_bytes_sent(op, s, n)
-    work = _call(run, op, n, s, moved, moved, "ring", group=group, async_op=async_op)
+    work = _call(run, op, n, s, moved, moved, "ring", group=group, async_op=async_op, tensor=tensor)
     return work if async_op else result
 
 
@@ -132,7 +144,7 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool
     if _on_ring("all_reduce", op, async_op):
         return ring_all_reduce(t, group)
     return _ring_shaped("all_reduce", lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op),
-                        _size(group), _nbytes(t), group, async_op, t)
+                        _size(group), _nbytes(t), group, async_op, t, t)
 
 
 def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
@@ -155,7 +167,7 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
         return [o.copy_(g.view_as(o)) for o, g in zip(out, ring_all_gather(t.reshape(1, -1), group))]
     n = _size(group)
     return _ring_shaped("all_gather", lambda: dist.all_gather(out, t, group=group, async_op=async_op),
-                        n, n * _nbytes(t), group, async_op, out)
+                        n, n * _nbytes(t), group, async_op, out, t)
 
 
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async_op: bool = False):
@@ -163,7 +175,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async
     if _on_ring("all_gather", async_op=async_op):     # the ring's concatenation, copied into ``out``
         return out.copy_(ring_all_gather(t.reshape(1, -1), group).view_as(out))
     return _ring_shaped("all_gather", lambda: _all_gather_flat(out, t, group=group, async_op=async_op),
-                        _size(group), _nbytes(out), group, async_op, out)
+                        _size(group), _nbytes(out), group, async_op, out, t)
 
 
 def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
@@ -172,7 +184,7 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
         return _ring_reduce_scatter_into(out, torch.stack([x.reshape(-1) for x in inputs]), group)
     return _ring_shaped("reduce_scatter", lambda: dist.reduce_scatter(out, inputs, op=op, group=group,
                                                                       async_op=async_op),
-                        _size(group), sum(_nbytes(x) for x in inputs), group, async_op, out)
+                        _size(group), sum(_nbytes(x) for x in inputs), group, async_op, out, out)
 
 
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
@@ -182,7 +194,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
         return _ring_reduce_scatter_into(out, t, group)
     return _ring_shaped("reduce_scatter", lambda: _reduce_scatter_flat(out, t, op=op, group=group,
                                                                        async_op=async_op),
-                        _size(group), _nbytes(t), group, async_op, out)
+                        _size(group), _nbytes(t), group, async_op, out, t)
 
 
 def all_to_all(out: list, inputs: list, group=None):
@@ -191,14 +203,14 @@ def all_to_all(out: list, inputs: list, group=None):
     sent = sum(_nbytes(x) for x in inputs) - _nbytes(inputs[me])
     recv = sum(_nbytes(x) for x in out) - _nbytes(out[me])
     _call(lambda: dist.all_to_all(out, inputs, group=group), "all_to_all", _size(group),
-          sum(_nbytes(x) for x in inputs), sent, recv, "direct", group=group)
+          sum(_nbytes(x) for x in inputs), sent, recv, "direct", group=group, tensor=inputs[me])
     return out
 
 
 def broadcast(t: torch.Tensor, src: int, group=None):
     n, s, root = _size(group), _nbytes(t), _is_root(src, group)
     _call(lambda: dist.broadcast(t, src=src, group=group), "broadcast", n, s,
-          predicted_bytes_sent("broadcast", s, n, root), 0 if root else s, "direct", group=group)
+          predicted_bytes_sent("broadcast", s, n, root), 0 if root else s, "direct", group=group, tensor=t)
     return t
 
 
@@ -206,7 +218,8 @@ def scatter(out: torch.Tensor, chunks: list | None, src: int, group=None):
     n, root = _size(group), _is_root(src, group)
     s = n * _nbytes(out)
     _call(lambda: dist.scatter(out, chunks if root else None, src=src, group=group), "scatter", n, s,
-          predicted_bytes_sent("scatter", s, n, root), 0 if root else _nbytes(out), "direct", group=group)
+          predicted_bytes_sent("scatter", s, n, root), 0 if root else _nbytes(out), "direct", group=group,
+          tensor=out)
     return out
 
 
@@ -214,37 +227,38 @@ def gather(t: torch.Tensor, out: list | None, dst: int, group=None):
     n, root = _size(group), _is_root(dst, group)
     s = n * _nbytes(t)
     _call(lambda: dist.gather(t, out if root else None, dst=dst, group=group), "gather", n, s,
-          predicted_bytes_sent("gather", s, n, root), (n - 1) * _nbytes(t) if root else 0, "direct", group=group)
+          predicted_bytes_sent("gather", s, n, root), (n - 1) * _nbytes(t) if root else 0, "direct", group=group,
+          tensor=t)
     return out
 
 
 def reduce(t: torch.Tensor, dst: int, op=dist.ReduceOp.SUM, group=None):
     n, s, root = _size(group), _nbytes(t), _is_root(dst, group)
     _call(lambda: dist.reduce(t, dst=dst, op=op, group=group), "reduce", n, s,
-          predicted_bytes_sent("reduce", s, n, root), (n - 1) * s if root else 0, "direct", group=group)
+          predicted_bytes_sent("reduce", s, n, root), (n - 1) * s if root else 0, "direct", group=group, tensor=t)
     return t
 
 
 def send(t: torch.Tensor, dst: int, group=None, tag: int = 0):
     _call(lambda: dist.send(t, dst=dst, group=group, tag=tag), "send", 2, _nbytes(t), _nbytes(t), 0, "direct",
-          peer=dst)
+          peer=dst, tensor=t, tag=tag)
 
 
 def recv(t: torch.Tensor, src: int, group=None, tag: int = 0):
     _call(lambda: dist.recv(t, src=src, group=group, tag=tag), "recv", 2, _nbytes(t), 0, _nbytes(t), "direct",
-          peer=src)
+          peer=src, tensor=t, tag=tag)
     return t
 
 
 def isend(t: torch.Tensor, dst: int, group=None, tag: int = 0):
     """``tag`` tells messages between the same two ranks apart (a pipeline's activations vs gradients)."""
     return _call(lambda: dist.isend(t, dst=dst, group=group, tag=tag), "send", 2, _nbytes(t), _nbytes(t), 0,
-                 "direct", peer=dst, async_op=True)
+                 "direct", peer=dst, async_op=True, tensor=t, tag=tag)
 
 
 def irecv(t: torch.Tensor, src: int, group=None, tag: int = 0):
     return _call(lambda: dist.irecv(t, src=src, group=group, tag=tag), "recv", 2, _nbytes(t), 0, _nbytes(t),
-                 "direct", peer=src, async_op=True)
+                 "direct", peer=src, async_op=True, tensor=t, tag=tag)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ the code a chapter runs is the code that runs on a GPU cluster. What the launche
   its traceback, even while the other ranks wait in a collective; a deadlock (a collective waiting longer
   than ``timeout``) ends with :class:`LaunchTimeout` naming the waiting rank; an interrupt stops every
   rank. No process is left behind.
+* every rank keeps a :mod:`minipar.flight` recorder of its last communication calls; when the run fails, the
+  error also says where the ranks' programs parted (the first call a rank never issued, or issued
+  differently), when the recorders show it.
 * a run that is making progress is never cut off: there is no overall time limit unless the caller asks for
   one with ``wall_limit=`` seconds.
 
@@ -46,6 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import flight
 from .validation import positive_int
 
 __all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT", "launch_hooks"]
@@ -73,11 +77,15 @@ def _hooked(fn, world_size: int):
 
 
 class RankError(RuntimeError):
-    """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback."""
+    """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback;
+    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None."""
 
-    def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = ""):
-        self.rank, self.rank_traceback, self.output = rank, rank_traceback, output
+    def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = "",
+                 flight: str | None = None):
+        self.rank, self.rank_traceback, self.output, self.flight = rank, rank_traceback, output, flight
         text = f"rank {rank} failed: {message}"
+        if flight:
+            text += f"\n\n--- where the ranks parted (flight recorder) ---\n{flight}"
         if rank_traceback:
             text += f"\n\n--- traceback on rank {rank} ---\n{rank_traceback.rstrip()}"
         if output.strip():
@@ -242,7 +250,8 @@ def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streame
             running = [r for r in range(world_size) if not done[r]]
             raise LaunchTimeout(running[0], f"ranks {running} were still running at the wall-clock limit "
                                             f"of {wall_limit:g} s (wall_limit=)",
-                                output=_read_output(workdir, running[0]))
+                                output=_read_output(workdir, running[0]),
+                                flight=_flight_diagnosis(workdir, world_size))
         time.sleep(0.005 if streamer is None else 0.02)
     return results
 
@@ -298,6 +307,7 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
     while time.monotonic() < grace and any(p.exitcode is None for p in procs):
         time.sleep(0.01)
     failures = []  # (is a consequence, time of failure, rank, exception)
+    parted = _flight_diagnosis(workdir, len(procs))
     for rank, p in enumerate(procs):
         if p.exitcode is None:
             continue
@@ -307,14 +317,35 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
             message, tb, timed_out, when = value
             if timed_out:
                 exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
-                                          f"no rank sent what rank {rank} waits for)\n{message}", tb, output)
+                                          f"no rank sent what rank {rank} waits for)\n{message}", tb, output,
+                                    parted)
             else:
-                exc = RankError(rank, message, tb, output)
+                exc = RankError(rank, message, tb, output, parted)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
-            exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output)
+            exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output,
+                            flight=parted)
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
+
+
+def _flight_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"flight{rank}.bin")
+
+
+def _flight_diagnosis(workdir: str, world_size: int) -> str | None:
+    """What the ranks' flight recorders say about where their calls parted (None: they agree, or no files).
+    Read while the workdir still exists; a rank still running is seen as it is at this moment."""
+    records = {}
+    for rank in range(world_size):
+        try:
+            records[rank] = flight.read(_flight_path(workdir, rank))
+        except OSError:                     # the rank died before it started its recorder
+            continue
+    try:
+        return flight.diagnose(records)
+    except Exception as exc:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+        return f"(the flight recorders could not be read: {type(exc).__name__}: {exc})"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -340,6 +371,7 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         _arrive_together(store, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        flight.start(_flight_path(workdir, rank))    # this rank's process only: the hook in minipar.comm
         value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
         _leave_together(store, world_size, timeout)
