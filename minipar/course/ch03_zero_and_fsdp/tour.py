@@ -27,6 +27,7 @@ from minipar.data import ddp, fsdp, zero, zero_memory
 from minipar.data.zero_measure import measured_train
 from minipar.launcher import launch
 from minipar.course.tour import WORLD_SIZE, TourRow
+from minipar.course.ch03_zero_and_fsdp.zeropp_row import zeropp_row
 
 __all__ = ["STRATEGIES", "measure_all"]
 
@@ -153,4 +154,5 @@ STRATEGIES = [
     *[(f"ZeRO-{s} gloo", functools.partial(_row, s, "gloo")) for s in STAGES],
     ("FSDP2 (torch fully_shard)", _torch_fsdp2),
     ("HSDP (2 nodes)", _hsdp),
+    ("ZeRO++ (2 nodes)", zeropp_row),
 ]
