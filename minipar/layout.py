@@ -6,9 +6,10 @@ take a :class:`Layout`; none spells dp/pp/tp separately. The mesh dimensions are
 
     world_size = dp · pp · cp · tp                 global batch = dp · micro_batch · micro_batches
 
-Expert parallelism is *folded* (Megatron-Core's expert data parallelism, torchtitan's sparse mesh): the ep
-ranks that share a pipeline stage and a TP coordinate are borrowed from the dp × cp ranks, so ep adds no
-ranks and must divide dp · cp; each expert is replicated over ``expert_data_parallel = dp · cp / ep`` of them.
+Expert parallelism is *folded* (Megatron-Core's MoE parallel folding with expert-TP = 1, torchtitan's sparse
+mesh): the ep ranks that share a pipeline stage are borrowed from its dp × cp × tp ranks, so ep adds no ranks
+and must divide dp · cp · tp; each expert is replicated over ``expert_data_parallel = dp · cp · tp / ep`` of
+them (the tp ranks of a stage hand the MoE layer different tokens: :mod:`minipar.hybrid.experts`).
 
 Adding a mesh dimension is adding a field here and its name to ``minipar.mesh.DEFAULT_ORDER`` (which
 :data:`MESH_DIMS` is); a strategy that does not run it yet refuses it in its own ``validate``
@@ -57,8 +58,8 @@ class Layout:
 
     @property
     def expert_data_parallel(self) -> int:
-        """How many ranks hold a replica of each expert: dp · cp / ep (Megatron-Core's expert-DP size)."""
-        return self.dp * self.cp // self.ep
+        """How many ranks hold a replica of each expert: dp · cp · tp / ep (Megatron-Core's expert-DP size)."""
+        return self.dp * self.cp * self.tp // self.ep
 
     @property
     def world_size(self) -> int:
@@ -83,9 +84,10 @@ class Layout:
             raise ValueError(f"schedule must be a name, got {self.schedule!r}")
         if not isinstance(self.cp_method, str):
             raise ValueError(f"cp_method must be a name, got {self.cp_method!r}")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp·cp = {self.dp * self.cp}: expert parallelism borrows its "
-                             f"ranks from the data- and context-parallel ranks (expert data parallelism), it adds none")
+        if (self.dp * self.cp * self.tp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp·cp·tp = {self.dp * self.cp * self.tp}: expert parallelism "
+                             f"borrows its ranks from a stage's data-, context- and tensor-parallel ranks (folding), "
+                             f"it adds none")
         return self
 
     def refuse(self, *dims: str, why: str) -> None:

@@ -30,9 +30,10 @@ def recipe(layout, every=1, k=1, capacity_factor=float(E), dropout=0.0, n_layer=
 
 
 @functools.lru_cache(maxsize=None)
-def reference(dp, cp, m, every, k, capacity_factor, n_layer=2, optimizer="adam"):
-    return train_reference(recipe(Layout(dp=dp, cp=cp, micro_batches=m), every, k, capacity_factor, n_layer=n_layer,
-                                  optimizer=optimizer))
+def reference(dp, cp, m, every, k, capacity_factor, n_layer=2, optimizer="adam", tp=1):
+    # tp: the MoE layers route each tp rank's rows as one group, and so does the reference (groups = dp·tp)
+    return train_reference(recipe(Layout(dp=dp, cp=cp, tp=tp, micro_batches=m), every, k, capacity_factor,
+                                  n_layer=n_layer, optimizer=optimizer))
 
 
 LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
@@ -44,6 +45,8 @@ LAYOUTS = {      # 8 ranks each: (layout fields, MoE fields)
                                                   schedule="gpipe"), dict(NO_DROP, every=2)),
     "dp2 pp2 tp2 ep2 interleaved v2": (dict(dp=2, pp=2, tp=2, ep=2, schedule="interleaved", v=2),
                                        dict(NO_DROP, n_layer=4)),
+    "dp2 pp2 tp2 ep4 folded over tp, drops": (dict(dp=2, pp=2, tp=2, ep=4), dict(k=2, capacity_factor=1.0)),
+    "dp1 pp2 tp4 ep4 folded over tp": (dict(dp=1, pp=2, tp=4, ep=4), NO_DROP),
 }
 
 
@@ -55,7 +58,7 @@ def test_layout_equals_one_device(name):
     r = recipe(layout, **moe)
     runs = run(r, layout=layout)
     ref = reference(layout.dp, layout.cp, 2, moe.get("every", 1), moe["k"], moe["capacity_factor"],
-                    moe.get("n_layer", 2))
+                    moe.get("n_layer", 2), tp=layout.tp)
     compare(ref, runs, dtype=torch.float64).assert_ok()
     model = r.model()
     held = {n for res in runs for n in res.params if ".experts." in n}
@@ -78,13 +81,15 @@ def test_the_drop_layouts_drop_tokens(name):
 
 
 @pytest.mark.parametrize("fields", [dict(dp=2, cp=2, tp=2, ep=2), dict(dp=4, pp=2, ep=2), dict(dp=2, cp=4, ep=4),
-                                    dict(dp=4, cp=2, ep=8), dict(dp=2, cp=2, pp=2, ep=1)])
-def test_ep_and_expert_dp_partition_every_dense_group(fields):
+                                    dict(dp=4, cp=2, ep=8), dict(dp=2, cp=2, pp=2, ep=1), dict(dp=2, tp=2, ep=4),
+                                    dict(dp=1, pp=2, tp=4, ep=4)])
+def test_ep_and_expert_dp_partition_every_stages_token_group(fields):
+    """ep folds over a stage's dp × cp × tp ranks (Megatron-Core's folding): one plan per pipeline stage."""
     layout = Layout(**fields)
     mesh = Mesh(layout.world_size, **layout.sizes)
     plan = expert_groups(mesh, layout.ep)
-    assert len(plan) == layout.pp * layout.tp
-    for dense, (ep_sets, edp_sets) in zip(mesh.groups("dp", "cp"), plan):
+    assert len(plan) == layout.pp
+    for dense, (ep_sets, edp_sets) in zip(mesh.groups("dp", "cp", "tp"), plan):
         assert {len(s) for s in ep_sets} == {layout.ep} and {len(s) for s in edp_sets} == {layout.expert_data_parallel}
         for sets in (ep_sets, edp_sets):
             assert sorted(r for s in sets for r in s) == sorted(dense)            # a partition of the dense group
@@ -168,12 +173,14 @@ def test_validate(fields, moe, words):
         validate(r, layout=layout)
 
 
-def test_validate_refuses_ep_without_experts_and_ep_not_dividing_dp_cp():
+def test_validate_refuses_ep_without_experts_and_ep_not_dividing_dp_cp_tp():
     dense = gpt_recipe(steps=1, batch_size=BATCH, seq_len=SEQ, n_layer=2, n_head=4)
     with pytest.raises(ValueError, match="ep=2: expert parallelism needs a mixture-of-experts model"):
         validate(dense, layout=Layout(dp=2, ep=2, micro_batches=2))
-    with pytest.raises(ValueError, match="ep=4 must divide dp·cp = 2"):
+    with pytest.raises(ValueError, match="ep=4 must divide dp·cp·tp = 2"):
         validate(recipe(Layout(dp=2)), layout=Layout(dp=2, ep=4, micro_batches=2))
+    with pytest.raises(ValueError, match="token count divisible by tp"):   # 1 row × 8 tokens, tp 3: 8 % 3
+        validate(recipe(Layout(dp=2, tp=3)), layout=Layout(dp=2, tp=3, ep=2, micro_batches=4))
 
 
 def test_run_validates_before_starting(monkeypatch):
@@ -202,7 +209,7 @@ def test_train_command_with_ep_equals_one_device(capfd):
 @pytest.mark.parametrize("flags, words", [
     (["--dp", "2", "--ep", "2", "--experts", "0"], "expert parallelism needs a mixture-of-experts model"),
     (["--dp", "3", "--ep", "3"], "4 experts cannot be spread evenly"),
-    (["--ep", "2"], "ep=2 must divide dp·cp = 1"),
+    (["--ep", "2"], "ep=2 must divide dp·cp·tp = 1"),
     (["--top-k", "0"], "--top-k must be a positive integer"),
     (["--experts", "-1"], "--experts must be >= 0"),
     (["--top-k", "5"], "top-k=5 must be between 1 and the number of experts"),
@@ -220,7 +227,7 @@ def test_tour_row():
     from minipar.course.ch08_hybrid_parallelism import tour
     row = dict(tour.STRATEGIES)["5d-moe"]()
     assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
-    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 128.0 KiB (128.0 KiB)" in row.note
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 64.0 KiB (64.0 KiB)" in row.note
     assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
 
 
@@ -252,3 +259,17 @@ def test_reference_with_cp_and_drops_warns_and_the_help_says_so():
         recipe(Layout(dp=2, cp=2), capacity_factor=float(E))
         recipe(Layout(dp=2), capacity_factor=1.0)
     assert "with --cp > 1 the run equals one device only at cf ≥ E/k" in " ".join(build_parser().format_help().split())
+
+
+def test_the_issues_command_ep_over_dp_and_tp_equals_plain_dp(capfd):
+    """Issue 36: ``train --experts 4 --capacity-factor 4 --dtype float64 --dp 2 --tp 2 --ep 4`` (ep over dp × tp:
+    every rank holds one distinct expert) trains as ``--dp 2`` alone does."""
+    import json
+    from minipar.hybrid.cli import main
+    base = ["--experts", "4", "--capacity-factor", "4", "--dtype", "float64", "--steps", "3", "--json"]
+    losses = {}
+    for layout in (["--dp", "2", "--tp", "2", "--ep", "4"], ["--dp", "2"]):
+        capfd.readouterr()
+        assert main([*base, *layout]) == 0
+        losses[len(layout)] = [json.loads(line)["loss"] for line in capfd.readouterr().out.splitlines()]
+    assert len(losses[6]) == 3 and losses[6] == pytest.approx(losses[2], rel=1e-12, abs=1e-12)

@@ -75,9 +75,9 @@ def test_moe_parameters_and_flops():
     assert parameters(MOE) == parameters(DENSE) + 4 * ((E - 1) * mlp + h * E)
     assert expert_parameters(MOE, 1, 4) == 2 * mlp and expert_parameters(DENSE) == 0
     assert layer_parameters(MOE, 1, 4) == layer_parameters(DENSE) - mlp + 2 * mlp + h * E
-    # a stage's expert parameters: its layers × E/ep experts (pp 2: 2 layers; tp 2 splits all but one bias)
+    # a stage's expert parameters: its layers × E/ep whole experts (pp 2: 2 layers; expert-TP = 1)
     assert stage_parameters(MOE, Layout(pp=2, ep=4))["experts"] == 2 * 2 * mlp
-    assert stage_parameters(MOE, Layout(tp=2, ep=8))["experts"] == 4 * 1 * ((mlp - h) / 2 + h)
+    assert stage_parameters(MOE, Layout(tp=2, ep=8))["experts"] == 4 * 1 * mlp      # whole experts: tp splits none
     assert stage_parameters(DENSE, Layout(pp=2))["experts"] == 0
     tokens = 100
     dense_mlp_flops = 2 * tokens * 2 * h * f

@@ -51,10 +51,11 @@ def test_keyword_form_and_manifest_round_trip():
         Layout.of(None, dq=2)
 
 
-def test_expert_parallelism_is_folded_into_dp_times_cp():
-    """ep borrows ranks from dp × cp (Megatron-Core's expert data parallelism): it adds none."""
+def test_expert_parallelism_is_folded_into_dp_times_cp_times_tp():
+    """ep borrows ranks from a stage's dp × cp × tp (Megatron-Core's MoE parallel folding): it adds none."""
     x = Layout(dp=2, cp=2, tp=2, ep=4).check()
-    assert x.world_size == 8 and x.sizes["ep"] == 1 and x.expert_data_parallel == 1
+    assert x.world_size == 8 and x.sizes["ep"] == 1 and x.expert_data_parallel == 2
     assert Layout(dp=4, ep=2).check().expert_data_parallel == 2
-    with pytest.raises(ValueError, match="ep=3 must divide dp·cp = 4"):
+    assert Layout(dp=1, tp=4, ep=4).check().expert_data_parallel == 1           # ep entirely over tp
+    with pytest.raises(ValueError, match="ep=3 must divide dp·cp·tp = 4"):
         Layout(dp=2, cp=2, ep=3).check()

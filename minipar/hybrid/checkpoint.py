@@ -1,4 +1,4 @@
-"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ep folded into dp × cp, ±
+"""Checkpoints of a hybrid run that load into any other layout (dp × pp × cp × tp, ep folded over dp × cp × tp, ±
 ZeRO-1, or one process).
 
 What a checkpoint holds: the parameters, the optimizer state (Adam's two moments and its step count), the
@@ -19,8 +19,8 @@ A shard holds full tensors: the tensor-parallel pieces are gathered over the tp 
 ZeRO-1's flat optimizer shards over its dp × cp group; then the tensors are the same on every rank along dp,
 cp and tp (context parallelism splits the tokens, never a parameter), and the rank with coordinate 0 along
 every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. An expert is
-different on every ep rank and the same along its expert-data-parallel group and tp (expert-TP = 1), so the
-rank at coordinate 0 of expert-DP and tp in each ep group writes its experts (:data:`EXPERT_REPLICATED`):
+different on every ep rank (the ep groups fold over dp × cp × tp) and the same along its expert-data-parallel
+group, so the rank at coordinate 0 of expert-DP in each ep group writes its experts (:data:`EXPERT_REPLICATED`):
 one writer per (stage, ep rank) file; with ZeRO-1 the experts' moments come from their own optimizer. A
 loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
 rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
@@ -72,8 +72,9 @@ FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data
 # What a stage file holds (full tensors, TP gathered) is the same on every rank of the stage: along dp and cp
 # (replicas; context parallelism shards activations, not parameters) and along tp (after the gather).
 STAGE_REPLICATED = ("dp", "cp", "tp")
-# An expert is held by one ep rank and replicated along its expert-data-parallel group ("edp") and along tp.
-EXPERT_REPLICATED = ("edp", "tp")
+# An expert is held by one ep rank and replicated along its expert-data-parallel group ("edp") only: the ep
+# groups fold over tp too (minipar.hybrid.experts), so the tp ranks hold different experts.
+EXPERT_REPLICATED = ("edp",)
 
 
 def writes(coords: dict, replicated: tuple) -> bool:
@@ -87,7 +88,7 @@ def writes(coords: dict, replicated: tuple) -> bool:
 def _files(trainer) -> dict:
     """{file name: (the parameters it holds, whether this rank writes it)} for this rank's stages: a stage's
     dense tensors (written by the rank at coordinate 0 of dp, cp, tp) and, for an MoE model, the experts of
-    each of its ep ranks (written by the rank at coordinate 0 of expert-DP and tp)."""
+    each of its ep ranks (written by the rank at coordinate 0 of expert-DP)."""
     ex, coords = trainer.experts, trainer.mesh.coords
     files = {}
     for s, stage in trainer.stages.items():

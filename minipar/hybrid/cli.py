@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--cp", type=int, default=1, help="context-parallel degree (s/cp tokens per rank)")
     layout.add_argument("--cp-method", default="ring", choices=context.METHODS,
                         help="how the cp ranks attend (chapter 06b)")
-    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from dp × cp)")
+    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from a stage's dp × cp × tp ranks: must divide dp·cp·tp)")
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="ZeRO stage over the DP group: 1 optimizer state, 2 + gradients, 3 + parameters "
                              "(sharded between steps; gathered and reduced once per step, not per micro-batch)")

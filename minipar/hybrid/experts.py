@@ -1,35 +1,42 @@
-"""Expert parallelism inside the hybrid trainer: the fifth dimension, *folded* into dp × cp (Megatron-Core's MoE
-with its expert-data-parallel groups and ``MoEAuxLossAutoScaler``; torchtitan's sparse mesh), on the layers of
-chapter 09 (:mod:`minipar.moe`: Lepikhin et al. 2020, GShard, arXiv:2006.16668; Fedus et al. 2021, Switch
-Transformers, arXiv:2101.03961).
+"""Expert parallelism inside the hybrid trainer: the fifth dimension, *folded* into dp × cp × tp (Megatron-Core's
+MoE parallel folding with expert-TP = 1, its expert-data-parallel groups and ``MoEAuxLossAutoScaler``;
+torchtitan's EP, which borrows tp ranks too), on the layers of chapter 09 (:mod:`minipar.moe`: Lepikhin et al.
+2020, GShard, arXiv:2006.16668; Fedus et al. 2021, Switch Transformers, arXiv:2101.03961).
 
 The model is :class:`minipar.moe.layer.MoEGPT`: dense attention, an MoE FFN in every ``every``-th block. On a
 rank of the dp × pp × cp × tp mesh:
 
-* **Groups.** The n = dp·cp ranks that share a (pp, tp) coordinate hold different tokens of the same stage.
-  Sorted ascending (dp outer, cp inner), they are cut into n/ep **ep groups** of ep consecutive ranks (the
-  all-to-all) and ep **expert-data-parallel groups**, the strided sets ``ranks[j::ep]`` (an expert's replicas):
-  ep × expert-DP partitions every dense dp × cp group exactly (:func:`expert_groups`, tested).
+* **Tokens over tp.** Attention is tensor-parallel, so the t ranks of a TP group hold the *same* tokens
+  after it. The MoE layer takes rank i's i-th 1/t of the micro-batch's tokens (rows × positions, flattened:
+  :func:`~minipar.tensor.operators.split_to_tp`; backward: all-gather of the gradients) and all-gathers the
+  outputs after (backward: keep my tokens), so the n = dp·cp·tp ranks of a stage route different tokens. An earlier design kept the MoE FFN whole on every tp
+  rank: each expert then existed t times and every token was computed t times (expert FLOPs and memory ×t).
+* **Groups.** The n ranks of a stage, sorted ascending (dp outer, tp inner), are cut into n/ep **ep groups**
+  of ep consecutive ranks (the all-to-all: tp neighbours first, Megatron's folding) and ep
+  **expert-data-parallel groups**, the strided sets ``ranks[j::ep]`` (an expert's replicas): ep × expert-DP
+  partitions every stage's token group exactly (:func:`expert_groups`, tested).
 * **Experts.** Rank j of its ep group holds experts j·E/ep … (j+1)·E/ep − 1 of every MoE layer of its stages,
   under their reference names (``blocks.1.mlp.experts.3.fc.weight``), so ``full_params()`` sees experts as
-  pipeline stages see blocks. Expert-TP = 1: the MoE FFN (router + experts) is whole on every tp rank; without
-  SP the tp ranks hold the same tokens, route them identically and compute the same thing (SP is refused).
+  pipeline stages see blocks. Expert-TP = 1: an expert is whole where it lives. The router is replicated over
+  tp and sees only its rank's rows, so its gradient is summed over tp (as SP's LayerNorms are).
 * **Forward** (chapter 09): route the rank's T = mb·s/cp tokens, capacity C = ⌈k·T/E·cf⌉ per expert, dispatch
   buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine.
 * **Balancing loss.** f_i counts first choices over the whole micro-batch (an all-reduce of E counts over the
-  dp × cp token group), P_i is the rank's own mean; the aux loss lives in every stage that has MoE layers, so
-  it enters the backward through :class:`AuxLossInBackward` (Megatron's ``MoEAuxLossAutoScaler``): identity on
-  the activations, whose backward also seeds ∂aux = 1/m. Averaged over dp × cp with the rest:
-  (1/m)·Σ_i α·E·Σ_e f_e(i)·P̄_e(i), the loss of one device that accumulates m micro-batches
-  (:func:`reference_loss`).
+  stage's dp × cp × tp token group), P_i is the rank's own mean; the aux loss lives in every stage that has MoE
+  layers, so it enters the backward through :class:`AuxLossInBackward` (Megatron's ``MoEAuxLossAutoScaler``):
+  identity on the activations, whose backward also seeds ∂aux = 1/(m·t) (the t ranks of a TP group share one
+  data-parallel rank's loss). Averaged over dp × cp with the rest: (1/m)·Σ_i α·E·Σ_e f_e(i)·P̄_e(i), the loss of
+  one device that accumulates m micro-batches (:func:`reference_loss`).
 * **Gradients.** Dense and router: the trainer's Reducer (or ZeRO-1) over dp × cp, ÷ dp·cp. Experts: an
   all-reduce over the expert-DP group, **÷ dp·cp, not ÷ expert-DP** (an expert's gradient already sums its ep
   group's tokens; chapter 09's "divide by W, not dp"). With ZeRO-1 the experts stay outside the shards (their
   own optimizer, replicated over expert-DP).
 
 Bytes per rank per step (b bytes per element, m micro-batches, L_e MoE layers on the rank), the log naming each
-kind by a tag: ``ep`` = m·L_e·4·(ep−1)/ep·E·C·h·b (dispatch + combine, forward and backward); ``edp`` =
-2(n_e−1)/n_e·b·Ψ_experts (n_e = dp·cp/ep); ``balance`` = m·L_e·2(n−1)/n·E·b (the f counts).
+kind by a tag: ``ep`` = m·L_e·4·(ep−1)/ep·E·C·h·b (dispatch + combine, forward and backward; C from a rank's
+mb·s/(cp·t) tokens); ``edp`` = 2(n_e−1)/n_e·b·Ψ_experts (n_e = dp·cp·tp/ep); ``balance`` = m·L_e·2(n−1)/n·E·b (the
+f counts); and on tp, 2·(t−1)/t·mb·(s/cp)·h·b per MoE layer and micro-batch (the outputs' all-gather and the
+inputs' gradient all-gather), counted by :func:`minipar.hybrid.formulas.bytes_formula`.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ from ..mesh import Mesh
 from ..moe.expert_parallel import ExpertParallelMoE
 from ..moe.layer import MoEGPT, MoELayer, moe_recipe, no_drop_capacity_factor, validate_config
 from ..moe.router import capacity
+from ..tensor.operators import gather_from_tp, split_to_tp
 
 __all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer",
            "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch",
@@ -75,8 +83,8 @@ def validate(layout, model) -> None:
         raise ValueError(f"the hybrid trainer places routed full-size experts only: {unplaced} is for "
                          f"minipar.moe's layers (chapter 09), not yet for this trainer")
     if layout.sp:
-        raise ValueError("sequence parallelism with an MoE model: the tp ranks would hold different tokens, "
-                         "but the MoE FFN is replicated over tp (expert-TP = 1); drop sp")
+        raise ValueError("sequence parallelism with an MoE model: the MoE layer splits a TP group's tokens over tp "
+                         "itself; SP's sequence shards are not built for it; drop sp")
     if layout.recompute != "none":
         raise ValueError(f"recompute={layout.recompute!r} with an MoE model: the recomputed forward would repeat "
                          f"the routing's collectives and count the balancing loss twice; use recompute='none'")
@@ -86,10 +94,11 @@ def validate(layout, model) -> None:
 
 
 def expert_groups(mesh: Mesh, ep: int) -> list:
-    """For every dense dp × cp group of the mesh (one per (pp, tp)): (its ep groups, its expert-DP groups);
-    ep groups are consecutive chunks of ep of its sorted ranks, expert-DP groups the strided sets."""
+    """For every stage's token group of the mesh (its dp × cp × tp ranks, one per pp): (its ep groups, its
+    expert-DP groups); ep groups are consecutive chunks of ep of its sorted ranks, expert-DP groups the strided
+    sets."""
     out = []
-    for dense in mesh.groups("dp", "cp"):
+    for dense in mesh.groups("dp", "cp", "tp"):
         ranks = sorted(dense)
         out.append(([ranks[i:i + ep] for i in range(0, len(ranks), ep)], [ranks[j::ep] for j in range(ep)]))
     return out
@@ -116,15 +125,20 @@ class HybridExpertLayer(ExpertParallelMoE):
     (``experts.3``), the all-to-alls and counts tagged in the log (:meth:`log_mesh`), the aux loss joined to the
     backward with ``aux_scale`` (1/m); ``aux_values`` collects each forward's aux loss (for the reported loss)."""
 
-    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
+    def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group, tp_group=None):
         super().__init__(layer, ep_rank, ep, ep_group, token_group)
         self.experts = nn.ModuleDict({str(self.first + j): e for j, e in enumerate(self.experts)})
         self.aux_scale, self.aux_values = 1.0, []
+        self.tp_group = tp_group if tp_group is not None and dist.get_world_size(tp_group) > 1 else None
 
     def forward(self, x):
+        shape = x.shape
+        if self.tp_group is not None:          # my 1/t of the TP group's tokens (they all hold the same ones)
+            x = split_to_tp(x.reshape(-1, shape[-1]), self.tp_group, dim=0)
         out = super().forward(x)
         self.aux_values.append(self.aux_loss.detach())
-        return AuxLossInBackward.apply(out, self.aux_loss, self.aux_scale)
+        out = AuxLossInBackward.apply(out, self.aux_loss, self.aux_scale)
+        return gather_from_tp(out, self.tp_group, dim=0).view(shape) if self.tp_group is not None else out
 
     def log_mesh(self, kind):
         """The folded groups' exchanges are logged by what they carry: ``Tag("ep")``, ``Tag("balance")``."""
@@ -135,12 +149,13 @@ class Experts:
     """A rank's expert side: its :class:`HybridExpertLayer` s, expert parameters, groups, and the gradient
     reduction (÷ ``divisor`` = dp·cp, then all-reduce over expert-DP)."""
 
-    def __init__(self, layers: list, ep_group, edp_group, divisor: int, micro_batches: int):
-        self.ep_group, self.edp_group, self.divisor = ep_group, edp_group, divisor
+    def __init__(self, layers: list, ep_group, edp_group, divisor: int, micro_batches: int, tp_group=None):
+        self.ep_group, self.edp_group, self.divisor, self.tp_group = ep_group, edp_group, divisor, tp_group
         self.optimizer = None                   # ZeRO-1: the experts' own optimizer (outside the shards)
         self.ep_rank, self.edp_rank = 0, 0      # this rank's place in its ep and expert-DP groups (install)
+        t = dist.get_world_size(tp_group) if tp_group is not None else 1
         for layer in layers:
-            layer.aux_scale = 1.0 / micro_batches
+            layer.aux_scale = 1.0 / (micro_batches * t)    # t ranks share one data-parallel rank's loss
         self.keep(layers)
 
     def keep(self, layers) -> "Experts":
@@ -148,6 +163,8 @@ class Experts:
         self.layers = list(layers)
         self.params = [p for layer in self.layers for p in layer.experts.parameters()]
         self.ids = set(map(id, self.params))
+        # the routers see only their rank's rows when tp > 1: their gradients are summed over tp
+        self.router_params = [p for layer in self.layers for p in layer.router.parameters()]
         return self
 
     def reduce_gradients(self) -> None:
@@ -167,8 +184,9 @@ class Experts:
         """``loss`` (the last stage's, or None) + the step's aux losses of every stage: a sum over the pp group,
         outside the step's recordings (reporting, not training)."""
         aux = torch.tensor(self.aux_total(), dtype=torch.float64, device=device)
-        if dist.get_world_size(pp_group) > 1:
-            comm.all_reduce(aux, group=pp_group)
+        for group in (pp_group, self.tp_group):              # every stage's, and (tp > 1) every row share's
+            if group is not None and dist.get_world_size(group) > 1:
+                comm.all_reduce(aux, group=group)
         return None if loss is None else loss + float(aux)
 
     def aux_total(self) -> float:
@@ -185,6 +203,8 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
     if not any(isinstance(b.mlp, MoELayer) for b in model.blocks):
         return None
     ep, n_e, rank = layout.ep, layout.expert_data_parallel, mesh.rank
+    tp_group = mesh.group("tp") if layout.tp > 1 else None
+    token_group = mesh.group("dp", "cp", "tp") if layout.tp > 1 else dense_group   # a stage's distinct tokens
     plan = expert_groups(mesh.mesh, ep)
     ep_group, my_ep = None, next(r for ep_sets, _ in plan for r in ep_sets if rank in r)
     if ep > 1:
@@ -193,8 +213,8 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
             if rank in ranks:
                 ep_group = group
     edp_group, my_edp = None, next(r for _, edp_sets in plan for r in edp_sets if rank in r)
-    if n_e > 1 and ep == 1:                                               # expert-DP is dp × cp itself
-        edp_group = dense_group
+    if n_e > 1 and ep == 1:                                               # expert-DP is the token group itself
+        edp_group = token_group
     elif n_e > 1:
         for ranks in (r for _, edp_sets in plan for r in edp_sets):       # then every expert-DP group
             group = dist.new_group(ranks)
@@ -203,9 +223,9 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
     layers = []
     for block in model.blocks:
         if isinstance(block.mlp, MoELayer):
-            block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, dense_group)
+            block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, token_group, tp_group)
             layers.append(block.mlp)
-    held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches)
+    held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches, tp_group)
     held.ep_rank, held.edp_rank = my_ep.index(rank), my_edp.index(rank)     # the checkpoint's writer rule
     return held
 
@@ -237,14 +257,14 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
                       optimizer: str = "adam", dtype=torch.float64, seed: int = 0, **cfg):
     """The MoE tiny GPT whose one-device loss is the hybrid run's (:func:`reference_loss`), trained with
     ``optimizer`` ("adam" or "sgd", as :func:`minipar.check.gpt_recipe`). With cp = 1 the reference
-    routes each micro-batch in dp groups (``MoEConfig(groups=dp)``), the ranks' own token sets, so they agree even
-    when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
+    routes each micro-batch in dp·tp groups (``MoEConfig(groups=dp·tp)``), the ranks' own token sets (contiguous
+    in the flattened micro-batch), so they agree even when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
     needs a no-drop capacity, cf ≥ E/k: a smaller cf warns (:class:`RoutingMismatch`)."""
     if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k):
         warnings.warn(f"cp = {layout.cp} with capacity factor {capacity_factor} < E/k = {experts / k:g}: tokens "
                       f"may be dropped, and the one-device reference routes them differently from the run; "
                       f"compare with cf ≥ {experts / k:g}", RoutingMismatch, stacklevel=2)
-    groups = layout.dp if layout.cp == 1 else 1
+    groups = layout.dp * layout.tp if layout.cp == 1 else 1      # each rank's tokens: one routing group
     recipe = moe_recipe(steps, batch_size, seq_len, optimizer, seed, dtype, experts, k, capacity_factor, alpha,
                         every, groups, **cfg)
     recipe.loss = reference_loss(layout.dp, layout.micro_batches)
@@ -257,9 +277,9 @@ class RoutingMismatch(UserWarning):
 
 def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
     """{"ep", "edp", "balance"}: bytes one rank sends per step (module docstring), ``moe_layers`` its MoE layers."""
-    n, ep, edp = layout.dp * layout.cp, layout.ep, layout.expert_data_parallel
+    n, ep, edp = layout.dp * layout.cp * layout.tp, layout.ep, layout.expert_data_parallel
     b, m = element_size, layout.micro_batches
-    c = capacity(micro_batch * seq // layout.cp, moe.experts, moe.capacity_factor, moe.k)
+    c = capacity(micro_batch * seq // layout.cp // layout.tp, moe.experts, moe.capacity_factor, moe.k)
     per_expert = 2 * cfg.n_embd * cfg.ffn_hidden + (cfg.ffn_hidden + cfg.n_embd) * cfg.bias
     psi = moe_layers * moe.experts // ep * per_expert
     return {"ep": m * moe_layers * 4 * (ep - 1) / ep * moe.experts * c * cfg.n_embd * b,

@@ -25,9 +25,10 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     gradients are summed over tp once per step. Full recomputation re-runs each block's forward collectives
     (and, with SP, the head's all-gather; measured: the embedding and the loss are not re-run). With context parallelism every activation holds s/cp tokens, the
     gradients are averaged over dp × cp, and the cp group carries :func:`minipar.hybrid.context.cp_bytes`.
-    ``moe`` (a :class:`minipar.moe.layer.MoEConfig`): every ``moe.every``-th block's FFN is an MoE layer,
-    replicated over tp (its block has only attention's f and g), its router in the dense Ψ, its experts
-    reduced over expert-DP; adds "ep", "edp", "balance" (:func:`minipar.hybrid.experts.expert_bytes`)."""
+    ``moe`` (a :class:`minipar.moe.layer.MoEConfig`): every ``moe.every``-th block's FFN is an MoE layer on
+    1/t of the rows per tp rank (its block has attention's f and g, and the rows' two all-gathers over tp), its
+    router in the dense Ψ, its experts reduced over expert-DP; adds "ep", "edp", "balance"
+    (:func:`minipar.hybrid.experts.expert_bytes`)."""
     layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
     dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
         "dp", "pp", "tp", "micro_batches", "v", "zero", "sp", "cp"))
@@ -47,6 +48,9 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
         tp_bytes = b * m * (half * (10 * blocks + 2 * first + 3 * last) * act + ring * loss) + ring * b * sp_params
     else:
         tp_bytes = ring * b * m * ((4 * blocks - 2 * moe_layers + first + last) * act + loss)  # f, g; emb g; head f
+        tp_bytes += half * b * m * 2 * moe_layers * act      # MoE: rows split over tp, outputs/gradients re-gathered
+        if moe is not None:                                  # ... and each router's gradient summed over tp once
+            tp_bytes += ring * b * moe_layers * moe.experts * h
     if layout.recompute == "full":       # the blocks' forward collectives again (SP: and the head's all-gather)
         tp_bytes += b * m * act * (half * (4 * blocks + last) if sp else ring * 2 * blocks)
     crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)

@@ -96,6 +96,10 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     batch, seq = recipe.batches[0][0].shape
     context.validate(layout, cfg, seq)
     experts.validate(layout, model)
+    tokens = batch // (dp * micro_batches) * (seq // layout.cp)
+    if getattr(model, "moe", None) is not None and tp > 1 and tokens % tp:
+        raise ValueError(f"an MoE model with tp={tp}: the MoE layer splits each micro-batch's {tokens} tokens over "
+                         f"the tp ranks, which needs a token count divisible by tp")
     tp_gpt.validate(cfg, tp=tp, seq_len=seq // cp, sequence_parallel=sp)
     if batch % (dp * micro_batches):
         raise ValueError(f"a global batch of {batch} rows cannot be cut into dp × m = {dp} × {micro_batches} "
@@ -136,7 +140,7 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
 
 
 class Trainer3D:
-    """One rank of a dp × pp × cp × tp run (ep folded into dp × cp): builds the groups, the TP model (its MoE
+    """One rank of a dp × pp × cp × tp run (ep folded over dp × cp × tp): builds the groups, the TP model (its MoE
     layers' expert slices: ``experts``, None for a dense model), this rank's stages, the schedule and the DP
     reduction (or ZeRO-1), then ``step(inputs, targets)`` trains on one global batch.
 
@@ -222,6 +226,8 @@ class Trainer3D:
             loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
             if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
+            if self.experts and self.layout.tp > 1:              # MoE: each tp rank routed 1/t of the rows
+                sync_sequence_parallel_grads(self.experts.router_params, self.tp_group)
         with comm.recording(self.logs["dp"]):                     # gradients over the data-parallel group
             if self.experts:
                 self.experts.reduce_gradients()                  # ÷ dp·cp, all-reduce over expert-DP

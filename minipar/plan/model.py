@@ -141,13 +141,13 @@ def _is_moe(model) -> bool:
 
 
 def expert_parameters(model: Transformer, tp: int = 1, ep: int = 1) -> float:
-    """Expert parameters of one block (averaged over blocks: 1/every of them are MoE blocks) held by one rank
-    of ``tp`` × ``ep``: E/ep experts, each an MLP split as the dense one (weights and the first bias ÷ t, the
-    projection's bias whole). 0 for a dense model."""
+    """Expert parameters of one block (averaged over blocks: 1/every of them are MoE blocks) held by one rank:
+    E/ep whole experts (expert-TP = 1; ep folded over a stage's dp × cp × tp ranks, as the hybrid trainer runs
+    it, so ``tp`` does not split them). 0 for a dense model."""
     if not _is_moe(model):
         return 0.0
     h, f = model.hidden, model.ffn
-    return model.moe_share * model.experts / ep * ((h * f + f + f * h) / tp + h)
+    return model.moe_share * model.experts / ep * (h * f + f + f * h + h)
 
 
 def layer_parameters(model: Transformer, tp: int = 1, ep: int = 1) -> float:

@@ -142,7 +142,8 @@ def _expert_parallel(model, cluster, layout, vb, layers) -> tuple:
     ep = layout.ep
     if ep == 1:
         return 0.0, 0.0
-    tokens = layout.micro_batch * model.seq_len // layout.cp
+    # the tp ranks of a stage route different rows (ep folded over dp × cp × tp): each holds 1/t of them
+    tokens = layout.micro_batch * model.seq_len // layout.cp / layout.tp
     one = predicted_all_to_all_bytes(tokens, model.hidden, model, ep, element_size=vb)   # per direction
     moe_layers = layers * model.moe_share * layout.micro_batches
     again = 1.5 if layout.recompute == "full" else 1.0               # the forward's two exchanges again

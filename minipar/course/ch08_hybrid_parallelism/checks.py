@@ -144,9 +144,9 @@ def check_reshard(reshard) -> None:
     print("right: column-parallel (fused QKV too) and row-parallel weights resharded between 1, 2 and 4 ranks")
 
 
-SHAPES_5D = [   # (world, dp, pp, cp, tp, ep): ep divides dp · cp
+SHAPES_5D = [   # (world, dp, pp, cp, tp, ep): ep divides dp · cp · tp (the last two: only with tp)
     (16, 2, 2, 2, 2, 2), (16, 2, 2, 2, 2, 4), (32, 2, 2, 4, 2, 2), (32, 4, 2, 2, 2, 4), (16, 4, 2, 1, 2, 2),
-    (24, 3, 2, 2, 2, 3)]
+    (24, 3, 2, 2, 2, 3), (16, 1, 2, 2, 4, 8), (16, 2, 2, 1, 4, 8)]
 
 
 def _hint_5d(kind, got, want, shape) -> str:
@@ -159,21 +159,24 @@ def _hint_5d(kind, got, want, shape) -> str:
     if kind == "dense" and cp > 1 and got == _as_sets(mesh.groups("dp")):
         return ("those are the dp groups: with context parallelism each cp rank holds other tokens of the same "
                 "rows, so the dense gradients are averaged over dp × cp")
-    if kind in ("ep", "expert_dp") and any(set(mesh.dims_spanned(g)) - {"dp", "cp"} for g in got):
-        return ("a group spans more than one pipeline stage or tp shard: ep borrows its ranks from the dp × cp "
-                "ranks of one (pp, tp) coordinate — an expert lives in one stage and one tp shard")
+    if kind in ("ep", "expert_dp") and any("pp" in mesh.dims_spanned(g) for g in got):
+        return ("a group spans more than one pipeline stage: ep borrows its ranks from the dp × cp × tp ranks of "
+                "one stage — an expert lives in one stage")
     other = {"ep": "expert_dp", "expert_dp": "ep"}.get(kind)
     if other and got == _as_sets(right[other]):
-        return (f"those are the {other.replace('_', '-')} groups: ep takes consecutive chunks of each dp × cp "
-                "group (its all-to-all runs every MoE layer, on the nearest ranks), expert-DP the ranks at the "
+        return (f"those are the {other.replace('_', '-')} groups: ep takes consecutive chunks of each stage's "
+                "ranks (its all-to-all runs every MoE layer, on the nearest ranks), expert-DP the ranks at the "
                 "same place in every chunk")
-    return ("dense: the ranks sharing your pp and tp coordinates; ep: that group cut into chunks of ep "
-            "consecutive ranks; expert-DP: the i-th rank of every chunk")
+    if kind in ("ep", "expert_dp") and tp > 1 and all("tp" not in mesh.dims_spanned(g) for g in got):
+        return ("no group crosses tp: that is the old placement, each expert held by every tp rank (its FLOPs and "
+                "memory ×tp); fold ep over the stage's dp × cp × tp ranks, tp fastest")
+    return ("dense: the ranks sharing your pp and tp coordinates; ep: a stage's ranks (tp fastest) cut into "
+            "chunks of ep consecutive ranks; expert-DP: the i-th rank of every chunk")
 
 
 def check_reduction_groups(reduction_groups) -> None:
     """``reduction_groups(world_size, dp, pp, cp, tp, ep)`` -> {"dense": [[ranks]...], "ep": ..., "expert_dp": ...}
-    on ``Mesh(world_size, dp=, pp=, cp=, tp=)`` with ep folded into dp × cp; compared with what the mesh gives
+    on ``Mesh(world_size, dp=, pp=, cp=, tp=)`` with ep folded over each stage's dp × cp × tp ranks; compared with what the mesh gives
     (:func:`minipar.course.ch08_hybrid_parallelism.five_d.reduction_groups`), groups as sets."""
     from .five_d import reduction_groups as mesh_rule
     for shape in SHAPES_5D:

@@ -118,7 +118,7 @@ FIGURES = {"08_mesh_groups.png": _mesh_figure, "08_step_timeline.png": _step_fig
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the five-dimensional mesh (dp × pp × cp × tp, ep folded into dp × cp) and one traced 16-rank step
+# the five-dimensional mesh (dp × pp × cp × tp, ep folded over dp × cp × tp) and one traced 16-rank step
 # ---------------------------------------------------------------------------------------------------------
 
 COLOURS_5D = {"tp": "tab:red", "cp": "tab:orange", "pp": "tab:blue", "dp": "tab:green", "ep": "tab:purple",
@@ -173,7 +173,8 @@ def draw_mesh_5d(ax, dp: int = 2, pp: int = 2, cp: int = 2, tp: int = 2, ep: int
         ax.plot([], [], color=COLOURS_5D[dim], lw=2.2, linestyle="--" if dim == "expert_dp" else "-",
                 label=f"{dim.replace('_', '-')} group")
     ax.legend(loc="lower center", ncol=4, fontsize=7, bbox_to_anchor=(0.5, -0.22), frameon=False)
-    what = (f"experts folded into dp × cp: ep {ep} (chunks of each dp × cp group), expert-DP {dp * cp // ep}"
+    what = (f"experts folded over dp × cp × tp: ep {ep} (chunks of each stage's ranks, tp fastest), "
+            f"expert-DP {dp * cp * tp // ep}"
             if ep else f"dense: dp {dp} × pp {pp} × cp {cp} × tp {tp} (tp innermost, dp outermost)")
     ax.set_title(what, fontsize=8)
     ax.set_axis_off()

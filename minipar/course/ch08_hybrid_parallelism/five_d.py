@@ -1,4 +1,4 @@
-"""Chapter 08's five-dimensional part: dp × pp × cp × tp on one mesh, with ep folded into dp × cp.
+"""Chapter 08's five-dimensional part: dp × pp × cp × tp on one mesh, with ep folded over each stage's dp × cp × tp.
 
 * :func:`reduction_groups` — the groups a 5D layout reduces over, from :class:`minipar.mesh.Mesh` and the
   trainer's :func:`minipar.hybrid.experts.expert_groups`: dense gradients over dp × cp; expert parallelism (ep) borrows its ranks from each (pp, tp) coordinate's
@@ -35,8 +35,9 @@ MOE_LAYOUT_5D = Layout(dp=2, pp=2, cp=2, tp=2, ep=EP, micro_batches=4)
 def reduction_groups(world_size: int, *, dp: int, pp: int, cp: int, tp: int, ep: int) -> dict:
     """{"dense": dp × cp groups, "ep": expert-parallel groups, "expert_dp": expert-data-parallel groups} of a
     ``Mesh(world_size, dp=, pp=, cp=, tp=)``: the trainer's own rule, :func:`minipar.hybrid.experts.expert_groups`
-    (ep groups = consecutive chunks of ``ep`` of each dense group, expert-DP = the strided sets), flattened."""
-    Layout(dp=dp, pp=pp, cp=cp, tp=tp, ep=ep).check()                # ep must divide dp · cp
+    (ep groups = consecutive chunks of ``ep`` of each stage's dp × cp × tp ranks, expert-DP = the strided sets),
+    flattened."""
+    Layout(dp=dp, pp=pp, cp=cp, tp=tp, ep=ep).check()                # ep must divide dp · cp · tp
     mesh = Mesh(world_size, dp=dp, pp=pp, cp=cp, tp=tp)
     cuts = expert_groups(mesh, ep)
     return {"dense": mesh.groups("dp", "cp"), "ep": [g for chunks, _ in cuts for g in chunks],

@@ -154,15 +154,24 @@ def test_reshard():
 
 
 # ----------------------------------------------------------------------------------------------------
-# exercise 4: the gradient-reduction groups of a 5D layout (ep folded into dp × cp)
+# exercise 4: the gradient-reduction groups of a 5D layout (ep folded over each stage's dp × cp × tp)
 # ----------------------------------------------------------------------------------------------------
 
 def reduction_solution(world_size, dp, pp, cp, tp, ep):
     grid = torch.arange(world_size).view(dp, pp, cp, tp)
     dense = grid.permute(1, 3, 0, 2).reshape(-1, dp * cp).tolist()     # (pp, tp) fixed; dp, cp vary (cp fastest)
+    stage = grid.permute(1, 0, 2, 3).reshape(pp, -1).tolist()         # pp fixed; dp, cp, tp vary (tp fastest)
     return {"dense": dense,
-            "ep": [g[i:i + ep] for g in dense for i in range(0, len(g), ep)],
-            "expert_dp": [g[j::ep] for g in dense for j in range(ep)]}
+            "ep": [g[i:i + ep] for g in stage for i in range(0, len(g), ep)],
+            "expert_dp": [g[j::ep] for g in stage for j in range(ep)]}
+
+
+def reduction_ep_inside_dense(world_size, dp, pp, cp, tp, ep):   # the old placement: ep only inside dp × cp
+    out = reduction_solution(world_size, dp, pp, cp, tp, ep)
+    dense = out["dense"]
+    out["ep"] = [g[i:i + ep] for g in dense for i in range(0, len(g), ep)]
+    out["expert_dp"] = [g[j::ep] for g in dense for j in range(ep)]
+    return out
 
 
 def reduction_dp_only(world_size, dp, pp, cp, tp, ep):      # gradients over dp alone: cp ranks keep their own
@@ -174,7 +183,7 @@ def reduction_dp_only(world_size, dp, pp, cp, tp, ep):      # gradients over dp 
 
 def reduction_ep_across_pp(world_size, dp, pp, cp, tp, ep):  # ep chunks cut from dp × pp × cp: across stages
     out = reduction_solution(world_size, dp, pp, cp, tp, ep)
-    wide = torch.arange(world_size).view(dp, pp, cp, tp).permute(3, 0, 1, 2).reshape(tp, -1).tolist()
+    wide = torch.arange(world_size).view(dp, pp, cp, tp).permute(3, 0, 2, 1).reshape(tp, -1).tolist()  # pp fastest
     out["ep"] = [g[i:i + ep] for g in wide for i in range(0, len(g), ep)]
     out["expert_dp"] = [g[j::ep] for g in wide for j in range(ep)][:len(out["expert_dp"])]
     return out
@@ -192,7 +201,7 @@ def test_reduction_solution_is_the_five_d_rule():
         assert reduction_solution(world, dp, pp, cp, tp, ep) == reduction_groups(world, dp=dp, pp=pp, cp=cp, tp=tp,
                                                                                  ep=ep)
     g = reduction_groups(16, dp=2, pp=2, cp=2, tp=2, ep=2)                 # the chapter's 16-rank layout
-    assert g["dense"][0] == [0, 2, 8, 10] and g["ep"][:2] == [[0, 2], [8, 10]] and g["expert_dp"][:2] == [[0, 8], [2, 10]]
+    assert g["dense"][0] == [0, 2, 8, 10] and g["ep"][:2] == [[0, 1], [2, 3]] and g["expert_dp"][:2] == [[0, 2, 8, 10], [1, 3, 9, 11]]
     with pytest.raises(ValueError, match="must divide"):
         reduction_groups(16, dp=2, pp=2, cp=2, tp=2, ep=3)
 
@@ -201,6 +210,7 @@ def test_reduction_solution_is_the_five_d_rule():
     (reduction_dp_only, "dp × cp"),
     (reduction_ep_across_pp, "more than one pipeline stage"),
     (reduction_swapped, "consecutive chunks"),
+    (reduction_ep_inside_dense, "the old placement"),
 ])
 def test_reduction_groups(wrong, words):
     ch08.check_reduction_groups(reduction_solution)
@@ -217,13 +227,14 @@ def test_reduction_groups_stub():
 
 @pytest.mark.parametrize("world, dp, pp, cp, tp, ep", ch08.SHAPES_5D)
 def test_the_chunk_rule_is_megatrons_expert_generator(world, dp, pp, cp, tp, ep):
-    """On Megatron's order, chunks of ep consecutive ranks of each dense dp × cp group are its expert generator's
-    ep groups and the strided sets its expert-DP groups (that generator equals Megatron's: test_mesh_megatron)."""
+    """On Megatron's order, chunks of ep consecutive ranks of each stage's dp × cp × tp ranks are its expert
+    generator's ep groups with expert-TP = 1 (MoE parallel folding) and the strided sets its expert-DP groups
+    (that generator equals Megatron's: test_mesh_megatron)."""
     from minipar.mesh import Mesh, megatron_order
-    dense = Mesh(world, megatron_order(), dp=dp, pp=pp, cp=cp, tp=tp).groups("dp", "cp")
-    experts = Mesh(world, megatron_order(), dp=dp * cp // ep, pp=pp, ep=ep, tp=tp)
-    assert sorted(g[i:i + ep] for g in dense for i in range(0, len(g), ep)) == sorted(experts.groups("ep"))
-    assert sorted(g[j::ep] for g in dense for j in range(ep)) == sorted(experts.groups("dp"))
+    stages = Mesh(world, megatron_order(), dp=dp, pp=pp, cp=cp, tp=tp).groups("dp", "cp", "tp")
+    experts = Mesh(world, megatron_order(), dp=dp * cp * tp // ep, pp=pp, ep=ep, tp=1)
+    assert sorted(g[i:i + ep] for g in stages for i in range(0, len(g), ep)) == sorted(experts.groups("ep"))
+    assert sorted(g[j::ep] for g in stages for j in range(ep)) == sorted(experts.groups("dp"))
 
 
 def test_ops_by_dims_reads_one_step_between_marks():

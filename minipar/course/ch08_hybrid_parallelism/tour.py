@@ -82,7 +82,7 @@ def _run_5d() -> TourRow:
 
 
 def moe_5d() -> TourRow:
-    """dp 2 × pp 2 × tp 2 with ep 2 folded into dp: the MoE GPT (4 experts, top-2, cf 1: tokens are dropped; the
+    """dp 2 × pp 2 × tp 2 with ep 2 folded over a stage's dp × tp ranks: the MoE GPT (4 experts, top-2, cf 1: tokens are dropped; the
     reference routes in the same groups), 3 Adam steps, float64, against one device; bytes per kind beside
     :func:`~minipar.hybrid.parallel3d.bytes_formula` (``moe=``), mean over the 8 ranks."""
     from minipar.check import compare, train_reference
@@ -104,8 +104,10 @@ def moe_5d() -> TourRow:
     assert all(abs(mean[k] - want[k]) <= 1e-6 * max(1.0, want[k]) for k in kinds), (mean, want)
     observed = sum(r.observed["dp"] + r.observed["pp+tp"] for r in runs) / WORLD
     note = ("per step, model (formula) by kind: " + ", ".join(f"{k} {_kib(mean[k])} ({_kib(want[k])})" for k in kinds)
-            + "; ep = dispatch + combine all-to-alls (forward and backward), edp = expert gradients over expert-DP "
-              "(÷ dp·cp), balance = the f counts over dp × cp; observed > model: gloo frames each message")
+            + "; ep = dispatch + combine all-to-alls (forward and backward) over the folded ep groups (each a TP "
+              "pair: every rank holds 2 distinct experts and routes half its TP group's rows), edp = expert gradients "
+              "over expert-DP (÷ dp·cp), balance = the f counts over dp × cp × tp; tp includes the MoE rows' "
+              "all-gathers and the routers' gradient sum; observed > model: gloo frames each message")
     return TourRow(strategy="5d-moe", world_size=WORLD, matches=comparison.matches,
                    max_abs_diff=comparison.max_abs_diff, bytes_sent_per_rank=sum(mean.values()),
                    bytes_formula=sum(want.values()), peak_bytes_per_rank=None, note=note,
