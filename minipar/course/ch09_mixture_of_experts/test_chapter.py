@@ -28,6 +28,12 @@ def test_moe_ep_row_matches_and_shows_observed_bytes():
     assert row.peak_bytes_per_rank > 0
 
 
+def test_shared_and_fine_grained_row_equals_one_device_with_the_formulas_bytes():
+    row = tour.shared_fine_grained()
+    assert row.matches and row.max_abs_diff < 1e-10 and "shared expert" in row.note
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+
+
 # ---- measurement helpers ---------------------------------------------------------------------------------
 
 def test_routing_example_and_drop_fraction():

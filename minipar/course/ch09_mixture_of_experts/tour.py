@@ -78,4 +78,28 @@ def run() -> TourRow:
                    calls_per_rank=calls)
 
 
-STRATEGIES = [("moe-ep", run)]
+def shared_fine_grained() -> TourRow:
+    """DeepSeekMoE's layer under EP: one shared expert every token passes through (dense, on every rank) and 8
+    routed experts of half width (granularity 2), top-2, no-drop capacity, ep 4, float64, against one device;
+    bytes of the all-to-alls from the log beside the formula (per direction 2·k·cf·T·M·b)."""
+    import torch
+    from minipar.moe.layer import no_drop_capacity_factor
+    cf = no_drop_capacity_factor(8, 2)
+    r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=8, k=2, shared=1, granularity=2,
+                   capacity_factor=cf, alpha=1e-2, dtype=torch.float64)
+    c = compare(train_reference(r), epm.run(r, world_size=WORLD_SIZE, ep=EP), dtype=torch.float64)
+    out = launch(_rank, WORLD_SIZE, r, EP, quiet=True)
+    cfg, moe = r.model().cfg, r.model().moe
+    layers = len(r.model().moe_layers())
+    per_layer = epm.predicted_all_to_all_bytes(BATCH // WORLD_SIZE * SEQ, cfg.n_embd, moe, EP, element_size=8)
+    formula = 2 * per_layer["formula"] * layers * (EP - 1) / EP
+    modelled = sum(o[1] for o in out) / len(out)
+    note = (f"1 shared expert (dense: every rank, every token) + 8 routed experts of half width, top-2, cf {cf:g} "
+            f"(no drop), ep={EP}: 2 routed experts per rank; compared with one device in float64; all-to-all bytes "
+            f"= {layers} layers x 2 directions x 2·k·cf·T·M·b x (ep-1)/ep")
+    return TourRow("moe-ep shared + fine-grained", WORLD_SIZE, c.matches, c.max_abs_diff, modelled, formula,
+                   max(o[4] for o in out), note=note, bytes_observed_per_rank=sum(o[2] for o in out) / len(out) or None,
+                   calls_per_rank=out[0][5])
+
+
+STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained)]
