@@ -86,9 +86,12 @@ class FlatUnit:
     ``stage`` 0 owns the whole buffer (DDP); 1-2 keep the full parameters; 3 frees them between uses."""
 
     def __init__(self, names, params, group, stage, param_dtype=None, on_alloc=None, on_event=None,
-                 reduce_dtype=None, accumulate: bool = False, replicate_group=None):
+                 reduce_dtype=None, accumulate: bool = False, replicate_group=None, async_reduce: bool = False):
         self.names, self.params, self.group, self.stage = names, params, group, stage
         self.replicate_group = replicate_group       # HSDP: the same shard on other nodes (minipar.data.hsdp)
+        # stages 2-3: post the reduce-scatter and return, so that it runs under the next unit's backward
+        # (PyTorch FSDP's way); its result is taken by wait_reduce, before the optimizer step
+        self.async_reduce, self.pending = async_reduce, None
         # accumulate: the gradients of every micro-batch add up in one full flat buffer, reduce-scattered once
         # per step whatever the stage (a pipeline's ZeRO-2/3); stages 2-3 free that buffer between steps
         self.accumulate = accumulate or stage <= 1
@@ -203,14 +206,27 @@ class FlatUnit:
         flat = self.layout.flatten(pieces).to(self.reduce_dtype or pieces[0].dtype)
         flat.div_(self.n)                                      # divide first, then sum
         mine = flat.new_empty(self.layout.shard_numel)
-        comm.reduce_scatter_tensor(mine, flat, group=self.group)
+        async_op = self.async_reduce and not comm.rings_selected("reduce_scatter")   # the rings block
+        work = comm.reduce_scatter_tensor(mine, flat, group=self.group, async_op=async_op)
         self.on_event("reduce-scatter", self)
         for p in self.params:
             p.grad = None
-        self._set_master_grad(mine)
         self.reduced = True
         if self.stage == 3:
-            self.free()
+            self.free()                                        # the reduce-scatter reads the gradients only
+        self.pending = (work if async_op else None, mine, flat)    # flat: kept alive until the work is done
+        if not async_op:
+            self.wait_reduce()
+
+    def wait_reduce(self) -> None:
+        """Take a posted reduce-scatter's result: my shard's mean gradient (a no-op when none is pending)."""
+        if self.pending is None:
+            return
+        work, mine, _ = self.pending
+        if work is not None:
+            work.wait()
+        self.pending = None
+        self._set_master_grad(mine)
 
     def _set_master_grad(self, averaged) -> None:
         if self.replicate_group is not None:                   # HSDP: average my shard over its replicas too

@@ -88,11 +88,16 @@ class ZeRO:
 
     ``replicate_group`` (HSDP, :mod:`minipar.data.hsdp`): ``group`` shards inside a node, and each shard's
     gradient is then averaged over the ranks holding the same shard on the other nodes (one all-reduce of
-    Ψ/N_shard per unit, the only traffic that crosses nodes)."""
+    Ψ/N_shard per unit, the only traffic that crosses nodes).
+
+    ``async_reduce`` (stages 2–3): each unit's reduce-scatter is posted when its backward ends and waited for
+    only before the optimizer step, so it runs while the next units compute their backward — what PyTorch's
+    FSDP does on its separate stream; minipar's blocking default exposes every transfer. Same bytes, same
+    numbers; under ``comm.ring_algorithms()`` the rings block, so it falls back to blocking."""
 
     def __init__(self, model, optimizer_factory, stage: int, group=None, units=None, param_dtype=None,
                  prefetch: bool = True, *, reduce_dtype=None, fp32_modules=(), once_per_step: bool = False,
-                 replicate_group=None):
+                 replicate_group=None, async_reduce: bool = False):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         self.model, self.stage, self.group, self.prefetch = model, stage, group, prefetch
@@ -112,7 +117,8 @@ class ZeRO:
                 dtype = None if any(module is m for m in fp32_modules) else param_dtype
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
                                 lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                reduce_dtype, accumulate=once_per_step, replicate_group=replicate_group)
+                                reduce_dtype, accumulate=once_per_step, replicate_group=replicate_group,
+                                async_reduce=async_reduce)
                 unit.module = module
                 self.units.append(unit)
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
@@ -188,6 +194,8 @@ class ZeRO:
         with unused parameters), so every shard holds its mean gradient. ``ends_step``: a caller that steps
         the optimizer itself (:class:`~minipar.data.fsdp.FSDP`) ends the step here, so ``events`` stay
         labelled by step."""
+        for unit in self.units:
+            unit.wait_reduce()                                 # async_reduce: the posted reduce-scatters
         for unit in self.units:
             if self.stage <= 1 or (self.once_per_step and not unit.reduced):
                 unit.reduce_full_grad()
