@@ -11,21 +11,17 @@ random-number state. On disk::
                                      for every file its size, SHA-256 and the tensors it holds with shapes
     DIR/step-00000004/stage-0.pt     one shard per pipeline stage of the saving layout: that stage's
     DIR/step-00000004/stage-1.pt     parameters and optimizer moments as FULL CPU tensors, reference names
-    DIR/step-00000004/experts-1-ep0.pt  an MoE model: the experts ep rank 0 of stage 1 holds (E/ep per MoE
-                                     layer, global names ``blocks.3.mlp.experts.1.fc.weight``), their moments
+    DIR/step-00000004/experts-1-ep0.pt  an MoE model: ep rank 0's experts of stage 1 and their moments (global names)
     DIR/step-00000004/rng.pt         torch's CPU RNG state of rank 0
 
-A shard holds full tensors: the tensor-parallel pieces are gathered over the tp group (``to_full``) and
-ZeRO-1's flat optimizer shards over its dp × cp group; then the tensors are the same on every rank along dp,
-cp and tp (context parallelism splits the tokens, never a parameter), and the rank with coordinate 0 along
-every dimension that replicates a tensor writes it (:func:`writes`): one writer per stage file. An expert is
-different on every ep rank (the ep groups fold over dp × cp × tp) and the same along its expert-data-parallel
-group, so the rank at coordinate 0 of expert-DP in each ep group writes its experts (:data:`EXPERT_REPLICATED`):
-one writer per (stage, ep rank) file; with ZeRO-1 the experts' moments come from their own optimizer. A
-loading rank reads the files that hold its stages' tensors and cuts its own pieces (``to_shard``): its TP
-rows or columns (a fused QKV weight is three row blocks, each split t ways), then its ZeRO-1 slice of the flat
-buffer; an expert is taken whole by the ranks that hold it at the loading layout's ep. So any layout loads any
-other (another cp, ep, tp, pp): the manifest names tensors, not ranks. Files hold CPU copies whatever
+A shard holds full tensors: TP pieces gathered over tp (``to_full``), ZeRO's flat shards over dp × cp (ZeRO-3's
+freed parameters gathered for the save); the tensors are then the same along dp, cp and tp, and the rank at
+coordinate 0 of every replicating dimension writes them (:func:`writes`): one writer per stage file. An expert
+differs on every ep rank and is the same along its expert-data-parallel group: the rank at coordinate 0 of
+expert-DP writes it (:data:`EXPERT_REPLICATED`), one writer per (stage, ep rank) file. A loading rank reads
+the files holding its stages' tensors and cuts its pieces (``to_shard``: TP rows or columns — a fused QKV is
+three row blocks, each split t ways — then its ZeRO slice); an expert is taken whole by the ranks that hold it
+at the loading layout's ep. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
 device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
 Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank

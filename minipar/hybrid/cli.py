@@ -37,11 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import threading
 import time
 
 import torch
@@ -53,6 +50,7 @@ from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
 from . import checkpoint, context, experts, guard, preflight
+from .relay import ProgressRelay, write_progress
 from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
 from .preflight import groups_across_nodes
 
@@ -184,16 +182,16 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
         if reporter:
             history.append((step + 1, loss))
             shown = f"  held-out {held:.6f}" if held is not None else ""
-            _write(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}{shown}  {tokens / seconds:,.0f} "
+            write_progress(err_fd, f"step {step + 1:4d}/{steps}  loss {loss:.6f}{shown}  {tokens / seconds:,.0f} "
                            f"tokens/s\n")
             if as_json:
                 line = {"step": step + 1, "loss": loss, "tokens_per_s": tokens / seconds, "seconds": seconds}
                 line |= {"eval_loss": held} if held is not None else {}
-                _write(out_fd, json.dumps(line) + "\n")
+                write_progress(out_fd, json.dumps(line) + "\n")
         if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
             folder = checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
             if reporter:
-                _write(err_fd, f"saved step {step + 1} to {folder}\n")
+                write_progress(err_fd, f"saved step {step + 1} to {folder}\n")
     return history
 
 
@@ -266,55 +264,10 @@ def _backend(args, world_size: int, torchrun: bool) -> str:
     return backend
 
 
-def _write(where, text: str) -> None:
-    """Write a progress line to ``where``: a file descriptor the rank inherited (forked ranks, torchrun), or
-    the path of a file the launching process relays (spawned ranks inherit no descriptor)."""
-    if isinstance(where, int):
-        os.write(where, text.encode())
-    else:
-        with open(where, "a") as f:
-            f.write(text)
-
-
-class _Relay:
-    """Copy what spawned ranks append to two files onto this process's stdout and stderr, as it arrives."""
-
-    def __init__(self):
-        self.folder = tempfile.mkdtemp(prefix="minipar-train-")
-        self.paths = tuple(os.path.join(self.folder, name) for name in ("out", "err"))
-        self.offsets = [0, 0]
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _copy(self) -> None:
-        for i, path in enumerate(self.paths):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets[i])
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            cut = data.rfind(b"\n") + 1              # whole lines only; the rest on the next pass
-            if cut:
-                os.write(1 + i, data[:cut])
-                self.offsets[i] += cut
-
-    def _run(self) -> None:
-        while not self.done.wait(0.1):
-            self._copy()
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join()
-        self._copy()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
     # the ranks write progress to our stdout/stderr: forked ranks through duplicates of its descriptors,
     # spawned ones (NCCL) through files relayed here
-    relay = _Relay() if not torchrun and launcher.default_start_method(backend) == "spawn" else None
+    relay = ProgressRelay() if not torchrun and launcher.default_start_method(backend) == "spawn" else None
     fds = (1, 2) if torchrun else relay.paths if relay else (os.dup(1), os.dup(2))
 
     def stop(signum, frame):                    # SIGTERM: leave through launch's cleanup (ranks, temp folder)

@@ -22,7 +22,8 @@ def rows():
 
 def test_every_row_matches_one_device(rows):
     assert set(rows) == {"ZeRO-1 ring", "ZeRO-2 ring", "ZeRO-3 ring", "ZeRO-1 gloo", "ZeRO-2 gloo",
-                         "ZeRO-3 gloo", "FSDP2 (torch fully_shard)", "HSDP (2 nodes)", "ZeRO++ (2 nodes)"}
+                         "ZeRO-3 gloo", "FSDP2 (torch fully_shard)", "HSDP (2 nodes)", "ZeRO++ (2 nodes)",
+                         "ZeRO-3 async reduce-scatter"}
     for name, row in rows.items():
         assert row.matches and row.kind == ("update rule" if name == "ZeRO++ (2 nodes)" else "training"), (name, row)
 
@@ -48,3 +49,8 @@ def test_hsdp_row_sends_less_across_nodes_than_flat_fsdp(rows):
     row = rows["HSDP (2 nodes)"]
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula, rel=1e-9)
     assert "×2.25 less" in row.note                      # n·3(N−1)/N ÷ 2(n−1) = 2·3·3/4 ÷ 2, N = 4, n = 2
+
+
+def test_async_reduce_scatter_row_sends_zero3s_bytes(rows):
+    row, ring = rows["ZeRO-3 async reduce-scatter"], rows["ZeRO-3 ring"]
+    assert row.bytes_sent_per_rank == row.bytes_formula == ring.bytes_formula

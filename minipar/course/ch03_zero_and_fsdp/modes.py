@@ -1,0 +1,89 @@
+"""Chapter 03: PyTorch FSDP's sharding modes, each run here as the ZeRO variant it is, measured on 4 ranks.
+
+    FSDP (FSDP1 ShardingStrategy / FSDP2 option)    here                                       collectives per unit per step
+    FULL_SHARD / reshard_after_forward=True         ZeRO-3                                     2 all-gathers + 1 reduce-scatter
+    reshard_after_forward=False                     ZeRO-3 gathered once per step              1 all-gather + 1 reduce-scatter
+    SHARD_GRAD_OP                                   ZeRO-2                                     1 reduce-scatter + 1 all-gather
+    HYBRID_SHARD (2-D mesh dp_replicate×dp_shard)   HSDP: ZeRO-3 in a node, all-reduce across  in-node ZeRO-3 + a shard all-reduce
+    (FULL_SHARD's separate stream)                  ZeRO-3, reduce-scatters posted async       as FULL_SHARD
+
+Each mode trains the chapter's tiny GPT (Adam, 3 steps) on 4 ranks (HSDP: declared as 2 nodes of 2) and is
+compared with one device; per rank and step: the bytes its log recorded, the collectives, the model-state bytes
+it holds between steps and the step's measured peak (live tensors + the storage ZeRO resizes by hand).
+"""
+from __future__ import annotations
+
+import statistics
+
+from minipar import comm
+from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.data import hsdp
+from minipar.data.zero import ZeRO, block_units
+from minipar.data.zero_measure import measure_peak, model_state_bytes
+from minipar.launcher import launch
+from minipar.loop import mean_over_ranks, shard_batch
+
+__all__ = ["MODES", "run_modes", "table_text"]
+
+MODES = {"FULL_SHARD": dict(stage=3), "reshard_after_forward=False": dict(stage=3, once_per_step=True),
+         "SHARD_GRAD_OP": dict(stage=2), "HYBRID_SHARD (2 nodes of 2)": dict(stage=3, hybrid=True),
+         "FULL_SHARD, async reduce-scatter": dict(stage=3, async_reduce=True)}
+
+
+def _recipe():
+    return gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
+
+
+def _mode_on_rank(rank, world_size, recipe, stage, once_per_step=False, hybrid=False, async_reduce=False):
+    node, cross = hsdp.node_groups(world_size, 2) if hybrid else (None, None)
+    model = recipe.model().to(recipe.dtype)
+    zero = ZeRO(model, recipe.optimizer, stage, node, block_units(model), once_per_step=once_per_step,
+                replicate_group=cross, async_reduce=async_reduce)
+    losses, sent, calls, peak = [], [], [], 0
+    for batch in recipe.batches:
+        x, y = shard_batch(batch, rank, world_size)
+
+        def step():
+            zero.zero_grad()
+            if once_per_step:
+                zero.gather_for_step()                 # the parameters once, kept through forward and backward
+            loss = recipe.loss(model, x, y)
+            loss.backward()
+            zero.step()
+            return loss.detach()
+        with comm.recording() as log:
+            loss, p = measure_peak(zero, step)
+        sent.append(log.bytes_sent)
+        calls.append(sum(r.op in ("all_gather", "reduce_scatter", "all_reduce") for r in log.records))
+        peak = max(peak, p)
+        losses.append(mean_over_ranks(loss))
+    states = sum(model_state_bytes(zero).values())
+    return RunResult(losses, zero.full_parameters()), statistics.mean(sent), statistics.mean(calls), states, peak
+
+
+def _all_on_rank(rank, world_size, recipe, names):
+    return {name: _mode_on_rank(rank, world_size, recipe, **MODES[name]) for name in names}
+
+
+def run_modes(world_size: int = 4, names=tuple(MODES)) -> dict:
+    """{mode: {"matches", "max_abs_diff", "bytes", "calls", "between", "peak"}} (rank 0's bytes and calls; the
+    largest states and peak over the ranks), every mode in one launch."""
+    recipe = _recipe()
+    reference = train_reference(recipe)
+    per_rank = launch(_all_on_rank, world_size, recipe, names, quiet=True)
+    out = {}
+    for name in names:
+        rows = [r[name] for r in per_rank]
+        c = compare(reference, [r[0] for r in rows])
+        out[name] = {"matches": c.matches, "max_abs_diff": c.max_abs_diff, "bytes": rows[0][1], "calls": rows[0][2],
+                     "between": max(r[3] for r in rows), "peak": max(r[4] for r in rows)}
+    return out
+
+
+def table_text(modes: dict) -> str:
+    lines = [f"{'FSDP mode':34s} {'= one device':>12s} {'bytes/step':>11s} {'collectives':>11s} "
+             f"{'states between steps':>21s} {'peak':>9s}"]
+    for name, m in modes.items():
+        lines.append(f"{name:34s} {str(m['matches']):>12s} {m['bytes']:>11,.0f} {m['calls']:>11.0f} "
+                     f"{m['between']:>21,} {m['peak']:>9,}")
+    return "\n".join(lines)
