@@ -42,7 +42,7 @@ from .observe import wire
 from .observe.log import RECORDER, CommLog, CommRecord, recording   # the log's names, for comm.recording() etc.
 
 __all__ = [
-    "CommRecord", "CommLog", "recording", "observers", "predicted_bytes_sent",
+    "CommRecord", "CommLog", "recording", "observers", "checks", "predicted_bytes_sent",
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
     "send", "recv", "isend", "irecv", "all_reduce_flat",
     "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 observers: list = [RECORDER]   # told of every call: the open logs (observe.log), then tracers (observe.tracer)
+checks: list = []   # run before every call: check(op, group, peer, tensor) may raise (minipar.debug.desync)
 
 
 def _group_ranks(group, peer) -> tuple:
@@ -66,6 +67,8 @@ def _call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, 
     result — an async call's work as the observers hand it back (timed to completion, its wait seen).
     The rank's :mod:`minipar.flight` recorder, when started, writes the call (``tensor``'s shape and dtype,
     ``tag`` for a send/recv) as issued before ``run`` and completed after it (an async one: after its wait)."""
+    for check in checks:
+        check(op, group, peer, tensor)
     recorder = flight.recorder
     flight_seq = None if recorder is None else recorder.issued(op, group, peer, tag, tensor)
     watching = [o for o in observers if o.watching]
