@@ -123,6 +123,19 @@ def timed_stream(fn, device, repeats: int, k: int = 10) -> float:
     return timed(lambda: [fn() for _ in range(k)], device, repeats) / k
 
 
+def profiled(step, runs: int = 5) -> dict:
+    """{"profiled_kernels", "profiled_kernel_s"} of one ``step()`` on a GPU: the kernels torch.profiler saw,
+    and their own time (the device busy, launch gaps excluded), means over ``runs``."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    return {"profiled_kernels": len(kernels) / runs,
+            "profiled_kernel_s": sum(e.time_range.elapsed_us() for e in kernels) / runs / 1e6}
+
+
 def block_check(b, s, h, a, device, dtype, card, repeats: int) -> dict:
     """One block's forward + backward: measured wall time; its operators counted where it runs
     (:class:`minipar.observe.opcount.OperatorCounter`: on a GPU, SDPA is the flash kernel) and priced on the
@@ -135,14 +148,7 @@ def block_check(b, s, h, a, device, dtype, card, repeats: int) -> dict:
     got = {"measured_s": statistics.median(rounds), "rounds_s": rounds, "counted_kernels": kernel_count(rows),
            "counted_ops": rows, "model_s": ops_seconds(ops_of(rows), card) if card else None}
     if device.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-        got["profiled_kernels"] = len(kernels) / 5
-        got["profiled_kernel_s"] = sum(e.time_range.elapsed_us() for e in kernels) / 5 / 1e6
+        got |= profiled(step)
     return got
 
 
@@ -174,14 +180,7 @@ def course_step(cfg_changes: dict, device, card, repeats: int, seq_len: int = 16
            "counted_kernels": kernel_count(rows),
            "counted_ops": rows, "model_s": ops_seconds(ops_of(rows), card) if card else None}
     if device.type == "cuda":
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-        got["profiled_kernels"] = len(kernels) / 5
-        got["profiled_kernel_s"] = sum(e.time_range.elapsed_us() for e in kernels) / 5 / 1e6
+        got |= profiled(step)
     return got
 
 

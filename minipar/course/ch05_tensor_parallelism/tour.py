@@ -128,29 +128,15 @@ def _run(sequence_parallel: bool, keep_gathered: bool = False) -> TourRow:
 def _train_kept(rank, world_size, recipe):
     """minipar.tensor.gpt.parallel_train with SP, the gathered inputs kept and the reduce-scatters on rings
     (label smoothing 0.1)."""
-    from minipar.check import RunResult
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
     model = keep_gathered_inputs(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True))
-    opt = recipe.optimizer(model.parameters())
-    losses = []
     with ring_reduce_scatters():
-        for inputs, targets in recipe.batches:
-            opt.zero_grad(set_to_none=True)
-            loss = model.loss(inputs, targets, 0.1)
-            loss.backward()
-            model.finish_backward()
-            opt.step()
-            losses.append(loss.item())
-    return RunResult(losses, model.full_state_dict())
+        return _train_sp(model, recipe)
 
 
-def _train_collective_matmul(rank, world_size, recipe):
-    """The SP TP GPT with every sequence-parallel linear a collective matmul (async TP,
-    :mod:`minipar.tensor.collective_matmul`), label smoothing 0.1."""
+def _train_sp(model, recipe):
+    """Train a TensorParallelGPT on the recipe's batches (label smoothing 0.1): its RunResult."""
     from minipar.check import RunResult
-    from minipar.tensor.collective_matmul import use_collective_matmul
-    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
-    model = use_collective_matmul(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True))
     opt = recipe.optimizer(model.parameters())
     losses = []
     for inputs, targets in recipe.batches:
@@ -161,6 +147,14 @@ def _train_collective_matmul(rank, world_size, recipe):
         opt.step()
         losses.append(loss.item())
     return RunResult(losses, model.full_state_dict())
+
+
+def _train_collective_matmul(rank, world_size, recipe):
+    """The SP TP GPT with every sequence-parallel linear a collective matmul (async TP,
+    :mod:`minipar.tensor.collective_matmul`), label smoothing 0.1."""
+    from minipar.tensor.collective_matmul import use_collective_matmul
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    return _train_sp(use_collective_matmul(TensorParallelGPT(recipe.model().to(recipe.dtype), group, True)), recipe)
 
 
 def _layer_bytes_collective_matmul(rank, world_size):
