@@ -127,5 +127,20 @@ def test_bad_settings_are_refused():
     recipe = moe_recipe(steps=1)
     cfg = recipe.model().cfg
     recipe.model = lambda: MoEGPT(cfg, MoEConfig(experts=4, bias_rate=0.01))
-    with pytest.raises(ValueError, match="not supported under expert parallelism"):
-        epm.validate(recipe, world_size=2, ep=2)
+    with pytest.raises(ValueError, match="use micro_batches=1"):
+        epm.validate(recipe, world_size=2, ep=2, micro_batches=2)
+
+
+def test_loss_free_balancing_under_expert_parallelism_equals_one_device():
+    """Issue 36: every rank moves its copy of the bias from the whole batch's load (its choices all-reduced over
+    the data-parallel ranks), as one device moves its bias after each step; float64, no-drop capacity, no aux
+    loss (alpha 0: the bias alone balances), 4 ranks, ep 2 and 4."""
+    from minipar.check import compare
+    from minipar.moe.balance import loss_free_reference
+    recipe = moe_recipe(steps=4, batch_size=8, experts=4, k=1, capacity_factor=4.0, alpha=0.0, dtype=torch.float64)
+    cfg = recipe.model().cfg
+    recipe.model = lambda: MoEGPT(cfg, MoEConfig(experts=4, k=1, capacity_factor=4.0, alpha=0.0, bias_rate=0.05))
+    reference, biases = loss_free_reference(recipe)
+    assert any(b.abs().sum() > 0 for b in biases)                    # the bias really moved
+    for ep in (2, 4):
+        compare(reference, epm.run(recipe, world_size=4, ep=ep), dtype=torch.float64).assert_ok()

@@ -44,7 +44,8 @@ traffic, modelled and observed per call, with no log threaded through the layers
 
 **Shared experts** (``MoEConfig(shared=S)``, DeepSeekMoE) see every token of their own rank: they are dense
 parameters, held by every rank and averaged over all W ranks like attention. Loss-free balancing
-(``bias_rate``) is refused here: its bias must be updated from the whole batch's load, not built yet.
+(``bias_rate``): each rank keeps the same bias and moves it after each step from the whole batch's load (its
+token choices all-reduced over the data-parallel ranks: :meth:`ExpertParallelMoE.update_bias`).
 
 **Load-balancing loss.** f_i counts first choices over the whole micro-batch of all W ranks (an all-reduce
 of E numbers), P_i is each rank's own mean probability; each rank's α·E·Σ f_i·P_i, averaged over ranks
@@ -69,6 +70,7 @@ from ..loop import shard_batch
 from ..mesh import Mesh
 from ..validation import positive_int
 from .layer import MoEGPT, MoELayer, validate_config
+from .balance import update_bias
 from .router import Routing, balance_counts, capacity, load_balancing_loss
 
 __all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "logged_with", "shard_experts", "is_expert",
@@ -116,7 +118,6 @@ class ExpertParallelMoE(MoELayer):
     """An MoE layer holding only experts ``first … first + E/ep − 1``; the others live on the EP peers."""
 
     def __init__(self, layer: MoELayer, ep_rank: int, ep: int, ep_group, token_group):
-        refuse_routing_bias(layer.moe)
         nn.Module.__init__(self)
         self.moe, self.router = replace(layer.moe, groups=1), layer.router   # a rank's tokens: one group
         self.per_rank = layer.moe.experts // ep
@@ -125,6 +126,16 @@ class ExpertParallelMoE(MoELayer):
         self.shared = layer.shared                # shared experts: dense, on every rank (DeepSeekMoE)
         self.ep_group, self.token_group = ep_group, token_group
         self.routing, self.aux_loss = None, torch.zeros((), device=layer.router.weight.device)
+        if layer.moe.bias_rate > 0:               # loss-free balancing: the same bias on every rank
+            self.register_buffer("routing_bias", layer.routing_bias.clone())
+
+    def update_bias(self) -> None:
+        """Loss-free balancing under EP: the load is the whole batch's — every rank's token choices summed over
+        the token group (an all-reduce of E counts) — so every rank moves its copy of the bias alike."""
+        load = self.routing.wanted().to(self.routing_bias.dtype)
+        with logged_with(self.log_mesh("balance")):
+            comm.all_reduce(load, group=self.token_group)
+        update_bias(self.routing_bias, load, self.moe.bias_rate)
 
     def log_mesh(self, kind: str):
         """The mesh the exchanges of ``kind`` ("ep": the all-to-alls, "balance": the f counts) are recorded
@@ -149,14 +160,6 @@ class ExpertParallelMoE(MoELayer):
         out = torch.stack([expert(received[:, j].reshape(ep * c, m)).view(ep, c, m)
                            for j, expert in enumerate(experts)], dim=1)
         return all_to_all(out.reshape(e, c, m), self.ep_group, tag)   # back to the tokens' ranks
-
-
-def refuse_routing_bias(moe) -> None:
-    """Loss-free balancing needs every rank's bias updated from the whole batch's load (an all-reduce of E
-    counts after each step): not built here yet, so refused rather than trained with a bias left at zero."""
-    if moe.bias_rate > 0:
-        raise ValueError(f"loss-free balancing (bias_rate={moe.bias_rate}) is not supported under expert "
-                         f"parallelism yet: train it on one device (minipar.moe.layer.MoEGPT.update_routing_bias)")
 
 
 def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group) -> dict:
@@ -206,7 +209,9 @@ def validate(recipe, *, world_size: int, ep: int, micro_batches: int = 1) -> Non
         raise ValueError(f"expert parallelism needs an MoEGPT recipe (minipar.moe.layer.moe_recipe), "
                          f"got a {type(model).__name__}")
     validate_config(model.moe, ep)
-    refuse_routing_bias(model.moe)
+    if model.moe.bias_rate > 0 and micro_batches > 1:
+        raise ValueError("loss-free balancing moves its bias from one forward's load: with micro_batches > 1 each "
+                         "rank would see only its last micro-batch's; use micro_batches=1")
     for step, (inputs, _) in enumerate(recipe.batches):
         if inputs.shape[0] % (world_size * micro_batches):
             raise ValueError(f"global batch {step} has {inputs.shape[0]} rows: not divisible by {world_size} "
@@ -252,6 +257,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches
             opt.zero_grad(set_to_none=True)
             local = train_step(model, recipe, inputs, targets, micro_batches, mesh, world_size, routings)
             opt.step()
+            model.update_routing_bias()          # loss-free balancing (bias_rate > 0): after the step
         comm.all_reduce(local)
         losses.append(local.item() / world_size)
     return RunResult(losses, {names[n]: p.detach().clone() for n, p in model.named_parameters()})

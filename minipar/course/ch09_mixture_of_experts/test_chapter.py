@@ -34,6 +34,11 @@ def test_shared_and_fine_grained_row_equals_one_device_with_the_formulas_bytes()
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
 
 
+def test_loss_free_row_equals_one_device_moving_its_bias():
+    row = tour.loss_free()
+    assert row.matches and row.max_abs_diff < 1e-10 and "no balancing loss" in row.note
+
+
 # ---- measurement helpers ---------------------------------------------------------------------------------
 
 def test_routing_example_and_drop_fraction():

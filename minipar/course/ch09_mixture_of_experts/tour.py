@@ -102,4 +102,25 @@ def shared_fine_grained() -> TourRow:
                    calls_per_rank=out[0][5])
 
 
-STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained)]
+def loss_free() -> TourRow:
+    """DeepSeek-V3's auxiliary-loss-free balancing under EP (ep 4): no aux loss (alpha 0), a routing bias moved by
+    γ·sign(mean load − load) after every step from the whole batch's load (an all-reduce of E counts), float64,
+    against one device moving its bias the same way (:func:`minipar.moe.balance.loss_free_reference`)."""
+    import torch
+    from minipar.moe.balance import loss_free_reference
+    from minipar.moe.layer import MoEConfig, MoEGPT
+    r = moe_recipe(steps=4, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=0.0,
+                   dtype=torch.float64)
+    cfg, moe = r.model().cfg, MoEConfig(experts=4, k=1, capacity_factor=CF, alpha=0.0, bias_rate=0.05)
+    r.model = lambda: MoEGPT(cfg, moe)
+    reference, biases = loss_free_reference(r)
+    c = compare(reference, epm.run(r, world_size=WORLD_SIZE, ep=EP), dtype=torch.float64)
+    note = (f"no balancing loss; each MoE layer's routing bias (γ = {moe.bias_rate}) moved after every step from "
+            f"the whole batch's load, every rank alike (an all-reduce of E counts per layer); compared with one "
+            f"device moving its bias the same way; biases at the end: "
+            + "; ".join(" ".join(f"{v:+.2f}" for v in b.tolist()) for b in biases))
+    return TourRow("moe-ep loss-free balancing", WORLD_SIZE, c.matches, c.max_abs_diff, None, None, None, note)
+
+
+STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained),
+              ("moe-ep loss-free balancing", loss_free)]
