@@ -64,7 +64,7 @@ def draw_decision_guide(ax=None, highlight=()):
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0.1, 1.02)
     ax.axis("off")
-    ax.set_title("Which parallelism? The seeds' decision guide (002, 003 §8)")
+    ax.set_title("Which parallelism? The published decision guide (Hugging Face; Chinese summary §8)")
     return ax
 
 

@@ -1,0 +1,132 @@
+"""No authoring language in front of the learner (issue 42).
+
+A chapter's markdown speaks about distributed training, not about how the course is built. Every markdown cell
+of every ``notebooks/*.ipynb`` fails this test, naming the chapter, the cell index and the sentence, when it
+
+* names ``shared/`` or the ``SYLLABUS`` (the course's source articles live outside the repository: cite an
+  article by its title and origin, as each chapter's "Sources and corrections" box does);
+* names a source article by its file number, a standalone ``000`` … ``004`` (``002's list``, ``003 §7``,
+  ``(001: "…")``);
+* refers to a source article as a *seed*, i.e. as a file or a numbered document: ``seed 001``, ``Seeds 000, 002``,
+  ``seed 003 §8.1``, ``Seed sections``, a ``Seeds.`` / ``Seeds:`` label, ``the seed`` / ``the seeds`` (the
+  article(s)), a possessive ``the seed's table`` / ``the seeds' guide``, ``seed says`` (and the other verbs
+  only an article does: claims, lists, names, notes, mentions, calls, describes, explains; not "draws"),
+  ``seed file(s)``, ``seeds/``;
+* names ``CONTRIBUTING``;
+* names a test file: a ``tests/`` path or a ``test_*.py`` file;
+* names a make target of the ``Makefile`` (``make test``, ``make site``, ``make figures``, ...).
+
+Random-number seeds stay allowed, and the rule is written so that they do: ``random seed``, ``the same seed``,
+``a dropout seed``, ``a per-rank seed``, ``seed=0``, ``seed + 100 · pp_rank``, ``seeded``, ``seeding`` and
+anything inside inline code (``minipar.debug.seeds``) pass. Write "the random seed", not "the seed", when a
+sentence means the generator's seed.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _make_targets() -> list:
+    """The Makefile's targets (``name:`` at the start of a line, not ``.PHONY`` or a variable)."""
+    found = re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", (ROOT / "Makefile").read_text(), re.M)
+    return sorted(set(found) | {"test", "site", "figures", "exercises", "tour", "lab", "clean", "browser"})
+
+
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+# "seed" meaning a source article. Applied with inline code removed, case-insensitive.
+SEED_AS_SOURCE = re.compile(r"""
+      \bseeds?\s*(?:§\s*)?\d{3}\b                   # numbered: seed 001, Seeds 000, 002, seed 003 §8.1
+    | \bseeds?\s+(?:sections?|files?|articles?)\b   # Seed sections, seed files
+    | \bseeds?/                                     # seeds/ (a folder)
+    | \bseeds?(?:'s|’s|'|’)(?!\w)                   # possessive: the seed's table, the seeds' decision guide
+    | (?:^|\*\*)\s*seeds?\s*[.:](?=\*\*|\s|$)     # a "**Seeds.**" / "Seeds:" label
+    | \bthe\s+seeds?\b(?!\s*=)                      # the seed says / beyond the seeds (not "the same seed")
+    | \bseeds?\s+(?:says?|said|claims?|lists?|names?|notes?|mentions?|calls?|describes?|explains?)\b
+""", re.I | re.X | re.M)
+ARTICLE_NUMBER = re.compile(r"(?<![\w.,/×-])00[0-4](?![\w.,])")   # 002's list, 003 §7; not 0.001, 1,000, 2004
+RULES = [
+    ("names shared/ or the SYLLABUS", re.compile(r"\bshared/|\bSYLLABUS\b")),
+    ("names a source article by its file number", ARTICLE_NUMBER),
+    ("refers to a source article as a seed", SEED_AS_SOURCE),
+    ("names CONTRIBUTING", re.compile(r"\bCONTRIBUTING\b")),
+    ("names a test file", re.compile(r"(?<![\w.])tests/|\btest_\w+\.py\b")),
+    ("names a make target", re.compile(r"\bmake\s+(?:-\S+\s+)*(?:%s)\b" % "|".join(map(re.escape, _make_targets())))),
+]
+
+
+def _sentence(text: str, start: int, end: int) -> str:
+    """The sentence (or list item / table row) around text[start:end]."""
+    left = max([text.rfind("\n", 0, start) + 1] + [i + 2 for i in (text.rfind(p, 0, start) for p in (". ", "! ", "? "))
+                                                  if i >= 0])
+    right = [i for i in (text.find("\n", end), *(text.find(p, end) for p in (". ", "! ", "? "))) if i >= 0]
+    return " ".join(text[left:min(right) + 1 if right else len(text)].split())
+
+
+def problems_in(markdown: str) -> list:
+    """(rule, sentence) for each authoring-language match in one markdown cell's source."""
+    out = []
+    for what, rule in RULES:
+        text = (INLINE_CODE.sub(lambda m: " " * len(m.group()), markdown) if rule in (SEED_AS_SOURCE, ARTICLE_NUMBER)
+                else markdown)
+        out += [(what, _sentence(markdown, m.start(), m.end())) for m in rule.finditer(text)]
+    return out
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_authoring_language_in_a_chapter(path):
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    found = [f"{path.stem} cell {i}: {what}: {sentence}"
+             for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+             for what, sentence in problems_in("".join(cell["source"]))]
+    assert not found, "authoring language in front of the learner:\n" + "\n".join(found)
+
+
+def test_every_chapter_is_checked():
+    assert len(CHAPTERS) >= 17 and {"06b_long_sequences", "10b_fp8"} <= {p.stem for p in CHAPTERS}
+
+
+@pytest.mark.parametrize("text", [
+    "The source article is in `../shared/seeds/002.txt`.",
+    "**Seed sections.** 002 \"Data Parallelism\".",
+    "Seed 004 says NCCL does not run multi-node.",
+    "Seeds 000, 002 and 003 all say: combine pipeline parallelism with ZeRO-1 only.",
+    "The method seed 003 §4 names.",
+    "Where the seeds are wrong (each shown below).",
+    "Beyond the seeds: Ulysses.",
+    "The seed's table, checked.",
+    "The seeds' decision guide, as rules.",
+    "**Seeds.** 000 (Zero模式), 002.",
+    "Seeds: 001 (GPT-3's device layout).",
+    "The seed says so too.",
+    "| seed says | checked |",
+    "Every step (002's list, corrected):",
+    "Both follow GShard's design, the plan 003 §7 calls \"MoE parallel\".",
+    "the copies drift apart (001: \"模型不一致\").",
+    "SYLLABUS §06 (the Colossal-AI half).",
+    "Adam can magnify it (CONTRIBUTING's first lesson).",
+    "The test `tests/test_ddp.py::test_no_sync_pitfall_is_caught` does both.",
+    "`minipar/course/ch12_choosing_a_strategy/test_chapter.py` reruns a fast subset.",
+    "so `make figures` redraws it the same.",
+    "Run make test before you push.",
+])
+def test_the_rules_catch_authoring_language(text):
+    assert problems_in(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "Dropout uses a random seed: the same seed draws the same masks.",
+    "A per-rank seed everywhere would break TP; a dropout seed must differ across TP ranks.",
+    "Megatron's generator is seeded `seed + 2718 + tp_rank`; call `model(seed=0)`.",
+    "`minipar.debug.seeds.megatron_seeds` draws them; seeds and NaNs; seeding by rank.",
+    "The models are deterministic from a seed, and the data is shared across ranks.",
+    "Tests of equality make the case; the shared / private split; make sure it fits.",
+    "The source article *并行训练* says NCCL does not run multi-node; that is wrong.",
+    "A learning rate of 0.001, 1,000 steps, the year 2004, `torch.manual_seed(002)` and ε = 1e-004.",
+])
+def test_the_rules_allow_random_seeds_and_plain_english(text):
+    assert not problems_in(text), problems_in(text)
