@@ -136,7 +136,7 @@ def test_loss_free_balancing_under_expert_parallelism_equals_one_device():
     the data-parallel ranks), as one device moves its bias after each step; float64, no-drop capacity, no aux
     loss (alpha 0: the bias alone balances), 4 ranks, ep 2 and 4."""
     from minipar.check import compare
-    from minipar.moe.balance import loss_free_reference
+    from minipar.moe.expert_parallel import loss_free_reference
     recipe = moe_recipe(steps=4, batch_size=8, experts=4, k=1, capacity_factor=4.0, alpha=0.0, dtype=torch.float64)
     cfg = recipe.model().cfg
     recipe.model = lambda: MoEGPT(cfg, MoEConfig(experts=4, k=1, capacity_factor=4.0, alpha=0.0, bias_rate=0.05))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["z_loss", "sequence_balance_loss", "batch_balance_loss", "update_bias", "loss_free_reference"]
+__all__ = ["z_loss", "sequence_balance_loss", "batch_balance_loss", "update_bias"]
 
 
 def z_loss(logits: torch.Tensor, weight: float = 1e-3) -> torch.Tensor:
@@ -68,25 +68,3 @@ def update_bias(bias: torch.Tensor, load: torch.Tensor, rate: float) -> torch.Te
     load = load.to(bias.dtype)
     return bias.add_(rate * torch.sign(load.mean() - load))
 
-
-def loss_free_reference(recipe):
-    """One device training ``recipe`` (an MoEGPT with ``bias_rate`` > 0) with its routing bias moved after every
-    optimizer step (:meth:`minipar.moe.layer.MoEGPT.update_routing_bias`): (RunResult, the biases at the end)."""
-    from ..check import RunResult
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                          # as every rank runs: bit-comparable sums
-    try:
-        model = recipe.model().to(recipe.dtype)
-        opt = recipe.optimizer(model.parameters())
-        losses = []
-        for inputs, targets in recipe.batches:
-            opt.zero_grad(set_to_none=True)
-            loss = recipe.loss(model, inputs, targets)
-            loss.backward()
-            opt.step()
-            model.update_routing_bias()
-            losses.append(loss.item())
-        return (RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()}),
-                [layer.routing_bias.clone() for layer in model.moe_layers()])
-    finally:
-        torch.set_num_threads(threads)

@@ -75,7 +75,7 @@ from .router import Routing, balance_counts, capacity, load_balancing_loss
 
 __all__ = ["ExpertParallelMoE", "AllToAll", "exchange", "all_to_all", "logged_with", "shard_experts", "is_expert",
            "sync_gradients", "validate", "build", "train_step", "parallel_train", "run",
-           "predicted_all_to_all_bytes"]
+           "predicted_all_to_all_bytes", "loss_free_reference"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -277,3 +277,24 @@ def predicted_all_to_all_bytes(tokens: int, width: int, moe, ep: int, element_si
     formula = 2 * moe.k * moe.capacity_factor * tokens * width * element_size
     buffer = 2 * moe.experts * c * width * element_size
     return {"formula": formula, "buffer": buffer, "wire": buffer * (ep - 1) / ep, "capacity": c}
+
+
+def loss_free_reference(recipe):
+    """One device, its loss-free routing bias moved after every step: (RunResult, the biases at the end)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                          # as every rank runs: bit-comparable sums
+    try:
+        model = recipe.model().to(recipe.dtype)
+        opt = recipe.optimizer(model.parameters())
+        losses = []
+        for inputs, targets in recipe.batches:
+            opt.zero_grad(set_to_none=True)
+            loss = recipe.loss(model, inputs, targets)
+            loss.backward()
+            opt.step()
+            model.update_routing_bias()
+            losses.append(loss.item())
+        return (RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()}),
+                [layer.routing_bias.clone() for layer in model.moe_layers()])
+    finally:
+        torch.set_num_threads(threads)

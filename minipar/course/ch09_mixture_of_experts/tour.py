@@ -105,9 +105,9 @@ def shared_fine_grained() -> TourRow:
 def loss_free() -> TourRow:
     """DeepSeek-V3's auxiliary-loss-free balancing under EP (ep 4): no aux loss (alpha 0), a routing bias moved by
     γ·sign(mean load − load) after every step from the whole batch's load (an all-reduce of E counts), float64,
-    against one device moving its bias the same way (:func:`minipar.moe.balance.loss_free_reference`)."""
+    against one device moving its bias the same way (:func:`minipar.moe.expert_parallel.loss_free_reference`)."""
     import torch
-    from minipar.moe.balance import loss_free_reference
+    from minipar.moe.expert_parallel import loss_free_reference
     from minipar.moe.layer import MoEConfig, MoEGPT
     r = moe_recipe(steps=4, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=0.0,
                    dtype=torch.float64)
