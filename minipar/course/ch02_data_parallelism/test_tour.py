@@ -15,8 +15,8 @@ def rows():
 
 def test_rows_match_and_observed_bytes_follow_the_formula(rows):
     for name, row in rows.items():
-        assert row.matches and row.kind == ("update rule" if name in ("PowerSGD r=2", "DiLoCo H=2") else "training"), (name, row)
-        if wire.available() and name != "DiLoCo H=2":            # DiLoCo's row: the log's bytes only
+        assert row.matches and row.kind == "training", (name, row)
+        if wire.available():
             assert tour.observed_status(row) == "within", (name, row.bytes_observed_per_rank, row.bytes_formula)
             assert row.bytes_observed_per_rank >= row.bytes_formula, name
 
@@ -28,9 +28,3 @@ def test_the_parameter_server_row_shows_the_servers_bytes(rows):
     assert ddp.bytes_formula == pytest.approx(1.5 * p)                      # 2(N-1)/N·P on every rank
     assert "each worker sends P" in server.note
 
-
-def test_compression_rows_follow_their_rules_with_their_formulas_bytes(rows):
-    for name in ("PowerSGD r=2", "DiLoCo H=2"):
-        row = rows[name]
-        assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula, rel=1e-9), name
-        assert row.bytes_formula < rows["DDP"].bytes_formula * 2, name     # DDP's row is float32: ×2 for float64

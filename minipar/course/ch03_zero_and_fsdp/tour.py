@@ -121,7 +121,7 @@ def _torch_fsdp2() -> TourRow:
 
 
 def _hsdp() -> TourRow:
-    """HSDP on 4 ranks declared as 2 nodes of 2 (issue 39): ZeRO-3 inside each node, the gradient shards
+    """HSDP on 4 ranks declared as 2 nodes of 2: ZeRO-3 inside each node, the gradient shards
     all-reduced across; equal to one device; the bytes its sends carried across the node boundary beside the
     formula and beside flat FSDP's (ZeRO-3 over all 4), run the same way."""
     from minipar.data import hsdp
@@ -150,7 +150,7 @@ def _hsdp() -> TourRow:
 
 
 def _async_reduce() -> TourRow:
-    """ZeRO-3 with its reduce-scatters posted asynchronously (PyTorch FSDP's way; issue 39): equal to one device,
+    """ZeRO-3 with its reduce-scatters posted asynchronously (PyTorch FSDP's way): equal to one device,
     the bytes of ZeRO-3, 3bΨ(N-1)/N per rank per step (Ψ padded per unit)."""
     from .modes import run_modes
     name = "FULL_SHARD, async reduce-scatter"

@@ -1,4 +1,4 @@
-"""Chapter 03's ZeRO++ row (issue 41): qwZ + hpZ + qgZ on 4 ranks declared as 2 nodes of 2, Adam on the tiny
+"""Chapter 03's ZeRO++ row: qwZ + hpZ + qgZ on 4 ranks declared as 2 nodes of 2, Adam on the tiny
 GPT (FP32), checked against its own rule run in one process (:func:`minipar.data.zeropp.zeropp_reference`),
 not against one device: the int8 weights and gradients change the numbers. Plain ZeRO-3 runs in the same
 launch, on the same rings, for the bytes across the node boundary and the loss gap.

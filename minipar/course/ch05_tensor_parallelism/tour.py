@@ -166,7 +166,7 @@ def _layer_bytes_collective_matmul(rank, world_size):
 
 def _collective_matmul() -> TourRow:
     """TP + SP with the all-gather + GEMM and GEMM + reduce-scatter decomposed into ring steps whose transfers
-    run under the previous step's GEMM (issue 39): equal to one device; the same bytes per layer as SP."""
+    run under the previous step's GEMM: equal to one device; the same bytes per layer as SP."""
     from minipar.check import compare, train_reference
     from minipar.tensor.gpt import smoothed_recipe
     recipe = _recipe()

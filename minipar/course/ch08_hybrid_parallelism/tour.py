@@ -24,7 +24,7 @@ def _kib(x):
 
 
 ROW_LAYOUTS = {"3d": LAYOUTS["2x2x2"], "3d+zero1": LAYOUTS["2x2x2+zero1"],
-               # ZeRO-3 inside the 2-stage pipeline, gathered and reduced once per step (issue 39)
+               # ZeRO-3 inside the 2-stage pipeline, gathered and reduced once per step
                "3d+zero3": dict(dp=2, pp=2, tp=2, zero=3)}
 
 
