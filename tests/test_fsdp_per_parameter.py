@@ -26,9 +26,7 @@ def toy_units(model):
 
 
 def _toy_loop(model, opt, rank, world_size, odd_steps_only=False, check=None, everywhere=False):
-    """``everywhere``: ``first_rows`` on every row of every rank (the flat design reduce-scatters a unit whose
-    gradients all arrived during backward, so a parameter that only some ranks use changes the order of the
-    ranks' collectives: minipar.data.zero's stage 3 deadlocks on it)."""
+    """``everywhere``: ``first_rows`` on every row of every rank (else on rank 0's rows only)."""
     per = BATCH // world_size
     rows = list(range(rank * per, (rank + 1) * per))
     for step, (x, y) in enumerate(_data()):
@@ -55,10 +53,15 @@ def _toy_on_rank(rank, world_size):
     flat = FSDP(Net(), units=toy_units)
     _toy_loop(flat, torch.optim.AdamW(flat.parameters(), **OPTIONS), rank, world_size, everywhere=True)
     out["flat"] = flat.full_state_dict()
-    flat = FSDP(Net(), units=toy_units)                   # every trainable layer used at every step
-    _toy_loop(flat, torch.optim.AdamW(flat.parameters(), **OPTIONS), rank, world_size, odd_steps_only=True,
-              everywhere=True)
+    flat = FSDP(Net(), units=toy_units)         # every trainable layer used at every step, first_rows by rank 0 only
+    _toy_loop(flat, torch.optim.AdamW(flat.parameters(), **OPTIONS), rank, world_size, odd_steps_only=True)
     out["flat, all used"] = flat.full_state_dict()
+    pieces = FSDP(Net(), units=toy_units, use_orig_params=True)      # FSDP1's answer: per-parameter pieces
+    names = [n for n, _ in pieces.named_parameters()]
+    seen_pieces = []
+    _toy_loop(pieces, torch.optim.AdamW(pieces.parameters(), **OPTIONS), rank, world_size,
+              check=lambda step: seen_pieces.append([p.grad is not None for p in pieces.parameters()]))
+    out["pieces"], out["piece names"], out["piece grads"] = pieces.full_state_dict(), names, seen_pieces
     out["frozen"] = {n: p.detach().clone() for n, p in flat.module.named_parameters() if n.startswith("frozen")}
     dist.barrier()
     return out
@@ -69,11 +72,12 @@ def toy():
     return launch(_toy_on_rank, WORLD, quiet=True)
 
 
-def _everywhere_reference(odd_steps_only):
+def _everywhere_reference(odd_steps_only, everywhere=True):
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), **OPTIONS)
     for step, (x, y) in enumerate(_data()):
-        nn.functional.mse_loss(model(x, 1 if odd_steps_only else step, [0] * BATCH), y).backward()
+        rows = [0] * BATCH if everywhere else list(range(BATCH))
+        nn.functional.mse_loss(model(x, 1 if odd_steps_only else step, rows), y).backward()
         opt.step()
         opt.zero_grad()
     return {n: p.detach() for n, p in model.named_parameters()}
@@ -101,7 +105,7 @@ def test_every_trainable_parameter_has_a_grad_of_its_local_shape_and_dtype(toy):
 
 
 def test_the_flat_design_leaves_frozen_parameters_but_steps_unused_ones(toy):
-    reference = _everywhere_reference(odd_steps_only=True)
+    reference = _everywhere_reference(odd_steps_only=True, everywhere=False)
     for rank_out in toy:
         for name, p in rank_out["flat, all used"].items():
             torch.testing.assert_close(p, reference[name], atol=ATOL, rtol=0, msg=name)
@@ -200,3 +204,15 @@ def test_a_learners_rmsnorm_computes_in_fp32_under_a_16_bit_policy():
         f32, b16 = (torch.float32, torch.float32), (torch.bfloat16, torch.float32)   # (compute, .grad = shard's)
         assert dtypes == [[f32], [b16] * 4]
         assert seen == torch.float32 and out == torch.bfloat16
+
+
+def test_flat_shards_with_use_orig_params_skip_what_no_rank_used_as_one_device(toy):
+    want, _ = _single_device()                            # sometimes: unused at even steps; first_rows: rank 0's rows
+    trainable = [n for n, p in Net().named_parameters() if p.requires_grad]
+    for rank_out in toy:
+        assert sorted(rank_out["piece names"]) == sorted(trainable)      # the module's names, frozen left out
+        for name, p in rank_out["pieces"].items():
+            torch.testing.assert_close(p, want[name], atol=ATOL, rtol=0, msg=name)
+        for step, has_grad in enumerate(rank_out["piece grads"]):
+            expect = [step % 2 == 1 or not n.startswith("sometimes") for n in rank_out["piece names"]]
+            assert has_grad == expect, step

@@ -116,7 +116,7 @@ class FlatUnit:
             if stage == 3:                                     # reading it while freed raises, not crashes
                 p.__class__, p.flat_unit, p.sharded_name = ShardedParameter, self, name
         self.full_grad = torch.zeros_like(self.full) if self.accumulate else None
-        self.gathered, self.work, self.sending, self.grads_ready, self.reduced = True, None, None, 0, False
+        self.gathered, self.work, self.sending, self.reduced = True, None, None, False
         if self.accumulate and stage >= 2:
             self._resize(self.full_grad, 0)
         if stage == 3:
@@ -194,11 +194,24 @@ class FlatUnit:
             return
         self._set_master_grad(mine)
 
-    def on_param_grad(self, _param) -> None:
-        """Stages 2-3: a parameter's gradient arrived; the unit's last one starts its reduce-scatter."""
-        self.grads_ready += 1
-        if self.grads_ready == len(self.params):
-            self.reduce_grads_now()
+    def reduce_at_inputs(self, args):
+        """Stages 2-3 (a forward pre-hook): reduce-scatter when the gradient reaches the unit's inputs, one place in
+        every rank's backward, after every parameter's gradient (autograd runs later nodes and AccumulateGrad
+        first). Counting gradients fires on a rank that used every parameter, not on one that left some unused (an
+        MoE expert): collectives out of order, a deadlock. Every rank runs every unit; the root (inputs needing no
+        gradient) is reduced by ``ZeRO.finish_gradients``."""
+        self.reduced = False                                   # a forward: this unit's backward is to come
+        marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
+        if not marked or not torch.is_grad_enabled():
+            return None
+        outs = iter(_ReduceWhenReached.apply(self, *(args[i] for i in marked)))
+        return tuple(next(outs) if i in marked else a for i, a in enumerate(args))
+
+    def on_param_grad(self, param) -> None:
+        if self.reduced:                                       # after the reduce-scatter it would be lost
+            name = next(n for n, p in zip(self.names, self.params) if p is param)
+            raise RuntimeError(f"{name}: its gradient arrived after unit {self.label} "
+                               f"was reduce-scattered: a parameter used outside its unit belongs in the root")
 
     def reduce_grads_now(self) -> None:
         """Stages 2-3, when the unit's backward is done: reduce-scatter its gradients, keep only my shard."""
@@ -260,6 +273,20 @@ class FlatUnit:
     def my_shard(self, tensors) -> torch.Tensor:
         """This rank's shard of ``tensors`` (full-size, one per parameter): flatten, pad, cut; no collective."""
         return self.layout.flatten(tensors)[self.owned()].clone()
+
+
+class _ReduceWhenReached(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward reduce-scatters the unit (:meth:`FlatUnit.reduce_at_inputs`)."""
+    @staticmethod
+    def forward(ctx, unit, *inputs):
+        ctx.unit = unit
+        return tuple(t.view_as(t) for t in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if not ctx.unit.reduced:
+            ctx.unit.reduce_grads_now()
+        return (None, *grads)
 
 
 def _common_prefix(names) -> str:

@@ -23,8 +23,9 @@ is element-wise, so stepping a flat shard is the same arithmetic as stepping the
 
 * stage 1: full gradients accumulate in a flat buffer; at ``step`` one reduce-scatter leaves this rank
   the sum of its shard, the optimizer updates the shard, an all-gather rebuilds the full parameters.
-* stage 2: a unit's gradients are reduce-scattered as soon as its backward is done and the full gradients
-  are dropped: only the shard's gradient survives.
+* stage 2: a unit's gradients are reduce-scattered as soon as its backward is done (when the gradient reaches
+  its inputs: the same moment on every rank, whichever parameters each used) and the full gradients are
+  dropped: only the shard's gradient survives.
 * stage 3: the full parameters exist only while their unit computes: all-gathered before its forward,
   freed after it, all-gathered again before its backward (when the gradient reaches the unit's output),
   freed after its gradients are reduce-scattered. The next unit's all-gather is started early (prefetch)
@@ -124,8 +125,9 @@ class ZeRO:
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
         self.optimizer = optimizer_factory(masters) if optimizer_factory is not None else None
         self.forward_order, self.backward_order, self._recording = [], [], True
-        if stage >= 2 and not once_per_step:
+        if stage >= 2 and not once_per_step:         # one order on every rank: see reduce_at_inputs
             for unit in self.units:
+                unit.module.register_forward_pre_hook(lambda m, args, u=unit: u.reduce_at_inputs(args))
                 for p in unit.params:
                     p.register_post_accumulate_grad_hook(lambda p, u=unit: u.on_param_grad(p))
         if stage == 3 and not once_per_step:
@@ -184,24 +186,23 @@ class ZeRO:
             unit.wait()
 
     def expect_backward(self) -> None:
-        """Count the next backward's gradients afresh (stages 2-3: a unit reduce-scatters when its last
-        parameter's gradient arrives). After a step, by ``zero_grad`` and by ``FSDP.forward``."""
+        """A new backward is coming (every unit unreduced): after a step, by ``zero_grad``, by ``FSDP.forward``."""
         for unit in self.units:
-            unit.grads_ready, unit.reduced = 0, False
+            unit.reduced = False
 
     def finish_gradients(self, *, ends_step: bool = False) -> None:
         """Reduce what the backward has not reduced yet (stage 1: every full gradient; stages 2–3: the units
-        with unused parameters), so every shard holds its mean gradient. ``ends_step``: a caller that steps
-        the optimizer itself (:class:`~minipar.data.fsdp.FSDP`) ends the step here, so ``events`` stay
+        whose inputs need no gradient, in the same order on every rank), so every shard holds its mean gradient.
+        ``ends_step``: a caller that steps the optimizer itself (:class:`~minipar.data.fsdp.FSDP`) ends the step here, so ``events`` stay
         labelled by step."""
-        for unit in self.units:
-            unit.wait_reduce()                                 # async_reduce: the posted reduce-scatters
         for unit in self.units:
             if self.stage <= 1 or (self.once_per_step and not unit.reduced):
                 unit.reduce_full_grad()
-            elif not unit.reduced:                             # a unit with unused parameters
+            elif not unit.reduced:                             # no gradient reached inputs of its own
                 unit.gather()
                 unit.reduce_grads_now()
+        for unit in self.units:
+            unit.wait_reduce()                                 # async_reduce: the posted reduce-scatters
         self._recording = False                                # the first backward recorded the order
         if ends_step:
             self.expect_backward()                             # ready for the next backward even without zero_grad()
@@ -221,9 +222,8 @@ class ZeRO:
 
     @contextlib.contextmanager
     def gathered(self):
-        """Stage 3: all-gather every unit's full parameters for the block, free them after (every rank
-        enters it). Between steps a stage-3 parameter is storage-less; reading it outside raises
-        :class:`~minipar.data.sharded_parameter.FreedParameterError`."""
+        """Stage 3: every unit's full parameters for the block, freed after (every rank enters it); between
+        steps reading a parameter raises :class:`~minipar.data.sharded_parameter.FreedParameterError`."""
         was = [u.gathered for u in self.units]
         for unit in self.units:
             unit.gather()

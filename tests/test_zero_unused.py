@@ -1,0 +1,91 @@
+"""ZeRO-2/3 when only some ranks use a unit's parameters (an MoE expert no token of this rank picked): every
+rank reduce-scatters a block unit when the gradient reaches the unit's inputs, so the ranks' collectives keep
+one order and nobody deadlocks (counting the unit's parameter gradients fired on the rank that used them all,
+mid-backward, and on the others at the end). Float64 on 4 ranks against AdamW on one device on the whole batch;
+a parameter used outside its unit's forward gets a clear error instead of a lost gradient."""
+import pytest
+import torch
+import torch.nn as nn
+
+from minipar import launch
+from minipar.data.zero import ZeRO, block_units
+
+STEPS, BATCH, WORLD, ATOL = 4, 16, 4, 1e-12
+OPTIONS = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+class Gated(nn.Module):
+    """A block whose ``rare`` layer runs only on the batch's first quarter: rank 0's rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.common, self.rare = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, h, rows):
+        out = torch.tanh(self.common(h))
+        take = [i for i, r in enumerate(rows) if r < BATCH // WORLD]
+        if take:
+            out = out.index_add(0, torch.tensor(take), self.rare(h[take]))
+        return out
+
+
+class Toy(nn.Module):
+    def __init__(self, leak=False):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.inp, self.head = nn.Linear(8, 8), nn.Linear(8, 5)
+        self.blocks = nn.ModuleList([Gated(), Gated()])
+        for p in self.parameters():
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        self.leak = leak
+        self.double()
+
+    def forward(self, x, rows):
+        h = torch.tanh(self.inp(x))
+        if self.leak:            # block 1's weight used before its unit: its gradient comes after the unit's
+            h = h * (1 + 1e-3 * self.blocks[1].common.weight.sum())
+        for block in self.blocks:
+            h = h + block(h, rows)
+        return self.head(h)
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, 8, generator=g, dtype=torch.float64),
+             torch.randn(BATCH, 5, generator=g, dtype=torch.float64)) for _ in range(STEPS)]
+
+
+def _train(model, step, rows):
+    for x, y in _data():
+        nn.functional.mse_loss(model(x[rows], rows), y[rows]).backward()
+        step()
+
+
+def _single_device():
+    model = Toy()
+    opt = torch.optim.AdamW(model.parameters(), **OPTIONS)
+    _train(model, lambda: (opt.step(), opt.zero_grad()), list(range(BATCH)))
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _on_rank(rank, world_size, stage, leak=False):
+    model = Toy(leak)
+    zero = ZeRO(model, lambda shards: torch.optim.AdamW(shards, **OPTIONS), stage, units=block_units(model))
+    per = BATCH // world_size
+    _train(model, lambda: (zero.step(), zero.zero_grad()), list(range(rank * per, (rank + 1) * per)))
+    return zero.full_parameters()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_unit_only_some_ranks_use_fully_equals_one_device(stage):
+    want = _single_device()
+    for got in launch(_on_rank, WORLD, stage, quiet=True, timeout=60):
+        assert got.keys() == want.keys()
+        for name, p in got.items():
+            torch.testing.assert_close(p, want[name], atol=ATOL, rtol=0, msg=name)
+
+
+def test_a_parameter_used_outside_its_unit_is_an_error_not_a_lost_gradient():
+    with pytest.raises(Exception, match=r"blocks\.1\.common\.weight: its gradient arrived after unit blocks\.1"):
+        launch(_on_rank, WORLD, 2, leak=True, quiet=True, timeout=60)
