@@ -18,10 +18,13 @@ simple, at the price of a copy into a staging buffer around each collective. Bot
 (:mod:`minipar.data.fsdp2`), and ``torch_fsdp2_train`` runs PyTorch's version on the same recipe so the
 two can be compared step by step.
 
-What the flat design cannot do: a parameter no rank used in a step still has its elements in the unit's flat
-shard, with a zero gradient, so the optimizer steps them (Adam's moments decay, weight decay shrinks them);
-frozen parameters are left out of the units and never move. Per-parameter sharding keeps ``.grad`` None for
-an unused parameter, as one device does.
+What the flat shards alone cannot do: a parameter no rank used in a step still has its elements in the unit's
+flat shard, with a zero gradient, so an optimizer over the shards steps them (Adam's moments decay, weight
+decay shrinks them); frozen parameters are left out of the units and never move. FSDP1's answer is
+``use_orig_params=True``: the optimizer sees each parameter's *piece* of the shard (a view, maybe empty) with
+its own state and step count, and a piece whose parameter no rank used gets ``.grad`` None (one all-reduce of
+a byte per parameter says which) — skipped, as one device skips it. Per-parameter sharding keeps ``.grad``
+None for an unused parameter by construction.
 
 :class:`FSDP` is the drop-in ``nn.Module`` wrapper for a loop of your own (``model = FSDP(model)``, then your
 optimizer over ``model.parameters()``); :func:`fully_shard` returns the ``ZeRO`` object that owns the optimizer.
@@ -40,6 +43,7 @@ from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
 from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end
+from .sharded_optimizer import piece_bounds
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
@@ -103,12 +107,16 @@ class FSDP(nn.Module):
     too (``norms_in_fp32``; :func:`is_norm` says which, ``norm_classes`` names more), their inputs upcast and
     outputs cast back.
 
+    ``use_orig_params=True`` (FSDP1's option): ``parameters()`` are each wrapped parameter's piece of those shards,
+    under its own name, with per-parameter optimizer state; one no rank used has ``.grad`` None and is skipped.
+
     ``per_parameter=True`` shards each parameter on dim 0 instead (FSDP2's design,
     :class:`~minipar.data.fsdp2.PerParameterFSDP`): ``parameters()`` are then the module's own parameters as
     dim-0 shards, each with its ``.grad`` after backward."""
 
     def __new__(cls, module=None, *, per_parameter: bool = False, group=None, units=block_units, param_dtype=None,
-                reduce_dtype=None, norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=()):
+                reduce_dtype=None, norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(),
+                use_orig_params: bool = False):
         if per_parameter:
             return PerParameterFSDP(module, group=group, units=units, param_dtype=param_dtype,
                                     reduce_dtype=reduce_dtype,
@@ -116,7 +124,8 @@ class FSDP(nn.Module):
         return super().__new__(cls)
 
     def __init__(self, module: nn.Module, *, group=None, units=block_units, param_dtype=None, reduce_dtype=None,
-                 norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(), per_parameter: bool = False):
+                 norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(), per_parameter: bool = False,
+                 use_orig_params: bool = False):
         super().__init__()
         modules = list(units(module))                          # (zero.ZeRO checks they cover the module)
         norms = _norms(module, param_dtype, norms_in_fp32, norm_classes)
@@ -126,21 +135,49 @@ class FSDP(nn.Module):
         self.flat_shards = nn.ParameterList([u.master for u in self.zero.units])
         for norm in norms:
             compute_in_own_dtype(norm, param_dtype)
-        self._finish_queued = False
+        self._finish_queued, self.pieces, self._used = False, None, set()
+        if use_orig_params:          # each parameter's piece of my shard: a view the optimizer steps by itself
+            self.pieces = [[nn.Parameter(u.master.data[lo:hi]) for lo, hi in piece_bounds(u.layout, u.rank)]
+                           for u in self.zero.units]
+            for p in (p for u in self.zero.units for p in u.params):
+                p.register_post_accumulate_grad_hook(lambda p: self._used.add(id(p)))
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        """Only this rank's flat shards (what an optimizer steps), named ``flat_shards.i``."""
+        """Only this rank's flat shards (what an optimizer steps), named ``flat_shards.i``; with
+        ``use_orig_params`` each parameter's piece of them, under the wrapped module's names."""
+        dot = f"{prefix}." if prefix else ""
+        if self.pieces is not None:
+            for unit, pieces in zip(self.zero.units, self.pieces):
+                yield from ((f"{dot}{name}", piece) for name, piece in zip(unit.names, pieces))
+            return
         for i, shard in enumerate(self.flat_shards):
-            yield f"{prefix}{'.' if prefix else ''}flat_shards.{i}", shard
+            yield f"{dot}flat_shards.{i}", shard
 
     def forward(self, *args, **kwargs):
         self.zero.expect_backward()                            # a new forward: a new backward to count
         return finish_at_backward_end(self, self.module(*args, **kwargs))
 
     def finish_gradient_synchronization(self) -> None:
-        """Reduce-scatter the units whose gradients did not all arrive (unused parameters); runs by itself
+        """Reduce-scatter the units no gradient reached the inputs of (the root); runs by itself
         at the end of each backward, so a plain loop never needs to call it."""
         self.zero.finish_gradients(ends_step=True)             # the caller's optimizer steps the shards
+        if self.pieces is not None:
+            self._move_grads_to_pieces()
+
+    def _move_grads_to_pieces(self) -> None:
+        """``use_orig_params``: the shard's gradient into the pieces of the parameters some rank used (added to
+        a gradient the pieces kept from an earlier backward, as ``.grad`` accumulates); the others keep theirs."""
+        units = self.zero.units
+        used = torch.tensor([id(p) in self._used for u in units for p in u.params], dtype=torch.uint8)
+        comm.all_reduce(used, op=dist.ReduceOp.MAX, group=self.zero.group)   # used on any rank: it has a grad
+        flags = iter(used.tolist())
+        for unit, pieces in zip(units, self.pieces):
+            for piece, (lo, hi) in zip(pieces, piece_bounds(unit.layout, unit.rank)):
+                if next(flags):
+                    grad = unit.master.grad[lo:hi]
+                    piece.grad = grad.clone() if piece.grad is None else piece.grad + grad
+            unit.master.grad = None
+        self._used.clear()
 
     def gathered(self):
         """``with model.gathered(): ...`` — every unit's full parameters for the block (every rank enters)."""
@@ -169,7 +206,7 @@ class FSDP(nn.Module):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the shards' gradients so the *global* 2-norm is at most ``max_norm``; returns that norm.
         (``torch.nn.utils.clip_grad_norm_(model.parameters())`` would see this rank's shards only.)"""
-        grads = [p.grad for p in self.flat_shards if p.grad is not None]
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
         total = torch.zeros((), dtype=torch.float64)
         for g in grads:
             total += g.double().square().sum()
@@ -183,8 +220,13 @@ class FSDP(nn.Module):
     def full_gradients(self) -> dict:
         """{name: full mean gradient} gathered from the shards' ``.grad`` (every rank calls it)."""
         out = {}
-        for unit in self.zero.units:
+        for i, unit in enumerate(self.zero.units):
             grad = unit.master.grad if unit.master.grad is not None else torch.zeros_like(unit.master)
+            if self.pieces is not None:                        # the pieces hold it (None: zeros)
+                grad = torch.zeros_like(unit.master)
+                for piece, (lo, hi) in zip(self.pieces[i], piece_bounds(unit.layout, unit.rank)):
+                    if piece.grad is not None:
+                        grad[lo:hi] = piece.grad
             out.update(zip(unit.names, unit.full_tensors(grad)))
         return out
 

@@ -40,7 +40,19 @@ import torch.distributed as dist
 from .. import comm
 from .flat_unit import FlatLayout
 
-__all__ = ["ShardedOptimizer"]
+__all__ = ["ShardedOptimizer", "piece_bounds"]
+
+
+def piece_bounds(layout: FlatLayout, rank: int) -> list:
+    """Each tensor's elements inside ``rank``'s shard of ``layout``, as (start, stop) in shard coordinates
+    (maybe empty): the pieces an optimizer steps one by one, with per-parameter state."""
+    first = rank * layout.shard_numel
+    out = []
+    for offset, shape in zip(layout.offsets, layout.shapes):
+        lo = min(max(offset - first, 0), layout.shard_numel)
+        hi = min(max(offset + shape.numel() - first, lo), layout.shard_numel)
+        out.append((lo, hi))
+    return out
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -74,14 +86,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return FlatLayout([p.shape for p in params], self.n)
 
     def _bounds(self, layout) -> list:
-        """Each parameter's elements inside my shard, as (start, stop) in shard coordinates (maybe empty)."""
-        first = self.rank * layout.shard_numel
-        out = []
-        for offset, shape in zip(layout.offsets, layout.shapes):
-            lo = min(max(offset - first, 0), layout.shard_numel)
-            hi = min(max(offset + shape.numel() - first, lo), layout.shard_numel)
-            out.append((lo, hi))
-        return out
+        return piece_bounds(layout, self.rank)
 
     def _pieces(self, shard, layout) -> list:
         """One parameter per trainable parameter: a view of my shard (empty where I hold none of it), so
