@@ -194,6 +194,7 @@ class Trainer3D:
         mine = set(map(id, self.params))
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
+        self.steps_taken = 0
 
     def loss(self, logits, targets):
         """The last stage's loss: vocabulary-parallel cross-entropy over the TP group (the logits stay split
@@ -212,18 +213,22 @@ class Trainer3D:
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
-    def step(self, inputs, targets, index: int = 0):
+    def step(self, inputs, targets, index: int | None = None):
         """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
-        stage's ranks, None elsewhere."""
+        stage's ranks, None elsewhere. ``index``: the global step (a resumed run passes it; by default the
+        steps this trainer took), which seeds the dropout masks and labels the timeline."""
+        step = self.steps_taken if index is None else index
         x, y = (t.to(self.device) for t in shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp")))
         if self.positions is not None:                            # context parallelism: my tokens of every row
             x, y = x[:, self.positions.to(self.device)], y[:, self.positions.to(self.device)]
         self.zero_grad()
+        self.model.streams.start_step(step)                      # dropout masks: a function of (seed, step)
+        self.steps_taken = step + 1
         if self.zero_stage == 3:
             with comm.recording(self.logs["dp"]):
                 self.zero.gather_for_step()                      # the full parameters, for all m micro-batches
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
-            loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index)
+            loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index or 0)
             if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
             if self.experts and self.layout.tp > 1:              # MoE: each tp rank routed 1/t of the rows

@@ -48,6 +48,7 @@ from ..check import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
 from ..launcher import launch
+from ..tensor.layers import recompute_context_fn
 from . import paced, schedules
 from .actions import Action, Schedule
 from .lowering import lower, rank_messages
@@ -144,7 +145,10 @@ class PipelineRank:
     def forward(self, stage, mb):
         x = self.inputs[mb] if stage == 0 else self.receive("act", stage, mb).requires_grad_()
         module = self.module(stage, mb)
-        y = checkpoint(module, x, use_reentrant=False) if self.recompute else module(x)
+        if self.recompute:                          # TP dropout streams replay the forward's masks
+            y = checkpoint(module, x, use_reentrant=False, context_fn=recompute_context_fn(module))
+        else:
+            y = module(x)
         if stage == self.last:
             y = self.loss_fn(y, self.targets[mb]) / self.loss_divisor   # mean over the global batch
             self.mb_losses[mb] = y.detach()

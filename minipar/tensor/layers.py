@@ -28,7 +28,8 @@ from ..models import CausalSelfAttention
 from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
 from .sequence import column_linear_sequence_parallel
 
-__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "dropout", "StreamDropout", "ColumnParallelLinear", "RowParallelLinear",
+__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "streams_of", "recompute_context_fn",
+           "dropout", "StreamDropout", "ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs"]
 
 
@@ -46,11 +47,72 @@ def shard_cols(w: torch.Tensor, rank: int, t: int) -> torch.Tensor:
 class DropoutStreams:
     """Two random streams per rank: ``replicated`` (same seed on every rank of the tensor-parallel group:
     a mask for a tensor all ranks hold whole must agree, or the replicas drift apart) and ``per_rank``
-    (seed offset by the rank: masks for different heads or sequence shards must be independent)."""
+    (seed offset by the rank: masks for different heads or sequence shards must be independent).
+
+    Counter-based, as GPU generators are (a seed and an offset): :meth:`start_step` seeds both from (seed,
+    step), so step k draws the same masks whether the run got there uninterrupted or resumed from a
+    checkpoint — the streams need no place in it. :func:`recompute_context_fn` makes an activation
+    checkpoint's recomputation draw the masks its forward drew (``torch.utils.checkpoint`` restores
+    torch's global generator only; Megatron's ``CudaRNGStatesTracker`` does the same for its streams)."""
+
+    STEP_STRIDE = 1_000_003                    # seeds of different steps, streams and ranks never meet
 
     def __init__(self, seed: int, group, device="cpu"):
-        self.replicated = torch.Generator(device).manual_seed(seed)
-        self.per_rank = torch.Generator(device).manual_seed(seed + 2718 + 1000 * tp_rank(group))
+        self.seed, self.rank = seed, tp_rank(group)
+        self.replicated, self.per_rank = torch.Generator(device), torch.Generator(device)
+        self.start_step(0)
+
+    def start_step(self, step: int) -> None:
+        """Seed both streams for optimizer step ``step`` (step 0: ``seed`` and ``seed + 2718 + 1000·rank``)."""
+        offset = self.STEP_STRIDE * step
+        self.replicated.manual_seed(self.seed + offset)
+        self.per_rank.manual_seed(self.seed + 2718 + 1000 * self.rank + offset)
+
+
+def streams_of(module: nn.Module) -> list:
+    """The distinct :class:`DropoutStreams` the dropout layers inside ``module`` draw from."""
+    found = {id(m.streams): m.streams for m in module.modules()
+             if isinstance(m, StreamDropout) and m.streams is not None}
+    return list(found.values())
+
+
+def recompute_context_fn(module: nn.Module):
+    """``context_fn`` for ``torch.utils.checkpoint.checkpoint(module, ..., use_reentrant=False)``: every
+    stream ``module`` draws from replays its forward's masks in the recomputation."""
+    generators = [g for s in streams_of(module) for g in (s.replicated, s.per_rank)]
+
+    def context_fn():
+        noted = []
+        return _NoteStates(generators, noted), _ReplayStates(generators, noted)
+    return context_fn
+
+
+class _NoteStates:
+    """Around a checkpointed forward: note where the generators stand."""
+
+    def __init__(self, generators, noted: list):
+        self.generators, self.noted = generators, noted
+
+    def __enter__(self):
+        self.noted[:] = [g.get_state() for g in self.generators]
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _ReplayStates(_NoteStates):
+    """Around a recomputation (entered again for each one: a zero-bubble schedule recomputes for B and for W):
+    start where the forward started, then put the generators back where they were."""
+
+    def __enter__(self):
+        self.now = [g.get_state() for g in self.generators]
+        for g, state in zip(self.generators, self.noted):
+            g.set_state(state)
+
+    def __exit__(self, *exc):
+        for g, state in zip(self.generators, self.now):
+            g.set_state(state)
+        return False
 
 
 def dropout(x: torch.Tensor, p: float, generator: torch.Generator | None, training: bool) -> torch.Tensor:
