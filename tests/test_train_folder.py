@@ -1,12 +1,14 @@
 """The ``--save`` folder of ``python -m minipar train`` (issue 38): a run owns it while it writes (a lock naming
 its pid and host; a second run on it is refused with one line before training, and its first run's checkpoints
 stay intact; a dead run's lock is taken over), ``--keep N`` removes all but the newest N checkpoints and never the
-one ``latest`` names, and a full disk names the file and the checkpoint ``latest`` still names."""
+one ``latest`` names, a full disk names the file and the checkpoint ``latest`` still names, and
+``--wait-for-lock SECONDS`` waits for a holder to finish instead of refusing at once."""
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -139,3 +141,18 @@ def test_other_write_errors_pass_through_and_enospc_is_explained(tmp_path):
     explained = guard.write_failed(OSError(28, "No space left on device"), "f.pt", str(tmp_path))
     assert isinstance(explained, guard.CheckpointError)
     assert "cannot write f.pt" in str(explained) and "holds no complete checkpoint yet" in str(explained)
+
+
+def test_wait_for_lock_takes_the_folder_when_its_holder_ends_and_refuses_after_the_wait(tmp_path):
+    folder = str(tmp_path)
+    lock = os.path.join(folder, guard.LOCK)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    threading.Thread(target=holder.wait).start()           # reaped when it ends (a zombie's pid looks alive)
+    with open(lock, "w") as f:                              # a live run holds it for 1.5 s, then dies
+        json.dump({"pid": holder.pid, "host": socket.gethostname()}, f)
+    with pytest.raises(checkpoint.CheckpointError, match=f"in use by pid {holder.pid}.*--wait-for-lock"):
+        guard.lock_folder(folder, wait=0.3)                 # waited 0.3 s: still held
+    assert guard.lock_folder(folder, wait=30) == lock       # waits for it, then takes the dead run's lock
+    with open(lock) as f:
+        assert json.load(f)["pid"] == os.getpid()
+    guard.unlock_folder(lock)

@@ -23,8 +23,9 @@ Before any process starts, every flag and the layout are checked (exit 2, one li
 and starts fresh from a folder with no checkpoint yet, so one command line is both the first launch and the
 restart (torchrun ``--max-restarts``); ``--save DIR`` is created and test-written first, never replaces
 another run's checkpoint or a later step without ``--overwrite``, and is locked while the run writes (a second
-run on it is refused, naming the holder's pid and host); ``--save-every N`` saves every N steps, ``--keep N``
-keeps the newest N (default 3); a full disk names the file and the checkpoint ``latest`` still names.
+run on it is refused, naming the holder's pid and host, or waits ``--wait-for-lock`` seconds); ``--save-every N``
+saves every N steps, ``--keep N`` keeps the newest N (default 3); a full disk names the file and the checkpoint
+``latest`` still names.
 Nodes: ranks are numbered node by node (``LOCAL_WORLD_SIZE`` under torchrun, ``--nproc-per-node`` for a
 local launch that stands for several nodes); a tp group that spans nodes is named in a warning, or refused
 with ``--strict-nodes``. Several nodes must ``--save`` onto a shared filesystem (the same folder on every
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
     train.add_argument("--keep", type=int, default=3, metavar="N", help="keep the newest N checkpoints in --save "
                        "(never the one 'latest' names; 0: keep all)")
+    train.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+                       help="another run holds --save: wait up to SECONDS for it to finish (default 0: refuse)")
     train.add_argument("--overwrite", action="store_true",
                        help="let --save replace another run's checkpoint, or a later step")
     train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "

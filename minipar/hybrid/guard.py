@@ -116,14 +116,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def lock_folder(directory: str) -> str:
+def lock_folder(directory: str, wait: float = 0.0) -> str:
     """Make ``directory`` this run's while it writes: create ``directory/.minipar-lock`` (``O_EXCL``: one
     creator wins) holding this process's pid and host; returns its path. Held by a live run (or by one on
-    another host, which cannot be asked): :class:`CheckpointError` naming it. Left by a dead process on this
-    host (killed before it could remove it): taken over."""
+    another host, which cannot be asked): wait up to ``wait`` seconds for it to go, then
+    :class:`CheckpointError` naming it. Left by a dead process on this host (killed before it could remove
+    it): taken over."""
     path = os.path.join(directory, LOCK)
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for _ in range(3):
+    deadline, takeovers = time.monotonic() + wait, 0
+    while takeovers < 3:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -138,11 +140,16 @@ def lock_folder(directory: str) -> str:
                     os.remove(path)                           # a killed run's lock: nobody writes any more
                 except FileNotFoundError:
                     pass
+                takeovers += 1
+                continue
+            if time.monotonic() < deadline:                   # --wait-for-lock: the holder may finish
+                time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
                 continue
             raise CheckpointError(
                 f"--save {directory} is in use by pid {pid if pid is not None else '?'} on host {host} (since "
                 f"{holder.get('since', '?')}; lock {path}): two runs writing one folder replace each other's "
-                f"checkpoints; wait for that run, choose another folder, or remove {path} if that run is gone"
+                f"checkpoints; wait for that run (--wait-for-lock SECONDS), choose another folder, or remove "
+                f"{path} if that run is gone"
             ) from None
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)

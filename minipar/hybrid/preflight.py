@@ -97,12 +97,13 @@ def resume_point(args, identity: dict) -> tuple:
 
 
 def take_folder(args) -> str | None:
-    """``--save``: create the folder and lock it for this run (:func:`minipar.hybrid.guard.lock_folder`; under
-    torchrun, rank 0 only); the lock's path, or None without ``--save``."""
+    """``--save``: create the folder and lock it for this run (:func:`minipar.hybrid.guard.lock_folder`, waiting
+    ``--wait-for-lock`` seconds for a run that holds it; under torchrun, rank 0 only); the lock's path, or None
+    without ``--save``."""
     if not args.save or os.environ.get("RANK", "0") != "0":
         return None
     guard.check_folder(args.save)
-    return guard.lock_folder(args.save)
+    return guard.lock_folder(args.save, wait=args.wait_for_lock)
 
 
 def check_save(args, identity: dict, start: int) -> None:
