@@ -9,41 +9,40 @@
   receive; a paced receive waits inside its slot).
 * (notebook only) :func:`draw_weight_versions` — the weight version every stage used for each micro-batch's
   forward and backward, asynchronous PipeDream (weight stashing) beside PipeDream-2BW.
-* ``04_v_schedules.png`` — the V placement (rank r holds stages r and 2p-1-r: down the ranks and back up),
-  and simulated Gantt charts of 1F1B, ZB-H1, ZB-V and DualPipeV on 4 ranks, m = 8 (F = B = W per stage).
 * ``04_activation_memory.png`` — live bytes per rank over a step (4-block GPT, m = 8, paced the same way),
   measured with :class:`minipar.memory.LiveTensorTracker`: GPipe vs 1F1B, with and without recomputation.
   The floor is what a step allocates besides activations (parameter gradients, receive buffers).
 
 Reproducible, mostly: the measured charts are paced, so an action starts and ends on its slot's
 boundaries, late by a wake-up and the posting of its sends (0.5-3 ms on this machine); the last step is
-drawn, its times snapped to a quarter-slot grid (:data:`GRID`, :func:`_on_grid`). What still varies, so that
-``make figures`` rewrites a PNG: an action more than 3.75 ms late (an overrun: a rank descheduled by other
-load for longer than its slot's slack — at load averages of 8-25 on 2 cores we saw 10-25 % of the actions
-overrun 20 ms slots, and the timeline chart then changed from run to run), and in the memory chart the
+drawn, its times snapped to a quarter-slot grid (:data:`GRID`, in
+:func:`minipar.course.pipeline_views.draw_measured`). What still varies, so that ``make figures`` rewrites
+a PNG: an action more than 3.75 ms late (an overrun: a rank descheduled by other load for longer than its
+slot's slack — at load averages of 8-25 on 2 cores we saw 10-25 % of the actions overrun 20 ms slots, and the timeline chart then changed from run to run), and in the memory chart the
 send buffers still in flight when a sample is taken (whether a send has completed is timing) and the
 sample times (rounded to 1 % of the step). The unpaced timelines, which do vary
 from run to run, are shown only in the notebook.
 """
 from __future__ import annotations
 
-import math
+import os
+from dataclasses import dataclass
 
 from minipar.check import gpt_recipe
+from minipar.course.pipeline_views import GRID, draw_measured
 from minipar.course.plotting import save_figure
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
-from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 from minipar.pipeline.schedules import make_schedule
+from minipar.pipeline.timeline import measured_idle_fraction, typical_step
 from minipar.pipeline.gantt import KIND_COLOURS, draw_gantt, gantt_legend, sim_rows
 from minipar.pipeline.simulate import Costs, simulate
 
 __all__ = ["KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
-           "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "side_by_side", "peak_held",
-           "draw_v_schedules", "FIGURES", "FIXED_PACE", "GRID"]
+           "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "peak_held", "PacedIdle",
+           "paced_idle", "FIGURES", "FIXED_PACE", "GRID"]
 
 FIXED_PACE = Pace(F=0.02, B=0.02, W=0.02)   # the simulated charts' F = B = W (BW = 2 F), 20 ms each
-GRID = 0.25                                 # paced charts: times drawn on a quarter-slot grid (see _on_grid)
 
 SHOWN = [("naive", 1, 1), ("gpipe", 8, 1), ("1f1b", 8, 1), ("interleaved", 8, 2), ("zb-h1", 8, 1)]
 
@@ -62,38 +61,6 @@ def draw_schedules(p: int = 4, costs: Costs = Costs(), shown=SHOWN):
     return fig
 
 
-V_SHOWN = [("1f1b", 8, 1), ("zb-h1", 8, 1), ("zb-v", 8, 2), ("dualpipev", 8, 2)]
-
-
-def draw_v_schedules(p: int = 4, shown=V_SHOWN):
-    """Left: which rank holds each stage in the V (ZB-V, DualPipeV) and round-robin (interleaved v = 2).
-    Right: simulated Gantt charts of ``shown``, with bubble and peak activations (in whole stages)."""
-    import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(11, 1.3 * len(shown) + 0.8))
-    grid = fig.add_gridspec(len(shown), 2, width_ratios=[1, 3])
-    ax = fig.add_subplot(grid[:, 0])
-    for name, v, style in (("zb-v", 2, "o-"), ("interleaved", 2, "s--")):
-        sched = make_schedule(name, p, 2 * p, v)
-        stages = range(sched.num_stages)
-        ax.plot(list(stages), [sched.rank_of(x) for x in stages], style, label=f"{sched.placement} ({name})")
-    ax.set_ylim(p - 0.5, -0.5)
-    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)], fontsize=7)
-    ax.set_xlabel("stage (input → loss)", fontsize=8)
-    ax.set_title("where each stage lives", fontsize=9, loc="left")
-    ax.legend(fontsize=7, loc="lower center")
-    axes = [fig.add_subplot(grid[0, 1])]
-    axes += [fig.add_subplot(grid[i, 1], sharex=axes[0]) for i in range(1, len(shown))]   # one time axis
-    for a, (name, m, v) in zip(axes, shown):
-        sim = simulate(make_schedule(name, p, m, v))
-        draw_gantt(a, sim_rows(sim), p, f"{name}  p={p} m={m}:  bubble {sim.bubble_fraction:.1%}, peak "
-                                        f"activations {max(sim.peak_activations):g} stages, "
-                                        f"{sim.p2p_messages} messages")
-    axes[-1].set_xlabel("time (F = B = W = 1 per stage; a V chunk is half a stage)", fontsize=8)
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.14, hspace=0.7, wspace=0.15)
-    gantt_legend(fig)
-    return fig
-
-
 def timeline_recipe(n_layer: int = 8, steps: int = 4):
     """The runs behind the measured charts: tiny GPT, hidden 32, sequence 8, global batch 16 (the step of
     median length is drawn, see :func:`minipar.pipeline.timeline.typical_step`)."""
@@ -105,55 +72,6 @@ def run_timelines(p: int = 4, shown=SHOWN[1:], pace=FIXED_PACE) -> dict:
     recipe = timeline_recipe()
     return {(name, m, v): runtime.run(recipe, world_size=p, schedule=name, m=m, v=v, pace=pace)
             for name, m, v in shown}
-
-
-def _on_grid(rows: list, unit: float) -> list:
-    """Rows with times in slot units on the :data:`GRID`: a paced action starts and ends on its slot's
-    boundaries, late by a wake-up and its sends (0.5-3 ms here), so a time is drawn at the grid point at
-    most a quarter of the grid before it (1.25 ms early) or up to three quarters after (3.75 ms late)."""
-    def snap(t):
-        return math.floor(t / unit / GRID + 0.25) * GRID
-    return [(*r[:4], snap(r[4]), snap(r[5])) for r in rows]
-
-
-def _idle(rows: list, p: int) -> float:
-    return 1 - sum(b - a for *_, a, b in rows) / (p * max(r[5] for r in rows))
-
-
-def draw_measured(runs_by_schedule: dict, p: int = 4):
-    """Simulated (left) and measured (right) Gantt charts, with both idle fractions. Paced runs are drawn in
-    slot units on the slot grid (reproducible), simulated with their slots' costs; unpaced ones in ms."""
-    import matplotlib.pyplot as plt
-    n = len(runs_by_schedule)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 1.4 * n + 0.6), squeeze=False)
-    paced = False
-    for (name, m, v), ax_row in zip(runs_by_schedule, axes):
-        runs = runs_by_schedule[(name, m, v)]
-        pace = runs[0].pace
-        paced = pace is not None
-        costs = Costs(F=1.0, B=pace.B / pace.F, W=pace.W / pace.F) if paced else Costs()   # F = 1
-        sim = simulate(make_schedule(name, p, m, v), costs)
-        draw_gantt(ax_row[0], sim_rows(sim), p, f"{name} simulated: idle {sim.bubble_fraction:.1%}")
-        step = max(r[0] for r in runs[0].timeline) if paced else typical_step(runs)   # paced: the last
-        waits = step_rows(runs, step, kinds=("wait",))
-        if paced:     # a paced receive waits inside its slot: the gaps between bars are the idle time
-            rows, waits = _on_grid(step_rows(runs, step), v * pace.F), []
-            idle = _idle(rows, p)
-        else:
-            rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
-            waits = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in waits]
-            idle = measured_idle_fraction(runs, step)
-        draw_gantt(ax_row[1], rows, p, f"{name} measured{' paced' if paced else ''} (step {step}): idle "
-                                       f"{idle:.1%}", labels=False)
-        for rank, _, _, _, a, b in waits:                                    # blocked in a receive
-            ax_row[1].plot([max(a, 0), b], [rank, rank], color="black", linewidth=1.2)
-    axes[-1][0].set_xlabel("simulated time (F = 1)", fontsize=8)
-    axes[-1][1].set_xlabel(f"measured, paced: time / a stage's F slot ({1e3 * pace.F:g} ms x v), 4 CPU processes"
-                           if paced
-                           else "measured ms (4 CPU processes, gloo)", fontsize=8)
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.12, hspace=0.7, wspace=0.12)
-    gantt_legend(fig)
-    return fig
 
 
 def memory_runs(p: int = 4, m: int = 8, pace=FIXED_PACE) -> dict:
@@ -225,25 +143,45 @@ def peak_held(run, step: int = -1) -> int:
     return peak
 
 
-def side_by_side(ours: list, theirs: list, width: int = 7, per_line: int = 16) -> str:
-    """Two action lists of one rank, aligned column by column (``per_line`` columns a row), ``ours`` above
-    ``theirs``, and ``^`` under the places where they differ."""
-    out = []
-    for k in range(0, max(len(ours), len(theirs)), per_line):
-        a, b = [str(x) for x in ours[k:k + per_line]], [str(x) for x in theirs[k:k + per_line]]
-        b += [""] * (len(a) - len(b))
-        a += [""] * (len(b) - len(a))
-        out += ["  ours  : " + "".join(x.ljust(width) for x in a),
-                "  torch : " + "".join(x.ljust(width) for x in b)]
-        marks = "".join(("^" if x != y else "").ljust(width) for x, y in zip(a, b)).rstrip()
-        if marks:
-            out.append("          " + marks)
-    return "\n".join(out)
+@dataclass
+class PacedIdle:
+    """Per schedule: the simulated idle fraction (with the slots' costs), the unpaced run's and the paced run's
+    measured idle, and how many of the paced actions overran their slots."""
+    rows: dict                  # {name: (simulated, unpaced, paced, overruns, actions)}
+    slot: float                 # seconds of one F slot
+
+    @property
+    def disturbed(self) -> list:
+        """Schedules whose paced run overran more than 10 % of its actions: other load took the cores, the
+        timeline is no longer the schedule's."""
+        return [n for n, (*_, overruns, actions) in self.rows.items() if overruns > 0.1 * actions]
+
+    def agrees(self, within: float = 0.05) -> bool:
+        """Every undisturbed paced run idles as its simulation says, within ``within``."""
+        return all(abs(paced - sim) < within for n, (sim, _, paced, _, _) in self.rows.items()
+                   if n not in self.disturbed)
+
+    def __str__(self) -> str:
+        out = [f"{'':11s}  simulated   unpaced   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
+        out += [f"{n:11s}  {sim:9.1%}   {unpaced:7.1%}   {paced:9.1%}              {o} of {a}"
+                for n, (sim, unpaced, paced, o, a) in self.rows.items()]
+        out += [f"  {n}: more than 10 % of the actions overran their slots (load average "
+                f"{os.getloadavg()[0]:.0f}); run the cell again on a quieter machine" for n in self.disturbed]
+        return "\n".join(out)
+
+
+def paced_idle(paced: dict, unpaced: dict, p: int = 4) -> PacedIdle:
+    """:class:`PacedIdle` of paced runs ``{(name, m, v): runs}`` beside the unpaced idle ``{name: fraction}``."""
+    rows = {}
+    for (n, m, v), rs in paced.items():
+        sim = simulate(make_schedule(n, p, m, v), rs[0].pace.costs(v)).bubble_fraction
+        actions = sum(k in ("F", "B", "W", "BW") for r in rs for _, k, *_ in r.timeline)
+        rows[n] = (sim, unpaced[n], measured_idle_fraction(rs, typical_step(rs)), sum(r.overruns for r in rs), actions)
+    return PacedIdle(rows, next(iter(paced.values()))[0].pace.F)
 
 
 FIGURES = {
     "04_schedules.png": lambda path: save_figure(draw_schedules(), path),
     "04_measured_timelines.png": lambda path: save_figure(draw_measured(run_timelines()), path),
     "04_activation_memory.png": lambda path: save_figure(draw_memory(memory_runs()), path),
-    "04_v_schedules.png": lambda path: save_figure(draw_v_schedules(), path),
 }

@@ -1,4 +1,4 @@
-"""Chapter 04 tour rows: every schedule on 4 ranks equals one device (float64 harness tolerance), the bytes
+"""Chapter 04 tour rows: GPipe, 1F1B and interleaved on 4 ranks equal one device (float64 harness tolerance), the bytes
 in the communication log equal 2(p·v-1)·m·A/p exactly (bookkeeping), the bytes observed on the sockets
 (minipar.observe.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing (tour.OVERHEAD_PER_CALL
 per call at most), and the measured peaks order as the chapter says."""
@@ -15,8 +15,7 @@ def rows():
 
 def test_every_schedule_row_matches_and_its_bytes_equal_the_formula(rows):
     assert set(rows) == {"pipeline GPipe", "pipeline GPipe + recompute", "pipeline 1F1B",
-                         "pipeline interleaved 1F1B", "pipeline zero bubble ZB-H1",
-                         "pipeline ZB-V", "pipeline DualPipeV"}
+                         "pipeline interleaved 1F1B"}
     for name, row in rows.items():
         assert row.matches, (name, row)
         assert row.bytes_sent_per_rank == row.bytes_formula, (name, row)
@@ -30,6 +29,3 @@ def test_measured_peaks_order_as_the_chapter_says(rows):
     assert ofob < gpipe and rows["pipeline GPipe + recompute"].peak_bytes_per_rank < 0.5 * gpipe
     # interleaving: (p·v - 1)/(p - 1) = 7/3 times the traffic of 1F1B
     assert rows["pipeline interleaved 1F1B"].bytes_sent_per_rank * 3 == rows["pipeline 1F1B"].bytes_sent_per_rank * 7
-    # the V: 2p-2 = 6 crossings, twice 1F1B's p-1 = 3 (its turn stays on one rank)
-    for name in ("pipeline ZB-V", "pipeline DualPipeV"):
-        assert rows[name].bytes_sent_per_rank == 2 * rows["pipeline 1F1B"].bytes_sent_per_rank

@@ -23,9 +23,10 @@ starting once its input is there; the replayed spans come from the marks (:func:
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
+from minipar.check import compare
 from minipar.observe import tracer
 from minipar.observe.cluster import a100_cluster, this_machine
 from minipar.observe.fidelity import wall_compute
@@ -41,7 +42,7 @@ from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
 
 __all__ = ["MarkedRank", "traced_run", "replayed_runs", "p2p_link", "idle_terms", "action_kernels",
-           "stage_work", "draw_terms", "TERMS", "TITLES"]
+           "stage_work", "draw_terms", "TERMS", "TITLES", "IdleBreakdown", "idle_breakdown"]
 
 TERMS = ("formula", "stages", "p2p", "cores", "measured", "dgx_a100")
 
@@ -167,3 +168,54 @@ def idle_terms(runs: list, traced: Trace, *, alpha: float, beta: float, counted:
         as_runs = replayed_runs(result, steps)
         out[name] = (measured_idle_fraction(as_runs, step), as_runs)
     return {name: out[name] for name in TERMS}
+
+
+@dataclass
+class IdleBreakdown:
+    """One schedule's step: its idle fraction term by term (:data:`TERMS`), the work per rank (CPU seconds,
+    wall seconds, model DGX-A100 seconds) and the kernels each rank launched in its actions."""
+    schedule: str
+    terms: dict                 # {term: (idle fraction, runs)} from :func:`idle_terms`
+    work: dict                  # {"stages" | "cores" | "dgx_a100": seconds per rank}
+    kernels: list               # per rank, in the step's actions
+
+    @property
+    def idle(self) -> dict:
+        return {t: self.terms[t][0] for t in TERMS}
+
+    @property
+    def launch_floors(self) -> list:
+        """Per rank: kernels × the 5 µs launch floor of the A100 model (:mod:`minipar.observe.device`)."""
+        return [k * 5e-6 for k in self.kernels]
+
+    @property
+    def explained(self) -> float:
+        """The share of the gap formula → measured that the replay with shared cores accounts for."""
+        i = self.idle
+        return (i["cores"] - i["formula"]) / (i["measured"] - i["formula"])
+
+    def __str__(self) -> str:
+        i, labels = self.idle, {"formula": "formula (p-1)/(m+p-1)", "measured": "measured (wall clock here)", **TITLES}
+        out = [f"{'idle fraction of one step, ' + self.schedule:52s} {'':>7s}"]
+        out += [f"{labels[t]:52s} {i[t]:7.1%}" for t in TERMS]
+        ms = lambda xs: " ".join(f"{x * 1e3:.2f}" for x in xs)   # noqa: E731
+        out.append(f"work per rank, ms: CPU {ms(self.work['stages'])} | wall {ms(self.work['cores'])}")
+        out.append("model DGX-A100, µs per rank: " + " ".join(f"{x * 1e6:.0f}" for x in self.work["dgx_a100"])
+                   + " = kernels × 5 µs launch floor: " + " ".join(f"{f * 1e6:.0f}" for f in self.launch_floors)
+                   + " + the rest")
+        out.append(f"formula {i['formula']:.1%} -> measured costs +{i['stages'] - i['formula']:.1%} -> p2p "
+                   f"{i['p2p'] - i['stages']:+.1%} -> shared cores {i['cores'] - i['p2p']:+.1%} -> rest (wake-ups) "
+                   f"{i['measured'] - i['cores']:+.1%} = measured {i['measured']:.1%}; the replay accounts for "
+                   f"{self.explained:.0%} of the gap")
+        return "\n".join(out)
+
+
+def idle_breakdown(recipe, reference, *, schedule: str, p: int, m: int, alpha: float, beta: float) -> IdleBreakdown:
+    """Trace one real unpaced run (checked against ``reference``: tracing changes no number), run the same
+    program once more with its operators counted, and replay it term by term (:func:`idle_terms`)."""
+    traced_runs, traced = traced_run(recipe, schedule=schedule, p=p, m=m)
+    compare(reference, traced_runs, dtype=recipe.dtype).assert_ok()
+    counted = traced_run(recipe, schedule=schedule, p=p, m=m, ops=True)[1]
+    terms = idle_terms(traced_runs, traced, alpha=alpha, beta=beta, counted=counted)
+    work = {t: stage_work(terms[t][1], -1) for t in ("stages", "cores", "dgx_a100")}
+    return IdleBreakdown(schedule, terms, work, action_kernels(counted, steps=len(recipe.batches), step=-1))
