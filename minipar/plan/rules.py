@@ -1,4 +1,5 @@
-"""The seeds' decision guide (seed 002 "可扩展性策略", seed 003 §8), as a small rule set.
+"""The source articles' decision guide, as a small rule set: the Hugging Face guide *Efficient Training on
+Multiple GPUs* (Chinese edition *在多个 GPU 上高效训练*), section "可扩展性策略", and *9. 总结* §8.
 
     one device     fits → train as is;  does not fit → ZeRO + offload (CPU, NVMe);
                    largest layer does not fit → ZeRO + memory-centric tiling

@@ -197,3 +197,15 @@ def test_the_chapter_table_shows_each_collectives_busiest_rank():
     assert rows["ring all_reduce"]["model"] == rows["ring all_reduce"]["formula"] == 2 * 3 / 4 * S
     table = ch00.format_busiest(list(rows.values()))
     assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
+
+
+def test_learner_table_notes_only_where_the_wire_differs():
+    from minipar.course.ch00_setup_and_collectives.tour import GLOO_SHORT, learner_table
+    from minipar.course.tour import TourRow
+    rows = [TourRow(name, 4, True, 0.0, 768 * 1024, 768 * 1024, None, "long note; S = 1048576 B; mean over ranks",
+                    bytes_observed_per_rank=observed, kind="collective")
+            for name, observed in (("all_gather", 768 * 1024 + 800), ("reduce_scatter", 2 * 768 * 1024))]
+    text = learner_table(rows)
+    assert "[1]" not in text and "long note" not in text                       # no footnotes
+    assert GLOO_SHORT["reduce_scatter"] in text and text.count("gloo:") == 1   # the one row whose wire differs
+    assert "2.00" in text and "1.00" in text

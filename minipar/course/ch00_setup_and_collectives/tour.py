@@ -34,7 +34,7 @@ from minipar.course.tour import WORLD_SIZE, TourRow
 
 __all__ = ["Collective", "COLLECTIVES", "ROOT", "rank_input", "run_collectives", "expected_outputs",
            "compare_outputs", "expected_ring_messages", "collectives_on_rank", "busiest_rank_traffic",
-           "busiest_rank_rows", "format_busiest", "STRATEGIES"]
+           "busiest_rank_rows", "format_busiest", "learner_table", "STRATEGIES"]
 
 ROOT = 0                  # the root of broadcast, scatter, gather, reduce
 PAYLOAD_BYTES = 1 << 20   # S in the tour: 1 MiB, a multiple of 4 ranks x 4-byte floats
@@ -280,6 +280,24 @@ GLOO_SHORT = {"broadcast": "gloo: a tree, the root sends 2·S", "reduce": "gloo:
               "reduce_scatter": "gloo: an all-reduce, keep one chunk"}
 
 
+def learner_table(rows) -> str:
+    """The tour's collective rows (:data:`STRATEGIES`) as chapter 00 shows them: per operation whether it equals
+    the one-process result, bytes sent per rank (mean over ranks) by the log's model, on the wire and by the
+    formula, and — only where the wire differs from the model — what gloo does instead (:data:`GLOO_SHORT`).
+    ``format_table`` of :mod:`minipar.course.tour` prints the same rows with every note."""
+    from minipar.course.tour import _fmt_bytes, _ratio
+    head = ("operation", "equals one process", "model B/rank", "observed", "formula", "observed/formula",
+            "what gloo does")
+    body = [(r.strategy, "yes" if r.matches else "NO", _fmt_bytes(r.bytes_sent_per_rank),
+             _fmt_bytes(r.bytes_observed_per_rank), _fmt_bytes(r.bytes_formula), _ratio(r).replace(" !", ""),
+             GLOO_SHORT.get(r.strategy, "")) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(tuple("-" * w for w in widths))] + [line(b) for b in body] + [
+        "", f"one call of each on S = {_fmt_bytes(PAYLOAD_BYTES)}, {rows[0].world_size} ranks, mean over ranks; "
+        "model: minipar.comm's log; observed: bytes written to the sockets"])
+
+
 def busiest_rank_rows(world_size: int = WORLD_SIZE, numel: int = PAYLOAD_BYTES // 4) -> list:
     """One launch of every operation; per operation the rank whose log shows the most bytes sent, with the
     formula for that rank (root (N-1)·S for broadcast and reduce's other ranks S ...) and what its sockets
@@ -320,7 +338,7 @@ STRATEGIES = [(name, _tour_entry(name)) for name in COLLECTIVES]
 
 
 # ----------------------------------------------------------------------------------------------------
-# Ring vs. root as N grows (the chapter's measurement of seed 004's claim)
+# Ring vs. root as N grows (the chapter's measurement of *并行训练*'s claim)
 # ----------------------------------------------------------------------------------------------------
 
 def _traffic_on_rank(rank, n, numel):

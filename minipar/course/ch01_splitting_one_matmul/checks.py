@@ -82,7 +82,7 @@ def _diagnose_ring(n, r, got, total, inputs):
 # ----------------------------------------------------------------------------------------------------
 
 def matmul_problem(b: int = 4, k: int = 5, m: int = 8, seed: int = 0):
-    """The seed's x (4×5) · w (5×8), an upstream gradient dy, and the single-device y, dx, dw."""
+    """The OneFlow article's x (4×5) · w (5×8), an upstream gradient dy, and the single-device y, dx, dw."""
     g = torch.Generator().manual_seed(seed)
     x, w, dy = (torch.randn(*s, generator=g) for s in ((b, k), (k, m), (b, m)))
     return (x, w, dy), {"y": x @ w, "dx": dy @ w.T, "dw": x.T @ dy}

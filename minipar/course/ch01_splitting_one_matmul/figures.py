@@ -3,8 +3,9 @@ pieces the ranks really held in a live run of :func:`minipar.tensor.matmul_split
 
 Every matrix is drawn whole, in outline; the cells a rank holds take the rank's colour. A cell is placed
 by finding the rank's piece inside the whole tensor (not from the split's formula); a piece with the whole
-tensor's shape but other values is a partial sum (hatched): the collective named between two panels turns it
-into the real thing. One figure per split, in the style of the seed's (OneFlow's) data/model-parallel pictures.
+tensor's shape but other values is a partial sum (hatched, the rank's colour): the collective named between two
+panels turns it into the real thing, a sum over ranks, drawn grey (chapter 00's rule: a sum belongs to no
+rank). One figure per split, in the style of the OneFlow article's data/model-parallel pictures.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = ["holding_mask", "draw_split", "FIGURES"]
 FORWARD = {"data": "no comm", "column": "no comm", "row": "all-reduce"}
 BACKWARD = {"data": "all-reduce", "column": "all-reduce", "row": "no comm"}
 GRADIENT = {"data": "dw", "column": "dx", "row": "dw"}   # the gradient whose backward we draw
+SUM_COLOUR = "#BBBBBB"   # a sum over ranks: grey, as in chapter 00's collectives figure
 
 
 def holding_mask(piece: torch.Tensor, whole: torch.Tensor):
@@ -69,12 +71,15 @@ def draw_split(split: str, per_rank: list, whole: dict, ax=None):
         top = -rank * row_h
         colour = RANK_COLOURS[rank % len(RANK_COLOURS)]
         x0 = 0.0
+        previous_kind = None
         for i, (name, key, after) in enumerate(panels):
             mask, kind = holding_mask(r[key], whole[name])
             shape = "×".join(map(str, r[key].shape))
             when = "" if key in ("x", "w") else (" local" if key.endswith("local") else " after")
-            note = " partial Σ" if kind == "partial" else ""
-            _draw_matrix(ax, x0, top, mask, kind, colour, f"{name}{when} {shape}{note}")
+            summed = key.endswith("_piece") and previous_kind == "partial"   # partial sums in, their sum out
+            note = " partial Σ" if kind == "partial" else (" Σ ranks" if summed else "")
+            _draw_matrix(ax, x0, top, mask, kind, SUM_COLOUR if summed else colour, f"{name}{when} {shape}{note}")
+            previous_kind = kind
             x0 += mask.shape[1]
             gap = 1.5 if len(after) <= 1 else 4.5
             if after:
@@ -87,13 +92,13 @@ def draw_split(split: str, per_rank: list, whole: dict, ax=None):
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"{split} split on {n} ranks: forward y: {forward_op}; backward {grad}: {backward_op} "
-                 f"(hatched: a partial sum; live run)", fontsize=10)
+                 f"(hatched: a rank's partial sum; grey: the sum over ranks; live run)", fontsize=10)
     return ax.figure
 
 
 @functools.lru_cache(maxsize=4)
 def seed_example(world_size: int = 2):
-    """The seed's example x (4×5) · w (5×8), one live run of every split; returns (whole, per_rank)."""
+    """The OneFlow article's example x (4×5) · w (5×8), one live run of every split; returns (whole, per_rank)."""
     g = torch.Generator().manual_seed(0)
     x, w, dy = (torch.randn(*s, generator=g) for s in ((4, 5), (5, 8), (4, 8)))
     whole = {"x": x, "w": w, "y": x @ w, "dx": dy @ w.T, "dw": x.T @ dy}

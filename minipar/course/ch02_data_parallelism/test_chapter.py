@@ -1,4 +1,4 @@
-"""Chapter 02's timing helpers: DP's five exchanges as processes equal one device; refused input; seed 002's machine."""
+"""Chapter 02's timing helpers: DP's five exchanges as processes equal one device; refused input; the Hugging Face guide's machine."""
 import pytest
 import torch
 
@@ -48,3 +48,15 @@ def test_threads_vs_one_thread_times_the_same_shards_both_ways():
     assert torch.get_num_threads() == before                   # the caller's thread count is restored
     with pytest.raises(ValueError, match="runs"):
         threads_vs_one_thread(recipe, 2, runs=0)
+
+
+def test_dp_threads_report_calls_overlapping_ranges_a_tie():
+    from minipar.course.ch02_data_parallelism import report
+    spans = [(0, 0.0, 0.010), (1, 0.010, 0.020)]                  # one after another
+    tie = report.dp_threads(spans, {"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 2)
+    tie.check()
+    assert tie.tie and "a tie" in tie.text and "one after another" in tie.text
+    faster = report.dp_threads(spans, {"one_thread": [0.020, 0.021], "threads": [0.010, 0.011]}, 2)
+    assert not faster.tie and "faster than one thread, ×1.95" in faster.text
+    with pytest.raises(AssertionError):
+        report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing

@@ -14,7 +14,7 @@ runs threads in one process, which a per-device trace cannot see). Per configura
   - this machine as a cluster (:func:`minipar.observe.cluster.this_machine`: compute as measured, links α, β
     fitted to gloo's all-reduce timed in the same launch, the fastest call of each size:
     :class:`minipar.observe.measure.Links`),
-  - a DGX-A100 node and seed 002's PCIe machine (:mod:`minipar.observe.cluster`), each compute segment scaled
+  - a DGX-A100 node and the Hugging Face guide's PCIe machine (:mod:`minipar.observe.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
 
@@ -161,7 +161,7 @@ def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
     """Seed 002's machine as a carded cluster (:func:`minipar.observe.cluster.gpu_cluster`): ``devices``
     :data:`TITAN_RTX` in one node over PCIe 3.0 x16 (:data:`minipar.observe.cluster.PCIE3`) or, with
     ``nvlink``, over their NVLink bridge (:data:`NVLINK_BRIDGE`, 50 GB/s per direction). ``fp32``: the card
-    at its FP32 peak (:data:`TITAN_RTX_FP32`), for a run without ``--fp16`` (seed 002's command line has
+    at its FP32 peak (:data:`TITAN_RTX_FP32`), for a run without ``--fp16`` (the guide's command line has
     none) instead of its FP16 tensor cores."""
     card = TITAN_RTX_FP32 if fp32 else TITAN_RTX
     link = NVLINK_BRIDGE if nvlink else PCIE3

@@ -1,6 +1,6 @@
 """Chapter 03 pictures, from real runs.
 
-* ``03_la_lb_lc.png``: seed 002's example run live on 3 ranks: three layers La, Lb, Lc with parameters
+* ``03_la_lb_lc.png``: the Hugging Face guide's example run live on 3 ranks: three layers La, Lb, Lc with parameters
   a0..a2, b0..b2, c0..c2 under ZeRO-3 (one unit per layer). Left: what each rank holds between steps
   (rank r owns a_r, b_r, c_r). Right: the gather / free / reduce-scatter events of one step per unit.
 * ``03_zero_memory.png``: model-state bytes per rank for DDP and ZeRO-1/2/3 on 4 ranks, measured from live
@@ -20,7 +20,7 @@ __all__ = ["ThreeLayers", "la_lb_lc_recipe", "la_lb_lc_rank", "run_la_lb_lc", "d
 
 
 class Layer(nn.Module):
-    """y = p0·x + p1·tanh(x) + p2: a layer with exactly three scalar parameters, named like the seed's."""
+    """y = p0·x + p1·tanh(x) + p2: a layer with exactly three scalar parameters, named like the guide's."""
 
     def __init__(self, letter: str, values):
         super().__init__()

@@ -57,3 +57,10 @@ def test_trace_position_names_the_open_compute_segment():
         index, cpu = tracer.position()
     assert index == 2 and isinstance(rank_trace.events[2], trace.Compute)
     assert 0.01 <= cpu <= rank_trace.events[2].seconds_cpu
+
+
+def test_calculator_text_is_the_formula_once():
+    from minipar.course.ch03_zero_and_fsdp.report import calculator_text
+    text = calculator_text(9.0, 8, 3, "GB")
+    assert text.count("Ψ = 1e+09") == 1 and "total           2.00 GB" in text       # 16 B × 1e9 / 8
+    assert "total          16.00 GB" in calculator_text(9.0, 1, 0, "GB")           # DDP on one device: 16Ψ

@@ -1,7 +1,7 @@
 """Chapter 05 pictures, from live runs.
 
 * ``05_column_parallel_gelu.png`` — Y = GeLU(X A) with A split by columns on 2 ranks: X, each rank's
-  columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, seed 002).
+  columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, as the Hugging Face guide shows it).
 * ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), median
   [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space;
   beside it a model: tokens/s per GPU of a GPT-3-shaped model against the TP degree, inside a node and

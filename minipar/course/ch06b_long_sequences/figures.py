@@ -6,8 +6,8 @@
   attention and Ulysses at N = 2 and 4, beside their formulas and Megatron SP's formula.
 * ``06b_activation_memory.png`` — activation bytes per rank of one layer vs sequence length: one device,
   and ring attention, Ulysses, ring self-attention on 4 ranks.
-* ``06b_load_balance.png`` — per-rank attention compute time (CPU time) of causal ring attention without
-  and with zig-zag, s = 2048 on 4 ranks.
+* ``06b_load_balance.png`` — per-rank attention compute (CPU time, and chunk pairs counted) of causal ring
+  attention without and with zig-zag, s = 2048 on 4 ranks, ÷ zig-zag's busiest rank, the counted ratio marked.
 * ``06b_flash_tiling.png`` — FlashAttention-2's causal forward over a 6 × 6 grid of score tiles: the order
   the tiles are computed, and at chosen moments which tile exists (one), which are done (folded into the
   running max, sum and output, and freed) and which are skipped (above the diagonal), from
@@ -30,8 +30,8 @@ from minipar.sequence import flash, ring_attention, ulysses
 from minipar.sequence.measure import dense_layer, formula_bytes, layer_on_rank
 
 __all__ = ["schedule", "bytes_vs_ranks", "memory_vs_sequence", "load_balance", "flash_layer", "memory_three_ways",
-           "draw_schedule", "draw_bytes", "draw_memory", "draw_load_balance", "draw_tiling", "draw_three_bars",
-           "FIGURES"]
+           "draw_schedule", "draw_bytes", "draw_memory", "counted_work", "draw_load_balance", "draw_tiling",
+           "draw_three_bars", "FIGURES"]
 
 CFG = GPTConfig(n_embd=32, n_head=4)
 
@@ -163,16 +163,37 @@ def draw_memory(lengths, data):
     return fig
 
 
-def draw_load_balance(data):
-    import matplotlib.pyplot as plt
+def counted_work(data) -> dict:
+    """{method: half-size chunk pairs each rank computes}: the work counted, not timed. Zig-zag's blocks are
+    already half-size pairs (s/2N per side); a contiguous block (s/N per side) is (2N/N)² = 4 of them."""
+    return {"ring": [4 * b for b in data["ring"][0]], "ring-zigzag": list(data["ring-zigzag"][0])}
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+
+def draw_load_balance(data):
+    """Work per rank ÷ the busiest zig-zag rank's: measured CPU time (bars) and counted chunk pairs
+    (markers), so zig-zag sits near 1 and the contiguous layout's busiest rank at the counted ratio."""
+    import matplotlib.pyplot as plt
+    from fractions import Fraction
+
+    units = counted_work(data)
+    counted_ratio = Fraction(max(units["ring"]), max(units["ring-zigzag"]))
+    fig, ax = plt.subplots(figsize=(6.8, 3.8))
     n = len(data["ring"][1])
-    for k, (method, (blocks, times)) in enumerate(data.items()):
-        ax.bar([r + (k - 0.5) * 0.4 for r in range(n)], [t * 1e3 for t in times], 0.4, label=method)
+    zigzag_busiest_s, zigzag_busiest_units = max(data["ring-zigzag"][1]), max(units["ring-zigzag"])
+    for k, (method, (_, times)) in enumerate(data.items()):
+        xs = [r + (k - 0.5) * 0.4 for r in range(n)]
+        label = "contiguous" if method == "ring" else "zig-zag"
+        ax.bar(xs, [t / zigzag_busiest_s for t in times], 0.4, label=f"{label}: measured CPU time", alpha=0.8)
+        ax.plot(xs, [u / zigzag_busiest_units for u in units[method]], "k_", markersize=24, mew=2.5,
+                label="counted chunk pairs" if k == 0 else None)
+    ax.axhline(float(counted_ratio), color="#C44E52", ls="--", lw=1,
+               label=f"counted: busiest contiguous / zig-zag = {counted_ratio.numerator}/{counted_ratio.denominator}"
+                     f" ≈ {float(counted_ratio):.2f}")
     ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
-    ax.set_ylabel("attention forward compute, ms (CPU time)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("work per rank ÷ zig-zag's busiest rank")
+    ax.set_title(f"Causal ring attention on {n} ranks: contiguous vs zig-zag chunks, per rank\n"
+                 "(bars: attention forward CPU time, live run; markers: chunk pairs counted)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 

@@ -181,3 +181,15 @@ def test_online_softmax_check_accepts_solutions_and_rejects_stub():
 def test_online_softmax_check_rejects_plausible_wrong_answers(wrong, says):
     with pytest.raises(ExerciseError, match=says):
         checks.check_online_softmax(wrong)
+
+
+def test_load_balance_figure_counts_half_size_chunk_pairs():
+    data = {"ring": ([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]), "ring-zigzag": ([9, 9, 9, 9], [2.0] * 4)}
+    units = figures.counted_work(data)
+    assert units == {"ring": [4, 8, 12, 16], "ring-zigzag": [9, 9, 9, 9]}
+    assert max(units["ring"]) * 9 == max(units["ring-zigzag"]) * 16          # the 16/9 the chapter marks
+    fig = figures.draw_load_balance(data)
+    ax = fig.axes[0]
+    assert "16/9" in " ".join(ax.get_legend_handles_labels()[1]) and ax.get_title()
+    heights = [p.get_height() for p in ax.patches]
+    assert max(heights) == pytest.approx(4.0 / 2.0)                         # ÷ zig-zag's busiest rank

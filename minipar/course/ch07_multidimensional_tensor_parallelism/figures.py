@@ -103,19 +103,22 @@ def draw_summa(trace=None, steps=None):
     x, a, per_rank = trace or summa_trace()
     q = 2
     steps = list(range(q)) if steps is None else list(steps)
-    fig, axes = plt.subplots(q, q * len(steps), figsize=(3.2 * len(steps) * q / 2 + 1, 5.0), squeeze=False)
+    fig, axes = plt.subplots(q, q * len(steps), figsize=(3.2 * len(steps) * q / 2 + 1.8, 5.0), squeeze=False)
+    image = None
     for s_i, k in enumerate(steps):
         for rank, trace_r in enumerate(per_rank):
             i, j = divmod(rank, q)
             ax = axes[i][s_i * q + j]
             st = trace_r[k]
-            ax.imshow(st["acc"], cmap="RdBu", vmin=-4, vmax=4)
+            image = ax.imshow(st["acc"], cmap="RdBu", vmin=-4, vmax=4)
             ax.set_xticks([]), ax.set_yticks([])
             ax.set_title(f"step {k}, rank ({i},{j})\nX from {st['x_from']}, A from {st['a_from']}", fontsize=8,
                          color=COLOURS[rank])
     fig.suptitle("SUMMA, live on 2×2: step k broadcasts X_ik along each row and A_kj down each column; "
                  "each rank adds X_ik A_kj to its Y_ij (shown)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    bar = fig.colorbar(image, cax=fig.add_axes((0.92, 0.15, 0.02, 0.7)))
+    bar.set_label("value of an element of Y_ij so far", fontsize=8)
     return fig
 
 

@@ -120,3 +120,17 @@ def test_tour_rows():
         # the sockets: the formula + a header (≤ 300 B) per message, at most 16 messages per rank here
         assert row.bytes_formula < row.bytes_observed_per_rank < row.bytes_formula + 300 * 16
         assert row.world_size == (4 if name == "tp-2d" else 8)
+
+
+def test_3d_least_communication_thresholds_by_the_formulas():
+    from minipar.course.ch07_multidimensional_tensor_parallelism import crossover
+    from minipar.tensor.multidim_measure import formula_bytes
+    rows = crossover.threshold_table()
+    mlp, big16k, big2k, big256 = rows
+    assert mlp["vs_1d"][0] == 27 and mlp["3d_over_1d_at_8"] > 1          # measured at P = 8: 1D sends less
+    assert formula_bytes("3d", 8) > formula_bytes("1d", 8) and formula_bytes("3d", 27) < formula_bytes("1d", 27)
+    assert big16k["vs_1d"][0] < big2k["vs_1d"][0] < big256["vs_1d"][0]    # fewer tokens, later crossover
+    for r in rows:   # 3D below 2D at every P where both grids exist (64, 729, 4096, ...)
+        assert r["vs_2d"][0] == 64 and r["vs_2d"][1] < 1
+    assert all(formula_bytes("3d", p) < formula_bytes("2d", p) for p in (64, 729, 4096))
+    assert "P = 27" in crossover.threshold_text([mlp])

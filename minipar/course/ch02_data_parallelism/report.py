@@ -1,0 +1,219 @@
+"""Chapter 02 §9's tables: DP against DDP measured here, replayed here and on named clusters (a model), the
+bucket U-curve and the Hugging Face guide's table in its shape. Each function takes what
+:func:`minipar.course.ch02_data_parallelism.timing.measure` (or :mod:`.buckets`) returned, computes the rows
+the chapter prints, and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the sentences the chapter
+shows), its numbers by name, and ``check()``, which asserts what the chapter's text says about them.
+
+The replays are a model (FlexFlow's simulator, Jia et al. 2019); the wall clock here is a measurement, shown
+as median [min – max] and never ranked inside its spread.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+from minipar.course import replays
+from minipar.course.report import Report
+from minipar.observe.cluster import a100_cluster, this_machine
+from minipar.observe.intervals import step_slice
+from minipar.observe.opcount import kernel_count
+
+from . import buckets as u_curve
+from . import timing
+
+__all__ = ["dp_threads", "measured_and_replayed", "gpt2_sized", "bucket_u_curve", "guide_table",
+           "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
+
+# the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
+GUIDE_SECONDS = {("DP", "Y"): 110.5948, ("DDP", "Y"): 101.9003, ("DDP", "N"): 131.4367}
+GPT2_WIDTH_RATIO = 768 / 64          # GPT-2 small's width / the chapter's model's
+
+
+def _check_threads(r: Report) -> None:
+    assert len(r.spans) == r.world_size
+    assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
+
+
+def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
+    """DataParallel's replicas on threads: ``spans`` = [(replica, start, end)] of one step (when each ran), and
+    ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards' forwards one after another on one
+    thread, and on the threads; seconds per run). A difference inside the runs' [min – max] is a tie."""
+    t0 = min(s for _, s, _ in spans)
+    lines = [f"replica {i}: {1e3 * (s - t0):6.1f} → {1e3 * (e - t0):6.1f} ms" for i, s, e in sorted(spans)]
+    concurrency = sum(e - s for _, s, e in spans) / (max(e for _, _, e in spans) - t0)
+    lines.append(f"busy / wall = {concurrency:.2f}: " + ("the replicas ran mostly one after another"
+                 if concurrency < 1.25 else f"on average {concurrency:.2f} replicas ran at once"))
+    one, threads = gil["one_thread"], gil["threads"]
+    spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
+    cores = len(os.sched_getaffinity(0))
+    gain = statistics.median(one) / statistics.median(threads)
+    tie = max(threads) >= min(one) and max(one) >= min(threads)
+    verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
+               f"the threads are {'faster' if gain > 1 else 'slower'} than one thread, ×{gain:.2f} (median over median)")
+    lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
+                 f"{world_size} DataParallel threads {spread(threads)} — {verdict}; {cores} cores here would allow "
+                 f"at most ×{min(world_size, cores)}")
+    return Report("\n".join(lines), _check_threads, spans=spans, one=one, threads=threads, world_size=world_size,
+                  concurrency=concurrency, gain=gain, tie=tie)
+
+
+def _check_measured(r: Report) -> None:
+    assert max(r.buckets.values()) < r.s_star / 4           # every bucket of the tiny model, even one, below S*
+    assert r.compute_dgx >= r.kernels * r.dgx.device.launch_floor > 0.9 * r.compute_dgx   # launch floors, mostly
+    assert all(r.rows[n]["hidden_dgx"] > 0.9 for n in r.ddp_names[:-1])   # launch-bound backward hides buckets
+    assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05 and r.rows["DDP one bucket"]["exposed_dgx"] > 0
+
+
+def measured_and_replayed(m: dict) -> Report:
+    """``m`` = ``timing.measure(N)``: per configuration the wall clock here, and its trace replayed here, on a
+    DGX-A100 node and on the guide's TITAN RTX machine without NVLink; what an extra all-reduce cost here; the
+    DGX model's launch-bound compute and S* = N·α·β."""
+    n = m["world_size"]
+    here = this_machine(m["alpha"], m["beta"], m["flops_here"], devices=n)
+    dgx = a100_cluster(1)
+    played = replays.replays(m, {"here": here, "dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)})
+    rows = {r["config"]: r for r in timing.table(m, played)}
+    lines = [f"this machine: α = {m['alpha'] * 1e6:.0f} µs per ring step, β = {m['beta'] / 1e6:.0f} MB/s (gloo, "
+             f"fitted); a rank computes {m['flops_here'] / 1e9:.1f} GFLOP/s; gradients {m['grad_bytes']:,} B",
+             f"{'':22}{'measured on this machine':>25} | {'model: replay of the measured trace on':^56}",
+             f"{'config':22}{'step ms, median [min – max]':>27} | {'here, ms':>12} {'hidden':>7} | "
+             f"{'DGX-A100, µs':>14} {'hidden':>7} | {'TITAN RTX, PCIe, µs':>19}"]
+    for name, r in rows.items():
+        spread = f"{r['measured_here'] * 1e3:.1f} [{r['measured_min'] * 1e3:.1f} – {r['measured_max'] * 1e3:.1f}]"
+        lines.append(f"{name:22}{spread:>27} | {r['step_here'] * 1e3:>12.1f} {r['hidden_here']:>7.0%} | "
+                     f"{r['step_dgx'] * 1e6:>14.1f} {r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e6:>19.1f}")
+    tied = timing.ties(m["measured_steps"])
+    lines.append("measured here, 5 steps each: pairs whose [min – max] overlap (ties, not a ranking): "
+                 + (", ".join(f"{a} ~ {b}" for a, b in tied) or "none"))
+    ddp_names = [name for name in rows if name.startswith("DDP")]
+    small, one = rows[ddp_names[0]], rows["DDP one bucket"]
+    extra = m["all_reduces"][ddp_names[0]] - m["all_reduces"]["DDP one bucket"]
+    per_call_wall = (small["measured_here"] - one["measured_here"]) / extra   # measured: wall gap per extra call
+    per_call_here = 2 * (n - 1) * m["alpha"]      # an all-reduce's latency here: α fitted to gloo's, timed alone
+    per_call_dgx = 2 * (n - 1) * dgx.intra_latency
+    one_step = step_slice(m["counted"]["DDP one bucket"].ranks[0].events, "step", -1)
+    kernels = kernel_count([r for e in one_step if getattr(e, "ops", None) for r in e.ops])   # rank 0, a step
+    compute_dgx = replays.last_step(played["dgx"]["DDP one bucket"]).compute(0)   # the same step, on the card
+    tie_note = "; a tie: the two rows overlap" if (ddp_names[0], "DDP one bucket") in tied else ""
+    lines.append(f"\nhere: {ddp_names[0]} makes {m['all_reduces'][ddp_names[0]]:.0f} all-reduces a step, one bucket "
+                 f"1; on the wall clock each extra one cost {per_call_wall * 1e3:.1f} ms (gap of the medians / "
+                 f"{extra:.0f}, not asserted{tie_note}), against an all-reduce's latency 2(N−1)·α = "
+                 f"{per_call_here * 1e3:.2f} ms (fitted) and {m['flops_per_step'] / m['flops_here'] * 1e3:.1f} ms "
+                 "of compute a step")
+    s_star = n * dgx.intra_latency * dgx.intra_bw          # latency = transfer at S* = N·α·β
+    bucket_bytes = {name: m["grad_bytes"] / m["all_reduces"][name] for name in ddp_names}  # mean bucket
+    lines.append(f"DGX model: rank 0 launches {kernels} kernels a step × {dgx.device.launch_floor * 1e6:.0f} µs = "
+                 f"{kernels * dgx.device.launch_floor * 1e6:.0f} µs of its {compute_dgx * 1e6:.0f} µs of compute "
+                 f"(launch-bound); an all-reduce's latency 2(N−1)·α = {per_call_dgx * 1e6:.0f} µs; buckets here "
+                 f"{min(bucket_bytes.values()) / 1e3:.0f}–{max(bucket_bytes.values()) / 1e3:.0f} KB, S* = N·α·β = "
+                 f"{s_star / 1e6:.1f} MB; hidden share "
+                 + ", ".join(f"{name.removeprefix('DDP ')} {rows[name]['hidden_dgx']:.0%}" for name in ddp_names))
+    return Report("\n".join(lines), _check_measured, world_size=n, here=here, dgx=dgx, played=played,
+                  rows=rows, ties=tied, ddp_names=ddp_names, s_star=s_star, buckets=bucket_bytes, kernels=kernels,
+                  compute_dgx=compute_dgx)
+
+
+def _check_gpt2(r: Report) -> None:
+    assert r.hidden_share_dgx > 0.5                                    # GPT-2-sized on the cluster: most hides
+    assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
+    assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
+    assert all(r.rows[n]["hidden_pcie"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
+
+
+def gpt2_sized(m: dict, measured: Report) -> Report:
+    """The same counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k, operator bytes × k·w) on the
+    DGX-A100 node and the TITAN RTX machine without NVLink; ``hidden_share_dgx`` of the 64 KiB-bucket run."""
+    n, dgx, ddp_names = measured.world_size, measured.dgx, measured.ddp_names
+    tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
+    f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
+    k = replays.SEED_TOKENS_PER_GPU / tokens_here
+    w = GPT2_WIDTH_RATIO
+    big = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)}, compute_factor=f * k,
+                          bytes_factor=f, op_bytes_factor=k * w)
+    rows = {r["config"]: r for r in timing.table(m, big)}
+    bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in rows if m["all_reduces"][name]}
+    lines = [f"model: replay of the counted traces, GPT-2-sized (messages × {f:.0f}, FLOPs × {f * k:.0f}, operator "
+             f"bytes × {k * w:.0f}), {n} GPUs",
+             f"{'config':22}{'mean bucket':>12} | {'DGX-A100 step ms':>17} {'exposed ms':>11} {'hidden':>7} | "
+             f"{'TITAN RTX PCIe, ms':>18} {'exposed ms':>11} {'hidden':>7}"]
+    for name, r in rows.items():
+        bucket = f"{bucket_mb[name]:.0f} MB" if name in bucket_mb else "-"   # mean
+        lines.append(f"{name:22}{bucket:>12} | {r['step_dgx'] * 1e3:>17.2f} {r['exposed_dgx'] * 1e3:>11.2f} "
+                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.2f} {r['exposed_pcie'] * 1e3:>11.2f} "
+                     f"{r['hidden_pcie']:>7.0%}")
+    exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
+    lines.append(f"S* = N·α·β on the DGX node = {measured.s_star / 1e6:.1f} MB; the right arm: one bucket exposes "
+                 f"{exposed['DDP one bucket'] * 1e3:.2f} ms a step, the bucketed runs at most "
+                 f"{max(exposed[name] for name in ddp_names[:-1]) * 1e3:.2f} ms")
+    return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
+                  exposed=exposed, ddp_names=ddp_names, hidden_share_dgx=rows["DDP 64 KiB buckets"]["hidden_dgx"])
+
+
+def _check_u(r: Report) -> None:
+    steps = [row["step"] for row in r.rows]
+    assert 0 < r.best < len(r.rows) - 1                                     # the lowest step is neither end: a U
+    first, last = r.rows[0], r.rows[-1]
+    assert first["step"] > 1.2 * steps[r.best] and last["step"] > 1.02 * steps[r.best]   # both arms rise
+    assert max(row["compute"] for row in r.rows) / min(row["compute"] for row in r.rows) - 1 < 1e-9   # one trace
+    assert [row["buckets"] for row in r.rows] == sorted((row["buckets"] for row in r.rows), reverse=True)
+    assert last["buckets"] == 1
+
+
+def bucket_u_curve(n: int) -> Report:
+    """One DDP run here with a bucket per parameter, its operators counted, re-bucketed at every capacity of
+    :data:`.buckets.BUCKET_SIZES` (and one bucket) and replayed on :data:`.buckets.U_CLUSTER` (a model)."""
+    per_param, grad_bytes = u_curve.counted_per_parameter(n)
+    rows = u_curve.sweep(per_param, u_curve.BUCKET_SIZES + (grad_bytes,))
+    lines = [f"model: one DDP trace re-bucketed and replayed on 4 A100s one per node (IB HDR); gradients "
+             f"{grad_bytes:,} B",
+             f"{'bucket C':>10} {'all-reduces':>12} {'step µs':>9} {'exposed µs':>11} {'compute µs':>11}"]
+    lines += [f"{r['bucket_bytes']:>10,} {r['buckets']:>12} {r['step'] * 1e6:>9.0f} {r['exposed'] * 1e6:>11.0f} "
+              f"{r['compute'] * 1e6:>11.0f}" for r in rows]
+    best = min(range(len(rows)), key=lambda i: rows[i]["step"])
+    latency = 2 * (n - 1) * u_curve.U_CLUSTER.inter_latency          # one all-reduce's latency on n ranks
+    first, last = rows[0], rows[-1]
+    lines.append(f"left arm: {first['buckets']} all-reduces a step × 2(N−1)·α = "
+                 f"{first['buckets'] * latency * 1e6:.0f} µs of latency against {first['compute'] * 1e6:.0f} µs of "
+                 f"compute: step {first['step'] * 1e6:.0f} µs; bottom: {rows[best]['buckets']} buckets of "
+                 f"{rows[best]['bucket_bytes']:,} B, {rows[best]['step'] * 1e6:.0f} µs; right arm: one bucket, "
+                 f"launched after the last gradient, exposes {last['exposed'] * 1e6:.0f} µs: step "
+                 f"{last['step'] * 1e6:.0f} µs")
+    return Report("\n".join(lines), _check_u, rows=rows, best=best, grad_bytes=grad_bytes)
+
+
+def _check_guide(r: Report) -> None:
+    assert r.ratio["fp16"][("DDP", "N")] > 1.2 and r.ratio["fp32"][("DDP", "N")] < 1.1   # slow link: FP16 only
+    for p in r.exposed:   # DP's 2·P through device 0, unhidden even over NVLink, exposes more than DDP without
+        assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "N")]
+        assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "Y")]
+
+
+def guide_table(m2: dict) -> Report:
+    """``m2`` = ``timing.measure(2, bucket_sizes=(64 * 1024,))``: the guide's three rows, measured here and
+    replayed GPT-2-sized on its TITAN RTX pair with and without NVLink at the FP16 and FP32 peaks, as ratios
+    to DDP with NVLink (and each run's exposed communication)."""
+    f2 = replays.GPT2_SMALL_PARAMS / (m2["grad_bytes"] / 4)
+    k2 = replays.SEED_TOKENS_PER_GPU / (16 * 32 // 2)
+    runs = {("DP", "Y"): ("DP", "nv"), ("DDP", "Y"): ("DDP 64 KiB buckets", "nv"),
+            ("DDP", "N"): ("DDP 64 KiB buckets", "pc")}
+    ratio, exposed = {}, {}
+    for peak in ("fp16", "fp32"):
+        fp32 = peak == "fp32"
+        res = replays.replays(m2, {"nv": timing.titan_rtx(2, fp32=fp32),
+                                   "pc": timing.titan_rtx(2, nvlink=False, fp32=fp32)},
+                              compute_factor=f2 * k2, bytes_factor=f2, op_bytes_factor=k2 * GPT2_WIDTH_RATIO)
+        step = {key: res[where][name].step_between("step") for key, (name, where) in runs.items()}
+        ratio[peak] = {key: s / step[("DDP", "Y")] for key, s in step.items()}
+        exposed[peak] = {key: replays.exposed_per_step(res[where][name]) for key, (name, where) in runs.items()}
+    lines = [f"{'Type':6}{'NVlink':>7}{'HF guide':>10}{'HF ratio':>11}{'measured here, ms':>19}"
+             f"{'model: replay FP16 peak (exposed ms)':>37}{'model: replay FP32 peak (exposed ms)':>37}"]
+    for key, t in GUIDE_SECONDS.items():
+        name = runs[key][0]
+        lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.0f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
+                     f"{m2['measured'][name] * 1e3:>19.1f}"
+                     + "".join(f"{ratio[p][key]:>29.2f} ({exposed[p][key] * 1e3:4.1f})" for p in ("fp16", "fp32")))
+    lines.append("(measured here: median of 5 steps; no NVLink here, one row per program; the DDP rows are the "
+                 "same run)")
+    for peak in ratio:   # the guide's order is DDP(Y) < DP(Y) < DDP(N); what the model says at each peak
+        lines.append(f"{peak} order: " + " < ".join(f"{a}({b})" for a, b in sorted(ratio[peak], key=ratio[peak].get)))
+    return Report("\n".join(lines), _check_guide, ratio=ratio, exposed=exposed)
