@@ -101,8 +101,10 @@ class DiLoCo:
 @dataclass
 class DiLoCoRun(RunResult):
     """A :class:`RunResult` (losses: the mean over replicas of their inner losses; params: θ) plus the bytes
-    this rank sent after each inner step, modelled by :mod:`minipar.comm` (0 on steps without a sync)."""
+    this rank sent after each inner step, modelled by :mod:`minipar.comm` (0 on steps without a sync) and as
+    its sockets carried them (``wire_bytes``, None where unknown)."""
     bytes_sent: list = field(default_factory=list)
+    wire_bytes: list = field(default_factory=list)
 
 
 def validate(recipe, *, world_size: int, H: int, fragments: int = 1, outer_lr: float = 0.7,
@@ -129,7 +131,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, H: int, outer_lr: floa
     model = recipe.model().to(recipe.dtype)
     inner = recipe.optimizer(model.parameters())
     diloco = DiLoCo(model, H, outer_lr, outer_momentum, fragments, group)
-    local_losses, bytes_sent = [], []
+    local_losses, bytes_sent, wire_bytes = [], [], []
     for batch in recipe.batches:
         x, y = shard_batch(batch, rank, world_size)
         inner.zero_grad(set_to_none=True)
@@ -139,11 +141,12 @@ def parallel_train(rank: int, world_size: int, recipe, *, H: int, outer_lr: floa
         with comm.recording() as log:
             diloco.after_inner_step()
         bytes_sent.append(log.bytes_sent)
+        wire_bytes.append(log.observed_bytes_sent)
         local_losses.append(loss.item())
     # the losses for the table, averaged once at the end (not a per-step all-reduce DiLoCo would not make)
     losses = torch.tensor(local_losses, dtype=torch.float64)
     comm.all_reduce(losses, group=group)
-    return DiLoCoRun((losses / world_size).tolist(), diloco.outer_parameters(model), bytes_sent)
+    return DiLoCoRun((losses / world_size).tolist(), diloco.outer_parameters(model), bytes_sent, wire_bytes)
 
 
 def run(recipe, world_size: int, H: int, *, quiet: bool = True, **config) -> list:

@@ -97,10 +97,11 @@ CROSS_NODE_FORMULAS = {
 
 @dataclass
 class HSDPRun(RunResult):
-    """A rank's :class:`RunResult` plus, per step, the bytes it sent across nodes and in all, and the bytes of
-    model parameters it holds between steps (its shard under FSDP/HSDP)."""
+    """A rank's :class:`RunResult` plus, per step, the bytes it sent across nodes, in all and on the wire, and
+    the bytes of model parameters it holds between steps (its shard under FSDP/HSDP)."""
     cross_node: list = field(default_factory=list)
     sent: list = field(default_factory=list)
+    observed: list = field(default_factory=list)      # what the sockets carried (minipar.observe.wire), or None
     param_bytes: int = 0
 
 
@@ -151,6 +152,7 @@ def parallel_train(rank, world_size, recipe, *, per_node: int, mode: str) -> HSD
                 optimizer.step()
         out.cross_node.append(cross_node_bytes(log.records, rank, per_node))
         out.sent.append(sum(r.sent_bytes for r in log.records if r.op == "send"))
+        out.observed.append(log.observed_bytes_sent)
         out.losses.append(mean_over_ranks(loss.detach()))
     out.params = zero.full_parameters() if zero is not None else {n: p.detach().clone() for n, p in model.named_parameters()}
     held = [u.master for u in zero.units] if zero is not None else list(model.parameters())

@@ -39,7 +39,7 @@ def _mode_on_rank(rank, world_size, recipe, stage, once_per_step=False, hybrid=F
     model = recipe.model().to(recipe.dtype)
     zero = ZeRO(model, recipe.optimizer, stage, node, block_units(model), once_per_step=once_per_step,
                 replicate_group=cross, async_reduce=async_reduce)
-    losses, sent, calls, peak = [], [], [], 0
+    losses, sent, observed, calls, peak = [], [], [], [], 0
     for batch in recipe.batches:
         x, y = shard_batch(batch, rank, world_size)
 
@@ -54,11 +54,13 @@ def _mode_on_rank(rank, world_size, recipe, stage, once_per_step=False, hybrid=F
         with comm.recording() as log:
             loss, p = measure_peak(zero, step)
         sent.append(log.bytes_sent)
+        observed.append(log.observed_bytes_sent)
         calls.append(sum(r.op in ("all_gather", "reduce_scatter", "all_reduce") for r in log.records))
         peak = max(peak, p)
         losses.append(mean_over_ranks(loss))
     states = sum(model_state_bytes(zero).values())
-    return RunResult(losses, zero.full_parameters()), statistics.mean(sent), statistics.mean(calls), states, peak
+    wire = None if None in observed else statistics.mean(observed)
+    return RunResult(losses, zero.full_parameters()), statistics.mean(sent), statistics.mean(calls), states, peak, wire
 
 
 def _all_on_rank(rank, world_size, recipe, names):
@@ -66,8 +68,8 @@ def _all_on_rank(rank, world_size, recipe, names):
 
 
 def run_modes(world_size: int = 4, names=tuple(MODES)) -> dict:
-    """{mode: {"matches", "max_abs_diff", "bytes", "calls", "between", "peak"}} (rank 0's bytes and calls; the
-    largest states and peak over the ranks), every mode in one launch."""
+    """{mode: {"matches", "max_abs_diff", "bytes", "calls", "between", "peak", "observed"}} (rank 0's bytes and
+    calls, the wire's mean over ranks; the largest states and peak over the ranks), every mode in one launch."""
     recipe = _recipe()
     reference = train_reference(recipe)
     per_rank = launch(_all_on_rank, world_size, recipe, names, quiet=True)
@@ -76,7 +78,8 @@ def run_modes(world_size: int = 4, names=tuple(MODES)) -> dict:
         rows = [r[name] for r in per_rank]
         c = compare(reference, [r[0] for r in rows])
         out[name] = {"matches": c.matches, "max_abs_diff": c.max_abs_diff, "bytes": rows[0][1], "calls": rows[0][2],
-                     "between": max(r[3] for r in rows), "peak": max(r[4] for r in rows)}
+                     "between": max(r[3] for r in rows), "peak": max(r[4] for r in rows),
+                     "observed": None if any(r[5] is None for r in rows) else statistics.mean(r[5] for r in rows)}
     return out
 
 

@@ -145,8 +145,10 @@ def _hsdp() -> TourRow:
             f"(n·3(N−1)/N·S = {want['fsdp']:,.0f}), ×{cross['fsdp'] / cross['hsdp']:.2f} less; parameters held "
             f"per rank {runs['hsdp'][0].param_bytes:,} B (Ψ/2) vs {runs['fsdp'][0].param_bytes:,} B (Ψ/4); bytes "
             f"counted from each send's destination on minipar's rings")
+    seen = [b for r in runs["hsdp"] for b in r.observed]
+    observed = None if None in seen else statistics.mean(seen)
     return TourRow("HSDP (shard in node, replicate across)", WORLD_SIZE, c.matches and compare(reference, runs["fsdp"]).matches,
-                   c.max_abs_diff, sent, formula, None, note)
+                   c.max_abs_diff, sent, formula, None, note, bytes_observed_per_rank=observed)
 
 
 def _async_reduce() -> TourRow:
@@ -162,9 +164,12 @@ def _async_reduce() -> TourRow:
         padded += -(-sum(p.numel() for p in mine) // WORLD_SIZE) * WORLD_SIZE
     note = ("each unit's reduce-scatter posted when its backward ends and taken before the optimizer step, so it "
             "can run under the next unit's backward (what it buys is time, not bytes or memory); compared with one "
-            f"device; model states between steps {m['between']:,} B, peak {m['peak']:,} B per rank")
+            f"device; model states between steps {m['between']:,} B, peak {m['peak']:,} B per rank; on gloo's "
+            f"collectives (minipar's rings block, which would undo the posting): gloo's reduce-scatter all-reduces the "
+            f"whole buffer, so the wire carries (2 all-gathers + an all-reduce's 2)/3 = 1.33x the formula")
     return TourRow("ZeRO-3 async reduce-scatter", WORLD_SIZE, m["matches"], m["max_abs_diff"], m["bytes"],
-                   zero_memory.bytes_sent_per_step(padded, WORLD_SIZE, 3, "fp32"), m["peak"], note)
+                   zero_memory.bytes_sent_per_step(padded, WORLD_SIZE, 3, "fp32"), m["peak"], note,
+                   bytes_observed_per_rank=m["observed"], calls_per_rank=m["calls"])
 
 
 STRATEGIES = [

@@ -161,7 +161,7 @@ def _layer_bytes_collective_matmul(rank, world_size):
     from minipar.tensor.collective_matmul import use_collective_matmul
     from minipar.tensor.measure import measure_layer
     res = measure_layer(rank, world_size, GPTConfig(n_embd=H, n_head=A), B, S, True, prepare=use_collective_matmul)
-    return res["bytes_sent"]
+    return res["bytes_sent"], res["bytes_observed"], res["calls"]
 
 
 def _collective_matmul() -> TourRow:
@@ -172,7 +172,10 @@ def _collective_matmul() -> TourRow:
     recipe = _recipe()
     runs = launch(_train_collective_matmul, WORLD_SIZE, recipe, quiet=True)
     c = compare(train_reference(smoothed_recipe(recipe, 0.1)), runs, dtype=recipe.dtype)
-    sent = launch(_layer_bytes_collective_matmul, WORLD_SIZE, quiet=True)
+    per_rank = launch(_layer_bytes_collective_matmul, WORLD_SIZE, quiet=True)
+    sent = [s for s, _, _ in per_rank]
+    seen = [o for _, o, _ in per_rank]
+    observed = None if None in seen else sum(seen) / len(seen)
     formula = sp_bytes_per_layer(S, B, H, WORLD_SIZE, regather=True)
     note = ("every sequence-parallel linear a collective matmul: p ring steps, each shard's send posted before "
             "the step's GEMM and waited after it (forward), the X re-gather under the dX GEMM and dX's "
@@ -180,7 +183,8 @@ def _collective_matmul() -> TourRow:
             "(48 + 12 KiB), all as point-to-point sends")
     return TourRow(strategy=f"tensor parallel + SP, collective matmul (async TP), tp={WORLD_SIZE}", world_size=WORLD_SIZE,
                    matches=c.matches, max_abs_diff=c.max_abs_diff, bytes_sent_per_rank=sum(sent) / len(sent),
-                   bytes_formula=formula, peak_bytes_per_rank=None, note=note)
+                   bytes_formula=formula, peak_bytes_per_rank=None, note=note, bytes_observed_per_rank=observed,
+                   calls_per_rank=sum(c for _, _, c in per_rank) / len(per_rank))
 
 
 STRATEGIES = [("tensor parallel", functools.partial(_run, False)),

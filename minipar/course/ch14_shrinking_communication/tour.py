@@ -53,11 +53,13 @@ def _diloco() -> TourRow:
     psi_bytes = _param_bytes(recipe) * 2                                      # float64
     formula = 2 * (WORLD_SIZE - 1) / WORLD_SIZE * psi_bytes / 2
     sent = sum(sum(r.bytes_sent) / len(r.bytes_sent) for r in runs) / len(runs)
+    wires = [w for r in runs for w in r.wire_bytes]
+    observed = None if None in wires else sum(wires) / len(wires)
     note = ("H = 2 inner AdamW steps per replica, then the mean pseudo-gradient θ − θ_replica and an outer Nesterov "
             "step (lr 0.7, momentum 0.9); compared with its own rule in one process, not with synchronous "
             "training; bytes per step = one all-reduce of the parameters every H steps")
     return TourRow("DiLoCo H=2", WORLD_SIZE, c.matches, c.max_abs_diff, sent, formula, None, note,
-                   kind="update rule")
+                   bytes_observed_per_rank=observed, kind="update rule", calls_per_rank=0.5)
 
 
 STRATEGIES = [("PowerSGD r=2", _powersgd), ("DiLoCo H=2", _diloco)]
