@@ -58,8 +58,8 @@ from .operators import MEGATRON_2022, optimizer_step, stage_seconds
 from .overlap import OVERLAPS, data_parallel_exposed
 from .traffic import traffic
 
-__all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "dgx_a100", "stage_parameters",
-           "collective_seconds"]
+__all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "held_per_rank", "dgx_a100",
+           "stage_parameters", "collective_seconds"]
 
 
 def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None) -> None:
@@ -106,15 +106,22 @@ def in_flight(schedule: str, p: int, m: int, v: int = 1, rank: int | None = None
     deferred W keeps every rank's activations until then: Qi et al. 2023, same peak p on every stage)."""
     if p == 1:
         return 1.0
-    ranks = make_schedule(schedule, p, m, v).actions
-    most = 0
-    for actions in (ranks if rank is None else [ranks[rank]]):
+    peaks = held_per_rank(schedule, p, m, v)
+    return (max(peaks) if rank is None else peaks[rank]) / v
+
+
+@functools.lru_cache(maxsize=1024)
+def held_per_rank(schedule: str, p: int, m: int, v: int) -> tuple:
+    """Each rank's most chunks held at once (:func:`in_flight` in chunks, for every rank), counted by one walk
+    of the schedule: the planner asks for the max and for the last rank of thousands of layouts."""
+    peaks = []
+    for actions in make_schedule(schedule, p, m, v).actions:
         held = peak = 0
         for a in actions:
             held += 1 if a.kind == "F" else -1 if a.kind in ("BW", "W") else 0
             peak = max(peak, held)
-        most = max(most, peak)
-    return most / v
+        peaks.append(peak)
+    return tuple(peaks)
 
 
 def stage_parameters(model: Transformer, layout: Layout) -> dict:

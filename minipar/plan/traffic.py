@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
 from minipar.hybrid.experts import expert_groups
-from minipar.mesh import Mesh
+from minipar.mesh import Mesh, crosses_nodes
 from minipar.moe.expert_parallel import predicted_all_to_all_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
@@ -48,11 +48,20 @@ def _groups(sizes: tuple, ep: int, dim: str) -> tuple:
     return tuple(tuple(g) for g in mesh.groups(dim))
 
 
+@functools.lru_cache(maxsize=4096)
+def _deciding_group(sizes: tuple, ep: int, dim: str, devices_per_node) -> tuple:
+    """One ``dim`` group that decides the link: the first that spans nodes, else the first (all stay in a
+    node). The planner asks this for thousands of layouts that share a few meshes: walking every group of
+    a 1024-rank mesh each time was most of its run time."""
+    groups = _groups(sizes, ep, dim)
+    return next((g for g in groups if crosses_nodes(g, devices_per_node)), groups[0] if groups else ())
+
+
 def dim_link(layout, dim: str, cluster) -> tuple:
     """(bandwidth, latency) of the slowest link a ``dim`` group of ``layout`` runs over
     (:func:`minipar.observe.cluster.link`), its ranks placed by the layout's dense mesh (``layout.sizes``: ep
     is folded into dp × cp and adds no ranks, so it stretches no other dimension's group)."""
-    return link(cluster, *_groups(tuple(layout.sizes.items()), layout.ep, dim))
+    return link(cluster, _deciding_group(tuple(layout.sizes.items()), layout.ep, dim, cluster.devices_per_node))
 
 
 def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) -> tuple:
