@@ -12,14 +12,20 @@
   :func:`minipar.observe.wirecut.cut_wire`); and on the first calibration (one thread alone × the share of cores a
   rank gets) to show what that missed.
 
+* :func:`measure_chapter` / ``python -m minipar bench steps``: every run the chapter's sections 8–10 show, made
+  now and written with when and where to :data:`.recorded.RECORD`, which the chapter reads back.
+
     python -m minipar bench calibrate [--json] [--steps N]
+    python -m minipar bench steps [--out FILE] [--runs N] [--steps N]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import re
+import time
 
 from minipar import comm
 from minipar.course.tour import strategies
@@ -35,9 +41,12 @@ from .calibration import ALLREDUCE_SIZES, STEP_MODEL, STEP_RANKS, _contended, al
     calibrated_cluster, planner_options, step_layouts, step_recipe, train
 from .gpu_bench import main as gpu_main
 from .published_bench import main as published_main
-from .replay_bench import main as replay_main
+from .recorded import RECORD, as_record, provenance, provenance_text, write
+from .replay_bench import fidelity_table, main as replay_main
+from .time_model import traced_on_a100
 
-__all__ = ["TOUR_LAYOUTS", "compare_with_tour", "calibrate", "step_times", "main", "BENCHMARKS"]
+__all__ = ["TOUR_LAYOUTS", "compare_with_tour", "calibrate", "step_times", "main", "steps_main",
+           "measure_chapter", "BENCHMARKS"]
 
 F64 = Precision(8, 8, 16)          # float64 Adam: parameter, gradient, two moments
 _GPT = Transformer.from_config(GPTConfig(), 16)
@@ -233,4 +242,40 @@ def main(argv=None) -> int:
     return 0
 
 
-BENCHMARKS = {"calibrate": main, "replay": replay_main, "published": published_main, "gpu": gpu_main}
+def steps_main(argv=None) -> int:
+    """``python -m minipar bench steps [--out FILE] [--runs 5] [--steps 3]``: every run chapter 12's sections
+    8–10 show, made now and written to one JSON file with when and where (:mod:`.recorded`; the chapter reads
+    :data:`.recorded.RECORD`). A few minutes on two cores."""
+    parser = argparse.ArgumentParser(prog="python -m minipar bench steps")
+    parser.add_argument("--out", default=str(RECORD), help=f"where to write (default {RECORD})")
+    parser.add_argument("--runs", type=int, default=5, help="rounds of all eight strategies (default 5)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per strategy and run (default 3)")
+    args = parser.parse_args(argv)
+    if args.steps < 2 or args.runs < 1:            # a step is the gap between two optimizer steps
+        parser.error(f"--steps must be at least 2 and --runs at least 1, got {args.steps} and {args.runs}")
+    record = measure_chapter(args.runs, args.steps, " ".join(["python -m minipar bench steps", *(argv or [])]))
+    print(f"wrote {write(record, args.out)}: {provenance_text(record)}")
+    return 0
+
+
+def measure_chapter(runs: int = 5, steps: int = 3, command: str = "measure_chapter()") -> dict:
+    """Every run chapter 12's sections 8–10 show, made now (:func:`.recorded.as_record`): the two
+    tensor-parallel tour rows, the calibration, ``runs`` rounds of the eight strategies measured and replayed,
+    their step times predicted (compute counted and with the wire cut), DDP replayed on the A100 card."""
+    started, load_before, load = time.time(), os.getloadavg(), {}    # load: the 1-min average as each part began
+    load["tour rows"] = os.getloadavg()[0]
+    tour = compare_with_tour(["tensor parallel", "tensor parallel + sequence parallel"])
+    load["calibration"] = os.getloadavg()[0]
+    cal = calibrate()
+    load["measured and traced"] = os.getloadavg()[0]
+    fid = fidelity_table(cal, runs=runs, steps=steps)
+    load["wire cut"] = os.getloadavg()[0]
+    rows = step_times(cal, steps=steps, repeats=2, measured=fid)
+    load["operators counted"] = os.getloadavg()[0]
+    a100 = traced_on_a100("DDP", steps=steps)
+    meta = provenance(command, started, load_before)
+    return as_record(tour, cal, fid, rows, a100, {**meta, "load_by_part": {k: round(v, 1) for k, v in load.items()}})
+
+
+BENCHMARKS = {"calibrate": main, "replay": replay_main, "published": published_main, "gpu": gpu_main,
+              "steps": steps_main}

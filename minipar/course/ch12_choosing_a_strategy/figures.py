@@ -7,9 +7,11 @@ from __future__ import annotations
 from minipar.course.plotting import save_figure
 from dataclasses import replace
 
+from minipar.observe.cluster import a100_cluster, h100_cluster
 from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, dgx_a100, estimate
 
-__all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "calculate", "draw_calculator",
+__all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "CALCULATOR_CLUSTERS", "calculate",
+           "estimate_table", "draw_calculator",
            "calculator_controls", "sweep_sequence", "draw_sequence_sweep",
            "draw_predicted_vs_measured", "draw_step_times", "MEMORY_COLOURS", "FIGURES"]
 
@@ -96,36 +98,57 @@ CALCULATOR_MODELS = {
 }
 
 
+# nodes of 8 GPUs: the simple model (a flat 0.6 of peak, assumed) and the device cards (operators priced on
+# the card: the A100's matmul efficiency fitted on published runs, the H100's measured on one H100)
+CALCULATOR_CLUSTERS = {"DGX A100, 0.6 of peak (assumed)": dgx_a100, "A100 card (device model)": a100_cluster,
+                       "H100 card (device model)": h100_cluster}
+
+
 def calculate(model="GPT-3 175B", seq_len=2048, dp=8, zero=1, tp=8, sp=True, pp=16, schedule="1f1b", v=1,
               cp=1, cp_method="ring", ep=1, micro_batch=1, micro_batches=192, recompute="selective",
-              overlap=False):
-    """The estimate of one layout of a :data:`CALCULATOR_MODELS` model at ``seq_len`` on as many DGX A100
-    nodes (8 GPUs each) as the layout needs (world = dp·pp·cp·tp; ep borrows from dp·cp). ``v`` counts only
-    for the interleaved schedule. Raises ValueError, with the reason, for a layout that cannot run."""
+              overlap=False, cluster="DGX A100, 0.6 of peak (assumed)"):
+    """The estimate of one layout of a :data:`CALCULATOR_MODELS` model at ``seq_len`` on as many nodes of 8
+    GPUs of a :data:`CALCULATOR_CLUSTERS` kind as the layout needs (world = dp·pp·cp·tp; ep borrows from
+    dp·cp). ``v`` counts only for the interleaved schedule. Raises ValueError, with the reason, for a layout
+    that cannot run."""
     layout = Layout(dp=dp, tp=tp, pp=pp, v=v if schedule == "interleaved" else 1, cp=cp, cp_method=cp_method,
                     ep=ep, zero=zero, sp=sp, recompute=recompute, micro_batch=micro_batch,
                     micro_batches=micro_batches, schedule=schedule)
-    return estimate(replace(CALCULATOR_MODELS[model], seq_len=seq_len), dgx_a100(-(-layout.devices // 8)), layout,
-                    overlap=overlap)
+    return estimate(replace(CALCULATOR_MODELS[model], seq_len=seq_len),
+                    CALCULATOR_CLUSTERS[cluster](-(-layout.devices // 8)), layout, overlap=overlap)
+
+
+def estimate_table(e) -> str:
+    """An estimate as a small table: memory per device (GB) and step time (s) term by term, MFU, fits."""
+    mem = [(k, f"{v / 1e9:.1f}") for k, v in e.memory.items() if k != "total"]
+    tim = [(k, f"{v:.3g}") for k, v in e.time.items() if k != "total" and v]
+    rows = [f"{'memory (GB/device)':<20}{'':>8}   {'step time (s)':<14}"]
+    for i in range(max(len(mem), len(tim))):
+        m, t = mem[i] if i < len(mem) else ("", ""), tim[i] if i < len(tim) else ("", "")
+        rows.append(f"  {m[0]:<18}{m[1]:>8}     {t[0]:<12}{t[1]:>8}")
+    rows.append(f"  {'total':<18}{e.memory['total'] / 1e9:>8.1f}     {'total':<12}{e.step_seconds:>8.3g}")
+    fits = "fits" if e.fits else "DOES NOT FIT"
+    rows.append(f"MFU {e.mfu:.1%}; {fits} in {e.memory_limit / 1e9:.0f} GB; layout {e.layout}")
+    return "\n".join(rows)
 
 
 def draw_calculator(**knobs):
-    """:func:`calculate` drawn: the busiest device's memory bar against 80 GB, and the estimate's text (or
-    why the layout cannot run). Returns the estimate (None when invalid)."""
+    """:func:`calculate` drawn: the busiest device's memory bar against the card's memory, and the estimate
+    as a small table (:func:`estimate_table`), or why the layout cannot run. Returns nothing (a widget would
+    show the value)."""
     import matplotlib.pyplot as plt
     try:
         e = calculate(**knobs)
     except ValueError as exc:
         print("not a valid layout:", exc)
-        return None
+        return
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    draw_memory_bars({"busiest device": e}, 80e9, ax)
+    draw_memory_bars({"busiest device": e}, e.memory_limit, ax)
     nodes = -(-e.layout.devices // 8)
     ax.set_title(f"{knobs.get('model', 'GPT-3 175B')}, {e.layout.devices} GPUs on {nodes} nodes, "
                  f"global batch {e.layout.global_batch}", fontsize=9)
     plt.show()
-    print(e)
-    return e
+    print(estimate_table(e))
 
 
 def calculator_controls() -> dict:
@@ -144,7 +167,8 @@ def calculator_controls() -> dict:
                     micro_batch=widgets.IntSlider(1, 1, 16), micro_batches=widgets.IntSlider(192, 1, 1024),
                     recompute=["selective", "none", "full"],
                     overlap=widgets.Dropdown(options=[("no overlap", False), ("as minipar", "minipar"),
-                                                      ("as DDP / DeepSpeed", True)], value=False))
+                                                      ("as DDP / DeepSpeed", True)], value=False),
+                    cluster=widgets.Dropdown(options=list(CALCULATOR_CLUSTERS)))
     follow_from = {"v": ("schedule", lambda x: x == "interleaved"), "cp_method": ("cp", lambda x: x > 1),
                    "ep": ("model", lambda x: isinstance(CALCULATOR_MODELS[x], MoETransformer))}
     for target, (source, enabled) in follow_from.items():
@@ -275,13 +299,11 @@ def _measured(path):
 
 
 def _step_times(path):
+    """The recorded step times (:data:`.recorded.RECORD`, made by ``python -m minipar bench steps``)."""
     import matplotlib.pyplot as plt
-    from .bench import step_times
-    from .calibration import calibrate
-    from .replay_bench import fidelity_table
-    cal = calibrate()
+    from .recorded import load
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
-    draw_step_times(step_times(cal, steps=3, measured=fidelity_table(cal, runs=5, steps=3)), ax)
+    draw_step_times(load()["step_rows"], ax, title="a step (the slowest rank's): measured / predicted, recorded")
     _save(fig, path)
 
 
