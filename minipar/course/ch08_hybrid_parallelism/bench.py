@@ -106,4 +106,15 @@ def main(argv=None) -> int:
     return 0
 
 
-BENCHMARKS = {"torch3d": main}
+def _record_torch_side(argv=None) -> int:
+    from .recorded import main as record_main
+    return record_main(argv)
+
+
+def _record_five_d(argv=None) -> int:
+    from .five_d import record_main
+    return record_main(argv)
+
+
+# torch-side: §6's recorded runs (recorded.py); five-d: §9's (five_d.record_chapter)
+BENCHMARKS = {"torch3d": main, "torch-side": _record_torch_side, "five-d": _record_five_d}

@@ -56,9 +56,15 @@ def draw_step(ax, runs, step: int | None = None):
     step = typical_step(runs) if step is None else step
     rows = step_rows(runs, step)
     labels = [f"rank {r} (dp{c['dp']} pp{c['pp']} tp{c['tp']})" for r, c in enumerate(x.coords for x in runs)]
-    draw_gantt(ax, rows, len(runs), f"one step at 2×2×2, 1F1B, m = 4 (measured, step {step})")
+    draw_gantt(ax, rows, len(runs), f"one step at 2×2×2, 1F1B, m = 4 (measured, step {step + 1} of {len({row[0] for row in runs[0].timeline})}); "
+               f"the number in a bar: its micro-batch")
     ax.set_yticks(range(len(runs)), labels, fontsize=7)
-    ax.set_xlabel("seconds", fontsize=8)
+    ax.set_xlabel("seconds since the step's first action", fontsize=8)
+    from matplotlib.patches import Patch
+    from minipar.pipeline.gantt import KIND_COLOURS
+    ax.legend(handles=[Patch(color=KIND_COLOURS["F"], label="F: forward of a micro-batch"),
+                       Patch(color=KIND_COLOURS["BW"], label="BW: its backward (input and weights)")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=7, frameon=False)
 
 
 def draw_memory(ax, measured: dict):
@@ -127,64 +133,86 @@ COLOURS_5D = {"tp": "tab:red", "cp": "tab:orange", "pp": "tab:blue", "dp": "tab:
 
 def _position_5d(rank: int, mesh) -> tuple:
     c = mesh.coords(rank)                       # a node per dp coordinate; pp down; cp blocks of tp pairs across
-    return 5.6 * c["dp"] + 2.4 * c["cp"] + 1.0 * c["tp"], -1.4 * c["pp"]
+    return 5.0 * c["dp"] + 2.0 * c["cp"] + 0.9 * c["tp"], -1.5 * c["pp"]
 
 
-def _link(ax, a, b, mesh, colour, bend=0.0, style="-", lw=2.2, alpha=1.0):
-    (x0, y0), (x1, y1) = _position_5d(a, mesh), _position_5d(b, mesh)
-    ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-", color=colour, lw=lw, linestyle=style,
-                                                          alpha=alpha, connectionstyle=f"arc3,rad={bend}"))
+def _box(ax, ranks, mesh, colour, pad=0.38, style="-", lw=1.8, fill=None):
+    from matplotlib.patches import FancyBboxPatch
+    xs, ys = zip(*(_position_5d(r, mesh) for r in ranks))
+    ax.add_patch(FancyBboxPatch((min(xs) - pad, min(ys) - pad), max(xs) - min(xs) + 2 * pad, max(ys) - min(ys) + 2 * pad,
+                                boxstyle="round,pad=0.02", fill=fill is not None, facecolor=fill or "none",
+                                edgecolor=colour, linestyle=style, lw=lw, zorder=1))
 
 
 def draw_mesh_5d(ax, dp: int = 2, pp: int = 2, cp: int = 2, tp: int = 2, ep: int | None = None,
-                 devices_per_node: int = 8):
-    """The ranks of ``Mesh(dp·pp·cp·tp, dp=, pp=, cp=, tp=)`` on nodes of ``devices_per_node``; ``ep=None``:
-    the dense groups (tp, cp, pp, dp links); ``ep`` given: the expert groups of
-    :func:`five_d.reduction_groups` (ep: thick shaded links, expert-DP: dashed arcs) over faint dense ones."""
-    from matplotlib.patches import FancyBboxPatch
+                 devices_per_node: int = 8, example: int = 0):
+    """The ranks of ``Mesh(dp·pp·cp·tp, dp=, pp=, cp=, tp=)``, a grey box per node of ``devices_per_node``, a row
+    per pipeline stage. ``ep=None``: every tp group boxed (red), cp partners joined (orange), stages joined (blue),
+    and one example of the group that crosses the nodes: rank ``example``'s dp × cp group (green). ``ep`` given:
+    the ep groups of :func:`five_d.reduction_groups` boxed (purple) and rank ``example``'s expert-DP group
+    (dashed purple). Only the example's cross-node links are drawn: every other group is its translate."""
     from minipar.mesh import Mesh
     from .five_d import reduction_groups
     world = dp * pp * cp * tp
     mesh = Mesh(world, dp=dp, pp=pp, cp=cp, tp=tp, devices_per_node=devices_per_node)
-    fade = 0.25 if ep else 1.0
-    for dim, bend in (("dp", 0.25), ("pp", 0.0), ("cp", -0.3), ("tp", 0.0)):
-        for ranks in mesh.groups(dim):
-            for a, b in zip(ranks, ranks[1:]):
-                _link(ax, a, b, mesh, COLOURS_5D[dim], bend, alpha=fade)
+    for node in range(-(-world // devices_per_node)):
+        _box(ax, [r for r in range(world) if mesh.node_of(r) == node], mesh, "grey", pad=0.6, style="--", lw=1)
+        x0 = min(_position_5d(r, mesh)[0] for r in range(world) if mesh.node_of(r) == node)
+        ax.text(x0 - 0.6, 0.75, f"node {node}", fontsize=8, color="grey")
+    for stage in range(pp):
+        ax.text(-1.1, -1.5 * stage, f"stage {stage}", fontsize=7, color="tab:blue", ha="right", va="center")
+
+    def join(a, b, colour, bend=0.0, style="-", lw=1.8):
+        (x0, y0), (x1, y1) = _position_5d(a, mesh), _position_5d(b, mesh)
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(arrowstyle="-", color=colour, lw=lw, linestyle=style,
+                                                              connectionstyle=f"arc3,rad={bend}"), zorder=2)
     if ep:
         groups = reduction_groups(world, dp=dp, pp=pp, cp=cp, tp=tp, ep=ep)
         for ranks in groups["ep"]:
-            for a, b in zip(ranks, ranks[1:]):
-                _link(ax, a, b, mesh, COLOURS_5D["ep"], 0.45, lw=6, alpha=0.45)
-        for ranks in groups["expert_dp"]:
-            for a, b in zip(ranks, ranks[1:]):
-                _link(ax, a, b, mesh, COLOURS_5D["expert_dp"], -0.35, style="--", lw=1.6)
+            _box(ax, ranks, mesh, COLOURS_5D["ep"])
+        chosen = next(g for g in groups["expert_dp"] if example in g)
+        for a, b in zip(chosen, chosen[1:]):
+            join(a, b, COLOURS_5D["expert_dp"], -0.25, "--", 2.0)
+        handles = [("ep group (boxed): all-to-all of tokens", COLOURS_5D["ep"], "-"),
+                   (f"rank {example}'s expert-DP group (shaded): its experts' gradients", COLOURS_5D["expert_dp"], "--")]
+        shade = "#d9c2ea"
+        what = f"experts: ep {ep} folded over each stage's dp × cp × tp ranks; expert-DP {dp * cp * tp // ep}"
+    else:
+        for ranks in mesh.groups("tp"):
+            _box(ax, ranks, mesh, COLOURS_5D["tp"])
+        for dim in ("cp", "pp"):
+            for ranks in mesh.groups(dim):
+                if all(mesh.coords(r)["tp"] == 0 for r in ranks):      # one line per pair of tp boxes
+                    for a, b in zip(ranks, ranks[1:]):
+                        join(a, b, COLOURS_5D[dim], -0.45 if dim == "cp" else 0.0)
+        chosen = mesh.group_ranks(("dp", "cp"), example)
+        for a in chosen:                                   # its dp links: the ones that cross the nodes
+            b = next((b for b in chosen if mesh.node_of(b) != mesh.node_of(a) and b > a
+                      and mesh.coords(b)["cp"] == mesh.coords(a)["cp"]), None)
+            if b is not None:
+                join(a, b, COLOURS_5D["dp"], -0.25, "-", 2.2)
+        handles = [("tp group (boxed)", COLOURS_5D["tp"], "-"), ("cp partners", COLOURS_5D["cp"], "-"),
+                   ("pp: next stage", COLOURS_5D["pp"], "-"),
+                   (f"rank {example}'s dp × cp group (shaded): gradients", COLOURS_5D["dp"], "-")]
+        shade = "#d8f0d8"
+        what = f"dense: dp {dp} × pp {pp} × cp {cp} × tp {tp}, a node per dp replica"
     for rank in range(world):
         x, y = _position_5d(rank, mesh)
-        ax.scatter([x], [y], s=330, color="white", edgecolor="black", zorder=3)
-        ax.text(x, y, str(rank), ha="center", va="center", fontsize=8, zorder=4)
-    for node in range(-(-world // devices_per_node)):
-        xs, ys = zip(*(_position_5d(r, mesh) for r in range(world) if mesh.node_of(r) == node))
-        ax.add_patch(FancyBboxPatch((min(xs) - 0.5, min(ys) - 0.5), max(xs) - min(xs) + 1.0, max(ys) - min(ys) + 1.0,
-                                    boxstyle="round,pad=0.1", fill=False, linestyle="--", edgecolor="grey"))
-        ax.text(min(xs) - 0.5, max(ys) + 0.75, f"node {node} ({devices_per_node} devices)", fontsize=7, color="grey")
-    shown = ("ep", "expert_dp") if ep else ("dp", "pp", "cp", "tp")
-    for dim in shown:
-        ax.plot([], [], color=COLOURS_5D[dim], lw=2.2, linestyle="--" if dim == "expert_dp" else "-",
-                label=f"{dim.replace('_', '-')} group")
-    ax.legend(loc="lower center", ncol=4, fontsize=7, bbox_to_anchor=(0.5, -0.22), frameon=False)
-    what = (f"experts folded over dp × cp × tp: ep {ep} (chunks of each stage's ranks, tp fastest), "
-            f"expert-DP {dp * cp * tp // ep}"
-            if ep else f"dense: dp {dp} × pp {pp} × cp {cp} × tp {tp} (tp innermost, dp outermost)")
+        ax.scatter([x], [y], s=260, color=shade if rank in chosen else "white", edgecolor="black", zorder=3)
+        ax.text(x, y, str(rank), ha="center", va="center", fontsize=7, zorder=4)
+    for label, colour, style in handles:
+        ax.plot([], [], color=colour, lw=2.2, linestyle=style, label=label)
+    ax.legend(loc="upper center", ncol=2, fontsize=7, bbox_to_anchor=(0.5, 0.0), frameon=False)
     ax.set_title(what, fontsize=8)
     ax.set_axis_off()
     ax.set_aspect("equal")
-    ax.set_ylim(-1.4 * (pp - 1) - 1.2, 1.2)
+    ax.set_xlim(-2.6, 5.0 * (dp - 1) + 2.0 * (cp - 1) + 0.9 * (tp - 1) + 0.8)
+    ax.set_ylim(-1.5 * (pp - 1) - 0.9, 1.1)
 
 
 def _mesh_5d_figure(path):
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
     draw_mesh_5d(axes[0])
     draw_mesh_5d(axes[1], ep=2)
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -18,7 +18,7 @@ from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
 from minipar.tensor.sequence import activation_bytes_formula
 
-__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step",
+__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
            "layout_memory_formula"]
 
 BATCH, SEQ = 16, 8
@@ -213,3 +213,57 @@ def zero_once_per_step(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps:
                   "calls": runs[0].calls_by_kind["dp"], "bytes": runs[0].bytes_by_kind["dp"],
                   "between": runs[0].model_state_bytes, "peak": runs[0].peak_bytes}
     return out
+
+
+def _per_microbatch(t, recipe, zero: int) -> dict:
+    """ZeRO-2/3 run naively inside ``t``'s pipeline (:class:`_ShardedGradsInPipeline` swapped in): one step's
+    forward and backward; {"bytes", "calls", "by_op"} of its reduce-scatters and all-gathers over dp."""
+    from minipar.loop import shard_batch
+    old = t.pipeline
+    t.pipeline = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
+                                         zero=zero, loss_fn=old.loss_fn)
+    x, y = shard_batch(recipe.batches[0], t.mesh.coord("dp"), t.mesh.size("dp"))
+    with comm.recording() as all_:
+        t.pipeline.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
+    t.pipeline = old
+    log = comm.CommLog()
+    log.records = [r for r in all_.records if r.op in ("reduce_scatter", "all_gather")]
+    return {"bytes": log.bytes_sent, "calls": log.count(), "by_op": log.by_op()}
+
+
+def _zero_both_ranks(rank, world_size, recipe, layout):
+    """One launch for §5: ZeRO-1/2/3 once per step over the recipe's steps (peak measured on rank 0, the rank
+    the chapter reports; ZeRO-1's calls over dp also kept per op, its first step being what it pays per
+    step), then ZeRO-2 and ZeRO-3 run per micro-batch for one step, in one plain trainer."""
+    once, per_mb = {}, {}
+    for z in (1, 2, 3):
+        with comm.recording() as log:
+            once[z] = parallel_train(rank, world_size, recipe, layout=Layout(**layout, zero=z), track_memory=rank == 0)
+        if z == 1:                                  # ZeRO-1's reduce-scatter and all-gather over dp, per step
+            dp_calls = comm.CommLog()
+            dp_calls.records = [r for r in log.records if r.op in ("reduce_scatter", "all_gather") and r.dims == ("dp",)]
+            steps = len(recipe.batches)
+            per_mb[1] = {"bytes": dp_calls.bytes_sent // steps, "calls": dp_calls.count() // steps,
+                         "by_op": {op: (n // steps, b // steps) for op, (n, b) in dp_calls.by_op().items()}}
+    t = Trainer3D(rank, world_size, recipe, **layout)
+    for z in (2, 3):
+        per_mb[z] = _per_microbatch(t, recipe, z)
+    return per_mb, once
+
+
+def zero_with_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 2) -> dict:
+    """§5 in one launch of dp·pp·tp ranks: {"per_microbatch": {1, 2, 3: {"bytes", "calls", "by_op"}} over the dp
+    group in one step (ZeRO-1 as the trainer runs it; ZeRO-2/3 reduced, and ZeRO-3 gathered, per micro-batch),
+    "once": {1, 2, 3: {"matches", "calls", "bytes", "between", "peak"}} as :func:`zero_once_per_step`} (rank 0's
+    view; each once-per-step run compared with one device)."""
+    r = recipe(steps)
+    layout = dict(dp=dp, pp=pp, tp=tp, micro_batches=m)
+    out = launch(_zero_both_ranks, dp * pp * tp, r, layout, quiet=True, timeout=120.0)
+    reference = train_reference(r)
+    once = {}
+    for z in (1, 2, 3):
+        runs = [o[1][z] for o in out]
+        once[z] = {"matches": compare(reference, runs, dtype=torch.float64).matches,
+                   "calls": runs[0].calls_by_kind["dp"], "bytes": runs[0].bytes_by_kind["dp"],
+                   "between": runs[0].model_state_bytes, "peak": runs[0].peak_bytes}
+    return {"per_microbatch": dict(sorted(out[0][0].items())), "once": once}

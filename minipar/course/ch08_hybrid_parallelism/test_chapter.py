@@ -279,3 +279,43 @@ def test_run_5d_moe_reports_the_trainers_groups_and_equals_one_device(fields):
         n_e = 4 // layout.ep
         assert o["run"].bytes_by_kind["edp"] == pytest.approx(2 * (n_e - 1) / n_e * params["experts"])
     compare(train_reference(recipe), [o["run"] for o in out], dtype=torch.float64).assert_ok()
+
+
+# ----------------------------------------------------------------------------------------------------
+# the chapter's recorded runs (§6's PyTorch side, §9's two 16-rank launches): readable, and still true
+# ----------------------------------------------------------------------------------------------------
+
+def test_recorded_torch_side_holds_and_names_its_torch():
+    from minipar.course.ch08_hybrid_parallelism import recorded
+    r = recorded.report()
+    r.check()
+    assert r.text.startswith("RECORDED") and r.record["recorded"]["command"] == recorded.COMMAND
+    assert r.record["recorded"]["torch"].split("+")[0] == torch.__version__.split("+")[0], "re-record: torch changed"
+
+
+def test_recorded_five_d_feeds_every_section_9_table():
+    from minipar.course.ch08_hybrid_parallelism import five_d, report_5d
+    from minipar.mesh import Mesh
+    five = five_d.load_chapter()
+    assert five["recorded"]["torch"].split("+")[0] == torch.__version__.split("+")[0], "re-record: torch changed"
+    assert five["comparison64"].matches and five["moe_comparison"].matches
+    mesh16 = Mesh(16, **five_d.LAYOUT_5D.sizes)
+    g16 = five_d.reduction_groups(16, dp=2, pp=2, cp=2, tp=2, ep=2)
+    for table in (report_5d.groups_asked(five, mesh16, g16["dense"]), report_5d.ops_table(five, mesh16),
+                  report_5d.node_crossing(five["runs64"], five_d.LAYOUT_5D), report_5d.loss_across_layouts(five),
+                  report_5d.moe_groups(five, mesh16, g16, five_d.MOE_LAYOUT_5D),
+                  report_5d.moe_bytes(five, five_d.MOE_LAYOUT_5D), report_5d.moe_memory(five)):
+        table.check()
+    with pytest.raises(AssertionError):                   # the checks can fail: a group that is not the mesh's
+        five["groups"][0]["tp"] = [[0, 2], 2]
+        report_5d.groups_asked(five, mesh16, g16["dense"]).check()
+
+
+def test_bubble_sentence_never_prints_a_negative_wait():
+    from minipar.course.ch08_hybrid_parallelism.report import bubble_sentence
+    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.30)
+    assert wait == pytest.approx(0.07) and "waiting in receives" in text and "+0.07" not in text and "0.07" in text
+    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.18)       # below the model: noise
+    assert wait == 0 and "noise, not a negative wait" in text and "-0.05" not in text and "0.05 below" in text
+    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.235)      # within the noise
+    assert wait == pytest.approx(0.005) and "nothing measurable" in text
