@@ -19,8 +19,8 @@ from minipar.pipeline.gantt import draw_gantt, replay_rows
 __all__ = ["GPT2_SMALL_PARAMS", "SEED_TOKENS_PER_GPU", "scaled", "replays", "last_step", "exposed_per_step",
            "hidden_share", "draw_replays"]
 
-GPT2_SMALL_PARAMS = 124_439_808     # seed 002's model (GPT-2 small)
-SEED_TOKENS_PER_GPU = 4 * 1024      # seed 002: --per_device_train_batch_size 4, run_clm's 1024-token blocks
+GPT2_SMALL_PARAMS = 124_439_808     # the Hugging Face guide's model (GPT-2 small)
+SEED_TOKENS_PER_GPU = 4 * 1024      # the Hugging Face guide: --per_device_train_batch_size 4, run_clm's 1024-token blocks
 
 
 def scaled(trace, bytes_factor: float, ops_factor: float = 1.0, op_bytes_factor: float | None = None):

@@ -1,6 +1,6 @@
 """ZeRO-Offload: keep the optimizer's shard (FP32 master copy and Adam's state) in host memory and run the
 optimizer step on the CPU (Ren et al. 2021, "ZeRO-Offload: Democratizing Billion-Scale Model Training",
-arXiv:2101.06840; seed 003 §8.1).
+arXiv:2101.06840; *总结* §8.1).
 
 The optimizer state is the largest term of the model states (K = 12 bytes per parameter for mixed-precision
 Adam against 2 + 2 for the 16-bit parameters and gradients), and the optimizer step is element-wise and cheap

@@ -32,7 +32,7 @@ Expert parallelism (ep > 1, :mod:`.experts`): an MoE model's experts spread over
 (folded: no extra ranks), all-to-all dispatch/combine, each stage's balancing loss seeded into its own backward,
 expert gradients averaged over the expert-data-parallel group (÷ dp·cp), router and dense weights over dp × cp.
 
-Global batch = dp × m × mb (seed 002). Nothing here re-implements DDP, a schedule or a TP layer: it composes
+Global batch = dp × m × mb (the Hugging Face guide). Nothing here re-implements DDP, a schedule or a TP layer: it composes
 :class:`minipar.tensor.gpt.TensorParallelGPT`, :class:`minipar.pipeline.runtime.PipelineRank`,
 :class:`minipar.data.ddp.Reducer` and :class:`minipar.data.zero.ZeRO` through the mesh's groups. The loop over the
 batches and the launch (``parallel_train``, ``run``, ``HybridRun``) live in :mod:`minipar.hybrid.runner`, which

@@ -10,7 +10,7 @@ which all import this module and nothing of each other.
 
 Placements of ``p · v`` stages on ``p`` ranks:
 
-* ``"loop"`` — stage s on rank ``s % p`` as its chunk ``s // p`` (round robin, seed 000: 16 layers, 4 ranks,
+* ``"loop"`` — stage s on rank ``s % p`` as its chunk ``s // p`` (round robin, *并行策略简介*: 16 layers, 4 ranks,
   v = 2 puts layers 0-1 and 8-9 on rank 0);
 * ``"v"`` (v = 2) — rank r holds stages r and 2p-1-r: the model goes down the ranks and back up, so the first
   stage's input and the last stage's loss sit on rank 0 and the turn (stages p-1, p) on rank p-1.

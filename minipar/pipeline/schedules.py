@@ -4,7 +4,7 @@ A schedule is, for every pipeline rank, the ordered list of its :class:`Action`\
 runtime that trains with them (:mod:`minipar.pipeline.runtime`), the simulator that plays them on a clock
 (:mod:`minipar.pipeline.simulate`) and the Gantt charts, all through one lowering into messages
 (:mod:`minipar.pipeline.lowering`). The model is cut into ``p · v`` stages; stage ``s`` lives on rank
-``s % p`` as its chunk ``s // p`` (round-robin, as in seed 000: 16 layers, 4 ranks, v = 2 puts layers 0-1 and
+``s % p`` as its chunk ``s // p`` (round-robin, as in *并行策略简介*: 16 layers, 4 ranks, v = 2 puts layers 0-1 and
 8-9 on rank 0). :class:`Action`, :class:`Schedule`, the placement and :func:`validate` sit one floor lower,
 in :mod:`minipar.pipeline.actions`, which every schedule module builds on.
 

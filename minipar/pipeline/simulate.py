@@ -25,7 +25,7 @@ peak number of micro-batches in flight per rank (forward done, weight gradient n
 * ``bubble_fraction`` = idle time / (p · makespan): the share of the step the ranks sit idle (GPipe,
   Huang et al. 2019: (p-1)/(m+p-1)); interleaving v chunks gives (p-1)/(v·m+p-1).
 * ``bubble_ratio`` = idle time / busy time: the bubble over the ideal time of the work alone (Megatron-LM,
-  Narayanan et al. 2021; the Ultra-Scale Playbook; seed 000): (p-1)/m, and exactly ÷ v interleaved.
+  Narayanan et al. 2021; the Ultra-Scale Playbook; *并行策略简介*): (p-1)/m, and exactly ÷ v interleaved.
 
 Same schedule, same idle time, two denominators: ratio = fraction / (1 - fraction).
 

@@ -3,9 +3,9 @@
 ``split_model(model, n_stages)`` returns ``n_stages`` :class:`Stage` modules, built from the model's own
 layers (so a pipeline starts from exactly the single-device weights). Layers are cut into equal
 consecutive groups; with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to the rank the schedule's
-placement names (:mod:`minipar.pipeline.actions`: ``s % p``, round robin, seed 000's layout; or the V). For
+placement names (:mod:`minipar.pipeline.actions`: ``s % p``, round robin, *并行策略简介*'s layout; or the V). For
 the tiny GPT, stage 0 also holds the embeddings and the last stage the final LayerNorm and the LM head (the
-pipeline API constraint of seed 002: a model as a sequence of stages with tensors in and out).
+pipeline API constraint of the Hugging Face guide: a model as a sequence of stages with tensors in and out).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""minipar.plan — which layout for this model on this cluster: a cost model, a planner and the seeds' rules.
+"""minipar.plan — which layout for this model on this cluster: a cost model, a planner and the source articles' rules.
 
 Pure functions, no processes (chapter 12):
 
@@ -13,7 +13,7 @@ Pure functions, no processes (chapter 12):
 * :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term); :mod:`.traffic` its
   bytes and seconds (tp, cp, ep, pp, dp), :mod:`.overlap` what of them a program hides (``overlap=``);
 * :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);
-* :mod:`.rules` — :func:`decide` (the seeds' decision guide as rules), :func:`family`;
+* :mod:`.rules` — :func:`decide` (the source articles' decision guide as rules), :func:`family`;
 * :mod:`.agreement` — :func:`rank_agreement`, :func:`kendall_tau`, :func:`agreement_text` (does a prediction rank strategies as a
   measurement or a replay does?).
 """

@@ -77,7 +77,7 @@ def layouts(model: Transformer, cluster: Cluster, global_batch: int, *, micro_ba
                             continue
                         for z in zero:
                             if z >= 2 and pp > 1:
-                                continue        # PP accumulates gradients, ZeRO-2/3 shard them (seed 003 §8.3)
+                                continue        # PP accumulates gradients, ZeRO-2/3 shard them (*总结* §8.3)
                             if z and dp * c == 1:
                                 continue
                             for sp in ([False, True] if tp > 1 and model.seq_len % (c * tp) == 0 else [False]):

@@ -16,7 +16,7 @@ COLOURS = {"tp": "tab:red", "pp": "tab:blue", "dp": "tab:green"}
 
 def _position(rank: int, mesh) -> tuple:
     c = mesh.coords(rank)
-    return 3.2 * c["dp"] + 1.2 * c["tp"], -1.2 * c["pp"]        # a node per dp replica, as in seed 002
+    return 3.2 * c["dp"] + 1.2 * c["tp"], -1.2 * c["pp"]        # a node per dp replica, as in the Hugging Face guide
 
 
 def draw_mesh(ax, dp: int = 2, pp: int = 2, tp: int = 2):

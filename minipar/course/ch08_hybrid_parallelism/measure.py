@@ -1,5 +1,5 @@
 """Chapter 08's measurements: each layout on 8 ranks, the 5D one on 16 (bytes per rank per step by kind beside
-the formulas, observed on the sockets, peak memory, step time, bubble), seed 001's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
+the formulas, observed on the sockets, peak memory, step time, bubble), the OneFlow article's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
 would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ SEED_001_MODELS = {
 
 
 def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True) -> dict:
-    """A model of :data:`SEED_001_MODELS` on seed 001's layout: 64 pipeline stages × 6 hosts in data parallel ×
+    """A model of :data:`SEED_001_MODELS` on the OneFlow article's layout: 64 pipeline stages × 6 hosts in data parallel ×
     8 GPUs in model parallel = 3072 GPUs (the layout of Narayanan et al.'s 1T row, which the seed calls
     GPT-3's). ``m`` micro-batches per replica (default: micro-batch of one sequence). Formulas, not a run."""
     layers, h, a, s, batch, psi = SEED_001_MODELS[model]

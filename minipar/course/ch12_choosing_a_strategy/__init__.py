@@ -1,1 +1,1 @@
-"""Chapter 12: choosing a strategy — a cost model, a planner and the seeds' decision guide."""
+"""Chapter 12: choosing a strategy — a cost model, a planner and the source articles' decision guide."""

@@ -1,4 +1,4 @@
-"""Chapter 12 pictures: the seeds' decision guide as a flow chart, a stacked memory bar per device and the
+"""Chapter 12 pictures: the source articles' decision guide as a flow chart, a stacked memory bar per device and the
 memory-and-time calculator that draws it (:func:`calculate`, :func:`draw_calculator`,
 :func:`calculator_controls`: every knob, cp and ep included), memory per device over the sequence length, the cost model beside what the
 tour's runs measured (bytes per rank and memory), and predicted against measured step times."""
