@@ -156,3 +156,52 @@ def test_accumulation_error_grows_with_k_and_promotion_stops_it():
     assert float(accumulate(products, 52)) == 300.0
     assert float(accumulate(products, 4)) == 32.0                          # 1 + 32 rounds back to 32 at 5 bits
     assert float(accumulate(products, 4, promote_every=16)) == 300.0
+
+
+def _qdq(t, block, dtype):
+    """Quantize-dequantize written plainly, one block at a time, in float64 (the scale rounded to FP32 as
+    the library stores it): s = amax / max, fp8(x / s) · s."""
+    fmt_max = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}[dtype]
+    t, out = t.double(), torch.empty(t.shape, dtype=torch.float64)
+    for i in range(0, t.shape[0], block[0]):
+        for j in range(0, t.shape[1], block[1]):
+            b = t[i:i + block[0], j:j + block[1]]
+            s = (b.abs().max() / fmt_max).float().double() if b.abs().max() > 0 else torch.tensor(1.0).double()
+            out[i:i + block[0], j:j + block[1]] = (b / s).float().clamp(-fmt_max, fmt_max).to(dtype).double() * s
+    return out
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_fp8_linear_equals_a_plain_quantize_dequantize_reference(granularity):
+    """The forward and both backward GEMMs against y = Q(x) Q(W)ᵀ, dX = Q(G) Q(W), dW = Q(Gᵀ) Q(Xᵀ)ᵀ with Q
+    the plain block loop above, in float64: equal to FP32 rounding (the library multiplies in FP32)."""
+    (m, k, n), e4, e5 = (96, 300, 200), torch.float8_e4m3fn, torch.float8_e5m2
+    x, w, gy = _x(4, (m, k)), _x(5, (n, k)) * 0.05, _x(6, (m, n)) * 1e-3
+    tile = lambda shape: {"tensor": shape, "row": (1, shape[1]), "block": (1, 128)}[granularity]  # noqa: E731
+    square = {"tensor": (n, k), "row": (1, k), "block": (128, 128)}[granularity]
+    wq = _qdq(w, square, e4)
+    want = (_qdq(x, tile((m, k)), e4) @ wq.t(), _qdq(gy, tile((m, n)), e5) @ wq,
+            _qdq(gy.t(), tile((n, m)), e5) @ _qdq(x.t(), tile((k, m)), e4).t())
+    layer = FP8Linear(k, n, bias=False, recipe=FP8Recipe(granularity))
+    layer.weight.data.copy_(w)
+    xi = x.clone().requires_grad_()
+    y = layer(xi)
+    y.backward(gy)
+    for got, ref in zip((y.detach(), xi.grad, layer.weight.grad), want):
+        assert float((got.double() - ref).norm() / ref.norm()) < 1e-6
+
+
+def test_one_by_one_blocks_make_quantization_the_identity():
+    """Every value its own block: it lands on ±max exactly, so FP8Linear is nn.Linear to FP32 rounding — the
+    whole emulated path (scales, casts, transposed weight blocks) with the quantization error taken out."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 48)
+    layer = to_fp8(torch.nn.Sequential(torch.nn.Linear(64, 48)), FP8Recipe("block", block=1))[0]
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(16, 64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    gy = torch.randn(16, 48)
+    ref(x1).backward(gy)
+    layer(x2).backward(gy)
+    assert torch.allclose(x2.grad, x1.grad, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(layer.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-6)

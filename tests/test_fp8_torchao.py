@@ -1,7 +1,8 @@
 """Our tensor-wise FP8 recipe (current scaling, E4M3 forward, E5M2 gradients) against torchao's
-``Float8Linear`` with ``emulate=True`` — the same recipe, its default — where torchao is installed (an optional
-course extra, ``pip install -e .[fp8]``; the library does not need it): one layer's output and gradients agree
-far more closely than either agrees with FP32, and the tiny GPT's losses over 20 BF16 steps stay together."""
+``Float8Linear`` with ``emulate=True`` — the same recipe, its default — where torchao is installed (a course
+dependency, ``pip install -e .[course]``; the library does not need it): one layer's output and gradients, and
+one backward of the tiny GPT, agree far more closely than either agrees with FP32; and our MXFP8 quantizer
+equals torchao's ``to_mx`` bit for bit."""
 import logging
 
 import pytest
@@ -58,3 +59,15 @@ def test_tiny_gpt_gradients_agree_with_torchao():
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     fp32, ours, theirs = grads
     assert _rel(ours, theirs) < _rel(ours, fp32) / 3, (_rel(ours, theirs), _rel(ours, fp32))
+
+
+def test_mxfp8_equals_torchao_to_mx():
+    """torchao's ``to_mx`` (OCP MX v1.0, floor rule, 1×32) and ours: the same E4M3 elements and E8M0 scales."""
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+    from minipar.precision.mxfp8 import e8m0_codes, quantize_mx
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g) * torch.logspace(-3, 3, 8).repeat_interleave(32)
+    scale, data = to_mx(x, torch.float8_e4m3fn, 32)
+    ours = quantize_mx(x)
+    assert torch.equal(data.view(torch.uint8), ours.data.view(torch.uint8))
+    assert torch.equal(scale.view(torch.uint8).reshape(ours.scale.shape), e8m0_codes(ours))

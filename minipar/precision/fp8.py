@@ -69,8 +69,10 @@ def block_of(granularity: str, shape, block: tuple) -> tuple:
 def block_amax(x: torch.Tensor, block: tuple) -> torch.Tensor:
     """max |x| over each (block[0] × block[1]) block of the 2-D ``x`` (the edges padded with zeros)."""
     (m, k), (br, bc) = x.shape, block
-    padded = torch.zeros((-(-m // br)) * br, (-(-k // bc)) * bc, dtype=torch.float32)
-    padded[:m, :k] = x.detach().float().abs()
+    padded = x.detach().float().abs()
+    if m % br or k % bc:                                  # a partial block at an edge: pad it with zeros
+        padded = torch.zeros((-(-m // br)) * br, (-(-k // bc)) * bc, dtype=torch.float32)
+        padded[:m, :k] = x.detach().float().abs()
     return padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc).amax(dim=(1, 3))
 
 

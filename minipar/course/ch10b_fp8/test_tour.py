@@ -15,7 +15,7 @@ def row():
 
 def test_fp8_blockwise_row_is_within_the_stated_gap(row):
     assert row.matches, row
-    assert f"within {ch10b.GAP:.0%}" in row.note and "gap " in row.note and row.max_abs_diff <= ch10b.TOL
+    assert f"within {ch10b.GAP:.2%}" in row.note and "gap " in row.note and row.max_abs_diff <= ch10b.TOL
     assert row.bytes_sent_per_rank == row.bytes_formula
     if wire.available():
         assert tour.observed_status(row) == "within", row
