@@ -17,6 +17,7 @@ bit-exact equality where the math allows it.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -30,8 +31,8 @@ from .launcher import launch
 from .loop import lm_loss
 from .models import MLP, GPTConfig, TinyGPT
 
-__all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "train_reference", "train_steps", "compare",
-           "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
+__all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "one_thread", "train_reference", "train_steps",
+           "compare", "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
 
 # (atol, rtol) per dtype, for a few optimizer steps of the reference models.
 TOLERANCES = {
@@ -100,17 +101,24 @@ class Comparison:
         return self
 
 
-def train_reference(recipe: Recipe) -> RunResult:
-    """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps.
-
-    Runs with one intra-op thread, as every rank does (see :func:`minipar.launcher.launch`): kernels split
-    their sums differently over a different number of threads, which would rule out bit-exact checks."""
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread for the block, as every rank runs (:func:`minipar.launcher.launch`): kernels split
+    their sums differently over a different number of threads, which would rule out bit-exact checks; and the
+    course's tiny GEMMs gain nothing from a second thread on a shared two-core machine, where it waits for a
+    core far longer than it saves."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train_reference(recipe)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def train_reference(recipe: Recipe) -> RunResult:
+    """Train ``recipe`` on one device for ``recipe.steps`` optimizer steps, with :func:`one_thread`."""
+    with one_thread():
+        return _train_reference(recipe)
 
 
 def _train_reference(recipe: Recipe) -> RunResult:

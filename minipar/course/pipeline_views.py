@@ -27,9 +27,9 @@ from minipar.pipeline.schedules import Schedule, make_schedule
 from minipar.pipeline.simulate import Costs, SimResult, simulate
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 from minipar.pipeline.torch_ref import TORCH_SCHEDULES, torch_pipeline_train
-from minipar.course.tour import WORLD_SIZE, TourRow
+from minipar.course.tour import WORLD_SIZE, TourRow, observed_status
 
-__all__ = ["M", "BATCH", "SEQ", "HIDDEN", "ACT_BYTES", "tour_recipe", "bytes_formula", "schedule_row", "GRID",
+__all__ = ["M", "BATCH", "SEQ", "HIDDEN", "ACT_BYTES", "tour_recipe", "bytes_formula", "schedule_row", "assert_rows_match", "GRID",
            "draw_measured", "side_by_side", "Beside", "beside_torch"]
 
 M, BATCH, SEQ, HIDDEN = 8, 16, 8, 16
@@ -88,6 +88,17 @@ def schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow:
 
 
 GRID = 0.25                                 # paced charts: times drawn on a quarter-slot grid (see _on_grid)
+
+
+def assert_rows_match(rows: dict) -> None:
+    """Every schedule row equals one device and sends the formula's bytes; the sockets carry the formula plus
+    gloo's framing per message (within the tour's allowance, never less)."""
+    for name, row in rows.items():
+        assert row.matches, (name, row)
+        assert row.bytes_sent_per_rank == row.bytes_formula, (name, row)
+        if row.bytes_observed_per_rank is not None:
+            assert observed_status(row) == "within", (name, row.bytes_observed_per_rank, row.bytes_formula)
+            assert row.bytes_observed_per_rank >= row.bytes_formula, (name, row)
 
 
 def _on_grid(rows: list, unit: float) -> list:

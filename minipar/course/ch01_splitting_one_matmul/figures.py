@@ -59,7 +59,7 @@ def draw_split(split: str, per_rank: list, whole: dict, ax=None):
     and dw."""
     import matplotlib.pyplot as plt
     n = len(per_rank)
-    (b, k), m = whole["x"].shape, whole["w"].shape[1]
+    b, k = whole["x"].shape
     forward_op, backward_op = (FORWARD[split], BACKWARD[split])
     grad = GRADIENT[split]
     panels = [("x", "x", "·"), ("w", "w", "="), ("y", "y_local", f"⇒ {forward_op}"), ("y", "y_piece", ""),

@@ -1,7 +1,6 @@
 """Chapter 03's two FSDP designs: both equal one device, the same collectives per unit, bytes within the padding,
 the per-parameter design's gradients on the module's own parameters."""
 import pytest
-import torch
 
 from minipar import comm
 from minipar.check import compare, train_reference

@@ -247,7 +247,7 @@ def draw_three_bars(data: dict, s: int = 512, world_size: int = 4):
     ax.bar(range(3), values, 0.55, color=[rank_colour(3), rank_colour(0), rank_colour(2)])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:,.0f} KiB", ha="center", va="bottom", fontsize=8)
-    for i, why in ((0, "no s² scores kept"), (1, f"s/N tokens per rank")):
+    for i, why in ((0, "no s² scores kept"), (1, "s/N tokens per rank")):
         ax.annotate(f"÷ {values[i] / values[i + 1]:.1f}\n{why}", xy=(i + 0.72, max(values[i + 1], values[0] * 0.35)),
                     ha="center", fontsize=8)
     ax.set_xticks(range(3), labels, fontsize=8)

@@ -16,12 +16,12 @@ Switch loss, loss-free balancing).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import replace
 
 import torch
 
+from minipar.check import one_thread
 from minipar.moe.layer import MoEConfig, MoEGPT, moe_recipe
 from minipar.moe.router import route
 
@@ -38,17 +38,6 @@ def _skewed_routers(model, std: float, seed: int = 1) -> None:
             layer.router.weight.normal_(0.0, std, generator=g)
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """One intra-op thread, as on every rank: reproducible routing (and faster on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def balance_run(alpha: float, steps: int = 60, router_std: float = 1.0, experts: int = 4,
                 capacity_factor: float = 1.25, seed: int = 0, bias_rate: float = 0.0, lr: float | None = None) -> dict:
     """Train the MoE GPT (top-1) for ``steps`` Adam steps on one process. Returns per step: ``loss`` (LM +
@@ -56,7 +45,7 @@ def balance_run(alpha: float, steps: int = 60, router_std: float = 1.0, experts:
     layer, ``experts``; ``logits``: the first MoE layer's router logits (T, E) in the last step.
     ``bias_rate`` γ > 0: loss-free balancing, the routing biases updated after every step (``bias``: their
     values at the end, per layer)."""
-    with _one_thread():
+    with one_thread():
         recipe = moe_recipe(steps=steps, batch_size=8, seq_len=16, experts=experts, k=1,
                             capacity_factor=capacity_factor, alpha=alpha, seed=seed)
         model = recipe.model()

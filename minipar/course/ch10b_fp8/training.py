@@ -18,13 +18,12 @@ losses (:func:`minipar.precision.fp8_train.loss_gap`); seeds pair the runs (same
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
 
 import torch
 
-from minipar.check import Recipe, gpt_recipe
+from minipar.check import Recipe, gpt_recipe, one_thread
 from minipar.course.report import Report
 from minipar.precision.fp8 import FP8Recipe
 from minipar.precision.fp8_train import final_loss, loss_gap, train_bf16, train_fp8
@@ -39,18 +38,6 @@ IDENTITY = "FP8 path, quantization = identity (1×1 blocks)"
 RECIPES = {"tensor-wise": FP8Recipe("tensor"), "row-wise": FP8Recipe("row"), "block-wise": FP8Recipe("block"),
            IDENTITY: FP8Recipe("block", block=1)}
 DEEPSEEK_V3_GAP = 0.0025       # DeepSeek-V3 §3.3: relative loss error below 0.25 % against BF16
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run with one intra-op thread: these GEMMs are tiny (128 tokens), and a second thread on a shared
-    two-core machine waits for a core far longer than it saves (measured: a BF16 run 5 s → 66 s under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def seed_recipe(seed: int = 0, steps: int = STEPS, lr: float = LR) -> Recipe:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from minipar import comm
 from minipar.course.checks import ExerciseError, fail
 
 __all__ = ["check_clipped_average", "check_average_gradients", "check_dropout_seeds", "grads_of",
