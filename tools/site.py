@@ -40,8 +40,9 @@ def chapters(root: Path = ROOT, pattern: str = "") -> list[Path]:
     return [p for p in sorted((root / "notebooks").glob("*.ipynb")) if pattern in p.name]
 
 
-def execute(path: Path, timeout: int = 900) -> dict:
-    """Run one notebook top to bottom in a fresh kernel (in its own folder); return it as a dict."""
+def execute(path: Path, timeout: int = 900, threads: int | None = None) -> dict:
+    """Run one notebook top to bottom in a fresh kernel (in its own folder); return it as a dict. ``threads``:
+    the kernel's intra-op threads (OMP_NUM_THREADS; None: torch's default, one per core)."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -49,7 +50,10 @@ def execute(path: Path, timeout: int = 900) -> dict:
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
     start = time.monotonic()
-    client.execute(env=dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline"))
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    client.execute(env=env)
     nb.metadata["minipar_seconds"] = round(time.monotonic() - start, 1)
     return nbformat.from_dict(nb)
 
@@ -196,8 +200,8 @@ def with_nav(page: str, chapters: list, current: str) -> str:
 
 
 def _build_one(args) -> tuple[str, dict, str]:
-    path, timeout = args
-    nb = execute(path, timeout)
+    path, timeout, threads = args
+    nb = execute(path, timeout, threads)
     frozen, widget_errors = freeze_widgets(nb)
     info = summarize(nb)
     info["widgets_frozen"] = frozen
@@ -312,7 +316,11 @@ def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 900, l
     (out / "notebooks").mkdir(exist_ok=True)
     manifest = {"built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "chapters": {},
                 "selected": [p.stem for p in notebooks]}     # all chapters, or those of `-k`
-    work = [(p, timeout) for p in notebooks]
+    # jobs kernels share the cores: each gets its share of threads (2 kernels × 2 threads on 2 cores would
+    # wait on each other far longer than a second thread saves on the chapters' small tensors)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    work = [(p, timeout, threads) for p in notebooks]
+    manifest["kernels_at_once"], manifest["threads_per_kernel"] = jobs, threads or "default"
     pages = {}
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else _Inline() as pool:
         for stem, info, page in pool.map(_build_one, work):

@@ -29,8 +29,8 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 from minipar.pipeline.torch_ref import TORCH_SCHEDULES, torch_pipeline_train
 from minipar.course.tour import WORLD_SIZE, TourRow, observed_status
 
-__all__ = ["M", "BATCH", "SEQ", "HIDDEN", "ACT_BYTES", "tour_recipe", "bytes_formula", "schedule_row", "assert_rows_match", "GRID",
-           "draw_measured", "side_by_side", "Beside", "beside_torch"]
+__all__ = ["M", "BATCH", "SEQ", "HIDDEN", "ACT_BYTES", "tour_recipe", "bytes_formula", "schedule_row", "run_together",
+           "assert_rows_match", "GRID", "draw_measured", "side_by_side", "Beside", "beside_torch"]
 
 M, BATCH, SEQ, HIDDEN = 8, 16, 8, 16
 ACT_BYTES = (BATCH // M) * SEQ * HIDDEN * 8             # float64
@@ -62,6 +62,20 @@ def _observed_rank(rank, world_size, recipe, short, **config):
             run = runtime.parallel_train(rank, world_size, r, **config)
         seen.append(log.observed_bytes_sent)
     return run, None if None in seen else seen[1] - seen[0], log.count() / recipe.steps
+
+
+def _runs_on_rank(rank, world_size, configs):
+    return {key: runtime.parallel_train(rank, world_size, recipe, **config) for key, (recipe, config) in configs.items()}
+
+
+def run_together(p: int, configs: dict) -> dict:
+    """Several pipeline runs in one launch of ``p`` ranks (one start-up instead of one each): ``configs`` =
+    ``{key: (recipe, keyword arguments of runtime.run)}``, each checked first; returns ``{key: per-rank runs}``,
+    as ``runtime.run`` would for each."""
+    for recipe, config in configs.values():
+        runtime.validate(recipe, world_size=p, **config)
+    per_rank = launch(_runs_on_rank, p, configs, quiet=True)
+    return {key: [r[key] for r in per_rank] for key in configs}
 
 
 def schedule_row(schedule: str, v: int = 1, recompute: bool = False) -> TourRow:

@@ -25,11 +25,12 @@ from run to run, are shown only in the notebook.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
-from minipar.check import gpt_recipe
-from minipar.course.pipeline_views import GRID, draw_measured
+from minipar.check import compare, gpt_recipe, train_reference
+from minipar.course.pipeline_views import GRID, draw_measured, run_together
 from minipar.course.plotting import save_figure
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
@@ -40,7 +41,7 @@ from minipar.pipeline.simulate import Costs, simulate
 
 __all__ = ["KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
            "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "peak_held", "PacedIdle",
-           "paced_idle", "FIGURES", "FIXED_PACE", "GRID"]
+           "paced_idle", "paced_runs", "FIGURES", "FIXED_PACE", "GRID"]
 
 FIXED_PACE = Pace(F=0.02, B=0.02, W=0.02)   # the simulated charts' F = B = W (BW = 2 F), 20 ms each
 
@@ -178,6 +179,19 @@ def paced_idle(paced: dict, unpaced: dict, p: int = 4) -> PacedIdle:
         actions = sum(k in ("F", "B", "W", "BW") for r in rs for _, k, *_ in r.timeline)
         rows[n] = (sim, unpaced[n], measured_idle_fraction(rs, typical_step(rs)), sum(r.overruns for r in rs), actions)
     return PacedIdle(rows, next(iter(paced.values()))[0].pace.F)
+
+
+def paced_runs(recipe, recipe8, p: int = 4, m: int = 8, pace=FIXED_PACE) -> dict:
+    """§7's paced runs — GPipe and 1F1B on ``recipe``, interleaved v = 2 on ``recipe8`` — on their first batch only
+    (a paced step is mostly sleep: a second one would double the wait and show the same timeline), in one launch,
+    each checked equal to one device's first step: ``{(schedule, m, v): per-rank runs}``."""
+    first = [dataclasses.replace(r, batches=r.batches[:1]) for r in (recipe, recipe8)]     # v = 1, v = 2
+    reference = [train_reference(r) for r in first]
+    runs = run_together(p, {(n, m, v): (first[v - 1], dict(schedule=n, m=m, v=v, pace=pace))
+                            for n, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))})
+    for (_, _, v), rs in runs.items():
+        compare(reference[v - 1], rs, dtype=first[v - 1].dtype).assert_ok()
+    return runs
 
 
 FIGURES = {
