@@ -126,15 +126,18 @@ def _train_reference(recipe: Recipe) -> RunResult:
     return train_steps(recipe, model, recipe.optimizer(model.parameters()), recipe.batches)
 
 
-def train_steps(recipe: Recipe, model, optimizer, batches) -> RunResult:
+def train_steps(recipe: Recipe, model, optimizer, batches, after_step=None) -> RunResult:
     """One optimizer step of ``model`` per batch with ``recipe.loss`` (a resumed run: a model and optimizer
-    loaded from a checkpoint, the batches after it); its losses and final parameters."""
+    loaded from a checkpoint, the batches after it); its losses and final parameters. ``after_step(model)``
+    (optional) runs after each optimizer step: what a strategy does beside the step (a routing bias moved)."""
     losses = []
     for inputs, targets in batches:
         optimizer.zero_grad(set_to_none=True)
         loss = recipe.loss(model, inputs, targets)
         loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step(model)
         losses.append(loss.item())
     return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
 

@@ -24,27 +24,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check import Recipe
+from ..check import Recipe, one_thread, train_steps
 
 __all__ = ["reference_steps", "StepRecorder", "departure", "max_departure", "Departure", "Bisection", "bisect"]
 
 
 def reference_steps(recipe: Recipe) -> list:
     """Train ``recipe`` on one device (one thread, as every rank); ``[{name: parameter after step s}]``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    steps = []
+    with one_thread():
         model = recipe.model().to(recipe.dtype)
-        optimizer = recipe.optimizer(model.parameters())
-        steps = []
-        for inputs, targets in recipe.batches:
-            optimizer.zero_grad(set_to_none=True)
-            recipe.loss(model, inputs, targets).backward()
-            optimizer.step()
-            steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
-        return steps
-    finally:
-        torch.set_num_threads(threads)
+        train_steps(recipe, model, recipe.optimizer(model.parameters()), recipe.batches,
+                    after_step=lambda m: steps.append({n: p.detach().clone() for n, p in m.named_parameters()}))
+    return steps
 
 
 class StepRecorder:

@@ -64,7 +64,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..check import RunResult
+from ..check import RunResult, one_thread, train_steps
 from ..launcher import launch
 from ..loop import shard_batch
 from ..mesh import Mesh
@@ -281,20 +281,8 @@ def predicted_all_to_all_bytes(tokens: int, width: int, moe, ep: int, element_si
 
 def loss_free_reference(recipe):
     """One device, its loss-free routing bias moved after every step: (RunResult, the biases at the end)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                          # as every rank runs: bit-comparable sums
-    try:
+    with one_thread():                                # as every rank runs: bit-comparable sums
         model = recipe.model().to(recipe.dtype)
-        opt = recipe.optimizer(model.parameters())
-        losses = []
-        for inputs, targets in recipe.batches:
-            opt.zero_grad(set_to_none=True)
-            loss = recipe.loss(model, inputs, targets)
-            loss.backward()
-            opt.step()
-            model.update_routing_bias()
-            losses.append(loss.item())
-        return (RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()}),
-                [layer.routing_bias.clone() for layer in model.moe_layers()])
-    finally:
-        torch.set_num_threads(threads)
+        result = train_steps(recipe, model, recipe.optimizer(model.parameters()), recipe.batches,
+                             after_step=lambda m: m.update_routing_bias())
+    return result, [layer.routing_bias.clone() for layer in model.moe_layers()]

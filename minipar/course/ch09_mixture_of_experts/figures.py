@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from minipar.check import one_thread
+from minipar.check import one_thread, train_steps
 from minipar.moe.layer import MoEConfig, MoEGPT, moe_recipe
 from minipar.moe.router import route
 
@@ -53,21 +53,18 @@ def balance_run(alpha: float, steps: int = 60, router_std: float = 1.0, experts:
             model = MoEGPT(model.cfg, replace(model.moe, bias_rate=bias_rate), seed)
         _skewed_routers(model, router_std)
         opt = recipe.optimizer(model.parameters()) if lr is None else torch.optim.Adam(model.parameters(), lr=lr)
-        out = {"loss": [], "aux": [], "wanted": [], "dropped": [], "tokens": 0, "experts": experts}
+        out = {"aux": [], "wanted": [], "dropped": [], "tokens": 0, "experts": experts}
         first = model.moe_layers()[0].router
         first.register_forward_hook(lambda m, i, o: out.__setitem__("logits", o.detach()))
-        for x, y in recipe.batches:
-            opt.zero_grad(set_to_none=True)
-            loss = recipe.loss(model, x, y)
-            loss.backward()
-            opt.step()
+
+        def after_step(model):                         # the routing bias moved, this step's routing kept
             model.update_routing_bias()
             routings = [layer.routing for layer in model.moe_layers()]
             out["tokens"] = routings[0].probs.shape[0]
-            out["loss"].append(loss.item())
             out["aux"].append(model.aux_loss().item())
             out["wanted"].append([r.wanted().tolist() for r in routings])
             out["dropped"].append(sum(r.dropped for r in routings) / (len(routings) * out["tokens"]))
+        out["loss"] = train_steps(recipe, model, opt, recipe.batches, after_step).losses
         out["bias"] = [getattr(layer, "routing_bias", torch.zeros(experts)).tolist() for layer in model.moe_layers()]
         return out
 
