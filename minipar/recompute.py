@@ -33,8 +33,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .memory import LiveTensorTracker
 from .models import TinyGPT
+from .tensor.layers import recompute_context_fn     # TP dropout: the recomputation draws the forward's masks
 
-__all__ = ["MODES", "apply_recompute", "remove_recompute", "full_block_forward", "selective_attention", "activation_bytes_formula", "recompute_modes"]
+__all__ = ["MODES", "apply_recompute", "remove_recompute", "full_block_forward", "selective_attention",
+           "activation_bytes_formula", "recompute_modes"]
 
 MODES = ("none", "selective", "full")
 
@@ -42,13 +44,13 @@ MODES = ("none", "selective", "full")
 def full_block_forward(block, x):
     """Full recomputation: the whole block runs under checkpoint, so only its input x is kept for the
     backward and every activation inside is recomputed (one extra forward of the block)."""
-    return checkpoint(type(block).forward, block, x, use_reentrant=False)
+    return checkpoint(type(block).forward, block, x, use_reentrant=False, context_fn=recompute_context_fn(block))
 
 
 def selective_attention(attn, q, k, v):
     """Selective recomputation (Korthikanti et al. 2022): only softmax(QKᵀ)·V runs under checkpoint — the
     5as²b term of the activations, the part that is large to keep and cheap to recompute."""
-    return checkpoint(type(attn).attention, attn, q, k, v, use_reentrant=False)
+    return checkpoint(type(attn).attention, attn, q, k, v, use_reentrant=False, context_fn=recompute_context_fn(attn))
 
 
 def apply_recompute(model: nn.Module, mode="full") -> nn.Module:

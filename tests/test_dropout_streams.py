@@ -2,7 +2,8 @@
 counter-based: a run resumed from a checkpoint draws the masks the uninterrupted run drew (the streams need
 no place in the checkpoint), and an activation checkpoint's recomputation replays its forward's masks
 (torch.utils.checkpoint restores torch's global generator only: before, a 3D run with dropout 0.2 and full
-recomputation ended 4e-2 away from the same run without it). Float64, dp 1 × pp 2 × tp 2, bit for bit."""
+recomputation ended 4e-2 away from the same run without it) — in the pipeline runtime's stages and in
+minipar.recompute's selective and full modes of tensor-parallel blocks alike. Float64, bit for bit."""
 import torch
 
 from minipar import launch
@@ -65,3 +66,23 @@ def test_each_step_draws_other_masks_and_the_streams_differ_where_they_must():
     assert not torch.equal(rep0, rep1) and not torch.equal(per0, per1) and not torch.equal(rep0, per0)
     (other_rep0, other_per0), *_ = r0[1]
     assert torch.equal(rep0, other_rep0) and not torch.equal(per0, other_per0)   # replicated agrees, per-rank not
+
+
+def _tp_grads(rank, world_size, mode):
+    from minipar.mesh import Mesh
+    from minipar.recompute import apply_recompute
+    from minipar.tensor.gpt import TensorParallelGPT
+    rec = recipe()
+    model = TensorParallelGPT(rec.model().to(rec.dtype), Mesh(world_size, tp=world_size).build(rank).group("tp"))
+    if mode != "none":
+        apply_recompute(model, mode)
+    inputs, targets = rec.batches[0]
+    model.loss(inputs, targets).backward()
+    model.finish_backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_selective_and_full_recomputation_of_tensor_parallel_blocks_draw_the_forwards_masks():
+    plain = launch(_tp_grads, 2, "none", quiet=True)
+    for mode in ("selective", "full"):
+        _assert_equal(plain, launch(_tp_grads, 2, mode, quiet=True))

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import comm
+from ..tensor.layers import recompute_context_fn
 from .simulate import Costs
 
 __all__ = ["Pace", "PacedRank", "paced", "calibrate", "unloaded_times", "check", "resolve"]
@@ -129,7 +130,8 @@ def _time_stage(module, x, target, is_last: bool, kinds: set, reps: int, recompu
     for _ in range(reps + 1):                                  # the first is a warm-up
         xin = x.detach().requires_grad_(x.is_floating_point())
         t0 = time.perf_counter()
-        y = checkpoint(module, xin, use_reentrant=False) if recompute else module(xin)
+        y = (checkpoint(module, xin, use_reentrant=False, context_fn=recompute_context_fn(module)) if recompute
+             else module(xin))
         if is_last:
             y = loss_fn(y, target)
         t1 = time.perf_counter()
