@@ -5,10 +5,14 @@
 * The figure generator: every registered figure (a chapter's ``figures.py`` ``FIGURES``) is made by
   ``minipar.course.figures.generate`` into a temporary folder and is a non-empty PNG. One test per figure, so
   a slow or broken chapter is named; the committed ``figures/`` holds a PNG for every registered figure.
+* One source for what each chapter is (``minipar/course/syllabus.py``): the README's chapter table and routes,
+  each chapter's opening and ``docs/cli.md``'s flag table agree with it (or with the train command's parser).
 """
+import json
+
 import pytest
 
-from minipar.course import ROOT, chapters, collect, figures
+from minipar.course import ROOT, chapters, collect, figures, syllabus
 from minipar.course.bench import benchmarks
 from minipar.course.tour import strategies
 
@@ -48,3 +52,74 @@ def test_generator_writes_a_nonempty_png(name, tmp_path):
 def test_every_registered_figure_is_committed_in_figures_folder():
     missing = [n for n in NAMES if not (ROOT / "figures" / n).exists()]
     assert not missing, f"run `python -m minipar figures` and commit: {missing}"
+
+
+# One source for what each chapter is (minipar/course/syllabus.py): the README's chapter table and routes are
+# written from it by tools/syllabus.py, each chapter's opening states the same title, minutes and seconds.
+
+def test_every_chapter_has_one_syllabus_entry():
+    assert [c.number for c in chapters()] == list(syllabus.ABOUT), "one entry per chapter, in chapter order"
+    for number, a in syllabus.ABOUT.items():
+        assert a.title and a.summary and "\n" not in a.summary and len(a.summary) <= 100, number
+        assert a.minutes > 0 and a.run_seconds > 0, number
+        assert bool(a.core_sections) == bool(a.core_minutes and a.elective_minutes), number
+
+
+def test_readme_chapter_table_and_routes_are_written_from_the_syllabus():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stems = {c.number: c.name for c in chapters()}
+    assert syllabus.with_readme_tables(readme, stems) == readme, "README is stale: run `python tools/syllabus.py`"
+    core, elective = syllabus.route_minutes()
+    assert core + elective == sum(a.minutes for a in syllabus.ABOUT.values())
+    assert f"about {syllabus.hours(core)}" in readme and f"about {syllabus.hours(elective)} in all" in readme
+
+
+def test_a_stale_readme_or_opening_is_named():
+    stems = {c.number: c.name for c in chapters()}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stale = readme.replace("| 23 s |", "| 20 s |", 1)
+    assert stale != readme and syllabus.with_readme_tables(stale, stems) == readme
+    chapter = chapters()[0]
+    opening = "".join(json.loads(chapter.notebook.read_text(encoding="utf-8"))["cells"][0]["source"])
+    wrong = opening.replace(f"about {chapter.about.run_seconds} s", f"about {chapter.about.run_seconds + 7} s")
+    assert wrong != opening and syllabus.opening_problems(chapter.number, wrong) != []
+    assert syllabus.with_time_sentence(wrong, chapter.about) == opening
+
+
+@pytest.mark.parametrize("chapter", chapters(), ids=lambda c: c.name)
+def test_chapter_opening_states_the_syllabus_title_minutes_and_seconds(chapter):
+    opening = "".join(json.loads(chapter.notebook.read_text(encoding="utf-8"))["cells"][0]["source"])
+    assert syllabus.opening_problems(chapter.number, opening) == [], "run `python tools/syllabus.py --notebooks`"
+
+
+def test_readme_is_one_page():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README: {len(lines)} lines"
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > 120 and not line.startswith("|")]
+    assert not long, f"README lines {long}: more than 120 characters (a table row is one chapter; prose wraps)"
+    for page in ("docs/cli.md", "docs/library.md", "docs/glossary.md", "CONTRIBUTING.md"):
+        assert f"({page})" in "\n".join(lines) and (ROOT / page).exists(), page
+
+
+def _documented_train_flags() -> dict:
+    """{flag: default as docs/cli.md shows it} from its train table (rows "| `--flag ...` | default | ... |")."""
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = text.split("## `python -m minipar train`", 1)[1].split("\n## ", 1)[0]
+    rows = [[p.strip() for p in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| `--")]
+    return {row[0].strip("`").split()[0]: (row[1].strip("`"), row[2]) for row in rows}
+
+
+def test_docs_cli_lists_every_train_flag_with_its_default():
+    import argparse
+    from minipar.hybrid.cli import build_parser
+    documented = _documented_train_flags()
+    actions = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
+    assert sorted(documented) == sorted(a.option_strings[0] for a in actions)
+    for a in actions:
+        shown, what = documented[a.option_strings[0]]
+        want = "off" if a.nargs == 0 else "—" if a.default is None else (
+            f"{a.default:g}" if isinstance(a.default, float) else str(a.default))
+        assert shown == want, (a.option_strings[0], shown, want)
+        for choice in a.choices or ():
+            assert f"`{choice}`" in what or shown == str(choice), (a.option_strings[0], choice)

@@ -149,9 +149,10 @@ def _main_term(chinese: str) -> str:
 
 
 def glossary_terms() -> dict:
-    """{english term: {main chinese term: [where]}} over the README's glossary and every chapter's."""
+    """{english term: {main chinese term: [where]}} over the course glossary (docs/glossary.md) and every
+    chapter's."""
     terms: dict = {}
-    tables = [("README", (ROOT_DIR / "README.md").read_text(encoding="utf-8"))]
+    tables = [("docs/glossary.md", (ROOT_DIR / "docs" / "glossary.md").read_text(encoding="utf-8"))]
     tables += [(c.name, "\n".join(t for k, t in _cells(c.notebook) if k == "markdown" and "## Glossary" in t))
                for c in CHAPTERS]
     for where, text in tables:

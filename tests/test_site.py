@@ -19,6 +19,7 @@ _spec = importlib.util.spec_from_file_location("minipar_site", ROOT / "tools" / 
 site = importlib.util.module_from_spec(_spec)
 sys.modules["minipar_site"] = site  # the build's worker processes find its functions by this name
 _spec.loader.exec_module(site)
+syllabus = site.syllabus
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,36 @@ def test_index_glossary_and_figures_pages(built):
     figures = (out / "figures.html").read_text(encoding="utf-8")
     for name in manifest["figures"]:
         assert f"figures/{name}" in figures and (out / "figures" / name).exists()
+
+
+def test_the_chapter_map_has_every_chapter_from_the_syllabus_and_the_doc_pages(built):
+    out, manifest = built
+    index = (out / "index.html").read_text(encoding="utf-8")
+    rows = re.findall(r"<tr><td>([^<]+)</td><td><a href='notebooks/([^']+)\.html'>([^<]*)</a></td>"
+                      r"<td>([^<]*)</td><td>([^<]*)</td><td>(\d+) min</td><td>(\d+) s", index)
+    assert [r[1] for r in rows] == [p.stem for p in site.chapters(ROOT)], "a chapter missing from the map"
+    for number, stem, title, summary, route, minutes, seconds in rows:
+        a = syllabus.about(number)
+        assert (html.unescape(title), html.unescape(summary), route, int(minutes), int(seconds)) == \
+               (a.title, a.summary, a.route, a.minutes, a.run_seconds), stem
+    for page in ("cli", "library"):
+        assert f"href='{page}.html'" in index and "python -m minipar" in (out / f"{page}.html").read_text("utf-8")
+    glossary = (out / "glossary.html").read_text(encoding="utf-8")
+    assert all(html.escape(zh) in glossary for _, zh, _ in site.doc_glossary()), "a docs/glossary.md term missing"
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
+def test_each_chapter_runs_within_a_fifth_of_its_stated_seconds(built, stem):
+    """The seconds a chapter's opening states (the syllabus's) against this build's, one chapter at a time on
+    two cores as ``make site`` runs them; a build of several kernels at once shares the cores and says nothing."""
+    out, manifest = built
+    if stem not in manifest["chapters"]:
+        pytest.skip(f"{stem}: not built here")
+    if manifest.get("kernels_at_once", 1) != 1:
+        pytest.skip(f"{manifest['kernels_at_once']} chapters ran at once: their seconds are not a learner's")
+    stated, took = syllabus.about(stem.split("_")[0]).run_seconds, manifest["chapters"][stem]["seconds"]
+    assert abs(took - stated) <= 0.2 * stated, (f"{stem}: took {took} s, states ~{stated} s: set run_seconds in "
+                                                "minipar/course/syllabus.py, then `python tools/syllabus.py --notebooks`")
 
 
 def _widget_notebook(shown_text):

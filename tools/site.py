@@ -8,9 +8,12 @@ embedded, and the build is a short script the course can read. Jupyter Book 1.x 
 would add about forty packages for a sidebar and search.
 
 What the site has:
-* ``index.html``: the chapter map (number, title, what the chapter teaches, reading time), linked;
+* ``index.html``: the chapter map (number, title, summary, route, minutes to read, seconds to run: from
+  ``minipar/course/syllabus.py``, beside the seconds this build measured), linked;
 * ``notebooks/NN_topic.html``: each chapter, executed at build time (outputs, figures, widgets' first view);
-* ``glossary.html``: every chapter's glossary table (English, 中文, chapter) in one place;
+* ``glossary.html``: every chapter's glossary table (English, 中文, chapter) in one place, with the terms of
+  ``docs/glossary.md`` that no chapter's table has;
+* ``cli.html``, ``library.html``: ``docs/cli.md`` (the train and bench commands) and ``docs/library.md``;
 * ``figures.html``: every figure under figures/, by chapter;
 * ``manifest.json``: what the build saw per chapter (cells, outputs, images, errors), used by the test.
 
@@ -31,6 +34,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))          # this checkout's minipar (the syllabus), also when another is installed
+from minipar.course import syllabus  # noqa: E402
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|\b[A-Z]\w*(Error|Exception): ")
@@ -173,8 +178,9 @@ def chapter_nav(chapters: list, current: str | None = None, prefix: str = "") ->
     chapter (on a chapter's page); and the list of every chapter, the current one in bold. ``chapters``:
     [(stem, title)] in order; ``prefix``: the path from the page to the site's root ("../" from notebooks/)."""
     link = lambda stem, text: f"<a href='{prefix}notebooks/{stem}.html'>{html.escape(text)}</a>"  # noqa: E731
-    top = (f"<a href='{prefix}index.html'>minipar course</a> · <a href='{prefix}glossary.html'>glossary</a> · "
-           f"<a href='{prefix}figures.html'>figures</a>")
+    top = " · ".join(f"<a href='{prefix}{page}.html'>{name}</a>" for page, name in (
+        ("index", "minipar course"), ("glossary", "glossary"), ("figures", "figures"), ("cli", "commands"),
+        ("library", "library")))
     stems = [stem for stem, _ in chapters]
     if current in stems:
         i = stems.index(current)
@@ -206,19 +212,15 @@ def _build_one(args) -> tuple[str, dict, str]:
     info = summarize(nb)
     info["widgets_frozen"] = frozen
     info["errors"] += widget_errors
-    info["title"], info["teaches"], info["minutes"] = describe(nb)
+    info["title"] = describe(nb)
     info["glossary"] = glossary(nb)
     return path.stem, info, render(nb)
 
 
-def describe(nb) -> tuple[str, str, str]:
-    """Title, 'what this chapter teaches' and reading time, from the chapter's first cell."""
+def describe(nb) -> str:
+    """The chapter's title, from its first cell (the rest of what the map shows is the syllabus's)."""
     first = nb.cells[0].source if nb.cells else ""
-    title = next((l.lstrip("# ").strip() for l in first.splitlines() if l.startswith("# ")), "")
-    teaches = re.search(r"\*\*What this chapter teaches\.\*\*\s*(.+?)(?:\n\s*\n|\Z)", first, re.S)
-    minutes = re.search(r"(\d+)\s*(?:–|-|to)?\s*(\d+)?\s*min", first)
-    return (title, " ".join(teaches.group(1).split()) if teaches else "",
-            minutes.group(0) if minutes else "")
+    return next((l.lstrip("# ").strip() for l in first.splitlines() if l.startswith("# ")), "")
 
 
 def glossary(nb) -> list[tuple[str, str]]:
@@ -247,31 +249,39 @@ def _page(title: str, body: str, chapters: list = ()) -> str:
 
 
 def course_chapters(root: Path = ROOT) -> list:
-    """[(stem, title)] of every chapter of the course, read from each notebook's first cell (not executed):
-    a site built with ``-k`` still links every chapter, where the full site has it."""
-    import nbformat
-    return [(p.stem, describe(nbformat.read(p, as_version=4))[0] or p.stem) for p in chapters(root)]
+    """[(stem, "NN · title")] of every chapter of the course, titles from the syllabus: a site built with ``-k``
+    still links every chapter, where the full site has it."""
+    return [(p.stem, f"{p.stem.split('_')[0]} · {syllabus.about(p.stem.split('_')[0]).title}")
+            for p in chapters(root)]
 
 
 def _titles(manifest: dict) -> list:
     return course_chapters()
 
 
-def _inline_markdown(text: str) -> str:
-    from nbconvert.filters import markdown2html
-    return re.sub(r"^<p>|</p>\s*$", "", markdown2html(text).strip())
+def _map_row(stem: str, built: dict) -> str:
+    number = stem.split("_")[0]
+    a = syllabus.about(number)
+    measured = f" ({built[stem]['seconds']} s here)" if built.get(stem, {}).get("seconds") is not None else ""
+    return (f"<tr><td>{html.escape(number)}</td><td><a href='notebooks/{stem}.html'>{html.escape(a.title)}</a></td>"
+            f"<td>{html.escape(a.summary)}</td><td>{html.escape(a.route)}</td><td>{a.minutes} min</td>"
+            f"<td>{a.run_seconds} s{measured}</td></tr>")
 
 
 def write_index(out: Path, manifest: dict) -> None:
-    rows = "".join(
-        f"<tr><td>{html.escape(stem.split('_')[0])}</td><td><a href='notebooks/{stem}.html'>"
-        f"{html.escape(info['title'] or stem)}</a></td><td>{_inline_markdown(info['teaches'])}</td>"
-        f"<td>{html.escape(info['minutes'])}</td></tr>" for stem, info in manifest["chapters"].items())
+    rows = "".join(_map_row(p.stem, manifest["chapters"]) for p in chapters(ROOT))
+    core, elective = syllabus.route_minutes()
     body = ("<h1>minipar: distributed training, run and measured on CPU ranks</h1>"
-            f"<p>Built {html.escape(manifest['built'])}: every chapter below was executed for this site, its "
-            "outputs are the ones it printed and drew. Open the notebooks in JupyterLab (<code>make lab</code>) "
-            "to change and rerun them.</p><h2>Chapter map</h2><table><tr><th>#</th><th>chapter</th>"
-            f"<th>what it teaches</th><th>reading time</th></tr>{rows}</table>")
+            f"<p>Built {html.escape(manifest['built'])}: every chapter linked below that this build ran was "
+            "executed for this site, its outputs are the ones it printed and drew. Open the notebooks in "
+            "JupyterLab (<code>make lab</code>) to change and rerun them. Also here: <a href='cli.html'>the "
+            "commands</a> (<code>train</code>, <code>bench</code>), <a href='library.html'>the library</a>, "
+            "<a href='glossary.html'>the glossary</a>, <a href='figures.html'>every figure</a>.</p>"
+            f"<p>Two routes: the <b>core path</b>, about {syllabus.hours(core)}, and <b>electives</b>, about "
+            f"{syllabus.hours(elective)} in all. Minutes are to read and do the exercises (an estimate); run is "
+            "the seconds Run All takes on two cores, as the chapter states it (and as this build took).</p>"
+            "<h2>Chapter map</h2><table><tr><th>#</th><th>chapter</th><th>what it does</th><th>route</th>"
+            f"<th>minutes</th><th>run</th></tr>{rows}</table>")
     (out / "index.html").write_text(_page("minipar course", body, _titles(manifest)), encoding="utf-8")
 
 
@@ -281,9 +291,39 @@ def write_glossary(out: Path, manifest: dict) -> None:
         for en, zh in info["glossary"]:
             rows.append((en.lower(), f"<tr><td>{html.escape(en)}</td><td>{html.escape(zh)}</td>"
                                      f"<td><a href='notebooks/{stem}.html'>{html.escape(stem)}</a></td></tr>"))
+    known = {en for en, _ in rows}
+    for en, zh, where in doc_glossary():
+        if en.lower() not in known:
+            links = ", ".join(_chapter_link(n.strip()) for n in where.split(","))
+            rows.append((en.lower(), f"<tr><td>{html.escape(en)}</td><td>{html.escape(zh)}</td><td>{links}</td></tr>"))
     body = ("<h1>Glossary · 术语表</h1><table><tr><th>English</th><th>中文</th><th>chapter</th></tr>"
             + "".join(r for _, r in sorted(rows)) + "</table>")
     (out / "glossary.html").write_text(_page("minipar glossary", body, _titles(manifest)), encoding="utf-8")
+
+
+def _chapter_link(number: str) -> str:
+    stem = next((p.stem for p in chapters(ROOT) if p.stem.split("_")[0] == number), None)
+    return f"<a href='notebooks/{stem}.html'>{html.escape(stem)}</a>" if stem else html.escape(number)
+
+
+def doc_glossary(path: Path = ROOT / "docs" / "glossary.md") -> list[tuple[str, str, str]]:
+    """(English, 中文, chapters) of each row of the course glossary's table."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(parts) == 3 and not set("".join(parts)) <= set("-: ") \
+                and parts[0].lower() != "english":
+            rows.append(tuple(parts))
+    return rows
+
+
+def write_doc_pages(out: Path, chapters: list = ()) -> None:
+    """docs/cli.md and docs/library.md as cli.html and library.html."""
+    from nbconvert.filters import markdown2html
+    for name in ("cli", "library"):
+        text = (ROOT / "docs" / f"{name}.md").read_text(encoding="utf-8")
+        title = text.splitlines()[0].lstrip("# ").strip()
+        (out / f"{name}.html").write_text(_page(title, markdown2html(text), chapters), encoding="utf-8")
 
 
 def write_figures(out: Path, root: Path, chapters: list = ()) -> list[str]:
@@ -333,6 +373,7 @@ def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 900, l
     manifest["figures"] = write_figures(out, ROOT, _titles(manifest))
     write_index(out, manifest)
     write_glossary(out, manifest)
+    write_doc_pages(out, _titles(manifest))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
     return manifest
 

@@ -13,6 +13,10 @@ A chapter ``NN_topic`` (the name of its notebook ``notebooks/NN_topic.ipynb``, i
 ``test_chapter.py`` tests of its tour rows, figures helpers and checks (wrong answers kept here)
 ==================  ===============================================================================
 
+Its title, one-line summary, route (core or elective), minutes to read and seconds to run are one entry of
+:data:`.syllabus.ABOUT` (``Chapter.about``), from which the README's chapter table and the site's chapter map
+are written.
+
 The runners (:mod:`.tour`, :mod:`.figures`, :mod:`.bench`, :mod:`.exercises`) find chapters through
 :func:`chapters` and :func:`collect` only, so adding a chapter never touches them. The library
 (``minipar`` outside this package) never imports course code; ``tests/test_layout.py`` holds that.
@@ -46,6 +50,12 @@ class Chapter:
     @property
     def exercise(self) -> Path:
         return ROOT / "exercises" / f"{self.name}.ipynb"
+
+    @property
+    def about(self):
+        """Title, summary, route, minutes and seconds (:mod:`.syllabus`)."""
+        from .syllabus import about
+        return about(self.number)
 
     def module(self, part: str):
         """The chapter's ``part`` module (``"tour"``, ``"figures"``, ...), or None if it has none."""
