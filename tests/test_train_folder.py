@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -155,4 +156,48 @@ def test_wait_for_lock_takes_the_folder_when_its_holder_ends_and_refuses_after_t
     assert guard.lock_folder(folder, wait=30) == lock       # waits for it, then takes the dead run's lock
     with open(lock) as f:
         assert json.load(f)["pid"] == os.getpid()
+    guard.unlock_folder(lock)
+
+
+@pytest.mark.parametrize("content", ["", "{\"pi", "[1, 2]", "{\"host\": \"x\"}"], ids=["empty", "cut", "list", "no pid"])
+def test_an_empty_or_garbage_lock_is_taken_over_once_it_stays_unreadable(tmp_path, content):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    with open(lock, "w") as f:                              # a killed writer's, or a hand-made, lock
+        f.write(content)
+    old = os.path.getmtime(lock) - 2 * guard.UNREADABLE_LOCK_SECONDS
+    os.utime(lock, (old, old))
+    assert guard.lock_folder(str(tmp_path)) == lock         # it blocked the folder until removed by hand
+    with open(lock) as f:
+        assert json.load(f)["pid"] == os.getpid()
+    guard.unlock_folder(lock)
+    assert not os.path.exists(lock)
+
+
+def test_a_fresh_unreadable_lock_is_waited_for_then_taken(tmp_path):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    open(lock, "w").close()                                 # a run may be writing it this instant
+    assert guard.lock_folder(str(tmp_path)) == lock         # wait 0: still waits out the grace, then takes it
+    assert time.time() - os.path.getmtime(lock) < 1 and guard.process_start(os.getpid()) is not None
+    guard.unlock_folder(lock)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for a process's start time")
+def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])   # alive, another program
+    try:
+        started = guard.process_start(other.pid)
+        with open(lock, "w") as f:                          # its pid, its start time: the holder, refused
+            json.dump({"pid": other.pid, "started": started, "host": socket.gethostname()}, f)
+        with pytest.raises(checkpoint.CheckpointError, match=f"in use by pid {other.pid}"):
+            guard.lock_folder(str(tmp_path))
+        with open(lock, "w") as f:                          # its pid, an earlier process's start time: stale
+            json.dump({"pid": other.pid, "started": str(int(started) - 1), "host": socket.gethostname()}, f)
+        assert guard.lock_folder(str(tmp_path)) == lock
+        with open(lock) as f:
+            assert json.load(f) | {"since": None} == {"pid": os.getpid(), "started": guard.process_start(os.getpid()),
+                                                      "host": socket.gethostname(), "since": None}
+    finally:
+        other.kill()
+        other.wait()
     guard.unlock_folder(lock)
