@@ -107,7 +107,8 @@ def _errors(attend, q, k, v, d_out, want_out, want_grads):
     xs = [t.detach().requires_grad_(True) for t in (q, k, v)]
     out = attend(*xs)
     grads = torch.autograd.grad(out, xs, d_out)
-    return [float((got.detach().double() - want.detach()).abs().max()) for got, want in zip((out, *grads), (want_out, *want_grads))]
+    return [float((got.detach().double() - want.detach()).abs().max())
+            for got, want in zip((out, *grads), (want_out, *want_grads))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

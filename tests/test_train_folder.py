@@ -159,7 +159,8 @@ def test_wait_for_lock_takes_the_folder_when_its_holder_ends_and_refuses_after_t
     guard.unlock_folder(lock)
 
 
-@pytest.mark.parametrize("content", ["", "{\"pi", "[1, 2]", "{\"host\": \"x\"}"], ids=["empty", "cut", "list", "no pid"])
+@pytest.mark.parametrize("content", ["", "{\"pi", "[1, 2]", "{\"host\": \"x\"}"],
+                         ids=["empty", "cut", "list", "no pid"])
 def test_an_empty_or_garbage_lock_is_taken_over_once_it_stays_unreadable(tmp_path, content):
     lock = os.path.join(tmp_path, guard.LOCK)
     with open(lock, "w") as f:                              # a killed writer's, or a hand-made, lock

@@ -1,8 +1,8 @@
 """What must hold before a 3D run trains: the checkpoint it resumes is of the same run, the folder it saves into
 can be written, holds no other run's checkpoint, is the same folder on every rank that writes, and belongs to
 this run alone while it writes (:func:`lock_folder`: a lock file naming the holder's pid, its start time and
-host; two runs writing one folder would replace each other's checkpoints); and what a failed write says (:func:`write_failed`:
-a full disk names the file and the checkpoint ``latest`` still names).
+host; two runs writing one folder would replace each other's checkpoints); and what a failed write says
+(:func:`write_failed`: a full disk names the file and the checkpoint ``latest`` still names).
 
 A run is its model config, seed, dtype and data stream (:func:`run_identity`); a checkpoint's manifest records
 them (:mod:`minipar.hybrid.checkpoint`), so :func:`differences` can list what a resume would silently change —
