@@ -118,9 +118,19 @@ def test_keep_holds_and_never_removes_what_latest_names(tmp_path):
     assert len(_steps_in(tmp_path / "all")) == 6
     folder = tmp_path / "all"
     os.replace(folder / "latest", folder / "latest.old")
-    (folder / "latest").write_text("step-00000001")         # latest names an old one: it stays
-    assert checkpoint.prune(str(folder), 1) == [f"step-0000000{i}" for i in (2, 3, 4, 5)]
-    assert _steps_in(folder) == ["step-00000001", "step-00000006"]
+    (folder / "latest").write_text("step-00000003")         # as if --overwrite had saved step 3 over steps 1-6:
+    assert checkpoint.prune(str(folder), 2) == [f"step-0000000{i}" for i in (1, 4, 5, 6)]   # 4-6 are replaced
+    assert _steps_in(folder) == ["step-00000002", "step-00000003"]
+
+
+def test_keep_after_overwrite_keeps_the_new_runs_newest_not_the_replaced_runs(tmp_path):
+    folder = tmp_path / "ckpt"
+    for step in (38, 39, 40):                               # another run's checkpoints, latest at step 40
+        (folder / f"step-{step:08d}").mkdir(parents=True)
+    (folder / "latest").write_text("step-00000040")
+    launch(_save_steps, 2, str(folder), 2, quiet=True)      # what --overwrite --keep 2 then saves: steps 1-6
+    assert _steps_in(folder) == ["step-00000005", "step-00000006"]       # (it kept 38-40 and pruned 1-5)
+    assert checkpoint.latest(str(folder)).endswith("step-00000006")
 
 
 def test_a_full_disk_names_the_file_and_what_latest_still_names(tmp_path):
