@@ -25,8 +25,8 @@ def usage() -> str:
 def listing(described: dict) -> str:
     """``{name: what it does}`` as ``  name  what it does``, the descriptions aligned and wrapped at 100 columns."""
     width = max(map(len, described), default=0)
-    return "\n".join(textwrap.fill(what, 100, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
-                     for name, what in described.items())
+    return "\n".join(textwrap.fill(what, 100, initial_indent=f"  {name:<{width}}  ",
+                                   subsequent_indent=" " * (width + 4)) for name, what in described.items())
 
 
 def main(argv=None) -> int:
