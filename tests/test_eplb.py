@@ -74,7 +74,9 @@ def test_every_plan_is_a_valid_placement_and_lowers_the_busiest_gpu(groups, node
     ((torch.ones(12), 16, 4, 2, 8), "layers"), ((-torch.ones(1, 12), 16, 4, 2, 8), "negative"),
     ((torch.ones(1, 12), 8, 4, 2, 8), "cannot hold"), ((torch.ones(1, 12), 18, 4, 2, 8), "over 8 GPUs"),
     ((torch.ones(1, 12), 16, 4, 3, 8), "over 3 nodes"), ((torch.ones(1, 12), 16, 5, 1, 8), "5 equal groups"),
-    ((torch.ones(1, 12), 16, 4, 0, 8), "num_nodes")])
+    ((torch.ones(1, 12), 16, 4, 0, 8), "num_nodes"),
+    ((torch.ones(0, 12), 16, 4, 2, 8), r"one MoE layer and one logical expert, got shape \(0, 12\)"),
+    ((torch.ones(1, 0), 16, 4, 2, 8), r"got shape \(1, 0\)"), ((torch.ones(0, 0), 16, 1, 1, 8), "at least one")])
 def test_bad_input_is_refused_with_the_reason(args, says):
     with pytest.raises(ValueError, match=says):
         rebalance_experts(*args)

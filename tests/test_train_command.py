@@ -182,6 +182,13 @@ def refused(capsys, monkeypatch, *flags):
     (["--virtual-stages", "0"], "--virtual-stages must be a positive integer"),
     (["--save-every", "0", "--save", "x"], "--save-every must be a positive integer"),
     (["--save-every", "2"], "--save-every needs --save"),
+    (["--keep", "2"], "--keep needs --save DIR"),                          # each changes nothing without it
+    (["--keep", "0"], "--keep needs --save DIR"),
+    (["--wait-for-lock", "5"], "--wait-for-lock needs --save DIR"),
+    (["--overwrite"], "--overwrite needs --save DIR"),
+    (["--wait-for-lock", "inf", "--save", "x"], "--wait-for-lock must be a finite number of seconds >= 0, got inf"),
+    (["--wait-for-lock", "nan", "--save", "x"], "got nan"),
+    (["--wait-for-lock", "-1", "--save", "x"], "got -1.0"),
     (["--nproc-per-node", "0"], "--nproc-per-node must be a positive integer"),
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--tp", "3"], "tensor-parallel degree 3"),

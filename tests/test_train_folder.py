@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -117,9 +118,19 @@ def test_keep_holds_and_never_removes_what_latest_names(tmp_path):
     assert len(_steps_in(tmp_path / "all")) == 6
     folder = tmp_path / "all"
     os.replace(folder / "latest", folder / "latest.old")
-    (folder / "latest").write_text("step-00000001")         # latest names an old one: it stays
-    assert checkpoint.prune(str(folder), 1) == [f"step-0000000{i}" for i in (2, 3, 4, 5)]
-    assert _steps_in(folder) == ["step-00000001", "step-00000006"]
+    (folder / "latest").write_text("step-00000003")         # as if --overwrite had saved step 3 over steps 1-6:
+    assert checkpoint.prune(str(folder), 2) == [f"step-0000000{i}" for i in (1, 4, 5, 6)]   # 4-6 are replaced
+    assert _steps_in(folder) == ["step-00000002", "step-00000003"]
+
+
+def test_keep_after_overwrite_keeps_the_new_runs_newest_not_the_replaced_runs(tmp_path):
+    folder = tmp_path / "ckpt"
+    for step in (38, 39, 40):                               # another run's checkpoints, latest at step 40
+        (folder / f"step-{step:08d}").mkdir(parents=True)
+    (folder / "latest").write_text("step-00000040")
+    launch(_save_steps, 2, str(folder), 2, quiet=True)      # what --overwrite --keep 2 then saves: steps 1-6
+    assert _steps_in(folder) == ["step-00000005", "step-00000006"]       # (it kept 38-40 and pruned 1-5)
+    assert checkpoint.latest(str(folder)).endswith("step-00000006")
 
 
 def test_a_full_disk_names_the_file_and_what_latest_still_names(tmp_path):
@@ -155,4 +166,49 @@ def test_wait_for_lock_takes_the_folder_when_its_holder_ends_and_refuses_after_t
     assert guard.lock_folder(folder, wait=30) == lock       # waits for it, then takes the dead run's lock
     with open(lock) as f:
         assert json.load(f)["pid"] == os.getpid()
+    guard.unlock_folder(lock)
+
+
+@pytest.mark.parametrize("content", ["", "{\"pi", "[1, 2]", "{\"host\": \"x\"}"],
+                         ids=["empty", "cut", "list", "no pid"])
+def test_an_empty_or_garbage_lock_is_taken_over_once_it_stays_unreadable(tmp_path, content):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    with open(lock, "w") as f:                              # a killed writer's, or a hand-made, lock
+        f.write(content)
+    old = os.path.getmtime(lock) - 2 * guard.UNREADABLE_LOCK_SECONDS
+    os.utime(lock, (old, old))
+    assert guard.lock_folder(str(tmp_path)) == lock         # it blocked the folder until removed by hand
+    with open(lock) as f:
+        assert json.load(f)["pid"] == os.getpid()
+    guard.unlock_folder(lock)
+    assert not os.path.exists(lock)
+
+
+def test_a_fresh_unreadable_lock_is_waited_for_then_taken(tmp_path):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    open(lock, "w").close()                                 # a run may be writing it this instant
+    assert guard.lock_folder(str(tmp_path)) == lock         # wait 0: still waits out the grace, then takes it
+    assert time.time() - os.path.getmtime(lock) < 1 and guard.process_start(os.getpid()) is not None
+    guard.unlock_folder(lock)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for a process's start time")
+def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path):
+    lock = os.path.join(tmp_path, guard.LOCK)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])   # alive, another program
+    try:
+        started = guard.process_start(other.pid)
+        with open(lock, "w") as f:                          # its pid, its start time: the holder, refused
+            json.dump({"pid": other.pid, "started": started, "host": socket.gethostname()}, f)
+        with pytest.raises(checkpoint.CheckpointError, match=f"in use by pid {other.pid}"):
+            guard.lock_folder(str(tmp_path))
+        with open(lock, "w") as f:                          # its pid, an earlier process's start time: stale
+            json.dump({"pid": other.pid, "started": str(int(started) - 1), "host": socket.gethostname()}, f)
+        assert guard.lock_folder(str(tmp_path)) == lock
+        with open(lock) as f:
+            assert json.load(f) | {"since": None} == {"pid": os.getpid(), "started": guard.process_start(os.getpid()),
+                                                      "host": socket.gethostname(), "since": None}
+    finally:
+        other.kill()
+        other.wait()
     guard.unlock_folder(lock)

@@ -1,5 +1,6 @@
 """Benchmarks: ``python -m minipar bench <name>`` runs the ``main`` a chapter's ``bench.py`` registers in
-``BENCHMARKS = {name: main}``.
+``BENCHMARKS = {name: main}``; ``python -m minipar bench --help`` lists them, each with the first sentence of
+its ``main``'s docstring (else of its module's).
 
 Speed is measured here, never in timed tests. A benchmark runs minipar's implementation and PyTorch's own
 on the same model and batch inside one launch, alternating step by step (this machine is noisy: what
@@ -7,13 +8,14 @@ matters is the ratio of medians measured side by side), and prints the medians a
 """
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 import time
 
 import torch.distributed as dist
 
-__all__ = ["alternating_medians", "model_and_batch", "benchmarks", "main"]
+__all__ = ["alternating_medians", "model_and_batch", "benchmarks", "describe", "main"]
 
 
 def alternating_medians(steps: dict, iters: int = 20, warmup: int = 3, group=None) -> dict:
@@ -52,11 +54,31 @@ def benchmarks() -> dict:
     return found
 
 
+def describe(run) -> str:
+    """A benchmark's one line: the first sentence of ``run``'s docstring, else of its module's, without the
+    usage it may open with (``python -m minipar bench name [...]``:) or reST markup."""
+    doc = run.__doc__ or sys.modules[run.__module__].__doc__ or ""
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    text = re.sub(r"^``python -m minipar bench [^`]*``:\s*", "", text)
+    text = re.sub(r":\w+:`[~.]*([^`]*)`", r"\1", text).replace("``", "")
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+
+
+def usage(available: dict) -> str:
+    from minipar.__main__ import listing
+    return "\n".join([f"usage: python -m minipar bench {{{','.join(sorted(available)) or '(none yet)'}}} [options]",
+                      "", "benchmarks:", listing({name: describe(available[name]) for name in sorted(available)}),
+                      "", "python -m minipar bench NAME --help: that benchmark's options"])
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     available = benchmarks()
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage(available))
+        return 0
     if not argv or argv[0] not in available:
-        print(f"usage: python -m minipar bench {{{','.join(sorted(available)) or '(none yet)'}}} [options]",
-              file=sys.stderr)
+        unknown = f"python -m minipar bench: unknown benchmark {argv[0]!r}\n" if argv else ""
+        print(unknown + usage(available), file=sys.stderr)
         return 2
     return available[argv[0]](argv[1:]) or 0

@@ -28,7 +28,7 @@ Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to 
 has written (``step-N.1``, ``.2``, ... if a ``step-N`` exists already: ``latest`` may point at it), then
 replaces ``latest`` (a small file, ``os.replace``: readers see the old name or the new one, never none), and
 only then removes older folders of the same step and, with ``keep=N``, every complete checkpoint but the
-newest N (never the one ``latest`` names: :func:`prune`). A crash at any point leaves ``latest`` pointing at a
+newest N up to the one ``latest`` names (:func:`prune`). A crash at any point leaves ``latest`` pointing at a
 complete checkpoint; a write that fails for a full disk says which file and what ``latest`` still names
 (:func:`~minipar.hybrid.guard.write_failed`). What a run is (model config, seed, dtype, data) and the checks made before training —
 a resume into another run refused, the save folder created, test-written and shared by every rank — are in
@@ -166,14 +166,14 @@ def _write(write, path: str, directory: str) -> None:
 
 
 def prune(directory: str, keep: int | None) -> list:
-    """Remove every complete checkpoint folder of ``directory`` but the newest ``keep`` (by step), never the
-    one ``latest`` names; returns the removed names. ``keep`` None or 0: remove nothing."""
-    if not keep:
-        return []
-    named = os.path.basename(latest(directory))
+    """Remove every complete checkpoint of ``directory`` but the newest ``keep`` (by step) up to the one ``latest``
+    names, which stays; later steps are a replaced run's (``--overwrite``) and go too. Returns the removed names."""
     found = [(int(m[1]), int(m[2] or 0), name) for name in os.listdir(directory)
              if (m := re.fullmatch(r"step-(\d+)(?:\.(\d+))?", name)) and os.path.isdir(os.path.join(directory, name))]
-    old = [name for *_, name in sorted(found)[:-keep] if name != named]
+    names = [name for *_, name in sorted(found)]                        # by step, then by copy of the step
+    named = os.path.basename(latest(directory))
+    end = names.index(named) + 1 if named in names else len(names)        # just past this run's newest
+    old = names[:end][:-keep] + names[end:] if keep else []                # keep None or 0: every one stays
     for name in old:
         shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
     return old

@@ -59,6 +59,7 @@ __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "g
            "layout_of"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+KEEP = 3                                 # --keep's default: checkpoints left in --save
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
-    train.add_argument("--keep", type=int, default=3, metavar="N", help="keep the newest N checkpoints in --save "
-                       "(never the one 'latest' names; 0: keep all)")
-    train.add_argument("--wait-for-lock", type=float, default=0.0, metavar="SECONDS",
+    train.add_argument("--keep", type=int, default=None, metavar="N", help=f"keep the newest N checkpoints in "
+                       f"--save (default {KEEP}; never the one 'latest' names; 0: keep all)")
+    train.add_argument("--wait-for-lock", type=float, default=None, metavar="SECONDS",
                        help="another run holds --save: wait up to SECONDS for it to finish (default 0: refuse)")
     train.add_argument("--overwrite", action="store_true",
                        help="let --save replace another run's checkpoint, or a later step")
@@ -278,7 +279,7 @@ def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
     previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
         launcher.launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
-               save_every=args.save_every, keep=args.keep, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
+               save_every=args.save_every, keep=KEEP if args.keep is None else args.keep, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
                timeout=args.timeout, quiet=True, **kwargs)
     except RankError as exc:                    # a rank failed: its one-line reason, exit 1
         print(f"python -m minipar train: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """What must hold before a 3D run trains: the checkpoint it resumes is of the same run, the folder it saves into
 can be written, holds no other run's checkpoint, is the same folder on every rank that writes, and belongs to
-this run alone while it writes (:func:`lock_folder`: a lock file naming the holder's pid and host; two runs
-writing one folder would replace each other's checkpoints); and what a failed write says (:func:`write_failed`:
-a full disk names the file and the checkpoint ``latest`` still names).
+this run alone while it writes (:func:`lock_folder`: a lock file naming the holder's pid, its start time and
+host; two runs writing one folder would replace each other's checkpoints); and what a failed write says
+(:func:`write_failed`: a full disk names the file and the checkpoint ``latest`` still names).
 
 A run is its model config, seed, dtype and data stream (:func:`run_identity`); a checkpoint's manifest records
 them (:mod:`minipar.hybrid.checkpoint`), so :func:`differences` can list what a resume would silently change —
@@ -21,9 +21,10 @@ import torch.distributed as dist
 
 from .. import comm
 __all__ = ["CheckpointError", "LOCK", "barrier", "run_identity", "differences", "check_folder", "check_shared",
-           "lock_folder", "unlock_folder", "write_failed"]
+           "process_start", "lock_folder", "unlock_folder", "write_failed"]
 
-LOCK = ".minipar-lock"                   # in the --save folder while a run writes there: {"pid", "host", "since"}
+LOCK = ".minipar-lock"          # in the --save folder while a run writes: {"pid", "started", "host", "since"}
+UNREADABLE_LOCK_SECONDS = 2.0   # a lock still empty or garbage this long after it was written is nobody's
 FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 # torch.save's zip writer reports a short write (a full disk, a file-size limit) as "unexpected pos N vs M"
 
@@ -106,6 +107,17 @@ def check_shared(directory: str, device="cpu") -> None:
                               f"on every node)")
 
 
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started: field 22 of ``/proc/PID/stat`` (clock ticks after boot; proc(5)), or None
+    without /proc or such a process. A pid alone may be reused by another program; the pair names one
+    process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]    # the name, in parentheses, may hold spaces
+    except (OSError, IndexError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -116,37 +128,61 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_lock(path: str) -> dict | None:
+    """The lock's holder, or None while it is empty or not a holder (being written, or garbage)."""
+    try:
+        with open(path) as f:
+            holder = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+
+
+def _stale(path: str, holder: dict | None, host: str) -> bool:
+    """Nobody holds the lock any more: unreadable for :data:`UNREADABLE_LOCK_SECONDS` (a writer fills it at
+    once), or held on this host by a pid that is dead or now another process (its start time differs)."""
+    if holder is None:
+        try:
+            return time.time() - os.stat(path).st_mtime > UNREADABLE_LOCK_SECONDS
+        except FileNotFoundError:
+            return True
+    if holder.get("host", "?") != host:                       # another host's process cannot be asked
+        return False
+    started, now = holder.get("started"), process_start(holder["pid"])
+    return not _alive(holder["pid"]) or (started is not None and now is not None and now != started)
+
+
 def lock_folder(directory: str, wait: float = 0.0) -> str:
     """Make ``directory`` this run's while it writes: create ``directory/.minipar-lock`` (``O_EXCL``: one
-    creator wins) holding this process's pid and host; returns its path. Held by a live run (or by one on
-    another host, which cannot be asked): wait up to ``wait`` seconds for it to go, then
-    :class:`CheckpointError` naming it. Left by a dead process on this host (killed before it could remove
-    it): taken over."""
+    creator wins) holding this process's pid, start time (:func:`process_start`) and host; returns its path.
+    Held by a live run (or by one on another host, which cannot be asked): wait up to ``wait`` seconds for it
+    to go, then :class:`CheckpointError` naming it. Left by a dead process on this host (killed before it
+    could remove it), naming a pid another program now has, or empty or garbage for
+    :data:`UNREADABLE_LOCK_SECONDS`: taken over."""
     path = os.path.join(directory, LOCK)
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    me = {"pid": os.getpid(), "started": process_start(os.getpid()), "host": socket.gethostname(),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     deadline, takeovers = time.monotonic() + wait, 0
     while takeovers < 3:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                with open(path) as f:
-                    holder = json.load(f)
-            except (OSError, ValueError):
-                holder = {}                                   # being written this instant: a run is starting
-            pid, host = holder.get("pid"), holder.get("host", "?")
-            if isinstance(pid, int) and host == me["host"] and not _alive(pid):
+            holder = _read_lock(path)
+            if _stale(path, holder, me["host"]):
                 try:
                     os.remove(path)                           # a killed run's lock: nobody writes any more
                 except FileNotFoundError:
                     pass
                 takeovers += 1
                 continue
+            if holder is None:                                # being written this instant: a run is starting
+                time.sleep(0.2)
+                continue
             if time.monotonic() < deadline:                   # --wait-for-lock: the holder may finish
                 time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
                 continue
             raise CheckpointError(
-                f"--save {directory} is in use by pid {pid if pid is not None else '?'} on host {host} (since "
+                f"--save {directory} is in use by pid {holder['pid']} on host {holder.get('host', '?')} (since "
                 f"{holder.get('since', '?')}; lock {path}): two runs writing one folder replace each other's "
                 f"checkpoints; wait for that run (--wait-for-lock SECONDS), choose another folder, or remove "
                 f"{path} if that run is gone"
@@ -159,12 +195,7 @@ def lock_folder(directory: str, wait: float = 0.0) -> str:
 
 def unlock_folder(path: str) -> None:
     """Remove the lock :func:`lock_folder` took, if it is still this process's."""
-    try:
-        with open(path) as f:
-            mine = json.load(f).get("pid") == os.getpid()
-    except (OSError, ValueError):
-        return
-    if mine:
+    if (_read_lock(path) or {}).get("pid") == os.getpid():
         os.remove(path)
 
 

@@ -37,11 +37,15 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.n_embd % args.n_head:
         raise ValueError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
-    if args.save_every is not None and not args.save:
-        raise ValueError("--save-every needs --save DIR")
+    for dest, given in (("save_every", args.save_every is not None), ("keep", args.keep is not None),
+                        ("wait_for_lock", args.wait_for_lock is not None), ("overwrite", args.overwrite)):
+        if given and not args.save:            # it would change nothing: say so rather than ignore it
+            raise ValueError(f"{flag[dest]} needs --save DIR")
+    if args.wait_for_lock is not None and not (math.isfinite(args.wait_for_lock) and args.wait_for_lock >= 0):
+        raise ValueError(f"--wait-for-lock must be a finite number of seconds >= 0, got {args.wait_for_lock}")
     if args.experts < 0:
         raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
-    if args.keep < 0:
+    if args.keep is not None and args.keep < 0:
         raise ValueError(f"--keep must be >= 0 (0: keep every checkpoint), got {args.keep}")
     if args.sp and args.tp == 1:
         raise ValueError("--sp splits the sequence over the tp group, and --tp 1 has none: it would change "
@@ -103,7 +107,7 @@ def take_folder(args) -> str | None:
     if not args.save or os.environ.get("RANK", "0") != "0":
         return None
     guard.check_folder(args.save)
-    return guard.lock_folder(args.save, wait=args.wait_for_lock)
+    return guard.lock_folder(args.save, wait=args.wait_for_lock or 0.0)
 
 
 def check_save(args, identity: dict, start: int) -> None:

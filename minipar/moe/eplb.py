@@ -92,6 +92,9 @@ def validate(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes
     """ValueError naming what does not fit."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be (MoE layers, logical experts), got shape {tuple(weight.shape)}")
+    if 0 in weight.shape:
+        raise ValueError(f"weight must hold at least one MoE layer and one logical expert, got shape "
+                         f"{tuple(weight.shape)}")
     if (weight < 0).any():
         raise ValueError("a load cannot be negative: weight holds tokens routed to each expert")
     experts = weight.shape[1]

@@ -22,6 +22,12 @@ block i, P = exp(Q_i K_jᵀ/√d − L_i) rebuilds the tile's softmax from L, th
 dQ, dK, dV and D; the largest temporary is one tile. O(s·d), against dense attention's O(s²)
 (measured in ``tests/test_flash.py`` and chapter 06b). Ring attention runs this kernel on each key block
 that arrives from its neighbour (:mod:`minipar.sequence.ring_attention`).
+
+**Precision.** Like FlashAttention, whatever the input dtype, each tile is computed in float32 (float64 stays
+float64) and m, ℓ, Õ, L, D and the dQ, dK, dV accumulators are float32; only O and the gradients are cast back
+to the input dtype. Accumulating in float16 or bfloat16 instead loses the softmax at large scores (errors 200–800×
+PyTorch's own float16 attention, ``tests/test_flash.py``). No keys (s_k = 0) give O = 0 and L = −∞, head size 0
+an empty O, as ``scaled_dot_product_attention`` does.
 """
 from __future__ import annotations
 
@@ -55,6 +61,19 @@ def tiles(s_q: int, s_k: int, block_q: int, block_k: int, is_causal: bool = Fals
             for cols in key_blocks(rows, s_k, block_k, is_causal)]
 
 
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype tiles and running statistics are computed in: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _setup(q, k, v, block_q, block_k):
+    """Checked input → (s_q, s_k, block_q, block_k, scale, accumulator dtype); a ``None`` block is the whole
+    dimension (at least 1, so an empty dimension gives no blocks); head size 0 has no scores to scale."""
+    _check(q, k, v, block_q, block_k)
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    return s_q, s_k, block_q or max(s_q, 1), block_k or max(s_k, 1), 1 / math.sqrt(max(d, 1)), _accumulator(q.dtype)
+
+
 def _tile_scores(q, k, rows: range, cols: range, is_causal: bool, scale: float):
     s = (q @ k.transpose(-2, -1)) * scale
     if is_causal and cols[-1] > rows[0]:        # the diagonal crosses this tile: mask key > query
@@ -67,19 +86,16 @@ def _tile_scores(q, k, rows: range, cols: range, is_causal: bool, scale: float):
 def flash_forward(q, k, v, is_causal: bool = False, block_q: int | None = 64, block_k: int | None = 64):
     """Algorithm 1: ``(O, L)`` with O = softmax(QKᵀ/√d) V and L its log-sum-exp per query (..., s_q).
     A block size of ``None`` makes one tile of the whole dimension."""
-    _check(q, k, v, block_q, block_k)
-    s_q, s_k = q.shape[-2], k.shape[-2]
-    block_q, block_k = block_q or s_q, block_k or s_k
-    scale = 1 / math.sqrt(q.shape[-1])
-    out = torch.empty_like(q)
-    lse = q.new_empty(q.shape[:-1])
+    s_q, s_k, block_q, block_k, scale, dtype = _setup(q, k, v, block_q, block_k)
+    out = torch.zeros_like(q)                   # no keys: O = 0 (and L = −∞), as PyTorch's attention gives
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=dtype, device=q.device)
     for q0 in range(0, s_q, block_q):
         rows = range(q0, min(q0 + block_q, s_q))
-        qi = q[..., q0:rows.stop, :]
+        qi = q[..., q0:rows.stop, :].to(dtype)
         m = l = acc = None                      # running row max, softmax denominator, unnormalised output
         for cols in key_blocks(rows, s_k, block_k, is_causal):
-            s = _tile_scores(qi, k[..., cols.start:cols.stop, :], rows, cols, is_causal, scale)
-            vj = v[..., cols.start:cols.stop, :]
+            s = _tile_scores(qi, k[..., cols.start:cols.stop, :].to(dtype), rows, cols, is_causal, scale)
+            vj = v[..., cols.start:cols.stop, :].to(dtype)
             m_new = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
             p = torch.exp(s - m_new[..., None])
             if m is None:
@@ -88,7 +104,9 @@ def flash_forward(q, k, v, is_causal: bool = False, block_q: int | None = 64, bl
                 rescale = torch.exp(m - m_new)  # old terms were scaled by exp(−m); now by exp(−m')
                 l, acc = rescale * l + p.sum(-1), rescale[..., None] * acc + p @ vj
             m = m_new
-        out[..., q0:rows.stop, :] = acc / l[..., None]
+        if m is None:                           # no keys at all (s_k = 0)
+            continue
+        out[..., q0:rows.stop, :] = acc / l[..., None]     # cast back to the input dtype here
         lse[..., q0:rows.stop] = m + torch.log(l)
     return out, lse
 
@@ -97,21 +115,19 @@ def flash_backward(q, k, v, d_out, lse, delta, is_causal: bool = False,
                    block_q: int | None = 64, block_k: int | None = 64):
     """Algorithm 2: ``(dQ, dK, dV)`` from the saved L (``lse``, (..., s_q)) and D = rowsum(dO ∘ O)
     (``delta``, (..., s_q)); every tile's softmax is recomputed, none is stored."""
-    _check(q, k, v, block_q, block_k)
-    s_q, s_k = q.shape[-2], k.shape[-2]
-    block_q, block_k = block_q or s_q, block_k or s_k
-    scale = 1 / math.sqrt(q.shape[-1])
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    s_q, s_k, block_q, block_k, scale, dtype = _setup(q, k, v, block_q, block_k)
+    lse, delta = lse.to(dtype), delta.to(dtype)
+    dq, dk, dv = (torch.zeros_like(x, dtype=dtype) for x in (q, k, v))   # accumulated in float32 (or 64)
     # Algorithm 2 runs key blocks in the outer loop (dK_j, dV_j stay on chip); the tiles are the forward's
     for rows, cols in sorted(tiles(s_q, s_k, block_q, block_k, is_causal), key=lambda t: t[1].start):
         r, c = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
-        qi, kj, vj, doi = q[..., r, :], k[..., c, :], v[..., c, :], d_out[..., r, :]
+        qi, kj, vj, doi = (x[..., s, :].to(dtype) for x, s in ((q, r), (k, c), (v, c), (d_out, r)))
         p = torch.exp(_tile_scores(qi, kj, rows, cols, is_causal, scale) - lse[..., r, None])
         dv[..., c, :] += p.transpose(-2, -1) @ doi
         ds = p * (doi @ vj.transpose(-2, -1) - delta[..., r, None])
         dq[..., r, :] += (ds @ kj) * scale
         dk[..., c, :] += (ds.transpose(-2, -1) @ qi) * scale
-    return dq, dk, dv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -128,7 +144,8 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        delta = (d_out * out).sum(-1)               # D_i = rowsum(dO_i ∘ O_i)
+        dtype = _accumulator(out.dtype)
+        delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)       # D_i = rowsum(dO_i ∘ O_i), in float32
         dq, dk, dv = flash_backward(q, k, v, d_out, lse, delta, ctx.is_causal, *ctx.blocks)
         return dq, dk, dv, None, None, None
 

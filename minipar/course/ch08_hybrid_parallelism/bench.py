@@ -75,6 +75,8 @@ def run(layout=(2, 2, 2), quiet=True, v=1, **kwargs) -> dict:
 
 
 def main(argv=None) -> int:
+    """minipar's dp × pp × tp layouts (interleaved too) against the same layouts in PyTorch's own pieces, timed
+    side by side on CPU ranks (gloo)."""
     parser = argparse.ArgumentParser(prog="python -m minipar bench torch3d", description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default="2x1x2,2x2x2,2x2x2v2",
                         help="comma-separated dp x pp x tp; a suffix vN: interleaved, N stages per pp rank")
@@ -107,11 +109,15 @@ def main(argv=None) -> int:
 
 
 def _record_torch_side(argv=None) -> int:
+    """Chapter 08 §6's PyTorch-side runs (2×2×2 side by side, DDP over TP with a DeviceMesh), made now and
+    written to the record the chapter reads."""
     from .recorded import main as record_main
     return record_main(argv)
 
 
 def _record_five_d(argv=None) -> int:
+    """Chapter 08 §9's 16-rank launches (dp × pp × cp × tp, ep folded in), made now and written to the record
+    the chapter reads."""
     from .five_d import record_main
     return record_main(argv)
 

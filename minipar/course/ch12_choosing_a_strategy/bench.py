@@ -207,6 +207,8 @@ def step_times(cal: dict, names=None, steps: int = 5, repeats: int = 3, measured
 
 
 def main(argv=None) -> int:
+    """The cost model calibrated on this machine (α-β links, FLOP/s, Adam), and the steps of eight strategies
+    really trained beside its predictions."""
     parser = argparse.ArgumentParser(prog="python -m minipar bench calibrate")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--steps", type=int, default=5, help="training steps per strategy (default 5)")
