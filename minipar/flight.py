@@ -7,7 +7,7 @@ the rank is stuck in a C++ wait or was killed: a per-rank file of ``capacity`` f
 in slot ``seq % capacity``, written when the call is issued and again (its state) when it completes. The file
 is mapped into memory (``mmap``, shared): a record is a memory copy, no system call, and it lands in the page
 cache the launcher reads, so nothing needs flushing. (Not ``os.pwrite``: a write would count in the process's
-``wchar``, which :mod:`minipar.observe.wire` reads as the bytes sent on the sockets.)
+``wchar``, which :mod:`minipar.wire` reads as the bytes sent on the sockets.)
 
 Each record is one JSON line padded with spaces to the slot size:
 
@@ -19,8 +19,10 @@ Each record is one JSON line padded with spaces to the slot size:
 * ``state``: ``issued``, then ``completed`` when the call returns (an async call: when its work's ``wait()``
   returns, or ``is_completed()`` says so; a work nobody waits on stays ``issued``).
 
-The one module-level object is :data:`recorder`: None until :func:`start` is called in a rank's process (the
-launcher calls it in each rank it starts); minipar.comm's hook does nothing while it is None.
+A :class:`FlightRecorder` is a hook (:mod:`minipar.hooks`): the launcher installs one in each rank it starts,
+for the rank's lifetime (``with hooks.installed(FlightRecorder(path)):``); :func:`active` finds it. It sees
+the calls made through :mod:`minipar.comm` only: a program that calls ``torch.distributed`` directly leaves
+no records (:data:`UNSEEN`).
 """
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ import os
 
 import torch.distributed as dist
 
-from .observe.log import _TimedWork      # a work handle that calls back when its wait() returns
+from . import hooks
 
-__all__ = ["FlightRecorder", "recorder", "start", "stop", "read", "diagnose", "DEFAULT_CAPACITY"]
+__all__ = ["FlightRecorder", "active", "read", "diagnose", "DEFAULT_CAPACITY", "UNSEEN"]
 
 DEFAULT_CAPACITY = 64
 _STATE_AT = len('{"state":"')           # the state is the first field, fixed width: completion rewrites 9 bytes
@@ -89,30 +91,24 @@ class FlightRecorder:
             at = (seq % self.capacity) * self.slot_size + _STATE_AT
             self.slots[at: at + len(_COMPLETED)] = _COMPLETED
 
-    def until_done(self, work, seq: int):
-        """An async call's work, marking its record completed when its wait returns (or is_completed says so)."""
-        return _TimedWork(work, lambda: self.completed(seq))
+    def around_call(self, call, proceed):
+        """The hook: the call written as issued before it runs, completed after it (an async one: when its
+        work's wait returns, or is_completed says so)."""
+        seq = self.issued(call.op, call.group, call.peer, call.tag, call.tensor)
+        result = proceed()
+        if call.async_op:
+            return hooks.WorkDone(result, lambda: self.completed(seq))
+        self.completed(seq)
+        return result
 
     def close(self) -> None:
         self.slots.close()
 
 
-recorder: FlightRecorder | None = None   # this process's recorder; set by start() in a rank, else None
-
-
-def start(path: str, capacity: int = DEFAULT_CAPACITY) -> FlightRecorder:
-    """Record this process's calls through minipar.comm into ``path`` (after ``init_process_group``)."""
-    global recorder
-    stop()
-    recorder = FlightRecorder(path, capacity)
-    return recorder
-
-
-def stop() -> None:
-    global recorder
-    if recorder is not None:
-        recorder.close()
-    recorder = None
+def active() -> FlightRecorder | None:
+    """The flight recorder active here (the innermost), or None: outside a rank the launcher started."""
+    recorders = [h for h in hooks.active() if isinstance(h, FlightRecorder)]
+    return recorders[-1] if recorders else None
 
 
 def read(path: str) -> list:

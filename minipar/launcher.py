@@ -49,24 +49,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from . import flight
+from . import flight, hooks
 from .validation import positive_int
 
-__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT", "launch_hooks"]
+__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
 START_TIMEOUT = 120.0   # seconds the ranks may take to all start (see _arrive_together)
 
-# Each hook: wrap(fn, world_size) -> (the function each rank runs instead, finish(results) -> the results to
-# return). The launcher imports no tracing; minipar.observe.launch_trace.recording_launches() registers one.
-launch_hooks: list = []
-
 
 def _hooked(fn, world_size: int):
-    """(``fn`` wrapped by every hook in :data:`launch_hooks`, the hooks' ``finish`` steps, last hook first)."""
+    """(``fn`` wrapped by every active hook's ``around_launch`` (:mod:`minipar.hooks`; the outermost hook wraps
+    last), the hooks' ``finish`` steps, outermost first). The launcher imports no instrument:
+    :func:`minipar.observe.launch_trace.recording_launches` installs one such hook."""
     finishes = []
-    for wrap in list(launch_hooks):
-        fn, finish = wrap(fn, world_size)
+    for hook in reversed(hooks.active("around_launch")):
+        fn, finish = hook.around_launch(fn, world_size)
         finishes.append(finish)
 
     def finish_all(results):
@@ -160,8 +158,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     (each rank then makes GPU ``rank % device_count`` its current device; the function travels
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
-    prints nothing (the output is still attached to errors). Each hook in :data:`launch_hooks` wraps ``fn``
-    and finishes the results (:func:`minipar.observe.launch_trace.traced_launch` traces every rank so).
+    prints nothing (the output is still attached to errors). Each active hook with ``around_launch``
+    (:mod:`minipar.hooks`) wraps ``fn`` and finishes the results (:func:`minipar.observe.launch_trace.traced_launch`
+    traces every rank so).
     """
     positive_int("world_size", world_size)
     fn, finish = _hooked(fn, world_size)
@@ -371,8 +370,8 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         _arrive_together(store, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        flight.start(_flight_path(workdir, rank))    # this rank's process only: the hook in minipar.comm
-        value = fn(rank, world_size, *args, **kwargs)
+        with hooks.installed(flight.FlightRecorder(_flight_path(workdir, rank))):   # for this rank's lifetime
+            value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
         _leave_together(store, world_size, timeout)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent

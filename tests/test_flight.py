@@ -56,7 +56,7 @@ def _talk_and_keep_records(rank, world_size, folder):
     work = comm.isend(torch.ones(5), (rank + 1) % world_size)
     comm.recv(torch.empty(5), (rank - 1) % world_size)
     work.wait()
-    os.link(flight.recorder.path, os.path.join(folder, f"flight{rank}.bin"))   # outlives the launch's workdir
+    os.link(flight.active().path, os.path.join(folder, f"flight{rank}.bin"))   # outlives the launch's workdir
 
 
 def test_a_run_that_succeeds_leaves_completed_records_and_no_diagnosis():
@@ -74,7 +74,7 @@ def test_a_run_that_succeeds_leaves_completed_records_and_no_diagnosis():
 
 
 def test_no_recorder_outside_the_launcher():
-    assert flight.recorder is None                # this process was never a rank: the hook does nothing
+    assert flight.active() is None                # this process was never a rank: no recorder is installed
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ a row that launches nothing of its own (it reuses an earlier row's run, or runs 
 Three byte columns, per rank (mean over ranks unless the note says otherwise):
 
 * ``model``: what :mod:`minipar.comm`'s log says the algorithm sends (the ring model of each collective);
-* ``observed``: what the process really wrote to its sockets meanwhile (:mod:`minipar.observe.wire`, the kernel's
+* ``observed``: what the process really wrote to its sockets meanwhile (:mod:`minipar.wire`, the kernel's
   per-process counter): the transport's truth, gloo's framing and gloo's own algorithms included;
 * ``formula``: the closed form the chapter teaches.
 
@@ -59,7 +59,7 @@ class TourRow:
     peak_bytes_per_rank: float | None      # measured peak of live tensors during a step (max over ranks)
     note: str = ""
     seconds: float = 0.0
-    bytes_observed_per_rank: float | None = None   # what the transport really sent (minipar.observe.wire), mean over ranks
+    bytes_observed_per_rank: float | None = None   # what the transport really sent (minipar.wire), mean over ranks
     kind: str = "training"                 # what `matches` compares: see KINDS and the module docstring
     calls_per_rank: float | None = None    # logged calls behind bytes_observed_per_rank (for the allowance)
 
@@ -167,7 +167,7 @@ def format_table(rows, notes: bool = True) -> str:
                "own (asynchronous) update rule, not with synchronous training;  ! observed bytes differ from "
                f"the formula by more than the protocol allowance ({OVERHEAD_PER_CALL} B per call + 1 %): the "
                "note says why.  model = minipar.comm's log; observed = bytes written to the sockets "
-               "(minipar.observe.wire, /proc/self/io).")
+               "(minipar.wire, /proc/self/io).")
     if footnotes:
         out.append("")
         out += [f"[{i}] {text}" for i, text in enumerate(footnotes, 1)]

@@ -1,12 +1,12 @@
 """The measurement wing: how a run is observed, traced and timed — low in the house, importing no strategy,
 no planner and no course code.
 
-* :mod:`~minipar.observe.log` — the communication log (one record per :mod:`minipar.comm` call, ``recording()``,
-  bytes per mesh dimension, messages); :mod:`~minipar.observe.wire` — bytes the process really wrote to its
+* :mod:`~minipar.comm_log` — the communication log (one record per :mod:`minipar.comm` call, ``recording()``,
+  bytes per mesh dimension, messages); :mod:`~minipar.wire` — bytes the process really wrote to its
   sockets (the kernel's counter, one kept-open reader); :mod:`~minipar.observe.wirecut` — run a program with
   the wire cut (collectives answered locally).
 * :mod:`~minipar.observe.trace` — the trace format (compute segments, calls, waits, marks; pure data);
-  :mod:`~minipar.observe.tracer` — records one on a rank (an observer of :mod:`minipar.comm`);
+  :mod:`~minipar.observe.tracer` — records one on a rank (a hook on :mod:`minipar.comm`'s calls);
   :mod:`~minipar.observe.launch_trace` — every rank of a launch traced (``traced_launch``,
   ``recording_launches``: a hook of the launcher), no strategy changed.
 * :mod:`~minipar.observe.cluster` — the one table of links: declared clusters (from link cards), which link a
