@@ -8,7 +8,7 @@ import torch
 
 from minipar import LaunchTimeout, comm, hooks, launch
 from minipar.debug import bisect, desync, nonfinite, seeds, stragglers
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
 from conftest import child_pids
 
 
@@ -116,8 +116,8 @@ def test_the_straggler_is_the_rank_with_most_compute_and_its_cost_is_the_differe
 
 
 def test_the_replay_without_the_straggler_is_shorter_by_its_cost():
-    from minipar.observe.cluster import h100_nodes
-    from minipar.observe.replay import replay
+    from minipar.machine.cluster import h100_nodes
+    from minipar.machine.replay import replay
     trace = _trace()
     fixed = stragglers.without_straggler(trace, 1)
     assert all(e.seconds_cpu == 0.010 for e in fixed.ranks[1].events if isinstance(e, Compute))

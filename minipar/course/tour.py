@@ -8,7 +8,7 @@ chapter's rows never touches this file.
     python -m minipar tour            # the table, each row's note as a footnote, a headline that counts
     python -m minipar tour --json     # one JSON object per row (bytes_observed_per_rank included)
     python -m minipar tour -k zero    # only the strategies whose name contains "zero"
-    python -m minipar tour --trace DIR   # also DIR/<row>.json: a minipar.observe.trace.Trace of each row's run
+    python -m minipar tour --trace DIR   # also DIR/<row>.json: a minipar.machine.trace.Trace of each row's run
 
 With ``--trace`` every launch a row makes is traced by the launcher (:mod:`minipar.observe.launch_trace`; no strategy
 holds tracing code) and the row's last launch on its own world size is saved (``trace.load`` reads it back);
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipar tour", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("-k", dest="select", help="only strategies whose name contains this")
-    parser.add_argument("--trace", metavar="DIR", help="save each row's trace as DIR/<row>.json (minipar.observe.trace)")
+    parser.add_argument("--trace", metavar="DIR", help="save each row's trace as DIR/<row>.json (minipar.machine.trace)")
     args = parser.parse_args(argv)
     rows = run_tour(args.select, trace_dir=args.trace)
     if args.json:

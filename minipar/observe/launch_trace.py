@@ -11,9 +11,9 @@ Two ways in, both around :func:`minipar.launch`:
 The launcher knows nothing of tracing: it asks the active hooks (:mod:`minipar.hooks`) with an
 ``around_launch(fn, world_size) -> (fn, finish)``. A :func:`recording_launches` block installs this module's
 hook, which wraps each rank's function in :class:`minipar.observe.tracer.Traced` (a picklable class, so spawned
-ranks get it too), which returns (the function's result, the rank's :class:`~minipar.observe.trace.RankTrace`);
+ranks get it too), which returns (the function's result, the rank's :class:`~minipar.machine.trace.RankTrace`);
 its ``finish`` splits the pairs again, so the caller's results are exactly the untraced ones, and hands one
-:class:`~minipar.observe.trace.Trace` to every open block (a block inside another joins the outer one's hook:
+:class:`~minipar.machine.trace.Trace` to every open block (a block inside another joins the outer one's hook:
 each rank is traced once). The recording itself is a hook on :mod:`minipar.comm`'s calls: strategy files hold
 no tracing code. Outside such a block the launcher wraps nothing.
 
@@ -27,7 +27,7 @@ import time
 
 from minipar import hooks, launcher
 
-from .trace import Trace
+from minipar.machine.trace import Trace
 from .tracer import Traced, mark
 
 __all__ = ["traced_launch", "recording_launches", "stamped_optimizer"]
@@ -57,7 +57,7 @@ class _LaunchTracer:
 
 @contextlib.contextmanager
 def recording_launches(ops: bool = False):
-    """Collect a :class:`minipar.observe.trace.Trace` of every :func:`minipar.launch` inside the block, in order
+    """Collect a :class:`minipar.machine.trace.Trace` of every :func:`minipar.launch` inside the block, in order
     (``meta``: the function's name and the world size). Yields the list, filled as launches end. ``ops``:
     count each compute segment's operators too (for a replay on a device card; it slows every operator)."""
     traces: list = []
@@ -73,7 +73,7 @@ def recording_launches(ops: bool = False):
 
 def traced_launch(fn, world_size: int, *args, meta: dict | None = None, ops: bool = False, **kwargs):
     """``minipar.launch(fn, world_size, *args, **kwargs)`` with every rank traced: (the results, exactly the
-    untraced ones, and the launch's :class:`~minipar.observe.trace.Trace`, ``meta`` added to its own);
+    untraced ones, and the launch's :class:`~minipar.machine.trace.Trace`, ``meta`` added to its own);
     ``ops``: each compute segment's operators counted too."""
     with recording_launches(ops) as traces:
         results = launcher.launch(fn, world_size, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""The tracer: record a :mod:`minipar.observe.trace` of this rank while the program runs, no strategy changed.
+"""The tracer: record a :mod:`minipar.machine.trace` of this rank while the program runs, no strategy changed.
 
 ``with tracing() as rank_trace:`` installs a tracer as a hook (:mod:`minipar.hooks`): before each call it
 closes the compute segment that ran since the last one (thread CPU seconds, wall seconds, the CPU seconds of
@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from minipar import hooks
 
 from .opcount import OperatorCounter
-from .trace import Comm, Compute, Mark, RankTrace, Wait
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Wait
 
 __all__ = ["tracing", "mark", "position", "Traced"]
 

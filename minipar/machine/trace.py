@@ -2,7 +2,7 @@
 
 Measure what the program does, then play it on a declared machine (FlexFlow's simulator, Jia et al. 2019;
 ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the measuring half,
-:mod:`minipar.observe.replay` the playing half. Per rank, in program order, a trace holds
+:mod:`minipar.machine.replay` the playing half. Per rank, in program order, a trace holds
 
 * :class:`Compute` — this rank's thread's time between two communication calls, in **thread CPU time**
   (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs
@@ -94,7 +94,7 @@ class RankTrace:
 @dataclass
 class Trace:
     """Every rank's :class:`RankTrace`; ``meta`` says where it was measured (e.g. ``flops_per_second`` of a
-    rank here, which :mod:`minipar.observe.replay` scales compute by)."""
+    rank here, which :mod:`minipar.machine.replay` scales compute by)."""
     ranks: list
     meta: dict = field(default_factory=dict)
 
