@@ -34,12 +34,14 @@ import torch.distributed as dist
 
 from . import hooks
 
-__all__ = ["FlightRecorder", "active", "read", "diagnose", "DEFAULT_CAPACITY", "UNSEEN"]
+__all__ = ["FlightRecorder", "active", "read", "diagnose", "headline", "DEFAULT_CAPACITY", "UNSEEN"]
 
 DEFAULT_CAPACITY = 64
 _STATE_AT = len('{"state":"')           # the state is the first field, fixed width: completion rewrites 9 bytes
 _COMPLETED = b"completed"               # as wide as 'issued   '
 _SHAPES_MAY_DIFFER = {"all_to_all"}     # uneven splits (MoE dispatch) are legitimate
+UNSEEN = ("the flight recorder sees only calls made through minipar.comm: a collective called through "
+          "torch.distributed directly leaves no record")
 
 
 class FlightRecorder:
@@ -177,6 +179,36 @@ def diagnose(records_by_rank: dict, most: int = 4) -> str | None:
     wait across two groups shows both ends. None when every call seen agrees. Calls match per group (the
     k-th call of each member); a rank missing from ``records_by_rank``, or whose older records were
     overwritten, is not judged where it cannot be."""
+    found = _partings(records_by_rank)[:most]
+    return "\n".join(_describe(records_by_rank, *f[1:]) for f in found) or None
+
+
+def headline(records_by_rank: dict) -> str | None:
+    """One line naming who parted first (the earliest place :func:`diagnose` finds), for the top of an error:
+    the rank that never issued a call the others wait in, or the rank whose call differs from the others'
+    (when more ranks agree than differ; else every side is named). None when every call seen agrees."""
+    found = _partings(records_by_rank)
+    if not found:
+        return None
+    _, group, k, present, missing, signatures = found[0]
+    what = _what(next(iter(present.values())))
+    if missing:
+        return (f"{_names(missing)} parted from the others: never issued call #{k} ({what}), which "
+                f"{_names(present)} issued")
+    sides = sorted(signatures.values(), key=lambda ranks: (-len(ranks), ranks))
+    where = group if group.startswith("p2p:") else f"ranks {next(iter(present.values()))['ranks']}"
+    if len(sides[0]) > len(sides[1]):          # a majority agrees: the others are the culprits
+        odd = sorted(r for ranks in sides[1:] for r in ranks)
+        theirs = "; ".join(f"{_names(ranks)}: {_what(present[ranks[0]])}" for ranks in sides[1:])
+        return (f"{_names(odd)} parted from the others at call #{k} on {where}: {theirs}, where "
+                f"{_names(sides[0])} called {_what(present[sides[0][0]])}")
+    return f"ranks disagree at call #{k} on {where}: " + " vs ".join(
+        f"{_names(ranks)} {_what(present[ranks[0]])}" for ranks in sorted(sides))
+
+
+def _partings(records_by_rank: dict) -> list:
+    """[(first issuing seq, group, k, {rank: record}, ranks that never issued it, {signature: ranks})] -- the
+    first disagreement on each group, the earliest first."""
     calls, members, first_k = {}, {}, {}
     wrapped = {rank: bool(recs) and recs[0]["seq"] > 1 for rank, recs in records_by_rank.items()}
     for rank, recs in records_by_rank.items():
@@ -192,8 +224,7 @@ def diagnose(records_by_rank: dict, most: int = 4) -> str | None:
             signatures.setdefault(_signature(r), []).append(rank)
         if (missing or len(signatures) > 1) and group not in first_on:
             first_on[group] = (min(r["seq"] for r in present.values()), group, k, present, missing, signatures)
-    found = sorted(first_on.values(), key=lambda f: f[:3])[:most]
-    return "\n".join(_describe(records_by_rank, *f[1:]) for f in found) or None
+    return sorted(first_on.values(), key=lambda f: f[:3])
 
 
 def _describe(records_by_rank, group, k, present, missing, signatures) -> str:

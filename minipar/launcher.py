@@ -17,7 +17,9 @@ the code a chapter runs is the code that runs on a GPU cluster. What the launche
   rank. No process is left behind.
 * every rank keeps a :mod:`minipar.flight` recorder of its last communication calls; when the run fails, the
   error also says where the ranks' programs parted (the first call a rank never issued, or issued
-  differently), when the recorders show it.
+  differently), when the recorders show it -- and then its first line names the rank that parted, which
+  may not be the rank that failed. The recorder sees only calls through :mod:`minipar.comm`; a rank that
+  failed in communication with none of those in flight is said to have called ``torch.distributed`` directly.
 * a run that is making progress is never cut off: there is no overall time limit unless the caller asks for
   one with ``wall_limit=`` seconds.
 
@@ -76,12 +78,20 @@ def _hooked(fn, world_size: int):
 
 class RankError(RuntimeError):
     """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback;
-    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None."""
+    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None; ``headline`` who
+    parted first (:func:`minipar.flight.headline`: the rank that never issued a call, or whose call differs),
+    the error's first line when the recorders show it; ``note`` why there is no diagnosis, where that is known
+    (:data:`minipar.flight.UNSEEN`: a rank stuck in a call made through ``torch.distributed`` directly)."""
 
     def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = "",
-                 flight: str | None = None):
+                 flight: str | None = None, *, headline: str | None = None, note: str | None = None):
         self.rank, self.rank_traceback, self.output, self.flight = rank, rank_traceback, output, flight
+        self.headline, self.note = headline, note
         text = f"rank {rank} failed: {message}"
+        if headline:                          # the culprit first: the failing rank may only be its victim
+            text = f"{headline} (flight recorder)\n{text}"
+        if note:
+            text += f"\n({note})"
         if flight:
             text += f"\n\n--- where the ranks parted (flight recorder) ---\n{flight}"
         if rank_traceback:
@@ -247,10 +257,11 @@ def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streame
             if streamer is not None:
                 streamer.poll(final=True)
             running = [r for r in range(world_size) if not done[r]]
+            parted = _flight_diagnosis(workdir, world_size)
             raise LaunchTimeout(running[0], f"ranks {running} were still running at the wall-clock limit "
                                             f"of {wall_limit:g} s (wall_limit=)",
-                                output=_read_output(workdir, running[0]),
-                                flight=_flight_diagnosis(workdir, world_size))
+                                output=_read_output(workdir, running[0]), flight=parted.text,
+                                headline=parted.headline)
         time.sleep(0.005 if streamer is None else 0.02)
     return results
 
@@ -314,16 +325,19 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
         output = _read_output(workdir, rank)
         if status == "error":
             message, tb, timed_out, when = value
+            said = {"flight": parted.text, "headline": parted.headline,
+                    "note": parted.unseen(rank, communication=timed_out or _about_communication(message))}
             if timed_out:
                 exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
                                           f"no rank sent what rank {rank} waits for)\n{message}", tb, output,
-                                    parted)
+                                    **said)
             else:
-                exc = RankError(rank, message, tb, output, parted)
+                exc = RankError(rank, message, tb, output, **said)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
             exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output,
-                            flight=parted)
+                            flight=parted.text, headline=parted.headline,
+                            note=parted.unseen(rank, communication=p.exitcode is not None and p.exitcode < 0))
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
 
@@ -332,9 +346,34 @@ def _flight_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"flight{rank}.bin")
 
 
-def _flight_diagnosis(workdir: str, world_size: int) -> str | None:
-    """What the ranks' flight recorders say about where their calls parted (None: they agree, or no files).
-    Read while the workdir still exists; a rank still running is seen as it is at this moment."""
+def _about_communication(message: str) -> bool:
+    """Whether a rank's error came from the communication library (gloo's or NCCL's words, c10d's)."""
+    text = message.lower()
+    return any(word in text for word in ("gloo", "nccl", "c10d", "processgroup", "connection", "peer"))
+
+
+class _Parted:
+    """What the ranks' flight recorders say: ``text`` (:func:`minipar.flight.diagnose`), ``headline``
+    (:func:`minipar.flight.headline`), and the records, for :meth:`unseen`."""
+
+    def __init__(self, records: dict, text: str | None, headline: str | None):
+        self.records, self.text, self.headline = records, text, headline
+
+    def unseen(self, rank: int, communication: bool) -> str | None:
+        """Why the recorders cannot say where ``rank`` got stuck: it failed in communication, no diagnosis was
+        found, and its recorder holds no call in flight -- the call it failed in did not go through
+        minipar.comm (:data:`minipar.flight.UNSEEN`). None otherwise."""
+        if not communication or self.text is not None or rank not in self.records:
+            return None
+        mine = self.records[rank]
+        if any(r["state"] != "completed" for r in mine):
+            return None
+        return f"{flight.UNSEEN}; rank {rank} recorded {len(mine)} minipar.comm call(s), none in flight"
+
+
+def _flight_diagnosis(workdir: str, world_size: int) -> _Parted:
+    """What the ranks' flight recorders say about where their calls parted (text None: they agree, or no
+    files). Read while the workdir still exists; a rank still running is seen as it is at this moment."""
     records = {}
     for rank in range(world_size):
         try:
@@ -342,9 +381,9 @@ def _flight_diagnosis(workdir: str, world_size: int) -> str | None:
         except OSError:                     # the rank died before it started its recorder
             continue
     try:
-        return flight.diagnose(records)
+        return _Parted(records, flight.diagnose(records), flight.headline(records))
     except Exception as exc:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
-        return f"(the flight recorders could not be read: {type(exc).__name__}: {exc})"
+        return _Parted({}, f"(the flight recorders could not be read: {type(exc).__name__}: {exc})", None)
 
 
 # ----------------------------------------------------------------------------------------------------
