@@ -15,8 +15,9 @@ an object with one or both of two methods:
 
 Hooks are scoped, not registered on process-wide lists: ``with installed(hook):`` makes ``hook`` active for the
 block, in this thread (a ``ContextVar``, as :func:`minipar.comm.ring_algorithms`; a thread started inside
-begins with none) and in the rank processes forked inside it. Hooks installed earlier are the outer ones: the
-outermost wraps the rest. :mod:`minipar.comm` and :mod:`minipar.launcher` ask :func:`active` and know no
+begins with none, so a call made from another thread -- a CUDA device's autograd thread -- is not seen).
+Hooks installed earlier are the outer ones: the outermost wraps the rest. A rank the launcher starts begins
+a scope of its own (:func:`only`): a forked rank does not carry its parent's hooks. :mod:`minipar.comm` and :mod:`minipar.launcher` ask :func:`active` and know no
 instrument by name. This module imports nothing of minipar.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-__all__ = ["installed", "active", "WorkDone"]
+__all__ = ["installed", "only", "active", "WorkDone"]
 
 _active: contextvars.ContextVar = contextvars.ContextVar("minipar_hooks", default=())
 
@@ -38,6 +39,17 @@ def installed(*hooks):
     token = _active.set(_active.get() + hooks)
     try:
         yield hooks[0] if len(hooks) == 1 else hooks
+    finally:
+        _active.reset(token)
+
+
+@contextlib.contextmanager
+def only(*hooks):
+    """Exactly ``hooks`` active inside the block, none of those outside it (a rank process's own scope)."""
+    token = _active.set(())
+    try:
+        with installed(*hooks) as installed_hooks:
+            yield installed_hooks
     finally:
         _active.reset(token)
 

@@ -409,7 +409,7 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         _arrive_together(store, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        with hooks.installed(flight.FlightRecorder(_flight_path(workdir, rank))):   # for this rank's lifetime
+        with hooks.only(flight.FlightRecorder(_flight_path(workdir, rank))):   # the rank's own scope, for its life
             value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
         _leave_together(store, world_size, timeout)

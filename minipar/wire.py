@@ -59,14 +59,15 @@ def written() -> int | None:
 class CallCounter:
     """The wire counter as a hook (:mod:`minipar.hooks`): each blocking call's record gets ``observed_sent``,
     the bytes this process wrote while the call ran. It keeps ``/proc/self/io`` open while it counts (seek to
-    0 and read again: ~7 µs, against ~40 µs to open and parse it each time, twice per call); opened by the
-    process that counts, so a forked rank reads its own. None of this off Linux."""
+    0 and read again: ~7 µs, against ~40 µs to open and parse it each time, twice per call). The file is
+    the opening process's own: in a process forked from it the counter counts nothing. None of this off Linux."""
 
     def __init__(self):
         self.reader = open(_IO, "rb", buffering=0) if available() else None
+        self.pid = os.getpid()
 
     def written(self) -> int | None:
-        if self.reader is None:
+        if self.reader is None or os.getpid() != self.pid:      # /proc/self was the parent's when opened
             return None
         self.reader.seek(0)
         data = self.reader.read(1024)
