@@ -20,7 +20,7 @@ Each record is one JSON line padded with spaces to the slot size:
   returns, or ``is_completed()`` says so; a work nobody waits on stays ``issued``).
 
 A :class:`FlightRecorder` is a hook (:mod:`minipar.hooks`): the launcher installs one in each rank it starts,
-for the rank's lifetime (``with hooks.installed(FlightRecorder(path)):``); :func:`active` finds it. It sees
+for the rank's lifetime (``with hooks.only(FlightRecorder(path)):``); :func:`active` finds it. It sees
 the calls made through :mod:`minipar.comm` only: a program that calls ``torch.distributed`` directly leaves
 no records (:data:`UNSEEN`).
 """
