@@ -337,7 +337,7 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
         elif status == "missing":
             exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output,
                             flight=parted.text, headline=parted.headline,
-                            note=parted.unseen(rank, communication=p.exitcode is not None and p.exitcode < 0))
+                            note=parted.unseen(rank, communication=p.exitcode == -signal.SIGABRT))   # gloo aborts
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
 
