@@ -17,8 +17,9 @@ Hooks are scoped, not registered on process-wide lists: ``with installed(hook):`
 block, in this thread (a ``ContextVar``, as :func:`minipar.comm.ring_algorithms`; a thread started inside
 begins with none, so a call made from another thread -- a CUDA device's autograd thread -- is not seen).
 Hooks installed earlier are the outer ones: the outermost wraps the rest. A rank the launcher starts begins
-a scope of its own (:func:`only`): a forked rank does not carry its parent's hooks. :mod:`minipar.comm` and :mod:`minipar.launcher` ask :func:`active` and know no
-instrument by name. This module imports nothing of minipar.
+a scope of its own (:func:`only`): a forked rank does not carry its parent's hooks. :mod:`minipar.comm` and
+:mod:`minipar.launcher` ask :func:`active` and know no instrument by name. This module imports nothing of
+minipar.
 """
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB", "H100_SXM", "H100_SXM_500W",
-           "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
+           "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
