@@ -7,7 +7,7 @@ the rank is stuck in a C++ wait or was killed: a per-rank file of ``capacity`` f
 in slot ``seq % capacity``, written when the call is issued and again (its state) when it completes. The file
 is mapped into memory (``mmap``, shared): a record is a memory copy, no system call, and it lands in the page
 cache the launcher reads, so nothing needs flushing. (Not ``os.pwrite``: a write would count in the process's
-``wchar``, which :mod:`minipar.observe.wire` reads as the bytes sent on the sockets.)
+``wchar``, which :mod:`minipar.wire` reads as the bytes sent on the sockets.)
 
 Each record is one JSON line padded with spaces to the slot size:
 
@@ -19,8 +19,10 @@ Each record is one JSON line padded with spaces to the slot size:
 * ``state``: ``issued``, then ``completed`` when the call returns (an async call: when its work's ``wait()``
   returns, or ``is_completed()`` says so; a work nobody waits on stays ``issued``).
 
-The one module-level object is :data:`recorder`: None until :func:`start` is called in a rank's process (the
-launcher calls it in each rank it starts); minipar.comm's hook does nothing while it is None.
+A :class:`FlightRecorder` is a hook (:mod:`minipar.hooks`): the launcher installs one in each rank it starts,
+for the rank's lifetime (``with hooks.only(FlightRecorder(path)):``); :func:`active` finds it. It sees
+the calls made through :mod:`minipar.comm` only: a program that calls ``torch.distributed`` directly leaves
+no records (:data:`UNSEEN`).
 """
 from __future__ import annotations
 
@@ -30,14 +32,16 @@ import os
 
 import torch.distributed as dist
 
-from .observe.log import _TimedWork      # a work handle that calls back when its wait() returns
+from . import hooks
 
-__all__ = ["FlightRecorder", "recorder", "start", "stop", "read", "diagnose", "DEFAULT_CAPACITY"]
+__all__ = ["FlightRecorder", "active", "read", "diagnose", "headline", "DEFAULT_CAPACITY", "UNSEEN"]
 
 DEFAULT_CAPACITY = 64
 _STATE_AT = len('{"state":"')           # the state is the first field, fixed width: completion rewrites 9 bytes
 _COMPLETED = b"completed"               # as wide as 'issued   '
 _SHAPES_MAY_DIFFER = {"all_to_all"}     # uneven splits (MoE dispatch) are legitimate
+UNSEEN = ("the flight recorder sees only calls made through minipar.comm: a collective called through "
+          "torch.distributed directly leaves no record")
 
 
 class FlightRecorder:
@@ -89,30 +93,24 @@ class FlightRecorder:
             at = (seq % self.capacity) * self.slot_size + _STATE_AT
             self.slots[at: at + len(_COMPLETED)] = _COMPLETED
 
-    def until_done(self, work, seq: int):
-        """An async call's work, marking its record completed when its wait returns (or is_completed says so)."""
-        return _TimedWork(work, lambda: self.completed(seq))
+    def around_call(self, call, proceed):
+        """The hook: the call written as issued before it runs, completed after it (an async one: when its
+        work's wait returns, or is_completed says so)."""
+        seq = self.issued(call.op, call.group, call.peer, call.tag, call.tensor)
+        result = proceed()
+        if call.async_op:
+            return hooks.WorkDone(result, lambda: self.completed(seq))
+        self.completed(seq)
+        return result
 
     def close(self) -> None:
         self.slots.close()
 
 
-recorder: FlightRecorder | None = None   # this process's recorder; set by start() in a rank, else None
-
-
-def start(path: str, capacity: int = DEFAULT_CAPACITY) -> FlightRecorder:
-    """Record this process's calls through minipar.comm into ``path`` (after ``init_process_group``)."""
-    global recorder
-    stop()
-    recorder = FlightRecorder(path, capacity)
-    return recorder
-
-
-def stop() -> None:
-    global recorder
-    if recorder is not None:
-        recorder.close()
-    recorder = None
+def active() -> FlightRecorder | None:
+    """The flight recorder active here (the innermost), or None: outside a rank the launcher started."""
+    recorders = [h for h in hooks.active() if isinstance(h, FlightRecorder)]
+    return recorders[-1] if recorders else None
 
 
 def read(path: str) -> list:
@@ -181,6 +179,36 @@ def diagnose(records_by_rank: dict, most: int = 4) -> str | None:
     wait across two groups shows both ends. None when every call seen agrees. Calls match per group (the
     k-th call of each member); a rank missing from ``records_by_rank``, or whose older records were
     overwritten, is not judged where it cannot be."""
+    found = _partings(records_by_rank)[:most]
+    return "\n".join(_describe(records_by_rank, *f[1:]) for f in found) or None
+
+
+def headline(records_by_rank: dict) -> str | None:
+    """One line naming who parted first (the earliest place :func:`diagnose` finds), for the top of an error:
+    the rank that never issued a call the others wait in, or the rank whose call differs from the others'
+    (when more ranks agree than differ; else every side is named). None when every call seen agrees."""
+    found = _partings(records_by_rank)
+    if not found:
+        return None
+    _, group, k, present, missing, signatures = found[0]
+    what = _what(next(iter(present.values())))
+    if missing:
+        return (f"{_names(missing)} parted from the others: never issued call #{k} ({what}), which "
+                f"{_names(present)} issued")
+    sides = sorted(signatures.values(), key=lambda ranks: (-len(ranks), ranks))
+    where = group if group.startswith("p2p:") else f"ranks {next(iter(present.values()))['ranks']}"
+    if len(sides[0]) > len(sides[1]):          # a majority agrees: the others are the culprits
+        odd = sorted(r for ranks in sides[1:] for r in ranks)
+        theirs = "; ".join(f"{_names(ranks)}: {_what(present[ranks[0]])}" for ranks in sides[1:])
+        return (f"{_names(odd)} parted from the others at call #{k} on {where}: {theirs}, where "
+                f"{_names(sides[0])} called {_what(present[sides[0][0]])}")
+    return f"ranks disagree at call #{k} on {where}: " + " vs ".join(
+        f"{_names(ranks)} {_what(present[ranks[0]])}" for ranks in sorted(sides))
+
+
+def _partings(records_by_rank: dict) -> list:
+    """[(first issuing seq, group, k, {rank: record}, ranks that never issued it, {signature: ranks})] -- the
+    first disagreement on each group, the earliest first."""
     calls, members, first_k = {}, {}, {}
     wrapped = {rank: bool(recs) and recs[0]["seq"] > 1 for rank, recs in records_by_rank.items()}
     for rank, recs in records_by_rank.items():
@@ -196,8 +224,7 @@ def diagnose(records_by_rank: dict, most: int = 4) -> str | None:
             signatures.setdefault(_signature(r), []).append(rank)
         if (missing or len(signatures) > 1) and group not in first_on:
             first_on[group] = (min(r["seq"] for r in present.values()), group, k, present, missing, signatures)
-    found = sorted(first_on.values(), key=lambda f: f[:3])[:most]
-    return "\n".join(_describe(records_by_rank, *f[1:]) for f in found) or None
+    return sorted(first_on.values(), key=lambda f: f[:3])
 
 
 def _describe(records_by_rank, group, k, present, missing, signatures) -> str:

@@ -17,7 +17,9 @@ the code a chapter runs is the code that runs on a GPU cluster. What the launche
   rank. No process is left behind.
 * every rank keeps a :mod:`minipar.flight` recorder of its last communication calls; when the run fails, the
   error also says where the ranks' programs parted (the first call a rank never issued, or issued
-  differently), when the recorders show it.
+  differently), when the recorders show it -- and then its first line names the rank that parted, which
+  may not be the rank that failed. The recorder sees only calls through :mod:`minipar.comm`; a rank that
+  failed in communication with none of those in flight is said to have called ``torch.distributed`` directly.
 * a run that is making progress is never cut off: there is no overall time limit unless the caller asks for
   one with ``wall_limit=`` seconds.
 
@@ -49,24 +51,22 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from . import flight
+from . import flight, hooks
 from .validation import positive_int
 
-__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT", "launch_hooks"]
+__all__ = ["launch", "choose_backend_and_device", "RankError", "LaunchTimeout", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait before the run is declared deadlocked
 START_TIMEOUT = 120.0   # seconds the ranks may take to all start (see _arrive_together)
 
-# Each hook: wrap(fn, world_size) -> (the function each rank runs instead, finish(results) -> the results to
-# return). The launcher imports no tracing; minipar.observe.launch_trace.recording_launches() registers one.
-launch_hooks: list = []
-
 
 def _hooked(fn, world_size: int):
-    """(``fn`` wrapped by every hook in :data:`launch_hooks`, the hooks' ``finish`` steps, last hook first)."""
+    """(``fn`` wrapped by every active hook's ``around_launch`` (:mod:`minipar.hooks`; the outermost hook wraps
+    last), the hooks' ``finish`` steps, outermost first). The launcher imports no instrument:
+    :func:`minipar.observe.launch_trace.recording_launches` installs one such hook."""
     finishes = []
-    for wrap in list(launch_hooks):
-        fn, finish = wrap(fn, world_size)
+    for hook in reversed(hooks.active("around_launch")):
+        fn, finish = hook.around_launch(fn, world_size)
         finishes.append(finish)
 
     def finish_all(results):
@@ -78,12 +78,20 @@ def _hooked(fn, world_size: int):
 
 class RankError(RuntimeError):
     """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback;
-    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None."""
+    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None; ``headline`` who
+    parted first (:func:`minipar.flight.headline`: the rank that never issued a call, or whose call differs),
+    the error's first line when the recorders show it; ``note`` why there is no diagnosis, where that is known
+    (:data:`minipar.flight.UNSEEN`: a rank stuck in a call made through ``torch.distributed`` directly)."""
 
     def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = "",
-                 flight: str | None = None):
+                 flight: str | None = None, *, headline: str | None = None, note: str | None = None):
         self.rank, self.rank_traceback, self.output, self.flight = rank, rank_traceback, output, flight
+        self.headline, self.note = headline, note
         text = f"rank {rank} failed: {message}"
+        if headline:                          # the culprit first: the failing rank may only be its victim
+            text = f"{headline} (flight recorder)\n{text}"
+        if note:
+            text += f"\n({note})"
         if flight:
             text += f"\n\n--- where the ranks parted (flight recorder) ---\n{flight}"
         if rank_traceback:
@@ -160,8 +168,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "gloo"
     (each rank then makes GPU ``rank % device_count`` its current device; the function travels
     with cloudpickle, so notebook functions work). Output: by default printed after the run in rank order;
     ``stream=True`` prints each line as soon as a rank writes it, prefixed ``[rank r]``; ``quiet=True``
-    prints nothing (the output is still attached to errors). Each hook in :data:`launch_hooks` wraps ``fn``
-    and finishes the results (:func:`minipar.observe.launch_trace.traced_launch` traces every rank so).
+    prints nothing (the output is still attached to errors). Each active hook with ``around_launch``
+    (:mod:`minipar.hooks`) wraps ``fn`` and finishes the results (:func:`minipar.observe.launch_trace.traced_launch`
+    traces every rank so).
     """
     positive_int("world_size", world_size)
     fn, finish = _hooked(fn, world_size)
@@ -248,10 +257,11 @@ def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streame
             if streamer is not None:
                 streamer.poll(final=True)
             running = [r for r in range(world_size) if not done[r]]
+            parted = _flight_diagnosis(workdir, world_size)
             raise LaunchTimeout(running[0], f"ranks {running} were still running at the wall-clock limit "
                                             f"of {wall_limit:g} s (wall_limit=)",
-                                output=_read_output(workdir, running[0]),
-                                flight=_flight_diagnosis(workdir, world_size))
+                                output=_read_output(workdir, running[0]), flight=parted.text,
+                                headline=parted.headline)
         time.sleep(0.005 if streamer is None else 0.02)
     return results
 
@@ -315,16 +325,19 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
         output = _read_output(workdir, rank)
         if status == "error":
             message, tb, timed_out, when = value
+            said = {"flight": parted.text, "headline": parted.headline,
+                    "note": parted.unseen(rank, communication=timed_out or _about_communication(message))}
             if timed_out:
                 exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
                                           f"no rank sent what rank {rank} waits for)\n{message}", tb, output,
-                                    parted)
+                                    **said)
             else:
-                exc = RankError(rank, message, tb, output, parted)
+                exc = RankError(rank, message, tb, output, **said)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
             exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output,
-                            flight=parted)
+                            flight=parted.text, headline=parted.headline,
+                            note=parted.unseen(rank, communication=p.exitcode == -signal.SIGABRT))   # gloo aborts
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
 
@@ -333,9 +346,34 @@ def _flight_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"flight{rank}.bin")
 
 
-def _flight_diagnosis(workdir: str, world_size: int) -> str | None:
-    """What the ranks' flight recorders say about where their calls parted (None: they agree, or no files).
-    Read while the workdir still exists; a rank still running is seen as it is at this moment."""
+def _about_communication(message: str) -> bool:
+    """Whether a rank's error came from the communication library (gloo's or NCCL's words, c10d's)."""
+    text = message.lower()
+    return any(word in text for word in ("gloo", "nccl", "c10d", "processgroup", "connection", "peer"))
+
+
+class _Parted:
+    """What the ranks' flight recorders say: ``text`` (:func:`minipar.flight.diagnose`), ``headline``
+    (:func:`minipar.flight.headline`), and the records, for :meth:`unseen`."""
+
+    def __init__(self, records: dict, text: str | None, headline: str | None):
+        self.records, self.text, self.headline = records, text, headline
+
+    def unseen(self, rank: int, communication: bool) -> str | None:
+        """Why the recorders cannot say where ``rank`` got stuck: it failed in communication, no diagnosis was
+        found, and its recorder holds no call in flight -- the call it failed in did not go through
+        minipar.comm (:data:`minipar.flight.UNSEEN`). None otherwise."""
+        if not communication or self.text is not None or rank not in self.records:
+            return None
+        mine = self.records[rank]
+        if any(r["state"] != "completed" for r in mine):
+            return None
+        return f"{flight.UNSEEN}; rank {rank} recorded {len(mine)} minipar.comm call(s), none in flight"
+
+
+def _flight_diagnosis(workdir: str, world_size: int) -> _Parted:
+    """What the ranks' flight recorders say about where their calls parted (text None: they agree, or no
+    files). Read while the workdir still exists; a rank still running is seen as it is at this moment."""
     records = {}
     for rank in range(world_size):
         try:
@@ -343,9 +381,9 @@ def _flight_diagnosis(workdir: str, world_size: int) -> str | None:
         except OSError:                     # the rank died before it started its recorder
             continue
     try:
-        return flight.diagnose(records)
+        return _Parted(records, flight.diagnose(records), flight.headline(records))
     except Exception as exc:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
-        return f"(the flight recorders could not be read: {type(exc).__name__}: {exc})"
+        return _Parted({}, f"(the flight recorders could not be read: {type(exc).__name__}: {exc})", None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -371,8 +409,8 @@ def _rank_main(rank, world_size, workdir, backend, timeout, payload, direct):
         _arrive_together(store, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        flight.start(_flight_path(workdir, rank))    # this rank's process only: the hook in minipar.comm
-        value = fn(rank, world_size, *args, **kwargs)
+        with hooks.only(flight.FlightRecorder(_flight_path(workdir, rank))):   # the rank's own scope, for its life
+            value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value))
         _leave_together(store, world_size, timeout)
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import comm, launch
+from minipar import comm, launch, rings
 
 
 def _collectives(rank, world_size):
@@ -133,7 +133,7 @@ def test_predicted_bytes_for_one_rank_is_zero():
     assert comm.predicted_bytes_sent("all_reduce", 1000, 4) == 1500
 
 
-# --- what the sockets carried (minipar.observe.wire), not the log's model: the measurement ----------------------
+# --- what the sockets carried (minipar.wire), not the log's model: the measurement ----------------------
 
 WIRE_PAYLOAD = 64 * 1024      # bytes: large beside gloo's headers (~150 B a message, ~1.7 KiB a 4-rank all-reduce)
 FRAMING = 2048                # allowance per call, bytes
@@ -180,7 +180,7 @@ def _observed(rank, world_size):
     return out
 
 
-@pytest.mark.skipif(not __import__("minipar.observe.wire", fromlist=["available"]).available(), reason="no /proc/self/io")
+@pytest.mark.skipif(not __import__("minipar.wire", fromlist=["available"]).available(), reason="no /proc/self/io")
 def test_observed_bytes_on_the_wire_against_the_formula():
     """Each collective on 4 ranks, 64 KiB: the bytes each rank really wrote to its sockets equal the formula
     (comm.predicted_bytes_sent) plus at most FRAMING bytes per logged call — except where gloo runs another
@@ -261,20 +261,20 @@ def test_ring_algorithms_rejects_an_unknown_collective_and_is_scoped():
             pass
     with comm.ring_algorithms("all_gather"):
         with comm.ring_algorithms("reduce_scatter"):                           # nested: replaces
-            assert comm._on_ring("reduce_scatter") and not comm._on_ring("all_gather")
-        assert comm._on_ring("all_gather") and not comm._on_ring("reduce_scatter")
-        assert not comm._on_ring("all_gather", async_op=True)
-    assert not comm._on_ring("all_gather") and not comm._on_ring("all_reduce")
+            assert rings.on_ring("reduce_scatter") and not rings.on_ring("all_gather")
+        assert rings.on_ring("all_gather") and not rings.on_ring("reduce_scatter")
+        assert not rings.on_ring("all_gather", async_op=True)
+    assert not rings.on_ring("all_gather") and not rings.on_ring("all_reduce")
 
 
 def test_ring_algorithms_enabled_false_changes_nothing():
     """``enabled=`` makes the switch a flag (no ``... if on else nullcontext()`` at the caller): False leaves
     whatever is in force, inside another block too."""
     with comm.ring_algorithms("all_gather", enabled=False):
-        assert not comm._on_ring("all_gather")
+        assert not rings.on_ring("all_gather")
     with comm.ring_algorithms("all_gather"):
         with comm.ring_algorithms("reduce_scatter", enabled=False):
-            assert comm._on_ring("all_gather") and not comm._on_ring("reduce_scatter")
+            assert rings.on_ring("all_gather") and not rings.on_ring("reduce_scatter")
     with pytest.raises(ValueError, match="all_to_all"):
         with comm.ring_algorithms("all_to_all", enabled=False):
             pass

@@ -6,9 +6,9 @@ import multiprocessing
 import pytest
 import torch
 
-from minipar import LaunchTimeout, comm, launch
+from minipar import LaunchTimeout, comm, hooks, launch
 from minipar.debug import bisect, desync, nonfinite, seeds, stragglers
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
 from conftest import child_pids
 
 
@@ -56,7 +56,7 @@ def _agreeing_calls(rank, world_size):
         comm.all_reduce(torch.ones(5, dtype=torch.float64))
         comm.all_gather([torch.empty(3) for _ in range(world_size)], torch.full((3,), float(rank)))
         comm.send(torch.ones(1), (rank + 1) % world_size) if rank == 0 else comm.recv(torch.empty(1), 0)
-    assert comm.checks == []                                       # the hook is gone after the block
+    assert not [h for h in hooks.active() if isinstance(h, desync.DesyncCheck)]   # the hook is gone after the block
     return check.calls
 
 
@@ -116,8 +116,8 @@ def test_the_straggler_is_the_rank_with_most_compute_and_its_cost_is_the_differe
 
 
 def test_the_replay_without_the_straggler_is_shorter_by_its_cost():
-    from minipar.observe.cluster import h100_nodes
-    from minipar.observe.replay import replay
+    from minipar.machine.cluster import h100_nodes
+    from minipar.machine.replay import replay
     trace = _trace()
     fixed = stragglers.without_straggler(trace, 1)
     assert all(e.seconds_cpu == 0.010 for e in fixed.ranks[1].events if isinstance(e, Compute))
@@ -205,5 +205,5 @@ def test_the_first_non_finite_operator_is_named_with_its_module():
     assert watch.found is None
 
 
-def test_the_hook_is_empty_by_default():
-    assert comm.checks == []
+def test_no_hook_is_active_by_default():
+    assert hooks.active() == ()

@@ -1,4 +1,4 @@
-"""The device model (minipar.observe.device), the operator counter, the link cards and the published-runs
+"""The device model (minipar.machine.device), the operator counter, the link cards and the published-runs
 check, pinned on hand-computed numbers: a GEMM, a LayerNorm, an Adam step, ring collectives, and the
 planner's step against Korthikanti et al. 2022 Table 5 and torchtitan (±15 %)."""
 import dataclasses
@@ -10,12 +10,12 @@ from minipar.check import gpt_recipe
 from minipar.data import ddp
 from minipar.layout import Layout
 from minipar.observe import measure
-from minipar.observe.cluster import IB_HDR, NVLINK3, a100_cluster, collective_seconds, comm_seconds, dgx_a100
-from minipar.observe.device import A100_SXM_80GB, CARDS, H100_SXM_500W, Op, achieved_flops, op_seconds
-from minipar.observe.intervals import step_slice
+from minipar.machine.cluster import IB_HDR, NVLINK3, a100_cluster, collective_seconds, comm_seconds, dgx_a100
+from minipar.machine.device import A100_SXM_80GB, CARDS, H100_SXM_500W, Op, achieved_flops, op_seconds
+from minipar.machine.intervals import step_slice
 from minipar.observe.opcount import OperatorCounter, kernel_count
-from minipar.observe.replay import replay
-from minipar.observe.trace import Compute
+from minipar.machine.replay import replay
+from minipar.machine.trace import Compute
 from minipar.plan import estimate
 from minipar.plan.model import GPT3_175B, Transformer, forward_flops, layer_parameters
 from minipar.plan.operators import layer_forward, optimizer_step, stage_seconds

@@ -1,12 +1,12 @@
-"""minipar.observe.fidelity on hand-made traces (no processes): links per kind of call, wall-clock compute, FLOPs
+"""minipar.machine.fidelity on hand-made traces (no processes): links per kind of call, wall-clock compute, FLOPs
 copied between runs — each against a timeline worked out by hand (per-step times: tests/test_replay.py)."""
 import pytest
 
-from minipar.observe.fidelity import OpLinks, fit_link, observed_calls, ring_terms, wall_compute, with_flops, \
+from minipar.machine.fidelity import OpLinks, fit_link, observed_calls, ring_terms, wall_compute, with_flops, \
     with_other_threads
-from minipar.observe.cluster import Cluster, dgx_a100
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.machine.cluster import Cluster, dgx_a100
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 approx = lambda x: pytest.approx(x, rel=1e-9, abs=1e-12)  # noqa: E731
 ONE = Cluster(2, 1, 1e9, 1.0, 1000.0, 1000.0, 0.1, 0.1)       # every call: α 0.1 s, β 1000 B/s

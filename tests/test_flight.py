@@ -30,7 +30,41 @@ def test_a_skipped_all_reduce_is_named_with_rank_seq_and_op(no_leftover_processe
     assert ("rank 2 never issued call #5 (all_reduce over ranks [0, 1, 2, 3], float32[1024]); "
             "ranks 0, 1, 3 wait in it (issued, not completed) for rank 2") in message
     assert "rank 2's last call: #4" in caught.value.flight
+    assert message.splitlines()[0].startswith("rank 2 parted from the others: never issued call #5 (all_reduce")
     assert multiprocessing.active_children() == [] and child_pids() == []
+
+
+def _rank_two_reduces_another_shape(rank, world_size):
+    faulthandler.disable()                        # gloo may abort a rank: no "Fatal Python error" from pytest's
+    comm.all_reduce(torch.ones(3))
+    comm.all_reduce(torch.ones(8 if rank == 2 else 4))
+
+
+def test_the_first_line_names_the_rank_whose_call_differs(no_leftover_processes):
+    """Whichever rank gloo fails first (often rank 0), the error's first line names rank 2, the odd one out."""
+    with pytest.raises(RankError) as caught:
+        launch(_rank_two_reduces_another_shape, 4, timeout=3, quiet=True)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("rank 2 parted from the others at call #2 on ranks [0, 1, 2, 3]: rank 2: all_reduce "
+                            "over ranks [0, 1, 2, 3], float32[8], where ranks 0, 1, 3 called all_reduce"), first
+    assert caught.value.headline in first
+
+
+def _skip_a_direct_all_reduce(rank, world_size):
+    comm.all_reduce(torch.ones(4))                # seen by the flight recorder
+    for i in range(3):
+        if rank == 1 and i == 1:                  # the planted bug, in a call around minipar.comm
+            continue
+        dist.all_reduce(torch.ones(4))
+
+
+def test_calls_through_torch_distributed_are_said_to_be_unseen(no_leftover_processes):
+    with pytest.raises(LaunchTimeout) as caught:
+        launch(_skip_a_direct_all_reduce, 2, timeout=3, quiet=True)
+    assert caught.value.flight is None            # every minipar.comm call agrees: nothing to diagnose ...
+    message = str(caught.value)
+    assert flight.UNSEEN in message               # ... and the error says why the recorder cannot tell
+    assert "recorded 1 minipar.comm call(s), none in flight" in message
 
 
 def _different_shapes(rank, world_size):
@@ -46,6 +80,9 @@ def test_a_shape_mismatch_names_both_shapes(no_leftover_processes):
     assert "ranks disagree at call #2 on ranks [0, 1]" in message
     assert "rank 0: all_reduce over ranks [0, 1], float32[4]" in message
     assert "rank 1: all_reduce over ranks [0, 1], float32[8]" in message
+    assert message.splitlines()[0] == ("ranks disagree at call #2 on ranks [0, 1]: rank 0 all_reduce over ranks "
+                                       "[0, 1], float32[4] vs rank 1 all_reduce over ranks [0, 1], float32[8] "
+                                       "(flight recorder)")        # two ranks: neither is the odd one out
 
 
 def _talk_and_keep_records(rank, world_size, folder):
@@ -56,7 +93,7 @@ def _talk_and_keep_records(rank, world_size, folder):
     work = comm.isend(torch.ones(5), (rank + 1) % world_size)
     comm.recv(torch.empty(5), (rank - 1) % world_size)
     work.wait()
-    os.link(flight.recorder.path, os.path.join(folder, f"flight{rank}.bin"))   # outlives the launch's workdir
+    os.link(flight.active().path, os.path.join(folder, f"flight{rank}.bin"))   # outlives the launch's workdir
 
 
 def test_a_run_that_succeeds_leaves_completed_records_and_no_diagnosis():
@@ -74,7 +111,7 @@ def test_a_run_that_succeeds_leaves_completed_records_and_no_diagnosis():
 
 
 def test_no_recorder_outside_the_launcher():
-    assert flight.recorder is None                # this process was never a rank: the hook does nothing
+    assert flight.active() is None                # this process was never a rank: no recorder is installed
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,6 +142,21 @@ def test_diagnose_different_op():
     assert text.splitlines() == ["ranks disagree at call #2 on ranks [0, 1, 2, 3]",
                                  "  ranks 0, 1, 3: all_reduce over ranks [0, 1, 2, 3], float32[1024] (issued)",
                                  "  rank 2: all_gather over ranks [0, 1, 2, 3], float32[512] (issued)"]
+
+
+def test_headline_names_the_odd_rank_out_or_every_side():
+    common = [_rec(1, "all_reduce", WORLD)]
+    gathering = common + [_rec(2, "all_gather", WORLD, shape=(512,), state="issued")]
+    reducing = common + [_rec(2, "all_reduce", WORLD, state="issued")]
+    assert flight.headline({0: reducing, 1: reducing, 2: gathering, 3: reducing}) == (
+        "rank 2 parted from the others at call #2 on ranks [0, 1, 2, 3]: rank 2: all_gather over ranks "
+        "[0, 1, 2, 3], float32[512], where ranks 0, 1, 3 called all_reduce over ranks [0, 1, 2, 3], float32[1024]")
+    assert flight.headline({0: reducing, 1: gathering}).startswith("ranks disagree at call #2 on ranks [0, 1, 2, 3]: "
+                                                                   "rank 0 all_reduce")
+    assert flight.headline({0: reducing, 1: common, 2: reducing, 3: reducing}).startswith(
+        "rank 1 parted from the others: never issued call #2 (all_reduce over ranks [0, 1, 2, 3], float32[1024]), "
+        "which ranks 0, 2, 3 issued")
+    assert flight.headline({0: common, 1: common}) is None
 
 
 def _sub_group_program(rank, extra_calls_on_the_pair=0):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minipar import comm
-from minipar.observe import wire
+from minipar import wire
 from minipar.launcher import launch
 from minipar.precision.fp8 import quantize
 from minipar.precision.fp8_gather import all_gather_bytes

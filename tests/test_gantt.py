@@ -6,9 +6,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from minipar.pipeline import gantt  # noqa: E402
-from minipar.observe.cluster import Cluster  # noqa: E402
-from minipar.observe.replay import replay  # noqa: E402
-from minipar.observe.trace import Comm, Compute, RankTrace, Trace, Wait  # noqa: E402
+from minipar.machine.cluster import Cluster  # noqa: E402
+from minipar.machine.replay import replay  # noqa: E402
+from minipar.machine.trace import Comm, Compute, RankTrace, Trace, Wait  # noqa: E402
 
 
 def ddp_like():

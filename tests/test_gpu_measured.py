@@ -1,4 +1,4 @@
-"""The device model against one H100's measurements (figures/data/gpu/, written by tools/gpu_operators.py):
+"""The device model against one H100's measurements (minipar/machine/data/gpu/, written by tools/gpu_operators.py):
 the card's two measured constants are what the data give, every measured step of the newest run lies within
 15 % of its eager bounds, and the bounds are what their docstring says."""
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 
 from minipar.course.ch12_choosing_a_strategy import gpu_bench
-from minipar.observe import gpu_measured
-from minipar.observe.device import EAGER_HOST_SECONDS, H100_SXM, Op, eager_bounds, ops_seconds
+from minipar.machine import gpu_measured
+from minipar.machine.device import EAGER_HOST_SECONDS, H100_SXM, Op, eager_bounds, ops_seconds
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""minipar.observe.intervals: sets of intervals by hand, and against a fine grid on random sets; step times."""
+"""minipar.machine.intervals: sets of intervals by hand, and against a fine grid on random sets; step times."""
 import random
 
 import pytest
 
-from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, step_slice, union
-from minipar.observe.trace import Comm, Compute, Mark
+from minipar.machine.intervals import difference, intersection, length, slowest_rank_steps, step_slice, union
+from minipar.machine.trace import Comm, Compute, Mark
 
 
 def test_union_joins_overlapping_and_touching_and_drops_empty():

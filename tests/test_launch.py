@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from minipar import LaunchTimeout, RankError, launch
+from minipar import LaunchTimeout, RankError, comm, hooks, launch
 from conftest import child_pids
 
 
@@ -368,3 +368,20 @@ def _workdir_name(rank, world_size):
     import os
     import tempfile
     return next(n for n in os.listdir(tempfile.gettempdir()) if n.startswith("minipar-"))
+
+
+def _hooks_in_a_rank(rank, world_size):
+    outside = [type(h).__name__ for h in hooks.active()]
+    with comm.recording() as log:
+        comm.all_reduce(torch.ones(1000))
+    return outside, log.records[0].observed_sent
+
+
+def test_a_rank_begins_its_own_hook_scope():
+    """A rank forked inside a recording block carries none of its parent's hooks (the parent's log, or its wire
+    counter, whose /proc/self/io is the parent's): only its flight recorder; its own log counts its own bytes."""
+    with comm.recording() as parent_log:
+        results = launch(_hooks_in_a_rank, 2, quiet=True)
+    assert [outside for outside, _ in results] == [["FlightRecorder"]] * 2
+    assert all(observed >= 4000 for _, observed in results)        # 2(N-1)/N · 4000 bytes, and gloo's headers
+    assert parent_log.records == []

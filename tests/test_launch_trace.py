@@ -3,7 +3,7 @@ that launches deep inside (a strategy's run), and ``python -m minipar tour --tra
 import torch
 
 from minipar import comm, launch
-from minipar.observe import trace
+from minipar.machine import trace
 from minipar.observe.launch_trace import recording_launches, traced_launch
 
 

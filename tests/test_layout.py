@@ -25,10 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minipar"
 LINE_BUDGET = 300
 EXEMPT = {
-    # every collective wrapper with its traffic model, and the send/recv rings, on one page to compare
-    "comm.py": ("the reference table of every collective (wrappers + the hand-written rings), and the one place "
-                "every call passes: the flight recorder's and the desync check's hooks", 420),
-    # one paper's three techniques (qwZ, hpZ, qgZ) share the quantizer and the unit: read together
+    # one paper's three techniques (qwZ, hpZ, qgZ): being split on another branch; remove this line with it
     "data/zeropp.py": ("ZeRO++'s three techniques on one flat unit", 340),
     # not a strategy: starting, streaming and stopping processes, root-cause errors, torchrun
     "launcher.py": ("the process machinery every chapter runs on, read as a whole", None),
@@ -185,6 +182,32 @@ def cycles(edges: dict) -> list:
 def test_the_library_has_no_import_cycle():
     edges = import_edges(p for p in library_files() if not p.name.startswith("test_"))
     assert not cycles(edges), cycles(edges)
+
+
+# The floors: an arrow between folders points one way only
+GROUND_FLOOR = ["minipar.hooks", "minipar.calls", "minipar.comm", "minipar.comm_log", "minipar.wire", "minipar.rings",
+                "minipar.flight", "minipar.launcher", "minipar.mesh", "minipar.layout", "minipar.validation"]
+
+
+def _imports_of(modules) -> dict:
+    edges = import_edges(p for p in library_files() if not p.name.startswith("test_"))
+    return {m: {t for t, _ in edges[m]} for m in modules}
+
+
+def test_the_ground_floor_imports_no_instrument_and_no_model_above_it():
+    """comm, its log and hooks, the launcher: no arrow up to the measurement wing (minipar.observe), the
+    machine model (minipar.machine) or the debug tools, whose instruments register through minipar.hooks."""
+    up = {m: sorted(t for t in found if t.startswith(("minipar.observe", "minipar.machine", "minipar.debug")))
+          for m, found in _imports_of(GROUND_FLOOR).items()}
+    assert not any(up.values()), {m: t for m, t in up.items() if t}
+    assert _imports_of(["minipar.hooks"])["minipar.hooks"] == set()        # the interface imports nothing of ours
+
+
+def test_the_machine_model_observes_nothing():
+    machine = [m for m in import_edges(PACKAGE.glob("machine/*.py")) if m.startswith("minipar.machine")]
+    assert len(machine) >= 8, machine
+    up = {m: sorted(t for t in found if t.startswith("minipar.observe")) for m, found in _imports_of(machine).items()}
+    assert not any(up.values()), {m: t for m, t in up.items() if t}
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -1,25 +1,25 @@
-"""minipar.observe.log and minipar.observe.wire without processes: comm's one observer list, the log's message
-count, and the one kept-open reader of /proc/self/io."""
-import os
+"""minipar.comm_log and minipar.wire without processes: the log and the wire counter as scoped hooks, the
+log's message count, and the wire counter's kept-open reader of /proc/self/io."""
 
 import pytest
 
-from minipar import comm
-from minipar.observe import wire
-from minipar.observe.log import RECORDER, CommLog, CommRecord, recording
+from minipar import comm, hooks, wire
+from minipar.comm_log import CommLog, CommRecord, recording
 
 
 def _record(op, n, sent=1):
     return CommRecord(op, n, 64, sent, 0, 0.0, "ring")
 
 
-def test_comm_names_the_log_and_owns_one_observer_list():
+def test_comm_names_the_log_which_is_a_scoped_hook():
     assert comm.recording is recording and comm.CommLog is CommLog and comm.CommRecord is CommRecord
-    assert comm.observers[0] is RECORDER and not RECORDER.watching
+    assert hooks.active() == ()
     with recording() as outer, recording() as inner:
-        assert RECORDER.watching and RECORDER.logs == [outer, inner]
-    assert not RECORDER.watching
-    assert not hasattr(comm, "_last_observed") and not hasattr(comm, "_wchar")    # no per-call state in comm
+        logs = [h.log for h in hooks.active() if hasattr(h, "log")]
+        assert logs == [outer, inner]                            # outermost first
+        assert sum(isinstance(h, wire.CallCounter) for h in hooks.active()) == 2
+    assert hooks.active() == ()
+    assert not hasattr(comm, "observers") and not hasattr(comm, "checks")     # no process-wide lists in comm
 
 
 def test_messages_are_counted_under_each_records_algorithm():
@@ -38,5 +38,8 @@ def test_wire_written_reads_one_kept_open_file(tmp_path):
     with open(tmp_path / "x", "wb", buffering=0) as f:
         f.write(b"x" * 1000)
     assert wire.written() - before >= 1000
-    assert list(wire._readers) == [os.getpid()]                  # opened once for this process
     assert wire.counters()["wchar"] >= before + 1000
+    with wire.counting_calls() as counter:                       # a kept-open reader, while it counts
+        reader = counter.reader
+        assert counter.written() >= before + 1000 and counter.written() - counter.written() <= 0
+    assert reader.closed and not hasattr(wire, "_readers")

@@ -10,8 +10,8 @@ from minipar.check import gpt_recipe
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.observe import measure
-from minipar.observe.fidelity import OpLinks, ring_terms
-from minipar.observe.trace import Mark
+from minipar.machine.fidelity import OpLinks, ring_terms
+from minipar.machine.trace import Mark
 
 
 def test_measure_steps_times_each_step_on_its_slowest_rank():

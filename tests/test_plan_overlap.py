@@ -11,8 +11,8 @@ from minipar.pipeline.simulate import Costs
 from minipar.plan import (Cluster, Layout, Transformer, agreement_text, estimate, kendall_tau, rank_agreement,
                           stage_parameters)
 from minipar.plan.overlap import bucketed_exposed, prefetched_exposed
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Trace
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, Compute, Trace
 from test_replay import rank_trace       # ("wait", i) tuples turned into Wait events
 
 MODEL = Transformer(layers=4, hidden=64, heads=4, vocab=128, seq_len=32)

@@ -1,9 +1,9 @@
 """The replay engine on hand-made traces, against timelines computed by hand (no processes)."""
 import pytest
 
-from minipar.observe.cluster import Cluster, comm_seconds, dgx_a100, h100_nodes, pcie_node, this_machine
-from minipar.observe.replay import Deadlock, replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.machine.cluster import Cluster, comm_seconds, dgx_a100, h100_nodes, pcie_node, this_machine
+from minipar.machine.replay import Deadlock, replay
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 from minipar.pipeline.schedule_trace import from_schedule
 
 approx = lambda x: pytest.approx(x, abs=1e-12)  # noqa: E731

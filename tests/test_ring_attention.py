@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minipar import comm
-from minipar.observe import wire
+from minipar import wire
 from minipar.launcher import launch
 from minipar.sequence import ring_attention as ra
 from minipar.sequence.measure import measured_core, ring_pairs

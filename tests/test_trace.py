@@ -5,10 +5,10 @@ from minipar import comm
 from minipar.check import mlp_recipe
 from minipar.data import ddp
 from minipar.launcher import launch
-from minipar.observe.cluster import this_machine
+from minipar.machine.cluster import this_machine
 from minipar.observe.launch_trace import traced_launch
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, load
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait, load
 from minipar.observe.tracer import _Tracer, tracing
 
 
@@ -111,7 +111,7 @@ def _traced_strategy(rank, world_size, name):
 def test_other_strategies_traced_and_replayed(name):
     """No tracing code in the strategies: the comm hooks see every call, and the traces replay (every
     collective matched, every message received) on this machine and on a DGX-A100 node."""
-    from minipar.observe.cluster import dgx_a100
+    from minipar.machine.cluster import dgx_a100
     out = launch(_traced_strategy, 2, name, quiet=True)
     for rank_trace, logged in out:
         assert [(c.op, c.ranks, c.bytes) for c in rank_trace.comms()] == logged and logged

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minipar import comm
-from minipar.observe import wire
+from minipar import wire
 from minipar.launcher import launch
 from minipar.sequence import ulysses
 from minipar.sequence.ring_attention import shard_sequence, unshard_sequence

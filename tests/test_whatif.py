@@ -2,9 +2,9 @@
 agrees with the planner's closed form (the same operators, links and schedule: one model of time)."""
 import pytest
 
-from minipar.observe.cluster import a100_cluster, dgx_a100
+from minipar.machine.cluster import a100_cluster, dgx_a100
 from minipar.observe.opcount import kernel_count
-from minipar.observe.trace import Comm, Compute
+from minipar.machine.trace import Comm, Compute
 from minipar.plan import GPT3_175B, Layout
 from minipar.plan.whatif import layout_trace, planner_and_replay, replay_layout
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from minipar import comm, launch
-from minipar.observe import wire
+from minipar import wire
 from minipar.observe.wirecut import cut_wire
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minipar import comm, launch
-from minipar.observe import wire
+from minipar import wire
 from minipar.check import RunResult, compare, gpt_recipe, mlp_recipe, train_reference
 from minipar.data import zero, zero_memory
 from minipar.data.zero import ZeRO

@@ -1,4 +1,4 @@
-"""Time each operator of a GPT layer on a GPU and set it beside the device model (minipar.observe.device).
+"""Time each operator of a GPT layer on a GPU and set it beside the device model (minipar.machine.device).
 
 The one script to run where a GPU is at hand (nothing in the course depends on it; under 8 minutes on one
 GPU). For three layer sizes it times, with CUDA events (median of ``--repeats`` after a warm-up), each
@@ -7,9 +7,9 @@ operator of a layer's forward and backward as PyTorch runs it eagerly — matmul
 and one whole layer's forward + backward (a plain pre-norm GPT block written here), and prints and saves,
 per operator class, measured / model. The goal the issue sets:
 within ±25 % per class. The JSON it writes is labelled with the device's name and the date; commit it under
-``figures/data/`` for chapter 12 to show.
+``minipar/machine/data/gpu/`` (package data: :mod:`minipar.machine.gpu_measured` reads it) for chapter 12 to show.
 
-    python tools/gpu_operators.py --out figures/data/gpu_operators.json            # on a GPU
+    python tools/gpu_operators.py --out minipar/machine/data/gpu/<card>_<date>_runN.json   # on a GPU
     python tools/gpu_operators.py --device cpu --tiny --out /tmp/x.json            # a dry run (tests)
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minipar.observe.device import (
+from minipar.machine.device import (
     A100_SXM_80GB,
     CARDS,
     H100_SXM,

@@ -4,7 +4,7 @@
   16, 2 heads, sequence 8, global batch 16 cut into m = 8 micro-batches of 2, Adam, 2 steps, float64) on 4
   ranks with :func:`minipar.pipeline.runtime.parallel_train`, compared with one device (float64 tolerance),
   its bytes per rank and step beside the formula 2 · c · m · A / p (:func:`bytes_formula`) and beside what
-  the sockets carried (:mod:`minipar.observe.wire`: the 2-step run minus a 1-step run, so setup cancels),
+  the sockets carried (:mod:`minipar.wire`: the 2-step run minus a 1-step run, so setup cancels),
   its peak live bytes (:class:`minipar.memory.LiveTensorTracker`).
 * :func:`draw_measured` — simulated (left) beside measured (right) Gantt charts of real runs, paced or not.
 * :func:`beside_torch` — PyTorch's ``torch.distributed.pipelining`` counterpart of a schedule run on

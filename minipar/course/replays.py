@@ -1,7 +1,7 @@
 """A measured run replayed on named clusters, and one step of a replay read: shared by chapters 02 and 03.
 
 A chapter's timing module measures its strategy (:mod:`minipar.observe.measure`: the traces, a step's FLOPs
-and CPU seconds); :func:`replays` plays every trace on each cluster (:func:`minipar.observe.replay.replay`),
+and CPU seconds); :func:`replays` plays every trace on each cluster (:func:`minipar.machine.replay.replay`),
 "here" with compute as measured, any other cluster with compute scaled to its device's FLOP/s, optionally
 as a what-if (a larger model: :func:`scaled`). One step of a replay (:func:`last_step`) is then read for its
 exposed communication and the share of it hidden under compute, and drawn (:func:`draw_replays`).
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from minipar.observe.replay import ReplayResult, device_scale, replay
-from minipar.observe.trace import Comm, Compute, RankTrace, Trace
+from minipar.machine.replay import ReplayResult, device_scale, replay
+from minipar.machine.trace import Comm, Compute, RankTrace, Trace
 from minipar.pipeline.gantt import draw_gantt, replay_rows
 
 __all__ = ["GPT2_SMALL_PARAMS", "SEED_TOKENS_PER_GPU", "scaled", "replays", "last_step", "exposed_per_step",

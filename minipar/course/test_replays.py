@@ -2,8 +2,8 @@
 import pytest
 
 from minipar.course import replays
-from minipar.observe.replay import ReplayResult, Span
-from minipar.observe.trace import Comm, Compute, RankTrace, Trace
+from minipar.machine.replay import ReplayResult, Span
+from minipar.machine.trace import Comm, Compute, RankTrace, Trace
 
 
 def test_exposed_and_hidden_are_read_in_the_last_step_alone():
@@ -34,8 +34,8 @@ def test_scaled_grows_counted_operators_but_not_their_kernels():
 
 
 def test_replays_on_a_card_play_the_counted_traces_and_refuse_without_them():
-    from minipar.observe.cluster import a100_cluster
-    from minipar.observe.trace import Mark
+    from minipar.machine.cluster import a100_cluster
+    from minipar.machine.trace import Mark
     floor = a100_cluster(1).device.launch_floor
     rows = [{"name": "k", "kind": "memory", "count": 4, "flops": 0, "bytes": 0}]          # 4 kernels: 4 floors
     counted = Trace([RankTrace(r, [Mark("step"), Compute(9.0, ops=rows), Mark("step")]) for r in (0, 1)])

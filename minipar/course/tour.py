@@ -8,7 +8,7 @@ chapter's rows never touches this file.
     python -m minipar tour            # the table, each row's note as a footnote, a headline that counts
     python -m minipar tour --json     # one JSON object per row (bytes_observed_per_rank included)
     python -m minipar tour -k zero    # only the strategies whose name contains "zero"
-    python -m minipar tour --trace DIR   # also DIR/<row>.json: a minipar.observe.trace.Trace of each row's run
+    python -m minipar tour --trace DIR   # also DIR/<row>.json: a minipar.machine.trace.Trace of each row's run
 
 With ``--trace`` every launch a row makes is traced by the launcher (:mod:`minipar.observe.launch_trace`; no strategy
 holds tracing code) and the row's last launch on its own world size is saved (``trace.load`` reads it back);
@@ -17,7 +17,7 @@ a row that launches nothing of its own (it reuses an earlier row's run, or runs 
 Three byte columns, per rank (mean over ranks unless the note says otherwise):
 
 * ``model``: what :mod:`minipar.comm`'s log says the algorithm sends (the ring model of each collective);
-* ``observed``: what the process really wrote to its sockets meanwhile (:mod:`minipar.observe.wire`, the kernel's
+* ``observed``: what the process really wrote to its sockets meanwhile (:mod:`minipar.wire`, the kernel's
   per-process counter): the transport's truth, gloo's framing and gloo's own algorithms included;
 * ``formula``: the closed form the chapter teaches.
 
@@ -59,7 +59,7 @@ class TourRow:
     peak_bytes_per_rank: float | None      # measured peak of live tensors during a step (max over ranks)
     note: str = ""
     seconds: float = 0.0
-    bytes_observed_per_rank: float | None = None   # what the transport really sent (minipar.observe.wire), mean over ranks
+    bytes_observed_per_rank: float | None = None   # what the transport really sent (minipar.wire), mean over ranks
     kind: str = "training"                 # what `matches` compares: see KINDS and the module docstring
     calls_per_rank: float | None = None    # logged calls behind bytes_observed_per_rank (for the allowance)
 
@@ -167,7 +167,7 @@ def format_table(rows, notes: bool = True) -> str:
                "own (asynchronous) update rule, not with synchronous training;  ! observed bytes differ from "
                f"the formula by more than the protocol allowance ({OVERHEAD_PER_CALL} B per call + 1 %): the "
                "note says why.  model = minipar.comm's log; observed = bytes written to the sockets "
-               "(minipar.observe.wire, /proc/self/io).")
+               "(minipar.wire, /proc/self/io).")
     if footnotes:
         out.append("")
         out += [f"[{i}] {text}" for i, text in enumerate(footnotes, 1)]
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipar tour", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("-k", dest="select", help="only strategies whose name contains this")
-    parser.add_argument("--trace", metavar="DIR", help="save each row's trace as DIR/<row>.json (minipar.observe.trace)")
+    parser.add_argument("--trace", metavar="DIR", help="save each row's trace as DIR/<row>.json (minipar.machine.trace)")
     args = parser.parse_args(argv)
     rows = run_tour(args.select, trace_dir=args.trace)
     if args.json:

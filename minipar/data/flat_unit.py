@@ -22,7 +22,7 @@ Which collectives move the bytes: every collective here is a :mod:`minipar.comm`
 
 * outside it (default): ``torch.distributed``'s. On CPU, gloo has no reduce-scatter of its own: PyTorch's
   gloo backend all-reduces the whole buffer and keeps a chunk, so a reduce-scatter puts 2(N-1)/N·S on the
-  wire, twice the ring's (observed with :mod:`minipar.observe.wire`): ZeRO-1/2 then send 1.5x DDP, ZeRO-3
+  wire, twice the ring's (observed with :mod:`minipar.wire`): ZeRO-1/2 then send 1.5x DDP, ZeRO-3
   2.0x. (NCCL has a real reduce-scatter.)
 * inside ``with comm.ring_algorithms():``: minipar's own rings from send/recv, which send exactly (N-1)/N·S
   per reduce-scatter or all-gather: the paper's 1x DDP (ZeRO-1/2) and 1.5x DDP (ZeRO-3) are then what the

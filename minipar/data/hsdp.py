@@ -101,7 +101,7 @@ class HSDPRun(RunResult):
     the bytes of model parameters it holds between steps (its shard under FSDP/HSDP)."""
     cross_node: list = field(default_factory=list)
     sent: list = field(default_factory=list)
-    observed: list = field(default_factory=list)      # what the sockets carried (minipar.observe.wire), or None
+    observed: list = field(default_factory=list)      # what the sockets carried (minipar.wire), or None
     param_bytes: int = 0
 
 

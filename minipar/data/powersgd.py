@@ -36,7 +36,7 @@ from .. import comm
 from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
-from ..observe import wire
+from .. import wire
 from ..validation import positive_int
 
 __all__ = ["PowerSGDReducer", "PowerSGDRun", "compressible", "powersgd_bytes", "validate", "parallel_train",

@@ -51,7 +51,7 @@ from .. import comm
 from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
-from ..observe import wire
+from .. import wire
 from ..validation import positive_int
 from . import hsdp
 from .flat_unit import FlatLayout, FlatUnit
@@ -202,7 +202,7 @@ class ZeROPlusPlus(ZeRO):
 @dataclass
 class ZeroPPRun(RunResult):
     """A rank's :class:`RunResult` plus, per step, the bytes its sends carried in all and across the declared
-    node boundary, what its sockets carried (:mod:`minipar.observe.wire`; None off Linux) and its logged
+    node boundary, what its sockets carried (:mod:`minipar.wire`; None off Linux) and its logged
     sends; and the peak bytes of hpZ's secondary shards it held."""
     sent: list = field(default_factory=list)
     cross_node: list = field(default_factory=list)

@@ -25,7 +25,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from .. import comm
+from .. import hooks
 
 __all__ = ["desync_check", "DesyncCheck", "fingerprint", "describe", "MAX_DIMS"]
 
@@ -84,12 +84,18 @@ def describe(fingerprints: list, ranks: list, k: int) -> str | None:
 
 
 class DesyncCheck:
-    """One active check: counts this rank's calls per group; ``calls`` how many it has compared."""
+    """One active check (a hook, :mod:`minipar.hooks`): counts this rank's calls per group; ``calls`` how many
+    it has compared."""
 
     def __init__(self, group=None):
         self.only, self.calls_on, self.calls = group, {}, 0
 
-    def __call__(self, op, group, peer, tensor) -> None:
+    def around_call(self, call, proceed):
+        """Compare the call across its group first (a collective); raise on a difference, else run it."""
+        self.check(call.op, call.group, call.peer, call.tensor)
+        return proceed()
+
+    def check(self, op, group, peer, tensor) -> None:
         if peer is not None or (self.only is not None and group is not self.only):
             return                                  # a send/recv, or another group than the one watched
         pg = dist.group.WORLD if group is None else group
@@ -110,9 +116,5 @@ def desync_check(group=None):
     """Inside this block every :mod:`minipar.comm` collective (on ``group`` only, if given) is compared across
     its group before it runs, and a difference raises ``ValueError`` on every member. Yields the
     :class:`DesyncCheck` (its ``calls``: how many calls it compared)."""
-    check = DesyncCheck(group)
-    comm.checks.append(check)
-    try:
+    with hooks.installed(DesyncCheck(group)) as check:
         yield check
-    finally:
-        comm.checks.remove(check)

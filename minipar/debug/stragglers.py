@@ -6,15 +6,15 @@ the other ranks its extra time shows up as time *inside* the collective, not as 
 waits least in communication is the straggler, and its extra compute over the median rank is what the step
 pays for it.
 
-:func:`per_rank_steps` splits each rank's events of a :class:`minipar.observe.trace.Trace` at its marks
+:func:`per_rank_steps` splits each rank's events of a :class:`minipar.machine.trace.Trace` at its marks
 ``"step"`` into compute (wall seconds between calls) and communication (wall seconds inside calls, the wait
 for the slowest rank included). :func:`find_straggler` names the rank. :func:`without_straggler` is the model
 counterfactual: the same trace with the straggler's compute segments cut to the median rank's, to be replayed
-(:func:`minipar.observe.replay.replay`) beside the original on a declared cluster.
+(:func:`minipar.machine.replay.replay`) beside the original on a declared cluster.
 
 Source: Meta's Llama 3 report ("The Llama 3 Herd of Models", 2024, §3.3.4) on slow ranks among 16k GPUs
 found with tools built on its NCCLX flight recorder; the signal read here (the others' wait inside the
-collective) is the replay's idle time (:mod:`minipar.observe.replay_result`), measured instead of modelled.
+collective) is the replay's idle time (:mod:`minipar.machine.replay_result`), measured instead of modelled.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import copy
 import statistics
 from dataclasses import dataclass
 
-from minipar.observe.intervals import step_slice
-from minipar.observe.trace import Comm, Compute, Trace
+from minipar.machine.intervals import step_slice
+from minipar.machine.trace import Comm, Compute, Trace
 
 __all__ = ["StepTimes", "per_rank_steps", "Straggler", "find_straggler", "without_straggler"]
 

@@ -1,20 +1,16 @@
-"""The measurement wing: how a run is observed, traced and timed — low in the house, importing no strategy,
-no planner and no course code.
+"""The measurement wing: how a run is observed, traced and timed — above the ground floor and the machine
+model, importing no strategy, no planner and no course code. Its instruments register through
+:mod:`minipar.hooks` (the ground floor's one hook interface); nothing below imports this package.
 
-* :mod:`~minipar.observe.log` — the communication log (one record per :mod:`minipar.comm` call, ``recording()``,
-  bytes per mesh dimension, messages); :mod:`~minipar.observe.wire` — bytes the process really wrote to its
-  sockets (the kernel's counter, one kept-open reader); :mod:`~minipar.observe.wirecut` — run a program with
-  the wire cut (collectives answered locally).
-* :mod:`~minipar.observe.trace` — the trace format (compute segments, calls, waits, marks; pure data);
-  :mod:`~minipar.observe.tracer` — records one on a rank (an observer of :mod:`minipar.comm`);
-  :mod:`~minipar.observe.launch_trace` — every rank of a launch traced (``traced_launch``,
-  ``recording_launches``: a hook of the launcher), no strategy changed.
-* :mod:`~minipar.observe.cluster` — the one table of links: declared clusters (from link cards), which link a
-  group of ranks runs over (the mesh's node rule), and the α-β cost of one call — for the planner, the replay
-  and the fits; :mod:`~minipar.observe.device` — declared GPUs (device cards) and what one operator costs on
-  them (roofline + launch floor); :mod:`~minipar.observe.opcount` — the operators a program runs, counted.
-* :mod:`~minipar.observe.replay` — a trace played on a declared cluster (:mod:`~minipar.observe.replay_result`:
-  what it returns); :mod:`~minipar.observe.fidelity` —
-  links fitted to this machine; :mod:`~minipar.observe.intervals` — the interval algebra of a timeline;
-  :mod:`~minipar.observe.measure` — a strategy's steps traced and timed, this machine's links calibrated.
+* :mod:`~minipar.observe.tracer` — records a :mod:`minipar.machine.trace` on a rank (a hook on
+  :mod:`minipar.comm`'s calls); :mod:`~minipar.observe.launch_trace` — every rank of a launch traced
+  (``traced_launch``, ``recording_launches``: a launch hook), no strategy changed.
+* :mod:`~minipar.observe.opcount` — the operators a program runs, counted at the dispatcher (priced by
+  :mod:`minipar.machine.device`).
+* :mod:`~minipar.observe.measure` — a strategy's steps traced and timed, this machine's links calibrated
+  (fitted with :mod:`minipar.machine.fidelity`).
+* :mod:`~minipar.observe.wirecut` — run a program with the wire cut (collectives answered locally).
+
+The comm log (:mod:`minipar.comm_log`, ``comm.recording()``) and the wire counter (:mod:`minipar.wire`) are
+instruments on the ground floor, beside the calls they count.
 """

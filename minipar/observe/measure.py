@@ -4,8 +4,8 @@
 **Steps.** A rank's step ends at a stamp: the wall clock (``time.perf_counter``) and a mark "step" in its trace
 (:func:`minipar.observe.tracer.mark`), put there by :meth:`RankSteps.tick` or at every ``step()`` of a recipe's
 optimizer (:meth:`RankSteps.stamped`, :func:`minipar.observe.launch_trace.stamped_optimizer`). A **step time**
-is the slowest rank's gap from one stamp to the next (:func:`minipar.observe.intervals.slowest_rank_steps`),
-as a replay times its steps between marks (:meth:`minipar.observe.replay.ReplayResult.step_gaps`); "the"
+is the slowest rank's gap from one stamp to the next (:func:`minipar.machine.intervals.slowest_rank_steps`),
+as a replay times its steps between marks (:meth:`minipar.machine.replay.ReplayResult.step_gaps`); "the"
 step of a run is the fastest of them (:attr:`Steps.fastest`, as ``ReplayResult.step_between``): the first
 steps carry set-up, and the machine is shared. :func:`measure_steps` launches one ``parallel_train`` so
 measured; :func:`timed_steps` (on a rank) and :func:`gather_steps` (on the caller's side) measure several
@@ -14,7 +14,7 @@ configurations inside one launch of the caller's.
 **Links.** :func:`time_calls` times gloo's collectives on every rank at once (each call after a barrier, the
 first a warm-up), :func:`pingpong` one message between two ranks (a blocking round trip / 2). :class:`Links`
 keeps every call's seconds and fits them: each collective by its own ring form
-(:func:`minipar.observe.fidelity.fit_link`, gathered in :class:`~minipar.observe.fidelity.OpLinks`), the
+(:func:`minipar.machine.fidelity.fit_link`, gathered in :class:`~minipar.machine.fidelity.OpLinks`), the
 ping-pong by t = α + S/β (:func:`fit_p2p`). Which statistic is fitted is the caller's: the **mean** (what a
 program pays per call on average: a call's time here has two modes, a few hundred µs or ~2 ms when a rank's
 blocked threads are woken late) or the **min** (the link undisturbed). :func:`calibrate_links` launches both.
@@ -32,10 +32,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from minipar import comm
 from minipar.launcher import launch
-from minipar.observe.fidelity import OpLinks, fit_affine, fit_link
-from minipar.observe.intervals import slowest_rank_steps, step_slice
+from minipar.machine.fidelity import OpLinks, fit_affine, fit_link
+from minipar.machine.intervals import slowest_rank_steps, step_slice
 from minipar.observe.launch_trace import stamped_optimizer
-from minipar.observe.trace import Compute, Trace
+from minipar.machine.trace import Compute, Trace
 from minipar.observe.tracer import mark, tracing
 
 __all__ = ["RankSteps", "Steps", "timed_steps", "gather_steps", "measure_steps", "step_cpu_seconds", "counted_flops",
@@ -229,15 +229,15 @@ def pingpong(sizes, repeats: int) -> dict:
 
 def fit_p2p(seconds: dict) -> tuple:
     """(β bytes/s, α s) of one message, t = α + S/β fitted to ``seconds`` {S: t} in relative error
-    (:func:`minipar.observe.fidelity.fit_affine`); α ≥ 0, β = ∞ when t does not grow with S (small sizes on a
+    (:func:`minipar.machine.fidelity.fit_affine`); α ≥ 0, β = ∞ when t does not grow with S (small sizes on a
     busy machine)."""
     alpha, per_byte = fit_affine(list(seconds), list(seconds.values()))
     return (1 / per_byte if per_byte > 0 else float("inf")), max(alpha, 0.0)
 
 
 def fit_links(seconds: dict, world_size: int, p2p: tuple | None = None):
-    """:class:`~minipar.observe.fidelity.OpLinks` of ``seconds`` {op: {bytes: s}} on ``world_size`` ranks: each
-    op timed at two sizes or more on its own (β, α) (:func:`~minipar.observe.fidelity.fit_link`; an op whose
+    """:class:`~minipar.machine.fidelity.OpLinks` of ``seconds`` {op: {bytes: s}} on ``world_size`` ranks: each
+    op timed at two sizes or more on its own (β, α) (:func:`~minipar.machine.fidelity.fit_link`; an op whose
     time does not grow with size is left to the cluster's link), ``p2p`` (β, α) for send/recv. None when no op
     could be fitted."""
     ops = {}
@@ -269,11 +269,11 @@ class Links:
         return {s: statistic(v) for s, v in self.p2p.items()}
 
     def fit(self, op: str, statistic=statistics.fmean) -> tuple:
-        """(β, α) of ``op``'s ring form fitted to :meth:`seconds` (:func:`~minipar.observe.fidelity.fit_link`)."""
+        """(β, α) of ``op``'s ring form fitted to :meth:`seconds` (:func:`~minipar.machine.fidelity.fit_link`)."""
         return fit_link(op, self.world_size, self.seconds(op, statistic))
 
     def fitted(self, statistic=statistics.fmean):
-        """:class:`~minipar.observe.fidelity.OpLinks`: every op timed, and send/recv on the ping-pong's
+        """:class:`~minipar.machine.fidelity.OpLinks`: every op timed, and send/recv on the ping-pong's
         :func:`fit_p2p`, both of ``statistic`` (:func:`fit_links`)."""
         p2p = fit_p2p(self.p2p_seconds(statistic)) if self.p2p else None
         ops = list(self.calls[0]) if self.calls else []
@@ -289,6 +289,6 @@ def calibrate_links(world_size: int, sizes=(4, 2 ** 16, 2 ** 19, 2 ** 21), repea
     """Time this machine's links: ``ops`` (none: skipped) at ``sizes`` bytes on ``world_size`` ranks at once,
     ``repeats`` calls each (:func:`time_calls`, one launch), and a ping-pong of ``p2p_sizes`` (None: skipped)
     between two ranks, ``repeats`` round trips (:func:`pingpong`, a second launch). :meth:`Links.fitted` gives
-    the :class:`~minipar.observe.fidelity.OpLinks` a replay takes."""
+    the :class:`~minipar.machine.fidelity.OpLinks` a replay takes."""
     calls = launch(_time_calls_on_rank, world_size, tuple(sizes), repeats, tuple(ops), quiet=True) if ops else []
     return Links(world_size, calls, pingpong(p2p_sizes, repeats) if p2p_sizes else None)

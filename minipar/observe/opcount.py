@@ -1,5 +1,5 @@
 """Count the operators a program runs, at PyTorch's dispatch level: what each compute segment of a trace would
-launch on a GPU (:mod:`minipar.observe.device` prices them).
+launch on a GPU (:mod:`minipar.machine.device` prices them).
 
 Every ATen operator that reaches the dispatcher below autograd (a ``TorchDispatchMode``, the layer
 ``torch.utils.flop_counter`` counts FLOPs at) is one kernel, except views and metadata (``t``, ``view``,
@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from .device import Op
+from minipar.machine.device import Op, kernel_count, ops_of, rows_of   # the rows as the device model's Ops
 
 __all__ = ["OperatorCounter", "kernel_count", "ops_of", "rows_of"]
 
@@ -75,20 +75,3 @@ class OperatorCounter(TorchDispatchMode):
     def total_flops(self) -> int:
         """FLOPs counted since the last ``take``."""
         return sum(flops * n for (_, _, flops, _), n in self._rows.items())
-
-
-def kernel_count(rows) -> int:
-    """Kernels in ``rows`` (a :meth:`OperatorCounter.take` list: one per operator; a row written from a
-    model's operators may say ``"kernels"`` per operator)."""
-    return sum(r["count"] * r.get("kernels", 1) for r in rows)
-
-
-def ops_of(rows) -> list:
-    """``rows`` as :class:`minipar.observe.device.Op` objects, to price on a card."""
-    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], r.get("kernels", 1), r["count"]) for r in rows]
-
-
-def rows_of(ops) -> list:
-    """:class:`minipar.observe.device.Op` objects as rows (the inverse of :func:`ops_of`)."""
-    return [{"name": o.name, "kind": o.kind, "count": o.count, "flops": o.flops, "bytes": o.bytes,
-             "kernels": o.kernels} for o in ops]

@@ -1,6 +1,6 @@
-"""The tracer: record a :mod:`minipar.observe.trace` of this rank while the program runs, no strategy changed.
+"""The tracer: record a :mod:`minipar.machine.trace` of this rank while the program runs, no strategy changed.
 
-``with tracing() as rank_trace:`` puts a tracer on :mod:`minipar.comm`'s observer list: before each call it
+``with tracing() as rank_trace:`` installs a tracer as a hook (:mod:`minipar.hooks`): before each call it
 closes the compute segment that ran since the last one (thread CPU seconds, wall seconds, the CPU seconds of
 the rank's other threads, FLOPs if counted), and for each record it appends the :class:`~.trace.Comm` (an
 async call's work is wrapped so that its ``wait()`` becomes a :class:`~.trace.Wait`). :func:`mark` labels a
@@ -15,19 +15,17 @@ import time
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from minipar import comm
+from minipar import hooks
 
 from .opcount import OperatorCounter
-from .trace import Comm, Compute, Mark, RankTrace, Wait
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Wait
 
 __all__ = ["tracing", "mark", "position", "Traced"]
 
 
 class _Tracer:
-    """An observer of :mod:`minipar.comm` (on ``comm.observers`` while its :func:`tracing` block runs): told
-    before each call (closes the compute segment) and of each record (appends the call)."""
-
-    watching = True
+    """A hook on :mod:`minipar.comm`'s calls (installed while its :func:`tracing` block runs): before each call
+    it closes the compute segment, after it appends the call."""
 
     def __init__(self, rank: int, counter=None):
         self.trace, self._counter, self._flops = RankTrace(rank), counter, 0
@@ -49,6 +47,13 @@ class _Tracer:
         self.trace.events.append(Compute(cpu - self._cpu, wall - self._wall, flops, seconds_other_threads=others,
                                          ops=ops))
         self._wall = wall
+
+    def around_call(self, call, proceed):
+        """The hook: close the compute segment, run the call, append it (an async work handed back watched)."""
+        self.before_call()
+        result = proceed()
+        work = self.on_record(call.record, result if call.async_op else None)
+        return work if call.async_op else result
 
     def on_record(self, rec, work):
         """Append the call; wrap an async work so its ``wait()`` is seen. Returns the work to hand back."""
@@ -96,25 +101,23 @@ class _WaitSeen:
 @contextlib.contextmanager
 def tracing(rank: int | None = None, flops: bool = False, ops: bool = False):
     """Trace this rank's communication calls and the compute between them inside the block; yields the
-    :class:`~.trace.RankTrace`, complete when the block ends. Opens a :func:`minipar.comm.recording` of its
-    own. ``flops=True``: each segment's matmul FLOPs too (``torch.utils.flop_counter.FlopCounterMode``);
-    ``ops=True``: each segment's operators, and their FLOPs (:class:`~.opcount.OperatorCounter`). Either
-    slows every op: time such a run for what it counts, not its seconds."""
+    :class:`~.trace.RankTrace`, complete when the block ends. ``flops=True``: each segment's matmul FLOPs
+    too (``torch.utils.flop_counter.FlopCounterMode``); ``ops=True``: each segment's operators, and their
+    FLOPs (:class:`~.opcount.OperatorCounter`). Either slows every op: time such a run for what it counts,
+    not its seconds."""
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     counter = OperatorCounter() if ops else FlopCounterMode(display=False) if flops else None
     tracer = _Tracer(rank, counter)
-    comm.observers.append(tracer)
     try:
-        with comm.recording(), counter if counter is not None else contextlib.nullcontext():
+        with hooks.installed(tracer), counter if counter is not None else contextlib.nullcontext():
             yield tracer.trace
     finally:
-        comm.observers.remove(tracer)
         tracer.finish()
 
 
 def _tracers() -> list:
-    return [o for o in comm.observers if isinstance(o, _Tracer)]
+    return [h for h in hooks.active() if isinstance(h, _Tracer)]
 
 
 def mark(label: str) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from minipar import comm
+from minipar import calls, comm
 
 __all__ = ["cut_wire"]
 
@@ -115,9 +115,10 @@ def cut_wire():
     """Inside the block, :mod:`minipar.comm` moves nothing and never waits (see the module docstring). The
     calls are still logged, with the bytes they would have sent, and ``seconds`` ≈ 0."""
     cut = _CutDist()
-    saved = comm.dist, comm._all_gather_flat, comm._reduce_scatter_flat
+    saved = comm.dist, comm._all_gather_flat, comm._reduce_scatter_flat, calls.dist
     comm.dist, comm._all_gather_flat, comm._reduce_scatter_flat = cut, cut.all_gather_flat, cut.reduce_scatter_flat
+    calls.dist = cut                     # send / recv (and the rings built on them) live in minipar.calls
     try:
         yield
     finally:
-        comm.dist, comm._all_gather_flat, comm._reduce_scatter_flat = saved
+        comm.dist, comm._all_gather_flat, comm._reduce_scatter_flat, calls.dist = saved

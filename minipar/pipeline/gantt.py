@@ -5,7 +5,7 @@ It draws the same action lists the runtime executes and the simulator times
 next to its ``schedules.py``. A row is ``(rank, kind, stage, microbatch, start, end)``; ``kind`` is F
 (forward), B (backward of the input), W (backward of the weights) or BW (both at once) for a pipeline
 (:func:`sim_rows`, paced and measured runs), and for a replay of a trace on a declared cluster
-(:func:`replay_rows` of a :class:`minipar.observe.replay.ReplayResult`) "compute", "comm hidden" (a transfer while
+(:func:`replay_rows` of a :class:`minipar.machine.replay.ReplayResult`) "compute", "comm hidden" (a transfer while
 the rank computes), "comm exposed" (a transfer while it does not) and "idle" (neither): compute in the upper
 half of a rank's line, its transfers in the lower half, so that a hidden transfer sits under compute.
 """
@@ -27,9 +27,9 @@ def sim_rows(sim) -> list:
 
 
 def replay_rows(result, start: float = 0.0, end: float | None = None) -> list:
-    """[(rank, kind, 0, 0, start, end)] of a :class:`minipar.observe.replay.ReplayResult` between ``start`` and
+    """[(rank, kind, 0, 0, start, end)] of a :class:`minipar.machine.replay.ReplayResult` between ``start`` and
     ``end`` (default: the whole replay), shifted so that ``start`` is 0: each rank's
-    :meth:`~minipar.observe.replay.ReplayResult.pieces` — compute; its transfers under its own compute ("comm
+    :meth:`~minipar.machine.replay.ReplayResult.pieces` — compute; its transfers under its own compute ("comm
     hidden") and not ("comm exposed"); "idle" where it neither computes nor transfers — the intervals whose
     lengths are the replay's compute / hidden / exposed / idle."""
     return [(rank, kind, 0, 0, a - start, b - start) for rank in range(len(result.timelines))

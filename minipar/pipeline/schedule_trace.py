@@ -1,5 +1,5 @@
 """The trace a pipeline runtime would leave running a schedule: the schedule written in the measurement wing's
-format (:mod:`minipar.observe.trace`), so that the one replay engine (:mod:`minipar.observe.replay`) plays
+format (:mod:`minipar.machine.trace`), so that the one replay engine (:mod:`minipar.machine.replay`) plays
 it — the pipeline simulator (:mod:`minipar.pipeline.simulate`) is that replay.
 
 The messages are the lowering's (:func:`minipar.pipeline.lowering.lower`), placed as the runtime places
@@ -9,7 +9,7 @@ it feeds; an F&B pair of DualPipeV (``Schedule.overlapped``) waits for both inpu
 """
 from __future__ import annotations
 
-from ..observe.trace import Comm, Compute, RankTrace, Trace, Wait
+from ..machine.trace import Comm, Compute, RankTrace, Trace, Wait
 from .actions import Action, Schedule
 from .lowering import Recv, Send, lower
 

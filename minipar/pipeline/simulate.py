@@ -14,7 +14,7 @@ If no rank can start its next action the schedule deadlocks, and :class:`Deadloc
 The clock is not this file's: the schedule is written as the trace its runtime would leave
 (:func:`minipar.pipeline.schedule_trace.from_schedule`, its messages those of the one lowering,
 :mod:`minipar.pipeline.lowering`) and played by the replay engine that plays measured runs
-(:func:`minipar.observe.replay.replay`), compute scaled by 1. The replay's links carry one transfer at a time
+(:func:`minipar.machine.replay.replay`), compute scaled by 1. The replay's links carry one transfer at a time
 each way; the simulator's are unlimited (each transfer costs ``p2p``, whatever else is in flight), so with
 ``p2p > 0`` every message is relayed by a wire of its own (:func:`through_wires`). A rank that waits for a
 result it only makes later in its own list sends no message the replay could wait on: its list is cut there.
@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..observe.cluster import Cluster
-from ..observe.replay import Deadlock as ReplayDeadlock, replay
-from ..observe.trace import Comm, Compute, RankTrace, Trace
+from ..machine.cluster import Cluster
+from ..machine.replay import Deadlock as ReplayDeadlock, replay
+from ..machine.trace import Comm, Compute, RankTrace, Trace
 from .actions import Action, Schedule, made, needs
 from .lowering import lower
 from .schedule_trace import consumers, from_lowered
@@ -122,7 +122,7 @@ class Deadlock(RuntimeError):
 def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -> SimResult:
     """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish. ``overlap``: an F&B pair
     (``schedule.overlapped``) starts only when both its inputs are there (one block, as DualPipe runs it).
-    The clock is the replay engine's (:func:`minipar.observe.replay.replay`) playing the schedule's trace
+    The clock is the replay engine's (:func:`minipar.machine.replay.replay`) playing the schedule's trace
     (:func:`minipar.pipeline.schedule_trace.from_schedule`) with compute scale 1 and free links."""
     played = schedule if overlap else replace(schedule, overlapped=frozenset())
     cuts = [_local_cut(played, r) for r in range(schedule.p)]       # a rank that waits for its own later action

@@ -5,9 +5,9 @@ Pure functions, no processes (chapter 12):
 * :mod:`.model` — :class:`Transformer`, :func:`parameters`, :func:`activation_bytes_per_layer`,
   :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes` (the papers' formulas),
   :class:`MoETransformer`;
-* :mod:`minipar.observe.cluster` (re-exported here) — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
+* :mod:`minipar.machine.cluster` (re-exported here) — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
   :func:`a100_cluster`, :func:`h100_cluster`: clusters built from device and link cards
-  (:mod:`minipar.observe.device`), on which the compute is :mod:`.operators` priced on the card;
+  (:mod:`minipar.machine.device`), on which the compute is :mod:`.operators` priced on the card;
 * :mod:`.operators` — a layer at real size as the operators a framework runs (:class:`Kernels`);
 * :mod:`.published` — published training runs and the planner's prediction of each (``bench published``);
 * :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term); :mod:`.traffic` its
@@ -23,7 +23,7 @@ from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per
 from .cost import Cluster, Estimate, Layout, collective_seconds, dgx_a100, estimate, in_flight, stage_parameters, validate
 from .overlap import OVERLAPS
 from .operators import MEGATRON_2022, TORCHTITAN_EAGER, Kernels
-from minipar.observe.cluster import a100_cluster, h100_cluster
+from minipar.machine.cluster import a100_cluster, h100_cluster
 from .agreement import agreement_text, kendall_tau, rank_agreement
 from .planner import Plan, layouts, plan
 from .rules import Advice, decide, family

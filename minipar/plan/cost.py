@@ -15,13 +15,13 @@ an upper bound; ``overlap="minipar"`` or ``True``: the data-parallel term is wha
 exposed — DDP's buckets under the backward, ZeRO-3's prefetched gathers under the previous unit's compute —
 and ``Estimate.hidden`` the rest)::
 
-    compute        on a cluster with a device card (:func:`minipar.observe.cluster.gpu_cluster`): the
+    compute        on a cluster with a device card (:func:`minipar.machine.cluster.gpu_cluster`): the
                    operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
                    memory-bound operators, kernel floors) priced on the card, × micro-batches; else
                    hardware FLOPs / (devices · peak FLOP/s · efficiency)
     bubble         (compute + tp, cp, ep collectives) · f / (1 - f),  f = bubble_formula(schedule, p, m, v)
                    (chapter 04): an idle slot lasts a stage's whole work on a micro-batch, collectives included
-    collectives    the α-β model of :mod:`minipar.observe.cluster`, on the links each group really crosses
+    collectives    the α-β model of :mod:`minipar.machine.cluster`, on the links each group really crosses
                    (:mod:`.traffic`: tp, cp, ep, pp, dp), exposed seconds
     optimizer      parameters the device updates (its stage's share, ÷ dp with ZeRO): Adam's bytes on the
                    card (:func:`.operators.optimizer_step`), or × the cluster's seconds per parameter
@@ -50,8 +50,8 @@ from minipar.recompute import MODES
 from minipar.sequence.context_parallel import METHODS as CP_METHODS
 from minipar.tensor.sequence import uncounted_bytes
 
-from minipar.observe.cluster import Cluster, collective_seconds, dgx_a100
-from minipar.observe.device import ops_seconds
+from minipar.machine.cluster import Cluster, collective_seconds, dgx_a100
+from minipar.machine.device import ops_seconds
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
                     hardware_flops, layer_parameters, model_flops)
 from .operators import MEGATRON_2022, optimizer_step, stage_seconds

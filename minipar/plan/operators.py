@@ -1,5 +1,5 @@
 """A transformer layer at real size, written down as the operators a framework runs: the compute half of the
-planner's time, priced on a declared GPU by :func:`minipar.observe.device.ops_seconds` (a model).
+planner's time, priced on a declared GPU by :func:`minipar.machine.device.ops_seconds` (a model).
 
 One layer's forward on one tensor-parallel rank (T = b·s tokens, t the tp degree, e bytes per value; with
 sequence parallelism the norms, dropouts and residual adds see T/t tokens)::
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minipar.observe.device import DeviceCard, Op, ops_seconds
+from minipar.machine.device import DeviceCard, Op, ops_seconds
 
 __all__ = ["Kernels", "MEGATRON_2022", "TORCHTITAN_EAGER", "layer_forward", "layer_backward", "layer_step", "head_step",
            "optimizer_step", "stage_seconds"]

@@ -1,5 +1,5 @@
 """What data-parallel communication a program hides under its compute: the overlap option of
-:func:`minipar.plan.estimate` (a model, as the rest of the estimate; :mod:`minipar.observe.replay` plays the
+:func:`minipar.plan.estimate` (a model, as the rest of the estimate; :mod:`minipar.machine.replay` plays the
 measured program instead).
 
 Two shapes of overlap, each a closed form of a pipeline of k equal pieces on one link (one transfer at a time):

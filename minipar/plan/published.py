@@ -2,9 +2,9 @@
 model of time against real clusters (``python -m minipar bench published``).
 
 Every prediction is :func:`minipar.plan.estimate` on a cluster built from device and link cards
-(:func:`minipar.observe.cluster.gpu_cluster`): compute from the operators of :mod:`.operators`, collectives from
+(:func:`minipar.machine.cluster.gpu_cluster`): compute from the operators of :mod:`.operators`, collectives from
 the α-β model, the pipeline bubble from the schedule. The only number fitted is each card's large-matmul
-efficiency (:data:`minipar.observe.device.FITTED`; :func:`fit_gemm_efficiency` shows the fit).
+efficiency (:data:`minipar.machine.device.FITTED`; :func:`fit_gemm_efficiency` shows the fit).
 
 Sources:
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
-from minipar.observe.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
-from minipar.observe.device import A100_SXM_80GB, H100_SXM_500W, DeviceCard
+from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
+from minipar.machine.device import A100_SXM_80GB, H100_SXM_500W, DeviceCard
 
 from .cost import estimate
 from .model import Transformer

@@ -32,7 +32,7 @@ from minipar.mesh import Mesh, crosses_nodes
 from minipar.moe.expert_parallel import predicted_all_to_all_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
-from minipar.observe.cluster import collective_seconds, link
+from minipar.machine.cluster import collective_seconds, link
 from .model import MoETransformer
 
 __all__ = ["traffic", "data_parallel_traffic", "dim_link"]
@@ -59,7 +59,7 @@ def _deciding_group(sizes: tuple, ep: int, dim: str, devices_per_node) -> tuple:
 
 def dim_link(layout, dim: str, cluster) -> tuple:
     """(bandwidth, latency) of the slowest link a ``dim`` group of ``layout`` runs over
-    (:func:`minipar.observe.cluster.link`), its ranks placed by the layout's dense mesh (``layout.sizes``: ep
+    (:func:`minipar.machine.cluster.link`), its ranks placed by the layout's dense mesh (``layout.sizes``: ep
     is folded into dp × cp and adds no ranks, so it stretches no other dimension's group)."""
     return link(cluster, _deciding_group(tuple(layout.sizes.items()), layout.ep, dim, cluster.devices_per_node))
 

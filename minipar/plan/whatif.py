@@ -15,11 +15,10 @@ split evenly around them. Played here: dp, tp (± sp), pp with GPipe or 1F1B; no
 from __future__ import annotations
 
 from minipar.layout import Layout
+from minipar.machine.device import Op, rows_of
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
 from minipar.mesh import Mesh
-from minipar.observe.device import Op
-from minipar.observe.opcount import rows_of
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace
 from minipar.pipeline.schedules import make_schedule
 
 from .cost import estimate, stage_parameters

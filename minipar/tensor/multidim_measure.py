@@ -4,7 +4,7 @@
 * :func:`measure` (on every rank: :func:`measure_all`) runs one forward + backward (+ gradient sums) of a
   bias-free MLP and returns parameter and saved-activation bytes, bytes sent (the log's model,
   ``log.bytes_sent``, and what the sockets saw, ``log.observed_bytes_sent``), messages sent
-  (:meth:`minipar.observe.log.CommLog.messages`, from the log's records) and the calls per operation;
+  (:meth:`minipar.comm_log.CommLog.messages`, from the log's records) and the calls per operation;
 * :func:`formula_bytes` is the closed form of the same step's bytes, :func:`counts` its bytes, messages and
   collectives to wait in; :func:`link_time` turns counts into seconds on an α-β link (a model, labelled).
 """

@@ -5,7 +5,7 @@ Tolerances: data movement (broadcast, scatter, gather, all-gather, all-to-all, s
 must be bit-identical (max |diff| == 0); sums may differ from the one-process sum by float32 rounding of
 the different order of additions (max |diff| <= 1e-5 for four N(0,1) values). Bytes: the log's model equals
 the formula exactly (the same model, so this only checks the bookkeeping); what the ranks really wrote to
-their sockets (minipar.observe.wire) is the measurement: within gloo's framing (tour.OVERHEAD_PER_CALL per call) of
+their sockets (minipar.wire) is the measurement: within gloo's framing (tour.OVERHEAD_PER_CALL per call) of
 the formula, except gloo's reduce-scatter (2x: it all-reduces) and reduce (1.25x), observed here too.
 """
 import json
@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch00_setup_and_collectives import tour as ch00
 

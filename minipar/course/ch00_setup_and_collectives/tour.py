@@ -7,7 +7,7 @@ additions differs: tolerance ``SUM_ATOL``). Bytes sent per rank are read from ea
 log and averaged over ranks, next to the formula (:func:`minipar.comm.predicted_bytes_sent`, averaged the
 same way). For the ``torch.distributed`` wrappers the log records the traffic of the algorithm it names
 (ring or direct); the ``ring`` rows and ``send/recv`` count every message as it is really sent. Beside both,
-the bytes each rank really wrote to its sockets (:mod:`minipar.observe.wire`): within gloo's framing (~150 B a
+the bytes each rank really wrote to its sockets (:mod:`minipar.wire`): within gloo's framing (~150 B a
 message) of the formula, except where gloo runs another algorithm (:data:`GLOO_ON_THE_WIRE`: reduce-scatter
 2x, reduce 1.25x, broadcast a tree), which the rows say.
 

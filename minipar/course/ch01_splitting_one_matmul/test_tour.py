@@ -2,7 +2,7 @@
 atol 2e-5, rtol 1e-4); the bytes in the communication log equal the formula exactly (the bookkeeping) and
 the bytes observed on the sockets are the formula plus gloo's framing (at most tour.OVERHEAD_PER_CALL per
 call: these payloads are ≤ 512 B, so the framing is most of the traffic)."""
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch01_splitting_one_matmul import tour as ch01
 

@@ -4,7 +4,7 @@ Each row trains the one-layer model ``y = x @ w`` (MSE, SGD, 3 steps) with the s
 and backward (:mod:`minipar.tensor.matmul_split`) and compares loss and w with one device
 (:func:`minipar.check.check_equivalence`, float32 default tolerances). Bytes: what one rank sends in one
 forward and backward of the matmul (mean over ranks), from the communication log (the model) and from the
-sockets (:mod:`minipar.observe.wire`, observed), next to the formula (one all-reduce: of dw for data, of dx for
+sockets (:mod:`minipar.wire`, observed), next to the formula (one all-reduce: of dw for data, of dx for
 column, of y for row: 2(N-1)/N · S). The payloads are tiny (≤ 512 B), so gloo's framing (~1.7 KiB per
 4-rank all-reduce) is most of what the wire carries: the row states it.
 """

@@ -6,7 +6,7 @@ launched the moment autograd produces it), every rank traced with its operators 
 it into the trace of the same step at any bucket capacity C, without running it again: consecutive
 all-reduces are merged as :func:`minipar.data.buckets.assign_buckets` packs parameters (a bucket closes as
 soon as it holds C bytes or more), each merged call issued where its last gradient was ready and waited
-for where that one was. :func:`sweep` replays each on a carded cluster (:func:`minipar.observe.replay.replay`:
+for where that one was. :func:`sweep` replays each on a carded cluster (:func:`minipar.machine.replay.replay`:
 the operators priced on the device, each all-reduce its α-β time): the step against C.
 
 The two arms: small buckets pay an all-reduce's latency 2(N−1)·α per bucket, serialized on the links;
@@ -22,10 +22,10 @@ import dataclasses
 
 import torch
 
-from minipar.observe.cluster import IB_HDR, NVLINK3, gpu_cluster
-from minipar.observe.device import A100_SXM_80GB
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, RankTrace, Trace, Wait
+from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster
+from minipar.machine.device import A100_SXM_80GB
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, RankTrace, Trace, Wait
 
 __all__ = ["U_CLUSTER", "BUCKET_SIZES", "counted_per_parameter", "rebucket", "sweep", "draw_sweep"]
 

@@ -14,8 +14,8 @@ import statistics
 
 from minipar.course import replays
 from minipar.course.report import Report
-from minipar.observe.cluster import a100_cluster, this_machine
-from minipar.observe.intervals import step_slice
+from minipar.machine.cluster import a100_cluster, this_machine
+from minipar.machine.intervals import step_slice
 from minipar.observe.opcount import kernel_count
 
 from . import buckets as u_curve

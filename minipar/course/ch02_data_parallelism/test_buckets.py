@@ -8,9 +8,9 @@ import torch
 
 from minipar.course.ch02_data_parallelism import buckets
 from minipar.data.buckets import assign_buckets
-from minipar.observe.cluster import LinkCard, comm_seconds, gpu_cluster
-from minipar.observe.device import DeviceCard
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.machine.cluster import LinkCard, comm_seconds, gpu_cluster
+from minipar.machine.device import DeviceCard
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 # a card whose only cost is its launch floor (1 µs a kernel), and a link of 10 µs per step and 1 GB/s
 CARD = DeviceCard("hand", 1e12, 1e12, 1e9, 1e-6, gemm_efficiency=1.0, attention_efficiency=1.0,

@@ -31,7 +31,7 @@ def test_measure_refuses_one_step_before_launch():
 
 
 def test_titan_rtx_cards_links_and_peaks():
-    from minipar.observe.cluster import PCIE3
+    from minipar.machine.cluster import PCIE3
     nvlink, pcie, fp32 = timing.titan_rtx(2), timing.titan_rtx(2, nvlink=False), timing.titan_rtx(2, fp32=True)
     assert nvlink.intra_bw == 50e9 * timing.NVLINK_BRIDGE.efficiency and pcie.intra_bw == PCIE3.beta
     assert (nvlink.device.peak_flops, nvlink.device.hbm_bandwidth, fp32.device.peak_flops) == (130e12, 672e9, 16.3e12)

@@ -1,9 +1,9 @@
 """Chapter 02 tour rows: DP, the parameter server and DDP equal one device (float32 defaults of
-minipar.check; bf16 wire 2e-2), and their bytes are observed on the sockets (minipar.observe.wire): the parameter
+minipar.check; bf16 wire 2e-2), and their bytes are observed on the sockets (minipar.wire): the parameter
 server's row shows the server's own (N-1)·P, observed, and DDP's rows the ring formula + gloo's headers."""
 import pytest
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch02_data_parallelism import tour as ch02
 

@@ -8,13 +8,13 @@ runs threads in one process, which a per-device trace cannot see). Per configura
 
 * **measured on this machine**: wall seconds between consecutive optimizer steps, each timed on its slowest
   rank: ``steps`` − 1 of them per configuration (5 by default), shown as median [min – max];
-* its :mod:`minipar.observe.trace` (compute in thread CPU seconds, every collective), which
+* its :mod:`minipar.machine.trace` (compute in thread CPU seconds, every collective), which
   :func:`minipar.course.replays.replays` plays on
 
-  - this machine as a cluster (:func:`minipar.observe.cluster.this_machine`: compute as measured, links α, β
+  - this machine as a cluster (:func:`minipar.machine.cluster.this_machine`: compute as measured, links α, β
     fitted to gloo's all-reduce timed in the same launch, the fastest call of each size:
     :class:`minipar.observe.measure.Links`),
-  - a DGX-A100 node and the Hugging Face guide's PCIe machine (:mod:`minipar.observe.cluster`), each compute segment scaled
+  - a DGX-A100 node and the Hugging Face guide's PCIe machine (:mod:`minipar.machine.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
 
@@ -32,8 +32,8 @@ from minipar.course.replays import exposed_per_step, hidden_share
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.loop import lm_loss, shard_batch
-from minipar.observe.cluster import PCIE3, LinkCard, gpu_cluster
-from minipar.observe.device import A100_SXM_80GB, DeviceCard
+from minipar.machine.cluster import PCIE3, LinkCard, gpu_cluster
+from minipar.machine.device import A100_SXM_80GB, DeviceCard
 from minipar.observe.measure import Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
     timed_steps
 
@@ -144,7 +144,7 @@ def measure(world_size=4, bucket_sizes=(4 * 1024, 16 * 1024, 64 * 1024), layers=
             "all_reduces": {n: sum(c.op == "all_reduce" for c in t.ranks[0].comms()) / steps for n, t in traces.items()}}
 
 
-_ROUND = "launch floor, efficiencies: the A100 card's (minipar.observe.device), not fitted on a TITAN RTX"
+_ROUND = "launch floor, efficiencies: the A100 card's (minipar.machine.device), not fitted on a TITAN RTX"
 TITAN_RTX = DeviceCard(
     "TITAN RTX", 130e12, 672e9, 24e9, A100_SXM_80GB.launch_floor,
     gemm_efficiency=A100_SXM_80GB.gemm_efficiency, attention_efficiency=A100_SXM_80GB.attention_efficiency,
@@ -158,8 +158,8 @@ NVLINK_BRIDGE = LinkCard("NVLink bridge (two TITAN RTX)", 50e9, 10e-6, 0.80,
 
 
 def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
-    """Seed 002's machine as a carded cluster (:func:`minipar.observe.cluster.gpu_cluster`): ``devices``
-    :data:`TITAN_RTX` in one node over PCIe 3.0 x16 (:data:`minipar.observe.cluster.PCIE3`) or, with
+    """Seed 002's machine as a carded cluster (:func:`minipar.machine.cluster.gpu_cluster`): ``devices``
+    :data:`TITAN_RTX` in one node over PCIe 3.0 x16 (:data:`minipar.machine.cluster.PCIE3`) or, with
     ``nvlink``, over their NVLink bridge (:data:`NVLINK_BRIDGE`, 50 GB/s per direction). ``fp32``: the card
     at its FP32 peak (:data:`TITAN_RTX_FP32`), for a run without ``--fp16`` (the guide's command line has
     none) instead of its FP16 tensor cores."""

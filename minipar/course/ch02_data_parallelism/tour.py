@@ -3,7 +3,7 @@
 Every row trains :func:`minipar.check.gpt_recipe` (2 layers, Adam, 3 steps, global batch 8) and compares
 losses and parameters with one device (float32 default tolerances of :mod:`minipar.check`). Bytes: what one
 rank (one device, for DP) sends per optimizer step, mean over ranks: the communication log's model and, for
-the multi-process strategies, what the sockets really carried (:mod:`minipar.observe.wire`; DP's copies stay in
+the multi-process strategies, what the sockets really carried (:mod:`minipar.wire`; DP's copies stay in
 one process and have no wire), next to the formula:
 
 * DP: the five exchanges / N (device 0 sends (N-1)·P for the replicas; the others send P of gradients);

@@ -2,7 +2,7 @@
 pattern of a ZeRO-3 unit. Both run the learner's function on 4 ranks through :mod:`minipar.comm`, compare
 the numbers with one process doing the same maths, and compare the traffic with what the pattern should
 cost: the collectives the log saw must be the expected ones with the expected bytes (not merely at most),
-and the bytes each rank really wrote to its sockets (:mod:`minipar.observe.wire`) must all be explained by those
+and the bytes each rank really wrote to its sockets (:mod:`minipar.wire`) must all be explained by those
 logged calls — a collective called straight through ``torch.distributed`` is seen there and refused. For
 the unit, the bytes still alive afterwards are checked too.
 """

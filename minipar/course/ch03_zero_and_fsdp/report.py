@@ -17,7 +17,7 @@ from minipar.course import replays
 from minipar.course.report import Report
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes
-from minipar.observe.cluster import a100_cluster, this_machine
+from minipar.machine.cluster import a100_cluster, this_machine
 
 from . import timing
 

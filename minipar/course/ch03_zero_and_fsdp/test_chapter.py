@@ -12,8 +12,8 @@ def test_measure_refuses_too_few_steps_before_launch():
 
 
 def test_prefetch_traces_and_the_memory_of_step_two():
-    from minipar.observe.cluster import dgx_a100
-    from minipar.observe.replay import replay
+    from minipar.machine.cluster import dgx_a100
+    from minipar.machine.replay import replay
     m = timing.measure(2, steps=3)
     asyncs = {name: sum(c.async_ for c in t.ranks[0].comms() if c.op == "all_gather")
               for name, t in m["traces"].items()}
@@ -33,7 +33,8 @@ def test_prefetch_traces_and_the_memory_of_step_two():
 
 def test_stamped_optimizer_stamps_and_marks_every_step():
     import torch
-    from minipar.observe import trace, tracer
+    from minipar.machine import trace
+    from minipar.observe import tracer
     from minipar.observe.launch_trace import stamped_optimizer
     stamps, w = [], torch.nn.Parameter(torch.ones(2))
     opt = stamped_optimizer(lambda params: torch.optim.SGD(params, lr=0.5), stamps)([w])
@@ -47,7 +48,8 @@ def test_stamped_optimizer_stamps_and_marks_every_step():
 
 def test_trace_position_names_the_open_compute_segment():
     import time
-    from minipar.observe import trace, tracer
+    from minipar.machine import trace
+    from minipar.observe import tracer
     assert tracer.position() is None                                # no trace recording
     with tracer.tracing(0) as rank_trace:
         tracer.mark("a")                                            # events 0 (compute), 1 (mark)

@@ -1,5 +1,5 @@
 """Chapter 03 tour rows: every ZeRO stage (on minipar's rings and on gloo's collectives) and PyTorch's FSDP2
-equal single-device Adam, and the bytes on the wire are what the chapter says, OBSERVED (minipar.observe.wire):
+equal single-device Adam, and the bytes on the wire are what the chapter says, OBSERVED (minipar.wire):
 
 * ring collectives: within 2 % of the formula (gloo's framing), i.e. ZeRO-1/2 = 1.00x and ZeRO-3 = 1.50x
   DDP's observed bytes (tolerance 0.02: measured 1.005x and 1.507x);
@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch03_zero_and_fsdp import tour as ch03
 

@@ -26,7 +26,7 @@ from minipar.launcher import launch
 from minipar.loop import shard_batch
 from minipar.memory import LiveTensorTracker
 from minipar.observe.measure import Links, counted_flops, gather_steps, step_cpu_seconds, time_calls, timed_steps
-from minipar.observe.trace import Compute
+from minipar.machine.trace import Compute
 from minipar.observe.tracer import position
 
 __all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]

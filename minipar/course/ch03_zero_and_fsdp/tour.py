@@ -3,7 +3,7 @@ collectives — and PyTorch's FSDP2 (``fully_shard``), Adam on the tiny GPT.
 
 Each row trains the recipe with one stage and checks it against single-device Adam (default FP32 tolerance of
 :mod:`minipar.check`). Bytes per rank per step (mean over ranks and steps): the communication log's model,
-what the sockets carried (:mod:`minipar.observe.wire`) and :func:`minipar.data.zero_memory.bytes_sent_per_step`
+what the sockets carried (:mod:`minipar.wire`) and :func:`minipar.data.zero_memory.bytes_sent_per_step`
 (2bΨ(N-1)/N for stages 1-2, 3bΨ(N-1)/N for stage 3, Ψ padded per unit). The ``ring`` rows run the
 reduce-scatters and all-gathers on :func:`minipar.comm.ring_reduce_scatter` / ``ring_all_gather``: the paper's
 1x DDP and 1.5x DDP are observed. The ``gloo`` rows use torch.distributed's collectives: gloo's reduce-scatter

@@ -9,9 +9,9 @@ from minipar.check import gpt_recipe
 from minipar.course.ch04_pipeline_parallelism import timing
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
-from minipar.observe.cluster import this_machine
-from minipar.observe.replay import replay
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.machine.cluster import this_machine
+from minipar.machine.replay import replay
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 FREE = this_machine(0.0, float("inf"), 1.0, devices=4)
 

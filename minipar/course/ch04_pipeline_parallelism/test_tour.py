@@ -1,6 +1,6 @@
 """Chapter 04 tour rows: GPipe, 1F1B and interleaved on 4 ranks equal one device (float64 harness tolerance), the bytes
 in the communication log equal 2(p·v-1)·m·A/p exactly (bookkeeping), the bytes observed on the sockets
-(minipar.observe.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing (tour.OVERHEAD_PER_CALL
+(minipar.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing (tour.OVERHEAD_PER_CALL
 per call at most), and the measured peaks order as the chapter says."""
 import pytest
 

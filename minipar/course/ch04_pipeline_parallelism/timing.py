@@ -3,7 +3,7 @@ a named cluster.
 
 One real run of a schedule is traced (:mod:`minipar.observe.tracer`: every rank's compute between its messages, in
 thread CPU seconds and wall seconds) with a mark at each action's start, input arrival and end
-(:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.observe.replay.replay` on
+(:class:`MarkedRank`, the runtime's own seams). The trace is then played by :func:`minipar.machine.replay.replay` on
 clusters that add one term at a time (:func:`idle_terms`):
 
 * ``formula`` — (p-1)/(m+p-1): equal stages, free and instant transfers (GPipe, Huang et al. 2019);
@@ -15,7 +15,7 @@ clusters that add one term at a time (:func:`idle_terms`):
 * ``measured`` — the run's own timeline on the wall clock (:func:`minipar.pipeline.timeline.measured_idle_fraction`);
 * ``dgx_a100`` — a model: the same program run once more with its operators counted
   (:mod:`minipar.observe.opcount`), each compute segment priced on the A100 card (roofline + a launch floor per
-  kernel, :mod:`minipar.observe.device`) on one DGX-A100 node's NVLink (:func:`minipar.observe.cluster.a100_cluster`)
+  kernel, :mod:`minipar.machine.device`) on one DGX-A100 node's NVLink (:func:`minipar.machine.cluster.a100_cluster`)
   — never CPU seconds scaled: they say nothing of a GPU.
 
 Every idle fraction is the same quantity as the measured one: 1 - Σ action spans / (p · step), an action's span
@@ -28,13 +28,13 @@ from types import SimpleNamespace
 
 from minipar.check import compare
 from minipar.observe import tracer
-from minipar.observe.cluster import a100_cluster, this_machine
-from minipar.observe.fidelity import wall_compute
+from minipar.machine.cluster import a100_cluster, this_machine
+from minipar.machine.fidelity import wall_compute
 from minipar.observe.launch_trace import traced_launch
 from minipar.observe.measure import calibrate_links, fit_p2p
-from minipar.observe.replay import replay
+from minipar.machine.replay import replay
 from minipar.observe.opcount import kernel_count
-from minipar.observe.trace import Compute, Mark, Trace
+from minipar.machine.trace import Compute, Mark, Trace
 from minipar.pipeline import runtime
 from minipar.pipeline.gantt import draw_gantt, gantt_legend
 from minipar.pipeline.runtime import PipelineRank
@@ -65,7 +65,7 @@ class MarkedRank(PipelineRank):
 
 
 def traced_run(recipe, *, schedule: str, p: int, m: int, ops: bool = False) -> tuple:
-    """(per-rank PipelineRuns, :class:`minipar.observe.trace.Trace`) of one unpaced run, every rank traced
+    """(per-rank PipelineRuns, :class:`minipar.machine.trace.Trace`) of one unpaced run, every rank traced
     (:func:`minipar.observe.launch_trace.traced_launch`; ``ops``: operators counted, for the A100 model)."""
     runtime.validate(recipe, world_size=p, schedule=schedule, m=m)
     return traced_launch(runtime.parallel_train, p, recipe, schedule=schedule, m=m, rank_class=MarkedRank,
@@ -185,7 +185,7 @@ class IdleBreakdown:
 
     @property
     def launch_floors(self) -> list:
-        """Per rank: kernels × the 5 µs launch floor of the A100 model (:mod:`minipar.observe.device`)."""
+        """Per rank: kernels × the 5 µs launch floor of the A100 model (:mod:`minipar.machine.device`)."""
         return [k * 5e-6 for k in self.kernels]
 
     @property

@@ -8,7 +8,7 @@ float32 can amplify for weights whose gradient is nearly zero). Bytes: what one 
 ranks, from the communication log) next to the formula 2 · c · m · A / p, A = one micro-batch's activation
 (2 · 8 · 16 · 8 B), c = p·v - 1 the stage boundaries that cross ranks: each carries each micro-batch's
 activation forward and its gradient back; beside it, what the sockets carried in one step
-(:mod:`minipar.observe.wire`: a run of 2 steps minus a run of 1, so that setup cancels). Peak: live bytes
+(:mod:`minipar.wire`: a run of 2 steps minus a run of 1, so that setup cancels). Peak: live bytes
 created during a step (activations, gradients, buffers), max over ranks, measured with
 :class:`minipar.memory.LiveTensorTracker`. The PipeDream rows are compared with their own update rules (they
 are not synchronous training) and train with SGD for 6 steps. The zero-bubble and V schedules are chapter

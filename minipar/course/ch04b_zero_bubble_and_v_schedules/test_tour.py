@@ -1,6 +1,6 @@
 """Chapter 04b tour rows: ZB-H1, ZB-V and DualPipeV on 4 ranks equal one device (float64 harness tolerance), the
 bytes in the communication log equal 2·c·m·A/p exactly (bookkeeping), the bytes observed on the sockets
-(minipar.observe.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing
+(minipar.wire, one step = 2-step run minus 1-step run) are that plus gloo's framing
 (tour.OVERHEAD_PER_CALL per call at most), and the V sends twice what 1F1B's placement implies."""
 import pytest
 

@@ -6,7 +6,7 @@ sequence 8, global batch 16 cut into m = 8 micro-batches of 2, Adam, 2 steps, fl
 device (harness float64 tolerance). Bytes: what one rank sends per step (mean over ranks, from the communication
 log) next to the formula 2 · c · m · A / p, A = one micro-batch's activation (2 · 8 · 16 · 8 B), c the stage
 boundaries that cross ranks (p - 1 for ZB-H1; 2p - 2 in the V of ZB-V and DualPipeV, whose turn stays on rank
-p-1); beside it, what the sockets carried in one step (:mod:`minipar.observe.wire`: a run of 2 steps minus a run
+p-1); beside it, what the sockets carried in one step (:mod:`minipar.wire`: a run of 2 steps minus a run
 of 1, so that setup cancels). Peak: live bytes created during a step, max over ranks
 (:class:`minipar.memory.LiveTensorTracker`).
 """

@@ -9,7 +9,7 @@ The model is the transformer MLP, Linear(h → 4h) · GeLU · Linear(4h → h), 
 (zero_grad, forward, backward, SGD step) is timed on every rank between barriers by
 :func:`minipar.bench.alternating_medians`, the two alternating step by step. Both should move the same bytes
 (one all-reduce of b·s·h forward, one backward): one step of each is *observed* on the wire
-(:mod:`minipar.observe.wire`, what this process wrote to its sockets) and printed beside the ring formula, so the
+(:mod:`minipar.wire`, what this process wrote to its sockets) and printed beside the ring formula, so the
 claim is checked, not assumed (DTensor's collectives bypass minipar's log; the wire sees them).
 
 On a 2-core machine 4 ranks share the cores: trust the ratio of medians measured side by side, not the

@@ -4,7 +4,7 @@ vocabulary-parallel cross-entropy's three reductions, and placing f and g in the
 Each check runs the learner's code on 2 and 4 ranks with :func:`minipar.checks.run_on_ranks`, compares it
 with one device (float64, tolerance 1e-9), reads the communication log (right values with the wrong
 traffic are not right), refuses traffic the log did not see (a collective called straight through
-``torch.distributed`` shows on the wire, :mod:`minipar.observe.wire`, not in the log), and names the likely mistake
+``torch.distributed`` shows on the wire, :mod:`minipar.wire`, not in the log), and names the likely mistake
 when the answer matches a known wrong one.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minipar.launcher import launch
-from minipar.observe.fidelity import fit_affine
+from minipar.machine.fidelity import fit_affine
 from minipar.observe.measure import calibrate_links
 
 __all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth",
@@ -86,7 +86,7 @@ def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 
     """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the median of each size's calls in
     **log space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB
     ones β; in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α,
-    log 1/β), started from the relative-error fit (:func:`minipar.observe.fidelity.fit_affine`). A size may
+    log 1/β), started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may
     be given one time or a list of repeats."""
     xs = [2 * (world_size - 1) / world_size * s for s in timings]
     ys = [statistics.median(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]

@@ -7,10 +7,10 @@ import pytest
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.ch05_tensor_parallelism import timing
-from minipar.observe.cluster import comm_seconds
-from minipar.observe.device import H100_SXM, ops_seconds
+from minipar.machine.cluster import comm_seconds
+from minipar.machine.device import H100_SXM, ops_seconds
 from minipar.observe.opcount import kernel_count, ops_of
-from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
+from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
 
 def _recipe(steps=2):

@@ -5,7 +5,7 @@ the sockets (gloo's headers; SP's reduce-scatters 2x on gloo, said in the note);
 step per rank is measured and below one device's."""
 import pytest
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course.ch05_tensor_parallelism import tour as ch05
 
 

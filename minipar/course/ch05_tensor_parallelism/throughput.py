@@ -3,7 +3,7 @@
 A model of GPT-3's layer shape (h = 12288, 96 heads, s = 2048, vocabulary 51200; :data:`GPT3_LAYERS` layers, so
 the embedding and the output layer weigh little beside them) trained with TP degree t alone on t GPUs:
 :func:`minipar.plan.estimate` on a cluster built from device and link cards
-(:func:`minipar.observe.cluster.gpu_cluster`): compute is the layers' operators priced on the card (matmuls,
+(:func:`minipar.machine.cluster.gpu_cluster`): compute is the layers' operators priced on the card (matmuls,
 attention, memory-bound operators, a launch floor per kernel: :mod:`minipar.plan.operators`), the ``tp`` term
 the α-β time of TP's all-reduces (4 per layer per micro-batch, Shoeybi et al. 2019) on the link the group
 crosses. **Inside a node**: ``devices_per_node`` = 8, the group on NVLink up to t = 8 (t = 16 spans two
@@ -13,8 +13,8 @@ Throughput per GPU = tokens of a step / (step seconds · t): what TP trades when
 """
 from __future__ import annotations
 
-from minipar.observe.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
-from minipar.observe.device import A100_SXM_80GB, H100_SXM
+from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
+from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import Layout, Transformer, estimate
 
 __all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput"]

@@ -1,19 +1,19 @@
 """Chapter 05, §7: TP inside a node vs across nodes — measured here, replayed here, replayed on H100 nodes.
 
 The tiny GPT is trained tensor-parallel on t ranks here twice in one launch (:func:`tp_runs`), every rank
-traced (:mod:`minipar.observe.trace`): once **timed** (its compute between collectives in thread CPU seconds,
+traced (:mod:`minipar.machine.trace`): once **timed** (its compute between collectives in thread CPU seconds,
 every all-reduce with its bytes; the wall clock of its steps) and once more **counted** (``ops=True``: each
 compute segment's operators — FLOPs, bytes, kernels — counted at PyTorch's dispatch level; counting slows
 every operator, so this run's seconds are not used). One step of each (the last) is played by
-:func:`minipar.observe.replay.replay` on
+:func:`minipar.machine.replay.replay` on
 
 * ``here`` — this machine, the timed trace: compute as measured (CPU seconds, the one honest use of them),
   links of the α, β fitted to gloo's all-reduce here (one ring step: α_allreduce / 2(N-1));
-* ``inside`` — a model, the counted trace: one DGX H100 node (:func:`minipar.observe.cluster.h100_cluster`:
+* ``inside`` — a model, the counted trace: one DGX H100 node (:func:`minipar.machine.cluster.h100_cluster`:
   H100 SXM card, NVLink 4 inside, InfiniBand NDR across), each compute segment its operators priced on the
-  card (roofline + a launch floor per kernel, :mod:`minipar.observe.device`); t ≤ 8;
+  card (roofline + a launch floor per kernel, :mod:`minipar.machine.device`); t ≤ 8;
 * ``across`` — the same card and links with the t ranks split over two nodes, t/2 in each
-  (:func:`minipar.observe.cluster.gpu_cluster` with ``devices_per_node`` = t/2: every TP ring crosses
+  (:func:`minipar.machine.cluster.gpu_cluster` with ``devices_per_node`` = t/2: every TP ring crosses
   InfiniBand): the placement a TP degree larger than a node forces (t = 16 on 8-GPU nodes).
 
 Per placement, for the busiest rank of the step: compute, TP communication (time on the wire), step, and
@@ -26,13 +26,13 @@ import copy
 import dataclasses
 from typing import NamedTuple
 
-from minipar.observe import trace
-from minipar.observe.cluster import IB_NDR, NVLINK4, gpu_cluster, h100_cluster, this_machine
-from minipar.observe.device import H100_SXM, Op, op_seconds
-from minipar.observe.intervals import step_slice
+from minipar.machine import trace
+from minipar.machine.cluster import IB_NDR, NVLINK4, gpu_cluster, h100_cluster, this_machine
+from minipar.machine.device import H100_SXM, Op, op_seconds
+from minipar.machine.intervals import step_slice
 from minipar.launcher import launch
 from minipar.observe.measure import gather_steps, timed_steps
-from minipar.observe.replay import replay
+from minipar.machine.replay import replay
 from minipar.tensor import gpt
 
 __all__ = ["TPRuns", "tp_runs", "one_step", "placements", "compute_terms", "tp_table"]
@@ -105,7 +105,7 @@ def placements(t: int, alpha: float, beta: float) -> dict:
 
 
 def compute_terms(rank_trace: trace.RankTrace, card=H100_SXM) -> dict:
-    """The operators of one rank's compute segments priced on ``card`` (:func:`minipar.observe.device.op_seconds`),
+    """The operators of one rank's compute segments priced on ``card`` (:func:`minipar.machine.device.op_seconds`),
     split: {"gemm": matmuls' roofline seconds, "memory": every other operator's, "floor": kernels × the launch
     floor, "kernels", "gemm_flops"}; their sum is what a replay on the card gives the rank's compute."""
     out = {"gemm": 0.0, "memory": 0.0, "floor": 0.0, "kernels": 0, "gemm_flops": 0.0}

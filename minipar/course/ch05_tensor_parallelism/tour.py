@@ -4,7 +4,7 @@ Each row trains the tiny GPT (2 layers, hidden 32, 4 heads, vocabulary 66 padded
 0.1, Adam, 3 steps, float64) with :func:`minipar.tensor.gpt.compare_to_one_device` and compares loss and
 every parameter with one device (harness float64 tolerance). Bytes: what one rank sends for one transformer
 layer in one forward and backward (b=4, s=16, h=32, float32): the communication log's model and what the
-sockets carried (:mod:`minipar.observe.wire`), mean over ranks, next to the formula: 4 all-reduces of b·s·h for TP
+sockets carried (:mod:`minipar.wire`), mean over ranks, next to the formula: 4 all-reduces of b·s·h for TP
 (48 KiB); for TP+SP the same volume as all-gathers + reduce-scatters plus the two re-gathers of the
 column-parallel inputs in backward (48 + 12 = 60 KiB, as Megatron-LM does it); with the gathered inputs kept
 instead (:func:`minipar.tensor.layers.keep_gathered_inputs`) SP's bytes equal TP's, and with its

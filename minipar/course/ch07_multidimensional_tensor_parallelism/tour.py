@@ -3,7 +3,7 @@
 Each row trains the reference MLP [16, 64, 64, 8] (Adam, 3 steps, float64) with
 :func:`minipar.tensor.multidim_mlp.run` and compares loss and every parameter with one device. Bytes: what
 one rank sends for one forward + backward (+ gradient sums) of the bias-free MLP [32, 128, 32] on 32 tokens
-in float32 — the communication log's model (mean over ranks), what the sockets saw (:mod:`minipar.observe.wire`),
+in float32 — the communication log's model (mean over ranks), what the sockets saw (:mod:`minipar.wire`),
 and the closed form (:func:`~minipar.tensor.multidim_measure.formula_bytes`). Observed exceeds the formula by a
 header per message (measured here: 144 B per point-to-point message, 288 B per step of a gloo collective);
 the note gives that overhead per message and the parameter and saved-activation bytes per rank.

@@ -220,7 +220,7 @@ def _mesh_5d_figure(path):
 
 
 def draw_replayed_step(ax, replayed, trace, mesh, step: int = 1):
-    """Each rank's spans between its ``step``-th and next "step" mark of a :func:`minipar.observe.replay.replay`:
+    """Each rank's spans between its ``step``-th and next "step" mark of a :func:`minipar.machine.replay.replay`:
     compute grey, a call coloured by the mesh dimensions its group spans (dp × cp = the gradients)."""
     starts = [marks[step - 1][1] for marks in replayed.marks]
     ends = [marks[step][1] for marks in replayed.marks]

@@ -7,7 +7,7 @@
   expert-data-parallel group: the ranks at the same place in every chunk, dp · cp / ep of them.
 * :func:`run_5d` — one launch of ``world`` ranks: each rank builds the mesh, reports the members of its
   torch process groups (and sums its rank id over each, so the groups are real), trains the recipe in float64
-  under :mod:`minipar.observe.trace` (each optimizer step marked) with memory tracked, then again in float32.
+  under :mod:`minipar.machine.trace` (each optimizer step marked) with memory tracked, then again in float32.
 * :func:`run_5d_moe` — the same mesh with MoE layers and ep folded in (:mod:`minipar.hybrid.experts`): each rank
   reports the dense, ep and expert-DP groups of its own trainer (members and the sum of rank ids over each), the
   experts it holds and its parameter bytes (experts apart), then trains; no-drop capacity, since with cp > 1 a
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from minipar.hybrid.experts import expert_groups
-from minipar.observe.intervals import step_slice
+from minipar.machine.intervals import step_slice
 from minipar.layout import Layout
 from minipar.mesh import Mesh
 
@@ -114,7 +114,7 @@ def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D) -> dict:
     from minipar.check import RunResult
     from minipar.hybrid.parallel3d import validate
     from minipar.launcher import launch
-    from minipar.observe.trace import Trace
+    from minipar.machine.trace import Trace
     validate(recipe64, layout=layout)
     out = launch(_rank_5d, layout.world_size, recipe64, recipe32, layout, quiet=True, timeout=180)
     return {"groups": [o["groups"] for o in out], "runs64": [o["run64"] for o in out],
@@ -132,7 +132,7 @@ def run_chapter(steps: int = 2, layout: Layout = LAYOUT_5D, moe_layout: Layout =
     from minipar.hybrid.parallel3d import validate
     from minipar.launcher import launch
     from minipar.check import RunResult
-    from minipar.observe.trace import Trace
+    from minipar.machine.trace import Trace
     recipe64, recipe32 = recipes(steps)
     moe = moe_recipe(moe_layout, steps=steps)
     validate(recipe64, layout=layout)
@@ -214,7 +214,7 @@ def declared_cluster(devices_per_node: int = 8, nodes: int = 2, intra_bw: float 
     """A declared cluster to replay the 16-rank trace on (a model, not this machine): compute as each segment's
     measured thread CPU time here (replay with ``compute_scale=1``), links 2 GB/s inside a node of 8 and
     10× slower between nodes (round numbers)."""
-    from minipar.observe.cluster import Cluster
+    from minipar.machine.cluster import Cluster
     return Cluster(devices_per_node, nodes, 16e9, 1.0, intra_bw, inter_bw, intra_latency, inter_latency)
 
 
@@ -269,7 +269,7 @@ def load_chapter(path=None) -> dict:
     import json
     from minipar.check import RunResult
     from minipar.hybrid.runner import HybridRun
-    from minipar.observe.trace import Trace
+    from minipar.machine.trace import Trace
     from .recorded import FIVE_D_RECORD
     rec = json.loads((path or FIVE_D_RECORD).read_text())
     run = lambda d: HybridRun(**{**d, "params": {}, "timeline": []})  # noqa: E731

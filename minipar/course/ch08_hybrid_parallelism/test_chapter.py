@@ -240,7 +240,7 @@ def test_the_chunk_rule_is_megatrons_expert_generator(world, dp, pp, cp, tp, ep)
 def test_ops_by_dims_reads_one_step_between_marks():
     from minipar.course.ch08_hybrid_parallelism.five_d import ops_by_dims, step_events
     from minipar.mesh import Mesh
-    from minipar.observe.trace import Comm, Compute, Mark, RankTrace, Trace
+    from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
     mesh = Mesh(4, dp=2, tp=2)
 
     def rank(r):

@@ -6,7 +6,7 @@ Each row trains the tiny GPT (4 layers, hidden 32, 4 heads, Adam, 3 steps, float
 tokens) with :func:`minipar.hybrid.runner.run` and compares the loss at every step and every parameter
 with one device (harness float64 tolerance). Bytes: sent per rank per step, mean over the 8 ranks, from the
 communication log (DP + PP + TP), next to :func:`minipar.hybrid.parallel3d.bytes_formula`; observed: what
-the sockets took (:mod:`minipar.observe.wire`). The note splits them by kind and says why observed differs.
+the sockets took (:mod:`minipar.wire`). The note splits them by kind and says why observed differs.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ whole batch's, and they drop different tokens). The row also counts the drops (0
 
 Bytes: the all-to-alls only (dispatch and combine, forward and backward), per rank per optimizer step,
 over the 2 MoE layers: the communication log's model (the padded buffers' chunks for the 3 other ranks),
-beside what the sockets carried (:mod:`minipar.observe.wire`), beside the formula: 2·k·cf·T·M·b per direction per
+beside what the sockets carried (:mod:`minipar.wire`), beside the formula: 2·k·cf·T·M·b per direction per
 layer (T = 32 tokens per rank, M = 32, b = 4), two directions, times (ep−1)/ep — the chunk a rank keeps for
 its own expert does not cross the wire. Peak memory: one more training step on rank 0.
 """

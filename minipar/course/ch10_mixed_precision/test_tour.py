@@ -4,7 +4,7 @@ precision (1e-3 / 5e-3, SGD); bytes observed on the sockets: DDP's FP16 all-redu
 the peak of one step per rank measured."""
 import pytest
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch10_mixed_precision import tour as ch10
 

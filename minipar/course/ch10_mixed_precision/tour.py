@@ -9,7 +9,7 @@ Bytes sent per rank per step, measured in the communication log, next to the for
 * DDP, FP16 wire: all-reduce of 2-byte gradients, 2·2Ψ·(N-1)/N (half of FP32 DDP's);
 * ZeRO-2, BF16: reduce-scatter of 2-byte gradients + all-gather of 2-byte parameters, 2·2Ψ'·(N-1)/N
   (Ψ' = Ψ padded per unit).
-Observed: what each rank really wrote to its sockets per step (:mod:`minipar.observe.wire`), mean over ranks; under
+Observed: what each rank really wrote to its sockets per step (:mod:`minipar.wire`), mean over ranks; under
 FP16 it includes the 4-byte all-reduce of the overflow flag the formula leaves out (a few hundred bytes with
 gloo's framing). Peak: one more training step per rank, measured (model states + the peak the step
 allocated, max over ranks).

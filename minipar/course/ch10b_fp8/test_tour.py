@@ -3,7 +3,7 @@ train the tiny GPT to within the stated gap of one-device BF16; the BF16 gradien
 protocol overhead."""
 import pytest
 
-from minipar.observe import wire
+from minipar import wire
 from minipar.course import tour
 from minipar.course.ch10b_fp8 import tour as ch10b
 

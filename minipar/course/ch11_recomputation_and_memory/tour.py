@@ -6,7 +6,7 @@ compares losses and parameters with one device without recomputation (float64 de
 recomputation itself is bit-exact, the all-reduce's summation order is what the tolerance is for; in
 float32, Adam turns that order into differences of 3e-5, above float32's default tolerance).
 Bytes: DDP's all-reduce, 2·8Ψ·(N-1)/N per rank per step — recomputation changes no communication: the log's
-model and what the sockets carried (:mod:`minipar.observe.wire`), mean over ranks.
+model and what the sockets carried (:mod:`minipar.wire`), mean over ranks.
 Peak memory: one training step on rank 0's shard, measured with :func:`minipar.memory.measure_step`
 (model states + the peak of what the step allocated): it falls from none to selective to full.
 """

@@ -173,7 +173,7 @@ def allreduce_link(cal: dict, devices: int):
 
 
 def op_links(cal: dict, devices: int):
-    """:class:`minipar.observe.fidelity.OpLinks` of this machine: each collective gloo was timed doing (all-reduce,
+    """:class:`minipar.machine.fidelity.OpLinks` of this machine: each collective gloo was timed doing (all-reduce,
     all-gather, reduce-scatter; :data:`ALLREDUCE_SIZES`) on its own fitted α, β (:func:`minipar.observe.measure.
     fit_links`), send/recv on the ping-pong's α, β. None where ``cal`` has no per-op timings."""
     p2p = (cal["p2p_beta"], cal["p2p_alpha"]) if "p2p_beta" in cal else (cal["beta"], cal["alpha"])

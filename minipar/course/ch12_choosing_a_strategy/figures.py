@@ -7,7 +7,7 @@ from __future__ import annotations
 from minipar.course.plotting import save_figure
 from dataclasses import replace
 
-from minipar.observe.cluster import a100_cluster, h100_cluster
+from minipar.machine.cluster import a100_cluster, h100_cluster
 from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, dgx_a100, estimate
 
 __all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "CALCULATOR_CLUSTERS", "calculate",

@@ -1,8 +1,8 @@
 """``python -m minipar bench gpu [--json]``: the device model against what one H100 measured.
 
-Reads the runs of ``tools/gpu_operators.py`` committed in ``figures/data/gpu/`` (:mod:`minipar.observe.gpu_measured`;
+Reads the runs of ``tools/gpu_operators.py`` committed in ``minipar/machine/data/gpu/`` (:mod:`minipar.machine.gpu_measured`;
 no GPU is needed to read them) and prints: the matmul efficiency they give beside the H100 card's, the host
-seconds per eager operator beside :data:`~minipar.observe.device.EAGER_HOST_SECONDS`, measured ÷ model per
+seconds per eager operator beside :data:`~minipar.machine.device.EAGER_HOST_SECONDS`, measured ÷ model per
 operator class and layer size, and every measured block and training step beside its eager bounds. Exits 1 if
 a step of the newest run lies more than 15 % outside its bounds.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from minipar.observe import gpu_measured
-from minipar.observe.device import EAGER_HOST_SECONDS, H100_SXM
+from minipar.machine import gpu_measured
+from minipar.machine.device import EAGER_HOST_SECONDS, H100_SXM
 
 __all__ = ["TOLERANCE", "main"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from minipar.observe.device import CARDS, FITTED
+from minipar.machine.device import CARDS, FITTED
 from minipar.plan.published import RUNS, fit_gemm_efficiency, table, table_text
 
 __all__ = ["TOLERANCE", "main"]

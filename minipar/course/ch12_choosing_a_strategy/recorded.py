@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from minipar.course import ROOT
-from minipar.observe.device import CARDS
+from minipar.machine.device import CARDS
 
 __all__ = ["RECORD", "provenance", "as_record", "write", "load", "provenance_text"]
 
@@ -58,7 +58,7 @@ def write(record: dict, path) -> Path:
 
 def load(path=RECORD) -> dict:
     """A record as :func:`as_record` wrote it, the calibration's samples keyed by bytes again and the A100
-    replay's card the :data:`minipar.observe.device.CARDS` entry."""
+    replay's card the :data:`minipar.machine.device.CARDS` entry."""
     record = json.loads(Path(path).read_text())
     cal = record["calibration"]
     cal["samples"] = {int(k): v for k, v in cal["samples"].items()}

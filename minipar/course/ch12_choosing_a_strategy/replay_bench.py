@@ -8,7 +8,7 @@ does falls on all of them alike. Per strategy and run, each a median over the ru
 rank's step:
 
 * **measured** — the wall clock from one optimizer step to the next;
-* **replay here** — the same run's trace played on this machine (:func:`minipar.observe.replay.replay`): compute
+* **replay here** — the same run's trace played on this machine (:func:`minipar.machine.replay.replay`): compute
   is each segment's thread CPU seconds; each collective costs what gloo's own op costs here on average,
   timed at a few sizes at the start of the same round and fitted, a message what a ping-pong costs on
   average (:func:`.calibration.op_links`, :func:`.calibration.collective_times`);
@@ -17,17 +17,17 @@ rank's step:
   threads (gloo's) used meanwhile; and with **wall-clock compute** (the time a segment took on the clock:
   time lost on shared cores to other processes too);
 * **engine** — the replay engine's own check: each segment its wall seconds and each blocking collective as
-  long as it took in that run (:func:`minipar.observe.fidelity.observed_calls`; asynchronous calls and
+  long as it took in that run (:func:`minipar.machine.fidelity.observed_calls`; asynchronous calls and
   messages on the fitted links): nothing is a model but how the engine composes them — waits, overlap, the
   order of calls. Within ±:data:`ENGINE_TOLERANCE` of measured it says the engine plays the run as it happened;
 * **replay on a DGX-A100 node** (a model): a separate round of the same programs traced with their operators
-  counted (:mod:`minipar.observe.opcount`), played on :func:`minipar.observe.cluster.a100_cluster` — each
-  operator priced on the A100 card (roofline + launch floor, :mod:`minipar.observe.device`), each call on
+  counted (:mod:`minipar.observe.opcount`), played on :func:`minipar.machine.cluster.a100_cluster` — each
+  operator priced on the A100 card (roofline + launch floor, :mod:`minipar.machine.device`), each call on
   NVLink. One number per strategy (the same in every run: a model has no run-to-run spread);
 * **planner** (:func:`minipar.plan.estimate`) here (the calibrated cluster) and on the DGX node, without
   overlap and with ``overlap="minipar"`` (what this course's programs hide under compute: :mod:`minipar.plan.overlap`).
   Its cluster has one link (gloo's all-reduce, fitted): :class:`minipar.plan.Cluster` takes one α-β pair per
-  level, not the replay's per-op :class:`minipar.observe.fidelity.OpLinks`.
+  level, not the replay's per-op :class:`minipar.machine.fidelity.OpLinks`.
 
 Over the runs: the median and the spread (min–max) of every number and of predicted/measured; the ranking of
 the strategies by each column, and :data:`AGREEMENTS` — each a :func:`minipar.plan.rank_agreement` (Kendall's
@@ -47,11 +47,11 @@ import math
 import statistics
 
 from minipar.launcher import launch
-from minipar.observe.cluster import a100_cluster, comm_seconds
-from minipar.observe.fidelity import observed_calls, wall_compute, with_other_threads
+from minipar.machine.cluster import a100_cluster, comm_seconds
+from minipar.machine.fidelity import observed_calls, wall_compute, with_other_threads
 from minipar.observe.measure import gather_steps, timed_steps
-from minipar.observe.replay import replay
-from minipar.observe.trace import Trace
+from minipar.machine.replay import replay
+from minipar.machine.trace import Trace
 from minipar.plan import agreement_text, estimate, rank_agreement
 
 from .calibration import STEP_MODEL, calibrate, calibrated_cluster, collective_times, op_links, planner_options, \

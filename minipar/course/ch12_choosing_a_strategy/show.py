@@ -3,7 +3,7 @@
 no longer holds) and returns a small table as :class:`Shown` text, so that a cell is one call."""
 from __future__ import annotations
 
-from minipar.observe.device import FITTED
+from minipar.machine.device import FITTED
 from minipar.plan import GPT3_175B, Layout, estimate, parameters
 from minipar.plan.published import table_text
 

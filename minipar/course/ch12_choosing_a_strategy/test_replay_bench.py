@@ -8,7 +8,7 @@ from minipar.course.bench import benchmarks
 from minipar.course.ch12_choosing_a_strategy import calibration
 from minipar.course.ch12_choosing_a_strategy.replay_bench import AGREEMENTS, REPLAY_STRATEGIES, TOLERANCE, _miss, \
     _rankings, agreements_text, fidelity_table, format_table, main
-from minipar.observe.fidelity import ring_terms
+from minipar.machine.fidelity import ring_terms
 
 N = 2
 ALPHA, BETA = 2e-4, 6e8

@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 
 from minipar.course.ch12_choosing_a_strategy import bench, time_model as tm
-from minipar.observe.device import A100_SXM_80GB, Op, ops_seconds
+from minipar.machine.device import A100_SXM_80GB, Op, ops_seconds
 from minipar.plan import GPT3_175B, Layout, published
 
 matplotlib.use("Agg")

@@ -3,9 +3,9 @@ outside the run-to-run spread, and a run of this course traced and played on a D
 
 * :func:`draw_published` — :func:`minipar.plan.published.table`'s rows as predicted against published seconds
   per iteration, with the ±15 % band the check allows.
-* :func:`bound_split` — where a list of operators' seconds on a card goes (:func:`minipar.observe.device.op_seconds`
+* :func:`bound_split` — where a list of operators' seconds on a card goes (:func:`minipar.machine.device.op_seconds`
   split in three): compute-bound (FLOPs / (peak·η) is the larger term), memory-bound (bytes / HBM is) and the
-  launch floor (kernels × floor). The three add up to :func:`minipar.observe.device.ops_seconds`.
+  launch floor (kernels × floor). The three add up to :func:`minipar.machine.device.ops_seconds`.
 * :func:`apart`, :func:`ranking_outside_spread` — two strategies are *apart* when their ranges over the runs
   [min, max] do not overlap; otherwise they are tied (a model's single number — a replay on a card, the planner —
   counts as ±½ % around it: :data:`MODEL_TIE`). A ranking check counts only pairs apart on both sides:
@@ -13,7 +13,7 @@ outside the run-to-run spread, and a run of this course traced and played on a D
   49), C the pairs in the same order, D those swapped, ties (either side) left out.
 * :func:`traced_on_a100` — one strategy of the step model traced with its operators counted
   (:func:`minipar.observe.measure.measure_steps` with ``ops=True``: a separate run from any timed one, since
-  counting slows every operator) and replayed on :func:`minipar.observe.cluster.a100_cluster`; and
+  counting slows every operator) and replayed on :func:`minipar.machine.cluster.a100_cluster`; and
   :func:`planner_kernels` — the same split for a layout the planner costs at real size
   (:mod:`minipar.plan.operators`).
 """
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 
-from minipar.observe.cluster import a100_cluster
-from minipar.observe.device import DeviceCard, Op, op_seconds
-from minipar.observe.intervals import step_slice
+from minipar.machine.cluster import a100_cluster
+from minipar.machine.device import DeviceCard, Op, op_seconds
+from minipar.machine.intervals import step_slice
 from minipar.observe.measure import measure_steps
 from minipar.observe.opcount import ops_of
-from minipar.observe.replay import replay
-from minipar.observe.trace import Compute
+from minipar.machine.replay import replay
+from minipar.machine.trace import Compute
 from minipar.plan.operators import MEGATRON_2022, head_step, layer_step
 
 from .calibration import STEP_RANKS, step_recipe, train
@@ -166,7 +166,7 @@ def planner_kernels(model, layout, card: DeviceCard, kernels=MEGATRON_2022) -> d
 
 
 def draw_gpu_check(rows: list, ax=None):
-    """The steps one H100 measured (:func:`minipar.observe.gpu_measured.step_rows`): per step, the device's own
+    """The steps one H100 measured (:func:`minipar.machine.gpu_measured.step_rows`): per step, the device's own
     time (the card's price of its counted operators), the eager bounds as a band, and what was measured (dots:
     each run), milliseconds on a log scale."""
     import matplotlib.pyplot as plt

@@ -19,7 +19,7 @@ from minipar.data import ddp, diloco, powersgd, zeropp
 from minipar.data.compression_study import held_out_loss, study_recipe
 from minipar.launcher import launch
 from minipar.models import GPTConfig
-from minipar.observe.cluster import comm_seconds
+from minipar.machine.cluster import comm_seconds
 
 __all__ = ["WORLD", "STEPS", "RANKS", "HS", "FRAGMENTS", "TUNED_LR", "MethodRun", "Study", "train_every_method",
            "with_learning_rate", "points", "beside_torch_hook", "print_points", "bytes_per_step_rows",
@@ -279,7 +279,7 @@ def collectives_per_step(shapes, elem_bytes: int, ranks=RANKS, Hs=HS) -> dict:
 
 def step_seconds(collectives: dict, cluster, world: int) -> dict:
     """{method: seconds of communication per step}: each collective over ranks 0 … world−1 of ``cluster``,
-    on the slowest link it crosses (α-β, :func:`minipar.observe.cluster.comm_seconds`)."""
+    on the slowest link it crosses (α-β, :func:`minipar.machine.cluster.comm_seconds`)."""
     ranks = list(range(world))
     return {m: sum(calls * comm_seconds(op, ranks, payload, cluster) for op, payload, calls in cs)
             for m, cs in collectives.items()}

@@ -9,7 +9,7 @@ from minipar.check import gpt_recipe
 from minipar.data.compression_study import loss_vs_bytes
 from minipar.data.powersgd import powersgd_bytes
 from minipar.models import GPTConfig
-from minipar.observe.cluster import a100_cluster
+from minipar.machine.cluster import a100_cluster
 from minipar.course.ch14_shrinking_communication import study as s14
 
 

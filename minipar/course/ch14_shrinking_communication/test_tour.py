@@ -4,7 +4,7 @@ import pytest
 
 from minipar.course import tour
 from minipar.course.ch14_shrinking_communication import tour as ch14
-from minipar.observe import wire
+from minipar import wire
 
 
 @pytest.fixture(scope="module")

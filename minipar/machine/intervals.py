@@ -1,14 +1,14 @@
 """Sets of time intervals: their union, intersection and difference, and how long they last.
 
 A replay's compute, hidden, exposed and idle time of a rank are such sets
-(:meth:`minipar.observe.replay.ReplayResult.pieces`): the totals are their lengths, and the Gantt chart of a replay
+(:meth:`minipar.machine.replay.ReplayResult.pieces`): the totals are their lengths, and the Gantt chart of a replay
 (:func:`minipar.pipeline.gantt.replay_rows`) draws their intervals — one computation for both.
 
 A *set* here is a list of disjoint ``(start, end)`` pairs, ``start < end``, sorted by start; :func:`union`
 makes one from any pairs. Intersection and difference sweep both sets once: O(len a + len b).
 
 And the other time a timeline is read for: a **step time**, the slowest rank's time from one step's point to
-the next (:func:`slowest_rank_steps`) — of a replay's marks (:meth:`minipar.observe.replay.ReplayResult.step_gaps`) as
+the next (:func:`slowest_rank_steps`) — of a replay's marks (:meth:`minipar.machine.replay.ReplayResult.step_gaps`) as
 of a run's clock at each optimizer step (``python -m minipar bench replay``) — and the events of one step of
 a trace, between two of its marks (:func:`step_slice`).
 """
@@ -83,7 +83,7 @@ def slowest_rank_steps(times_per_rank, what: str = "times") -> list:
 
 def step_slice(events: list, label: str = "step", k: int = -1) -> list:
     """The events strictly between two consecutive marks ``label`` of one rank's events (a
-    :class:`minipar.observe.trace.RankTrace`'s): the k-th step counted from 0 (k = 0: between the first two marks),
+    :class:`minipar.machine.trace.RankTrace`'s): the k-th step counted from 0 (k = 0: between the first two marks),
     or from the end (k = -1, the default: between the last two). ValueError if there is no such step."""
     marks = [i for i, e in enumerate(events) if getattr(e, "kind", None) == "mark" and e.label == label]
     pairs = list(zip(marks, marks[1:]))

@@ -1,8 +1,8 @@
 """A trace of what every rank did: its compute segments between communication calls, and the calls.
 
 Measure what the program does, then play it on a declared machine (FlexFlow's simulator, Jia et al. 2019;
-ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the measuring half,
-:mod:`minipar.observe.replay` the playing half. Per rank, in program order, a trace holds
+ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the program, as measured (or
+built from a schedule), :mod:`minipar.machine.replay` the playing half. Per rank, in program order, a trace holds
 
 * :class:`Compute` — this rank's thread's time between two communication calls, in **thread CPU time**
   (what the thread itself ran: shared cores do not inflate it) beside the wall time; optionally its FLOPs
@@ -15,8 +15,8 @@ ASTRA-sim, Rashidi et al. 2020; Calculon, Isaev et al. 2023): this module is the
   steps end).
 
 This module is the format only (pure data: it imports no communication code). A trace is recorded by
-:mod:`minipar.observe.tracer` (``with tracing() as rank_trace:`` on a rank; an observer of :mod:`minipar.comm`,
-so no strategy holds tracing code), or for every rank of a launch by
+:mod:`minipar.observe.tracer` (``with tracing() as rank_trace:`` on a rank; a hook on :mod:`minipar.comm`'s
+calls, so no strategy holds tracing code), or for every rank of a launch by
 :func:`minipar.observe.launch_trace.traced_launch`. A trace is data: :meth:`Trace.save` / :func:`load` (JSON),
 :meth:`Trace.summary`.
 """
@@ -94,7 +94,7 @@ class RankTrace:
 @dataclass
 class Trace:
     """Every rank's :class:`RankTrace`; ``meta`` says where it was measured (e.g. ``flops_per_second`` of a
-    rank here, which :mod:`minipar.observe.replay` scales compute by)."""
+    rank here, which :mod:`minipar.machine.replay` scales compute by)."""
     ranks: list
     meta: dict = field(default_factory=dict)
 

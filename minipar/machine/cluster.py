@@ -1,6 +1,6 @@
 """The table of links: a cluster of nodes, its two links, and what one call costs on them — the one α-β model
-that the planner (:mod:`minipar.plan`), the replay (:mod:`minipar.observe.replay`) and the fits
-(:mod:`minipar.observe.fidelity`) all use.
+that the planner (:mod:`minipar.plan`), the replay (:mod:`minipar.machine.replay`) and the fits
+(:mod:`minipar.machine.fidelity`) all use.
 
 α-β model: a call over n ranks costs t = k·α + f·S/β (:func:`alpha_beta_terms`): k its latency steps
 (2(n-1) for a ring all-reduce, n-1 for an all-gather or a reduce-scatter, 1 for a send), f·S the bytes the
@@ -73,7 +73,7 @@ PCIE3 = LinkCard("PCIe 3.0 x16", 15.75e9, 10e-6, 0.80, "PCIe 3.0: 8 GT/s · 16 l
 def gpu_cluster(card: DeviceCard, nodes: int, intra: LinkCard, inter: LinkCard, devices_per_node: int = 8
                 ) -> Cluster:
     """``nodes`` nodes of ``devices_per_node`` ``card`` GPUs joined by ``intra`` inside a node and ``inter``
-    across nodes: the cluster the device model prices (:mod:`minipar.observe.device`; the planner's compute
+    across nodes: the cluster the device model prices (:mod:`minipar.machine.device`; the planner's compute
     is then the operators of :mod:`minipar.plan.operators`, a replay's the operators a trace counted)."""
     return Cluster(devices_per_node, nodes, card.memory_bytes, card.peak_flops, intra.beta, inter.beta,
                    intra.latency, inter.latency, card.gemm_efficiency, device=card)

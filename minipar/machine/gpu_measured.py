@@ -1,7 +1,8 @@
-"""What one H100 measured, beside the device model (:mod:`minipar.observe.device`): the model's check on a GPU.
+"""What one H100 measured, beside the device model (:mod:`minipar.machine.device`): the model's check on a GPU.
 
 ``tools/gpu_operators.py`` ran three times on one NVIDIA H100 80GB HBM3 (700 W, torch 2.11, bf16 for the
-layers, float32 for the course's model; 2026-11-27); its JSON files are in ``figures/data/gpu/``. They hold,
+layers, float32 for the course's model; 2026-11-27); its JSON files are package data, in
+``minipar/machine/data/gpu/`` (read with ``importlib.resources``, so an installed minipar has them). They hold,
 for four layer sizes (a launch-bound tiny one, GPT-2 small, 1.3B, a GPT-3 layer's t = 8 shard):
 
 * each operator timed alone and ten times back to back ("stream": the launch hidden under the previous
@@ -12,28 +13,28 @@ for four layer sizes (a launch-bound tiny one, GPT-2 small, 1.3B, a GPT-3 layer'
 
 This module reads them and derives the three numbers the model takes from them: the H100's GEMM
 efficiency (:func:`gemm_efficiency`), the host's seconds per eager operator (:func:`host_seconds_per_operator`),
-and the check that every measured step lies within its :func:`~minipar.observe.device.eager_bounds`
+and the check that every measured step lies within its :func:`~minipar.machine.device.eager_bounds`
 (:func:`step_rows`). Nothing here runs on a GPU: the numbers are what the runs wrote.
 """
 from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
+from importlib import resources
 
-from .device import CARDS, EAGER_HOST_SECONDS, H100_SXM, DeviceCard, Op, eager_bounds, op_seconds
-from .opcount import ops_of
+from .device import CARDS, EAGER_HOST_SECONDS, H100_SXM, DeviceCard, Op, eager_bounds, op_seconds, ops_of
 
 __all__ = ["RUNS_DIR", "runs", "gemm_efficiency", "class_ratios", "host_seconds_per_operator", "step_rows",
            "table_text"]
 
-RUNS_DIR = Path(__file__).resolve().parents[2] / "figures" / "data" / "gpu"
+RUNS_DIR = resources.files("minipar.machine") / "data" / "gpu"     # package data (pyproject.toml), not a repo path
 LAUNCH_BOUND = ("tiny layer (launch-bound)", "TinyGPT (the course's default)", "TinyGPT 4L/256h, seq 128")
 
 
-def runs(folder: Path = RUNS_DIR) -> list:
-    """The runs' reports, oldest first, each with ``"file"`` added."""
-    return [json.loads(p.read_text()) | {"file": p.name} for p in sorted(folder.glob("*.json"))]
+def runs(folder=RUNS_DIR) -> list:
+    """The runs' reports, oldest first, each with ``"file"`` added (``folder``: a path or a package resource)."""
+    files = sorted((p for p in folder.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
+    return [json.loads(p.read_text(encoding="utf-8")) | {"file": p.name} for p in files]
 
 
 def _op(row: dict) -> Op:

@@ -1,7 +1,7 @@
 """A replay against the run it was traced from: links per kind of call, per-step times, and what to compare.
 
-:mod:`minipar.observe.replay` plays a :mod:`minipar.observe.trace` on a
-:class:`~minipar.observe.cluster.Cluster`, every call on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
+:mod:`minipar.machine.replay` plays a :mod:`minipar.machine.trace` on a
+:class:`~minipar.machine.cluster.Cluster`, every call on the cluster's α-β links. Measured here, one α-β pair does not fit every call (ASTRA-sim, Rashidi et al.
 2020, and Calculon, Isaev et al. 2023, likewise time each collective by its own algorithm):
 
 * a **message** (send / recv between two ranks) costs the ping-pong's α + S/β: one rendezvous, one copy;
@@ -12,8 +12,8 @@
 
 :class:`OpLinks` is that choice, passed to ``replay(..., comm_time=OpLinks(...))``; :func:`fit_link` fits one
 op's pair. To compare a replay with the run, step by step: the replay's step times
-(:meth:`minipar.observe.replay.ReplayResult.step_gaps`) against the run's, both by
-:func:`minipar.observe.intervals.slowest_rank_steps` (per step, the slowest rank's time from one step to the next);
+(:meth:`minipar.machine.replay.ReplayResult.step_gaps`) against the run's, both by
+:func:`minipar.machine.intervals.slowest_rank_steps` (per step, the slowest rank's time from one step to the next);
 :func:`with_other_threads` (each segment also pays the CPU seconds the rank's other threads — gloo's, moving
 and summing bytes — used meanwhile: on a CPU, communication "hidden" under compute takes the compute's core)
 and :func:`wall_compute` (each segment's wall seconds in place of its thread CPU seconds: time lost to other
@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from minipar.observe.cluster import Cluster, alpha_beta_terms, collective_seconds, comm_seconds
-from minipar.observe.trace import Comm, Compute, RankTrace, Trace
+from minipar.machine.cluster import Cluster, alpha_beta_terms, collective_seconds, comm_seconds
+from minipar.machine.trace import Comm, Compute, RankTrace, Trace
 
 __all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", "wall_compute",
            "with_other_threads", "with_flops"]
@@ -40,7 +40,7 @@ _RING_FORM = ("all_gather", "all_reduce", "reduce_scatter", "send")   # the ops 
 
 
 def ring_terms(op: str, n: int) -> tuple:
-    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β`` (:func:`minipar.observe.cluster.alpha_beta_terms`),
+    """(k, f) of ``op`` on n ranks in ``t = k·α + f·S/β`` (:func:`minipar.machine.cluster.alpha_beta_terms`),
     for the ops fitted here: the rings and a send."""
     if op not in _RING_FORM:
         raise ValueError(f"no ring form for {op!r}: one of {list(_RING_FORM)}")
@@ -73,7 +73,7 @@ def fit_link(op: str, n: int, samples: dict) -> tuple:
 class OpLinks:
     """Seconds of one call by its kind: ``ops`` {op: (β, α)} for the collectives timed one by one, ``p2p``
     (β, α) for send/recv, the cluster's own links for anything else. Each in the α-β form of
-    :func:`minipar.observe.cluster.collective_seconds`. A replay's ``comm_time``."""
+    :func:`minipar.machine.cluster.collective_seconds`. A replay's ``comm_time``."""
     ops: dict = field(default_factory=dict)
     p2p: tuple | None = None
 
@@ -89,7 +89,7 @@ class OpLinks:
 
 
 def wall_compute(trace: Trace) -> Trace:
-    """The trace with every :class:`~minipar.observe.trace.Compute`'s thread CPU seconds replaced by its wall
+    """The trace with every :class:`~minipar.machine.trace.Compute`'s thread CPU seconds replaced by its wall
     seconds (what the segment took on the clock, time lost to other processes included)."""
     def swap(e):
         return dataclasses.replace(e, seconds_cpu=e.seconds_wall) if isinstance(e, Compute) else e
@@ -98,7 +98,7 @@ def wall_compute(trace: Trace) -> Trace:
 
 
 def with_other_threads(trace: Trace) -> Trace:
-    """The trace with every :class:`~minipar.observe.trace.Compute` lasting its thread CPU seconds plus the CPU
+    """The trace with every :class:`~minipar.machine.trace.Compute` lasting its thread CPU seconds plus the CPU
     seconds the rank's other threads used meanwhile (``seconds_other_threads``): one core per rank runs both."""
     def add(e):
         return dataclasses.replace(e, seconds_cpu=e.seconds_cpu + e.seconds_other_threads) \

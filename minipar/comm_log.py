@@ -3,10 +3,10 @@
 A record holds the operation, the group size N, the payload S in bytes, the bytes this rank sends and
 receives under the algorithm named in the record (:func:`minipar.comm.predicted_bytes_sent`'s table; the
 rings' send/recv message by message), the wall time, and the bytes the process really wrote to its
-sockets meanwhile (:mod:`minipar.observe.wire`).
+sockets meanwhile (:mod:`minipar.wire`).
 
 Logs are scoped: ``with recording() as log:`` collects the calls made inside the block on this rank. The
-block is also watched by :mod:`minipar.observe.wire`: ``log.observed_bytes_sent`` is what this process really
+block is also watched by :mod:`minipar.wire`: ``log.observed_bytes_sent`` is what this process really
 wrote to its sockets meanwhile (the transport's truth, beside the model — and it sees collectives called
 around :mod:`minipar.comm`, straight through ``torch.distributed``, which the records cannot).
 
@@ -15,10 +15,11 @@ mesh (``recording(mesh=rank_mesh)``), ``dims``, the mesh dimensions those ranks 
 are then a group-by over the log, whatever the strategy: ``log.bytes_by_dims()`` →
 ``{("tp",): .., ("pp",): .., ("dp",): ..}``; ``log.select(op="all_to_all", dims=("ep",))`` is a sub-log.
 
-How records reach the logs: :mod:`minipar.comm` keeps one list of observers (``comm.observers``) and tells
-each of them of every call; its first observer is this module's :data:`RECORDER`, which hands each record to
-every open log (innermost last). This module imports nothing of minipar but the wire counter, so
-:mod:`minipar.comm` can name ``recording``, ``CommLog`` and ``CommRecord`` as its own.
+How records reach the logs: a ``recording()`` block installs its log as a hook (:mod:`minipar.hooks`), with a
+:class:`minipar.wire.CallCounter` inside it; :mod:`minipar.comm` tells every active hook of every call and
+knows no log. Each call has one record (:attr:`minipar.calls.Call.record`), which every open log appends. This
+module sits on the ground floor beside :mod:`minipar.comm` (which names ``recording``, ``CommLog`` and
+``CommRecord`` as its own) and imports only the hook interface and the wire counter.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from . import wire
+from . import hooks, wire
 
-__all__ = ["CommRecord", "CommLog", "recording", "RECORDER"]
+__all__ = ["CommRecord", "CommLog", "recording"]
 
 
 @dataclass
@@ -42,7 +43,7 @@ class CommRecord:
     ``ranks``: the global ranks of the group the call used (a send or recv: the pair {me, peer}); ``dims``:
     the mesh dimensions they span (:meth:`minipar.mesh.Mesh.dims_spanned`), when the log recording it was
     given a mesh, else None. ``observed_sent``: bytes this process wrote to its sockets while a blocking call
-    ran (:mod:`minipar.observe.wire`; None for async calls, whose bytes leave after they return)."""
+    ran (:mod:`minipar.wire`; None for async calls, whose bytes leave after they return)."""
     op: str
     group_size: int
     payload_bytes: int
@@ -131,29 +132,20 @@ class CommLog:
         return CommLog(records, None if None in seen else sum(seen), mesh if mesh is not None else self.mesh)
 
 
-class _Recorder:
-    """:mod:`minipar.comm`'s first observer: every record goes to each open log (innermost last), named by
-    the innermost mesh given; an async call's work comes back timed to its completion."""
+class _Logging:
+    """One open log as a hook: each call's record appended, its dims named by the innermost log given a mesh
+    (the innermost hook sees the record first); an async call's work comes back timed to its completion."""
 
-    def __init__(self):
-        self.logs: list = []
+    def __init__(self, log: CommLog):
+        self.log = log
 
-    @property
-    def watching(self) -> bool:
-        return bool(self.logs)
-
-    def before_call(self) -> None:
-        pass
-
-    def on_record(self, rec: CommRecord, work):
-        meshes = [log.mesh for log in self.logs if log.mesh is not None]
-        rec.dims = meshes[-1].dims_spanned(rec.ranks) if meshes else None
-        for log in self.logs:
-            log.records.append(rec)
-        return work if work is None else _until_done(rec, work, time.perf_counter() - rec.seconds)
-
-
-RECORDER = _Recorder()
+    def around_call(self, call, proceed):
+        result = proceed()
+        rec = call.record
+        if rec.dims is None and self.log.mesh is not None:
+            rec.dims = self.log.mesh.dims_spanned(rec.ranks)
+        self.log.records.append(rec)
+        return _until_done(rec, result, time.perf_counter() - rec.seconds) if call.async_op else result
 
 
 @contextlib.contextmanager
@@ -163,39 +155,20 @@ def recording(log: CommLog | None = None, mesh=None):
     log = log if log is not None else CommLog()
     if mesh is not None:
         log.mesh = getattr(mesh, "mesh", mesh)
-    RECORDER.logs.append(log)
+    seen = wire.Observed()
     try:
-        with wire.observing() as seen:
+        with wire.observing() as seen, wire.counting_calls() as counter, hooks.installed(_Logging(log), counter):
             yield log
     finally:
-        RECORDER.logs.remove(log)
         if seen.bytes_sent is not None:
             log.observed_bytes_sent = (log.observed_bytes_sent or 0) + seen.bytes_sent
 
 
-class _TimedWork:
-    """A work handle that sets its record's ``seconds`` to launch → completion when it sees completion
-    (send/recv works of gloo have no future to call back). Everything else is the work's own."""
-
-    def __init__(self, work, done):
-        self._work, self._done = work, done
-
-    def wait(self, *args, **kwargs):
-        out = self._work.wait(*args, **kwargs)
-        self._done()
-        return out
-
-    def is_completed(self) -> bool:
-        finished = self._work.is_completed()
-        if finished:
-            self._done()
-        return finished
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
 def _until_done(rec: CommRecord, work, t0: float):
+    """``work``, setting ``rec.seconds`` to launch -> completion when the call completes (once, however many
+    logs hold the record: an inner log's wrapping already times it)."""
+    if rec.pending:
+        return work
     rec.pending = True
 
     def done(*_):
@@ -205,4 +178,4 @@ def _until_done(rec: CommRecord, work, t0: float):
         work.get_future().add_done_callback(done)
         return work
     except RuntimeError:                       # "Work::getFuture not implemented" (gloo send / recv)
-        return _TimedWork(work, done)
+        return hooks.WorkDone(work, done)

@@ -1,11 +1,11 @@
-"""What a replay returns (:func:`minipar.observe.replay.replay`), and how it is read: each rank's bars, and its
+"""What a replay returns (:func:`minipar.machine.replay.replay`), and how it is read: each rank's bars, and its
 time split into compute, communication hidden under compute, exposed communication, and idle."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minipar.observe.cluster import Cluster
-from minipar.observe.intervals import difference, intersection, length, slowest_rank_steps, union
+from minipar.machine.cluster import Cluster
+from minipar.machine.intervals import difference, intersection, length, slowest_rank_steps, union
 
 __all__ = ["Span", "ReplayResult"]
 
@@ -45,7 +45,7 @@ class ReplayResult:
 
     def pieces(self, rank: int, start: float = 0.0, end: float | None = None) -> dict:
         """``rank``'s time in [start, end] (default the whole replay) as sets of intervals
-        (:mod:`minipar.observe.intervals`): "compute"; the union of its transfers (a send and a recv at once count
+        (:mod:`minipar.machine.intervals`): "compute"; the union of its transfers (a send and a recv at once count
         once) under its compute, "comm hidden", and not, "comm exposed"; "idle": neither. They tile the window."""
         end = self.step_seconds if end is None else end
         window = [(start, end)] if end > start else []

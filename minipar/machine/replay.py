@@ -1,22 +1,22 @@
-"""Play a :mod:`minipar.observe.trace` on a declared cluster: what the measured program would do on that machine.
+"""Play a :mod:`minipar.machine.trace` on a declared cluster: what the measured program would do on that machine.
 
 Each rank is a device that runs its events in order (FlexFlow's simulator, Jia et al. 2019; ASTRA-sim,
 Rashidi et al. 2020, play the same kind of graph):
 
-* a :class:`~minipar.observe.trace.Compute` on a cluster with a device card (:mod:`minipar.observe.device`)
+* a :class:`~minipar.machine.trace.Compute` on a cluster with a device card (:mod:`minipar.machine.device`)
   lasts what its counted operators cost there (roofline + a launch floor per kernel; a trace without them is
   refused: CPU seconds say nothing of a GPU); on a cluster without one, ``flops / (peak · efficiency)`` when
   its FLOPs are known, else its thread CPU seconds × ``compute_scale`` (this machine's calibrated FLOP/s
   over the device's — "here", scale 1, is the one honest use of CPU seconds);
-* a :class:`~minipar.observe.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
+* a :class:`~minipar.machine.trace.Comm` starts when **every member has issued it** (the k-th call of each member on
   the same group is the same collective; a message: when both sides posted it, matched first in first out
   per direction and tag, a rendezvous as NCCL's send/recv) and when the links it needs are free — each rank
   has a link out and a link in, each carrying one transfer at a time (transfers that share one queue); a
   collective takes both links of every member, a message the sender's out and the receiver's in — and lasts
-  its α-β time (:func:`minipar.observe.cluster.comm_seconds`: on the intra-node link if its ranks share a
-  node, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.observe.fidelity.OpLinks`);
+  its α-β time (:func:`minipar.machine.cluster.comm_seconds`: on the intra-node link if its ranks share a
+  node, else the inter-node link; or ``comm_time``'s, e.g. :class:`minipar.machine.fidelity.OpLinks`);
 * a blocking call holds its rank until the transfer ends; an async call lets the rank compute on until its
-  :class:`~minipar.observe.trace.Wait` (never waited for: at the rank's end).
+  :class:`~minipar.machine.trace.Wait` (never waited for: at the rank's end).
 
 Ranks advance in global time order (always the unblocked rank with the earliest clock), so collectives
 become ready in time order and link queues are first come, first served. If no rank can move while some
@@ -30,17 +30,16 @@ intervals of each, which :func:`minipar.pipeline.gantt.replay_rows` draws. ``ste
 The pipeline simulator (:mod:`minipar.pipeline.simulate`) is this engine playing a schedule's trace
 (:func:`minipar.pipeline.schedule_trace.from_schedule`); its links carry any number of messages at once, so
 it routes each message through a stand-in rank of its own — a plain replay queues them on one in-link.
-The result, and how it is read: :mod:`minipar.observe.replay_result`.
+The result, and how it is read: :mod:`minipar.machine.replay_result`.
 """
 from __future__ import annotations
 
 import heapq
 
-from minipar.observe.cluster import Cluster, comm_seconds
-from minipar.observe.device import ops_seconds
-from minipar.observe.opcount import ops_of
-from minipar.observe.replay_result import ReplayResult, Span
-from minipar.observe.trace import Comm, Compute, Mark, Trace, Wait
+from minipar.machine.cluster import Cluster, comm_seconds
+from minipar.machine.device import ops_of, ops_seconds
+from minipar.machine.replay_result import ReplayResult, Span
+from minipar.machine.trace import Comm, Compute, Mark, Trace, Wait
 
 __all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale"]
 

@@ -16,7 +16,7 @@ lasts::
 
 An eager PyTorch program adds a second clock: the host (Python, the dispatcher, autograd) spends about
 :data:`EAGER_HOST_SECONDS` on each operator before the device can run it. Measured on one H100
-(:mod:`minipar.observe.gpu_measured`), a tiny model's training step lasts its operators × that host time — about
+(:mod:`minipar.machine.gpu_measured`), a tiny model's training step lasts its operators × that host time — about
 eight times its kernels' own time — so :func:`eager_bounds` gives the two limits such a step lies between:
 max(device, host) when the host runs ahead of the device, device + host when it never does.
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "A100_SXM_80GB", "H100_SXM", "H100_SXM_500W",
-           "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
+           "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ def ops_seconds(ops, card: DeviceCard) -> float:
 
 
 # Host seconds per eager operator, measured: the median of a launch-bound run's wall time ÷ its counted
-# operators over the launch-bound runs of tools/gpu_operators.py on one H100 (figures/data/gpu/; the
-# spread, 37–100 µs over ten, and the runs: minipar.observe.gpu_measured.host_seconds_per_operator).
+# operators over the launch-bound runs of tools/gpu_operators.py on one H100 (minipar/machine/data/gpu/; the
+# spread, 37–100 µs over ten, and the runs: minipar.machine.gpu_measured.host_seconds_per_operator).
 EAGER_HOST_SECONDS = 39e-6
 
 
@@ -106,8 +106,8 @@ FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.815, over Korthikanti et al. 2
                              "number: the check is that it fits all eight)"),
           "H100-SXM5-80GB": ("gemm_efficiency = 0.72, measured: the median over 78 timings of matmuls from "
                              "three GPT layer sizes, each run ten times back to back, on one H100 80GB HBM3 "
-                             "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, figures/data/gpu/, "
-                             "minipar.observe.gpu_measured.gemm_efficiency); range 0.15–0.82"),
+                             "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, minipar/machine/data/gpu/, "
+                             "minipar.machine.gpu_measured.gemm_efficiency); range 0.15–0.82"),
           "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
                             "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
 
@@ -138,3 +138,22 @@ H100_SXM_500W = DeviceCard(
            "carries the lower clock); attention and floor as H100-SXM5-80GB")
 
 CARDS = {card.name: card for card in (A100_SXM_80GB, H100_SXM, H100_SXM_500W)}
+
+
+# Operator rows (what minipar.observe.opcount.OperatorCounter.take returns, and what a trace's Compute holds)
+
+def kernel_count(rows) -> int:
+    """Kernels in ``rows`` (a :meth:`OperatorCounter.take` list: one per operator; a row written from a
+    model's operators may say ``"kernels"`` per operator)."""
+    return sum(r["count"] * r.get("kernels", 1) for r in rows)
+
+
+def ops_of(rows) -> list:
+    """``rows`` as :class:`minipar.machine.device.Op` objects, to price on a card."""
+    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], r.get("kernels", 1), r["count"]) for r in rows]
+
+
+def rows_of(ops) -> list:
+    """:class:`minipar.machine.device.Op` objects as rows (the inverse of :func:`ops_of`)."""
+    return [{"name": o.name, "kind": o.kind, "count": o.count, "flops": o.flops, "bytes": o.bytes,
+             "kernels": o.kernels} for o in ops]
