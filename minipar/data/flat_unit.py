@@ -220,8 +220,8 @@ class FlatUnit:
         flat.div_(self.n)                                      # divide first, then sum
         mine = flat.new_empty(self.layout.shard_numel)
         async_op = self.async_reduce and not comm.rings_selected("reduce_scatter")   # the rings block
+        self.on_event("reduce-scatter", self)                  # (before it: ZeRO checks the ranks agree)
         work = comm.reduce_scatter_tensor(mine, flat, group=self.group, async_op=async_op)
-        self.on_event("reduce-scatter", self)
         for p in self.params:
             p.grad = None
         self.reduced = True
