@@ -33,7 +33,8 @@ import torch.nn as nn
 
 from .. import comm
 
-__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end"]
+__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
+           "module_state_dict", "load_module_state_dict"]
 
 
 def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
@@ -61,6 +62,12 @@ class ShardedParam:
         self.full = nn.Parameter(param.detach().to(compute_dtype).clone())
         self.full.data.untyped_storage().resize_(0)                                 # gathered when needed
         self.numel = self.c * self.rest                                             # my elements
+
+    def my_rows(self, full: torch.Tensor, n: int, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s shard of a full tensor of this parameter's shape: rows [r·c, (r+1)·c), zeros past d₀."""
+        rows = full.detach().reshape(self.d0, self.rest).to(self.shard.dtype)
+        padded = torch.cat([rows, rows.new_zeros(n * self.c - self.d0, self.rest)])
+        return padded[rank * self.c:(rank + 1) * self.c].view(self.shard.shape)
 
     def install(self, which: nn.Parameter) -> None:
         for module, name in self.owners:
@@ -118,6 +125,30 @@ class PerParameterUnit:
                 p.shard.grad = piece.clone() if p.shard.grad is None else p.shard.grad + piece
 
 
+def module_state_dict(module: nn.Module, full_by_param: dict, prefix: str = "") -> dict:
+    """``module.state_dict()``'s keys in its order, each value whole (PyTorch FSDP's full state dict): a sharded
+    parameter's full tensor ``full_by_param[id(p)]``, a buffer or a frozen parameter copied as it is. Used by
+    both FSDP designs; ``keep_vars`` so that nothing reads a freed parameter."""
+    return {prefix + name: full_by_param[id(v)] if id(v) in full_by_param else v.detach().clone()
+            for name, v in module.state_dict(keep_vars=True).items()}
+
+
+def load_module_state_dict(module: nn.Module, state_dict: dict, sharded: set, strict: bool = True):
+    """Check ``state_dict``'s keys against ``module.state_dict()``'s (``strict``: RuntimeError unless equal) and
+    copy the values of what is not sharded (buffers, frozen parameters; ``sharded``: ids of the others, which
+    the caller loads into its shards). Returns torch's (missing_keys, unexpected_keys)."""
+    own = module.state_dict(keep_vars=True)
+    missing, unexpected = [k for k in own if k not in state_dict], [k for k in state_dict if k not in own]
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"the state dict does not fit the wrapped module: missing keys {missing[:3]}, "
+                           f"unexpected keys {unexpected[:3]} (a full state dict has the module's own names)")
+    with torch.no_grad():
+        for name, value in own.items():
+            if name in state_dict and id(value) not in sharded:
+                value.copy_(state_dict[name])
+    return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+
 def finish_at_backward_end(wrapper, out):
     """``out``, hooked so that ``wrapper.finish_gradient_synchronization()`` runs once when the backward
     through it ends (autograd's ``queue_callback``: after every gradient of that pass) — so a plain training
@@ -144,7 +175,7 @@ class PerParameterFSDP(nn.Module):
                  fp32_modules=()):
         super().__init__()
         self.module, self.group = module, group
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        n, rank = self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         owners = {}
         for m in module.modules():
             for name, p in m._parameters.items():
@@ -221,3 +252,25 @@ class PerParameterFSDP(nn.Module):
                 out[name] = p.full.detach().to(p.shard.dtype).clone()
             unit.free()
         return out
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """The wrapped module's full state dict (every rank calls it: one gather per unit): its own keys, every
+        parameter whole, buffers and frozen parameters included; ``load_state_dict`` takes it back."""
+        full = {}
+        for unit in self.units:
+            unit.gather()
+            full.update((id(p.shard), p.full.detach().to(p.shard.dtype).clone()) for p in unit.params)
+            unit.free()
+        return module_state_dict(self.module, full, prefix)
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
+        """Load a full state dict (as :meth:`state_dict` gives): each rank keeps its rows of every sharded
+        parameter; buffers and frozen parameters are copied whole."""
+        params = [p for unit in self.units for p in unit.params]
+        names = {id(v): k for k, v in self.module.state_dict(keep_vars=True).items()}
+        result = load_module_state_dict(self.module, state_dict, {id(p.shard) for p in params}, strict)
+        with torch.no_grad():
+            for p in params:
+                if names[id(p.shard)] in state_dict:
+                    p.shard.copy_(p.my_rows(state_dict[names[id(p.shard)]], self.n, self.rank))
+        return result
