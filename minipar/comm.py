@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from . import flight
+from .flat import FlatLayout
 from .observe import wire
 from .observe.log import RECORDER, CommLog, CommRecord, recording   # the log's names, for comm.recording() etc.
 
@@ -155,13 +156,10 @@ def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
     place (one call pays the latency α once, as a DDP bucket does). Returns ``tensors``."""
     if not tensors:
         return tensors
-    flat = torch.cat([t.reshape(-1) for t in tensors])
+    layout = FlatLayout([t.shape for t in tensors])
+    flat = layout.flatten(tensors)
     all_reduce(flat, op=op, group=group)
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset: offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return tensors
+    return layout.unflatten(flat, tensors)
 
 
 def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
@@ -326,13 +324,9 @@ def ring_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
     """All-reduce (sum) = ring reduce-scatter then ring all-gather: 2(N-1)/N · S bytes sent per rank,
     independent of N. Works in place on ``t`` (flattened; any shape, padded to a multiple of N)."""
     n = _size(group)
-    flat = t.reshape(-1)
-    pad = (-flat.numel()) % n
-    padded = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
-    mine = ring_reduce_scatter(padded.view(n, -1), group)
-    total = ring_all_gather(mine, group).reshape(-1)
-    t.copy_(total[: flat.numel()].view_as(t))
-    return t
+    layout = FlatLayout([t.shape], n)
+    mine = ring_reduce_scatter(layout.flatten([t]).view(n, -1), group)
+    return layout.unflatten(ring_all_gather(mine, group).reshape(-1), [t])[0]
 
 
 def root_all_reduce(t: torch.Tensor, root: int = 0) -> torch.Tensor:

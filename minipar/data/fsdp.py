@@ -44,7 +44,6 @@ from ..loop import mean_over_ranks, shard_batch
 from . import zero
 from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
     module_state_dict
-from .sharded_optimizer import piece_bounds
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
@@ -138,7 +137,7 @@ class FSDP(nn.Module):
             compute_in_own_dtype(norm, param_dtype)
         self._finish_queued, self.pieces, self._used = False, None, set()
         if use_orig_params:          # each parameter's piece of my shard: a view the optimizer steps by itself
-            self.pieces = [[nn.Parameter(u.master.data[lo:hi]) for lo, hi in piece_bounds(u.layout, u.rank)]
+            self.pieces = [[nn.Parameter(u.master.data[lo:hi]) for lo, hi in u.layout.piece_bounds(u.rank)]
                            for u in self.zero.units]
             for p in (p for u in self.zero.units for p in u.params):
                 p.register_post_accumulate_grad_hook(lambda p: self._used.add(id(p)))
@@ -173,7 +172,7 @@ class FSDP(nn.Module):
         comm.all_reduce(used, op=dist.ReduceOp.MAX, group=self.zero.group)   # used on any rank: it has a grad
         flags = iter(used.tolist())
         for unit, pieces in zip(units, self.pieces):
-            for piece, (lo, hi) in zip(pieces, piece_bounds(unit.layout, unit.rank)):
+            for piece, (lo, hi) in zip(pieces, unit.layout.piece_bounds(unit.rank)):
                 if next(flags):
                     grad = unit.master.grad[lo:hi]
                     piece.grad = grad.clone() if piece.grad is None else piece.grad + grad
@@ -227,7 +226,7 @@ class FSDP(nn.Module):
             grad = unit.master.grad if unit.master.grad is not None else torch.zeros_like(unit.master)
             if self.pieces is not None:                        # the pieces hold it (None: zeros)
                 grad = torch.zeros_like(unit.master)
-                for piece, (lo, hi) in zip(self.pieces[i], piece_bounds(unit.layout, unit.rank)):
+                for piece, (lo, hi) in zip(self.pieces[i], unit.layout.piece_bounds(unit.rank)):
                     if piece.grad is not None:
                         grad[lo:hi] = piece.grad
             out.update(zip(unit.names, unit.full_tensors(grad)))

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..flat import FlatLayout
 
 __all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
            "module_state_dict", "load_module_state_dict"]
@@ -80,8 +81,8 @@ class PerParameterUnit:
     def __init__(self, module, params, group, reduce_dtype=None):
         self.module, self.params, self.group, self.reduce_dtype = module, params, group, reduce_dtype
         self.n = dist.get_world_size(group)
-        self.offsets = [sum(p.numel for p in params[:i]) for i in range(len(params))]
-        self.total = sum(p.numel for p in params)                                  # T
+        self.layout = FlatLayout([p.shard.shape for p in params])                 # my shards, one after another
+        self.offsets, self.total = self.layout.offsets, self.layout.numel         # T = Σ c_p·rest
         self.gathered, self.freed_after_backward = False, 0
 
     def gather(self) -> None:
@@ -89,7 +90,7 @@ class PerParameterUnit:
         if self.gathered:
             return
         dtype = self.params[0].full.dtype
-        send = torch.cat([p.shard.detach().reshape(-1).to(dtype) for p in self.params])      # copy-in
+        send = self.layout.flatten([p.shard.detach().to(dtype) for p in self.params])         # copy-in
         received = send.new_empty(self.n * self.total)
         comm.all_gather_into_tensor(received, send, group=self.group)
         table = received.view(self.n, self.total)

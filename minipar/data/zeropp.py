@@ -49,12 +49,13 @@ import torch.distributed as dist
 
 from .. import comm
 from ..check import RunResult
+from ..flat import FlatLayout
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..observe import wire
 from ..validation import positive_int
 from . import hsdp
-from .flat_unit import FlatLayout, FlatUnit
+from .flat_unit import FlatUnit
 from .zero import ZeRO, block_units
 
 __all__ = ["quantize", "dequantize", "round_trip", "pack", "unpack", "direct_all_to_all", "ZeROPlusPlus",
