@@ -28,8 +28,6 @@ EXEMPT = {
     # every collective wrapper with its traffic model, and the send/recv rings, on one page to compare
     "comm.py": ("the reference table of every collective (wrappers + the hand-written rings), and the one place "
                 "every call passes: the flight recorder's and the desync check's hooks", 420),
-    # one paper's three techniques (qwZ, hpZ, qgZ) share the quantizer and the unit: read together
-    "data/zeropp.py": ("ZeRO++'s three techniques on one flat unit", 340),
     # not a strategy: starting, streaming and stopping processes, root-cause errors, torchrun
     "launcher.py": ("the process machinery every chapter runs on, read as a whole", None),
 }
