@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from minipar import launch
+from minipar.data.fsdp import FSDP
 from minipar.data.units import UnitOrderError
 from minipar.data.zero import ZeRO, block_units
 
@@ -134,3 +135,20 @@ def test_what_the_error_advises_a_skipped_block_in_the_root_unit_equals_one_devi
     for got in launch(_skipping_on_rank, WORLD, stage, "block 1 in the root", quiet=True, timeout=60):
         for name, p in model.named_parameters():
             torch.testing.assert_close(got[name], p.detach(), atol=ATOL, rtol=0, msg=name)
+
+
+def _per_parameter_skipping(rank, world_size):
+    model = FSDP(SkipsBlock(), per_parameter=True)
+    opt = torch.optim.AdamW(model.parameters(), **OPTIONS)
+    per = BATCH // world_size
+    try:
+        _train(model, lambda: (opt.step(), opt.zero_grad()), list(range(rank * per, (rank + 1) * per)))
+    except UnitOrderError as error:
+        return str(error)
+    return "trained"
+
+
+def test_per_parameter_fsdp_names_a_unit_some_ranks_skip_too():
+    """Was: the ranks hung in mismatched all-gathers until the launch timed out (60 s)."""
+    for error in launch(_per_parameter_skipping, WORLD, quiet=True, timeout=60):
+        assert "unit 'blocks.1' ran its forward on rank 0 only: ranks 1, 2, 3 skipped it" in error

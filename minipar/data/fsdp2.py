@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from .. import comm
 from ..flat import FlatLayout
+from .units import UnitOrder
 
 __all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
            "module_state_dict", "load_module_state_dict"]
@@ -78,8 +79,9 @@ class ShardedParam:
 class PerParameterUnit:
     """The parameters gathered together (one module's): one all-gather and one reduce-scatter each way."""
 
-    def __init__(self, module, params, group, reduce_dtype=None):
+    def __init__(self, module, params, group, reduce_dtype=None, label="(root)"):
         self.module, self.params, self.group, self.reduce_dtype = module, params, group, reduce_dtype
+        self.label = label
         self.n = dist.get_world_size(group)
         self.layout = FlatLayout([p.shard.shape for p in params])                 # my shards, one after another
         self.offsets, self.total = self.layout.offsets, self.layout.numel         # T = Σ c_p·rest
@@ -187,14 +189,14 @@ class PerParameterFSDP(nn.Module):
             mine = [p for p in unit_module.parameters() if p.requires_grad and id(p) not in claimed]
             claimed.update(id(p) for p in mine)
             chosen.append((unit_module, mine))
-        self.units = []
+        self.units, labels = [], {m: name for name, m in module.named_modules()}
         for unit_module, mine in chosen:
             if not mine:
                 continue
             own = any(unit_module is m for m in fp32_modules)
             sharded = [ShardedParam(p, owners[id(p)], n, rank, p.dtype if own else param_dtype or p.dtype)
                        for p in mine]
-            unit = PerParameterUnit(unit_module, sharded, group, reduce_dtype)
+            unit = PerParameterUnit(unit_module, sharded, group, reduce_dtype, labels[unit_module] or "(root)")
             for p in sharded:
                 p.install(p.shard)                       # between steps the module holds its shards
                 p.full.register_post_accumulate_grad_hook(lambda _, u=unit: self._grad_arrived(u))
@@ -203,10 +205,15 @@ class PerParameterFSDP(nn.Module):
             self.units.append(unit)
         for norm in fp32_modules:
             compute_in_own_dtype(norm, param_dtype)
-        self._finish_queued = False
+        self._finish_queued, self.order = False, UnitOrder(self.units, group)   # every rank runs every unit
+
+    def _gather(self, unit) -> None:
+        if not unit.gathered:                            # the ranks agree on the unit first (minipar.data.units)
+            self.order.agree("all-gather", unit)
+        unit.gather()
 
     def _before_forward(self, unit) -> None:
-        unit.gather()
+        self._gather(unit)
         for p in unit.params:
             p.install(p.full)
 
@@ -216,7 +223,7 @@ class PerParameterFSDP(nn.Module):
         unit.free()
         for t in [output] if torch.is_tensor(output) else [t for t in output if torch.is_tensor(t)]:
             if t.requires_grad:
-                t.register_hook(lambda grad, u=unit: u.gather())      # the unit's backward begins
+                t.register_hook(lambda grad, u=unit: self._gather(u))     # the unit's backward begins
 
     def _grad_arrived(self, unit) -> None:
         unit.freed_after_backward += 1
@@ -224,6 +231,7 @@ class PerParameterFSDP(nn.Module):
             unit.free()                                  # its backward is done: the parameters can go
 
     def forward(self, *args, **kwargs):
+        self.order.new_step()
         return finish_at_backward_end(self, self.module(*args, **kwargs))
 
     def finish_gradient_synchronization(self) -> None:

@@ -19,7 +19,8 @@ Cost, always on: one all-gather of 8 bytes from each rank per unit collective, 8
 and a reduce-scatter per unit): 24·U·(N-1) bytes per rank per step, next to the parameters' 3·b·Ψ·(N-1)/N. Its
 real price is one latency per check. It goes through ``torch.distributed``, not :mod:`minipar.comm` (as the
 opt-in :mod:`minipar.debug.desync` check, which compares every collective, does): the comm log keeps the
-algorithm's bytes. HSDP checks the replicate group too.
+algorithm's bytes. HSDP checks the replicate group too. Per-parameter FSDP reduce-scatters in a fixed unit order
+at the end of the backward, so only its all-gathers are checked: up to 2U per step.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ class UnitOrderError(RuntimeError):
 class UnitOrder:
     """The ranks of ``group`` (and of ``replicate_group``, HSDP) agree before each unit collective; ``units``
     (each with its ``module`` and ``label``) are numbered by position, the same on every rank. A forward pre-hook
-    on each unit's module records the units this rank ran since ``new_step()``: what the error names. Register it
-    before any hook that gathers."""
+    on each unit's module (put before the others) records the units this rank ran since ``new_step()``: what the
+    error names. Per-parameter FSDP (:mod:`minipar.data.fsdp2`) checks its all-gathers the same way."""
 
     def __init__(self, units, group=None, replicate_group=None):
         self.units = list(units)
@@ -62,7 +63,7 @@ class UnitOrder:
         self.index = {id(u): i for i, u in enumerate(self.units)}
         self.ran, self.calls = set(), 0
         for unit in self.units:
-            unit.module.register_forward_pre_hook(lambda m, args, u=unit: self.forward_began(u))
+            unit.module.register_forward_pre_hook(lambda m, args, u=unit: self.forward_began(u), prepend=True)
 
     def forward_began(self, unit) -> None:
         self.ran.add(self.index[id(unit)])
@@ -99,7 +100,7 @@ class UnitOrder:
             sides.setdefault(code, []).append(rank)
         doing = ", ".join(f"{_who(members)} {KINDS[code % len(KINDS)]} unit {self.units[code // len(KINDS)].label!r}"
                           for code, members in sides.items())
-        return (f"ZeRO-2/3: {text} (at unit collective #{self.calls}: {doing}). Every rank must run every unit's "
+        return (f"ZeRO-2/3, FSDP: {text} (at unit collective #{self.calls}: {doing}). Every rank must run every unit's "
                 f"forward in every step (PyTorch's FSDP requires it too), else the ranks' collectives pair different "
                 f"units' buffers. Run the unit on every rank, or leave its module out of the units (the root unit "
                 f"then holds its parameters and reduces them once, at the end of the backward).")
