@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .calls import call, irecv, isend, recv, send
+from .flat import FlatLayout
 from .comm_log import CommLog, CommRecord, recording
 from .rings import (on_ring, ring_algorithms, ring_all_gather, ring_all_reduce, ring_exchange, ring_reduce_scatter,
                     ring_reduce_scatter_into, rings_selected, root_all_reduce)
@@ -105,13 +106,10 @@ def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
     place (one call pays the latency α once, as a DDP bucket does). Returns ``tensors``."""
     if not tensors:
         return tensors
-    flat = torch.cat([t.reshape(-1) for t in tensors])
+    layout = FlatLayout([t.shape for t in tensors])
+    flat = layout.flatten(tensors)
     all_reduce(flat, op=op, group=group)
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset: offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return tensors
+    return layout.unflatten(flat, tensors)
 
 
 def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .calls import isend, recv, send
+from .flat import FlatLayout
 
 __all__ = ["ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
            "ring_algorithms", "rings_selected", "on_ring", "ring_reduce_scatter_into"]
@@ -86,13 +87,9 @@ def ring_all_reduce(t: torch.Tensor, group=None) -> torch.Tensor:
     """All-reduce (sum) = ring reduce-scatter then ring all-gather: 2(N-1)/N · S bytes sent per rank,
     independent of N. Works in place on ``t`` (flattened; any shape, padded to a multiple of N)."""
     n = _size(group)
-    flat = t.reshape(-1)
-    pad = (-flat.numel()) % n
-    padded = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
-    mine = ring_reduce_scatter(padded.view(n, -1), group)
-    total = ring_all_gather(mine, group).reshape(-1)
-    t.copy_(total[: flat.numel()].view_as(t))
-    return t
+    layout = FlatLayout([t.shape], n)
+    mine = ring_reduce_scatter(layout.flatten([t]).view(n, -1), group)
+    return layout.unflatten(ring_all_gather(mine, group).reshape(-1), [t])[0]
 
 
 def root_all_reduce(t: torch.Tensor, root: int = 0) -> torch.Tensor:

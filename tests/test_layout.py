@@ -25,8 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minipar"
 LINE_BUDGET = 300
 EXEMPT = {
-    # one paper's three techniques (qwZ, hpZ, qgZ): being split on another branch; remove this line with it
-    "data/zeropp.py": ("ZeRO++'s three techniques on one flat unit", 340),
     # not a strategy: starting, streaming and stopping processes, root-cause errors, torchrun
     "launcher.py": ("the process machinery every chapter runs on, read as a whole", None),
 }

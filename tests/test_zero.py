@@ -149,8 +149,10 @@ def _ring_and_gloo(rank, world_size, recipe):
 @pytest.mark.skipif(not wire.available(), reason="no /proc/self/io")
 def test_ring_collectives_send_the_formula_observed_and_gloo_more():
     """ZeRO-3 on 4 ranks: on minipar's send/recv rings the sockets carry the formula 3bΨ(N-1)/N plus
-    framing (< 2 %; measured +1.4 %); on gloo's collectives, whose reduce-scatter all-reduces, (1+1+2)/3 of
-    it (measured 1.37x). Both train like one device; the log's model is the same for both (it cannot tell)."""
+    framing (measured +1.4 %) and the check that the ranks agree on each unit collective (two int64 all-reduced
+    before each, :class:`minipar.data.units.UnitOrder`: +1.0-1.3 % on this small model), < 3.5 % in all; on
+    gloo's collectives, whose reduce-scatter all-reduces, (1+1+2)/3 of it (measured 1.37x, 1.38x with the
+    check). Both train like one device; the log's model is the same for both (it cannot tell)."""
     recipe = gpt_recipe(steps=2, batch_size=8, seq_len=16, optimizer="adam")
     results = launch(_ring_and_gloo, 4, recipe, quiet=True)
     reference = train_reference(recipe)
@@ -161,8 +163,8 @@ def test_ring_collectives_send_the_formula_observed_and_gloo_more():
         formula = zero_memory.bytes_sent_per_step(ring.padded_numel, 4, 3, "fp32")
         assert ring.bytes_sent == gloo.bytes_sent == [formula] * 2
         for step in range(2):
-            assert formula <= ring.bytes_observed[step] <= 1.02 * formula, ring.bytes_observed
-            assert 1.30 * formula <= gloo.bytes_observed[step] <= 1.40 * formula, gloo.bytes_observed
+            assert formula <= ring.bytes_observed[step] <= 1.035 * formula, ring.bytes_observed
+            assert 1.30 * formula <= gloo.bytes_observed[step] <= 1.42 * formula, gloo.bytes_observed
 
 
 def test_a_collectives_flag_is_refused_before_launch_pointing_to_the_switch():

@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 
 from minipar import launch
+from minipar.data.fsdp import FSDP
+from minipar.data.units import UnitOrderError
 from minipar.data.zero import ZeRO, block_units
 
 STEPS, BATCH, WORLD, ATOL = 4, 16, 4, 1e-12
@@ -89,3 +91,64 @@ def test_a_unit_only_some_ranks_use_fully_equals_one_device(stage):
 def test_a_parameter_used_outside_its_unit_is_an_error_not_a_lost_gradient():
     with pytest.raises(Exception, match=r"blocks\.1\.common\.weight: its gradient arrived after unit blocks\.1"):
         launch(_on_rank, WORLD, 2, leak=True, quiet=True, timeout=60)
+
+
+class SkipsBlock(Toy):
+    """Block 1 runs only on the batch's first quarter: a whole unit whose forward ranks 1-3 skip."""
+
+    def forward(self, x, rows):
+        h = torch.tanh(self.inp(x))
+        h = h + self.blocks[0](h, rows)
+        take = [i for i, r in enumerate(rows) if r < BATCH // WORLD]
+        if take:
+            h = h.index_add(0, torch.tensor(take), self.blocks[1](h[take], [rows[i] for i in take]))
+        return self.head(h)
+
+
+def _skipping_on_rank(rank, world_size, stage, units):
+    model = SkipsBlock()
+    chosen = [model.blocks[0], model] if units == "block 1 in the root" else block_units(model)
+    zero = ZeRO(model, lambda shards: torch.optim.AdamW(shards, **OPTIONS), stage, units=chosen)
+    per = BATCH // world_size
+    try:
+        _train(model, lambda: (zero.step(), zero.zero_grad()), list(range(rank * per, (rank + 1) * per)))
+    except UnitOrderError as error:            # returned, to see that every rank raised it (no hang, no abort)
+        return str(error)
+    return zero.full_parameters()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_unit_some_ranks_skip_is_an_error_naming_it_and_them_on_every_rank(stage):
+    """Was: ZeRO-2 paired blocks 1 and 0's reduce-scatters (6e-2 from one device, exit 0); ZeRO-3 aborted gloo."""
+    errors = launch(_skipping_on_rank, WORLD, stage, "blocks", quiet=True, timeout=60)
+    for error in errors:
+        assert isinstance(error, str), "trained on although block 1 ran on rank 0 only"
+        assert "unit 'blocks.1' ran its forward on rank 0 only: ranks 1, 2, 3 skipped it" in error
+    assert len(set(errors)) == 1
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_what_the_error_advises_a_skipped_block_in_the_root_unit_equals_one_device(stage):
+    model = SkipsBlock()
+    opt = torch.optim.AdamW(model.parameters(), **OPTIONS)
+    _train(model, lambda: (opt.step(), opt.zero_grad()), list(range(BATCH)))
+    for got in launch(_skipping_on_rank, WORLD, stage, "block 1 in the root", quiet=True, timeout=60):
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.detach(), atol=ATOL, rtol=0, msg=name)
+
+
+def _per_parameter_skipping(rank, world_size):
+    model = FSDP(SkipsBlock(), per_parameter=True)
+    opt = torch.optim.AdamW(model.parameters(), **OPTIONS)
+    per = BATCH // world_size
+    try:
+        _train(model, lambda: (opt.step(), opt.zero_grad()), list(range(rank * per, (rank + 1) * per)))
+    except UnitOrderError as error:
+        return str(error)
+    return "trained"
+
+
+def test_per_parameter_fsdp_names_a_unit_some_ranks_skip_too():
+    """Was: the ranks hung in mismatched all-gathers until the launch timed out (60 s)."""
+    for error in launch(_per_parameter_skipping, WORLD, quiet=True, timeout=60):
+        assert "unit 'blocks.1' ran its forward on rank 0 only: ranks 1, 2, 3 skipped it" in error

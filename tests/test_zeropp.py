@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
-from minipar.data import zeropp
+from minipar.data import int8_blocks, zeropp
 from minipar.launcher import launch
 
 CONFIGS = {
@@ -78,16 +78,16 @@ def test_quantize_dequantize_errs_by_at_most_half_a_step(dtype, numel, block):
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=torch.float64).to(dtype) * 3
     if numel > block:
         x[:block] = 0                                                     # a block of zeros: s = 0, exact
-    q, scales = zeropp.quantize(x, block)
+    q, scales = int8_blocks.quantize_int8(x, block)
     assert q.dtype == torch.int8 and scales.dtype == torch.float32 and len(scales) == -(-numel // block)
     assert int(q.abs().max()) <= 127
-    back = zeropp.dequantize(q, scales, block, dtype)
+    back = int8_blocks.dequantize_int8(q, scales, block, dtype)
     s = scales.double().repeat_interleave(block)[:numel]
     rounding = torch.finfo(dtype).eps * x.double().abs()                  # the dtype's own rounding
     assert bool(((x.double() - back.double()).abs() <= s / 2 + rounding).all())
-    message = zeropp.pack(q, scales)                                      # the bytes on the wire
+    message = int8_blocks.pack(q, scales)                                      # the bytes on the wire
     assert message.numel() == numel + 4 * len(scales)
-    assert torch.equal(zeropp.unpack(message, numel, block, dtype), back)
+    assert torch.equal(int8_blocks.unpack(message, numel, block, dtype), back)
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..flat import FlatLayout
+
 __all__ = ["assign_buckets", "Bucket"]
 
 
@@ -40,23 +42,17 @@ class Bucket:
     def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None):
         self.index, self.params = index, list(params)
         dtype = comm_dtype or self.params[0].dtype
-        self.offsets, total = [], 0
-        for p in self.params:
-            self.offsets.append(total)
-            total += p.numel()
-        self.buffer = torch.zeros(total, dtype=dtype, device=self.params[0].device)
+        self.layout = FlatLayout([p.shape for p in self.params])              # unpadded: one part
+        self.buffer = torch.zeros(self.layout.numel, dtype=dtype, device=self.params[0].device)
+        self.views = self.layout.views(self.buffer)                           # slot i, of parameter i's shape
         self.slot = {id(p): i for i, p in enumerate(self.params)}
         self.filled: set = set()
         self.work = None
 
-    def view(self, i: int) -> torch.Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i]: self.offsets[i] + p.numel()].view_as(p)
-
     def fill(self, param) -> bool:
         """Copy ``param.grad`` into its slot; return True when every slot is filled."""
         i = self.slot[id(param)]
-        self.view(i).copy_(param.grad)
+        self.views[i].copy_(param.grad)
         self.filled.add(i)
         return self.is_full
 
@@ -72,9 +68,9 @@ class Bucket:
             if i in self.filled:
                 continue
             if p.grad is not None:
-                self.view(i).copy_(p.grad)
+                self.views[i].copy_(p.grad)
             else:
-                self.view(i).zero_()
+                self.views[i].zero_()
                 absent.append(p)
             self.filled.add(i)
         return absent
@@ -84,7 +80,7 @@ class Bucket:
         for i, p in enumerate(self.params):
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-            p.grad.copy_(self.view(i))
+            p.grad.copy_(self.views[i])
 
     def reset(self) -> None:
         self.filled.clear()

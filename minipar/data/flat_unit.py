@@ -11,9 +11,9 @@ FSDP1's flat parameter, Zhao et al. 2023). Read top to bottom, a unit's life::
   7. reduce-scatter  the flat gradient: each rank keeps its shard's mean                   FlatUnit.reduce_*
   8. all-gather      the updated shards (stages 1-2, whose full parameters persist)        FlatUnit.refresh_full
 
-:class:`FlatLayout` is that arithmetic alone (offsets, padding, shard bounds, cutting a flat tensor into
-named views), written once: :class:`~minipar.data.sharded_optimizer.ShardedOptimizer`, the parameter server,
-FSDP's state dicts and :mod:`minipar.hybrid.reshard` use it too. :meth:`FlatUnit.full_tensors` and
+:class:`~minipar.flat.FlatLayout` is that arithmetic alone (offsets, padding, shard bounds, cutting a flat
+tensor into named views), written once on the ground floor; :class:`~minipar.data.sharded_optimizer.ShardedOptimizer`,
+the parameter server, FSDP's state dicts and :mod:`minipar.hybrid.reshard` use it too. :meth:`FlatUnit.full_tensors` and
 :meth:`FlatUnit.my_shard` are the two moves a checkpoint needs: every rank's shard to named full tensors
 (an all-gather) and back (each rank cuts its own).
 
@@ -33,52 +33,22 @@ than one rank's would; with N a power of two that division is exact, the same bi
 """
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..flat import FlatLayout
 from .sharded_parameter import ShardedParameter
 
-__all__ = ["FlatLayout", "FlatUnit"]
+__all__ = ["FlatUnit", "gather_flat"]
 
 
-class FlatLayout:
-    """Tensors of ``shapes`` in one flat buffer padded to ``n`` equal shards (``n=1``: no padding)::
-
-        tensor i at [offsets[i], offsets[i] + numel_i)     numel = Σ numel_i
-        S = ⌈numel / n⌉ = shard_numel, n·S = padded_numel   rank r owns [r·S, (r+1)·S)
-    """
-
-    def __init__(self, shapes, n: int = 1):
-        self.shapes = [torch.Size(s) for s in shapes]
-        sizes = [s.numel() for s in self.shapes]
-        self.offsets = [0, *itertools.accumulate(sizes)][:-1]
-        self.n, self.numel = n, sum(sizes)
-        self.shard_numel = -(-self.numel // n)                 # S = ceil(numel / N)
-        self.padded_numel = self.shard_numel * n               # the last shard carries the padding
-
-    def flatten(self, tensors) -> torch.Tensor:
-        """1-2. ``tensors`` (one per shape, any dtype they share) concatenated and zero-padded: a new tensor."""
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        pad = self.padded_numel - self.numel
-        return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
-
-    def shard(self, rank: int) -> slice:
-        """3. Rank ``rank``'s elements of the flat buffer."""
-        return slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
-
-    def views(self, flat: torch.Tensor) -> list:
-        """``flat`` cut into one view per tensor, each of its shape (no copy: writes go through)."""
-        return [flat[o: o + s.numel()].view(s) for o, s in zip(self.offsets, self.shapes)]
-
-    def gather(self, shard: torch.Tensor, group=None) -> torch.Tensor:
-        """4. The full flat buffer from every rank's ``shard``: an all-gather (every rank calls it)."""
-        full = shard.new_empty(self.padded_numel)
-        comm.all_gather_into_tensor(full, shard.detach().contiguous(), group=group)
-        return full
+def gather_flat(layout: FlatLayout, shard: torch.Tensor, group=None) -> torch.Tensor:
+    """4. The full flat buffer of ``layout`` from every rank's ``shard``: an all-gather (every rank calls it)."""
+    full = shard.new_empty(layout.padded_numel)
+    comm.all_gather_into_tensor(full, shard.detach().contiguous(), group=group)
+    return full
 
 
 class FlatUnit:
@@ -220,8 +190,8 @@ class FlatUnit:
         flat.div_(self.n)                                      # divide first, then sum
         mine = flat.new_empty(self.layout.shard_numel)
         async_op = self.async_reduce and not comm.rings_selected("reduce_scatter")   # the rings block
+        self.on_event("reduce-scatter", self)                  # (before it: ZeRO checks the ranks agree)
         work = comm.reduce_scatter_tensor(mine, flat, group=self.group, async_op=async_op)
-        self.on_event("reduce-scatter", self)
         for p in self.params:
             p.grad = None
         self.reduced = True
@@ -267,7 +237,7 @@ class FlatUnit:
     def full_tensors(self, shard: torch.Tensor) -> list:
         """Every rank's ``shard`` of this unit's buffer (the master, its gradient, an Adam moment) as full
         tensors, one per parameter in order, copies: an all-gather (every rank calls it) under stages 1-3."""
-        full = shard.detach() if self.stage == 0 else self.layout.gather(shard, self.group)
+        full = shard.detach() if self.stage == 0 else gather_flat(self.layout, shard, self.group)
         return [view.clone() for view in self.layout.views(full)]
 
     def my_shard(self, tensors) -> torch.Tensor:

@@ -42,8 +42,8 @@ from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
-from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end
-from .sharded_optimizer import piece_bounds
+from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
+    module_state_dict
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
            "run"]
@@ -137,7 +137,7 @@ class FSDP(nn.Module):
             compute_in_own_dtype(norm, param_dtype)
         self._finish_queued, self.pieces, self._used = False, None, set()
         if use_orig_params:          # each parameter's piece of my shard: a view the optimizer steps by itself
-            self.pieces = [[nn.Parameter(u.master.data[lo:hi]) for lo, hi in piece_bounds(u.layout, u.rank)]
+            self.pieces = [[nn.Parameter(u.master.data[lo:hi]) for lo, hi in u.layout.piece_bounds(u.rank)]
                            for u in self.zero.units]
             for p in (p for u in self.zero.units for p in u.params):
                 p.register_post_accumulate_grad_hook(lambda p: self._used.add(id(p)))
@@ -172,7 +172,7 @@ class FSDP(nn.Module):
         comm.all_reduce(used, op=dist.ReduceOp.MAX, group=self.zero.group)   # used on any rank: it has a grad
         flags = iter(used.tolist())
         for unit, pieces in zip(units, self.pieces):
-            for piece, (lo, hi) in zip(pieces, piece_bounds(unit.layout, unit.rank)):
+            for piece, (lo, hi) in zip(pieces, unit.layout.piece_bounds(unit.rank)):
                 if next(flags):
                     grad = unit.master.grad[lo:hi]
                     piece.grad = grad.clone() if piece.grad is None else piece.grad + grad
@@ -187,21 +187,23 @@ class FSDP(nn.Module):
         """{name: full tensor} under the wrapped module's names, gathered (every rank calls it)."""
         return self.zero.full_parameters()
 
-    def state_dict(self, *args, **kwargs) -> dict:
-        """The full, gathered state dict (every rank calls it): :meth:`full_state_dict`."""
-        return self.full_state_dict()
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """The wrapped module's full state dict (PyTorch FSDP's; every rank calls it: an all-gather per unit):
+        its own keys, every parameter whole, buffers and frozen parameters (never in a unit) included."""
+        full = {id(p): t for unit in self.zero.units for p, t in zip(unit.params, unit.full_tensors(unit.master))}
+        return module_state_dict(self.module, full, prefix)
 
-    def load_state_dict(self, state_dict: dict, strict: bool = True):
-        """Load a full state dict (the wrapped module's names, as :meth:`full_state_dict` gives): each rank
-        keeps its shard of every unit."""
+    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
+        """Load a full state dict (the wrapped module's names, as :meth:`state_dict` gives): each rank keeps its
+        shard of every unit; buffers and frozen parameters are copied whole."""
+        sharded = {id(p) for unit in self.zero.units for p in unit.params}
+        result = load_module_state_dict(self.module, state_dict, sharded, strict)
         for unit in self.zero.units:
-            missing = [n for n in unit.names if n not in state_dict]
-            if missing and strict:
-                raise ValueError(f"the state dict lacks {missing[:3]}")
             full = [state_dict[n] if n in state_dict else unit.master.new_zeros(p.shape)
                     for n, p in zip(unit.names, unit.params)]
             with torch.no_grad():
                 unit.master.copy_(unit.my_shard(full))
+        return result
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the shards' gradients so the *global* 2-norm is at most ``max_norm``; returns that norm.
@@ -224,7 +226,7 @@ class FSDP(nn.Module):
             grad = unit.master.grad if unit.master.grad is not None else torch.zeros_like(unit.master)
             if self.pieces is not None:                        # the pieces hold it (None: zeros)
                 grad = torch.zeros_like(unit.master)
-                for piece, (lo, hi) in zip(self.pieces[i], piece_bounds(unit.layout, unit.rank)):
+                for piece, (lo, hi) in zip(self.pieces[i], unit.layout.piece_bounds(unit.rank)):
                     if piece.grad is not None:
                         grad[lo:hi] = piece.grad
             out.update(zip(unit.names, unit.full_tensors(grad)))

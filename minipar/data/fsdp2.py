@@ -32,8 +32,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from ..flat import FlatLayout
+from .units import UnitOrder
 
-__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end"]
+__all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
+           "module_state_dict", "load_module_state_dict"]
 
 
 def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
@@ -62,6 +65,12 @@ class ShardedParam:
         self.full.data.untyped_storage().resize_(0)                                 # gathered when needed
         self.numel = self.c * self.rest                                             # my elements
 
+    def my_rows(self, full: torch.Tensor, n: int, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s shard of a full tensor of this parameter's shape: rows [r·c, (r+1)·c), zeros past d₀."""
+        rows = full.detach().reshape(self.d0, self.rest).to(self.shard.dtype)
+        padded = torch.cat([rows, rows.new_zeros(n * self.c - self.d0, self.rest)])
+        return padded[rank * self.c:(rank + 1) * self.c].view(self.shard.shape)
+
     def install(self, which: nn.Parameter) -> None:
         for module, name in self.owners:
             module._parameters[name] = which
@@ -70,11 +79,12 @@ class ShardedParam:
 class PerParameterUnit:
     """The parameters gathered together (one module's): one all-gather and one reduce-scatter each way."""
 
-    def __init__(self, module, params, group, reduce_dtype=None):
+    def __init__(self, module, params, group, reduce_dtype=None, label="(root)"):
         self.module, self.params, self.group, self.reduce_dtype = module, params, group, reduce_dtype
+        self.label = label
         self.n = dist.get_world_size(group)
-        self.offsets = [sum(p.numel for p in params[:i]) for i in range(len(params))]
-        self.total = sum(p.numel for p in params)                                  # T
+        self.layout = FlatLayout([p.shard.shape for p in params])                 # my shards, one after another
+        self.offsets, self.total = self.layout.offsets, self.layout.numel         # T = Σ c_p·rest
         self.gathered, self.freed_after_backward = False, 0
 
     def gather(self) -> None:
@@ -82,7 +92,7 @@ class PerParameterUnit:
         if self.gathered:
             return
         dtype = self.params[0].full.dtype
-        send = torch.cat([p.shard.detach().reshape(-1).to(dtype) for p in self.params])      # copy-in
+        send = self.layout.flatten([p.shard.detach().to(dtype) for p in self.params])         # copy-in
         received = send.new_empty(self.n * self.total)
         comm.all_gather_into_tensor(received, send, group=self.group)
         table = received.view(self.n, self.total)
@@ -118,6 +128,30 @@ class PerParameterUnit:
                 p.shard.grad = piece.clone() if p.shard.grad is None else p.shard.grad + piece
 
 
+def module_state_dict(module: nn.Module, full_by_param: dict, prefix: str = "") -> dict:
+    """``module.state_dict()``'s keys in its order, each value whole (PyTorch FSDP's full state dict): a sharded
+    parameter's full tensor ``full_by_param[id(p)]``, a buffer or a frozen parameter copied as it is. Used by
+    both FSDP designs; ``keep_vars`` so that nothing reads a freed parameter."""
+    return {prefix + name: full_by_param[id(v)] if id(v) in full_by_param else v.detach().clone()
+            for name, v in module.state_dict(keep_vars=True).items()}
+
+
+def load_module_state_dict(module: nn.Module, state_dict: dict, sharded: set, strict: bool = True):
+    """Check ``state_dict``'s keys against ``module.state_dict()``'s (``strict``: RuntimeError unless equal) and
+    copy the values of what is not sharded (buffers, frozen parameters; ``sharded``: ids of the others, which
+    the caller loads into its shards). Returns torch's (missing_keys, unexpected_keys)."""
+    own = module.state_dict(keep_vars=True)
+    missing, unexpected = [k for k in own if k not in state_dict], [k for k in state_dict if k not in own]
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"the state dict does not fit the wrapped module: missing keys {missing[:3]}, "
+                           f"unexpected keys {unexpected[:3]} (a full state dict has the module's own names)")
+    with torch.no_grad():
+        for name, value in own.items():
+            if name in state_dict and id(value) not in sharded:
+                value.copy_(state_dict[name])
+    return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+
 def finish_at_backward_end(wrapper, out):
     """``out``, hooked so that ``wrapper.finish_gradient_synchronization()`` runs once when the backward
     through it ends (autograd's ``queue_callback``: after every gradient of that pass) — so a plain training
@@ -144,7 +178,7 @@ class PerParameterFSDP(nn.Module):
                  fp32_modules=()):
         super().__init__()
         self.module, self.group = module, group
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        n, rank = self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         owners = {}
         for m in module.modules():
             for name, p in m._parameters.items():
@@ -155,14 +189,14 @@ class PerParameterFSDP(nn.Module):
             mine = [p for p in unit_module.parameters() if p.requires_grad and id(p) not in claimed]
             claimed.update(id(p) for p in mine)
             chosen.append((unit_module, mine))
-        self.units = []
+        self.units, labels = [], {m: name for name, m in module.named_modules()}
         for unit_module, mine in chosen:
             if not mine:
                 continue
             own = any(unit_module is m for m in fp32_modules)
             sharded = [ShardedParam(p, owners[id(p)], n, rank, p.dtype if own else param_dtype or p.dtype)
                        for p in mine]
-            unit = PerParameterUnit(unit_module, sharded, group, reduce_dtype)
+            unit = PerParameterUnit(unit_module, sharded, group, reduce_dtype, labels[unit_module] or "(root)")
             for p in sharded:
                 p.install(p.shard)                       # between steps the module holds its shards
                 p.full.register_post_accumulate_grad_hook(lambda _, u=unit: self._grad_arrived(u))
@@ -171,10 +205,15 @@ class PerParameterFSDP(nn.Module):
             self.units.append(unit)
         for norm in fp32_modules:
             compute_in_own_dtype(norm, param_dtype)
-        self._finish_queued = False
+        self._finish_queued, self.order = False, UnitOrder(self.units, group)   # every rank runs every unit
+
+    def _gather(self, unit) -> None:
+        if not unit.gathered:                            # the ranks agree on the unit first (minipar.data.units)
+            self.order.agree("all-gather", unit)
+        unit.gather()
 
     def _before_forward(self, unit) -> None:
-        unit.gather()
+        self._gather(unit)
         for p in unit.params:
             p.install(p.full)
 
@@ -184,7 +223,7 @@ class PerParameterFSDP(nn.Module):
         unit.free()
         for t in [output] if torch.is_tensor(output) else [t for t in output if torch.is_tensor(t)]:
             if t.requires_grad:
-                t.register_hook(lambda grad, u=unit: u.gather())      # the unit's backward begins
+                t.register_hook(lambda grad, u=unit: self._gather(u))     # the unit's backward begins
 
     def _grad_arrived(self, unit) -> None:
         unit.freed_after_backward += 1
@@ -192,6 +231,7 @@ class PerParameterFSDP(nn.Module):
             unit.free()                                  # its backward is done: the parameters can go
 
     def forward(self, *args, **kwargs):
+        self.order.new_step()
         return finish_at_backward_end(self, self.module(*args, **kwargs))
 
     def finish_gradient_synchronization(self) -> None:
@@ -221,3 +261,25 @@ class PerParameterFSDP(nn.Module):
                 out[name] = p.full.detach().to(p.shard.dtype).clone()
             unit.free()
         return out
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """The wrapped module's full state dict (every rank calls it: one gather per unit): its own keys, every
+        parameter whole, buffers and frozen parameters included; ``load_state_dict`` takes it back."""
+        full = {}
+        for unit in self.units:
+            unit.gather()
+            full.update((id(p.shard), p.full.detach().to(p.shard.dtype).clone()) for p in unit.params)
+            unit.free()
+        return module_state_dict(self.module, full, prefix)
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
+        """Load a full state dict (as :meth:`state_dict` gives): each rank keeps its rows of every sharded
+        parameter; buffers and frozen parameters are copied whole."""
+        params = [p for unit in self.units for p in unit.params]
+        names = {id(v): k for k, v in self.module.state_dict(keep_vars=True).items()}
+        result = load_module_state_dict(self.module, state_dict, {id(p.shard) for p in params}, strict)
+        with torch.no_grad():
+            for p in params:
+                if names[id(p.shard)] in state_dict:
+                    p.shard.copy_(p.my_rows(state_dict[names[id(p.shard)]], self.n, self.rank))
+        return result

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..check import RunResult
+from ..flat import FlatLayout
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..validation import positive_int
@@ -65,15 +66,13 @@ def node_groups(world_size: int, per_node: int) -> tuple:
 def hierarchical_all_reduce(t: torch.Tensor, node_group, cross_group) -> torch.Tensor:
     """Σ over all ranks of ``t``, in place: reduce-scatter inside the node, all-reduce the shard across the
     nodes, all-gather inside the node. Only the shard (1/g of ``t``) crosses a node boundary."""
-    g = dist.get_world_size(node_group)
-    flat = t.reshape(-1)
-    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % g)])
-    shard = padded.new_empty(padded.numel() // g)
+    layout = FlatLayout([t.shape], dist.get_world_size(node_group))    # padded to g shards
+    padded = layout.flatten([t])
+    shard = padded.new_empty(layout.shard_numel)
     comm.reduce_scatter_tensor(shard, padded, group=node_group)     # inside the node: my 1/g, summed over g
     comm.all_reduce(shard, group=cross_group)                       # across: the same 1/g on every node
     comm.all_gather_into_tensor(padded, shard, group=node_group)    # inside the node: everyone's 1/g
-    flat.copy_(padded[:flat.numel()])
-    return t
+    return layout.unflatten(padded, [t])[0]
 
 
 def cross_node_bytes(records, rank: int, per_node: int) -> int:
@@ -140,15 +139,13 @@ def parallel_train(rank, world_size, recipe, *, per_node: int, mode: str) -> HSD
                 zero.step()                          # ZeRO-3: reduce-scatter (+ HSDP's all-reduce across), step
             else:
                 grads = [p.grad for p in model.parameters()]
-                flat = torch.cat([g.reshape(-1) for g in grads]) / world_size
+                layout = FlatLayout([g.shape for g in grads])
+                flat = layout.flatten(grads) / world_size
                 if mode == "ddp":
                     comm.all_reduce(flat)
                 else:
                     hierarchical_all_reduce(flat, node, cross)
-                offset = 0
-                for g in grads:                      # the mean gradient, back in place
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                layout.unflatten(flat, grads)        # the mean gradient, back in place
                 optimizer.step()
         out.cross_node.append(cross_node_bytes(log.records, rank, per_node))
         out.sent.append(sum(r.sent_bytes for r in log.records if r.op == "send"))

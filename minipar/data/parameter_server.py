@@ -15,7 +15,7 @@ the ranks both move 2(N-1)/N · P: the difference is that the parameter server p
 Li et al. 2014, "Scaling Distributed Machine Learning with the Parameter Server" (OSDI); Dean et al. 2012
 (DistBelief). Synchronous here, so that it equals one device; the original ones also ran asynchronously.
 
-Gradients and weights travel as one flat buffer each (:class:`minipar.data.flat_unit.FlatLayout` with one
+Gradients and weights travel as one flat buffer each (:class:`minipar.flat.FlatLayout` with one
 part: nothing is sharded, the server holds it all).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .. import comm
 from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
-from .flat_unit import FlatLayout
+from ..flat import FlatLayout
 
 __all__ = ["push_gradients", "pull_weights", "validate", "parallel_train", "run", "predicted_bytes_sent"]
 

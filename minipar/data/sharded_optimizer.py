@@ -10,7 +10,7 @@ Use it in your own loop where you would build an optimizer::
 
 The trainable parameters of each group (``requires_grad`` when the optimizer is built) are concatenated into
 one flat buffer padded to a multiple of N, S = ⌈numel/N⌉; rank r owns elements ``[r·S, (r+1)·S)``
-(:class:`minipar.data.flat_unit.FlatLayout`, the layout of ZeRO's units). Inside its shard every parameter's
+(:class:`minipar.flat.FlatLayout`, the layout of ZeRO's units). Inside its shard every parameter's
 elements are a *piece* of their own (a view, possibly empty), and the inner optimizer (``optimizer_class``
 with the group's options) steps the pieces, so its state is K·Ψ/N bytes per rank instead of K·Ψ, and each
 parameter keeps its own state and step count, as on one device. One step::
@@ -38,21 +38,10 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from .flat_unit import FlatLayout
+from ..flat import FlatLayout
+from .flat_unit import gather_flat
 
-__all__ = ["ShardedOptimizer", "piece_bounds"]
-
-
-def piece_bounds(layout: FlatLayout, rank: int) -> list:
-    """Each tensor's elements inside ``rank``'s shard of ``layout``, as (start, stop) in shard coordinates
-    (maybe empty): the pieces an optimizer steps one by one, with per-parameter state."""
-    first = rank * layout.shard_numel
-    out = []
-    for offset, shape in zip(layout.offsets, layout.shapes):
-        lo = min(max(offset - first, 0), layout.shard_numel)
-        hi = min(max(offset + shape.numel() - first, lo), layout.shard_numel)
-        out.append((lo, hi))
-    return out
+__all__ = ["ShardedOptimizer"]
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -86,7 +75,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return FlatLayout([p.shape for p in params], self.n)
 
     def _bounds(self, layout) -> list:
-        return piece_bounds(layout, self.rank)
+        return layout.piece_bounds(self.rank)
 
     def _pieces(self, shard, layout) -> list:
         """One parameter per trainable parameter: a view of my shard (empty where I hold none of it), so
@@ -147,7 +136,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for params, shard, layout, on in zip(self.trainable, self.shards, self.layouts, active):
             if layout is None or not any(on):
                 continue
-            for p, full, has_grad in zip(params, layout.views(layout.gather(shard, self.group)), on):
+            for p, full, has_grad in zip(params, layout.views(gather_flat(layout, shard, self.group)), on):
                 if has_grad:
                     p.copy_(full)                                   # every rank's parameters whole again
         return loss
@@ -171,7 +160,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                       for v, piece in zip(values, pieces)])
                     flat = torch.cat([flat, flat.new_zeros(layout.shard_numel - flat.numel())])
                     values = [v.clone() if value is not None else None
-                              for v, value in zip(layout.views(layout.gather(flat, self.group)), values)]
+                              for v, value in zip(layout.views(gather_flat(layout, flat, self.group)), values)]
                 for p, value in zip(params, values):
                     if value is not None:
                         state.setdefault(position[id(p)], {})[key] = value

@@ -14,11 +14,15 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["FreedParameterError", "FreedGradientWarning", "ShardedParameter"]
+__all__ = ["FreedParameterError", "FrozenAfterWrappingError", "FreedGradientWarning", "ShardedParameter"]
 
 
 class FreedParameterError(RuntimeError):
     """A ZeRO-3/FSDP parameter was read while its unit's full storage is freed (between uses)."""
+
+
+class FrozenAfterWrappingError(RuntimeError):
+    """``requires_grad`` of a ZeRO-3/FSDP parameter was changed after wrapping: its unit cannot follow."""
 
 
 class FreedGradientWarning(UserWarning):
@@ -42,6 +46,8 @@ class ShardedParameter(nn.Parameter):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__):
+            _refuse_a_freeze(args[0], args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
         if func not in cls._METADATA:
             for arg in tree_leaves((args, kwargs)):
                 if isinstance(arg, ShardedParameter) and not arg.flat_unit.gathered:
@@ -60,6 +66,15 @@ class ShardedParameter(nn.Parameter):
                 f"steps (`fsdp_model.parameters()`, or `zero.units[i].master`); full gradients, on every rank: "
                 f"`fsdp_model.full_gradients()`.", FreedGradientWarning, stacklevel=2)
         return result
+
+
+def _refuse_a_freeze(param, requires_grad) -> None:
+    if bool(requires_grad) != param.requires_grad:
+        raise FrozenAfterWrappingError(
+            f"{param.sharded_name!r}: requires_grad set to {bool(requires_grad)} after wrapping (ZeRO-3/FSDP over "
+            f"{param.flat_unit.n} ranks); its elements stay in unit {param.flat_unit.label}'s flat shard, which the "
+            f"optimizer (use_orig_params: its piece) would go on stepping. Set requires_grad before wrapping: frozen "
+            f"parameters are left out of the units, whole on every rank, as on one device.")
 
 
 def _reduced_away(param) -> bool:

@@ -31,6 +31,11 @@ is element-wise, so stepping a flat shard is the same arithmetic as stepping the
   freed after its gradients are reduce-scattered. The next unit's all-gather is started early (prefetch)
   in the order recorded during the first step.
 
+Stages 2-3 thus order their collectives by where each rank's program reaches the units, so every rank must run
+every unit's forward (as PyTorch's FSDP requires): before each such collective the ranks agree on its unit (an
+8-byte all-gather), and a unit some ranks skipped stops every rank with an error naming it and them
+(:class:`~minipar.data.units.UnitOrder`, whose docstring gives the cost).
+
 On CPU, gloo's reduce-scatter is an all-reduce in disguise (2x the bytes on the wire); inside
 ``with comm.ring_algorithms():`` the reduce-scatters and all-gathers run on minipar's send/recv rings, so
 that the table's last column is what the sockets carry (ZeRO-1/2 = 1x DDP, ZeRO-3 = 1.5x), observed.
@@ -53,24 +58,11 @@ from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..validation import positive_int
 from .flat_unit import FlatUnit
+from .units import UnitOrder, block_units, check_units
 
 __all__ = ["ZeRO", "block_units", "check_units", "validate", "parallel_train", "run", "STAGES"]
 
 STAGES = (0, 1, 2, 3)
-
-
-def block_units(model: nn.Module) -> list:
-    """The default wrapping: one unit per transformer block (``model.blocks``), then the root (the rest)."""
-    return [*getattr(model, "blocks", []), model]
-
-
-def check_units(model: nn.Module, modules) -> None:
-    """ValueError unless every trainable parameter of ``model`` belongs to one of the units' ``modules``."""
-    inside = {id(p) for m in modules for p in m.parameters()}
-    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
-    if missing:
-        raise ValueError(f"parameters {missing[:3]} are in no unit; add the root module to the units "
-                         f"(it takes whatever the other units leave)")
 
 
 class ZeRO:
@@ -105,7 +97,7 @@ class ZeRO:
         self.once_per_step = once_per_step      # a pipeline's m micro-batches: see the class docstring
         self.on_alloc = None          # a measuring observer's callback (minipar.data.zero_measure), or None
         self.events = []                                        # (step, "all-gather"|"free"|..., unit label)
-        self.steps_done = 0
+        self.steps_done, self.order = 0, None        # order: the ranks agree on each unit collective (stages 2-3)
         modules = list(units if units is not None else block_units(model))
         check_units(model, modules)
         names = {p: n for n, p in model.named_parameters()}
@@ -117,15 +109,15 @@ class ZeRO:
             if mine:
                 dtype = None if any(module is m for m in fp32_modules) else param_dtype
                 unit = FlatUnit([names[p] for p in mine], mine, group, stage, dtype, self._allocated,
-                                lambda kind, u: self.events.append((self.steps_done, kind, u.label)),
-                                reduce_dtype, accumulate=once_per_step, replicate_group=replicate_group,
-                                async_reduce=async_reduce)
+                                self._on_event, reduce_dtype, accumulate=once_per_step,
+                                replicate_group=replicate_group, async_reduce=async_reduce)
                 unit.module = module
                 self.units.append(unit)
         masters = [u.master for u in self.units]           # (no factory: the caller steps them, see fsdp.FSDP)
         self.optimizer = optimizer_factory(masters) if optimizer_factory is not None else None
         self.forward_order, self.backward_order, self._recording = [], [], True
         if stage >= 2 and not once_per_step:         # one order on every rank: see reduce_at_inputs
+            self.order = UnitOrder(self.units, group, replicate_group)      # every rank runs every unit: checked
             for unit in self.units:
                 unit.module.register_forward_pre_hook(lambda m, args, u=unit: u.reduce_at_inputs(args))
                 for p in unit.params:
@@ -165,6 +157,11 @@ class ZeRO:
         elif self.prefetch and unit in order and order.index(unit) + 1 < len(order):
             order[order.index(unit) + 1].gather(async_op=True)
 
+    def _on_event(self, kind, unit) -> None:
+        if self.order is not None:                             # before a unit collective: the ranks agree
+            self.order.agree(kind, unit)
+        self.events.append((self.steps_done, kind, unit.label))
+
     def _allocated(self, nbytes: int) -> None:
         # Storage resized by hand (gather/free) is invisible to torch's dispatcher: tell an observer.
         if self.on_alloc is not None:
@@ -189,6 +186,8 @@ class ZeRO:
         """A new backward is coming (every unit unreduced): after a step, by ``zero_grad``, by ``FSDP.forward``."""
         for unit in self.units:
             unit.reduced = False
+        if self.order is not None:
+            self.order.new_step()
 
     def finish_gradients(self, *, ends_step: bool = False) -> None:
         """Reduce what the backward has not reduced yet (stage 1: every full gradient; stages 2–3: the units

@@ -5,9 +5,10 @@ ZeRO-3 (:mod:`minipar.data.zero`) moves 3 b Ψ (N−1)/N per rank per step: an a
 each unit's forward, another before its backward, a reduce-scatter of its gradients. On N = n·g ranks (n nodes
 of g, declared with :func:`minipar.data.hsdp.node_groups`) ZeRO++ shrinks what crosses the node boundary::
 
-  qwZ  the weight all-gather sends block-quantized int8: per block of B elements of a rank's shard,
-       s = max|w| / 127 (one FP32 scale), q = round(w / s); on arrival w ≈ q·s. The master shard stays full
-       precision: only the gathered copy is quantized. Bytes per shard: S + 4⌈S/B⌉ instead of b·S.
+  qwZ  the weight all-gather sends block-quantized int8 (:mod:`minipar.data.int8_blocks`): per block of B
+       elements of a rank's shard, s = max|w| / 127 (one FP32 scale), q = round(w / s); on arrival w ≈ q·s.
+       The master shard stays full precision: only the gathered copy is quantized. Bytes per shard:
+       S + 4⌈S/B⌉ instead of b·S.
   hpZ  a secondary copy of the weights sharded inside the node: after the forward's all-gather (across all
        N) each rank keeps the 1/g of the gathered weights its local index owns, and the backward's all-gather
        runs from those over the node's g ranks only — nothing crosses; same weights as the forward saw.
@@ -49,68 +50,18 @@ import torch.distributed as dist
 
 from .. import comm
 from ..check import RunResult
+from ..flat import FlatLayout
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from .. import wire
 from ..validation import positive_int
 from . import hsdp
-from .flat_unit import FlatLayout, FlatUnit
+from .flat_unit import FlatUnit
+from .int8_blocks import SCALE_BYTES, direct_all_to_all, pack, quantize_int8, round_trip_int8, unpack
 from .zero import ZeRO, block_units
 
-__all__ = ["quantize", "dequantize", "round_trip", "pack", "unpack", "direct_all_to_all", "ZeROPlusPlus",
-           "ZeroPPRun", "flat_units", "step_bytes", "validate", "parallel_train", "run", "zeropp_reference"]
-
-SCALE_BYTES = 4                                  # one FP32 scale per block
-
-
-# --- block quantization ---------------------------------------------------------------------------------
-def quantize(x: torch.Tensor, block: int) -> tuple:
-    """(int8 q, FP32 scales) of flat ``x`` in blocks of ``block`` (the last may be shorter): s = max|x|/127,
-    q = round(x/s); a block of zeros has s = 0, q = 0. |x − q·s| ≤ s/2 (up to the dtype's rounding)."""
-    n = x.numel()
-    blocks = torch.cat([x, x.new_zeros(-n % block)]).view(-1, block)
-    scales = (blocks.abs().amax(dim=1) / 127).float()
-    s = scales.to(x.dtype)[:, None]
-    q = torch.where(s > 0, blocks / s, 0).round().clamp(-127, 127).to(torch.int8)
-    return q.reshape(-1)[:n], scales
-
-
-def dequantize(q: torch.Tensor, scales: torch.Tensor, block: int, dtype) -> torch.Tensor:
-    n = q.numel()
-    blocks = torch.cat([q, q.new_zeros(-n % block)]).view(-1, block).to(dtype)
-    return (blocks * scales.to(dtype)[:, None]).reshape(-1)[:n]
-
-
-def round_trip(x: torch.Tensor, block: int, dtype=None) -> torch.Tensor:
-    """What a receiver holds of ``x`` after quantization: dequantize(quantize(x))."""
-    return dequantize(*quantize(x, block), block, dtype or x.dtype)
-
-
-def pack(q, scales) -> torch.Tensor:
-    """One uint8 message: the scales' bytes first (so they stay 4-byte aligned), then q's."""
-    return torch.cat([scales.view(torch.uint8), q.view(torch.uint8)])
-
-
-def unpack(message, n: int, block: int, dtype) -> torch.Tensor:
-    """The dequantized ``n`` values of one :func:`pack` message."""
-    cut = SCALE_BYTES * -(-n // block)
-    scales = message[:cut].clone().view(torch.float32)
-    return dequantize(message[cut:cut + n].view(torch.int8), scales, block, dtype)
-
-
-def direct_all_to_all(messages: list, group=None) -> list:
-    """``messages[j]`` to the j-th rank of ``group``; returns what each rank sent this one, in source order.
-    N−1 sends, one to each peer (the bytes of gloo's all_to_all), so the log holds each message's destination."""
-    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
-    me = ranks.index(dist.get_rank())
-    received = [m.clone() if j == me else torch.empty_like(messages[me]) for j, m in enumerate(messages)]
-    sends = [comm.isend(messages[j].contiguous(), peer) for j, peer in enumerate(ranks) if j != me]
-    for j, peer in enumerate(ranks):
-        if j != me:
-            comm.recv(received[j], peer)
-    for work in sends:
-        work.wait()
-    return received
+__all__ = ["ZeROPlusPlus", "ZeroPPRun", "flat_units", "step_bytes", "validate", "parallel_train", "run",
+           "zeropp_reference"]
 
 
 # --- ZeRO-3 with qwZ, hpZ, qgZ ----------------------------------------------------------------------------
@@ -129,7 +80,7 @@ class QuantizedFlatUnit(FlatUnit):
             comm.all_gather_into_tensor(self.full, self.secondary, group=self.zeropp.node_group)
         elif self.zeropp.qwz:
             block = self.zeropp.block
-            message = pack(*quantize(self.master.detach(), block))
+            message = pack(*quantize_int8(self.master.detach(), block))
             everyone = message.new_empty(self.n * message.numel())
             comm.all_gather_into_tensor(everyone, message, group=self.group)
             S = self.layout.shard_numel
@@ -161,7 +112,7 @@ class QuantizedFlatUnit(FlatUnit):
             pieces = [p.grad if p.grad is not None else p.new_zeros(p.numel()) for p in self.params]
             flat = self.layout.flatten(pieces).div_(self.n)             # divide first, then sum (as ZeRO)
             S = self.layout.shard_numel
-            received = direct_all_to_all([pack(*quantize(c, block)) for c in flat.view(self.n, S)], self.group)
+            received = direct_all_to_all([pack(*quantize_int8(c, block)) for c in flat.view(self.n, S)], self.group)
             mine = sum(unpack(m, S, block, dtype) for m in received)    # in source order
             self.on_event("all-to-all", self)
             for p in self.params:
@@ -309,7 +260,7 @@ def zeropp_reference(recipe, world_size: int, *, qwz=True, qgz=True, block=256) 
         for batch in recipe.batches:
             with torch.no_grad():                      # the weights every rank computes with this step
                 for (ps, layout), unit in zip(units, shards):
-                    seen = [round_trip(s.detach(), block) if qwz else s.detach() for s in unit]
+                    seen = [round_trip_int8(s.detach(), block) if qwz else s.detach() for s in unit]
                     for p, view in zip(ps, layout.views(torch.cat(seen))):
                         p.copy_(view)
             flats, step_losses = [], []
@@ -325,7 +276,7 @@ def zeropp_reference(recipe, world_size: int, *, qwz=True, qgz=True, block=256) 
             for u, (_, layout) in enumerate(units):
                 for r, shard in enumerate(shards[u]):
                     chunks = [flat[u][layout.shard(r)] for flat in flats]
-                    shard.grad = sum(round_trip(c, block, sum_dtype) if qgz else c for c in chunks).to(shard.dtype)
+                    shard.grad = sum(round_trip_int8(c, block, sum_dtype) if qgz else c for c in chunks).to(shard.dtype)
             optimizer.step()
         params = {}
         for (ps, layout), unit in zip(units, shards):
