@@ -45,3 +45,12 @@ def no_leftover_processes():
     while child_pids() and time.time() < deadline:
         time.sleep(0.05)
     assert child_pids() == [], f"processes left behind: {child_pids()}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as ``make test`` runs): the cells of one notebook share a
+    kernel, so nbval's items of a notebook go to one worker together; other tests spread one by one."""
+    for item in items:
+        path = str(getattr(item, "path", "") or "")
+        if path.endswith(".ipynb"):
+            item.add_marker(pytest.mark.xdist_group(name=path))
