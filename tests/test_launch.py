@@ -106,6 +106,7 @@ def test_twenty_launches_in_a_row_leave_nothing_behind():
         assert child_pids() == []
 
 
+@pytest.mark.serial   # SIGINT to this process: under pytest-xdist it would also stop the worker's channel
 def test_interrupt_stops_every_rank():
     def sleep_forever(rank, world_size):
         time.sleep(600)

@@ -105,6 +105,7 @@ def table():
     return fidelity_table(CAL, names=NAMES, steps=2, runs=2)
 
 
+@pytest.mark.serial    # the replay here is priced on this machine's measured compute: alone, not beside a test
 def test_the_table_per_strategy(table):
     rows = table["rows"]
     assert [r["name"] for r in rows] == NAMES and (table["ranks"], table["runs"], table["steps"]) == (N, 2, 2)
@@ -130,6 +131,7 @@ def test_the_table_per_strategy(table):
         assert r["miss"] is None or isinstance(r["miss"], str)
 
 
+@pytest.mark.serial
 def test_rankings_tau_and_picks(table):
     for k, order in table["rankings"].items():
         assert sorted(order) == sorted(NAMES) and table["picks"][k] == order[0]
