@@ -136,7 +136,7 @@ def beside_torch_hook(recipe: Recipe, rank_r: int, steps: int = 12, start_step: 
     ``recipe``, both all-reducing plainly for the first ``start_step`` steps (PyTorch's minimum with error
     feedback)."""
     recipe = Recipe(recipe.model, recipe.batches[:steps], recipe.optimizer, recipe.loss, name=recipe.name)
-    ours = powersgd.run(recipe, WORLD, rank_r, start_step=start_step)[0]
+    ours = powersgd.run(recipe, world_size=WORLD, rank_r=rank_r, start_step=start_step)[0]
     return ours, powersgd.torch_hook_run(recipe, WORLD, rank_r, start_step=start_step)
 
 
