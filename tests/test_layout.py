@@ -104,6 +104,19 @@ def test_every_strategy_is_started_by_one_verb_with_keyword_only_configuration(n
     assert "validate(" in inspect.getsource(module.run), f"{name}.run must validate before it launches"
 
 
+def test_the_library_takes_recipes_and_results_from_the_ground_floor():
+    """``Recipe`` and ``RunResult`` (and the ready-made recipes) live in :mod:`minipar.recipe`; the equivalence
+    harness (:mod:`minipar.check`) re-exports them for the chapters, and a library module imports them from
+    the ground floor, not from the harness."""
+    records = {"Recipe", "RunResult", "default_loss", "gpt_recipe", "mlp_recipe"}
+    offenders = []
+    for path in library_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "check":
+                offenders += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in records]
+    assert not offenders, offenders
+
+
 def test_notebooks_show_no_private_code():
     """Neither ``getsource(mod._name)`` nor a cell that shows source and names a private attribute
     (``for fn in (comm._exchange, ...): print(getsource(fn))`` — how chapter 00 once showed one)."""

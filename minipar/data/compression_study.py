@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from ..check import Recipe, gpt_recipe
+from ..recipe import Recipe, gpt_recipe
 from ..launcher import launch
 from . import ddp, diloco, powersgd
 

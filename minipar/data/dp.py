@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from ..check import RunResult
+from ..recipe import RunResult
 
 __all__ = ["DataParallel", "Replicate", "Gather", "ExchangeLog", "predicted_exchange_bytes", "validate", "run"]
 
@@ -170,7 +170,7 @@ def validate(recipe, *, devices) -> None:
 
 def run(recipe, *, devices, step_logs: list | None = None):
     """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices") in
-    this one process (threads, no launch); returns a :class:`minipar.check.RunResult`. Each step's
+    this one process (threads, no launch); returns a :class:`minipar.recipe.RunResult`. Each step's
     :class:`ExchangeLog` goes to ``step_logs``."""
     validate(recipe, devices=devices)
     devices = ["cpu"] * devices if isinstance(devices, int) else devices

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from .flat_unit import FlatLayout

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..memory import LiveTensorTracker, tensor_bytes
 from . import zero as zero_module
 from .sharded_parameter import FreedGradientWarning

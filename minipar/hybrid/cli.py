@@ -45,7 +45,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..check import gpt_recipe
+from ..recipe import gpt_recipe
 from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..check import Recipe
+from ..recipe import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
 from ..layout import Layout

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from .. import launcher
 from ..layout import Layout
 from ..memory import LiveTensorTracker

@@ -50,7 +50,7 @@ class Stage(nn.Module):
         return out
 
     def reference_params(self) -> dict:
-        """{reference name: detached copy} for :class:`minipar.check.RunResult`."""
+        """{reference name: detached copy} for :class:`minipar.recipe.RunResult`."""
         names = self.param_names
         return {names[n]: p.detach().clone() for n, p in self.named_parameters()}
 

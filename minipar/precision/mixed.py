@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from ..data.ddp import DistributedDataParallel
 from ..data.zero import ZeRO, block_units
 from ..data.zero_measure import model_state_bytes

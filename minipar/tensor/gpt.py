@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..check import Recipe, RunResult, check_equivalence
+from ..check import check_equivalence
+from ..recipe import Recipe, RunResult
 from ..launcher import launch
 from ..loop import lm_loss
 from ..mesh import Mesh
