@@ -63,10 +63,10 @@ from ..tensor.vocab import vocab_parallel_cross_entropy
 from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
+__all__ = ["TRAINER_SCHEDULES", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
            "bytes_formula"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+TRAINER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
@@ -85,8 +85,8 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     Mesh(layout.world_size if world_size is None else world_size, **layout.sizes)   # the mesh's own size check
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be 0 (plain data parallelism) or a ZeRO stage 1, 2 or 3, got {zero!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    if schedule not in TRAINER_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(TRAINER_SCHEDULES)}")
     model = recipe.model()
     cfg = model.cfg
     if cfg.tie_weights and pp > 1:
@@ -267,7 +267,8 @@ class Trainer3D:
             # returns its input), which the next optimizer step (or ZeRO-3's free) would change under the caller
             return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
-    def model_state_bytes(self) -> int:
+    def measured_state_bytes_total(self) -> int:
+        """Parameters + gradients + optimizer state this rank holds, measured from its tensors (bytes)."""
         states = [*self.optimizer.state.values(), *(self.experts.optimizer.state.values()
                                                     if self.experts and self.experts.optimizer else [])]
         opt = [v for st in states for v in st.values() if torch.is_tensor(v)]

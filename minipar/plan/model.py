@@ -25,8 +25,8 @@ b micro-batch, B global batch, t tensor-parallel degree, f FFN hidden size (4h u
   repeats: full recompute one more forward of every layer, ``96 B s l h² (1 + s/(6h) + V/(16 l h))``;
   selective recompute ``72 B s l h² (1 + s/(3h) + V/(12 l h))`` (the paper's count, reproduced below from
   its Table 5).
-* Model states per device: :func:`minipar.data.zero_memory.model_state_bytes` (ZeRO, Rajbhandari et al.
-  2020), called, not rewritten.
+* Model states per device: :func:`minipar.data.zero_memory.model_state_bytes_formula` (ZeRO, Rajbhandari et al.
+  2020; arguments Ψ, dp, ZeRO stage, precision), re-exported here, not rewritten.
 
 * Mixture of experts (:class:`MoETransformer`, chapter 09): an MoE block holds E expert MLPs and a router
   (parameters: the MLP × E + h·E; a rank of ep holds E/ep experts), computes k·cf slots per token (FLOPs:
@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minipar.data import zero_memory
+from minipar.data.zero_memory import model_state_bytes_formula
 from minipar.recompute import MODES
 from minipar.tensor.sequence import activation_bytes_formula
 from minipar.validation import positive_int
 
 __all__ = ["Transformer", "MoETransformer", "expert_parameters", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
-           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes", "GPT3_175B", "MODES"]
+           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes_formula", "GPT3_175B", "MODES"]
 
 
 @dataclass(frozen=True)
@@ -246,10 +246,3 @@ def hfu(model: Transformer, global_batch: int, seconds: float, devices: int, pea
         recompute: str = "none") -> float:
     """Hardware FLOPs utilization: the same with the recomputed FLOPs counted."""
     return hardware_flops(model, global_batch, recompute) / (seconds * devices * peak_flops)
-
-
-def model_state_bytes(params: float, dp: int, zero_stage: int = 0, precision="mixed") -> dict:
-    """{"params", "grads", "optimizer", "total"} bytes per data-parallel rank holding ``params``
-    parameters: :func:`minipar.data.zero_memory.model_state_bytes` (mixed-precision Adam 2 + 2 + 12 bytes,
-    or "fp32" 4 + 4 + 8)."""
-    return zero_memory.model_state_bytes(params, dp, zero_stage, precision)
