@@ -117,6 +117,23 @@ def test_the_library_takes_recipes_and_results_from_the_ground_floor():
     assert not offenders, offenders
 
 
+# Names that once meant two things in two modules (another signature, another quantity): one definition each.
+ONE_MEANING = ["activation_bytes_formula", "activation_elements", "model_state_bytes", "Deadlock", "SCHEDULES",
+               "predicted_bytes_sent"]
+
+
+def test_one_name_means_one_thing():
+    defined = {}
+    for path in library_files():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+            for name in set(names) & set(ONE_MEANING):
+                defined.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    twice = {name: where for name, where in defined.items() if len(where) > 1}
+    assert not twice, twice
+
+
 def test_notebooks_show_no_private_code():
     """Neither ``getsource(mod._name)`` nor a cell that shows source and names a private attribute
     (``for fn in (comm._exchange, ...): print(getsource(fn))`` — how chapter 00 once showed one)."""

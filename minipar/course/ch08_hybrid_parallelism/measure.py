@@ -16,7 +16,7 @@ from minipar.launcher import launch
 from minipar.layout import Layout
 from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
-from minipar.tensor.sequence import activation_bytes_formula
+from minipar.activations import activation_bytes_formula
 
 __all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
            "layout_memory_formula"]
@@ -115,7 +115,7 @@ def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True)
     per_stage_max = -(-layers // pp)                         # 96 layers on 64 stages: some get 2, some 1
     psi_layer = 12 * h * h
     mb = batch // (dp * m)
-    act_layer = activation_bytes_formula(s, mb, h, a, tp)     # Korthikanti et al., 16-bit, TP without SP
+    act_layer = activation_bytes_formula(s, mb, h, a, t=tp)     # Korthikanti et al., 16-bit, TP without SP
     in_flight = pp                                           # 1F1B: stage 0 holds p micro-batches
     act = in_flight * per_stage_max * (2 * s * mb * h if recompute else act_layer)
     states = per_stage_max * psi_layer / tp * 16
