@@ -251,7 +251,7 @@ def _dropout_replicas(rank, world_size, sequence_parallel):
     """Train 2 steps with dropout 0.2; return what must agree across the group and the two streams' draws."""
     from minipar.mesh import Mesh
     from minipar.tensor.gpt import TensorParallelGPT
-    from minipar.tensor.layers import DropoutStreams
+    from minipar.rng import DropoutStreams
 
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
     recipe = gpt_recipe(steps=2, batch_size=4, seq_len=16, dropout=0.2)

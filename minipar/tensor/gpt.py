@@ -21,12 +21,13 @@ import torch.nn as nn
 
 from ..check import check_equivalence
 from ..recipe import Recipe, RunResult
+from ..rng import DropoutStreams
 from ..launcher import launch
 from ..loop import lm_loss
 from ..mesh import Mesh
 from ..models import FeedForward, TokenPositionEmbedding
 from ..validation import positive_int
-from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, StreamDropout, TensorParallelAttention,
+from .layers import (ColumnParallelLinear, RowParallelLinear, StreamDropout, TensorParallelAttention,
                      TensorParallelMLP)
 from .operators import all_gather_dim, tp_rank, tp_size
 from .sequence import sync_sequence_parallel_grads

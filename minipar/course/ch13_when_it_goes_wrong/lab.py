@@ -325,7 +325,8 @@ def split_region_masks(p: float = 0.1, shape=(4, 64), seed: int = 1234) -> dict:
     """The dropout masks two TP ranks draw for their halves of a split tensor (their own heads): agreement
     between rank 0's and rank 1's mask by Megatron's rule (tensor-parallel seeds, different per rank) and by
     the wrong one (both from the default seed, the same on every TP rank)."""
-    from minipar.debug.seeds import mask_agreement, megatron_seeds
+    from minipar.debug.seeds import mask_agreement
+    from minipar.rng import megatron_seeds
 
     def mask(s):
         return torch.empty(shape).bernoulli_(1 - p, generator=torch.Generator().manual_seed(s))
