@@ -1,4 +1,4 @@
-"""Loss against bytes: DDP, PowerSGD and DiLoCo trained on the same token budget, for a chapter's plot.
+"""Loss against bytes: DDP, PowerSGD and DiLoCo trained on the same token budget, for chapter 14's plot.
 
 Every method sees the same global batches (the same tokens, in the same order) on the same N ranks and is
 scored the same way: the mean loss of its final parameters on held-out batches (for DiLoCo the outer
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm
-from ..recipe import Recipe, gpt_recipe
-from ..launcher import launch
-from . import ddp, diloco, powersgd
+from minipar import comm
+from minipar.data import ddp, diloco, powersgd
+from minipar.launcher import launch
+from minipar.recipe import Recipe, gpt_recipe
 
 __all__ = ["study_recipe", "held_out_loss", "loss_vs_bytes"]
 
