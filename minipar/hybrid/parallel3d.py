@@ -56,6 +56,7 @@ from ..mesh import Mesh
 from ..pipeline.runtime import PipelineRank, synced_clock
 from ..pipeline.timeline import timed
 from ..pipeline.schedules import make_schedule, validate as validate_schedule
+from ..pipeline.stages import stage_layers
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.sequence import sync_sequence_parallel_grads
@@ -107,18 +108,18 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
 
 
 class HybridStage(SequenceShardEmbedding, nn.Module):
-    """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT`: its TP blocks, plus the
+    """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT` (the layers
+    :func:`minipar.pipeline.stages.stage_layers` gives it, as for a reference model): its TP blocks, plus the
     embeddings (first stage, the model's embedding seam) and the final LayerNorm and vocabulary-parallel head
     (last stage)."""
 
     def __init__(self, model: TensorParallelGPT, index: int, n_stages: int):
         super().__init__()
-        per = model.cfg.n_layer // n_stages
         self.index, self.first, self.last = index, index == 0, index == n_stages - 1
         self.cfg, self.group, self.sequence_parallel = model.cfg, model.group, model.sequence_parallel
         if self.first:
             self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
-        self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
+        self.blocks = nn.ModuleList(model.blocks[stage_layers(model.cfg.n_layer, n_stages)[index]])   # the one cut
         if self.last:
             self.ln_f, self.head = model.ln_f, model.head
         names = {id(p): n for n, p in model.named_parameters()}
