@@ -113,7 +113,7 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
     embeddings (first stage, the model's embedding seam) and the final LayerNorm and vocabulary-parallel head
     (last stage)."""
 
-    def __init__(self, model: TensorParallelGPT, index: int, n_stages: int):
+    def __init__(self, model: TensorParallelGPT, index: int, n_stages: int, token_positions=None):
         super().__init__()
         self.index, self.first, self.last = index, index == 0, index == n_stages - 1
         self.cfg, self.group, self.sequence_parallel = model.cfg, model.group, model.sequence_parallel
@@ -124,7 +124,7 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
             self.ln_f, self.head = model.ln_f, model.head
         names = {id(p): n for n, p in model.named_parameters()}
         self.reference_names = {id(p): names[id(p)] for p in self.parameters()}
-        self.token_positions = None           # context parallelism: the global positions of this rank's tokens
+        self.token_positions = token_positions   # context parallelism: the global positions of this rank's tokens
 
     def positions_held(self, idx):
         if self.token_positions is None:
@@ -160,16 +160,20 @@ class Trainer3D:
         self.dp_group, self.tp_group = self.mesh.group("dp", "cp"), self.mesh.group("tp")
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+        batch, seq = recipe.batches[0][0].shape
+        # In a straight line: first what replaces what in the reference (the MoE layers by their expert-parallel
+        # slices over the folded ep groups; the attention core by the cp method's), then the tensor-parallel
+        # model (it keeps both), then this rank's stages cut from it, then what the step needs.
+        self.experts = experts.install(ref, self.mesh, layout, self.dp_group)
+        self.positions = context.install(ref, self.mesh, layout, seq)      # my tokens' global positions (cp)
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
-        self.experts = experts.install(self.model, self.mesh, layout, self.dp_group)    # MoE: the folded ep groups
         n_stages, sched = pp * v, make_schedule(schedule, pp, micro_batches, v)
-        self.stages = {s: HybridStage(self.model, s, n_stages) for s in sched.stages_of(self.mesh.coord("pp"))}
+        self.stages = {s: HybridStage(self.model, s, n_stages, self.positions)
+                       for s in sched.stages_of(self.mesh.coord("pp"))}
         self.params = [p for s in self.stages.values() for p in s.parameters()]
         if self.experts:                                          # only the MoE layers of my stages
             self.experts.keep(m for s in self.stages.values() for m in s.modules() if m in self.experts.layers)
         self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
-        batch, seq = recipe.batches[0][0].shape
-        self.positions = context.install(self.model, self.stages.values(), self.mesh, layout, seq)
         seq //= layout.cp                                         # the tokens this rank holds of each row
         mb = batch // (dp * micro_batches)
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)

@@ -202,8 +202,8 @@ def _residual_dropout(p, streams, sequence_parallel):
 class TensorParallelAttention(CausalSelfAttention):
     """Causal self-attention with the heads split: QKV column-parallel (this rank's heads' Q, K, V),
     the attention core on ``n_head`` = n_head/t local heads, the output projection row-parallel. The
-    forward and the core are the reference's (:class:`minipar.models.CausalSelfAttention`); only the
-    layers and the dropout streams differ."""
+    forward and the core are the reference's (:class:`minipar.models.CausalSelfAttention`, with the core a
+    strategy set on it); only the layers and the dropout streams differ."""
 
     def __init__(self, attn, group, sequence_parallel: bool = False, streams: DropoutStreams | None = None):
         nn.Module.__init__(self)
@@ -211,6 +211,7 @@ class TensorParallelAttention(CausalSelfAttention):
         if attn.n_head % t:
             raise ValueError(f"n_head={attn.n_head} is not divisible by the tensor-parallel degree {t}")
         self.n_head, self.dropout = attn.n_head // t, attn.dropout
+        self.core = attn.core              # the reference's attention core (a context-parallel method's, if set)
         self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, parts=3, sequence_parallel=sequence_parallel)
         self.proj = RowParallelLinear.from_linear(attn.proj, group, sequence_parallel=sequence_parallel)
         self.streams, self.sequence_parallel = streams, sequence_parallel
