@@ -1,7 +1,8 @@
 """The equivalence harness: does a parallel strategy train exactly like one device?
 
 A :class:`Recipe` says what to train: a deterministic model factory, an optimizer factory, the global
-batches (one per optimizer step) and a loss. :func:`train_reference` trains it on one device.
+batches (one per optimizer step) and a loss (:mod:`minipar.recipe`, which holds it and :class:`RunResult`;
+re-exported here). :func:`train_reference` trains it on one device.
 A strategy provides ``parallel_train(rank, world_size, recipe, ...)``, run by :func:`minipar.launch`, that
 trains the same recipe on every rank and returns a :class:`RunResult`: the losses it saw (or ``None`` on a
 rank that never computes the loss, such as an early pipeline stage) and the full parameters it can report,
@@ -23,13 +24,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from .datasets import lm_batches, markov_tokens, regression_batches
 from .launcher import launch
-from .loop import lm_loss
-from .models import MLP, GPTConfig, TinyGPT
+from .recipe import Recipe, RunResult, default_loss, gpt_recipe, mlp_recipe
 
 __all__ = ["Recipe", "RunResult", "Comparison", "TOLERANCES", "one_thread", "train_reference", "train_steps",
            "compare", "check_equivalence", "gpt_recipe", "mlp_recipe", "default_loss"]
@@ -41,40 +38,6 @@ TOLERANCES = {
     torch.bfloat16: (2e-2, 2e-2),
     torch.float16: (5e-3, 5e-3),
 }
-
-
-def default_loss(model: nn.Module, inputs, targets) -> torch.Tensor:
-    """Cross-entropy for integer targets (language modelling), mean squared error otherwise."""
-    out = model(inputs)
-    if targets.dtype == torch.long:
-        return lm_loss(out, targets)
-    return F.mse_loss(out, targets)
-
-
-def _sgd(params):
-    return torch.optim.SGD(params, lr=0.1)
-
-
-@dataclass
-class Recipe:
-    """What to train. ``model()`` must build the same weights every time it is called."""
-    model: Callable[[], nn.Module]
-    batches: list                                   # [(inputs, targets)] global batches, one per step
-    optimizer: Callable = _sgd                      # params -> torch.optim.Optimizer
-    loss: Callable = default_loss                   # (model, inputs, targets) -> scalar mean loss
-    dtype: torch.dtype = torch.float32
-    name: str = ""
-
-    @property
-    def steps(self) -> int:
-        return len(self.batches)
-
-
-@dataclass
-class RunResult:
-    """What one rank (or the reference) saw: the loss at each step and the final full parameters."""
-    losses: list | None = None                      # [float] per step, or None where not computed
-    params: dict = field(default_factory=dict)      # {reference name: full tensor}
 
 
 @dataclass
@@ -219,39 +182,3 @@ def check_equivalence(parallel_train: Callable, world_size: int, recipe: Recipe,
     reference = train_reference(recipe)
     results = launch(parallel_train, world_size, recipe, *args, **(launch_kwargs or {}), **kwargs)
     return compare(reference, results, atol, rtol, recipe.dtype)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Ready-made recipes for the reference models
-# ----------------------------------------------------------------------------------------------------
-
-def gpt_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer: str = "adam",
-               seed: int = 0, **cfg_changes) -> Recipe:
-    """The tiny GPT on :func:`minipar.datasets.markov_tokens`, ``steps`` global batches of ``batch_size``."""
-
-    cfg = GPTConfig(**cfg_changes)
-    tokens = markov_tokens(4096, cfg.vocab_size, seed=seed)
-    batches = lm_batches(tokens, batch_size, seq_len, steps, seed=seed)
-    return Recipe(model=lambda: TinyGPT(cfg, seed=seed), batches=batches, optimizer=_optimizer(optimizer),
-                  name=f"TinyGPT {cfg.n_layer}L/{cfg.n_embd}h, {optimizer}")
-
-
-def mlp_recipe(steps: int = 3, batch_size: int = 16, sizes=(16, 64, 64, 8), optimizer: str = "sgd",
-               seed: int = 0) -> Recipe:
-    """The MLP on :func:`minipar.datasets.regression_batches`."""
-
-    batches = regression_batches(batch_size, sizes[0], sizes[-1], steps, seed=seed)
-    return Recipe(model=lambda: MLP(sizes, seed=seed), batches=batches, optimizer=_optimizer(optimizer),
-                  name=f"MLP {list(sizes)}, {optimizer}")
-
-
-def _optimizer(name: str) -> Callable:
-    if name == "sgd":
-        return _sgd
-    if name == "adam":
-        return _adam
-    raise ValueError(f"unknown optimizer {name!r}; use 'sgd' or 'adam'")
-
-
-def _adam(params):
-    return torch.optim.Adam(params, lr=1e-2)

@@ -1,6 +1,6 @@
 """Where the memory goes, measured from the tensors that really exist.
 
-* :func:`model_state_bytes` — bytes of parameters, gradients and optimizer state held by this rank,
+* :func:`measured_model_state_bytes` — bytes of parameters, gradients and optimizer state held by this rank,
   counted once per storage (a tied weight or a view is not counted twice).
 * :class:`LiveTensorTracker` — a ``TorchDispatchMode`` that sees every tensor an operator creates and a
   weak-reference finalizer on its storage, so it knows the bytes alive at every moment and their peak.
@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["model_state_bytes", "LiveTensorTracker", "saved_activation_bytes", "measure_step", "MemoryAccount",
+__all__ = ["measured_model_state_bytes", "LiveTensorTracker", "saved_activation_bytes", "measure_step", "MemoryAccount",
            "tensor_bytes"]
 
 
@@ -38,7 +38,7 @@ def tensor_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) -> dict:
+def measured_model_state_bytes(params, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """{"params", "grads", "optimizer"} bytes held by this rank (each storage counted once)."""
     params = list(params)
     opt_tensors = []
@@ -167,12 +167,12 @@ def measure_step(step_fn, params, optimizer=None) -> MemoryAccount:
     tracker.adopt(_state_tensors(params, optimizer))
     with tracker:
         _, activations = saved_activation_bytes(step_fn, exclude=params)
-    after = model_state_bytes(params, optimizer)
+    after = measured_model_state_bytes(params, optimizer)
     return MemoryAccount(after["params"], after["grads"], after["optimizer"], activations, tracker.peak)
 
 
 def _state_tensors(params: list, optimizer=None) -> list:
-    """Parameters, their gradients and the optimizer's state tensors (what model_state_bytes counts)."""
+    """Parameters, their gradients and the optimizer's state tensors (what measured_model_state_bytes counts)."""
     out = params + [p.grad for p in params if p.grad is not None]
     if optimizer is not None:
         for state in optimizer.state.values():

@@ -13,7 +13,8 @@ Activation Recomputation in Large Transformer Models", §4):
                                            2016, "Training Deep Nets with Sublinear Memory Cost")
 
 With β bytes per activation value instead of 2 the same counts are sbh·(16β + 2) + as²b·(2β + 1) for none,
-sbh·(16β + 2) for selective and β·sbh for full (see :func:`activation_bytes_formula`).
+sbh·(16β + 2) for selective and β·sbh for full (:func:`minipar.activations.activation_bytes_formula`, which
+also counts them under tensor and sequence parallelism).
 
 Built on ``torch.utils.checkpoint`` (non-reentrant), not by hand, because it already does the three things a
 hand-written ``autograd.Function`` gets subtly wrong: it replays the RNG state so dropout draws the same mask
@@ -31,14 +32,13 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from .activations import MODES
 from .memory import LiveTensorTracker
 from .models import TinyGPT
 from .tensor.layers import recompute_context_fn     # TP dropout: the recomputation draws the forward's masks
 
 __all__ = ["MODES", "apply_recompute", "remove_recompute", "full_block_forward", "selective_attention",
-           "activation_bytes_formula", "recompute_modes"]
-
-MODES = ("none", "selective", "full")
+           "recompute_modes"]
 
 
 def full_block_forward(block, x):
@@ -84,30 +84,6 @@ def remove_recompute(model: nn.Module) -> nn.Module:
 
 def recompute_modes(model: nn.Module) -> list:
     return list(getattr(model, "recompute_modes", ["none"] * len(model.blocks)))
-
-
-def activation_bytes_formula(s: int, b: int, h: int, a: int, mode: str = "none", bytes_per_value: int = 2,
-                             mask_bytes: int | None = 1) -> int:
-    """Bytes one block keeps for backward (Korthikanti et al. 2022 with ``bytes_per_value=2, mask_bytes=1``).
-
-    ``mask_bytes``: bytes per dropout-mask element (1 for CUDA's fused dropout; PyTorch's CPU dropout keeps
-    its mask as a scaled tensor of the activation dtype, so β there); ``None`` = no dropout, hence no masks
-    and no separate dropout outputs.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    beta = bytes_per_value
-    sbh, as2b = s * b * h, a * s * s * b
-    if mode == "full":
-        return beta * sbh                            # only the block's input
-    if mask_bytes is None:
-        per_sbh, per_as2b = 16 * beta, beta          # no masks; softmax output only
-    else:
-        per_sbh = 16 * beta + 2 * mask_bytes         # 16 values + the two residual-branch dropout masks
-        per_as2b = 2 * beta + mask_bytes             # softmax out, dropout out, dropout mask
-    if mode == "selective":
-        return sbh * per_sbh
-    return sbh * per_sbh + as2b * per_as2b
 
 
 # ----------------------------------------------------------------------------------------------------

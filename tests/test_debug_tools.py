@@ -9,6 +9,7 @@ import torch
 from minipar import LaunchTimeout, comm, hooks, launch
 from minipar.debug import bisect, desync, nonfinite, seeds, stragglers
 from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
+from minipar.rng import megatron_seeds
 from conftest import child_pids
 
 
@@ -157,9 +158,9 @@ def test_the_reference_steps_are_one_device_training():
 # Seeds and RNG state ----------------------------------------------------------------------------------------
 
 def test_megatron_seeds():
-    assert seeds.megatron_seeds(1234, tp_rank=3, pp_rank=1) == {"default": 1334, "tensor_parallel": 1334 + 2718 + 3}
-    assert seeds.megatron_seeds(0, 0, dp_rank=2)["default"] == 0
-    assert seeds.megatron_seeds(0, 0, dp_rank=2, data_parallel_random_init=True)["default"] == 20
+    assert megatron_seeds(1234, tp_rank=3, pp_rank=1) == {"default": 1334, "tensor_parallel": 1334 + 2718 + 3}
+    assert megatron_seeds(0, 0, dp_rank=2)["default"] == 0
+    assert megatron_seeds(0, 0, dp_rank=2, data_parallel_random_init=True)["default"] == 20
 
 
 def test_rng_state_restores_every_generator_it_names():

@@ -29,7 +29,7 @@ def gpt64(steps=8, optimizer="adam"):
 @pytest.mark.parametrize("world_size,H,fragments", [(2, 4, 1), (4, 4, 2), (2, 2, 2)])
 def test_diloco_follows_its_rule(world_size, H, fragments):
     recipe = gpt64()
-    runs = diloco.run(recipe, world_size, H, fragments=fragments)
+    runs = diloco.run(recipe, world_size=world_size, H=H, fragments=fragments)
     compare(diloco_reference(recipe, world_size, H, fragments=fragments), runs, dtype=torch.float64).assert_ok()
     # and it is not synchronous training
     assert compare(train_reference(recipe), runs, dtype=torch.float64).max_abs_diff > 1e-3
@@ -38,7 +38,7 @@ def test_diloco_follows_its_rule(world_size, H, fragments):
 def test_h1_outer_sgd_lr1_with_inner_sgd_is_synchronous_training():
     # θ ← θ − 1·(1/N)Σ(θ − θ_i) = (1/N)Σ θ_i = θ − lr·(1/N)Σ g_i: DDP's step
     recipe = gpt64(steps=4, optimizer="sgd")
-    runs = diloco.run(recipe, 2, 1, outer_lr=1.0, outer_momentum=0.0)
+    runs = diloco.run(recipe, world_size=2, H=1, outer_lr=1.0, outer_momentum=0.0)
     compare(train_reference(recipe), runs, dtype=torch.float64).assert_ok()
 
 
@@ -75,7 +75,7 @@ def _parameter_averaging(recipe, world_size):
 
 def test_h1_outer_sgd_lr1_with_inner_adamw_is_parameter_averaging_not_synchronous():
     recipe = gpt64(steps=4)
-    runs = diloco.run(recipe, 2, 1, outer_lr=1.0, outer_momentum=0.0)
+    runs = diloco.run(recipe, world_size=2, H=1, outer_lr=1.0, outer_momentum=0.0)
     compare(parameter_averaging(recipe, 2), runs, dtype=torch.float64).assert_ok()
     # AdamW is not linear in the gradient: the mean of Adam steps is not Adam on the mean gradient
     assert compare(train_reference(recipe), runs, dtype=torch.float64).max_abs_diff > 1e-4
@@ -87,7 +87,7 @@ def test_one_all_reduce_of_the_parameters_per_h_steps(world_size, fragments):
     recipe = gpt_recipe(steps=8, batch_size=8, seq_len=8, n_layer=2, n_embd=16, n_head=2)
     params = list(recipe.model().parameters())
     param_bytes = 4 * sum(p.numel() for p in params)
-    runs = diloco.run(recipe, world_size, H, fragments=fragments)
+    runs = diloco.run(recipe, world_size=world_size, H=H, fragments=fragments)
     for run in runs:
         for cycle in (run.bytes_sent[:H], run.bytes_sent[H:2 * H]):
             assert sum(cycle) == 2 * (world_size - 1) / world_size * param_bytes
@@ -111,26 +111,13 @@ def test_fragments_and_schedule():
 def test_bad_configurations_fail_before_any_process_starts():
     recipe = gpt64()
     with pytest.raises(ValueError, match="H must be a positive integer"):
-        diloco.run(recipe, 2, 0)
+        diloco.run(recipe, world_size=2, H=0)
     with pytest.raises(ValueError, match="F dividing H"):
-        diloco.run(recipe, 2, 4, fragments=3)
+        diloco.run(recipe, world_size=2, H=4, fragments=3)
     with pytest.raises(ValueError, match="outer_momentum"):
-        diloco.run(recipe, 2, 4, outer_momentum=1.0)
+        diloco.run(recipe, world_size=2, H=4, outer_momentum=1.0)
     with pytest.raises(ValueError, match="not divisible by 3"):
-        diloco.run(recipe, 3, 4)
+        diloco.run(recipe, world_size=3, H=4)
     with pytest.raises(ValueError, match="non-empty fragments"):
-        diloco.run(recipe, 2, 64, fragments=64)
+        diloco.run(recipe, world_size=2, H=64, fragments=64)
 
-
-def test_loss_vs_bytes_rows_carry_each_methods_formula():
-    from minipar.data.compression_study import loss_vs_bytes, study_recipe
-    from minipar.data.powersgd import powersgd_bytes
-    steps = 20
-    rows = {m: (sent, loss) for m, sent, loss in loss_vs_bytes(2, steps, ranks=(1,), Hs=(5, 10), fragments=2)}
-    shapes = [p.shape for p in study_recipe(steps)[0].model().parameters()]
-    param_bytes = 4 * sum(s.numel() for s in shapes)             # N = 2: 2(N−1)/N = 1
-    assert rows["DDP"][0] == steps * param_bytes
-    assert rows["PowerSGD r=1"][0] == steps * powersgd_bytes(shapes, 1, 2, 4)
-    assert rows["DiLoCo H=5"][0] == steps // 5 * param_bytes
-    assert rows["DiLoCo H=10"][0] == rows["Streaming DiLoCo H=10 F=2"][0] == steps // 10 * param_bytes
-    assert all(0 < loss < 5 for _, loss in rows.values())

@@ -3,8 +3,9 @@ device), and its five exchanges per step move exactly the bytes of the formula."
 import pytest
 import torch
 
-from minipar.check import compare, gpt_recipe, mlp_recipe, train_reference
+from minipar.check import RunResult, compare, gpt_recipe, mlp_recipe, train_reference
 from minipar.data import dp
+from minipar.launcher import launch
 
 
 def test_four_devices_match_one_device():
@@ -44,3 +45,20 @@ def test_bad_input_is_a_value_error():
 def test_on_two_gpus():
     recipe = mlp_recipe(steps=3)
     compare(train_reference(recipe), [dp.run(recipe, devices=["cuda:0", "cuda:1"])]).assert_ok()
+
+
+def _dp_train(rank, world_size, recipe):
+    model = recipe.model()
+    opt = recipe.optimizer(model.parameters())
+    for x, y in recipe.batches:
+        dp.step_on_ranks(rank, world_size, model, opt, x, y)
+    return RunResult(None, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def test_the_five_exchanges_as_processes_equal_one_device():
+    recipe = gpt_recipe(steps=2, batch_size=8, optimizer="sgd")
+    recipe.dtype = torch.float64
+    recipe.model = (lambda make: lambda: make().double())(recipe.model)
+    want = train_reference(recipe).params
+    got = launch(_dp_train, 2, recipe, quiet=True)[0].params       # rank 0 holds DP's model
+    assert max((got[n] - want[n]).abs().max().item() for n in want) < 1e-12

@@ -10,7 +10,7 @@ from minipar import launch
 from minipar.check import gpt_recipe
 from minipar.hybrid import checkpoint
 from minipar.hybrid.parallel3d import Trainer3D
-from minipar.tensor.layers import DropoutStreams
+from minipar.rng import DropoutStreams, megatron_seeds
 
 LAYOUT = dict(dp=1, pp=2, tp=2, micro_batches=2)
 
@@ -66,6 +66,21 @@ def test_each_step_draws_other_masks_and_the_streams_differ_where_they_must():
     assert not torch.equal(rep0, rep1) and not torch.equal(per0, per1) and not torch.equal(rep0, per0)
     (other_rep0, other_per0), *_ = r0[1]
     assert torch.equal(rep0, other_rep0) and not torch.equal(per0, other_per0)   # replicated agrees, per-rank not
+
+
+def _first_draws(rank, world_size):
+    streams = DropoutStreams(7, None)
+    want = megatron_seeds(7, tp_rank=rank)
+    replicated, per_rank = torch.Generator().manual_seed(want["default"]), torch.Generator().manual_seed(
+        want["tensor_parallel"])
+    return (torch.equal(torch.rand(4, generator=streams.replicated), torch.rand(4, generator=replicated)),
+            torch.equal(torch.rand(4, generator=streams.per_rank), torch.rand(4, generator=per_rank)))
+
+
+def test_the_streams_follow_megatrons_seed_rule_on_every_rank():
+    """Step 0's two streams are seeded by minipar.rng.megatron_seeds: seed, and seed + 2718 + tp_rank (one
+    rule for the streams and the chapter-13 tools; the streams once added 1000 · rank)."""
+    assert launch(_first_draws, 3, quiet=True) == [(True, True)] * 3
 
 
 def _tp_grads(rank, world_size, mode):

@@ -1,7 +1,7 @@
 """minipar.memory: counts what really exists, once per storage."""
 import torch
 
-from minipar.memory import LiveTensorTracker, measure_step, model_state_bytes, saved_activation_bytes
+from minipar.memory import LiveTensorTracker, measure_step, measured_model_state_bytes, saved_activation_bytes
 from minipar.models import MLP
 
 
@@ -23,7 +23,7 @@ def test_live_tensor_tracker_sees_allocations_and_frees():
 def test_model_state_counts_tied_weights_once():
     lin = torch.nn.Linear(10, 10, bias=False)
     params = [lin.weight, lin.weight]
-    assert model_state_bytes(params)["params"] == 400
+    assert measured_model_state_bytes(params)["params"] == 400
 
 
 def test_measure_step_for_an_mlp_with_adam():

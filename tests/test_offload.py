@@ -5,7 +5,7 @@ from minipar import launch
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.data.offload import offloaded
 from minipar.data.zero import ZeRO
-from minipar.data.zero_measure import model_state_bytes
+from minipar.data.zero_measure import measured_zero_state_bytes
 from minipar.loop import mean_over_ranks, shard_batch
 
 RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
@@ -24,7 +24,7 @@ def _train(rank, world_size, recipe, offload):
         sharded.step()
         losses.append(mean_over_ranks(loss))
     opt = sharded.optimizer
-    extra = {"device": model_state_bytes(sharded), "psi": sharded.padded_numel}
+    extra = {"device": measured_zero_state_bytes(sharded), "psi": sharded.padded_numel}
     if offload:
         extra.update(host=opt.host_bytes(), to_host=opt.bytes_to_host, to_device=opt.bytes_to_device)
     return RunResult(losses, sharded.full_parameters()), extra

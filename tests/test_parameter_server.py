@@ -30,7 +30,7 @@ def test_server_traffic_grows_with_n_workers_stays_constant(n):
     traffic = launch(_traffic, n, recipe, quiet=True)
     assert traffic[0] == ((n - 1) * p, (n - 1) * p)                 # server: pull out, push in
     assert all(t == (p, p) for t in traffic[1:])                     # workers: push out, pull in
-    assert [t[0] for t in traffic] == [ps.predicted_bytes_sent(r, n, p) for r in range(n)]
+    assert [t[0] for t in traffic] == [ps.parameter_server_bytes_sent(r, n, p) for r in range(n)]
 
 
 def test_bad_input_is_a_value_error():

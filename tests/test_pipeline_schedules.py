@@ -1,7 +1,7 @@
 """Pipeline schedules as data, and the simulator's clock: no processes, exact arithmetic."""
 import pytest
 
-from minipar.pipeline import Action, Costs, Deadlock, Schedule, bubble_formula, make_schedule, simulate
+from minipar.pipeline import Action, Costs, ScheduleDeadlock, Schedule, bubble_formula, make_schedule, simulate
 from minipar.pipeline.simulate import in_flight_over_time
 
 
@@ -170,7 +170,7 @@ def test_a_wrong_order_deadlocks_in_the_simulator():
     bad = Schedule("bad", 2, 2, 1, [
         [Action("F", 0, 0), Action("F", 0, 1), Action("BW", 0, 1), Action("BW", 0, 0)],
         [Action("F", 1, 0), Action("BW", 1, 1), Action("F", 1, 1), Action("BW", 1, 0)]])
-    with pytest.raises(Deadlock, match="rank 1 waits"):
+    with pytest.raises(ScheduleDeadlock, match="rank 1 waits"):
         simulate(bad)
 
 

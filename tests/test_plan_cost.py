@@ -38,7 +38,7 @@ def test_memory_terms_are_the_formulas():
     layout = Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", micro_batches=192)
     e = estimate(GPT3_175B, CLUSTER, layout)
     params = stage_parameters(GPT3_175B, layout)["first"]
-    states = zero_memory.model_state_bytes(params, 8, 0, "mixed")
+    states = zero_memory.model_state_bytes_formula(params, 8, 0, "mixed")
     assert e.memory["params"] == states["params"] and e.memory["optimizer"] == states["optimizer"]
     per_layer = activation_bytes_per_layer(GPT3_175B, 1, 8, True, "selective")
     assert e.memory["activations"] == pytest.approx(per_layer * 96 / 16 * 16)     # 1F1B: p in flight on rank 0
@@ -50,7 +50,7 @@ def test_zero_shards_model_states_and_adds_its_buffers():
     base = estimate(SMALL, CLUSTER, Layout(dp=8))
     for stage in (1, 2, 3):
         e = estimate(SMALL, CLUSTER, Layout(dp=8, zero=stage))
-        want = zero_memory.model_state_bytes(stage_parameters(SMALL, Layout())["first"], 8, stage)
+        want = zero_memory.model_state_bytes_formula(stage_parameters(SMALL, Layout())["first"], 8, stage)
         assert e.memory["optimizer"] == want["optimizer"] and e.memory["grads"] == want["grads"]
         assert e.memory["activations"] == base.memory["activations"]
         layer = stage_parameters(SMALL, Layout())["layer"]

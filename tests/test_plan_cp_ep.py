@@ -97,8 +97,8 @@ def test_ep_all_to_all_bytes_and_expert_data_parallel_gradients():
     assert e.bytes_sent["dp"] == pytest.approx(dense + zero_memory.bytes_sent_per_step(experts, 2, 0, "fp32"))
     # model states: dense ones sharded (ZeRO-1) over dp·cp = 8, experts over expert-DP = 8/4 = 2
     z1 = estimate(MOE, CLUSTER, layout.replace(zero=1), **FP32)
-    want = (zero_memory.model_state_bytes(psi - experts, 8, 1, "fp32")["optimizer"]
-            + zero_memory.model_state_bytes(experts, 2, 1, "fp32")["optimizer"])
+    want = (zero_memory.model_state_bytes_formula(psi - experts, 8, 1, "fp32")["optimizer"]
+            + zero_memory.model_state_bytes_formula(experts, 2, 1, "fp32")["optimizer"])
     assert z1.memory["optimizer"] == pytest.approx(want)
     # more ep: fewer experts per rank, less memory, more of the all-to-all leaves the rank
     two = estimate(MOE, CLUSTER, layout.replace(ep=2), **FP32)

@@ -26,7 +26,7 @@ def gpt64(steps=4, optimizer="adam"):
 @pytest.mark.parametrize("world_size,rank_r,start_step", [(2, 2, 0), (4, 1, 0), (2, 1, 2)])
 def test_powersgd_follows_its_rule_step_by_step(world_size, rank_r, start_step):
     recipe = gpt64()
-    runs = powersgd.run(recipe, world_size, rank_r, start_step=start_step)
+    runs = powersgd.run(recipe, world_size=world_size, rank_r=rank_r, start_step=start_step)
     compare(powersgd_reference(recipe, world_size, rank_r, start_step=start_step), runs,
             dtype=torch.float64).assert_ok()
 
@@ -34,10 +34,10 @@ def test_powersgd_follows_its_rule_step_by_step(world_size, rank_r, start_step):
 def test_low_rank_is_not_synchronous_training_full_rank_is():
     recipe = gpt64(optimizer="sgd")
     synchronous = train_reference(recipe)                      # = DDP (tests/test_ddp.py)
-    low = powersgd.run(recipe, 2, 1)
+    low = powersgd.run(recipe, world_size=2, rank_r=1)
     assert compare(synchronous, low, dtype=torch.float64).max_abs_diff > 1e-3     # so the check can fail
     # full rank, every matrix compressed (rate 0): P̂ P̂ᵀ projects onto all of M's columns, M̂ = mean M
-    full = powersgd.run(recipe, 2, FULL_RANK, min_compression_rate=0.0)
+    full = powersgd.run(recipe, world_size=2, rank_r=FULL_RANK, min_compression_rate=0.0)
     compare(synchronous, full, dtype=torch.float64).assert_ok()
 
 
@@ -66,7 +66,7 @@ def test_bytes_per_step_equal_the_formula_and_shrink_with_r(world_size):
     ddp_bytes = 2 * (world_size - 1) / world_size * 4 * sum(s.numel() for s in shapes)
     sent = {}
     for r in (1, 2, 4):
-        runs = powersgd.run(recipe, world_size, r)
+        runs = powersgd.run(recipe, world_size=world_size, rank_r=r)
         want = powersgd_bytes(shapes, r, world_size, 4)
         assert all(b == want for run in runs for b in run.bytes_sent), (r, runs[0].bytes_sent, want)
         sent[r] = want
@@ -80,7 +80,7 @@ def test_beside_pytorch_powersgd_hook():
     # identical while both all-reduce plainly, then close (the hook draws its first Q from its own seed)
     recipe = gpt_recipe(steps=8, batch_size=8, seq_len=8, n_layer=2, n_embd=16, n_head=2)
     hook_run = torch_hook_run(recipe, 2, 2, start_step=2)
-    our_run = powersgd.run(recipe, 2, 2, start_step=2)[0]
+    our_run = powersgd.run(recipe, world_size=2, rank_r=2, start_step=2)[0]
     theirs, ours = hook_run.losses, our_run.losses
     assert ours[:3] == pytest.approx(theirs[:3], abs=1e-6)    # step 2's loss is before its compression
     assert ours == pytest.approx(theirs, abs=0.03)
@@ -98,8 +98,8 @@ def test_bad_configurations_fail_before_any_process_starts():
     with pytest.raises(ValueError, match="rank_r must be a positive integer"):
         powersgd.validate(recipe, world_size=2, rank_r=0)
     with pytest.raises(ValueError, match="world_size 1"):
-        powersgd.run(recipe, 1, 2)
+        powersgd.run(recipe, world_size=1, rank_r=2)
     with pytest.raises(ValueError, match="not divisible by 3"):
-        powersgd.run(recipe, 3, 2)
+        powersgd.run(recipe, world_size=3, rank_r=2)
     with pytest.raises(ValueError, match="start_step >= 2"):
         torch_hook_run(recipe, 2, 2, start_step=1)

@@ -16,7 +16,8 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.models import GPTConfig, TinyGPT
-from minipar.recompute import (MODES, activation_bytes_formula, activation_bytes_per_block, apply_recompute,
+from minipar.activations import activation_bytes_formula
+from minipar.recompute import (MODES, activation_bytes_per_block, apply_recompute,
                                recompute_modes, remove_recompute, step_flops)
 
 CFG = GPTConfig(n_layer=3, n_embd=64, n_head=4, block_size=64, dropout=0.1)
@@ -56,7 +57,8 @@ def test_training_steps_bit_identical(one_thread, mode):
 def test_activation_bytes_per_block_match_formula(dtype, beta):
     measured = {m: activation_bytes_per_block(CFG, m, B, S, dtype) for m in MODES}
     for mode in MODES:
-        want = activation_bytes_formula(S, B, CFG.n_embd, CFG.n_head, mode, beta, mask_bytes=beta)
+        want = activation_bytes_formula(S, B, CFG.n_embd, CFG.n_head, recompute=mode, value_bytes=beta,
+                                        mask_bytes=beta)
         if mode == "full":
             assert measured[mode] == want
         else:
@@ -66,9 +68,9 @@ def test_activation_bytes_per_block_match_formula(dtype, beta):
 
 def test_formula_is_the_papers_in_16_bit():
     s, b, h, a = 2048, 1, 12288, 96                        # GPT-3 175B's layer, one sequence
-    assert activation_bytes_formula(s, b, h, a, "none") == s * b * h * (34 + 5 * a * s / h)
-    assert activation_bytes_formula(s, b, h, a, "selective") == 34 * s * b * h
-    assert activation_bytes_formula(s, b, h, a, "full") == 2 * s * b * h
+    assert activation_bytes_formula(s, b, h, a, recompute="none") == s * b * h * (34 + 5 * a * s / h)
+    assert activation_bytes_formula(s, b, h, a, recompute="selective") == 34 * s * b * h
+    assert activation_bytes_formula(s, b, h, a, recompute="full") == 2 * s * b * h
 
 
 def test_extra_flops_counted():
@@ -96,4 +98,4 @@ def test_modes_validated_and_removable():
     remove_recompute(model)
     assert "forward" not in model.blocks[0].__dict__ and "attention" not in model.blocks[1].attn.__dict__
     with pytest.raises(ValueError):
-        activation_bytes_formula(1, 1, 1, 1, "most")
+        activation_bytes_formula(1, 1, 1, 1, recompute="most")

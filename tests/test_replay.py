@@ -2,7 +2,7 @@
 import pytest
 
 from minipar.machine.cluster import Cluster, comm_seconds, dgx_a100, h100_nodes, pcie_node, this_machine
-from minipar.machine.replay import Deadlock, replay
+from minipar.machine.replay import Deadlock, WaitedCall, replay
 from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 from minipar.pipeline.schedule_trace import from_schedule
 
@@ -103,6 +103,18 @@ def test_deadlock_names_who_waits_for_whom():
            "rank 1" in str(err.value)
     assert err.value.waits == {0: ("message #0 from rank 1 to rank 0", [1]),
                                1: ("message #0 from rank 0 to rank 1", [0])}
+    assert err.value.calls == {0: WaitedCall("p2p", (1, 0), 0, None), 1: WaitedCall("p2p", (0, 1), 0, None)}
+
+
+def test_a_deadlock_carries_the_waited_call_as_data():
+    """A caller reads the call a rank waits for (its tag included) from ``Deadlock.calls``, not from the
+    message: a tag with spaces in it, as an action's name may have, survives."""
+    tagged = Trace([rank_trace(0, Comm("recv", (0, 1), 4, tag="F 0 tag 3"), Comm("send", (0, 1), 4)),
+                    rank_trace(1, Comm("recv", (0, 1), 4), Comm("send", (0, 1), 4, tag="F 0 tag 3"))])
+    with pytest.raises(Deadlock) as err:
+        replay(tagged, cluster(), compute_scale=1.0)
+    assert err.value.calls[0] == WaitedCall("p2p", (1, 0), 0, "F 0 tag 3")
+    assert err.value.calls[1] == WaitedCall("p2p", (0, 1), 0, None)
 
 
 def test_mismatched_order_is_a_deadlock():

@@ -14,7 +14,8 @@ from minipar.tensor import gpt as tp_gpt
 from minipar.models import GPTConfig
 from minipar.tensor.gpt import compare_to_one_device
 from minipar.tensor.measure import measure_layer
-from minipar.tensor.sequence import (activation_bytes_formula, korthikanti_bytes, sp_bytes_per_layer,
+from minipar.activations import activation_bytes_formula
+from minipar.tensor.sequence import (korthikanti_bytes, sp_bytes_per_layer,
                                      tp_bytes_per_layer, uncounted_bytes)
 
 QUIET = {"quiet": True}
@@ -74,9 +75,9 @@ def test_sp_bytes_and_activation_memory_per_layer(tp):
             assert 3 * rs + 2 * ag == 3 * tp_bytes_per_layer(s, b, h, tp)     # 4 RS + 4 AG = 4 all-reduces
             assert res["bytes_sent"] == sp_bytes_per_layer(s, b, h, tp) == \
                 tp_bytes_per_layer(s, b, h, tp) + 2 * (tp - 1) / tp * sbh_bytes
-            formula = activation_bytes_formula(s, b, h, a, tp, sequence_parallel=True, value_bytes=4, dropout=p > 0)
+            formula = activation_bytes_formula(s, b, h, a, t=tp, sequence_parallel=True, value_bytes=4, dropout=p > 0)
             assert res["activation_bytes"] == formula + uncounted_bytes(s, b, tp, sequence_parallel=True)
-            assert res["activation_bytes"] < activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=p > 0)
+            assert res["activation_bytes"] < activation_bytes_formula(s, b, h, a, t=tp, value_bytes=4, dropout=p > 0)
 
 
 def test_generalised_count_reduces_to_the_papers_formulas():
@@ -84,7 +85,8 @@ def test_generalised_count_reduces_to_the_papers_formulas():
     for s, b, h, a in [(2048, 4, 12288, 96), (16, 2, 32, 4)]:
         for t in (1, 2, 8):
             for sp in (False, True):
-                assert activation_bytes_formula(s, b, h, a, t, sp) == pytest.approx(korthikanti_bytes(s, b, h, a, t, sp))
+                assert activation_bytes_formula(s, b, h, a, t=t, sequence_parallel=sp) == \
+                    pytest.approx(korthikanti_bytes(s, b, h, a, t, sp))
         assert activation_bytes_formula(s, b, h, a) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
 
 

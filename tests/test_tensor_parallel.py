@@ -18,7 +18,8 @@ from minipar.models import MLP, GPTConfig
 from minipar.tensor import gpt as tp_gpt
 from minipar.tensor.gpt import compare_to_one_device, validate
 from minipar.tensor.measure import measure_layer
-from minipar.tensor.sequence import activation_bytes_formula, tp_bytes_per_layer, uncounted_bytes
+from minipar.activations import activation_bytes_formula
+from minipar.tensor.sequence import tp_bytes_per_layer, uncounted_bytes
 
 QUIET = {"quiet": True}
 
@@ -242,7 +243,7 @@ def test_bytes_and_activation_memory_per_layer(tp):
         for p, res in by_dropout.items():
             assert res["by_op"] == {"all_reduce": (4, res["bytes_sent"])}
             assert res["bytes_sent"] == tp_bytes_per_layer(s, b, h, tp) == 4 * 2 * (tp - 1) / tp * b * s * h * 4
-            formula = activation_bytes_formula(s, b, h, a, tp, value_bytes=4, dropout=p > 0)
+            formula = activation_bytes_formula(s, b, h, a, t=tp, value_bytes=4, dropout=p > 0)
             assert res["activation_bytes"] == formula + uncounted_bytes(s, b), (rank, p, res, formula)
 
 
@@ -250,7 +251,7 @@ def _dropout_replicas(rank, world_size, sequence_parallel):
     """Train 2 steps with dropout 0.2; return what must agree across the group and the two streams' draws."""
     from minipar.mesh import Mesh
     from minipar.tensor.gpt import TensorParallelGPT
-    from minipar.tensor.layers import DropoutStreams
+    from minipar.rng import DropoutStreams
 
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
     recipe = gpt_recipe(steps=2, batch_size=4, seq_len=16, dropout=0.2)

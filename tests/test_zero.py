@@ -75,11 +75,11 @@ def _check_bytes(per_rank, n, stage):
     for res in per_rank:
         psi, padded = res.numel, res.padded_numel
         assert padded - psi < n * 4                     # at most N-1 padding elements per unit (4 units)
-        want = zero_memory.model_state_bytes(padded, n, stage, "fp32")
+        want = zero_memory.model_state_bytes_formula(padded, n, stage, "fp32")
         got = res.memory
         assert (got["params"], got["grads"], got["optimizer"]) == (want["params"], want["grads"],
                                                                   want["optimizer"]), (stage, n, got, want)
-        unpadded = zero_memory.model_state_bytes(psi, n, stage, "fp32")["total"]
+        unpadded = zero_memory.model_state_bytes_formula(psi, n, stage, "fp32")["total"]
         assert abs(sum(got[k] for k in ("params", "grads", "optimizer")) - unpadded) <= 16 * (padded - psi)
         # bytes sent per step, from the comm log, next to the formula
         assert res.bytes_sent == [zero_memory.bytes_sent_per_step(padded, n, stage, "fp32")] * len(res.bytes_sent)

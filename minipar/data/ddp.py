@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from .buckets import Bucket, assign_buckets
@@ -248,7 +248,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, bucket_bytes: int = DE
     ``accum_steps`` micro-batches of which all but the last run under ``no_sync()``.
 
     The communication of the training steps is recorded into ``step_log`` (the initial broadcast and the
-    all-reduce of the loss for reporting are not). Returns a :class:`minipar.check.RunResult`."""
+    all-reduce of the loss for reporting are not). Returns a :class:`minipar.recipe.RunResult`."""
     validate(recipe, world_size=world_size, accum_steps=accum_steps, bucket_bytes=bucket_bytes)
     model = recipe.model().to(recipe.dtype)
     ddp = DistributedDataParallel(model, group, bucket_bytes, comm_dtype, find_unused_parameters)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import shard_batch
 from ..validation import positive_int
@@ -149,7 +149,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, H: int, outer_lr: floa
     return DiLoCoRun((losses / world_size).tolist(), diloco.outer_parameters(model), bytes_sent, wire_bytes)
 
 
-def run(recipe, world_size: int, H: int, *, quiet: bool = True, **config) -> list:
+def run(recipe, *, world_size: int, H: int, quiet: bool = True, **config) -> list:
     """Check the inputs, then :func:`parallel_train` on ``world_size`` ranks: per-rank DiLoCoRuns."""
     validate(recipe, world_size=world_size, H=H, **config)
     return launch(parallel_train, world_size, recipe, H=H, quiet=quiet, **config)

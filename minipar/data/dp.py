@@ -32,9 +32,12 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from ..check import RunResult
+from .. import comm
+from ..loop import lm_loss
+from ..recipe import RunResult
 
-__all__ = ["DataParallel", "Replicate", "Gather", "ExchangeLog", "predicted_exchange_bytes", "validate", "run"]
+__all__ = ["DataParallel", "Replicate", "Gather", "ExchangeLog", "predicted_exchange_bytes", "step_on_ranks",
+           "validate", "run"]
 
 
 @dataclass
@@ -159,6 +162,39 @@ class DataParallel(nn.Module):
         return outputs
 
 
+def step_on_ranks(rank, world_size, model, opt, x, y, loss=lm_loss) -> None:
+    """One DataParallel step as N processes: the five exchanges above, through rank 0 (scatter the batch,
+    broadcast the weights, gather the outputs, scatter ∂loss/∂outputs, reduce the gradients), ``loss(outputs,
+    targets)`` and the optimizer on rank 0 alone. ``x``, ``y``: the global batch (read on rank 0). The same
+    program as :class:`DataParallel`, but each device a process: its compute and messages are traced as DDP's
+    are (chapter 02's timing), which threads in one process hide."""
+    mine = torch.empty_like(x.chunk(world_size)[0])
+    comm.scatter(mine, list(x.chunk(world_size)) if rank == 0 else None, src=0)      # 1 scatter inputs
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    comm.broadcast(flat, src=0)                                                       # 2 replicate model
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    opt.zero_grad(set_to_none=True)
+    logits = model(mine)
+    out = [torch.empty_like(logits) for _ in range(world_size)] if rank == 0 else None
+    comm.gather(logits.detach().contiguous(), out, dst=0)                            # 3 gather outputs
+    grad = torch.empty_like(logits)
+    pieces = None
+    if rank == 0:                                     # the loss lives on device 0
+        full = torch.cat(out).requires_grad_()
+        loss(full, y).backward()
+        pieces = list(full.grad.chunk(world_size))
+    comm.scatter(grad, pieces, src=0)                                                 # 4 scatter ∂loss/∂y
+    logits.backward(grad)
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    comm.reduce(grads, dst=0)                                                         # 5 reduce grads
+    if rank == 0:
+        offset = 0
+        for p in model.parameters():
+            p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        opt.step()
+
+
 def validate(recipe, *, devices) -> None:
     """ValueError unless every global batch splits evenly over the devices."""
     devices = ["cpu"] * devices if isinstance(devices, int) else devices
@@ -170,7 +206,7 @@ def validate(recipe, *, devices) -> None:
 
 def run(recipe, *, devices, step_logs: list | None = None):
     """Train ``recipe`` with :class:`DataParallel` over ``devices`` (a list, or a count of CPU "devices") in
-    this one process (threads, no launch); returns a :class:`minipar.check.RunResult`. Each step's
+    this one process (threads, no launch); returns a :class:`minipar.recipe.RunResult`. Each step's
     :class:`ExchangeLog` goes to ``step_logs``."""
     validate(recipe, devices=devices)
     devices = ["cpu"] * devices if isinstance(devices, int) else devices

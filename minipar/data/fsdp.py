@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero

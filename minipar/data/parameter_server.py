@@ -24,15 +24,15 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..flat import FlatLayout
 
-__all__ = ["push_gradients", "pull_weights", "validate", "parallel_train", "run", "predicted_bytes_sent"]
+__all__ = ["push_gradients", "pull_weights", "validate", "parallel_train", "run", "parameter_server_bytes_sent"]
 
 
-def predicted_bytes_sent(rank: int, world_size: int, param_bytes: int, server: int = 0) -> int:
+def parameter_server_bytes_sent(rank: int, world_size: int, param_bytes: int, server: int = 0) -> int:
     """Bytes ``rank`` sends in one step: (N-1)·P on the server (the pull), P on a worker (the push)."""
     return (world_size - 1) * param_bytes if rank == server else param_bytes
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from .. import wire
@@ -166,7 +166,7 @@ def parallel_train(rank: int, world_size: int, recipe, *, rank_r: int, seed: int
     return result
 
 
-def run(recipe, world_size: int, rank_r: int, *, quiet: bool = True, **config) -> list:
+def run(recipe, *, world_size: int, rank_r: int, quiet: bool = True, **config) -> list:
     """Check the inputs, then :func:`parallel_train` on ``world_size`` ranks: per-rank PowerSGDRuns."""
     validate(recipe, world_size=world_size, rank_r=rank_r)
     return launch(parallel_train, world_size, recipe, rank_r=rank_r, quiet=quiet, **config)

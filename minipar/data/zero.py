@@ -53,7 +53,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..validation import positive_int

@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..memory import LiveTensorTracker, tensor_bytes
 from . import zero as zero_module
 from .sharded_parameter import FreedGradientWarning
 
-__all__ = ["model_state_bytes", "measure_peak", "ZeroRunResult", "StepMeter", "measured_train",
+__all__ = ["measured_zero_state_bytes", "measure_peak", "ZeroRunResult", "StepMeter", "measured_train",
            "measure_stages"]
 
 
-def model_state_bytes(zero) -> dict:
+def measured_zero_state_bytes(zero) -> dict:
     """Live bytes on this rank: compute parameters, gradients, optimizer state (FP32 masters count as
     parameters when they are the compute copy, as optimizer state under mixed precision)."""
     params, grads, opt = [], [], []
@@ -40,7 +40,7 @@ def model_state_bytes(zero) -> dict:
 def measure_peak(zero, step_fn):
     """Run ``step_fn()``; return (its result, peak live bytes = model states at the start + the peak of
     what the step allocated, gathered parameters included)."""
-    baseline = sum(model_state_bytes(zero).values())
+    baseline = sum(measured_zero_state_bytes(zero).values())
     tracker = LiveTensorTracker()
 
     def allocated(nbytes):
@@ -87,7 +87,7 @@ def measured_train(rank, world_size, recipe, *, stage, **config) -> ZeroRunResul
     result = zero_module.parallel_train(rank, world_size, recipe, stage=stage, observe=meter, **config)
     z = meter.zero
     return ZeroRunResult(result.losses, result.params, meter.bytes_sent, meter.bytes_observed,
-                         {**model_state_bytes(z), "peak": meter.peak}, z.numel, z.padded_numel)
+                         {**measured_zero_state_bytes(z), "peak": meter.peak}, z.numel, z.padded_numel)
 
 
 def measure_stages(rank, world_size, recipe, stages=zero_module.STAGES, **config) -> dict:

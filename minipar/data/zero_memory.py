@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..validation import positive_int
 
-__all__ = ["Precision", "PRECISIONS", "GB", "GiB", "STAGE_NAMES", "model_state_bytes", "bytes_sent_per_step",
+__all__ = ["Precision", "PRECISIONS", "GB", "GiB", "STAGE_NAMES", "model_state_bytes_formula", "bytes_sent_per_step",
            "padded_numel", "fmt", "table"]
 
 GB = 10 ** 9
@@ -61,7 +61,7 @@ def _check(psi, n, stage) -> None:
         raise ValueError(f"stage must be one of {list(STAGE_NAMES)} (0 = DDP), got {stage!r}")
 
 
-def model_state_bytes(psi: float, n: int, stage: int, precision="mixed") -> dict:
+def model_state_bytes_formula(psi: float, n: int, stage: int, precision="mixed") -> dict:
     """{"params", "grads", "optimizer", "total"} bytes per rank for Ψ = ``psi`` parameters."""
     _check(psi, n, stage)
     p = _precision(precision)
@@ -96,7 +96,7 @@ def table(psi: float, n: int, precision="mixed", unit: str = "GB") -> str:
     """A text table of every stage for Ψ and N, the way the chapter prints it."""
     rows = [f"{'':8}{'params':>12}{'grads':>12}{'optimizer':>12}{'total':>12}{'sent/step':>12}"]
     for stage, name in STAGE_NAMES.items():
-        b = model_state_bytes(psi, n, stage, precision)
+        b = model_state_bytes_formula(psi, n, stage, precision)
         cells = [fmt(b[k], unit) for k in ("params", "grads", "optimizer", "total")]
         cells.append(fmt(bytes_sent_per_step(psi, n, stage, precision), unit))
         rows.append(f"{name:8}" + "".join(f"{c:>12}" for c in cells))

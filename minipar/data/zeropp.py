@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..flat import FlatLayout
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check import Recipe, one_thread, train_steps
+from ..check import one_thread, train_steps
+from ..recipe import Recipe
 
 __all__ = ["reference_steps", "StepRecorder", "departure", "max_departure", "Departure", "Bisection", "bisect"]
 

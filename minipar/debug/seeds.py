@@ -1,19 +1,10 @@
 """Randomness across ranks: which ranks must draw the same numbers, which must not, and what a restart saves.
 
-Megatron-LM's rules for dropout under tensor parallelism (Shoeybi et al. 2019, §3; megatron/core/
-tensor_parallel/random.py, ``model_parallel_cuda_manual_seed``): two generators per rank —
-
-* the **default** one, seeded ``seed + 100 · pp_rank`` (megatron/training/initialize.py ``_set_random_seed``;
-  ``+ 10 · dp_rank`` only with ``--data-parallel-random-init``): the same on every rank of a tensor-parallel
-  group, for dropout on tensors every TP rank holds **whole** (the residual stream). If those masks differed,
-  the ranks' copies of the same activation would differ, and so would the replicated parameters after a step;
-* the **tensor-parallel** one, seeded ``seed + 2718 + tp_rank`` (the RNG tracker's "model-parallel-rng"):
-  different on every TP rank, for dropout on tensors **split** across the group (attention probabilities of
-  each rank's heads). If those were the same, head h on rank 0 and head h on rank 1 would get the same mask:
-  correlated, not what one device draws.
-
-minipar's :class:`minipar.tensor.layers.DropoutStreams` are these two (``replicated``, ``per_rank``).
-:func:`replica_spread` measures whether tensors that must be equal across a group still are.
+Megatron-LM's rule for dropout under tensor parallelism — a **default** generator the same on every rank of a
+tensor-parallel group (``seed + 100 · pp_rank``) and a **tensor-parallel** one different on every rank
+(``seed + 2718 + tp_rank``) — lives in :mod:`minipar.rng` (:func:`~minipar.rng.megatron_seeds`, and
+:class:`~minipar.rng.DropoutStreams`, the two streams minipar's tensor-parallel dropout draws from); this
+module checks it at run time. :func:`replica_spread` measures whether tensors that must be equal across a group still are.
 A restart must restore **every generator the run draws from**: :func:`rng_state` / :func:`set_rng_state` save
 the default CPU generator and any others given (minipar's checkpoint, :mod:`minipar.hybrid.checkpoint`, saves
 ``torch.get_rng_state()``).
@@ -25,14 +16,7 @@ import torch.distributed as dist
 
 from .. import comm
 
-__all__ = ["megatron_seeds", "replica_spread", "rng_state", "set_rng_state", "mask_agreement"]
-
-
-def megatron_seeds(seed: int, tp_rank: int, pp_rank: int = 0, dp_rank: int = 0,
-                   data_parallel_random_init: bool = False) -> dict:
-    """The two seeds of a rank by Megatron-LM's rules: ``{"default": ..., "tensor_parallel": ...}``."""
-    default = seed + 100 * pp_rank + (10 * dp_rank if data_parallel_random_init else 0)
-    return {"default": default, "tensor_parallel": default + 2718 + tp_rank}
+__all__ = ["replica_spread", "rng_state", "set_rng_state", "mask_agreement"]
 
 
 def replica_spread(tensors: dict, group=None) -> dict:

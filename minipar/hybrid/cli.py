@@ -45,14 +45,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..check import gpt_recipe
+from ..recipe import gpt_recipe
 from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
 from . import checkpoint, context, experts, guard, preflight
 from .relay import ProgressRelay, write_progress
-from .parallel3d import DEFAULTS, SCHEDULES, Trainer3D, validate
+from .parallel3d import DEFAULTS, TRAINER_SCHEDULES, Trainer3D, validate
 from .preflight import groups_across_nodes
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                         help="ZeRO stage over the DP group: 1 optimizer state, 2 + gradients, 3 + parameters "
                              "(sharded between steps; gathered and reduced once per step, not per micro-batch)")
-    layout.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    layout.add_argument("--schedule", default="1f1b", choices=TRAINER_SCHEDULES)
     layout.add_argument("--virtual-stages", type=int, default=1, dest="v", help="chunks per rank (interleaved)")
     layout.add_argument("--micro-batches", type=int, default=8, help="m, per step")
     layout.add_argument("--nproc-per-node", type=int, default=None, dest="local_world_size",

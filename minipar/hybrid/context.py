@@ -39,16 +39,14 @@ def validate(layout, cfg, seq_len: int) -> None:
                          f"use a sequence length divisible by cp · tp = {cp * tp}")
 
 
-def install(model, stages, mesh, layout, seq_len: int):
-    """Give ``model`` (its attention layers) the method's core over the cp group and every stage the global
-    positions of this rank's tokens; return those positions (None when cp = 1: nothing changes)."""
+def install(model, mesh, layout, seq_len: int):
+    """Give ``model`` (its attention layers; the reference, before it is split, so that its tensor-parallel
+    layers take the core along) the method's core over the cp group; return the global positions of this
+    rank's tokens, which every stage embeds (None when cp = 1: nothing changes)."""
     if layout.cp == 1:
         return None
     set_attention_core(model, context_parallel.attention_for(layout.cp_method, mesh.group("cp")))
-    positions = context_parallel.local_positions(seq_len, mesh.coord("cp"), layout.cp, layout.cp_method)
-    for stage in stages:
-        stage.token_positions = positions
-    return positions
+    return context_parallel.local_positions(seq_len, mesh.coord("cp"), layout.cp, layout.cp_method)
 
 
 def cp_bytes(cfg, layout, *, micro_batch: int, seq: int, blocks: int, element_size: int = 8) -> float:

@@ -198,8 +198,9 @@ class Experts:
 
 
 def install(model, mesh, layout, dense_group) -> Experts | None:
-    """Replace the MoE layers of ``model`` (a TensorParallelGPT of an MoEGPT) by their expert-parallel slices
-    on this rank (every rank creates every folded group, in the same order); None for a dense model."""
+    """Replace the MoE layers of ``model`` (an MoEGPT, before tensor parallelism splits it: its blocks keep an
+    MoE layer whole) by their expert-parallel slices on this rank (every rank creates every folded group, in
+    the same order); None for a dense model."""
     if not any(isinstance(b.mlp, MoELayer) for b in model.blocks):
         return None
     ep, n_e, rank = layout.ep, layout.expert_data_parallel, mesh.rank

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..check import Recipe
+from ..recipe import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
 from ..layout import Layout
@@ -56,6 +56,7 @@ from ..mesh import Mesh
 from ..pipeline.runtime import PipelineRank, synced_clock
 from ..pipeline.timeline import timed
 from ..pipeline.schedules import make_schedule, validate as validate_schedule
+from ..pipeline.stages import stage_layers
 from ..tensor import gpt as tp_gpt
 from ..tensor.gpt import SequenceShardEmbedding, TensorParallelGPT
 from ..tensor.sequence import sync_sequence_parallel_grads
@@ -63,10 +64,10 @@ from ..tensor.vocab import vocab_parallel_cross_entropy
 from . import context, experts
 from .formulas import bytes_formula  # noqa: F401  (the formula beside the step it predicts)
 
-__all__ = ["SCHEDULES", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
+__all__ = ["TRAINER_SCHEDULES", "DEFAULTS", "Layout", "validate", "HybridStage", "Trainer3D",
            "bytes_formula"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+TRAINER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
@@ -85,8 +86,8 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
     Mesh(layout.world_size if world_size is None else world_size, **layout.sizes)   # the mesh's own size check
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be 0 (plain data parallelism) or a ZeRO stage 1, 2 or 3, got {zero!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    if schedule not in TRAINER_SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(TRAINER_SCHEDULES)}")
     model = recipe.model()
     cfg = model.cfg
     if cfg.tie_weights and pp > 1:
@@ -107,23 +108,23 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
 
 
 class HybridStage(SequenceShardEmbedding, nn.Module):
-    """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT`: its TP blocks, plus the
+    """Pipeline stage ``index`` of ``n_stages`` cut from a :class:`TensorParallelGPT` (the layers
+    :func:`minipar.pipeline.stages.stage_layers` gives it, as for a reference model): its TP blocks, plus the
     embeddings (first stage, the model's embedding seam) and the final LayerNorm and vocabulary-parallel head
     (last stage)."""
 
-    def __init__(self, model: TensorParallelGPT, index: int, n_stages: int):
+    def __init__(self, model: TensorParallelGPT, index: int, n_stages: int, token_positions=None):
         super().__init__()
-        per = model.cfg.n_layer // n_stages
         self.index, self.first, self.last = index, index == 0, index == n_stages - 1
         self.cfg, self.group, self.sequence_parallel = model.cfg, model.group, model.sequence_parallel
         if self.first:
             self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
-        self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
+        self.blocks = nn.ModuleList(model.blocks[stage_layers(model.cfg.n_layer, n_stages)[index]])   # the one cut
         if self.last:
             self.ln_f, self.head = model.ln_f, model.head
         names = {id(p): n for n, p in model.named_parameters()}
         self.reference_names = {id(p): names[id(p)] for p in self.parameters()}
-        self.token_positions = None           # context parallelism: the global positions of this rank's tokens
+        self.token_positions = token_positions   # context parallelism: the global positions of this rank's tokens
 
     def positions_held(self, idx):
         if self.token_positions is None:
@@ -159,16 +160,20 @@ class Trainer3D:
         self.dp_group, self.tp_group = self.mesh.group("dp", "cp"), self.mesh.group("tp")
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+        batch, seq = recipe.batches[0][0].shape
+        # In a straight line: first what replaces what in the reference (the MoE layers by their expert-parallel
+        # slices over the folded ep groups; the attention core by the cp method's), then the tensor-parallel
+        # model (it keeps both), then this rank's stages cut from it, then what the step needs.
+        self.experts = experts.install(ref, self.mesh, layout, self.dp_group)
+        self.positions = context.install(ref, self.mesh, layout, seq)      # my tokens' global positions (cp)
         self.model = TensorParallelGPT(ref, self.tp_group, sp)
-        self.experts = experts.install(self.model, self.mesh, layout, self.dp_group)    # MoE: the folded ep groups
         n_stages, sched = pp * v, make_schedule(schedule, pp, micro_batches, v)
-        self.stages = {s: HybridStage(self.model, s, n_stages) for s in sched.stages_of(self.mesh.coord("pp"))}
+        self.stages = {s: HybridStage(self.model, s, n_stages, self.positions)
+                       for s in sched.stages_of(self.mesh.coord("pp"))}
         self.params = [p for s in self.stages.values() for p in s.parameters()]
         if self.experts:                                          # only the MoE layers of my stages
             self.experts.keep(m for s in self.stages.values() for m in s.modules() if m in self.experts.layers)
         self.names = {k: n for s in self.stages.values() for k, n in s.reference_names.items()}
-        batch, seq = recipe.batches[0][0].shape
-        self.positions = context.install(self.model, self.stages.values(), self.mesh, layout, seq)
         seq //= layout.cp                                         # the tokens this rank holds of each row
         mb = batch // (dp * micro_batches)
         act = ((mb, seq // tp if sp else seq, ref.cfg.n_embd), recipe.dtype)
@@ -267,7 +272,8 @@ class Trainer3D:
             # returns its input), which the next optimizer step (or ZeRO-3's free) would change under the caller
             return {n: t.to("cpu", copy=True) for n, t in full.items() if n in mine}
 
-    def model_state_bytes(self) -> int:
+    def measured_state_bytes_total(self) -> int:
+        """Parameters + gradients + optimizer state this rank holds, measured from its tensors (bytes)."""
         states = [*self.optimizer.state.values(), *(self.experts.optimizer.state.values()
                                                     if self.experts and self.experts.optimizer else [])]
         opt = [v for st in states for v in st.values() if torch.is_tensor(v)]

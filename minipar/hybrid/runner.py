@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from .. import launcher
 from ..layout import Layout
 from ..memory import LiveTensorTracker
@@ -51,7 +51,7 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
     for i, (inputs, targets) in enumerate(recipe.batches):
         start = time.perf_counter()
         if track_memory and i == len(recipe.batches) - 1:        # the last step: states exist already
-            base = t.model_state_bytes()
+            base = t.measured_state_bytes_total()
             with LiveTensorTracker() as tracker:
                 if t.zero is not None:            # storage ZeRO resizes by hand is invisible to the dispatcher
                     t.zero.on_alloc = functools.partial(_resized, tracker)
@@ -76,7 +76,7 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
              for k, (log, dims) in kinds.items()}
     observed = {k: (log.observed_bytes_sent or 0) / steps for k, log in t.logs.items()}
     return HybridRun(losses if losses[0] is not None else None, t.full_params(), t.coords, by_kind, calls,
-                     observed, seconds, peak, t.pipeline.timeline, t.model_state_bytes())
+                     observed, seconds, peak, t.pipeline.timeline, t.measured_state_bytes_total())
 
 
 def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, track_memory: bool = False,

@@ -35,21 +35,35 @@ The result, and how it is read: :mod:`minipar.machine.replay_result`.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 from minipar.machine.cluster import Cluster, comm_seconds
 from minipar.machine.device import ops_of, ops_seconds
 from minipar.machine.replay_result import ReplayResult, Span
 from minipar.machine.trace import Comm, Compute, Mark, Trace, Wait
 
-__all__ = ["Span", "ReplayResult", "Deadlock", "replay", "device_scale"]
+__all__ = ["Span", "ReplayResult", "Deadlock", "WaitedCall", "replay", "device_scale"]
+
+
+@dataclass(frozen=True)
+class WaitedCall:
+    """The call a blocked rank waits for, as data: ``kind`` "p2p" (a message ``members`` = (src, dst), with its
+    ``tag``) or "group" (a collective over ``members``); ``number``: the how-many-th such call it is."""
+    kind: str
+    members: tuple
+    number: int
+    tag: object = None
 
 
 class Deadlock(RuntimeError):
-    """No rank can move: ``waits`` maps each blocked rank to (what it waits for, the ranks that never came)."""
+    """No rank can move: ``waits`` maps each blocked rank to (what it waits for, the ranks that never came),
+    ``calls`` each blocked rank to the :class:`WaitedCall` it waits for (what a caller reads; the message is
+    for people)."""
 
-    def __init__(self, message: str, waits: dict | None = None):
+    def __init__(self, message: str, waits: dict | None = None, calls: dict | None = None):
         super().__init__(message)
         self.waits = waits or {}
+        self.calls = calls or {}
 
 
 def device_scale(cluster: Cluster, source_flops_per_second: float) -> float:
@@ -64,6 +78,9 @@ class _Call:
         self.key, self.number, self.members = key, number, tuple(members)
         self.issued: dict = {}           # rank -> (time, Comm, event index)
         self.start = self.end = None
+
+    def waited(self) -> WaitedCall:
+        return WaitedCall(self.key[0], self.members, self.number, self.key[3] if self.key[0] == "p2p" else None)
 
     def describe(self) -> str:
         kind = self.key[0]
@@ -193,7 +210,7 @@ class _Engine:
             if not same:
                 raise Deadlock(f"mismatched calls: {call.describe()} — rank {other} issued {theirs.op}, rank "
                                f"{rank} issued {event.op} (the members call in different orders)",
-                               {rank: (call.describe(), [other])})
+                               {rank: (call.describe(), [other])}, {rank: call.waited()})
         call.issued[rank] = (self.clock[rank], event, index)
         self.mine[rank][index] = call
         if len(call.issued) == len(call.members):
@@ -226,16 +243,16 @@ class _Engine:
             self.blocked[rank] = call
 
     def deadlock(self) -> Deadlock:
-        waits, lines = {}, []
+        waits, calls, lines = {}, {}, []
         for rank, call in enumerate(self.blocked):
             if call is None:
                 continue
             missing = [m for m in call.members if m not in call.issued]
-            waits[rank] = (call.describe(), missing)
+            waits[rank], calls[rank] = (call.describe(), missing), call.waited()
             why = []
             for m in missing:
                 other = self.blocked[m]
                 why.append(f"rank {m} " + (f"waits for {other.describe()}" if other is not None
                                            else "never issues it (its trace ended)"))
             lines.append(f"rank {rank} waits for {call.describe()}: " + "; ".join(why))
-        return Deadlock("deadlock: " + " | ".join(lines), waits)
+        return Deadlock("deadlock: " + " | ".join(lines), waits, calls)

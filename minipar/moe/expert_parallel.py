@@ -64,7 +64,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..check import RunResult, one_thread, train_steps
+from ..check import one_thread, train_steps
+from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import shard_batch
 from ..mesh import Mesh

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..check import gpt_recipe
+from ..recipe import gpt_recipe
 from ..loop import lm_loss
 from ..models import FeedForward, GPTConfig, TinyGPT
 from ..validation import positive_int

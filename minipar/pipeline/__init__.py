@@ -4,7 +4,8 @@ reference models, the runtime that trains with a schedule over point-to-point me
 asynchronous variants."""
 from .schedules import (SCHEDULES, Action, Schedule, bubble_formula, gpipe, interleaved, make_schedule, naive,
                         one_f_one_b, validate, zb_h1, zb_v, dualpipe_v)
-from .simulate import Costs, Deadlock, SimResult, simulate
+from .simulate import Costs, ScheduleDeadlock, SimResult, simulate
 
 __all__ = ["SCHEDULES", "Action", "Schedule", "bubble_formula", "gpipe", "interleaved", "make_schedule", "naive",
-           "one_f_one_b", "validate", "zb_h1", "zb_v", "dualpipe_v", "Costs", "Deadlock", "SimResult", "simulate"]
+           "one_f_one_b", "validate", "zb_h1", "zb_v", "dualpipe_v", "Costs", "ScheduleDeadlock", "SimResult",
+           "simulate"]

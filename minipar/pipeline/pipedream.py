@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.func import functional_call
 
-from ..check import RunResult
+from ..recipe import RunResult
 from ..launcher import launch
 from ..mesh import Mesh, RankMesh
 from .runtime import PipelineRank, synced_clock

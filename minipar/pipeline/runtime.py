@@ -44,7 +44,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .. import comm
-from ..check import RunResult
+from ..recipe import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
 from ..launcher import launch

@@ -9,7 +9,7 @@ Dependencies (the data that must have arrived):
 
 An action starts at max(rank free, inputs arrived) and lasts its cost. A stage is 1/v of a rank's layers,
 so compute costs are divided by v; a transfer costs ``p2p`` whatever v (the activation has the same size).
-If no rank can start its next action the schedule deadlocks, and :class:`Deadlock` says who waits for what.
+If no rank can start its next action the schedule deadlocks, and :class:`ScheduleDeadlock` says who waits for what.
 
 The clock is not this file's: the schedule is written as the trace its runtime would leave
 (:func:`minipar.pipeline.schedule_trace.from_schedule`, its messages those of the one lowering,
@@ -45,7 +45,7 @@ from .actions import Action, Schedule, made, needs
 from .lowering import lower
 from .schedule_trace import consumers, from_lowered
 
-__all__ = ["Costs", "Slot", "SimResult", "Deadlock", "simulate", "through_wires", "in_flight_over_time"]
+__all__ = ["Costs", "Slot", "SimResult", "ScheduleDeadlock", "simulate", "through_wires", "in_flight_over_time"]
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,12 @@ class SimResult:
         return [max((n for _, n in in_flight_over_time(tl)), default=0) for tl in self.timelines]
 
 
-class Deadlock(RuntimeError):
+class ScheduleDeadlock(RuntimeError):
     """No rank can start its next action: each waits for data that is never produced."""
 
 
 def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -> SimResult:
-    """Run ``schedule`` on the clock; raise :class:`Deadlock` if it cannot finish. ``overlap``: an F&B pair
+    """Run ``schedule`` on the clock; raise :class:`ScheduleDeadlock` if it cannot finish. ``overlap``: an F&B pair
     (``schedule.overlapped``) starts only when both its inputs are there (one block, as DualPipe runs it).
     The clock is the replay engine's (:func:`minipar.machine.replay.replay`) playing the schedule's trace
     (:func:`minipar.pipeline.schedule_trace.from_schedule`) with compute scale 1 and free links."""
@@ -137,7 +137,7 @@ def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -
     try:
         res = replay(trace, links, compute_scale=1.0, comm_time=lambda *_: 0.0)
     except ReplayDeadlock as err:
-        raise _deadlock(played, cuts, err.waits) from None
+        raise _deadlock(played, cuts, err.calls) from None
     if any(cut < len(acts) for acts, cut in zip(played.actions, cuts)):
         raise _deadlock(played, cuts, {})
     timelines = []
@@ -182,21 +182,21 @@ def _local_cut(schedule: Schedule, r: int) -> int:
     return len(acts)
 
 
-def _deadlock(schedule: Schedule, cuts: list, waits: dict) -> Deadlock:
-    """Who waits before which action for what: the replay's blocked ranks (the tag of the message each
-    waits for names the action), then the ranks stuck at their own later action."""
+def _deadlock(schedule: Schedule, cuts: list, calls: dict) -> ScheduleDeadlock:
+    """Who waits before which action for what: the replay's blocked ranks (``calls``: rank -> the
+    :class:`~minipar.observe.replay.WaitedCall`, whose tag names the action), then the ranks stuck at their
+    own later action."""
     waiting = []
     for r, acts in enumerate(schedule.actions):
-        if r in waits:
-            tag = waits[r][0].split(" tag ")[1].split(" ")[0]
-            k = next(k for k, a in enumerate(acts) if str(a) == tag)
+        if r in calls:
+            k = next(k for k, a in enumerate(acts) if str(a) == calls[r].tag)
             k -= (r, k - 1) in schedule.overlapped                   # an F&B pair waits as one block
         elif cuts[r] < len(acts):
             k = cuts[r]
         else:
             continue
         waiting.append(f"rank {r} waits before {acts[k]} for {needs(acts[k], schedule.num_stages - 1)}")
-    return Deadlock("the schedule deadlocks: " + "; ".join(waiting))
+    return ScheduleDeadlock("the schedule deadlocks: " + "; ".join(waiting))
 
 
 def _transfers(schedule: Schedule, lowered: list, timelines: list, p2p: float) -> list:

@@ -2,7 +2,8 @@
 
 ``split_model(model, n_stages)`` returns ``n_stages`` :class:`Stage` modules, built from the model's own
 layers (so a pipeline starts from exactly the single-device weights). Layers are cut into equal
-consecutive groups; with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to the rank the schedule's
+consecutive groups by :func:`stage_layers`, the one cut (the 3D trainer's stages, :class:`minipar.hybrid.
+parallel3d.HybridStage`, take their tensor-parallel blocks by it too); with ``p`` ranks and ``v`` chunks per rank, stage ``s`` goes to the rank the schedule's
 placement names (:mod:`minipar.pipeline.actions`: ``s % p``, round robin, *并行策略简介*'s layout; or the V). For
 the tiny GPT, stage 0 also holds the embeddings and the last stage the final LayerNorm and the LM head (the
 pipeline API constraint of the Hugging Face guide: a model as a sequence of stages with tensors in and out).
@@ -20,7 +21,7 @@ from ..models import MLP, TinyGPT, TokenPositionEmbedding
 from ..validation import positive_int
 from .actions import stages_of
 
-__all__ = ["Stage", "split_model", "stage_loss", "boundary_shapes", "assign"]
+__all__ = ["Stage", "stage_layers", "split_model", "stage_loss", "boundary_shapes", "assign"]
 
 
 class Stage(nn.Module):
@@ -50,7 +51,7 @@ class Stage(nn.Module):
         return out
 
     def reference_params(self) -> dict:
-        """{reference name: detached copy} for :class:`minipar.check.RunResult`."""
+        """{reference name: detached copy} for :class:`minipar.recipe.RunResult`."""
         names = self.param_names
         return {names[n]: p.detach().clone() for n, p in self.named_parameters()}
 
@@ -82,16 +83,22 @@ def _layers(model):
     raise ValueError(f"split_model knows MLP and TinyGPT, got {type(model).__name__}")
 
 
+def stage_layers(n_layers: int, n_stages: int) -> list:
+    """The one cut: for each of ``n_stages`` stages, the slice of the ``n_layers`` layers it holds — equal
+    consecutive groups (stage 0 also holds what comes before them, the last stage what comes after)."""
+    if n_layers % positive_int("n_stages", n_stages):
+        raise ValueError(f"{n_layers} layers cannot be cut into {n_stages} equal stages: the number of "
+                         f"layers must be divisible by p·v = {n_stages}")
+    per = n_layers // n_stages
+    return [slice(s * per, (s + 1) * per) for s in range(n_stages)]
+
+
 def split_model(model: nn.Module, n_stages: int) -> list:
     """``n_stages`` stages of equal numbers of layers (MLP Linear layers, GPT blocks)."""
     layers, head, tail = _layers(model)
-    if len(layers) % positive_int("n_stages", n_stages):
-        raise ValueError(f"{len(layers)} layers cannot be cut into {n_stages} equal stages: the number of "
-                         f"layers must be divisible by p·v = {n_stages}")
-    per = len(layers) // n_stages
     stages = []
-    for s in range(n_stages):
-        parts = layers[s * per:(s + 1) * per]
+    for s, held in enumerate(stage_layers(len(layers), n_stages)):
+        parts = layers[held]
         if s == 0:
             parts = head + parts
         if s == n_stages - 1:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..check import RunResult
+from ..recipe import RunResult
 from ..mesh import Mesh, RankMesh
 from .schedules import Action, make_schedule
 from .stages import assign, split_model, stage_loss

@@ -2,7 +2,7 @@
 
 Memory of the busiest device (the first pipeline stage, or the last when the output layer weighs more)::
 
-    model states   zero_memory.model_state_bytes(Ψ_stage / t, dp, zero)        (ZeRO: 16Ψ, 4Ψ + 12Ψ/N, ...)
+    model states   zero_memory.model_state_bytes_formula(Ψ_stage / t, dp, zero)    (ZeRO: 16Ψ, 4Ψ + 12Ψ/N, ...)
     activations    activation_bytes_per_layer × layers per stage × micro-batches in flight
                    (in flight: counted on the schedule itself — GPipe m, 1F1B p, interleaved p + (p-1)/v)
                    + the output layer's logits on the last stage
@@ -268,9 +268,9 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
     last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
     experts = params["experts"]                                  # over dp·cp/ep ranks
     for name, flight in (("first", flying), ("last", last_flight)):
-        states = zero_memory.model_state_bytes(params[name] - experts, data_ranks, layout.zero, prec)
+        states = zero_memory.model_state_bytes_formula(params[name] - experts, data_ranks, layout.zero, prec)
         if experts:
-            more = zero_memory.model_state_bytes(experts, layout.expert_data_parallel, layout.zero, prec)
+            more = zero_memory.model_state_bytes_formula(experts, layout.expert_data_parallel, layout.zero, prec)
             states = {k: states[k] + more[k] for k in states}
         # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
         acts = (kept * (model.layers // p) + (logits if name == "last" or p == 1 else 0)) * flight

@@ -17,16 +17,16 @@ b micro-batch, B global batch, t tensor-parallel degree, f FFN hidden size (4h u
       TP + SP + selective            sbh (34/t)
       full recompute                 2 sbh            (only the layer's input; 2sbh/t with SP)
 
-  The formulas live in :mod:`minipar.tensor.sequence` and :mod:`minipar.recompute` (chapters 06, 11);
-  this module calls them.
+  The formula lives in :mod:`minipar.activations` (chapters 06 and 11 measure against it); this module
+  calls it.
 * FLOPs per iteration (Korthikanti et al. 2022, Appendix A; Narayanan et al. 2021, Eq. 3): a forward is
   ``24 B s l h² (1 + s/(6h) + V/(16 l h))`` (matmuls only, multiply-add = 2); model FLOPs count forward +
   backward (3×): ``72 B s l h² (1 + s/(6h) + V/(12 l h))``. Hardware FLOPs add what recomputation
   repeats: full recompute one more forward of every layer, ``96 B s l h² (1 + s/(6h) + V/(16 l h))``;
   selective recompute ``72 B s l h² (1 + s/(3h) + V/(12 l h))`` (the paper's count, reproduced below from
   its Table 5).
-* Model states per device: :func:`minipar.data.zero_memory.model_state_bytes` (ZeRO, Rajbhandari et al.
-  2020), called, not rewritten.
+* Model states per device: :func:`minipar.data.zero_memory.model_state_bytes_formula` (ZeRO, Rajbhandari et al.
+  2020; arguments Ψ, dp, ZeRO stage, precision), re-exported here, not rewritten.
 
 * Mixture of experts (:class:`MoETransformer`, chapter 09): an MoE block holds E expert MLPs and a router
   (parameters: the MLP × E + h·E; a rank of ep holds E/ep experts), computes k·cf slots per token (FLOPs:
@@ -38,13 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minipar.data import zero_memory
-from minipar.recompute import MODES
-from minipar.tensor.sequence import activation_bytes_formula
+from minipar.data.zero_memory import model_state_bytes_formula
+from minipar.activations import MODES, activation_bytes_formula
 from minipar.validation import positive_int
 
 __all__ = ["Transformer", "MoETransformer", "expert_parameters", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
-           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes", "GPT3_175B", "MODES"]
+           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes_formula", "GPT3_175B", "MODES"]
 
 
 @dataclass(frozen=True)
@@ -179,20 +178,16 @@ def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int = 1
     """Bytes one transformer layer keeps for the backward on one tensor-parallel rank (Korthikanti et al.
     2022, Table 2): 16-bit values and 1-byte dropout masks by default. ``seq_len`` overrides the model's
     (a context-parallel rank sees s/cp tokens). With f ≠ 4h the two MLP terms 4sbh become f/h·sbh each."""
-    if recompute not in MODES:
-        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
     if tp < 1 or model.heads % tp:
         raise ValueError(f"tp must divide the number of heads ({model.heads}), got tp={tp}")
     s, b, h, a = seq_len or model.seq_len, micro_batch, model.hidden, model.heads
     if sp and tp == 1:
         sp = False                                        # nothing to shard the sequence across
+    total = activation_bytes_formula(s, b, h, a, t=tp, sequence_parallel=sp, recompute=recompute,
+                                     value_bytes=value_bytes, dropout=dropout)
     if recompute == "full":
-        return value_bytes * s * b * h / (tp if sp else 1)      # the layer's input, nothing else
-    total = activation_bytes_formula(s, b, h, a, tp, sp, value_bytes=value_bytes, mask_bytes=1, dropout=dropout)
+        return total                                       # the layer's input, nothing else
     total += 2 * value_bytes * (model.ffn - 4 * h) * s * b / tp   # GeLU input and MLP-projection input
-    if recompute == "selective":                           # the attention core's a·s²·b terms go
-        per_as2b = (2 * value_bytes + 1) if dropout else value_bytes
-        total -= per_as2b * a * s * s * b / tp
     if _is_moe(model):       # k·cf slots per token: the MLP's inputs (h, f, f) again, and the (E, C, h)
         extra = model.slots_per_token - 1                  # dispatch and combine buffers (a model)
         total += model.moe_share * value_bytes * s * b * (extra * (h + 2 * model.ffn / tp)
@@ -246,10 +241,3 @@ def hfu(model: Transformer, global_batch: int, seconds: float, devices: int, pea
         recompute: str = "none") -> float:
     """Hardware FLOPs utilization: the same with the recomputed FLOPs counted."""
     return hardware_flops(model, global_batch, recompute) / (seconds * devices * peak_flops)
-
-
-def model_state_bytes(params: float, dp: int, zero_stage: int = 0, precision="mixed") -> dict:
-    """{"params", "grads", "optimizer", "total"} bytes per data-parallel rank holding ``params``
-    parameters: :func:`minipar.data.zero_memory.model_state_bytes` (mixed-precision Adam 2 + 2 + 12 bytes,
-    or "fp32" 4 + 4 + 8)."""
-    return zero_memory.model_state_bytes(params, dp, zero_stage, precision)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cost import Cluster, Layout, estimate
-from .model import Transformer, activation_bytes_per_layer, layer_parameters, model_state_bytes
+from .model import Transformer, activation_bytes_per_layer, layer_parameters, model_state_bytes_formula
 
 __all__ = ["Advice", "decide", "family", "FAST_LINK_RATIO"]
 
@@ -55,7 +55,7 @@ def decide(model: Transformer, cluster: Cluster, *, precision="mixed", micro_bat
     alone = estimate(model, cluster, Layout(micro_batch=micro_batch), precision=precision)
     fits = alone.fits
     layer = layer_parameters(model)
-    layer_bytes = model_state_bytes(layer, 1, 0, precision)["total"] + activation_bytes_per_layer(model, micro_batch)
+    layer_bytes = model_state_bytes_formula(layer, 1, 0, precision)["total"] + activation_bytes_per_layer(model, micro_batch)
     layer_fits = layer_bytes <= cluster.memory_bytes
     gb = lambda x: f"{x / 1e9:.1f} GB"  # noqa: E731
     advice.path.append(("fits one device?", f"{'yes' if fits else 'no'} ({gb(alone.memory['total'])} of "

@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from .fp8 import FP8Recipe, to_fp8
 from .mixed import train_mixed
 

@@ -30,10 +30,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from ..data.ddp import DistributedDataParallel
 from ..data.zero import ZeRO, block_units
-from ..data.zero_measure import model_state_bytes
+from ..data.zero_measure import measured_zero_state_bytes
 from ..loop import lm_loss, mean_over_ranks, shard_batch
 from ..models import MLP
 from .loss_scaler import DynamicLossScaler, ScaledOptimizer
@@ -200,4 +200,4 @@ def zero_parallel_train(rank, world_size, recipe, dtype=torch.float16, stage: in
             zero.step()
         losses.append(mean_over_ranks(torch.tensor(loss.item(), dtype=torch.float64), group))
     return MixedRunResult(losses, zero.full_parameters(), scaler.history if scaler is not None else [],
-                          model_state_bytes(zero))
+                          measured_zero_state_bytes(zero))

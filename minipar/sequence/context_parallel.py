@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from ..launcher import launch
 from ..loop import lm_loss
 from ..models import attention_core, set_attention_core

@@ -19,13 +19,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..check import Recipe, RunResult, check_equivalence
+from ..check import check_equivalence
+from ..recipe import Recipe, RunResult
+from ..rng import DropoutStreams
 from ..launcher import launch
 from ..loop import lm_loss
 from ..mesh import Mesh
 from ..models import FeedForward, TokenPositionEmbedding
 from ..validation import positive_int
-from .layers import (ColumnParallelLinear, DropoutStreams, RowParallelLinear, StreamDropout, TensorParallelAttention,
+from .layers import (ColumnParallelLinear, RowParallelLinear, StreamDropout, TensorParallelAttention,
                      TensorParallelMLP)
 from .operators import all_gather_dim, tp_rank, tp_size
 from .sequence import sync_sequence_parallel_grads
@@ -151,9 +153,11 @@ def smoothed_recipe(recipe: Recipe, label_smoothing: float) -> Recipe:
 
 
 def parallel_train(rank, world_size, recipe: Recipe, *, sequence_parallel: bool = False,
-                   label_smoothing: float = 0.0, group=None) -> RunResult:
+                   label_smoothing: float = 0.0, group=None, after_step=None) -> RunResult:
     """Train ``recipe`` (a TinyGPT) tensor-parallel; every rank of the group gets the whole batch.
-    ``group`` defaults to a tensor-parallel group over all ranks (``Mesh(world_size, tp=world_size)``)."""
+    ``group`` defaults to a tensor-parallel group over all ranks (``Mesh(world_size, tp=world_size)``).
+    ``after_step(model)`` (optional) runs after each optimizer step, as in :func:`minipar.check.train_steps`
+    (a caller that watches the run: chapter 13 keeps the full parameters of every step)."""
     group = group if group is not None else Mesh(world_size, tp=world_size).build(rank).group("tp")
     ref = recipe.model().to(recipe.dtype)
     model = TensorParallelGPT(ref, group, sequence_parallel)
@@ -165,6 +169,8 @@ def parallel_train(rank, world_size, recipe: Recipe, *, sequence_parallel: bool 
         loss.backward()
         model.finish_backward()
         opt.step()
+        if after_step is not None:
+            after_step(model)
         losses.append(loss.item())
     return RunResult(losses, model.full_state_dict())
 

@@ -15,7 +15,7 @@ rank's QKV columns are its heads' Q, K and V; the output projection is row-paral
 With ``sequence_parallel=True`` the layers take and give sequence shards (see :mod:`.sequence`): the
 column-parallel layer all-gathers its input, the row-parallel one reduce-scatters its output.
 
-Dropout draws from :class:`DropoutStreams`: one stream the same on every rank of the group (for tensors
+Dropout draws from :class:`minipar.rng.DropoutStreams` (Megatron's seed rule): one stream the same on every rank of the group (for tensors
 every rank holds whole), one different on every rank (for tensors each rank holds a different part of).
 """
 from __future__ import annotations
@@ -25,10 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..models import CausalSelfAttention
+from ..rng import DropoutStreams
 from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
 from .sequence import column_linear_sequence_parallel
 
-__all__ = ["shard_rows", "shard_cols", "DropoutStreams", "streams_of", "recompute_context_fn",
+__all__ = ["shard_rows", "shard_cols", "streams_of", "recompute_context_fn",
            "dropout", "StreamDropout", "ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelMLP", "TensorParallelAttention", "keep_gathered_inputs"]
 
@@ -42,31 +43,6 @@ def shard_rows(w: torch.Tensor, rank: int, t: int, parts: int = 1) -> torch.Tens
 
 def shard_cols(w: torch.Tensor, rank: int, t: int) -> torch.Tensor:
     return w.chunk(t, dim=1)[rank].detach().clone()
-
-
-class DropoutStreams:
-    """Two random streams per rank: ``replicated`` (same seed on every rank of the tensor-parallel group:
-    a mask for a tensor all ranks hold whole must agree, or the replicas drift apart) and ``per_rank``
-    (seed offset by the rank: masks for different heads or sequence shards must be independent).
-
-    Counter-based, as GPU generators are (a seed and an offset): :meth:`start_step` seeds both from (seed,
-    step), so step k draws the same masks whether the run got there uninterrupted or resumed from a
-    checkpoint — the streams need no place in it. :func:`recompute_context_fn` makes an activation
-    checkpoint's recomputation draw the masks its forward drew (``torch.utils.checkpoint`` restores
-    torch's global generator only; Megatron's ``CudaRNGStatesTracker`` does the same for its streams)."""
-
-    STEP_STRIDE = 1_000_003                    # seeds of different steps, streams and ranks never meet
-
-    def __init__(self, seed: int, group, device="cpu"):
-        self.seed, self.rank = seed, tp_rank(group)
-        self.replicated, self.per_rank = torch.Generator(device), torch.Generator(device)
-        self.start_step(0)
-
-    def start_step(self, step: int) -> None:
-        """Seed both streams for optimizer step ``step`` (step 0: ``seed`` and ``seed + 2718 + 1000·rank``)."""
-        offset = self.STEP_STRIDE * step
-        self.replicated.manual_seed(self.seed + offset)
-        self.per_rank.manual_seed(self.seed + 2718 + 1000 * self.rank + offset)
 
 
 def streams_of(module: nn.Module) -> list:
@@ -226,8 +202,8 @@ def _residual_dropout(p, streams, sequence_parallel):
 class TensorParallelAttention(CausalSelfAttention):
     """Causal self-attention with the heads split: QKV column-parallel (this rank's heads' Q, K, V),
     the attention core on ``n_head`` = n_head/t local heads, the output projection row-parallel. The
-    forward and the core are the reference's (:class:`minipar.models.CausalSelfAttention`); only the
-    layers and the dropout streams differ."""
+    forward and the core are the reference's (:class:`minipar.models.CausalSelfAttention`, with the core a
+    strategy set on it); only the layers and the dropout streams differ."""
 
     def __init__(self, attn, group, sequence_parallel: bool = False, streams: DropoutStreams | None = None):
         nn.Module.__init__(self)
@@ -235,6 +211,7 @@ class TensorParallelAttention(CausalSelfAttention):
         if attn.n_head % t:
             raise ValueError(f"n_head={attn.n_head} is not divisible by the tensor-parallel degree {t}")
         self.n_head, self.dropout = attn.n_head // t, attn.dropout
+        self.core = attn.core              # the reference's attention core (a context-parallel method's, if set)
         self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, parts=3, sequence_parallel=sequence_parallel)
         self.proj = RowParallelLinear.from_linear(attn.proj, group, sequence_parallel=sequence_parallel)
         self.streams, self.sequence_parallel = streams, sequence_parallel

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from ..check import Recipe, RunResult
+from ..recipe import Recipe, RunResult
 from ..launcher import launch
 
 __all__ = ["SPLITS", "shard_sizes", "shard", "validate", "gather_pieces",

@@ -16,7 +16,7 @@ from ..memory import saved_activation_bytes
 from ..mesh import Mesh
 from ..models import Block
 from .gpt import TensorParallelBlock
-from .layers import DropoutStreams
+from ..rng import DropoutStreams
 from .operators import tp_rank, tp_size
 
 __all__ = ["measure_layer"]

@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 
 from .. import comm
-from ..check import RunResult, check_equivalence, default_loss
+from ..check import check_equivalence
+from ..recipe import RunResult, default_loss
 from ..mesh import Mesh
 from ..models import MLP
 from . import grid as grids

@@ -8,7 +8,8 @@ sequence, an **all-gather** (forward; reduce-scatter backward) replaces f; after
 **reduce-scatter** (forward; all-gather backward) replaces g. An all-reduce *is* a reduce-scatter followed
 by an all-gather, so the bytes are the same: ``2(t-1)/t · sbh`` per rank per all-reduce either way.
 
-Activation bytes per layer (a = heads, 16-bit activations, 1-byte dropout masks; the paper's eq. 2–4)::
+Activation bytes per layer (a = heads, 16-bit activations, 1-byte dropout masks; the paper's eq. 2–4;
+:func:`minipar.activations.activation_bytes_formula` counts them)::
 
     no parallelism    sbh (34 + 5as/h)
     TP                sbh (10 + 24/t + 5as/(ht))
@@ -38,8 +39,8 @@ import torch
 from .. import comm
 from .operators import all_gather_dim, reduce_scatter_dim, SEQ_DIM
 
-__all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "activation_elements",
-           "activation_bytes_formula", "uncounted_bytes", "korthikanti_bytes", "tp_bytes_per_layer", "sp_bytes_per_layer"]
+__all__ = ["column_linear_sequence_parallel", "sync_sequence_parallel_grads", "uncounted_bytes", "korthikanti_bytes",
+           "tp_bytes_per_layer", "sp_bytes_per_layer"]
 
 
 class GatheredInputLinear(torch.autograd.Function):
@@ -77,36 +78,8 @@ def sync_sequence_parallel_grads(params, group) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The formulas the measurements stand beside
+# The formulas the measurements stand beside (the activation count itself: minipar.activations)
 # ----------------------------------------------------------------------------------------------------
-
-def activation_elements(s, b, h, a, t=1, sequence_parallel=False, dropout=True) -> dict:
-    """Per layer, what autograd keeps (Korthikanti et al. 2022 §4.1), as element counts:
-    ``{"values": activations, "masks": dropout-mask elements}``.
-
-    Attention: LN input sbh, QKV input sbh, Q and K 2sbh, softmax output as²b, its dropout output as²b,
-    V sbh, projection input sbh, dropout mask after the projection sbh and after the softmax as²b.
-    MLP: LN input sbh, fc input sbh, GeLU input 4sbh, proj input 4sbh, dropout mask sbh.
-    TP divides what lives inside the parallel regions; SP divides the rest (LN and dropout) too.
-    Without dropout the masks and the attention's dropout output are not kept.
-    """
-    sbh, as2b = s * b * h, a * s * s * b
-    # inside the parallel regions: Q, K; V; attention-projection input; GeLU input; MLP-projection input
-    split = 2 * sbh + sbh + sbh + 4 * sbh + 4 * sbh + (2 if dropout else 1) * as2b
-    whole = 2 * sbh + 2 * sbh                  # the two LN inputs; the QKV and fc inputs
-    masks_split = as2b if dropout else 0
-    masks_whole = 2 * sbh if dropout else 0
-    rest_divisor = t if sequence_parallel else 1
-    return {"values": split / t + whole / rest_divisor, "masks": masks_split / t + masks_whole / rest_divisor}
-
-
-def activation_bytes_formula(s, b, h, a, t=1, sequence_parallel=False, value_bytes=2, mask_bytes=1,
-                             dropout=True) -> float:
-    """Activation bytes per layer: the paper's constants for 2-byte values and 1-byte masks, scaled to
-    ``value_bytes`` (4 for float32)."""
-    e = activation_elements(s, b, h, a, t, sequence_parallel, dropout)
-    return e["values"] * value_bytes + e["masks"] * mask_bytes
-
 
 def uncounted_bytes(s, b, t=1, sequence_parallel=False, value_bytes=4, layer_norms=2) -> float:
     """What the paper's count leaves out and PyTorch keeps: each LayerNorm's mean and 1/std per token

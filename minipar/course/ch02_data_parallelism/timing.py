@@ -1,9 +1,9 @@
 """Chapter 02's time: each strategy measured here, its trace replayed here and on named clusters.
 
 One launch on N ranks trains the same tiny GPT with DDP at several bucket sizes, with one bucket holding
-every gradient (no overlap) and with DataParallel's five exchanges (:func:`dp_step`: DP as a program of N
-processes, so that each device's compute and messages are traced as DDP's are — ``minipar.data.dp`` itself
-runs threads in one process, which a per-device trace cannot see). Per configuration, measured as
+every gradient (no overlap) and with DataParallel's five exchanges (:func:`minipar.data.dp.step_on_ranks`: DP as a program of N
+processes, so that each device's compute and messages are traced as DDP's are — ``minipar.data.dp``'s
+``DataParallel`` runs threads in one process, which a per-device trace cannot see). Per configuration, measured as
 :mod:`minipar.observe.measure` measures every run:
 
 * **measured on this machine**: wall seconds between consecutive optimizer steps, each timed on its slowest
@@ -26,10 +26,9 @@ import dataclasses
 
 import torch
 
-from minipar import comm
 from minipar.course.bench import model_and_batch
 from minipar.course.replays import exposed_per_step, hidden_share
-from minipar.data import ddp
+from minipar.data import ddp, dp
 from minipar.launcher import launch
 from minipar.loop import lm_loss, shard_batch
 from minipar.machine.cluster import PCIE3, LinkCard, gpu_cluster
@@ -37,43 +36,12 @@ from minipar.machine.device import A100_SXM_80GB, DeviceCard
 from minipar.observe.measure import Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
     timed_steps
 
-__all__ = ["dp_step", "traced_rank", "measure", "ties", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
+__all__ = ["traced_rank", "measure", "ties", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
            "titan_rtx"]
 
 LINK_SIZES = (4, 2 ** 19)          # bytes of the all-reduces timed here to fit α and β
 LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
                                    # call of a size can land in the slow mode of a call here, ~2 ms, and the fit finds no bandwidth)
-
-
-def dp_step(rank, world_size, model, opt, x, y):
-    """One DataParallel step as N processes: the five exchanges of :mod:`minipar.data.dp`, through rank 0
-    (scatter the batch, broadcast the weights, gather the outputs, scatter ∂loss/∂outputs, reduce the
-    gradients), the loss and the optimizer on rank 0 alone. ``x``, ``y``: the global batch (read on rank 0)."""
-    mine = torch.empty_like(x.chunk(world_size)[0])
-    comm.scatter(mine, list(x.chunk(world_size)) if rank == 0 else None, src=0)      # 1 scatter inputs
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    comm.broadcast(flat, src=0)                                                       # 2 replicate model
-    torch.nn.utils.vector_to_parameters(flat, model.parameters())
-    opt.zero_grad(set_to_none=True)
-    logits = model(mine)
-    out = [torch.empty_like(logits) for _ in range(world_size)] if rank == 0 else None
-    comm.gather(logits.detach().contiguous(), out, dst=0)                            # 3 gather outputs
-    grad = torch.empty_like(logits)
-    pieces = None
-    if rank == 0:                                     # the loss lives on device 0
-        full = torch.cat(out).requires_grad_()
-        lm_loss(full, y).backward()
-        pieces = list(full.grad.chunk(world_size))
-    comm.scatter(grad, pieces, src=0)                                                 # 4 scatter ∂loss/∂y
-    logits.backward(grad)
-    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    comm.reduce(grads, dst=0)                                                         # 5 reduce grads
-    if rank == 0:
-        offset = 0
-        for p in model.parameters():
-            p.grad.copy_(grads[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        opt.step()
 
 
 def _ddp_step(wrapped, opt, xs, ys):
@@ -112,8 +80,8 @@ def traced_rank(rank, world_size, bucket_sizes, layers, embd, batch, seq, steps)
         counted[name] = _traced(lambda: _ddp_step(wrapped, opt, xs, ys), rank, 2, ops=True)
     model = make()
     opt = sgd(model)
-    out["DP"] = _traced(lambda: dp_step(rank, world_size, model, opt, x, y), rank, steps)
-    counted["DP"] = _traced(lambda: dp_step(rank, world_size, model, opt, x, y), rank, 2, ops=True)
+    out["DP"] = _traced(lambda: dp.step_on_ranks(rank, world_size, model, opt, x, y), rank, steps)
+    counted["DP"] = _traced(lambda: dp.step_on_ranks(rank, world_size, model, opt, x, y), rank, 2, ops=True)
     flops = counted_flops(lambda: lm_loss(make()(xs), ys).backward())
     return {"runs": out, "counted": counted, "link": time_calls(world_size, LINK_SIZES, LINK_REPEATS, ops=("all_reduce",)),
             "flops": flops, "grad_bytes": grad_bytes, "buckets": dict(configs)}

@@ -178,7 +178,7 @@ def draw_memory(runs: dict, world_size: int = 4, ax=None):
     kinds = [("params", "tab:blue"), ("grads", "tab:orange"), ("optimizer", "tab:green")]
     for x, (stage, res) in enumerate(runs.items()):
         bottom = 0
-        want = zero_memory.model_state_bytes(res.padded_numel, world_size, stage, "fp32")
+        want = zero_memory.model_state_bytes_formula(res.padded_numel, world_size, stage, "fp32")
         for kind, color in kinds:
             ax.bar(x, res.memory[kind] / 1024, bottom=bottom, color=color, label=kind if x == 0 else None)
             bottom += res.memory[kind] / 1024

@@ -19,7 +19,7 @@ from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
 from minipar.data import hsdp
 from minipar.data.zero import ZeRO, block_units
-from minipar.data.zero_measure import measure_peak, model_state_bytes
+from minipar.data.zero_measure import measure_peak, measured_zero_state_bytes
 from minipar.launcher import launch
 from minipar.loop import mean_over_ranks, shard_batch
 
@@ -58,7 +58,7 @@ def _mode_on_rank(rank, world_size, recipe, stage, once_per_step=False, hybrid=F
         calls.append(sum(r.op in ("all_gather", "reduce_scatter", "all_reduce") for r in log.records))
         peak = max(peak, p)
         losses.append(mean_over_ranks(loss))
-    states = sum(model_state_bytes(zero).values())
+    states = sum(measured_zero_state_bytes(zero).values())
     wire = None if None in observed else statistics.mean(observed)
     return RunResult(losses, zero.full_parameters()), statistics.mean(sent), statistics.mean(calls), states, peak, wire
 

@@ -16,7 +16,7 @@ from minipar.check import RunResult, compare
 from minipar.course import replays
 from minipar.course.report import Report
 from minipar.data import zero_memory
-from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes
+from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
 from minipar.machine.cluster import a100_cluster, this_machine
 
 from . import timing
@@ -72,7 +72,7 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
              f"{'sent/step':>11}{'formula':>9}  vs one device"]
     ok, diffs = [], []
     for stage, res in measured.items():
-        want = model_state_bytes(padded, n, stage, "fp32")
+        want = model_state_bytes_formula(padded, n, stage, "fp32")
         got = [res.memory[k] for k in ("params", "grads", "optimizer")]
         sent, sent_formula = res.bytes_sent[-1], bytes_sent_per_step(padded, n, stage, "fp32")
         # Adam divides by sqrt(v): on near-zero gradients it magnifies the different order in which the ranks'
@@ -92,7 +92,7 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     zero2 = measured[2].memory
     return Report("\n".join(lines), _check_stages, measured=measured, psi=psi, padded=padded, ok=ok, diffs=diffs,
                   activations=activations, zero2_states=zero2["params"] + zero2["grads"] + zero2["optimizer"],
-                  zero2_formula=int(model_state_bytes(padded, n, 2, "fp32")["total"]))
+                  zero2_formula=int(model_state_bytes_formula(padded, n, 2, "fp32")["total"]))
 
 
 def _check_designs(r: Report) -> None:
@@ -135,9 +135,9 @@ def designs_table(both: dict, reference: RunResult, world_size: int) -> Report:
 
 def calculator_text(log10_params: float = 9.0, devices: int = 8, stage: int = 3, unit: str = "GB") -> str:
     """Model-state bytes per device and bytes sent per step for Ψ = 10^log10_params parameters, mixed-precision
-    Adam (K = 12), ``devices`` ranks, ZeRO ``stage`` (0: DDP): :func:`minipar.data.zero_memory.model_state_bytes`."""
+    Adam (K = 12), ``devices`` ranks, ZeRO ``stage`` (0: DDP): :func:`minipar.data.zero_memory.model_state_bytes_formula`."""
     psi = 10 ** log10_params
-    b = model_state_bytes(psi, devices, stage, "mixed")
+    b = model_state_bytes_formula(psi, devices, stage, "mixed")
     div = GB if unit == "GB" else GiB
     lines = [f"Ψ = {psi:.3g} parameters, N = {devices}, {zero_memory.STAGE_NAMES[stage]} (mixed-precision Adam, K = 12)"]
     lines += [f"  {k:<10}{b[k] / div:10.2f} {unit}" for k in ("params", "grads", "optimizer", "total")]

@@ -21,7 +21,7 @@ import torch
 from minipar.check import gpt_recipe
 from minipar.course.replays import draw_replays
 from minipar.data import zero
-from minipar.data.zero_measure import model_state_bytes
+from minipar.data.zero_measure import measured_zero_state_bytes
 from minipar.launcher import launch
 from minipar.loop import shard_batch
 from minipar.memory import LiveTensorTracker
@@ -68,7 +68,7 @@ class MemoryWatch:
         self.count += 1
         if self.count != self.at:
             return step()
-        tracker = _Sampling(self.samples, sum(model_state_bytes(zero).values()))
+        tracker = _Sampling(self.samples, sum(measured_zero_state_bytes(zero).values()))
 
         def allocated(nbytes):
             tracker.current += nbytes

@@ -73,7 +73,7 @@ def _row(stage: int, collectives: str) -> TourRow:
     psi = results[0].padded_numel
     formula = zero_memory.bytes_sent_per_step(psi, WORLD_SIZE, stage, "fp32")
     states = max(sum(r.memory[k] for k in ("params", "grads", "optimizer")) for r in results)
-    want = zero_memory.model_state_bytes(psi, WORLD_SIZE, stage, "fp32")["total"]
+    want = zero_memory.model_state_bytes_formula(psi, WORLD_SIZE, stage, "fp32")["total"]
     paper = "1.5x" if stage == 3 else "1x"
     if observed is not None and None not in ddp_observed:
         ratio = observed / statistics.mean(ddp_observed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from minipar.pipeline import make_schedule, simulate
 from minipar.pipeline.schedules import Action, Schedule
-from minipar.pipeline.simulate import Deadlock
+from minipar.pipeline.simulate import ScheduleDeadlock
 from minipar.course.checks import ExerciseError, fail
 
 __all__ = ["check_one_f_one_b_rank", "check_bubble_fraction"]
@@ -70,7 +70,7 @@ def _simulate_pairs(p, m, lists):
     sched = Schedule("yours", p, m, 1, [[Action(k, r, i) for k, i in acts] for r, acts in enumerate(lists)])
     try:
         sim = simulate(sched)
-    except Deadlock as err:
+    except ScheduleDeadlock as err:
         raise ExerciseError(f"your lists deadlock for p={p}, m={m}: {err}") from None
     if sim.peak_in_flight != [p - r for r in range(p)]:
         fail(f"micro-batches in flight for p={p}, m={m}", [p - r for r in range(p)], sim.peak_in_flight,

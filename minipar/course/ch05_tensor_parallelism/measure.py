@@ -6,7 +6,7 @@ Formulas (per layer, float32 here; h hidden, a heads, s sequence, b batch):
 
 * parameters ``(12h² + 7h)/t + 6h`` values: the QKV, projection, fc and proj weights and the column-parallel
   biases are split; the two LayerNorms (4h) and the two row-parallel biases (2h) are whole on every rank;
-* activations: Korthikanti et al.'s count (:func:`minipar.tensor.sequence.activation_bytes_formula`, 4-byte
+* activations: Korthikanti et al.'s count (:func:`minipar.activations.activation_bytes_formula`, 4-byte
   values, no dropout) plus what PyTorch keeps that it leaves out
   (:func:`minipar.tensor.sequence.uncounted_bytes`).
 """
@@ -27,7 +27,8 @@ def memory_per_degree(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a
     degree; measured values are the maximum over the ranks (all equal here)."""
     from minipar.models import GPTConfig
     from minipar.tensor.measure import measure_layer
-    from minipar.tensor.sequence import activation_bytes_formula, uncounted_bytes
+    from minipar.activations import activation_bytes_formula
+    from minipar.tensor.sequence import uncounted_bytes
 
     rows = []
     for t in degrees:
@@ -36,6 +37,6 @@ def memory_per_degree(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a
                      "param_bytes": max(r["param_bytes"] for r in per_rank),
                      "param_formula": 4 * param_values_formula(h, t),
                      "activation_bytes": max(r["activation_bytes"] for r in per_rank),
-                     "activation_formula": activation_bytes_formula(s, b, h, a, t, value_bytes=4, dropout=False)
+                     "activation_formula": activation_bytes_formula(s, b, h, a, t=t, value_bytes=4, dropout=False)
                      + uncounted_bytes(s, b, t)})
     return rows

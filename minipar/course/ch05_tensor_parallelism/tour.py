@@ -28,7 +28,8 @@ from minipar.mesh import Mesh
 from minipar.models import GPTConfig
 from minipar.tensor.gpt import TensorParallelGPT, compare_to_one_device
 from minipar.tensor.layers import keep_gathered_inputs
-from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
+from minipar.activations import activation_bytes_formula
+from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 from minipar.course.tour import WORLD_SIZE, TourRow
 from minipar.course.tp_layer import measure_layer_on_wire, ring_reduce_scatters
 
@@ -96,7 +97,8 @@ def _run(sequence_parallel: bool, keep_gathered: bool = False) -> TourRow:
     else:
         formula = tp_bytes_per_layer(S, B, H, WORLD_SIZE)
     act = max(r[3] for r in per_rank)
-    act_formula = activation_bytes_formula(S, B, H, A, WORLD_SIZE, sequence_parallel, value_bytes=4, dropout=False)
+    act_formula = activation_bytes_formula(S, B, H, A, t=WORLD_SIZE, sequence_parallel=sequence_parallel,
+                                           value_bytes=4, dropout=False)
     act_formula += uncounted_bytes(S, B, WORLD_SIZE, sequence_parallel)
     name = "tensor parallel + sequence parallel" if sequence_parallel else "tensor parallel (Megatron)"
     if keep_gathered:

@@ -21,13 +21,14 @@ def layer_costs(b: int = 4, s: int = 16, h: int = 32, a: int = 4, degrees=(1, 2,
     rank 0 (float32, no dropout), TP and TP+SP for each degree (one launch per degree). The activation
     formula is Korthikanti et al.'s count scaled to float32 + LayerNorm statistics + causal mask."""
     from minipar.models import GPTConfig
-    from minipar.tensor.sequence import activation_bytes_formula, sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
+    from minipar.activations import activation_bytes_formula
+    from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer, uncounted_bytes
 
     rows = []
     for t in degrees:
         measured = launch(_measure_both, t, GPTConfig(n_embd=h, n_head=a), b, s, quiet=True)[0]
         for sp in (False, True):
-            formula = activation_bytes_formula(s, b, h, a, t, sp, value_bytes=4, dropout=False)
+            formula = activation_bytes_formula(s, b, h, a, t=t, sequence_parallel=sp, value_bytes=4, dropout=False)
             rows.append({"t": t, "sp": sp, "activation_bytes": measured[sp]["activation_bytes"],
                          "formula_bytes": formula + uncounted_bytes(s, b, t, sp),
                          "bytes_sent": measured[sp]["bytes_sent"],

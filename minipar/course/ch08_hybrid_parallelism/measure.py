@@ -9,6 +9,7 @@ import torch
 
 from minipar import comm
 from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.data.zero import ZeRO
 from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, validate
 from minipar.hybrid.runner import parallel_train, run
 from minipar.pipeline.runtime import PipelineRank
@@ -16,7 +17,7 @@ from minipar.launcher import launch
 from minipar.layout import Layout
 from minipar.pipeline.timeline import measured_idle_fraction
 from minipar.pipeline.schedules import bubble_formula
-from minipar.tensor.sequence import activation_bytes_formula
+from minipar.activations import activation_bytes_formula
 
 __all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
            "layout_memory_formula"]
@@ -115,7 +116,7 @@ def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True)
     per_stage_max = -(-layers // pp)                         # 96 layers on 64 stages: some get 2, some 1
     psi_layer = 12 * h * h
     mb = batch // (dp * m)
-    act_layer = activation_bytes_formula(s, mb, h, a, tp)     # Korthikanti et al., 16-bit, TP without SP
+    act_layer = activation_bytes_formula(s, mb, h, a, t=tp)     # Korthikanti et al., 16-bit, TP without SP
     in_flight = pp                                           # 1F1B: stage 0 holds p micro-batches
     act = in_flight * per_stage_max * (2 * s * mb * h if recompute else act_layer)
     states = per_stage_max * psi_layer / tp * 16
@@ -126,43 +127,20 @@ def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True)
             "even_split_states": layout_memory_formula(psi, dp=dp, pp=pp, tp=tp)}
 
 
-class _ShardedGradsInPipeline(PipelineRank):
-    """What ZeRO-2 must do inside a pipeline: after every micro-batch's backward on a stage, reduce-scatter
-    the stage's gradients over dp (the full gradients may not stay: that is ZeRO-2's memory saving), and
-    add the shard to the sum. ZeRO-3 also all-gathers the stage's parameters before every F and BW
-    (issued here with the real payload; the compute uses the resident copy)."""
+class _ZeROPerMicroBatch(PipelineRank):
+    """ZeRO-2/3 as a pipeline runs them without ``once_per_step``: the library's :class:`minipar.data.zero.ZeRO`
+    on each of this rank's stages (one unit per stage), its gradients reduce-scattered when each micro-batch's
+    backward is done (the full gradients may not stay: that is ZeRO-2's memory saving; the shards add up) and,
+    under ZeRO-3, the stage's parameters all-gathered before every micro-batch's forward and backward (its
+    hooks). Wraps the stages in place: build it on a trainer that is not used afterwards."""
 
     def __init__(self, *args, dp_group=None, zero: int = 2, **kwargs):
         super().__init__(*args, **kwargs)
-        self.dp_group, self.zero, self.shards = dp_group, zero, {}
-
-    def _gather_params(self, stage):
-        if self.zero == 3:
-            params = list(self.stages[stage].parameters())
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            n = torch.distributed.get_world_size(self.dp_group)
-            shard = flat[: -(-flat.numel() // n)].clone()
-            out = shard.new_empty(shard.numel() * n)
-            comm.all_gather_into_tensor(out, shard, group=self.dp_group)
-
-    def forward(self, stage, mb):
-        self._gather_params(stage)
-        return super().forward(stage, mb)
-
-    def backward_full(self, stage, mb):
-        self._gather_params(stage)
-        return super().backward_full(stage, mb)
+        self.zeros = {s: ZeRO(module, None, zero, dp_group, units=[module]) for s, module in self.stages.items()}
 
     def after_backward(self, stage, mb):
-        params = list(self.stages[stage].parameters())
-        n = torch.distributed.get_world_size(self.dp_group)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % n)])
-        mine = flat.new_empty(flat.numel() // n)
-        comm.reduce_scatter_tensor(mine, flat, group=self.dp_group)
-        self.shards[stage] = self.shards.get(stage, 0) + mine
-        for p in params:
-            p.grad = None
+        self.zeros[stage].finish_gradients()     # reduce-scatter what this backward has not reduced yet
+        self.zeros[stage].expect_backward()      # and the next micro-batch's gradients again
 
 
 def _zero_pp_rank(rank, world_size, recipe, layout, zero):
@@ -170,8 +148,8 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
     t = Trainer3D(rank, world_size, recipe, **layout, zero=1 if zero == 1 else 0)
     if zero > 1:
         old = t.pipeline
-        t.pipeline = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
-                                             zero=zero, loss_fn=old.loss_fn)
+        t.pipeline = _ZeROPerMicroBatch(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
+                                        zero=zero, loss_fn=old.loss_fn)
     log = comm.CommLog()
     inputs, targets = recipe.batches[0]
     if zero == 1:
@@ -216,12 +194,13 @@ def zero_once_per_step(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps:
 
 
 def _per_microbatch(t, recipe, zero: int) -> dict:
-    """ZeRO-2/3 run naively inside ``t``'s pipeline (:class:`_ShardedGradsInPipeline` swapped in): one step's
-    forward and backward; {"bytes", "calls", "by_op"} of its reduce-scatters and all-gathers over dp."""
+    """ZeRO-2/3 run per micro-batch inside ``t``'s pipeline (:class:`_ZeROPerMicroBatch` swapped in, which wraps
+    ``t``'s stages: a trainer of its own): one step's forward and backward; {"bytes", "calls", "by_op"} of its
+    reduce-scatters and all-gathers over dp."""
     from minipar.loop import shard_batch
     old = t.pipeline
-    t.pipeline = _ShardedGradsInPipeline(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
-                                         zero=zero, loss_fn=old.loss_fn)
+    t.pipeline = _ZeROPerMicroBatch(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
+                                    zero=zero, loss_fn=old.loss_fn)
     x, y = shard_batch(recipe.batches[0], t.mesh.coord("dp"), t.mesh.size("dp"))
     with comm.recording() as all_:
         t.pipeline.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
@@ -234,7 +213,7 @@ def _per_microbatch(t, recipe, zero: int) -> dict:
 def _zero_both_ranks(rank, world_size, recipe, layout):
     """One launch for §5: ZeRO-1/2/3 once per step over the recipe's steps (peak measured on rank 0, the rank
     the chapter reports; ZeRO-1's calls over dp also kept per op, its first step being what it pays per
-    step), then ZeRO-2 and ZeRO-3 run per micro-batch for one step, in one plain trainer."""
+    step), then ZeRO-2 and ZeRO-3 run per micro-batch for one step, each in a plain trainer of its own."""
     once, per_mb = {}, {}
     for z in (1, 2, 3):
         with comm.recording() as log:
@@ -245,9 +224,8 @@ def _zero_both_ranks(rank, world_size, recipe, layout):
             steps = len(recipe.batches)
             per_mb[1] = {"bytes": dp_calls.bytes_sent // steps, "calls": dp_calls.count() // steps,
                          "by_op": {op: (n // steps, b // steps) for op, (n, b) in dp_calls.by_op().items()}}
-    t = Trainer3D(rank, world_size, recipe, **layout)
     for z in (2, 3):
-        per_mb[z] = _per_microbatch(t, recipe, z)
+        per_mb[z] = _per_microbatch(Trainer3D(rank, world_size, recipe, **layout), recipe, z)
     return per_mb, once
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from minipar.course.checks import fail
 from minipar.plan import (Cluster, Layout, Transformer, activation_bytes_per_layer, estimate, in_flight,
-                          layer_parameters, model_state_bytes, plan)
+                          layer_parameters, model_state_bytes_formula, plan)
 
 __all__ = ["expected_memory", "MEMORY_CASES", "check_memory_per_device", "PICK_MODEL", "PICK_CLUSTER",
            "PICK_BATCH", "check_pick_layout"]
@@ -23,7 +23,7 @@ def expected_memory(model: Transformer, layout: Layout) -> dict:
     """Model states and activations of one device of the first stage, embeddings left out."""
     layers = model.layers // layout.pp
     params = layers * layer_parameters(model, layout.tp)
-    states = model_state_bytes(params, layout.dp, layout.zero)["total"]
+    states = model_state_bytes_formula(params, layout.dp, layout.zero)["total"]
     flying = in_flight(layout.schedule, layout.pp, layout.micro_batches, layout.v) if layout.pp > 1 else 1
     acts = layers * flying * activation_bytes_per_layer(model, layout.micro_batch, layout.tp, layout.sp,
                                                         layout.recompute)
@@ -48,9 +48,9 @@ def _wrong_memory(model, layout) -> dict:
     wrong = {}
     full_layers = layers * layer_parameters(model, 1)
     wrong["model states not divided by tp (each TP rank holds 1/t of the matmul weights)"] = (
-        model_state_bytes(full_layers, layout.dp, layout.zero)["total"], right["activations"])
+        model_state_bytes_formula(full_layers, layout.dp, layout.zero)["total"], right["activations"])
     wrong["ZeRO ignored: the optimizer states (and with ZeRO-2/3 the gradients, parameters) are split over dp"] = (
-        model_state_bytes(layers * layer_parameters(model, layout.tp), 1, 0)["total"], right["activations"])
+        model_state_bytes_formula(layers * layer_parameters(model, layout.tp), 1, 0)["total"], right["activations"])
     if layout.pp > 1:
         per = activation_bytes_per_layer(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute)
         wrong["m micro-batches in flight: that is GPipe; 1F1B keeps at most p on the first stage"] = (

@@ -13,7 +13,7 @@ import pytest
 from minipar.course.checks import ExerciseError
 from minipar.course.ch12_choosing_a_strategy import bench, checks
 from minipar.plan import (Layout, activation_bytes_per_layer, estimate, in_flight, layer_parameters,
-                          model_state_bytes, plan)
+                          model_state_bytes_formula, plan)
 
 ROWS = ["ZeRO-1 ring", "ZeRO-3 ring", "pipeline 1F1B", "pipeline zero bubble ZB-H1", "tensor parallel",
         "tensor parallel + sequence parallel"]
@@ -46,7 +46,7 @@ def test_every_tour_layout_is_valid():
 
 def memory_right(model, layout):
     layers = model.layers // layout.pp
-    states = model_state_bytes(layers * layer_parameters(model, layout.tp), layout.dp, layout.zero)["total"]
+    states = model_state_bytes_formula(layers * layer_parameters(model, layout.tp), layout.dp, layout.zero)["total"]
     flying = in_flight(layout.schedule, layout.pp, layout.micro_batches, layout.v) if layout.pp > 1 else 1
     per = activation_bytes_per_layer(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute)
     return {"model_states": states, "activations": layers * flying * per}
@@ -59,7 +59,7 @@ def memory_stub(model, layout):
 def memory_no_tp_split(model, layout):
     out = memory_right(model, layout)
     layers = model.layers // layout.pp
-    out["model_states"] = model_state_bytes(layers * layer_parameters(model, 1), layout.dp, layout.zero)["total"]
+    out["model_states"] = model_state_bytes_formula(layers * layer_parameters(model, 1), layout.dp, layout.zero)["total"]
     return out
 
 
@@ -81,7 +81,7 @@ def memory_ignores_sp(model, layout):
 
 def memory_ignores_zero(model, layout):
     out = memory_right(model, layout)
-    out["model_states"] = model_state_bytes(model.layers // layout.pp * layer_parameters(model, layout.tp), 1, 0)["total"]
+    out["model_states"] = model_state_bytes_formula(model.layers // layout.pp * layer_parameters(model, layout.tp), 1, 0)["total"]
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from minipar import RankError, comm, launch
-from minipar.check import gpt_recipe
+from minipar.check import gpt_recipe, train_steps
 from minipar.debug.bisect import StepRecorder, reference_steps
 from minipar.debug.desync import desync_check
 from minipar.observe.measure import gather_steps, timed_steps
@@ -152,21 +152,11 @@ def ddp_steps(recipe, world_size: int = 4, bucket_bytes: int = 16 * 1024, wrong_
 
 
 def _tp_rank(rank, world_size, recipe, missing_f):
-    from minipar.mesh import Mesh
-    from minipar.tensor import layers
-    from minipar.tensor.gpt import TensorParallelGPT
+    from minipar.tensor import gpt, layers
     if missing_f:                             # the planted bug: f's backward all-reduce left out
         layers.copy_to_tp = lambda x, group: x
-    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
-    model = TensorParallelGPT(recipe.model().to(recipe.dtype), group)
-    opt = recipe.optimizer(model.parameters())
     recorder = StepRecorder()
-    for inputs, targets in recipe.batches:
-        opt.zero_grad(set_to_none=True)
-        model.loss(inputs, targets).backward()
-        model.finish_backward()
-        opt.step()
-        recorder.record(model.full_state_dict())
+    gpt.parallel_train(rank, world_size, recipe, after_step=lambda model: recorder.record(model.full_state_dict()))
     return recorder.steps
 
 
@@ -296,14 +286,7 @@ def resumed_losses(restore_rng: bool, steps: int = 4, stop: int = 2):
     recipe = gpt_recipe(steps=steps, batch_size=8, seq_len=16, n_layer=2, n_embd=32, n_head=4, dropout=0.1)
 
     def train(model, opt, batches):
-        out = []
-        for x, y in batches:
-            opt.zero_grad(set_to_none=True)
-            loss = recipe.loss(model, x, y)
-            loss.backward()
-            opt.step()
-            out.append(loss.item())
-        return out
+        return train_steps(recipe, model, opt, batches).losses
     torch.manual_seed(0)
     model = recipe.model()
     opt = recipe.optimizer(model.parameters())
@@ -325,7 +308,8 @@ def split_region_masks(p: float = 0.1, shape=(4, 64), seed: int = 1234) -> dict:
     """The dropout masks two TP ranks draw for their halves of a split tensor (their own heads): agreement
     between rank 0's and rank 1's mask by Megatron's rule (tensor-parallel seeds, different per rank) and by
     the wrong one (both from the default seed, the same on every TP rank)."""
-    from minipar.debug.seeds import mask_agreement, megatron_seeds
+    from minipar.debug.seeds import mask_agreement
+    from minipar.rng import megatron_seeds
 
     def mask(s):
         return torch.empty(shape).bernoulli_(1 - p, generator=torch.Generator().manual_seed(s))

@@ -1,7 +1,7 @@
 """Chapter 14's plumbing: every method trained on one token budget, the tables and the figures.
 
 The methods are the library's (:mod:`minipar.data.ddp`, :mod:`~minipar.data.powersgd`,
-:mod:`~minipar.data.diloco`), trained as :func:`minipar.data.compression_study.loss_vs_bytes` trains them —
+:mod:`~minipar.data.diloco`), trained as :func:`.compression_study.loss_vs_bytes` (beside this file) trains them —
 the same recipe, the same global batches, scored on the same held-out batches — but all inside one launch
 of ``WORLD`` processes (one start-up instead of seven), keeping each step's loss and bytes for the figures.
 ``test_chapter.py`` checks that both give the same rows.
@@ -16,10 +16,10 @@ import torch
 from minipar import comm
 from minipar.check import Recipe
 from minipar.data import ddp, diloco, powersgd, zeropp
-from minipar.data.compression_study import held_out_loss, study_recipe
 from minipar.launcher import launch
 from minipar.models import GPTConfig
 from minipar.machine.cluster import comm_seconds
+from minipar.course.ch14_shrinking_communication.compression_study import held_out_loss, study_recipe
 
 __all__ = ["WORLD", "STEPS", "RANKS", "HS", "FRAGMENTS", "TUNED_LR", "MethodRun", "Study", "train_every_method",
            "with_learning_rate", "points", "beside_torch_hook", "print_points", "bytes_per_step_rows",
@@ -136,7 +136,7 @@ def beside_torch_hook(recipe: Recipe, rank_r: int, steps: int = 12, start_step: 
     ``recipe``, both all-reducing plainly for the first ``start_step`` steps (PyTorch's minimum with error
     feedback)."""
     recipe = Recipe(recipe.model, recipe.batches[:steps], recipe.optimizer, recipe.loss, name=recipe.name)
-    ours = powersgd.run(recipe, WORLD, rank_r, start_step=start_step)[0]
+    ours = powersgd.run(recipe, world_size=WORLD, rank_r=rank_r, start_step=start_step)[0]
     return ours, powersgd.torch_hook_run(recipe, WORLD, rank_r, start_step=start_step)
 
 

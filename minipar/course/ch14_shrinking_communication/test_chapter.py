@@ -6,7 +6,7 @@ import pytest
 
 from minipar.comm import predicted_bytes_sent
 from minipar.check import gpt_recipe
-from minipar.data.compression_study import loss_vs_bytes
+from minipar.course.ch14_shrinking_communication.compression_study import loss_vs_bytes, study_recipe
 from minipar.data.powersgd import powersgd_bytes
 from minipar.models import GPTConfig
 from minipar.machine.cluster import a100_cluster
@@ -62,3 +62,15 @@ def test_reading_follows_the_numbers(capsys):
     out = capsys.readouterr().out
     assert "does not fall with the rank" in out and "2 of 2 end above" in out
     assert "DiLoCo H=10: 1.400, below DDP" in out and "DDP lr 0.01: 1.500, above DiLoCo H=10" in out
+
+
+def test_loss_vs_bytes_rows_carry_each_methods_formula():
+    steps = 20
+    rows = {m: (sent, loss) for m, sent, loss in loss_vs_bytes(2, steps, ranks=(1,), Hs=(5, 10), fragments=2)}
+    shapes = [p.shape for p in study_recipe(steps)[0].model().parameters()]
+    param_bytes = 4 * sum(s.numel() for s in shapes)             # N = 2: 2(N−1)/N = 1
+    assert rows["DDP"][0] == steps * param_bytes
+    assert rows["PowerSGD r=1"][0] == steps * powersgd_bytes(shapes, 1, 2, 4)
+    assert rows["DiLoCo H=5"][0] == steps // 5 * param_bytes
+    assert rows["DiLoCo H=10"][0] == rows["Streaming DiLoCo H=10 F=2"][0] == steps // 10 * param_bytes
+    assert all(0 < loss < 5 for _, loss in rows.values())

@@ -27,7 +27,7 @@ def _powersgd() -> TourRow:
     from minipar.data import powersgd
     recipe = gpt_recipe(steps=3, batch_size=8)
     recipe.dtype = torch.float64
-    runs = powersgd.run(recipe, WORLD_SIZE, 2)
+    runs = powersgd.run(recipe, world_size=WORLD_SIZE, rank_r=2)
     c = compare(powersgd.powersgd_reference(recipe, WORLD_SIZE, 2), runs, dtype=torch.float64)
     shapes = [p.shape for p in recipe.model().parameters()]
     formula = powersgd.powersgd_bytes(shapes, 2, WORLD_SIZE, 8)
@@ -48,7 +48,7 @@ def _diloco() -> TourRow:
     from minipar.data import diloco
     recipe = gpt_recipe(steps=4, batch_size=8)
     recipe.dtype, recipe.optimizer = torch.float64, _adamw
-    runs = diloco.run(recipe, WORLD_SIZE, 2)
+    runs = diloco.run(recipe, world_size=WORLD_SIZE, H=2)
     c = compare(diloco.diloco_reference(recipe, WORLD_SIZE, 2), runs, dtype=torch.float64)
     psi_bytes = _param_bytes(recipe) * 2                                      # float64
     formula = 2 * (WORLD_SIZE - 1) / WORLD_SIZE * psi_bytes / 2

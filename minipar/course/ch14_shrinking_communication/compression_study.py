@@ -1,4 +1,4 @@
-"""Loss against bytes: DDP, PowerSGD and DiLoCo trained on the same token budget, for a chapter's plot.
+"""Loss against bytes: DDP, PowerSGD and DiLoCo trained on the same token budget, for chapter 14's plot.
 
 Every method sees the same global batches (the same tokens, in the same order) on the same N ranks and is
 scored the same way: the mean loss of its final parameters on held-out batches (for DiLoCo the outer
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm
-from ..check import Recipe, gpt_recipe
-from ..launcher import launch
-from . import ddp, diloco, powersgd
+from minipar import comm
+from minipar.data import ddp, diloco, powersgd
+from minipar.launcher import launch
+from minipar.recipe import Recipe, gpt_recipe
 
 __all__ = ["study_recipe", "held_out_loss", "loss_vs_bytes"]
 
@@ -56,14 +56,14 @@ def loss_vs_bytes(world_size: int = 2, steps: int = 100, ranks=(1, 2, 4), Hs=(10
     result, sent = launch(_ddp_bytes, world_size, recipe, quiet=True)[0]
     rows.append(("DDP", sent, held_out_loss(recipe, result.params, held_out)))
     for r in ranks:
-        result = powersgd.run(recipe, world_size, r)[0]
+        result = powersgd.run(recipe, world_size=world_size, rank_r=r)[0]
         rows.append((f"PowerSGD r={r}", sum(result.bytes_sent), held_out_loss(recipe, result.params, held_out)))
     for H in Hs:
-        result = diloco.run(recipe, world_size, H)[0]
+        result = diloco.run(recipe, world_size=world_size, H=H)[0]
         rows.append((f"DiLoCo H={H}", sum(result.bytes_sent), held_out_loss(recipe, result.params, held_out)))
     if fragments > 1:
         H = max(Hs)
-        result = diloco.run(recipe, world_size, H, fragments=fragments)[0]
+        result = diloco.run(recipe, world_size=world_size, H=H, fragments=fragments)[0]
         rows.append((f"Streaming DiLoCo H={H} F={fragments}", sum(result.bytes_sent),
                      held_out_loss(recipe, result.params, held_out)))
     return rows
