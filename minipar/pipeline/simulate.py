@@ -184,7 +184,7 @@ def _local_cut(schedule: Schedule, r: int) -> int:
 
 def _deadlock(schedule: Schedule, cuts: list, calls: dict) -> ScheduleDeadlock:
     """Who waits before which action for what: the replay's blocked ranks (``calls``: rank -> the
-    :class:`~minipar.observe.replay.WaitedCall`, whose tag names the action), then the ranks stuck at their
+    :class:`~minipar.machine.replay.WaitedCall`, whose tag names the action), then the ranks stuck at their
     own later action."""
     waiting = []
     for r, acts in enumerate(schedule.actions):
