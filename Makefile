@@ -19,10 +19,14 @@ tour: $(STAMP)
 	$(PY) -m minipar tour
 
 # The chapters in notebooks/ are executed once, by the site build (any error output fails it), instead of
-# a second time by nbval; the browser test then runs the chapters with widgets in JupyterLab.
+# a second time by nbval; the browser test then runs the chapters with widgets in JupyterLab. The exercise
+# notebooks are executed by tests/test_exercises.py (every check must fail on its stub), not again by nbval.
+# Two pytest workers share the two cores (a module's tests stay on one worker: its fixtures are made once);
+# the tests marked serial (they signal their own process, or price what this machine measured) run alone after.
+PYTEST_FILES = tests minipar/course --ignore=tests/browser --ignore=tests/test_site.py
 test: $(STAMP)
-	$(PY) -m pytest -q tests minipar/course solutions exercises --nbval-lax --nbval-current-env \
-	    --ignore=tests/browser --ignore=tests/test_site.py
+	$(PY) -m pytest -q -n 2 --dist loadscope -m "not serial" $(PYTEST_FILES) solutions --nbval-lax --nbval-current-env
+	$(PY) -m pytest -q -m serial $(PYTEST_FILES)
 	$(MAKE) site
 	MINIPAR_SITE_DIR=build/site $(PY) -m pytest -q tests/test_site.py
 	$(MAKE) browser
