@@ -96,15 +96,17 @@ def test_the_chapter_map_has_every_chapter_from_the_syllabus_and_the_doc_pages(b
 @pytest.mark.parametrize("stem", [p.stem for p in site.chapters(ROOT)])
 def test_each_chapter_runs_within_a_fifth_of_its_stated_seconds(built, stem):
     """The seconds a chapter's opening states (the syllabus's) against this build's, one chapter at a time on
-    two cores as ``make site`` runs them; a build of several kernels at once shares the cores and says nothing."""
+    two cores as ``make site`` runs them (a fifth, or 2 s for the shortest: a kernel's start jitters by about a
+    second); a build of several kernels at once shares the cores and says nothing."""
     out, manifest = built
     if stem not in manifest["chapters"]:
         pytest.skip(f"{stem}: not built here")
     if manifest.get("kernels_at_once", 1) != 1:
         pytest.skip(f"{manifest['kernels_at_once']} chapters ran at once: their seconds are not a learner's")
     stated, took = syllabus.about(stem.split("_")[0]).run_seconds, manifest["chapters"][stem]["seconds"]
-    assert abs(took - stated) <= 0.2 * stated, (f"{stem}: took {took} s, states ~{stated} s: set run_seconds in "
-                                                "minipar/course/syllabus.py, then `python tools/syllabus.py --notebooks`")
+    assert abs(took - stated) <= max(0.2 * stated, 2.0), (
+        f"{stem}: took {took} s, states ~{stated} s: set run_seconds in minipar/course/syllabus.py, then "
+        "`python tools/syllabus.py --notebooks`")
 
 
 def _widget_notebook(shown_text):
