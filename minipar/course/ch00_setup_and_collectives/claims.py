@@ -15,7 +15,7 @@ def check_why_distributed_training_memory(fits, weights_only, need, devices_need
     assert fits_on_one_device(1.3e9)[0] and not fits_on_one_device(7e9)[0]
 
 
-def check_why_distributed_training_memory_2(measured, n) -> None:
+def check_adam_state_bytes_measured(measured, n) -> None:
     """Why distributed training: memory"""
     assert measured == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
 
@@ -49,7 +49,7 @@ def check_collectives_live_4_ranks(rows) -> None:
     assert all(r["matches"] and r["model"] == r["formula"] for r in rows)
 
 
-def check_root_sends_n_1(by_name) -> None:
+def check_broadcast_root_sends_n_minus_1(by_name) -> None:
     """The collectives, live on 4 ranks: the root sends (N−1)·S"""
     assert by_name["broadcast"]["model"] == 3 * 2**20 and by_name["broadcast"]["rank"] == 0
 
@@ -59,7 +59,7 @@ def check_every_message_worked_out_one_process(steps, N) -> None:
     assert steps == ch00.expected_ring_messages(N)
 
 
-def check_2_n_1_messages_n(same, sends, N, S) -> None:
+def check_ring_sends_2_n_minus_1_messages(same, sends, N, S) -> None:
     """Ring all-reduce from send/recv: 2(N-1) messages of S/N"""
     assert same and len(sends) == 2 * (N - 1) and all(m[1] == S // N for m in sends)
 

@@ -31,7 +31,7 @@ def check_ddp_from_scratch(formula, out, one) -> None:
     assert all(sent == formula for _, sent, _ in out) and one.matches and one.max_abs_diff == 0
 
 
-def check_ddp_from_scratch_2(diffs) -> None:
+def check_ours_matches_torch_ddp(diffs) -> None:
     """DDP from scratch"""
     assert all(g <= 1e-7 and p <= 1e-6 for g, p in diffs)
 

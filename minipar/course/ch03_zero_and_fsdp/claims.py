@@ -22,7 +22,7 @@ def check_la_lb_lc_example_live(runs) -> None:
         [["a0", "b0", "c0"], ["a1", "b1", "c1"], ["a2", "b2", "c2"]]
 
 
-def check_la_lb_lc_example_live_2(step1, layer) -> None:
+def check_each_layer_gathered_freed_scattered(step1, layer) -> None:
     """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide)"""
     assert [k for k, l in step1 if l == layer] == ["all-gather", "free", "all-gather", "reduce-scatter", "free"]
 
@@ -50,7 +50,7 @@ def check_your_own_training_loop(runs_own) -> None:
     assert "is sharded over 4 ranks" in runs_own[0][1] and "gathered()" in runs_own[0][1]
 
 
-def check_nodes_shard_2_not_4(fsdp_modes, kept, grad_op, full, hybrid, posted) -> None:
+def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, grad_op, full, hybrid, posted) -> None:
     """FSDP's modes, run as the ZeRO variants they are: a node's shard: Ψ/2, not Ψ/4"""
     assert all(m["matches"] for m in fsdp_modes.values())
     assert kept["bytes"] == grad_op["bytes"] == 2 / 3 * full["bytes"] and kept["calls"] == 2 / 3 * full["calls"]
@@ -72,6 +72,6 @@ def check_memory_centric_tiling_one_layer(outputs, peaks) -> None:
     assert peaks[16] <= 2 * peaks[1] / 16
 
 
-def check_first_view_16_bytes_1e9_8() -> None:
+def check_zero3_1b_params_on_8_gpus() -> None:
     """A calculator: the first view: 16 bytes × 1e9 / 8"""
     assert round(model_state_bytes(1e9, 8, 3, "mixed")["total"] / GB, 1) == 2.0

@@ -20,22 +20,22 @@ def check_gpipe_micro_batches_fill_pipe(P, sims) -> None:
     assert all(abs(s.bubble_fraction - (P - 1) / (m + P - 1)) < 1e-12 and abs(s.bubble_ratio - (P - 1) / m) < 1e-12 for m, s in sims.items())
 
 
-def check_gpipe_micro_batches_fill_pipe_2(global_batch, dp, chunks, mbs) -> None:
+def check_micro_batch_arithmetic(global_batch, dp, chunks, mbs) -> None:
     """GPipe: micro-batches fill the pipe"""
     assert global_batch == 1024 and 1024 // dp == 256 and 256 // chunks == mbs
 
 
-def check_gpipe_micro_batches_fill_pipe_3(sent, formula) -> None:
+def check_gpipe_bytes_sent(sent, formula) -> None:
     """GPipe: micro-batches fill the pipe"""
     assert sent == formula
 
 
-def check_1f1b_pipedream_flush_warm_up(g, o) -> None:
+def check_1f1b_bubble_equals_gpipe(g, o) -> None:
     """1F1B (PipeDream-Flush): warm-up, steady state, cool-down"""
     assert g.bubble_fraction == o.bubble_fraction and g.bubble_ratio == o.bubble_ratio
 
 
-def check_1f1b_pipedream_flush_warm_up_2(held, M, P, peak_kib, memory) -> None:
+def check_activations_held_per_stage(held, M, P, peak_kib, memory) -> None:
     """1F1B (PipeDream-Flush): warm-up, steady state, cool-down"""
     assert held["gpipe"] == [M] * P and held["1f1b"] == [P - r for r in range(P)]
     assert peak_kib(memory[("1f1b", False)], 0) < 0.75 * peak_kib(memory[("gpipe", False)], 0) and peak_kib(memory[("1f1b", False)], 3) < 0.4 * peak_kib(memory[("gpipe", False)], 3) and peak_kib(memory[("gpipe", True)], 0) < 0.4 * peak_kib(memory[("gpipe", False)], 0)
@@ -47,7 +47,7 @@ def check_pipedream_weight_versions_when_pipe(results, two_bw, P, asynchronous) 
     assert [r.most_versions for r in two_bw] == [2] * P and [r.most_versions for r in asynchronous] == [max(P - r, 2) for r in range(P)]
 
 
-def check_pipedream_weight_versions_when_pipe_2(used, P) -> None:
+def check_async_weight_versions(used, P) -> None:
     """PipeDream: weight versions when the pipe is never flushed"""
     assert all(used["async"][r][("F", j)] == max(0, j - (P - r - 1)) == used["async"][r][("BW", j)] for r in range(P) for j in range(8))
     assert all(v == max(j // 4 - 1, 0) for r in range(P) for (k, j), v in used["2bw"][r].items())
@@ -59,17 +59,17 @@ def check_interleaved_1f1b_v_chunks_per(cut, P) -> None:
                   for n in s.reference_params() if n.endswith('weight')) == [0, 1, 8, 9]
 
 
-def check_interleaved_1f1b_v_chunks_per_2(P, M, inter) -> None:
+def check_interleaved_bubble_formula(P, M, inter) -> None:
     """Interleaved 1F1B: v chunks per rank"""
     assert all(abs(s.bubble_ratio - (P - 1) / (v * M)) < 1e-12 and abs(s.bubble_fraction - (P - 1) / (v * M + P - 1)) < 1e-12 for v, s in inter.items())
 
 
-def check_interleaved_1f1b_v_chunks_per_3(inter) -> None:
+def check_interleaved_peak_in_flight(inter) -> None:
     """Interleaved 1F1B: v chunks per rank"""
     assert inter[2].peak_in_flight == [11, 9, 7, 5] and inter[2].peak_activations == [5.5, 4.5, 3.5, 2.5]
 
 
-def check_interleaved_1f1b_v_chunks_per_4(sent, P, M, A) -> None:
+def check_interleaved_bytes_sent(sent, P, M, A) -> None:
     """Interleaved 1F1B: v chunks per rank"""
     assert all(sent[n] == 2 * (P * v - 1) * M * A / P for n, v in (("1f1b", 1), ("interleaved", 2)))
 
@@ -86,7 +86,7 @@ def check_every_schedule_simulated_measured_unpaced(unpaced) -> None:
     assert all(0 <= x < 1 for x in unpaced.values())
 
 
-def check_every_schedule_simulated_measured_unpaced_2(uniform, name, P, M) -> None:
+def check_uniform_bubble_matches_simulation(uniform, name, P, M) -> None:
     """Every schedule, simulated and measured: unpaced, then paced"""
     assert abs(uniform - simulate(make_schedule(name, P, M)).bubble_fraction) < 1e-12
     assert abs(uniform - (P - 1) / (M + P - 1)) < 1e-12

@@ -32,7 +32,7 @@ def check_v_zb_v_dualpipev(zbv, P, v_sims) -> None:
     assert v_sims["zb-v"].peak_activations == [4.0] * P and v_sims["dualpipev"].peak_activations == [4.5] * P
 
 
-def check_v_zb_v_dualpipev_2(sent, P, M, A, runs) -> None:
+def check_v_schedules_bytes_sent(sent, P, M, A, runs) -> None:
     """The V: ZB-V and DualPipeV"""
     assert all(sent[n] == 2 * (2 * P - 2) * M * A / P for n in ("zb-v", "dualpipev"))
     assert all(runs[n][0].losses is not None and all(r.losses is None for r in runs[n][1:]) for n in ("zb-v", "dualpipev"))
@@ -56,7 +56,7 @@ def check_two_published_tables_reproduced(zb, dp_rows, apart, P) -> None:
     assert all(sim == pub for _, pub, sim in dp_rows) and apart.idle(0) == P - 1
 
 
-def check_two_published_tables_reproduced_2(P, lifespans, reordered, alone, b_1f1b) -> None:
+def check_lifespans_within_published_range(P, lifespans, reordered, alone, b_1f1b) -> None:
     """Two published tables, reproduced"""
     assert all(6 * P <= sum(x) <= 6 * P + 14 for x in lifespans)
     assert reordered.bubble_fraction < alone.bubble_fraction - 0.15 * b_1f1b and max(reordered.peak_in_flight) <= max(alone.peak_in_flight) <= P + 3

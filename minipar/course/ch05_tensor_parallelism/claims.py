@@ -15,7 +15,7 @@ def check_y_gelu_xa_with_split(shards, x, a) -> None:
     assert torch.allclose(torch.cat([y for _, y in shards], dim=1), F.gelu(x @ a), atol=1e-6)
 
 
-def check_y_gelu_xa_with_split_2(sums_add_up, gelus_add_up) -> None:
+def check_gelu_does_not_add_up(sums_add_up, gelus_add_up) -> None:
     """Y = GeLU(XA), with A split by columns"""
     assert sums_add_up and not gelus_add_up
 

@@ -21,7 +21,7 @@ def check_log_sum_exp_merge_numerically(o, o_full, lse, lse_full) -> None:
     assert torch.allclose(o, o_full, atol=1e-14) and torch.allclose(lse, lse_full, atol=1e-14)
 
 
-def check_log_sum_exp_merge_numerically_2(naive, stable, q, k, v) -> None:
+def check_stable_merge_where_naive_overflows(naive, stable, q, k, v) -> None:
     """The log-sum-exp merge, numerically"""
     assert not torch.isfinite(naive).all() and torch.allclose(stable.double(), ra.block_attention(q * 30, k * 30, v)[0], atol=1e-5)
 
@@ -31,7 +31,7 @@ def check_b_one_device_first_flashattention(n_causal, n_all) -> None:
     assert n_causal == 6 * 7 // 2 and n_all == 36
 
 
-def check_b_one_device_first_flashattention_2(diffs, L) -> None:
+def check_flash_attention_matches_blockwise(diffs, L) -> None:
     """b. One device first: FlashAttention-2"""
     assert max(diffs) < 1e-12 and L.shape == (2, 4, 50)
 
@@ -47,7 +47,7 @@ def check_ring_step_by_step(counts) -> None:
     assert counts == [1, 2, 3, 4]
 
 
-def check_ring_step_by_step_2(diffs) -> None:
+def check_ring_steps_match_full_attention(diffs) -> None:
     """The ring, step by step"""
     assert max(diffs) < 1e-12
 
@@ -57,7 +57,7 @@ def check_bytes_per_rank_per_layer(fwd) -> None:
     assert fwd["forward_bytes_sent"] == ra.forward_bytes(4, 16, 32, 4)
 
 
-def check_bytes_per_rank_per_layer_2(r) -> None:
+def check_bytes_model_equals_formula(r) -> None:
     """Bytes per rank per layer, observed"""
     assert r["model"] == r["formula"]
     assert r["observed"] is None or r["formula"] < r["observed"] < 1.5 * r["formula"]
@@ -69,7 +69,7 @@ def check_slowest_rank_what_every_step_waits(balance, by_count, slowest) -> None
     assert slowest > 1.2          # the slowest rank is what every step waits for
 
 
-def check_measured_above_4(b, s, h, rows) -> None:
+def check_ulysses_bytes_against_megatron_sp(b, s, h, rows) -> None:
     """DeepSpeed-Ulysses: all-to-all over heads: measured above (§4)"""
     assert ulysses.forward_bytes(b, s, h, 16) * 16 == ulysses.megatron_sp_forward_bytes(b, s, h, 16)
     assert rows["ulysses"]["model"] == 2 * ulysses.forward_bytes(4, 16, 32, 4)   # measured above (§4)
@@ -103,6 +103,6 @@ def check_pytorchs_context_parallel(r) -> None:
     assert r[0][3] == "ran" or "sharding strategy" in r[0][3]
 
 
-def check_pytorchs_context_parallel_2(r) -> None:
+def check_torch_context_parallel_matches(r) -> None:
     """PyTorch's `context_parallel`"""
     assert max(x[0] for x in r) < 1e-5

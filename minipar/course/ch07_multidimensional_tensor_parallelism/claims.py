@@ -15,7 +15,7 @@ def check_grids(g25) -> None:
     assert g25.groups("k") == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
-def check_3d_every_weight_element_one_rank(held) -> None:
+def check_3d_every_weight_element_on_one_rank(held) -> None:
     """The grids: 3D: every weight element on one rank"""
     assert all(len(who) == 1 for row in held["A = Wᵀ"] for who in row)          # 3D: every weight element on one rank
     assert all(len(who) == 2 for row in dict(fig07.owners("2.5d"))["A = Wᵀ"] for who in row)   # 2.5D: on d = 2
@@ -37,7 +37,7 @@ def check_ring_rs_2_ranks_1_send(dy, da, ops) -> None:
     assert dy < 1e-12 and da < 1e-12 and ops == ["all_gather", "all_gather", "send"]
 
 
-def check_2_5d_tesseract_weight_gradient(with_sum, without) -> None:
+def check_tesseract_weight_gradient_needs_sum(with_sum, without) -> None:
     """2.5D: Tesseract, and the weight gradient summed over depth"""
     assert max(with_sum) < 1e-12 and min(without) > 1e-3
 
@@ -48,7 +48,7 @@ def check_measured_per_rank_memory_held(c, per_rank) -> None:
     assert all(r["bytes_model"] < r["bytes_observed"] <= r["bytes_model"] + 300 * r["messages"] for r in per_rank)
 
 
-def check_2d_same_weights_as_1d_fewer(one, two, one8, cube, tess) -> None:
+def check_2d_same_weights_fewer_bytes_than_1d(one, two, one8, cube, tess) -> None:
     """Measured per rank: memory held, bytes sent, messages: 2D: same weights as 1D, fewer activations"""
     assert one[2] == two[2] and two[3] < one[3]                  # 2D: same weights as 1D, fewer activations
     assert one8[4] < cube[4] < tess[4]                           # 总结's "3D: least communication" fails here

@@ -53,7 +53,7 @@ def check_five_dimensions_one_mesh_dp(g16, g32) -> None:
     assert g32["ep"][0] == [0, 1, 2, 3] and g32["expert_dp"][0] == [0, 8, 16, 24]
 
 
-def check_five_dimensions_one_mesh_dp_2(refusals) -> None:
+def check_bad_layouts_refused(refusals) -> None:
     """Five dimensions on one mesh: dp × pp × cp × tp, with ep folded in"""
     assert len(refusals) == 2 and "multiply to the world size" in refusals[0] and "ep=3 must divide dp·cp·tp = 8" in refusals[1]
 

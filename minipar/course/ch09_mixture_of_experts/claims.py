@@ -28,7 +28,7 @@ def check_capacity_dropping(r, x, y, dropped) -> None:
     assert r.dropped == 9 and torch.equal((x + y)[dropped], x[dropped])
 
 
-def check_capacity_dropping_2(curves, factors) -> None:
+def check_favoured_expert_drops_more(curves, factors) -> None:
     """Capacity and dropping"""
     assert curves["expert 0 favoured (+1)"][factors.index(1.25)] > curves["random router"][factors.index(1.25)]
 
@@ -49,7 +49,7 @@ def check_climbs_stays_tokens_dropped(late, drop, s0, peak) -> None:
     assert s0[peak] > 1.5 * s0[0] and late["α = 0"] > s0[0] and drop["α = 0"] > 0.1   # climbs, stays: tokens dropped
 
 
-def check_load_balancing_loss_work_2(trained, at) -> None:
+def check_trained_balancing_drops_less(trained, at) -> None:
     """The load-balancing loss at work"""
     assert trained["router trained with α = 0.1"][at] <= trained["router trained with α = 0"][at]
 
@@ -74,12 +74,12 @@ def check_beyond_switchs_loss_z_loss(lg) -> None:
     assert abs(z_loss(lg).item() - 1e-3 * (lg.logsumexp(-1) ** 2).mean().item()) < 1e-12
 
 
-def check_beyond_switchs_loss_z_loss_2(batch, seq) -> None:
+def check_batch_and_sequence_balance_losses(batch, seq) -> None:
     """Beyond Switch's loss: the z-loss, per sequence or per batch, and no loss at all"""
     assert abs(batch - 1.0) < 1e-12 and abs(seq - (2 * 0.7 + 2 * 0.8) / 2) < 1e-12
 
 
-def check_beyond_switchs_loss_z_loss_3(load, logits) -> None:
+def check_capacity_limited_routing_load(load, logits) -> None:
     """Beyond Switch's loss: the z-loss, per sequence or per batch, and no loss at all"""
     assert load.max() < 1.2 * 64 < route(logits).wanted().max()
 
@@ -92,7 +92,7 @@ def check_no_balancing_term_loss_lm_loss(runs, loss_free, late, lm) -> None:
     assert late["α = 0.1"] < min(late[loss_free], late["α = 0"]) and lm["α = 0.1"] > lm["α = 0"]   # the loss's price
 
 
-def check_beyond_switchs_loss_z_loss_4(f8, f4, fs, ffn, p8, p4) -> None:
+def check_expert_flops_and_params(f8, f4, fs, ffn, p8, p4) -> None:
     """Beyond Switch's loss: the z-loss, per sequence or per batch, and no loss at all"""
     assert f8 - f4 == 2 * 2 * 32 * 4 and fs - f8 == 2 * ffn and abs(p8 - p4) < 0.01 * p4
 
@@ -102,11 +102,11 @@ def check_copies_busiest_experts_eplb(phy2log, readme) -> None:
     assert torch.equal(phy2log, readme)
 
 
-def check_copies_busiest_experts_eplb_2(best, plain, layer) -> None:
+def check_eplb_lowers_busiest_load(best, plain, layer) -> None:
     """Copies of the busiest experts: EPLB"""
     assert best < plain[layer].max()
 
 
-def check_copies_busiest_experts_eplb_3(after, ideal, layer) -> None:
+def check_eplb_never_below_ideal(after, ideal, layer) -> None:
     """Copies of the busiest experts: EPLB"""
     assert after.max() >= ideal[layer] - 1e-9

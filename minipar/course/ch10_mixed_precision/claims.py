@@ -40,7 +40,7 @@ def check_overflow_underflow_real_step(flushed) -> None:
     assert flushed["FP16, no loss scaling"] > 0.3 and flushed["FP16, loss scale 2^16"] < 0.01
 
 
-def check_overflow_underflow_real_step_2(n_inf, stepped, mp, untouched) -> None:
+def check_overflow_skips_step_and_halves_scale(n_inf, stepped, mp, untouched) -> None:
     """Overflow and underflow in a real step"""
     assert n_inf > 0 and not stepped and mp.scaler.loss_scale == 2.0 ** 29 and untouched
 
@@ -77,7 +77,7 @@ def check_close_learns(drift, ref) -> None:
     assert drift[torch.float16] <= 0.03 and drift[torch.bfloat16] <= 0.06 and ref.losses[-1] < ref.losses[0] - 0.2
 
 
-def check_bf16s_trade(mp, bf16_flushed) -> None:
+def check_bf16_needs_no_scaler(mp, bf16_flushed) -> None:
     """BF16's trade"""
     assert mp.scaler is None and bf16_flushed < 0.01
 
@@ -87,12 +87,12 @@ def check_what_16_bits_halve_what(per_param, master) -> None:
     assert per_param == {"FP32 Adam": 16, "mixed-precision Adam": 16} and master["grads"] == 0
 
 
-def check_what_16_bits_halve_what_2(act_ratio, wire_ratio, wire, wire_model) -> None:
+def check_16_bits_halve_wire_and_activations(act_ratio, wire_ratio, wire, wire_model) -> None:
     """What 16 bits halve, and what they do not"""
     assert 1.8 < act_ratio <= 2 and wire_ratio == 2 and all(wire[dt] == wire_model[dt] for dt in wire)
 
 
-def check_what_16_bits_halve_what_3(under_autocast, ln) -> None:
+def check_autocast_dtypes(under_autocast, ln) -> None:
     """What 16 bits halve, and what they do not"""
     assert under_autocast["matmul"].dtype == torch.bfloat16 and under_autocast["cross_entropy"].dtype == torch.float32
     assert ln.weight.dtype == torch.float32

@@ -18,12 +18,12 @@ def check_two_8_bit_formats_why(decades) -> None:
     assert round(decades["E4M3"], 1) == 5.4 and round(decades["E5M2"], 1) == 9.6 and round(decades["FP16"], 1) == 12.0
 
 
-def check_two_8_bit_formats_why_2(f, info) -> None:
+def check_formats_match_torch_finfo(f, info) -> None:
     """Two 8-bit formats, and why they need scales"""
     assert (f.max, f.smallest_normal, f.eps) == (info.max, info.tiny, info.eps)
 
 
-def check_two_8_bit_formats_why_3(q, rel) -> None:
+def check_e4m3_quantize_saturates_at_448(q, rel) -> None:
     """Two 8-bit formats, and why they need scales"""
     assert float(q.data.float().abs().max()) == 448 and rel <= E4M3.eps / 2
 
@@ -44,7 +44,7 @@ def check_accumulator_why_deepseek_v3_promotes(growth, table) -> None:
     assert growth > 10 and table[4096][1] < table[128][0] and table[4096][1] < table[4096][0] / 50
 
 
-def check_12_b_4_scales_all_gather(logged) -> None:
+def check_scales_in_all_gather_bytes(logged) -> None:
     """What FP8 buys: 12 B: the 4 scales' all-gather"""
     assert logged[1] == 2 * (logged[2] - 12) and logged[0] == 2 * logged[1]
 
@@ -54,6 +54,6 @@ def check_what_fp8_buys(observed) -> None:
     assert 0.49 < observed[2] / observed[1] < 0.52
 
 
-def check_what_fp8_buys_2(per_param, fp8_copy) -> None:
+def check_bytes_per_parameter(per_param, fp8_copy) -> None:
     """What FP8 buys"""
     assert per_param == {"FP32": 4, "FP16": 2, "BF16": 2, "E4M3": 1, "E5M2": 1} and sum(fp8_copy.values()) == 15

@@ -9,7 +9,7 @@ import torch
 from minipar.recompute import MODES
 
 
-def check_4_4_8_bytes_param(acc, psi) -> None:
+def check_4_4_8_bytes_per_parameter(acc, psi) -> None:
     """Where the memory of one step goes: 4 + 4 + 8 bytes/param"""
     assert acc.params == 4 * psi and acc.grads == 4 * psi and acc.optimizer == 8 * psi   # 4 + 4 + 8 bytes/param
     assert acc.activations > acc.model_states                  # at s = 64 the activations already dominate
@@ -42,7 +42,7 @@ def check_what_costs_flops(flops, cfg, B, S, H, L, block_forward, step_model) ->
     assert flops["none"] == step_model and flops["none"] < flops["selective"] < flops["full"]
 
 
-def check_what_costs_flops_2(s_, h_, layer) -> None:
+def check_attention_share_of_flops(s_, h_, layer) -> None:
     """What it costs: FLOPs"""
     assert 2 * s_ * s_ * h_ / layer < 0.01 < 12 * s_ * s_ * h_ / layer < 0.05
 

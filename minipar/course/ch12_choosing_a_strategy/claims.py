@@ -50,7 +50,7 @@ def check_published_decision_guide_as_rules(advice, best) -> None:
     assert advice.families == ["ZeRO-1 + TP + PP"] and mp.family(best.layout) in ("ZeRO-1 + TP + PP", "DP + TP + PP")
 
 
-def check_published_decision_guide_as_rules_2(fast, pf) -> None:
+def check_decision_guide_on_fast_network(fast, pf) -> None:
     """The published decision guide, as rules beside the planner"""
     assert decide(GPT3_175B, fast).families[0] == "ZeRO-3" and "slower" in pf.rejected["ZeRO-3 + TP"]
 

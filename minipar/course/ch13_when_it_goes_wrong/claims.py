@@ -17,7 +17,7 @@ def check_desync_caught_before_hang(error) -> None:
     assert "float32[4]" in str(error) and "float32[8]" in str(error)
 
 
-def check_desync_caught_before_hang_2(reports, frtrace, recorded) -> None:
+def check_every_rank_reports_mismatch(reports, frtrace, recorded) -> None:
     """A desync, caught before the hang"""
     assert all("Detected mismatch" in r.get("error", "") for r in reports)
     assert all(state == "scheduled" for r in reports for _, _, state in r["recorded"])
@@ -48,7 +48,7 @@ def check_silent_wrong_gradients_equality_harness(tp, ddp, ring) -> None:
     assert ring.boundary == "blocks.1.attn.qkv.bias" and "blocks.1.attn.proj.weight" in ring.right
 
 
-def check_silent_wrong_gradients_equality_harness_2(result) -> None:
+def check_first_divergence_found(result) -> None:
     """Silent wrong gradients: the equality harness as a debugger"""
     assert result.first is not None and result.first.step == 0 and 1e-3 < result.first.size < 1e-1
 
@@ -58,7 +58,7 @@ def check_randomness_across_ranks(right, wrong, masks) -> None:
     assert max(right.values()) == 0.0 and max(wrong.values()) > 0 and masks["wrong"] == 1.0
 
 
-def check_randomness_across_ranks_2(straight, resumed, restore) -> None:
+def check_resume_restores_random_state(straight, resumed, restore) -> None:
     """Randomness across ranks"""
     assert (straight == resumed) == restore
 

@@ -18,7 +18,7 @@ def check_powersgd_rank_r_gradient_with(bytes_rows, study) -> None:
     assert sum(s.numel() for s in study.shapes) == 9152 and max(s.numel() for s in study.shapes) == 64 * 16
 
 
-def check_powersgd_rank_r_gradient_with_2(ours, theirs, gap) -> None:
+def check_powersgd_matches_torch_hook(ours, theirs, gap) -> None:
     """PowerSGD: a rank-r gradient with error feedback"""
     assert ours.losses[:2] == theirs.losses[:2] and gap < 0.1
 
