@@ -21,6 +21,7 @@ Random-number seeds stay allowed, and the rule is written so that they do: ``ran
 anything inside inline code (``minipar.debug.seeds``) pass. Write "the random seed", not "the seed", when a
 sentence means the generator's seed.
 """
+import ast
 import json
 import re
 from pathlib import Path
@@ -130,3 +131,98 @@ def test_the_rules_catch_authoring_language(text):
 ])
 def test_the_rules_allow_random_seeds_and_plain_english(text):
     assert not problems_in(text), problems_in(text)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The lesson reads as a lesson (issue 49): no assert statements in a chapter's cells (a chapter package's
+# ``claims.py`` holds them and prints nothing when all hold), no words about how the checks are built in its
+# markdown, and no harness text in what the chapters print.
+# ----------------------------------------------------------------------------------------------------
+
+HARNESS_WORDS = [
+    ("says a claim is asserted", re.compile(r"\basserted\b", re.I)),
+    ("names a check() call", re.compile(r"(?<!\w)check\(\)")),            # `study.check()`; not `desync_check()`
+    ("says a sentence is generated", re.compile(r"\bgenerated\s+from\b", re.I)),
+    ("shouts RECORDED", re.compile(r"\bRECORDED\b")),
+]
+HARNESS_OUTPUT = ["RECORDED", "no guess written", "type your number"]
+
+
+def harness_words_in(markdown: str) -> list:
+    """(rule, sentence) for each word about the course's checks in one markdown cell's source."""
+    return [(what, _sentence(markdown, m.start(), m.end())) for what, rule in HARNESS_WORDS
+            for m in rule.finditer(markdown)]
+
+
+def _code_cells(path: Path) -> list:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+
+
+def asserts_in(code: str) -> list:
+    """Line numbers of the assert statements in one code cell (IPython's % and ! lines left out)."""
+    plain = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in code.split("\n"))
+    return [n.lineno for n in ast.walk(ast.parse(plain)) if isinstance(n, ast.Assert)]
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_assert_in_a_chapter(path):
+    found = [f"{path.stem} cell {i} line {line}" for i, code in _code_cells(path) for line in asserts_in(code)]
+    assert not found, "assert statements in a lesson (move them to the chapter's claims.py):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_words_about_the_checks_in_a_chapter(path):
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    found = [f"{path.stem} cell {i}: {what}: {sentence}"
+             for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+             for what, sentence in harness_words_in("".join(cell["source"]))]
+    assert not found, "words about the course's checks in front of the learner:\n" + "\n".join(found)
+
+
+def _printable_strings(source: str) -> list:
+    """The string literals (and f-strings' literal parts) of a Python source."""
+    return [n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_no_harness_text_in_what_the_chapters_print():
+    sources = [(p.relative_to(ROOT), p.read_text(encoding="utf-8")) for p in (ROOT / "minipar" / "course").rglob("*.py")
+               if not p.name.startswith("test_")]
+    sources += [(f"{p.stem} cell {i}", code) for p in CHAPTERS for i, code in _code_cells(p)
+                if not code.lstrip().startswith(("%", "!"))]
+    found = [f"{where}: {text!r}" for where, source in sources
+             for text in _printable_strings("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                                                       for line in source.split("\n")))
+             if any(word in text for word in HARNESS_OUTPUT)]
+    assert not found, "harness text the learner would read:\n" + "\n".join(found)
+
+
+def test_a_reveal_without_a_guess_prints_the_answer_plainly(capsys):
+    from minipar.course.predict import reveal
+    reveal(None, 12, what="all-reduces per layer", formula=12)
+    reveal(None, 4, what="all-gathers per layer")
+    out = capsys.readouterr().out
+    assert "measured 12" in out and "measured 4" in out and out.count("Your guess: none given.") == 2
+    assert not any(word in out for word in HARNESS_OUTPUT), out
+
+
+@pytest.mark.parametrize("text", [
+    "each sentence is asserted in the cell above", "Asserted for every rank.", "`study.check()` holds them",
+    "and check() raises", "the sentence is generated from the ratios", "RECORDED (not run now)",
+])
+def test_the_rules_catch_words_about_the_checks(text):
+    assert harness_words_in(text), text
+
+
+@pytest.mark.parametrize("text", [
+    "inside `with desync_check():` every collective is checked", "a recorded run, not re-run now",
+    "the assertion fails on rank 2", "Recorded on 2025-01-01 with `python -m minipar bench torch-side`",
+    "the gradients generated by backward",
+])
+def test_the_rules_allow_plain_words(text):
+    assert not harness_words_in(text), harness_words_in(text)
+
+
+def test_assert_statements_are_found():
+    assert asserts_in("%matplotlib inline\nx = 1\nassert x == 1\nfor i in range(2):\n    assert i < 2") == [3, 5]
+    assert asserts_in("c.assert_ok()\nprint('assert')") == []

@@ -9,20 +9,16 @@ In a chapter::
     ...the run...
     reveal(my_guess, measured, what="bytes sent per rank", formula=comm.predicted_bytes_sent(...))
 
-A guess left at ``None`` is fine: the reveal shows the answer and, the first time in a kernel, says what to type
-where; later reveals say only "no guess written" (the notebooks are committed with ``None``, so that "Run All",
-the tests and the static site go through). Numbers are compared as a ratio; any other guess
-(a schedule's name, "yes") is compared as text, case-insensitively.
+A guess left at ``None`` is fine: the reveal shows the answer and says "Your guess: none given." (the notebooks are
+committed with ``None``, so that "Run All" and the static site go through, and the site shows the answer plainly).
+Numbers are compared as a ratio; any other guess (a schedule's name, "yes") is compared as text,
+case-insensitively.
 """
 from __future__ import annotations
 
 __all__ = ["reveal", "verdict", "Revealed"]
 
-NO_GUESS = ("no guess written: in JupyterLab, type your number (or answer) into the predict cell's variable, "
-            "run that cell, then this one")
-NO_GUESS_AGAIN = "no guess written"
-
-_told_how_to_guess = False   # the long sentence has been printed in this process (kernel)
+NO_GUESS = "Your guess: none given."
 
 
 class Revealed(str):
@@ -61,18 +57,17 @@ def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
 
 def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1) -> Revealed:
     """Print and return ``what``: measured, the formula's value when given, your guess and :func:`verdict`
-    (returned as :class:`Revealed`, which a notebook does not display a second time). Without a guess, the
-    sentence saying what to type is printed once per process; later reveals say only "no guess written"."""
-    global _told_how_to_guess
+    (returned as :class:`Revealed`, which a notebook does not display a second time). Without a guess, the line
+    gives the answer and ends "Your guess: none given."."""
     u = f" {unit}" if unit else ""
     parts = [f"{what}: measured {_fmt(measured)}{u}"]
     if formula is not None:
         parts.append(f"formula {_fmt(formula)}{u}")
     if guess is not None:
         parts.append(f"your guess {_fmt(guess)}{u}")
-    judged = verdict(guess, measured, rel_tol=rel_tol)
     if guess is None:
-        judged, _told_how_to_guess = (NO_GUESS_AGAIN if _told_how_to_guess else NO_GUESS), True
-    line = "; ".join(parts) + f"  ->  {judged}"
+        line = "; ".join(parts) + f". {NO_GUESS}"
+    else:
+        line = "; ".join(parts) + f"  ->  {verdict(guess, measured, rel_tol=rel_tol)}"
     print(line)
     return Revealed(line)

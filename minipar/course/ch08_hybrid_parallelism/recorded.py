@@ -70,7 +70,7 @@ def report(path=RECORD) -> Report:
     """§6's table: the recorded PyTorch-side runs, with when, where and by what command they were recorded."""
     rec = load(path)
     meta, side = rec["recorded"], rec["side_by_side"]
-    lines = [f"RECORDED (not run now): `{meta['command']}` on {meta['started']}, {meta['cores']} CPU cores "
+    lines = [f"Recorded on {meta['started']} with `{meta['command']}` (not re-run now), {meta['cores']} CPU cores "
              f"({meta['machine']}, load {meta['load_before']}), torch {meta['torch']}, gloo",
              f"{side['layout']}:"]
     lines += [f"  {k:>22}: max |Δ| over losses and parameters = {side[k]['max_abs_diff']:.1e}" for k in PAIRS]

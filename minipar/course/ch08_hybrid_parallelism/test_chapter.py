@@ -289,7 +289,7 @@ def test_recorded_torch_side_holds_and_names_its_torch():
     from minipar.course.ch08_hybrid_parallelism import recorded
     r = recorded.report()
     r.check()
-    assert r.text.startswith("RECORDED") and r.record["recorded"]["command"] == recorded.COMMAND
+    assert r.text.startswith("Recorded on ") and r.record["recorded"]["command"] == recorded.COMMAND
     assert r.record["recorded"]["torch"].split("+")[0] == torch.__version__.split("+")[0], "re-record: torch changed"
 
 

@@ -1,0 +1,85 @@
+"""Chapter 00's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from minipar.course.ch00_setup_and_collectives import tour as ch00
+
+
+def check_why_distributed_training_memory(fits, weights_only, need, devices_needed, fits_on_one_device) -> None:
+    """Why distributed training: memory"""
+    assert not fits and weights_only == 350e9 and need == 2.8e12 and devices_needed(need) == 35
+    assert fits_on_one_device(1.3e9)[0] and not fits_on_one_device(7e9)[0]
+
+
+def check_adam_state_bytes_measured(measured, n) -> None:
+    """Why distributed training: memory"""
+    assert measured == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
+
+
+def check_oneflow_articles_month_holds(flops, at_peak, achieved, with_recompute, one_gpu_years) -> None:
+    """Why distributed training: compute: the OneFlow article's "a month" holds"""
+    assert 3.1e23 < flops < 3.2e23
+    assert 10 < at_peak < 13 and 20 < achieved < 30 and 30 < with_recompute < 40   # the OneFlow article's "a month" holds
+    assert one_gpu_years > 50
+
+
+def check_no_env_rendezvous(info) -> None:
+    """Processes, ranks, world size, and what torchrun sets: no env:// rendezvous"""
+    assert [i["rank"] for i in info] == [0, 1, 2, 3] and all(i["world_size"] == 4 and i["backend"] == "gloo" for i in info)
+    assert [i["env"]["LOCAL_RANK"] for i in info] == ["0", "1", "2", "3"] and all(i["env"]["RANK"] is None and i["env"]["MASTER_ADDR"] is None for i in info)  # no env:// rendezvous
+
+
+def check_backends_gloo_nccl_mpi(defaults) -> None:
+    """Backends: gloo, NCCL, MPI"""
+    assert defaults["cpu"] == "gloo" and defaults["cuda"] == "nccl"
+    assert dist.is_gloo_available()
+
+
+def check_whole_numbers_sums_exact_any_order(diff, name) -> None:
+    """The collectives, live on 4 ranks: whole numbers: sums are exact in any order"""
+    assert diff == 0, f"{name}: max |diff| = {diff}"
+
+
+def check_collectives_live_4_ranks(rows) -> None:
+    """The collectives, live on 4 ranks"""
+    assert all(r["matches"] and r["model"] == r["formula"] for r in rows)
+
+
+def check_broadcast_root_sends_n_minus_1(by_name) -> None:
+    """The collectives, live on 4 ranks: the root sends (N−1)·S"""
+    assert by_name["broadcast"]["model"] == 3 * 2**20 and by_name["broadcast"]["rank"] == 0
+
+
+def check_every_message_worked_out_one_process(steps, N) -> None:
+    """Ring all-reduce from send/recv: every message, worked out on one process"""
+    assert steps == ch00.expected_ring_messages(N)
+
+
+def check_ring_sends_2_n_minus_1_messages(same, sends, N, S) -> None:
+    """Ring all-reduce from send/recv: 2(N-1) messages of S/N"""
+    assert same and len(sends) == 2 * (N - 1) and all(m[1] == S // N for m in sends)
+
+
+def check_ring_bounded_root_linear(S, busiest, sweep) -> None:
+    """Ring vs. one root, as N grows (a claim of *并行训练*, measured): ring bounded, root linear"""
+    assert all(ring == 2 * (n - 1) * S / n <= 2 * S and root == (n - 1) * S for n, (ring, root) in busiest.items())  # ring bounded, root linear
+    assert all(sum(t["ring"]["sent"]) == sum(t["root"]["sent"]) and max(t["ring"]["max_abs_diff"], t["root"]["max_abs_diff"]) <= ch00.SUM_ATOL for t in sweep.values())  # same total, right sums
+
+
+def check_appendix_minipar_launch_torch_multiprocessing(by_hand, with_launch) -> None:
+    """Appendix A. `minipar.launch` and `torch.multiprocessing.spawn`"""
+    assert by_hand == with_launch == [6.0, 6.0, 6.0, 6.0]
+
+
+def check_appendix_b_torchrun_for_real(workers, launched) -> None:
+    """Appendix B. torchrun, for real"""
+    assert [w["result"] for w in workers] == launched == [6.0] * 4 and all(w["env"]["NODE_RANK"] is None and w["env"]["GROUP_RANK"] == "0" for w in workers)
+
+
+def check_appendix_c_collectives_as_tour(tour_rows) -> None:
+    """Appendix C. The collectives as the tour prints them"""
+    assert all(r.matches and r.bytes_sent_per_rank == r.bytes_formula for r in tour_rows)

@@ -1,0 +1,27 @@
+"""Chapter 01's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch
+
+
+def check_autograd_formulas(reference, dy, w, x) -> None:
+    """The logical matmul, on one device: autograd = the formulas"""
+    assert torch.allclose(reference["dx"], dy @ w.T) and torch.allclose(reference["dw"], x.T @ dy)
+
+
+def check_run_live_2_ranks_equal(table_2) -> None:
+    """Run live on 2 ranks: equal to one device, and the bytes"""
+    assert all(m.agrees(1e-5) for m in table_2.values()) and (table_2["data"].backward[0], table_2["column"].backward[0], table_2["row"].forward[0]) == (160, 80, 128)
+
+
+def check_run_live_4_ranks_uneven(table_4, gathered, padded) -> None:
+    """Run live on 4 ranks: uneven splits"""
+    assert all(m.agrees(1e-5) for m in table_4.values()) and (table_4["data"].backward[0], table_4["column"].backward[0], table_4["row"].forward[0]) == (240, 120, 192) and gathered == padded
+
+
+def check_what_oneflow_article_says_about(table_b, bwd, K, M, gathered_y, formula) -> None:
+    """What the OneFlow article says about model parallelism, measured"""
+    assert all(m.agrees(1e-4) for m in table_b.values()) and bwd["column"] == 2 * 3 / 4 * 64 * K * 4 > bwd["data"] == 2 * 3 / 4 * K * M * 4 and gathered_y == formula

@@ -1,0 +1,67 @@
+"""Chapter 02's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch.utils.data as tud
+
+from minipar import comm
+from minipar.check import compare
+
+
+def check_why_averaging_shard_gradients_exact(worst) -> None:
+    """Why averaging shard gradients is exact"""
+    assert worst < 1e-6
+
+
+def check_dataparallel_one_process_threads_five(got, want, rules) -> None:
+    """DataParallel: one process, threads, five exchanges through device 0"""
+    assert all(got[name] == want[name] for name in rules)
+
+
+def check_same_training_as_one_device(reference, G, runs) -> None:
+    """A parameter server: the server's link carries everything: same training as one device"""
+    assert all(compare(reference, [r for r, _ in out]).matches and out[0][1] == (n - 1) * G
+               and all(s == G for _, s in out[1:]) for n, out in runs.items())
+
+
+def check_ddp_from_scratch(formula, out, one) -> None:
+    """DDP from scratch"""
+    assert all(sent == formula for _, sent, _ in out) and one.matches and one.max_abs_diff == 0
+
+
+def check_ours_matches_torch_ddp(diffs) -> None:
+    """DDP from scratch"""
+    assert all(g <= 1e-7 and p <= 1e-6 for g, p in diffs)
+
+
+def check_buckets_left_during_backward(summary) -> None:
+    """Overlap: the bucket timeline: buckets left during backward"""
+    assert all(s["buckets"] > 1 and s["first_launch_ms"] < s["last_grad_ms"] for s in summary)   # buckets left during backward
+    assert all(s["last_grad_ms"] <= s["reduced_ms"] for s in summary)       # the drawn backward ends before the wait
+
+
+def check_which_examples_each_rank_sees(same, mine, L, N) -> None:
+    """Which examples each rank sees: the distributed sampler"""
+    assert all(same) and mine == [list(tud.DistributedSampler(range(L), N, r, shuffle=False)) for r in range(N)]
+
+
+def check_global_batch_gradient_accumulation(checks, formula, out) -> None:
+    """Global batch and gradient accumulation"""
+    assert all(c.matches for c in checks) and all(sent == formula for _, _, sent, _ in out[0])
+
+
+def check_pitfall_no_sync_used_wrongly(seen) -> None:
+    """The pitfall: `no_sync` used wrongly"""
+    assert seen == {False: (True, True), True: (False, False)}
+
+
+def check_dp_against_ddp_measured_here(counted, grads, N, dp_bytes) -> None:
+    """DP against DDP: measured here, replayed here and on a named cluster"""
+    assert counted["step_bytes_sent"] == comm.predicted_bytes_sent("all_reduce", grads, N) and dp_bytes["replicate model"] + dp_bytes["reduce grads"] == 2 * (N - 1) * grads
+
+
+def check_range_text_below_quotes(slowest, fastest) -> None:
+    """DP against DDP: measured here, replayed here and on a named cluster: the range the text below quotes"""
+    assert 0.7 < slowest < 0.8 and 3.3 < fastest < 3.5

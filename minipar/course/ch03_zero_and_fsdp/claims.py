@@ -1,0 +1,77 @@
+"""Chapter 03's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch
+
+from minipar.check import compare
+from minipar.data.zero_memory import GB
+from minipar.data.zero_memory import model_state_bytes_formula
+
+
+def check_papers_numbers(totals) -> None:
+    """Where the memory of training goes: the paper's numbers"""
+    assert [round(t, 1) for t in totals] == [120.0, 31.4, 16.6, 1.9]
+
+
+def check_la_lb_lc_example_live(runs) -> None:
+    """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide)"""
+    assert [[name for layer in run["held"].values() for name, _ in layer] for run in runs] == \
+        [["a0", "b0", "c0"], ["a1", "b1", "c1"], ["a2", "b2", "c2"]]
+
+
+def check_each_layer_gathered_freed_scattered(step1, layer) -> None:
+    """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide)"""
+    assert [k for k, l in step1 if l == layer] == ["all-gather", "free", "all-gather", "reduce-scatter", "free"]
+
+
+def check_prefetch_buys_hidden_gathers_with_memory(extra) -> None:
+    """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide): prefetch buys its hidden gathers with
+    memory: the next unit is gathered while this one computes"""
+    assert extra > 0
+
+
+def check_all_four_stages_measured(ratio) -> None:
+    """All four stages, measured"""
+    assert abs(ratio - 1.5) < 1e-9
+
+
+def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo3) -> None:
+    """The communication trade-off: trains like one device"""
+    assert all(compare(reference, [r[(c, 3)] for r in wire_runs], atol=1e-4, rtol=1e-3).matches for c in ("ring", "gloo"))   # trains like one device
+    assert abs(ring1 - 1.0) < 0.03 and abs(ring3 - 1.5) < 0.03      # the paper's figures, on the wire
+    assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
+
+
+def check_your_own_training_loop(runs_own) -> None:
+    """In your own training loop"""
+    assert "is sharded over 4 ranks" in runs_own[0][1] and "gathered()" in runs_own[0][1]
+
+
+def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, grad_op, full, hybrid, posted) -> None:
+    """FSDP's modes, run as the ZeRO variants they are: a node's shard: Ψ/2, not Ψ/4"""
+    assert all(m["matches"] for m in fsdp_modes.values())
+    assert kept["bytes"] == grad_op["bytes"] == 2 / 3 * full["bytes"] and kept["calls"] == 2 / 3 * full["calls"]
+    assert kept["between"] == full["between"] < grad_op["between"] and kept["peak"] > full["peak"]
+    assert hybrid["between"] == 2 * full["between"]                          # a node's shard: Ψ/2, not Ψ/4
+    assert posted["bytes"] == full["bytes"] and posted["between"] == full["between"]
+
+
+def check_same_training_bit_for_bit(off, plain, P, small) -> None:
+    """Offload: the optimizer on the CPU (ZeRO-Offload): same training, bit for bit"""
+    assert off["device"]["optimizer"] == 0 and plain["device"]["optimizer"] == 8 * P // 2
+    assert off["host"] == 12 * P // 2 and off["to_host"] == small.steps * 4 * P // 2
+    assert all(torch.equal(off["params"][k], plain["params"][k]) for k in plain["params"])   # same training, bit for bit
+
+
+def check_memory_centric_tiling_one_layer(outputs, peaks) -> None:
+    """Memory-centric tiling: one layer too large for the device"""
+    assert all(torch.equal(outputs[t], outputs[1]) for t in peaks)
+    assert peaks[16] <= 2 * peaks[1] / 16
+
+
+def check_zero3_1b_params_on_8_gpus() -> None:
+    """A calculator: the first view: 16 bytes × 1e9 / 8"""
+    assert round(model_state_bytes_formula(1e9, 8, 3, "mixed")["total"] / GB, 1) == 2.0

@@ -1,0 +1,117 @@
+"""Chapter 04's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+from minipar.pipeline import bubble_formula
+from minipar.pipeline import make_schedule
+from minipar.pipeline import simulate
+from minipar.pipeline import stages
+
+
+def check_naive_model_parallelism_one_device(sim, P) -> None:
+    """Naive model parallelism: one device busy at a time"""
+    assert sim.bubble_fraction == bubble_formula("naive", P, 1) == (P - 1) / P
+
+
+def check_gpipe_micro_batches_fill_pipe(P, sims) -> None:
+    """GPipe: micro-batches fill the pipe"""
+    assert all(abs(s.bubble_fraction - (P - 1) / (m + P - 1)) < 1e-12 and abs(s.bubble_ratio - (P - 1) / m) < 1e-12 for m, s in sims.items())
+
+
+def check_micro_batch_arithmetic(global_batch, dp, chunks, mbs) -> None:
+    """GPipe: micro-batches fill the pipe"""
+    assert global_batch == 1024 and 1024 // dp == 256 and 256 // chunks == mbs
+
+
+def check_gpipe_bytes_sent(sent, formula) -> None:
+    """GPipe: micro-batches fill the pipe"""
+    assert sent == formula
+
+
+def check_1f1b_bubble_equals_gpipe(g, o) -> None:
+    """1F1B (PipeDream-Flush): warm-up, steady state, cool-down"""
+    assert g.bubble_fraction == o.bubble_fraction and g.bubble_ratio == o.bubble_ratio
+
+
+def check_activations_held_per_stage(held, M, P, peak_kib, memory) -> None:
+    """1F1B (PipeDream-Flush): warm-up, steady state, cool-down"""
+    assert held["gpipe"] == [M] * P and held["1f1b"] == [P - r for r in range(P)]
+    assert peak_kib(memory[("1f1b", False)], 0) < 0.75 * peak_kib(memory[("gpipe", False)], 0) and peak_kib(memory[("1f1b", False)], 3) < 0.4 * peak_kib(memory[("gpipe", False)], 3) and peak_kib(memory[("gpipe", True)], 0) < 0.4 * peak_kib(memory[("gpipe", False)], 0)
+
+
+def check_pipedream_weight_versions_when_pipe(results, two_bw, P, asynchronous) -> None:
+    """PipeDream: weight versions when the pipe is never flushed"""
+    assert not results["2BW"][1].matches and not results["async"][1].matches
+    assert [r.most_versions for r in two_bw] == [2] * P and [r.most_versions for r in asynchronous] == [max(P - r, 2) for r in range(P)]
+
+
+def check_async_weight_versions(used, P) -> None:
+    """PipeDream: weight versions when the pipe is never flushed"""
+    assert all(used["async"][r][("F", j)] == max(0, j - (P - r - 1)) == used["async"][r][("BW", j)] for r in range(P) for j in range(8))
+    assert all(v == max(j // 4 - 1, 0) for r in range(P) for (k, j), v in used["2bw"][r].items())
+
+
+def check_interleaved_1f1b_v_chunks_per(cut, P) -> None:
+    """Interleaved 1F1B: v chunks per rank"""
+    assert sorted(int(n.split('.')[1]) for s in stages.assign(cut, P, 0).values()
+                  for n in s.reference_params() if n.endswith('weight')) == [0, 1, 8, 9]
+
+
+def check_interleaved_bubble_formula(P, M, inter) -> None:
+    """Interleaved 1F1B: v chunks per rank"""
+    assert all(abs(s.bubble_ratio - (P - 1) / (v * M)) < 1e-12 and abs(s.bubble_fraction - (P - 1) / (v * M + P - 1)) < 1e-12 for v, s in inter.items())
+
+
+def check_interleaved_peak_in_flight(inter) -> None:
+    """Interleaved 1F1B: v chunks per rank"""
+    assert inter[2].peak_in_flight == [11, 9, 7, 5] and inter[2].peak_activations == [5.5, 4.5, 3.5, 2.5]
+
+
+def check_interleaved_bytes_sent(sent, P, M, A) -> None:
+    """Interleaved 1F1B: v chunks per rank"""
+    assert all(sent[n] == 2 * (P * v - 1) * M * A / P for n, v in (("1f1b", 1), ("interleaved", 2)))
+
+
+def check_same_schedules_pytorch_torch_distributed(beside) -> None:
+    """The same schedules in PyTorch: `torch.distributed.pipelining`"""
+    assert beside["1f1b"].executed_equal and beside["interleaved"].executed_equal and not beside["gpipe"].executed_equal
+    assert all(abs(b.ours.bubble_fraction - b.theirs.bubble_fraction) < 1e-12 and b.ours.peak_in_flight == b.theirs.peak_in_flight
+               for b in beside.values())
+
+
+def check_every_schedule_simulated_measured_unpaced(unpaced) -> None:
+    """Every schedule, simulated and measured: unpaced, then paced"""
+    assert all(0 <= x < 1 for x in unpaced.values())
+
+
+def check_uniform_bubble_matches_simulation(uniform, name, P, M) -> None:
+    """Every schedule, simulated and measured: unpaced, then paced"""
+    assert abs(uniform - simulate(make_schedule(name, P, M)).bubble_fraction) < 1e-12
+    assert abs(uniform - (P - 1) / (M + P - 1)) < 1e-12
+
+
+def check_each_term_adds_idle(i, why) -> None:
+    """Every schedule, simulated and measured: unpaced, then paced: each term adds idle"""
+    assert i["formula"] < i["stages"] <= i["p2p"] + 1e-9 and i["measured"] > i["formula"]   # each term adds idle
+    assert all(w >= f * (1 - 1e-9) for w, f in zip(why.work["dgx_a100"], why.launch_floors))   # model: >= 5 µs a kernel
+    assert min(f / w for w, f in zip(why.work["dgx_a100"], why.launch_floors)) > 0.5          # ... floors are most of it
+
+
+def check_schedules_bubble_within_5_points(idle_paced) -> None:
+    """Paced: every action takes a fixed time: the schedule's bubble, within 5 points"""
+    assert idle_paced.agrees(within=0.05), idle_paced
+
+
+def check_m_p_error_shown_not_raised(schedule_or_error) -> None:
+    """Try it: p, m, v and the schedule: m < p: the error is shown, not raised"""
+    assert abs(schedule_or_error("interleaved", 4, 8, 2).bubble_fraction - 3 / 19) < 1e-12
+    assert "m >= p" in schedule_or_error("1f1b", 4, 2, 1)   # m < p: the error is shown, not raised
+
+
+def check_last_stage_ran_m_forwards_m(beside, last, M) -> None:
+    """Appendix: the PyTorch harness, and a list that is not the run: the last stage ran M forwards and M backwards
+    in the step"""
+    assert all(b.executed_equal for n, b in beside.items() if n != "gpipe")
+    assert len(last.executed) == 2 * M   # the last stage ran M forwards and M backwards in the step

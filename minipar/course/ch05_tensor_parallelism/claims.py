@@ -1,0 +1,101 @@
+"""Chapter 05's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def check_y_gelu_xa_with_split(shards, x, a) -> None:
+    """Y = GeLU(XA), with A split by columns"""
+    assert torch.allclose(torch.cat([y for _, y in shards], dim=1), F.gelu(x @ a), atol=1e-6)
+
+
+def check_gelu_does_not_add_up(sums_add_up, gelus_add_up) -> None:
+    """Y = GeLU(XA), with A split by columns"""
+    assert sums_add_up and not gelus_add_up
+
+
+def check_mlp_column_parallel_then_row(r) -> None:
+    """The MLP: column-parallel, then row-parallel"""
+    assert r["max |y - y_ref|"] < 1e-6 and r["max |dX - dX_ref|"] < 1e-6
+    assert r["forward"]["all_reduce"][0] == 1 and r["backward"]["all_reduce"][0] == 1
+
+
+def check_attention_heads_split_across_ranks(heads, qkv_shape, diff) -> None:
+    """Attention: heads split across ranks"""
+    assert heads == 2 and qkv_shape == (24, 32) and diff < 1e-6
+
+
+def check_vocabulary_split_embedding_cross_entropy(got, want, calls, sent) -> None:
+    """The vocabulary, split: embedding and cross-entropy"""
+    assert abs(got - want) < 1e-12 and calls == 3 and sent == 2 * 3 / 4 * (32 + 32 + 2 * 32) * 8
+
+
+def check_whole_gpt_tensor_parallel_against(refused) -> None:
+    """The whole GPT, tensor-parallel, against one device"""
+    assert refused is not None
+
+
+def check_bytes_per_layer(layer) -> None:
+    """Bytes per layer"""
+    assert all(sent["bytes_sent"] == formula <= observed <= formula + 4 * 2048 for sent, observed, formula in layer.values())
+
+
+def check_memory_per_rank_measured(mem, fraction) -> None:
+    """Memory per rank, measured"""
+    assert all(r["param_bytes"] == r["param_formula"] and r["activation_bytes"] == r["activation_formula"] for r in mem.values()) and 0.25 < fraction < 0.5
+
+
+def check_latency_fitted_no_longer_than_small(alpha, small, timings) -> None:
+    """Why TP stays inside a node: the latency fitted is no longer than the small all-reduces measured"""
+    assert alpha <= max(small)        # the latency fitted is no longer than the small all-reduces measured
+    assert statistics.median(timings[max(timings)]) > max(timings[min(timings)])  # a 10⁶× larger message: longer than every small call
+
+
+def check_inside_node_small_tax(inside, across) -> None:
+    """Why TP stays inside a node: inside a node: a small tax"""
+    assert all(inside[t]["tp_share"] < 0.2 for t in (2, 4, 8))                       # inside a node: a small tax
+    assert all(across[t]["tokens_per_gpu"] < 0.8 * inside[t]["tokens_per_gpu"] for t in (4, 8))   # across: a large one
+    assert inside[16]["tp_share"] > 0.5 and inside[16]["tokens_per_gpu"] == across[16]["tokens_per_gpu"]   # 16 spans nodes
+
+
+def check_why_tp_stays_inside_node(by_t) -> None:
+    """Why TP stays inside a node"""
+    assert [by_t[t]["tokens_per_gpu"] for t in by_t] == sorted((by_t[t]["tokens_per_gpu"] for t in by_t), reverse=True)
+
+
+def check_every_run_trains_as_one_device(equal) -> None:
+    """Measured here, replayed here, replayed on H100 nodes: every run trains as one device does, at every t"""
+    assert all(c.matches for cs in equal.values() for c in cs)
+
+
+def check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute) -> None:
+    """Measured here, replayed here, replayed on H100 nodes: the matmuls' FLOPs fall as 1/t ..."""
+    assert all(abs(flops[t] * t / flops[1] - 1) < 0.01 for t in inside)   # the matmuls' FLOPs fall as 1/t ...
+    assert [gemm[t] for t in inside] == sorted(gemm.values(), reverse=True)   # ... and their time with them
+
+    assert all(floor[t] == floor[1] for t in inside)                      # ... the kernels do not: the same launches at every t
+    assert all(floor[t] > 0.9 * compute[t] for t in inside)               # launch-bound: the floor is most of the compute
+    assert all(compute[t] <= 1.001 * compute[1] for t in inside)          # so compute per rank barely falls — and never rises
+    assert all(row["ratio"] < 1 for row in inside.values())               # inside a node: TP comm below compute at t ≤ 8
+
+
+def check_replayed_here_step_grows_with_t(here) -> None:
+    """Measured here, replayed here, replayed on H100 nodes: replayed here: the step grows with t (a ring of t
+    ranks: 2(t−1) latency steps)"""
+    assert here == sorted(here)
+
+
+def check_across_nodes_more_than_twice_inside(tables, t) -> None:
+    """Measured here, replayed here, replayed on H100 nodes: across nodes: more than twice inside"""
+    assert tables[t]["across"]["comm"] > 2 * tables[t]["inside"]["comm"]
+
+
+def check_pytorchs_own_tp_api_side(dy, dw) -> None:
+    """PyTorch's own TP API, side by side"""
+    assert dy < 1e-6 and dw < 1e-6

@@ -1,0 +1,104 @@
+"""Chapter 10's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minipar.precision.formats import BF16
+from minipar.precision.formats import FORMATS
+from minipar.precision.formats import FP16
+from minipar.precision.formats import FP32
+from minipar.precision.formats import round_to
+from minipar.precision.formats import spacing
+
+
+def check_three_bit_layouts(exact) -> None:
+    """Three bit layouts"""
+    assert all(exact)
+
+
+def check_range_precision_computed_from_layout(finfo) -> None:
+    """Range and precision, computed from the layout"""
+    assert all((f.max, f.smallest_normal, f.eps) == (finfo[f.name].max, finfo[f.name].tiny, finfo[f.name].eps) for f in FORMATS.values())
+    assert FP16.max == 65504 and BF16.smallest_normal == FP32.smallest_normal
+
+
+def check_flush_only_or_below_2_25(checks) -> None:
+    """Range and precision, computed from the layout: flush only at or below 2^-25"""
+    assert math.isinf(checks["65520 -> "]) and checks["2^-25 -> "] == 0.0 and checks["2049 -> "] == 2048.0
+    assert checks["3e-8 -> "] == 2.0 ** -24 and round_to(2.0 ** -25 * 1.001, FP16) == 2.0 ** -24   # flush only at or below 2^-25
+    assert spacing(2048.0, FP16) == 2.0 and spacing(1.0, BF16) == 2.0 ** -7
+    assert round_to(1e30, BF16) > 0 and math.isinf(round_to(1e30, FP16))   # BF16 has FP32's range, FP16 does not
+
+
+def check_overflow_underflow_real_step(flushed) -> None:
+    """Overflow and underflow in a real step"""
+    assert flushed["FP16, no loss scaling"] > 0.3 and flushed["FP16, loss scale 2^16"] < 0.01
+
+
+def check_overflow_skips_step_and_halves_scale(n_inf, stepped, mp, untouched) -> None:
+    """Overflow and underflow in a real step"""
+    assert n_inf > 0 and not stepped and mp.scaler.loss_scale == 2.0 ** 29 and untouched
+
+
+def check_dynamic_loss_scaling_step_by(agree, p_ours, p_torch) -> None:
+    """Dynamic loss scaling, step by step"""
+    assert all(agree) and torch.equal(p_ours, p_torch)
+
+
+def check_skipped_first_then_trains(mp) -> None:
+    """Dynamic loss scaling, step by step: skipped first, then trains"""
+    assert mp.scaler.history[0][1] and not mp.scaler.history[-1][1]
+
+
+def check_model_us_own_rounding(kept, w, sweep) -> None:
+    """Master weights: why small updates vanish without them: model ± u's own rounding"""
+    assert bool(kept != w) and all(2 ** 11 <= r16 < 2 ** 12 and 2 ** 8 <= rb < 2 ** 9 for r16, _, rb, _ in sweep.values())
+    assert all(abs(r16 - m16) <= 2 and abs(rb - mb) <= 2 for r16, m16, rb, mb in sweep.values())   # model ± u's own rounding
+
+
+def check_master_weights_why_small_updates(lost) -> None:
+    """Master weights: why small updates vanish without them"""
+    assert lost["FP32"] < 0.01 < lost["FP16"] < lost["BF16"]
+
+
+def check_lr_g_g_eps(update, adam_lost, half_lost_fp16) -> None:
+    """Master weights: why small updates vanish without them: lr·g/(|g| + eps)"""
+    assert torch.allclose(update.abs(), torch.full_like(update, 3e-4), rtol=2e-2)   # lr·g/(|g| + eps)
+    assert adam_lost["BF16"] == 1.0 and adam_lost["FP32"] == 0.0 and half_lost_fp16 and 0 < adam_lost["FP16"] < 1
+
+
+def check_close_learns(drift, ref) -> None:
+    """Master weights: why small updates vanish without them: close; it learns"""
+    assert drift[torch.float16] <= 0.03 and drift[torch.bfloat16] <= 0.06 and ref.losses[-1] < ref.losses[0] - 0.2
+
+
+def check_bf16_needs_no_scaler(mp, bf16_flushed) -> None:
+    """BF16's trade"""
+    assert mp.scaler is None and bf16_flushed < 0.01
+
+
+def check_what_16_bits_halve_what(per_param, master) -> None:
+    """What 16 bits halve, and what they do not"""
+    assert per_param == {"FP32 Adam": 16, "mixed-precision Adam": 16} and master["grads"] == 0
+
+
+def check_16_bits_halve_wire_and_activations(act_ratio, wire_ratio, wire, wire_model) -> None:
+    """What 16 bits halve, and what they do not"""
+    assert 1.8 < act_ratio <= 2 and wire_ratio == 2 and all(wire[dt] == wire_model[dt] for dt in wire)
+
+
+def check_autocast_dtypes(under_autocast, ln) -> None:
+    """What 16 bits halve, and what they do not"""
+    assert under_autocast["matmul"].dtype == torch.bfloat16 and under_autocast["cross_entropy"].dtype == torch.float32
+    assert ln.weight.dtype == torch.float32
+
+
+def check_table_claims_checked(decades) -> None:
+    """*总结*'s table and claims, checked"""
+    assert round(FP16.decimal_digits, 1) == 3.3 and round(BF16.decimal_digits, 1) == 2.4 and round(FP32.decimal_digits, 1) == 7.2
+    assert BF16.eps / FP32.eps == 65536 and round(decades["FP16"]) == 12 and round(decades["FP32"]) == 83

@@ -1,0 +1,59 @@
+"""Chapter 11's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch
+
+from minipar.recompute import MODES
+
+
+def check_4_4_8_bytes_per_parameter(acc, psi) -> None:
+    """Where the memory of one step goes: 4 + 4 + 8 bytes/param"""
+    assert acc.params == 4 * psi and acc.grads == 4 * psi and acc.optimizer == 8 * psi   # 4 + 4 + 8 bytes/param
+    assert acc.activations > acc.model_states                  # at s = 64 the activations already dominate
+
+
+def check_activations_per_block_formula_measurement(rows) -> None:
+    """Activations per block: the formula and the measurement"""
+    assert all(abs(got - want) <= 0.01 * want for _, _, got, want, _ in rows)
+
+
+def check_over_sequence_length(sweep) -> None:
+    """Over the sequence length"""
+    assert all(abs(got - lin - quad) <= 0.01 * (lin + quad) for got, lin, quad in sweep.values())
+    assert 2 < sweep[128][0] / sweep[64][0] < sweep[512][0] / sweep[256][0] < 4 and sweep[512][2] > 0.8 * sum(sweep[512][1:])
+
+
+def check_attention_without_matrix(fused) -> None:
+    """Attention without the s×s matrix"""
+    assert all(same and (u, f) == m for u, f, m, same in fused.values())
+
+
+def check_how_built(identical) -> None:
+    """How it is built"""
+    assert all(identical.values())
+
+
+def check_what_costs_flops(flops, cfg, B, S, H, L, block_forward, step_model) -> None:
+    """What it costs: FLOPs"""
+    assert flops["selective"] - flops["none"] == cfg.n_layer * 2 * B * S * S * H and flops["full"] - flops["none"] == L * block_forward
+    assert flops["none"] == step_model and flops["none"] < flops["selective"] < flops["full"]
+
+
+def check_attention_share_of_flops(s_, h_, layer) -> None:
+    """What it costs: FLOPs"""
+    assert 2 * s_ * s_ * h_ / layer < 0.01 < 12 * s_ * s_ * h_ / layer < 0.05
+
+
+def check_one_steps_memory_as_timeline(peaks) -> None:
+    """One step's memory as a timeline"""
+    assert peaks["full"] < peaks["selective"] < peaks["none"]
+
+
+def check_same_communication(per_rank) -> None:
+    """Per rank, under data parallelism: same communication"""
+    assert all(per_rank[m][0][1] == per_rank["none"][0][1] for m in MODES)          # same communication
+    assert per_rank["full"][0][0] < per_rank["selective"][0][0] < per_rank["none"][0][0]
+    assert all(torch.equal(a, b) for a, b in zip(per_rank["full"][0][2], per_rank["none"][0][2]))

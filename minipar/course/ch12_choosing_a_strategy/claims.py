@@ -1,0 +1,72 @@
+"""Chapter 12's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+from minipar import plan as mp
+from minipar.machine import gpu_measured
+from minipar.plan import GPT3_175B
+from minipar.plan import decide
+from minipar.plan import dgx_a100
+from minipar.plan import estimate
+from minipar.plan import mfu
+from minipar.plan import parameters
+
+
+def check_choosing_strategy_cost_model_planner() -> None:
+    """· Choosing a strategy: a cost model, a planner and a published decision guide"""
+    assert round(parameters(GPT3_175B) / 1e9) == 175
+
+
+def check_what_one_model_costs_four(acts, GB) -> None:
+    """What one model costs: four formulas, checked against the papers"""
+    assert abs(acts["no parallelism"] / GB - 2.868) < 1e-3 and abs(mfu(GPT3_175B, 64, 13.75, 64, 312e12) - 0.514) < 1e-3
+
+
+def check_cost_model_memory_time_one() -> None:
+    """The cost model: memory and time of one layout, term by term"""
+    assert mp.in_flight("1f1b", 4, 8) == 4 and mp.in_flight("gpipe", 4, 8) == 8 and mp.in_flight("interleaved", 4, 8, 2) == 5.5
+
+
+def check_time_gpu_device_model_checked(row) -> None:
+    """Time on a GPU: the device model, checked against published runs"""
+    assert abs(sum(row["terms"].values()) - row["predicted"]) <= 1e-9 * row["predicted"]
+    assert {"compute", "bubble", "tp", "pp", "optimizer"} <= set(row["terms"])
+
+
+def check_oneflow_articles_gpt_3_layout(seed_layout, one_t, e_1t) -> None:
+    """The OneFlow article's GPT-3 layout, checked"""
+    assert seed_layout.devices == 3072 and not estimate(one_t, dgx_a100(384), seed_layout).fits and e_1t.fits
+
+
+def check_planner_gpt_3_175b_1024(best) -> None:
+    """The planner on GPT-3 175B, 1024 A100s"""
+    assert best.fits and best.layout.tp <= 8 and best.layout.pp > 1 and best.layout.devices == 1024
+
+
+def check_published_decision_guide_as_rules(advice, best) -> None:
+    """The published decision guide, as rules beside the planner"""
+    assert advice.families == ["ZeRO-1 + TP + PP"] and mp.family(best.layout) in ("ZeRO-1 + TP + PP", "DP + TP + PP")
+
+
+def check_decision_guide_on_fast_network(fast, pf) -> None:
+    """The published decision guide, as rules beside the planner"""
+    assert decide(GPT3_175B, fast).families[0] == "ZeRO-3" and "slower" in pf.rejected["ZeRO-3 + TP"]
+
+
+def check_memory_time_calculator(first_view, views) -> None:
+    """A memory-and-time calculator"""
+    assert first_view.fits and first_view.layout.devices == 1024 and 0.3 < first_view.mfu < 0.7
+    assert views["H100 card (device model)"].step_seconds < views["A100 card (device model)"].step_seconds
+
+
+def check_memory_over_sequence_length(fits) -> None:
+    """Memory over the sequence length"""
+    assert fits["TP 8"] == 2048 and fits["TP 8 + SP + selective"] == 8192
+
+
+def check_checked_real_h100_host_floor(gpu_rows, inside, course_step, gpu_runs) -> None:
+    """Checked on a real H100: the host is the floor"""
+    assert len(gpu_rows) == 10 and len(inside) == 9 and course_step["measured"] > 5 * course_step["device"]
+    assert abs(gpu_measured.gemm_efficiency(gpu_runs)[0] - 0.72) < 0.005

@@ -1,0 +1,68 @@
+"""Chapter 13's claims, held against the numbers its cells compute.
+
+Each function takes what one cell computed, raises AssertionError naming the claim when one does not hold
+and prints nothing when all hold."""
+from __future__ import annotations
+
+import torch
+
+
+def check_hang_where_ranks_parted(left_running, error) -> None:
+    """A hang, and where the ranks parted"""
+    assert left_running == 0 and "never issued" in error.flight
+
+
+def check_desync_caught_before_hang(error) -> None:
+    """A desync, caught before the hang"""
+    assert "float32[4]" in str(error) and "float32[8]" in str(error)
+
+
+def check_every_rank_reports_mismatch(reports, frtrace, recorded) -> None:
+    """A desync, caught before the hang"""
+    assert all("Detected mismatch" in r.get("error", "") for r in reports)
+    assert all(state == "scheduled" for r in reports for _, _, state in r["recorded"])
+    assert frtrace["not_all_joining"] == recorded and frtrace["world_sizes"] == ["0"]
+
+
+def check_stragglers_which_rank_makes_others(slow) -> None:
+    """Stragglers: which rank makes the others wait, and what it costs"""
+    assert slow.rank == 1 and slow.compute > 2 * slow.others_compute
+
+
+def check_microseconds_wire(step, step_fixed, as_run, slow) -> None:
+    """Stragglers: which rank makes the others wait, and what it costs: microseconds on the wire"""
+    assert step > step_fixed and as_run.idle(1 - slow.rank) > as_run.idle(slow.rank)
+    assert max(as_run.exposed(r) for r in range(2)) < 0.01 * sum(as_run.step_gaps())    # microseconds on the wire
+
+
+def check_few_epsilons(noise) -> None:
+    """Silent wrong gradients: the equality harness as a debugger: a few epsilons"""
+    assert noise[torch.float32] > 1e6 * noise[torch.float64]
+    assert all(d < 100 * torch.finfo(dtype).eps for dtype, d in noise.items())        # a few epsilons
+
+
+def check_silent_wrong_gradients_equality_harness(tp, ddp, ring) -> None:
+    """Silent wrong gradients: the equality harness as a debugger"""
+    assert tp.boundary == "ln_f.bias" and tp.right == ["head.weight"]
+    assert ddp.wrong == ["blocks.1.mlp.proj.weight", "blocks.1.mlp.proj.bias", "ln_f.weight", "ln_f.bias"]
+    assert ring.boundary == "blocks.1.attn.qkv.bias" and "blocks.1.attn.proj.weight" in ring.right
+
+
+def check_first_divergence_found(result) -> None:
+    """Silent wrong gradients: the equality harness as a debugger"""
+    assert result.first is not None and result.first.step == 0 and 1e-3 < result.first.size < 1e-1
+
+
+def check_randomness_across_ranks(right, wrong, masks) -> None:
+    """Randomness across ranks"""
+    assert max(right.values()) == 0.0 and max(wrong.values()) > 0 and masks["wrong"] == 1.0
+
+
+def check_resume_restores_random_state(straight, resumed, restore) -> None:
+    """Randomness across ranks"""
+    assert (straight == resumed) == restore
+
+
+def check_nan_first_operator_rank_that(born0, finite0, born1) -> None:
+    """NaN: the first operator, and the rank, that produced it"""
+    assert born0 is None and not finite0 and born1.op == "exp" and born1.rank == 1 and born1.largest_input > 11.09
