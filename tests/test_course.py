@@ -118,8 +118,11 @@ def test_docs_cli_lists_every_train_flag_with_its_default():
     assert sorted(documented) == sorted(a.option_strings[0] for a in actions)
     for a in actions:
         shown, what = documented[a.option_strings[0]]
-        want = "off" if a.nargs == 0 else "—" if a.default is None else (
-            f"{a.default:g}" if isinstance(a.default, float) else str(a.default))
+        default = a.default
+        if default is None and a.help and "(default " in a.help:   # set after parsing (--keep: only with --save)
+            default = a.help.split("(default ", 1)[1].split(";")[0].split(")")[0].split(":")[0].strip()
+        want = "off" if a.nargs == 0 else "—" if default is None else (
+            f"{default:g}" if isinstance(default, float) else str(default))
         assert shown == want, (a.option_strings[0], shown, want)
         for choice in a.choices or ():
             assert f"`{choice}`" in what or shown == str(choice), (a.option_strings[0], choice)
