@@ -91,17 +91,20 @@ class PerParameterUnit:
         """Copy-in, all-gather, copy-out: every parameter's full tensor (storage re-allocated)."""
         if self.gathered:
             return
-        dtype = self.params[0].full.dtype
+        for p, full in zip(self.params, self.full_tensors(self.params[0].full.dtype)):
+            p.full.data.untyped_storage().resize_(full.numel() * full.element_size())
+            p.full.data.copy_(full)                     # .data: refilling it is no autograd in-place write
+        self.gathered = True
+
+    def full_tensors(self, dtype) -> list:
+        """Every rank's shards, all-gathered in ``dtype``: each parameter's full tensor, one per parameter (the
+        compute dtype to compute with; the shards' own for a state dict, which a 16-bit copy would round)."""
         send = self.layout.flatten([p.shard.detach().to(dtype) for p in self.params])         # copy-in
         received = send.new_empty(self.n * self.total)
         comm.all_gather_into_tensor(received, send, group=self.group)
         table = received.view(self.n, self.total)
-        for p, offset in zip(self.params, self.offsets):                                     # copy-out
-            full = p.full.data                          # .data: refilling it is no autograd in-place write
-            full.untyped_storage().resize_(full.numel() * full.element_size())
-            rows = table[:, offset:offset + p.numel].reshape(self.n * p.c, p.rest)[:p.d0]
-            full.copy_(rows.reshape(p.shape))
-        self.gathered = True
+        return [table[:, offset:offset + p.numel].reshape(self.n * p.c, p.rest)[:p.d0].reshape(p.shape)
+                for p, offset in zip(self.params, self.offsets)]                               # copy-out
 
     def free(self) -> None:
         for p in self.params:
@@ -250,27 +253,18 @@ class PerParameterFSDP(nn.Module):
 
     def full_state_dict(self) -> dict:
         """{name: full tensor} under the wrapped module's names (every rank calls it: one gather per unit)."""
-        for unit in self.units:
-            unit.gather()
-        out = {}
-        for name, p in self.module.named_parameters():
-            out[name] = p.detach().clone()
-        for unit in self.units:
-            for p in unit.params:
-                name = next(n for n, q in self.module.named_parameters() if q is p.shard)
-                out[name] = p.full.detach().to(p.shard.dtype).clone()
-            unit.free()
-        return out
+        names = dict(self.module.named_parameters())
+        return {name: t for name, t in self.state_dict().items() if name in names}
+
+    def _full_by_shard(self) -> dict:
+        """{id(shard): full tensor}, gathered in the shards' own dtype (FP32 masters stay FP32)."""
+        return {id(p.shard): full for unit in self.units
+                for p, full in zip(unit.params, unit.full_tensors(unit.params[0].shard.dtype))}
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
         """The wrapped module's full state dict (every rank calls it: one gather per unit): its own keys, every
         parameter whole, buffers and frozen parameters included; ``load_state_dict`` takes it back."""
-        full = {}
-        for unit in self.units:
-            unit.gather()
-            full.update((id(p.shard), p.full.detach().to(p.shard.dtype).clone()) for p in unit.params)
-            unit.free()
-        return module_state_dict(self.module, full, prefix)
+        return module_state_dict(self.module, self._full_by_shard(), prefix)
 
     def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False):
         """Load a full state dict (as :meth:`state_dict` gives): each rank keeps its rows of every sharded
