@@ -112,14 +112,15 @@ class FSDP(nn.Module):
 
     ``per_parameter=True`` shards each parameter on dim 0 instead (FSDP2's design,
     :class:`~minipar.data.fsdp2.PerParameterFSDP`): ``parameters()`` are then the module's own parameters as
-    dim-0 shards, each with its ``.grad`` after backward."""
+    dim-0 shards, each with its ``.grad`` after backward; a trainable parameter in none of ``units`` is then
+    replicated (whole on every rank, its gradient all-reduced to the mean), not an error."""
 
     def __new__(cls, module=None, *, per_parameter: bool = False, group=None, units=block_units, param_dtype=None,
                 reduce_dtype=None, norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(),
                 use_orig_params: bool = False):
         if per_parameter:
             return PerParameterFSDP(module, group=group, units=units, param_dtype=param_dtype,
-                                    reduce_dtype=reduce_dtype,
+                                    reduce_dtype=reduce_dtype, prefetch=prefetch,
                                     fp32_modules=_norms(module, param_dtype, norms_in_fp32, norm_classes))
         return super().__new__(cls)
 

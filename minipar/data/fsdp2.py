@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
-from ..flat import FlatLayout
+from .per_parameter_unit import PerParameterUnit, ShardedParam
 from .units import UnitOrder
 
 __all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
@@ -46,89 +46,6 @@ def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
     module.register_forward_pre_hook(lambda m, args: tuple(
         a.to(own) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
     module.register_forward_hook(lambda m, args, out: out.to(param_dtype))
-
-
-class ShardedParam:
-    """One parameter sharded on dim 0: ``shard`` (c, …) is what the optimizer steps, ``full`` the gathered
-    (d₀, …) tensor the module computes with (its storage freed between uses); ``owners`` are the (module,
-    name) pairs that register it (a tied weight has two)."""
-
-    def __init__(self, param: nn.Parameter, owners, n: int, rank: int, compute_dtype):
-        self.shape, self.owners = param.shape, owners
-        rows = param.detach().reshape(param.shape[0] if param.dim() else 1, -1)     # (d₀, rest)
-        self.d0, self.rest = rows.shape
-        self.c = -(-self.d0 // n)                                                   # ⌈d₀/N⌉ rows per rank
-        padded = torch.cat([rows, rows.new_zeros(n * self.c - self.d0, self.rest)])
-        local_shape = (self.c, *param.shape[1:]) if param.dim() else (self.c,)
-        self.shard = nn.Parameter(padded[rank * self.c:(rank + 1) * self.c].clone().view(local_shape))
-        self.full = nn.Parameter(param.detach().to(compute_dtype).clone())
-        self.full.data.untyped_storage().resize_(0)                                 # gathered when needed
-        self.numel = self.c * self.rest                                             # my elements
-
-    def my_rows(self, full: torch.Tensor, n: int, rank: int) -> torch.Tensor:
-        """Rank ``rank``'s shard of a full tensor of this parameter's shape: rows [r·c, (r+1)·c), zeros past d₀."""
-        rows = full.detach().reshape(self.d0, self.rest).to(self.shard.dtype)
-        padded = torch.cat([rows, rows.new_zeros(n * self.c - self.d0, self.rest)])
-        return padded[rank * self.c:(rank + 1) * self.c].view(self.shard.shape)
-
-    def install(self, which: nn.Parameter) -> None:
-        for module, name in self.owners:
-            module._parameters[name] = which
-
-
-class PerParameterUnit:
-    """The parameters gathered together (one module's): one all-gather and one reduce-scatter each way."""
-
-    def __init__(self, module, params, group, reduce_dtype=None, label="(root)"):
-        self.module, self.params, self.group, self.reduce_dtype = module, params, group, reduce_dtype
-        self.label = label
-        self.n = dist.get_world_size(group)
-        self.layout = FlatLayout([p.shard.shape for p in params])                 # my shards, one after another
-        self.offsets, self.total = self.layout.offsets, self.layout.numel         # T = Σ c_p·rest
-        self.gathered, self.freed_after_backward = False, 0
-
-    def gather(self) -> None:
-        """Copy-in, all-gather, copy-out: every parameter's full tensor (storage re-allocated)."""
-        if self.gathered:
-            return
-        for p, full in zip(self.params, self.full_tensors(self.params[0].full.dtype)):
-            p.full.data.untyped_storage().resize_(full.numel() * full.element_size())
-            p.full.data.copy_(full)                     # .data: refilling it is no autograd in-place write
-        self.gathered = True
-
-    def full_tensors(self, dtype) -> list:
-        """Every rank's shards, all-gathered in ``dtype``: each parameter's full tensor, one per parameter (the
-        compute dtype to compute with; the shards' own for a state dict, which a 16-bit copy would round)."""
-        send = self.layout.flatten([p.shard.detach().to(dtype) for p in self.params])         # copy-in
-        received = send.new_empty(self.n * self.total)
-        comm.all_gather_into_tensor(received, send, group=self.group)
-        table = received.view(self.n, self.total)
-        return [table[:, offset:offset + p.numel].reshape(self.n * p.c, p.rest)[:p.d0].reshape(p.shape)
-                for p, offset in zip(self.params, self.offsets)]                               # copy-out
-
-    def free(self) -> None:
-        for p in self.params:
-            p.full.data.untyped_storage().resize_(0)
-        self.gathered = False
-
-    def reduce(self, active) -> None:
-        """Copy-in the full gradients, reduce-scatter their mean, copy-out each piece into ``shard.grad``
-        (added, as torch accumulates); a parameter no rank used keeps its ``.grad``."""
-        dtype = self.reduce_dtype or self.params[0].full.dtype
-        table = torch.zeros(self.n, self.total, dtype=dtype)
-        for p, offset in zip(self.params, self.offsets):
-            if p.full.grad is not None:
-                rows = p.full.grad.reshape(p.d0, p.rest).to(dtype)
-                padded = torch.cat([rows, rows.new_zeros(self.n * p.c - p.d0, p.rest)])
-                table[:, offset:offset + p.numel] = padded.view(self.n, p.numel)
-        table.div_(self.n)                                                  # the mean: divide, then sum
-        mine = table.new_empty(self.total)
-        comm.reduce_scatter_tensor(mine, table.view(-1), group=self.group)
-        for p, offset, used in zip(self.params, self.offsets, active):
-            p.full.grad = None
-            if used:
-                piece = mine[offset:offset + p.numel].view_as(p.shard).to(p.shard.dtype)
-                p.shard.grad = piece.clone() if p.shard.grad is None else p.shard.grad + piece
 
 
 def module_state_dict(module: nn.Module, full_by_param: dict, prefix: str = "") -> dict:
@@ -172,26 +89,36 @@ def finish_at_backward_end(wrapper, out):
 
 
 class PerParameterFSDP(nn.Module):
-    """``FSDP(module, per_parameter=True)``: the module's trainable parameters become their dim-0 shards
-    (``model.parameters()`` yields them, each ``.grad`` of its shape and dtype after backward); ``units``
+    """``FSDP(module, per_parameter=True)``: the module's trainable parameters in ``units`` become their dim-0
+    shards (``model.parameters()`` yields them, each ``.grad`` of its shape and dtype after backward); ``units``
     chooses what is gathered together (see :class:`~minipar.data.fsdp.FSDP`); ``fp32_modules`` (the norms, under
-    a ``param_dtype`` policy) are units of their own, gathered and computed in their parameters' dtype."""
+    a ``param_dtype`` policy) inside a unit are units of their own, gathered and computed in their parameters'
+    dtype. A trainable parameter in no unit is replicated (``fully_shard`` on the big layers, ``replicate`` on
+    the rest): whole on every rank, in its own dtype, its gradient averaged by one all-reduce at the end of the
+    backward, so it is the same on every rank; ``model.parameters()`` yields it beside the shards.
+    ``prefetch``: from the second step on, a unit's forward (backward) posts the all-gather of the unit that ran
+    next in the first step's forward (backward); ``async_reduce``: the reduce-scatters are posted one after
+    another and waited for together. ``events``: (step, what, unit label), in the order they happened."""
 
     def __init__(self, module: nn.Module, *, group=None, units, param_dtype=None, reduce_dtype=None,
-                 fp32_modules=()):
+                 fp32_modules=(), prefetch: bool = True, async_reduce: bool = True):
         super().__init__()
-        self.module, self.group = module, group
+        self.module, self.group, self.prefetch, self.async_reduce = module, group, prefetch, async_reduce
         n, rank = self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         owners = {}
         for m in module.modules():
             for name, p in m._parameters.items():
                 if p is not None:
                     owners.setdefault(id(p), []).append((m, name))
+        unit_modules = list(units(module))
+        in_units = {id(p) for m in unit_modules for p in m.parameters()}
+        sharded_norms = [m for m in fp32_modules if all(id(p) in in_units for p in m.parameters())]
         claimed, chosen = set(), []
-        for unit_module in [*fp32_modules, *units(module)]:     # each parameter in the first unit that has it
+        for unit_module in [*sharded_norms, *unit_modules]:     # each parameter in the first unit that has it
             mine = [p for p in unit_module.parameters() if p.requires_grad and id(p) not in claimed]
             claimed.update(id(p) for p in mine)
             chosen.append((unit_module, mine))
+        self.replicated = [p for p in module.parameters() if p.requires_grad and id(p) not in claimed]
         self.units, labels = [], {m: name for name, m in module.named_modules()}
         for unit_module, mine in chosen:
             if not mine:
@@ -209,47 +136,102 @@ class PerParameterFSDP(nn.Module):
         for norm in fp32_modules:
             compute_in_own_dtype(norm, param_dtype)
         self._finish_queued, self.order = False, UnitOrder(self.units, group)   # every rank runs every unit
+        self.forward_order, self.backward_order, self._recording = [], [], True
+        self.events, self.steps_done, self._held = [], 0, None
 
-    def _gather(self, unit) -> None:
+    def _post_gather(self, unit, async_op: bool = False) -> None:
         if not unit.gathered:                            # the ranks agree on the unit first (minipar.data.units)
             self.order.agree("all-gather", unit)
-        unit.gather()
+            self.events.append((self.steps_done, "all-gather posted", unit.label))
+            unit.gather(async_op)
+
+    def _gather(self, unit, order) -> None:
+        """Gather ``unit`` (or finish its prefetch), then post the all-gather of the unit after it in ``order``
+        (the first step records the order): it travels while this unit computes."""
+        self._post_gather(unit)
+        unit.wait()
+        if self._recording:
+            if unit not in order:
+                order.append(unit)
+        elif self.prefetch and unit in order and order.index(unit) + 1 < len(order):
+            self._post_gather(order[order.index(unit) + 1], async_op=True)
 
     def _before_forward(self, unit) -> None:
-        self._gather(unit)
+        self._gather(unit, self.forward_order)
+        self.events.append((self.steps_done, "forward", unit.label))
         for p in unit.params:
             p.install(p.full)
 
     def _after_forward(self, unit, output) -> None:
+        self.events.append((self.steps_done, "forward done", unit.label))
         for p in unit.params:
             p.install(p.shard)
         unit.free()
         for t in [output] if torch.is_tensor(output) else [t for t in output if torch.is_tensor(t)]:
             if t.requires_grad:
-                t.register_hook(lambda grad, u=unit: self._gather(u))     # the unit's backward begins
+                t.register_hook(lambda grad, u=unit: self._before_backward(u))
+
+    def _before_backward(self, unit) -> None:
+        self._gather(unit, self.backward_order)          # the unit's backward begins
+        self.events.append((self.steps_done, "backward", unit.label))
 
     def _grad_arrived(self, unit) -> None:
         unit.freed_after_backward += 1
         if unit.freed_after_backward == len(unit.params):
+            self.events.append((self.steps_done, "backward done", unit.label))
             unit.free()                                  # its backward is done: the parameters can go
 
     def forward(self, *args, **kwargs):
         self.order.new_step()
-        return finish_at_backward_end(self, self.module(*args, **kwargs))
+        out = self.module(*args, **kwargs)
+        for t in [out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]:
+            if t.requires_grad:                          # the backward begins: no parameter's grad has arrived
+                t.register_hook(lambda grad: self._hold_replicated_grads())
+        return finish_at_backward_end(self, out)
+
+    def _hold_replicated_grads(self) -> None:
+        """Set aside what the replicated parameters' ``.grad`` hold from earlier backwards (already averaged),
+        so that this backward's all-reduce averages this backward's gradients only."""
+        if self._held is None:
+            self._held = [p.grad for p in self.replicated]
+            for p in self.replicated:
+                p.grad = None
 
     def finish_gradient_synchronization(self) -> None:
         """At the end of each backward: which parameters some rank used (one all-reduce), then one
-        reduce-scatter per unit in unit order."""
-        flags = torch.tensor([p.full.grad is not None for u in self.units for p in u.params], dtype=torch.uint8)
+        reduce-scatter per unit in unit order, then one all-reduce of the replicated parameters' gradients."""
+        self._hold_replicated_grads()
+        sharded = [p.full.grad is not None for u in self.units for p in u.params]
+        flags = torch.tensor(sharded + [p.grad is not None for p in self.replicated], dtype=torch.uint8)
         comm.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         index = 0
         for unit in self.units:
             active = [bool(f) for f in flags[index:index + len(unit.params)]]
             index += len(unit.params)
+            unit.free()                                  # (a prefetch still in flight ends here)
             if any(active):
-                unit.reduce(active)
-            unit.free()
+                unit.reduce(active, async_op=self.async_reduce)
             unit.freed_after_backward = 0
+        for unit in self.units:
+            unit.finish_reduce()
+        self._average_replicated([bool(f) for f in flags[index:]])
+        self._recording, self.steps_done = False, self.steps_done + 1
+
+    def _average_replicated(self, used) -> None:
+        """DDP's all-reduce for the parameters in no unit: the mean over ranks of this backward's gradients
+        (zeros where this rank had none), added to what ``.grad`` held; one no rank used keeps its ``.grad``."""
+        held, self._held = self._held, None
+        chosen = [(p, old) for p, old, u in zip(self.replicated, held, used) if u]
+        for dtype in dict.fromkeys(p.dtype for p, _ in chosen):
+            same = [(p, old) for p, old in chosen if p.dtype == dtype]
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p, _ in same])
+            flat.div_(self.n)                            # the mean: divide, then sum (as DDP)
+            comm.all_reduce(flat, group=self.group)
+            for (p, old), mean in zip(same, flat.split([p.numel() for p, _ in same])):
+                p.grad = mean.view_as(p).clone() if old is None else old + mean.view_as(p)
+        for p, old, u in zip(self.replicated, held, used):
+            if not u:
+                p.grad = old
 
     def full_state_dict(self) -> dict:
         """{name: full tensor} under the wrapped module's names (every rank calls it: one gather per unit)."""
