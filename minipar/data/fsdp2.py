@@ -3,15 +3,8 @@ arXiv:2304.11277, and PyTorch's FSDP2 notes): every parameter is sharded on dim 
 shape and dtype, and after backward the shard's gradient is in its own ``.grad``.
 
 A parameter of shape (d₀, …) is padded to N·c rows, c = ⌈d₀/N⌉; rank r holds rows [r·c, (r+1)·c) as a
-parameter of shape (c, …) (zeros past d₀). A unit (a module gathered together) still moves its parameters in
-one collective each way, through staging buffers::
-
-    copy-in     my shards, one after another, into a flat send buffer        T = Σ c_p·(rest of p) elements
-    all-gather  N·T elements: row r of the (N, T) result is rank r's buffer
-    copy-out    each parameter's column block of it, (N·c_p, …), cut to d₀ rows: the full parameter
-    ... forward / backward with the full parameters ...
-    copy-in     each full gradient padded to N·c_p rows, as (N, c_p·rest), into its column block
-    reduce-scatter  (÷N first) row r, T elements, to rank r; copy-out: each parameter's piece is its ``.grad``
+parameter of shape (c, …). A unit (a module gathered together) still moves its parameters in one collective
+each way, through staging buffers (:mod:`minipar.data.per_parameter_unit`: copy-in, collective, copy-out).
 
 Bytes per unit and step: all-gather before forward and again before backward, reduce-scatter after it,
 (N-1)·b·T each, the same as the flat buffer of :mod:`minipar.data.flat_unit` up to the padding (per parameter
@@ -22,8 +15,17 @@ Semantics as on one device: a frozen parameter (``requires_grad=False``) stays w
 a parameter that no rank used in a backward keeps ``.grad`` None (one all-reduce of a byte per parameter
 tells every rank), so ``torch.optim.AdamW`` skips it; gradients accumulate over backwards until
 ``zero_grad``. The gradients are reduce-scattered when the backward ends, unit after unit in a fixed order,
-so every rank issues the same collectives whichever parameters it used (PyTorch's FSDP2 starts each unit's
-reduce-scatter as that unit's backward ends, overlapping it with the rest).
+so every rank issues the same collectives whichever parameters it used; they are posted one after another and
+waited for together (PyTorch's FSDP2 starts each unit's reduce-scatter as that unit's backward ends, overlapping
+it with the rest of the backward). The all-gathers overlap compute: from the second step on, when a unit's
+forward (backward) begins, the all-gather of the unit that came next in the first step's forward (backward) is
+posted, so it travels while this unit computes (prefetch; two units' parameters alive at once).
+
+Composition with replication (PyTorch: ``fully_shard`` on the big layers, ``replicate`` on the rest; torchtitan
+does so for small parameters in some layouts): a trainable parameter in none of the units is replicated — whole
+on every rank, its gradient averaged by one all-reduce at the end of the backward (DDP's), so it is the same on
+every rank, and the optimizer steps it beside the shards. A norm's few parameters cost N times their memory and
+one all-reduce of 2(N-1)/N times their bytes, instead of an all-gather per use and a reduce-scatter.
 """
 from __future__ import annotations
 
