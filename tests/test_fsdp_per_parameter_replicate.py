@@ -9,7 +9,8 @@ norms in no unit are replicated too, not sharded as units of their own.
 Prefetch: from the second step on, when a unit's forward begins, the next unit's all-gather is already posted and
 not yet finished (its handle in flight while the unit computes), and the events show it posted before the unit's
 forward ends; in the backward likewise. The first step (recording the order) and ``prefetch=False`` gather each
-unit only when it is reached. Either way the run equals one device."""
+unit only when it is reached. Either way the run equals one device. A unit's reduce-scatter is posted when the
+gradient reaches its inputs (as ``ZeRO(async_reduce=True)``), before the earlier units' backward runs."""
 import torch
 import torch.nn as nn
 
@@ -68,7 +69,8 @@ def _replicated_on_rank(rank, world_size):
     model = FSDP(LM(), per_parameter=True, units=big_layers)
     shapes = {n: tuple(p.shape) for n, p in model.module.named_parameters()}
     optimized = {id(p) for p in model.parameters()}
-    norms_optimized = all(id(p) in optimized for p in [*model.module.norm.parameters(), *model.module.norm2.parameters()])
+    norms = [*model.module.norm.parameters(), *model.module.norm2.parameters()]
+    norms_optimized = all(id(p) in optimized for p in norms)
     grads = _train(model, rank, world_size)
     policy = FSDP(LM().float(), per_parameter=True, units=big_layers, param_dtype=torch.bfloat16)
     _loss(policy(torch.randint(0, VOCAB, (2, SEQ))), torch.randint(0, VOCAB, (2, SEQ))).backward()
@@ -125,6 +127,11 @@ def test_the_next_units_all_gather_is_in_flight_while_a_unit_computes():
             posted = [i for i, e in enumerate(events) if e == (step, "all-gather posted", after)][-1]
             assert posted < _position(events, step, "backward done", this)
             assert posted < _position(events, step, "backward", after)
+        for unit in ("head", "mid"):                             # reduce-scatters posted inside the backward,
+            posted = _position(events, step, "reduce-scatter posted", unit)          # while emb's is to come
+            assert posted < _position(events, step, "backward", "emb")
+        emb = _position(events, step, "reduce-scatter posted", "emb")    # its input (the tokens) needs no
+        assert emb > _position(events, step, "backward done", "emb")      # gradient: reduced at the end
     _, events, in_flight, _ = off[0]
     assert not any(flying for _, _, flying in in_flight)
     for step in range(STEPS):

@@ -42,7 +42,8 @@ from ..check import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
-from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
+from .fsdp2 import PerParameterFSDP
+from .fsdp_shared import compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
     module_state_dict
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",

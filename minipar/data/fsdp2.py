@@ -14,12 +14,13 @@ copy-out around each collective; the flat buffer computes straight from the gath
 Semantics as on one device: a frozen parameter (``requires_grad=False``) stays whole and is never sharded;
 a parameter that no rank used in a backward keeps ``.grad`` None (one all-reduce of a byte per parameter
 tells every rank), so ``torch.optim.AdamW`` skips it; gradients accumulate over backwards until
-``zero_grad``. The gradients are reduce-scattered when the backward ends, unit after unit in a fixed order,
-so every rank issues the same collectives whichever parameters it used; they are posted one after another and
-waited for together (PyTorch's FSDP2 starts each unit's reduce-scatter as that unit's backward ends, overlapping
-it with the rest of the backward). The all-gathers overlap compute: from the second step on, when a unit's
-forward (backward) begins, the all-gather of the unit that came next in the first step's forward (backward) is
-posted, so it travels while this unit computes (prefetch; two units' parameters alive at once).
+``zero_grad``. A unit's reduce-scatter is posted (``async_reduce``) when the gradient reaches its inputs —
+after its parameters' gradients, the same place in every rank's backward whichever parameters it used (ZeRO-2/3's
+rule, :mod:`minipar.data.flat_unit`) — so it travels under the earlier units' backward (PyTorch's FSDP2 does
+the same); a unit whose inputs need no gradient (the embedding's tokens) is reduce-scattered when the backward
+ends, in unit order, and every posted one is taken then. The all-gathers overlap compute: from the second step
+on, when a unit's forward (backward) begins, the all-gather of the unit that came next in the first step's
+forward (backward) is posted, so it travels while this unit computes (prefetch; two units' parameters alive at once).
 
 Composition with replication (PyTorch: ``fully_shard`` on the big layers, ``replicate`` on the rest; torchtitan
 does so for small parameters in some layouts): a trainable parameter in none of the units is replicated — whole
@@ -34,60 +35,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from .fsdp_shared import compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, module_state_dict
 from .per_parameter_unit import PerParameterUnit, ShardedParam
 from .units import UnitOrder
 
 __all__ = ["ShardedParam", "PerParameterUnit", "PerParameterFSDP", "compute_in_own_dtype", "finish_at_backward_end",
            "module_state_dict", "load_module_state_dict"]
-
-
-def compute_in_own_dtype(module: nn.Module, param_dtype) -> None:
-    """A layer kept in its parameters' dtype under a 16-bit policy (a norm): its inputs cast up to that dtype,
-    its output back to ``param_dtype``."""
-    own = next(module.parameters()).dtype
-    module.register_forward_pre_hook(lambda m, args: tuple(
-        a.to(own) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
-    module.register_forward_hook(lambda m, args, out: out.to(param_dtype))
-
-
-def module_state_dict(module: nn.Module, full_by_param: dict, prefix: str = "") -> dict:
-    """``module.state_dict()``'s keys in its order, each value whole (PyTorch FSDP's full state dict): a sharded
-    parameter's full tensor ``full_by_param[id(p)]``, a buffer or a frozen parameter copied as it is. Used by
-    both FSDP designs; ``keep_vars`` so that nothing reads a freed parameter."""
-    return {prefix + name: full_by_param[id(v)] if id(v) in full_by_param else v.detach().clone()
-            for name, v in module.state_dict(keep_vars=True).items()}
-
-
-def load_module_state_dict(module: nn.Module, state_dict: dict, sharded: set, strict: bool = True):
-    """Check ``state_dict``'s keys against ``module.state_dict()``'s (``strict``: RuntimeError unless equal) and
-    copy the values of what is not sharded (buffers, frozen parameters; ``sharded``: ids of the others, which
-    the caller loads into its shards). Returns torch's (missing_keys, unexpected_keys)."""
-    own = module.state_dict(keep_vars=True)
-    missing, unexpected = [k for k in own if k not in state_dict], [k for k in state_dict if k not in own]
-    if strict and (missing or unexpected):
-        raise RuntimeError(f"the state dict does not fit the wrapped module: missing keys {missing[:3]}, "
-                           f"unexpected keys {unexpected[:3]} (a full state dict has the module's own names)")
-    with torch.no_grad():
-        for name, value in own.items():
-            if name in state_dict and id(value) not in sharded:
-                value.copy_(state_dict[name])
-    return nn.modules.module._IncompatibleKeys(missing, unexpected)
-
-
-def finish_at_backward_end(wrapper, out):
-    """``out``, hooked so that ``wrapper.finish_gradient_synchronization()`` runs once when the backward
-    through it ends (autograd's ``queue_callback``: after every gradient of that pass) — so a plain training
-    loop never calls it. Used by both FSDP designs."""
-    wrapper._finish_queued = False
-
-    def queue(grad):
-        if not wrapper._finish_queued:
-            wrapper._finish_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(wrapper.finish_gradient_synchronization)
-    for t in [out] if torch.is_tensor(out) else [t for t in out if torch.is_tensor(t)]:
-        if t.requires_grad:
-            t.register_hook(queue)
-    return out
 
 
 class PerParameterFSDP(nn.Module):
@@ -99,8 +52,10 @@ class PerParameterFSDP(nn.Module):
     the rest): whole on every rank, in its own dtype, its gradient averaged by one all-reduce at the end of the
     backward, so it is the same on every rank; ``model.parameters()`` yields it beside the shards.
     ``prefetch``: from the second step on, a unit's forward (backward) posts the all-gather of the unit that ran
-    next in the first step's forward (backward); ``async_reduce``: the reduce-scatters are posted one after
-    another and waited for together. ``events``: (step, what, unit label), in the order they happened."""
+    next in the first step's forward (backward); ``async_reduce``: a unit's reduce-scatter, posted when the
+    gradient reaches its inputs, is waited for at the end of the backward (else at once). Every all-gather and
+    reduce-scatter is checked by :class:`~minipar.data.units.UnitOrder` where it is posted. ``events``: (step,
+    what, unit label), in the order they happened."""
 
     def __init__(self, module: nn.Module, *, group=None, units, param_dtype=None, reduce_dtype=None,
                  fp32_modules=(), prefetch: bool = True, async_reduce: bool = True):
@@ -133,6 +88,7 @@ class PerParameterFSDP(nn.Module):
                 p.install(p.shard)                       # between steps the module holds its shards
                 p.full.register_post_accumulate_grad_hook(lambda _, u=unit: self._grad_arrived(u))
             unit_module.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
+            unit_module.register_forward_pre_hook(lambda m, args, u=unit: self._reduce_at_inputs(u, args))
             unit_module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
             self.units.append(unit)
         for norm in fp32_modules:
@@ -177,7 +133,28 @@ class PerParameterFSDP(nn.Module):
         self._gather(unit, self.backward_order)          # the unit's backward begins
         self.events.append((self.steps_done, "backward", unit.label))
 
+    def _reduce_at_inputs(self, unit, args):
+        """A forward pre-hook: when the gradient reaches the unit's inputs, after every gradient of its
+        parameters (autograd runs AccumulateGrad before the nodes below), post its reduce-scatter — the same
+        place in every rank's backward, whichever parameters each used (as ZeRO-2/3's, ``flat_unit``)."""
+        unit.reduced = False                             # a forward: this unit's backward is to come
+        marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
+        if not marked or not torch.is_grad_enabled():
+            return None                                  # (inputs needing no gradient: reduced at the end)
+        outs = iter(_WhenReached.apply(lambda: self._reduce(unit), *(args[i] for i in marked)))
+        return tuple(next(outs) if i in marked else a for i, a in enumerate(args))
+
+    def _reduce(self, unit) -> None:
+        if not unit.reduced:
+            self.order.agree("reduce-scatter", unit)
+            self.events.append((self.steps_done, "reduce-scatter posted", unit.label))
+            unit.reduce(async_op=self.async_reduce)
+            unit.free()
+
     def _grad_arrived(self, unit) -> None:
+        if unit.reduced:
+            raise RuntimeError(f"a gradient of unit {unit.label} arrived after its reduce-scatter: a parameter "
+                               f"used outside its unit belongs in a unit that holds both uses (the root)")
         unit.freed_after_backward += 1
         if unit.freed_after_backward == len(unit.params):
             self.events.append((self.steps_done, "backward done", unit.label))
@@ -200,22 +177,24 @@ class PerParameterFSDP(nn.Module):
                 p.grad = None
 
     def finish_gradient_synchronization(self) -> None:
-        """At the end of each backward: which parameters some rank used (one all-reduce), then one
-        reduce-scatter per unit in unit order, then one all-reduce of the replicated parameters' gradients."""
+        """At the end of each backward: which parameters some rank used (one all-reduce), the reduce-scatters
+        of the units no gradient reached the inputs of (in unit order, those some rank used), every posted
+        reduce-scatter taken, then one all-reduce of the replicated parameters' gradients."""
         self._hold_replicated_grads()
-        sharded = [p.full.grad is not None for u in self.units for p in u.params]
+        sharded = [u.used_here[i] if u.reduced else p.full.grad is not None
+                   for u in self.units for i, p in enumerate(u.params)]
         flags = torch.tensor(sharded + [p.grad is not None for p in self.replicated], dtype=torch.uint8)
         comm.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        index = 0
+        index, active = 0, []
         for unit in self.units:
-            active = [bool(f) for f in flags[index:index + len(unit.params)]]
+            active.append([bool(f) for f in flags[index:index + len(unit.params)]])
             index += len(unit.params)
             unit.free()                                  # (a prefetch still in flight ends here)
-            if any(active):
-                unit.reduce(active, async_op=self.async_reduce)
-            unit.freed_after_backward = 0
-        for unit in self.units:
-            unit.finish_reduce()
+            if not unit.reduced and any(active[-1]):
+                self._reduce(unit)
+        for unit, used in zip(self.units, active):
+            unit.finish_reduce(used)
+            unit.freed_after_backward, unit.reduced = 0, False
         self._average_replicated([bool(f) for f in flags[index:]])
         self._recording, self.steps_done = False, self.steps_done + 1
 
@@ -261,3 +240,16 @@ class PerParameterFSDP(nn.Module):
                 if names[id(p.shard)] in state_dict:
                     p.shard.copy_(p.my_rows(state_dict[names[id(p.shard)]], self.n, self.rank))
         return result
+
+
+class _WhenReached(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward calls ``reached()`` (the unit's reduce-scatter)."""
+    @staticmethod
+    def forward(ctx, reached, *inputs):
+        ctx.reached = reached
+        return tuple(t.view_as(t) for t in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.reached()
+        return (None, *grads)

@@ -63,6 +63,7 @@ class PerParameterUnit:
         self.offsets, self.total = self.layout.offsets, self.layout.numel         # T = Σ c_p·rest
         self.gathered, self.freed_after_backward = False, 0
         self.in_flight, self.posted = None, None       # a posted all-gather, a posted reduce-scatter
+        self.reduced, self.used_here = False, [False] * len(params)
 
     def gather(self, async_op: bool = False) -> None:
         """Copy-in and all-gather (``async_op``: posted, a prefetch); :meth:`wait` copies out, so that every
@@ -112,11 +113,12 @@ class PerParameterUnit:
             p.full.data.untyped_storage().resize_(0)
         self.gathered = False
 
-    def reduce(self, active, async_op: bool = False) -> None:
-        """Copy-in the full gradients, reduce-scatter their mean (``async_op``: posted, :meth:`finish_reduce`
-        takes it); a parameter no rank used (``active`` False) keeps its ``.grad``."""
+    def reduce(self, async_op: bool = False) -> None:
+        """Copy-in the full gradients (zeros for a parameter this rank did not use; ``used_here`` says which),
+        reduce-scatter their mean (``async_op``: posted, :meth:`finish_reduce` takes it)."""
         dtype = self.reduce_dtype or self.params[0].full.dtype
         table = torch.zeros(self.n, self.total, dtype=dtype)
+        self.used_here = [p.full.grad is not None for p in self.params]
         for p, offset in zip(self.params, self.offsets):
             if p.full.grad is not None:
                 rows = p.full.grad.reshape(p.d0, p.rest).to(dtype)
@@ -127,15 +129,14 @@ class PerParameterUnit:
         mine = table.new_empty(self.total)
         async_op = async_op and not comm.rings_selected("reduce_scatter")
         work = comm.reduce_scatter_tensor(mine, table.view(-1), group=self.group, async_op=async_op)
-        self.posted = (work if async_op else None, mine, table, active)    # table: alive until it is done
-        if not async_op:
-            self.finish_reduce()
+        self.posted, self.reduced = (work if async_op else None, mine, table), True   # table: alive until done
 
-    def finish_reduce(self) -> None:
-        """Copy-out each piece of the reduced gradient into ``shard.grad`` (added, as torch accumulates)."""
+    def finish_reduce(self, active) -> None:
+        """Wait for the reduce-scatter; copy-out each piece into ``shard.grad`` (added, as torch accumulates)
+        for the parameters some rank used (``active``); the others keep their ``.grad``."""
         if self.posted is None:
             return
-        work, mine, _, active = self.posted
+        work, mine, _ = self.posted
         if work is not None:
             work.wait()
         self.posted = None
