@@ -96,3 +96,21 @@ def test_per_parameter_keeps_the_flat_designs_precision(dtype):
             torch.testing.assert_close(p, want[name], atol=TOL, rtol=0, msg=name)
         for name, p in full.items():                  # named_parameters: the tied weight once
             assert torch.equal(p, per_parameter[name]), name
+
+
+def _big_layers(model):
+    return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+
+
+def _tied_weight_split(rank, world_size):
+    try:
+        FSDP(TiedLM(), per_parameter=True, units=_big_layers)
+    except ValueError as error:
+        return str(error)
+
+
+def test_a_tied_weight_split_over_units_is_refused():
+    """The head tied to the embedding, each its own unit: the head would compute with the embedding's shard
+    (a (2, 3, 16)-shaped output over 2 ranks, not 32 words, silently, before this check)."""
+    for message in launch(_tied_weight_split, WORLD, quiet=True):
+        assert message is not None and "head.weight" in message and "'emb'" in message and "tied" in message

@@ -77,6 +77,7 @@ class PerParameterFSDP(nn.Module):
             chosen.append((unit_module, mine))
         self.replicated = [p for p in module.parameters() if p.requires_grad and id(p) not in claimed]
         self.units, labels = [], {m: name for name, m in module.named_modules()}
+        _check_shared_inside(chosen, owners, labels)
         for unit_module, mine in chosen:
             if not mine:
                 continue
@@ -240,6 +241,20 @@ class PerParameterFSDP(nn.Module):
                 if names[id(p.shard)] in state_dict:
                     p.shard.copy_(p.my_rows(state_dict[names[id(p.shard)]], self.n, self.rank))
         return result
+
+
+def _check_shared_inside(chosen, owners, labels) -> None:
+    """ValueError unless every module that holds a unit's parameter (a tied weight has two) is inside that unit:
+    one outside would compute with the shard between the unit's uses."""
+    for unit_module, mine in chosen:
+        inside = set(unit_module.modules())
+        for p in mine:
+            outside = [f"{labels[m] or '(root)'}.{name}" for m, name in owners[id(p)] if m not in inside]
+            if outside:
+                raise ValueError(
+                    f"{outside[0]} is the same parameter as one in unit {labels[unit_module] or '(root)'!r} (tied "
+                    f"weights) but lies outside that unit, so it would compute with the shard: choose units so "
+                    f"that one holds every module that uses it (their common parent, e.g. the root)")
 
 
 class _WhenReached(torch.autograd.Function):
