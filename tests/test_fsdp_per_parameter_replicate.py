@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from minipar import launch
 from minipar.data.fsdp import FSDP
+from minipar.data.units import UnitOrderError
 from minipar.loop import shard_batch
 
 VOCAB, DIM, BATCH, SEQ, WORLD, STEPS, ATOL = 16, 8, 8, 4, 4, 3, 1e-12
@@ -137,3 +138,35 @@ def test_the_next_units_all_gather_is_in_flight_while_a_unit_computes():
     for step in range(STEPS):
         for this, after in zip(labels, labels[1:]):
             assert _position(events, step, "forward done", this) < _position(events, step, "all-gather posted", after)
+
+
+class SkipsLater(nn.Module):
+    """Three blocks and a head; ``skip``: block 1 does not run."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks, self.out = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)]), nn.Linear(4, 1)
+
+    def forward(self, x, skip):
+        for i, block in enumerate(self.blocks):
+            x = x if skip and i == 1 else torch.tanh(block(x))
+        return self.out(x)
+
+
+def _skips_at_step_three(rank, world_size):
+    model = FSDP(SkipsLater(), per_parameter=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for step in range(3):
+            model(torch.randn(2, 4), skip=step == 2 and rank == 1).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    except UnitOrderError as error:
+        return str(error)
+
+
+def test_a_unit_skipped_after_the_prefetch_order_is_recorded_is_still_named():
+    """Step 3, prefetching the order step 1 recorded: rank 1 skips block 1; both ranks stop, naming it."""
+    for error in launch(_skips_at_step_three, 2, quiet=True, timeout=60):
+        assert error is not None and "unit 'blocks.1' ran its forward on rank 0 only: rank 1 skipped it" in error
