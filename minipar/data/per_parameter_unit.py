@@ -70,7 +70,7 @@ class PerParameterUnit:
         parameter's full tensor is there (storage re-allocated)."""
         if self.gathered:
             return
-        send = self._copy_in(self.params[0].full.dtype)
+        send = self.copy_in(self.params[0].full.dtype)
         received = send.new_empty(self.n * self.total)
         async_op = async_op and not comm.rings_selected("all_gather")       # the rings block: gather now
         work = comm.all_gather_into_tensor(received, send, group=self.group, async_op=async_op)
@@ -86,22 +86,23 @@ class PerParameterUnit:
         if work is not None:
             work.wait()
         self.in_flight = None
-        for p, full in zip(self.params, self._copy_out(received)):
+        for p, full in zip(self.params, self.copy_out(received)):
             p.full.data.untyped_storage().resize_(full.numel() * full.element_size())
             p.full.data.copy_(full)                     # .data: refilling it is no autograd in-place write
 
     def full_tensors(self, dtype) -> list:
         """Every rank's shards, all-gathered in ``dtype`` (the shards' own for a state dict: a 16-bit compute
         copy would round FP32 masters): each parameter's full tensor, one per parameter."""
-        send = self._copy_in(dtype)
+        send = self.copy_in(dtype)
         received = send.new_empty(self.n * self.total)
         comm.all_gather_into_tensor(received, send, group=self.group)
-        return self._copy_out(received)
+        return self.copy_out(received)
 
-    def _copy_in(self, dtype) -> torch.Tensor:
+    def copy_in(self, dtype) -> torch.Tensor:
+        """My shards in ``dtype``, one after another: the all-gather's send buffer (T elements)."""
         return self.layout.flatten([p.shard.detach().to(dtype) for p in self.params])
 
-    def _copy_out(self, received: torch.Tensor) -> list:
+    def copy_out(self, received: torch.Tensor) -> list:
         """Row r of the (N, T) result is rank r's buffer: each parameter's column block, cut to d₀ rows."""
         table = received.view(self.n, self.total)
         return [table[:, offset:offset + p.numel].reshape(self.n * p.c, p.rest)[:p.d0].reshape(p.shape)
