@@ -42,7 +42,8 @@ from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from . import zero
-from .fsdp2 import PerParameterFSDP, compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
+from .fsdp2 import PerParameterFSDP
+from .fsdp_shared import compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, \
     module_state_dict
 
 __all__ = ["FSDP", "NORMS", "is_norm", "block_units", "single_unit", "validate", "fully_shard", "parallel_train", "torch_fsdp2_train",
@@ -112,14 +113,15 @@ class FSDP(nn.Module):
 
     ``per_parameter=True`` shards each parameter on dim 0 instead (FSDP2's design,
     :class:`~minipar.data.fsdp2.PerParameterFSDP`): ``parameters()`` are then the module's own parameters as
-    dim-0 shards, each with its ``.grad`` after backward."""
+    dim-0 shards, each with its ``.grad`` after backward; a trainable parameter in none of ``units`` is then
+    replicated (whole on every rank, its gradient all-reduced to the mean), not an error."""
 
     def __new__(cls, module=None, *, per_parameter: bool = False, group=None, units=block_units, param_dtype=None,
                 reduce_dtype=None, norms_in_fp32: bool = True, prefetch: bool = True, norm_classes=(),
                 use_orig_params: bool = False):
         if per_parameter:
             return PerParameterFSDP(module, group=group, units=units, param_dtype=param_dtype,
-                                    reduce_dtype=reduce_dtype,
+                                    reduce_dtype=reduce_dtype, prefetch=prefetch,
                                     fp32_modules=_norms(module, param_dtype, norms_in_fp32, norm_classes))
         return super().__new__(cls)
 
