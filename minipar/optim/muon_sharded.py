@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
 from ..recipe import Recipe, RunResult
 from .muon import MuonFactory, adamw, apply_update, momentum_update, newton_schulz
@@ -198,7 +199,6 @@ def parallel_train(rank, world_size, recipe: Recipe, *, sharding: str = "zero1",
 
 def run(recipe: Recipe, *, world_size: int, sharding: str = "zero1", method: str = "owner", **launch_kwargs):
     validate(recipe, world_size=world_size, sharding=sharding, method=method)
-    from ..launcher import launch
     return launch(parallel_train, world_size, recipe, sharding=sharding, method=method, **launch_kwargs)
 
 

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
+from ..launcher import launch
 from ..models import MLP
 from ..recipe import Recipe, RunResult
 from ..tensor.layers import ColumnParallelLinear, RowParallelLinear
@@ -125,6 +126,11 @@ class TensorParallelMuon:
         self.optimizer_step()
         return loss.item()
 
+    def state_tensors(self) -> list:
+        """Muon momenta (of this rank's pieces) and AdamW's moments (of the replicated parameters)."""
+        return list(self.momentum.values()) + [t for s in self.adam.state.values() for t in s.values()
+                                               if torch.is_tensor(t) and t.dim()]
+
     @torch.no_grad()
     def full_params(self) -> dict:
         out = {}
@@ -150,7 +156,6 @@ def parallel_train(rank, world_size, recipe: Recipe, *, method: str = "owner", g
 
 def run(recipe: Recipe, *, world_size: int, method: str = "owner", **launch_kwargs):
     validate(recipe, world_size=world_size, method=method)
-    from ..launcher import launch
     return launch(parallel_train, world_size, recipe, method=method, **launch_kwargs)
 
 
