@@ -24,6 +24,7 @@ class MeasuredMuon(RunResult):
     step_bytes_sent: list = field(default_factory=list)     # per step: the optimizer step's alone
     step_peak: list = field(default_factory=list)           # per step: peak bytes the optimizer step created
     state_bytes: int = 0                                    # Muon momenta + AdamW moments on this rank
+    observed: list = field(default_factory=list)            # per step: bytes the sockets carried (None: unknown)
 
 
 def _measured(cls):
@@ -39,13 +40,15 @@ def _measured(cls):
 
 def _train(trainer, recipe: Recipe) -> MeasuredMuon:
     trainer.step_logs, trainer.step_peaks = [], []
-    losses, sent = [], []
+    losses, sent, observed = [], [], []
     for batch in recipe.batches:
         with comm.recording() as log:
             losses.append(trainer.train_step(recipe, batch))
         sent.append(log.bytes_sent)
+        observed.append(log.observed_bytes_sent)
     state = tensor_bytes(trainer.state_tensors()) if hasattr(trainer, "state_tensors") else 0
-    return MeasuredMuon(losses, trainer.full_params(), sent, trainer.step_logs, trainer.step_peaks, state)
+    return MeasuredMuon(losses, trainer.full_params(), sent, trainer.step_logs, trainer.step_peaks, state,
+                       observed)
 
 
 def measured_sharded(rank, world_size, recipe: Recipe, *, sharding: str, method: str, group=None) -> MeasuredMuon:
