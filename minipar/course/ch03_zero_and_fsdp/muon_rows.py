@@ -74,8 +74,9 @@ def _row(sharding: str, method: str) -> TourRow:
     else:
         state = [r.state_bytes for r in results]
         want = [muon_sharded.state_bytes(recipe, world_size=WORLD_SIZE, method=method, rank=r) for r in range(WORLD_SIZE)]
-        note += (f"; optimizer state per rank {state} B, formula {want} B; gloo's reduce-scatter all-reduces, so "
-                 "the wire can carry more than the ring formula")
+        wire = ("gloo's reduce and broadcast are its own algorithms, not the direct sends the formula counts"
+                if method == "whole" else "gloo's reduce-scatter all-reduces (2x the ring's bytes)")
+        note += f"; optimizer state per rank {state} B, formula {want} B; observed > formula: {wire}"
     name = f"Muon {LABELS[method]} {'TP' if tp else LABELS[sharding]}"
     return TourRow(name, WORLD_SIZE, c.matches, c.max_abs_diff, sent, formula, max(peaks), note,
                    bytes_observed_per_rank=observed)
