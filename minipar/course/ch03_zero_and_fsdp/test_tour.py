@@ -13,6 +13,7 @@ import pytest
 from minipar import wire
 from minipar.course import tour
 from minipar.course.ch03_zero_and_fsdp import tour as ch03
+from minipar.course.ch03_zero_and_fsdp.muon_rows import MUON_ROWS, measure_muon
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def rows():
 def test_every_row_matches_one_device(rows):
     assert set(rows) == {"ZeRO-1 ring", "ZeRO-2 ring", "ZeRO-3 ring", "ZeRO-1 gloo", "ZeRO-2 gloo",
                          "ZeRO-3 gloo", "FSDP2 (torch fully_shard)", "HSDP (2 nodes)", "ZeRO++ (2 nodes)",
-                         "ZeRO-3 async reduce-scatter"}
+                         "ZeRO-3 async reduce-scatter", *(name for name, _ in MUON_ROWS)}
     for name, row in rows.items():
         assert row.matches and row.kind == ("update rule" if name == "ZeRO++ (2 nodes)" else "training"), (name, row)
 
@@ -54,3 +55,17 @@ def test_hsdp_row_sends_less_across_nodes_than_flat_fsdp(rows):
 def test_async_reduce_scatter_row_sends_zero3s_bytes(rows):
     row, ring = rows["ZeRO-3 async reduce-scatter"], rows["ZeRO-3 ring"]
     assert row.bytes_sent_per_rank == row.bytes_formula == ring.bytes_formula
+
+
+def test_muon_rows_equal_one_device_and_send_their_formula_while_per_shard_differs():
+    """Muon owner-compute / whole-matrix / gather-everywhere under ZeRO-1, FSDP and TP equal one device in
+    float64; the log's bytes are the formulas; per-shard Newton–Schulz, in the same launch, does not match."""
+    muon = {name: run() for name, run in MUON_ROWS}
+    for name, row in muon.items():
+        assert row.matches and row.max_abs_diff < 1e-12, (name, row)
+        assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula, rel=1e-12), (name, row)
+        assert "(matches: False)" in row.note, row.note
+    runs = measure_muon()["runs"]
+    assert muon["Muon owner-compute TP"].bytes_sent_per_rank == pytest.approx(       # 2/N of gather's
+        muon["Muon gather-everywhere TP"].bytes_sent_per_rank * 2 / 4, rel=1e-12)
+    assert all(r.step_bytes_sent == [0] * 3 for r in runs[("tp", "per_shard")])

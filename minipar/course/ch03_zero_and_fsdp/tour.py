@@ -27,6 +27,7 @@ from minipar.data import ddp, fsdp, zero, zero_memory
 from minipar.data.zero_measure import measured_train
 from minipar.launcher import launch
 from minipar.course.tour import WORLD_SIZE, TourRow
+from minipar.course.ch03_zero_and_fsdp.muon_rows import MUON_ROWS
 from minipar.course.ch03_zero_and_fsdp.zeropp_row import zeropp_row
 
 __all__ = ["STRATEGIES", "measure_all"]
@@ -179,4 +180,5 @@ STRATEGIES = [
     ("HSDP (2 nodes)", _hsdp),
     ("ZeRO++ (2 nodes)", zeropp_row),
     ("ZeRO-3 async reduce-scatter", _async_reduce),
+    *MUON_ROWS,
 ]
