@@ -325,8 +325,11 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
         output = _read_output(workdir, rank)
         if status == "error":
             message, tb, timed_out, when = value
-            said = {"flight": parted.text, "headline": parted.headline,
-                    "note": parted.unseen(rank, communication=timed_out or _about_communication(message))}
+            communication = timed_out or _about_communication(message)
+            # The culprit leads only when this rank failed in communication (it may be the victim); a rank's
+            # own error (a full disk, a wrong shape it raised) is the cause, and says so first.
+            said = {"flight": parted.text, "headline": parted.headline if communication else None,
+                    "note": parted.unseen(rank, communication=communication)}
             if timed_out:
                 exc = LaunchTimeout(rank, f"waited more than the {timeout:g} s collective timeout (a deadlock: "
                                           f"no rank sent what rank {rank} waits for)\n{message}", tb, output,
@@ -335,9 +338,10 @@ def _raise_root_cause(procs, workdir, timeout) -> None:
                 exc = RankError(rank, message, tb, output, **said)
             failures.append((_lost_a_peer(message), when, rank, exc))
         elif status == "missing":
+            aborted = p.exitcode == -signal.SIGABRT                        # gloo aborts on mismatched calls
             exc = RankError(rank, f"process {describe_exit(p.exitcode)} without returning", output=output,
-                            flight=parted.text, headline=parted.headline,
-                            note=parted.unseen(rank, communication=p.exitcode == -signal.SIGABRT))   # gloo aborts
+                            flight=parted.text, headline=parted.headline if aborted else None,
+                            note=parted.unseen(rank, communication=aborted))
             failures.append((False, float("-inf"), rank, exc))
     raise min(failures, key=lambda f: f[:3])[3]
 

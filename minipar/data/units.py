@@ -22,8 +22,8 @@ test_zero's small GPT. Its real price is one latency per check: median step 48 -
 (34 -> 45 ms ZeRO-2) on a loaded 2-core machine; the larger the units' compute, the smaller the share. It
 goes through ``torch.distributed``, not :mod:`minipar.comm` (as the opt-in :mod:`minipar.debug.desync` check,
 which compares every collective, does): the comm log keeps the algorithm's bytes. HSDP checks the replicate
-group too. Per-parameter FSDP reduce-scatters in a fixed unit order at the end of the backward, so only its
-all-gathers are checked: up to 2U per step.
+group too. Per-parameter FSDP checks its all-gathers and its reduce-scatters the same way, wherever it posts
+them (prefetched all-gathers included).
 """
 from __future__ import annotations
 

@@ -33,11 +33,13 @@ def test_every_row_matches_one_device(rows):
 def test_observed_bytes_are_the_papers_on_rings_and_more_on_gloo(rows):
     runs = ch03.measure_all()
     ddp = statistics.mean(o for _, _, o in runs["ddp"])
+    # Rings: the formula plus framing (~1.4 %) and, for stages 2 and 3, the ranks' agreement before each unit
+    # collective (minipar.data.units.UnitOrder: a 16-byte all-reduce each, ~1-1.5 % of this small model's bytes)
     for stage, paper, on_gloo in ((1, 1.0, 1.5), (2, 1.0, 1.5), (3, 1.5, 2.0)):
         ring, gloo = rows[f"ZeRO-{stage} ring"], rows[f"ZeRO-{stage} gloo"]
-        assert ring.bytes_formula <= ring.bytes_observed_per_rank <= 1.02 * ring.bytes_formula, ring
+        assert ring.bytes_formula <= ring.bytes_observed_per_rank <= 1.035 * ring.bytes_formula, ring
         assert tour.observed_status(ring) == "within" and tour.observed_status(gloo) == "differs"
-        assert abs(ring.bytes_observed_per_rank / ddp - paper) < 0.02, (stage, ring.bytes_observed_per_rank / ddp)
+        assert abs(ring.bytes_observed_per_rank / ddp - paper) < 0.035, (stage, ring.bytes_observed_per_rank / ddp)
         assert abs(gloo.bytes_observed_per_rank / ddp - on_gloo) < 0.06, (stage, gloo.bytes_observed_per_rank / ddp)
         assert ring.bytes_sent_per_rank == gloo.bytes_sent_per_rank   # the log's model cannot tell them apart
         assert "all-reduces the whole buffer" in gloo.note
