@@ -41,7 +41,7 @@ from .. import comm
 from ..flat import FlatLayout
 from .sharded_parameter import ShardedParameter
 
-__all__ = ["FlatUnit", "gather_flat"]
+__all__ = ["FlatUnit", "gather_flat", "call_when_gradient_reaches", "WhenGradientReaches"]
 
 
 def gather_flat(layout: FlatLayout, shard: torch.Tensor, group=None) -> torch.Tensor:
@@ -171,11 +171,7 @@ class FlatUnit:
         MoE expert): collectives out of order, a deadlock. Every rank runs every unit; the root (inputs needing no
         gradient) is reduced by ``ZeRO.finish_gradients``."""
         self.reduced = False                                   # a forward: this unit's backward is to come
-        marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
-        if not marked or not torch.is_grad_enabled():
-            return None
-        outs = iter(_ReduceWhenReached.apply(self, *(args[i] for i in marked)))
-        return tuple(next(outs) if i in marked else a for i, a in enumerate(args))
+        return call_when_gradient_reaches(args, lambda: None if self.reduced else self.reduce_grads_now())
 
     def on_param_grad(self, param) -> None:
         if self.reduced:                                       # after the reduce-scatter it would be lost
@@ -245,17 +241,27 @@ class FlatUnit:
         return self.layout.flatten(tensors)[self.owned()].clone()
 
 
-class _ReduceWhenReached(torch.autograd.Function):
-    """Identity on a unit's inputs; its backward reduce-scatters the unit (:meth:`FlatUnit.reduce_at_inputs`)."""
+def call_when_gradient_reaches(args: tuple, reached):
+    """``args`` with an identity put on each tensor that needs a gradient, whose backward calls ``reached()`` (a
+    unit's reduce-scatter: ZeRO-2/3's flat units, per-parameter FSDP); None when no input needs a gradient or
+    autograd is off (that unit then reduces at the end of the backward)."""
+    marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
+    if not marked or not torch.is_grad_enabled():
+        return None
+    outs = iter(WhenGradientReaches.apply(reached, *(args[i] for i in marked)))
+    return tuple(next(outs) if i in marked else a for i, a in enumerate(args))
+
+
+class WhenGradientReaches(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward calls ``reached()`` before passing the gradients on."""
     @staticmethod
-    def forward(ctx, unit, *inputs):
-        ctx.unit = unit
+    def forward(ctx, reached, *inputs):
+        ctx.reached = reached
         return tuple(t.view_as(t) for t in inputs)
 
     @staticmethod
     def backward(ctx, *grads):
-        if not ctx.unit.reduced:
-            ctx.unit.reduce_grads_now()
+        ctx.reached()
         return (None, *grads)
 
 

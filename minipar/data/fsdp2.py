@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import comm
+from .flat_unit import call_when_gradient_reaches
 from .fsdp_shared import compute_in_own_dtype, finish_at_backward_end, load_module_state_dict, module_state_dict
 from .per_parameter_unit import PerParameterUnit, ShardedParam
 from .units import UnitOrder
@@ -139,11 +140,7 @@ class PerParameterFSDP(nn.Module):
         parameters (autograd runs AccumulateGrad before the nodes below), post its reduce-scatter — the same
         place in every rank's backward, whichever parameters each used (as ZeRO-2/3's, ``flat_unit``)."""
         unit.reduced = False                             # a forward: this unit's backward is to come
-        marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
-        if not marked or not torch.is_grad_enabled():
-            return None                                  # (inputs needing no gradient: reduced at the end)
-        outs = iter(_WhenReached.apply(lambda: self._reduce(unit), *(args[i] for i in marked)))
-        return tuple(next(outs) if i in marked else a for i, a in enumerate(args))
+        return call_when_gradient_reaches(args, lambda: self._reduce(unit))   # None: reduced at the end
 
     def _reduce(self, unit) -> None:
         if not unit.reduced:
@@ -255,16 +252,3 @@ def _check_shared_inside(chosen, owners, labels) -> None:
                     f"{outside[0]} is the same parameter as one in unit {labels[unit_module] or '(root)'!r} (tied "
                     f"weights) but lies outside that unit, so it would compute with the shard: choose units so "
                     f"that one holds every module that uses it (their common parent, e.g. the root)")
-
-
-class _WhenReached(torch.autograd.Function):
-    """Identity on a unit's inputs; its backward calls ``reached()`` (the unit's reduce-scatter)."""
-    @staticmethod
-    def forward(ctx, reached, *inputs):
-        ctx.reached = reached
-        return tuple(t.view_as(t) for t in inputs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.reached()
-        return (None, *grads)
