@@ -39,6 +39,17 @@ def test_loss_free_row_equals_one_device_moving_its_bias():
     assert row.matches and row.max_abs_diff < 1e-10 and "no balancing loss" in row.note
 
 
+def test_dropless_row_drops_nothing_under_a_planted_imbalance_and_equals_one_device():
+    row = tour.dropless_row()
+    assert row.strategy == "moe-ep dropless" and row.matches, row
+    assert "0 dropped (padded cf 1.25: 528)" in row.note        # 4 ranks x 2 layers x 3 steps x 22 of 32 tokens
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+    assert row.bytes_formula == 2 * (4 * 32 * 32 * 4 * 3 / 4 + 4 * 8 * 3 / 4)   # 2 layers, T = M = 32, fp32
+    if row.bytes_observed_per_rank is not None:
+        from minipar.course.tour import observed_status
+        assert observed_status(row) == "within"
+
+
 # ---- measurement helpers ---------------------------------------------------------------------------------
 
 def test_routing_example_and_drop_fraction():

@@ -33,13 +33,15 @@ def recipe():
     return moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=1e-2)
 
 
-def _rank(rank, world_size, recipe, ep):
+def _rank(rank, world_size, recipe, ep, strategy=epm):
+    """``strategy``: a module with ``parallel_train`` and ``build`` (padded :mod:`~minipar.moe.expert_parallel`,
+    or :mod:`~minipar.moe.dropless`)."""
     step_log = comm.CommLog()
     routings: list = []
-    result = epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log, routings=routings)
+    result = strategy.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log, routings=routings)
     a2a = step_log.select(op="all_to_all", dims=("ep",))          # the EP group's exchanges, from the log
     dropped = sum(d for layers in routings for _, d in layers)
-    model, _, mesh = epm.build(rank, world_size, recipe, ep)
+    model, _, mesh = strategy.build(rank, world_size, recipe, ep)
     opt = recipe.optimizer(model.parameters())
     x, y = shard_batch(recipe.batches[0], rank, world_size)
 
@@ -122,5 +124,52 @@ def loss_free() -> TourRow:
     return TourRow("moe-ep loss-free balancing", WORLD_SIZE, c.matches, c.max_abs_diff, None, None, None, note)
 
 
+def planted_recipe(dropless_layers: bool = True, capacity_factor: float = CF):
+    """The row's MoE with a planted worst case: every token's choice is expert 0 (a routing bias of 1e3 on it, moved
+    by a loss-free rate of 1e-9, too small to matter), no balancing loss."""
+    import torch
+    from minipar.moe.layer import MoEConfig, MoEGPT
+    r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, alpha=0.0, capacity_factor=capacity_factor)
+    cfg = r.model().cfg
+    moe = MoEConfig(experts=4, k=1, capacity_factor=capacity_factor, alpha=0.0, bias_rate=1e-9, dropless=dropless_layers)
+
+    def model():
+        m = MoEGPT(cfg, moe)
+        for layer in m.moe_layers():
+            layer.routing_bias[0] = 1e3
+        return m
+    r.model, r.dtype = model, torch.float32
+    return r
+
+
+def dropless_row() -> TourRow:
+    """Dropless EP (:mod:`minipar.moe.dropless`) under the planted imbalance, ep 4, float32, against one device: 0
+    dropped where the padded layers with cf 1.25 drop 22 of a rank's 32 tokens per layer; bytes from the log beside
+    the formula from the routing's counts (:func:`~minipar.moe.dropless.predicted_exchange_bytes`)."""
+    import torch
+    from minipar.moe import dropless
+    from minipar.moe.expert_parallel import loss_free_reference
+    r = planted_recipe()
+    reference, _ = loss_free_reference(r)
+    out = launch(_rank, WORLD_SIZE, r, EP, dropless, quiet=True)
+    c = compare(reference, [o[0] for o in out])
+    padded = launch(_rank, WORLD_SIZE, planted_recipe(False, 1.25), EP, quiet=True)
+    padded_drops = sum(o[3] for o in padded)
+    drops = sum(o[3] for o in out)
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    counts = torch.zeros(EP, 4, dtype=torch.long)
+    counts[:, 0] = tokens                                         # every rank's T tokens to expert 0 (rank 0's)
+    exchange = dropless.predicted_exchange_bytes(counts, width, EP)
+    rows = 2 * (exchange["dispatch"] + exchange["combine"]).double().mean()   # fwd + bwd, both directions
+    formula = layers * (float(rows) + 4 * 8 * (EP - 1) / EP)     # + the split sizes: E/ep int64 to each peer
+    note = (f"ep={EP}, every token planted on expert 0 (rank 0's): {drops} dropped (padded cf 1.25: {padded_drops}); "
+            f"per layer per step 1 split-size exchange (1 host sync) + 4 uneven all-to-alls; rank 0 receives "
+            f"3·T rows and sends 0 in dispatch, the others send T; mean over ranks = 4·k·T·M·b·(ep-1)/ep per layer, "
+            f"as under uniform routing (k·T·M·b·(ep-1)/ep per exchange), + E·8·(ep-1)/ep B of counts")
+    return TourRow("moe-ep dropless", WORLD_SIZE, c.matches and drops == 0 and padded_drops > 0, c.max_abs_diff,
+                   sum(o[1] for o in out) / len(out), formula, max(o[4] for o in out), note=note,
+                   bytes_observed_per_rank=sum(o[2] for o in out) / len(out) or None, calls_per_rank=out[0][5])
+
+
 STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained),
-              ("moe-ep loss-free balancing", loss_free)]
+              ("moe-ep loss-free balancing", loss_free), ("moe-ep dropless", dropless_row)]
