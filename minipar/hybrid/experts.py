@@ -20,7 +20,9 @@ rank of the dp × pp × cp × tp mesh:
   pipeline stages see blocks. Expert-TP = 1: an expert is whole where it lives. The router is replicated over
   tp and sees only its rank's rows, so its gradient is summed over tp (as SP's LayerNorms are).
 * **Forward** (chapter 09): route the rank's T = mb·s/cp tokens, capacity C = ⌈k·T/E·cf⌉ per expert, dispatch
-  buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine.
+  buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine. Dropless
+  (``MoEConfig(dropless=True)``, ``train --dropless``): :class:`HybridDroplessLayer`, no capacity, the uneven
+  all-to-alls of :mod:`minipar.moe.dropless` (their split sizes exchanged first).
 * **Balancing loss.** f_i counts first choices over the whole micro-batch (an all-reduce of E counts over the
   stage's dp × cp × tp token group), P_i is the rank's own mean; the aux loss lives in every stage that has MoE
   layers, so it enters the backward through :class:`AuxLossInBackward` (Megatron's ``MoEAuxLossAutoScaler``):
@@ -49,14 +51,13 @@ import torch.nn as nn
 from .. import comm
 from ..loop import lm_loss
 from ..mesh import Mesh
+from ..moe.dropless import DroplessMoE
 from ..moe.expert_parallel import ExpertParallelMoE
 from ..moe.layer import MoEGPT, MoELayer, moe_recipe, no_drop_capacity_factor, validate_config
-from ..moe.router import capacity
 from ..tensor.operators import gather_from_tp, split_to_tp
 
-__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer",
-           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch",
-           "expert_bytes"]
+__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer", "HybridDroplessLayer",
+           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch"]
 
 
 class Tag:
@@ -145,6 +146,10 @@ class HybridExpertLayer(ExpertParallelMoE):
         return Tag(kind)
 
 
+class HybridDroplessLayer(HybridExpertLayer, DroplessMoE):
+    """:class:`HybridExpertLayer` whose MoE forward is :class:`minipar.moe.dropless.DroplessMoE` 's: no capacity."""
+
+
 class Experts:
     """A rank's expert side: its :class:`HybridExpertLayer` s, expert parameters, groups, and the gradient
     reduction (÷ ``divisor`` = dp·cp, then all-reduce over expert-DP)."""
@@ -224,7 +229,8 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
     layers = []
     for block in model.blocks:
         if isinstance(block.mlp, MoELayer):
-            block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, token_group, tp_group)
+            kind = HybridDroplessLayer if block.mlp.moe.dropless else HybridExpertLayer
+            block.mlp = kind(block.mlp, my_ep.index(rank), ep, ep_group, token_group, tp_group)
             layers.append(block.mlp)
     held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches, tp_group)
     held.ep_rank, held.edp_rank = my_ep.index(rank), my_edp.index(rank)     # the checkpoint's writer rule
@@ -260,8 +266,8 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
     ``optimizer`` ("adam" or "sgd", as :func:`minipar.check.gpt_recipe`). With cp = 1 the reference
     routes each micro-batch in dp·tp groups (``MoEConfig(groups=dp·tp)``), the ranks' own token sets (contiguous
     in the flattened micro-batch), so they agree even when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
-    needs a no-drop capacity, cf ≥ E/k: a smaller cf warns (:class:`RoutingMismatch`)."""
-    if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k):
+    needs a no-drop capacity, cf ≥ E/k (or ``dropless=True``): a smaller cf warns (:class:`RoutingMismatch`)."""
+    if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k) and not cfg.get("dropless"):
         warnings.warn(f"cp = {layout.cp} with capacity factor {capacity_factor} < E/k = {experts / k:g}: tokens "
                       f"may be dropped, and the one-device reference routes them differently from the run; "
                       f"compare with cf ≥ {experts / k:g}", RoutingMismatch, stacklevel=2)
@@ -274,15 +280,3 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
 
 class RoutingMismatch(UserWarning):
     """:func:`hybrid_moe_recipe`'s reference cannot route as the run does (cp > 1 with dropping possible)."""
-
-
-def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
-    """{"ep", "edp", "balance"}: bytes one rank sends per step (module docstring), ``moe_layers`` its MoE layers."""
-    n, ep, edp = layout.dp * layout.cp * layout.tp, layout.ep, layout.expert_data_parallel
-    b, m = element_size, layout.micro_batches
-    c = capacity(micro_batch * seq // layout.cp // layout.tp, moe.experts, moe.capacity_factor, moe.k)
-    per_expert = 2 * cfg.n_embd * cfg.ffn_hidden + (cfg.ffn_hidden + cfg.n_embd) * cfg.bias
-    psi = moe_layers * moe.experts // ep * per_expert
-    return {"ep": m * moe_layers * 4 * (ep - 1) / ep * moe.experts * c * cfg.n_embd * b,
-            "edp": 2 * (edp - 1) / edp * b * psi,
-            "balance": m * moe_layers * 2 * (n - 1) / n * moe.experts * b}

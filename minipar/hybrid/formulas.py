@@ -8,9 +8,9 @@ from ..layout import Layout
 from ..moe.layer import moe_blocks
 from ..pipeline.actions import placement_of, stages_of
 from .context import cp_bytes
-from .experts import expert_bytes
+from ..moe.router import capacity
 
-__all__ = ["bytes_formula", "ring_dp"]
+__all__ = ["bytes_formula", "ring_dp", "expert_bytes"]
 
 
 def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp_rank: int = 0,
@@ -28,7 +28,7 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     ``moe`` (a :class:`minipar.moe.layer.MoEConfig`): every ``moe.every``-th block's FFN is an MoE layer on
     1/t of the rows per tp rank (its block has attention's f and g, and the rows' two all-gathers over tp), its
     router in the dense Ψ, its experts reduced over expert-DP; adds "ep", "edp", "balance"
-    (:func:`minipar.hybrid.experts.expert_bytes`)."""
+    (:func:`expert_bytes`)."""
     layout = Layout.of(layout, **dims, **({} if m is None else {"micro_batches": m}))
     dp, pp, tp, m, v, zero, sp, cp = (getattr(layout, k) for k in (
         "dp", "pp", "tp", "micro_batches", "v", "zero", "sp", "cp"))
@@ -74,3 +74,21 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
 def ring_dp(n: int) -> float:
     """2(n-1)/n: an all-reduce (or a reduce-scatter + an all-gather) per byte of payload."""
     return 2 * (n - 1) / n
+
+
+def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
+    """{"ep", "edp", "balance"}: bytes one rank sends per step (:mod:`minipar.hybrid.experts`' docstring),
+    ``moe_layers`` its MoE layers. Dropless (``moe.dropless``): "ep" under uniform routing, per layer and
+    micro-batch 4·(ep−1)/ep·k·T·h·b + (ep−1)/ep·E·8 (the split sizes, int64), T the rank's tokens; an uneven
+    routing moves another amount (:func:`minipar.moe.dropless.predicted_exchange_bytes`)."""
+    n, ep, edp = layout.dp * layout.cp * layout.tp, layout.ep, layout.expert_data_parallel
+    b, m = element_size, layout.micro_batches
+    tokens = micro_batch * seq // layout.cp // layout.tp
+    rows = moe.k * tokens if moe.dropless else moe.experts * capacity(tokens, moe.experts, moe.capacity_factor, moe.k)
+    counts = (ep - 1) / ep * moe.experts * 8 if moe.dropless else 0
+    hidden = cfg.ffn_hidden // moe.granularity
+    per_expert = 2 * cfg.n_embd * hidden + (hidden + cfg.n_embd) * cfg.bias
+    psi = moe_layers * moe.experts // ep * per_expert
+    return {"ep": m * moe_layers * (4 * (ep - 1) / ep * rows * cfg.n_embd * b + counts),
+            "edp": 2 * (edp - 1) / edp * b * psi,
+            "balance": m * moe_layers * 2 * (n - 1) / n * moe.experts * b}

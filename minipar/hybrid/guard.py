@@ -46,6 +46,7 @@ def run_identity(cfg, *, seed, dtype, data: dict, moe=None) -> dict:
     config = dict(vars(cfg))
     if moe is not None:
         config |= {"moe_experts": moe.experts, "moe_top_k": moe.k, "moe_capacity_factor": float(moe.capacity_factor)}
+        config |= {"moe_dropless": True} if getattr(moe, "dropless", False) else {}   # older checkpoints: padded
     return {"config": config, "seed": seed, "dtype": str(dtype).removeprefix("torch."), "data": dict(data)}
 
 

@@ -78,8 +78,8 @@ def grouped_ffn(experts, rows, counts: list, grouped: bool | None = None):
         grouped = _grouped_mm_runs(rows, experts)
     if not grouped:
         return torch.cat([e(chunk) for e, chunk in zip(experts, rows.split(counts))]), "per expert"
-    offsets = torch.tensor(counts).cumsum(0).to(torch.int32)
-    n = torch.tensor(counts)
+    n = torch.tensor(counts, device=rows.device)
+    offsets = n.cumsum(0).to(torch.int32)
     hidden = F.gelu(_linear_grouped(rows, [e.fc for e in experts], offsets, n))
     return _linear_grouped(hidden, [e.proj for e in experts], offsets, n), "grouped"
 
