@@ -50,6 +50,18 @@ def test_dropless_row_drops_nothing_under_a_planted_imbalance_and_equals_one_dev
         assert observed_status(row) == "within"
 
 
+def test_allgather_row_equals_one_device_with_the_formulas_bytes():
+    row = tour.allgather_row()
+    assert row.strategy == "moe all-gather dispatch" and row.matches, row
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+    assert row.bytes_formula == 2 * 3 * 32 * (4 * 32 * 4 + 2 * 2 * 4 + 8 * 2)     # 2 layers, ep 4, T = M = 32, k 2
+    assert "(ep/k = 2 x less)" in row.note
+    if row.bytes_observed_per_rank is not None:     # + the reduce-scatters' bytes again (gloo all-reduces them)
+        scattered = 2 * 3 * 32 * (2 * 32 * 4 + 2 * 4)
+        assert 0 <= row.bytes_observed_per_rank - row.bytes_sent_per_rank - scattered <= 14 * 3 * 512   # framing
+        assert "gloo's reduce-scatter all-reduces" in row.note
+
+
 # ---- measurement helpers ---------------------------------------------------------------------------------
 
 def test_routing_example_and_drop_fraction():

@@ -12,6 +12,10 @@ over the 2 MoE layers: the communication log's model (the padded buffers' chunks
 beside what the sockets carried (:mod:`minipar.wire`), beside the formula: 2·k·cf·T·M·b per direction per
 layer (T = 32 tokens per rank, M = 32, b = 4), two directions, times (ep−1)/ep — the chunk a rank keeps for
 its own expert does not cross the wire. Peak memory: one more training step on rank 0.
+
+Beside it: shared + fine-grained experts, loss-free balancing, **dropless** EP under a planted imbalance (every
+token to one expert: 0 dropped; :mod:`minipar.moe.dropless`) and the **all-gather dispatcher**
+(:mod:`minipar.moe.allgather`), each against one device.
 """
 from __future__ import annotations
 
@@ -171,5 +175,44 @@ def dropless_row() -> TourRow:
                    bytes_observed_per_rank=sum(o[2] for o in out) / len(out) or None, calls_per_rank=out[0][5])
 
 
+def _allgather_rank(rank, world_size, recipe, ep):
+    from minipar.moe import allgather
+    step_log = comm.CommLog()
+    result = allgather.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log)
+    records = [r for r in step_log.select(dims=("ep",)).records if r.op in ("all_gather", "reduce_scatter")]
+    observed = sum(r.observed_sent or 0 for r in records)
+    scattered = sum(r.sent_bytes for r in records if r.op == "reduce_scatter")
+    return (result, sum(r.sent_bytes for r in records) / recipe.steps, observed / recipe.steps,
+            len(records) // recipe.steps, scattered / recipe.steps)
+
+
+def allgather_row() -> TourRow:
+    """The all-gather token dispatcher (:mod:`minipar.moe.allgather`), ep 4, dropless, top-2 of 4 experts, float32,
+    against one device; bytes of its all-gathers and reduce-scatters from the log beside the formula, and beside
+    what the all-to-all dispatcher would send under uniform routing (ep/k times less)."""
+    from minipar.moe import allgather
+    k = 2
+    r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=k, alpha=1e-2, dropless=True)
+    out = launch(_allgather_rank, WORLD_SIZE, r, EP, quiet=True)
+    c = compare(train_reference(r), [o[0] for o in out])
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    bytes_ = {n: layers * v for n, v in allgather.predicted_bytes(tokens, width, k, 4, EP).items()}
+    note = (f"ep={EP}, top-{k}, dropless: every rank all-gathers the group's tokens, gates and expert ids, runs its "
+            f"expert on the token-choices routed to it, reduce-scatters the outputs; no split sizes, no host sync, "
+            f"the same bytes whatever the routing. Formula {layers} layers x (4·(ep-1)·T·M·b + gates + ids) = "
+            f"{bytes_['allgather']:,.0f} B; the all-to-all dispatcher: {bytes_['alltoall']:,.0f} B under uniform "
+            f"routing (ep/k = {EP / k:g} x less): the all-gather pays when k ≥ ep, or where latency rules")
+    observed = sum(o[2] for o in out) / len(out)
+    if observed:      # gloo's reduce-scatter is an all-reduce: its ring bytes twice on the wire
+        extra = observed - sum(o[1] + o[4] for o in out) / len(out)
+        note += (f". Wire: gloo's reduce-scatter all-reduces, so its {sum(o[4] for o in out) / len(out):,.0f} B go "
+                 f"out twice; the rest, {extra:,.0f} B, is framing ({extra / (out[0][3] * (EP - 1)):.0f} B per peer "
+                 f"per call)")
+    return TourRow("moe all-gather dispatch", WORLD_SIZE, c.matches, c.max_abs_diff, sum(o[1] for o in out) / len(out),
+                   bytes_["allgather"], None, note=note, bytes_observed_per_rank=observed or None,
+                   calls_per_rank=out[0][3])
+
+
 STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained),
-              ("moe-ep loss-free balancing", loss_free), ("moe-ep dropless", dropless_row)]
+              ("moe-ep loss-free balancing", loss_free), ("moe-ep dropless", dropless_row),
+              ("moe all-gather dispatch", allgather_row)]
