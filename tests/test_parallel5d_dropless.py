@@ -60,3 +60,43 @@ def test_dropless_without_experts_is_refused_before_launch(capfd, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         main(["--dropless", "--steps", "1"])
     assert exit_.value.code == 2 and "--dropless needs an MoE model" in capfd.readouterr().err
+
+
+def _loss_free(layout, **moe):
+    """The hybrid MoE recipe with loss-free balancing (γ = 0.05, a bias buffer moved after every step)."""
+    from dataclasses import replace
+    from minipar.moe.layer import MoEGPT
+    r = hybrid_moe_recipe(layout, steps=3, batch_size=8, seq_len=8, experts=4, n_layer=2, n_head=4, n_embd=16, **moe)
+    base = r.model()
+    cfg, config = base.cfg, replace(base.moe, bias_rate=0.05)
+    r.model = lambda: MoEGPT(cfg, config)
+    return r
+
+
+@pytest.mark.parametrize("fields, moe", [
+    (dict(dp=2, pp=2, tp=2, ep=2), dict(k=2, capacity_factor=1.0, shared=1, granularity=2)),
+    (dict(dp=2, tp=2, ep=4, pp=2), dict(k=1, capacity_factor=1.0, shared=1, dropless=True)),
+])
+def test_shared_fine_grained_loss_free_layouts_equal_one_device(fields, moe):
+    from minipar.moe.expert_parallel import loss_free_reference
+    layout = Layout(**fields, micro_batches=1, schedule="gpipe")
+    r = _loss_free(layout, **moe)
+    reference, biases = loss_free_reference(r)
+    assert any(b.abs().max() > 0 for b in biases)                 # the bias really moved
+    runs = run(r, layout=layout)
+    compare(reference, runs, dtype=torch.float64).assert_ok()
+    model = r.model()
+    shared = {n for n, _ in model.named_parameters() if ".shared." in n}
+    assert shared and shared <= {n for res in runs for n in res.params}   # the shared experts, under their names
+    for res in runs:                    # every kind's bytes = the formula (dropless: all but the ep exchange)
+        want = bytes_formula(model.cfg, batch=8, seq=8, layout=layout, pp_rank=res.coords["pp"], moe=model.moe)
+        skip = {"ep"} if model.moe.dropless else set()
+        assert {k: v for k, v in res.bytes_by_kind.items() if k not in skip} == \
+            pytest.approx({k: v for k, v in want.items() if k not in skip}), res.coords
+
+
+def test_loss_free_with_micro_batches_is_refused():
+    from minipar.hybrid.parallel3d import validate
+    layout = Layout(dp=2, ep=2, micro_batches=2)
+    with pytest.raises(ValueError, match="loss-free balancing moves its bias from one forward's load"):
+        validate(_loss_free(layout), layout=layout)

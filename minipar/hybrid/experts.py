@@ -78,11 +78,9 @@ def validate(layout, model) -> None:
         layout.refuse("ep", why="expert parallelism needs a mixture-of-experts model (--experts > 0)")
         return
     validate_config(moe, layout.ep)                                        # E divisible by ep, 1 ≤ k ≤ E, cf > 0
-    unplaced = {k: v for k, v in (("shared", moe.shared), ("granularity", moe.granularity), ("bias_rate", moe.bias_rate))
-                if v != (1 if k == "granularity" else 0)}
-    if unplaced:      # the layer has them (chapter 09); this trainer's placement, bytes and checkpoints do not yet
-        raise ValueError(f"the hybrid trainer places routed full-size experts only: {unplaced} is for "
-                         f"minipar.moe's layers (chapter 09), not yet for this trainer")
+    if moe.bias_rate > 0 and layout.micro_batches > 1:
+        raise ValueError("loss-free balancing moves its bias from one forward's load: with micro_batches > 1 each "
+                         "rank would see only its last micro-batch's; use micro_batches=1")
     if layout.sp:
         raise ValueError("sequence parallelism with an MoE model: the MoE layer splits a TP group's tokens over tp "
                          "itself; SP's sequence shards are not built for it; drop sp")
@@ -168,8 +166,8 @@ class Experts:
         self.layers = list(layers)
         self.params = [p for layer in self.layers for p in layer.experts.parameters()]
         self.ids = set(map(id, self.params))
-        # the routers see only their rank's rows when tp > 1: their gradients are summed over tp
-        self.router_params = [p for layer in self.layers for p in layer.router.parameters()]
+        # the routers and shared experts see only their rank's rows when tp > 1: their gradients are summed over tp
+        self.router_params = [p for layer in self.layers for m in (layer.router, layer.shared) for p in m.parameters()]
         return self
 
     def reduce_gradients(self) -> None:
@@ -184,6 +182,13 @@ class Experts:
         if grads and self.edp_group is not None:
             with comm.recording(mesh=Tag("edp")):
                 comm.all_reduce_flat(grads, group=self.edp_group)
+
+    def update_bias(self) -> None:
+        """Loss-free balancing (``bias_rate > 0``) after the step: each layer's bias moved by the load of its
+        token group (an all-reduce of E counts: :meth:`minipar.moe.expert_parallel.ExpertParallelMoE.update_bias`)."""
+        for layer in self.layers:
+            if layer.moe.bias_rate > 0:
+                layer.update_bias()
 
     def add_aux(self, loss, pp_group, device):
         """``loss`` (the last stage's, or None) + the step's aux losses of every stage: a sum over the pp group,

@@ -10,7 +10,7 @@ from ..pipeline.actions import placement_of, stages_of
 from .context import cp_bytes
 from ..moe.router import capacity
 
-__all__ = ["bytes_formula", "ring_dp", "expert_bytes"]
+__all__ = ["bytes_formula", "ring_dp", "expert_bytes", "expert_params"]
 
 
 def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp_rank: int = 0,
@@ -49,15 +49,16 @@ def bytes_formula(cfg, *, batch: int, seq: int, layout: Layout | None = None, pp
     else:
         tp_bytes = ring * b * m * ((4 * blocks - 2 * moe_layers + first + last) * act + loss)  # f, g; emb g; head f
         tp_bytes += half * b * m * 2 * moe_layers * act      # MoE: rows split over tp, outputs/gradients re-gathered
-        if moe is not None:                                  # ... and each router's gradient summed over tp once
-            tp_bytes += ring * b * moe_layers * moe.experts * h
+        if moe is not None:                  # ... and each router's and shared expert's gradient summed over tp once
+            tp_bytes += ring * b * moe_layers * (moe.experts * h + moe.shared * expert_params(cfg, moe))
     if layout.recompute == "full":       # the blocks' forward collectives again (SP: and the head's all-gather)
         tp_bytes += b * m * act * (half * (4 * blocks + last) if sp else ring * 2 * blocks)
     crossings = sum((s < n_stages - 1) + (s > 0) for s in mine)
     pp_bytes = b * m * act // (tp if sp else 1) * crossings
     vocab = math.ceil(cfg.vocab_size / tp) * tp
     per_block = (12 * h * h + 7 * h) // tp + 6 * h          # split weights/biases /t; LayerNorms, row biases whole
-    per_moe_block = (4 * h * h + 3 * h) // tp + 5 * h + (moe.experts * h if moe else 0)   # attention, LNs, router
+    per_moe_block = (4 * h * h + 3 * h) // tp + 5 * h      # attention, LNs; router and shared experts whole:
+    per_moe_block += moe.experts * h + moe.shared * expert_params(cfg, moe) if moe else 0
     psi = [(per_stage - moe_in[s]) * per_block + moe_in[s] * per_moe_block
            + (s == 0) * (vocab * h // tp + cfg.block_size * h)
            + (s == n_stages - 1) * (vocab * h // tp + 2 * h) for s in mine]
@@ -86,9 +87,14 @@ def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: in
     tokens = micro_batch * seq // layout.cp // layout.tp
     rows = moe.k * tokens if moe.dropless else moe.experts * capacity(tokens, moe.experts, moe.capacity_factor, moe.k)
     counts = (ep - 1) / ep * moe.experts * 8 if moe.dropless else 0
-    hidden = cfg.ffn_hidden // moe.granularity
-    per_expert = 2 * cfg.n_embd * hidden + (hidden + cfg.n_embd) * cfg.bias
-    psi = moe_layers * moe.experts // ep * per_expert
+    psi = moe_layers * moe.experts // ep * expert_params(cfg, moe)
+    loss_free = 1 if moe.bias_rate > 0 else 0                # the bias's load: E counts once per step
     return {"ep": m * moe_layers * (4 * (ep - 1) / ep * rows * cfg.n_embd * b + counts),
             "edp": 2 * (edp - 1) / edp * b * psi,
-            "balance": m * moe_layers * 2 * (n - 1) / n * moe.experts * b}
+            "balance": (m + loss_free) * moe_layers * 2 * (n - 1) / n * moe.experts * b}
+
+
+def expert_params(cfg, moe) -> int:
+    """One (routed or shared) expert FFN's parameters: 2·h·(ffn/m) weights, + biases."""
+    hidden = cfg.ffn_hidden // moe.granularity
+    return 2 * cfg.n_embd * hidden + (hidden + cfg.n_embd) * cfg.bias
