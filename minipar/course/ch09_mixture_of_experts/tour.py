@@ -15,7 +15,7 @@ its own expert does not cross the wire. Peak memory: one more training step on r
 
 Beside it: shared + fine-grained experts, loss-free balancing, **dropless** EP under a planted imbalance (every
 token to one expert: 0 dropped; :mod:`minipar.moe.dropless`) and the **all-gather dispatcher**
-(:mod:`minipar.moe.allgather`), each against one device.
+(:mod:`minipar.moe.allgather`) and **expert-TP 2** (:mod:`minipar.moe.expert_tp`), each against one device.
 """
 from __future__ import annotations
 
@@ -213,6 +213,36 @@ def allgather_row() -> TourRow:
                    calls_per_rank=out[0][3])
 
 
+def _expert_tp_rank(rank, world_size, recipe, ep, tp):
+    from minipar.moe import expert_tp
+    step_log = comm.CommLog()
+    result = expert_tp.parallel_train(rank, world_size, recipe, ep=ep, tp=tp, step_log=step_log)
+    moved = step_log.select(dims=("tp",))
+    records = [r for r in moved.records if r.op in ("all_gather", "reduce_scatter")]
+    return (result, sum(r.sent_bytes for r in records) / recipe.steps,
+            sum(r.observed_sent or 0 for r in records) / recipe.steps, len(records) // recipe.steps)
+
+
+def expert_tp_row() -> TourRow:
+    """Expert-TP 2 (:mod:`minipar.moe.expert_tp`): ep 2 × tp 2, each expert's FFN split over its 2 tp ranks, the
+    row's MoE (4 experts, top-1, cf 4, float32) against one device; bytes of the tp all-gathers and reduce-scatters
+    from the log beside the formula."""
+    ep, tp = 2, 2
+    r = recipe()
+    out = launch(_expert_tp_rank, WORLD_SIZE, r, ep, tp, quiet=True)
+    c = compare(train_reference(r), [o[0] for o in out])
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    slots = 4 // ep * ep * tokens                               # local experts × ep·C slots, C = T (cf = E/k)
+    formula = layers * 4 * (tp - 1) * slots * width * 4          # all-gather + reduce-scatter, forward + backward
+    note = (f"ep={ep} x expert-TP={tp}: each rank holds half the hidden units of its EP rank's 2 experts; the slots the "
+            f"all-to-all brought are all-gathered over tp, each half-expert runs on all of them, the partial outputs "
+            f"are reduce-scattered. tp bytes = {layers} layers x 4 x (tp-1) x E/ep·ep·C·M·b (C = T = {tokens}); the "
+            f"EP all-to-alls as in the moe-ep row. Wire: gloo's reduce-scatter all-reduces (2x)")
+    observed = sum(o[2] for o in out) / len(out)
+    return TourRow("expert-TP 2", WORLD_SIZE, c.matches, c.max_abs_diff, sum(o[1] for o in out) / len(out), formula,
+                   None, note=note, bytes_observed_per_rank=observed or None, calls_per_rank=out[0][3])
+
+
 STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained),
               ("moe-ep loss-free balancing", loss_free), ("moe-ep dropless", dropless_row),
-              ("moe all-gather dispatch", allgather_row)]
+              ("moe all-gather dispatch", allgather_row), ("expert-TP 2", expert_tp_row)]
