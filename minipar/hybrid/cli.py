@@ -4,6 +4,7 @@
     python -m minipar train --dp 1 --pp 1 --tp 1 --steps 20 --json            # the single-device run
     python -m minipar train --dp 2 --cp 2 --tp 2 --cp-method ring-zigzag      # context parallelism too
     python -m minipar train --dp 2 --pp 2 --tp 2 --ep 2 --experts 4 --top-k 2  # MoE, experts over dp × cp
+    python -m minipar train --dp 4 --ep 4 --experts 8 --dropless --micro-batches 4   # no capacity (dropless)
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart

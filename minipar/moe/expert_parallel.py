@@ -18,7 +18,8 @@ one all-to-all of equal chunks moves them, with no preliminary exchange of count
 advance, and autograd's backward is the same exchange again. The price: empty slots travel (and are
 computed) too. The alternative — exchange the per-expert counts first (an all-to-all of E integers), then
 move exactly the tokens routed ("dropless", Megatron-Core/MegaBlocks) — sends only real tokens but needs two
-rounds and shapes known only at run time. (Gloo's ``all_to_all`` also wants equal chunks.) Bytes each rank
+rounds and shapes known only at run time: :mod:`minipar.moe.dropless`. (Gloo's list ``all_to_all`` wants equal
+chunks; the uneven one is ``all_to_all_single`` with split sizes.) Bytes each rank
 sends per MoE layer per training step (T tokens per rank, M model width, b bytes per element)::
 
     dispatch direction: forward dispatch + backward of combine = 2 · E·C·M·b ≈ 2·k·cf·T·M·b
