@@ -78,6 +78,8 @@ def validate(layout, model) -> None:
         layout.refuse("ep", why="expert parallelism needs a mixture-of-experts model (--experts > 0)")
         return
     validate_config(moe, layout.ep)                                        # E divisible by ep, 1 ≤ k ≤ E, cf > 0
+    if moe.expert_choice:
+        raise ValueError("expert-choice routing runs under chapter 09's expert parallelism, not yet in this trainer")
     if moe.bias_rate > 0 and layout.micro_batches > 1:
         raise ValueError("loss-free balancing moves its bias from one forward's load: with micro_batches > 1 each "
                          "rank would see only its last micro-batch's; use micro_batches=1")
