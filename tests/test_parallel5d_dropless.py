@@ -100,3 +100,17 @@ def test_loss_free_with_micro_batches_is_refused():
     layout = Layout(dp=2, ep=2, micro_batches=2)
     with pytest.raises(ValueError, match="loss-free balancing moves its bias from one forward's load"):
         validate(_loss_free(layout), layout=layout)
+
+
+def test_a_checkpoint_identity_names_the_moe_shape_and_refuses_a_loss_free_bias():
+    from minipar.hybrid.guard import run_identity
+    from minipar.models import GPTConfig
+    from minipar.moe.layer import MoEConfig
+    cfg = GPTConfig(n_layer=1, n_embd=16, n_head=2)
+    plain = run_identity(cfg, seed=0, dtype="float64", data={}, moe=MoEConfig())["config"]
+    shaped = run_identity(cfg, seed=0, dtype="float64", data={}, moe=MoEConfig(shared=1, granularity=2, dropless=True))
+    assert not any(k in plain for k in ("moe_shared", "moe_granularity", "moe_dropless"))
+    assert {k: shaped["config"][k] for k in ("moe_shared", "moe_granularity", "moe_dropless")} == \
+        {"moe_shared": 1, "moe_granularity": 2, "moe_dropless": True}
+    with pytest.raises(ValueError, match="routing biases are not saved in a checkpoint yet"):
+        run_identity(cfg, seed=0, dtype="float64", data={}, moe=MoEConfig(bias_rate=1e-3))
