@@ -41,6 +41,7 @@ from .rings import (on_ring, ring_algorithms, ring_all_gather, ring_all_reduce, 
 __all__ = [
     "CommRecord", "CommLog", "recording", "predicted_bytes_sent",
     "broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+    "all_to_all_single",
     "send", "recv", "isend", "irecv", "all_reduce_flat",
     "ring_exchange", "ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "root_all_reduce",
     "ring_algorithms", "rings_selected",
@@ -155,6 +156,18 @@ def all_to_all(out: list, inputs: list, group=None):
     recv = sum(_nbytes(x) for x in out) - _nbytes(out[me])
     call(lambda: dist.all_to_all(out, inputs, group=group), "all_to_all", _size(group),
          sum(_nbytes(x) for x in inputs), sent, recv, "direct", group=group, tensor=inputs[me])
+    return out
+
+
+def all_to_all_single(out: torch.Tensor, x: torch.Tensor, out_splits: list, in_splits: list, group=None):
+    """Uneven all-to-all (alltoallv): rows ``in_splits[j]`` of ``x`` (dim 0, in rank order) go to rank j, rank j's
+    rows for me land in ``out`` in rank order, ``out_splits[j]`` of them (gloo's list ``all_to_all`` wants equal
+    chunks; this one does not). Payload S = this rank's input; sent = the rows for the other ranks."""
+    me = dist.get_rank(group) if group is not None else dist.get_rank()
+    row = x.shape[1:].numel() * x.element_size()                  # bytes per row
+    call(lambda: dist.all_to_all_single(out, x, out_splits, in_splits, group=group), "all_to_all", _size(group),
+         _nbytes(x), (sum(in_splits) - in_splits[me]) * row, (sum(out_splits) - out_splits[me]) * row, "direct",
+         group=group, tensor=x)
     return out
 
 

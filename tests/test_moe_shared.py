@@ -70,11 +70,18 @@ def test_expert_parallel_with_shared_and_fine_grained_experts_equals_one_device(
     compare(reference, epm.run(recipe, world_size=4, ep=ep), dtype=torch.float64).assert_ok()
 
 
-def test_the_hybrid_trainer_refuses_what_it_does_not_place_yet():
+def test_the_hybrid_trainer_places_shared_fine_grained_and_loss_free_experts():
+    """Accepted (tests/test_parallel5d_dropless.py trains them against one device); loss-free only with one
+    micro-batch per step, whose load moves the bias."""
     from minipar.hybrid.experts import validate
     from minipar.layout import Layout
-    for extra in ({"shared": 1}, {"granularity": 2}, {"bias_rate": 1e-3}):
+    for extra in ({"shared": 1}, {"granularity": 2}, {"bias_rate": 1e-3}, {"dropless": True}):
         model = MoEGPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32),
                        MoEConfig(experts=4, **extra))
-        with pytest.raises(ValueError, match="routed full-size experts only"):
-            validate(Layout(dp=2, ep=2), model)
+        validate(Layout(dp=2, ep=2, micro_batches=1), model)
+    with pytest.raises(ValueError, match="with micro_batches > 1"):
+        validate(Layout(dp=2, ep=2, micro_batches=2), model_with(bias_rate=1e-3))
+
+
+def model_with(**extra):
+    return MoEGPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32), MoEConfig(experts=4, **extra))

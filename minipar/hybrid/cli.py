@@ -4,6 +4,7 @@
     python -m minipar train --dp 1 --pp 1 --tp 1 --steps 20 --json            # the single-device run
     python -m minipar train --dp 2 --cp 2 --tp 2 --cp-method ring-zigzag      # context parallelism too
     python -m minipar train --dp 2 --pp 2 --tp 2 --ep 2 --experts 4 --top-k 2  # MoE, experts over dp × cp
+    python -m minipar train --dp 4 --ep 4 --experts 8 --dropless --micro-batches 4   # no capacity (dropless)
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--top-k", type=int, default=1, help="experts per token")
     train.add_argument("--capacity-factor", type=float, default=1.25, help="C = ceil(k·T/E·cf) slots per expert; "
                        "with --cp > 1 the run equals one device only at cf ≥ E/k (no token dropped)")
+    train.add_argument("--dropless", action="store_true", help="no capacity: every token reaches its experts "
+                       "(uneven all-to-alls, split sizes exchanged first; --capacity-factor unused)")
     train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
@@ -131,7 +134,8 @@ def make_recipe(args, data: dict | None = None):
                  n_layer=args.n_layer, n_embd=args.n_embd, block_size=max(32, args.seq_len),
                  **({"vocab_size": data["vocab_size"]} if data else {}))
     recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k, **shape,
-              capacity_factor=args.capacity_factor) if getattr(args, "experts", 0) else gpt_recipe(**shape))
+              capacity_factor=args.capacity_factor, dropless=getattr(args, "dropless", False))
+              if getattr(args, "experts", 0) else gpt_recipe(**shape))
     if data:
         recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)
     recipe.dtype = DTYPES[args.dtype]

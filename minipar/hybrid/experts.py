@@ -20,7 +20,9 @@ rank of the dp × pp × cp × tp mesh:
   pipeline stages see blocks. Expert-TP = 1: an expert is whole where it lives. The router is replicated over
   tp and sees only its rank's rows, so its gradient is summed over tp (as SP's LayerNorms are).
 * **Forward** (chapter 09): route the rank's T = mb·s/cp tokens, capacity C = ⌈k·T/E·cf⌉ per expert, dispatch
-  buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine.
+  buffer (E, C, h), all-to-all over the ep group, local experts, all-to-all back, combine. Dropless
+  (``MoEConfig(dropless=True)``, ``train --dropless``): :class:`HybridDroplessLayer`, no capacity, the uneven
+  all-to-alls of :mod:`minipar.moe.dropless` (their split sizes exchanged first).
 * **Balancing loss.** f_i counts first choices over the whole micro-batch (an all-reduce of E counts over the
   stage's dp × cp × tp token group), P_i is the rank's own mean; the aux loss lives in every stage that has MoE
   layers, so it enters the backward through :class:`AuxLossInBackward` (Megatron's ``MoEAuxLossAutoScaler``):
@@ -49,14 +51,13 @@ import torch.nn as nn
 from .. import comm
 from ..loop import lm_loss
 from ..mesh import Mesh
+from ..moe.dropless import DroplessMoE
 from ..moe.expert_parallel import ExpertParallelMoE
 from ..moe.layer import MoEGPT, MoELayer, moe_recipe, no_drop_capacity_factor, validate_config
-from ..moe.router import capacity
 from ..tensor.operators import gather_from_tp, split_to_tp
 
-__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer",
-           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch",
-           "expert_bytes"]
+__all__ = ["Tag", "validate", "expert_groups", "AuxLossInBackward", "HybridExpertLayer", "HybridDroplessLayer",
+           "Experts", "install", "DenseParams", "reference_loss", "hybrid_moe_recipe", "RoutingMismatch"]
 
 
 class Tag:
@@ -77,11 +78,11 @@ def validate(layout, model) -> None:
         layout.refuse("ep", why="expert parallelism needs a mixture-of-experts model (--experts > 0)")
         return
     validate_config(moe, layout.ep)                                        # E divisible by ep, 1 ≤ k ≤ E, cf > 0
-    unplaced = {k: v for k, v in (("shared", moe.shared), ("granularity", moe.granularity), ("bias_rate", moe.bias_rate))
-                if v != (1 if k == "granularity" else 0)}
-    if unplaced:      # the layer has them (chapter 09); this trainer's placement, bytes and checkpoints do not yet
-        raise ValueError(f"the hybrid trainer places routed full-size experts only: {unplaced} is for "
-                         f"minipar.moe's layers (chapter 09), not yet for this trainer")
+    if moe.expert_choice:
+        raise ValueError("expert-choice routing runs under chapter 09's expert parallelism, not yet in this trainer")
+    if moe.bias_rate > 0 and layout.micro_batches > 1:
+        raise ValueError("loss-free balancing moves its bias from one forward's load: with micro_batches > 1 each "
+                         "rank would see only its last micro-batch's; use micro_batches=1")
     if layout.sp:
         raise ValueError("sequence parallelism with an MoE model: the MoE layer splits a TP group's tokens over tp "
                          "itself; SP's sequence shards are not built for it; drop sp")
@@ -145,6 +146,10 @@ class HybridExpertLayer(ExpertParallelMoE):
         return Tag(kind)
 
 
+class HybridDroplessLayer(HybridExpertLayer, DroplessMoE):
+    """:class:`HybridExpertLayer` whose MoE forward is :class:`minipar.moe.dropless.DroplessMoE` 's: no capacity."""
+
+
 class Experts:
     """A rank's expert side: its :class:`HybridExpertLayer` s, expert parameters, groups, and the gradient
     reduction (÷ ``divisor`` = dp·cp, then all-reduce over expert-DP)."""
@@ -163,8 +168,8 @@ class Experts:
         self.layers = list(layers)
         self.params = [p for layer in self.layers for p in layer.experts.parameters()]
         self.ids = set(map(id, self.params))
-        # the routers see only their rank's rows when tp > 1: their gradients are summed over tp
-        self.router_params = [p for layer in self.layers for p in layer.router.parameters()]
+        # the routers and shared experts see only their rank's rows when tp > 1: their gradients are summed over tp
+        self.router_params = [p for layer in self.layers for m in (layer.router, layer.shared) for p in m.parameters()]
         return self
 
     def reduce_gradients(self) -> None:
@@ -179,6 +184,13 @@ class Experts:
         if grads and self.edp_group is not None:
             with comm.recording(mesh=Tag("edp")):
                 comm.all_reduce_flat(grads, group=self.edp_group)
+
+    def update_bias(self) -> None:
+        """Loss-free balancing (``bias_rate > 0``) after the step: each layer's bias moved by the load of its
+        token group (an all-reduce of E counts: :meth:`minipar.moe.expert_parallel.ExpertParallelMoE.update_bias`)."""
+        for layer in self.layers:
+            if layer.moe.bias_rate > 0:
+                layer.update_bias()
 
     def add_aux(self, loss, pp_group, device):
         """``loss`` (the last stage's, or None) + the step's aux losses of every stage: a sum over the pp group,
@@ -224,7 +236,8 @@ def install(model, mesh, layout, dense_group) -> Experts | None:
     layers = []
     for block in model.blocks:
         if isinstance(block.mlp, MoELayer):
-            block.mlp = HybridExpertLayer(block.mlp, my_ep.index(rank), ep, ep_group, token_group, tp_group)
+            kind = HybridDroplessLayer if block.mlp.moe.dropless else HybridExpertLayer
+            block.mlp = kind(block.mlp, my_ep.index(rank), ep, ep_group, token_group, tp_group)
             layers.append(block.mlp)
     held = Experts(layers, ep_group, edp_group, layout.dp * layout.cp, layout.micro_batches, tp_group)
     held.ep_rank, held.edp_rank = my_ep.index(rank), my_edp.index(rank)     # the checkpoint's writer rule
@@ -260,8 +273,8 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
     ``optimizer`` ("adam" or "sgd", as :func:`minipar.check.gpt_recipe`). With cp = 1 the reference
     routes each micro-batch in dp·tp groups (``MoEConfig(groups=dp·tp)``), the ranks' own token sets (contiguous
     in the flattened micro-batch), so they agree even when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
-    needs a no-drop capacity, cf ≥ E/k: a smaller cf warns (:class:`RoutingMismatch`)."""
-    if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k):
+    needs a no-drop capacity, cf ≥ E/k (or ``dropless=True``): a smaller cf warns (:class:`RoutingMismatch`)."""
+    if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k) and not cfg.get("dropless"):
         warnings.warn(f"cp = {layout.cp} with capacity factor {capacity_factor} < E/k = {experts / k:g}: tokens "
                       f"may be dropped, and the one-device reference routes them differently from the run; "
                       f"compare with cf ≥ {experts / k:g}", RoutingMismatch, stacklevel=2)
@@ -274,15 +287,3 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
 
 class RoutingMismatch(UserWarning):
     """:func:`hybrid_moe_recipe`'s reference cannot route as the run does (cp > 1 with dropping possible)."""
-
-
-def expert_bytes(cfg, moe, layout, *, micro_batch: int, seq: int, moe_layers: int, element_size: int = 8) -> dict:
-    """{"ep", "edp", "balance"}: bytes one rank sends per step (module docstring), ``moe_layers`` its MoE layers."""
-    n, ep, edp = layout.dp * layout.cp * layout.tp, layout.ep, layout.expert_data_parallel
-    b, m = element_size, layout.micro_batches
-    c = capacity(micro_batch * seq // layout.cp // layout.tp, moe.experts, moe.capacity_factor, moe.k)
-    per_expert = 2 * cfg.n_embd * cfg.ffn_hidden + (cfg.ffn_hidden + cfg.n_embd) * cfg.bias
-    psi = moe_layers * moe.experts // ep * per_expert
-    return {"ep": m * moe_layers * 4 * (ep - 1) / ep * moe.experts * c * cfg.n_embd * b,
-            "edp": 2 * (edp - 1) / edp * b * psi,
-            "balance": m * moe_layers * 2 * (n - 1) / n * moe.experts * b}

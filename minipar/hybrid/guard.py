@@ -46,6 +46,11 @@ def run_identity(cfg, *, seed, dtype, data: dict, moe=None) -> dict:
     config = dict(vars(cfg))
     if moe is not None:
         config |= {"moe_experts": moe.experts, "moe_top_k": moe.k, "moe_capacity_factor": float(moe.capacity_factor)}
+        config |= {f"moe_{name}": getattr(moe, name) for name, default in (("dropless", False), ("shared", 0),
+                   ("granularity", 1)) if getattr(moe, name, default) != default}   # only when set: older identities hold
+        if getattr(moe, "bias_rate", 0):
+            raise ValueError("loss-free balancing's routing biases are not saved in a checkpoint yet: a resumed run "
+                             "would restart them at 0")
     return {"config": config, "seed": seed, "dtype": str(dtype).removeprefix("torch."), "data": dict(data)}
 
 

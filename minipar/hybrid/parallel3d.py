@@ -252,6 +252,8 @@ class Trainer3D:
                     self.reducer.finish()                        # bucketed all-reduce, averaged over dp
                 self.optimizer.step()
         if self.experts:                                          # the stages' balancing losses, onto the loss
+            with comm.recording(self.logs["pp+tp"]):
+                self.experts.update_bias()                       # loss-free balancing: after the step
             loss = self.experts.add_aux(loss, self.mesh.group("pp"), self.device)
         if loss is None:
             return None

@@ -45,6 +45,8 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--wait-for-lock must be a finite number of seconds >= 0, got {args.wait_for_lock}")
     if args.experts < 0:
         raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
+    if getattr(args, "dropless", False) and not args.experts:
+        raise ValueError("--dropless needs an MoE model (--experts > 0): a dense GPT has no tokens to drop")
     if args.keep is not None and args.keep < 0:
         raise ValueError(f"--keep must be >= 0 (0: keep every checkpoint), got {args.keep}")
     if args.sp and args.tp == 1:
@@ -77,7 +79,8 @@ def with_moe(identity: dict, args) -> dict:
     of an MoE run records: :func:`minipar.hybrid.guard.run_identity`)."""
     if not args.experts:
         return identity
-    moe = argparse.Namespace(experts=args.experts, k=args.top_k, capacity_factor=args.capacity_factor)
+    moe = argparse.Namespace(experts=args.experts, k=args.top_k, capacity_factor=args.capacity_factor,
+                             dropless=getattr(args, "dropless", False))
     return {**identity, "config": guard.run_identity(argparse.Namespace(**identity["config"]), seed=None, dtype="",
                                                      data={}, moe=moe)["config"]}
 

@@ -18,7 +18,8 @@ one all-to-all of equal chunks moves them, with no preliminary exchange of count
 advance, and autograd's backward is the same exchange again. The price: empty slots travel (and are
 computed) too. The alternative — exchange the per-expert counts first (an all-to-all of E integers), then
 move exactly the tokens routed ("dropless", Megatron-Core/MegaBlocks) — sends only real tokens but needs two
-rounds and shapes known only at run time. (Gloo's ``all_to_all`` also wants equal chunks.) Bytes each rank
+rounds and shapes known only at run time: :mod:`minipar.moe.dropless`. (Gloo's list ``all_to_all`` wants equal
+chunks; the uneven one is ``all_to_all_single`` with split sizes.) Bytes each rank
 sends per MoE layer per training step (T tokens per rank, M model width, b bytes per element)::
 
     dispatch direction: forward dispatch + backward of combine = 2 · E·C·M·b ≈ 2·k·cf·T·M·b
@@ -163,12 +164,13 @@ class ExpertParallelMoE(MoELayer):
         return all_to_all(out.reshape(e, c, m), self.ep_group, tag)   # back to the tokens' ranks
 
 
-def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group) -> dict:
-    """Replace every MoE layer by its expert-parallel slice, in place. Returns {local name: reference name}
-    for the parameters this rank holds (local expert j of block b is global expert first + j)."""
+def shard_experts(model: MoEGPT, ep_rank: int, ep: int, ep_group, token_group, layer=None) -> dict:
+    """Replace every MoE layer by its expert-parallel slice (a ``layer``, default :class:`ExpertParallelMoE`), in
+    place. Returns {local name: reference name} for the parameters this rank holds (local expert j of block b is
+    global expert first + j)."""
     names = {}
     for b in model.moe_blocks():
-        ep_layer = ExpertParallelMoE(model.blocks[b].mlp, ep_rank, ep, ep_group, token_group)
+        ep_layer = (layer or ExpertParallelMoE)(model.blocks[b].mlp, ep_rank, ep, ep_group, token_group)
         model.blocks[b].mlp = ep_layer
         for j in range(ep_layer.per_rank):
             for n, _ in ep_layer.experts[j].named_parameters():
@@ -219,11 +221,11 @@ def validate(recipe, *, world_size: int, ep: int, micro_batches: int = 1) -> Non
                              f"ranks x {micro_batches} micro-batches")
 
 
-def build(rank: int, world_size: int, recipe, ep: int):
-    """This rank's model (its experts only), the {local: reference} parameter names and its mesh."""
+def build(rank: int, world_size: int, recipe, ep: int, layer=None):
+    """This rank's model (its experts only, in ``layer`` s), the {local: reference} parameter names and its mesh."""
     mesh = Mesh(world_size, dp=world_size // ep, ep=ep).build(rank)
     model = recipe.model().to(recipe.dtype)
-    names = shard_experts(model, mesh.coord("ep"), ep, mesh.group("ep"), mesh.group("dp", "ep"))
+    names = shard_experts(model, mesh.coord("ep"), ep, mesh.group("ep"), mesh.group("dp", "ep"), layer)
     return model, names, mesh
 
 
@@ -243,13 +245,13 @@ def train_step(model, recipe, inputs, targets, micro_batches: int, mesh, world_s
 
 
 def parallel_train(rank: int, world_size: int, recipe, *, ep: int, micro_batches: int = 1,
-                   step_log: comm.CommLog | None = None, routings: list | None = None):
-    """Train ``recipe`` with EP (× DP = world/ep). ``step_log`` records every exchange of the training steps,
+                   step_log: comm.CommLog | None = None, routings: list | None = None, layer=None):
+    """Train ``recipe`` with EP (× DP = world/ep), MoE layers of class ``layer`` (:func:`build`). ``step_log`` records every exchange of the training steps,
     tagged with the mesh dims of its group (``step_log.select(op="all_to_all")``: the layers' all-to-alls);
     ``routings`` collects, per micro-batch, each MoE layer's (tokens per expert, dropped) on this rank."""
 
     validate(recipe, world_size=world_size, ep=ep, micro_batches=micro_batches)
-    model, names, mesh = build(rank, world_size, recipe, ep)
+    model, names, mesh = build(rank, world_size, recipe, ep, layer)
     opt = recipe.optimizer(model.parameters())
     losses = []
     for batch in recipe.batches:

@@ -14,6 +14,8 @@ with one all-to-all of known size (:mod:`minipar.moe.expert_parallel`), the choi
 An expert computes on its empty slots too: the price of fixed shapes, cf − 1 of the work at most.
 With ``MoEConfig(groups=G)`` the T tokens are routed as G consecutive groups, each with its own capacity
 (:func:`minipar.moe.router.route_groups`): what G expert-parallel ranks do with their own tokens.
+``MoEConfig(expert_choice=True)``: the experts choose their tokens instead (each its top C; no balancing loss:
+:func:`minipar.moe.router.route_expert_choice`); ``MoEConfig(dropless=True)``: no capacity at all.
 
 Compute per token: an FFN is two matmuls, 2·(2·M·H) FLOPs forward (H its hidden size); a token visits k
 experts, so the MoE layer costs k FFNs (+ the router, 2·M·E) while holding E FFNs of parameters: E/k times
@@ -49,7 +51,7 @@ from ..loop import lm_loss
 from ..models import FeedForward, GPTConfig, TinyGPT
 from ..validation import positive_int
 from .balance import update_bias, z_loss
-from .router import Routing, balance_counts, load_balancing_loss, route_groups
+from .router import Routing, balance_counts, load_balancing_loss, route, route_groups
 
 __all__ = ["MoEConfig", "MoELayer", "MoEGPT", "moe_blocks", "expert_config", "dispatch", "combine", "moe_loss",
            "moe_recipe",
@@ -68,6 +70,8 @@ class MoEConfig:
     bias_rate: float = 0.0          # γ of loss-free balancing (DeepSeek-V3: 1e-3); 0: no routing bias
     shared: int = 0                 # shared experts every token passes through (DeepSeekMoE)
     granularity: int = 1            # m: each expert's FFN hidden = dense FFN hidden / m (DeepSeekMoE)
+    dropless: bool = False          # no capacity: every choice kept, cf unused (MegaBlocks; minipar.moe.dropless)
+    expert_choice: bool = False     # experts choose their top C tokens (Zhou et al. 2022); k unused, cf = mean experts
 
     def __post_init__(self):
         validate_config(self)
@@ -87,6 +91,10 @@ def validate_config(moe: MoEConfig, ep: int = 1) -> None:
     if isinstance(moe.shared, bool) or not isinstance(moe.shared, int) or moe.shared < 0:
         raise ValueError(f"shared experts must be a whole number ≥ 0, got {moe.shared!r}")
     positive_int("granularity", moe.granularity)
+    if not isinstance(moe.dropless, bool) or not isinstance(moe.expert_choice, bool):
+        raise ValueError(f"dropless and expert_choice are True or False, got {moe.dropless!r}, {moe.expert_choice!r}")
+    if moe.expert_choice and (moe.dropless or moe.bias_rate):
+        raise ValueError("expert choice fills every expert to its capacity by construction: no dropless, no bias")
     positive_int("every", moe.every)
     positive_int("groups", moe.groups)
     if moe.experts % positive_int("ep", ep):
@@ -130,9 +138,14 @@ class MoELayer(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits = self.router(flat)
-        self.routing = route_groups(logits, self.moe.groups, self.moe.k, self.moe.capacity_factor,
-                                    bias=getattr(self, "routing_bias", None))
-        self.aux_loss = self.balance_loss(self.routing)
+        bias = getattr(self, "routing_bias", None)
+        if self.moe.dropless:      # C = T, the most one expert can be sent: nothing dropped, grouping irrelevant
+            self.routing = route(logits, self.moe.k, cap=flat.shape[0], bias=bias)
+        else:
+            self.routing = route_groups(logits, self.moe.groups, self.moe.k, self.moe.capacity_factor, bias=bias,
+                                        expert_choice=self.moe.expert_choice)
+        # expert choice is balanced by construction: no balancing loss
+        self.aux_loss = logits.new_zeros(()) if self.moe.expert_choice else self.balance_loss(self.routing)
         if self.moe.z_loss:
             self.aux_loss = self.aux_loss + z_loss(logits, self.moe.z_loss)
         out = self.run_experts(dispatch(flat, self.routing))
@@ -206,16 +219,19 @@ def moe_loss(model: MoEGPT, inputs, targets) -> torch.Tensor:
 def moe_recipe(steps: int = 3, batch_size: int = 8, seq_len: int = 16, optimizer: str = "adam",
                seed: int = 0, dtype: torch.dtype = torch.float32, experts: int = 4, k: int = 1,
                capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1, groups: int = 1,
-               z_loss: float = 0.0, shared: int = 0, granularity: int = 1, **cfg_changes):
+               z_loss: float = 0.0, shared: int = 0, granularity: int = 1, dropless: bool = False,
+               expert_choice: bool = False, **cfg_changes):
     """The MoE tiny GPT on :func:`minipar.datasets.markov_tokens` (as :func:`minipar.check.gpt_recipe`). No
     ``bias_rate``: a recipe's training loops have no step to update the loss-free bias after (see
     :meth:`MoEGPT.update_routing_bias`)."""
-    moe = MoEConfig(experts, k, capacity_factor, alpha, every, groups, z_loss, shared=shared, granularity=granularity)
+    moe = MoEConfig(experts, k, capacity_factor, alpha, every, groups, z_loss, shared=shared, granularity=granularity,
+                    dropless=dropless, expert_choice=expert_choice)
     base = gpt_recipe(steps, batch_size, seq_len, optimizer, seed, **cfg_changes)
     cfg = base.model().cfg
     base.model = lambda: MoEGPT(cfg, moe, seed)
     base.loss, base.dtype = moe_loss, dtype
     shape = (f", {shared} shared" if shared else "") + (f", 1/{granularity}-size experts" if granularity > 1 else "")
+    shape += (", dropless" if dropless else "") + (", expert choice" if expert_choice else "")
     base.name = (f"MoE TinyGPT {cfg.n_layer}L/{cfg.n_embd}h, {experts} experts top-{k}{shape}, cf {capacity_factor}, "
                  f"{optimizer}")
     return base

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Routing", "capacity", "route", "route_groups", "balance_counts", "load_balancing_loss", "gshard_paper_aux",
+__all__ = ["Routing", "capacity", "route", "route_expert_choice", "route_groups", "balance_counts", "load_balancing_loss", "gshard_paper_aux",
            "deepspeed_aux"]
 
 
@@ -103,17 +103,37 @@ def route(logits: torch.Tensor, k: int = 1, capacity_factor: float = 1.25, cap: 
     return Routing(probs, expert, gate, slot, slot < c, c)
 
 
+def route_expert_choice(logits: torch.Tensor, capacity_factor: float = 1.0) -> Routing:
+    """Expert choice (Zhou et al. 2022, arXiv:2202.09368): each expert takes the C = ⌈T/E·cf⌉ tokens with its highest
+    probability (cf: the mean number of experts per token), so every expert is exactly full and a token gets 0, 1
+    or several experts, each weighted by p_te. As a Routing with k = E: choice j of token t is expert j, kept when
+    expert j chose t, in slot = its place in j's top C. Balanced by construction (no balancing loss); a token's
+    experts depend on the other tokens of its group, later ones included (a decoder's causality is not kept)."""
+    t, e = logits.shape
+    probs = logits.softmax(dim=-1)
+    c = min(t, capacity(t, e, capacity_factor))
+    chosen = probs.detach().t().topk(c, dim=-1).indices                # (E, C): each expert's tokens, best first
+    slot = torch.full((e, t), c, dtype=torch.long, device=logits.device)
+    slot.scatter_(1, chosen, torch.arange(c, device=logits.device).expand(e, c))
+    expert = torch.arange(e, device=logits.device).expand(t, e)
+    return Routing(probs, expert, probs, slot.t(), slot.t() < c, c)
+
+
 def route_groups(logits: torch.Tensor, groups: int, k: int = 1, capacity_factor: float = 1.25,
-                 bias: torch.Tensor | None = None) -> Routing:
+                 bias: torch.Tensor | None = None, expert_choice: bool = False) -> Routing:
     """Route G equal consecutive groups of tokens independently (GShard's *groups*), each with its own
     capacity C = ⌈k·(T/G)/E·cf⌉: what G ranks do, each routing its own tokens. Returned as one Routing over
-    all T tokens whose buffer has G·C slots per expert, group g's in slots g·C … g·C + C − 1."""
+    all T tokens whose buffer has G·C slots per expert, group g's in slots g·C … g·C + C − 1. ``expert_choice``:
+    each group routed by :func:`route_expert_choice` instead."""
     t = logits.shape[0]
     if groups < 1 or t % groups:
         raise ValueError(f"{t} tokens do not split into {groups} equal routing groups")
+    def one(chunk):
+        return route_expert_choice(chunk, capacity_factor) if expert_choice else route(chunk, k, capacity_factor,
+                                                                                         bias=bias)
     if groups == 1:
-        return route(logits, k, capacity_factor, bias=bias)
-    parts = [route(chunk, k, capacity_factor, bias=bias) for chunk in logits.chunk(groups)]
+        return one(logits)
+    parts = [one(chunk) for chunk in logits.chunk(groups)]
     c = parts[0].capacity
     slot = torch.cat([p.slot + g * c for g, p in enumerate(parts)])
     kept = torch.cat([p.kept for p in parts])

@@ -39,6 +39,35 @@ def test_loss_free_row_equals_one_device_moving_its_bias():
     assert row.matches and row.max_abs_diff < 1e-10 and "no balancing loss" in row.note
 
 
+def test_dropless_row_drops_nothing_under_a_planted_imbalance_and_equals_one_device():
+    row = tour.dropless_row()
+    assert row.strategy == "moe-ep dropless" and row.matches, row
+    assert "0 dropped (padded cf 1.25: 528)" in row.note        # 4 ranks x 2 layers x 3 steps x 22 of 32 tokens
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+    assert row.bytes_formula == 2 * (4 * 32 * 32 * 4 * 3 / 4 + 4 * 8 * 3 / 4)   # 2 layers, T = M = 32, fp32
+    if row.bytes_observed_per_rank is not None:
+        from minipar.course.tour import observed_status
+        assert observed_status(row) == "within"
+
+
+def test_allgather_row_equals_one_device_with_the_formulas_bytes():
+    row = tour.allgather_row()
+    assert row.strategy == "moe all-gather dispatch" and row.matches, row
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula)
+    assert row.bytes_formula == 2 * 3 * 32 * (4 * 32 * 4 + 2 * 2 * 4 + 8 * 2)     # 2 layers, ep 4, T = M = 32, k 2
+    assert "(ep/k = 2 x less)" in row.note
+    if row.bytes_observed_per_rank is not None:     # + the reduce-scatters' bytes again (gloo all-reduces them)
+        scattered = 2 * 3 * 32 * (2 * 32 * 4 + 2 * 4)
+        assert 0 <= row.bytes_observed_per_rank - row.bytes_sent_per_rank - scattered <= 14 * 3 * 512   # framing
+        assert "gloo's reduce-scatter all-reduces" in row.note
+
+
+def test_expert_tp_row_equals_one_device_with_the_formulas_bytes():
+    row = tour.expert_tp_row()
+    assert row.strategy == "expert-TP 2" and row.matches, row
+    assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) == 2 * 4 * 1 * 128 * 32 * 4   # 2 layers, 2 x 2·32 slots
+
+
 # ---- measurement helpers ---------------------------------------------------------------------------------
 
 def test_routing_example_and_drop_fraction():

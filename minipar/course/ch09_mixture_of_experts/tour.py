@@ -12,6 +12,10 @@ over the 2 MoE layers: the communication log's model (the padded buffers' chunks
 beside what the sockets carried (:mod:`minipar.wire`), beside the formula: 2·k·cf·T·M·b per direction per
 layer (T = 32 tokens per rank, M = 32, b = 4), two directions, times (ep−1)/ep — the chunk a rank keeps for
 its own expert does not cross the wire. Peak memory: one more training step on rank 0.
+
+Beside it: shared + fine-grained experts, loss-free balancing, **dropless** EP under a planted imbalance (every
+token to one expert: 0 dropped; :mod:`minipar.moe.dropless`) and the **all-gather dispatcher**
+(:mod:`minipar.moe.allgather`) and **expert-TP 2** (:mod:`minipar.moe.expert_tp`), each against one device.
 """
 from __future__ import annotations
 
@@ -33,13 +37,15 @@ def recipe():
     return moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=1e-2)
 
 
-def _rank(rank, world_size, recipe, ep):
+def _rank(rank, world_size, recipe, ep, strategy=epm):
+    """``strategy``: a module with ``parallel_train`` and ``build`` (padded :mod:`~minipar.moe.expert_parallel`,
+    or :mod:`~minipar.moe.dropless`)."""
     step_log = comm.CommLog()
     routings: list = []
-    result = epm.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log, routings=routings)
+    result = strategy.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log, routings=routings)
     a2a = step_log.select(op="all_to_all", dims=("ep",))          # the EP group's exchanges, from the log
     dropped = sum(d for layers in routings for _, d in layers)
-    model, _, mesh = epm.build(rank, world_size, recipe, ep)
+    model, _, mesh = strategy.build(rank, world_size, recipe, ep)
     opt = recipe.optimizer(model.parameters())
     x, y = shard_batch(recipe.batches[0], rank, world_size)
 
@@ -122,5 +128,121 @@ def loss_free() -> TourRow:
     return TourRow("moe-ep loss-free balancing", WORLD_SIZE, c.matches, c.max_abs_diff, None, None, None, note)
 
 
+def planted_recipe(dropless_layers: bool = True, capacity_factor: float = CF):
+    """The row's MoE with a planted worst case: every token's choice is expert 0 (a routing bias of 1e3 on it, moved
+    by a loss-free rate of 1e-9, too small to matter), no balancing loss."""
+    import torch
+    from minipar.moe.layer import MoEConfig, MoEGPT
+    r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, alpha=0.0, capacity_factor=capacity_factor)
+    cfg = r.model().cfg
+    moe = MoEConfig(experts=4, k=1, capacity_factor=capacity_factor, alpha=0.0, bias_rate=1e-9, dropless=dropless_layers)
+
+    def model():
+        m = MoEGPT(cfg, moe)
+        for layer in m.moe_layers():
+            layer.routing_bias[0] = 1e3
+        return m
+    r.model, r.dtype = model, torch.float32
+    return r
+
+
+def dropless_row() -> TourRow:
+    """Dropless EP (:mod:`minipar.moe.dropless`) under the planted imbalance, ep 4, float32, against one device: 0
+    dropped where the padded layers with cf 1.25 drop 22 of a rank's 32 tokens per layer; bytes from the log beside
+    the formula from the routing's counts (:func:`~minipar.moe.dropless.predicted_exchange_bytes`)."""
+    import torch
+    from minipar.moe import dropless
+    from minipar.moe.expert_parallel import loss_free_reference
+    r = planted_recipe()
+    reference, _ = loss_free_reference(r)
+    out = launch(_rank, WORLD_SIZE, r, EP, dropless, quiet=True)
+    c = compare(reference, [o[0] for o in out])
+    padded = launch(_rank, WORLD_SIZE, planted_recipe(False, 1.25), EP, quiet=True)
+    padded_drops = sum(o[3] for o in padded)
+    drops = sum(o[3] for o in out)
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    counts = torch.zeros(EP, 4, dtype=torch.long)
+    counts[:, 0] = tokens                                         # every rank's T tokens to expert 0 (rank 0's)
+    exchange = dropless.predicted_exchange_bytes(counts, width, EP)
+    rows = 2 * (exchange["dispatch"] + exchange["combine"]).double().mean()   # fwd + bwd, both directions
+    formula = layers * (float(rows) + 4 * 8 * (EP - 1) / EP)     # + the split sizes: E/ep int64 to each peer
+    note = (f"ep={EP}, every token planted on expert 0 (rank 0's): {drops} dropped (padded cf 1.25: {padded_drops}); "
+            f"per layer per step 1 split-size exchange (1 host sync) + 4 uneven all-to-alls; rank 0 receives "
+            f"3·T rows and sends 0 in dispatch, the others send T; mean over ranks = 4·k·T·M·b·(ep-1)/ep per layer, "
+            f"as under uniform routing (k·T·M·b·(ep-1)/ep per exchange), + E·8·(ep-1)/ep B of counts")
+    return TourRow("moe-ep dropless", WORLD_SIZE, c.matches and drops == 0 and padded_drops > 0, c.max_abs_diff,
+                   sum(o[1] for o in out) / len(out), formula, max(o[4] for o in out), note=note,
+                   bytes_observed_per_rank=sum(o[2] for o in out) / len(out) or None, calls_per_rank=out[0][5])
+
+
+def _allgather_rank(rank, world_size, recipe, ep):
+    from minipar.moe import allgather
+    step_log = comm.CommLog()
+    result = allgather.parallel_train(rank, world_size, recipe, ep=ep, step_log=step_log)
+    records = [r for r in step_log.select(dims=("ep",)).records if r.op in ("all_gather", "reduce_scatter")]
+    observed = sum(r.observed_sent or 0 for r in records)
+    scattered = sum(r.sent_bytes for r in records if r.op == "reduce_scatter")
+    return (result, sum(r.sent_bytes for r in records) / recipe.steps, observed / recipe.steps,
+            len(records) // recipe.steps, scattered / recipe.steps)
+
+
+def allgather_row() -> TourRow:
+    """The all-gather token dispatcher (:mod:`minipar.moe.allgather`), ep 4, dropless, top-2 of 4 experts, float32,
+    against one device; bytes of its all-gathers and reduce-scatters from the log beside the formula, and beside
+    what the all-to-all dispatcher would send under uniform routing (ep/k times less)."""
+    from minipar.moe import allgather
+    k = 2
+    r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=k, alpha=1e-2, dropless=True)
+    out = launch(_allgather_rank, WORLD_SIZE, r, EP, quiet=True)
+    c = compare(train_reference(r), [o[0] for o in out])
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    bytes_ = {n: layers * v for n, v in allgather.predicted_bytes(tokens, width, k, 4, EP).items()}
+    note = (f"ep={EP}, top-{k}, dropless: every rank all-gathers the group's tokens, gates and expert ids, runs its "
+            f"expert on the token-choices routed to it, reduce-scatters the outputs; no split sizes, no host sync, "
+            f"the same bytes whatever the routing. Formula {layers} layers x (4·(ep-1)·T·M·b + gates + ids) = "
+            f"{bytes_['allgather']:,.0f} B; the all-to-all dispatcher: {bytes_['alltoall']:,.0f} B under uniform "
+            f"routing (ep/k = {EP / k:g} x less): the all-gather pays when k ≥ ep, or where latency rules")
+    observed = sum(o[2] for o in out) / len(out)
+    if observed:      # gloo's reduce-scatter is an all-reduce: its ring bytes twice on the wire
+        extra = observed - sum(o[1] + o[4] for o in out) / len(out)
+        note += (f". Wire: gloo's reduce-scatter all-reduces, so its {sum(o[4] for o in out) / len(out):,.0f} B go "
+                 f"out twice; the rest, {extra:,.0f} B, is framing ({extra / (out[0][3] * (EP - 1)):.0f} B per peer "
+                 f"per call)")
+    return TourRow("moe all-gather dispatch", WORLD_SIZE, c.matches, c.max_abs_diff, sum(o[1] for o in out) / len(out),
+                   bytes_["allgather"], None, note=note, bytes_observed_per_rank=observed or None,
+                   calls_per_rank=out[0][3])
+
+
+def _expert_tp_rank(rank, world_size, recipe, ep, tp):
+    from minipar.moe import expert_tp
+    step_log = comm.CommLog()
+    result = expert_tp.parallel_train(rank, world_size, recipe, ep=ep, tp=tp, step_log=step_log)
+    moved = step_log.select(dims=("tp",))
+    records = [r for r in moved.records if r.op in ("all_gather", "reduce_scatter")]
+    return (result, sum(r.sent_bytes for r in records) / recipe.steps,
+            sum(r.observed_sent or 0 for r in records) / recipe.steps, len(records) // recipe.steps)
+
+
+def expert_tp_row() -> TourRow:
+    """Expert-TP 2 (:mod:`minipar.moe.expert_tp`): ep 2 × tp 2, each expert's FFN split over its 2 tp ranks, the
+    row's MoE (4 experts, top-1, cf 4, float32) against one device; bytes of the tp all-gathers and reduce-scatters
+    from the log beside the formula."""
+    ep, tp = 2, 2
+    r = recipe()
+    out = launch(_expert_tp_rank, WORLD_SIZE, r, ep, tp, quiet=True)
+    c = compare(train_reference(r), [o[0] for o in out])
+    layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
+    slots = 4 // ep * ep * tokens                               # local experts × ep·C slots, C = T (cf = E/k)
+    formula = layers * 4 * (tp - 1) * slots * width * 4          # all-gather + reduce-scatter, forward + backward
+    note = (f"ep={ep} x expert-TP={tp}: each rank holds half the hidden units of its EP rank's 2 experts; the slots the "
+            f"all-to-all brought are all-gathered over tp, each half-expert runs on all of them, the partial outputs "
+            f"are reduce-scattered. tp bytes = {layers} layers x 4 x (tp-1) x E/ep·ep·C·M·b (C = T = {tokens}); the "
+            f"EP all-to-alls as in the moe-ep row. Wire: gloo's reduce-scatter all-reduces (2x)")
+    observed = sum(o[2] for o in out) / len(out)
+    return TourRow("expert-TP 2", WORLD_SIZE, c.matches, c.max_abs_diff, sum(o[1] for o in out) / len(out), formula,
+                   None, note=note, bytes_observed_per_rank=observed or None, calls_per_rank=out[0][3])
+
+
 STRATEGIES = [("moe-ep", run), ("moe-ep shared + fine-grained", shared_fine_grained),
-              ("moe-ep loss-free balancing", loss_free)]
+              ("moe-ep loss-free balancing", loss_free), ("moe-ep dropless", dropless_row),
+              ("moe all-gather dispatch", allgather_row), ("expert-TP 2", expert_tp_row)]
