@@ -18,23 +18,18 @@ $(STAMP): pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minipar tour
 
-# The chapters in notebooks/ are executed once, by the site build (any error output fails it), instead of
-# a second time by nbval; the browser test then runs the chapters with widgets in JupyterLab. The exercise
-# notebooks are executed by tests/test_exercises.py (every check must fail on its stub), not again by nbval.
-# Two pytest workers share the two cores (a module's tests stay on one worker: its fixtures are made once);
-# the tests marked serial (they signal their own process, or price what this machine measured) run alone after.
-PYTEST_FILES = tests minipar/course --ignore=tests/browser --ignore=tests/test_site.py
+# Everything, in about a quarter of an hour on two cores (tools/run_tests.py says how): the tests on two
+# pytest workers, the site build (every chapter executed, any error output fails it) and the browser test
+# (the chapters with widgets in JupyterLab) side by side; then the serial tests and the site test alone.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadscope -m "not serial" $(PYTEST_FILES) solutions --nbval-lax --nbval-current-env
-	$(PY) -m pytest -q -m serial $(PYTEST_FILES)
-	$(MAKE) site
-	MINIPAR_SITE_DIR=build/site $(PY) -m pytest -q tests/test_site.py
-	$(MAKE) browser
+	tools/setup_browser.sh $(PY)
+	$(PY) tools/run_tests.py
 
 # The course as a static site, every chapter executed now: open build/site/index.html. One chapter at a time,
 # as a learner runs them: the manifest's seconds per chapter are then what a learner waits on two cores.
 site: $(STAMP)
 	$(PY) tools/site.py --out build/site --jobs 1
+	MINIPAR_SITE_DIR=build/site $(PY) -m pytest -q tests/test_site.py
 
 # JupyterLab in headless Chromium (installs Chromium and playwright first if missing; apt-get needs root).
 browser: $(STAMP)

@@ -1,0 +1,112 @@
+"""`make test`: every check of the project, in about a quarter of an hour on two cores.
+
+    .venv/bin/python tools/run_tests.py            # what `make test` runs (after tools/setup_browser.sh)
+
+Three streams share the two cores, because none of them keeps both busy alone: the tests on two pytest
+workers (a module's tests stay on one worker, so its fixtures are made once; the solution notebooks run there
+under nbval), the site build (every chapter executed, one at a time: kernel starts and rank start-ups leave a
+core idle), and the browser test (JupyterLab in headless Chromium: mostly waiting). When all three are done,
+the tests marked ``serial`` run alone (they signal their own process, or time what this machine does), then
+the site test reads the build. Each stream's output goes to ``build/test-logs/<stream>.log`` and is printed
+after the streams end, in a fixed order; the last lines are a table of each stage's seconds and result.
+
+The chapters' seconds in this build are not a learner's (the tests shared the cores): the manifest says so and
+the site test skips its timing check; ``make site`` builds alone and checks each chapter's stated seconds.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "build" / "test-logs"
+SITE = ROOT / "build" / "site"
+TESTS = ["tests", "minipar/course", "--ignore=tests/browser", "--ignore=tests/test_site.py"]
+
+
+def streams(python: str) -> dict:
+    """The commands that run side by side: name -> argv."""
+    return {
+        "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-m", "not serial", *TESTS,
+                  "solutions", "--nbval-lax", "--nbval-current-env"],
+        "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work"],
+        "browser": [python, "-m", "pytest", "-q", "tests/browser"],
+    }
+
+
+def after(python: str) -> dict:
+    """The commands that run alone, in order, once the streams are done."""
+    return {
+        "serial tests": [python, "-m", "pytest", "-q", "-m", "serial", *TESTS],
+        "site test": [python, "-m", "pytest", "-q", "tests/test_site.py"],
+    }
+
+
+def run_side_by_side(commands: dict, env: dict) -> dict:
+    """Start every command at once (each writing its log); wait for all. name -> (exit code, seconds)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    started, procs, files = time.monotonic(), {}, {}
+    for name, argv in commands.items():
+        files[name] = open(LOGS / f"{name.replace(' ', '-')}.log", "w")
+        procs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=files[name], stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+    done = {}
+    try:
+        while len(done) < len(procs):
+            for name, proc in procs.items():
+                if name not in done and proc.poll() is not None:
+                    done[name] = (proc.returncode, time.monotonic() - started)
+                    files[name].close()
+            time.sleep(0.2)
+    finally:                                    # interrupted: nothing left behind
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+def show(name: str) -> None:
+    path = LOGS / f"{name.replace(' ', '-')}.log"
+    print(f"\n===== {name} ({path.relative_to(ROOT)}) =====", flush=True)
+    print(path.read_text(errors="replace").rstrip(), flush=True)
+
+
+def main() -> int:
+    python = sys.executable
+    env = dict(os.environ, MINIPAR_SITE_DIR=str(SITE), PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+    results = run_side_by_side(streams(python), env)
+    for name in streams(python):
+        show(name)
+    for name, argv in after(python).items():
+        began = time.monotonic()
+        results[name] = (run_side_by_side({name: argv}, env)[name][0], time.monotonic() - began)
+        show(name)
+    print("\nmake test, stage by stage (the first three side by side):")
+    for name, (code, seconds) in results.items():
+        print(f"  {name:13s} {seconds:7.1f} s  {'ok' if code == 0 else f'FAILED (exit {code})'}")
+    print(f"  {'in all':13s} {time.monotonic() - start:7.1f} s")
+    passed, failed = counted()
+    print(f"\npytest: {passed} passed, {failed} failed")    # every pytest run's closing line, added up
+    return 0 if all(code == 0 for code, _ in results.values()) else 1
+
+
+def counted() -> tuple:
+    """(passed, failed) summed over every pytest log's closing line ("3 failed, 2180 passed, 1 skipped in 590.1s";
+    errors count as failed)."""
+    summary = re.compile(r"\b\d+ (passed|failed|errors?)\b.* in [\d.]+s")
+    passed = failed = 0
+    for path in sorted(LOGS.glob("*.log")):
+        closing = [line for line in path.read_text(errors="replace").splitlines() if summary.search(line)]
+        if closing:
+            passed += sum(int(n) for n in re.findall(r"(\d+) passed", closing[-1]))
+            failed += sum(int(n) for n in re.findall(r"(\d+) (?:failed|errors?)\b", closing[-1]))
+    return passed, failed
+
+if __name__ == "__main__":
+    sys.exit(main())
