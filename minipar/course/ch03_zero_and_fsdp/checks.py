@@ -1,10 +1,11 @@
 """Checks for chapter 03's exercises: the ZeRO-1 optimizer step on a shard, the gather-compute-free
-pattern of a ZeRO-3 unit, and owner-compute Muon (one matrix's Newton–Schulz on its owner). Both run the learner's function on 4 ranks through :mod:`minipar.comm`, compare
-the numbers with one process doing the same maths, and compare the traffic with what the pattern should
-cost: the collectives the log saw must be the expected ones with the expected bytes (not merely at most),
-and the bytes each rank really wrote to its sockets (:mod:`minipar.wire`) must all be explained by those
-logged calls — a collective called straight through ``torch.distributed`` is seen there and refused. For
-the unit, the bytes still alive afterwards are checked too.
+pattern of a ZeRO-3 unit, and owner-compute Muon (one matrix's Newton–Schulz on its owner). Each runs the
+learner's function on 4 ranks through :mod:`minipar.comm`, compares the numbers with one process doing the
+same maths, and compares the traffic with what the pattern should cost: the collectives the log saw must be
+the expected ones with the expected bytes (not merely at most), and the bytes each rank really wrote to its
+sockets (:mod:`minipar.wire`) must all be explained by those logged calls — a collective called straight
+through ``torch.distributed`` is seen there and refused. For the unit, the bytes still alive afterwards are
+checked too.
 """
 from __future__ import annotations
 
@@ -205,8 +206,8 @@ def check_owner_muon(owner_muon_step) -> None:
                     and torch.allclose(rows, want[rank], rtol=0, atol=1e-12)):
                 local = isinstance(rows, torch.Tensor) and rows.shape == mine.shape and torch.allclose(
                     rows, newton_schulz(mine, cfg), rtol=0, atol=1e-12)
-                mistake = ("Newton–Schulz on this rank's rows alone (per-shard): ‖U‖_F and X·Xᵀ need every row, "
-                           "so that orthogonalises another matrix. Gather the rows to the owner first"
+                mistake = ("Newton–Schulz on this rank's rows alone (per-shard): ‖U‖_F and X·Xᵀ need every "
+                           "row, so that orthogonalises another matrix. Gather the rows to the owner first"
                            if local else "gather the rows to the owner (comm.gather), newton_schulz(torch.cat("
                            "pieces), cfg) there, scatter its N row-chunks back (comm.scatter)")
                 fail(f"owner_muon_step, matrix {tuple(update.shape)} owned by rank {owner}: rank {rank}'s rows",
