@@ -60,10 +60,10 @@ ABOUT = {
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
         core_minutes=45, elective_minutes=0, run_seconds=19),
-    "03": About(  # 4302 words (22 min) + 4 exercise stubs
+    "03": About(  # 4810 words (24 min) + 5 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 and FSDP run live; memory and bytes per rank beside the paper's formulas.",
-        core_minutes=40, elective_minutes=0, run_seconds=23),
+        core_minutes=50, elective_minutes=0, run_seconds=23),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
@@ -92,10 +92,10 @@ ABOUT = {
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO-1), then five dimensions, on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; then five dimensions and MoE on 16.",
         core_minutes=35, elective_minutes=15, run_seconds=19, core_sections="§1–8", elective_sections="§9"),
-    "09": About(  # 4253 words (21 min) + 4 exercise stubs
+    "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
-        core_minutes=0, elective_minutes=40, run_seconds=15),
+        core_minutes=0, elective_minutes=45, run_seconds=15),
     "10": About(  # 2865 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",

@@ -1,10 +1,11 @@
-"""Checks for chapter 03's exercises: the ZeRO-1 optimizer step on a shard, and the gather-compute-free
-pattern of a ZeRO-3 unit. Both run the learner's function on 4 ranks through :mod:`minipar.comm`, compare
-the numbers with one process doing the same maths, and compare the traffic with what the pattern should
-cost: the collectives the log saw must be the expected ones with the expected bytes (not merely at most),
-and the bytes each rank really wrote to its sockets (:mod:`minipar.wire`) must all be explained by those
-logged calls — a collective called straight through ``torch.distributed`` is seen there and refused. For
-the unit, the bytes still alive afterwards are checked too.
+"""Checks for chapter 03's exercises: the ZeRO-1 optimizer step on a shard, the gather-compute-free
+pattern of a ZeRO-3 unit, and owner-compute Muon (one matrix's Newton–Schulz on its owner). Each runs the
+learner's function on 4 ranks through :mod:`minipar.comm`, compares the numbers with one process doing the
+same maths, and compares the traffic with what the pattern should cost: the collectives the log saw must be
+the expected ones with the expected bytes (not merely at most), and the bytes each rank really wrote to its
+sockets (:mod:`minipar.wire`) must all be explained by those logged calls — a collective called straight
+through ``torch.distributed`` is seen there and refused. For the unit, the bytes still alive afterwards are
+checked too.
 """
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import torch
 
 from minipar import comm
 from minipar.memory import LiveTensorTracker
+from minipar.optim.muon import MuonConfig, newton_schulz
 from minipar.course.checks import fail, run_on_ranks
 from minipar.course.checks import refuse_unlogged, unlogged_bytes
 
-__all__ = ["zero1_problem", "check_zero1_step", "unit_problem", "check_gather_compute_free"]
+__all__ = ["zero1_problem", "check_zero1_step", "unit_problem", "check_gather_compute_free", "muon_problem",
+           "check_owner_muon"]
 
 WORLD_SIZE = 4
 
@@ -166,3 +169,60 @@ def check_gather_compute_free(unit_forward) -> None:
           f"log (formula {gather_bytes:.0f} B), {'-' if observed is None else observed} B written to the "
           f"sockets (gloo's headers included); gathered weight freed after use (peak {got[0][3]} B, left "
           f"behind {got[0][2]} B = the output)")
+
+
+def muon_problem(seed: int = 0):
+    """(Muon's config: Newton–Schulz in float64, [whole update U of each matrix]): a wide one owned by rank 0
+    and a tall one owned by rank 1, rows a multiple of 4 ranks."""
+    g = torch.Generator().manual_seed(seed)
+    return MuonConfig(ns_dtype=None), [torch.randn(shape, generator=g, dtype=torch.float64)
+                                       for shape in ((32, 48), (64, 24))]
+
+
+def _muon_rank(rank, world_size, owner_muon_step, cfg, updates):
+    """Per matrix m (owner m mod N): (this rank's rows of the result, bytes in the log, {op: calls}, unlogged)."""
+    out = []
+    for m, update in enumerate(updates):
+        with comm.recording() as log:
+            rows = owner_muon_step(update.chunk(world_size)[rank].clone(), m % world_size, cfg)
+        ops = {op: c for op, (c, _) in log.by_op().items()}
+        out.append((rows, log.bytes_sent, ops, unlogged_bytes(log)))
+    return out
+
+
+def check_owner_muon(owner_muon_step) -> None:
+    """``owner_muon_step(rows, owner, cfg)`` -> this rank's rows of NS(U), U the matrix whose rows each rank
+    holds, computed on ``owner``: the numbers against one process's Newton–Schulz of the whole matrix (float64,
+    1e-12), the bytes against a gather to the owner and a scatter back."""
+    cfg, updates = muon_problem()
+    n = WORLD_SIZE
+    got = run_on_ranks(_muon_rank, n, owner_muon_step, cfg, updates, what="owner_muon_step", timeout=45)
+    for m, update in enumerate(updates):
+        want, size, owner = newton_schulz(update, cfg).chunk(n), update.numel() * update.element_size(), m % n
+        for rank, per_matrix in enumerate(got):
+            rows, sent, ops, unlogged = per_matrix[m]
+            mine = update.chunk(n)[rank]
+            if not (isinstance(rows, torch.Tensor) and rows.shape == mine.shape
+                    and torch.allclose(rows, want[rank], rtol=0, atol=1e-12)):
+                local = isinstance(rows, torch.Tensor) and rows.shape == mine.shape and torch.allclose(
+                    rows, newton_schulz(mine, cfg), rtol=0, atol=1e-12)
+                mistake = ("Newton–Schulz on this rank's rows alone (per-shard): ‖U‖_F and X·Xᵀ need every "
+                           "row, so that orthogonalises another matrix. Gather the rows to the owner first"
+                           if local else "gather the rows to the owner (comm.gather), newton_schulz(torch.cat("
+                           "pieces), cfg) there, scatter its N row-chunks back (comm.scatter)")
+                fail(f"owner_muon_step, matrix {tuple(update.shape)} owned by rank {owner}: rank {rank}'s rows",
+                     want[rank][0, :4].tolist(), rows[0, :4].tolist() if isinstance(rows, torch.Tensor)
+                     and rows.dim() == 2 else repr(rows)[:200], mistake)
+            refuse_unlogged(f"owner_muon_step on rank {rank}", unlogged)
+            expected = (n - 1) / n * size if rank == owner else size / n
+            if abs(sent - expected) > 0.01 * expected:
+                everywhere = ops.get("all_gather") or abs(sent - (n - 1) / n * size) <= 0.01 * size
+                fail(f"owner_muon_step, matrix {tuple(update.shape)} owned by rank {owner}: bytes rank {rank} sent",
+                     f"{expected:.0f} B ({'scatter its chunks back' if rank == owner else 'its rows, to the owner'})",
+                     f"{ops}, {sent:.0f} B",
+                     "every rank gathered the whole matrix (gather-everywhere: right numbers, (N−1)/N of the "
+                     "matrix from every rank and N times the compute); send the rows to the owner alone"
+                     if everywhere and rank != owner else
+                     "one comm.gather to the owner and one comm.scatter from it, nothing else")
+    print(f"owner_muon_step: right on {n} ranks for a wide and a tall matrix (max |Δ| ≤ 1e-12 against one "
+          f"process's Newton–Schulz); bytes per rank: the owner (N−1)/N of the matrix, the others 1/N")

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from minipar import comm
 from minipar.course.checks import ExerciseError
 from minipar.course.ch03_zero_and_fsdp import checks as ch03
+from minipar.optim.muon import newton_schulz
 
 
 def zero1_right(full_params, local_grads, shard, optimizer):
@@ -157,3 +158,46 @@ def test_unit_stub_is_not_implemented():
 def test_unit_rejects_wrong_answers(wrong, words):
     with pytest.raises(ExerciseError, match=words):
         ch03.check_gather_compute_free(wrong)
+
+
+def muon_right(rows, owner, cfg):
+    n, mine = dist.get_world_size(), dist.get_rank() == owner
+    pieces = [torch.empty_like(rows) for _ in range(n)] if mine else None
+    comm.gather(rows, pieces, dst=owner)
+    chunks = [c.contiguous() for c in newton_schulz(torch.cat(pieces), cfg).chunk(n)] if mine else None
+    out = torch.empty_like(rows)
+    comm.scatter(out, chunks, src=owner)
+    return out
+
+
+def muon_stub(rows, owner, cfg):
+    raise NotImplementedError()
+
+
+def muon_per_shard(rows, owner, cfg):
+    """Newton–Schulz on the local rows: no bytes, another matrix orthogonalised."""
+    return newton_schulz(rows, cfg)
+
+
+def muon_gather_everywhere(rows, owner, cfg):
+    """Right numbers, but every rank gathers and orthogonalises every matrix."""
+    n = dist.get_world_size()
+    whole = torch.empty((n * rows.shape[0], rows.shape[1]), dtype=rows.dtype)
+    comm.all_gather_into_tensor(whole, rows.contiguous())
+    return newton_schulz(whole, cfg).chunk(n)[dist.get_rank()]
+
+
+def test_muon_accepts_the_right_answer(capsys):
+    ch03.check_owner_muon(muon_right)
+    assert "right" in capsys.readouterr().out
+
+
+def test_muon_stub_is_not_implemented():
+    with pytest.raises(NotImplementedError):
+        ch03.check_owner_muon(muon_stub)
+
+
+@pytest.mark.parametrize("wrong, words", [(muon_per_shard, "per-shard"), (muon_gather_everywhere, "gather-everywhere")])
+def test_muon_rejects_wrong_answers(wrong, words):
+    with pytest.raises(ExerciseError, match=words):
+        ch03.check_owner_muon(wrong)

@@ -228,3 +228,18 @@ def test_aux_loss_stub_stays_not_implemented():
 def test_aux_loss_rejects_wrong_answers(wrong, says):
     with pytest.raises(ExerciseError, match=says):
         checks.check_aux_loss(wrong)
+
+
+# ---- the dropless section --------------------------------------------------------------------------------
+
+def test_dropless_section_keeps_every_token_where_padded_drops_and_its_check_can_fail():
+    from minipar.course.ch09_mixture_of_experts import dropless_run
+    table = dropless_run.run()
+    dropless_run.check(table)
+    assert table["dropless"]["dropped"] == 0 and table["dropless"]["matches"]
+    assert table["padded"]["dropped"] == 22 * 4 * 2 * 3         # 32 - ceil(32/4 · 1.25) a rank, layer, step
+    for name, key, value in (("dropless", "dropped", 1), ("padded", "dropped", 0), ("dropless", "sent", 0.0)):
+        bad = {n: dict(row) for n, row in table.items()}
+        bad[name][key] = value
+        with pytest.raises(AssertionError):
+            dropless_run.check(bad)
