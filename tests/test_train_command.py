@@ -196,6 +196,20 @@ def refused(capsys, monkeypatch, *flags):
     (["--keep", "-1", "--save", "x"], "--keep must be >= 0"),
     (["--sp"], "--sp splits the sequence over the tp group, and --tp 1 has none"),
     (["--zero", "4"], "invalid choice: 4"),
+    (["--shared-experts", "1"], "--shared-experts needs an MoE model (--experts > 0)"),
+    (["--granularity", "2"], "--granularity needs an MoE model (--experts > 0)"),
+    (["--bias-rate", "1e-3"], "--bias-rate needs an MoE model (--experts > 0)"),
+    (["--experts", "4", "--shared-experts", "-1"], "--shared-experts must be >= 0, got -1"),
+    (["--experts", "4", "--granularity", "0"], "--granularity must be a positive integer, got 0"),
+    (["--experts", "4", "--granularity", "3"], "granularity 3 must divide ffn_mult=4"),
+    (["--experts", "4", "--bias-rate", "-1"], "--bias-rate must be a finite number >= 0 (0: off), got -1.0"),
+    (["--experts", "4", "--bias-rate", "nan"], "got nan"),
+    (["--experts", "4", "--bias-rate", "1e-3"], "--bias-rate with --micro-batches 8: loss-free balancing moves its "
+                                                "bias from one forward's load"),
+    (["--experts", "4", "--bias-rate", "1e-3", "--micro-batches", "1", "--save", "x"],
+     "--bias-rate with --save: loss-free balancing's routing biases are not saved in a checkpoint yet"),
+    (["--experts", "4", "--bias-rate", "1e-3", "--micro-batches", "1", "--resume", "x"],
+     "--bias-rate with --resume: loss-free balancing's routing biases are not saved in a checkpoint yet"),
 ])
 def test_every_flag_is_checked_before_any_process_starts(capsys, monkeypatch, flags, words):
     assert words in refused(capsys, monkeypatch, *flags)

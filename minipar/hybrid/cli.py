@@ -5,6 +5,8 @@
     python -m minipar train --dp 2 --cp 2 --tp 2 --cp-method ring-zigzag      # context parallelism too
     python -m minipar train --dp 2 --pp 2 --tp 2 --ep 2 --experts 4 --top-k 2  # MoE, experts over dp × cp
     python -m minipar train --dp 4 --ep 4 --experts 8 --dropless --micro-batches 4   # no capacity (dropless)
+    python -m minipar train --dp 2 --ep 2 --experts 4 --shared-experts 1 --granularity 2   # DeepSeekMoE experts
+    python -m minipar train --dp 2 --ep 2 --experts 4 --bias-rate 1e-3 --micro-batches 1    # loss-free balancing
     python -m minipar train --dp 2 --pp 2 --tp 2 --steps 2 --save ckpt        # then:
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
@@ -36,7 +38,6 @@ out, and its loss is logged beside the training loss every ``--eval-every`` step
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -51,82 +52,14 @@ from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
-from . import checkpoint, context, experts, guard, preflight
+from . import checkpoint, experts, guard, preflight
+from .cli_flags import DTYPES, KEEP, build_parser
 from .relay import ProgressRelay, write_progress
-from .parallel3d import DEFAULTS, TRAINER_SCHEDULES, Trainer3D, validate
+from .parallel3d import DEFAULTS, Trainer3D, validate
 from .preflight import groups_across_nodes
 
 __all__ = ["main", "build_parser", "make_recipe", "train_rank", "cuda_facts", "groups_across_nodes",
            "layout_of"]
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-KEEP = 3                                 # --keep's default: checkpoints left in --save
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):            # one line, exit 2 (argparse's own errors too)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m minipar train", description=__doc__.split("\n\n")[0],
-                allow_abbrev=False)              # --step 4 is an error, not --steps 4
-    layout = p.add_argument_group("layout (dp × pp × cp × tp ranks)")
-    layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
-    layout.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    layout.add_argument("--sp", action="store_true", help="sequence parallelism inside the TP group")
-    layout.add_argument("--cp", type=int, default=1, help="context-parallel degree (s/cp tokens per rank)")
-    layout.add_argument("--cp-method", default="ring", choices=context.METHODS,
-                        help="how the cp ranks attend (chapter 06b)")
-    layout.add_argument("--ep", type=int, default=1, help="expert-parallel degree (borrowed from a stage's dp × cp × tp ranks: must divide dp·cp·tp)")
-    layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
-                        help="ZeRO stage over the DP group: 1 optimizer state, 2 + gradients, 3 + parameters "
-                             "(sharded between steps; gathered and reduced once per step, not per micro-batch)")
-    layout.add_argument("--schedule", default="1f1b", choices=TRAINER_SCHEDULES)
-    layout.add_argument("--virtual-stages", type=int, default=1, dest="v", help="chunks per rank (interleaved)")
-    layout.add_argument("--micro-batches", type=int, default=8, help="m, per step")
-    layout.add_argument("--nproc-per-node", type=int, default=None, dest="local_world_size",
-                        help="ranks per node for a local launch (default: all on one); torchrun's "
-                             "LOCAL_WORLD_SIZE under torchrun")
-    layout.add_argument("--strict-nodes", action="store_true", help="refuse a tp group that spans nodes")
-    train = p.add_argument_group("training")
-    train.add_argument("--steps", type=int, default=20, help="train until this global step")
-    train.add_argument("--batch-size", type=int, default=16, help="global batch, in sequences")
-    train.add_argument("--seq-len", type=int, default=16)
-    train.add_argument("--n-layer", type=int, default=4)
-    train.add_argument("--n-head", type=int, default=4)
-    train.add_argument("--n-embd", type=int, default=32)
-    train.add_argument("--experts", type=int, default=0, help="experts per MoE FFN (0: the dense GPT)")
-    train.add_argument("--top-k", type=int, default=1, help="experts per token")
-    train.add_argument("--capacity-factor", type=float, default=1.25, help="C = ceil(k·T/E·cf) slots per expert; "
-                       "with --cp > 1 the run equals one device only at cf ≥ E/k (no token dropped)")
-    train.add_argument("--dropless", action="store_true", help="no capacity: every token reaches its experts "
-                       "(uneven all-to-alls, split sizes exchanged first; --capacity-factor unused)")
-    train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
-    train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
-    train.add_argument("--keep", type=int, default=None, metavar="N", help=f"keep the newest N checkpoints in "
-                       f"--save (default {KEEP}; never the one 'latest' names; 0: keep all)")
-    train.add_argument("--wait-for-lock", type=float, default=None, metavar="SECONDS",
-                       help="another run holds --save: wait up to SECONDS for it to finish (default 0: refuse)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="let --save replace another run's checkpoint, or a later step")
-    train.add_argument("--resume", metavar="DIR", help="continue from the checkpoint in DIR (any layout); a "
-                                                       "folder with no checkpoint yet starts at step 0")
-    train.add_argument("--data", metavar="FILE", help="train on this UTF-8 text (its last tenth held out)")
-    train.add_argument("--tokens", default="byte", choices=("byte", "char"), help="--data read as bytes or characters")
-    train.add_argument("--eval-every", type=int, default=10, metavar="N",
-                       help="with --data: the held-out loss every N steps (and at the last)")
-    train.add_argument("--json", action="store_true", help="one JSON object per step on standard output")
-    train.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
-                       help="auto: NCCL on one GPU per rank when CUDA is available, else gloo on the CPU; gloo: "
-                            "the CPU; nccl: the GPUs (an error without them). The GPU path is checked on CPU "
-                            "by a device watch, not yet run on a GPU")
-    train.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait")
-    return p
-
 
 def make_recipe(args, data: dict | None = None):
     """The tiny GPT (``--experts``: its MoE variant) on the Markov corpus, or on ``data`` (its vocabulary)."""
@@ -134,7 +67,9 @@ def make_recipe(args, data: dict | None = None):
                  n_layer=args.n_layer, n_embd=args.n_embd, block_size=max(32, args.seq_len),
                  **({"vocab_size": data["vocab_size"]} if data else {}))
     recipe = (experts.hybrid_moe_recipe(layout_of(args), experts=args.experts, k=args.top_k, **shape,
-              capacity_factor=args.capacity_factor, dropless=getattr(args, "dropless", False))
+              capacity_factor=args.capacity_factor, dropless=getattr(args, "dropless", False),
+              shared=getattr(args, "shared_experts", 0), granularity=getattr(args, "granularity", 1),
+              bias_rate=getattr(args, "bias_rate", 0.0))
               if getattr(args, "experts", 0) else gpt_recipe(**shape))
     if data:
         recipe.batches = lm_batches(data["train"], args.batch_size, args.seq_len, args.steps, seed=args.seed)

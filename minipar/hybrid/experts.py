@@ -42,6 +42,7 @@ inputs' gradient all-gather), counted by :func:`minipar.hybrid.formulas.bytes_fo
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -268,12 +269,14 @@ def reference_loss(dp: int, micro_batches: int):
 
 def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: int = 16, experts: int = 4,
                       k: int = 1, capacity_factor: float = 1.25, alpha: float = 1e-2, every: int = 1,
-                      optimizer: str = "adam", dtype=torch.float64, seed: int = 0, **cfg):
+                      optimizer: str = "adam", dtype=torch.float64, seed: int = 0, bias_rate: float = 0.0, **cfg):
     """The MoE tiny GPT whose one-device loss is the hybrid run's (:func:`reference_loss`), trained with
     ``optimizer`` ("adam" or "sgd", as :func:`minipar.check.gpt_recipe`). With cp = 1 the reference
     routes each micro-batch in dp·tp groups (``MoEConfig(groups=dp·tp)``), the ranks' own token sets (contiguous
     in the flattened micro-batch), so they agree even when tokens are dropped. With cp > 1 a rank's tokens are no contiguous group, so the one-device comparison
-    needs a no-drop capacity, cf ≥ E/k (or ``dropless=True``): a smaller cf warns (:class:`RoutingMismatch`)."""
+    needs a no-drop capacity, cf ≥ E/k (or ``dropless=True``): a smaller cf warns (:class:`RoutingMismatch`).
+    ``bias_rate`` > 0: loss-free balancing, whose bias the trainer moves after each step; ``train_reference`` does
+    not move it, :func:`minipar.moe.expert_parallel.loss_free_reference` does."""
     if layout.cp > 1 and capacity_factor < no_drop_capacity_factor(experts, k) and not cfg.get("dropless"):
         warnings.warn(f"cp = {layout.cp} with capacity factor {capacity_factor} < E/k = {experts / k:g}: tokens "
                       f"may be dropped, and the one-device reference routes them differently from the run; "
@@ -282,6 +285,11 @@ def hybrid_moe_recipe(layout, *, steps: int = 3, batch_size: int = 8, seq_len: i
     recipe = moe_recipe(steps, batch_size, seq_len, optimizer, seed, dtype, experts, k, capacity_factor, alpha,
                         every, groups, **cfg)
     recipe.loss = reference_loss(layout.dp, layout.micro_batches)
+    if bias_rate:
+        model = recipe.model()
+        cfg, moe = model.cfg, dataclasses.replace(model.moe, bias_rate=bias_rate)
+        recipe.model = lambda: MoEGPT(cfg, moe, seed)
+        recipe.name += f", loss-free γ {bias_rate:g}"
     return recipe
 
 

@@ -15,12 +15,12 @@ from ..layout import Layout
 from ..mesh import Mesh
 from . import checkpoint, guard
 
-__all__ = ["CORPUS_TOKENS", "POSITIVE", "NODE_BOUND", "check_flags", "text_data", "with_moe", "resume_point",
-           "take_folder", "check_save", "groups_across_nodes", "check_nodes"]
+__all__ = ["CORPUS_TOKENS", "POSITIVE", "NODE_BOUND", "check_flags", "check_moe_flags", "text_data", "with_moe",
+           "resume_point", "take_folder", "check_save", "groups_across_nodes", "check_nodes"]
 
 CORPUS_TOKENS = 4096                     # minipar.check.gpt_recipe's Markov corpus
 POSITIVE = ("dp", "pp", "tp", "v", "micro_batches", "steps", "batch_size", "seq_len", "n_layer", "n_head",
-            "n_embd", "save_every", "local_world_size", "eval_every", "cp", "ep", "top_k")
+            "n_embd", "save_every", "local_world_size", "eval_every", "cp", "ep", "top_k", "granularity")
 NODE_BOUND = ("tp",)                     # groups that talk every layer: across nodes they run at network speed
 
 
@@ -47,11 +47,32 @@ def check_flags(parser: argparse.ArgumentParser, args) -> None:
         raise ValueError(f"--experts must be >= 0 (0: the dense GPT), got {args.experts}")
     if getattr(args, "dropless", False) and not args.experts:
         raise ValueError("--dropless needs an MoE model (--experts > 0): a dense GPT has no tokens to drop")
+    check_moe_flags(args)
     if args.keep is not None and args.keep < 0:
         raise ValueError(f"--keep must be >= 0 (0: keep every checkpoint), got {args.keep}")
     if args.sp and args.tp == 1:
         raise ValueError("--sp splits the sequence over the tp group, and --tp 1 has none: it would change "
                          "nothing; drop --sp or set --tp > 1")
+
+
+def check_moe_flags(args) -> None:
+    """``--shared-experts``, ``--granularity`` and ``--bias-rate``: an MoE model's, in range, and loss-free
+    balancing only where the trainer can move and keep its bias."""
+    if args.shared_experts < 0:
+        raise ValueError(f"--shared-experts must be >= 0, got {args.shared_experts}")
+    if not (math.isfinite(args.bias_rate) and args.bias_rate >= 0):
+        raise ValueError(f"--bias-rate must be a finite number >= 0 (0: off), got {args.bias_rate}")
+    given = [f for f, on in (("--shared-experts", args.shared_experts), ("--granularity", args.granularity != 1),
+                             ("--bias-rate", args.bias_rate)) if on]
+    if given and not args.experts:
+        raise ValueError(f"{given[0]} needs an MoE model (--experts > 0): a dense GPT has no experts")
+    if args.bias_rate and args.micro_batches > 1:
+        raise ValueError(f"--bias-rate with --micro-batches {args.micro_batches}: loss-free balancing moves its bias "
+                         f"from one forward's load, and each rank would see only its last micro-batch's; use "
+                         f"--micro-batches 1")
+    if args.bias_rate and (args.save or args.resume):
+        raise ValueError(f"--bias-rate with {'--save' if args.save else '--resume'}: loss-free balancing's routing "
+                         f"biases are not saved in a checkpoint yet, and a resumed run would restart them at 0")
 
 
 def text_data(args) -> dict | None:
@@ -75,12 +96,14 @@ def text_data(args) -> dict | None:
 
 
 def with_moe(identity: dict, args) -> dict:
-    """``identity`` with ``--experts``, ``--top-k`` and ``--capacity-factor`` in its config (what a checkpoint
+    """``identity`` with ``--experts``, ``--top-k``, ``--capacity-factor`` and the other MoE flags in its config (what a checkpoint
     of an MoE run records: :func:`minipar.hybrid.guard.run_identity`)."""
     if not args.experts:
         return identity
     moe = argparse.Namespace(experts=args.experts, k=args.top_k, capacity_factor=args.capacity_factor,
-                             dropless=getattr(args, "dropless", False))
+                             dropless=getattr(args, "dropless", False), shared=getattr(args, "shared_experts", 0),
+                             granularity=getattr(args, "granularity", 1),
+                             bias_rate=getattr(args, "bias_rate", 0.0))
     return {**identity, "config": guard.run_identity(argparse.Namespace(**identity["config"]), seed=None, dtype="",
                                                      data={}, moe=moe)["config"]}
 
