@@ -114,3 +114,30 @@ def test_a_checkpoint_identity_names_the_moe_shape_and_refuses_a_loss_free_bias(
         {"moe_shared": 1, "moe_granularity": 2, "moe_dropless": True}
     with pytest.raises(ValueError, match="routing biases are not saved in a checkpoint yet"):
         run_identity(cfg, seed=0, dtype="float64", data={}, moe=MoEConfig(bias_rate=1e-3))
+
+
+SHAPED = ["--experts", "4", "--top-k", "2", "--capacity-factor", "1.0", "--dtype", "float64", "--steps", "3",
+          "--batch-size", "8", "--seq-len", "8", "--n-layer", "2", "--n-embd", "16", "--json", "--dp", "2"]
+
+
+def test_train_shared_fine_grained_with_ep_equals_the_command_without_ep_and_one_device(capfd):
+    from minipar.hybrid.cli import build_parser, make_recipe
+    flags = [*SHAPED, "--micro-batches", "2", "--shared-experts", "1", "--granularity", "2"]
+    model = make_recipe(build_parser().parse_args(flags)).model()
+    assert (model.moe.shared, model.moe.granularity) == (1, 2)
+    assert any(".shared.0." in n for n, _ in model.named_parameters())
+    a, b = _losses(capfd, [*flags, "--ep", "2"]), _losses(capfd, flags)
+    assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert a == pytest.approx(train_reference(make_recipe(build_parser().parse_args(flags))).losses, rel=1e-12, abs=1e-12)
+
+
+def test_train_loss_free_with_ep_equals_the_command_without_ep_and_one_device(capfd):
+    """``--bias-rate``: the bias moved after every step; one device moves it too (loss_free_reference)."""
+    from minipar.hybrid.cli import build_parser, make_recipe
+    from minipar.moe.expert_parallel import loss_free_reference
+    flags = [*SHAPED, "--micro-batches", "1", "--bias-rate", "0.05"]
+    reference, biases = loss_free_reference(make_recipe(build_parser().parse_args(flags)))
+    assert any(b.abs().max() > 0 for b in biases)                 # the bias really moved
+    a, b = _losses(capfd, [*flags, "--ep", "2"]), _losses(capfd, flags)
+    assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert a == pytest.approx(reference.losses, rel=1e-12, abs=1e-12)
