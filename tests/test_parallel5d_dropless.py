@@ -141,3 +141,18 @@ def test_train_loss_free_with_ep_equals_the_command_without_ep_and_one_device(ca
     a, b = _losses(capfd, [*flags, "--ep", "2"]), _losses(capfd, flags)
     assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
     assert a == pytest.approx(reference.losses, rel=1e-12, abs=1e-12)
+
+
+def test_a_resume_with_other_shared_or_granularity_is_refused_and_the_same_resumes(capfd, monkeypatch, tmp_path):
+    from minipar.hybrid.cli import main
+    flags = [*SHAPED, "--micro-batches", "2", "--shared-experts", "1", "--granularity", "2"]
+    assert len(_losses(capfd, [*flags[:flags.index("--steps") + 1], "1", *flags[flags.index("--steps") + 2:],
+                               "--save", str(tmp_path)])) == 1
+    monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))
+    for other, says in ((["--granularity", "1"], "config.moe_granularity: checkpoint 2, this run '(not recorded)'"),
+                        (["--shared-experts", "0"], "config.moe_shared: checkpoint 1, this run '(not recorded)'")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*flags, *other, "--resume", str(tmp_path)])
+        assert exit_.value.code == 2 and says in capfd.readouterr().err
+    monkeypatch.undo()
+    assert len(_losses(capfd, [*flags, "--resume", str(tmp_path)])) == 2          # steps 2 and 3
