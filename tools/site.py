@@ -45,12 +45,13 @@ def chapters(root: Path = ROOT, pattern: str = "") -> list[Path]:
     return [p for p in sorted((root / "notebooks").glob("*.ipynb")) if pattern in p.name]
 
 
-def execute(path: Path, timeout: int = 240, threads: int | None = None, tries: int = 2) -> dict:
+def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: int = 2) -> dict:
     """Run one notebook top to bottom in a fresh kernel (in its own folder); return it as a dict. ``threads``:
     the kernel's intra-op threads (OMP_NUM_THREADS; None: torch's default, one per core). A cell that takes more
-    than ``timeout`` seconds (a chapter's whole run is under 30; its launches end a deadlock themselves within
-    their collective timeout), or a kernel that dies, is run again once in a fresh kernel, and the log says so:
-    once in a build on a loaded machine the client waited on a kernel that sat idle (a reply it never got)."""
+    than ``timeout`` seconds (a chapter's whole run is under 30 alone; its launches end a deadlock themselves within
+    their collective timeout; beside make test's tests a chapter has taken 277 s), or a kernel that dies, is run
+    again once in a fresh kernel, and the log says so: once, under ipykernel 7, the client waited on a kernel that
+    sat idle (a reply it never got)."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -364,7 +365,7 @@ class _Inline:
         return map(fn, items)
 
 
-def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 240, log=print, alone: bool = True) -> dict:
+def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 600, log=print, alone: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "notebooks").mkdir(exist_ok=True)
     manifest = {"built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "chapters": {},
@@ -396,7 +397,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "build" / "site"))
     ap.add_argument("--jobs", type=int, default=2, help="notebooks executed at once")
-    ap.add_argument("--timeout", type=int, default=240, help="seconds one cell may take (then: once more)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds one cell may take (then: once more)")
     ap.add_argument("-k", default="", help="only chapters whose file name contains this")
     ap.add_argument("--beside-other-work", action="store_true",
                     help="other work shares the cores (make test's tests): record that the seconds are not a learner's")
