@@ -17,26 +17,10 @@ import torch.nn as nn
 from minipar import launch
 from minipar.data.fsdp import FSDP
 from minipar.data.units import UnitOrderError
+from minipar.course.ch03_zero_and_fsdp.composition import LM   # the chapter's model: embedding, norms, head
 from minipar.loop import shard_batch
 
 VOCAB, DIM, BATCH, SEQ, WORLD, STEPS, ATOL = 16, 8, 8, 4, 4, 3, 1e-12
-
-
-class LM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.emb, self.norm, self.mid = nn.Embedding(VOCAB, DIM), nn.LayerNorm(DIM), nn.Linear(DIM, DIM)
-        self.norm2, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1 if p.dim() == 1 else 0))
-        self.double()
-
-    def forward(self, idx):
-        h = self.emb(idx)
-        h = h + torch.tanh(self.mid(self.norm(h)))
-        return self.head(self.norm2(h))
 
 
 def big_layers(model):
