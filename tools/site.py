@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))          # this checkout's minipar (the syllabus), also when another is installed
+sys.path.insert(0, str(ROOT / "tools"))  # notebook_client, also when this file is imported by a test
 from minipar.course import syllabus  # noqa: E402
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -50,18 +51,18 @@ def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: i
     the kernel's intra-op threads (OMP_NUM_THREADS; None: torch's default, one per core). A cell that takes more
     than ``timeout`` seconds (a chapter's whole run is under 30 alone; its launches end a deadlock themselves within
     their collective timeout; beside make test's tests a chapter has taken 277 s), or a kernel that dies, is run
-    again once in a fresh kernel, and the log says so: once, under ipykernel 7, the client waited on a kernel that
-    sat idle (a reply it never got)."""
+    again once in a fresh kernel, and the log says so. The client is :class:`notebook_client.SlicedClient`: nbclient's
+    own can miss a widget cell's reply and wait out the whole timeout (nbclient issue #312)."""
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from notebook_client import SlicedClient
 
     env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     for attempt in range(1, tries + 1):
         nb = nbformat.read(path, as_version=4)
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+        client = SlicedClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                                 store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
         start = time.monotonic()
         try:
