@@ -125,9 +125,10 @@ class _Recorder:
         return recorded
 
     def loss(self, logits, targets):
-        per_token = vocab_parallel_cross_entropy(logits, targets, self.t.tp_group, self.vocab)
+        with torch.no_grad():                   # a second evaluation to look at; the trainer's own loss trains
+            per_token = vocab_parallel_cross_entropy(logits, targets, self.t.tp_group, self.vocab)
         self.keep("loss per token", per_token, 1, self.positions)
-        return per_token.mean()
+        return self.loss_fn(logits, targets)
 
     def step(self, *args, **kwargs):
         self.pieces += [("%s.grad" % n, g, {}) for n, g in _full_grads(self.t).items()]
@@ -150,8 +151,8 @@ def _full_grads(trainer) -> dict:
     return {n: g.to("cpu", copy=True) for n, g in full.items() if n in mine}
 
 
-def _capture_rank(rank, world_size, recipe, layout):
-    trainer = Trainer3D(rank, world_size, recipe, layout=layout)
+def _capture_rank(rank, world_size, recipe, layout, mode):
+    trainer = Trainer3D(rank, world_size, recipe, layout=layout, **mode)
     recorder, steps = _Recorder(trainer), []
     for i, (inputs, targets) in enumerate(recipe.batches):
         recorder.pieces, recorder.calls = [], {}
@@ -172,15 +173,17 @@ class Capture:
     ops: dict
 
 
-def capture(recipe: Recipe, layout: Layout | None = None, **dims) -> Capture:
+def capture(recipe: Recipe, layout: Layout | None = None, *, invariant: bool = False, **dims) -> Capture:
     """Train ``recipe`` under ``layout`` (or its fields as keywords; micro_batches defaults to 1) with the 3D
-    trainer and keep every step's tensors (the docstring's list), pieces put back whole."""
+    trainer and keep every step's tensors (the docstring's list), pieces put back whole. ``invariant``: the
+    trainer in the invariant mode (:mod:`minipar.invariant`)."""
     layout = Layout.of(layout, {"micro_batches": 1}, **dims)
-    validate(recipe, layout=layout)
+    mode = {"invariant": True} if invariant else {}      # the default mode passes nothing: any trainer takes it
+    validate(recipe, layout=layout, **mode)
     if layout.zero or layout.recompute != "none" or layout.ep > 1:
         raise ValueError("the diff tool captures plain optimizer steps without recomputation or experts: "
                          f"zero={layout.zero}, recompute={layout.recompute!r}, ep={layout.ep}")
-    ranks = launch(_capture_rank, layout.world_size, recipe, layout, quiet=True, timeout=120)
+    ranks = launch(_capture_rank, layout.world_size, recipe, layout, mode, quiet=True, timeout=120)
     model = recipe.model()
     points = _points(model.cfg, [n for n, _ in model.named_parameters()])
     steps = [_assemble([piece for r in ranks for piece in r[s]], [n for n, _ in points]) for s in range(len(ranks[0]))]
