@@ -90,9 +90,9 @@ class _Recorder:
         hidden = [("embedding", model.blocks[0], True)] + [
             (f"blocks.{i}{part}", getattr(b, sub) if sub else b, False)
             for i, b in enumerate(model.blocks) for part, sub in ((".attn.proj", "attn"), (".mlp.proj", "mlp"),
-                                                                    ("", None))] + [("ln_f", model.ln_f, False)]
+                                                                    ("", None))] + [("ln_f", model.head, True)]
         for name, module, pre in hidden:
-            if pre:                                              # the embedding: block 0's input
+            if pre:              # the embedding: block 0's input; ln_f's output: the head's (ln_f may run as a function)
                 module.register_forward_pre_hook(lambda m, args, n=name: self.keep(n, args[0], 1, self.seq_shard))
             else:
                 module.register_forward_hook(lambda m, args, out, n=name: self.keep(n, out, 1, self.seq_shard))
@@ -171,6 +171,7 @@ class Capture:
     layout: Layout
     steps: list
     ops: dict
+    invariant: bool = False
 
 
 def capture(recipe: Recipe, layout: Layout | None = None, *, invariant: bool = False, **dims) -> Capture:
@@ -187,7 +188,7 @@ def capture(recipe: Recipe, layout: Layout | None = None, *, invariant: bool = F
     model = recipe.model()
     points = _points(model.cfg, [n for n, _ in model.named_parameters()])
     steps = [_assemble([piece for r in ranks for piece in r[s]], [n for n, _ in points]) for s in range(len(ranks[0]))]
-    return Capture(layout, steps, dict(points))
+    return Capture(layout, steps, dict(points), invariant)
 
 
 def _assemble(pieces, order) -> dict:
@@ -275,5 +276,7 @@ def first_difference(a: Capture, b: Capture) -> Difference:
     phases = {}
     for n in found.wrong:
         phases.setdefault(n.split(" ")[0], n.split(" ", 1)[1])
+    reduction = (reduction_for(name, a.layout, b.layout) if a.invariant == b.invariant else
+                 "the modes differ: the invariant mode sums every split reduction in its canonical tree")
     return Difference(name, a.ops.get(name, ""), step, int(ulps.max()), int((ulps > 0).sum()), ulps.numel(),
-                      reduction_for(name, a.layout, b.layout), phases, compared)
+                      reduction, phases, compared)
