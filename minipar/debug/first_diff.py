@@ -92,7 +92,7 @@ class _Recorder:
             for i, b in enumerate(model.blocks) for part, sub in ((".attn.proj", "attn"), (".mlp.proj", "mlp"),
                                                                     ("", None))] + [("ln_f", model.head, True)]
         for name, module, pre in hidden:
-            if pre:              # the embedding: block 0's input; ln_f's output: the head's (ln_f may run as a function)
+            if pre:      # the embedding: block 0's input; ln_f's output: the head's (ln_f may run as a function)
                 module.register_forward_pre_hook(lambda m, args, n=name: self.keep(n, args[0], 1, self.seq_shard))
             else:
                 module.register_forward_hook(lambda m, args, out, n=name: self.keep(n, out, 1, self.seq_shard))
@@ -103,7 +103,8 @@ class _Recorder:
         self.opt_step, trainer.optimizer.step = trainer.optimizer.step, self.step
 
     def rows(self, name):
-        """The global batch rows of this call's micro-batch: DP shard, then micro-batches in order."""
+        """The global batch rows of this call's micro-batch: DP shard, then micro-batches in order (every schedule
+        runs a stage's forwards in micro-batch order; recomputation, which runs them twice, is refused)."""
         i = self.calls[name] = self.calls.get(name, -1) + 1
         start = self.t.mesh.coord("dp") * (self.batch // self.t.layout.dp) + i * self.mb
         return torch.arange(start, start + self.mb)
@@ -225,7 +226,8 @@ def reduction_for(name: str, a: Layout, b: Layout) -> str:
         return ("the row-parallel linear's all-reduce over the inner dimension: each tp rank sums its slice, "
                 f"the all-reduce adds the partial sums ({d['tp']})")
     if name == "forward loss per token" and "tp" in d:
-        return f"the vocabulary-parallel softmax's sum: each tp rank's Σ exp over its columns, then all-reduced ({d['tp']})"
+        return ("the vocabulary-parallel softmax's sum: each tp rank's Σ exp over its columns, then all-reduced "
+                f"({d['tp']})")
     if name == "forward loss" and ({"dp", "m", "cp"} & set(d)):
         split = ", ".join(d[k] for k in ("dp", "m", "cp") if k in d)
         return f"the loss's mean over tokens: one mean per shard, then the mean of the means ({split})"

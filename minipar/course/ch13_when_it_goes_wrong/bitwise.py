@@ -25,7 +25,8 @@ def sum_orders(n: int = 4096, seed: int = 0) -> dict:
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).numpy().astype(np.float32)
     sums = {"left to right (one device)": _left_to_right(x),
             "two halves, then added (2 ranks)": _left_to_right(x[: n // 2]) + _left_to_right(x[n // 2:]),
-            "four quarters, then added (4 ranks)": _left_to_right(np.array([_left_to_right(q) for q in np.split(x, 4)])),
+            "four quarters, then added (4 ranks)": _left_to_right(np.array([_left_to_right(q)
+                                                                            for q in np.split(x, 4)])),
             "right to left": _left_to_right(x[::-1].copy()),
             "exact, rounded once": np.float32(x.astype(np.float64).sum())}
     first = torch.tensor(sums["left to right (one device)"])

@@ -1,6 +1,7 @@
 """Checks for chapter 13's exercises: a program that hangs, a gradient that departs from one device, the
-dropout seeds of tensor parallelism, and the ULP distance between two float32 tensors. Each runs the learner's function (on ranks where it communicates), and on
-a wrong answer says what was expected, what came back, and — with the chapter's tools — where it went wrong.
+dropout seeds of tensor parallelism, and the ULP distance between two float32 tensors. Each runs the learner's
+function (on ranks where it communicates), and on a wrong answer says what was expected, what came back, and —
+with the chapter's tools — where it went wrong.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 from minipar.course.checks import ExerciseError, fail
 
-__all__ = ["check_clipped_average", "check_average_gradients", "check_dropout_seeds", "check_ulp_distance", "grads_of",
+__all__ = ["check_clipped_average", "check_average_gradients", "check_dropout_seeds", "check_ulp_distance",
+           "grads_of",
            "expected_clipped_average", "mlp_steps"]
 
 MAX_NORM = 1.0
