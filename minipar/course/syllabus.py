@@ -112,10 +112,10 @@ ABOUT = {
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers, the decision guide as rules, runs made here.",
         core_minutes=35, elective_minutes=20, run_seconds=7, core_sections="§1–7", elective_sections="§8–10"),
-    "13": About(  # 2613 words (13 min) + 5 exercise stubs
+    "13": About(  # 3663 words (18 min) + 6 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
-        core_minutes=40, elective_minutes=0, run_seconds=10),
+        core_minutes=50, elective_minutes=0, run_seconds=14),
     "14": About(  # 2304 words (12 min) + 4 exercise stubs
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",

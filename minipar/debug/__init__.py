@@ -1,4 +1,5 @@
 """Tools for when a distributed run goes wrong (chapter 13): a desync check before the hang
 (:mod:`.desync`), stragglers from a trace (:mod:`.stragglers`), the first departure from one device
-(:mod:`.bisect`), random streams across ranks (:mod:`.seeds`) and the first non-finite value (:mod:`.nonfinite`).
+(:mod:`.bisect`), the first tensor where two layouts part in any bit and the reduction whose order
+made it (:mod:`.first_diff`), random streams across ranks (:mod:`.seeds`) and the first non-finite value (:mod:`.nonfinite`).
 The flight recorder that names where the ranks parted after a hang is :mod:`minipar.flight`."""

@@ -12,7 +12,8 @@ adds the same numbers in another order, so even a correct one departs by roundin
 dtype's epsilon per operation, growing with the steps (float32: ε = 1.2e-7; float64: 2.2e-16). The tolerance
 must sit above that and far below a bug; measuring a correct run in both dtypes gives both numbers
 (:func:`max_departure`). In float64 the gap between rounding and a bug is about ten orders of magnitude,
-which is why the bisection runs there.
+which is why the bisection runs there. At tolerance 0 it asks for bitwise equality, and a correct parallel run
+departs at its first reordered sum: :mod:`minipar.debug.first_diff` names that tensor and the reduction.
 
 Source: the practice of comparing a parallel run with a single-device one step by step at tight tolerance is
 Megatron-LM's and torchtitan's answer to "loss differs between TP=1 and TP=2" (their issues ask what range
@@ -74,8 +75,9 @@ class Departure:
     tolerance: float
 
     def __str__(self) -> str:
-        return (f"step {self.step}, {self.name} on rank {self.rank}: departs by {self.size:.2e} "
-                f"({self.size / self.tolerance:.1e} x the tolerance {self.tolerance:.0e})")
+        against = (f"{self.size / self.tolerance:.1e} x the tolerance {self.tolerance:.0e}" if self.tolerance
+                   else "tolerance 0: not bitwise equal")
+        return f"step {self.step}, {self.name} on rank {self.rank}: departs by {self.size:.2e} ({against})"
 
 
 @dataclass
@@ -103,7 +105,8 @@ class Bisection:
 
     def __str__(self) -> str:
         if self.first is None:
-            return f"within {self.tolerance:.0e} of one device at every step and parameter"
+            within = f"within {self.tolerance:.0e} of" if self.tolerance else "bitwise equal to"
+            return f"{within} one device at every step and parameter"
         listed = f" ({_names(self.wrong, 6)})" if len(self.wrong) <= 6 else ""
         return (f"first departure: {self.first}\n  at step {self.first.step}: {len(self.wrong)} of "
                 f"{len(self.order)} parameters depart{listed}; in backward order the first to depart is "
@@ -116,7 +119,11 @@ def _names(names, most: int = 4) -> str:
 
 def bisect(reference: list, ranks: list, tolerance: float) -> Bisection:
     """The first (step, parameter in the reference's order, rank) whose departure exceeds ``tolerance``.
-    ``reference``: :func:`reference_steps`; ``ranks``: each rank's steps (a rank may report some parameters)."""
+    ``reference``: :func:`reference_steps`; ``ranks``: each rank's steps (a rank may report some parameters).
+    ``tolerance`` 0 asks for bitwise equality: the first tensor that differs in any bit (the departure of two
+    float32 or float64 tensors is exact in float64, so it is 0 only when they are equal)."""
+    if not tolerance >= 0:
+        raise ValueError(f"the tolerance is a departure, 0 (bitwise) or more; got {tolerance}")
     if any(len(r) != len(reference) for r in ranks):
         raise ValueError(f"the reference has {len(reference)} steps, the ranks {[len(r) for r in ranks]}")
     for s, ref in enumerate(reference):

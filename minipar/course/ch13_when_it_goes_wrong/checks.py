@@ -1,6 +1,7 @@
-"""Checks for chapter 13's exercises: a program that hangs, a gradient that departs from one device, and the
-dropout seeds of tensor parallelism. Each runs the learner's function (on ranks where it communicates), and on
-a wrong answer says what was expected, what came back, and — with the chapter's tools — where it went wrong.
+"""Checks for chapter 13's exercises: a program that hangs, a gradient that departs from one device, the
+dropout seeds of tensor parallelism, and the ULP distance between two float32 tensors. Each runs the learner's
+function (on ranks where it communicates), and on a wrong answer says what was expected, what came back, and —
+with the chapter's tools — where it went wrong.
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 from minipar.course.checks import ExerciseError, fail
 
-__all__ = ["check_clipped_average", "check_average_gradients", "check_dropout_seeds", "grads_of",
+__all__ = ["check_clipped_average", "check_average_gradients", "check_dropout_seeds", "check_ulp_distance",
+           "grads_of",
            "expected_clipped_average", "mlp_steps"]
 
 MAX_NORM = 1.0
@@ -152,3 +154,42 @@ def check_dropout_seeds(dropout_seeds, tp: int = 4, seeds=(0, 1234)) -> None:
     if a == b:
         fail("dropout_seeds with two different seeds", "different seeds", (a, b), "start from the run's seed")
     print(f"dropout_seeds: one replicated seed per TP group, {tp} distinct split seeds, two separate streams")
+
+
+# 4. Equal to the last bit ------------------------------------------------------------------------------------
+
+def _ulp_cases() -> dict:
+    """Pairs of float32 tensors, each with what a wrong ULP distance would say about it."""
+    one = torch.tensor([1.0])
+    up, down = (torch.nextafter(one, torch.tensor([x])) for x in (2.0, 0.0))
+    tiny = torch.tensor([1e-45])
+    return {"1.0 and the next float up": (one, up), "1.0 and the next float down": (one, down),
+            "-0.0 and +0.0": (torch.tensor([-0.0]), torch.tensor([0.0])),
+            "the smallest subnormal either side of 0": (tiny, -tiny),
+            "-1.0 and 1.0": (-one, one), "1e-30 and 2e-30": (torch.tensor([1e-30]), torch.tensor([2e-30]))}
+
+
+def check_ulp_distance(ulp_distance) -> None:
+    """``ulp_distance(a, b)`` on float32 tensors -> the number of float32 values between them, elementwise."""
+    from minipar.debug.first_diff import ulp_distance as right
+    for what, (a, b) in _ulp_cases().items():
+        want, got = right(a, b), ulp_distance(a.clone(), b.clone())
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.is_floating_point() \
+                or not torch.equal(got.long(), want):
+            if isinstance(got, torch.Tensor) and got.is_floating_point():
+                mistake = ("a float came back: a ULP distance counts the float32 values between a and b (an "
+                           "integer), and |a − b| / ε is not that count — the spacing of floats halves below "
+                           "every power of two")
+            elif what == "1.0 and the next float down":
+                mistake = ("the difference divided by a fixed spacing (ε at 1.0): below a power of two the "
+                           "floats are twice as dense, so a neighbour is one ULP away whatever its |Δ|; count "
+                           "floats, from the bits")
+            elif what == "-0.0 and +0.0":
+                mistake = ("the raw bits of a negative float count down from −2³¹ (the sign bit), not from 0: "
+                           "map them to −2³¹ − bits so that the integers are ordered like the floats")
+            else:
+                mistake = ("read the float32 bits as int32 (t.view(torch.int32)), order them (negative floats "
+                           "to −2³¹ − bits), and return |difference| as int64, elementwise")
+            fail(f"ulp_distance for {what}", want.tolist(), got.tolist() if isinstance(got, torch.Tensor) else got,
+                 mistake)
+    print(f"ulp_distance: right on all {len(_ulp_cases())} pairs, neighbours, zeros of both signs and across zero")

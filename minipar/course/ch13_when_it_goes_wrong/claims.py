@@ -66,3 +66,30 @@ def check_resume_restores_random_state(straight, resumed, restore) -> None:
 def check_nan_first_operator_rank_that(born0, finite0, born1) -> None:
     """NaN: the first operator, and the rank, that produced it"""
     assert born0 is None and not finite0 and born1.op == "exp" and born1.rank == 1 and born1.largest_input > 11.09
+
+
+def check_sum_orders(sums) -> None:
+    """Equal to the last bit: one sum in several orders"""
+    ulps = {order: u for order, (_, u) in sums.items()}
+    assert ulps.pop("left to right (one device)") == 0 and all(u > 0 for u in ulps.values())
+    assert len({value for value, _ in sums.values()}) == len(sums)          # every order a different float
+
+
+def check_first_differences(diffs) -> None:
+    """Equal to the last bit: where each layout parts from one device"""
+    assert diffs["pp 2"].name is None
+    for label, words in (("dp 2", "DP all-reduce"), ("micro-batches 2", "accumulation over micro-batches")):
+        assert diffs[label].name == "backward head.weight.grad" and words in diffs[label].reduction
+        assert "forward" not in diffs[label].first_in_phase
+    assert diffs["tp 2"].name == "forward blocks.0.attn.proj" and "inner dimension" in diffs["tp 2"].reduction
+    assert diffs["cp 2"].name == "forward blocks.0.attn.core" and "key-block merge" in diffs["cp 2"].reduction
+    assert all(d.ulps_max >= 1 for label, d in diffs.items() if label != "pp 2")
+
+
+def check_invariant_mode(result) -> None:
+    """Equal to the last bit: the invariant mode"""
+    if result is None:                              # a library without the invariant mode
+        return
+    diffs, seconds = result
+    assert all(d.name is None for d in diffs.values()), {k: str(d) for k, d in diffs.items()}
+    assert seconds["invariant"] > 0 and seconds["default"] > 0

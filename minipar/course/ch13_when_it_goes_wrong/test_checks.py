@@ -149,3 +149,45 @@ def test_the_expected_average_is_clipped():
     mean = sum(ch13.grads_of(r) for r in range(3)) / 3
     assert float(mean.norm()) > ch13.MAX_NORM                     # the exercise's average needs clipping
     assert torch.allclose(ch13.expected_clipped_average(3), mean / float(mean.norm()))
+
+
+# 4. ULP distance ------------------------------------------------------------------------------------------
+
+def ulp_right(a, b):
+    def ordered(t):
+        bits = t.view(torch.int32).long()
+        return torch.where(bits < 0, -2 ** 31 - bits, bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def ulp_raw_bits(a, b):                                  # no ordering of the negative floats
+    return (a.view(torch.int32).long() - b.view(torch.int32).long()).abs()
+
+
+def ulp_in_epsilons(a, b):                               # |Δ| in units of ε, rounded to an integer
+    return ((a.double() - b.double()).abs() / torch.finfo(torch.float32).eps).round().long()
+
+
+def ulp_abs_difference(a, b):
+    return (a - b).abs()
+
+
+def ulp_stub(a, b):
+    raise NotImplementedError()
+
+
+def test_ulp_distance_accepts_the_right_answer(capsys):
+    ch13.check_ulp_distance(ulp_right)
+    assert "right on all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, words", [(ulp_raw_bits, "sign bit"), (ulp_in_epsilons, "twice as dense"),
+                                          (ulp_abs_difference, "a float came back")])
+def test_ulp_distance_names_each_plausible_mistake(wrong, words):
+    with pytest.raises(ExerciseError, match=words):
+        ch13.check_ulp_distance(wrong)
+
+
+def test_ulp_distance_stub_stays_not_implemented():
+    with pytest.raises(NotImplementedError):
+        ch13.check_ulp_distance(ulp_stub)
