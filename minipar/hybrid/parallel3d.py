@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from .. import canonical, comm
-from ..invariant import MicroBatchGradients, invariant as invariant_mode, validate as validate_invariant
+from ..invariant import MicroBatchGradients, in_own_mode, validate as validate_invariant
 from ..recipe import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
@@ -74,8 +74,7 @@ TRAINER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
 
 
-def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, invariant: bool = False,
-             **dims) -> None:
+def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, invariant=False, **dims):
     """Raise ValueError naming the reason, before any process starts, for a layout that cannot work.
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
     ``world_size``: the ranks there are (default: the layout's); ``invariant``: in the invariant mode."""
@@ -205,8 +204,8 @@ class Trainer3D:
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
         self.steps_taken = 0
-        self.invariant = invariant          # micro-batch gradients kept apart, then summed as a tree
-        self.mb_grads = MicroBatchGradients(self.params) if invariant else None
+        # the invariant mode: the micro-batches' gradients kept apart, then summed as a tree
+        self.invariant, self.mb_grads = invariant, MicroBatchGradients(self.params) if invariant else None
 
     def loss(self, logits, targets):
         """The last stage's loss: vocabulary-parallel cross-entropy over the TP group (the logits stay split
@@ -226,14 +225,11 @@ class Trainer3D:
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
+    @in_own_mode                                               # the steps run in the mode self.invariant says
     def step(self, inputs, targets, index: int | None = None):
         """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
         stage's ranks, None elsewhere. ``index``: the global step (a resumed run passes it; by default the
         steps this trainer took), which seeds the dropout masks and labels the timeline."""
-        with invariant_mode(self.invariant):
-            return self._step(inputs, targets, index)
-
-    def _step(self, inputs, targets, index):
         step = self.steps_taken if index is None else index
         x, y = (t.to(self.device) for t in shard_batch((inputs, targets), self.mesh.coord("dp"), self.mesh.size("dp")))
         if self.positions is not None:                            # context parallelism: my tokens of every row
@@ -248,7 +244,7 @@ class Trainer3D:
             loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index or 0)
             if self.mb_grads:                                    # invariant: SP's sums were done in backward
                 self.mb_grads.finish()
-            elif self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
+            elif self.sp_params:                                 # SP: LayerNorm/bias gradients summed over tp
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
             if self.experts and self.layout.tp > 1:              # MoE: each tp rank routed 1/t of the rows
                 sync_sequence_parallel_grads(self.experts.router_params, self.tp_group)
@@ -271,10 +267,10 @@ class Trainer3D:
             loss = self.experts.add_aux(loss, self.mesh.group("pp"), self.device)
         if loss is None:
             return None
-        # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor (invariant: float32,
-        # the dtype one device's tree sums the loss in; the float is that float32 exactly)
-        dtype = torch.float32 if self.invariant else torch.float64
-        return mean_over_ranks(torch.tensor(loss, dtype=dtype, device=self.device), self.dp_group)
+        # float64: mean_over_ranks would turn a Python float into float32 (invariant: the float32 one device's tree
+        # gave, which the float holds exactly)
+        loss = torch.tensor(loss, dtype=torch.float32 if self.invariant else torch.float64, device=self.device)
+        return mean_over_ranks(loss, self.dp_group)
 
     def readable_params(self):
         """A context in which this rank's parameters hold their values: ZeRO-3 frees them between steps, so
