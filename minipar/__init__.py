@@ -1,6 +1,6 @@
 """minipar: every way of training one model on many devices, small enough to read, verified against one
 device. See the README for the course that runs on it."""
-from .invariant import invariant      # minipar.invariant(): the context manager (its module: minipar.invariant's)
+from .invariant_mode import invariant      # minipar.invariant(): the context manager (its module: invariant_mode)
 from .launcher import DEFAULT_TIMEOUT, LaunchTimeout, RankError, launch
 from .mesh import Mesh, RankMesh
 

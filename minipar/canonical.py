@@ -1,4 +1,4 @@
-"""The canonical reductions of the invariant mode (:mod:`minipar.invariant`): one order of addition for every
+"""The canonical reductions of the invariant mode (:mod:`minipar.invariant_mode`): one order of addition for every
 dimension a layout may split, on one device and across ranks alike.
 
 The order is :func:`tree_sum`: a dimension of n = 2^k elements is summed as a balanced tree of adjacent pairs,

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from .calls import call, irecv, isend, recv, send
 from .flat import FlatLayout
 from . import canonical
-from .invariant import active as invariant_active
+from .invariant_mode import active as invariant_active
 from .comm_log import CommLog, CommRecord, recording
 from .rings import (on_ring, ring_algorithms, ring_all_gather, ring_all_reduce, ring_exchange, ring_reduce_scatter,
                     ring_reduce_scatter_into, rings_selected, root_all_reduce)

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import canonical
-from .invariant import active as invariant_active
+from .invariant_mode import active as invariant_active
 from .loop import lm_loss
 
 __all__ = ["MLP", "GPTConfig", "TinyGPT", "Block", "CausalSelfAttention", "FeedForward", "TokenPositionEmbedding",

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from minipar import canonical, invariant as invariant_module
+import minipar
+import minipar.invariant_mode as invariant_mode
+from minipar import canonical
 from minipar.hybrid import cli
 from minipar.hybrid.parallel3d import validate
 from minipar.hybrid.runner import run
-from minipar.invariant import invariant
 from minipar.recipe import gpt_recipe
 
 
@@ -100,10 +101,12 @@ def test_tree_sum_chunks_are_subtrees():
 
 
 def test_mode_is_scoped():
-    assert not invariant_module.active()
-    with invariant():
-        assert invariant.active()
-        with invariant(False):
-            assert not invariant.active()
-        assert invariant.active()
-    assert not invariant.active()
+    """minipar.invariant() is the context manager, its module minipar.invariant_mode; the mode holds inside
+    the block only."""
+    assert minipar.invariant is invariant_mode.invariant and not invariant_mode.active()
+    with minipar.invariant():
+        assert invariant_mode.active()
+        with minipar.invariant(False):
+            assert not invariant_mode.active()
+        assert invariant_mode.active()
+    assert not invariant_mode.active()

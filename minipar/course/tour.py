@@ -30,7 +30,7 @@ What a row's ``matches`` means depends on its ``kind``: ``"training"`` — losse
 optimizer steps equal one device's; ``"collective"`` — what every rank holds after one operation equals the
 same result computed on one process; ``"update rule"`` — an asynchronous schedule (PipeDream) equals a
 single-process simulation of its own, different, update rule; ``"bitwise"`` — losses and parameters after real
-optimizer steps are ``torch.equal`` to one device's, both in the invariant mode (:mod:`minipar.invariant`),
+optimizer steps are ``torch.equal`` to one device's, both in the invariant mode (:mod:`minipar.invariant_mode`),
 no tolerance. The headline counts them apart.
 """
 from __future__ import annotations

@@ -104,7 +104,7 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
     checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
     loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
     carry the held-out loss every ``eval_every`` steps and at the last; ``invariant``: the trainer's mode
-    (:mod:`minipar.invariant`), passed to each rank. Returns [(step, loss)]."""
+    (:mod:`minipar.invariant_mode`), passed to each rank. Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))

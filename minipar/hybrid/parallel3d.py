@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 
 from .. import canonical, comm
-from ..invariant import MicroBatchGradients, in_own_mode, validate as validate_invariant
+from ..invariant_mode import MicroBatchGradients, in_own_mode, validate as validate_invariant
 from ..recipe import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
@@ -151,7 +151,7 @@ class Trainer3D:
     ``device``: where this rank computes ("cpu" with gloo, "cuda:<local rank>" with NCCL). The model is built
     on the CPU (the reference's initial weights), then moved; everything a step creates that meets a
     collective or a parameter is created there (receive buffers, batch shards, the loss, dropout streams).
-    ``invariant``: every step runs in the invariant mode (:mod:`minipar.invariant`; each rank enters it)."""
+    ``invariant``: every step runs in the invariant mode (:mod:`minipar.invariant_mode`; each rank enters it)."""
 
     def __init__(self, rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None, device="cpu",
                  invariant: bool = False, **dims):

@@ -45,7 +45,7 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
                    track_memory: bool = False, device="cpu", invariant: bool = False, **dims) -> HybridRun:
     """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
     ``device``); return its losses (last stage only, floats), its stages' full parameters (CPU tensors) and
-    what it measured. ``invariant``: in the invariant mode (:mod:`minipar.invariant`)."""
+    what it measured. ``invariant``: in the invariant mode (:mod:`minipar.invariant_mode`)."""
     t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, invariant=invariant, **dims)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):

@@ -44,7 +44,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .. import canonical, comm
-from ..invariant import active as invariant_active
+from ..invariant_mode import active as invariant_active
 from ..recipe import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh

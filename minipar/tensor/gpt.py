@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from .. import canonical
 from ..check import check_equivalence
-from ..invariant import active as invariant_active
+from ..invariant_mode import active as invariant_active
 from ..recipe import Recipe, RunResult
 from ..rng import DropoutStreams
 from ..launcher import launch

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import canonical
-from ..invariant import active as invariant_active
+from ..invariant_mode import active as invariant_active
 from ..models import CausalSelfAttention
 from ..rng import DropoutStreams
 from .operators import (copy_to_tp, gather_from_tp, gather_sequence, reduce_from_tp, scatter_sequence, split_to_tp,

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import canonical, comm
-from ..invariant import active as invariant_active
+from ..invariant_mode import active as invariant_active
 from .operators import reduce_from_tp, scatter_sequence, tp_rank, tp_size
 
 __all__ = ["padded_vocab_size", "pad_rows", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"]

@@ -1,4 +1,4 @@
-"""Chapter 13 in the tour: the invariant mode (:mod:`minipar.invariant`) — dp 2 × tp 2 and dp 2 × pp 2 × tp 2
+"""Chapter 13 in the tour: the invariant mode (:mod:`minipar.invariant_mode`) — dp 2 × tp 2 and dp 2 × pp 2 × tp 2
 against one device, both in the mode, compared with ``torch.equal`` (kind ``"bitwise"``: no tolerance at all).
 
 Each row trains the tiny GPT (2 layers, hidden 16, vocabulary 32, AdamW, 3 steps, float32, global batch

@@ -63,9 +63,6 @@ def active() -> bool:
     return _on.get()
 
 
-invariant.active = active       # minipar.invariant.active(), beside minipar.invariant() itself
-
-
 def in_own_mode(method):
     """A method of an object with an ``invariant`` attribute, run in the invariant mode when that is true (a
     trainer's step: each rank's trainer was told, none inherits the mode from its parent)."""
