@@ -16,6 +16,10 @@ to keep a per-element order across output shapes.
   holds a chunk of each row's positions, so it sums per row, all-gathers the rows' partials over the group,
   and finishes the tree (rows × ranks, flattened).
 * :class:`Softmax` (Σ exp over keys), :func:`mean` (the loss over tokens), :func:`causal_attention`.
+* Context parallelism (the mode entered with a cp group, :func:`minipar.invariant_mode.cp_group`): rank r
+  holds chunk r of every row's positions, so every sum over tokens (the weight gradients, the loss) is
+  finished row by row over the cp group (:func:`token_sum`), and :func:`context_parallel_attention` gathers
+  K and V in key order so that each query row sums over the same s keys in the same tree as one device.
 """
 from __future__ import annotations
 
@@ -24,8 +28,11 @@ import math
 import torch
 import torch.distributed as dist
 
-__all__ = ["tree_sum", "tree_all_reduce", "tree_reduce_scatter", "token_sum", "Matmul", "matmul", "linear",
-           "AddBias", "LayerNorm", "Softmax", "Embedding", "mean", "causal_attention"]
+from .invariant_mode import cp_group
+
+__all__ = ["tree_sum", "tree_all_reduce", "tree_reduce_scatter", "token_sum", "Matmul", "matmul", "Linear", "linear",
+           "AddBias", "LayerNorm", "Softmax", "Embedding", "mean", "causal_attention", "GatherSequence",
+           "context_parallel_attention"]
 
 
 def tree_sum(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -69,13 +76,18 @@ def tree_reduce_scatter(out: torch.Tensor, t: torch.Tensor, group) -> torch.Tens
 
 def token_sum(per_token: torch.Tensor, seq_group=None) -> torch.Tensor:
     """Σ over the tokens of ``per_token`` (rows, positions, *P) in the canonical order (rows × positions
-    flattened, one tree). ``seq_group``: the group whose ranks hold the positions in chunks (sequence
-    parallelism): per-row partials, all-gathered, finished over rows × ranks — the same value on every rank."""
-    if seq_group is None or _group_size(seq_group) == 1:
+    flattened, one tree: each row's positions a subtree). ``seq_group``: the group whose ranks hold chunks of
+    this chunk of positions (sequence parallelism); the mode's :func:`cp_group` holds chunks of the rows'
+    positions around it (context parallelism). For each, innermost first: per-row partials, all-gathered,
+    finished over the ranks in rank order (a power-of-two chunk's tree is a subtree of its row's); then the
+    tree over the rows — the same value on every rank."""
+    groups = [g for g in (seq_group, cp_group()) if g is not None and _group_size(g) > 1]
+    if not groups:
         return tree_sum(per_token.flatten(0, 1))
     per_row = tree_sum(per_token, 1)                                   # (rows, *P): subtrees of the rows' trees
-    ranks = _gathered(per_row, seq_group)                              # (ranks, rows, *P)
-    return tree_sum(ranks.transpose(0, 1).flatten(0, 1))
+    for group in groups:
+        per_row = tree_sum(_gathered(per_row, group))                  # (ranks, rows, *P) → the rows' larger chunks
+    return tree_sum(per_row)
 
 
 class Matmul(torch.autograd.Function):
@@ -111,11 +123,28 @@ class AddBias(torch.autograd.Function):
         return g, token_sum(g, ctx.seq_group), None
 
 
+class Linear(torch.autograd.Function):
+    """``x Wᵀ`` on (rows, positions, in) with every sum a tree: the inner sum forward, Σ over the output
+    features for dX, and dW = :func:`token_sum` of the tokens' outer products dy_t x_tᵀ (over the rows' chunks
+    held by other ranks too)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, seq_group):
+        ctx.save_for_backward(x, weight)
+        ctx.seq_group = seq_group
+        return tree_sum(x.unsqueeze(-2) * weight, -1)                             # Σ_i x_ti W_oi
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        dx = tree_sum(g.unsqueeze(-1) * weight, -2)                               # Σ_o g_to W_oi
+        return dx, token_sum(g.unsqueeze(-1) * x.unsqueeze(-2), ctx.seq_group), None   # Σ_t g_to x_ti
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, seq_group=None):
-    """``x Wᵀ + b`` on (rows, positions, in): the inner sum and the weight gradient's sum over tokens (rows ×
-    positions flattened) are trees. ``seq_group``: only for the bias of a layer on sequence shards."""
-    rows, positions = x.shape[:2]
-    y = matmul(x.reshape(rows * positions, x.shape[-1]), weight.t()).view(rows, positions, -1)
+    """``x Wᵀ + b`` on (rows, positions, in): the inner sum and the weight and bias gradients' sums over
+    tokens are trees. ``seq_group``: the group holding chunks of ``x``'s positions (sequence shards)."""
+    y = Linear.apply(x, weight, seq_group)
     return y if bias is None else AddBias.apply(y, bias, seq_group)
 
 
@@ -187,16 +216,64 @@ def embedding(idx, weight, seq_group=None):
     return Embedding.apply(idx, weight, seq_group)
 
 
+class TokenTotal(torch.autograd.Function):
+    """:func:`token_sum` of per-token values (rows, positions): the whole total on every cp rank (each
+    computes the same loss); its gradient to each of this rank's tokens is the total's (the others' tokens are
+    the other ranks')."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape = x.shape
+        return token_sum(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.expand(ctx.shape)
+
+
 def mean(x: torch.Tensor) -> torch.Tensor:
-    """The mean of every element (the loss over tokens): a tree over them all, then ÷ their count."""
-    return tree_sum(x.reshape(-1)) / x.numel()
+    """The mean over the tokens (rows, positions) — the loss: a tree over them all (the cp ranks' chunks of
+    each row too), then ÷ their count."""
+    return TokenTotal.apply(x) / (x.numel() * _group_size(cp_group()))
 
 
-def causal_attention(q, k, v, dropout=None):
+def causal_attention(q, k, v, dropout=None, first_query: int = 0):
     """:func:`minipar.models.causal_attention` with its three reductions canonical: QKᵀ over d_head, Σ exp over
-    the keys, and the probabilities times V over the keys (forward and backward)."""
+    the keys, and the probabilities times V over the keys (forward and backward). ``first_query``: the
+    position of q's first row among k's (context parallelism: this rank's chunk of the queries)."""
     att = matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    t = q.shape[-2]
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    queries = torch.arange(first_query, first_query + q.shape[-2], device=q.device)
+    mask = torch.arange(k.shape[-2], device=q.device) <= queries.unsqueeze(-1)   # key j ≤ query i
     att = Softmax.apply(att.masked_fill(~mask, float("-inf")))
     return matmul(att if dropout is None else dropout(att), v)
+
+
+class GatherSequence(torch.autograd.Function):
+    """(…, s/n, d) chunks of the n ranks of ``group`` → (…, s, d) in sequence order (rank r holds chunk r, the
+    ring's contiguous layout). Backward: this rank's gradient for the whole sequence is a partial sum over its
+    own queries — a subtree, its chunk of the query tree — so each chunk goes to its owner (all-to-all) and the
+    owner finishes the tree over the ranks in rank order: a reduce-scatter as a tree."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return torch.cat(_gathered(x, group).unbind(0), -2)                       # all-gather, in rank order
+
+    @staticmethod
+    def backward(ctx, g):
+        from . import comm
+        n = _group_size(ctx.group)
+        mine = torch.stack(g.chunk(n, -2)).contiguous()                           # (n, …, s/n, d): chunk j → rank j
+        theirs = torch.empty_like(mine)
+        comm.all_to_all_single(theirs, mine, [1] * n, [1] * n, group=ctx.group)   # rank j's partial of my chunk
+        return tree_sum(theirs), None
+
+
+def context_parallel_attention(q, k, v, group):
+    """Causal attention of this rank's queries — chunk r of the sequence on rank r of the cp ``group`` — over
+    the whole sequence, canonical: K and V all-gathered in key order (:class:`GatherSequence`), then
+    :func:`causal_attention`, whose trees over the s keys are one device's for every query row (the output and
+    dQ: bit for bit); dK and dV, sums over the queries, are finished across the ranks in the gather's
+    backward. Bytes per rank: the all-gather and the all-to-all, (n−1)/n · |K, V| each."""
+    kv = GatherSequence.apply(torch.stack([k, v]), group)
+    return causal_attention(q, kv[0], kv[1], first_query=dist.get_rank(group) * q.shape[-2])

@@ -42,13 +42,14 @@ def differing(reference, other) -> list:
 LAYOUTS = {
     "dp2": dict(dp=2), "dp4": dict(dp=4), "m2": dict(micro_batches=2), "m4": dict(micro_batches=4),
     "tp2+sp": dict(tp=2, sp=True), "tp4+sp": dict(tp=4, sp=True), "dp2xtp2": dict(dp=2, tp=2, micro_batches=2),
-    "dp2xpp2xtp2": dict(dp=2, pp=2, tp=2, micro_batches=2),
+    "dp2xpp2xtp2": dict(dp=2, pp=2, tp=2, micro_batches=2), "cp2": dict(cp=2),
+    "cp2-ulysses": dict(cp=2, cp_method="ulysses"),
 }
 
 
 def test_every_layout_equals_one_device_bitwise():
     """One reference, then each layout (tp: the vocabulary-parallel loss; +sp: sequence parallelism): losses
-    and all parameters torch.equal (cp: refused, test_refused_before_launch)."""
+    and all parameters torch.equal (cp: the ring's K, V gathered in key order; Ulysses' heads whole)."""
     reference = trained(True, micro_batches=1)
     found = {name: differing(reference, trained(True, **{"micro_batches": 1, **dims}))
              for name, dims in LAYOUTS.items()}
@@ -56,10 +57,10 @@ def test_every_layout_equals_one_device_bitwise():
 
 
 def test_default_mode_is_not_bitwise():
-    """The same comparisons with the mode off part in the last bits (so the test above can fail): dp 2 and
-    tp 2 + sp against one device, every parameter tensor of the tiny model differs."""
+    """The same comparisons with the mode off part in the last bits (so the test above can fail): dp 2,
+    tp 2 + sp and cp 2 (ring) against one device, every parameter tensor of the tiny model differs."""
     reference = trained(False, micro_batches=1)
-    for dims in (dict(dp=2), dict(tp=2, sp=True)):
+    for dims in (dict(dp=2), dict(tp=2, sp=True), dict(cp=2)):
         bad = differing(reference, trained(False, micro_batches=1, **dims))
         assert "tok_emb.weight" in bad and "blocks.0.attn.qkv.weight" in bad, (dims, bad)
 
@@ -79,7 +80,7 @@ def test_train_invariant_prints_one_process_losses(capfd):
 
 
 @pytest.mark.parametrize("dims, batch, words", [
-    (dict(cp=2), 8, "cover cp"), (dict(dp=2, zero=1), 8, "cover zero"),
+    (dict(cp=2, cp_method="ring-zigzag"), 8, "cover cp_method 'ring-zigzag'"), (dict(dp=2, zero=1), 8, "cover zero"),
     (dict(micro_batches=3), 24, "micro_batches = 3"), (dict(dp=2), 12, "batch rows = 12")])
 def test_refused_before_launch(dims, batch, words):
     bad = dataclasses.replace(recipe(), batches=[(x[:1].expand(batch, -1), y[:1].expand(batch, -1))
@@ -101,12 +102,12 @@ def test_tree_sum_chunks_are_subtrees():
 
 
 def test_mode_is_scoped():
-    """minipar.invariant() is the context manager, its module minipar.invariant_mode; the mode holds inside
-    the block only."""
+    """minipar.invariant() is the context manager, its module minipar.invariant_mode; the mode (and its cp
+    group) hold inside the block only."""
     assert minipar.invariant is invariant_mode.invariant and not invariant_mode.active()
-    with minipar.invariant():
+    with minipar.invariant(cp_group="a group"):
+        assert invariant_mode.active() and invariant_mode.cp_group() == "a group"
+        with minipar.invariant(False, cp_group="a group"):
+            assert not invariant_mode.active() and invariant_mode.cp_group() is None
         assert invariant_mode.active()
-        with minipar.invariant(False):
-            assert not invariant_mode.active()
-        assert invariant_mode.active()
-    assert not invariant_mode.active()
+    assert not invariant_mode.active() and invariant_mode.cp_group() is None

@@ -160,8 +160,8 @@ class Trainer3D:
             "dp", "pp", "tp", "sp", "zero", "schedule", "micro_batches", "v"))
         self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
         self.mesh = Mesh(world_size, **layout.sizes).build(rank)
-        # the gradients (and the loss) are averaged over dp × cp: the group("dp") itself when cp = 1
-        self.dp_group, self.tp_group = self.mesh.group("dp", "cp"), self.mesh.group("tp")
+        # gradients (and loss) averaged over dp × cp (group("dp") if cp = 1); invariant: token sums finish over cp
+        self.dp_group, self.cp_group, self.tp_group = (self.mesh.group(*d) for d in (("dp", "cp"), ("cp",), ("tp",)))
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         batch, seq = recipe.batches[0][0].shape
