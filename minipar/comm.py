@@ -34,6 +34,8 @@ import torch.distributed as dist
 
 from .calls import call, irecv, isend, recv, send
 from .flat import FlatLayout
+from . import canonical
+from .invariant_mode import active as invariant_active
 from .comm_log import CommLog, CommRecord, recording
 from .rings import (on_ring, ring_algorithms, ring_all_gather, ring_all_reduce, ring_exchange, ring_reduce_scatter,
                     ring_reduce_scatter_into, rings_selected, root_all_reduce)
@@ -95,7 +97,20 @@ def _ring_shaped(op, run, n, s, group, async_op, result, tensor):
     return work if async_op else result
 
 
+class _Completed:
+    """The work of a collective that already ran (the invariant mode's tree all-reduce blocks)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
 def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    if invariant_active() and op == dist.ReduceOp.SUM:   # the invariant mode: a fixed tree in rank order
+        canonical.tree_all_reduce(t, group)
+        return _Completed() if async_op else t
     if on_ring("all_reduce", op, async_op):
         return ring_all_reduce(t, group)
     return _ring_shaped("all_reduce", lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op),
@@ -142,6 +157,9 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
                           async_op: bool = False):
     """Like :func:`reduce_scatter`, from one flat tensor split into N equal pieces."""
+    if invariant_active() and op == dist.ReduceOp.SUM:   # the invariant mode: a fixed tree in rank order
+        canonical.tree_reduce_scatter(out, t, group)
+        return _Completed() if async_op else out
     if on_ring("reduce_scatter", op, async_op):
         return ring_reduce_scatter_into(out, t, group)
     return _ring_shaped("reduce_scatter", lambda: _reduce_scatter_flat(out, t, op=op, group=group,

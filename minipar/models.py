@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import canonical
+from .invariant_mode import active as invariant_active
 from .loop import lm_loss
 
 __all__ = ["MLP", "GPTConfig", "TinyGPT", "Block", "CausalSelfAttention", "FeedForward", "TokenPositionEmbedding",
@@ -96,15 +98,26 @@ class TokenPositionEmbedding:
     def positions_held(self, idx: torch.Tensor) -> torch.Tensor:
         return token_positions(idx.shape[1], self.cfg.block_size, idx.device)
 
+    def sequence_split_group(self):
+        """The group whose ranks hold chunks of each row's positions here (None: every position is here)."""
+        return None
+
     def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         positions = self.positions_held(idx) if positions is None else positions
+        if invariant_active():     # the position table's gradient: a tree over the rows (and the SP ranks)
+            held = positions.expand(idx.shape[0], -1)
+            pos = canonical.embedding(held, self.pos_emb.weight, self.sequence_split_group())
+            return self.drop(self.tok_emb(idx) + pos)
         return self.drop(self.tok_emb(idx) + self.pos_emb(positions))
 
 
 def causal_attention(q, k, v, dropout=None):
     """The attention core, ``softmax(Q Kᵀ / √d_head + M) V`` with M the causal mask (0 on and below the
     diagonal, −∞ above), on (batch, heads, seq, d_head) tensors holding whole sequences (Vaswani et al. 2017).
-    ``dropout``, if given, acts on the attention probabilities."""
+    ``dropout``, if given, acts on the attention probabilities. In the invariant mode:
+    :func:`minipar.canonical.causal_attention`."""
+    if invariant_active():
+        return canonical.causal_attention(q, k, v, dropout)
     att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     t = q.shape[-2]
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()

@@ -29,7 +29,9 @@ A row outside that says why in its note (gloo's reduce-scatter all-reduces: 2×;
 What a row's ``matches`` means depends on its ``kind``: ``"training"`` — losses and parameters after real
 optimizer steps equal one device's; ``"collective"`` — what every rank holds after one operation equals the
 same result computed on one process; ``"update rule"`` — an asynchronous schedule (PipeDream) equals a
-single-process simulation of its own, different, update rule. The headline counts the three apart.
+single-process simulation of its own, different, update rule; ``"bitwise"`` — losses and parameters after real
+optimizer steps are ``torch.equal`` to one device's, both in the invariant mode (:mod:`minipar.invariant_mode`),
+no tolerance. The headline counts them apart.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ __all__ = ["TourRow", "KINDS", "OVERHEAD_PER_CALL", "strategies", "run_tour", "o
            "format_table", "headline", "main", "save_row_trace", "trace_file_name"]
 
 WORLD_SIZE = 4
-KINDS = ("training", "collective", "update rule")
+KINDS = ("training", "collective", "update rule", "bitwise")
 OVERHEAD_PER_CALL = 2048          # bytes of transport framing allowed per logged call (see the docstring)
 
 
@@ -151,19 +153,21 @@ def format_table(rows, notes: bool = True) -> str:
     body, footnotes = [], []
     for r in rows:
         diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.1e}"
-        mark = {"training": "", "collective": " ‡", "update rule": " †"}.get(r.kind, " ?")
+        mark = {"training": "", "collective": " ‡", "update rule": " †", "bitwise": " ≡"}.get(r.kind, " ?")
         ref = ""
         if notes and r.note:
             footnotes.append(r.note)
             ref = f"[{len(footnotes)}]"
-        body.append((r.strategy, str(r.world_size), f"{'yes' if r.matches else 'NO'} ({diff}){mark}",
+        said = ("bitwise" if r.kind == "bitwise" else "yes") if r.matches else "NO"
+        body.append((r.strategy, str(r.world_size), f"{said} ({diff}){mark}",
                      _fmt_bytes(r.bytes_sent_per_rank), _fmt_bytes(r.bytes_observed_per_rank),
                      _fmt_bytes(r.bytes_formula), _ratio(r), _fmt_bytes(r.peak_bytes_per_rank), ref))
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(tuple("-" * w for w in widths))] + [line(b) for b in body]
     out.append("")
-    out.append("‡ one collective, compared with the same result computed on one process;  † compared with its "
+    out.append("≡ bitwise: torch.equal to one device, both in the invariant mode;  "
+               "‡ one collective, compared with the same result computed on one process;  † compared with its "
                "own (asynchronous) update rule, not with synchronous training;  ! observed bytes differ from "
                f"the formula by more than the protocol allowance ({OVERHEAD_PER_CALL} B per call + 1 %): the "
                "note says why.  model = minipar.comm's log; observed = bytes written to the sockets "
@@ -179,7 +183,8 @@ def headline(rows) -> str:
     parts = []
     for kind, what in (("training", "training runs equal one device (losses and parameters)"),
                        ("collective", "collectives equal the one-process result"),
-                       ("update rule", "asynchronous runs equal their own update rule")):
+                       ("update rule", "asynchronous runs equal their own update rule"),
+                       ("bitwise", "invariant-mode runs equal one device bit for bit")):
         mine = [r for r in rows if r.kind == kind]
         if mine:
             parts.append(f"{sum(r.matches for r in mine)} of {len(mine)} {what}")

@@ -98,18 +98,19 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
                resume: str | None = None, save_every: int | None = None, keep: int | None = None,
                run: dict | None = None,
                held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int | str = 1,
-               err_fd: int | str = 2) -> list:
+               err_fd: int | str = 2, invariant: bool = False) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
     backend and ``LOCAL_RANK``), check the save folder is shared, load ``resume`` (a folder holding a
     checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
     loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
-    carry the held-out loss every ``eval_every`` steps and at the last. Returns [(step, loss)]."""
+    carry the held-out loss every ``eval_every`` steps and at the last; ``invariant``: the trainer's mode
+    (:mod:`minipar.invariant_mode`), passed to each rank. Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))
     if isinstance(layout, dict):                 # the keyword form, {"dp": 2, "pp": 2, "tp": 2, ...}
         layout = Layout.of(None, DEFAULTS, **layout)
-    trainer = Trainer3D(rank, world_size, recipe, layout=layout, device=device)
+    trainer = Trainer3D(rank, world_size, recipe, layout=layout, device=device, invariant=invariant)
     if save:
         guard.check_shared(save, trainer.device)
     start = checkpoint.load(trainer, resume) if resume else 0
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
         data = preflight.text_data(args)
         recipe = make_recipe(args, data)
         try:
-            validate(recipe, world_size=layout.world_size, layout=layout)
+            validate(recipe, world_size=layout.world_size, layout=layout, invariant=args.invariant)
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
@@ -189,7 +190,8 @@ def main(argv=None) -> int:
     held = lm_batch(data["held_out"], args.batch_size, args.seq_len, 0, seed=args.seed) if data else None
     try:                                         # the --save folder is this run's until it ends
         return _launch(args, recipe, layout, backend, torchrun, resume=resume, held_out=held,
-                       eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]})
+                       eval_every=args.eval_every, run={"seed": args.seed, "data": identity["data"]},
+                       invariant=args.invariant)
     finally:
         if lock:
             guard.unlock_folder(lock)

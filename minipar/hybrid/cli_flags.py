@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_moe_flags(train)
     train.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--invariant", action="store_true", help="every reduction in one canonical tree order: "
+                       "any layout prints one process's losses bit for bit (minipar.invariant)")
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
     train.add_argument("--keep", type=int, default=None, metavar="N", help=f"keep the newest N checkpoints in "

@@ -12,6 +12,10 @@ reduce-scatter over dp × cp) gives its gradient::
 
     ∇ (1/(dp·cp)) Σ_d Σ_c mean_{tokens of (d, c)} ℓ = ∇ mean_{all tokens} ℓ
 
+In the invariant mode (:mod:`minipar.invariant_mode`; ring and Ulysses) the trainer enters the mode with its cp
+group: every token sum (the weight gradients, the loss) finishes row by row over it, and the ring gathers K and
+V in key order instead of passing blocks, so the run is one device's bit for bit.
+
 Bytes per rank per step of the cp group (b = 8 bytes in float64, mb rows, s sequence, h/t local width,
 L_r blocks on this rank, m micro-batches): ``m · L_r · (forward + backward bytes of the method)``, from
 :mod:`minipar.sequence.ring_attention`, :mod:`.ulysses` (its backward moves as much as its forward) and

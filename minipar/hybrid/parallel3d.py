@@ -45,7 +45,8 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from .. import comm
+from .. import canonical, comm
+from ..invariant_mode import MicroBatchGradients, in_own_mode, validate as validate_invariant
 from ..recipe import Recipe
 from ..data.ddp import Reducer
 from ..data.zero import ZeRO
@@ -73,10 +74,10 @@ TRAINER_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEFAULTS = {"micro_batches": 4}      # the 3D trainer's m when the keyword form gives none
 
 
-def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, **dims) -> None:
+def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, invariant=False, **dims):
     """Raise ValueError naming the reason, before any process starts, for a layout that cannot work.
     ``layout``: a :class:`~minipar.layout.Layout`, or its fields as keywords (``dp=2, pp=2, tp=2``);
-    ``world_size``: the ranks there are (default: the layout's)."""
+    ``world_size``: the ranks there are (default: the layout's); ``invariant``: in the invariant mode."""
     layout = Layout.of(layout, DEFAULTS, **dims).check()
     if layout.recompute not in ("none", "full"):
         raise ValueError(f"recompute={layout.recompute!r}: the 3D trainer recomputes whole stages ('full') or "
@@ -95,6 +96,8 @@ def validate(recipe: Recipe, *, world_size: int | None = None, layout: Layout | 
                          "tie_weights=False with pipeline parallelism")
     validate_schedule(schedule, pp, micro_batches, v, n_layers=cfg.n_layer)
     batch, seq = recipe.batches[0][0].shape
+    if invariant:
+        validate_invariant(layout, cfg, batch, seq, moe=getattr(model, "moe", None) is not None)
     context.validate(layout, cfg, seq)
     experts.validate(layout, model)
     tokens = batch // (dp * micro_batches) * (seq // layout.cp)
@@ -137,7 +140,7 @@ class HybridStage(SequenceShardEmbedding, nn.Module):
             x = self.embed(x)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x)) if self.last else x     # the last stage gives vocabulary-sharded logits
+        return self.head(self.final_norm(x)) if self.last else x   # the last stage: vocabulary-sharded logits
 
 
 class Trainer3D:
@@ -147,17 +150,18 @@ class Trainer3D:
 
     ``device``: where this rank computes ("cpu" with gloo, "cuda:<local rank>" with NCCL). The model is built
     on the CPU (the reference's initial weights), then moved; everything a step creates that meets a
-    collective or a parameter is created there (receive buffers, batch shards, the loss, dropout streams)."""
+    collective or a parameter is created there (receive buffers, batch shards, the loss, dropout streams).
+    ``invariant``: every step runs in the invariant mode (:mod:`minipar.invariant_mode`; each rank enters it)."""
 
     def __init__(self, rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None, device="cpu",
-                 **dims):
+                 invariant: bool = False, **dims):
         self.layout = layout = Layout.of(layout, DEFAULTS, **dims)
         dp, pp, tp, sp, zero, schedule, micro_batches, v = (getattr(layout, k) for k in (
             "dp", "pp", "tp", "sp", "zero", "schedule", "micro_batches", "v"))
         self.recipe, self.m, self.zero_stage, self.device = recipe, micro_batches, zero, torch.device(device)
         self.mesh = Mesh(world_size, **layout.sizes).build(rank)
-        # the gradients (and the loss) are averaged over dp × cp: the group("dp") itself when cp = 1
-        self.dp_group, self.tp_group = self.mesh.group("dp", "cp"), self.mesh.group("tp")
+        # gradients (and loss) averaged over dp × cp (group("dp") if cp = 1); invariant: token sums finish over cp
+        self.dp_group, self.cp_group, self.tp_group = (self.mesh.group(*d) for d in (("dp", "cp"), ("cp",), ("tp",)))
         ref = recipe.model().to(self.device, recipe.dtype)     # built on the CPU; TP shards, dropout streams follow
         self.full_shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
         batch, seq = recipe.batches[0][0].shape
@@ -200,11 +204,14 @@ class Trainer3D:
         self.sp_params = [p for p in self.model.sequence_parallel_params() if id(p) in mine]
         self.logs = {k: comm.CommLog(mesh=self.mesh.mesh) for k in ("pp+tp", "dp")}   # records name their dims
         self.steps_taken = 0
+        # the invariant mode: the micro-batches' gradients kept apart, then summed as a tree
+        self.invariant, self.mb_grads = invariant, MicroBatchGradients(self.params) if invariant else None
 
     def loss(self, logits, targets):
         """The last stage's loss: vocabulary-parallel cross-entropy over the TP group (the logits stay split
         by vocabulary columns), the mean over the micro-batch's tokens (the runtime divides it by m)."""
-        return vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size).mean()
+        per_token = vocab_parallel_cross_entropy(logits, targets, self.tp_group, self.vocab_size)
+        return canonical.mean(per_token) if self.invariant else per_token.mean()
 
     @property
     def coords(self) -> dict:                                  # {dimension: coordinate}, by name
@@ -218,6 +225,7 @@ class Trainer3D:
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
+    @in_own_mode                                               # the steps run in the mode self.invariant says
     def step(self, inputs, targets, index: int | None = None):
         """One optimizer step on global batch (inputs, targets); returns the global mean loss on the last
         stage's ranks, None elsewhere. ``index``: the global step (a resumed run passes it; by default the
@@ -234,7 +242,9 @@ class Trainer3D:
                 self.zero.gather_for_step()                      # the full parameters, for all m micro-batches
         with comm.recording(self.logs["pp+tp"]):                  # pipeline messages + the TP collectives
             loss = self.pipeline.run(list(x.chunk(self.m)), list(y.chunk(self.m)), index or 0)
-            if self.sp_params:                                   # SP: LayerNorm/bias gradients summed over tp
+            if self.mb_grads:                                    # invariant: SP's sums were done in backward
+                self.mb_grads.finish()
+            elif self.sp_params:                                 # SP: LayerNorm/bias gradients summed over tp
                 sync_sequence_parallel_grads(self.sp_params, self.tp_group)
             if self.experts and self.layout.tp > 1:              # MoE: each tp rank routed 1/t of the rows
                 sync_sequence_parallel_grads(self.experts.router_params, self.tp_group)
@@ -257,8 +267,10 @@ class Trainer3D:
             loss = self.experts.add_aux(loss, self.mesh.group("pp"), self.device)
         if loss is None:
             return None
-        # a float64 tensor: mean_over_ranks would turn a Python float into a float32 tensor
-        return mean_over_ranks(torch.tensor(loss, dtype=torch.float64, device=self.device), self.dp_group)
+        # float64: mean_over_ranks would turn a Python float into float32 (invariant: the float32 one device's tree
+        # gave, which the float holds exactly)
+        loss = torch.tensor(loss, dtype=torch.float32 if self.invariant else torch.float64, device=self.device)
+        return mean_over_ranks(loss, self.dp_group)
 
     def readable_params(self):
         """A context in which this rank's parameters hold their values: ZeRO-3 frees them between steps, so

@@ -42,11 +42,11 @@ def _resized(tracker, nbytes: int) -> None:
 
 
 def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout | None = None,
-                   track_memory: bool = False, device="cpu", **dims) -> HybridRun:
+                   track_memory: bool = False, device="cpu", invariant: bool = False, **dims) -> HybridRun:
     """Train ``recipe`` on this rank of a dp × pp × tp mesh (``layout``, or its fields as keywords; on
     ``device``); return its losses (last stage only, floats), its stages' full parameters (CPU tensors) and
-    what it measured."""
-    t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, **dims)
+    what it measured. ``invariant``: in the invariant mode (:mod:`minipar.invariant_mode`)."""
+    t = Trainer3D(rank, world_size, recipe, layout=layout, device=device, invariant=invariant, **dims)
     losses, seconds, peak = [], [], 0
     for i, (inputs, targets) in enumerate(recipe.batches):
         start = time.perf_counter()
@@ -80,13 +80,13 @@ def parallel_train(rank: int, world_size: int, recipe: Recipe, *, layout: Layout
 
 
 def run(recipe: Recipe, *, world_size: int | None = None, layout: Layout | None = None, track_memory: bool = False,
-        device="cpu", quiet: bool = True, timeout: float = 120.0, **dims) -> list:
+        device="cpu", quiet: bool = True, timeout: float = 120.0, invariant: bool = False, **dims) -> list:
     """Validate the layout (a :class:`~minipar.layout.Layout` or its fields as keywords), then train on
     ``world_size`` ranks (default: the layout's); return the per-rank :class:`HybridRun`.
     ``device="cpu"``: gloo; ``"cuda"``: NCCL, rank r on GPU r (the launcher makes it the rank's current one)."""
     layout = Layout.of(layout, DEFAULTS, **dims)
     world_size = layout.world_size if world_size is None else world_size
-    validate(recipe, world_size=world_size, layout=layout)
+    validate(recipe, world_size=world_size, layout=layout, invariant=invariant)
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     return launcher.launch(parallel_train, world_size, recipe, layout=layout, track_memory=track_memory, device=device,
-                           backend=backend, quiet=quiet, timeout=timeout)
+                           backend=backend, quiet=quiet, timeout=timeout, invariant=invariant)

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .. import comm
+from .. import canonical, comm
+from ..invariant_mode import active as invariant_active
 from ..recipe import RunResult
 from ..memory import LiveTensorTracker
 from ..mesh import Mesh, RankMesh
@@ -201,8 +202,11 @@ class PipelineRank:
             self.pending_sends = [(w, t) for w, t in self.pending_sends if not w.is_completed()]
         for work, _ in self.pending_sends:
             work.wait()
-        has_loss = any(s == self.last for s in self.stages)
-        return float(sum(self.mb_losses[i] for i in sorted(self.mb_losses))) if has_loss else None
+        if not any(s == self.last for s in self.stages):
+            return None
+        losses = [self.mb_losses[i] for i in sorted(self.mb_losses)]
+        # the invariant mode: the micro-batches' losses summed as the same tree as one batch's tokens
+        return float(canonical.tree_sum(torch.stack(losses)) if invariant_active() else sum(losses))
 
 
 def parallel_train(rank: int, world_size: int, recipe, *, schedule: str = "1f1b", m: int = 4, v: int = 1,

@@ -31,7 +31,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from .. import comm
+from .. import canonical, comm
+from ..invariant_mode import active as invariant_active
 from .flash import flash_backward, flash_forward
 
 __all__ = ["chunk_ids", "positions", "validate_sequence", "shard_sequence", "unshard_sequence",
@@ -195,7 +196,12 @@ class RingAttention(torch.autograd.Function):
 def ring_attention(q, k, v, group=None, zigzag: bool = False):
     """Causal attention of this rank's queries over the whole sequence, for (b, heads, s/N, d) shards laid
     out by :func:`shard_sequence` (contiguous, or zig-zag). Its work and time are measured beside it
-    (:mod:`minipar.sequence.measure`)."""
+    (:mod:`minipar.sequence.measure`). In the invariant mode (contiguous chunks only) no ring: K and V
+    all-gathered in key order, attended in one device's trees (:func:`minipar.canonical.context_parallel_attention`)."""
+    if invariant_active():
+        if zigzag:
+            raise ValueError("the invariant mode's context-parallel attention needs contiguous chunks (not zig-zag)")
+        return canonical.context_parallel_attention(q, k, v, group)
     return RingAttention.apply(q, k, v, group, zigzag)
 
 

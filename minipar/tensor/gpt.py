@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .. import canonical
 from ..check import check_equivalence
+from ..invariant_mode import active as invariant_active
 from ..recipe import Recipe, RunResult
 from ..rng import DropoutStreams
 from ..launcher import launch
@@ -60,6 +62,10 @@ class TensorParallelBlock(nn.Module):
                                      block.mlp.drop.p, streams) if isinstance(block.mlp, FeedForward) else block.mlp
 
     def forward(self, x):
+        if invariant_active():     # LayerNorm's statistics and weight gradients as canonical trees
+            seq_group = self.attn.proj.group if self.attn.sequence_parallel else None
+            x = x + self.attn(canonical.layer_norm(self.ln1, x, seq_group))
+            return x + self.mlp(canonical.layer_norm(self.ln2, x, seq_group))
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
@@ -72,6 +78,13 @@ class SequenceShardEmbedding(TokenPositionEmbedding):
     def positions_held(self, idx):
         positions = super().positions_held(idx)
         return positions.chunk(tp_size(self.group))[tp_rank(self.group)] if self.sequence_parallel else positions
+
+    def sequence_split_group(self):
+        return self.group if self.sequence_parallel else None
+
+    def final_norm(self, x):
+        """``ln_f(x)``; in the invariant mode canonical (its gradient over the SP ranks' chunks too)."""
+        return canonical.layer_norm(self.ln_f, x, self.sequence_split_group()) if invariant_active() else self.ln_f(x)
 
 
 class TensorParallelGPT(SequenceShardEmbedding, nn.Module):
@@ -99,7 +112,7 @@ class TensorParallelGPT(SequenceShardEmbedding, nn.Module):
         x = self.embed(idx, positions)                 # whole sequence, or my shard under SP
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))                 # the head all-gathers the sequence under SP
+        return self.head(self.final_norm(x))           # the head all-gathers the sequence under SP
 
     def loss(self, idx, targets, label_smoothing: float = 0.0):
         per_token = vocab_parallel_cross_entropy(self(idx), targets, self.group, self.cfg.vocab_size,

@@ -24,9 +24,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import canonical
+from ..invariant_mode import active as invariant_active
 from ..models import CausalSelfAttention
 from ..rng import DropoutStreams
-from .operators import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_sequence, split_to_tp, tp_rank, tp_size
+from .operators import (copy_to_tp, gather_from_tp, gather_sequence, reduce_from_tp, scatter_sequence, split_to_tp,
+                        tp_rank, tp_size)
 from .sequence import column_linear_sequence_parallel
 
 __all__ = ["shard_rows", "shard_cols", "streams_of", "recompute_context_fn",
@@ -134,10 +137,23 @@ class ColumnParallelLinear(nn.Module):
         return cls(linear.weight, linear.bias, group, **kwargs)
 
     def forward(self, x):
+        if invariant_active():
+            return self.canonical_forward(x)
         if self.sequence_parallel:   # x is a sequence shard: gather it inside the matmul (saves memory)
             y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group, self.keep_gathered_input)
         else:
             y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)   # f
+        return gather_from_tp(y, self.group) if self.gather_output else y
+
+    def canonical_forward(self, x):
+        """The invariant mode: each part (Q, K, V of a fused weight) is its own product with its own f (or SP
+        all-gather), so dX's sum over a part's output features, split over the ranks, is completed by a tree
+        across them before the parts are added (in the same order on one device)."""
+        weights = self.weight.chunk(self.parts)
+        biases = [None] * self.parts if self.bias is None else self.bias.chunk(self.parts)
+        ys = [canonical.linear(gather_sequence(x, self.group) if self.sequence_parallel
+                               else copy_to_tp(x, self.group), w, b) for w, b in zip(weights, biases)]
+        y = torch.cat(ys, -1)
         return gather_from_tp(y, self.group) if self.gather_output else y
 
 
@@ -171,12 +187,17 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = split_to_tp(x, self.group)
-        partial = F.linear(x, self.weight)      # no bias yet: t ranks would add it t times
-        if self.sequence_parallel:
+        canonical_mode = invariant_active()    # the inner sum a tree: this rank's chunk of it a subtree
+        partial = canonical.linear(x, self.weight) if canonical_mode else F.linear(x, self.weight)
+        if self.sequence_parallel:             # no bias yet: t ranks would add it t times
             y = scatter_sequence(partial, self.group)
         else:
             y = reduce_from_tp(partial, self.group)
-        return y if self.bias is None else y + self.bias
+        if self.bias is None:
+            return y
+        # SP: this rank's tokens are a chunk of each row, so the bias gradient's token sum needs the group
+        return canonical.AddBias.apply(y, self.bias, self.group if self.sequence_parallel else None) \
+            if canonical_mode else y + self.bias
 
 
 class TensorParallelMLP(nn.Module):

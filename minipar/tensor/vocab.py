@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
+from .. import canonical, comm
+from ..invariant_mode import active as invariant_active
 from .operators import reduce_from_tp, scatter_sequence, tp_rank, tp_size
 
 __all__ = ["padded_vocab_size", "pad_rows", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"]
@@ -57,7 +58,8 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, idx):
         outside = (idx < self.start) | (idx >= self.end)
         local = (idx - self.start).masked_fill(outside, 0)                # any valid row; zeroed below
-        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        lookup = canonical.embedding if invariant_active() else F.embedding   # invariant: Σ over tokens a tree
+        out = lookup(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
             return scatter_sequence(out, self.group)                     # sum, and keep my tokens
         return reduce_from_tp(out, self.group)                            # g
@@ -82,9 +84,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         comm.all_reduce(z_target, group=group)                           # 2. the target's logit
 
         exp_z = z.exp()
-        sums = [exp_z.sum(-1)] + ([z.masked_fill(~real, 0.0).sum(-1)] if label_smoothing else [])
+        total = canonical.tree_sum if invariant_active() else torch.sum   # invariant: this shard a subtree
+        sums = [total(exp_z, -1)] + ([total(z.masked_fill(~real, 0.0), -1)] if label_smoothing else [])
         sums = torch.stack(sums)
-        comm.all_reduce(sums, group=group)                               # 3. Σ exp (and Σ z)
+        comm.all_reduce(sums, group=group)                  # 3. Σ exp (and Σ z); invariant: the tree finished
         log_partition = sums[0].log()
         loss = log_partition - z_target
         if label_smoothing:
