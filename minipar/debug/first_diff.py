@@ -178,7 +178,7 @@ class Capture:
 def capture(recipe: Recipe, layout: Layout | None = None, *, invariant: bool = False, **dims) -> Capture:
     """Train ``recipe`` under ``layout`` (or its fields as keywords; micro_batches defaults to 1) with the 3D
     trainer and keep every step's tensors (the docstring's list), pieces put back whole. ``invariant``: the
-    trainer in the invariant mode (:mod:`minipar.invariant`)."""
+    trainer in the invariant mode (:mod:`minipar.invariant_mode`)."""
     layout = Layout.of(layout, {"micro_batches": 1}, **dims)
     mode = {"invariant": True} if invariant else {}      # the default mode passes nothing: any trainer takes it
     validate(recipe, layout=layout, **mode)

@@ -8,7 +8,6 @@ import time
 import numpy as np
 import torch
 
-import minipar
 from minipar.check import gpt_recipe
 from minipar.debug.first_diff import capture, first_difference, ulp_distance
 
@@ -75,14 +74,11 @@ def draw_profiles(profiles: dict, names: list):
 
 
 def invariant_demo(layouts: dict | None = None):
-    """The invariant mode (:mod:`minipar.invariant`, where this copy of the library has it): one device and each
-    layout in the mode, their first difference (None: bitwise equal), and the seconds of a tp 2 step in each
-    mode. Returns None when the library has no invariant mode."""
-    if not hasattr(minipar, "invariant"):
-        return None
+    """The invariant mode (``minipar.invariant()``, :mod:`minipar.invariant_mode`): one device and each layout in
+    the mode, their first difference (None: bitwise equal), and the seconds of a tp 2 step in each mode."""
     from minipar.hybrid import runner
-    layouts = layouts or {"dp 2": dict(dp=2), "tp 2": dict(tp=2), "dp 2 x pp 2 x tp 2": dict(dp=2, pp=2, tp=2,
-                                                                                              micro_batches=2)}
+    layouts = layouts or {"dp 2": dict(dp=2), "tp 2": dict(tp=2), "cp 2": dict(cp=2),
+                          "dp 2 x pp 2 x tp 2": dict(dp=2, pp=2, tp=2, micro_batches=2)}
     r = recipe()
     one = capture(r, invariant=True)
     diffs = {label: first_difference(one, capture(r, invariant=True, **dims)) for label, dims in layouts.items()}

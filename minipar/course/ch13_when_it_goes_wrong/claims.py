@@ -88,8 +88,6 @@ def check_first_differences(diffs) -> None:
 
 def check_invariant_mode(result) -> None:
     """Equal to the last bit: the invariant mode"""
-    if result is None:                              # a library without the invariant mode
-        return
     diffs, seconds = result
     assert all(d.name is None for d in diffs.values()), {k: str(d) for k, d in diffs.items()}
     assert seconds["invariant"] > 0 and seconds["default"] > 0
