@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import comm
 from ..flat import FlatLayout
 
 __all__ = ["StepAborted", "FaultPlan", "Quorum", "QuorumClient", "CommitGate", "KILL_POINTS"]
@@ -65,11 +66,20 @@ class QuorumClient:
     """Replica ``replica`` (generation ``generation``), local rank ``rank``, talking to the lighthouse's
     ``store``. ``timeout``: seconds a cross-replica collective may wait."""
 
-    def __init__(self, store, *, replica: int, generation: int, rank: int, timeout: float):
+    def __init__(self, store, *, replica: int, generation: int, rank: int, world_size: int, timeout: float):
         self.store, self.replica, self.generation, self.rank = store, replica, generation, rank
         self.timeout = datetime.timedelta(seconds=timeout)
-        self.round = int(store.get("latest")) + 1 if store.check(["latest"]) else 0   # a restart joins late
+        self.round = self.first_round(store, world_size)
         self.group, self.group_id, self.retired = None, None, []
+
+    @staticmethod
+    def first_round(store, world_size: int) -> int:
+        """The round after the latest the lighthouse published (0 at the start; later for a restarted replica),
+        the same on every rank of the replica (the largest any read: they read at different moments)."""
+        latest = torch.tensor([int(store.get("latest")) if store.check(["latest"]) else -1])
+        if world_size > 1:
+            comm.all_reduce(latest, op=dist.ReduceOp.MAX)
+        return int(latest) + 1
 
     def next_quorum(self, committed: int) -> Quorum:
         """Register for the next round with ``committed`` steps done; the first quorum that includes this

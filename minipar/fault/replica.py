@@ -57,7 +57,8 @@ def train_replica(spec: ReplicaSpec, replica: int, generation: int, rank: int, c
     """One rank's loop (module docstring); returns {"params", "generation", "committed"}."""
     recipe, world = replica_recipe(spec.recipe, spec.replicas, replica), spec.layout.world_size
     trainer = Trainer3D(rank, world, recipe, layout=spec.layout)
-    client = QuorumClient(coordinator, replica=replica, generation=generation, rank=rank, timeout=spec.timeout)
+    client = QuorumClient(coordinator, replica=replica, generation=generation, rank=rank, world_size=world,
+                          timeout=spec.timeout)
     gate = trainer.optimizer = CommitGate(trainer.optimizer, trainer.params, client, spec.plan)
     reporter = trainer.mesh.is_last_stage and all(trainer.mesh.coord(d) == 0 for d in ("dp", "cp", "tp"))
     committed = 0

@@ -52,6 +52,7 @@ from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
+from ..fault import command as replicated, flags as replica_flags, replicas
 from . import checkpoint, experts, guard, preflight
 from .cli_flags import DTYPES, KEEP, build_parser
 from .relay import ProgressRelay, write_progress
@@ -161,10 +162,13 @@ def main(argv=None) -> int:
     lock = None
     try:
         preflight.check_flags(parser, args)
+        replica_flags.check_flags(args)
         data = preflight.text_data(args)
         recipe = make_recipe(args, data)
         try:
             validate(recipe, world_size=layout.world_size, layout=layout)
+            if args.replicas:                    # and each replica's B/R rows on the layout
+                replicas.validate(recipe, replicas=args.replicas, layout=layout)
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
@@ -182,6 +186,8 @@ def main(argv=None) -> int:
         if lock:
             guard.unlock_folder(lock)
         parser.error(str(exc).replace("\n", " "))
+    if args.replicas:                            # R fault-tolerant replica groups: minipar.fault
+        return replicated.main(args, recipe, layout)
     for line in placement:
         print(line, file=sys.stderr)
     if args.resume and resume is None:
