@@ -114,7 +114,7 @@ def test_bad_replica_flags_exit_2_before_any_process(flags, words, capsys):
 @pytest.mark.serial
 def test_train_replicas_survives_a_sigkill_of_replica_0_and_the_restarted_replica_ends_identical():
     """The command: replica 0's rank (the lighthouse is not in it) is SIGKILLed from outside after step 2."""
-    command = [sys.executable, "-m", "minipar", "train", "--replicas", "3", "--steps", "10", "--batch-size", "6",
+    command = [sys.executable, "-m", "minipar", "train", "--replicas", "3", "--steps", "30", "--batch-size", "6",
                "--micro-batches", "1", "--dtype", "float64", "--n-layer", "1", "--n-embd", "8", "--n-head", "2",
                "--seq-len", "8", "--json"]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -130,7 +130,7 @@ def test_train_replicas_survives_a_sigkill_of_replica_0_and_the_restarted_replic
     assert proc.returncode == 0, err[-3000:]
     lines += [json.loads(line) for line in out.splitlines()]
     steps = [d for d in lines if "step" in d]
-    assert [d["step"] for d in steps] == list(range(1, 11))
+    assert [d["step"] for d in steps] == list(range(1, 31))
     assert min(d["replicas"] for d in steps) == 2 and steps[-1]["replicas"] == 3, steps
     finals = {d["replica"]: d for d in lines if d.get("final")}
     assert sorted(finals) == [0, 1, 2] and finals[0]["generation"] == 1

@@ -37,12 +37,13 @@ def send_state(group, dst: int, payload: bytes) -> None:
     group.send([data], dst, TAG + 1).wait()
 
 
-def receive_state(group, src: int) -> dict:
+def receive_state(group, src: int) -> tuple:
+    """(the state, its size in bytes on the wire)."""
     size = torch.zeros(1, dtype=torch.int64)
     group.recv([size], src, TAG).wait()
     data = torch.empty(int(size), dtype=torch.uint8)
     group.recv([data], src, TAG + 1).wait()
-    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False), data.numel()
 
 
 def load_state(trainer, state: dict) -> int:
@@ -56,14 +57,15 @@ def load_state(trainer, state: dict) -> int:
 
 def exchange(trainer, client, quorum, committed: int) -> tuple:
     """The round's healing on this rank: a source sends to each replica it heals; a healer receives.
-    Returns (the state received or None, seconds spent)."""
+    Returns (the state received or None, seconds spent); ``client.healed_bytes`` counts what it received."""
     t0, received = time.perf_counter(), None
     me = client.replica
     for healer, source in sorted(quorum.heal.items()):
         if source == me:
             send_state(client.group, quorum.index(healer), state_of(trainer, committed))
     if me in quorum.heal:
-        received = receive_state(client.group, quorum.index(quorum.heal[me]))
+        received, nbytes = receive_state(client.group, quorum.index(quorum.heal[me]))
+        client.healed_bytes += nbytes
     return received, time.perf_counter() - t0
 
 

@@ -71,6 +71,7 @@ class QuorumClient:
         self.timeout = datetime.timedelta(seconds=timeout)
         self.round = self.first_round(store, world_size)
         self.group, self.group_id, self.retired = None, None, []
+        self.healed_bytes = 0               # state received from peers (heal.exchange counts it)
 
     @staticmethod
     def first_round(store, world_size: int) -> int:
@@ -132,7 +133,7 @@ class CommitGate:
     def __init__(self, optimizer, params: list, client: QuorumClient, plan: FaultPlan | None = None):
         self.optimizer, self.params, self.client, self.plan = optimizer, params, client, plan
         self.quorum, self.heal_s = None, None
-        self.bytes_reduced = 0              # payload of the cross-replica all-reduces (the ring sends 2(n-1)/n of it)
+        self.reduced = []                   # [(quorum size n, payload bytes)] per all-reduce that completed
 
     def arm(self, quorum: Quorum, heal_s: float | None) -> None:
         self.quorum, self.heal_s = quorum, heal_s
@@ -154,7 +155,7 @@ class CommitGate:
         try:        # the group itself, not minipar.comm: the comm log names groups by ranks new_group registered
             self.client.group.allreduce([flat]).wait()
             layout.unflatten(flat.div_(len(self.quorum.members)), grads)
-            self.bytes_reduced += flat.numel() * flat.element_size()
+            self.reduced.append((len(self.quorum.members), flat.numel() * flat.element_size()))
             ok, why = True, ""
         except RuntimeError as exc:         # a member died inside the collective: this step cannot commit
             ok, why = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

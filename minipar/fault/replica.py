@@ -54,7 +54,8 @@ def replica_recipe(recipe: Recipe, replicas: int, replica: int) -> Recipe:
 
 
 def train_replica(spec: ReplicaSpec, replica: int, generation: int, rank: int, coordinator) -> dict:
-    """One rank's loop (module docstring); returns {"params", "generation", "committed"}."""
+    """One rank's loop (module docstring); returns {"params", "generation", "committed", "stats": {"reduced": [(n,
+    payload bytes)] per cross-replica all-reduce, "healed_bytes" received, "state_bytes": this rank's state}}."""
     recipe, world = replica_recipe(spec.recipe, spec.replicas, replica), spec.layout.world_size
     trainer = Trainer3D(rank, world, recipe, layout=spec.layout)
     client = QuorumClient(coordinator, replica=replica, generation=generation, rank=rank, world_size=world,
@@ -83,7 +84,9 @@ def train_replica(spec: ReplicaSpec, replica: int, generation: int, rank: int, c
         committed = quorum.step + 1
         if reporter:
             client.report_loss(quorum.step, loss)
-    return {"params": trainer.full_params(), "generation": generation, "committed": committed}
+    return {"params": trainer.full_params(), "generation": generation, "committed": committed,
+            "stats": {"reduced": gate.reduced, "healed_bytes": client.healed_bytes,
+                      "state_bytes": len(heal.state_of(trainer, committed))}}
 
 
 def replica_main(replica: int, generation: int, rank: int, spec: ReplicaSpec, workdir: str) -> None:

@@ -36,7 +36,8 @@ class ReplicatedRun:
     how many times it was started again}, ``committed`` [(step, [replicas in its quorum])], ``losses`` [(step,
     mean loss over the quorum's rows, live replicas)], every round's record (``rounds``, aborted ones too), the
     ``deaths`` and the lighthouse's ``events`` ({"t", "kind", ...}: spawn, quorum, heal_start, heal_end,
-    commit, abort, death, finish)."""
+    commit, abort, death, finish); ``stats`` {replica: {local rank: {"reduced": [(n, payload bytes)] per
+    cross-replica all-reduce, "healed_bytes", "state_bytes"}}} of the generation that ended the run."""
     params: dict = field(default_factory=dict)
     generations: dict = field(default_factory=dict)
     committed: list = field(default_factory=list)
@@ -44,6 +45,7 @@ class ReplicatedRun:
     rounds: list = field(default_factory=list)
     deaths: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
 
 
 def validate(recipe: Recipe, *, replicas: int, layout: Layout | None = None, plan: FaultPlan | None = None,
@@ -67,11 +69,12 @@ def validate(recipe: Recipe, *, replicas: int, layout: Layout | None = None, pla
     return layout
 
 
-def run(recipe: Recipe, *, replicas: int, layout: Layout | None = None, restarts: int = 1,
+def run(recipe: Recipe, *, replicas: int, layout: Layout | None = None, restarts: int = 1, restart_after: int = 1,
         plan: FaultPlan | None = None, join_timeout: float = 10.0, timeout: float = 60.0, on_commit=None,
         on_event=None, **dims) -> ReplicatedRun:
     """Validate, then train ``recipe`` on ``replicas`` replica groups of ``layout`` (its fields as keywords
-    also work); a replica that dies is restarted ``restarts`` times. ``plan``: a planted SIGKILL."""
+    also work); a replica that dies is restarted ``restarts`` times, each once ``restart_after`` steps were committed
+    without it. ``plan``: a planted SIGKILL."""
     layout = validate(recipe, replicas=replicas, layout=layout, plan=plan, **dims)
     spec = ReplicaSpec(recipe, replicas, layout, recipe.steps, timeout, plan)
     result = ReplicatedRun()
@@ -83,11 +86,12 @@ def run(recipe: Recipe, *, replicas: int, layout: Layout | None = None, restarts
         if on_commit:
             on_commit(this, losses)
 
-    supervisor = Supervisor(spec, restarts=restarts, join_timeout=join_timeout, on_commit=committed,
+    supervisor = Supervisor(spec, restarts=restarts, restart_after=restart_after, join_timeout=join_timeout, on_commit=committed,
                             on_event=on_event)
     finals = supervisor.run()
     result.params = {r: v["params"] for r, v in finals.items()}
     result.generations = {r: v["generation"] for r, v in finals.items()}
+    result.stats = {r: v["stats"] for r, v in finals.items()}
     result.rounds, result.deaths = supervisor.lighthouse.rounds, supervisor.deaths
     result.events = supervisor.lighthouse.events
     return result

@@ -40,12 +40,15 @@ class ReplicaRankError(RankError):
 
 class Supervisor:
     """Run ``spec`` on ``spec.replicas`` replicas; ``run()`` returns {replica: its final result}.
-    ``join_timeout``: seconds a round waits for an expected replica; ``on_commit(round)`` is called for each
+    ``join_timeout``: seconds a round waits for an expected replica; a dead replica is started again once
+    ``restart_after`` more steps are committed without it (a replacement takes time; counted in steps, the run
+    always shows a step it lost, whatever the machine's speed); ``on_commit(round, losses)`` is called for each
     committed round, once the losses of its members that are still alive have arrived."""
 
-    def __init__(self, spec: ReplicaSpec, *, restarts: int = 1, join_timeout: float = 10.0, on_commit=None,
-                 on_event=None):
-        self.spec, self.restarts, self.join_timeout = spec, restarts, join_timeout
+    def __init__(self, spec: ReplicaSpec, *, restarts: int = 1, restart_after: int = 1, join_timeout: float = 10.0,
+                 on_commit=None, on_event=None):
+        self.spec, self.restarts, self.restart_after, self.join_timeout = spec, restarts, restart_after, join_timeout
+        self.pending: list = []          # [(replica, generation, start once this many steps are committed)]
         self.on_commit, self.on_event = on_commit, on_event
         self.ranks = spec.layout.world_size
         self.procs: dict = {}            # replica -> (generation, [process])
@@ -67,6 +70,7 @@ class Supervisor:
             for replica in range(self.spec.replicas):
                 self._spawn(replica, 0)
             while not self._finished():
+                self._restart_due()
                 self._watch()
                 self.lighthouse.poll()
                 self._report()
@@ -133,9 +137,15 @@ class Supervisor:
         if used < self.restarts:
             self.restarted[replica] = used + 1
             self.done.pop(replica, None)
-            self._spawn(replica, generation + 1)
-            if self.on_event:
-                self.on_event(f"replica {replica} restarted (generation {generation + 1}): it heals from a peer")
+            self.pending.append((replica, generation + 1, self.lighthouse.committed + self.restart_after))
+
+    def _restart_due(self) -> None:
+        for replica, generation, due in list(self.pending):
+            if self.lighthouse.committed >= due and not self.lighthouse.done:
+                self.pending.remove((replica, generation, due))
+                self._spawn(replica, generation)
+                if self.on_event:
+                    self.on_event(f"replica {replica} restarted (generation {generation}): it heals from a peer")
 
     def _kill(self, replica: int, why: str) -> None:
         for q in self.procs[replica][1]:
@@ -182,7 +192,8 @@ class Supervisor:
         for rank in sorted(results):
             params.update(results[rank]["params"])
         first = results[min(results)]
-        return {"params": params, "generation": first["generation"], "committed": first["committed"]}
+        return {"params": params, "generation": first["generation"], "committed": first["committed"],
+                "stats": {rank: results[rank]["stats"] for rank in sorted(results)}}
 
 
 def _read(path: str) -> str:
