@@ -27,7 +27,7 @@ from .quorum import FaultPlan, KILL_POINTS
 from .replica import ReplicaSpec, replica_recipe
 from .supervisor import Supervisor
 
-__all__ = ["ReplicatedRun", "validate", "run", "committed_reference", "run_events"]
+__all__ = ["ReplicatedRun", "validate", "run", "committed_reference", "uninterrupted_reference", "run_events"]
 
 
 @dataclass
@@ -113,6 +113,11 @@ def committed_reference(recipe: Recipe, replicas: int, committed: list) -> RunRe
         optimizer.step()
         losses.append(loss.item())
     return RunResult(losses, {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def uninterrupted_reference(recipe: Recipe, replicas: int) -> RunResult:
+    """The run no replica left: one device over every step's whole batch (the curve to draw beside)."""
+    return committed_reference(recipe, replicas, [(s, list(range(replicas))) for s in range(recipe.steps)])
 
 
 def run_events(result: ReplicatedRun) -> list:

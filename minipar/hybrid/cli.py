@@ -11,6 +11,7 @@
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
     torchrun --nproc_per_node=8 -m minipar train --dp 2 --pp 2 --tp 2         # torchrun's ranks instead
+    python -m minipar train --replicas 3 --tp 2 --json      # 3 fault-tolerant replica groups (minipar.fault)
 
 It starts dp·pp·cp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
 this process's rank. ``--backend auto`` (the default) is NCCL with one GPU per rank (GPU ``LOCAL_RANK``) when
