@@ -42,7 +42,6 @@ def assert_equals_one_device_over_the_committed_rows(recipe, n_replicas, result)
     assert all(torch.equal(first[n], p[n]) for p in result.params.values() for n in first)   # bit for bit
 
 
-@pytest.mark.serial
 def test_a_replica_killed_in_a_half_done_step_is_dropped_then_heals_and_the_run_equals_one_device():
     """Replica 1 dies after its gradient went into the others' all-reduce, before it voted: that round is
     aborted (the others never apply the average it poisoned), step 2 is retried and committed by replicas 0 and 2
