@@ -137,3 +137,57 @@ def test_train_replicas_survives_a_sigkill_of_replica_0_and_the_restarted_replic
     assert "replica 0 lost: rank 0" in err and "SIGKILL" in err
     time.sleep(0.1)
     assert not any(p.is_running() and p.status() != "zombie" for p in ranks)
+
+
+class DictStore:
+    """The three calls the lighthouse makes on its store, on a dict."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def set(self, key, value):
+        self.keys[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.keys[key]
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+
+def test_the_lighthouse_leaves_a_late_replica_out_heals_a_behind_one_and_aborts_on_a_failed_vote():
+    from minipar.fault.lighthouse import Lighthouse, NoQuorum
+    now = [0.0]
+    store = DictStore()
+    lh = Lighthouse(store, steps=5, ranks_per_replica=1, join_timeout=2.0, vote_timeout=9.0, clock=lambda: now[0])
+    for r in range(3):
+        lh.spawned(r, 0, [100 + r])
+    ready = lambda k, r, step, gen=0: store.set(f"ready/{k}/{r}", json.dumps({"gen": gen, "step": step}))  # noqa: E731
+    vote = lambda k, r, ok: store.set(f"vote/{k}/{r}/0", json.dumps({"ok": ok, "why": "x", "heal_s": None}))  # noqa: E731
+    ready(0, 0, 0), ready(0, 1, 0)
+    lh.poll()
+    assert not store.check(["quorum/0"])                       # replica 2 is expected: the round waits for it
+    now[0] = 2.5
+    lh.poll()
+    assert json.loads(store.get("quorum/0"))["members"] == [[0, 0], [1, 0]] and lh.laggards == {2}
+    vote(0, 0, True), vote(0, 1, False)
+    lh.poll()
+    assert store.get("decision/0") == b"abort" and lh.committed == 0
+    ready(1, 0, 0), ready(1, 1, 0)
+    lh.poll()                                                  # the laggard is not waited for again
+    q1 = json.loads(store.get("quorum/1"))
+    assert q1["members"] == [[0, 0], [1, 0]] and q1["id"] == 2  # a fresh group after an abort
+    vote(1, 0, True), vote(1, 1, True)
+    lh.poll()
+    assert store.get("decision/1") == b"commit" and lh.committed == 1
+    ready(2, 0, 1), ready(2, 1, 1), ready(2, 2, 0)             # the laggard is back, one step behind
+    lh.poll()
+    q2 = json.loads(store.get("quorum/2"))
+    assert q2["heal"] == {"2": 0} and q2["step"] == 1 and q2["id"] == 3
+    lh.died(2, "SIGKILL")                                      # a member dies while the others vote
+    assert store.get("decision/2") == b"abort"
+    lh.died(0, "SIGKILL"), lh.spawned(0, 1, [200])
+    ready(3, 0, 0, gen=1), ready(3, 1, 0)                      # only a fresh replica and one that fell behind
+    with pytest.raises(NoQuorum, match="no live replica holds the 1 committed steps"):
+        now[0] = 9.0
+        lh.poll()
