@@ -11,6 +11,7 @@
     python -m minipar train --dp 1 --pp 2 --tp 4 --steps 4 --resume ckpt      # continue in another layout
     python -m minipar train --steps 200 --save-every 10 --resume ckpt --save ckpt   # first launch = restart
     torchrun --nproc_per_node=8 -m minipar train --dp 2 --pp 2 --tp 2         # torchrun's ranks instead
+    python -m minipar train --replicas 3 --tp 2 --json      # 3 fault-tolerant replica groups (minipar.fault)
 
 It starts dp·pp·cp·tp local processes itself (:func:`minipar.launch`), or, when ``torchrun`` started it, runs on
 this process's rank. ``--backend auto`` (the default) is NCCL with one GPU per rank (GPU ``LOCAL_RANK``) when
@@ -52,6 +53,7 @@ from ..datasets import lm_batch, lm_batches
 from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
+from ..fault import command as replicated, flags as replica_flags, replicas
 from . import checkpoint, experts, guard, preflight
 from .cli_flags import DTYPES, KEEP, build_parser
 from .relay import ProgressRelay, write_progress
@@ -162,10 +164,13 @@ def main(argv=None) -> int:
     lock = None
     try:
         preflight.check_flags(parser, args)
+        replica_flags.check_flags(args)
         data = preflight.text_data(args)
         recipe = make_recipe(args, data)
         try:
             validate(recipe, world_size=layout.world_size, layout=layout, invariant=args.invariant)
+            if args.replicas:                    # and each replica's B/R rows on the layout
+                replicas.validate(recipe, replicas=args.replicas, layout=layout)
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
@@ -183,6 +188,8 @@ def main(argv=None) -> int:
         if lock:
             guard.unlock_folder(lock)
         parser.error(str(exc).replace("\n", " "))
+    if args.replicas:                            # R fault-tolerant replica groups: minipar.fault
+        return replicated.main(args, recipe, layout)
     for line in placement:
         print(line, file=sys.stderr)
     if args.resume and resume is None:

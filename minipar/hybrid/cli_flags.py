@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from ..fault import flags as replica_flags
 from . import context
 from .parallel3d import TRAINER_SCHEDULES
 
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "the CPU; nccl: the GPUs (an error without them). The GPU path is checked on CPU "
                             "by a device watch, not yet run on a GPU")
     train.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait")
+    replica_flags.add_flags(p)
     return p
 
 
