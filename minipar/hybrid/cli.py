@@ -53,6 +53,7 @@ from .. import launcher
 from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
 from . import checkpoint, experts, guard, preflight
+from .async_checkpoint import AsyncCheckpointer
 from .cli_flags import DTYPES, KEEP, build_parser
 from .relay import ProgressRelay, write_progress
 from .parallel3d import DEFAULTS, Trainer3D, validate
@@ -96,14 +97,15 @@ def cuda_facts(backend: str) -> dict:
 
 def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
                resume: str | None = None, save_every: int | None = None, keep: int | None = None,
-               run: dict | None = None,
+               run: dict | None = None, async_save: bool = False,
                held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int | str = 1,
                err_fd: int | str = 2) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
     backend and ``LOCAL_RANK``), check the save folder is shared, load ``resume`` (a folder holding a
     checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
     loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
-    carry the held-out loss every ``eval_every`` steps and at the last. Returns [(step, loss)]."""
+    carry the held-out loss every ``eval_every`` steps and at the last. ``async_save``: the saves are written on
+    a thread while training goes on (:class:`AsyncCheckpointer`). Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                                           **cuda_facts(backend))
@@ -116,7 +118,10 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
     reporter = trainer.mesh.is_last_stage and all(trainer.mesh.coord(d) == 0 for d in ("dp", "cp", "tp"))
     tokens = recipe.batches[0][0].numel()
     history = []
+    saver = AsyncCheckpointer(trainer, save, run=run, keep=keep) if save and async_save else None
     for step in range(start, steps):
+        if saver:
+            saver.step_started(step)
         t0 = time.perf_counter()
         loss = trainer.step(*recipe.batches[step], step)
         seconds = time.perf_counter() - t0
@@ -132,9 +137,18 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
                 line |= {"eval_loss": held} if held is not None else {}
                 write_progress(out_fd, json.dumps(line) + "\n")
         if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
-            folder = checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
-            if reporter:
-                write_progress(err_fd, f"saved step {step + 1} to {folder}\n")
+            if saver:                                    # the previous write completes, this one starts
+                saved, folder = saver.in_flight, saver.wait()
+                saver.save(step + 1)
+            else:
+                saved, folder = step + 1, checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
+            if reporter and folder:
+                write_progress(err_fd, f"saved step {saved} to {folder}\n")
+    if saver and reporter:
+        saved, folder = saver.in_flight, saver.finish()
+        write_progress(err_fd, f"saved step {saved} to {folder}\n") if folder else None
+    elif saver:
+        saver.finish()
     return history
 
 
@@ -218,7 +232,8 @@ def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
     previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
         launcher.launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
-               save_every=args.save_every, keep=KEEP if args.keep is None else args.keep, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
+               save_every=args.save_every, keep=KEEP if args.keep is None else args.keep,
+               async_save=args.async_checkpoint, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
                timeout=args.timeout, quiet=True, **kwargs)
     except RankError as exc:                    # a rank failed: its one-line reason, exit 1
         print(f"python -m minipar train: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
+    train.add_argument("--async-checkpoint", action="store_true", help="save in the background: training waits "
+                       "only for a copy in host memory, the files are written beside the next steps")
     train.add_argument("--keep", type=int, default=None, metavar="N", help=f"keep the newest N checkpoints in "
                        f"--save (default {KEEP}; never the one 'latest' names; 0: keep all)")
     train.add_argument("--wait-for-lock", type=float, default=None, metavar="SECONDS",
