@@ -69,16 +69,16 @@ class AsyncCheckpointer:
         snap = checkpoint.snapshot(self.trainer)
         self.mark("snapshot_done", step)
         self.in_flight = step
-        self._thread = threading.Thread(target=self._write, args=(snap, step), daemon=True,
+        self._thread = threading.Thread(target=self._write, args=(snap, step, self.crash_rank), daemon=True,
                                         name=f"minipar-checkpoint-{step}")
         self._thread.start()
 
-    def _write(self, snap: dict, step: int) -> None:
+    def _write(self, snap: dict, step: int, crash_rank: int | None) -> None:
         try:
             if self.before_write is not None:
                 self.before_write(step)
             self._folder = checkpoint.write(self.trainer, snap, self.directory, step, wait=self._barrier,
-                                            run=self.run, keep=self.keep, crash_rank=self.crash_rank)
+                                            run=self.run, keep=self.keep, crash_rank=crash_rank)
             self.mark("write_closed", step)
         except BaseException as exc:                      # re-raised on the training thread by wait()
             self._error = exc
