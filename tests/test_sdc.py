@@ -97,3 +97,40 @@ def test_train_check_gradients_runs_and_refuses_what_it_cannot_check(capsys):
             train_main(flags + bad + ["--check-gradients"])
         assert exit_.value.code == 2
     assert "--check-gradients compares data-parallel replicas" in capsys.readouterr().err
+
+
+def _hsdp_rank(rank, world_size, recipe, flip):
+    """HSDP on 2 declared nodes of 2: ZeRO-3 inside a node, the shards all-reduced across; the check over the
+    replicate group. Returns (the error, whether the parameters stayed as they were)."""
+    from minipar.data.hsdp import node_groups
+    from minipar.data.units import block_units
+    from minipar.data.zero import ZeRO
+    from minipar.debug.sdc import guard_optimizer
+    from minipar.loop import shard_batch
+    node, cross = node_groups(world_size, 2)
+    model = recipe.model().to(recipe.dtype)
+    zero = ZeRO(model, recipe.optimizer, 3, node, block_units(model), replicate_group=cross)
+    names = [f"unit {i}'s shard" for i in range(len(zero.units))]
+    guard_optimizer(zero.optimizer, lambda: [u.master.grad for u in zero.units], names, cross, flip=flip)
+    before = zero.full_parameters()
+    x, y = shard_batch(recipe.batches[0], rank, world_size)
+    zero.zero_grad()
+    recipe.loss(model, x, y).backward()
+    try:
+        zero.step()
+        raised = None
+    except ReplicaMismatch as exc:
+        raised = str(exc)
+    after = zero.full_parameters()
+    return raised, all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_hsdp_shard_gradients_are_checked_across_the_replicate_group():
+    flip = Flip(0, 3, "unit 1's shard", 2, 33)
+    results = launch(_hsdp_rank, 4, recipe(), flip, quiet=True)
+    for rank, (raised, untouched) in enumerate(results):
+        assert raised is not None and untouched, (rank, raised)
+        if rank in (1, 3):                                   # rank 3's replicate group: the shard is named
+            assert "unit 1's shard on ranks 1, 3" in raised, raised
+        else:
+            assert "another replica group" in raised, raised

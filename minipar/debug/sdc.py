@@ -31,7 +31,8 @@ a step flagged by other means (a loss spike).
 Where it applies: dense replicas of :class:`~minipar.hybrid.parallel3d.Trainer3D` with dp·cp > 1 (dp; dp × tp;
 dp × pp; × cp). Not under ZeRO (1/2/3 or FSDP over the whole dp group): the reduce-scatter leaves each shard of
 the gradient on one rank only, so there is no replica to compare with (HSDP's replicate dimension would be the
-place); nor an MoE model's experts (stepped by their own optimizer, earlier in the step).
+place: :func:`guard_optimizer` checks HSDP's shard gradients across its replicate group, without the replay);
+nor an MoE model's experts (stepped by their own optimizer, earlier in the step).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ import torch.distributed as dist
 
 from .. import comm
 
-__all__ = ["fingerprint", "flip_bit", "disagreements", "ReplicaMismatch", "Finding", "Flip", "CheckedTrainer"]
+__all__ = ["fingerprint", "flip_bit", "disagreements", "ReplicaMismatch", "Finding", "Flip", "CheckedTrainer",
+           "guard_optimizer"]
 
 _INT = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
@@ -185,3 +187,30 @@ class CheckedTrainer:
                         (x.rank, x.tensor) == (r, name) for x in self.findings if x.step == self._step):
                     self.findings.append(Finding(self._step, r, name, "replay"))
         return self._step_optimizer(*args, **kwargs)
+
+
+def guard_optimizer(optimizer, grads, names: list, group, *, flip: Flip | None = None, device="cpu") -> None:
+    """Check before every ``optimizer.step()`` that the replicas in ``group`` hold the same ``grads()`` (a list of
+    tensors named ``names``), raising :class:`ReplicaMismatch` on every rank of the world otherwise (the
+    parameters untouched). For a strategy whose replicas are not the whole data-parallel group: HSDP's shard
+    gradients after the all-reduce across its replicate group (``ZeRO(..., replicate_group=cross)``; wrap
+    ``zero.optimizer``, ``grads=lambda: [u.master.grad for u in zero.units]``). ``flip``: planted at the
+    ``flip.step``-th call (counted from 0) on ``flip.rank``. No replay: with two replicas it names both ranks."""
+    step_optimizer, ranks, calls = optimizer.step, dist.get_process_group_ranks(group), [0]
+
+    def checked(*args, **kwargs):
+        held = grads()
+        if flip and flip.step == calls[0] and flip.rank == dist.get_rank():
+            flip_bit(held[names.index(flip.tensor)], flip.index, flip.bit)
+        fp = fingerprint(held)
+        gathered = torch.empty(len(ranks) * fp.numel(), dtype=fp.dtype, device=fp.device)
+        comm.all_gather_into_tensor(gathered, fp.reshape(-1), group=group)
+        found = disagreements(gathered.view(len(ranks), *fp.shape), names, ranks)
+        flag = torch.tensor([int(bool(found))], dtype=torch.int64, device=device)
+        comm.all_reduce(flag, op=dist.ReduceOp.MAX)
+        step, calls[0] = calls[0], calls[0] + 1
+        if flag.item():
+            raise ReplicaMismatch(step, found)
+        return step_optimizer(*args, **kwargs)
+
+    optimizer.step = checked
