@@ -114,3 +114,6 @@ def test_train_async_checkpoint_saves_what_a_synchronous_run_saves(tmp_path, cap
     assert a.endswith("step-00000003")
     assert_same_files(a, s)
     assert "saved step 3" in capfd.readouterr().err
+    with pytest.raises(SystemExit) as exit_:                    # nothing to write: refused before launch
+        train_main(flags[:-2] + ["--async-checkpoint"])
+    assert exit_.value.code == 2 and "give --save DIR" in capfd.readouterr().err

@@ -188,6 +188,8 @@ def main(argv=None) -> int:
             validate(recipe, world_size=layout.world_size, layout=layout)
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
+        if args.async_checkpoint and not args.save:
+            raise ValueError("--async-checkpoint writes the checkpoints of --save: give --save DIR")
         if args.check_gradients and (args.zero or args.experts or layout.dp * layout.cp == 1):
             raise ValueError("--check-gradients compares data-parallel replicas: it needs dp·cp > 1, and no --zero "
                              "(each gradient shard on one rank) or --experts")
