@@ -151,11 +151,10 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
                 saved, folder = step + 1, checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
             if reporter and folder:
                 write_progress(err_fd, f"saved step {saved} to {folder}\n")
-    if saver and reporter:
+    if saver:                                    # the last write: complete before the rank returns
         saved, folder = saver.in_flight, saver.finish()
-        write_progress(err_fd, f"saved step {saved} to {folder}\n") if folder else None
-    elif saver:
-        saver.finish()
+        if reporter and folder:
+            write_progress(err_fd, f"saved step {saved} to {folder}\n")
     return history
 
 
