@@ -12,6 +12,8 @@ COMMANDS = {  # name: (module whose main(argv) runs it, what it does)
                                       "chapter's measurements (python -m minipar bench --help lists them)"),
     "train": ("minipar.hybrid.cli", "train the tiny GPT on a dp × pp × cp × tp (× ep) mesh, local processes "
                                     "or torchrun's; save and resume in any layout"),
+    "export-dcp": ("minipar.hybrid.dcp_export", "write a train --save checkpoint in torch.distributed.checkpoint's "
+                                                "format (dcp.load reads it)"),
 }
 
 

@@ -18,31 +18,26 @@ A shard holds full tensors: TP pieces gathered over tp (``to_full``), ZeRO's fla
 freed parameters gathered for the save); the tensors are then the same along dp, cp and tp, and the rank at
 coordinate 0 of every replicating dimension writes them (:func:`writes`): one writer per stage file. An expert
 differs on every ep rank and is the same along its expert-data-parallel group: the rank at coordinate 0 of
-expert-DP writes it (:data:`EXPERT_REPLICATED`), one writer per (stage, ep rank) file. A loading rank reads
-the files holding its stages' tensors and cuts its pieces (``to_shard``: TP rows or columns — a fused QKV is
-three row blocks, each split t ways — then its ZeRO slice); an expert is taken whole by the ranks that hold it
-at the loading layout's ep. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU copies whatever
-device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
+expert-DP writes it (:data:`EXPERT_REPLICATED`), one writer per (stage, ep rank) file. A loading rank reads the
+files holding its stages' tensors and cuts its pieces (``to_shard``: TP rows or columns — a fused QKV is three
+row blocks, each split t ways — then its ZeRO slice); an expert is taken whole by the ranks that hold it at the
+loading layout's ep. So any layout loads any other: the manifest names tensors, not ranks. Files hold CPU
+copies whatever device trained; a load maps them onto the loading trainer's ``device`` (``map_location``).
 
-Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank
-has written (``step-N.1``, ``.2``, ... if a ``step-N`` exists already: ``latest`` may point at it), then
-replaces ``latest`` (a small file, ``os.replace``: readers see the old name or the new one, never none), and
-only then removes older folders of the same step and, with ``keep=N``, every complete checkpoint but the
-newest N up to the one ``latest`` names (:func:`prune`). A crash at any point leaves ``latest`` pointing at a
-complete checkpoint; a write that fails for a full disk says which file and what ``latest`` still names
-(:func:`~minipar.hybrid.guard.write_failed`). What a run is (model config, seed, dtype, data) and the checks made before training —
-a resume into another run refused, the save folder created, test-written and shared by every rank — are in
-:mod:`minipar.hybrid.guard`. Loading checks every file against the manifest (missing, truncated, corrupt) and every
-tensor against the model (missing, wrong shape) before touching a parameter: :class:`CheckpointError`
+Safety: everything is written to ``step-N.partial`` first; rank 0 renames it to ``step-N`` once every rank has
+written (``step-N.1``, ``.2``, ... if a ``step-N`` exists already: ``latest`` may point at it), then replaces
+``latest`` (a small file, ``os.replace``: readers see the old name or the new one, never none), and only then
+removes older folders of the same step and, with ``keep=N``, every complete checkpoint but the newest N up to
+the one ``latest`` names (:func:`prune`). A crash at any point leaves ``latest`` pointing at a complete
+checkpoint; a write that fails for a full disk says which file and what ``latest`` still names
+(:func:`~minipar.hybrid.guard.write_failed`). What a run is and the checks made before training are in
+:mod:`minipar.hybrid.guard`. Loading checks every file against the manifest (missing, truncated, corrupt) and
+every tensor against the model (missing, wrong shape) before touching a parameter: :class:`CheckpointError`
 names the file. Nothing is loaded partially.
 
-``torch.distributed.checkpoint`` (DCP) solves the same problem differently: every rank writes its own shards
-with their offsets in the full tensor, and a load reads the overlapping pieces (no gather at save time).
-Its chunks are boxes (an offset and a size per dimension); this course's fused QKV shard is three
-separate row blocks of the full weight and ZeRO-1's shard is a slice of a flat buffer across parameters, so
-neither is a box of one tensor: DCP would need them re-expressed as DTensors first. Gathering per stage
-costs one TP all-gather and one DP all-gather of the states at save time, negligible for the tiny GPT and
-exactly what a reader can check with ``torch.load``.
+``torch.distributed.checkpoint`` (DCP) writes every rank's own shards with their offsets instead (no gather at
+save time); :mod:`.dcp_export` writes a checkpoint in its format, and :mod:`.async_checkpoint` writes in the
+background as DCP's ``async_save`` does (:func:`snapshot` first, :func:`write` on another thread).
 """
 from __future__ import annotations
 
@@ -60,10 +55,9 @@ from .guard import CheckpointError, barrier, run_identity, write_failed
 from .reshard import optimizer_pieces, set_optimizer_state, tp_layouts, to_full, to_shard
 
 __all__ = ["CheckpointError", "FORMAT", "STAGE_REPLICATED", "EXPERT_REPLICATED", "tp_layouts", "to_full", "to_shard", "writes", "save",
-           "load", "latest", "read_manifest", "verify", "prune"]
+           "snapshot", "write", "load", "latest", "read_manifest", "verify", "prune"]
 
 FORMAT = "minipar-3d-checkpoint/2"      # /2: the manifest records seed and data; the layout every field
-
 
 # What a stage file holds (full tensors, TP gathered) is the same on every rank of the stage: along dp and cp
 # (replicas; context parallelism shards activations, not parameters) and along tp (after the gather).
@@ -75,16 +69,14 @@ EXPERT_REPLICATED = ("edp",)
 
 def writes(coords: dict, replicated: tuple) -> bool:
     """Whether the rank at mesh ``coords`` writes a tensor that is the same on every rank along the
-    ``replicated`` dimensions: the rank with coordinate 0 along each of them, so exactly one rank per
-    distinct copy: per pipeline stage for :data:`STAGE_REPLICATED`, per (stage, ep rank) for
-    :data:`EXPERT_REPLICATED` (``coords`` then carry the rank's ``ep`` and ``edp`` coordinates)."""
+    ``replicated`` dimensions: the rank at coordinate 0 of each, one per distinct copy: per stage for
+    :data:`STAGE_REPLICATED`, per (stage, ep rank) for :data:`EXPERT_REPLICATED` (``coords`` with ``ep``, ``edp``)."""
     return all(coords.get(d, 0) == 0 for d in replicated)
 
 
 def _files(trainer) -> dict:
-    """{file name: (the parameters it holds, whether this rank writes it)} for this rank's stages: a stage's
-    dense tensors (written by the rank at coordinate 0 of dp, cp, tp) and, for an MoE model, the experts of
-    each of its ep ranks (written by the rank at coordinate 0 of expert-DP)."""
+    """{file name: (the parameters it holds, whether this rank writes it)} for this rank's stages: a stage's dense
+    tensors (writer: coordinate 0 of dp, cp, tp), an MoE model's experts per ep rank (writer: expert-DP 0)."""
     ex, coords = trainer.experts, trainer.mesh.coords
     files = {}
     for s, stage in trainer.stages.items():
@@ -98,33 +90,44 @@ def _files(trainer) -> dict:
     return files
 
 
-def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None,
-         keep: int | None = None) -> str:
-    """Save ``trainer``'s state after ``step`` global steps into ``directory`` (a collective: every rank calls
-    it). Returns the checkpoint's folder. ``run``: :func:`run_identity`'s seed and data, for the manifest.
-    ``crash_rank``: that rank kills itself halfway through writing its shard (the crash test). ``keep``: how
-    many complete checkpoints stay afterwards (None or 0: all)."""
-    rank, layouts = dist.get_rank(), tp_layouts(trainer.model)
-    tp_group = trainer.tp_group
-    pieces, scalars = optimizer_pieces(trainer)
-    shards = {}
+def snapshot(trainer) -> dict:
+    """What this rank writes, copied to host memory (a collective: TP and ZeRO-3 gathers): {"shards", "scalars":
+    Adam's step count, "rng": the CPU RNG state now}; training may go on once it returns (:mod:`.async_checkpoint`)."""
+    layouts, tp_group = tp_layouts(trainer.model), trainer.tp_group
+    (pieces, scalars), shards = optimizer_pieces(trainer), {}
     with trainer.readable_params():                          # ZeRO-3: gathered over dp × cp for the save
         for file, (held, mine) in _files(trainer).items():     # gather before anyone writes: collectives first
             params, states = {}, {}
-            for p in held:
+            for p in held:                                   # to_full copies; files hold CPU tensors
                 name = trainer.names[id(p)]
-                params[name] = to_full(p, layouts[id(p)], tp_group).cpu()          # files hold CPU tensors
+                params[name] = to_full(p, layouts[id(p)], tp_group).cpu()
                 for k, v in pieces.get(id(p), {}).items():
                     states.setdefault(k, {})[name] = to_full(v, layouts[id(p)], tp_group).cpu()
             if mine:
                 shards[file] = {"params": params, "optimizer": states}
-    root = os.path.join(directory, f"step-{step:08d}")
+    return {"shards": shards, "scalars": {k: float(v) for k, v in scalars.items()}, "rng": torch.get_rng_state()}
+
+
+def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_rank: int | None = None,
+         keep: int | None = None) -> str:
+    """Save ``trainer``'s state after ``step`` global steps into ``directory`` (a collective); return the folder.
+    ``run``: :func:`run_identity`'s seed and data, for the manifest. ``crash_rank``: that rank kills itself halfway
+    through writing its shard (the crash test). ``keep``: complete checkpoints kept (None or 0: all)."""
+    return write(trainer, snapshot(trainer), directory, step, run=run, crash_rank=crash_rank, keep=keep,
+                 wait=lambda: barrier(trainer.device))
+
+
+def write(trainer, snap: dict, directory: str, step: int, *, wait, run: dict | None = None,
+          crash_rank: int | None = None, keep: int | None = None) -> str:
+    """Write :func:`snapshot`'s ``snap`` as checkpoint ``step`` (every rank; ``wait()``: a barrier of them all);
+    ``trainer`` is read for what the run is (config, layout), never for its tensors."""
+    rank, root = dist.get_rank(), os.path.join(directory, f"step-{step:08d}")
     partial = root + ".partial"
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    barrier(trainer.device)
-    for file, shard in shards.items():
+    wait()
+    for file, shard in snap["shards"].items():
         path = os.path.join(partial, file)
         if crash_rank == rank:
             with open(path, "wb") as f:                  # half a file, then the process dies
@@ -132,12 +135,11 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
                 f.flush()
             os.kill(os.getpid(), 9)
         _write(lambda: torch.save(shard, path), path, directory)
-    barrier(trainer.device)
+    wait()
     if rank == 0:
-        rng = os.path.join(partial, "rng.pt")
-        _write(lambda: torch.save({"torch": torch.get_rng_state()}, rng), rng, directory)
-        manifest = os.path.join(partial, "manifest.json")
-        _write(lambda: _write_manifest(trainer, partial, step, scalars, run or {}), manifest, directory)
+        rng, manifest = os.path.join(partial, "rng.pt"), os.path.join(partial, "manifest.json")
+        _write(lambda: torch.save({"torch": snap["rng"]}, rng), rng, directory)
+        _write(lambda: _write_manifest(trainer, partial, step, snap["scalars"], run or {}), manifest, directory)
         same_step = [root] + [f"{root}.{i}" for i in range(1, 1000)]
         root = next(name for name in same_step if not os.path.exists(name))
         os.rename(partial, root)
@@ -149,7 +151,7 @@ def save(trainer, directory: str, step: int, *, run: dict | None = None, crash_r
             if old != root and os.path.isdir(old):
                 shutil.rmtree(old, ignore_errors=True)
         prune(directory, keep)
-    barrier(trainer.device)
+    wait()
     return root
 
 
@@ -207,9 +209,7 @@ def _write_manifest(trainer, folder: str, step: int, scalars: dict, run: dict) -
     os.replace(os.path.join(folder, "manifest.json.tmp"), os.path.join(folder, "manifest.json"))
 
 
-# ------------------------------------------------------------------------------------------------------
-# Load
-# ------------------------------------------------------------------------------------------------------
+# Load: every rank reads what it needs
 
 def latest(directory: str) -> str:
     """The folder ``directory/latest`` points at."""

@@ -55,6 +55,8 @@ from ..launcher import RankError, choose_backend_and_device
 from ..layout import Layout
 from ..fault import command as replicated, flags as replica_flags, replicas
 from . import checkpoint, experts, guard, preflight
+from .async_checkpoint import AsyncCheckpointer
+from ..debug import sdc
 from .cli_flags import DTYPES, KEEP, build_parser
 from .relay import ProgressRelay, write_progress
 from .parallel3d import DEFAULTS, Trainer3D, validate
@@ -98,14 +100,16 @@ def cuda_facts(backend: str) -> dict:
 
 def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, steps: int, save: str | None = None,
                resume: str | None = None, save_every: int | None = None, keep: int | None = None,
-               run: dict | None = None,
+               run: dict | None = None, async_save: bool = False, check_gradients: bool = False,
                held_out: tuple | None = None, eval_every: int = 10, as_json: bool = False, out_fd: int | str = 1,
                err_fd: int | str = 2, invariant: bool = False) -> list:
     """One rank of the command: build the mesh and the model on this rank's device (its process group's
     backend and ``LOCAL_RANK``), check the save folder is shared, load ``resume`` (a folder holding a
     checkpoint), train to ``steps``, save every ``save_every`` steps and at the end. The rank that holds the
     loss first (last stage, dp 0, tp 0) writes the progress lines; with ``held_out`` (inputs, targets) they
-    carry the held-out loss every ``eval_every`` steps and at the last; ``invariant``: the trainer's mode
+    carry the held-out loss every ``eval_every`` steps and at the last. ``async_save``: the saves are written on
+    a thread while training goes on (:class:`AsyncCheckpointer`). ``check_gradients``: every step is checked for
+    silent data corruption (:class:`minipar.debug.sdc.CheckedTrainer`). ``invariant``: the trainer's mode
     (:mod:`minipar.invariant_mode`), passed to each rank. Returns [(step, loss)]."""
     backend = dist.get_backend()                 # what the launcher or torchrun started
     _, device = choose_backend_and_device(backend, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
@@ -119,9 +123,17 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
     reporter = trainer.mesh.is_last_stage and all(trainer.mesh.coord(d) == 0 for d in ("dp", "cp", "tp"))
     tokens = recipe.batches[0][0].numel()
     history = []
+    checked = sdc.CheckedTrainer(trainer) if check_gradients else None
+    saver = AsyncCheckpointer(trainer, save, run=run, keep=keep) if save and async_save else None
     for step in range(start, steps):
+        if saver:
+            saver.step_started(step)
         t0 = time.perf_counter()
-        loss = trainer.step(*recipe.batches[step], step)
+        loss = (checked or trainer).step(*recipe.batches[step], step)
+        for found in (checked.findings if checked else []):
+            if found.step == step and reporter:
+                write_progress(err_fd, f"step {step + 1}: silent data corruption in rank {found.rank}'s gradient of "
+                               f"{found.tensor} (found by {found.how}); the step was replayed\n")
         seconds = time.perf_counter() - t0
         evaluate = held_out is not None and ((step + 1) % eval_every == 0 or step + 1 == steps)
         held = held_out_loss(trainer, recipe, held_out, reporter) if evaluate else None
@@ -135,9 +147,17 @@ def train_rank(rank: int, world_size: int, recipe, *, layout: Layout | dict, ste
                 line |= {"eval_loss": held} if held is not None else {}
                 write_progress(out_fd, json.dumps(line) + "\n")
         if save and (step + 1 == steps or (save_every and (step + 1) % save_every == 0)):
-            folder = checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
-            if reporter:
-                write_progress(err_fd, f"saved step {step + 1} to {folder}\n")
+            if saver:                                    # the previous write completes, this one starts
+                saved, folder = saver.in_flight, saver.wait()
+                saver.save(step + 1)
+            else:
+                saved, folder = step + 1, checkpoint.save(trainer, save, step + 1, run=run, keep=keep)
+            if reporter and folder:
+                write_progress(err_fd, f"saved step {saved} to {folder}\n")
+    if saver:                                    # the last write: complete before the rank returns
+        saved, folder = saver.in_flight, saver.finish()
+        if reporter and folder:
+            write_progress(err_fd, f"saved step {saved} to {folder}\n")
     return history
 
 
@@ -173,6 +193,11 @@ def main(argv=None) -> int:
                 replicas.validate(recipe, replicas=args.replicas, layout=layout)
         except ValueError as exc:
             raise ValueError(f"this layout cannot work: {exc}") from None
+        if args.async_checkpoint and not args.save:
+            raise ValueError("--async-checkpoint writes the checkpoints of --save: give --save DIR")
+        if args.check_gradients and (args.zero or args.experts or layout.dp * layout.cp == 1):
+            raise ValueError("--check-gradients compares data-parallel replicas: it needs dp·cp > 1, and no --zero "
+                             "(each gradient shard on one rank) or --experts")
         if torchrun and int(os.environ["WORLD_SIZE"]) != layout.world_size:
             shape = " × ".join(f"{d} {n}" for d, n in layout.sizes.items() if n > 1) or "one rank"
             raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} processes, but the layout ({shape}) has "
@@ -227,8 +252,9 @@ def _launch(args, recipe, layout, backend, torchrun, **kwargs) -> int:
     previous = None if torchrun else signal.signal(signal.SIGTERM, stop)
     try:
         launcher.launch(train_rank, layout.world_size, recipe, layout=layout, steps=args.steps, save=args.save,
-               save_every=args.save_every, keep=KEEP if args.keep is None else args.keep, as_json=args.json, out_fd=fds[0], err_fd=fds[1], backend=backend,
-               timeout=args.timeout, quiet=True, **kwargs)
+               save_every=args.save_every, keep=KEEP if args.keep is None else args.keep,
+               async_save=args.async_checkpoint, check_gradients=args.check_gradients, as_json=args.json,
+               out_fd=fds[0], err_fd=fds[1], backend=backend, timeout=args.timeout, quiet=True, **kwargs)
     except RankError as exc:                    # a rank failed: its one-line reason, exit 1
         print(f"python -m minipar train: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1

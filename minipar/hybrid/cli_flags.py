@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "any layout prints one process's losses bit for bit (minipar.invariant)")
     train.add_argument("--save", metavar="DIR", help="save a checkpoint at the end (and every --save-every)")
     train.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N steps")
+    train.add_argument("--async-checkpoint", action="store_true", help="save in the background: training waits "
+                       "only for a copy in host memory, the files are written beside the next steps")
+    train.add_argument("--check-gradients", action="store_true", help="before every optimizer step the data-"
+                       "parallel replicas compare fingerprints of their reduced gradients; a mismatch (silent data "
+                       "corruption) is named and the step replayed (needs dp·cp > 1, no --zero, no --experts)")
     train.add_argument("--keep", type=int, default=None, metavar="N", help=f"keep the newest N checkpoints in "
                        f"--save (default {KEEP}; never the one 'latest' names; 0: keep all)")
     train.add_argument("--wait-for-lock", type=float, default=None, metavar="SECONDS",
