@@ -120,10 +120,10 @@ ABOUT = {
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
         core_minutes=0, elective_minutes=30, run_seconds=10),
-    "15": About(  # about 1900 words (10 min) + 2 exercise stubs; run_seconds: one nbconvert run on a loaded machine
+    "15": About(  # 1834 words (9 min) + 3 exercise stubs; run_seconds: one nbconvert run on a loaded machine
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
-        summary="The checkpoint interval from failure rates; async saves killed mid-write; bit flips caught.",
-        core_minutes=0, elective_minutes=30, run_seconds=19),
+        summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
+        core_minutes=0, elective_minutes=35, run_seconds=24),
 }
 
 

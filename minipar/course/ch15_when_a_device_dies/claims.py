@@ -41,3 +41,21 @@ def check_what_the_check_costs(cost) -> None:
     """What the check costs"""
     assert cost["check_bytes"] == 16 * cost["tensors"] + 8               # dp 2: the all-gather and the flag
     assert cost["check_bytes"] < 0.01 * cost["grad_bytes"]
+
+
+def check_a_run_that_loses_a_replica(ft, replicas=3) -> None:
+    """A run that loses a replica and goes on"""
+    result, events, kill = ft["result"], ft["events"], ft["kill_step"]
+    steps = len(ft["uninterrupted_losses"])
+    assert [s for s, _ in result.committed] == list(range(steps))               # every step committed once
+    aborted = [(e["step"], e["members"]) for e in events if e["kind"] == "abort"]
+    assert aborted == [(kill, list(range(replicas)))]                          # the half-done step: nothing applied
+    quorums = dict(result.committed)
+    assert quorums[kill] == [r for r in range(replicas) if r != 1] and quorums[steps - 1] == list(range(replicas))
+    assert [n for _, _, n in result.losses] == [len(m) for _, m in result.committed]
+    deaths = [e["replica"] for e in events if e["kind"] == "death"]
+    heals = [(e["replica"], e["source"]) for e in events if e["kind"] == "heal_end"]
+    assert deaths == [1] and len(heals) == 1 and heals[0][0] == 1 and heals[0][1] != 1
+    assert ft["max_diff"] <= 1e-12 and ft["identical"]                         # = one device, committed rows
+    assert all(math.isclose(a, b, rel_tol=1e-12) for (_, a, _), b in zip(result.losses, ft["committed_losses"]))
+    assert ft["uninterrupted_losses"][kill] != result.losses[kill][1]            # a smaller batch, another loss

@@ -1,10 +1,9 @@
 """The runs chapter 15 shows: an asynchronous save's trace and a kill during its write, a bit flip caught on
-data-parallel replicas and what the check costs, and (when :mod:`minipar.fault` exists) a run that loses a
-replica. Small: the tiny GPT, two to four ranks, a few steps."""
+data-parallel replicas and what the check costs, and a run of replica groups that loses a replica and goes on
+(:mod:`minipar.fault`), drawn as a timeline. Small: the tiny GPT, two to four ranks, a few steps."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import statistics
 import time
@@ -14,12 +13,14 @@ import torch
 from minipar import comm, launch
 from minipar.check import gpt_recipe
 from minipar.debug.sdc import CheckedTrainer, Flip
+from minipar.fault import replicas
+from minipar.fault.quorum import FaultPlan
 from minipar.hybrid import checkpoint
 from minipar.hybrid.async_checkpoint import AsyncCheckpointer, save_timeline
 from minipar.hybrid.parallel3d import Trainer3D
 
 __all__ = ["LAYOUT", "recipe", "async_trace", "kill_during_write", "bit_flip", "check_cost", "draw_save_trace",
-           "fault_tolerant_run"]
+           "fault_tolerant_run", "draw_fault_tolerant_run", "FT_REPLICAS"]
 
 LAYOUT = dict(dp=1, pp=2, tp=1, micro_batches=2)         # two ranks, each writes its stage's file
 SLOW_WRITE = 0.3                                         # seconds the writer thread waits: a slow disk
@@ -141,10 +142,90 @@ def draw_save_trace(events: list, ax=None):
     return ax
 
 
-def fault_tolerant_run() -> dict | None:
-    """A run of replica groups that loses one mid-training and goes on, beside an uninterrupted run; None with a
-    one-line message while :mod:`minipar.fault` is not part of this minipar."""
-    if importlib.util.find_spec("minipar.fault") is None:
-        print("minipar.fault is not in this version of minipar: the fault-tolerant run is not shown yet.")
-        return None
-    raise NotImplementedError("the fault-tolerant run is wired in with minipar.fault")
+FT_REPLICAS = 3                                          # replica groups of one rank each
+
+
+def ft_recipe(steps=6):
+    """The tiny GPT (1 layer, width 8) in float64, a global batch of 6 rows: 2 per replica."""
+    r = gpt_recipe(steps=steps, batch_size=6, seq_len=8, n_layer=1, n_embd=8, n_head=2)
+    r.dtype = torch.float64
+    return r
+
+
+def fault_tolerant_run(steps: int = 6, kill_step: int = 2) -> dict:
+    """Three replica groups; replica 1 SIGKILLed inside step ``kill_step`` (after its gradient entered the
+    others' all-reduce, before its vote), restarted once a step was committed without it. The run, its events,
+    the losses of one device over the committed rows and of the run no replica left, and max |Δ| between every
+    replica's final parameters and the one device's over the committed rows."""
+    recipe, t0 = ft_recipe(steps), time.perf_counter()
+    result = replicas.run(recipe, replicas=FT_REPLICAS, micro_batches=1,
+                          plan=FaultPlan(replica=1, rank=0, step=kill_step))
+    seconds = time.perf_counter() - t0
+    committed = replicas.committed_reference(recipe, FT_REPLICAS, result.committed)
+    straight = replicas.uninterrupted_reference(recipe, FT_REPLICAS)
+    diff = max(float((p[n] - committed.params[n]).abs().max()) for p in result.params.values() for n in p)
+    first = result.params[0]
+    identical = all(torch.equal(first[n], p[n]) for p in result.params.values() for n in first)
+    return {"result": result, "events": replicas.run_events(result), "kill_step": kill_step, "seconds": seconds,
+            "rows_per_replica": recipe.batches[0][0].shape[0] // FT_REPLICAS, "committed_losses": committed.losses,
+            "uninterrupted_losses": straight.losses, "max_diff": diff, "identical": identical}
+
+
+def _rounds(events):
+    """(round's quorum event, its commit or abort event) for every round, in order."""
+    decided = {e["round"]: e for e in events if e["kind"] in ("commit", "abort")}
+    return [(e, decided[e["round"]]) for e in events if e["kind"] == "quorum" and e["round"] in decided]
+
+
+def _draw_timeline(events, ax):
+    lane = lambda r: FT_REPLICAS - 1 - r                                 # noqa: E731 replica 0 on top
+    members_before = None
+    for quorum, decision in _rounds(events):
+        ok = decision["kind"] == "commit"
+        for r in quorum["members"]:
+            ax.barh(lane(r), decision["t"] - quorum["t"], left=quorum["t"], height=0.6, edgecolor="white",
+                    color="tab:green" if ok else "tab:red", hatch=None if ok else "//", alpha=0.8 if ok else 0.6)
+            ax.text((quorum["t"] + decision["t"]) / 2, lane(r), str(quorum["step"]), ha="center", va="center",
+                    fontsize=7, color="white" if ok else "black")
+        if quorum["members"] != members_before:
+            ax.axvline(quorum["t"], color="grey", ls=":", lw=1)
+            ax.text(quorum["t"], FT_REPLICAS - 0.45, "quorum {" + ",".join(map(str, quorum["members"])) + "}",
+                    fontsize=7, rotation=20, ha="left")
+            members_before = quorum["members"]
+    for e in events:
+        if e["kind"] == "death":
+            ax.plot(e["t"], lane(e["replica"]), "kx", ms=10, mew=2)
+            ax.text(e["t"], lane(e["replica"]) - 0.55, "SIGKILL", fontsize=7, ha="center")
+            back = next(s["t"] for s in events if s["kind"] == "spawn" and s["replica"] == e["replica"]
+                        and s["t"] > e["t"])
+            ax.barh(lane(e["replica"]), back - e["t"], left=e["t"], height=0.2, color="lightgrey")
+            ax.text((e["t"] + back) / 2, lane(e["replica"]) + 0.2, "absent, then restarted", fontsize=7, ha="center")
+        elif e["kind"] == "heal_start":
+            end = next(h for h in events if h["kind"] == "heal_end" and h["round"] == e["round"])
+            ax.barh(lane(e["replica"]) - 0.38, end["seconds"], left=e["t"], height=0.15, color="tab:purple")
+            ax.text(e["t"], lane(e["replica"]) - 0.62, f"healed from {e['source']} ({1e3 * end['seconds']:.0f} ms)",
+                    fontsize=7, color="tab:purple")
+    ax.set_yticks([lane(r) for r in range(FT_REPLICAS)], [f"replica {r}" for r in range(FT_REPLICAS)])
+    ax.set_ylim(-0.9, FT_REPLICAS + 0.1)
+    ax.set_xlabel("seconds (green: a committed step; red, hatched: an aborted round, the lost work)")
+
+
+def draw_fault_tolerant_run(ft: dict):
+    """Two panels: the timeline per replica (rounds by step, the death, quorum changes, the heal) and the loss
+    per committed step beside the run no replica left."""
+    import matplotlib.pyplot as plt
+    fig, (timeline, curve) = plt.subplots(1, 2, figsize=(12, 3.2), gridspec_kw={"width_ratios": [2, 1]})
+    _draw_timeline(ft["events"], timeline)
+    timeline.set_title("each replica's rounds (the step in the bar)")
+    losses = ft["result"].losses
+    steps = [s for s, _, _ in losses]
+    curve.plot(steps, ft["uninterrupted_losses"], "o-", color="grey", label="no replica lost")
+    curve.plot(steps, [l for _, l, _ in losses], "s--", color="tab:green", label="replica 1 lost")
+    for s, l, n in losses:
+        if n < FT_REPLICAS:
+            curve.annotate(f"{n} of {FT_REPLICAS}", (s, l), textcoords="offset points", xytext=(4, 6), fontsize=7)
+    curve.set_xlabel("step")
+    curve.set_ylabel("loss (mean over the step's rows)")
+    curve.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
