@@ -1,10 +1,12 @@
-"""Checks for chapter 15's exercises: the Young/Daly checkpoint interval, and a gradient fingerprint that no
-single flipped bit gets past.
+"""Checks for chapter 15's exercises: the Young/Daly checkpoint interval, a gradient fingerprint that no
+single flipped bit gets past, and the gradient a step committed by the live replicas applies.
 
-Both run in one process. The first compares with √(2·C·M) on several save costs and failure rates; the second
+All run in one process. The first compares with √(2·C·M) on several save costs and failure rates; the second
 flips every bit of a few elements (a low mantissa bit of a tiny number beside a large one, the sign of a zero,
 the top exponent bit) and asks that the fingerprint changes each time, while equal tensors keep equal
-fingerprints. Each names the likely mistake when the answer matches a known wrong one.
+fingerprints; the third compares with (1/n)·Σ over the n live replicas' gradients, with a dead replica's
+half-done gradient and an absent one's zeros among the inputs. Each names the likely mistake when the answer
+matches a known wrong one.
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import math
 
 import torch
 
-from minipar.course.checks import fail
+from minipar.course.checks import close, fail
 from minipar.debug.sdc import flip_bit
 
-__all__ = ["check_young_daly", "check_fingerprint", "interval_cases", "flip_cases"]
+__all__ = ["check_young_daly", "check_fingerprint", "check_average_live", "interval_cases", "flip_cases", "live_cases"]
 
 
 def interval_cases():
@@ -72,3 +74,40 @@ def check_fingerprint(fingerprint) -> None:
                  float_sum + "; read the elements' bits as integers (tensor.view(torch.int64) for float64, "
                  "torch.int32 for float32) and sum those exactly")
     print("fingerprint: every planted flip changes it; equal tensors give equal fingerprints.")
+
+
+def live_cases():
+    """(what, grads: one per configured replica, live: the replicas in the step's committed quorum)."""
+    g = torch.Generator().manual_seed(15)
+    grads = lambda n: [torch.randn(3, 4, generator=g, dtype=torch.float64) for _ in range(n)]   # noqa: E731
+    absent = grads(4)
+    absent[3] = torch.zeros(3, 4, dtype=torch.float64)
+    return [("3 replicas; replica 1 died after its backward, its gradient never voted on", grads(3), [0, 2]),
+            ("4 replicas; replica 3 absent, its entry zeros", absent, [0, 1, 2]),
+            ("3 replicas; only replica 2 live", grads(3), [2]),
+            ("2 replicas, both live", grads(2), [0, 1])]
+
+
+def _head(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a {tuple(t.shape)} tensor starting {[round(x, 6) for x in t.flatten()[:3].tolist()]}"
+    return repr(t)
+
+
+def check_average_live(average_live) -> None:
+    for what, grads, live in live_cases():
+        want = torch.stack([grads[r] for r in live]).mean(0)
+        got = average_live([t.clone() for t in grads], list(live))
+        if close(got, want, 1e-12):
+            continue
+        live_sum = sum(grads[r] for r in live)
+        wrong = {"dividing by the configured replicas, not the live ones: the step shrinks by n/R while a replica "
+                 "is missing (divide by len(live))": live_sum / len(grads),
+                 "averaging every entry: a dead replica's gradient was never voted on and is never applied; "
+                 "average only grads[r] for r in live": sum(grads) / len(grads),
+                 "a sum, not a mean: each replica's gradient is of its own rows' mean loss, so divide by the number "
+                 "of live replicas": live_sum}
+        mistake = next((why for why, value in wrong.items() if close(got, value, 1e-9)),
+                       "the mean over the live replicas' gradients: (1/n)·Σ_{r in live} grads[r]")
+        fail(f"average_live({what}; live={live})", _head(want), _head(got), mistake)
+    print("average_live: the mean over the live replicas' gradients, on every case.")

@@ -1,6 +1,7 @@
 """Chapter 15 checks accept the right answers and reject the stub and plausible wrong ones: Young/Daly without
 the factor 2, without the square root, with M divided; a fingerprint that is a float sum, or the sum of the
-absolute values, or random."""
+absolute values, or random; a live-replica average that divides by the configured replicas, averages a dead
+replica's gradient in, or does not divide."""
 import math
 
 import pytest
@@ -36,3 +37,15 @@ def test_fingerprint_right_stub_and_wrong():
                            (lambda t: torch.rand(1), "a function of the bits")]:
         with pytest.raises(ExerciseError, match=mistake):
             ch15.check_fingerprint(wrong)
+
+
+def test_average_live_right_stub_and_wrong():
+    ch15.check_average_live(lambda grads, live: sum(grads[r] for r in live) / len(live))
+    with pytest.raises(NotImplementedError):
+        ch15.check_average_live(stub)
+    for wrong, mistake in [(lambda grads, live: sum(grads[r] for r in live) / len(grads), "configured replicas"),
+                           (lambda grads, live: sum(grads) / len(grads), "never voted on"),
+                           (lambda grads, live: sum(grads[r] for r in live), "a sum, not a mean"),
+                           (lambda grads, live: grads[live[0]], "the mean over the live")]:
+        with pytest.raises(ExerciseError, match=mistake):
+            ch15.check_average_live(wrong)
