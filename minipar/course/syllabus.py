@@ -112,10 +112,10 @@ ABOUT = {
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
         core_minutes=25, elective_minutes=0, run_seconds=7),
-    "12": About(  # 6466 words (32 min) + 4 exercise stubs; §8–10: 3602 words
+    "12": About(  # 2831 words (14 min) + 4 exercise stubs (the fidelity study moved to A)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
-        summary="A cost model and planner checked against papers, the decision guide as rules, runs made here.",
-        core_minutes=35, elective_minutes=20, run_seconds=7, core_sections="§1–7", elective_sections="§8–10"),
+        summary="A cost model and planner checked against papers, the decision guide as rules, a calculator.",
+        core_minutes=35, elective_minutes=0, run_seconds=7),
     "13": About(  # 2613 words (13 min) + 5 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
@@ -124,6 +124,10 @@ ABOUT = {
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
         core_minutes=0, elective_minutes=30, run_seconds=10),
+    "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
+        title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
+        summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
+        core_minutes=0, elective_minutes=30, run_seconds=6),
 }
 
 

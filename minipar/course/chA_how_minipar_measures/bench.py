@@ -1,4 +1,4 @@
-"""Chapter 12 against this course's own runs, and the cost model calibrated on this machine.
+"""Appendix A: chapter 12's cost model against this course's own runs, and the cost model calibrated on this machine.
 
 * :func:`compare_with_tour` runs tour rows (their strategies, their recipes) and puts what they measured
   beside :func:`minipar.plan.estimate` for the same layout: bytes each rank sent (the communication log)
@@ -12,7 +12,7 @@
   :func:`minipar.observe.wirecut.cut_wire`); and on the first calibration (one thread alone × the share of cores a
   rank gets) to show what that missed.
 
-* :func:`measure_chapter` / ``python -m minipar bench steps``: every run the chapter's sections 8–10 show, made
+* :func:`measure_chapter` / ``python -m minipar bench steps``: every run the appendix's §2–4 show, made
   now and written with when and where to :data:`.recorded.RECORD`, which the chapter reads back.
 
     python -m minipar bench calibrate [--json] [--steps N]
@@ -40,7 +40,6 @@ from minipar.tensor.sequence import uncounted_bytes
 from .calibration import ALLREDUCE_SIZES, STEP_MODEL, STEP_RANKS, _contended, allreduce_link, calibrate, \
     calibrated_cluster, planner_options, step_layouts, step_recipe, train
 from .gpu_bench import main as gpu_main
-from .published_bench import main as published_main
 from .recorded import RECORD, as_record, provenance, provenance_text, write
 from .replay_bench import fidelity_table, main as replay_main
 from .time_model import traced_on_a100
@@ -245,8 +244,8 @@ def main(argv=None) -> int:
 
 
 def steps_main(argv=None) -> int:
-    """``python -m minipar bench steps [--out FILE] [--runs 5] [--steps 3]``: every run chapter 12's sections
-    8–10 show, made now and written to one JSON file with when and where (:mod:`.recorded`; the chapter reads
+    """``python -m minipar bench steps [--out FILE] [--runs 5] [--steps 3]``: every run appendix A's §2–4 show,
+    made now and written to one JSON file with when and where (:mod:`.recorded`; the appendix reads
     :data:`.recorded.RECORD`). A few minutes on two cores."""
     parser = argparse.ArgumentParser(prog="python -m minipar bench steps")
     parser.add_argument("--out", default=str(RECORD), help=f"where to write (default {RECORD})")
@@ -261,7 +260,7 @@ def steps_main(argv=None) -> int:
 
 
 def measure_chapter(runs: int = 5, steps: int = 3, command: str = "measure_chapter()") -> dict:
-    """Every run chapter 12's sections 8–10 show, made now (:func:`.recorded.as_record`): the two
+    """Every run appendix A's §2–4 show, made now (:func:`.recorded.as_record`): the two
     tensor-parallel tour rows, the calibration, ``runs`` rounds of the eight strategies measured and replayed,
     their step times predicted (compute counted and with the wire cut), DDP replayed on the A100 card."""
     started, load_before, load = time.time(), os.getloadavg(), {}    # load: the 1-min average as each part began
@@ -279,5 +278,4 @@ def measure_chapter(runs: int = 5, steps: int = 3, command: str = "measure_chapt
     return as_record(tour, cal, fid, rows, a100, {**meta, "load_by_part": {k: round(v, 1) for k, v in load.items()}})
 
 
-BENCHMARKS = {"calibrate": main, "replay": replay_main, "published": published_main, "gpu": gpu_main,
-              "steps": steps_main}
+BENCHMARKS = {"calibrate": main, "replay": replay_main, "gpu": gpu_main, "steps": steps_main}

@@ -1,17 +1,15 @@
-"""What chapter 12's cells show: each function takes the numbers a cell computed (or a recording of them,
-:mod:`.recorded`), checks what the chapter's text says about them (raising ``AssertionError`` when a sentence
+"""What appendix A's cells show: each function takes the numbers a cell computed (or a recording of them,
+:mod:`.recorded`), checks what the appendix's text says about them (raising ``AssertionError`` when a sentence
 no longer holds) and returns a small table as :class:`Shown` text, so that a cell is one call."""
 from __future__ import annotations
 
-from minipar.machine.device import FITTED
-from minipar.plan import GPT3_175B, Layout, estimate, parameters
-from minipar.plan.published import table_text
+from minipar.plan import GPT3_175B
 
 from . import calibration as cal12
 from . import replay_bench
 from . import time_model as tm12
 
-__all__ = ["Shown", "published", "hand_layouts", "tour_rows", "step_time_table", "links_table", "replay_table",
+__all__ = ["Shown", "tour_rows", "step_time_table", "links_table", "replay_table",
            "rankings_table", "a100_ddp", "gpt3_split"]
 
 GB = 1e9
@@ -24,45 +22,8 @@ class Shown(str):
         p.text(str(self))
 
 
-def published(pub: list, tolerance: float = 0.15) -> Shown:
-    """Section 2: :func:`minipar.plan.published.table` as text, each card's fitted number, and how many rows
-    lie within ±``tolerance`` of their published time (all of them, and fitted and check rows both, or this
-    raises)."""
-    worst = max(pub, key=lambda r: abs(r["ratio"] - 1))
-    inside = sum(abs(r["ratio"] - 1) <= tolerance for r in pub)
-    assert inside == len(pub) and {r["role"] for r in pub} == {"fitted", "check"}
-    return Shown("\n".join([table_text(pub)] + [f"fitted on {card}: {what}" for card, what in FITTED.items()]
-                           + [f"{inside} of {len(pub)} runs within ±{tolerance:.0%} of their published time; the "
-                              f"farthest: {worst['run']} ({worst['role']}), model x{worst['ratio']:.2f}"]))
-
-
-HAND_LAYOUTS = {"TP 8 · PP 16 · DP 8, 1F1B": Layout(dp=8, tp=8, pp=16, micro_batches=192),
-                "ZeRO-3 · TP 2 · DP 512": Layout(dp=512, tp=2, zero=3, recompute="full", micro_batch=1,
-                                                 micro_batches=3)}
-_RECOMPUTED = {"none": "recomputes nothing: 6 FLOPs per parameter per token",
-               "selective": "recomputes the attention core (selective): 6 FLOPs per parameter per token and a little",
-               "full": "recomputes every layer (full): 8 FLOPs per parameter per token"}
-
-
-def hand_layouts(best, cluster) -> tuple:
-    """Section 3: (the planner's best beside :data:`HAND_LAYOUTS` as {label: Estimate}, their table, GPT-3's
-    300 B tokens in days at the best's step time beside Narayanan et al.'s 8TP/(nX) (their Eq. 4, X = 140
-    TFLOP/s per GPU) — as text)."""
-    ests = {"planner's best": best, **{k: estimate(GPT3_175B, cluster, l) for k, l in HAND_LAYOUTS.items()}}
-    lines = [f"{k:<28} {e.memory['total'] / GB:6.1f} GB  {e.step_seconds:6.2f} s/step  MFU {e.mfu:.1%}  {e.layout}"
-             for k, e in ests.items()]
-    days = 300e9 / (1536 * 2048) * best.step_seconds / 86400
-    narayanan = 8 * 300e9 * parameters(GPT3_175B) / (1024 * 140e12) / 86400
-    lines += [f"GPT-3's 300 B tokens at {best.step_seconds:.1f} s per 1536 × 2048 tokens: {days:.0f} days",
-              f"Narayanan et al.'s estimate 8TP/(nX): {narayanan:.0f} days",
-              f"the planner's layout ({best.layout}) {_RECOMPUTED[best.layout.recompute]}"]
-    assert best.step_seconds <= min(e.step_seconds for e in ests.values() if e.fits) + 1e-9
-    assert 15 < days < 40 and round(narayanan) == 34
-    return ests, Shown("\n".join(lines))
-
-
 def tour_rows(rows: list) -> Shown:
-    """Section 8: tour rows beside the cost model — bytes predicted, in the log, on the wire; activations
+    """§2: tour rows beside the cost model — bytes predicted, in the log, on the wire; activations
     measured and predicted. The log's bytes equal the prediction and the wire carries at least as many."""
     lines = []
     for r in rows:
@@ -76,7 +37,7 @@ def tour_rows(rows: list) -> Shown:
 
 
 def step_time_table(cal: dict, fid: dict, step_rows: list) -> Shown:
-    """Section 8: per strategy the measured step (median [min–max] over the runs), predicted with compute
+    """§2: per strategy the measured step (median [min–max] over the runs), predicted with compute
     counted and with the wire cut (* inside the measured range), the cut prediction's terms; the calibration's
     links; which strategies the cut predicts closer, and which stay more than 15 % above it in every run."""
     span = lambda s: f"{s['median'] * 1e3:4.0f} [{s['min'] * 1e3:.0f}–{s['max'] * 1e3:.0f}]"  # noqa: E731
@@ -107,7 +68,7 @@ def step_time_table(cal: dict, fid: dict, step_rows: list) -> Shown:
 
 
 def links_table(cal: dict, links) -> Shown:
-    """Section 9: each op's fitted α, β (:func:`.calibration.op_links`), the ping-pong's, and each timed call's
+    """§3: each op's fitted α, β (:func:`.calibration.op_links`), the ping-pong's, and each timed call's
     median and mean."""
     if links is None:                # no op's time grew with its size: nothing to fit (a very busy machine)
         lines = ["no collective's time grew with its size: no link fitted; the replays use the cluster's link"]
@@ -126,7 +87,7 @@ def links_table(cal: dict, links) -> Shown:
 
 
 def replay_table(fid: dict) -> Shown:
-    """Section 9: :func:`.replay_bench.format_table`, which strategies the replay puts within ±15 % of
+    """§3: :func:`.replay_bench.format_table`, which strategies the replay puts within ±15 % of
     measured, the engine check, and each miss's sentence (its sign and term checked against the ratios)."""
     rows, tol, engine_tol = fid["rows"], replay_bench.TOLERANCE, replay_bench.ENGINE_TOLERANCE
     within = [r["name"] for r in rows if r["miss"] is None]
@@ -145,7 +106,7 @@ def replay_table(fid: dict) -> Shown:
 
 
 def rankings_table(fid: dict) -> Shown:
-    """Section 9: for each check of :data:`.replay_bench.AGREEMENTS`, the pairs apart, in order, swapped, tied
+    """§3: for each check of :data:`.replay_bench.AGREEMENTS`, the pairs apart, in order, swapped, tied
     and γ (:func:`.time_model.ranking_outside_spread`); the fastest set by the planner and by the replay, and
     where they share none, both sides' terms; how much shorter a step is replayed on the DGX-A100 node."""
     by_name = {r["name"]: r for r in fid["rows"]}
@@ -181,7 +142,7 @@ def rankings_table(fid: dict) -> Shown:
 
 
 def a100_ddp(tiny: dict, ranks: int) -> Shown:
-    """Section 10: DDP's step (:func:`.time_model.traced_on_a100`'s result) on the A100 card: the step, its
+    """§4: DDP's step (:func:`.time_model.traced_on_a100`'s result) on the A100 card: the step, its
     kernels × the launch floor, and its operators' seconds split three ways; the floor outweighs the rest."""
     split, card = tiny["split"], tiny["card"]
     spent = split["compute-bound"] + split["memory-bound"] + split["floor"]
@@ -194,7 +155,7 @@ def a100_ddp(tiny: dict, ranks: int) -> Shown:
 
 
 def gpt3_split(big, card) -> Shown:
-    """Section 10: the planner's best GPT-3 layout on a carded cluster, and one step of its first stage split
+    """§4: the planner's best GPT-3 layout on a carded cluster, and one step of its first stage split
     like :func:`a100_ddp` (:func:`.time_model.planner_kernels`): the floor under 2 % of the step, compute-bound
     operators the most."""
     g = tm12.planner_kernels(GPT3_175B, big.layout, card)
