@@ -25,10 +25,13 @@ def published(pub: list, tolerance: float = 0.15) -> Shown:
     raises)."""
     worst = max(pub, key=lambda r: abs(r["ratio"] - 1))
     inside = sum(abs(r["ratio"] - 1) <= tolerance for r in pub)
+    fitted = sum(r["role"] == "fitted" for r in pub)
     assert inside == len(pub) and {r["role"] for r in pub} == {"fitted", "check"}
     return Shown("\n".join([table_text(pub)] + [f"fitted on {card}: {what}" for card, what in FITTED.items()]
-                           + [f"{inside} of {len(pub)} runs within ±{tolerance:.0%} of their published time; the "
-                              f"farthest: {worst['run']} ({worst['role']}), model x{worst['ratio']:.2f}"]))
+                           + [f"{inside} of {len(pub)} runs within ±{tolerance:.0%} of their published time: {fitted} "
+                              f"of them rows a card's η was fitted on (one η per card), {len(pub) - fitted} a check "
+                              f"fitted on nothing; the farthest: {worst['run']} ({worst['role']}), model "
+                              f"x{worst['ratio']:.2f}"]))
 
 
 HAND_LAYOUTS = {"TP 8 · PP 16 · DP 8, 1F1B": Layout(dp=8, tp=8, pp=16, micro_batches=192),
