@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from minipar.course.ch12_choosing_a_strategy import gpu_bench
+from minipar.course.chA_how_minipar_measures import gpu_bench
 from minipar.machine import gpu_measured
 from minipar.machine.device import EAGER_HOST_SECONDS, H100_SXM, Op, eager_bounds, ops_seconds
 

@@ -223,8 +223,8 @@ def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):
 
 
 def test_tour_row():
-    """Chapter 08's 5d-moe row (dp 2 × pp 2 × tp 2, ep 2, top-2 with drops): one device, bytes = formula."""
-    from minipar.course.ch08_hybrid_parallelism import tour
+    """Chapter 09b's 5d-moe row (dp 2 × pp 2 × tp 2, ep 2, top-2 with drops): one device, bytes = formula."""
+    from minipar.course.ch09b_five_dimensions_and_moe import tour
     row = dict(tour.STRATEGIES)["5d-moe"]()
     assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 64.0 KiB (64.0 KiB)" in row.note

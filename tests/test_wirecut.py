@@ -112,9 +112,9 @@ def test_a_cut_ddp_step_computes_but_does_not_average():
 
 @pytest.mark.parametrize("name", ["DDP", "ZeRO-3", "1F1B", "TP + SP"])
 def test_every_step_strategy_runs_with_the_wire_cut(name):
-    """Chapter 12 times each strategy with the wire cut: each must run to its end that way (no wait on a
+    """Appendix A times each strategy with the wire cut: each must run to its end that way (no wait on a
     message that never comes, no shape error from a collective's output)."""
-    from minipar.course.ch12_choosing_a_strategy import bench
+    from minipar.course.chA_how_minipar_measures import bench
     for run in launch(bench._timed_train, 2, name, 3, True, quiet=True):
         step = min(b - a for a, b in zip(run.stamps, run.stamps[1:]))
         assert step > 0 and 0 <= run.result < step              # the cut's collectives take no time

@@ -124,10 +124,6 @@ def _on_grid(rows: list, unit: float) -> list:
     return [(*r[:4], snap(r[4]), snap(r[5])) for r in rows]
 
 
-def _idle(rows: list, p: int) -> float:
-    return 1 - sum(b - a for *_, a, b in rows) / (p * max(r[5] for r in rows))
-
-
 def draw_measured(runs_by_schedule: dict, p: int = 4):
     """Simulated (left) and measured (right) Gantt charts, with both idle fractions. Paced runs are drawn in
     slot units on the slot grid (reproducible), simulated with their slots' costs; unpaced ones in ms, with
@@ -147,13 +143,14 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
         waits = step_rows(runs, step, kinds=("wait",))
         if paced:     # a paced receive waits inside its slot: the gaps between bars are the idle time
             rows, waits = _on_grid(step_rows(runs, step), v * pace.F), []
-            idle = _idle(rows, p)
+            idle = measured_idle_fraction(runs, typical_step(runs))   # the wall clock's, as paced_idle's table
         else:
             rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
             waits = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in waits]
             idle = measured_idle_fraction(runs, step)
         draw_gantt(ax_row[1], rows, p, f"{name} measured{' paced' if paced else ''} (step {step}): idle "
-                                       f"{idle:.1%}", labels=False)
+                                       f"{idle:.1%}" + (" (wall clock; bars on the slot grid)" if paced else ""),
+                   labels=False)
         for rank, _, _, _, a, b in waits:                                    # blocked in a receive
             ax_row[1].plot([max(a, 0), b], [rank, rank], color="black", linewidth=1.2)
     axes[-1][0].set_xlabel("simulated time (F = 1)", fontsize=8)

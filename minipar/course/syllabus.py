@@ -5,8 +5,8 @@ read and seconds to run. The README's chapter table and routes, the site's chapt
 
 Minutes to read are estimates, not measurements: the chapter's markdown words at about 200 words a minute plus
 5 minutes for each exercise stub (a ``# YOUR CODE HERE`` cell of ``exercises/NN_topic.ipynb``), rounded to 5
-(``python tools/syllabus.py --estimate`` prints both terms). Chapters 08 and 12 are split: their first sections
-are on the core route, the rest is an elective; each half is estimated from its own sections' words.
+(``python tools/syllabus.py --estimate`` prints both terms). A chapter may be split: its first sections on the
+core route, the rest an elective, each half estimated from its own sections' words.
 
 Seconds to run are what the site build measured, one chapter at a time on two cores (``make site`` writes them
 to ``build/site/manifest.json``; the site test holds each chapter within ±20 % of the number here, or 2 s). These
@@ -88,14 +88,18 @@ ABOUT = {
         title="Multi-dimensional tensor parallelism: 2D (SUMMA), 2.5D (Tesseract), 3D — measured against 1D",
         summary="Weights and activations split on grids of ranks; memory and bytes per rank against 1D.",
         core_minutes=0, elective_minutes=30, run_seconds=10),
-    "08": About(  # 5466 words (27 min) + 5 exercise stubs; §9: 2151 words and 1 stub
-        title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO-1), then five dimensions, on a device mesh",
-        summary="DP × PP × TP on 8 ranks equal to one device; then five dimensions and MoE on 16.",
-        core_minutes=35, elective_minutes=15, run_seconds=11, core_sections="§1–8", elective_sections="§9"),
+    "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
+        title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
+        summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
+        core_minutes=30, elective_minutes=0, run_seconds=11),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
         core_minutes=0, elective_minutes=45, run_seconds=9),
+    "09b": About(  # 2887 words (14 min) + 2 exercise stubs (split from 08)
+        title="Five dimensions and MoE on one mesh: dp × pp × cp × tp, with ep folded in",
+        summary="A layout at scale; dp × pp × cp × tp with experts folded in, on 16 ranks equal to one device.",
+        core_minutes=0, elective_minutes=25, run_seconds=6),
     "10": About(  # 2865 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
@@ -108,10 +112,10 @@ ABOUT = {
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
         core_minutes=25, elective_minutes=0, run_seconds=7),
-    "12": About(  # 6466 words (32 min) + 4 exercise stubs; §8–10: 3602 words
+    "12": About(  # 2831 words (14 min) + 4 exercise stubs (the fidelity study moved to A)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
-        summary="A cost model and planner checked against papers, the decision guide as rules, runs made here.",
-        core_minutes=35, elective_minutes=20, run_seconds=7, core_sections="§1–7", elective_sections="§8–10"),
+        summary="A cost model and planner checked against papers, the decision guide as rules, a calculator.",
+        core_minutes=35, elective_minutes=0, run_seconds=7),
     "13": About(  # 3663 words (18 min) + 6 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
@@ -124,6 +128,10 @@ ABOUT = {
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
         core_minutes=0, elective_minutes=35, run_seconds=24),
+    "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
+        title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
+        summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
+        core_minutes=0, elective_minutes=30, run_seconds=6),
 }
 
 

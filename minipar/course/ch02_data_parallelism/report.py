@@ -209,7 +209,7 @@ def guide_table(m2: dict) -> Report:
              f"{'model: replay FP16 peak (exposed ms)':>37}{'model: replay FP32 peak (exposed ms)':>37}"]
     for key, t in GUIDE_SECONDS.items():
         name = runs[key][0]
-        lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.0f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
+        lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.1f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
                      f"{m2['measured'][name] * 1e3:>19.1f}"
                      + "".join(f"{ratio[p][key]:>29.2f} ({exposed[p][key] * 1e3:4.1f})" for p in ("fp16", "fp32")))
     lines.append("(measured here: median of 5 steps; no NVLink here, one row per program; the DDP rows are the "

@@ -45,11 +45,6 @@ def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo
     assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
 
 
-def check_your_own_training_loop(runs_own) -> None:
-    """In your own training loop"""
-    assert "is sharded over 4 ranks" in runs_own[0][1] and "gathered()" in runs_own[0][1]
-
-
 def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, grad_op, full, hybrid, posted) -> None:
     """FSDP's modes, run as the ZeRO variants they are: a node's shard: Ψ/2, not Ψ/4"""
     assert all(m["matches"] for m in fsdp_modes.values())

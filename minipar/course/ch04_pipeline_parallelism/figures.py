@@ -20,7 +20,8 @@ drawn, its times snapped to a quarter-slot grid (:data:`GRID`, in
 a PNG: an action more than 3.75 ms late (an overrun: a rank descheduled by other load for longer than its
 slot's slack — at load averages of 8-25 on 2 cores we saw 10-25 % of the actions overrun 20 ms slots, and the timeline chart then changed from run to run), and in the memory chart the
 send buffers still in flight when a sample is taken (whether a send has completed is timing) and the
-sample times (rounded to 1 % of the step). The unpaced timelines, which do vary
+sample times (rounded to 1 % of the step); and the idle fraction in each measured chart's title, which is the
+run's wall clock (the number the chapter's table prints for the same run), not the snapped bars'. The unpaced timelines, which do vary
 from run to run, are shown only in the notebook.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ alternating step by step; each trains its own copy on the same batch, so their l
 
 With ``replicate`` both sides keep whole replicas over dp and all-reduce the gradients (minipar's zero=0);
 ``--fsdp`` shards them (PyTorch gathers the parameters before use and reduce-scatters the gradients), which
-minipar's 3D runtime does not do inside a pipeline (chapter 08: ZeRO-2/3 with pp). On a 2-core machine 8 ranks
+minipar's 3D runtime does inside a pipeline only once per step (chapter 08 §5: ZeRO-2/3 with pp). On a 2-core machine 8 ranks
 share the cores: trust the ratio of medians measured side by side, not the absolute figures.
 """
 from __future__ import annotations
@@ -109,18 +109,11 @@ def main(argv=None) -> int:
 
 
 def _record_torch_side(argv=None) -> int:
-    """Chapter 08 §6's PyTorch-side runs (2×2×2 side by side, DDP over TP with a DeviceMesh), made now and
-    written to the record the chapter reads."""
+    """The PyTorch-side runs of docs/library.md (2×2×2 side by side, DDP over TP with a DeviceMesh), made now and
+    written to their record."""
     from .recorded import main as record_main
     return record_main(argv)
 
 
-def _record_five_d(argv=None) -> int:
-    """Chapter 08 §9's 16-rank launches (dp × pp × cp × tp, ep folded in), made now and written to the record
-    the chapter reads."""
-    from .five_d import record_main
-    return record_main(argv)
-
-
-# torch-side: §6's recorded runs (recorded.py); five-d: §9's (five_d.record_chapter)
-BENCHMARKS = {"torch3d": main, "torch-side": _record_torch_side, "five-d": _record_five_d}
+# torch-side: the recorded runs of docs/library.md's "PyTorch's own pieces" (recorded.py)
+BENCHMARKS = {"torch3d": main, "torch-side": _record_torch_side}

@@ -1,36 +1,23 @@
-"""Chapter 08's measurements: each layout on 8 ranks, the 5D one on 16 (bytes per rank per step by kind beside
-the formulas, observed on the sockets, peak memory, step time, bubble), the OneFlow article's layout (GPT-3's, it says; the 1T model's, in fact) from the formulas, and what ZeRO-2/3
-would cost inside a pipeline (bytes and collective calls per step, against ZeRO-1 on the same layout)."""
+"""Chapter 08's measurements: each layout on 8 ranks (:func:`minipar.course.hybrid_runs.measure_layout`: bytes
+per rank per step by kind beside the formulas, observed on the sockets, peak memory, step time, bubble), model
+states per GPU from the formula, and what ZeRO-2/3 would cost inside a pipeline (bytes and collective calls per
+step, against ZeRO-1 on the same layout)."""
 from __future__ import annotations
-
-import statistics
 
 import torch
 
 from minipar import comm
-from minipar.check import RunResult, compare, gpt_recipe, train_reference
+from minipar.check import compare, train_reference
+from minipar.course.hybrid_runs import measure_layout, recipe
 from minipar.data.zero import ZeRO
-from minipar.hybrid.parallel3d import Trainer3D, bytes_formula, validate
+from minipar.hybrid.parallel3d import Trainer3D
 from minipar.hybrid.runner import parallel_train, run
-from minipar.pipeline.runtime import PipelineRank
 from minipar.launcher import launch
 from minipar.layout import Layout
-from minipar.pipeline.timeline import measured_idle_fraction
-from minipar.pipeline.schedules import bubble_formula
-from minipar.activations import activation_bytes_formula
+from minipar.pipeline.runtime import PipelineRank
 
-__all__ = ["recipe", "LAYOUTS", "LAYOUTS_16", "measure_layout", "seed_layout", "SEED_001_MODELS", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
+__all__ = ["recipe", "LAYOUTS", "measure_layout", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
            "layout_memory_formula"]
-
-BATCH, SEQ = 16, 8
-
-
-def recipe(steps: int = 3):
-    """The chapter's recipe: tiny GPT (4 layers, hidden 32, 4 heads), Adam, global batch 16 × 8 tokens, float64."""
-    r = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=4)
-    r.dtype = torch.float64
-    return r
-
 
 LAYOUTS = {
     "2x2x2": dict(dp=2, pp=2, tp=2),
@@ -41,54 +28,6 @@ LAYOUTS = {
     "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1),
     "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
 }
-# 16 ranks, apart from the 8-rank LAYOUTS (the chapter's memory figure runs those on 8): the tour's 5d row
-LAYOUTS_16 = {"2x2x2x2 dp pp cp tp": dict(dp=2, pp=2, cp=2, tp=2, cp_method="ring-zigzag")}
-
-
-def _logged_rank(rank, world_size, recipe, layout):
-    """:func:`parallel_train`, with every call of its steps also kept: (its HybridRun, {dims spanned: observed
-    bytes per step, or None where a call is asynchronous — isend/irecv's bytes leave after they return})."""
-    with comm.recording() as log:                      # no mesh here: only the step's own logs name dims
-        result = parallel_train(rank, world_size, recipe, layout=layout, track_memory=True)
-    observed: dict = {}
-    for rec in log.records:
-        if rec.dims is not None:                       # a step's call (not the clock's broadcast, the gather)
-            seen = observed.get(rec.dims, 0)
-            observed[rec.dims] = None if seen is None or rec.observed_sent is None else seen + rec.observed_sent
-    steps = len(recipe.batches)
-    return result, {dims: None if b is None else b / steps for dims, b in observed.items()}
-
-
-def measure_layout(layout: dict, steps: int = 3, m: int = 4, reference: RunResult | None = None) -> dict:
-    """Run ``layout`` on its ranks (8; 16 with cp = 2); return its comparison with one device and its
-    measurements (mean over ranks of bytes per step by kind, formula beside; observed per window and per
-    dims spanned where the calls block; max peak and model states; median step time; one pipeline's bubble)."""
-    r, shape = recipe(steps), Layout(**layout, micro_batches=m)
-    validate(r, layout=shape)
-    logged = launch(_logged_rank, shape.world_size, r, shape, quiet=True, timeout=120.0)
-    runs = [x for x, _ in logged]
-    c = compare(reference or train_reference(r), runs, dtype=r.dtype)
-    cfg = r.model().cfg
-    formulas = [bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=shape, pp_rank=x.coords["pp"]) for x in runs]
-    mean = lambda xs: sum(xs) / len(xs)                                          # noqa: E731
-    one_pipeline = [x for x in runs if all(c == 0 for d, c in x.coords.items() if d != "pp")]   # dp = tp = 0
-    sched, p, v = layout.get("schedule", "1f1b"), layout["pp"], layout.get("v", 1)
-    kinds = list(formulas[0])                                                    # dp, pp, tp (+ cp)
-    return {
-        "matches": c.matches, "max_abs_diff": c.max_abs_diff,
-        "bytes": {k: mean([x.bytes_by_kind[k] for x in runs]) for k in kinds},
-        "formula": {k: mean([f[k] for f in formulas]) for k in kinds},
-        "observed": {k: mean([x.observed[k] for x in runs]) for k in ("dp", "pp+tp")},
-        "observed_by_dims": {d: None if None in (o.get(d) for _, o in logged) else mean([o[d] for _, o in logged])
-                             for d in logged[0][1]},
-        "calls": {k: mean([x.calls_by_kind[k] for x in runs]) for k in kinds},
-        "peak_bytes": max(x.peak_bytes for x in runs),
-        "model_state_bytes": max(x.model_state_bytes for x in runs),
-        "step_seconds": statistics.median(s for x in runs for s in x.step_seconds[1:]),
-        "bubble": measured_idle_fraction(one_pipeline) if p > 1 else 0.0,
-        "bubble_formula": bubble_formula(sched, p, m, v) if p > 1 else 0.0,
-        "runs": runs,
-    }
 
 
 def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 0,
@@ -97,34 +36,6 @@ def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 
     (mixed-precision Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. 2020)."""
     per_gpu = psi / (pp * tp)
     return per_gpu * (bytes_param + bytes_grad + bytes_optim / (dp if zero >= 1 else 1))
-
-
-# (layers, hidden, heads, sequence, global batch in sequences, parameters)
-SEED_001_MODELS = {
-    "GPT-3 175B": (96, 12288, 96, 2048, 1536, 175e9),          # Brown et al. 2020 (3.2M tokens per batch)
-    "1T": (128, 25600, 160, 2048, 3072, 1008e9),               # Narayanan et al. 2021, Table 1, last row
-}
-
-
-def seed_layout(model: str = "1T", m: int | None = None, recompute: bool = True) -> dict:
-    """A model of :data:`SEED_001_MODELS` on the OneFlow article's layout: 64 pipeline stages × 6 hosts in data parallel ×
-    8 GPUs in model parallel = 3072 GPUs (the layout of Narayanan et al.'s 1T row, which the seed calls
-    GPT-3's). ``m`` micro-batches per replica (default: micro-batch of one sequence). Formulas, not a run."""
-    layers, h, a, s, batch, psi = SEED_001_MODELS[model]
-    pp, dp, tp = 64, 6, 8
-    m = m or batch // dp
-    per_stage_max = -(-layers // pp)                         # 96 layers on 64 stages: some get 2, some 1
-    psi_layer = 12 * h * h
-    mb = batch // (dp * m)
-    act_layer = activation_bytes_formula(s, mb, h, a, t=tp)     # Korthikanti et al., 16-bit, TP without SP
-    in_flight = pp                                           # 1F1B: stage 0 holds p micro-batches
-    act = in_flight * per_stage_max * (2 * s * mb * h if recompute else act_layer)
-    states = per_stage_max * psi_layer / tp * 16
-    return {"gpus": pp * dp * tp, "layers_per_stage": (layers / pp, per_stage_max), "micro_batch": mb, "m": m,
-            "model_states_per_gpu": states,
-            "model_states_per_gpu_zero1": per_stage_max * psi_layer / tp * (4 + 12 / dp),
-            "activations_per_gpu": act, "bubble": bubble_formula("1f1b", pp, m), "psi": psi,
-            "even_split_states": layout_memory_formula(psi, dp=dp, pp=pp, tp=tp)}
 
 
 class _ZeROPerMicroBatch(PipelineRank):

@@ -22,10 +22,9 @@ import torch
 from minipar.course import ROOT
 from minipar.course.report import Report
 
-__all__ = ["RECORD", "FIVE_D_RECORD", "COMMAND", "provenance", "record", "load", "report", "main"]
+__all__ = ["RECORD", "COMMAND", "provenance", "record", "load", "report", "main"]
 
 RECORD = ROOT / "figures" / "data" / "08_torch_side.json"
-FIVE_D_RECORD = ROOT / "figures" / "data" / "08_five_d.json"      # §9: :func:`.five_d.record_chapter`
 COMMAND = "python -m minipar bench torch-side"
 PAIRS = ("minipar_vs_one_device", "torch_vs_one_device", "minipar_vs_torch")
 

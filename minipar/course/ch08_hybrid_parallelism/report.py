@@ -1,6 +1,5 @@
-"""Chapter 08's printed tables, §3–§8, each one value: a :class:`minipar.course.report.Report` whose text the cell
-prints and whose ``check()`` asserts what the chapter's sentences say about its numbers (§9's are in
-:mod:`.report_5d`)."""
+"""Chapter 08's printed tables, each one value: a :class:`minipar.course.report.Report` whose text the cell
+prints and whose ``check()`` asserts what the chapter's sentences say about its numbers."""
 from __future__ import annotations
 
 from minipar.course.report import Report
@@ -8,9 +7,8 @@ from minipar.hybrid.parallel3d import bytes_formula
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 
-from .measure import SEED_001_MODELS, seed_layout
 
-__all__ = ["bytes_by_kind", "bubble", "bubble_sentence", "zero_per_microbatch", "zero_once_per_step", "seed_layouts"]
+__all__ = ["bytes_by_kind", "bubble", "bubble_sentence", "zero_per_microbatch", "zero_once_per_step"]
 
 
 def _check_bytes(r: Report) -> None:
@@ -112,24 +110,3 @@ def zero_once_per_step(result: dict) -> Report:
              for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
-
-
-def _check_seed(r: Report) -> None:
-    one_t, gpt3 = r.layouts["1T"], r.layouts["GPT-3 175B"]
-    assert one_t["gpus"] == 3072 and one_t["layers_per_stage"] == (2, 2) and gpt3["layers_per_stage"] == (1.5, 2)
-    assert one_t["model_states_per_gpu"] + one_t["activations_per_gpu"] < 80e9      # fits an 80 GB A100
-
-
-def seed_layouts() -> Report:
-    """§8: the OneFlow article's 64 × 6 × 8 layout for GPT-3 175B and for the 1T model (formulas, not runs)."""
-    layouts = {name: seed_layout(name) for name in SEED_001_MODELS}
-    lines = []
-    for name, g in layouts.items():
-        lines += [f"{name}: {g['gpus']} GPUs; layers per stage {g['layers_per_stage'][0]:g} on average, "
-                  f"{g['layers_per_stage'][1]} on the busiest; micro-batch {g['micro_batch']} sequence, m = {g['m']} per replica",
-                  f"    1F1B bubble (p−1)/(m+p−1) = {g['bubble']:.1%}; model states per GPU (busiest stage, mixed-precision "
-                  f"Adam) {g['model_states_per_gpu'] / 2**30:.1f} GiB, with ZeRO-1 over the 6 replicas "
-                  f"{g['model_states_per_gpu_zero1'] / 2**30:.1f} GiB",
-                  f"    activations on stage 0 (p = 64 micro-batches in flight, full recomputation): "
-                  f"{g['activations_per_gpu'] / 2**30:.1f} GiB"]
-    return Report("\n".join(lines), _check_seed, layouts=layouts)

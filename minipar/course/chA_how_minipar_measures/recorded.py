@@ -1,8 +1,8 @@
-"""Chapter 12's runs on this machine, written down once: sections 8–10 show a recorded measurement.
+"""Appendix A's runs on this machine, written down once: §2–4 show a recorded measurement.
 
 Training eight strategies five rounds over (and each once more with the wire cut, and once with its operators
 counted) takes minutes on two cores; the chapter must run in seconds. So ``python -m minipar bench steps
---out figures/data/12_step_times.json`` (:func:`.bench.steps_main`) makes every run those sections show —
+--out figures/data/A_step_times.json`` (:func:`.bench.steps_main`) makes every run those sections show —
 the two tensor-parallel tour rows (bytes and one layer's activations), the calibration
 (:func:`.calibration.calibrate`), the measured and replayed steps (:func:`.replay_bench.fidelity_table`), the
 step times predicted beside them (:func:`.bench.step_times`) and DDP's step traced with its operators counted
@@ -25,7 +25,7 @@ from minipar.machine.device import CARDS
 
 __all__ = ["RECORD", "provenance", "as_record", "write", "load", "provenance_text"]
 
-RECORD = ROOT / "figures" / "data" / "12_step_times.json"
+RECORD = ROOT / "figures" / "data" / "A_step_times.json"
 
 
 def provenance(command: str, started: float, load_before: tuple) -> dict:

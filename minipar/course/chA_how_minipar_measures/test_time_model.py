@@ -1,13 +1,12 @@
-"""Chapter 12's model of time: the split of a card's seconds, rankings outside the spread, the published runs'
-figure, and a traced step on the A100 card bound below by its kernels × the launch floor."""
+"""Appendix A's model of time: the split of a card's seconds, rankings outside the spread, and a traced step on the A100 card bound below by its kernels × the launch floor."""
 import math
 
 import matplotlib
 import pytest
 
-from minipar.course.ch12_choosing_a_strategy import bench, time_model as tm
+from minipar.course.chA_how_minipar_measures import bench, time_model as tm
 from minipar.machine.device import A100_SXM_80GB, Op, ops_seconds
-from minipar.plan import GPT3_175B, Layout, published
+from minipar.plan import GPT3_175B, Layout
 
 matplotlib.use("Agg")
 
@@ -44,12 +43,6 @@ def test_ranking_counts_only_pairs_outside_the_spread():
     assert tm.ranking_outside_spread({"A": 1.0, "B": 1.1}, {"A": 2.0, "B": 2.5})["concordant"] == 1
     with pytest.raises(ValueError, match="same strategies"):
         tm.ranking_outside_spread({"A": 1}, {"B": _s(1)})
-
-
-def test_published_figure_draws_every_row():
-    rows = published.table()
-    ax = tm.draw_published(rows)
-    assert len(ax.texts) == len(rows) and all(abs(r["ratio"] - 1) <= 0.15 for r in rows)
 
 
 def test_step_times_refuses_a_table_of_other_strategies_before_any_process():

@@ -1,8 +1,6 @@
-"""Chapter 12's model of time, shown: the planner against published runs, rankings that count only what lies
+"""Appendix A's model of time, shown: rankings that count only what lies
 outside the run-to-run spread, and a run of this course traced and played on a DGX A100 node.
 
-* :func:`draw_published` — :func:`minipar.plan.published.table`'s rows as predicted against published seconds
-  per iteration, with the ±15 % band the check allows.
 * :func:`bound_split` — where a list of operators' seconds on a card goes (:func:`minipar.machine.device.op_seconds`
   split in three): compute-bound (FLOPs / (peak·η) is the larger term), memory-bound (bytes / HBM is) and the
   launch floor (kernels × floor). The three add up to :func:`minipar.machine.device.ops_seconds`.
@@ -32,40 +30,8 @@ from minipar.plan.operators import MEGATRON_2022, head_step, layer_step
 
 from .calibration import STEP_RANKS, step_recipe, train
 
-__all__ = ["draw_published", "bound_split", "MODEL_TIE", "apart", "ranking_outside_spread", "tied_first", "traced_on_a100",
+__all__ = ["bound_split", "MODEL_TIE", "apart", "ranking_outside_spread", "tied_first", "traced_on_a100",
            "planner_kernels"]
-
-
-def draw_published(rows: list, ax=None, tolerance: float = 0.15):
-    """Log-log: published (x) against the planner's model (y) seconds per iteration, one point per row of
-    :func:`minipar.plan.published.table` (filled: a run its card's efficiency was fitted on; hollow: a check),
-    the line y = x and the ±``tolerance`` band."""
-    import matplotlib.pyplot as plt
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 5.5))
-    xs, ys = [r["published"] for r in rows], [r["predicted"] for r in rows]
-    lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
-    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="model = published")
-    ax.fill_between([lo, hi], [lo * (1 - tolerance), hi * (1 - tolerance)], [lo * (1 + tolerance), hi * (1 + tolerance)],
-                    color="0.9", label=f"within ±{tolerance:.0%}")
-    for role, marker in (("fitted", "o"), ("check", "s")):
-        got = [r for r in rows if r["role"] == role]
-        face = "#4C72B0" if role == "fitted" else "none"
-        ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker, facecolors=face,
-                   edgecolors="#4C72B0", zorder=3, label="η fitted on these" if role == "fitted" else "check (not fitted)")
-    for r in rows:                   # checks labelled above-left, so that a near fitted row's label stays clear
-        above = r["role"] == "check"
-        ax.annotate(f"{r['run']} ×{r['ratio']:.2f}", (r["published"], r["predicted"]), textcoords="offset points",
-                    xytext=(-5, 6) if above else (5, -9), ha="right" if above else "left", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("published seconds per iteration")
-    ax.set_ylabel("model seconds per iteration (planner, device cards)")
-    ax.set_title("the model of time against published training runs", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
-    return ax
 
 
 def bound_split(ops, card: DeviceCard) -> dict:

@@ -1,15 +1,15 @@
-"""Chapter 12's recorded runs and the helpers its cells call.
+"""Appendix A's recorded runs and the helpers its cells call.
 
-The record (:data:`recorded.RECORD`, written by ``python -m minipar bench steps``) must hold what the chapter's
+The record (:data:`recorded.RECORD`, written by ``python -m minipar bench steps``) must hold what the appendix's
 sentences say of it: the helpers of :mod:`.show` raise when a sentence no longer holds, so they are run on it
-here as the chapter runs them. The calculator shows a table, not an ``Estimate``'s repr, and offers the cards.
+here as the chapter runs them.
 """
 import json
 import re
 
 import pytest
 
-from minipar.course.ch12_choosing_a_strategy import calibration, figures, recorded, show
+from minipar.course.chA_how_minipar_measures import calibration, recorded, show
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,3 @@ def test_a_check_fails_when_its_sentence_does_not_hold(record):
     wrong = [dict(r, bytes_measured=r["bytes_measured"] + 1) for r in record["tour"]]
     with pytest.raises(AssertionError):
         show.tour_rows(wrong)
-
-
-def test_calculator_shows_a_table_and_offers_the_cards(capsys):
-    import matplotlib
-    matplotlib.use("Agg")
-    assert figures.draw_calculator() is None
-    out = capsys.readouterr().out
-    assert "Estimate(" not in out and "MFU" in out and not re.search(r"\d\.\d{6,}", out)
-    views = {name: figures.calculate(cluster=name) for name in figures.CALCULATOR_CLUSTERS}
-    assert any(e.memory_limit and "H100" in name for name, e in views.items())
-    assert len({e.step_seconds for e in views.values()}) == len(views)

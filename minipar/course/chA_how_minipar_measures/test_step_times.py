@@ -1,4 +1,4 @@
-"""Chapter 12's step-time calibration: what the benchmark returns and what the figure draws.
+"""Appendix A's step-time calibration: what the benchmark returns and what the figure draws.
 
 No timing is asserted here (speed is measured in ``python -m minipar bench calibrate``, not in tests):
 these check the shape of the results, that every strategy of the figure is a layout the cost model
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from minipar.course.ch12_choosing_a_strategy import bench, calibration, figures
+from minipar.course.chA_how_minipar_measures import bench, calibration, figures
 from minipar.plan import Cluster, Layout, estimate, validate
 
 FAKE_CAL = {"alpha": 1e-4, "beta": 3e9, "flops": 5e9, "optimizer_s_per_param": 2e-8, "allreduce_small_s": 1e-3,
@@ -97,4 +97,4 @@ def test_step_time_figure_draws_a_point_per_row(rows):
     assert [len(c.get_offsets()) for c in ax.collections[-2:]] == [len(rows), len(rows)]   # counted, cut
     assert ax.get_xscale() == ax.get_yscale() == "log" and len(ax.texts) == len(rows)
     plt.close(ax.figure)
-    assert "12_step_time_predicted_vs_measured.png" in figures.FIGURES
+    assert "A_step_time_predicted_vs_measured.png" in figures.FIGURES

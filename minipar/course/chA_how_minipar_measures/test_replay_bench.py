@@ -5,8 +5,8 @@ import json
 import pytest
 
 from minipar.course.bench import benchmarks
-from minipar.course.ch12_choosing_a_strategy import calibration
-from minipar.course.ch12_choosing_a_strategy.replay_bench import AGREEMENTS, REPLAY_STRATEGIES, TOLERANCE, _miss, \
+from minipar.course.chA_how_minipar_measures import calibration
+from minipar.course.chA_how_minipar_measures.replay_bench import AGREEMENTS, REPLAY_STRATEGIES, TOLERANCE, _miss, \
     _rankings, agreements_text, fidelity_table, format_table, main
 from minipar.machine.fidelity import ring_terms
 

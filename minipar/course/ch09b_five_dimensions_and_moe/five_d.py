@@ -1,4 +1,4 @@
-"""Chapter 08's five-dimensional part: dp × pp × cp × tp on one mesh, with ep folded over each stage's dp × cp × tp.
+"""Chapter 09b's five-dimensional mesh: dp × pp × cp × tp on one mesh, with ep folded over each stage's dp × cp × tp.
 
 * :func:`reduction_groups` — the groups a 5D layout reduces over, from :class:`minipar.mesh.Mesh` and the
   trainer's :func:`minipar.hybrid.experts.expert_groups`: dense gradients over dp × cp; expert parallelism (ep) borrows its ranks from each (pp, tp) coordinate's
@@ -12,7 +12,7 @@
   reports the dense, ep and expert-DP groups of its own trainer (members and the sum of rank ids over each), the
   experts it holds and its parameter bytes (experts apart), then trains; no-drop capacity, since with cp > 1 a
   rank's tokens are no contiguous routing group of one device.
-* :func:`run_chapter` — both, two launches of 16 ranks whose results feed every cell of §9.
+* :func:`run_chapter` — both, two launches of 16 ranks whose results feed every cell of §2.
 * :func:`ops_by_dims` — what one traced step's calls moved, per (op, dims spanned): which tensor goes over which
   group.
 * :func:`declared_cluster` — two nodes of 8 for replaying the trace: compute as measured here, links declared.
@@ -47,8 +47,8 @@ def reduction_groups(world_size: int, *, dp: int, pp: int, cp: int, tp: int, ep:
 
 
 def recipes(steps: int = 3):
-    """The chapter's recipe (measure.recipe: tiny GPT, 4 layers, global batch 16 × 8 tokens) in float64 and float32."""
-    from .measure import recipe
+    """Chapter 08's recipe (tiny GPT, 4 layers, global batch 16 × 8 tokens) in float64 and float32."""
+    from minipar.course.hybrid_runs import recipe
     r64, r32 = recipe(steps), recipe(steps)
     r32.dtype = torch.float32
     return r64, r32
@@ -123,7 +123,7 @@ def run_5d(recipe64, recipe32, layout: Layout = LAYOUT_5D) -> dict:
 
 
 def run_chapter(steps: int = 2, layout: Layout = LAYOUT_5D, moe_layout: Layout = MOE_LAYOUT_5D) -> dict:
-    """§9's runs, ``steps`` steps each: one launch of 16 ranks for :func:`run_5d`'s dense runs (float64 traced,
+    """§2's runs, ``steps`` steps each: one launch of 16 ranks for :func:`run_5d`'s dense runs (float64 traced,
     peak measured on the ranks of :func:`_tracked`; float32), one for :func:`run_5d_moe`'s MoE run (no memory
     tracking: the chapter reads its model states, which a rank counts at the end without it). Two launches, not
     one: a process that already holds the dense trainers' process groups (65 per trainer on this mesh) runs the
@@ -150,7 +150,7 @@ def moe_recipe(layout: Layout = MOE_LAYOUT_5D, steps: int = 3, experts: int = 4)
     """The chapter's model (4 layers, hidden 32, global batch 16 × 8 tokens, float64) with every FFN an MoE layer
     of ``experts`` experts, top-1, capacity factor E/k (no token dropped), Switch balancing loss α = 0.01."""
     from minipar.hybrid.experts import hybrid_moe_recipe
-    from .measure import BATCH, SEQ
+    from minipar.course.hybrid_runs import BATCH, SEQ
     return hybrid_moe_recipe(layout, steps=steps, batch_size=BATCH, seq_len=SEQ, experts=experts, k=1,
                              capacity_factor=float(experts), n_layer=4)
 
@@ -219,7 +219,7 @@ def declared_cluster(devices_per_node: int = 8, nodes: int = 2, intra_bw: float 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# §9 recorded: two launches of 16 ranks cost about a minute of two shared cores, so the chapter shows a record
+# recorded: two launches of 16 ranks cost about a minute of two shared cores, so the chapter shows a record
 # ---------------------------------------------------------------------------------------------------------
 
 RECORD_COMMAND = "python -m minipar bench five-d"
@@ -283,11 +283,11 @@ def load_chapter(path=None) -> dict:
 
 
 def record_main(argv=None) -> int:
-    """``python -m minipar bench five-d [--out FILE]``: run §9's launches and write their record."""
+    """``python -m minipar bench five-d [--out FILE]``: run chapter 09b's launches and write their record."""
     import argparse
     import json
     from .recorded import FIVE_D_RECORD
-    parser = argparse.ArgumentParser(prog=RECORD_COMMAND, description="record chapter 08's 16-rank runs (§9)")
+    parser = argparse.ArgumentParser(prog=RECORD_COMMAND, description="record chapter 09b's 16-rank runs")
     parser.add_argument("--out", default=str(FIVE_D_RECORD))
     parser.add_argument("--steps", type=int, default=2)
     a = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Chapter 08's printed tables of §9 (five dimensions on 16 ranks), each one value: a
+"""Chapter 09b's printed tables of §2 (five dimensions on 16 ranks), each one value: a
 :class:`minipar.course.report.Report` whose text the cell prints and whose ``check()`` asserts what the chapter's
 sentences say about its numbers. ``five`` is :func:`.five_d.run_chapter`'s dict (one launch feeds them all)."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _check_groups(r: Report) -> None:
 
 
 def groups_asked(five: dict, mesh: Mesh, dense_groups: list) -> Report:
-    """§9.1: each running rank's groups as torch reports them (the sum of rank ids over each proves the members)."""
+    """§2.1: each running rank's groups as torch reports them (the sum of rank ids over each proves the members)."""
     lines = [f"{'rank':>4} {'coords':>15} | {'dp×cp (grads)':>15} {'tp':>8} {'pp':>8} {'cp':>8}"]
     for rank, seen in enumerate(five["groups"]):
         lines.append(f"{rank:>4} {_coords(mesh, rank):>15} | " + " ".join(
@@ -56,7 +56,7 @@ def _check_ops(r: Report) -> None:
 
 
 def ops_table(five: dict, mesh: Mesh, step: int = 1) -> Report:
-    """§9.1: what travelled over each group in one traced step (calls and payload per rank, mean over ranks)."""
+    """§2.1: what travelled over each group in one traced step (calls and payload per rank, mean over ranks)."""
     ops = ops_by_dims(five["trace"], mesh, step=step)
     lines = [f"{op:>10} over {' × '.join(dims):>7}: {calls:5.1f} calls, {payload:8.0f} B payload per rank — "
              f"{WHAT.get((op, dims), '?')}" for (op, dims), (calls, payload) in ops.items()]
@@ -70,7 +70,7 @@ def _check_crossing(r: Report) -> None:
 
 
 def node_crossing(runs16: list, layout) -> Report:
-    """§9.2: calls and bytes per rank per step by dimension, and which cross a node boundary (8 devices per node)
+    """§2.2: calls and bytes per rank per step by dimension, and which cross a node boundary (8 devices per node)
     in minipar's order (dp outermost) and Megatron-Core's (pp outermost; torchtitan's alike)."""
     orders = {"dp outermost (minipar)": DEFAULT_ORDER, "pp outermost (Megatron)": megatron_order("tp-cp-ep-dp-pp")}
     mean = mean_bytes(runs16)
@@ -99,7 +99,7 @@ def _check_memory(r: Report) -> None:
 
 
 def memory_1_8_16(one_device: list, runs8: list, runs16: list, tracked16: list, recorded16: bool = False) -> Report:
-    """§9.4: model states and a step's peak per rank (max over the ranks that measured it) and bytes sent per
+    """§2.4: model states and a step's peak per rank (max over the ranks that measured it) and bytes sent per
     rank per step, for one device, dp 2 × pp 2 × tp 2 and dp 2 × pp 2 × cp 2 × tp 2 (``recorded16``: its row
     comes from the record, and says so)."""
     rows = {"1 rank": (one_device, one_device), "8 ranks dp2 pp2 tp2": (runs8, runs8),
@@ -125,7 +125,7 @@ def _check_loss(r: Report) -> None:
 
 
 def loss_across_layouts(five: dict) -> Report:
-    """§9.5: the same steps in float64 and float32, one device (trained now) against 16 ranks (max relative
+    """§2.5: the same steps in float64 and float32, one device (trained now) against 16 ranks (max relative
     |Δloss|, in ε)."""
     diffs, lines = {}, []
     who = "16 ranks (rec.)" if "recorded" in five else "16 ranks"
@@ -145,7 +145,7 @@ def _check_moe_groups(r: Report) -> None:
     r.comparison.assert_ok()
     for rank, o in enumerate(r.moe):
         seen = o["groups"]
-        for kind in ("dense", "ep", "expert_dp"):       # the running trainer's groups = expert_groups' (§9)
+        for kind in ("dense", "ep", "expert_dp"):       # the running trainer's groups = expert_groups' (§2)
             assert rank in seen[kind][0] and seen[kind][0] in r.g16[kind] and seen[kind][1] == sum(seen[kind][0])
         j = seen["ep"][0].index(rank)                   # place in the ep group → experts j·E/ep … (j+1)·E/ep − 1
         assert o["experts_held"] == [2 * j, 2 * j + 1]
@@ -154,7 +154,7 @@ def _check_moe_groups(r: Report) -> None:
 
 
 def moe_groups(five: dict, mesh: Mesh, g16: dict, layout) -> Report:
-    """§9.6: the MoE run against one device, and each rank's dense, ep and expert-DP groups (asked of its own
+    """§2.6: the MoE run against one device, and each rank's dense, ep and expert-DP groups (asked of its own
     trainer) and the experts it holds."""
     moe, rec = five["moe"], five["moe_recipe"]
     comparison = five.get("moe_comparison") or compare(train_reference(rec), [o["run"] for o in moe], dtype=torch.float64)
@@ -189,8 +189,8 @@ def _check_moe_bytes(r: Report) -> None:
 
 
 def moe_bytes(five: dict, layout) -> Report:
-    """§9.6: bytes per rank per step by kind (mean over ranks) from the group-tagged log, beside
-    ``bytes_formula(..., moe=)``, and §9.1's dense run on the same mesh; observed per window."""
+    """§2.6: bytes per rank per step by kind (mean over ranks) from the group-tagged log, beside
+    ``bytes_formula(..., moe=)``, and §2.1's dense run on the same mesh; observed per window."""
     runs, rec = [o["run"] for o in five["moe"]], five["moe_recipe"]
     model = rec.model()
     B, s = rec.batches[0][0].shape
@@ -219,7 +219,7 @@ def _check_moe_memory(r: Report) -> None:
 
 
 def moe_memory(five: dict) -> Report:
-    """§9.6: model states per rank, dense against MoE on 16 ranks, the experts' share of a rank's parameters,
+    """§2.6: model states per rank, dense against MoE on 16 ranks, the experts' share of a rank's parameters,
     and what ep = 2 saves against every rank holding all experts."""
     moe = five["moe"]
     moe_states = max(o["run"].model_state_bytes for o in moe)

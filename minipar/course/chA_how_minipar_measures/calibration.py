@@ -1,4 +1,4 @@
-"""Chapter 12's step model, and this machine calibrated for it: what ``bench calibrate`` and ``bench replay``
+"""Appendix A's step model, and this machine calibrated for it: what ``bench calibrate`` and ``bench replay``
 train, and the α-β links, FLOP/s and optimizer cost the planner is given to predict it.
 
 * :data:`STEP_CONFIG` / :func:`step_layouts`: one model (4 layers, h = 128, 16 sequences of 64 tokens) and the

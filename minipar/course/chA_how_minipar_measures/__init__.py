@@ -1,0 +1,1 @@
+"""Appendix A — How minipar measures: traces, replays, wire counting, spreads, calibration, recordings."""
