@@ -4,7 +4,7 @@ dimension a layout may split, on one device and across ranks alike.
 The order is :func:`tree_sum`: a dimension of n = 2^k elements is summed as a balanced tree of adjacent pairs,
 ``(x0 + x1) + (x2 + x3)``, ... A contiguous, aligned chunk of 2^j elements — what a rank holds of a dimension
 a power-of-two layout splits — is a subtree, so the rank's partial sum is that subtree's value, and
-:func:`tree_all_reduce` (all-gather, then the same tree over the ranks in rank order) completes exactly the tree
+:func:`minipar.comm.all_reduce` in the mode (all-gather, then the same tree over the ranks in rank order) completes exactly the tree
 one device builds. Elementwise multiplication and addition are correctly rounded, so a product formed
 elementwise and summed by the tree has the same bits whatever the shapes around it: no BLAS kernel is trusted
 to keep a per-element order across output shapes.
@@ -28,22 +28,13 @@ import math
 import torch
 import torch.distributed as dist
 
+from . import comm
 from .invariant_mode import cp_group
+from .tree import tree_sum
 
-__all__ = ["tree_sum", "tree_all_reduce", "tree_reduce_scatter", "token_sum", "Matmul", "matmul", "Linear", "linear",
+__all__ = ["tree_sum", "token_sum", "Matmul", "matmul", "Linear", "linear",
            "AddBias", "LayerNorm", "Softmax", "Embedding", "mean", "causal_attention", "GatherSequence",
            "context_parallel_attention"]
-
-
-def tree_sum(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """Σ over ``dim`` as a balanced tree of adjacent pairs (a length that is no power of two is padded with
-    zeros at the end: x + 0 = x exactly)."""
-    x = x.movedim(dim, 0)
-    while x.shape[0] > 1:
-        if x.shape[0] % 2:
-            x = torch.cat([x, x.new_zeros((1,) + x.shape[1:])])
-        x = x[0::2] + x[1::2]
-    return x[0]
 
 
 def _group_size(group) -> int:
@@ -52,26 +43,10 @@ def _group_size(group) -> int:
 
 def _gathered(t: torch.Tensor, group) -> torch.Tensor:
     """(ranks, *t.shape): every rank's ``t`` in rank order (one all-gather through minipar.comm: logged)."""
-    from . import comm            # comm dispatches its all-reduce here in the invariant mode
     n = _group_size(group)
     out = t.new_empty((n * t.numel(),))
     comm.all_gather_into_tensor(out, t.contiguous().reshape(-1), group=group)
     return out.view((n,) + tuple(t.shape))
-
-
-def tree_all_reduce(t: torch.Tensor, group) -> torch.Tensor:
-    """Σ over the ranks of ``group`` in the canonical order, into ``t``: all-gather, then :func:`tree_sum` over
-    the ranks in rank order — the same numbers on every rank (a ring all-reduce adds in an order that
-    depends on the rank and the chunk). Sends (n−1)·|t| bytes per rank, a ring's n/2 times."""
-    if _group_size(group) == 1:
-        return t
-    return t.copy_(tree_sum(_gathered(t, group)).view_as(t))
-
-
-def tree_reduce_scatter(out: torch.Tensor, t: torch.Tensor, group) -> torch.Tensor:
-    """This rank's 1/n of :func:`tree_all_reduce` of the flat ``t``, into ``out``."""
-    total = tree_sum(_gathered(t, group))
-    return out.copy_(total.reshape(-1).chunk(_group_size(group))[dist.get_rank(group)].view_as(out))
 
 
 def token_sum(per_token: torch.Tensor, seq_group=None) -> torch.Tensor:
@@ -261,7 +236,6 @@ class GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from . import comm
         n = _group_size(ctx.group)
         mine = torch.stack(g.chunk(n, -2)).contiguous()                           # (n, …, s/n, d): chunk j → rank j
         theirs = torch.empty_like(mine)

@@ -34,8 +34,8 @@ import torch.distributed as dist
 
 from .calls import call, irecv, isend, recv, send
 from .flat import FlatLayout
-from . import canonical
 from .invariant_mode import active as invariant_active
+from .tree import tree_sum
 from .comm_log import CommLog, CommRecord, recording
 from .rings import (on_ring, ring_algorithms, ring_all_gather, ring_all_reduce, ring_exchange, ring_reduce_scatter,
                     ring_reduce_scatter_into, rings_selected, root_all_reduce)
@@ -97,6 +97,15 @@ def _ring_shaped(op, run, n, s, group, async_op, result, tensor):
     return work if async_op else result
 
 
+def _all_gathered(t: torch.Tensor, group) -> torch.Tensor:
+    """(ranks, *t.shape): every rank's ``t`` in rank order. The invariant mode's all-reduce is this all-gather
+    and then :func:`minipar.tree.tree_sum` over the ranks, the same on every rank — a ring adds in an order that
+    depends on the rank and the chunk; it sends (n−1)·|t| bytes per rank, a ring's n/2 times."""
+    out = t.new_empty((_size(group) * t.numel(),))
+    all_gather_into_tensor(out, t.contiguous().reshape(-1), group=group)
+    return out.view((_size(group),) + tuple(t.shape))
+
+
 class _Completed:
     """The work of a collective that already ran (the invariant mode's tree all-reduce blocks)."""
 
@@ -109,7 +118,8 @@ class _Completed:
 
 def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
     if invariant_active() and op == dist.ReduceOp.SUM:   # the invariant mode: a fixed tree in rank order
-        canonical.tree_all_reduce(t, group)
+        if _size(group) > 1:
+            t.copy_(tree_sum(_all_gathered(t, group)).view_as(t))
         return _Completed() if async_op else t
     if on_ring("all_reduce", op, async_op):
         return ring_all_reduce(t, group)
@@ -158,7 +168,8 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
                           async_op: bool = False):
     """Like :func:`reduce_scatter`, from one flat tensor split into N equal pieces."""
     if invariant_active() and op == dist.ReduceOp.SUM:   # the invariant mode: a fixed tree in rank order
-        canonical.tree_reduce_scatter(out, t, group)
+        total = tree_sum(_all_gathered(t, group)).reshape(-1)
+        out.copy_(total.chunk(_size(group))[dist.get_rank(group)].view_as(out))
         return _Completed() if async_op else out
     if on_ring("reduce_scatter", op, async_op):
         return ring_reduce_scatter_into(out, t, group)

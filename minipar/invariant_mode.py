@@ -63,6 +63,10 @@ import contextlib
 import contextvars
 import functools
 
+import torch
+
+from .tree import tree_sum
+
 __all__ = ["invariant", "active", "cp_group", "in_own_mode", "validate", "MicroBatchGradients"]
 
 _on: contextvars.ContextVar = contextvars.ContextVar("minipar_invariant", default=False)
@@ -129,7 +133,7 @@ def validate(layout, cfg, batch: int, seq: int, *, moe: bool = False) -> None:
 class MicroBatchGradients:
     """Gradient accumulation over micro-batches as a tree, not a running ``.grad +=``: in the mode, a hook
     takes each micro-batch's gradient out of ``.grad`` as soon as it is accumulated (backwards run in
-    micro-batch order), and :meth:`finish` puts :func:`minipar.canonical.tree_sum` of them back — a subtree of
+    micro-batch order), and :meth:`finish` puts :func:`minipar.tree.tree_sum` of them back — a subtree of
     the token tree, as one device's single batch builds it."""
 
     def __init__(self, params):
@@ -143,8 +147,6 @@ class MicroBatchGradients:
             p.grad = None
 
     def finish(self) -> None:
-        import torch
-        from .canonical import tree_sum
         for p in self.params:
             parts = self.parts[id(p)]
             if parts:
