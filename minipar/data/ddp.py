@@ -12,7 +12,9 @@ are summed). The average is one all-reduce of every gradient: 2(N-1)/N · (gradi
 To hide that traffic, a hook on each parameter fires as soon as its gradient is accumulated; gradients
 are packed into *buckets* of about ``bucket_bytes`` (filled in reverse registration order, which is
 roughly the order backward produces them) and each bucket's all-reduce is launched asynchronously the
-moment it is full, while backward goes on computing the earlier layers' gradients. Buckets are launched
+moment it is full, while backward goes on computing the earlier layers' gradients. Each ``.grad`` then
+*is* its slot in the bucket (a view, as PyTorch's ``gradient_as_bucket_view=True``): the all-reduce
+averages the gradients in place, with no copy back. Buckets are launched
 strictly in index order, so every rank issues the same collectives in the same order even when a
 parameter gets no gradient on some rank (its slot is filled with zeros at the end of backward). The end
 of backward is hooked on the model's output, so a rank whose backward reaches no parameter at all still
@@ -94,8 +96,8 @@ class Reducer:
 
     def finish(self) -> list:
         """End of backward: fill the slots of parameters that got no gradient, launch what is left, wait
-        for every bucket and write the averages back into ``.grad``. Returns the parameters that had no
-        gradient on this rank."""
+        for every bucket; the averages are in ``.grad`` (its bucket slot; cast back from another
+        ``comm_dtype``). Returns the parameters that had no gradient on this rank."""
         absent = []
         for bucket in self.buckets[self.next_to_launch:]:
             absent += bucket.fill_missing()
