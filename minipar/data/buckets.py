@@ -42,10 +42,13 @@ class Bucket:
     existing ``.grad`` (``no_sync``, or ``zero_grad(set_to_none=False)``) writes straight into the bucket
     with no copy in either (PyTorch's ``gradient_as_bucket_view=True``). A fresh ``.grad`` (after
     ``zero_grad(set_to_none=True)``) is copied in once. In another ``comm_dtype`` (e.g. bfloat16 on the wire,
-    to halve the bytes) gradients are cast into the buffer, sent, and cast back into ``.grad``."""
+    to halve the bytes) gradients are cast into the buffer, sent, and cast back into ``.grad``.
 
-    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None):
-        self.index, self.params = index, list(params)
+    ``divisor``: a gradient enters its slot divided by it (N, the group size, to average: the sum of the
+    g_r / N is the mean), in the same pass as the copy (and cast), not as one more pass over the buffer."""
+
+    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None, divisor: int = 1):
+        self.index, self.params, self.divisor = index, list(params), divisor
         dtype = comm_dtype or self.params[0].dtype
         self.grads_are_views = all(p.dtype == dtype for p in self.params)
         self.layout = FlatLayout([p.shape for p in self.params])              # unpadded: one part
@@ -63,14 +66,15 @@ class Bucket:
         return self.is_full
 
     def _hold(self, i: int, param) -> None:
-        """Slot i gets ``param.grad`` (zeros if None); with views, ``param.grad`` becomes slot i."""
+        """Slot i gets ``param.grad`` / divisor (zeros if None); with views, ``param.grad`` becomes slot i."""
         view, grad = self.views[i], param.grad
         if grad is None:
             view.zero_()
         elif grad.data_ptr() == view.data_ptr():          # already the slot: backward accumulated into it
+            view.div_(self.divisor)
             return
         else:
-            view.copy_(grad)                              # (and cast, in another comm_dtype)
+            torch.div(grad, self.divisor, out=view)       # copy in (and cast, in another comm_dtype)
         if self.grads_are_views:
             param.grad = view
 

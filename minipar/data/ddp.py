@@ -57,7 +57,8 @@ class Reducer:
 
     ``collective(buffer, group)`` launches the reduction and returns an async work handle; the default is
     ``comm.all_reduce(..., async_op=True)`` (a sharded strategy can pass a reduce-scatter instead).
-    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing).
+    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing),
+    as each gradient is copied into its bucket.
     Its timeline (gradients ready, buckets launched and done) is observed from outside:
     :func:`minipar.data.ddp_measure.watch_buckets`.
     """
@@ -65,12 +66,13 @@ class Reducer:
     def __init__(self, params: list, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  comm_dtype: torch.dtype | None = None, average: bool = True, collective=None,
                  names: dict | None = None):
-        self.group, self.average = group, average
+        self.group = group
         self.collective = collective or (lambda buf, g: comm.all_reduce(buf, group=g, async_op=True))
         element_size = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype else None
         # Reverse registration order: the last layers' gradients are ready first in backward.
         ordered = list(reversed(params))
-        self.buckets = [Bucket(i, ps, comm_dtype)
+        divisor = dist.get_world_size(group) if average else 1
+        self.buckets = [Bucket(i, ps, comm_dtype, divisor)
                         for i, ps in enumerate(assign_buckets(ordered, bucket_bytes, element_size))]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.names = names or {}
@@ -78,8 +80,8 @@ class Reducer:
 
     def grad_ready(self, param) -> None:
         """Called by a parameter's hook once its gradient is accumulated."""
-        self.bucket_of[id(param)].fill(param)
-        self.launch_ready()
+        if self.bucket_of[id(param)].fill(param):        # its bucket is full now: maybe launch it
+            self.launch_ready()
 
     def launch_ready(self) -> None:
         """Launch every full bucket, in index order only: a full bucket waits for the earlier ones, so all
@@ -89,9 +91,7 @@ class Reducer:
             self.next_to_launch += 1
 
     def launch(self, bucket: Bucket) -> None:
-        """Start ``bucket``'s reduction asynchronously (averaged first: divide by N, then sum)."""
-        if self.average:
-            bucket.buffer.div_(dist.get_world_size(self.group))
+        """Start ``bucket``'s reduction asynchronously (its slots already hold g_r / N: the sum is the mean)."""
         bucket.work = self.collective(bucket.buffer, self.group)
 
     def finish(self) -> list:
