@@ -98,6 +98,42 @@ def test_bf16_on_the_wire_stays_within_bf16_tolerance():
     assert c.max_abs_diff > 0  # it is really rounded on the wire, not silently float32
 
 
+def _grads_as_bucket_views(rank, world_size, recipe):
+    """Two steps of two micro-batches (no_sync, then synced): the first after zero_grad(set_to_none=True),
+    the second after zero_grad(set_to_none=False), which keeps the gradients and backward accumulates into
+    them in place. Per step: is every .grad its bucket slot (same memory), and the largest difference from
+    the global batch's gradient on one device; then the same for a bfloat16 wire."""
+    out = []
+    for comm_dtype in (None, torch.bfloat16):
+        model, alone = recipe.model(), recipe.model()
+        wrapped = ddp.DistributedDataParallel(model, bucket_bytes=1024, comm_dtype=comm_dtype)
+        slots = {id(p): v for b in wrapped.reducer.buckets for p, v in zip(b.params, b.views)}
+        for set_to_none, batch in zip((True, False), recipe.batches):
+            model.zero_grad(set_to_none=set_to_none)
+            alone.zero_grad(set_to_none=True)
+            recipe.loss(alone, *batch).backward()                 # one device, the global batch
+            x, y = shard_batch(batch, rank, world_size)
+            for i, (mx, my) in enumerate(zip(x.chunk(2), y.chunk(2))):
+                with wrapped.no_sync() if i == 0 else contextlib.nullcontext():
+                    (recipe.loss(wrapped, mx, my) / 2).backward()
+            views = [p.grad.data_ptr() == slots[id(p)].data_ptr() for p in model.parameters()]
+            worst = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), alone.parameters()))
+            out.append((comm_dtype, set_to_none, all(views), not any(views), worst))
+    return out
+
+
+def test_gradients_are_views_of_the_buckets_so_nothing_is_copied_back():
+    """PyTorch's gradient_as_bucket_view: the reduced bucket is the gradient (no copy out after the
+    all-reduce; a kept .grad is accumulated into in place, no copy in either), and it is the right
+    gradient with and without set_to_none. With bfloat16 on the wire .grad stays float32, cast back."""
+    for rank_rows in launch(_grads_as_bucket_views, 2, mlp_recipe(steps=2, batch_size=8), **QUIET):
+        for comm_dtype, set_to_none, all_views, no_views, worst in rank_rows:
+            if comm_dtype is None:
+                assert all_views and worst <= 1e-6, (set_to_none, worst)
+            else:
+                assert no_views and worst <= 2e-2, (set_to_none, worst)
+
+
 def _overlap(rank, world_size, recipe):
     model = ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET)
     timeline = watch_buckets(model)

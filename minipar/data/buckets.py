@@ -36,12 +36,21 @@ def assign_buckets(params: list, bucket_bytes: int, element_size: int | None = N
 class Bucket:
     """A flat buffer for some parameters' gradients, reduced as one message.
 
-    ``buffer`` is in ``comm_dtype`` (the parameters' dtype by default): gradients are cast into it, sent,
-    and cast back, so a 16-bit ``comm_dtype`` halves the bytes on the wire."""
+    ``buffer`` is in ``comm_dtype`` (the parameters' dtype by default). In the parameters' own dtype the
+    buffer *is* their gradients: a parameter's ``.grad`` becomes its slot, a view into ``buffer``, so the
+    reduced average lands in ``.grad`` with no copy out, and a later backward that accumulates into an
+    existing ``.grad`` (``no_sync``, or ``zero_grad(set_to_none=False)``) writes straight into the bucket
+    with no copy in either (PyTorch's ``gradient_as_bucket_view=True``). A fresh ``.grad`` (after
+    ``zero_grad(set_to_none=True)``) is copied in once. In another ``comm_dtype`` (e.g. bfloat16 on the wire,
+    to halve the bytes) gradients are cast into the buffer, sent, and cast back into ``.grad``.
 
-    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None):
-        self.index, self.params = index, list(params)
+    ``divisor``: a gradient enters its slot divided by it (N, the group size, to average: the sum of the
+    g_r / N is the mean), in the same pass as the copy (and cast), not as one more pass over the buffer."""
+
+    def __init__(self, index: int, params: list, comm_dtype: torch.dtype | None = None, divisor: int = 1):
+        self.index, self.params, self.divisor = index, list(params), divisor
         dtype = comm_dtype or self.params[0].dtype
+        self.grads_are_views = all(p.dtype == dtype for p in self.params)
         self.layout = FlatLayout([p.shape for p in self.params])              # unpadded: one part
         self.buffer = torch.zeros(self.layout.numel, dtype=dtype, device=self.params[0].device)
         self.views = self.layout.views(self.buffer)                           # slot i, of parameter i's shape
@@ -50,11 +59,24 @@ class Bucket:
         self.work = None
 
     def fill(self, param) -> bool:
-        """Copy ``param.grad`` into its slot; return True when every slot is filled."""
+        """Put ``param.grad`` into its slot; return True when every slot is filled."""
         i = self.slot[id(param)]
-        self.views[i].copy_(param.grad)
+        self._hold(i, param)
         self.filled.add(i)
         return self.is_full
+
+    def _hold(self, i: int, param) -> None:
+        """Slot i gets ``param.grad`` / divisor (zeros if None); with views, ``param.grad`` becomes slot i."""
+        view, grad = self.views[i], param.grad
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() == view.data_ptr():          # already the slot: backward accumulated into it
+            view.div_(self.divisor)
+            return
+        else:
+            torch.div(grad, self.divisor, out=view)       # copy in (and cast, in another comm_dtype)
+        if self.grads_are_views:
+            param.grad = view
 
     @property
     def is_full(self) -> bool:
@@ -67,16 +89,17 @@ class Bucket:
         for i, p in enumerate(self.params):
             if i in self.filled:
                 continue
-            if p.grad is not None:
-                self.views[i].copy_(p.grad)
-            else:
-                self.views[i].zero_()
+            if p.grad is None:
                 absent.append(p)
+            self._hold(i, p)
             self.filled.add(i)
         return absent
 
     def copy_out(self) -> None:
-        """Write the reduced buffer back into every parameter's ``.grad``."""
+        """Write the reduced buffer back into every parameter's ``.grad`` (cast back from ``comm_dtype``);
+        nothing to do when the gradients are views of the buffer."""
+        if self.grads_are_views:
+            return
         for i, p in enumerate(self.params):
             if p.grad is None:
                 p.grad = torch.empty_like(p)

@@ -12,7 +12,9 @@ are summed). The average is one all-reduce of every gradient: 2(N-1)/N · (gradi
 To hide that traffic, a hook on each parameter fires as soon as its gradient is accumulated; gradients
 are packed into *buckets* of about ``bucket_bytes`` (filled in reverse registration order, which is
 roughly the order backward produces them) and each bucket's all-reduce is launched asynchronously the
-moment it is full, while backward goes on computing the earlier layers' gradients. Buckets are launched
+moment it is full, while backward goes on computing the earlier layers' gradients. Each ``.grad`` then
+*is* its slot in the bucket (a view, as PyTorch's ``gradient_as_bucket_view=True``): the all-reduce
+averages the gradients in place, with no copy back. Buckets are launched
 strictly in index order, so every rank issues the same collectives in the same order even when a
 parameter gets no gradient on some rank (its slot is filled with zeros at the end of backward). The end
 of backward is hooked on the model's output, so a rank whose backward reaches no parameter at all still
@@ -55,7 +57,8 @@ class Reducer:
 
     ``collective(buffer, group)`` launches the reduction and returns an async work handle; the default is
     ``comm.all_reduce(..., async_op=True)`` (a sharded strategy can pass a reduce-scatter instead).
-    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing).
+    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing),
+    as each gradient is copied into its bucket.
     Its timeline (gradients ready, buckets launched and done) is observed from outside:
     :func:`minipar.data.ddp_measure.watch_buckets`.
     """
@@ -63,12 +66,13 @@ class Reducer:
     def __init__(self, params: list, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  comm_dtype: torch.dtype | None = None, average: bool = True, collective=None,
                  names: dict | None = None):
-        self.group, self.average = group, average
+        self.group = group
         self.collective = collective or (lambda buf, g: comm.all_reduce(buf, group=g, async_op=True))
         element_size = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype else None
         # Reverse registration order: the last layers' gradients are ready first in backward.
         ordered = list(reversed(params))
-        self.buckets = [Bucket(i, ps, comm_dtype)
+        divisor = dist.get_world_size(group) if average else 1
+        self.buckets = [Bucket(i, ps, comm_dtype, divisor)
                         for i, ps in enumerate(assign_buckets(ordered, bucket_bytes, element_size))]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.names = names or {}
@@ -76,8 +80,8 @@ class Reducer:
 
     def grad_ready(self, param) -> None:
         """Called by a parameter's hook once its gradient is accumulated."""
-        self.bucket_of[id(param)].fill(param)
-        self.launch_ready()
+        if self.bucket_of[id(param)].fill(param):        # its bucket is full now: maybe launch it
+            self.launch_ready()
 
     def launch_ready(self) -> None:
         """Launch every full bucket, in index order only: a full bucket waits for the earlier ones, so all
@@ -87,15 +91,13 @@ class Reducer:
             self.next_to_launch += 1
 
     def launch(self, bucket: Bucket) -> None:
-        """Start ``bucket``'s reduction asynchronously (averaged first: divide by N, then sum)."""
-        if self.average:
-            bucket.buffer.div_(dist.get_world_size(self.group))
+        """Start ``bucket``'s reduction asynchronously (its slots already hold g_r / N: the sum is the mean)."""
         bucket.work = self.collective(bucket.buffer, self.group)
 
     def finish(self) -> list:
         """End of backward: fill the slots of parameters that got no gradient, launch what is left, wait
-        for every bucket and write the averages back into ``.grad``. Returns the parameters that had no
-        gradient on this rank."""
+        for every bucket; the averages are in ``.grad`` (its bucket slot; cast back from another
+        ``comm_dtype``). Returns the parameters that had no gradient on this rank."""
         absent = []
         for bucket in self.buckets[self.next_to_launch:]:
             absent += bucket.fill_missing()

@@ -60,7 +60,9 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
 def _check_measured(r: Report) -> None:
     assert max(r.buckets.values()) < r.s_star / 4           # every bucket of the tiny model, even one, below S*
     assert r.compute_dgx >= r.kernels * r.dgx.device.launch_floor > 0.9 * r.compute_dgx   # launch floors, mostly
-    assert all(r.rows[n]["hidden_dgx"] > 0.9 for n in r.ddp_names[:-1])   # launch-bound backward hides buckets
+    # launch-bound backward hides most of the buckets' time: all but the last bucket's, launched as backward ends
+    # (85-90 % since .grad is a view of its bucket; 100 % while the copies back into .grad ran after it, hiding it)
+    assert all(r.rows[n]["hidden_dgx"] > 0.8 for n in r.ddp_names[:-1])
     assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05 and r.rows["DDP one bucket"]["exposed_dgx"] > 0
 
 
@@ -153,7 +155,9 @@ def _check_u(r: Report) -> None:
     steps = [row["step"] for row in r.rows]
     assert 0 < r.best < len(r.rows) - 1                                     # the lowest step is neither end: a U
     first, last = r.rows[0], r.rows[-1]
-    assert first["step"] > 1.2 * steps[r.best] and last["step"] > 1.02 * steps[r.best]   # both arms rise
+    # both arms rise; the right one by the last bucket's exposed all-reduce (about 2 % of the step since .grad is a
+    # view of its bucket: no copies back into .grad are left to count as compute after it)
+    assert first["step"] > 1.2 * steps[r.best] and last["step"] > 1.01 * steps[r.best]
     assert max(row["compute"] for row in r.rows) / min(row["compute"] for row in r.rows) - 1 < 1e-9   # one trace
     assert [row["buckets"] for row in r.rows] == sorted((row["buckets"] for row in r.rows), reverse=True)
     assert last["buckets"] == 1
