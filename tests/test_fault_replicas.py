@@ -29,8 +29,17 @@ def tiny_recipe(steps: int, batch_size: int = 6):
     return recipe
 
 
-def alive_children() -> list:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != "zombie"]
+def _alive_children() -> dict:
+    return {p.pid: p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+@pytest.fixture
+def new_children():
+    """The processes this test started that are still alive. Not every child of this process: a test worker
+    (pytest-xdist) may hold an earlier test's helper process, which is not this test's to clean up."""
+    before = set(_alive_children())
+    return lambda: [p for pid, p in sorted(_alive_children().items()) if pid not in before]
 
 
 def assert_equals_one_device_over_the_committed_rows(recipe, n_replicas, result):
@@ -42,7 +51,7 @@ def assert_equals_one_device_over_the_committed_rows(recipe, n_replicas, result)
     assert all(torch.equal(first[n], p[n]) for p in result.params.values() for n in first)   # bit for bit
 
 
-def test_a_replica_killed_in_a_half_done_step_is_dropped_then_heals_and_the_run_equals_one_device():
+def test_a_replica_killed_in_a_half_done_step_is_dropped_then_heals_and_the_run_equals_one_device(new_children):
     """Replica 1 dies after its gradient went into the others' all-reduce, before it voted: that round is
     aborted (the others never apply the average it poisoned), step 2 is retried and committed by replicas 0 and 2
     alone, over their rows; the restarted replica heals from a peer and ends identical to them."""
@@ -60,10 +69,10 @@ def test_a_replica_killed_in_a_half_done_step_is_dropped_then_heals_and_the_run_
     assert [(e["replica"], e["source"]) for e in healed] == [(1, 0)] and healed[0]["seconds"] > 0
     assert [n for _, _, n in result.losses] == [len(m) for _, m in result.committed]
     assert_equals_one_device_over_the_committed_rows(recipe, 3, result)
-    assert alive_children() == []
+    assert new_children() == []
 
 
-def test_two_rank_tensor_parallel_replicas_lose_one_rank_and_heal_every_shard():
+def test_two_rank_tensor_parallel_replicas_lose_one_rank_and_heal_every_shard(new_children):
     """Replicas of 2 tp ranks: replica 1's rank 1 dies before its all-reduce; its rank 0 is stopped by the
     supervisor; each rank of the restarted replica heals its own shard from its counterpart."""
     recipe = tiny_recipe(steps=4, batch_size=4)
@@ -72,7 +81,7 @@ def test_two_rank_tensor_parallel_replicas_lose_one_rank_and_heal_every_shard():
     assert dict(result.committed)[1] == [0] and result.committed[-1][1] == [0, 1]
     assert result.generations == {0: 0, 1: 1}
     assert_equals_one_device_over_the_committed_rows(recipe, 2, result)
-    assert alive_children() == []
+    assert new_children() == []
 
 
 class FailingAdam(torch.optim.Adam):
@@ -85,13 +94,13 @@ class FailingAdam(torch.optim.Adam):
         return super().step(closure)
 
 
-def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_no_process_left():
+def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_no_process_left(new_children):
     recipe = tiny_recipe(steps=4)
     recipe.optimizer = lambda params: FailingAdam(params, lr=1e-3)
     with pytest.raises(RankError, match=r"\(replica \d, its rank 0\) ValueError: a planted bug") as caught:
         replicas.run(recipe, replicas=2, micro_batches=1)
     assert "test_fault_replicas.py" in caught.value.rank_traceback
-    assert alive_children() == []
+    assert new_children() == []
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -102,12 +111,12 @@ def test_a_rank_that_raises_ends_the_run_with_an_error_naming_it_and_no_process_
     (["--replicas", "4"], "does not split over 4 replicas"),
     (["--replicas", "2", "--dp", "2", "--micro-batches", "2"], "cannot be cut into dp × m"),
 ])
-def test_bad_replica_flags_exit_2_before_any_process(flags, words, capsys):
+def test_bad_replica_flags_exit_2_before_any_process(flags, words, capsys, new_children):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--batch-size", "6", "--steps", "2", "--micro-batches", "1", *flags])
     assert exit_.value.code == 2
     assert words in capsys.readouterr().err
-    assert alive_children() == []
+    assert new_children() == []
 
 
 @pytest.mark.serial
