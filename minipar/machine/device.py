@@ -7,7 +7,7 @@ lasts::
     t = max(F / (peak · η_F),  B / (HBM bandwidth · η_B))  +  k · launch floor
 
 * η_F — the fraction of the tensor cores' peak a kernel of that kind reaches: ``gemm_efficiency`` for a large
-  matmul (the one number fitted, once, per card: :data:`FITTED`), ``attention_efficiency`` for a fused
+  matmul (at most one number fitted per card, to one named published run: :data:`FITTED`), ``attention_efficiency`` for a fused
   FlashAttention kernel (Dao 2023: 50–73 % of an A100's peak forward + backward; FlashAttention-3, Shah et
   al. 2024: FlashAttention-2 reaches about 35 % of an H100's). An element-wise operator's FLOPs are so few
   that its bytes decide.
@@ -27,10 +27,11 @@ ones), counted from a program by :mod:`minipar.observe.opcount` or written down 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
-           "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,21 @@ def achieved_flops(op: Op, card: DeviceCard) -> float:
     return op.flops * op.count / op_seconds(op, card)
 
 
-# What was fitted, once (python -m minipar bench published --fit prints the fit again): each card's
-# gemm_efficiency, the only free number, chosen to minimise the largest |predicted/published − 1| over the
-# published runs of that card (minipar.plan.published). Everything else is a datasheet or a paper.
-FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.815, over Korthikanti et al. 2022 Table 5 (8 runs, one "
-                             "number: the check is that it fits all eight)"),
+# What was fitted (python -m minipar bench published --fit prints the fit again): at most one number per card,
+# each fitted to ONE published run named here, its calibration row (minipar.plan.published); every other row
+# of bench published is a check. Everything else is a datasheet, a paper or a measurement.
+FITTED = {"A100-SXM4-80GB": ("calibration: gemm_efficiency = 0.78, fitted to Korthikanti et al. 2022 Table 5's "
+                             "175B SP + selective row alone (GPT-3, chosen before the fit); the other seven "
+                             "rows of that table and MT-NLG's three (on A100-SXM4-40GB, the same chip) are "
+                             "checks"),
           "H100-SXM5-80GB": ("gemm_efficiency = 0.72, measured: the median over 78 timings of matmuls from "
                              "three GPT layer sizes, each run ten times back to back, on one H100 80GB HBM3 "
                              "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, minipar/machine/data/gpu/, "
                              "minipar.machine.gpu_measured.gemm_efficiency); range 0.15–0.82"),
-          "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
-                            "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
+          "H100-SXM-500W": ("calibration: gemm_efficiency = 0.45, fitted to torchtitan's Llama-3.1-8B FSDP row "
+                            "alone; not a kernel's efficiency (one H100 at 700 W measured 0.72): it carries the "
+                            "500 W clock and whatever of torchtitan's eager step the operator model misses. Its "
+                            "Llama-3.1-405B FSDP + TP row is the check")}
 
 _FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it is, a round number; one H100 "
           "ran the 53 kernels of a tiny layer's forward + backward in 111 µs of kernel time (2 µs each), and "
@@ -117,11 +122,16 @@ _FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it
           "EAGER_HOST_SECONDS (measured)")
 
 A100_SXM_80GB = DeviceCard(
-    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.72,
+    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.78, attention_efficiency=0.72,
     memory_efficiency=0.85,
     source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM); attention: "
            "FlashAttention-2 (Dao 2023) reaches up to 73 % of peak forward + backward; HBM: 85 %, about what "
            "streaming benchmarks reach (a round number); " + _FLOOR)
+
+A100_SXM_40GB = dataclasses.replace(
+    A100_SXM_80GB, name="A100-SXM4-40GB", hbm_bandwidth=1.555e12, memory_bytes=40e9,
+    source="NVIDIA A100 datasheet: 40 GB HBM2 at 1,555 GB/s (SXM); the same chip as A100-SXM4-80GB, whose "
+           "efficiencies (and calibration) it shares: nothing is fitted to it")
 
 H100_SXM = DeviceCard(
     "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.72, attention_efficiency=0.35,
@@ -137,7 +147,7 @@ H100_SXM_500W = DeviceCard(
            "limited to 500 W (below the 700 W the 989 TFLOP/s peak assumes: the fitted GEMM efficiency "
            "carries the lower clock); attention and floor as H100-SXM5-80GB")
 
-CARDS = {card.name: card for card in (A100_SXM_80GB, H100_SXM, H100_SXM_500W)}
+CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W)}
 
 
 # Operator rows (what minipar.observe.opcount.OperatorCounter.take returns, and what a trace's Compute holds)
