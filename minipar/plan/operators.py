@@ -149,13 +149,18 @@ def optimizer_step(parameters: float, bytes_per_parameter: float = 30.0, kernels
 
 def stage_seconds(model, layout, card: DeviceCard, kernels: Kernels = MEGATRON_2022, e: int = 2) -> dict:
     """Seconds of one micro-batch's forward + backward on a stage: {"layer": one layer, "first": the first
-    stage, "last": the last stage (with the head), "slowest": the larger}."""
+    stage, "last": the last stage (with the head), "slowest": the larger, "gemm" and "attention": the slowest
+    stage's layers' matmuls and attention core (what async TP and CP's ring hide their transfers under)}."""
     layers = model.layers // layout.pp
-    layer = ops_seconds(layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, kernels, e,
-                                   model.seq_len // layout.cp), card)
+    ops = layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, kernels, e,
+                     model.seq_len // layout.cp)
+    layer = ops_seconds(ops, card)
+    core = [op for op in ops if op.kind == "attention" or op.name.startswith(("scores", "scale-mask", "attention"))]
     embedding = ops_seconds([Op("embedding", "memory", 0.0, 3.0 * e * layout.micro_batch * model.seq_len
                                 * model.hidden, 3)], card)
     head = ops_seconds(head_step(model, layout.micro_batch, layout.tp, kernels, e), card)
     first = layers * layer + embedding + (head if layout.pp == 1 else 0.0)
     last = layers * layer + head + (embedding if layout.pp == 1 else 0.0)
-    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last)}
+    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last),
+            "gemm": layers * ops_seconds([op for op in ops if op.kind == "gemm" and op not in core], card),
+            "attention": layers * ops_seconds(core, card)}
