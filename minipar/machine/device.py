@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from .gemm import shape_efficiency
 
 __all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "flops_efficiency", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
-           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "B200", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,14 @@ H100_SXM_500W = DeviceCard(
            "limited to 500 W (below the 700 W the 989 TFLOP/s peak assumes: the fitted GEMM efficiency "
            "carries the lower clock); attention and floor as H100-SXM5-80GB")
 
-CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W)}
+B200 = DeviceCard(
+    "B200 (GB200 NVL72)", 2.5e15, 8e12, 186e9, 5e-6, gemm_efficiency=0.73, attention_efficiency=0.35,
+    memory_efficiency=0.85, sms=148, gemm_scheduler="stream-k",
+    source="NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s BF16 per 72 GPUs with sparsity (2.5 PFLOP/s dense each), "
+           "HBM3e 8 TB/s, 186 GB; 148 SMs; the efficiencies are the H100's, ASSUMED (nothing measured on a "
+           "B200, nothing fitted)")
+
+CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W, B200)}
 
 
 # Operator rows (what minipar.observe.opcount.OperatorCounter.take returns, and what a trace's Compute holds)
