@@ -128,7 +128,7 @@ FITTED = {"A100-SXM4-80GB": ("calibration: gemm_efficiency = 0.83 (a full tile's
                              "over the FLOP-bound ones of 78 timings of matmuls from "
                              "three GPT layer sizes, each run ten times back to back, on one H100 80GB HBM3 "
                              "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, minipar/machine/data/gpu/, "
-                             "minipar.machine.gpu_measured.gemm_efficiency); range 0.43–0.82"),
+                             "minipar.machine.gpu_measured.full_tile_efficiency); range 0.43–0.82"),
           "H100-SXM-500W": ("calibration: gemm_efficiency = 0.45, fitted to torchtitan's Llama-3.1-8B FSDP row "
                             "alone; not a kernel's efficiency (one H100 at 700 W measured 0.73): it carries the "
                             "500 W clock and whatever of torchtitan's eager step the operator model misses. Its "

@@ -25,7 +25,7 @@ from importlib import resources
 from .device import CARDS, EAGER_HOST_SECONDS, H100_SXM, DeviceCard, Op, eager_bounds, op_seconds, ops_of
 from .gemm import shape_efficiency
 
-__all__ = ["RUNS_DIR", "runs", "gemm_shapes", "gemm_efficiency", "gemm_rows", "class_ratios",
+__all__ = ["RUNS_DIR", "runs", "gemm_shapes", "gemm_efficiency", "full_tile_efficiency", "gemm_rows", "class_ratios",
            "host_seconds_per_operator", "step_rows", "table_text"]
 
 RUNS_DIR = resources.files("minipar.machine") / "data" / "gpu"     # package data (pyproject.toml), not a repo path
@@ -65,10 +65,18 @@ def _gemms(reports: list):
 
 
 def gemm_efficiency(reports: list, card: DeviceCard = H100_SXM) -> tuple:
-    """(median, low, high) of what a full tile sustained: each matmul's FLOP/s over the peak, timed back to
-    back (their launch hidden: the card's launch floor taken off), ÷ its shape's efficiency on the card
-    (:func:`minipar.machine.gemm.shape_efficiency`), over the matmuls that the roofline says are bound by
-    their FLOPs (bytes ÷ HBM under half their time); the median is what the card's ``gemm_efficiency`` says."""
+    """(median, low, high) fraction of the card's peak the matmuls reached, timed back to back (their launch
+    hidden: the card's launch floor taken off), the launch-bound tiny layer left out: their tiles' and their
+    bytes' losses included (:func:`full_tile_efficiency` takes them out)."""
+    etas = [row["flops"] / ((row["stream_s"] - card.launch_floor) * card.peak_flops) for _, _, row, _ in _gemms(reports)]
+    return statistics.median(etas), min(etas), max(etas)
+
+
+def full_tile_efficiency(reports: list, card: DeviceCard = H100_SXM) -> tuple:
+    """(median, low, high) of what a full tile sustained: each matmul's fraction of the peak
+    (:func:`gemm_efficiency`) ÷ its shape's efficiency on the card (:func:`minipar.machine.gemm.shape_efficiency`),
+    over the matmuls the roofline says are bound by their FLOPs (bytes ÷ HBM under half their time); the
+    median is what the card's ``gemm_efficiency`` says."""
     etas = []
     for _, _, row, shape in _gemms(reports):
         seconds = row["stream_s"] - card.launch_floor
