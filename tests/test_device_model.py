@@ -1,6 +1,7 @@
 """The device model (minipar.machine.device), the operator counter, the link cards and the published-runs
 check, pinned on hand-computed numbers: a GEMM, a LayerNorm, an Adam step, ring collectives, and the
-planner's step against Korthikanti et al. 2022 Table 5 and torchtitan (±15 %)."""
+planner's step against published runs: one calibration row per fitted card, the rest checks (±15 %, and
+MT-NLG's three rows, which the model misses, pinned where they lie)."""
 import dataclasses
 
 import pytest
@@ -19,7 +20,8 @@ from minipar.machine.trace import Compute
 from minipar.plan import estimate
 from minipar.plan.model import GPT3_175B, Transformer, forward_flops, layer_parameters
 from minipar.plan.operators import layer_forward, optimizer_step, stage_seconds
-from minipar.plan.published import RUNS, fit_gemm_efficiency, predict, table
+from minipar.machine.device import FITTED
+from minipar.plan.published import RUNS, fit_gemm_efficiency, predict, summary, table
 
 A100 = A100_SXM_80GB
 
@@ -111,21 +113,29 @@ def test_planner_prices_operators_on_a_device_card():
     assert "optimizer" not in old.time
 
 
-def test_published_runs_within_15_percent():
+def test_published_rows_are_calibration_or_check_and_the_checks_hold_where_said():
     rows = table()
-    assert len(rows) == len(RUNS) >= 10
-    for r in rows:
-        assert abs(r["ratio"] - 1) <= 0.15, r
-    assert {r["role"] for r in rows} == {"fitted", "check"}
+    assert len(rows) == len(RUNS) >= 13 and {r["role"] for r in rows} == {"calibration", "check"}
+    calibrated = [r for r in RUNS if r.calibration]
+    assert len({r.card.name for r in calibrated}) == len(calibrated)        # at most one fitted row per card
+    for run in calibrated:                                                  # FITTED names the row it was fitted to
+        assert "calibration" in FITTED[run.card.name] and run.name.split(" FSDP")[0] in FITTED[run.card.name]
+    got = summary(rows)
+    assert got["calibration"] == len(calibrated) == 2 and got["check"] == len(rows) - 2
+    for r in rows:                   # the checks the model meets: Korthikanti's other seven rows, torchtitan 405B
+        if not r["run"].startswith("MT-NLG"):
+            assert abs(r["ratio"] - 1) <= 0.15, r
+    mt_nlg = [r for r in rows if r["run"].startswith("MT-NLG")]
+    assert len(mt_nlg) == 3 and got["outside"] == [r["run"] for r in mt_nlg]
+    assert all(0.70 < r["ratio"] < 0.85 for r in mt_nlg)   # the known miss: DeepSpeed's 126 TFLOP/s, model faster
 
 
 def test_the_fit_is_what_the_cards_carry_and_moves_the_prediction():
-    for name in ("A100-SXM4-80GB", "H100-SXM-500W"):
-        card = CARDS[name]
-        runs = [r for r in RUNS if r.card is card and r.fitted]
-        eta, worst = fit_gemm_efficiency(runs, card, grid=[card.gemm_efficiency - 0.01, card.gemm_efficiency,
-                                                           card.gemm_efficiency + 0.01])
-        assert eta == card.gemm_efficiency and worst < 0.05
+    for run in (r for r in RUNS if r.calibration):
+        card = run.card
+        eta, worst = fit_gemm_efficiency([run], card, grid=[card.gemm_efficiency - 0.01, card.gemm_efficiency,
+                                                            card.gemm_efficiency + 0.01])
+        assert eta == card.gemm_efficiency and worst < 0.01
     run = RUNS[1]                                                   # 175B, SP + selective
     slower = predict(run, dataclasses.replace(A100, gemm_efficiency=0.6)).step_seconds
     assert slower / run.seconds > 1.15                             # the old assumption (0.6) misses the row

@@ -7,7 +7,7 @@ lasts::
     t = max(F / (peak · η_F),  B / (HBM bandwidth · η_B))  +  k · launch floor
 
 * η_F — the fraction of the tensor cores' peak a kernel of that kind reaches: ``gemm_efficiency`` for a large
-  matmul (the one number fitted, once, per card: :data:`FITTED`), ``attention_efficiency`` for a fused
+  matmul (at most one number fitted per card, to one named published run: :data:`FITTED`), ``attention_efficiency`` for a fused
   FlashAttention kernel (Dao 2023: 50–73 % of an A100's peak forward + backward; FlashAttention-3, Shah et
   al. 2024: FlashAttention-2 reaches about 35 % of an H100's). An element-wise operator's FLOPs are so few
   that its bytes decide.
@@ -27,10 +27,13 @@ ones), counted from a program by :mod:`minipar.observe.opcount` or written down 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
-           "H100_SXM", "H100_SXM_500W", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+from .gemm import shape_efficiency
+
+__all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "flops_efficiency", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
+           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "B200", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -47,28 +50,42 @@ class DeviceCard:
     attention_efficiency: float
     memory_efficiency: float
     source: str = ""
+    sms: int = 0                  # streaming multiprocessors: a GEMM with a shape is priced by its tiles (0: not)
+    gemm_scheduler: str = "waves"   # how its GEMM library deals tiles to the SMs (minipar.machine.gemm)
 
 
 @dataclass(frozen=True)
 class Op:
     """``count`` alike operators: each does ``flops`` FLOPs, moves ``bytes`` bytes and launches ``kernels``
     kernels. ``kind``: "gemm" (a matmul), "attention" (a fused attention kernel) or "memory" (everything
-    else: element-wise, norms, softmax, reductions, copies, the optimizer)."""
+    else: element-wise, norms, softmax, reductions, copies, the optimizer). ``shape``: a GEMM's
+    (batch, M, K, N), when known: its efficiency is then the card's × :func:`minipar.machine.gemm.shape_efficiency`."""
     name: str
     kind: str
     flops: float = 0.0
     bytes: float = 0.0
     kernels: int = 1
     count: float = 1
+    shape: tuple = ()
 
     def __post_init__(self):
         if self.kind not in ("gemm", "attention", "memory"):
             raise ValueError(f"Op.kind must be 'gemm', 'attention' or 'memory', got {self.kind!r}")
 
 
-def op_seconds(op: Op, card: DeviceCard) -> float:
-    """Seconds of ``op.count`` operators on ``card``: count · (max(F / (peak·η_F), B / (HBM·η_B)) + k·floor)."""
+def flops_efficiency(op: Op, card: DeviceCard) -> float:
+    """η_F of ``op`` on ``card``: the card's for its kind; a GEMM with a shape on a card that gives its SMs
+    also pays its tiles' quantization (:func:`minipar.machine.gemm.shape_efficiency`)."""
     eta = {"gemm": card.gemm_efficiency, "attention": card.attention_efficiency, "memory": 1.0}[op.kind]
+    if op.kind == "gemm" and op.shape and card.sms:
+        eta *= shape_efficiency(op.shape, card.sms, card.gemm_scheduler)
+    return eta
+
+
+def op_seconds(op: Op, card: DeviceCard) -> float:
+    """Seconds of ``op.count`` operators on ``card``: count · (max(F / (peak·η_F), B / (HBM·η_B)) + k·floor),
+    η_F from :func:`flops_efficiency`."""
+    eta = flops_efficiency(op, card)
     compute = op.flops / (card.peak_flops * eta) if op.flops else 0.0
     memory = op.bytes / (card.hbm_bandwidth * card.memory_efficiency)
     return op.count * (max(compute, memory) + op.kernels * card.launch_floor)
@@ -99,17 +116,23 @@ def achieved_flops(op: Op, card: DeviceCard) -> float:
     return op.flops * op.count / op_seconds(op, card)
 
 
-# What was fitted, once (python -m minipar bench published --fit prints the fit again): each card's
-# gemm_efficiency, the only free number, chosen to minimise the largest |predicted/published − 1| over the
-# published runs of that card (minipar.plan.published). Everything else is a datasheet or a paper.
-FITTED = {"A100-SXM4-80GB": ("gemm_efficiency = 0.815, over Korthikanti et al. 2022 Table 5 (8 runs, one "
-                             "number: the check is that it fits all eight)"),
-          "H100-SXM5-80GB": ("gemm_efficiency = 0.72, measured: the median over 78 timings of matmuls from "
+# What was fitted (python -m minipar bench published --fit prints the fit again): at most one number per card,
+# each fitted to ONE published run named here, its calibration row (minipar.plan.published); every other row
+# of bench published is a check. Everything else is a datasheet, a paper or a measurement.
+FITTED = {"A100-SXM4-80GB": ("calibration: gemm_efficiency = 0.83 (a full tile's; each GEMM × its shape's tile "
+                             "efficiency), fitted to Korthikanti et al. 2022 Table 5's "
+                             "175B SP + selective row alone (GPT-3, chosen before the fit); the other seven "
+                             "rows of that table and MT-NLG's three (on A100-SXM4-40GB, the same chip) are "
+                             "checks"),
+          "H100-SXM5-80GB": ("no calibration: gemm_efficiency = 0.73, measured: a full tile's rate, the median "
+                             "over the FLOP-bound ones of 78 timings of matmuls from "
                              "three GPT layer sizes, each run ten times back to back, on one H100 80GB HBM3 "
                              "(700 W, torch 2.11, 2026-11-27; tools/gpu_operators.py, minipar/machine/data/gpu/, "
-                             "minipar.machine.gpu_measured.gemm_efficiency); range 0.15–0.82"),
-          "H100-SXM-500W": ("gemm_efficiency = 0.45, over torchtitan's Llama-3.1-8B FSDP run alone; its "
-                            "Llama-3.1-405B FSDP + TP run is the check (not fitted)")}
+                             "minipar.machine.gpu_measured.full_tile_efficiency); range 0.43–0.82"),
+          "H100-SXM-500W": ("calibration: gemm_efficiency = 0.45, fitted to torchtitan's Llama-3.1-8B FSDP row "
+                            "alone; not a kernel's efficiency (one H100 at 700 W measured 0.73): it carries the "
+                            "500 W clock and whatever of torchtitan's eager step the operator model misses. Its "
+                            "Llama-3.1-405B FSDP + TP row is the check")}
 
 _FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it is, a round number; one H100 "
           "ran the 53 kernels of a tiny layer's forward + backward in 111 µs of kernel time (2 µs each), and "
@@ -117,27 +140,41 @@ _FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it
           "EAGER_HOST_SECONDS (measured)")
 
 A100_SXM_80GB = DeviceCard(
-    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.815, attention_efficiency=0.72,
-    memory_efficiency=0.85,
-    source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM); attention: "
+    "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.83, attention_efficiency=0.72,
+    memory_efficiency=0.85, sms=108, gemm_scheduler="waves",
+    source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM), 108 SMs; GEMM "
+           "tiles dealt in waves (cuBLAS on Ampere, the kernels of Megatron's 2022 runs); attention: "
            "FlashAttention-2 (Dao 2023) reaches up to 73 % of peak forward + backward; HBM: 85 %, about what "
            "streaming benchmarks reach (a round number); " + _FLOOR)
 
+A100_SXM_40GB = dataclasses.replace(
+    A100_SXM_80GB, name="A100-SXM4-40GB", hbm_bandwidth=1.555e12, memory_bytes=40e9,
+    source="NVIDIA A100 datasheet: 40 GB HBM2 at 1,555 GB/s (SXM); the same chip as A100-SXM4-80GB, whose "
+           "efficiencies (and calibration) it shares: nothing is fitted to it")
+
 H100_SXM = DeviceCard(
-    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.72, attention_efficiency=0.35,
-    memory_efficiency=0.85,
-    source="NVIDIA H100 datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3 (SXM5, 700 W); attention: "
+    "H100-SXM5-80GB", 989e12, 3.35e12, 80e9, 5e-6, gemm_efficiency=0.73, attention_efficiency=0.35,
+    memory_efficiency=0.85, sms=132, gemm_scheduler="stream-k",
+    source="NVIDIA H100 datasheet: 989 TFLOP/s BF16 dense, 3.35 TB/s HBM3 (SXM5, 700 W), 132 SMs; GEMM tiles "
+           "stream-K scheduled (Hopper's persistent cuBLAS kernels); attention: "
            "FlashAttention-2 reaches about 35 % of an H100 (Shah et al. 2024, FlashAttention-3); GEMM "
            "efficiency: measured on one H100 (FITTED); " + _FLOOR)
 
 H100_SXM_500W = DeviceCard(
     "H100-SXM-500W", 989e12, 2.4e12, 96e9, 5e-6, gemm_efficiency=0.45, attention_efficiency=0.35,
-    memory_efficiency=0.85,
+    memory_efficiency=0.85, sms=132, gemm_scheduler="stream-k",
     source="torchtitan docs/performance.md: Grand Teton hosts, H100 with 96 GB HBM2e at 2.4 TB/s, power "
            "limited to 500 W (below the 700 W the 989 TFLOP/s peak assumes: the fitted GEMM efficiency "
            "carries the lower clock); attention and floor as H100-SXM5-80GB")
 
-CARDS = {card.name: card for card in (A100_SXM_80GB, H100_SXM, H100_SXM_500W)}
+B200 = DeviceCard(
+    "B200 (GB200 NVL72)", 2.5e15, 8e12, 186e9, 5e-6, gemm_efficiency=0.73, attention_efficiency=0.35,
+    memory_efficiency=0.85, sms=148, gemm_scheduler="stream-k",
+    source="NVIDIA GB200 NVL72 datasheet: 360 PFLOP/s BF16 per 72 GPUs with sparsity (2.5 PFLOP/s dense each), "
+           "HBM3e 8 TB/s, 186 GB; 148 SMs; the efficiencies are the H100's, ASSUMED (nothing measured on a "
+           "B200, nothing fitted)")
+
+CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W, B200)}
 
 
 # Operator rows (what minipar.observe.opcount.OperatorCounter.take returns, and what a trace's Compute holds)
@@ -150,10 +187,11 @@ def kernel_count(rows) -> int:
 
 def ops_of(rows) -> list:
     """``rows`` as :class:`minipar.machine.device.Op` objects, to price on a card."""
-    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], r.get("kernels", 1), r["count"]) for r in rows]
+    return [Op(r["name"], r["kind"], r["flops"], r["bytes"], r.get("kernels", 1), r["count"], tuple(r.get("shape", ())))
+            for r in rows]
 
 
 def rows_of(ops) -> list:
     """:class:`minipar.machine.device.Op` objects as rows (the inverse of :func:`ops_of`)."""
     return [{"name": o.name, "kind": o.kind, "count": o.count, "flops": o.flops, "bytes": o.bytes,
-             "kernels": o.kernels} for o in ops]
+             "kernels": o.kernels, **({"shape": o.shape} if o.shape else {})} for o in ops]

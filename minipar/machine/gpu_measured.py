@@ -23,9 +23,10 @@ import statistics
 from importlib import resources
 
 from .device import CARDS, EAGER_HOST_SECONDS, H100_SXM, DeviceCard, Op, eager_bounds, op_seconds, ops_of
+from .gemm import shape_efficiency
 
-__all__ = ["RUNS_DIR", "runs", "gemm_efficiency", "class_ratios", "host_seconds_per_operator", "step_rows",
-           "table_text"]
+__all__ = ["RUNS_DIR", "runs", "gemm_shapes", "gemm_efficiency", "full_tile_efficiency", "gemm_rows", "class_ratios",
+           "host_seconds_per_operator", "step_rows", "table_text"]
 
 RUNS_DIR = resources.files("minipar.machine") / "data" / "gpu"     # package data (pyproject.toml), not a repo path
 LAUNCH_BOUND = ("tiny layer (launch-bound)", "TinyGPT (the course's default)", "TinyGPT 4L/256h, seq 128")
@@ -41,14 +42,62 @@ def _op(row: dict) -> Op:
     return Op(row["op"], row["class"], row["flops"], row["bytes"], row["kernels"])
 
 
+def gemm_shapes(shape: dict) -> dict:
+    """{operator: (batch, M, K, N)} of the matmuls tools/gpu_operators.py timed for a layer of ``shape``
+    ({"b", "s", "h", "a", "t"}): each weight matmul [T, k] × [k, n], its dX [T, n] × [n, k] and dW
+    [k, T] × [T, n] (T = b·s), and the scores QKᵀ, b·a/t batched [s, d] × [d, s]."""
+    b, s, h, a, t = (shape[k] for k in "bshat")
+    T, f = b * s, 4 * h // t
+    out = {}
+    for name, k, n in (("qkv", h, 3 * h // t), ("out proj", h // t, h), ("fc1", h, f), ("fc2", f, h)):
+        out |= {name: (1, T, k, n), name + " dX": (1, T, n, k), name + " dW": (1, k, T, n)}
+    return out | {"scores QKᵀ": (b * a // t, s, h // a, s)}
+
+
+def _gemms(reports: list):
+    """(report, size label, row, (batch, M, K, N)) of every matmul timed back to back, launch-bound sizes out."""
+    for report in reports:
+        for label, size in report["sizes"].items():
+            shapes = gemm_shapes(size["shape"])
+            for row in size["operators"]:
+                if label not in LAUNCH_BOUND and row["class"] == "gemm" and "stream_s" in row:
+                    yield report, label, row, shapes[row["op"]]
+
+
 def gemm_efficiency(reports: list, card: DeviceCard = H100_SXM) -> tuple:
     """(median, low, high) fraction of the card's peak the matmuls reached, timed back to back (their launch
-    hidden: the card's launch floor taken off), the launch-bound tiny layer left out; the median is what the
-    card's ``gemm_efficiency`` says."""
-    etas = [row["flops"] / ((row["stream_s"] - card.launch_floor) * card.peak_flops)
-            for report in reports for label, size in report["sizes"].items() if label not in LAUNCH_BOUND
-            for row in size["operators"] if row["class"] == "gemm" and "stream_s" in row]
+    hidden: the card's launch floor taken off), the launch-bound tiny layer left out: their tiles' and their
+    bytes' losses included (:func:`full_tile_efficiency` takes them out)."""
+    etas = [row["flops"] / ((row["stream_s"] - card.launch_floor) * card.peak_flops) for _, _, row, _ in _gemms(reports)]
     return statistics.median(etas), min(etas), max(etas)
+
+
+def full_tile_efficiency(reports: list, card: DeviceCard = H100_SXM) -> tuple:
+    """(median, low, high) of what a full tile sustained: each matmul's fraction of the peak
+    (:func:`gemm_efficiency`) ÷ its shape's efficiency on the card (:func:`minipar.machine.gemm.shape_efficiency`),
+    over the matmuls the roofline says are bound by their FLOPs (bytes ÷ HBM under half their time); the
+    median is what the card's ``gemm_efficiency`` says."""
+    etas = []
+    for _, _, row, shape in _gemms(reports):
+        seconds = row["stream_s"] - card.launch_floor
+        if row["bytes"] / (card.hbm_bandwidth * card.memory_efficiency) < 0.5 * seconds:
+            etas.append(row["flops"] / (seconds * card.peak_flops * shape_efficiency(shape, card.sms,
+                                                                                      card.gemm_scheduler)))
+    return statistics.median(etas), min(etas), max(etas)
+
+
+def gemm_rows(reports: list, card: DeviceCard = H100_SXM) -> list:
+    """Every matmul timed back to back beside the model, with and without its shape: {"size", "op", "shape",
+    "measured", "model" (with the shape), "flat" (the card's η for every shape), "error", "flat_error"
+    (model ÷ measured − 1)}."""
+    rows = []
+    for _, label, row, shape in _gemms(reports):
+        with_shape = op_seconds(Op(row["op"], "gemm", row["flops"], row["bytes"], 1, 1, shape), card)
+        flat = op_seconds(Op(row["op"], "gemm", row["flops"], row["bytes"], 1), card)
+        rows.append({"size": label, "op": row["op"], "shape": shape, "measured": row["stream_s"],
+                     "model": with_shape, "flat": flat, "error": with_shape / row["stream_s"] - 1,
+                     "flat_error": flat / row["stream_s"] - 1})
+    return rows
 
 
 def class_ratios(report: dict, card: DeviceCard | None = None) -> dict:

@@ -13,7 +13,7 @@ Memory of the busiest device (the first pipeline stage, or the last when the out
 Time of one step on one device (``overlap=False``, the default: no overlap of communication with compute,
 an upper bound; ``overlap="minipar"`` or ``True``: the data-parallel term is what :mod:`.overlap` leaves
 exposed — DDP's buckets under the backward, ZeRO-3's prefetched gathers under the previous unit's compute —
-and ``Estimate.hidden`` the rest)::
+and ``Estimate.hidden`` the rest; ``"production"``: async TP, PP's p2p and CP's ring hidden too)::
 
     compute        on a cluster with a device card (:func:`minipar.machine.cluster.gpu_cluster`): the
                    operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
@@ -34,7 +34,9 @@ of this device's share, no transfer, no wait); the model then adds only the bubb
 Bytes sent per device per step: :mod:`.traffic` (the same numbers the communication log shows, chapter by
 chapter). CP ranks hold the same parameters: gradients are averaged, and ZeRO shards, over the dp·cp ranks
 (Megatron's data-parallel group with CP); a cp rank keeps the activations of its s/cp tokens. Ring attention
-keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time; Ulysses
+keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time; nor does a
+fused FlashAttention kernel (``kernels.attention == "flash"``: Dao 2023): it keeps what selective
+recomputation keeps; Ulysses
 (whole sequence, a/cp heads) and RSA ((s/cp) × s rows) keep a·s²·b/cp scores. An :class:`MoETransformer`
 with ep: E/ep experts per rank, their model states sharded (ZeRO) over the expert-data-parallel dp·cp/ep ranks.
 """
@@ -55,7 +57,7 @@ from minipar.machine.device import ops_seconds
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
                     hardware_flops, layer_parameters, model_flops)
 from .operators import MEGATRON_2022, optimizer_step, stage_seconds
-from .overlap import OVERLAPS, data_parallel_exposed
+from .overlap import OVERLAPS, data_parallel_exposed, model_parallel_exposed
 from .traffic import traffic
 
 __all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "held_per_rank", "dgx_a100",
@@ -180,7 +182,8 @@ class Estimate:
     def __str__(self) -> str:
         gb = lambda x: f"{x / 1e9:.1f}"  # noqa: E731
         mem = ", ".join(f"{k} {gb(v)}" for k, v in self.memory.items() if k != "total")
-        tim = ", ".join(f"{k} {v:.3g}" for k, v in self.time.items() if k != "total")
+        tim = ", ".join(f"{k} {v:.3g}" + (f" (+{self.hidden[k]:.3g} hidden)" if self.hidden.get(k) else "")
+                        for k, v in self.time.items() if k != "total")
         comm = (f"; model: comm exposed {self.exposed_comm_seconds:.3g} s, hidden {self.hidden_comm_seconds:.3g} s"
                 if self.overlap else "")
         return (f"{self.layout}: memory {gb(self.memory['total'])} GB/device ({mem}); step "
@@ -206,21 +209,26 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     if overlap not in OVERLAPS:
         raise ValueError(f"overlap must be one of {list(OVERLAPS)}, got {overlap!r}")
     prec = zero_memory._precision(precision)
-    memory, psi, experts, flying = _memory(model, layout, prec, dropout, eager, persistent_grads)
+    memory, psi, experts, flying = _memory(model, layout, prec, dropout, eager, persistent_grads,
+                                           kernels.attention == "flash")
     sent, seconds, dp_parts = traffic(model, cluster, layout, prec, psi, bucket_bytes, experts=experts)
     flops = hardware_flops(model, layout.global_batch, layout.recompute)
+    stage = stage_seconds(model, layout, cluster.device, kernels, prec.param) if cluster.device else None
     if compute_seconds is not None:
         compute = compute_seconds
-    elif cluster.device is not None:               # the operators of the slowest stage, m micro-batches
-        compute = layout.micro_batches * stage_seconds(model, layout, cluster.device, kernels, prec.param)["slowest"]
+    elif stage:                                    # the operators of the slowest stage, m micro-batches
+        compute = layout.micro_batches * stage["slowest"]
     else:
         compute = flops / (layout.devices * cluster.peak_flops * cluster.flops_efficiency)
     hidden = {}
     if overlap:               # the forward's share of the FLOPs (the rest, recomputation included, is backward)
         forward = compute * forward_flops(model, layout.global_batch * model.seq_len) / flops
-        exposed = data_parallel_exposed(layout.zero, overlap, dp_parts, forward, compute - forward,
-                                        layout.micro_batches)
-        hidden["dp"], seconds["dp"] = seconds["dp"] - exposed, exposed
+        exposed = {"dp": data_parallel_exposed(layout.zero, overlap, dp_parts, forward, compute - forward,
+                                               layout.micro_batches)}
+        exposed |= model_parallel_exposed(overlap, seconds, *_matmuls_and_attention(model, layout, compute, stage),
+                                          compute, layout.micro_batches, layout.cp)
+        for term, left in exposed.items():
+            hidden[term], seconds[term] = seconds[term] - left, left
     p, m, v = layout.pp, layout.micro_batches, layout.v
     f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
     staged = compute + sum(seconds.get(k, 0.0) for k in ("tp", "cp", "ep"))    # a stage's work, collectives too
@@ -236,7 +244,17 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
     return Estimate(layout, memory, time, sent, util, cluster.memory_bytes, flying, hidden=hidden, overlap=overlap)
 
 
-def _memory(model, layout, prec, dropout, eager, persistent_grads):
+def _matmuls_and_attention(model, layout, compute, stage) -> tuple:
+    """(matmul, attention-core) seconds of ``compute``: the slowest stage's operators' shares (:func:`.operators.
+    stage_seconds`), else the attention core's share of the forward FLOPs (4·s·h per token and layer)."""
+    if stage:
+        scale = compute / stage["slowest"]
+        return scale * stage["gemm"], scale * stage["attention"]
+    attention = compute * 4 * model.seq_len * model.hidden * model.layers / forward_flops(model, 1)
+    return compute - attention, attention
+
+
+def _memory(model, layout, prec, dropout, eager, persistent_grads, fused_attention=False):
     """(memory terms of the busiest device, its parameter count, the expert parameters among them,
     micro-batches in flight)."""
     vb, t, p, sp = prec.param, layout.tp, layout.pp, layout.sp
@@ -245,8 +263,8 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads):
 
     ring = layout.cp > 1 and layout.cp_method.startswith("ring")
 
-    def per_layer(mode):
-        mode = "selective" if ring and mode == "none" else mode              # ring attention: no scores kept
+    def per_layer(mode):        # ring attention, a fused (flash) kernel: no scores kept, as if recomputed
+        mode = "selective" if (ring or fused_attention) and mode == "none" else mode
         kept = activation_bytes_per_layer(model, b, t, sp, mode, value_bytes=vb, dropout=dropout, seq_len=s)
         if layout.cp > 1 and not ring and mode == "none":    # Ulysses, RSA: a·s²·b/cp = cp × the (s/cp)² term
             kept += (layout.cp - 1) * (kept - activation_bytes_per_layer(

@@ -177,7 +177,9 @@ def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int = 1
                                seq_len: int | None = None) -> float:
     """Bytes one transformer layer keeps for the backward on one tensor-parallel rank (Korthikanti et al.
     2022, Table 2): 16-bit values and 1-byte dropout masks by default. ``seq_len`` overrides the model's
-    (a context-parallel rank sees s/cp tokens). With f ≠ 4h the two MLP terms 4sbh become f/h·sbh each."""
+    (a context-parallel rank sees s/cp tokens). With f ≠ 4h the two MLP terms 4sbh become f/h·sbh each; with
+    grouped-query attention K and V keep kv/a of their sbh each; a gated MLP keeps one more f-wide tensor (its
+    gate's and its up-projection's outputs both feed the product)."""
     if tp < 1 or model.heads % tp:
         raise ValueError(f"tp must divide the number of heads ({model.heads}), got tp={tp}")
     s, b, h, a = seq_len or model.seq_len, micro_batch, model.hidden, model.heads
@@ -188,6 +190,8 @@ def activation_bytes_per_layer(model: Transformer, micro_batch: int, tp: int = 1
     if recompute == "full":
         return total                                       # the layer's input, nothing else
     total += 2 * value_bytes * (model.ffn - 4 * h) * s * b / tp   # GeLU input and MLP-projection input
+    total -= 2 * value_bytes * s * b * h * (1 - (model.kv_heads or a) / a) / tp   # GQA: smaller K and V
+    total += value_bytes * s * b * model.ffn / tp if model.gated_mlp else 0       # SwiGLU: the gate's output too
     if _is_moe(model):       # k·cf slots per token: the MLP's inputs (h, f, f) again, and the (E, C, h)
         extra = model.slots_per_token - 1                  # dispatch and combine buffers (a model)
         total += model.moe_share * value_bytes * s * b * (extra * (h + 2 * model.ffn / tp)

@@ -54,7 +54,8 @@ TORCHTITAN_EAGER = Kernels("torchtitan eager", "eager-rmsnorm", "flash", "swiglu
 
 
 def _matmul(name, m, k, n, e, count=1) -> Op:
-    return Op(name, "gemm", 2.0 * m * k * n, e * (m * k + k * n + m * n), 1, count)
+    return Op(name, "gemm", 2.0 * m * k * n, e * (m * k + k * n + m * n), 1, count,
+              (1, round(m), round(k), round(n)))
 
 
 def _norm(name, elements, kernels: Kernels, e) -> Op:
@@ -78,11 +79,13 @@ def layer_forward(model, b: int, t: int = 1, sp: bool = False, kernels: Kernels 
     if kernels.attention == "flash":
         ops.append(Op("flash attention", "attention", 2.0 * T * keys * h / t, e * 4 * T * h / t, 1))  # causal: ½
     else:
-        ops += [Op("scores QKᵀ", "gemm", 2.0 * T * keys * h / t, e * (2 * T * h / t + heads_s2), 1),
+        bmm = (round(b * a / t), s, h // a, keys)                  # per head: [s, d] × [d, keys]
+        ops += [Op("scores QKᵀ", "gemm", 2.0 * T * keys * h / t, e * (2 * T * h / t + heads_s2), 1, 1, bmm),
                 Op("scale-mask-softmax", "memory", 0.0, 2.0 * e * heads_s2, 1)]
         if kernels.dropout:
             ops.append(Op("attention dropout", "memory", 0.0, (2.0 * e + 1) * heads_s2, 1))
-        ops.append(Op("attention PV", "gemm", 2.0 * T * keys * h / t, e * (heads_s2 + 2 * T * h / t), 1))
+        ops.append(Op("attention PV", "gemm", 2.0 * T * keys * h / t, e * (heads_s2 + 2 * T * h / t), 1, 1,
+                      (bmm[0], s, keys, h // a)))
     ops.append(_matmul("out proj", T, h / t, h, e))
     residual = (3.0 * e + (1 if kernels.dropout else 0)) * Tn * h
     ops += [Op("dropout + residual 1", "memory", 0.0, residual, 1), _norm("norm 2", Tn * h, kernels, e)]
@@ -97,8 +100,10 @@ def layer_forward(model, b: int, t: int = 1, sp: bool = False, kernels: Kernels 
 
 
 def _backward(op: Op) -> list:
-    if op.kind == "gemm":
-        return [Op(op.name + " dX", "gemm", op.flops, op.bytes, 1), Op(op.name + " dW", "gemm", op.flops, op.bytes, 1)]
+    if op.kind == "gemm":             # [M,K]·[K,N]: dX = dY·Wᵀ is [M,N]·[N,K], dW = Xᵀ·dY is [K,M]·[M,N]
+        batch, m, k, n = op.shape or (1, 1, 1, 1)
+        return [Op(op.name + " dX", "gemm", op.flops, op.bytes, 1, 1, (batch, m, n, k) if op.shape else ()),
+                Op(op.name + " dW", "gemm", op.flops, op.bytes, 1, 1, (batch, k, m, n) if op.shape else ())]
     if op.kind == "attention":
         return [Op(op.name + " backward", "attention", 2.5 * op.flops, 2 * op.bytes, 2)]
     return [Op(op.name + " backward", "memory", 0.0, 2 * op.bytes, 2 * op.kernels)]
@@ -144,13 +149,18 @@ def optimizer_step(parameters: float, bytes_per_parameter: float = 30.0, kernels
 
 def stage_seconds(model, layout, card: DeviceCard, kernels: Kernels = MEGATRON_2022, e: int = 2) -> dict:
     """Seconds of one micro-batch's forward + backward on a stage: {"layer": one layer, "first": the first
-    stage, "last": the last stage (with the head), "slowest": the larger}."""
+    stage, "last": the last stage (with the head), "slowest": the larger, "gemm" and "attention": the slowest
+    stage's layers' matmuls and attention core (what async TP and CP's ring hide their transfers under)}."""
     layers = model.layers // layout.pp
-    layer = ops_seconds(layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, kernels, e,
-                                   model.seq_len // layout.cp), card)
+    ops = layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, kernels, e,
+                     model.seq_len // layout.cp)
+    layer = ops_seconds(ops, card)
+    core = [op for op in ops if op.kind == "attention" or op.name.startswith(("scores", "scale-mask", "attention"))]
     embedding = ops_seconds([Op("embedding", "memory", 0.0, 3.0 * e * layout.micro_batch * model.seq_len
                                 * model.hidden, 3)], card)
     head = ops_seconds(head_step(model, layout.micro_batch, layout.tp, kernels, e), card)
     first = layers * layer + embedding + (head if layout.pp == 1 else 0.0)
     last = layers * layer + head + (embedding if layout.pp == 1 else 0.0)
-    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last)}
+    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last),
+            "gemm": layers * ops_seconds([op for op in ops if op.kind == "gemm" and op not in core], card),
+            "attention": layers * ops_seconds(core, card)}

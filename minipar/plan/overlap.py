@@ -20,6 +20,15 @@ Two shapes of overlap, each a closed form of a pipeline of k equal pieces on one
   In the backward a unit's reduce-scatter (r) joins its gather on the link: blocking (minipar), it adds r
   per unit; asynchronous (DeepSpeed), exposed = g + (k−1)·max(0, g + r − w) + r.
 
+Production systems of 2024–2026 hide the model-parallel terms too (``"production"``: :func:`model_parallel_exposed`):
+
+* **async TP** (Megatron-Core's TP communication overlap; PyTorch's async TP, Wang et al. 2023): the
+  sequence-parallel all-gather and reduce-scatter cut into :data:`TP_CHUNKS` chunks, each under the matmul of
+  the chunk before — the bucket form with the layer's matmul seconds G: exposed = max(C/k, C − G·(k−1)/k);
+* **PP's p2p** sent asynchronously while the next micro-batch computes (the prefetch form, units = m);
+* **CP's ring** (ring attention, Liu et al. 2023): each pass's K/V exchange under the attention of the block
+  already held, the local block hiding the first: exposed = max(0, C − A·(cp−1)/cp), A the attention seconds.
+
 Which collectives overlap is the program's business. :data:`OVERLAPS` names them: ``"minipar"`` — this
 course's programs (:mod:`minipar.data.ddp` all-reduces its buckets asynchronously; :mod:`minipar.data.zero`
 prefetches stage 3's gathers; its ZeRO-1/2 reduce-scatters and stage 3's reduce-scatter block, as their
@@ -32,11 +41,15 @@ others accumulate under ``no_sync``).
 """
 from __future__ import annotations
 
-__all__ = ["OVERLAPS", "bucketed_exposed", "prefetched_exposed", "data_parallel_exposed", "hiding_tokens"]
+__all__ = ["OVERLAPS", "TP_CHUNKS", "bucketed_exposed", "prefetched_exposed", "data_parallel_exposed",
+           "model_parallel_exposed", "hiding_tokens"]
 
+_LIBRARIES = frozenset({"ddp buckets", "zero-1/2 reduce-scatter", "zero-3 gathers", "zero-3 reduce-scatter"})
 OVERLAPS = {False: frozenset(),
             "minipar": frozenset({"ddp buckets", "zero-3 gathers"}),
-            True: frozenset({"ddp buckets", "zero-1/2 reduce-scatter", "zero-3 gathers", "zero-3 reduce-scatter"})}
+            True: _LIBRARIES,
+            "production": _LIBRARIES | {"tp async", "pp p2p", "cp ring"}}
+TP_CHUNKS = 4          # chunks a TP collective is pipelined in under its matmul (a round number)
 
 
 def hiding_tokens(flops_per_second: float, beta: float, grad_bytes: float = 2.0, n: int | None = None) -> float:
@@ -99,3 +112,19 @@ def data_parallel_exposed(zero: int, mode, parts: dict, forward: float, backward
     per_micro_batch = prefetched_exposed(g, fwd, k) + prefetched_exposed(g, bwd, k, r, "zero-3 reduce-scatter"
                                                                          in hides)
     return m * per_micro_batch
+
+
+def model_parallel_exposed(mode, seconds: dict, gemm: float, attention: float, compute: float, m: int,
+                           cp: int) -> dict:
+    """{term: exposed seconds} of the tp, pp and cp terms of ``seconds`` under overlap ``mode`` (only
+    ``"production"`` hides them), given the step's matmul, attention and whole compute seconds on this
+    device, m micro-batches and the cp degree: the three forms of the module's docstring."""
+    hides = OVERLAPS[mode]
+    out = {}
+    if "tp async" in hides and seconds.get("tp"):
+        out["tp"] = bucketed_exposed(seconds["tp"], gemm, TP_CHUNKS)
+    if "pp p2p" in hides and seconds.get("pp"):
+        out["pp"] = prefetched_exposed(seconds["pp"] / m, compute / m, m)
+    if "cp ring" in hides and seconds.get("cp"):
+        out["cp"] = max(0.0, seconds["cp"] - attention * (cp - 1) / cp)
+    return out

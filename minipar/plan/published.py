@@ -3,8 +3,10 @@ model of time against real clusters (``python -m minipar bench published``).
 
 Every prediction is :func:`minipar.plan.estimate` on a cluster built from device and link cards
 (:func:`minipar.machine.cluster.gpu_cluster`): compute from the operators of :mod:`.operators`, collectives from
-the α-β model, the pipeline bubble from the schedule. The only number fitted is each card's large-matmul
-efficiency (:data:`minipar.machine.device.FITTED`; :func:`fit_gemm_efficiency` shows the fit).
+the α-β model, the pipeline bubble from the schedule. At most one number per card is fitted, each to one
+named run, its **calibration** row (:data:`minipar.machine.device.FITTED` says which; :func:`fit_gemm_efficiency`
+redoes the fit); every other row is a **check**: a run no constant was chosen for. :func:`summary` counts the
+check rows within the tolerance apart from the calibration rows (which lie on their fit by construction).
 
 Sources:
 
@@ -21,6 +23,13 @@ Sources:
   GPUs of its tp group: 2·8192/8 tokens per GPU per step) at 29.0 % MFU, which the step time reproduces. That
   table says "H100 (94GB memory)" and no power limit; the check assumes Table 1's machine (Grand Teton's 96 GB
   H100, which reports about 94 GiB, at 500 W) — an assumption, said here.
+* Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", §2.4: the 530B model
+  (105 layers, h = 20480, 128 heads, s = 2048) on 280, 350 and 420 DGX A100 nodes of A100-SXM 40 GB, TP 8 ×
+  PP 35 × DP 8, 10, 12, global batch 1920: 60.1, 50.2 and 44.4 s per iteration (126, 121, 113 TFLOP/s per
+  GPU, which the times reproduce through the full-recomputation FLOP formula). Source check: typed from the
+  llm-analysis project's README (cli99/llm-analysis, examples/megatron-turing-nlg), which quotes the paper;
+  the vocabulary padded to 51,200 as Megatron pads it for t = 8, micro-batch 1, full recomputation and ZeRO-1
+  (DeepSpeed's pipeline engine) are assumptions, said here.
 """
 from __future__ import annotations
 
@@ -30,23 +39,26 @@ from dataclasses import dataclass
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
-from minipar.machine.device import A100_SXM_80GB, H100_SXM_500W, DeviceCard
+from minipar.machine.device import A100_SXM_40GB, A100_SXM_80GB, H100_SXM_500W, DeviceCard
 
 from .cost import estimate
 from .model import Transformer
 from .operators import MEGATRON_2022, TORCHTITAN_EAGER, Kernels
 
-__all__ = ["PublishedRun", "RUNS", "predict", "table", "fit_gemm_efficiency", "table_text"]
+__all__ = ["PublishedRun", "RUNS", "predict", "table", "fit_gemm_efficiency", "summary", "table_text", "TOLERANCE"]
 
 KORTHIKANTI = "Korthikanti et al. 2022, Table 5"
 TORCHTITAN = "torchtitan docs/performance.md, Table 1"
 TORCHTITAN_405B = "torchtitan docs/performance.md, Llama 3.1 405B"
+MT_NLG = "Smith et al. 2022 (MT-NLG), §2.4"
+TOLERANCE = 0.15
 
 
 @dataclass(frozen=True)
 class PublishedRun:
     """A run as published: its model, layout, GPUs (``card`` × ``nodes`` nodes of 8, ``intra``/``inter`` links),
-    framework (``kernels``), the published seconds per iteration and where they come from."""
+    framework (``kernels``), the published seconds per iteration and where they come from. ``calibration``:
+    the run its card's one fitted number was fitted to (else a check: nothing was chosen for it)."""
     name: str
     model: Transformer
     layout: Layout
@@ -58,7 +70,12 @@ class PublishedRun:
     source: str
     precision: object = "mixed"
     overlap: object = False
-    fitted: bool = True          # one of the runs its card's matmul efficiency was fitted on (else: a check)
+    calibration: bool = False
+
+    @property
+    def fitted(self) -> bool:
+        """The old name of :attr:`calibration` (chapter 12's ``bench published --fit`` reads it)."""
+        return self.calibration
 
 
 def _korthikanti(name, heads, hidden, layers, pp, batch, seconds, full):
@@ -66,7 +83,15 @@ def _korthikanti(name, heads, hidden, layers, pp, batch, seconds, full):
     layout = Layout(tp=8, pp=pp, sp=not full, recompute="full" if full else "selective", micro_batch=1,
                     micro_batches=batch)
     return PublishedRun(f"{name} {'full recompute' if full else 'SP + selective'}", model, layout, A100_SXM_80GB,
-                        8 * pp // 8, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, KORTHIKANTI)
+                        8 * pp // 8, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, KORTHIKANTI,
+                        calibration=(name, full) == ("175B", False))      # GPT-3: chosen before any fit
+
+
+def _mt_nlg(nodes, seconds):
+    dp = nodes * 8 // (8 * 35)
+    layout = Layout(tp=8, pp=35, dp=dp, zero=1, recompute="full", micro_batch=1, micro_batches=1920 // dp)
+    return PublishedRun(f"MT-NLG 530B, {nodes} nodes", Transformer(105, 20480, 128, 51200, 2048), layout,
+                        A100_SXM_40GB, nodes, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, MT_NLG)
 
 
 LLAMA31_8B = Transformer(32, 4096, 32, 128256, 8192, ffn_hidden=14336, tied_embeddings=False, final_norm=True,
@@ -84,11 +109,12 @@ RUNS = [
                                                  ("1T", 160, 25600, 128, 64, 512, 94.42))),
     PublishedRun("Llama-3.1-8B FSDP", LLAMA31_8B, Layout(dp=8, zero=3, recompute="selective", micro_batch=2),
                  H100_SXM_500W, 1, (NVLINK4, IB_NDR), TORCHTITAN_EAGER, 2 * 8192 / 5762, TORCHTITAN,
-                 precision=TORCHTITAN_PRECISION, overlap=True),
+                 precision=TORCHTITAN_PRECISION, overlap=True, calibration=True),
     PublishedRun("Llama-3.1-405B FSDP + TP", LLAMA31_405B,
                  Layout(dp=16, tp=8, sp=True, zero=3, recompute="full", micro_batch=2), H100_SXM_500W, 16,
                  (NVLINK4, IB_NDR), TORCHTITAN_EAGER, 2 * 8192 / 8 / 109, TORCHTITAN_405B,
-                 precision=TORCHTITAN_PRECISION, overlap=True, fitted=False),
+                 precision=TORCHTITAN_PRECISION, overlap=True),
+    *(_mt_nlg(nodes, seconds) for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4))),
 ]
 
 
@@ -101,15 +127,24 @@ def predict(run: PublishedRun, card: DeviceCard | None = None):
 
 def table(runs=RUNS) -> list:
     """[{"run", "device", "published", "predicted", "ratio", "terms", "role", "source"}] — seconds per
-    iteration; ``role``: "fitted" (its card's efficiency was fitted on it, with others) or "check"."""
+    iteration; ``role``: "calibration" (its card's one fitted number was fitted to it) or "check"."""
     rows = []
     for run in runs:
         got = predict(run)
         rows.append({"run": run.name, "device": f"{run.nodes * 8}× {run.card.name}", "published": run.seconds,
                      "predicted": got.step_seconds, "ratio": got.step_seconds / run.seconds,
                      "terms": {k: v for k, v in got.time.items() if k != "total" and v},
-                     "role": "fitted" if run.fitted else "check", "source": run.source})
+                     "role": "calibration" if run.calibration else "check", "source": run.source})
     return rows
+
+
+def summary(rows, tolerance: float = TOLERANCE) -> dict:
+    """{"calibration": rows fitted to, "check": rows not, "inside": check rows within ±``tolerance``,
+    "outside": names of the check rows beyond it}: the count that means something is the checks'."""
+    checks = [r for r in rows if r["role"] == "check"]
+    outside = [r["run"] for r in checks if abs(r["ratio"] - 1) > tolerance]
+    return {"calibration": sum(r["role"] == "calibration" for r in rows), "check": len(checks),
+            "inside": len(checks) - len(outside), "outside": outside}
 
 
 def fit_gemm_efficiency(runs, card: DeviceCard, grid=None) -> tuple:
@@ -124,9 +159,14 @@ def fit_gemm_efficiency(runs, card: DeviceCard, grid=None) -> tuple:
     return best
 
 
-def table_text(rows) -> str:
-    lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>8}  source"]
-    for r in rows:
+def table_text(rows, tolerance: float = TOLERANCE) -> str:
+    """The rows, calibration rows first, and a last line counting the check rows within ±``tolerance``."""
+    lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>13}  source"]
+    for r in sorted(rows, key=lambda r: r["role"] != "calibration"):
         lines.append(f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}"
-                     f"{r['ratio']:>7.2f}{r['role']:>8}  {r['source']}")
+                     f"{r['ratio']:>7.2f}{r['role']:>13}  {r['source']}")
+    got = summary(rows, tolerance)
+    lines.append(f"{got['calibration']} calibration row(s) (fitted to, not a check); {got['inside']} of "
+                 f"{got['check']} check rows within ±{tolerance:.0%}"
+                 + (f"; outside: {', '.join(got['outside'])}" if got["outside"] else ""))
     return "\n".join(lines)

@@ -60,8 +60,11 @@ def check_latency_fitted_no_longer_than_small(alpha, small, timings) -> None:
 def check_inside_node_small_tax(inside, across) -> None:
     """Why TP stays inside a node: inside a node: a small tax"""
     assert all(inside[t]["tp_share"] < 0.2 for t in (2, 4, 8))                       # inside a node: a small tax
-    assert all(across[t]["tokens_per_gpu"] < 0.8 * inside[t]["tokens_per_gpu"] for t in (4, 8))   # across: a large one
-    assert inside[16]["tp_share"] > 0.5 and inside[16]["tokens_per_gpu"] == across[16]["tokens_per_gpu"]   # 16 spans nodes
+    for t in (4, 8):                                                                 # across: a large one
+        assert across[t]["tp_share"] > 2 * inside[t]["tp_share"]
+        assert across[t]["tokens_per_gpu"] < 0.9 * inside[t]["tokens_per_gpu"]
+    assert inside[16]["tp_share"] > 2 * inside[8]["tp_share"]                        # 16 spans two nodes, on 8 rails
+    assert inside[16]["tokens_per_gpu"] < 0.8 * inside[8]["tokens_per_gpu"]
 
 
 def check_why_tp_stays_inside_node(by_t) -> None:
