@@ -72,11 +72,6 @@ class PublishedRun:
     overlap: object = False
     calibration: bool = False
 
-    @property
-    def fitted(self) -> bool:
-        """The old name of :attr:`calibration` (chapter 12's ``bench published --fit`` reads it)."""
-        return self.calibration
-
 
 def _korthikanti(name, heads, hidden, layers, pp, batch, seconds, full):
     model = Transformer(layers, hidden, heads, 51200, 2048)

@@ -63,3 +63,11 @@ def check_memory_time_calculator(first_view, views) -> None:
 def check_memory_over_sequence_length(fits) -> None:
     """Memory over the sequence length"""
     assert fits["TP 8"] == 2048 and fits["TP 8 + SP + selective"] == 8192
+
+
+def check_one_calibration_per_card(pub) -> None:
+    """Time on a GPU: at most one calibration row per card, each on its fit; every row names its source"""
+    cards = [r["device"].split("× ", 1)[1] for r in pub if r["role"] == "calibration"]
+    assert len(cards) == len(set(cards)), cards
+    assert all(abs(r["ratio"] - 1) < 0.02 for r in pub if r["role"] == "calibration")
+    assert all(r["source"] and r["role"] in ("calibration", "check") for r in pub)

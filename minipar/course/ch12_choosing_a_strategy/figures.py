@@ -210,7 +210,8 @@ def draw_sequence_sweep(sweep: dict, limit: float, ax=None):
 
 def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     """Log-log: published (x) against the planner's model (y) seconds per iteration, one point per row of
-    :func:`minipar.plan.published.table` (filled: a run its card's efficiency was fitted on; hollow: a check),
+    :func:`minipar.plan.published.table` (filled: a card's calibration row, the run its one fitted number was
+    fitted to; hollow: a check),
     the line y = x and the ±``tolerance`` band."""
     import matplotlib.pyplot as plt
     if ax is None:
@@ -220,12 +221,13 @@ def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="model = published")
     ax.fill_between([lo, hi], [lo * (1 - tolerance), hi * (1 - tolerance)], [lo * (1 + tolerance), hi * (1 + tolerance)],
                     color="0.9", label=f"within ±{tolerance:.0%}")
-    for role, marker in (("fitted", "o"), ("check", "s")):
+    for role, marker in (("calibration", "o"), ("check", "s")):
         got = [r for r in rows if r["role"] == role]
-        face = "#4C72B0" if role == "fitted" else "none"
+        face = "#4C72B0" if role == "calibration" else "none"
         ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker, facecolors=face,
-                   edgecolors="#4C72B0", zorder=3, label="η fitted on these" if role == "fitted" else "check (not fitted)")
-    for r in rows:                   # checks labelled above-left, so that a near fitted row's label stays clear
+                   edgecolors="#4C72B0", zorder=3,
+                   label="calibration (a card's η fitted to it)" if role == "calibration" else "check (fitted to nothing)")
+    for r in rows:                   # checks labelled above-left, so that a near calibration row's label stays clear
         above = r["role"] == "check"
         ax.annotate(f"{r['run']} ×{r['ratio']:.2f}", (r["published"], r["predicted"]), textcoords="offset points",
                     xytext=(-5, 6) if above else (5, -9), ha="right" if above else "left", fontsize=7)

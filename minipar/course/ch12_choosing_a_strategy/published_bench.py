@@ -1,6 +1,8 @@
 """``python -m minipar bench published [--json] [--fit]``: the planner's step time for published training runs
 (:mod:`minipar.plan.published`) beside what their papers report — the check of the model of time against real
-clusters, every row within ±15 % or the command fails (exit 1).
+clusters. Each row is a card's **calibration** (the one run its fitted number was fitted to) or a **check**
+(fitted to nothing); the last line counts the checks within ±15 % and names those outside. A report, not a
+test: it exits 0 whatever the count (``--json`` gives the rows with their role and source, and the summary).
 
 ``--fit`` repeats the one fit the device cards carry (each card's large-matmul efficiency over its runs) and
 prints it beside the constant in the card. No process starts: this is arithmetic on the cards.
@@ -11,7 +13,7 @@ import argparse
 import json
 
 from minipar.machine.device import CARDS, FITTED
-from minipar.plan.published import RUNS, fit_gemm_efficiency, table, table_text
+from minipar.plan.published import RUNS, fit_gemm_efficiency, summary, table, table_text
 
 __all__ = ["TOLERANCE", "main"]
 
@@ -24,21 +26,22 @@ def main(argv=None) -> int:
     parser.add_argument("--fit", action="store_true", help="redo the fit of each card's matmul efficiency")
     args = parser.parse_args(argv)
     rows = table()
-    outside = [r["run"] for r in rows if abs(r["ratio"] - 1) > TOLERANCE]
     if args.json:
-        print(json.dumps({"tolerance": TOLERANCE, "rows": rows, "fitted": FITTED}, indent=1))
+        print(json.dumps({"tolerance": TOLERANCE, "rows": rows, "summary": summary(rows, TOLERANCE),
+                          "fitted": FITTED}, indent=1))
     else:
         print("Seconds per iteration: published, and the planner's model on the declared cards (a model).")
-        print(table_text(rows))
+        print(table_text(rows, TOLERANCE))
         for name, what in FITTED.items():
-            print(f"fitted on {name}: {what}")
-        print(f"{len(rows) - len(outside)} of {len(rows)} rows within ±{TOLERANCE:.0%}"
-              + (f"; outside: {', '.join(outside)}" if outside else ""))
+            print(f"{name}: {what}")
     if args.fit:
         for name in FITTED:
             card = CARDS[name]
-            runs = [r for r in RUNS if r.card is card and r.fitted]
+            runs = [r for r in RUNS if r.card is card and r.calibration]
+            if not runs:                          # a card with nothing fitted: its number is measured
+                print(f"fit {name}: nothing to fit (no calibration row)")
+                continue
             eta, worst = fit_gemm_efficiency(runs, card)
             print(f"fit {name}: gemm_efficiency {eta:.3f} (card: {card.gemm_efficiency:.3f}), worst error "
                   f"{worst:.1%} over {len(runs)} run(s)")
-    return 1 if outside else 0
+    return 0
