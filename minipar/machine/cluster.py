@@ -24,14 +24,13 @@ for the double binary tree; the DGX A100/H100 user guides for the rails):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from minipar.comm import predicted_bytes_sent
-import math
-
 from minipar.mesh import crosses_nodes, node_of
 
-from .device import A100_SXM_80GB, H100_SXM, DeviceCard
+from .device import A100_SXM_80GB, B200, H100_SXM, DeviceCard
 
 __all__ = ["Cluster", "LinkCard", "NVLINK3", "NVLINK4", "NVLINK5", "IB_HDR", "IB_NDR", "ETH_100G", "PCIE3",
            "gpu_cluster", "a100_cluster", "h100_cluster", "nvl72_cluster", "allreduce_options", "nccl_allreduce_seconds", "dgx_a100",
@@ -115,7 +114,6 @@ def h100_cluster(nodes: int, card: DeviceCard = H100_SXM) -> Cluster:
 def nvl72_cluster(racks: int, card: DeviceCard | None = None) -> Cluster:
     """GB200 NVL72 racks: 72 GPUs in one NVLink 5 domain (a "node" of 72), InfiniBand NDR between racks, a
     NIC per GPU (``card``: :data:`minipar.machine.device.B200`, whose efficiencies are assumptions)."""
-    from .device import B200
     return gpu_cluster(card or B200, racks, NVLINK5, IB_NDR, devices_per_node=72)
 
 
