@@ -106,14 +106,23 @@ def test_twenty_launches_in_a_row_leave_nothing_behind():
         assert child_pids() == []
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler for the test: a process started in the background by a non-interactive shell
+    (``make test &``) inherits SIGINT ignored, and Python then leaves it ignored — the interrupt would never come."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.serial   # SIGINT to this process: under pytest-xdist it would also stop the worker's channel
-def test_interrupt_stops_every_rank():
+def test_interrupt_stops_every_rank(ctrl_c_raises):
     def sleep_forever(rank, world_size):
         time.sleep(600)
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        launch(sleep_forever, 4)
+        launch(sleep_forever, 4, wall_limit=120)    # the interrupt comes after 1 s; never a 10-minute hang
     timer.join()
     assert child_pids() == []
     assert launch(lambda rank, world_size: rank, 2) == [0, 1]  # the next launch works
