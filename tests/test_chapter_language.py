@@ -26,6 +26,7 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,3 +227,11 @@ def test_the_rules_allow_plain_words(text):
 def test_assert_statements_are_found():
     assert asserts_in("%matplotlib inline\nx = 1\nassert x == 1\nfor i in range(2):\n    assert i < 2") == [3, 5]
     assert asserts_in("c.assert_ok()\nprint('assert')") == []
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_chapter_lists_its_sources_in_a_box_after_its_opening(path):
+    """The README promises each chapter's "Sources and corrections" box after its opening."""
+    cells = nbformat.read(path, as_version=4).cells[:3]
+    assert any(c.cell_type == "markdown" and "<summary>Sources and corrections</summary>" in c.source
+               for c in cells), path.name
