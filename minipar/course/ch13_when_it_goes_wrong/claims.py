@@ -90,4 +90,4 @@ def check_invariant_mode(result) -> None:
     """Equal to the last bit: the invariant mode"""
     diffs, seconds = result
     assert all(d.name is None for d in diffs.values()), {k: str(d) for k, d in diffs.items()}
-    assert seconds["invariant"] > 0 and seconds["default"] > 0
+    assert all(lo <= med <= hi and lo > 0 for med, lo, hi in seconds.values())

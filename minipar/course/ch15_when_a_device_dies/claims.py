@@ -41,6 +41,7 @@ def check_what_the_check_costs(cost) -> None:
     """What the check costs"""
     assert cost["check_bytes"] == 16 * cost["tensors"] + 8               # dp 2: the all-gather and the flag
     assert cost["check_bytes"] < 0.01 * cost["grad_bytes"]
+    assert cost["check_wire_bytes"] is None or cost["check_wire_bytes"] >= cost["check_bytes"]   # headers only add
 
 
 def check_a_run_that_loses_a_replica(ft, replicas=3) -> None:

@@ -97,7 +97,7 @@ def bit_flip(layout: dict, world_size: int, flip: Flip, steps: int = 3) -> list:
 
 
 def _cost_rank(rank, world_size, recipe, steps):
-    seconds, sent = {False: [], True: []}, {False: 0.0, True: 0.0}
+    seconds, counted, wire = {False: [], True: []}, {False: 0.0, True: 0.0}, {False: None, True: None}
     for n, checked in enumerate((False, True) * 3):       # alternate: the machine's drift falls on both
         t = Trainer3D(rank, world_size, recipe, dp=world_size, micro_batches=1)
         runner = CheckedTrainer(t) if checked else t
@@ -108,18 +108,24 @@ def _cost_rank(rank, world_size, recipe, steps):
                 runner.step(*recipe.batches[i], i)
                 if n >= 2:                               # the first pair warms the process up
                     seconds[checked].append(time.perf_counter() - t0)
-        sent[checked] = log.bytes_sent / (steps - 1)
+        counted[checked] = log.bytes_sent / (steps - 1)
+        if log.observed_bytes_sent is not None:
+            wire[checked] = log.observed_bytes_sent / (steps - 1)
     grad_bytes = sum(p.numel() * p.element_size() for p in t.dense_params)
-    return ({k: statistics.median(v) for k, v in seconds.items()}, sent[True] - sent[False], grad_bytes,
-            len(t.dense_params))
+    on_wire = None if None in wire.values() else wire[True] - wire[False]
+    return (seconds, counted[True] - counted[False], on_wire, grad_bytes, len(t.dense_params))
 
 
 def check_cost(steps: int = 8) -> dict:
-    """Seconds per step with and without the check (medians over alternating runs, dp 2), the check's bytes
-    sent per step by one rank (the checked run's minus the plain run's), the gradient's bytes and tensors."""
-    seconds, check_bytes, grad_bytes, tensors = launch(_cost_rank, 2, recipe(steps), steps, quiet=True)[0]
-    return {"plain_s": seconds[False], "checked_s": seconds[True], "check_bytes": check_bytes,
-            "grad_bytes": grad_bytes, "tensors": tensors}
+    """Seconds per step with and without the check (median, min and max over alternating runs, dp 2), the
+    check's bytes per step and rank as the algorithm counts them (the checked run's minus the plain run's, from
+    the communication log) and as the socket took them (:mod:`minipar.wire`; None if unknown), the gradient's
+    bytes and tensors."""
+    seconds, check_bytes, wire_bytes, grad_bytes, tensors = launch(_cost_rank, 2, recipe(steps), steps,
+                                                                   quiet=True)[0]
+    spread = {k: (statistics.median(v), min(v), max(v)) for k, v in seconds.items()}
+    return {"plain_s": spread[False], "checked_s": spread[True], "check_bytes": check_bytes,
+            "check_wire_bytes": wire_bytes, "grad_bytes": grad_bytes, "tensors": tensors}
 
 
 def draw_save_trace(events: list, ax=None):
