@@ -138,6 +138,31 @@ def test_a_widget_whose_first_view_is_an_error_fails_the_build():
     assert frozen == 1 and len(errors) == 1 and "first view is an error" in errors[0]
 
 
+def test_a_kernel_that_does_not_answer_is_tried_once_more(monkeypatch, tmp_path):
+    import notebook_client
+    path = tmp_path / "c.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), path)
+    calls = []
+
+    def execute(self, **_):                    # the first kernel does not start, the second runs
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+        return self.nb
+    monkeypatch.setattr(notebook_client.SlicedClient, "execute", execute)
+    nb = site.execute(path, timeout=5)
+    assert len(calls) == 2 and nb.metadata["minipar_tries"] == 2
+
+
+def test_a_chapter_that_cannot_run_is_named_and_the_others_still_built(monkeypatch, tmp_path):
+    def execute(path, timeout, threads):
+        raise RuntimeError("Kernel didn't respond in 300 seconds")
+    monkeypatch.setattr(site, "execute", execute)
+    stem, info, page = site._build_one((tmp_path / "07_x.ipynb", 5, None))
+    assert stem == "07_x" and info["errors"] == ["not executed: RuntimeError: Kernel didn't respond in 300 seconds"]
+    assert "not executed" in page and set(info) >= {"outputs", "images", "figures", "title", "glossary"}
+
+
 def test_glossary_rows_are_read_from_the_chapter():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("## Glossary\n\n| English | 中文 |\n|---|---|\n| rank | 进程编号 |\n")]

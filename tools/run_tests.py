@@ -84,16 +84,31 @@ def main() -> int:
     for name in streams(python):
         show(name)
     for name, argv in after(python).items():
+        if name == "site test" and results["site"][0] != 0:     # it would only say "no site there", 70 times
+            (LOGS / "site-test.log").write_text("not run: the site build failed (its log is above)\n")
+            results[name] = (None, 0.0)
+            continue
         began = time.monotonic()
         results[name] = (run_side_by_side({name: argv}, env)[name][0], time.monotonic() - began)
         show(name)
+    failed_stages = [name for name, (code, _) in results.items() if code not in (0, None)]
+    for name in failed_stages:                  # last, so that a log's tail (all CI may show) says why
+        print(f"\n===== why {name} failed: the end of {LOGS.name}/{name.replace(' ', '-')}.log =====")
+        print("\n".join(tail(name, 25)))
     print("\nmake test, stage by stage (the first three side by side):")
     for name, (code, seconds) in results.items():
-        print(f"  {name:13s} {seconds:7.1f} s  {'ok' if code == 0 else f'FAILED (exit {code})'}")
+        said = "not run" if code is None else "ok" if code == 0 else f"FAILED (exit {code})"
+        print(f"  {name:13s} {seconds:7.1f} s  {said}")
     print(f"  {'in all':13s} {time.monotonic() - start:7.1f} s")
     passed, failed = counted()
     print(f"\npytest: {passed} passed, {failed} failed")    # every pytest run's closing line, added up
-    return 0 if all(code == 0 for code, _ in results.values()) else 1
+    return 0 if not failed_stages and all(code == 0 for code, _ in results.values()) else 1
+
+
+def tail(name: str, lines: int) -> list:
+    """The last ``lines`` non-blank lines of a stage's log, each cut to 300 characters."""
+    text = (LOGS / f"{name.replace(' ', '-')}.log").read_text(errors="replace")
+    return [line[:300] for line in text.splitlines() if line.strip()][-lines:]
 
 
 def counted() -> tuple:

@@ -51,8 +51,10 @@ def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: i
     the kernel's intra-op threads (OMP_NUM_THREADS; None: torch's default, one per core). A cell that takes more
     than ``timeout`` seconds (a chapter's whole run is under 30 alone; its launches end a deadlock themselves within
     their collective timeout; beside make test's tests a chapter has taken 277 s), or a kernel that dies, is run
-    again once in a fresh kernel, and the log says so. The client is :class:`notebook_client.SlicedClient`: nbclient's
-    own can miss a widget cell's reply and wait out the whole timeout (nbclient issue #312)."""
+    again once in a fresh kernel, and the log says so; so is one whose kernel does not start or answer (nbclient's
+    RuntimeError; its start-up wait is 300 s here, not 60: beside make test's tests the load reaches ~30 on two
+    cores). The client is :class:`notebook_client.SlicedClient`: nbclient's own can miss a widget cell's reply and
+    wait out the whole timeout (nbclient issue #312)."""
     import nbformat
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from notebook_client import SlicedClient
@@ -62,12 +64,12 @@ def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: i
         env["OMP_NUM_THREADS"] = str(threads)
     for attempt in range(1, tries + 1):
         nb = nbformat.read(path, as_version=4)
-        client = SlicedClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                                store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
+        client = SlicedClient(nb, timeout=timeout, startup_timeout=300, kernel_name="python3", allow_errors=True,
+                              store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
         start = time.monotonic()
         try:
             client.execute(env=env)
-        except (CellTimeoutError, DeadKernelError) as exc:
+        except (CellTimeoutError, DeadKernelError, RuntimeError) as exc:
             if attempt == tries:
                 raise
             print(f"site: {path.stem}: {type(exc).__name__} after {time.monotonic() - start:.0f} s "
@@ -221,8 +223,20 @@ def with_nav(page: str, chapters: list, current: str) -> str:
 
 
 def _build_one(args) -> tuple[str, dict, str]:
+    """One chapter executed and rendered: (stem, what the manifest says of it, its page). A chapter that could
+    not be executed (its second try failed too) is a page and a manifest entry saying why, with the error in
+    ``errors``: the other chapters are still built, and the build fails at its end, naming it."""
     path, timeout, threads = args
-    nb = execute(path, timeout, threads)
+    try:
+        nb = execute(path, timeout, threads)
+    except Exception as exc:                        # noqa: BLE001 — any reason, said in the manifest and the log
+        import traceback
+        why = f"not executed: {type(exc).__name__}: {exc}"[:500]
+        print(f"site: {path.stem}: {why}\n{traceback.format_exc()[-2000:]}", flush=True)
+        info = {"cells": 0, "code_cells": 0, "unexecuted": 0, "outputs": 0, "images": 0, "errors": [why],
+                "figures": [], "predict_leaks": [], "seconds": None, "widgets_frozen": 0, "title": "",
+                "glossary": []}
+        return path.stem, info, f"<html><body><h1>{html.escape(path.stem)}</h1><p>{html.escape(why)}</p></body></html>"
     frozen, widget_errors = freeze_widgets(nb)
     info = summarize(nb)
     info["widgets_frozen"] = frozen
