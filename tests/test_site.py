@@ -159,8 +159,8 @@ def test_a_chapter_that_cannot_run_is_named_and_the_others_still_built(monkeypat
         raise RuntimeError("Kernel didn't respond in 300 seconds")
     monkeypatch.setattr(site, "execute", execute)
     stem, info, page = site._build_one((tmp_path / "07_x.ipynb", 5, None))
-    assert stem == "07_x" and info["errors"] == ["not executed: RuntimeError: Kernel didn't respond in 300 seconds"]
-    assert "not executed" in page and set(info) >= {"outputs", "images", "figures", "title", "glossary"}
+    assert stem == "07_x" and info["errors"] == ["not built: RuntimeError: Kernel didn't respond in 300 seconds"]
+    assert "not built" in page and set(info) >= {"outputs", "images", "figures", "title", "glossary"}
 
 
 def test_glossary_rows_are_read_from_the_chapter():

@@ -224,26 +224,24 @@ def with_nav(page: str, chapters: list, current: str) -> str:
 
 def _build_one(args) -> tuple[str, dict, str]:
     """One chapter executed and rendered: (stem, what the manifest says of it, its page). A chapter that could
-    not be executed (its second try failed too) is a page and a manifest entry saying why, with the error in
-    ``errors``: the other chapters are still built, and the build fails at its end, naming it."""
+    not be executed (its second try failed too) or rendered is a page and a manifest entry saying why, with the
+    error in ``errors``: the other chapters are still built, and the build fails at its end, naming it."""
     path, timeout, threads = args
     try:
         nb = execute(path, timeout, threads)
+        frozen, widget_errors = freeze_widgets(nb)
+        info = summarize(nb)
+        info.update(widgets_frozen=frozen, title=describe(nb), glossary=glossary(nb))
+        info["errors"] += widget_errors
+        return path.stem, info, render(nb)
     except Exception as exc:                        # noqa: BLE001 — any reason, said in the manifest and the log
         import traceback
-        why = f"not executed: {type(exc).__name__}: {exc}"[:500]
+        why = f"not built: {type(exc).__name__}: {exc}"[:500]
         print(f"site: {path.stem}: {why}\n{traceback.format_exc()[-2000:]}", flush=True)
         info = {"cells": 0, "code_cells": 0, "unexecuted": 0, "outputs": 0, "images": 0, "errors": [why],
                 "figures": [], "predict_leaks": [], "seconds": None, "widgets_frozen": 0, "title": "",
                 "glossary": []}
         return path.stem, info, f"<html><body><h1>{html.escape(path.stem)}</h1><p>{html.escape(why)}</p></body></html>"
-    frozen, widget_errors = freeze_widgets(nb)
-    info = summarize(nb)
-    info["widgets_frozen"] = frozen
-    info["errors"] += widget_errors
-    info["title"] = describe(nb)
-    info["glossary"] = glossary(nb)
-    return path.stem, info, render(nb)
 
 
 def describe(nb) -> str:
