@@ -203,7 +203,7 @@ def test_a_reveal_without_a_guess_prints_the_answer_plainly(capsys):
     reveal(None, 12, what="all-reduces per layer", formula=12)
     reveal(None, 4, what="all-gathers per layer")
     out = capsys.readouterr().out
-    assert "measured 12" in out and "measured 4" in out and out.count("Your guess: none given.") == 2
+    assert "measured 12" in out and "measured 4" in out and "guess" not in out.lower()
     assert not any(word in out for word in HARNESS_OUTPUT), out
 
 

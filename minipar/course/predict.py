@@ -9,7 +9,7 @@ In a chapter::
     ...the run...
     reveal(my_guess, measured, what="bytes sent per rank", formula=comm.predicted_bytes_sent(...))
 
-A guess left at ``None`` is fine: the reveal shows the answer and says "Your guess: none given." (the notebooks are
+A guess left at ``None`` is fine: the reveal shows the answer alone, with nothing about guessing (the notebooks are
 committed with ``None``, so that "Run All" and the static site go through, and the site shows the answer plainly).
 Numbers are compared as a ratio; any other guess (a schedule's name, "yes") is compared as text,
 case-insensitively.
@@ -17,9 +17,6 @@ case-insensitively.
 from __future__ import annotations
 
 __all__ = ["reveal", "verdict", "Revealed"]
-
-NO_GUESS = "Your guess: none given."
-
 
 class Revealed(str):
     """The line :func:`reveal` printed. Jupyter shows a cell's last value; this one shows nothing more, so that
@@ -40,7 +37,7 @@ def _fmt(x) -> str:
 def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
     """One line judging ``guess`` against ``measured``: within ``rel_tol``, off by a factor, or different."""
     if guess is None:
-        return NO_GUESS
+        return "no guess"
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (guess, measured))
     if not numbers:
         same = str(guess).strip().lower() == str(measured).strip().lower()
@@ -58,7 +55,7 @@ def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
 def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1) -> Revealed:
     """Print and return ``what``: measured, the formula's value when given, your guess and :func:`verdict`
     (returned as :class:`Revealed`, which a notebook does not display a second time). Without a guess, the line
-    gives the answer and ends "Your guess: none given."."""
+    is the answer alone."""
     u = f" {unit}" if unit else ""
     parts = [f"{what}: measured {_fmt(measured)}{u}"]
     if formula is not None:
@@ -66,7 +63,7 @@ def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol:
     if guess is not None:
         parts.append(f"your guess {_fmt(guess)}{u}")
     if guess is None:
-        line = "; ".join(parts) + f". {NO_GUESS}"
+        line = "; ".join(parts) + "."
     else:
         line = "; ".join(parts) + f"  ->  {verdict(guess, measured, rel_tol=rel_tol)}"
     print(line)
