@@ -17,9 +17,8 @@ and ``Estimate.hidden`` the rest; ``"production"``: async TP, PP's p2p and CP's 
 
     compute        on a cluster with a device card (:func:`minipar.machine.cluster.gpu_cluster`): the
                    operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
-                   memory-bound operators, kernel floors) priced on the card, × micro-batches; else
-                   (a CPU whose FLOP/s were measured: :func:`minipar.machine.cluster.this_machine`)
-                   hardware FLOPs / (devices · peak FLOP/s · efficiency)
+                   memory-bound operators, kernel floors) priced on the card, × micro-batches; else (a CPU,
+                   :func:`~minipar.machine.cluster.this_machine`) hardware FLOPs / (devices · FLOP/s measured)
     bubble         (compute + tp, cp, ep collectives) · f / (1 - f),  f = bubble_formula(schedule, p, m, v)
                    (chapter 04): an idle slot lasts a stage's whole work on a micro-batch, collectives included
     collectives    the α-β model of :mod:`minipar.machine.cluster`, on the links each group really crosses
