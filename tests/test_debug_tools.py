@@ -95,14 +95,20 @@ def test_nothing_left_running_after_a_planted_hang(no_leftover_processes):
 
 # Stragglers ------------------------------------------------------------------------------------------------
 
+_GEMM = {"name": "aten::mm", "kind": "gemm", "flops": 2 * 4096 ** 3, "bytes": 6 * 4096 ** 2, "count": 1}
+
+
 def _trace(slow_rank=1):
-    """Two ranks, 4 marked steps; rank ``slow_rank`` computes 30 ms a step, the other 10 ms and waits 20."""
+    """Two ranks, 4 marked steps; rank ``slow_rank`` computes 30 ms a step, the other 10 ms and waits 20; each
+    segment's counted operators: one 4096³ matmul a rank, three on the slow one."""
     ranks = []
     for r in range(2):
         compute, wait = (0.030, 0.001) if r == slow_rank else (0.010, 0.021)
+        ops = [{**_GEMM, "count": 3 if r == slow_rank else 1}]
         events = [Mark("step")]
         for _ in range(4):
-            events += [Compute(compute, compute), Comm("all_reduce", (0, 1), 4096, seconds_wall=wait), Mark("step")]
+            events += [Compute(compute, compute, ops=ops), Comm("all_reduce", (0, 1), 4096, seconds_wall=wait),
+                       Mark("step")]
         ranks.append(RankTrace(r, events))
     return Trace(ranks)
 
@@ -117,13 +123,20 @@ def test_the_straggler_is_the_rank_with_most_compute_and_its_cost_is_the_differe
 
 
 def test_the_replay_without_the_straggler_is_shorter_by_its_cost():
-    from minipar.machine.cluster import h100_nodes
+    from minipar.machine.cluster import h100_cluster, this_machine
+    from minipar.machine.device import H100_SXM, Op, op_seconds
     from minipar.machine.replay import replay
     trace = _trace()
     fixed = stragglers.without_straggler(trace, 1)
-    assert all(e.seconds_cpu == 0.010 for e in fixed.ranks[1].events if isinstance(e, Compute))
-    as_run, without = (replay(t, h100_nodes(1), compute_scale=1.0) for t in (trace, fixed))
+    assert all(e.seconds_cpu == 0.010 and e.ops[0]["count"] == 1 for e in fixed.ranks[1].events
+               if isinstance(e, Compute))
+    here = this_machine(1e-5, 1e9, 1e10, devices=2)                     # CPU seconds as they were: scale 1
+    as_run, without = (replay(t, here, compute_scale=1.0) for t in (trace, fixed))
     assert min(as_run.step_gaps()) - min(without.step_gaps()) == pytest.approx(0.020, rel=1e-3)
+    # on a device card the ops are priced: the straggler costs its two extra matmuls on the H100
+    as_run, without = (replay(t, h100_cluster(1)) for t in (trace, fixed))
+    two_gemms = op_seconds(Op("mm", "gemm", _GEMM["flops"], _GEMM["bytes"], count=2), H100_SXM)
+    assert min(as_run.step_gaps()) - min(without.step_gaps()) == pytest.approx(two_gemms, rel=1e-9)
 
 
 # The bisection ---------------------------------------------------------------------------------------------

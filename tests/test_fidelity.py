@@ -3,8 +3,8 @@ copied between runs — each against a timeline worked out by hand (per-step tim
 import pytest
 
 from minipar.machine.fidelity import OpLinks, fit_link, observed_calls, ring_terms, wall_compute, with_flops, \
-    with_other_threads
-from minipar.machine.cluster import Cluster, dgx_a100
+    with_ops, with_other_threads
+from minipar.machine.cluster import Cluster, this_machine
 from minipar.machine.replay import replay
 from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 
@@ -82,15 +82,15 @@ def test_other_threads_cpu_is_added_to_the_segment_it_ran_under():
 
 def test_with_flops_copies_counted_flops_and_the_replay_uses_them():
     timed = two_ranks(Compute(2.0, 2.0), Comm("all_reduce", (0, 1), 8), Compute(1.0, 1.0), Mark("step"))
-    counted = two_ranks(Compute(9.0, 9.0, flops=312e12 * 0.6), Comm("all_reduce", (0, 1), 8),
+    counted = two_ranks(Compute(9.0, 9.0, flops=3e10), Comm("all_reduce", (0, 1), 8),
                         Compute(5.0, 5.0, flops=0.0), Mark("step"))
     both = with_flops(timed, counted)
-    assert [e.flops for e in both.ranks[0].events if isinstance(e, Compute)] == [312e12 * 0.6, 0.0]
+    assert [e.flops for e in both.ranks[0].events if isinstance(e, Compute)] == [3e10, 0.0]
     assert both.ranks[0].events[0].seconds_cpu == 2.0 and both.meta["flops"] == "counted"
-    # on a DGX-A100 (312 TFLOP/s × 0.6): 1 s of FLOPs, a zero-FLOP segment, the all-reduce of 8 B in between
-    a100 = dgx_a100(1)
-    ar = 2 * a100.intra_latency + 8 / a100.intra_bw
-    assert replay(both, a100).step_seconds == approx(1.0 + ar)
+    # on a CPU cluster of 3e10 FLOP/s a rank: 1 s of FLOPs, a zero-FLOP segment, the all-reduce of 8 B between
+    cpu = this_machine(1e-4, 1e9, 3e10, devices=2)
+    ar = 2 * cpu.intra_latency + 8 / cpu.intra_bw
+    assert replay(both, cpu).step_seconds == approx(1.0 + ar)
     with pytest.raises(ValueError, match="events differ"):
         with_flops(timed, two_ranks(Compute(1.0), Comm("all_gather", (0, 1), 8), Compute(1.0), Mark("step")))
     with pytest.raises(ValueError, match="ranks"):
@@ -103,6 +103,22 @@ def test_waits_keep_their_place_when_flops_are_copied():
                Compute(1.0, flops=7.0), Wait(1)]
     out = with_flops(two_ranks(*events), two_ranks(*counted))
     assert out.ranks[1].events[3] == Wait(1) and out.ranks[1].events[2].flops == 7.0
+
+
+def test_with_ops_keeps_the_timed_seconds_and_a_card_prices_the_copied_ops():
+    from minipar.machine.cluster import h100_cluster
+    from minipar.machine.device import H100_SXM, ops_of, ops_seconds
+    gemm = [{"name": "aten::mm", "kind": "gemm", "flops": 2e12, "bytes": 3e8, "count": 2}]
+    timed = two_ranks(Compute(2.0, 2.0), Comm("all_reduce", (0, 1), 8), Mark("step"))
+    counted = two_ranks(Compute(9.0, 9.0, flops=4e12, ops=gemm), Comm("all_reduce", (0, 1), 8), Mark("step"))
+    both = with_ops(timed, counted)
+    first = both.ranks[0].events[0]
+    assert (first.seconds_cpu, first.flops, first.ops) == (2.0, 4e12, gemm)       # its time, their counts
+    h100 = h100_cluster(1)
+    ar = 2 * h100.intra_latency + 8 / h100.intra_bw
+    assert replay(both, h100).step_seconds == approx(ops_seconds(ops_of(gemm), H100_SXM) + ar)
+    with pytest.raises(ValueError, match="events differ"):
+        with_ops(timed, two_ranks(Compute(1.0), Mark("step")))
 
 
 def test_observed_calls_replay_each_blocking_collective_as_long_as_it_took():

@@ -2,7 +2,7 @@
 import pytest
 
 from minipar.course.ch12_choosing_a_strategy import figures as fig12
-from minipar.plan import Layout, dgx_a100, estimate
+from minipar.plan import Layout, a100_cluster, estimate
 
 
 def test_default_view_is_the_chapters():
@@ -14,7 +14,7 @@ def test_default_view_is_the_chapters():
 def test_cp_ep_and_overlap_reach_the_estimate():
     moe = fig12.calculate(model="MoE 1.3B × 8 experts", dp=8, tp=2, pp=1, ep=4, micro_batches=8, overlap=True)
     assert moe.layout.ep == 4 and moe.bytes_sent["ep"] > 0 and moe.hidden["dp"] > 0
-    assert moe.step_seconds == estimate(fig12.CALCULATOR_MODELS["MoE 1.3B × 8 experts"], dgx_a100(2), moe.layout,
+    assert moe.step_seconds == estimate(fig12.CALCULATOR_MODELS["MoE 1.3B × 8 experts"], a100_cluster(2), moe.layout,
                                         overlap=True).step_seconds
     uly = fig12.calculate(model="GPT 13B", seq_len=32768, dp=2, cp=2, cp_method="ulysses", tp=4, pp=4, micro_batches=8)
     assert uly.layout.cp == 2 and uly.layout.cp_method == "ulysses" and uly.bytes_sent["cp"] > 0

@@ -4,11 +4,14 @@ import pytest
 from minipar.comm import predicted_bytes_sent
 from minipar.data import zero_memory
 from minipar.pipeline.schedules import bubble_formula
-from minipar.plan import (GPT3_175B, Cluster, Layout, Transformer, activation_bytes_per_layer, collective_seconds,
-                          dgx_a100, estimate, hardware_flops, in_flight, stage_parameters, validate)
+from minipar.machine.cluster import link, this_machine
+from minipar.machine.device import A100_SXM_80GB
+from minipar.plan import (GPT3_175B, Cluster, Layout, Transformer, a100_cluster, activation_bytes_per_layer,
+                          collective_seconds, estimate, hardware_flops, in_flight, stage_parameters, validate)
+from minipar.plan.operators import stage_seconds
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
-CLUSTER = dgx_a100(128)
+CLUSTER = a100_cluster(128)
 SMALL = Transformer(layers=8, hidden=64, heads=4, vocab=128, seq_len=32)
 
 
@@ -84,8 +87,8 @@ def test_zero_2_and_3_repeat_their_collectives_per_micro_batch():
 def test_time_terms():
     layout = Layout(dp=8, tp=8, pp=16, micro_batches=192)
     e = estimate(GPT3_175B, CLUSTER, layout)
-    compute = hardware_flops(GPT3_175B, 1536) / (1024 * 312e12 * 0.6)
-    assert e.time["compute"] == pytest.approx(compute)
+    compute = 192 * stage_seconds(GPT3_175B, layout, A100_SXM_80GB)["slowest"]     # m × the slowest stage's ops
+    assert e.time["compute"] == pytest.approx(compute, rel=1e-12)
     f = bubble_formula("1f1b", 16, 192)          # an idle slot lasts a stage's work: compute and tp collectives
     assert e.time["bubble"] == pytest.approx((compute + e.time["tp"]) * f / (1 - f))
     assert e.time["tp"] > 0
@@ -95,10 +98,21 @@ def test_time_terms():
     assert 0 < e.mfu < 1
 
 
+def test_compute_without_a_card_is_flops_over_the_measured_rate():
+    """A CPU cluster (this_machine: a rank's FLOP/s measured here) has no card: hardware FLOPs / (n · F)."""
+    cpu = this_machine(alpha=1e-4, beta=1e9, flops_per_second=2e10, devices=8)
+    e = estimate(SMALL, cpu, Layout(dp=8, micro_batch=2))
+    assert e.time["compute"] == pytest.approx(hardware_flops(SMALL, 16) / (8 * 2e10), rel=1e-12)
+
+
 def test_tp_across_nodes_uses_the_slow_link():
     inside = estimate(GPT3_175B, CLUSTER, Layout(dp=8, tp=8, pp=16, micro_batches=192))
     across = estimate(GPT3_175B, CLUSTER, Layout(dp=4, tp=16, pp=16, micro_batches=384))
-    assert across.time["tp"] > 5 * inside.time["tp"]
+    # a TP group of 16 spans two nodes, 8 GPUs on each: its ring crosses on 8 InfiniBand rails at once,
+    # min(NVLink β, 8 × HDR β) = min(231, 180) GB/s, and every step pays the inter-node latency
+    assert link(CLUSTER, range(16)) == (pytest.approx(8 * 25e9 * 0.9), 10e-6)
+    assert link(CLUSTER, range(8)) == (pytest.approx(300e9 * 0.77), 5e-6)
+    assert across.time["tp"] > inside.time["tp"]
 
 
 def test_collective_seconds_alpha_beta():
@@ -150,6 +164,6 @@ def test_context_parallel_is_ring_attention_over_dp_cp_data_ranks():
 
 def test_planner_proposes_context_parallelism_when_asked():
     from minipar.plan import layouts
-    found = {x.cp for x in layouts(SMALL, dgx_a100(1), 8, cp=(1, 2, 4), recompute=("none",))}
+    found = {x.cp for x in layouts(SMALL, a100_cluster(1), 8, cp=(1, 2, 4), recompute=("none",))}
     assert found == {1, 2, 4}
-    assert {x.cp for x in layouts(SMALL, dgx_a100(1), 8, recompute=("none",))} == {1}
+    assert {x.cp for x in layouts(SMALL, a100_cluster(1), 8, recompute=("none",))} == {1}

@@ -7,12 +7,12 @@ import pytest
 from minipar.data import zero_memory
 from minipar.hybrid.context import cp_bytes
 from minipar.moe.expert_parallel import predicted_all_to_all_bytes
-from minipar.plan import (Layout, MoETransformer, Transformer, dgx_a100, estimate,
+from minipar.plan import (Layout, MoETransformer, Transformer, a100_cluster, estimate,
                           expert_parameters, forward_flops, layer_parameters, layouts, parameters, plan,
                           stage_parameters, validate)
 from minipar.plan.traffic import dim_link
 
-CLUSTER = dgx_a100(2)
+CLUSTER = a100_cluster(2)
 DENSE = Transformer(layers=4, hidden=64, heads=8, vocab=128, seq_len=64)
 MOE = MoETransformer(layers=4, hidden=64, heads=8, vocab=128, seq_len=64, experts=8, k=2, capacity_factor=1.25)
 FP32 = dict(precision="fp32", dropout=False)
@@ -114,11 +114,11 @@ def test_ep_validate_names_the_problem(model, layout, match):
 
 
 def test_planner_searches_cp_methods_and_ep():
-    found = {(x.cp, x.cp_method, x.ep) for x in layouts(MOE, dgx_a100(1), 8, cp=(1, 2), ep=(1, 2, 4),
+    found = {(x.cp, x.cp_method, x.ep) for x in layouts(MOE, a100_cluster(1), 8, cp=(1, 2), ep=(1, 2, 4),
                                                          cp_methods=("ring", "ulysses"), recompute=("none",))}
     assert {(2, "ulysses", 2), (1, "ring", 4), (2, "ring", 1)} <= found
-    assert all(x.ep == 1 for x in layouts(DENSE, dgx_a100(1), 8, ep=(1, 2), recompute=("none",)))
-    best = plan(MOE, dgx_a100(1), 8, ep=(1, 2, 4, 8), recompute=("none",), overlap=True)
+    assert all(x.ep == 1 for x in layouts(DENSE, a100_cluster(1), 8, ep=(1, 2), recompute=("none",)))
+    best = plan(MOE, a100_cluster(1), 8, ep=(1, 2, 4, 8), recompute=("none",), overlap=True)
     assert any("EP" in family for family in best.families)
 
 
@@ -127,11 +127,12 @@ def test_folded_ep_keeps_the_dp_ring_inside_one_node():
     group — dp, ep — runs over NVLink. The planner once counted ep among the ranks (dp ring 8 × 8 > 8 devices
     per node) and priced the dp ring on InfiniBand: the estimate then changed with the inter-node link."""
     import dataclasses
-    node = dgx_a100(1)
+    node = a100_cluster(1)
     slow_between_nodes = dataclasses.replace(node, inter_bw=1.0, inter_latency=1.0)   # 1 B/s, 1 s: unmissable
     layout = Layout(dp=8, ep=8, micro_batch=2, micro_batches=2)
     assert dim_link(layout, "dp", node) == dim_link(layout, "ep", node) == (node.intra_bw, node.intra_latency)
     assert estimate(MOE, slow_between_nodes, layout, **FP32).time == estimate(MOE, node, layout, **FP32).time
     across = Layout(dp=16, ep=8, micro_batch=2, micro_batches=2)       # 16 ranks: the dp ring spans 2 nodes
-    assert dim_link(across, "dp", CLUSTER) == (CLUSTER.inter_bw, CLUSTER.inter_latency)
+    rails = min(CLUSTER.intra_bw, 8 * CLUSTER.inter_bw)     # 8 of its ranks a node: it crosses on 8 NICs at once
+    assert dim_link(across, "dp", CLUSTER) == (rails, CLUSTER.inter_latency)
     assert dim_link(across, "ep", CLUSTER) == (CLUSTER.intra_bw, CLUSTER.intra_latency)   # 8 consecutive ranks

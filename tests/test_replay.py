@@ -1,7 +1,9 @@
 """The replay engine on hand-made traces, against timelines computed by hand (no processes)."""
 import pytest
 
-from minipar.machine.cluster import Cluster, comm_seconds, dgx_a100, h100_nodes, pcie_node, this_machine
+from minipar.machine.cluster import (IB_NDR, NVLINK3, NVLINK4, PCIE3, Cluster, a100_cluster, comm_seconds, gpu_cluster,
+                                     h100_cluster, this_machine)
+from minipar.machine.device import H100_SXM, TITAN_RTX
 from minipar.machine.replay import Deadlock, WaitedCall, replay
 from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace, Wait
 from minipar.pipeline.schedule_trace import from_schedule
@@ -138,21 +140,30 @@ def test_group_crossing_nodes_takes_the_inter_node_link():
 
 
 def test_compute_scaled_to_the_device():
-    trace = Trace([rank_trace(0, Compute(2.0, 2.0), Compute(0.0, 0.0, flops=312e12 * 0.6))])
-    res = replay(trace, dgx_a100(1), source_flops_per_second=1e10)
-    # 2 CPU seconds at 1e10 FLOP/s here = 2e10 FLOPs at 312e12·0.6; the second segment is 1 s by its FLOPs
-    assert res.step_seconds == approx(2e10 / (312e12 * 0.6) + 1.0)
+    """Without a card (a CPU declared by its measured FLOP/s): CPU seconds × (FLOP/s here ÷ FLOP/s there), or a
+    segment's counted FLOPs ÷ FLOP/s there. On a card a segment must carry its counted operators."""
+    trace = Trace([rank_trace(0, Compute(2.0, 2.0), Compute(0.0, 0.0, flops=4e10))])
+    faster = this_machine(1e-4, 1e9, 4e10, devices=1)              # a CPU rank 4x this one's 1e10 FLOP/s
+    res = replay(trace, faster, source_flops_per_second=1e10)
+    # 2 CPU seconds at 1e10 FLOP/s here = 2e10 FLOPs at 4e10 FLOP/s = 0.5 s; the second segment 1 s by its FLOPs
+    assert res.step_seconds == approx(2e10 / 4e10 + 1.0)
     with pytest.raises(ValueError, match="compute_scale"):
-        replay(Trace([rank_trace(0, C(1.0))]), dgx_a100(1))
+        replay(Trace([rank_trace(0, C(1.0))]), faster)
+    with pytest.raises(ValueError, match="trace with ops=True"):
+        replay(Trace([rank_trace(0, C(1.0))]), a100_cluster(1), compute_scale=1.0)
     with pytest.raises(ValueError, match="2 ranks, the cluster 1 devices"):
         replay(Trace([rank_trace(0), rank_trace(1)]), this_machine(1e-4, 1e9, 1e10, devices=1), compute_scale=1)
 
 
 def test_declared_clusters():
-    assert dgx_a100(1).intra_bw == 300e9 and 2 * dgx_a100(1).intra_bw == 600e9   # NVLink 3: 600 GB/s both ways
-    h = h100_nodes(2)
-    assert (h.devices, h.intra_bw, h.inter_bw, h.peak_flops) == (16, 450e9, 50e9, 989e12)
-    assert pcie_node().intra_bw == 15.75e9 and pcie_node().devices == 2
+    # the link cards: datasheet bandwidth per direction × the share a large ring reaches
+    assert 2 * NVLINK3.bandwidth == 600e9 and a100_cluster(1).intra_bw == approx(300e9 * 0.77)  # NVLink 3, both ways
+    h = h100_cluster(2)
+    assert (h.devices, h.peak_flops, h.device) == (16, 989e12, H100_SXM)
+    assert (h.intra_bw, h.inter_bw) == (approx(NVLINK4.beta), approx(IB_NDR.beta)) == (approx(360e9), approx(45e9))
+    pcie = gpu_cluster(TITAN_RTX, 1, PCIE3, PCIE3, devices_per_node=2)   # seed 002's machine, NCCL_P2P_DISABLE=1
+    assert (pcie.devices, pcie.memory_bytes, pcie.peak_flops) == (2, 24e9, 130e12)
+    assert pcie.intra_bw == approx(15.75e9 * 0.8) and pcie.device is TITAN_RTX
     here = this_machine(2e-4, 5e8, 3e10, devices=4)
     assert (here.intra_latency, here.inter_bw, here.peak_flops * here.flops_efficiency) == (2e-4, 5e8, 3e10)
 

@@ -2,7 +2,7 @@
 agrees with the planner's closed form (the same operators, links and schedule: one model of time)."""
 import pytest
 
-from minipar.machine.cluster import a100_cluster, dgx_a100
+from minipar.machine.cluster import a100_cluster, this_machine
 from minipar.observe.opcount import kernel_count
 from minipar.machine.trace import Comm, Compute
 from minipar.plan import GPT3_175B, Layout
@@ -35,4 +35,4 @@ def test_bad_what_ifs_are_refused():
     with pytest.raises(ValueError, match="not ZeRO"):
         layout_trace(GPT3_175B, Layout(dp=2, zero=1))
     with pytest.raises(ValueError, match="device card"):
-        replay_layout(GPT3_175B, Layout(tp=2), dgx_a100(1))
+        replay_layout(GPT3_175B, Layout(tp=2), this_machine(1e-4, 1e9, 1e10))

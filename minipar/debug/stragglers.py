@@ -102,7 +102,9 @@ def find_straggler(trace: Trace, label: str = "step", skip: int = 1, clock: str 
 def without_straggler(trace: Trace, rank: int) -> Trace:
     """A copy of ``trace`` in which rank ``rank``'s compute segments last what the median other rank's do,
     segment by segment (same program, so the same segments): what the run would be without the straggler.
-    A model: replay both on the same declared cluster and compare their steps."""
+    Counted operators go with the time: each segment takes the ops of the other rank whose CPU seconds are
+    the median (the lower of the two middle ones), so that a replay on a device card, which prices ops, sees
+    the cut too. A model: replay both on the same declared cluster and compare their steps."""
     out = copy.deepcopy(trace)
     others = [r for r in out.ranks if r.rank != rank]
     mine = [e for e in out.ranks[rank].events if isinstance(e, Compute)]
@@ -113,4 +115,6 @@ def without_straggler(trace: Trace, rank: int) -> Trace:
         e.seconds_cpu = statistics.median(t[i].seconds_cpu for t in theirs)
         e.seconds_wall = statistics.median(t[i].seconds_wall for t in theirs)
         e.flops = None if e.flops is None else statistics.median(t[i].flops for t in theirs)
+        typical = sorted((t[i] for t in theirs), key=lambda x: x.seconds_cpu)[(len(theirs) - 1) // 2]
+        e.ops = None if e.ops is None else typical.ops
     return out

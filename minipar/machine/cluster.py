@@ -33,8 +33,8 @@ from minipar.mesh import crosses_nodes, node_of
 from .device import A100_SXM_80GB, B200, H100_SXM, DeviceCard
 
 __all__ = ["Cluster", "LinkCard", "NVLINK3", "NVLINK4", "NVLINK5", "IB_HDR", "IB_NDR", "ETH_100G", "PCIE3",
-           "gpu_cluster", "a100_cluster", "h100_cluster", "nvl72_cluster", "allreduce_options", "nccl_allreduce_seconds", "dgx_a100",
-           "h100_nodes", "pcie_node", "this_machine", "alpha_beta_terms", "collective_seconds", "link",
+           "gpu_cluster", "a100_cluster", "h100_cluster", "nvl72_cluster", "allreduce_options", "nccl_allreduce_seconds",
+           "this_machine", "alpha_beta_terms", "collective_seconds", "link",
            "comm_seconds"]
 
 
@@ -116,27 +116,6 @@ def nvl72_cluster(racks: int, card: DeviceCard | None = None) -> Cluster:
     NIC per GPU (``card``: :data:`minipar.machine.device.B200`, whose efficiencies are assumptions)."""
     return gpu_cluster(card or B200, racks, NVLINK5, IB_NDR, devices_per_node=72)
 
-
-def dgx_a100(nodes: int, memory_gb: int = 80, flops_efficiency: float = 0.6) -> Cluster:
-    """DGX A100 nodes: 8 GPUs, 312 TFLOP/s (BF16 dense), NVLink 300 GB/s per direction, one 200 Gb/s
-    HDR InfiniBand port per GPU (25 GB/s). Latencies are round numbers (5 µs, 10 µs), not measured.
-    ``flops_efficiency`` 0.6: an assumption (Megatron's kernels reach about that on large matmuls)."""
-    return Cluster(8, nodes, memory_gb * 10 ** 9, 312e12, 300e9, 25e9, 5e-6, 10e-6, flops_efficiency)
-
-
-def h100_nodes(nodes: int, memory_gb: int = 80, flops_efficiency: float = 0.6) -> Cluster:
-    """DGX H100 nodes: 8 H100 SXM5, 989 TFLOP/s BF16 dense (NVIDIA H100 datasheet); NVLink 4, 900 GB/s
-    per GPU both directions together, so 450 GB/s per direction; one ConnectX-7 InfiniBand NDR port per
-    GPU, 400 Gb/s = 50 GB/s (DGX H100 user guide). Latencies: round numbers (3 µs, 8 µs), not measured;
-    ``flops_efficiency`` an assumption, as for :func:`dgx_a100`."""
-    return Cluster(8, nodes, memory_gb * 10 ** 9, 989e12, 450e9, 50e9, 3e-6, 8e-6, flops_efficiency)
-
-
-def pcie_node(devices: int = 2, flops_efficiency: float = 0.6) -> Cluster:
-    """Seed 002's machine without NVLink (``NCCL_P2P_DISABLE=1``): TITAN RTX GPUs (24 GB, 130 TFLOP/s
-    FP16 tensor cores, NVIDIA Turing whitepaper) talking over PCIe 3.0 x16, 15.75 GB/s per direction
-    (the PCIe 3.0 specification: 8 GT/s · 16 lanes · 128/130). One node; latency 10 µs, a round number."""
-    return Cluster(devices, 1, 24e9, 130e12, 15.75e9, 15.75e9, 10e-6, 10e-6, flops_efficiency)
 
 
 def this_machine(alpha: float, beta: float, flops_per_second: float, devices: int = 4,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from .gemm import shape_efficiency
 
 __all__ = ["DeviceCard", "Op", "op_seconds", "ops_seconds", "flops_efficiency", "kernel_count", "ops_of", "rows_of", "A100_SXM_80GB",
-           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "B200", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
+           "A100_SXM_40GB", "H100_SXM", "H100_SXM_500W", "B200", "TITAN_RTX", "CARDS", "FITTED", "achieved_flops", "EAGER_HOST_SECONDS", "eager_bounds"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,15 @@ B200 = DeviceCard(
            "HBM3e 8 TB/s, 186 GB; 148 SMs; the efficiencies are the H100's, ASSUMED (nothing measured on a "
            "B200, nothing fitted)")
 
-CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W, B200)}
+TITAN_RTX = DeviceCard(
+    "TITAN RTX", 130e12, 672e9, 24e9, 5e-6, gemm_efficiency=0.6, attention_efficiency=0.35,
+    memory_efficiency=0.85, sms=72, gemm_scheduler="waves",
+    source="NVIDIA Turing architecture whitepaper: TITAN RTX, 130 TFLOP/s FP16 tensor cores, 24 GB GDDR6 at "
+           "672 GB/s, 72 SMs; seed 002's machine (PCIe 3.0, no NVLink: gpu_cluster(TITAN_RTX, 1, PCIE3, PCIE3, "
+           "devices_per_node=n)). The efficiencies are ASSUMED, nothing measured on a TITAN RTX, nothing fitted: "
+           "GEMM 0.6 (a round number), attention the H100's, memory the A100's; " + _FLOOR)
+
+CARDS = {card.name: card for card in (A100_SXM_80GB, A100_SXM_40GB, H100_SXM, H100_SXM_500W, B200, TITAN_RTX)}
 
 
 # Operator rows (what minipar.observe.opcount.OperatorCounter.take returns, and what a trace's Compute holds)

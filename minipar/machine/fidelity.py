@@ -33,7 +33,7 @@ from minipar.machine.cluster import Cluster, alpha_beta_terms, collective_second
 from minipar.machine.trace import Comm, Compute, RankTrace, Trace
 
 __all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", "wall_compute",
-           "with_other_threads", "with_flops"]
+           "with_other_threads", "with_flops", "with_ops"]
 
 
 _RING_FORM = ("all_gather", "all_reduce", "reduce_scatter", "send")   # the ops fitted in the ring's form
@@ -114,14 +114,26 @@ def _shape(events) -> list:
 def with_flops(trace: Trace, counted: Trace) -> Trace:
     """``trace`` with each compute segment's ``flops`` taken from the same segment of ``counted`` (a run of
     the same program traced with ``tracing(flops=True)``). ValueError if their events differ."""
+    return _copy_counts(trace, counted, "flops")
+
+
+def with_ops(trace: Trace, counted: Trace) -> Trace:
+    """``trace`` (timed, nothing counted: counting slows every op) with each compute segment's operators,
+    ``ops`` and ``flops``, taken from the same segment of ``counted`` (a run of the same program traced with
+    ``tracing(ops=True)``): its times stay the timed run's, a replay on a device card prices the ops."""
+    return _copy_counts(trace, counted, "ops", "flops")
+
+
+def _copy_counts(trace: Trace, counted: Trace, *fields) -> Trace:
     if trace.world_size != counted.world_size:
         raise ValueError(f"{trace.world_size} ranks against {counted.world_size}")
     ranks = []
     for mine, theirs in zip(trace.ranks, counted.ranks):
         if _shape(mine.events) != _shape(theirs.events):
             raise ValueError(f"rank {mine.rank}: the two runs' events differ ({len(mine.events)} against "
-                             f"{len(theirs.events)}); FLOPs can only be copied between runs of one program")
-        ranks.append(RankTrace(mine.rank, [dataclasses.replace(e, flops=c.flops) if isinstance(e, Compute) else e
+                             f"{len(theirs.events)}); counts can only be copied between runs of one program")
+        ranks.append(RankTrace(mine.rank, [dataclasses.replace(e, **{f: getattr(c, f) for f in fields})
+                                           if isinstance(e, Compute) else e
                                            for e, c in zip(mine.events, theirs.events)]))
     return Trace(ranks, {**trace.meta, "flops": "counted"})
 

@@ -5,8 +5,8 @@ Pure functions, no processes (chapter 12):
 * :mod:`.model` — :class:`Transformer`, :func:`parameters`, :func:`activation_bytes_per_layer`,
   :func:`model_flops`, :func:`hardware_flops`, :func:`mfu`, :func:`model_state_bytes_formula` (the papers' formulas),
   :class:`MoETransformer`;
-* :mod:`minipar.machine.cluster` (re-exported here) — :class:`Cluster`, :func:`dgx_a100`, the α-β cost of a collective;
-  :func:`a100_cluster`, :func:`h100_cluster`: clusters built from device and link cards
+* :mod:`minipar.machine.cluster` (re-exported here) — :class:`Cluster`, the α-β cost of a collective;
+  :func:`a100_cluster`, :func:`h100_cluster`: GPU clusters built from device and link cards
   (:mod:`minipar.machine.device`), on which the compute is :mod:`.operators` priced on the card;
 * :mod:`.operators` — a layer at real size as the operators a framework runs (:class:`Kernels`);
 * :mod:`.published` — published training runs and the planner's prediction of each (``bench published``);
@@ -20,7 +20,7 @@ Pure functions, no processes (chapter 12):
 from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters,
                     forward_flops, hardware_flops, hfu, layer_parameters, mfu, model_flops, model_state_bytes_formula,
                     parameters)
-from .cost import Cluster, Estimate, Layout, collective_seconds, dgx_a100, estimate, in_flight, stage_parameters, validate
+from .cost import Cluster, Estimate, Layout, collective_seconds, estimate, in_flight, stage_parameters, validate
 from .overlap import OVERLAPS
 from .operators import MEGATRON_2022, TORCHTITAN_EAGER, Kernels
 from minipar.machine.cluster import a100_cluster, h100_cluster
@@ -31,6 +31,6 @@ from .rules import Advice, decide, family
 __all__ = ["Transformer", "GPT3_175B", "parameters", "layer_parameters", "activation_bytes_per_layer",
            "forward_flops", "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes_formula",
            "Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "stage_parameters",
-           "collective_seconds", "dgx_a100", "Plan", "plan", "layouts", "Advice", "decide", "family",
+           "collective_seconds", "Plan", "plan", "layouts", "Advice", "decide", "family",
            "MoETransformer", "expert_parameters", "OVERLAPS", "kendall_tau", "rank_agreement",
            "agreement_text", "a100_cluster", "h100_cluster", "Kernels", "MEGATRON_2022", "TORCHTITAN_EAGER"]

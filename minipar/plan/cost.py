@@ -17,8 +17,8 @@ and ``Estimate.hidden`` the rest; ``"production"``: async TP, PP's p2p and CP's 
 
     compute        on a cluster with a device card (:func:`minipar.machine.cluster.gpu_cluster`): the
                    operators of one micro-batch on the slowest stage (:mod:`.operators`: matmuls, attention,
-                   memory-bound operators, kernel floors) priced on the card, × micro-batches; else
-                   hardware FLOPs / (devices · peak FLOP/s · efficiency)
+                   memory-bound operators, kernel floors) priced on the card, × micro-batches; else (a CPU,
+                   :func:`~minipar.machine.cluster.this_machine`) hardware FLOPs / (devices · FLOP/s measured)
     bubble         (compute + tp, cp, ep collectives) · f / (1 - f),  f = bubble_formula(schedule, p, m, v)
                    (chapter 04): an idle slot lasts a stage's whole work on a micro-batch, collectives included
     collectives    the α-β model of :mod:`minipar.machine.cluster`, on the links each group really crosses
@@ -52,7 +52,7 @@ from minipar.recompute import MODES
 from minipar.sequence.context_parallel import METHODS as CP_METHODS
 from minipar.tensor.sequence import uncounted_bytes
 
-from minipar.machine.cluster import Cluster, collective_seconds, dgx_a100
+from minipar.machine.cluster import Cluster, collective_seconds
 from minipar.machine.device import ops_seconds
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
                     hardware_flops, layer_parameters, model_flops)
@@ -60,7 +60,7 @@ from .operators import MEGATRON_2022, optimizer_step, stage_seconds
 from .overlap import OVERLAPS, data_parallel_exposed, model_parallel_exposed
 from .traffic import traffic
 
-__all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "held_per_rank", "dgx_a100",
+__all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "held_per_rank",
            "stage_parameters", "collective_seconds"]
 
 

@@ -12,7 +12,7 @@ def test_measure_refuses_too_few_steps_before_launch():
 
 
 def test_prefetch_traces_and_the_memory_of_step_two():
-    from minipar.machine.cluster import dgx_a100
+    from minipar.machine.cluster import this_machine
     from minipar.machine.replay import replay
     m = timing.measure(2, steps=3)
     asyncs = {name: sum(c.async_ for c in t.ranks[0].comms() if c.op == "all_gather")
@@ -21,7 +21,7 @@ def test_prefetch_traces_and_the_memory_of_step_two():
     model = gpt_recipe(steps=1, **timing.STEP_RECIPE).model()
     assert m["param_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())   # not the gathers
     for name, t in m["traces"].items():
-        res = replay(t, dgx_a100(1), source_flops_per_second=m["flops_here"])
+        res = replay(t, this_machine(m["alpha"], m["beta"], m["flops_here"], devices=2), compute_scale=1.0)   # here
         assert res.step_between("step") > 0
         marks = [when for label, when in res.marks[0] if label == "step"]
         points = timing.memory_on_replay(m["memory"][name], t.ranks[0], res)

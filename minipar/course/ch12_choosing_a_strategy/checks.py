@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 from minipar.course.checks import fail
-from minipar.plan import (Cluster, Layout, Transformer, activation_bytes_per_layer, estimate, in_flight,
+from minipar.machine.cluster import NVLINK3, LinkCard, gpu_cluster
+from minipar.machine.device import A100_SXM_40GB
+from minipar.plan import (Layout, Transformer, activation_bytes_per_layer, estimate, in_flight,
                           layer_parameters, model_state_bytes_formula, plan)
 
 __all__ = ["expected_memory", "MEMORY_CASES", "check_memory_per_device", "PICK_MODEL", "PICK_CLUSTER",
@@ -94,8 +96,9 @@ def check_memory_per_device(fn) -> None:
 
 
 PICK_MODEL = Transformer(layers=40, hidden=5120, heads=32, vocab=51200, seq_len=2048)    # 13 B, 32 heads of 160
-PICK_CLUSTER = Cluster(devices_per_node=8, nodes=4, memory_bytes=40e9, peak_flops=312e12, intra_bw=300e9,
-                       inter_bw=12.5e9, intra_latency=5e-6, inter_latency=10e-6, flops_efficiency=0.6)
+# slow links between nodes: 100 Gb/s a GPU (latency and efficiency: round numbers, as the other link cards')
+SLOW_NETWORK = LinkCard("100 Gb/s a GPU between nodes", 12.5e9, 10e-6, 0.90, "the exercise's slow network")
+PICK_CLUSTER = gpu_cluster(A100_SXM_40GB, 4, NVLINK3, SLOW_NETWORK)         # 4 nodes of 8 A100 40 GB, the cards
 PICK_BATCH = 256
 
 

@@ -8,7 +8,7 @@ from minipar.course.plotting import save_figure
 from dataclasses import replace
 
 from minipar.machine.cluster import a100_cluster, h100_cluster
-from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, dgx_a100, estimate
+from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, estimate
 
 __all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "CALCULATOR_CLUSTERS", "calculate",
            "estimate_table", "draw_calculator",
@@ -98,15 +98,14 @@ CALCULATOR_MODELS = {
 }
 
 
-# nodes of 8 GPUs: the simple model (a flat 0.6 of peak, assumed) and the device cards (operators priced on
-# the card: the A100's matmul efficiency fitted on published runs, the H100's measured on one H100)
-CALCULATOR_CLUSTERS = {"DGX A100, 0.6 of peak (assumed)": dgx_a100, "A100 card (device model)": a100_cluster,
-                       "H100 card (device model)": h100_cluster}
+# nodes of 8 GPUs, operators priced on the device cards (the A100's matmul efficiency fitted on one published
+# run, the H100's measured on one H100)
+CALCULATOR_CLUSTERS = {"A100 card (device model)": a100_cluster, "H100 card (device model)": h100_cluster}
 
 
 def calculate(model="GPT-3 175B", seq_len=2048, dp=8, zero=1, tp=8, sp=True, pp=16, schedule="1f1b", v=1,
               cp=1, cp_method="ring", ep=1, micro_batch=1, micro_batches=192, recompute="selective",
-              overlap=False, cluster="DGX A100, 0.6 of peak (assumed)"):
+              overlap=False, cluster="A100 card (device model)"):
     """The estimate of one layout of a :data:`CALCULATOR_MODELS` model at ``seq_len`` on as many nodes of 8
     GPUs of a :data:`CALCULATOR_CLUSTERS` kind as the layout needs (world = dp·pp·cp·tp; ep borrows from
     dp·cp). ``v`` counts only for the interleaved schedule. Raises ValueError, with the reason, for a layout
@@ -255,8 +254,8 @@ def _guide(path):
 
 def _sweep(path):
     import matplotlib.pyplot as plt
-    from minipar.plan import GPT3_175B, dgx_a100
-    cluster = dgx_a100(128)
+    from minipar.plan import GPT3_175B
+    cluster = a100_cluster(128)
     fig, ax = plt.subplots(figsize=(7, 4))
     draw_sequence_sweep(sweep_sequence(GPT3_175B, cluster), cluster.memory_bytes, ax)
     ax.set_title("GPT-3 175B, dp 8 · tp 8 · pp 16, 1F1B, m = 192", fontsize=10)

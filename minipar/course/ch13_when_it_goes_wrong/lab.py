@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import multiprocessing
 import time
 
@@ -18,6 +19,7 @@ from minipar import RankError, comm, launch
 from minipar.check import gpt_recipe, train_steps
 from minipar.debug.bisect import StepRecorder, reference_steps
 from minipar.debug.desync import desync_check
+from minipar.machine.fidelity import with_ops
 from minipar.observe.measure import gather_steps, timed_steps
 
 __all__ = ["skip_one_all_reduce", "planted_hang", "never_issued", "mismatched_shapes", "desync_failure",
@@ -83,20 +85,27 @@ def _work(n: int) -> None:
 
 
 def _straggling_rank(rank, world_size, slow_rank, work, extra, steps):
-    with timed_steps(rank) as run:
-        run.tick()
-        for _ in range(steps):
-            _work(work * (extra if rank == slow_rank else 1))
-            comm.all_reduce(torch.ones(4096))         # the gradients' all-reduce: every rank waits here
+    runs = []
+    for counted in (False, True):                     # timed, then once more with its operators counted
+        with timed_steps(rank, ops=counted) as run:
             run.tick()
-    return run
+            for _ in range(steps):
+                _work(work * (extra if rank == slow_rank else 1))
+                comm.all_reduce(torch.ones(4096))     # the gradients' all-reduce: every rank waits here
+                run.tick()
+        runs.append(run)
+    return runs
 
 
 def straggler_trace(world_size: int = 2, slow_rank: int = 1, work: int = 60, extra: int = 3, steps: int = 5):
     """A traced run in which every rank does ``work`` matmuls a step and ``slow_rank`` does ``extra`` times as
-    many (a bigger shard), then all-reduce: the :class:`minipar.observe.measure.Steps` (its ``trace``)."""
+    many (a bigger shard), then all-reduce: the :class:`minipar.observe.measure.Steps` (its ``trace``: the timed
+    run, each compute segment with the operators a second, counted run ran:
+    :func:`~minipar.machine.fidelity.with_ops`)."""
     ranks = launch(_straggling_rank, world_size, slow_rank, work, extra, steps, quiet=True, timeout=60)
-    return gather_steps(ranks, {"planted": f"rank {slow_rank} does {extra}x the work"})
+    timed, counted = (gather_steps([r[i] for r in ranks], {"planted": f"rank {slow_rank} does {extra}x the work"})
+                      for i in (0, 1))
+    return dataclasses.replace(timed, trace=with_ops(timed.trace, counted.trace))
 
 
 # 3. Silent wrong gradients -------------------------------------------------------------------------------
