@@ -1,4 +1,4 @@
-"""Chapter 13, section 8 (equal to the last bit): one sum in several orders, the first tensor where each layout
+"""Chapter 13, section 7 (equal to the last bit): one sum in several orders, the first tensor where each layout
 leaves one device (:mod:`minipar.debug.first_diff`), the picture of how far each tensor moved, and the
 invariant mode's run where the library has it."""
 from __future__ import annotations
