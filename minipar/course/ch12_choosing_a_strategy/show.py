@@ -3,11 +3,14 @@ says about them (raising ``AssertionError`` when a sentence no longer holds) and
 :class:`Shown` text, so that a cell is one call."""
 from __future__ import annotations
 
-from minipar.machine.device import FITTED
-from minipar.plan import GPT3_175B, Layout, estimate, parameters
-from minipar.plan.published import TOLERANCE, table_text
+import re
 
-__all__ = ["Shown", "published", "hand_layouts"]
+from minipar.machine.device import CARDS, FITTED
+from minipar.plan import GPT3_175B, Layout, estimate, hfu, mfu, model_state_bytes_formula, parameters
+from minipar.plan.published import RUNS, TOLERANCE, summary
+
+__all__ = ["Shown", "published", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_device",
+           "card_views"]
 
 GB = 1e9
 
@@ -20,12 +23,48 @@ class Shown(str):
 
 
 def published(pub: list, tolerance: float = TOLERANCE) -> Shown:
-    """Section 2: :func:`minipar.plan.published.table` as text (its last line counts the check rows within
-    ±``tolerance``), each card's one fitted number and the row it was fitted to, and the farthest check."""
-    checks = [r for r in pub if r["role"] == "check"]
-    worst = max(checks, key=lambda r: abs(r["ratio"] - 1))
-    return Shown("\n".join([table_text(pub, tolerance)] + [f"{card}: {what}" for card, what in FITTED.items()]
-                           + [f"the farthest check: {worst['run']}, model x{worst['ratio']:.2f}"]))
+    """Section 2: :func:`minipar.plan.published.table` as text, calibration rows first (sources in
+    :mod:`minipar.plan.published`), a line counting the check rows within ±``tolerance``, and each card's one
+    efficiency: fitted to which row, or measured (the provenance in full: :data:`minipar.machine.device.FITTED`)."""
+    lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>13}"]
+    lines += [f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}{r['ratio']:>7.2f}"
+              f"{r['role']:>13}" for r in sorted(pub, key=lambda r: r["role"] != "calibration")]
+    got = summary(pub, tolerance)
+    lines.append(f"{got['inside']} of {got['check']} check rows within ±{tolerance:.0%}"
+                 + (f"; outside: {', '.join(got['outside'])}" if got["outside"] else ""))
+    for card, what in FITTED.items():
+        fitted_to = [r["run"] for r in pub if r["role"] == "calibration" and r["device"].endswith(card)]
+        how = f"fitted to {fitted_to[0]}" if fitted_to else "measured on one H100 (700 W), fitted to nothing"
+        lines.append(f"{card}: matmul efficiency eta_F = {CARDS[card].gemm_efficiency}, {how}")
+        assert what.startswith("calibration") == bool(fitted_to), card
+    return Shown("\n".join(lines))
+
+
+def _tflops(run, count):
+    """TFLOP/s per GPU of a :class:`~minipar.plan.published.PublishedRun`: "model" (MFU's count) or
+    "hardware" (the recomputed FLOPs counted too: HFU's)."""
+    batch = run.layout.dp * run.layout.micro_batch * run.layout.micro_batches
+    devices, peak = run.nodes * 8, run.card.peak_flops
+    share = (mfu(run.model, batch, run.seconds, devices, peak) if count == "model"
+             else hfu(run.model, batch, run.seconds, devices, peak, run.layout.recompute))
+    return share * peak / 1e12
+
+
+def mt_nlg_against_korthikanti() -> Shown:
+    """Section 2: MT-NLG's 280-node rate beside Korthikanti et al.'s 530B rows, each from its published
+    seconds and the FLOP formula, MT-NLG's with the recomputation counted (as its paper counts it)."""
+    runs = {r.name: r for r in RUNS}
+    mt, full, sel = (runs[k] for k in ("MT-NLG 530B, 280 nodes", "530B full recompute", "530B SP + selective"))
+    rates = {"mt": _tflops(mt, "hardware"), "full": _tflops(full, "hardware"), "sel": _tflops(sel, "model")}
+    lines = [f"MT-NLG 530B, 280 nodes, {mt.seconds} s: {rates['mt']:.0f} TFLOP/s per GPU, recomputation counted",
+             f"Korthikanti et al. 530B full recompute, {full.seconds} s: {rates['full']:.0f} TFLOP/s per GPU, "
+             f"recomputation counted",
+             f"  same count, MT-NLG / Korthikanti: {rates['mt'] / rates['full']:.2f}",
+             f"(Korthikanti et al. 530B SP + selective, {sel.seconds} s: {rates['sel']:.0f} TFLOP/s per GPU of "
+             f"model FLOPs, MFU {rates['sel'] * 1e12 / sel.card.peak_flops:.1%})"]
+    assert round(rates["mt"]) == 126 and round(rates["full"], -1) == 180           # §2.4 prints 126
+    assert 0.65 < rates["mt"] / rates["full"] < 0.75
+    return Shown("\n".join(lines))
 
 
 HAND_LAYOUTS = {"TP 8 · PP 16 · DP 8, 1F1B": Layout(dp=8, tp=8, pp=16, micro_batches=192),
@@ -51,3 +90,53 @@ def hand_layouts(best, cluster) -> tuple:
     assert best.step_seconds <= min(e.step_seconds for e in ests.values() if e.fits) + 1e-9
     assert 15 < days < 40 and round(narayanan) == 34
     return ests, Shown("\n".join(lines))
+
+
+def plan_table(p) -> Shown:
+    """Section 3: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
+    step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
+    layout in full. ``print(p)`` prints every family's layout."""
+    best = p.best[0]
+    lines = [f"{p.considered} layouts costed, {p.feasible} fit",
+             f"{'family':36}{'fits':>5}{'GB/device':>11}{'s/step':>8}{'x best':>8}  lost on"]
+    order = sorted(p.families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
+    for fam, e in order:
+        why = p.rejected.get(fam, "the best")
+        if why.startswith("does not fit"):
+            why = "does not fit"
+        elif why.startswith("as fast"):
+            why = "same step, more memory"
+        elif why != "the best":
+            why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
+        step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
+        lines.append(f"{fam:36}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
+    lines.append(f"best: {best}")
+    return Shown("\n".join(lines))
+
+
+def one_device(cluster) -> Shown:
+    """Section 4: what the rules' "fits one device?" adds up: section 1's model states and one micro-batch's
+    activations of every layer, without recomputation."""
+    mem = estimate(GPT3_175B, cluster, Layout()).memory
+    states = mem["params"] + mem["grads"] + mem["optimizer"]
+    assert abs(states - model_state_bytes_formula(parameters(GPT3_175B), 1, 0)["total"]) < 1e-6 * states
+    assert abs(states + mem["activations"] + mem["buffers"] - mem["total"]) < 1e-6 * mem["total"]
+    return Shown(f"one device: model states {states / GB:.0f} GB + activations of one micro-batch, 96 layers, "
+                 f"no recomputation {mem['activations'] / GB:.0f} GB = {mem['total'] / GB:.1f} GB")
+
+
+def card_views(views: dict) -> Shown:
+    """Section 6: the calculator's first view on the A100 and the H100 card, term by term, and how much
+    faster each term runs on the H100 than its peak alone would say."""
+    (a_name, a), (h_name, h) = views.items()
+    lines = [f"{'':26}{'GB/device':>10}{'MFU':>7}{'step s':>8}{'compute':>9}{'tp':>7}{'rest':>7}"]
+    for name, e in views.items():
+        rest = e.step_seconds - e.time["compute"] - e.time["tp"]
+        lines.append(f"{name:26}{e.memory['total'] / GB:10.1f}{e.mfu:7.1%}{e.step_seconds:8.2f}"
+                     f"{e.time['compute']:9.2f}{e.time['tp']:7.2f}{rest:7.2f}")
+    peak = h.mfu * h.step_seconds / (a.mfu * a.step_seconds)     # MFU·time ∝ FLOPs / peak: the peaks' ratio inverted
+    speed = {k: a.time[k] / h.time[k] for k in ("compute", "tp")}
+    lines.append(f"H100 over A100: peak {1 / peak:.1f}x, compute {speed['compute']:.1f}x, TP all-reduces "
+                 f"{speed['tp']:.1f}x, whole step {a.step_seconds / h.step_seconds:.1f}x")
+    assert h.mfu < a.mfu and speed["tp"] < speed["compute"] < 1 / peak
+    return Shown("\n".join(lines))
