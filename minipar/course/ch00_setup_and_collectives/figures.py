@@ -13,7 +13,7 @@ from minipar.course.plotting import RANK_COLOURS, save_figure
 from .tour import COLLECTIVES, busiest_rank_traffic, run_collectives
 
 __all__ = ["DIAGRAM_OPS", "draw_holdings", "draw_collective", "collectives_figure", "traffic_sweep",
-           "plot_traffic", "FIGURES"]
+           "plot_traffic", "plot_small_ring", "FIGURES"]
 
 DIAGRAM_OPS = ["broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                "all_to_all", "send/recv"]
@@ -92,6 +92,28 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
     ax.set_xlabel("ranks N")
     ax.set_ylabel("bytes sent by the busiest rank (× S)")
     ax.set_title(f"One all-reduce of S = {s / 2**10:.0f} KiB, bytes counted per message")
+    ax.set_xticks(ns)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax.figure
+
+
+def plot_small_ring(sweep: dict, ax=None):
+    """The latency term: the slowest rank's median time for a 4 KiB ring all-reduce (markers) against
+    2(N−1)·α with α fitted to them (line)."""
+    import matplotlib.pyplot as plt
+    from .latency import fit_alpha
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
+    ns = sorted(sweep)
+    seconds = {n: sweep[n]["small_ring_s"] for n in ns}
+    alpha = fit_alpha(seconds)
+    ax.plot(ns, [seconds[n] * 1e3 for n in ns], "s", color="#4C72B0", ms=8, label="ring all-reduce of 4 KiB: measured")
+    ax.plot(ns, [2 * (n - 1) * alpha * 1e3 for n in ns], "-", color="#4C72B0", alpha=0.5,
+            label=f"2(N-1)·α, α fitted = {alpha * 1e3:.2f} ms")
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("time (ms)")
+    ax.set_title("The latency term: 2(N-1) steps, each waits for a message")
     ax.set_xticks(ns)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -102,6 +102,13 @@ def test_ring_vs_root_traffic(n):
     assert traffic["root"]["sent"] == [(n - 1) * s] + [s] * (n - 1)
     assert traffic["root"]["received"][0] == (n - 1) * s
     assert sum(traffic["ring"]["sent"]) == sum(traffic["root"]["sent"])  # same total, different peak
+    assert traffic["small_ring_s"] > 0                                   # the latency term was timed
+
+
+def test_latency_fit_and_slowest_rank():
+    from minipar.course.ch00_setup_and_collectives.latency import fit_alpha, slowest_rank_median
+    assert slowest_rank_median([[1.0, 5.0, 2.0], [3.0, 1.0, 2.0]]) == 3.0   # per repeat: max 3, 5, 2
+    assert fit_alpha({2: 2e-3, 4: 6e-3, 8: 14e-3}) == pytest.approx(1e-3)  # exactly 2(N-1)·1 ms
 
 
 def test_bad_input_is_refused_before_launch():
@@ -148,6 +155,9 @@ def test_figures_are_drawn_from_the_run(tmp_path):
     figure = fig00.plot_traffic(sweep, 48 * 4)
     measured_root = figure.axes[0].lines[0].get_ydata().tolist()
     assert measured_root == [1.0, 2.0]  # (N-1) S for N = 2, 3, read back from the plotted data
+    latency = fig00.plot_small_ring(sweep)
+    assert latency.axes[0].lines[0].get_ydata().tolist() == [sweep[n]["small_ring_s"] * 1e3 for n in (2, 3)]
+    plt.close(latency)
     figure.savefig(tmp_path / "traffic.png")
     plt.close(figure)
 

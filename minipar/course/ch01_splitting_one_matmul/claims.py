@@ -15,13 +15,27 @@ def check_autograd_formulas(reference, dy, w, x) -> None:
 def check_run_live_2_ranks_equal(table_2) -> None:
     """Run live on 2 ranks: equal to one device, and the bytes"""
     assert all(m.agrees(1e-5) for m in table_2.values()) and (table_2["data"].backward[0], table_2["column"].backward[0], table_2["row"].forward[0]) == (160, 80, 128)
+    check_w_held_once(table_2, 5 * 8 * 4)
+    assert [h["w"] for h in table_2["column"].holds] == [80, 80] and [h["w"] for h in table_2["row"].holds] == [96, 64]
+
+
+def check_w_held_once(table, w_bytes) -> None:
+    """Each replica of data parallelism holds all of w; the column and row splits hold it once over all ranks"""
+    assert all(h["w"] == w_bytes for h in table["data"].holds)
+    assert all(sum(h["w"] for h in table[s].holds) == w_bytes for s in ("column", "row"))
 
 
 def check_run_live_4_ranks_uneven(table_4, gathered, padded) -> None:
     """Run live on 4 ranks: uneven splits"""
     assert all(m.agrees(1e-5) for m in table_4.values()) and (table_4["data"].backward[0], table_4["column"].backward[0], table_4["row"].forward[0]) == (240, 120, 192) and gathered == padded
+    check_w_held_once(table_4, 5 * 8 * 4)
 
 
 def check_what_oneflow_article_says_about(table_b, bwd, K, M, gathered_y, formula) -> None:
     """What the OneFlow article says about model parallelism, measured"""
     assert all(m.agrees(1e-4) for m in table_b.values()) and bwd["column"] == 2 * 3 / 4 * 64 * K * 4 > bwd["data"] == 2 * 3 / 4 * K * M * 4 and gathered_y == formula
+
+
+def check_real_size_column_sends_4x(real) -> None:
+    """What the OneFlow article says about model parallelism, at a real size: dx is B/M = 4 times dw"""
+    assert real["column"] == 4 * real["data"] == 4 * 2 * 3 / 4 * 4096 * 4096 * 4

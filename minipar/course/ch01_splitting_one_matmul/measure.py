@@ -14,6 +14,7 @@ from minipar.tensor import matmul_split as ms
 __all__ = ["SplitMeasurement", "compare_and_measure", "format_table"]
 
 PHASES = ("forward", "backward")
+HELD = {"x": "x", "w": "w", "y": "y_piece"}   # what a rank keeps of x, w and y (after the forward's collective)
 
 
 @dataclass
@@ -25,6 +26,7 @@ class SplitMeasurement:
     forward_formula: float   # ms.predicted_bytes: one all-reduce of S bytes sends 2(N−1)/N · S per rank
     backward_formula: float
     ops: dict                # rank 0's collectives per phase, {"forward": {op: bytes}, "backward": {...}}
+    holds: list              # bytes each rank holds after the forward, [{"x": .., "w": .., "y": ..}] per rank
 
     def agrees(self, tolerance: float) -> bool:
         """Equal to one device within ``tolerance``, and every rank sent exactly the formula's bytes."""
@@ -40,19 +42,24 @@ def compare_and_measure(world_size: int, x, w, dy, reference: dict) -> tuple:
     for split in ms.SPLITS:
         worst = max(float((r[split][k] - reference[k]).abs().max()) for r in per_rank for k in ("y", "dx", "dw"))
         formula = ms.predicted_bytes(split, tuple(x.shape), tuple(w.shape), world_size)
+        holds = [{name: r[split][key].numel() * r[split][key].element_size() for name, key in HELD.items()}
+                 for r in per_rank]
         table[split] = SplitMeasurement(split, worst, *[[r[split]["bytes"][p] for r in per_rank] for p in PHASES],
-                                        formula["forward"], formula["backward"], per_rank[0][split]["ops"])
+                                        formula["forward"], formula["backward"], per_rank[0][split]["ops"], holds)
     return per_rank, table
 
 
 def format_table(table: dict, x_shape, w_shape) -> str:
-    """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula)."""
+    """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula): what
+    rank 0 sent in each phase beside the formula, and the bytes of x, w and y it holds after the forward."""
     n = len(next(iter(table.values())).forward)
-    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes sent per rank (rank 0 shown)",
-             f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd measured':>13} {'formula':>8} {'bwd measured':>13} "
-             f"{'formula':>8}  collectives"]
+    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes per rank (rank 0 shown)",
+             f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
+             f"{'formula':>8} {'holds x':>8} {'w':>5} {'y':>5}  collectives"]
     for s, m in table.items():
         names = ", ".join(f"{p}: {op}" for p in PHASES for op in m.ops[p]) or "-"
-        lines.append(f"{s:7} {m.max_abs_diff:>20.1e} {m.forward[0]:>13.0f} {m.forward_formula:>8.0f} "
-                     f"{m.backward[0]:>13.0f} {m.backward_formula:>8.0f}  {names}")
+        held = m.holds[0]
+        lines.append(f"{s:7} {m.max_abs_diff:>20.1e} {m.forward[0]:>9.0f} {m.forward_formula:>8.0f} "
+                     f"{m.backward[0]:>9.0f} {m.backward_formula:>8.0f} {held['x']:>8} {held['w']:>5} {held['y']:>5}"
+                     f"  {names}")
     return "\n".join(lines)

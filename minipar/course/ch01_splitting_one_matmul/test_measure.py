@@ -15,7 +15,13 @@ def test_compare_and_measure_on_two_ranks():
     assert all(m.agrees(1e-5) for m in table.values())
     assert (table["data"].backward, table["column"].backward, table["row"].forward) == ([160] * 2, [80] * 2, [128] * 2)
     assert table["row"].ops["forward"] and not table["row"].ops["backward"]
+    # what each rank holds after the forward: w whole under data parallelism, cut in two by the column and
+    # row splits (the row split's 5 rows as 3 + 2); y cut by data and column, whole (all-reduced) under row
+    assert [h["w"] for h in table["data"].holds] == [160, 160] and [h["w"] for h in table["column"].holds] == [80, 80]
+    assert [h["w"] for h in table["row"].holds] == [96, 64] and [h["y"] for h in table["row"].holds] == [128, 128]
+    assert [(h["x"], h["y"]) for h in table["column"].holds] == [(80, 64)] * 2
     assert not dataclasses.replace(table["data"], backward=[160, 161]).agrees(1e-5)
     assert not dataclasses.replace(table["data"], max_abs_diff=1e-3).agrees(1e-5)
     text = format_table(table, x.shape, w.shape)
     assert text.splitlines()[0].startswith("2 ranks, x (4, 5) · w (5, 8)") and "column" in text
+    assert text.splitlines()[1].split()[-5:] == ["holds", "x", "w", "y", "collectives"]
