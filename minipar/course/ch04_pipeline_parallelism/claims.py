@@ -5,8 +5,6 @@ and prints nothing when all hold."""
 from __future__ import annotations
 
 from minipar.pipeline import bubble_formula
-from minipar.pipeline import make_schedule
-from minipar.pipeline import simulate
 from minipar.pipeline import stages
 
 
@@ -84,12 +82,6 @@ def check_same_schedules_pytorch_torch_distributed(beside) -> None:
 def check_every_schedule_simulated_measured_unpaced(unpaced) -> None:
     """Every schedule, simulated and measured: unpaced, then paced"""
     assert all(0 <= x < 1 for x in unpaced.values())
-
-
-def check_uniform_bubble_matches_simulation(uniform, name, P, M) -> None:
-    """Every schedule, simulated and measured: unpaced, then paced"""
-    assert abs(uniform - simulate(make_schedule(name, P, M)).bubble_fraction) < 1e-12
-    assert abs(uniform - (P - 1) / (M + P - 1)) < 1e-12
 
 
 def check_each_term_adds_idle(i, why) -> None:

@@ -57,3 +57,22 @@ def check_same_communication(per_rank) -> None:
     assert all(per_rank[m][0][1] == per_rank["none"][0][1] for m in MODES)          # same communication
     assert per_rank["full"][0][0] < per_rank["selective"][0][0] < per_rank["none"][0][0]
     assert all(torch.equal(a, b) for a, b in zip(per_rank["full"][0][2], per_rank["none"][0][2]))
+
+
+def check_peak_below_sum(acc) -> None:
+    """Where the memory of one step goes: the peak is below the sum of the parts"""
+    assert acc.peak < acc.params + acc.grads + acc.optimizer + acc.activations      # not all alive at once
+    assert acc.peak > acc.params + acc.optimizer + acc.activations                  # the forward's end, grads not yet made
+
+
+def check_step_times(seconds) -> None:
+    """What it costs: time, every mode timed in the same rounds"""
+    assert set(seconds) == set(MODES) and len({len(t) for t in seconds.values()}) == 1
+    assert all(t and min(t) > 0 for t in seconds.values())
+
+
+def check_gpt3_dial(kept, extra, layer) -> None:
+    """Choosing what to recompute: at GPT-3's shape"""
+    assert kept["full"] < kept["selective"] < kept["none"]
+    assert kept["none"] - kept["selective"] > kept["selective"]       # the s² terms are most of the layer's bytes
+    assert extra["selective"] / layer < 0.01 and abs(extra["full"] / layer - 1 / 3) < 1e-12
