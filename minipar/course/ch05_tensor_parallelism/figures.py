@@ -3,7 +3,8 @@
 * ``05_column_parallel_gelu.png`` — Y = GeLU(X A) with A split by columns on 2 ranks: X, each rank's
   columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, as the Hugging Face guide shows it).
 * ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), median
-  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space;
+  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space
+  to each size's fastest call;
   beside it a model: tokens/s per GPU of a GPT-3-shaped model against the TP degree, inside a node and
   across nodes (:mod:`.throughput`: the planner's estimate on A100 and H100 cards).
 """
@@ -83,13 +84,14 @@ def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 
 
 
 def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 50):
-    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the median of each size's calls in
-    **log space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB
-    ones β; in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α,
-    log 1/β), started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may
-    be given one time or a list of repeats."""
+    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the **fastest** of each size's calls
+    (the least contended: on shared CPU cores a slower call waited for a core, not for the link) in **log
+    space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB ones β;
+    in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α, log 1/β),
+    started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may be given
+    one time or a list of repeats."""
     xs = [2 * (world_size - 1) / world_size * s for s in timings]
-    ys = [statistics.median(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
+    ys = [min(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
     if len(xs) < 2:
         raise ValueError(f"an α-β fit needs at least two sizes, got {len(xs)}")
     a, slope = fit_affine(xs, ys)
@@ -113,7 +115,7 @@ def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 
 
 def draw_allreduce_cost(timings: dict, rows: list | None = None):
     """Left: the measured all-reduce times (median of the repeats, bars from the fastest to the slowest call)
-    and their log-space α-β fit (:func:`fit_latency_bandwidth`). Right (``rows`` of
+    and the log-space α-β fit to each size's fastest call (:func:`fit_latency_bandwidth`). Right (``rows`` of
     :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput`, a model): tokens/s per GPU of a
     GPT-3-shaped model against the TP degree, inside a node and across nodes, on each card."""
     import matplotlib.pyplot as plt
@@ -128,7 +130,7 @@ def draw_allreduce_cost(timings: dict, rows: list | None = None):
     ax.errorbar(sizes, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2,
                 label=f"measured, 4 CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
     ax.plot(sizes, [(alpha + 1.5 * s / beta) * 1e3 for s in sizes], "-",
-            label=f"fit in log space: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
+            label=f"fit to each size's fastest call: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
     ax.set_ylabel("one all-reduce (ms)")
