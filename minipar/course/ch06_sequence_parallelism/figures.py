@@ -2,13 +2,17 @@
 
 * ``06_tp_sp_memory.png`` — activation bytes per transformer layer measured for TP and TP+SP at t = 1, 2, 4,
   beside Korthikanti et al.'s count scaled to float32 (plus what it leaves out).
+
+:func:`draw_backward_overlap` is a schematic (no run): the order of a column-parallel layer's backward under
+SP, one op after another as :class:`minipar.tensor.sequence.GatheredInputLinear` runs it, and on two streams
+as Megatron overlaps it (Korthikanti et al. 2022).
 """
 from __future__ import annotations
 
 from minipar.course.plotting import RANK_COLOURS, save_figure
 from minipar.launcher import launch
 
-__all__ = ["layer_costs", "plot_layer_memory", "FIGURES"]
+__all__ = ["layer_costs", "plot_layer_memory", "draw_backward_overlap", "FIGURES"]
 
 
 def _measure_both(rank, world_size, cfg, b, s):
@@ -52,6 +56,31 @@ def plot_layer_memory(rows):
     ax.set_ylabel("activation KiB per layer")
     ax.set_title("One layer (b=4, s=16, h=32, 4 heads): SP divides what TP leaves whole", fontsize=9)
     ax.legend(fontsize=7)
+    return fig
+
+
+def draw_backward_overlap():
+    """A schematic timeline (equal made-up durations, no measurement) of one column-parallel layer's backward
+    under SP: re-gather X, the input-gradient GEMM dX = dY·Wᵀ, the reduce-scatter of dX, the weight-gradient
+    GEMM dW = Xᵀ·dY. One after another (top: what minipar runs) and on two streams (below: Megatron's order —
+    the re-gather under dX, which does not need X; the reduce-scatter under dW, which needs the gathered X)."""
+    import matplotlib.pyplot as plt
+
+    compute, comm = RANK_COLOURS[0], RANK_COLOURS[1]
+    blocking = [("all-gather X", comm), ("dX = dY·Wᵀ", compute), ("reduce-scatter dX", comm), ("dW = Xᵀ·dY", compute)]
+    overlapped = {1: [(0, "dX = dY·Wᵀ", compute), (1, "dW = Xᵀ·dY", compute)],
+                  0: [(0, "all-gather X", comm), (1, "reduce-scatter dX", comm)]}
+    fig, ax = plt.subplots(figsize=(7.5, 2.4))
+    for k, (label, colour) in enumerate(blocking):
+        ax.barh(3, 1, left=k, color=colour, edgecolor="k"), ax.text(k + 0.5, 3, label, ha="center", va="center", fontsize=7)
+    for row, ops in overlapped.items():
+        for start, label, colour in ops:
+            ax.barh(row, 1, left=start, color=colour, edgecolor="k")
+            ax.text(start + 0.5, row, label, ha="center", va="center", fontsize=7)
+    ax.set_yticks([3, 1, 0], ["one after another", "Megatron: compute", "Megatron: communication"], fontsize=8)
+    ax.set_xticks([]), ax.set_xlabel("time (schematic: equal made-up durations)", fontsize=8)
+    ax.set_title("Backward of a column-parallel layer under SP: the re-gather and the reduce-scatter hide "
+                 "under the two GEMMs", fontsize=9)
     return fig
 
 
