@@ -20,8 +20,8 @@ from minipar.launcher import launch
 from minipar.machine.fidelity import fit_affine
 from minipar.observe.measure import calibrate_links
 
-__all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth",
-           "draw_allreduce_cost", "FIGURES"]
+__all__ = ["column_gelu_shards", "draw_column_gelu", "mlp_shards", "draw_mlp_split", "allreduce_timings",
+           "fit_latency_bandwidth", "draw_allreduce_cost", "FIGURES"]
 
 from minipar.course.plotting import RANK_COLOURS
 
@@ -71,6 +71,59 @@ def draw_column_gelu(world_size: int = 2):
 def _make_column(path):
     fig = draw_column_gelu()
     fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _mlp_shard(rank, world_size, fc, proj, x):
+    from minipar.mesh import Mesh
+    from minipar.tensor.layers import TensorParallelMLP
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    mlp = TensorParallelMLP(fc, proj, group)
+    y = F.gelu(mlp.fc(x))
+    with torch.no_grad():
+        return {"A": mlp.fc.weight.t().clone(), "Y": y.detach(), "B": mlp.proj.weight.t().clone(),
+                "partial": (y @ mlp.proj.weight.t()).detach(), "Z": (mlp(x) - proj.bias).detach()}
+
+
+def mlp_shards(world_size: int = 2, h: int = 4, seed: int = 0):
+    """(X, Z = GeLU(XA)B without its bias, [each rank's {"A", "Y", "B", "partial", "Z"}]) from a live run of
+    :class:`minipar.tensor.layers.TensorParallelMLP` (h → 4h → h) on ``world_size`` ranks."""
+    g = torch.Generator().manual_seed(seed)
+    fc, proj = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+    with torch.no_grad():
+        for p in (*fc.parameters(), *proj.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(3, h, generator=g)
+    shards = launch(_mlp_shard, world_size, fc, proj, x, quiet=True)
+    z = (F.gelu(fc(x)) @ proj.weight.t()).detach()
+    assert torch.allclose(sum(r["partial"] for r in shards), z, atol=1e-5)
+    assert all(torch.allclose(r["Z"], z, atol=1e-5) for r in shards)
+    return x, z, shards
+
+
+def draw_mlp_split(world_size: int = 2):
+    """Megatron's MLP split (Shoeybi et al. 2019, fig. 3a) drawn from a live run: X whole on every rank (f), each
+    rank's columns of A, GeLU(XA_i), its rows of B and its partial Y_iB_i, and g's sum Z on every rank."""
+    import matplotlib.pyplot as plt
+
+    x, z, shards = mlp_shards(world_size)
+    cols = ["X  (f: whole on\nevery rank)", "A_i: columns", "Y_i = GeLU(X A_i)", "B_i: rows", "Y_i B_i (partial)",
+            "Z = Σ_i Y_i B_i\n(g: all-reduce)"]
+    fig, axes = plt.subplots(world_size, len(cols), figsize=(11, 1.6 * world_size + 0.6), squeeze=False)
+    for r, shard in enumerate(shards):
+        for c, m in enumerate((x, shard["A"], shard["Y"], shard["B"], shard["partial"], shard["Z"])):
+            ax, scale = axes[r][c], float(m.abs().max())
+            ax.imshow(m, cmap="Greys", vmin=-scale, vmax=scale)
+            ax.set_xticks([]), ax.set_yticks([])
+            for side in ax.spines.values():
+                side.set_edgecolor(RANK_COLOURS[r] if 1 <= c <= 4 else "k"), side.set_linewidth(2.5 if 1 <= c <= 4 else 1)
+            if r == 0:
+                ax.set_title(cols[c], fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"rank {r}", fontsize=8)
+    fig.suptitle("The MLP, column-parallel then row-parallel: f before (identity forward), GeLU on each rank's "
+                 "columns, g after (one all-reduce)", fontsize=9)
+    return fig
 
 
 def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 12)), reps: int = 5) -> dict:
