@@ -143,7 +143,7 @@ def test_in_flight_over_time_returns_to_zero():
 # -- errors -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,match", [
-    (("1f1b", 4, 3), "m >= p"),
+    (("1f1b", 4, 3), r"minipar's 1f1b requires .*\(m >= p\)"),     # minipar's rule, not 1F1B's: Megatron runs m < p
     (("zb-h1", 4, 2), "m >= p"),
     (("interleaved", 4, 6, 2), "multiple of p"),
     (("naive", 4, 2), "m must be 1"),

@@ -116,8 +116,9 @@ def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None)
         raise ValueError(f"naive model parallelism sends the whole batch at once: m must be 1, got m={m} "
                          f"(with m > 1 micro-batches use 'gpipe' or '1f1b')")
     if name in ("1f1b", "zb-h1") and m < p:
-        raise ValueError(f"{name} needs at least as many micro-batches as ranks (m >= p), got m={m}, p={p}: "
-                         f"with fewer there is no steady phase (use 'gpipe')")
+        raise ValueError(f"minipar's {name} requires at least as many micro-batches as ranks (m >= p), got m={m}, "
+                         f"p={p}: with fewer the schedule has no steady phase (Megatron runs it as warm-up and "
+                         f"cool-down only); use 'gpipe'")
     if name == "interleaved" and (m < p or m % p):
         raise ValueError(f"interleaved 1F1B sends micro-batches round the ranks in groups of p: m must be a "
                          f"multiple of p, got m={m}, p={p}")

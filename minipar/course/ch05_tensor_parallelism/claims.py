@@ -52,8 +52,9 @@ def check_memory_per_rank_measured(mem, fraction) -> None:
 
 
 def check_latency_fitted_no_longer_than_small(alpha, small, timings) -> None:
-    """Why TP stays inside a node: the latency fitted is no longer than the small all-reduces measured"""
-    assert alpha <= max(small)        # the latency fitted is no longer than the small all-reduces measured
+    """What one all-reduce costs: the latency fitted is no longer than the small all-reduces' fastest calls,
+    and the largest message takes longer than every call of the smallest"""
+    assert alpha <= max(small)        # the latency fitted is no longer than the small all-reduces' fastest calls
     assert statistics.median(timings[max(timings)]) > max(timings[min(timings)])  # a 10⁶× larger message: longer than every small call
 
 
@@ -73,12 +74,12 @@ def check_why_tp_stays_inside_node(by_t) -> None:
 
 
 def check_every_run_trains_as_one_device(equal) -> None:
-    """Measured here, replayed here, replayed on H100 nodes: every run trains as one device does, at every t"""
+    """The chapter's own GPT on an H100 node: every run trains as one device does, at every t"""
     assert all(c.matches for cs in equal.values() for c in cs)
 
 
 def check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute) -> None:
-    """Measured here, replayed here, replayed on H100 nodes: the matmuls' FLOPs fall as 1/t ..."""
+    """The chapter's own GPT on an H100 node: the matmuls' FLOPs fall as 1/t ..."""
     assert all(abs(flops[t] * t / flops[1] - 1) < 0.01 for t in inside)   # the matmuls' FLOPs fall as 1/t ...
     assert [gemm[t] for t in inside] == sorted(gemm.values(), reverse=True)   # ... and their time with them
 
@@ -88,14 +89,8 @@ def check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute) -> None
     assert all(row["ratio"] < 1 for row in inside.values())               # inside a node: TP comm below compute at t ≤ 8
 
 
-def check_replayed_here_step_grows_with_t(here) -> None:
-    """Measured here, replayed here, replayed on H100 nodes: replayed here: the step grows with t (a ring of t
-    ranks: 2(t−1) latency steps)"""
-    assert here == sorted(here)
-
-
 def check_across_nodes_more_than_twice_inside(tables, t) -> None:
-    """Measured here, replayed here, replayed on H100 nodes: across nodes: more than twice inside"""
+    """The chapter's own GPT on an H100 node: across nodes: more than twice inside"""
     assert tables[t]["across"]["comm"] > 2 * tables[t]["inside"]["comm"]
 
 

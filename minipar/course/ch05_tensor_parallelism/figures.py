@@ -3,7 +3,8 @@
 * ``05_column_parallel_gelu.png`` — Y = GeLU(X A) with A split by columns on 2 ranks: X, each rank's
   columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, as the Hugging Face guide shows it).
 * ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), median
-  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space;
+  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space
+  to each size's fastest call;
   beside it a model: tokens/s per GPU of a GPT-3-shaped model against the TP degree, inside a node and
   across nodes (:mod:`.throughput`: the planner's estimate on A100 and H100 cards).
 """
@@ -19,8 +20,8 @@ from minipar.launcher import launch
 from minipar.machine.fidelity import fit_affine
 from minipar.observe.measure import calibrate_links
 
-__all__ = ["column_gelu_shards", "draw_column_gelu", "allreduce_timings", "fit_latency_bandwidth",
-           "draw_allreduce_cost", "FIGURES"]
+__all__ = ["column_gelu_shards", "draw_column_gelu", "mlp_shards", "draw_mlp_split", "allreduce_timings",
+           "fit_latency_bandwidth", "draw_allreduce_cost", "FIGURES"]
 
 from minipar.course.plotting import RANK_COLOURS
 
@@ -72,6 +73,59 @@ def _make_column(path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
+def _mlp_shard(rank, world_size, fc, proj, x):
+    from minipar.mesh import Mesh
+    from minipar.tensor.layers import TensorParallelMLP
+
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    mlp = TensorParallelMLP(fc, proj, group)
+    y = F.gelu(mlp.fc(x))
+    with torch.no_grad():
+        return {"A": mlp.fc.weight.t().clone(), "Y": y.detach(), "B": mlp.proj.weight.t().clone(),
+                "partial": (y @ mlp.proj.weight.t()).detach(), "Z": (mlp(x) - proj.bias).detach()}
+
+
+def mlp_shards(world_size: int = 2, h: int = 4, seed: int = 0):
+    """(X, Z = GeLU(XA)B without its bias, [each rank's {"A", "Y", "B", "partial", "Z"}]) from a live run of
+    :class:`minipar.tensor.layers.TensorParallelMLP` (h → 4h → h) on ``world_size`` ranks."""
+    g = torch.Generator().manual_seed(seed)
+    fc, proj = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+    with torch.no_grad():
+        for p in (*fc.parameters(), *proj.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(3, h, generator=g)
+    shards = launch(_mlp_shard, world_size, fc, proj, x, quiet=True)
+    z = (F.gelu(fc(x)) @ proj.weight.t()).detach()
+    assert torch.allclose(sum(r["partial"] for r in shards), z, atol=1e-5)
+    assert all(torch.allclose(r["Z"], z, atol=1e-5) for r in shards)
+    return x, z, shards
+
+
+def draw_mlp_split(world_size: int = 2):
+    """Megatron's MLP split (Shoeybi et al. 2019, fig. 3a) drawn from a live run: X whole on every rank (f), each
+    rank's columns of A, GeLU(XA_i), its rows of B and its partial Y_iB_i, and g's sum Z on every rank."""
+    import matplotlib.pyplot as plt
+
+    x, z, shards = mlp_shards(world_size)
+    cols = ["X  (f: whole on\nevery rank)", "A_i: columns", "Y_i = GeLU(X A_i)", "B_i: rows", "Y_i B_i (partial)",
+            "Z = Σ_i Y_i B_i\n(g: all-reduce)"]
+    fig, axes = plt.subplots(world_size, len(cols), figsize=(11, 1.6 * world_size + 0.6), squeeze=False)
+    for r, shard in enumerate(shards):
+        for c, m in enumerate((x, shard["A"], shard["Y"], shard["B"], shard["partial"], shard["Z"])):
+            ax, scale = axes[r][c], float(m.abs().max())
+            ax.imshow(m, cmap="Greys", vmin=-scale, vmax=scale)
+            ax.set_xticks([]), ax.set_yticks([])
+            for side in ax.spines.values():
+                side.set_edgecolor(RANK_COLOURS[r] if 1 <= c <= 4 else "k"), side.set_linewidth(2.5 if 1 <= c <= 4 else 1)
+            if r == 0:
+                ax.set_title(cols[c], fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"rank {r}", fontsize=8)
+    fig.suptitle("The MLP, column-parallel then row-parallel: f before (identity forward), GeLU on each rank's "
+                 "columns, g after (one all-reduce)", fontsize=9)
+    return fig
+
+
 def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 12)), reps: int = 5) -> dict:
     """{message bytes: [seconds of each of ``reps`` float32 all-reduces of ``sizes`` floats]} measured on
     ``world_size`` ranks at once, each call after a barrier, its time the mean of the ranks' clocks of it
@@ -83,13 +137,14 @@ def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 
 
 
 def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 50):
-    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the median of each size's calls in
-    **log space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB
-    ones β; in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α,
-    log 1/β), started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may
-    be given one time or a list of repeats."""
+    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the **fastest** of each size's calls
+    (the least contended: on shared CPU cores a slower call waited for a core, not for the link) in **log
+    space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB ones β;
+    in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α, log 1/β),
+    started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may be given
+    one time or a list of repeats."""
     xs = [2 * (world_size - 1) / world_size * s for s in timings]
-    ys = [statistics.median(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
+    ys = [min(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
     if len(xs) < 2:
         raise ValueError(f"an α-β fit needs at least two sizes, got {len(xs)}")
     a, slope = fit_affine(xs, ys)
@@ -113,7 +168,7 @@ def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 
 
 def draw_allreduce_cost(timings: dict, rows: list | None = None):
     """Left: the measured all-reduce times (median of the repeats, bars from the fastest to the slowest call)
-    and their log-space α-β fit (:func:`fit_latency_bandwidth`). Right (``rows`` of
+    and the log-space α-β fit to each size's fastest call (:func:`fit_latency_bandwidth`). Right (``rows`` of
     :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput`, a model): tokens/s per GPU of a
     GPT-3-shaped model against the TP degree, inside a node and across nodes, on each card."""
     import matplotlib.pyplot as plt
@@ -128,7 +183,7 @@ def draw_allreduce_cost(timings: dict, rows: list | None = None):
     ax.errorbar(sizes, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2,
                 label=f"measured, 4 CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
     ax.plot(sizes, [(alpha + 1.5 * s / beta) * 1e3 for s in sizes], "-",
-            label=f"fit in log space: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
+            label=f"fit to each size's fastest call: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
     ax.set_ylabel("one all-reduce (ms)")

@@ -1,4 +1,4 @@
-"""Chapter 05, §7: tensor parallelism at a GPT-3 layer's size — the planner's estimate, not a measurement.
+"""Chapter 05, §9: tensor parallelism at a GPT-3 layer's size — the planner's estimate, not a measurement.
 
 A model of GPT-3's layer shape (h = 12288, 96 heads, s = 2048, vocabulary 51200; :data:`GPT3_LAYERS` layers, so
 the embedding and the output layer weigh little beside them) trained with TP degree t alone on t GPUs:

@@ -1,4 +1,4 @@
-"""Chapter 05, §7: TP inside a node vs across nodes — measured here, replayed here, replayed on H100 nodes.
+"""Chapter 05, §9: TP inside a node vs across nodes — measured here, replayed here, replayed on H100 nodes.
 
 The tiny GPT is trained tensor-parallel on t ranks here twice in one launch (:func:`tp_runs`), every rank
 traced (:mod:`minipar.machine.trace`): once **timed** (its compute between collectives in thread CPU seconds,

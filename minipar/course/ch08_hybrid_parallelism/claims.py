@@ -36,6 +36,19 @@ def check_one_3d_step_composed(k_, q) -> None:
     assert k_.abs().max() < 1e-15 < 1e-8 < q.abs().max()
 
 
+def check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t) -> None:
+    """Per step and per rank, on the 1T layout, PP sends more than DP — even at 1/t (scatter/gather)"""
+    assert pp_values / t > dp_values
+
+
+def check_memory_per_layout(memory) -> None:
+    """The layouts compared: 4×2×1 keeps the most per rank, 1×2×4 the least; ZeRO-1 shrinks the model states"""
+    for i in (0, 1):                                     # the peak, and the model states
+        by = {name: m[i] for name, m in memory.items() if name != "2x2x2+zero1"}
+        assert max(by, key=by.get) == "4x2x1" and min(by, key=by.get) == "1x2x4"
+    assert memory["2x2x2+zero1"][1] < memory["2x2x2"][1]
+
+
 def check_layouts_compared(psi) -> None:
     """The layouts compared"""
     assert measure.layout_memory_formula(psi, dp=2, pp=2, tp=2, zero=1) < measure.layout_memory_formula(psi, dp=2, pp=2, tp=2)

@@ -138,11 +138,24 @@ def test_recorded_torch_side_holds_and_names_its_torch():
     assert r.record["recorded"]["torch"].split("+")[0] == torch.__version__.split("+")[0], "re-record: torch changed"
 
 
-def test_bubble_sentence_never_prints_a_negative_wait():
-    from minipar.course.ch08_hybrid_parallelism.report import bubble_sentence
-    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.30)
-    assert wait == pytest.approx(0.07) and "waiting in receives" in text and "+0.07" not in text and "0.07" in text
-    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.18)       # below the model: noise
-    assert wait == 0 and "noise, not a negative wait" in text and "-0.05" not in text and "0.05 below" in text
-    text, wait = bubble_sentence(formula=0.20, unequal=0.23, measured=0.235)      # within the noise
-    assert wait == pytest.approx(0.005) and "nothing measurable" in text
+def test_the_bubble_is_a_table_of_three_numbers_not_a_generated_sentence():
+    from minipar.course.ch08_hybrid_parallelism.report import bubble_table
+    text = bubble_table(formula=0.20, unequal=0.23, measured=0.18, per_stage=[0.003, 0.004], step=1)
+    lines = text.splitlines()
+    assert "stage 0 3.0 ms, stage 1 4.0 ms" in lines[0] and "step 2" in lines[0]
+    assert [line.split()[-1] for line in lines[2:]] == ["0.20", "0.23", "0.18"]
+    assert "account for" not in text and "between formula and measurement" not in text
+
+
+def test_the_step_shown_is_the_real_one_without_the_untaught_branches():
+    import inspect
+    from minipar.course.ch08_hybrid_parallelism.report import step_source
+    from minipar.hybrid.parallel3d import Trainer3D
+    shown, real = step_source().splitlines(), inspect.getsource(Trainer3D.step)
+    assert all(line.replace("if self.sp_params", "elif self.sp_params") in real for line in shown)
+    for taught in ("self.pipeline.run(", "sync_sequence_parallel_grads(self.sp_params", "self.zero.step()",
+                   "self.reducer.finish()", "self.optimizer.step()"):
+        assert any(taught in line for line in shown), taught
+    for untaught in ("experts", "positions", "mb_grads", "gather_for_step", "@in_own_mode"):
+        assert not any(untaught in line for line in shown), untaught
+    assert len(shown) < len(real.splitlines()) - 15
