@@ -322,3 +322,18 @@ def test_bad_input_is_a_value_error_before_any_process_starts():
         ddp.run(gpt_recipe(steps=1, batch_size=8), world_size=4, bucket_bytes=0)
     with pytest.raises(ValueError, match="comm_dtype"):
         ddp.DistributedDataParallel(nn.Linear(2, 2), comm_dtype=torch.int8)
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_bucket_divides_once_before_it_is_sent_bit_for_bit_as_each_gradient_over_n(n):
+    from minipar.data.buckets import Bucket
+    params = [nn.Parameter(torch.zeros(5, 3)), nn.Parameter(torch.zeros(7))]
+    grads = [torch.randn(5, 3) * 1e3, torch.randn(7) * 1e-30]     # large and subnormal-bound values too
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    bucket = Bucket(0, params, divisor=n)
+    assert not bucket.fill(params[0]) and bucket.fill(params[1])
+    assert torch.equal(params[0].grad, grads[0])                     # copied in, not yet divided
+    bucket.scale()
+    for p, g in zip(params, grads):
+        assert torch.equal(p.grad, g / n) and p.grad.data_ptr() >= bucket.buffer.data_ptr()

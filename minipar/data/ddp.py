@@ -57,8 +57,8 @@ class Reducer:
 
     ``collective(buffer, group)`` launches the reduction and returns an async work handle; the default is
     ``comm.all_reduce(..., async_op=True)`` (a sharded strategy can pass a reduce-scatter instead).
-    ``average=True`` divides by the group size before the sum (keeps 16-bit buffers from overflowing),
-    as each gradient is copied into its bucket.
+    ``average=True`` divides each bucket by the group size before the sum (keeps 16-bit buffers from
+    overflowing), once per bucket, just before it is sent.
     Its timeline (gradients ready, buckets launched and done) is observed from outside:
     :func:`minipar.data.ddp_measure.watch_buckets`.
     """
@@ -91,7 +91,9 @@ class Reducer:
             self.next_to_launch += 1
 
     def launch(self, bucket: Bucket) -> None:
-        """Start ``bucket``'s reduction asynchronously (its slots already hold g_r / N: the sum is the mean)."""
+        """Divide ``bucket`` by N (its slots then hold g_r / N: the sum is the mean) and start its reduction
+        asynchronously."""
+        bucket.scale()
         bucket.work = self.collective(bucket.buffer, self.group)
 
     def finish(self) -> list:
