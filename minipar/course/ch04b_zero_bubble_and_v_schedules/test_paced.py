@@ -22,15 +22,20 @@ def comparison(**rows):
 def test_the_claim_holds_silently_when_zb_v_idles_less_outside_the_spread(capsys):
     claims.check_paced_zb_v_idles_less_than_1f1b(comparison())
     assert capsys.readouterr().out == ""
-    assert "ZB-V idles 8.0% against 1F1B's 27.1%, outside the spread" in comparison().sentence()
+    assert comparison().sentence() == ("ZB-V idles 8.0% (6.9%–8.4%) against 1F1B's 27.1% (27.1%–27.2%), outside the "
+                                       "spread; its step takes 366 (361–369) ms against 464 (464–465) ms.")
 
 
 def test_the_claim_fails_on_a_1f1b_pair_and_on_a_run_unlike_one_device_or_the_simulator():
     with pytest.raises(AssertionError):                                  # ZB-V no better: 1F1B against itself
         claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": ONE_F_ONE_B}))
-    overlapping = dataclasses.replace(ZB_V, idle=[0.069, 0.084, 0.28])   # one step as idle as 1F1B's best
-    with pytest.raises(AssertionError):
-        claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": overlapping}))
+    for overlapping in (dataclasses.replace(ZB_V, idle=[0.069, 0.28, 0.28]),      # median in 1F1B's spread
+                        dataclasses.replace(ZB_V, idle=[0.069, 0.084, 0.3]),       # 1F1B's median in ZB-V's
+                        dataclasses.replace(ZB_V, step=[0.361, 0.47, 0.47])):      # median step no faster
+        with pytest.raises(AssertionError):
+            claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": overlapping}))
+    slow_step = dataclasses.replace(ZB_V, step=[0.361, 0.369, 0.9])    # one step lengthened: not the schedule
+    claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": slow_step}))
     for wrong in (dataclasses.replace(ZB_V, matches=False), dataclasses.replace(ZB_V, simulated_idle=0.15)):
         with pytest.raises(AssertionError):
             claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": wrong}))
