@@ -170,7 +170,7 @@ def test_paced_runs_train_exactly_like_unpaced_ones():
                       launch_kwargs=QUIET).assert_ok()
 
 
-@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2)])
+@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2), ("zb-v", 4, 2)])
 def test_paced_idle_fraction_is_the_simulators(schedule, m, v):
     """The median over steps of the measured idle within 5 points of the simulator's, slots of 30 ms."""
     import statistics

@@ -137,7 +137,7 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
         pace = runs[0].pace
         paced = pace is not None
         costs = Costs(F=1.0, B=pace.B / pace.F, W=pace.W / pace.F) if paced else Costs()   # F = 1
-        sim = simulate(make_schedule(name, p, m, v), costs)
+        sim = simulate(make_schedule(name, p, m, v), costs, overlap=False)   # F&B pairs run in turn, as here
         draw_gantt(ax_row[0], sim_rows(sim), p, f"{name} simulated: idle {sim.bubble_fraction:.1%}")
         step = max(r[0] for r in runs[0].timeline) if paced else typical_step(runs)   # paced: the last
         waits = step_rows(runs, step, kinds=("wait",))

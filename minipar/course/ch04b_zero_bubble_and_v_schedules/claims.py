@@ -38,9 +38,17 @@ def check_v_schedules_bytes_sent(sent, P, M, A, runs) -> None:
     assert all(runs[n][0].losses is not None and all(r.losses is None for r in runs[n][1:]) for n in ("zb-v", "dualpipev"))
 
 
-def check_simulated_measured_unpaced(unpaced) -> None:
-    """Simulated and measured, unpaced"""
-    assert all(0 <= x < 1 for x in unpaced.values())
+def check_paced_zb_v_idles_less_than_1f1b(paced) -> None:
+    """Simulated and measured, paced: ZB-V idles less than 1F1B and steps faster, outside the run-to-run spread;
+    every paced run equals one device and idles as the simulator says, within 5 points. Where ZB-V's or
+    1F1B's run was disturbed (more than 5 % of its actions overran their slots) and the spreads overlap, it
+    says so instead of failing: the load, not the schedule, decided that run."""
+    assert all(r.matches for r in paced.rows.values()), paced          # every paced run equals one device
+    assert paced.agrees(within=0.05), paced                             # undisturbed runs: as simulated
+    if not paced.apart("zb-v", "1f1b"):
+        assert {"zb-v", "1f1b"} & set(paced.disturbed), paced           # undisturbed, the lesson must show
+        print(f"not shown this time: {', '.join(paced.disturbed)} overran more than 5 % of their slots at load "
+              f"average {paced.load:.0f}; run the cell again on a quieter machine")
 
 
 def check_every_row_simulated_v_half_included(zb_rows, slack) -> None:
