@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from minipar.launcher import launch
-from minipar.observe.paced_compute import alternating_steps, disturbed, pace
+from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
 
 F, B = 0.06, 0.08          # slots (s)
 
@@ -96,6 +96,14 @@ def test_unpaced_backward_and_overruns_are_counted():
     model(torch.randn(3, 4)).sum().backward()                         # no input needs a gradient
     assert pacer.unpaced == 1 and pacer.overruns >= 1
     assert disturbed(11, 100) and not disturbed(10, 100)
+
+
+def test_verdict_and_spread():
+    assert verdict([1, 2, 3], [4, 5, 6]) == "apart"
+    assert verdict([1, 2, 2, 2, 9], [4, 5, 6]) == "median outside"          # one slow step widens a range
+    assert verdict([1, 2, 3], [2.5, 9, 9]) == "median outside"              # the slow median above every fast step
+    assert verdict([1, 4, 6], [3, 5, 7]) == "tie" and verdict([4, 5, 6], [1, 2, 3]) == "tie"
+    assert spread([0.010, 0.012, 0.020]) == "12.0 [10.0 – 20.0] ms"
 
 
 def _alternating(rank, world_size):

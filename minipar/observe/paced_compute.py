@@ -42,7 +42,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["Pacer", "pace", "disturbed", "alternating_steps", "spread"]
+__all__ = ["Pacer", "pace", "disturbed", "alternating_steps", "spread", "verdict"]
 
 DISTURBED_SHARE = 0.1     # more slots than this share ran long: the machine was too busy for the slots
 
@@ -161,3 +161,14 @@ def alternating_steps(steps: dict, rounds: int, group=None) -> dict:
 def spread(seconds) -> str:
     """'median [min – max] ms' of a list of seconds."""
     return f"{statistics.median(seconds) * 1e3:.1f} [{min(seconds) * 1e3:.1f} – {max(seconds) * 1e3:.1f}] ms"
+
+
+def verdict(fast, slow) -> str:
+    """How steps ``fast`` compare with ``slow`` (lists of seconds): "apart" (every fast step below every slow
+    one), "median outside" (a typical step of one lies outside the other's [min – max]: the fast median below
+    the slow minimum, or the slow median above the fast maximum; an outlier step widens one range), else "tie"."""
+    if max(fast) < min(slow):
+        return "apart"
+    if statistics.median(fast) < min(slow) or statistics.median(slow) > max(fast):
+        return "median outside"
+    return "tie"
