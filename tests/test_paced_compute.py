@@ -95,7 +95,7 @@ def test_unpaced_backward_and_overruns_are_counted():
     pacer = pace([model[0]], 1e-6, 1e-6)
     model(torch.randn(3, 4)).sum().backward()                         # no input needs a gradient
     assert pacer.unpaced == 1 and pacer.overruns >= 1
-    assert disturbed(11, 100) and not disturbed(10, 100)
+    assert disturbed(6, 100) and not disturbed(5, 100)
 
 
 def test_verdict_and_spread():

@@ -105,7 +105,7 @@ def table(m: dict) -> str:
                  f"slots that ran long: {m['overruns']} of {m['slots']}")
     lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
     if disturbed(m["overruns"], m["slots"]):
-        lines.append(f"  more than 10 % of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
+        lines.append(f"  more than 5 % of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
                      f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
                      f"run the cell again on a quieter machine")
     return "\n".join(lines)
