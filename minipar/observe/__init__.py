@@ -10,6 +10,8 @@ model, importing no strategy, no planner and no course code. Its instruments reg
 * :mod:`~minipar.observe.measure` — a strategy's steps traced and timed, this machine's links calibrated
   (fitted with :mod:`minipar.machine.fidelity`).
 * :mod:`~minipar.observe.wirecut` — run a program with the wire cut (collectives answered locally).
+* :mod:`~minipar.observe.paced_compute` — blocks held to fixed wall-clock slots (compute, then sleep), so a
+  step shows what its communication overlaps, not CPU contention; configurations timed side by side.
 
 The comm log (:mod:`minipar.comm_log`, ``comm.recording()``) and the wire counter (:mod:`minipar.wire`) are
 instruments on the ground floor, beside the calls they count.

@@ -8,6 +8,7 @@ import torch.utils.data as tud
 
 from minipar import comm
 from minipar.check import compare
+from minipar.observe.paced_compute import disturbed, verdict
 
 
 def check_why_averaging_shard_gradients_exact(worst) -> None:
@@ -65,3 +66,12 @@ def check_dp_against_ddp_measured_here(counted, grads, N, dp_bytes) -> None:
 def check_range_text_below_quotes(slowest, fastest) -> None:
     """DP against DDP: measured here, replayed here and on a named cluster: the range the text below quotes"""
     assert 0.7 < slowest < 0.8 and 3.3 < fastest < 3.5
+
+
+def check_overlap_saves_time_paced(m) -> None:
+    """Overlap: the bucket timeline: paced, a bucket per block is faster than one bucket outside the spread (a
+    median outside the other's [min – max]; unless other load took the cores: more than 5 % of the slots ran
+    long), and both equal one device"""
+    assert all(c.matches for c in m["matches"].values())
+    if not disturbed(m["overruns"], m["slots"]):
+        assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"

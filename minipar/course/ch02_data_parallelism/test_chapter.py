@@ -40,3 +40,22 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     assert not faster.tie and "faster than one thread, ×1.95" in faster.text
     with pytest.raises(AssertionError):
         report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing
+
+
+def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
+    from types import SimpleNamespace
+    from minipar.course.ch02_data_parallelism import claims, paced
+    ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
+    m = {"seconds": {"bucket per block": [0.10, 0.11, 0.12], "one bucket": [0.13, 0.14, 0.15]},
+         "matches": {"bucket per block": ok, "one bucket": ok}, "overruns": 0, "slots": 100,
+         "buckets": {"bucket per block": 5, "one bucket": 1}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
+    claims.check_overlap_saves_time_paced(m)
+    assert "ranges apart" in paced.table(m) and "too busy" not in paced.table(m)
+    tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
+    with pytest.raises(AssertionError):
+        claims.check_overlap_saves_time_paced(tie)
+    claims.check_overlap_saves_time_paced(dict(tie, overruns=11))        # too busy: the times are not compared
+    assert "too busy" in paced.table(dict(tie, overruns=11))
+    with pytest.raises(AssertionError):
+        claims.check_overlap_saves_time_paced(dict(m, matches={"bucket per block": ok,
+                                                              "one bucket": SimpleNamespace(matches=False)}))

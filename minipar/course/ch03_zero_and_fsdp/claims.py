@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from minipar.check import compare
+from minipar.observe.paced_compute import disturbed, verdict
 from minipar.data.zero_memory import GB
 from minipar.data.zero_memory import model_state_bytes_formula
 
@@ -70,3 +71,12 @@ def check_memory_centric_tiling_one_layer(outputs, peaks) -> None:
 def check_zero3_1b_params_on_8_gpus() -> None:
     """A calculator: the first view: 16 bytes × 1e9 / 8"""
     assert round(model_state_bytes_formula(1e9, 8, 3, "mixed")["total"] / GB, 1) == 2.0
+
+
+def check_prefetch_saves_time_paced(m) -> None:
+    """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide): paced, ZeRO-3 with prefetch is faster
+    than without outside the spread (a median outside the other's [min – max]; unless other load took the
+    cores: more than 5 % of the slots ran long), and both equal one device"""
+    assert all(c.matches for c in m["matches"].values())
+    if not disturbed(m["overruns"], m["slots"]):
+        assert verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) != "tie"

@@ -66,3 +66,18 @@ def test_calculator_text_is_the_formula_once():
     text = calculator_text(9.0, 8, 3, "GB")
     assert text.count("Ψ = 1e+09") == 1 and "total           2.00 GB" in text       # 16 B × 1e9 / 8
     assert "total          16.00 GB" in calculator_text(9.0, 1, 0, "GB")           # DDP on one device: 16Ψ
+
+
+def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
+    from types import SimpleNamespace
+    from minipar.course.ch03_zero_and_fsdp import claims, paced
+    ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
+    m = {"seconds": {"prefetch": [0.20, 0.21, 0.30], "no prefetch": [0.24, 0.25, 0.26]},
+         "matches": {"prefetch": ok, "no prefetch": ok}, "overruns": 0, "slots": 100, "slot_s": (0.008, 0.016),
+         "blocks": 4, "block_bytes": 4.9e6}
+    claims.check_prefetch_saves_time_paced(m)                            # one slow step: the median is outside
+    assert "a median lies outside" in paced.table(m)
+    tie = dict(m, seconds={"prefetch": [0.20, 0.25, 0.30], "no prefetch": [0.22, 0.24, 0.26]})
+    with pytest.raises(AssertionError):
+        claims.check_prefetch_saves_time_paced(tie)
+    claims.check_prefetch_saves_time_paced(dict(tie, overruns=11))

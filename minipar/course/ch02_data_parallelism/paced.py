@@ -1,0 +1,110 @@
+"""Chapter 02's paced run: DDP with a bucket per block against one bucket, each block's compute held to a
+fixed slot (:mod:`minipar.observe.paced_compute`), so that what overlap saves shows on the wall clock.
+
+One launch on N ranks trains the same GPT twice side by side, with DDP's buckets about one block's gradients
+(``bucket_bytes`` = a block's parameter bytes: a bucket leaves as each block's backward ends and travels under
+the next block's backward slot) and with one bucket holding every gradient (its all-reduce can start only
+after the last gradient: nothing hides). Rounds alternate the two configurations (:func:`minipar.observe.
+paced_compute.alternating_steps`: each step after a barrier, on its slowest rank); one untimed step each
+first. Both are compared with one device (SGD, same batches: equal to float summation order).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from minipar import comm
+from minipar.check import compare, gpt_recipe, train_reference
+from minipar.data import ddp
+from minipar.launcher import launch
+from minipar.loop import shard_batch
+from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
+from minipar.recipe import RunResult
+
+__all__ = ["MODEL", "paced_rank", "measure", "table"]
+
+MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of gradients
+FORWARD_S, BACKWARD_S = 0.010, 0.020           # a block's slots: several times its compute here, unloaded
+
+VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than every step with one bucket",
+            "median outside": "outside the spread: a median lies outside the other's [min – max]",
+            "tie": "a tie: each median inside the other's [min – max]"}
+
+
+def paced_rank(rank, world_size, recipe, forward_s, backward_s):
+    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "buckets": {config: count},
+    "overruns": slots that ran long, "slots": slots held}: the first batch untimed, then one round per later batch."""
+    torch.set_num_threads(1)
+    block_bytes = sum(p.numel() * p.element_size() for p in recipe.model().blocks[0].parameters())
+    configs = {"bucket per block": block_bytes, "one bucket": 1 << 40}
+    state, pacers = {}, []
+    for name, size in configs.items():
+        model = recipe.model()
+        wrapped = ddp.DistributedDataParallel(model, bucket_bytes=size)
+        pacers.append(pace(model.blocks, forward_s, backward_s))
+        state[name] = (model, wrapped, recipe.optimizer(model.parameters()), [])
+
+    def step(name):
+        model, wrapped, opt, losses = state[name]
+        x, y = shard_batch(recipe.batches[len(losses)], rank, world_size)
+        opt.zero_grad(set_to_none=True)
+        loss = recipe.loss(wrapped, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for name in configs:
+        step(name)                                          # warm-up, untimed
+    for p in pacers:
+        p.held = p.overruns = 0                             # the timed steps' slots only
+    seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, recipe.steps - 1)
+    results = {n: RunResult(_mean_over_ranks(losses), {k: p.detach().clone() for k, p in m.named_parameters()})
+               for n, (m, _, _, losses) in state.items()}
+    return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
+            "slots": sum(p.held for p in pacers),
+            "buckets": {n: len(w.reducer.buckets) for n, (_, w, *_) in state.items()}}
+
+
+def _mean_over_ranks(losses: list) -> list:
+    """Each step's loss averaged over the ranks (equal shards: the global batch's mean loss)."""
+    t = torch.tensor(losses, dtype=torch.float64)
+    comm.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
+            backward_s: float = BACKWARD_S) -> dict:
+    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
+    "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
+    "grad_bytes"}."""
+    recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
+    ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
+    reference = train_reference(recipe)
+    matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
+               for n in ranks[0]["results"]}
+    return {"seconds": ranks[0]["seconds"], "matches": matches, "buckets": ranks[0]["buckets"],
+            "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
+            "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
+            "grad_bytes": sum(p.numel() * p.element_size() for p in recipe.model().parameters())}
+
+
+def table(m: dict) -> str:
+    """The printed lines: each configuration's step time, median [min – max], and the saving."""
+    f, b = m["slot_s"]
+    lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
+             f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); {m['grad_bytes'] / 1e6:.1f} MB of gradients"]
+    for name, s in m["seconds"].items():
+        lines.append(f"  DDP, {name:17} ({m['buckets'][name]:2} all-reduces): step {spread(s)}; "
+                     f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
+                     f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    per_block, one = (statistics.median(s) for s in m["seconds"].values())
+    lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
+                 f"slots that ran long: {m['overruns']} of {m['slots']}")
+    lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
+    if disturbed(m["overruns"], m["slots"]):
+        lines.append(f"  more than 5 % of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
+                     f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
+                     f"run the cell again on a quieter machine")
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Chapter 03's paced run: ZeRO-3 with and without prefetch, each block's compute held to a fixed slot
+(:mod:`minipar.observe.paced_compute`), so that what prefetch saves shows on the wall clock.
+
+One launch on N ranks trains the same GPT twice side by side with ZeRO-3 (one unit per block and the root,
+:class:`minipar.data.zero.ZeRO`), ``prefetch=True`` and ``False``. With prefetch the next unit's all-gather
+is issued when a unit starts and travels under its slot; without, each gather is issued and waited for where
+its unit starts, outside any slot. Both post their reduce-scatters asynchronously (``async_reduce=True``,
+PyTorch FSDP's way), so the two differ in the gathers only. Rounds alternate the two configurations
+(:func:`minipar.observe.paced_compute.alternating_steps`: each step after a barrier, on its slowest rank),
+after one untimed step each (the first step records the units' order; nothing is prefetched in it). Both are
+compared with one device (SGD, same batches: equal to float summation order).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from minipar import comm
+from minipar.check import compare, gpt_recipe, train_reference
+from minipar.data import zero
+from minipar.launcher import launch
+from minipar.loop import shard_batch
+from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
+from minipar.recipe import RunResult
+
+__all__ = ["MODEL", "paced_rank", "measure", "table"]
+
+MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of parameters
+FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's slots: several times its compute here, unloaded
+CONFIGS = {"prefetch": True, "no prefetch": False}
+
+VERDICTS = {"apart": "ranges apart: every step with prefetch faster than every step with no prefetch",
+            "median outside": "outside the spread: a median lies outside the other's [min – max]",
+            "tie": "a tie: each median inside the other's [min – max]"}
+
+
+def paced_rank(rank, world_size, recipe, forward_s, backward_s):
+    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots"}: the recipe's
+    first batch untimed, then one round per later batch."""
+    torch.set_num_threads(1)
+    state, pacers = {}, []
+    for name, prefetch in CONFIGS.items():
+        model = recipe.model()
+        sharded = zero.ZeRO(model, recipe.optimizer, 3, prefetch=prefetch, async_reduce=True)
+        pacers.append(pace(model.blocks, forward_s, backward_s))
+        state[name] = (model, sharded, [])
+
+    def step(name):
+        model, sharded, losses = state[name]
+        x, y = shard_batch(recipe.batches[len(losses)], rank, world_size)
+        sharded.zero_grad()
+        loss = recipe.loss(model, x, y)
+        loss.backward()
+        sharded.step()
+        losses.append(loss.item())
+    for name in CONFIGS:
+        step(name)                                          # records the units' order, untimed
+    for p in pacers:
+        p.held = p.overruns = 0                             # the timed steps' slots only
+    seconds = alternating_steps({n: (lambda n=n: step(n)) for n in CONFIGS}, recipe.steps - 1)
+    results = {n: RunResult(_mean_over_ranks(losses), sharded.full_parameters())
+               for n, (_, sharded, losses) in state.items()}
+    return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
+            "slots": sum(p.held for p in pacers)}
+
+
+def _mean_over_ranks(losses: list) -> list:
+    """Each step's loss averaged over the ranks (equal shards: the global batch's mean loss)."""
+    t = torch.tensor(losses, dtype=torch.float64)
+    comm.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
+            backward_s: float = BACKWARD_S) -> dict:
+    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
+    "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
+    "block_bytes"}."""
+    recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
+    ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
+    reference = train_reference(recipe)
+    matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
+               for n in ranks[0]["results"]}
+    block = recipe.model().blocks[0]
+    return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
+            "slots": sum(r["slots"] for r in ranks), "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
+            "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
+
+
+def table(m: dict) -> str:
+    """The printed lines: each configuration's step time, median [min – max], and the saving."""
+    f, b = m["slot_s"]
+    lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
+             f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); a block's all-gather brings "
+             f"{m['block_bytes'] / 1e6:.1f} MB"]
+    for name, s in m["seconds"].items():
+        lines.append(f"  ZeRO-3, {name:12}: step {spread(s)}; "
+                     f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
+                     f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    with_p, without = (statistics.median(s) for s in m["seconds"].values())
+    lines.append(f"  prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
+                 f"slots that ran long: {m['overruns']} of {m['slots']}")
+    lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
+    if disturbed(m["overruns"], m["slots"]):
+        lines.append(f"  more than 5 % of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
+                     f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
+                     f"run the cell again on a quieter machine")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Paced compute: every block's forward and every block's backward held to a fixed wall-clock slot, so a
+step's time shows what its communication overlaps, not who won the CPU.
+
+On a laptop 4 ranks share 2 cores with gloo's threads: an all-reduce launched during backward competes with
+the backward for the same cores, so "bucketed DDP is faster than one bucket" or "ZeRO-3's prefetch saves
+time" changes sign from run to run. On a GPU the device computes while the host CPU (and the NIC) are free.
+A *paced* block stands in for that device: it computes, then sleeps until its slot has elapsed::
+
+    forward of a block:   begin = when its forward starts        end = begin + forward_s
+    backward of a block:  begin = when the gradient reaches it   end = begin + backward_s
+
+so a rank holds the CPU only for the block's real compute, and during the rest of the slot gloo's threads
+get the cores — as a GPU's copy engine and network run beside its kernels. A collective issued before or
+inside a slot then costs nothing when it ends before the slot does (hidden), and what a step adds beyond
+its slots is the communication nothing hid (exposed). The same idea as the paced pipeline runs of chapter 04
+(:mod:`minipar.pipeline.paced`), there per pipeline action, here per block.
+
+Where the slot starts matters. The pacing wraps the block's own ``forward`` (an instance attribute, so
+``block(x)`` still runs every module hook around it): a strategy's forward pre-hook that all-gathers the
+block's parameters (ZeRO-3, :mod:`minipar.data.zero`) runs *before* the slot begins, and its tensor hook
+on the block's output, which gathers them again for the backward, runs *before* the backward slot begins
+(the identity this wrapper puts on the output is downstream of that hook). A gather that was not prefetched
+is therefore paid outside the slot, as on a device, where a kernel cannot start before its weights arrive.
+The backward slot ends where the gradient reaches the block's inputs (an identity on them, which sleeps in
+its backward); autograd runs a parameter's AccumulateGrad (and DDP's gradient hooks, which launch buckets)
+before that node, so a bucket filled by this block leaves before the sleep and travels during it.
+
+A block whose compute outlasts its slot is counted in :attr:`Pacer.overruns` (the slot was too short for
+this machine now; the step then shows CPU time again). Pacing only waits: the numbers trained are those of
+the unpaced model. Its backward slot needs an input that requires a gradient (a transformer block's
+activations always do); without one the backward runs unpaced and is counted in :attr:`Pacer.unpaced`.
+
+    pacer = pace(model.blocks, forward_s=0.005, backward_s=0.010)
+    ...train...
+    pacer.remove()          # the blocks' own forward again
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Pacer", "pace", "disturbed", "alternating_steps", "spread", "verdict"]
+
+DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
+
+
+class Pacer:
+    """The pacing of ``blocks``: each one's forward held to ``forward_s`` seconds, its backward to
+    ``backward_s`` (see the module docstring). ``held``: slots held; ``overruns``: those whose compute took longer."""
+
+    def __init__(self, blocks, forward_s: float, backward_s: float):
+        if forward_s <= 0 or backward_s <= 0:
+            raise ValueError(f"slots must be positive seconds, got forward_s={forward_s}, backward_s={backward_s}")
+        self.forward_s, self.backward_s = forward_s, backward_s
+        self.held = self.overruns = self.unpaced = 0     # slots held; of them ran long; backwards not held
+        self.late = 0.0                               # how late the last sleep woke up (seconds)
+        self.blocks = list(blocks)
+        for block in self.blocks:
+            if "forward" in block.__dict__:
+                raise ValueError(f"{type(block).__name__} is paced already (its forward is replaced)")
+            block.forward = self._paced(block.forward)
+
+    def remove(self) -> None:
+        """Give every block its own forward back."""
+        for block in self.blocks:
+            del block.forward
+
+    def begin(self) -> float:
+        """A slot begins now, less how late the last sleep woke up: wake-up delays (milliseconds on a busy
+        machine) do not add up slot after slot; a collective waited for in between still counts."""
+        begin, self.late = time.perf_counter() - self.late, 0.0
+        return begin
+
+    def hold(self, begin: float, slot: float) -> None:
+        """Sleep until ``begin + slot`` (perf_counter seconds); count an overrun if that moment has passed."""
+        end = begin + slot
+        self.held += 1
+        left = end - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+            self.late = max(0.0, time.perf_counter() - end)
+        else:
+            self.overruns += 1
+
+    def _paced(self, forward):
+        def paced_forward(*args, **kwargs):
+            begin = self.begin()
+            slot = {"backward_begin": None}          # this call's backward: set when the gradient reaches it
+            marked = [i for i, a in enumerate(args) if torch.is_tensor(a) and a.requires_grad]
+            if marked and torch.is_grad_enabled():
+                ins = iter(_EndBackward.apply(self, slot, *(args[i] for i in marked)))
+                args = tuple(next(ins) if i in marked else a for i, a in enumerate(args))
+            elif torch.is_grad_enabled():
+                self.unpaced += 1
+            out = forward(*args, **kwargs)
+            if torch.is_tensor(out) and out.requires_grad:
+                out = _BeginBackward.apply(self, slot, out)
+            self.hold(begin, self.forward_s)
+            return out
+        return paced_forward
+
+
+class _BeginBackward(torch.autograd.Function):
+    """Identity on a block's output; its backward (the block's backward about to start) notes the time."""
+    @staticmethod
+    def forward(ctx, pacer, slot, out):
+        ctx.pacer, ctx.slot = pacer, slot
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.slot["backward_begin"] = ctx.pacer.begin()
+        return None, None, grad
+
+
+class _EndBackward(torch.autograd.Function):
+    """Identity on a block's inputs; its backward (the block's backward done) sleeps to the slot's end."""
+    @staticmethod
+    def forward(ctx, pacer, slot, *inputs):
+        ctx.pacer, ctx.slot = pacer, slot
+        return tuple(t.view_as(t) for t in inputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        begin = ctx.slot["backward_begin"]
+        if begin is not None:
+            ctx.pacer.hold(begin, ctx.pacer.backward_s)
+        return (None, None, *grads)
+
+
+def pace(blocks, forward_s: float, backward_s: float) -> Pacer:
+    """Pace ``blocks`` (modules, e.g. ``model.blocks``): see :class:`Pacer`."""
+    return Pacer(blocks, forward_s, backward_s)
+
+
+def disturbed(overruns: int, held: int) -> bool:
+    """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long: other load took the cores, and the
+    steps no longer show the slots and what overlaps them. (Chapter 04 calls a paced pipeline run disturbed
+    at 10 %; here a tie was seen at 7 %, load average 23: overlap needs gloo's threads to run too.)"""
+    return overruns > DISTURBED_SHARE * held
+
+
+def alternating_steps(steps: dict, rounds: int, group=None) -> dict:
+    """{name: [seconds of each round]}: every round runs each callable of ``steps`` once, in alternating
+    order (so a slow spell of the machine falls on both), each after a barrier, timed on the slowest rank of
+    ``group`` (an all-reduce of the max). Collective: every rank calls it with the same ``steps``."""
+    names, times = list(steps), {n: [] for n in steps}
+    for i in range(rounds):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            dist.barrier(group)
+            t0 = time.perf_counter()
+            steps[name]()
+            took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+            times[name].append(float(took))
+    return times
+
+
+def spread(seconds) -> str:
+    """'median [min – max] ms' of a list of seconds."""
+    return f"{statistics.median(seconds) * 1e3:.1f} [{min(seconds) * 1e3:.1f} – {max(seconds) * 1e3:.1f}] ms"
+
+
+def verdict(fast, slow) -> str:
+    """How steps ``fast`` compare with ``slow`` (lists of seconds): "apart" (every fast step below every slow
+    one), "median outside" (a typical step of one lies outside the other's [min – max]: the fast median below
+    the slow minimum, or the slow median above the fast maximum; an outlier step widens one range), else "tie"."""
+    if max(fast) < min(slow):
+        return "apart"
+    if statistics.median(fast) < min(slow) or statistics.median(slow) > max(fast):
+        return "median outside"
+    return "tie"

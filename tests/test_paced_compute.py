@@ -1,0 +1,118 @@
+"""minipar.observe.paced_compute: a block's forward and backward held to their slots, the slots begin after a
+strategy's hooks (a gather not prefetched is paid outside the slot), a gradient hook fires inside the
+backward slot (a bucket leaves before the sleep), the numbers are the unpaced model's, and the alternating
+step timer takes the slowest rank. Timings are checked by lower bounds (sleeps) or by order, never by how fast
+a loaded machine is."""
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+from minipar.launcher import launch
+from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
+
+F, B = 0.06, 0.08          # slots (s)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+def blocks(n=2, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(*(Block() for _ in range(n)))
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def test_slots_hold_forward_and_backward_and_change_no_number():
+    plain, paced_model = blocks(), blocks()
+    pacer = pace(list(paced_model), F, B)
+    x = torch.randn(3, 4, requires_grad=True)
+    y, forward = timed(lambda: paced_model(x))
+    pacer.late = 0.0        # (a slot begins earlier by how late the last sleep woke: forgiven, not tested here)
+    _, backward = timed(lambda: y.square().sum().backward())
+    assert forward >= 1.5 * F and backward >= 1.5 * B
+    assert pacer.held == 4 and pacer.unpaced == 0
+    want = plain(x.detach().requires_grad_())
+    want.square().sum().backward()
+    assert torch.equal(y, want)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(paced_model.parameters(), plain.parameters()))
+    pacer.remove()
+    _, again = timed(lambda: paced_model(x))
+    assert again < F and "forward" not in paced_model[0].__dict__
+    with pytest.raises(ValueError, match="positive"):
+        pace(list(paced_model), 0.0, B)
+    pace(list(paced_model), F, B)
+    with pytest.raises(ValueError, match="paced already"):
+        pace(list(paced_model), F, B)
+
+
+def test_a_strategys_hooks_run_outside_the_slot():
+    """A forward pre-hook (ZeRO-3's gather) and a tensor hook on the output registered by a forward hook (its
+    gather for the backward) are paid before the slot begins: they add to it."""
+    model = blocks(1)
+    block = model[0]
+    wait = 0.07
+    block.register_forward_pre_hook(lambda m, a: time.sleep(wait))
+    block.register_forward_hook(lambda m, a, out: (out.register_hook(lambda g: time.sleep(wait)), None)[1])
+    pacer = pace([block], F, B)
+    x = torch.randn(3, 4, requires_grad=True)
+    y, forward = timed(lambda: model(x))
+    pacer.late = 0.0
+    _, backward = timed(lambda: y.sum().backward())
+    assert forward >= wait + F and backward >= wait + B
+
+
+def test_a_gradient_hook_fires_inside_the_backward_slot():
+    """DDP launches a bucket from a parameter's post-accumulate hook: that must run before the slot's sleep,
+    so that the bucket travels during it."""
+    model = blocks(1)
+    slow_b = 0.3
+    pacer = pace([model[0]], F, slow_b)
+    fired = []
+    model[0].fc.weight.register_post_accumulate_grad_hook(lambda p: fired.append(time.perf_counter()))
+    y = model(torch.randn(3, 4, requires_grad=True))
+    pacer.late = 0.0
+    start = time.perf_counter()
+    y.sum().backward()
+    end = time.perf_counter()
+    assert end - start >= slow_b and fired[0] - start < slow_b       # before the sleep, not after it
+
+
+def test_unpaced_backward_and_overruns_are_counted():
+    model = blocks(1)
+    pacer = pace([model[0]], 1e-6, 1e-6)
+    model(torch.randn(3, 4)).sum().backward()                         # no input needs a gradient
+    assert pacer.unpaced == 1 and pacer.overruns >= 1
+    assert disturbed(6, 100) and not disturbed(5, 100)
+
+
+def test_verdict_and_spread():
+    assert verdict([1, 2, 3], [4, 5, 6]) == "apart"
+    assert verdict([1, 2, 2, 2, 9], [4, 5, 6]) == "median outside"          # one slow step widens a range
+    assert verdict([1, 2, 3], [2.5, 9, 9]) == "median outside"              # the slow median above every fast step
+    assert verdict([1, 4, 6], [3, 5, 7]) == "tie" and verdict([4, 5, 6], [1, 2, 3]) == "tie"
+    assert spread([0.010, 0.012, 0.020]) == "12.0 [10.0 – 20.0] ms"
+
+
+def _alternating(rank, world_size):
+    order = []
+    steps = {"a": lambda: order.append("a"), "b": lambda: (order.append("b"), time.sleep(0.05 * rank))}
+    return alternating_steps(steps, 3), order
+
+
+def test_alternating_steps_alternate_and_time_the_slowest_rank():
+    (seconds, order), _ = launch(_alternating, 2, quiet=True)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert all(s >= 0.05 for s in seconds["b"]) and len(seconds["a"]) == 3
