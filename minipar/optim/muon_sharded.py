@@ -9,8 +9,10 @@ rank i mod N. The Muon step on a piece, given the piece's gradient (the rows of 
     per_shard  (rows)   O = NS(U_rows), scaled by the rows' shape: another optimizer (tests: how far off)
     gather     (rows)   all-gather U; every rank orthogonalises the whole matrix and keeps its rows
     owner      (rows)   matrix m's owner o_m = m mod N gathers U, orthogonalises, scatters the rows back
-                        (owner-compute; nanochat's DistMuon reduce-scatters the gradient to the owner instead)
+                        (owner-compute: minipar's variant, the optimizer state stays in rows)
     whole      (whole)  the owner holds gradient, state and matrix: it orthogonalises, nothing gathered
+                        (nanochat's DistMuon: whole gradients reduce-scattered to an owner chosen block-cyclically,
+                        momentum kept there only, the updated matrices all-gathered)
 
 A step. ZeRO-1, rows: forward/backward on 1/N of the batch, reduce-scatter each gradient (÷N), the step on
 the rows, all-gather the rows into the parameter. FSDP, rows: all-gather the rows into the parameters, forward,
@@ -30,7 +32,7 @@ every matrix on every rank, ``owner`` only on the matrix's owner (ranks owning n
 
 Sources: Keller Jordan, "Muon" (2024); Liu et al., "Muon is Scalable for LLM Training" (2025, arXiv:2502.16982:
 distributed Muon gathers the ZeRO-1 shards, orthogonalises, keeps the local part); nanochat's DistMuon
-(owner-compute); Rajbhandari et al., "ZeRO" (2020); Zhao et al., "PyTorch FSDP" (2023).
+(``whole``, karpathy/nanochat muon.py); Rajbhandari et al., "ZeRO" (2020); Zhao et al., "PyTorch FSDP" (2023).
 """
 from __future__ import annotations
 
