@@ -81,3 +81,15 @@ def check_one_calibration_per_card(pub) -> None:
     assert len(cards) == len(set(cards)), cards
     assert all(abs(r["ratio"] - 1) < 0.02 for r in pub if r["role"] == "calibration")
     assert all(r["source"] and r["role"] in ("calibration", "check") for r in pub)
+
+
+def check_one_knob_at_a_time(best, cluster) -> None:
+    """Why TP 4 and v = 2: TP 8 more than doubles the TP all-reduces' time and loses more than it saves on
+    bubble and DP; v = 1 doubles the bubble; each of the four single changes is slower than the best."""
+    from dataclasses import replace
+    lay = best.layout
+    assert (lay.tp, lay.v, lay.schedule) == (4, 2, "interleaved"), lay
+    tp8 = estimate(GPT3_175B, cluster, replace(lay, tp=8, dp=lay.dp // 2, micro_batches=2 * lay.micro_batches))
+    v1 = estimate(GPT3_175B, cluster, replace(lay, v=1, schedule="1f1b"))
+    assert tp8.fits and tp8.time["tp"] > 2 * best.time["tp"] and tp8.step_seconds > best.step_seconds
+    assert v1.fits and abs(v1.time["bubble"] / best.time["bubble"] - 2) < 0.05 and v1.step_seconds > best.step_seconds
