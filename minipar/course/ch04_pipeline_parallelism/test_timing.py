@@ -84,3 +84,14 @@ def test_idle_terms_order_the_terms_the_chapter_asserts(traced):
     work = timing.stage_work(terms["dgx_a100"][1], -1)
     kernels = timing.action_kernels(counted, steps=2, step=-1)
     assert all(w >= k * 5e-6 * (1 - 1e-9) for w, k in zip(work, kernels)) and min(kernels) > 50
+
+
+def test_the_reading_of_the_rest_follows_its_sign():
+    """The sentence under the breakdown: a positive rest is 'what no term prices', a negative one an overshoot."""
+    from minipar.course.ch04_pipeline_parallelism.timing import TERMS, IdleBreakdown
+    idle = dict(formula=0.27, stages=0.38, p2p=0.41, cores=0.49, dgx_a100=0.34)
+    short = IdleBreakdown("1f1b", {t: (v, None) for t, v in {**idle, "measured": 0.70}.items()}, {}, [])
+    over = IdleBreakdown("1f1b", {t: (v, None) for t, v in {**idle, "measured": 0.45}.items()}, {}, [])
+    assert set(short.idle) == set(TERMS)
+    assert "no term prices" in short.reading() and "overshoots" not in short.reading()
+    assert "overshoots" in over.reading() and "no term prices" not in over.reading()

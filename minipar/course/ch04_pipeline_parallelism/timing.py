@@ -204,10 +204,20 @@ class IdleBreakdown:
                    + " = kernels × 5 µs launch floor: " + " ".join(f"{f * 1e6:.0f}" for f in self.launch_floors)
                    + " + the rest")
         out.append(f"formula {i['formula']:.1%} -> measured costs +{i['stages'] - i['formula']:.1%} -> p2p "
-                   f"{i['p2p'] - i['stages']:+.1%} -> shared cores {i['cores'] - i['p2p']:+.1%} -> rest (wake-ups) "
-                   f"{i['measured'] - i['cores']:+.1%} = measured {i['measured']:.1%}; the replay accounts for "
-                   f"{self.explained:.0%} of the gap")
+                   f"{i['p2p'] - i['stages']:+.1%} -> shared cores {i['cores'] - i['p2p']:+.1%} -> rest "
+                   f"{i['measured'] - i['cores']:+.1%} = measured {i['measured']:.1%}")
+        out.append(self.reading())
         return "\n".join(out)
+
+    def reading(self) -> str:
+        """One sentence on the rest (measured - replay with shared cores), its wording set by its sign."""
+        rest = self.idle["measured"] - self.idle["cores"]
+        if rest >= 0:
+            return (f"the replay accounts for {self.explained:.0%} of the gap formula -> measured; the rest, "
+                    f"{rest:+.1%}, is what no term prices, such as a rank whose message has arrived waiting for a core")
+        return (f"the replay overshoots the measurement ({self.explained:.0%} of the gap): the terms are not additive. "
+                f"A segment's wall time already holds the waits for a core that stretched it where it ran; replayed, "
+                f"that stretch lands where the run had a core free, so part of the waiting is counted twice")
 
 
 def idle_breakdown(recipe, reference, *, schedule: str, p: int, m: int, alpha: float, beta: float) -> IdleBreakdown:

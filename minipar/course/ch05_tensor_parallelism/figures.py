@@ -170,7 +170,7 @@ def draw_allreduce_cost(timings: dict, rows: list | None = None):
     """Left: the measured all-reduce times (median of the repeats, bars from the fastest to the slowest call)
     and the log-space α-β fit to each size's fastest call (:func:`fit_latency_bandwidth`). Right (``rows`` of
     :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput`, a model): tokens/s per GPU of a
-    GPT-3-shaped model against the TP degree, inside a node and across nodes, on each card."""
+    GPT-3-shaped model against the TP degree, on 8-GPU nodes and on 2-GPU nodes (a what-if), on each card."""
     import matplotlib.pyplot as plt
 
     alpha, beta = fit_latency_bandwidth(timings)

@@ -6,8 +6,8 @@ the embedding and the output layer weigh little beside them) trained with TP deg
 (:func:`minipar.machine.cluster.gpu_cluster`): compute is the layers' operators priced on the card (matmuls,
 attention, memory-bound operators, a launch floor per kernel: :mod:`minipar.plan.operators`), the ``tp`` term
 the α-β time of TP's all-reduces (4 per layer per micro-batch, Shoeybi et al. 2019) on the link the group
-crosses. **Inside a node**: ``devices_per_node`` = 8, the group on NVLink up to t = 8 (t = 16 spans two
-nodes); **across nodes**: ``devices_per_node`` = 2, so every group of t > 2 crosses InfiniBand.
+crosses. **8-GPU nodes** (DGX-like: NVLink inside, a NIC per GPU between nodes): the group on NVLink up to
+t = 8, t = 16 spans two nodes; **2-GPU nodes**, a what-if: every group of t > 2 crosses InfiniBand.
 
 Throughput per GPU = tokens of a step / (step seconds · t): what TP trades when it splits a layer t ways.
 """
@@ -23,7 +23,7 @@ GPT3_LAYERS = 4
 MICRO_BATCHES = 8                                  # 8 sequences of 2048 tokens a step: the optimizer amortized
 CARDS = {"A100 (NVLink 3, IB HDR)": (A100_SXM_80GB, NVLINK3, IB_HDR),
          "H100 (NVLink 4, IB NDR)": (H100_SXM, NVLINK4, IB_NDR)}
-PLACEMENTS = {"inside a node": 8, "across nodes": 2}   # devices per node
+PLACEMENTS = {"8-GPU nodes": 8, "2-GPU nodes (what-if)": 2}   # devices per node
 
 
 def gpt3_shaped(layers: int = GPT3_LAYERS) -> Transformer:
