@@ -34,6 +34,7 @@ def check_microseconds_wire(step, step_fixed, as_run, slow) -> None:
     """Stragglers: which rank makes the others wait, and what it costs: microseconds on the wire"""
     assert step > step_fixed and as_run.idle(1 - slow.rank) > as_run.idle(slow.rank)
     assert max(as_run.exposed(r) for r in range(2)) < 0.01 * sum(as_run.step_gaps())    # microseconds on the wire
+    assert (step - step_fixed) / step > slow.cost / slow.step       # a larger share replayed than measured
 
 
 def check_few_epsilons(noise) -> None:
