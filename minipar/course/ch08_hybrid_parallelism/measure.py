@@ -53,6 +53,15 @@ class _ZeROPerMicroBatch(PipelineRank):
         self.zeros[stage].finish_gradients()     # reduce-scatter what this backward has not reduced yet
         self.zeros[stage].expect_backward()      # and the next micro-batch's gradients again
 
+    def end_step(self) -> None:
+        """The step's collectives after the last backward: ZeRO-2 keeps full parameters, so after the optimizer
+        updates its shards (local arithmetic, not taken here: only the collectives are counted) it all-gathers
+        them (:meth:`minipar.data.zero.ZeRO.step`); ZeRO-3 frees them instead and gathers before the next use."""
+        for zero in self.zeros.values():
+            if zero.stage == 2:
+                for unit in zero.units:
+                    unit.refresh_full()
+
 
 def _zero_pp_rank(rank, world_size, recipe, layout, zero):
     """One step; bytes and calls over the dp group per step (ZeRO-2/3 in the pipeline vs ZeRO-1)."""
@@ -71,6 +80,7 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
         x, y = shard_batch((inputs, targets), t.mesh.coord("dp"), t.mesh.size("dp"))
         with comm.recording() as all_:
             t.pipeline.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
+            t.pipeline.end_step()
         log.records = [r for r in all_.records if r.op in ("reduce_scatter", "all_gather")]
         log.observed_bytes_sent = None
     return {"bytes": log.bytes_sent, "calls": log.count(), "by_op": log.by_op()}
@@ -78,7 +88,7 @@ def _zero_pp_rank(rank, world_size, recipe, layout, zero):
 
 def zero_in_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2) -> dict:
     """{1, 2, 3: {"bytes", "calls", "by_op"}} over the dp group in one step (rank 0's view; ZeRO-1's counts
-    include its all-gather of the updated parameters, ZeRO-2/3's the traffic of the step's micro-batches)."""
+    include its all-gather of the updated parameters, ZeRO-2's too, ZeRO-3's the traffic of the step's micro-batches)."""
     layout = dict(dp=dp, pp=pp, tp=tp, micro_batches=m)
     return launch(_zero_pp_ranks, dp * pp * tp, recipe(1), layout, quiet=True)[0]
 
@@ -106,8 +116,9 @@ def zero_once_per_step(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps:
 
 def _per_microbatch(t, recipe, zero: int) -> dict:
     """ZeRO-2/3 run per micro-batch inside ``t``'s pipeline (:class:`_ZeROPerMicroBatch` swapped in, which wraps
-    ``t``'s stages: a trainer of its own): one step's forward and backward; {"bytes", "calls", "by_op"} of its
-    reduce-scatters and all-gathers over dp."""
+    ``t``'s stages: a trainer of its own): one step's forwards and backwards and, under ZeRO-2, the all-gather
+    of the updated shards that ends the step; {"bytes", "calls", "by_op"} of its reduce-scatters and all-gathers
+    over dp."""
     from minipar.loop import shard_batch
     old = t.pipeline
     t.pipeline = _ZeROPerMicroBatch(old.schedule, old.stages, t.mesh, old.shapes, dp_group=t.dp_group,
@@ -115,6 +126,7 @@ def _per_microbatch(t, recipe, zero: int) -> dict:
     x, y = shard_batch(recipe.batches[0], t.mesh.coord("dp"), t.mesh.size("dp"))
     with comm.recording() as all_:
         t.pipeline.run(list(x.chunk(t.m)), list(y.chunk(t.m)))
+        t.pipeline.end_step()
     t.pipeline = old
     log = comm.CommLog()
     log.records = [r for r in all_.records if r.op in ("reduce_scatter", "all_gather")]

@@ -56,22 +56,27 @@ def bubble_table(formula: float, unequal: float, measured: float, per_stage: lis
     """The three bubbles of one pipeline as a small table (idle share of the step), under the stages' measured
     F + BW time per micro-batch (seconds in ``per_stage``; ``step`` counted from 0)."""
     stages = ", ".join(f"stage {i} {t * 1e3:.1f} ms" for i, t in enumerate(per_stage))
+    slow = max(range(len(per_stage)), key=per_stage.__getitem__)
+    slower = f"slowest stage in this run: stage {slow}, {per_stage[slow] / min(per_stage):.2f}× the fastest"
     rows = [("formula (p−1)/(m+p−1): equal stages, free transfers", formula),
             ("model with the measured stage times", unequal), ("measured", measured)]
     return "\n".join([f"one pipeline (dp 0, tp 0), step {step + 1}; F + BW per micro-batch: {stages}",
-                      f"{'bubble':52} {'idle share':>10}"] + [f"{name:52} {x:>10.2f}" for name, x in rows])
+                      slower, f"{'bubble':52} {'idle share':>10}"] + [f"{name:52} {x:>10.2f}" for name, x in rows])
 
 
 def _check_per_microbatch(r: Report) -> None:
     assert r.rs[2] == r.m * r.rs[1] and r.per_mb[2]["by_op"]["reduce_scatter"][0] == r.m   # m calls, m× the bytes
+    assert r.per_mb[2]["by_op"]["all_gather"] == r.per_mb[1]["by_op"]["all_gather"]    # + the step's all-gather
+    assert 2 * r.per_mb[2]["bytes"] == (r.m + 1) * r.per_mb[1]["bytes"]                 # (m+1)/2 × ZeRO-1's bytes
 
 
 def zero_per_microbatch(result: dict, m: int) -> Report:
     """§5: ZeRO-1/2/3 run per micro-batch inside the pipeline (:func:`.measure.zero_with_pipeline`'s
-    "per_microbatch"): collectives and bytes over the dp group in one step, rank 0's view."""
+    "per_microbatch"): collectives and bytes over the dp group in one whole step (forwards, backwards and the
+    all-gather after the optimizer step), rank 0's view, and each one's bytes in ZeRO-1's."""
     per_mb = result["per_microbatch"]
-    lines = [f"ZeRO-{z}: {c['calls']:>2} collectives over dp per step, {c['bytes']:>7} bytes  {c['by_op']}"
-             for z, c in per_mb.items()]
+    lines = [f"ZeRO-{z}: {c['calls']:>2} collectives over dp per step, {c['bytes']:>7} bytes "
+             f"({c['bytes'] / per_mb[1]['bytes']:.1f}× ZeRO-1's)  {c['by_op']}" for z, c in per_mb.items()]
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
     return Report("\n".join(lines), _check_per_microbatch, per_mb=per_mb, rs=rs, m=m)
 

@@ -26,6 +26,8 @@ def test_zero_in_a_pipeline_costs_m_times():
     rs = {k: v["by_op"]["reduce_scatter"] for k, v in z.items()}
     assert rs[1][0] == 1 and rs[2][0] == 4 and rs[3][0] == 4           # calls per step: 1 vs m
     assert rs[2][1] == 4 * rs[1][1]                                    # bytes: m × ZeRO-1's
+    assert z[2]["by_op"]["all_gather"] == z[1]["by_op"]["all_gather"]   # ZeRO-2 also gathers after the step
+    assert 2 * z[2]["bytes"] == 5 * z[1]["bytes"]                      # (m + 1)/2 × ZeRO-1's bytes in all
     assert z[3]["by_op"]["all_gather"][0] == 8                         # ZeRO-3: a gather before every F and BW
 
 
@@ -143,7 +145,8 @@ def test_the_bubble_is_a_table_of_three_numbers_not_a_generated_sentence():
     text = bubble_table(formula=0.20, unequal=0.23, measured=0.18, per_stage=[0.003, 0.004], step=1)
     lines = text.splitlines()
     assert "stage 0 3.0 ms, stage 1 4.0 ms" in lines[0] and "step 2" in lines[0]
-    assert [line.split()[-1] for line in lines[2:]] == ["0.20", "0.23", "0.18"]
+    assert lines[1] == "slowest stage in this run: stage 1, 1.33× the fastest"    # computed, not a fixed story
+    assert [line.split()[-1] for line in lines[3:]] == ["0.20", "0.23", "0.18"]
     assert "account for" not in text and "between formula and measurement" not in text
 
 

@@ -8,7 +8,7 @@ import torch
 
 
 def check_hang_where_ranks_parted(left_running, error) -> None:
-    """A hang, and where the ranks parted"""
+    """A hang, and the first call a rank never issued"""
     assert left_running == 0 and "never issued" in error.flight
 
 
@@ -17,11 +17,12 @@ def check_desync_caught_before_hang(error) -> None:
     assert "float32[4]" in str(error) and "float32[8]" in str(error)
 
 
-def check_every_rank_reports_mismatch(reports, frtrace, recorded) -> None:
+def check_every_rank_reports_mismatch(reports) -> None:
     """A desync, caught before the hang"""
     assert all("Detected mismatch" in r.get("error", "") for r in reports)
     assert all(state == "scheduled" for r in reports for _, _, state in r["recorded"])
-    assert frtrace["not_all_joining"] == recorded and frtrace["world_sizes"] == ["0"]
+    ops = [op for op, _, _ in reports[0]["recorded"]]                 # each all-reduce after two all-gathers
+    assert ops[:3] == ["gloo:all_gather", "gloo:all_gather", "gloo:all_reduce"]
 
 
 def check_stragglers_which_rank_makes_others(slow) -> None:
@@ -33,6 +34,7 @@ def check_microseconds_wire(step, step_fixed, as_run, slow) -> None:
     """Stragglers: which rank makes the others wait, and what it costs: microseconds on the wire"""
     assert step > step_fixed and as_run.idle(1 - slow.rank) > as_run.idle(slow.rank)
     assert max(as_run.exposed(r) for r in range(2)) < 0.01 * sum(as_run.step_gaps())    # microseconds on the wire
+    assert (step - step_fixed) / step > slow.cost / slow.step       # a larger share replayed than measured
 
 
 def check_few_epsilons(noise) -> None:

@@ -5,7 +5,7 @@ running ranks):
 * ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wraps every process group in a ``ProcessGroupWrapper`` that all-gathers
   a fingerprint of each collective first and raises "Detected mismatch between collectives on ranks";
 * the Flight Recorder (``TORCH_FR_BUFFER_SIZE=N``): the last N collectives of the process, read here with
-  ``torch._C._distributed_c10d._dump_fr_trace_json`` (the dump ``torchfrtrace`` analyses).
+  ``torch._C._distributed_c10d._dump_fr_trace_json``.
 
     python -m minipar.course.ch13_when_it_goes_wrong.torch_tools FOLDER    # writes FOLDER/report<rank>.json
 """
@@ -36,40 +36,16 @@ def _rank(rank, folder):
         report["error"] = str(exc)
     dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))
     report["recorded"] = [(e["profiling_name"], e["input_sizes"], e["state"]) for e in dump.get("entries", [])]
-    with open(os.path.join(folder, f"fr_rank_{rank}"), "wb") as f:          # the dump torchfrtrace reads
-        f.write(torch._C._distributed_c10d._dump_fr_trace(True, True))
     with open(os.path.join(folder, f"report{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
 
 
 def main(folder: str) -> None:
-    """Two ranks, the planted mismatch; each writes ``folder/report<rank>.json``."""
+    """Two ranks, the planted mismatch; each writes ``folder/report<rank>.json``. (``torchfrtrace``, the
+    recorder's analyser, is not run: it is built for NCCL, and on gloo every entry stays "scheduled".)"""
     import torch.multiprocessing as mp
     mp.start_processes(_rank, args=(folder,), nprocs=2, start_method="fork")
-    import re
-    from torch.distributed.flight_recorder import fr_trace
-    log = os.path.join(folder, "torchfrtrace.txt")
-    saved = [os.dup(1), os.dup(2)]
-    with open(log, "w") as sink:              # its report goes to the process's stdout and stderr
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
-        try:                                  # what `torchfrtrace FOLDER -p fr_rank_` does with the dumps
-            fr_trace.main([folder, "-p", "fr_rank_", "-o", os.path.join(folder, "fr.pkl")])
-            error = None
-        except Exception as exc:              # noqa: BLE001 - reported, not hidden
-            error = f"{type(exc).__name__}: {exc}"
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-    with open(log) as f:
-        text = f.read()
-    outcome = {"error": error, "not_all_joining": text.count("Not all ranks joining collective"),
-               "world_sizes": sorted(set(re.findall(r"world size: (\d+)", text)))}
-    with open(os.path.join(folder, "torchfrtrace.json"), "w") as f:
-        json.dump(outcome, f)
 
 
 def start() -> subprocess.Popen:
@@ -82,9 +58,8 @@ def start() -> subprocess.Popen:
     return process
 
 
-def collect(process: subprocess.Popen, timeout: float = 60) -> tuple:
-    """(each rank's report — rank, error, recorded: the Flight Recorder's entries —, what torchfrtrace said
-    of the dumps) of a :func:`start`."""
+def collect(process: subprocess.Popen, timeout: float = 60) -> list:
+    """Each rank's report (rank, error, recorded: the Flight Recorder's entries) of a :func:`start`."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -96,15 +71,13 @@ def collect(process: subprocess.Popen, timeout: float = 60) -> tuple:
         if os.path.exists(path):
             with open(path) as f:
                 reports.append(json.load(f))
-    frtrace = os.path.join(process.folder, "torchfrtrace.json")
-    outcome = json.load(open(frtrace)) if os.path.exists(frtrace) else "did not run"
     shutil.rmtree(process.folder, ignore_errors=True)
     if not reports:
         raise RuntimeError(f"PyTorch's tools printed no report:\n{stdout[-2000:]}\n{stderr[-2000:]}")
-    return sorted(reports, key=lambda r: r["rank"]), outcome
+    return sorted(reports, key=lambda r: r["rank"])
 
 
-def run(timeout: float = 60) -> tuple:
+def run(timeout: float = 60) -> list:
     return collect(start(), timeout)
 
 
