@@ -46,13 +46,24 @@ def check_whole_numbers_sums_exact_any_order(diff, name) -> None:
 
 
 def check_collectives_live_4_ranks(rows) -> None:
-    """The collectives, live on 4 ranks"""
-    assert all(r["matches"] and r["model"] == r["formula"] for r in rows)
+    """The collectives, live on 4 ranks: every result equals one process; where gloo runs the formula's
+    algorithm the wire carries the formula's bytes plus framing (under 1 %); the log's count of send/recv
+    (real messages) equals the formula"""
+    assert all(r["matches"] for r in rows)
+    assert all(r["model"] == r["formula"] for r in rows if r["log_counts_sends"])
+    assert all(0 <= r["observed"] - r["formula"] <= 0.01 * r["formula"]
+               for r in rows if not r["note"] and r["observed"] is not None)
 
 
-def check_broadcast_root_sends_n_minus_1(by_name) -> None:
-    """The collectives, live on 4 ranks: the root sends (N−1)·S"""
-    assert by_name["broadcast"]["model"] == 3 * 2**20 and by_name["broadcast"]["rank"] == 0
+def check_gloo_differs_on_the_wire(by_name) -> None:
+    """The collectives, live on 4 ranks: gloo's broadcast root sends 2·S (a binomial tree), not the formula's
+    (N−1)·S = 3·S; gloo's reduce-scatter sends about an all-reduce's 2(N−1)/N·S"""
+    S = 2**20
+    broadcast, rs = by_name["broadcast"], by_name["reduce_scatter"]
+    assert broadcast["rank"] == 0 and broadcast["formula"] == 3 * S
+    if broadcast["observed"] is not None:
+        assert 2 * S <= broadcast["observed"] <= 2.01 * S, broadcast
+        assert 1.5 * S <= rs["observed"] <= 1.52 * S, rs
 
 
 def check_every_message_worked_out_one_process(steps, N) -> None:

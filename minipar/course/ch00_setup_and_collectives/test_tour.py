@@ -207,6 +207,9 @@ def test_the_chapter_table_shows_each_collectives_busiest_rank():
     assert rows["ring all_reduce"]["model"] == rows["ring all_reduce"]["formula"] == 2 * 3 / 4 * S
     table = ch00.format_busiest(list(rows.values()))
     assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
+    assert "on the wire" in table and "log" not in table.splitlines()[0]   # the log's count is not shown as measured
+    assert {n for n, r in rows.items() if r["log_counts_sends"]} == {"send/recv", "ring all_reduce", "ring all_gather",
+                                                                     "ring reduce_scatter"}
 
 
 def test_learner_table_notes_only_where_the_wire_differs():

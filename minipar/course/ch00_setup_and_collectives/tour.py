@@ -301,9 +301,11 @@ def learner_table(rows) -> str:
 
 
 def busiest_rank_rows(world_size: int = WORLD_SIZE, numel: int = PAYLOAD_BYTES // 4) -> list:
-    """One launch of every operation; per operation the rank whose log shows the most bytes sent, with the
-    formula for that rank (root (N-1)·S for broadcast and reduce's other ranks S ...) and what its sockets
-    really carried. The tour's rows average over ranks; a rooted collective's cost is its busiest rank."""
+    """One launch of every operation; per operation the busiest rank under the formula (the root of a
+    broadcast, a non-root of a reduce ...), the formula for that rank (root (N-1)·S for broadcast ...), what its
+    sockets really carried (``observed``, None off Linux) and ``model``, the log's count. The log counts
+    the messages really sent only for send/recv and the rings built from them (``log_counts_sends``); for a
+    torch.distributed collective it records the formula itself (:func:`minipar.comm.predicted_bytes_sent`)."""
     outcomes = run_collectives(world_size, numel=numel, keep_inputs=False)
     rows = []
     for name, outcome in outcomes.items():
@@ -311,18 +313,22 @@ def busiest_rank_rows(world_size: int = WORLD_SIZE, numel: int = PAYLOAD_BYTES /
         busiest = max(range(world_size), key=lambda r: (model[r], -r))
         rows.append({"name": name, "matches": _row(name, outcome, numel).matches, "rank": busiest,
                      "model": model[busiest], "formula": COLLECTIVES[name].formula(numel * 4, world_size, busiest),
-                     "observed": outcome[busiest]["bytes_observed"], "note": GLOO_SHORT.get(name, "")})
+                     "observed": outcome[busiest]["bytes_observed"], "note": GLOO_SHORT.get(name, ""),
+                     "log_counts_sends": name == "send/recv" or name.startswith("ring ")})
     return rows
 
 
 def format_busiest(rows) -> str:
-    """The rows of :func:`busiest_rank_rows` as a table."""
+    """The rows of :func:`busiest_rank_rows` as a table: the formula (a model) beside the bytes on the wire."""
     from minipar.course.tour import _fmt_bytes
-    lines = [f"{'operation':20} {'matches':7} {'busiest rank':>12} {'sends (log)':>12} {'formula':>10} "
-             f"{'observed':>10}  where gloo differs"]
+    lines = [f"{'operation':20} {'= one process':13} {'busiest rank':>12} {'formula':>10} {'on the wire':>11} "
+             f"{'wire - formula':>14}  where gloo differs"]
     for r in rows:
-        lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':7} {r['rank']:>12} {_fmt_bytes(r['model']):>12} "
-                     f"{_fmt_bytes(r['formula']):>10} {_fmt_bytes(r['observed']):>10}  {r['note']}")
+        seen = r["observed"]
+        extra = "-" if seen is None else f"{seen - r['formula']:+,.0f} B"
+        lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':13} {r['rank']:>12} "
+                     f"{_fmt_bytes(r['formula']):>10} {_fmt_bytes(seen) if seen is not None else '-':>11} "
+                     f"{extra:>14}  {r['note']}")
     return "\n".join(lines)
 
 

@@ -1,14 +1,17 @@
 """Chapter 01's measurement harness: run the three splits live, compare each with one device, and set the
 bytes every rank sent beside the formula.
 
-:func:`compare_and_measure` runs :func:`minipar.tensor.matmul_split.run` (one launch, all three splits) and
-reduces what the ranks returned to one :class:`SplitMeasurement` per split; :func:`format_table` prints them.
-The notebook keeps only the call, the table and its checks.
+:func:`compare_and_measure` runs :func:`minipar.tensor.matmul_split.run_split` for all three splits in one
+launch, with the all-reduces and all-gathers on minipar's send/recv rings (:func:`minipar.comm.ring_algorithms`):
+the communication log then counts every message really sent. (For gloo's own collectives the log records the
+formula itself, :func:`minipar.comm.predicted_bytes_sent`, so it would measure nothing.) It reduces what the
+ranks returned to one :class:`SplitMeasurement` per split; :func:`format_table` prints them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minipar import comm, launch
 from minipar.tensor import matmul_split as ms
 
 __all__ = ["SplitMeasurement", "compare_and_measure", "format_table"]
@@ -21,11 +24,11 @@ HELD = {"x": "x", "w": "w", "y": "y_piece"}   # what a rank keeps of x, w and y 
 class SplitMeasurement:
     split: str
     max_abs_diff: float      # worst |gathered y, dx, dw − one device| over every rank
-    forward: list            # bytes each rank sent in the forward, from its own communication log
+    forward: list            # bytes each rank's ring sends carried in the forward, from its communication log
     backward: list           # ... and in the backward
     forward_formula: float   # ms.predicted_bytes: one all-reduce of S bytes sends 2(N−1)/N · S per rank
     backward_formula: float
-    ops: dict                # rank 0's collectives per phase, {"forward": {op: bytes}, "backward": {...}}
+    ops: dict                # rank 0's calls per phase, {"forward": {op: (calls, bytes)}, ...}: the ring's send/recv
     holds: list              # bytes each rank holds after the forward, [{"x": .., "w": .., "y": ..}] per rank
 
     def agrees(self, tolerance: float) -> bool:
@@ -34,10 +37,17 @@ class SplitMeasurement:
                 and all(b == self.backward_formula for b in self.backward))
 
 
+def _splits_on_rings(rank, world_size, splits, x, w, dy):
+    with comm.ring_algorithms("all_reduce", "all_gather"):    # every byte a send the log counts
+        return {s: ms.run_split(rank, world_size, s, x, w, dy) for s in splits}
+
+
 def compare_and_measure(world_size: int, x, w, dy, reference: dict) -> tuple:
     """Run every split on ``world_size`` ranks; return (per rank ``{split: run_split's dict}``,
     ``{split: SplitMeasurement}``). ``reference``: the one-device ``y``, ``dx`` and ``dw``."""
-    per_rank = ms.run(x, w, dy, world_size=world_size)
+    for split in ms.SPLITS:
+        ms.validate(split, tuple(x.shape), tuple(w.shape), world_size=world_size)
+    per_rank = launch(_splits_on_rings, world_size, ms.SPLITS, x, w, dy, quiet=True)
     table = {}
     for split in ms.SPLITS:
         worst = max(float((r[split][k] - reference[k]).abs().max()) for r in per_rank for k in ("y", "dx", "dw"))
@@ -50,14 +60,15 @@ def compare_and_measure(world_size: int, x, w, dy, reference: dict) -> tuple:
 
 
 def format_table(table: dict, x_shape, w_shape) -> str:
-    """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula): what
-    rank 0 sent in each phase beside the formula, and the bytes of x, w and y it holds after the forward."""
+    """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula): the bytes
+    rank 0's ring sends carried in each phase beside the formula (a model), and the bytes of x, w and y it holds
+    after the forward."""
     n = len(next(iter(table.values())).forward)
     lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes per rank (rank 0 shown)",
              f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
              f"{'formula':>8} {'holds x':>8} {'w':>5} {'y':>5}  collectives"]
     for s, m in table.items():
-        names = ", ".join(f"{p}: {op}" for p in PHASES for op in m.ops[p]) or "-"
+        names = ", ".join(f"{p}: all-reduce, {m.ops[p]['send'][0]} ring sends" for p in PHASES if m.ops[p]) or "-"
         held = m.holds[0]
         lines.append(f"{s:7} {m.max_abs_diff:>20.1e} {m.forward[0]:>9.0f} {m.forward_formula:>8.0f} "
                      f"{m.backward[0]:>9.0f} {m.backward_formula:>8.0f} {held['x']:>8} {held['w']:>5} {held['y']:>5}"

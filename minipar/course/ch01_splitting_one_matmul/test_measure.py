@@ -1,5 +1,5 @@
-"""Chapter 01's harness: every split equals one device and sends exactly the formula's bytes on every rank;
-``agrees`` refuses a wrong byte count or a difference above the tolerance."""
+"""Chapter 01's harness: every split equals one device and its ring sends carry exactly the formula's bytes on
+every rank; ``agrees`` refuses a wrong byte count or a difference above the tolerance."""
 import dataclasses
 
 import torch
@@ -15,6 +15,8 @@ def test_compare_and_measure_on_two_ranks():
     assert all(m.agrees(1e-5) for m in table.values())
     assert (table["data"].backward, table["column"].backward, table["row"].forward) == ([160] * 2, [80] * 2, [128] * 2)
     assert table["row"].ops["forward"] and not table["row"].ops["backward"]
+    # the bytes are the ring's sends, which the log counts as sent (gloo's all_reduce it could only price)
+    assert set(table["data"].ops["backward"]) == {"send", "recv"} and table["data"].ops["backward"]["send"][0] == 2
     # what each rank holds after the forward: w whole under data parallelism, cut in two by the column and
     # row splits (the row split's 5 rows as 3 + 2); y cut by data and column, whole (all-reduced) under row
     assert [h["w"] for h in table["data"].holds] == [160, 160] and [h["w"] for h in table["column"].holds] == [80, 80]
