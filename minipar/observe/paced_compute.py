@@ -36,13 +36,14 @@ activations always do); without one the backward runs unpaced and is counted in 
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Pacer", "pace", "disturbed", "alternating_steps", "spread", "verdict"]
+__all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
 
@@ -141,6 +142,15 @@ def disturbed(overruns: int, held: int) -> bool:
     steps no longer show the slots and what overlaps them. (Chapter 04 calls a paced pipeline run disturbed
     at 10 %; here a tie was seen at 7 %, load average 23: overlap needs gloo's threads to run too.)"""
     return overruns > DISTURBED_SHARE * held
+
+
+def too_busy(overruns: int, held: int) -> str:
+    """The line a disturbed run prints instead of comparing its times ("" when it was not disturbed)."""
+    if not disturbed(overruns, held):
+        return ""
+    return (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
+            f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
+            "run the cell again on a quieter machine")
 
 
 def alternating_steps(steps: dict, rounds: int, group=None) -> dict:

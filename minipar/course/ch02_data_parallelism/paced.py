@@ -10,7 +10,6 @@ first. Both are compared with one device (SGD, same batches: equal to float summ
 """
 from __future__ import annotations
 
-import os
 import statistics
 
 import torch
@@ -21,7 +20,7 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
+from minipar.observe.paced_compute import alternating_steps, pace, spread, too_busy, verdict
 from minipar.recipe import RunResult
 
 __all__ = ["MODEL", "paced_rank", "measure", "table"]
@@ -103,8 +102,6 @@ def table(m: dict) -> str:
     lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
                  f"slots that ran long: {m['overruns']} of {m['slots']}")
     lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
-    if disturbed(m["overruns"], m["slots"]):
-        lines.append(f"  more than 5 % of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
-                     f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
-                     f"run the cell again on a quieter machine")
+    if too_busy(m["overruns"], m["slots"]):
+        lines.append("  " + too_busy(m["overruns"], m["slots"]))
     return "\n".join(lines)
