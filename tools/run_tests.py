@@ -32,7 +32,7 @@ def streams(python: str) -> dict:
     """The commands that run side by side: name -> argv."""
     return {
         "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-m", "not serial", *TESTS,
-                  "solutions", "--nbval-lax", "--nbval-current-env"],
+                  "solutions", "--nbval-lax", "--nbval-current-env", "--durations=15"],   # the log names the slowest
         "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work"],
         "browser": [python, "-m", "pytest", "-q", "tests/browser"],
     }
