@@ -11,28 +11,17 @@ from __future__ import annotations
 import re
 import statistics
 import sys
-import time
 
-import torch.distributed as dist
+from minipar.observe.paced_compute import alternating_steps
 
 __all__ = ["alternating_medians", "model_and_batch", "benchmarks", "describe", "main"]
 
 
 def alternating_medians(steps: dict, iters: int = 20, warmup: int = 3, group=None) -> dict:
-    """On every rank: time each callable in ``steps`` once per round, alternating their order each round,
-    with a barrier before and after each so that every rank times the same work. Returns
-    ``{name: median seconds}`` (wall time of the slowest rank is what the barrier exposes)."""
-    names = list(steps)
-    times = {n: [] for n in names}
-    for i in range(warmup + iters):
-        order = names if i % 2 == 0 else names[::-1]
-        for name in order:
-            dist.barrier(group)
-            t0 = time.perf_counter()
-            steps[name]()
-            dist.barrier(group)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
+    """On every rank: ``{name: median seconds}`` of each callable in ``steps``, timed once per round in
+    alternating order, each call after a barrier and timed on the slowest rank
+    (:func:`minipar.observe.paced_compute.alternating_steps`)."""
+    times = alternating_steps(steps, iters, group=group, warmup=warmup)
     return {n: statistics.median(v) for n, v in times.items()}
 
 

@@ -153,19 +153,24 @@ def too_busy(overruns: int, held: int) -> str:
             "run the cell again on a quieter machine")
 
 
-def alternating_steps(steps: dict, rounds: int, group=None) -> dict:
-    """{name: [seconds of each round]}: every round runs each callable of ``steps`` once, in alternating
-    order (so a slow spell of the machine falls on both), each after a barrier, timed on the slowest rank of
-    ``group`` (an all-reduce of the max). Collective: every rank calls it with the same ``steps``."""
+def alternating_steps(steps: dict, rounds: int, group=None, warmup: int = 0) -> dict:
+    """{name: [seconds of each timed round]}: every round runs each callable of ``steps`` once, in alternating
+    order (so a slow spell of the machine falls on all of them), after ``warmup`` untimed rounds. In a process
+    group, each call starts after a barrier and is timed on the slowest rank of ``group`` (an all-reduce of the
+    max; collective: every rank calls it with the same ``steps``); without one, in this process alone."""
+    together = dist.is_available() and dist.is_initialized()
     names, times = list(steps), {n: [] for n in steps}
-    for i in range(rounds):
+    for i in range(warmup + rounds):
         for name in (names if i % 2 == 0 else names[::-1]):
-            dist.barrier(group)
+            if together:
+                dist.barrier(group)
             t0 = time.perf_counter()
             steps[name]()
             took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
-            times[name].append(float(took))
+            if together:
+                dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+            if i >= warmup:
+                times[name].append(float(took))
     return times
 
 

@@ -35,6 +35,7 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.launcher import launch
+from minipar.observe.paced_compute import DISTURBED_SHARE, disturbed
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
@@ -45,7 +46,6 @@ __all__ = ["SHOWN", "MIN_SLOT", "per_chunk", "paced_recipe", "PacedSchedule", "P
 
 SHOWN = (("zb-h1", 1), ("1f1b", 1), ("zb-v", 2), ("dualpipev", 2))   # ZB-H1 first: it calibrates the slots
 MIN_SLOT = 0.016             # seconds: the shortest per-stage slot (F's, here)
-DISTURBED = 0.05             # a run with more than this share of its actions overrun: the load took the cores
 
 
 def per_chunk(stage: Pace, v: int) -> Pace:
@@ -86,7 +86,7 @@ class PacedSchedule:
 
     @property
     def disturbed(self) -> bool:
-        return self.overruns > DISTURBED * self.actions
+        return disturbed(self.overruns, self.actions)       # paced_compute's one rule: > 5 % of slots ran long
 
 
 def _spread(xs: list, scale: float = 1.0, fmt: str = ".1%") -> str:
@@ -136,7 +136,7 @@ class PacedComparison:
         for n, r in self.rows.items():
             out.append(f"{n:10s}  {r.simulated_idle:14.1%}  {_spread(r.idle):>21s}  {1e3 * r.simulated_step:11.0f} ms"
                        f"  {_spread(r.step, 1e3, '.0f'):>20s}  {r.overruns:3d} of {r.actions:<4d} {r.matches}")
-        out += [f"  {n}: more than {DISTURBED:.0%} of its actions overran their slots: other load took the cores"
+        out += [f"  {n}: more than {DISTURBED_SHARE:.0%} of its actions overran their slots: other load took the cores"
                 for n in self.disturbed]
         return "\n".join(out)
 

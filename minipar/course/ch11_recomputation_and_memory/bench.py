@@ -13,13 +13,13 @@ CPU the non-matmul work (softmax, GeLU, LayerNorm, the checkpoint's bookkeeping)
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from minipar.course.bench import alternating_medians
 from minipar.loop import lm_loss
+from minipar.observe.paced_compute import alternating_steps
 
 __all__ = ["bench_rank", "main", "step_times"]
 
@@ -38,17 +38,9 @@ def _torch_checkpointed(model):
 
 
 def step_times(steps: dict, rounds: int = 12, warmup: int = 2) -> dict:
-    """{name: [seconds of each timed round]} for the callables in ``steps``, in this process: one call of each
-    per round, the order reversed every other round, so that a slow spell of a shared machine falls on every
-    name alike (what :func:`minipar.course.bench.alternating_medians` does across ranks, without the barriers)."""
-    names, times = list(steps), {n: [] for n in steps}
-    for i in range(warmup + rounds):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            t0 = time.perf_counter()
-            steps[name]()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
-    return times
+    """{name: [seconds of each timed round]} for the callables in ``steps``, in this process, alternating
+    (:func:`minipar.observe.paced_compute.alternating_steps`)."""
+    return alternating_steps(steps, rounds, warmup=warmup)
 
 
 def bench_rank(rank, world_size, layers=4, embd=128, heads=4, seq=256, batch=8, iters=15, warmup=3):
