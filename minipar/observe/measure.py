@@ -39,7 +39,7 @@ from minipar.machine.trace import Compute, Trace
 from minipar.observe.tracer import mark, tracing
 
 __all__ = ["RankSteps", "Steps", "timed_steps", "gather_steps", "measure_steps", "step_cpu_seconds", "counted_flops",
-           "flops_per_second", "wall_seconds", "LINK_OPS", "time_calls", "pingpong", "fit_p2p", "fit_links", "Links",
+           "flops_per_second", "wall_seconds", "LINK_OPS", "LINK_SIZES", "time_calls", "pingpong", "fit_p2p", "fit_links", "Links",
            "calibrate_links"]
 
 
@@ -170,6 +170,8 @@ def wall_seconds(fn) -> float:
 # ---------------------------------------------------------------------------------------------------------
 
 LINK_OPS = ("all_reduce", "all_gather", "reduce_scatter")      # the collectives time_calls can time
+LINK_SIZES = (4, 2 ** 16, 2 ** 19, 2 ** 21)   # bytes timed to fit α and β: three decades, so a busy moment at one
+                                              # size cannot hide the bandwidth (two sizes, 4 B and 512 KiB, once did)
 
 
 def _calls(size: int, n: int) -> dict:
@@ -284,7 +286,7 @@ def _time_calls_on_rank(rank, world_size, sizes, repeats, ops):
     return time_calls(world_size, sizes, repeats, ops)
 
 
-def calibrate_links(world_size: int, sizes=(4, 2 ** 16, 2 ** 19, 2 ** 21), repeats: int = 60, ops=LINK_OPS,
+def calibrate_links(world_size: int, sizes=LINK_SIZES, repeats: int = 60, ops=LINK_OPS,
                     p2p_sizes=(2 ** 10, 2 ** 14, 2 ** 18, 2 ** 20, 2 ** 22)) -> Links:
     """Time this machine's links: ``ops`` (none: skipped) at ``sizes`` bytes on ``world_size`` ranks at once,
     ``repeats`` calls each (:func:`time_calls`, one launch), and a ping-pong of ``p2p_sizes`` (None: skipped)

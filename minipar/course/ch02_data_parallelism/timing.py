@@ -33,13 +33,12 @@ from minipar.launcher import launch
 from minipar.loop import lm_loss, shard_batch
 from minipar.machine.cluster import PCIE3, LinkCard, gpu_cluster
 from minipar.machine.device import A100_SXM_80GB, DeviceCard
-from minipar.observe.measure import Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
+from minipar.observe.measure import LINK_SIZES, Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
     timed_steps
 
 __all__ = ["traced_rank", "measure", "ties", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
            "titan_rtx"]
 
-LINK_SIZES = (4, 2 ** 19)          # bytes of the all-reduces timed here to fit α and β
 LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
                                    # call of a size can land in the slow mode of a call here, ~2 ms, and the fit finds no bandwidth)
 

@@ -25,7 +25,8 @@ from minipar.data.zero_measure import measured_zero_state_bytes
 from minipar.launcher import launch
 from minipar.loop import shard_batch
 from minipar.memory import LiveTensorTracker
-from minipar.observe.measure import Links, counted_flops, gather_steps, step_cpu_seconds, time_calls, timed_steps
+from minipar.observe.measure import LINK_SIZES, Links, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
+    timed_steps
 from minipar.machine.trace import Compute
 from minipar.observe.tracer import position
 
@@ -99,7 +100,7 @@ def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
     return sorted(out)
 
 
-LINK_SIZES, LINK_REPEATS = (4, 2 ** 19), 20      # gloo's all-reduce timed as chapter 02 times it
+LINK_REPEATS = 20      # gloo's all-reduce timed as chapter 02 times it, at measure.LINK_SIZES
 
 
 def traced_rank(rank, world_size, steps):
