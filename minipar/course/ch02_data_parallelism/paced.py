@@ -25,7 +25,7 @@ from minipar.recipe import RunResult
 
 __all__ = ["MODEL", "paced_rank", "measure", "table"]
 
-MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of gradients
+MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # about 5 MB of gradients a block
 FORWARD_S, BACKWARD_S = 0.010, 0.020           # a block's slots: several times its compute here, unloaded
 
 VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than every step with one bucket",
@@ -34,7 +34,8 @@ VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than
 
 
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
-    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "buckets": {config: count},
+    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "buckets": {config: [bytes of each
+    bucket, in launch order]},
     "overruns": slots that ran long, "slots": slots held}: the first batch untimed, then one round per later batch."""
     torch.set_num_threads(1)
     block_bytes = sum(p.numel() * p.element_size() for p in recipe.model().blocks[0].parameters())
@@ -63,7 +64,8 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
                for n, (m, _, _, losses) in state.items()}
     return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
             "slots": sum(p.held for p in pacers),
-            "buckets": {n: len(w.reducer.buckets) for n, (_, w, *_) in state.items()}}
+            "buckets": {n: [b.buffer.numel() * b.buffer.element_size() for b in w.reducer.buckets]
+                        for n, (_, w, *_) in state.items()}}
 
 
 def _mean_over_ranks(losses: list) -> list:
@@ -90,12 +92,14 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 
 def table(m: dict) -> str:
-    """The printed lines: each configuration's step time, median [min – max], and the saving."""
+    """The printed lines: each configuration's buckets (MB each, in launch order), its step time, median
+    [min – max], and the saving."""
     f, b = m["slot_s"]
     lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
              f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); {m['grad_bytes'] / 1e6:.1f} MB of gradients"]
     for name, s in m["seconds"].items():
-        lines.append(f"  DDP, {name:17} ({m['buckets'][name]:2} all-reduces): step {spread(s)}; "
+        sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
+        lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): step {spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     per_block, one = (statistics.median(s) for s in m["seconds"].values())

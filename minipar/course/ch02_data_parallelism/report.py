@@ -1,11 +1,13 @@
-"""Chapter 02 §9's tables: DP against DDP measured here, replayed here and on named clusters (a model), the
-bucket U-curve and the Hugging Face guide's table in its shape. Each function takes what
+"""Chapter 02's cost-model tables (§9 and the deeper sections): DP against DDP replayed GPT-2-sized and at
+the measured size on named clusters, the bucket U-curve, the Hugging Face guide's table in its shape, and
+DataParallel's threads against one thread (measured). Each function takes what
 :func:`minipar.course.ch02_data_parallelism.timing.measure` (or :mod:`.buckets`) returned, computes the rows
-the chapter prints, and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the sentences the chapter
-shows), its numbers by name, and ``check()``, which asserts what the chapter's text says about them.
+the chapter prints, and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the
+sentences the chapter shows), its numbers by name, and ``check()``, which holds what the chapter's text says
+about them; :func:`show` prints, draws and checks in one call.
 
-The replays are a model (FlexFlow's simulator, Jia et al. 2019); the wall clock here is a measurement, shown
-as median [min – max] and never ranked inside its spread.
+The replays are a cost model (FlexFlow's simulator, Jia et al. 2019), labelled so in every table: this
+machine's unpaced wall clock (4 ranks on 2 cores) does not validate them and is not shown beside them.
 """
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ import statistics
 
 from minipar.course import replays
 from minipar.course.report import Report
-from minipar.machine.cluster import a100_cluster, this_machine
+from minipar.machine.cluster import a100_cluster
 from minipar.machine.intervals import step_slice
 from minipar.observe.opcount import kernel_count
 
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["dp_threads", "measured_and_replayed", "gpt2_sized", "bucket_u_curve", "guide_table",
+__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "bucket_u_curve", "guide_table",
            "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
 
 # the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
@@ -57,6 +59,27 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
                   concurrency=concurrency, gain=gain, tie=tie)
 
 
+def show(r: Report) -> None:
+    """Print ``r``'s table, draw its picture where it has one (a ``draw`` fact), and hold the chapter's
+    sentences about its numbers (``r.check()``): nothing more is printed when they hold."""
+    print(r.text)
+    if "draw" in r.facts:
+        r.draw()
+    r.check()
+
+
+def _labels(m: dict, factor: float = 1.0) -> dict:
+    """{config: the row's label}: a DDP run by its buckets' count and mean size (× ``factor``: scaled)."""
+    out = {}
+    for name in m["traces"]:
+        calls = m["all_reduces"][name]
+        mean = m["grad_bytes"] * factor / calls if calls else 0
+        size = f"{mean / 1e6:.0f} MB" if mean >= 1e6 else f"{mean / 1e3:.0f} KB"
+        out[name] = ("DP" if not name.startswith("DDP") else f"DDP, one bucket of {size}" if calls == 1
+                     else f"DDP, {calls:.0f} buckets of ~{size}")
+    return out
+
+
 def _check_measured(r: Report) -> None:
     assert max(r.buckets.values()) < r.s_star / 4           # every bucket of the tiny model, even one, below S*
     assert r.compute_dgx >= r.kernels * r.dgx.device.launch_floor > 0.9 * r.compute_dgx   # launch floors, mostly
@@ -66,53 +89,32 @@ def _check_measured(r: Report) -> None:
     assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05 and r.rows["DDP one bucket"]["exposed_dgx"] > 0
 
 
-def measured_and_replayed(m: dict) -> Report:
-    """``m`` = ``timing.measure(N)``: per configuration the wall clock here, and its trace replayed here, on a
-    DGX-A100 node and on the guide's TITAN RTX machine without NVLink; what an extra all-reduce cost here; the
+def at_measured_size(m: dict) -> Report:
+    """Cost model, not a measurement: ``m`` = ``timing.measure(N)``, each configuration's counted trace
+    replayed at the size it ran on a DGX-A100 node and on the guide's TITAN RTX machine without NVLink; the
     DGX model's launch-bound compute and S* = N·α·β."""
-    n = m["world_size"]
-    here = this_machine(m["alpha"], m["beta"], m["flops_here"], devices=n)
-    dgx = a100_cluster(1)
-    played = replays.replays(m, {"here": here, "dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)})
+    n, dgx = m["world_size"], a100_cluster(1)
+    played = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)})
     rows = {r["config"]: r for r in timing.table(m, played)}
-    lines = [f"this machine: α = {m['alpha'] * 1e6:.0f} µs per ring step, β = {m['beta'] / 1e6:.0f} MB/s (gloo, "
-             f"fitted); a rank computes {m['flops_here'] / 1e9:.1f} GFLOP/s; gradients {m['grad_bytes']:,} B",
-             f"{'':22}{'measured on this machine':>25} | {'model: replay of the measured trace on':^56}",
-             f"{'config':22}{'step ms, median [min – max]':>27} | {'here, ms':>12} {'hidden':>7} | "
-             f"{'DGX-A100, µs':>14} {'hidden':>7} | {'TITAN RTX, PCIe, µs':>19}"]
+    label = _labels(m)
+    lines = [f"cost model (not a measurement): the traces replayed at their size, {n} GPUs; gradients "
+             f"{m['grad_bytes']:,} B",
+             f"{'config':28}{'DGX-A100 step µs':>17} {'hidden':>7} | {'TITAN RTX PCIe step µs':>22} {'hidden':>7}"]
     for name, r in rows.items():
-        spread = f"{r['measured_here'] * 1e3:.1f} [{r['measured_min'] * 1e3:.1f} – {r['measured_max'] * 1e3:.1f}]"
-        lines.append(f"{name:22}{spread:>27} | {r['step_here'] * 1e3:>12.1f} {r['hidden_here']:>7.0%} | "
-                     f"{r['step_dgx'] * 1e6:>14.1f} {r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e6:>19.1f}")
-    tied = timing.ties(m["measured_steps"])
-    lines.append("measured here, 5 steps each: pairs whose [min – max] overlap (ties, not a ranking): "
-                 + (", ".join(f"{a} ~ {b}" for a, b in tied) or "none"))
+        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>17.0f} {r['hidden_dgx']:>7.0%} | "
+                     f"{r['step_pcie'] * 1e6:>22.0f} {r['hidden_pcie']:>7.0%}")
     ddp_names = [name for name in rows if name.startswith("DDP")]
-    small, one = rows[ddp_names[0]], rows["DDP one bucket"]
-    extra = m["all_reduces"][ddp_names[0]] - m["all_reduces"]["DDP one bucket"]
-    per_call_wall = (small["measured_here"] - one["measured_here"]) / extra   # measured: wall gap per extra call
-    per_call_here = 2 * (n - 1) * m["alpha"]      # an all-reduce's latency here: α fitted to gloo's, timed alone
-    per_call_dgx = 2 * (n - 1) * dgx.intra_latency
     one_step = step_slice(m["counted"]["DDP one bucket"].ranks[0].events, "step", -1)
     kernels = kernel_count([r for e in one_step if getattr(e, "ops", None) for r in e.ops])   # rank 0, a step
     compute_dgx = replays.last_step(played["dgx"]["DDP one bucket"]).compute(0)   # the same step, on the card
-    tie_note = "; a tie: the two rows overlap" if (ddp_names[0], "DDP one bucket") in tied else ""
-    lines.append(f"\nhere: {ddp_names[0]} makes {m['all_reduces'][ddp_names[0]]:.0f} all-reduces a step, one bucket "
-                 f"1; on the wall clock each extra one cost {per_call_wall * 1e3:.1f} ms (gap of the medians / "
-                 f"{extra:.0f}, not asserted{tie_note}), against an all-reduce's latency 2(N−1)·α = "
-                 f"{per_call_here * 1e3:.2f} ms (fitted) and {m['flops_per_step'] / m['flops_here'] * 1e3:.1f} ms "
-                 "of compute a step")
     s_star = n * dgx.intra_latency * dgx.intra_bw          # latency = transfer at S* = N·α·β
     bucket_bytes = {name: m["grad_bytes"] / m["all_reduces"][name] for name in ddp_names}  # mean bucket
-    lines.append(f"DGX model: rank 0 launches {kernels} kernels a step × {dgx.device.launch_floor * 1e6:.0f} µs = "
+    lines.append(f"DGX: rank 0 launches {kernels} kernels a step × {dgx.device.launch_floor * 1e6:.0f} µs = "
                  f"{kernels * dgx.device.launch_floor * 1e6:.0f} µs of its {compute_dgx * 1e6:.0f} µs of compute "
-                 f"(launch-bound); an all-reduce's latency 2(N−1)·α = {per_call_dgx * 1e6:.0f} µs; buckets here "
-                 f"{min(bucket_bytes.values()) / 1e3:.0f}–{max(bucket_bytes.values()) / 1e3:.0f} KB, S* = N·α·β = "
-                 f"{s_star / 1e6:.1f} MB; hidden share "
-                 + ", ".join(f"{name.removeprefix('DDP ')} {rows[name]['hidden_dgx']:.0%}" for name in ddp_names))
-    return Report("\n".join(lines), _check_measured, world_size=n, here=here, dgx=dgx, played=played,
-                  rows=rows, ties=tied, ddp_names=ddp_names, s_star=s_star, buckets=bucket_bytes, kernels=kernels,
-                  compute_dgx=compute_dgx)
+                 f"(launch-bound); an all-reduce's latency 2(N−1)·α = {2 * (n - 1) * dgx.intra_latency * 1e6:.0f} "
+                 f"µs; S* = N·α·β = {s_star / 1e6:.1f} MB")
+    return Report("\n".join(lines), _check_measured, world_size=n, dgx=dgx, played=played, rows=rows,
+                  ddp_names=ddp_names, s_star=s_star, buckets=bucket_bytes, kernels=kernels, compute_dgx=compute_dgx)
 
 
 def _check_gpt2(r: Report) -> None:
@@ -120,12 +122,26 @@ def _check_gpt2(r: Report) -> None:
     assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
     assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
     assert all(r.rows[n]["hidden_pcie"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
+    assert all(r.rows["DP"][f"exposed_{c}"] > r.rows["DDP one bucket"][f"exposed_{c}"] for c in ("dgx", "pcie"))  # DP: most
 
 
-def gpt2_sized(m: dict, measured: Report) -> Report:
-    """The same counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k, operator bytes × k·w) on the
-    DGX-A100 node and the TITAN RTX machine without NVLink; ``hidden_share_dgx`` of the 64 KiB-bucket run."""
-    n, dgx, ddp_names = measured.world_size, measured.dgx, measured.ddp_names
+def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
+    """The DGX replays of one step, bucketed and one bucket, as timelines (chapter 04's drawing)."""
+    import matplotlib.pyplot as plt
+    from minipar.pipeline.gantt import REPLAY_KINDS, gantt_legend
+    fig, axes = plt.subplots(1, 2, figsize=(11, 2.6))
+    replays.draw_replays(axes, {f"cost model, DGX-A100: {label[name]}": big["dgx"][name]
+                                for name in (bucketed, "DDP one bucket")}, n)
+    gantt_legend(fig, REPLAY_KINDS)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    plt.show()
+
+
+def gpt2_sized(m: dict) -> Report:
+    """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
+    operator bytes × k·w) on the DGX-A100 node and the TITAN RTX machine without NVLink; rows labelled by their
+    scaled buckets; ``hidden_share_dgx`` of the bucketed run with the largest buckets."""
+    n, dgx = m["world_size"], a100_cluster(1)
     tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
     f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / tokens_here
@@ -133,22 +149,22 @@ def gpt2_sized(m: dict, measured: Report) -> Report:
     big = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)}, compute_factor=f * k,
                           bytes_factor=f, op_bytes_factor=k * w)
     rows = {r["config"]: r for r in timing.table(m, big)}
-    bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in rows if m["all_reduces"][name]}
-    lines = [f"model: replay of the counted traces, GPT-2-sized (messages × {f:.0f}, FLOPs × {f * k:.0f}, operator "
-             f"bytes × {k * w:.0f}), {n} GPUs",
-             f"{'config':22}{'mean bucket':>12} | {'DGX-A100 step ms':>17} {'exposed ms':>11} {'hidden':>7} | "
-             f"{'TITAN RTX PCIe, ms':>18} {'exposed ms':>11} {'hidden':>7}"]
+    ddp_names = [name for name in rows if name.startswith("DDP")]
+    bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
+    label = _labels(m, f)
+    lines = [f"cost model (not a measurement): the traces replayed GPT-2-sized (messages × {f:.0f}, FLOPs × "
+             f"{f * k:.0f}, operator bytes × {k * w:.0f}), {n} GPUs",
+             f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
+             f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
     for name, r in rows.items():
-        bucket = f"{bucket_mb[name]:.0f} MB" if name in bucket_mb else "-"   # mean
-        lines.append(f"{name:22}{bucket:>12} | {r['step_dgx'] * 1e3:>17.2f} {r['exposed_dgx'] * 1e3:>11.2f} "
-                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.2f} {r['exposed_pcie'] * 1e3:>11.2f} "
+        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
+                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
                      f"{r['hidden_pcie']:>7.0%}")
     exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
-    lines.append(f"S* = N·α·β on the DGX node = {measured.s_star / 1e6:.1f} MB; the right arm: one bucket exposes "
-                 f"{exposed['DDP one bucket'] * 1e3:.2f} ms a step, the bucketed runs at most "
-                 f"{max(exposed[name] for name in ddp_names[:-1]) * 1e3:.2f} ms")
+    bucketed = ddp_names[-2]                               # the largest buckets below one bucket
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
-                  exposed=exposed, ddp_names=ddp_names, hidden_share_dgx=rows["DDP 64 KiB buckets"]["hidden_dgx"])
+                  exposed=exposed, ddp_names=ddp_names, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
+                  draw=lambda: _draw_gpt2(big, label, bucketed, n))
 
 
 def _check_u(r: Report) -> None:
@@ -168,7 +184,7 @@ def bucket_u_curve(n: int) -> Report:
     :data:`.buckets.BUCKET_SIZES` (and one bucket) and replayed on :data:`.buckets.U_CLUSTER` (a model)."""
     per_param, grad_bytes = u_curve.counted_per_parameter(n)
     rows = u_curve.sweep(per_param, u_curve.BUCKET_SIZES + (grad_bytes,))
-    lines = [f"model: one DDP trace re-bucketed and replayed on 4 A100s one per node (IB HDR); gradients "
+    lines = [f"cost model: one DDP trace re-bucketed and replayed on 4 A100s one per node (IB HDR); gradients "
              f"{grad_bytes:,} B",
              f"{'bucket C':>10} {'all-reduces':>12} {'step µs':>9} {'exposed µs':>11} {'compute µs':>11}"]
     lines += [f"{r['bucket_bytes']:>10,} {r['buckets']:>12} {r['step'] * 1e6:>9.0f} {r['exposed'] * 1e6:>11.0f} "
@@ -193,8 +209,8 @@ def _check_guide(r: Report) -> None:
 
 
 def guide_table(m2: dict) -> Report:
-    """``m2`` = ``timing.measure(2, bucket_sizes=(64 * 1024,))``: the guide's three rows, measured here and
-    replayed GPT-2-sized on its TITAN RTX pair with and without NVLink at the FP16 and FP32 peaks, as ratios
+    """``m2`` = ``timing.measure(2, bucket_sizes=(64 * 1024,))``: the guide's three rows, the traces
+    replayed GPT-2-sized (a cost model) on its TITAN RTX pair with and without NVLink at the FP16 and FP32 peaks, as ratios
     to DDP with NVLink (and each run's exposed communication)."""
     f2 = replays.GPT2_SMALL_PARAMS / (m2["grad_bytes"] / 4)
     k2 = replays.SEED_TOKENS_PER_GPU / (16 * 32 // 2)
@@ -209,15 +225,11 @@ def guide_table(m2: dict) -> Report:
         step = {key: res[where][name].step_between("step") for key, (name, where) in runs.items()}
         ratio[peak] = {key: s / step[("DDP", "Y")] for key, s in step.items()}
         exposed[peak] = {key: replays.exposed_per_step(res[where][name]) for key, (name, where) in runs.items()}
-    lines = [f"{'Type':6}{'NVlink':>7}{'HF guide':>10}{'HF ratio':>11}{'measured here, ms':>19}"
-             f"{'model: replay FP16 peak (exposed ms)':>37}{'model: replay FP32 peak (exposed ms)':>37}"]
+    lines = [f"{'Type':6}{'NVlink':>7}{'HF guide':>10}{'HF ratio':>11}"
+             f"{'cost model, FP16 peak (exposed ms)':>37}{'cost model, FP32 peak (exposed ms)':>37}"]
     for key, t in GUIDE_SECONDS.items():
-        name = runs[key][0]
         lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.1f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
-                     f"{m2['measured'][name] * 1e3:>19.1f}"
                      + "".join(f"{ratio[p][key]:>29.2f} ({exposed[p][key] * 1e3:4.1f})" for p in ("fp16", "fp32")))
-    lines.append("(measured here: median of 5 steps; no NVLink here, one row per program; the DDP rows are the "
-                 "same run)")
     for peak in ratio:   # the guide's order is DDP(Y) < DP(Y) < DDP(N); what the model says at each peak
         lines.append(f"{peak} order: " + " < ".join(f"{a}({b})" for a, b in sorted(ratio[peak], key=ratio[peak].get)))
     return Report("\n".join(lines), _check_guide, ratio=ratio, exposed=exposed)

@@ -48,9 +48,10 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
     m = {"seconds": {"bucket per block": [0.10, 0.11, 0.12], "one bucket": [0.13, 0.14, 0.15]},
          "matches": {"bucket per block": ok, "one bucket": ok}, "overruns": 0, "slots": 100,
-         "buckets": {"bucket per block": 5, "one bucket": 1}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
+         "buckets": {"bucket per block": [2e5] * 5, "one bucket": [1e6]}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
     claims.check_overlap_saves_time_paced(m)
     assert "ranges apart" in paced.table(m) and "too busy" not in paced.table(m)
+    assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(tie)

@@ -1,0 +1,155 @@
+"""Chapter 02's core cells, shown: each function prints what one cell measured (a small table), draws where
+the cell has a picture, and holds the chapter's sentences about those numbers (:mod:`.claims`), printing nothing
+more when they hold. The cells keep the runs; the formatting and the checks live here."""
+from __future__ import annotations
+
+import torch.utils.data as tud
+
+from minipar import comm
+from minipar.check import compare
+from minipar.data import dp
+from minipar.data.sampler import DistributedSampler
+
+from . import claims
+from .measure import timeline_summary
+
+__all__ = ["paced_overlap", "guide_slow_path", "bytes_for_the_cost_model", "averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline", "sampler",
+           "accumulation", "no_sync"]
+
+DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
+            "scatter output grads": "(N-1)/N·|y|", "reduce grads": "(N-1)·P"}
+
+
+def averaging(worst: float, n: int) -> None:
+    """§1: the largest difference between the full-batch gradient and the mean of ``n`` shard gradients."""
+    print(f"max |full-batch gradient − mean of {n} shard gradients| = {worst:.1e}  (float summation order only)")
+    claims.check_why_averaging_shard_gradients_exact(worst)
+
+
+def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> None:
+    """§2: DataParallel against one device, then its five exchanges of one step (``log``), measured beside
+    :func:`minipar.data.dp.predicted_exchange_bytes`."""
+    c = compare(reference, [result])
+    print(f"DP on {n} thread-driven replicas vs one device: {str(c).splitlines()[0]}")
+    x, _ = recipe.batches[0]
+    out_bytes = x.numel() * recipe.model().cfg.vocab_size * 4                 # the logits, fp32
+    want = dp.predicted_exchange_bytes(n, grad_bytes, x.numel() * x.element_size(), out_bytes)
+    got = log.by_exchange()
+    print(f"\n{'exchange':<22}{'measured':>12}{'formula':>12}   formula")
+    for name, rule in DP_RULES.items():
+        print(f"{name:<22}{got[name]:>12,}{want[name]:>12,.0f}   {rule}")
+    print(f"all through device 0: {log.bytes:,} bytes per step")
+    c.assert_ok()
+    claims.check_dataparallel_one_process_threads_five(got, want, DP_RULES)
+
+
+def parameter_server(runs: dict, reference, grad_bytes: int) -> None:
+    """§3: ``runs`` = {N: per rank (RunResult, bytes sent per step)}: the server's bytes and a worker's, beside
+    (N−1)·P and a ring all-reduce's 2(N−1)/N·P."""
+    print(f"{'N':>2} {'server sends':>14} {'= (N-1)·P':>12} {'a worker sends':>15} {'ring all-reduce 2(N-1)/N·P':>28}")
+    for n, out in runs.items():
+        print(f"{n:>2} {out[0][1]:>14,.0f} {(n - 1) * grad_bytes:>12,} {out[1][1]:>15,.0f} "
+              f"{comm.predicted_bytes_sent('all_reduce', grad_bytes, n):>28,.0f}")
+    claims.check_same_training_as_one_device(reference, grad_bytes, runs)
+
+
+def ddp_bytes(out: list, one, reference, grad_bytes: int, n: int) -> None:
+    """§4: ``out`` = per rank (RunResult, bytes sent per step, all-reduces per step) of DDP on ``n`` ranks;
+    ``one`` = the equivalence check on one rank (bit-exact)."""
+    c = compare(reference, [r for r, _, _ in out])
+    print(f"DDP on {n} ranks vs one device: {str(c).splitlines()[0]}")
+    formula = comm.predicted_bytes_sent("all_reduce", grad_bytes, n)
+    for rank, (_, sent, calls) in enumerate(out):
+        print(f"rank {rank}: {sent:,.0f} bytes sent per step in {calls:.0f} all-reduces; 2(N-1)/N·G = {formula:,.0f}")
+    print(f"DDP on one rank vs one device: {str(one).splitlines()[0]}")
+    c.assert_ok()
+    claims.check_ddp_from_scratch(formula, out, one)
+
+
+def ours_vs_torch(diffs: list) -> None:
+    """§4: per rank (max |Δ gradient| over the steps, max |Δ parameter| at the end), minipar's DDP against torch's."""
+    print("minipar's DDP vs torch's, per rank: max |Δ gradient| (any step), max |Δ parameter| (end):",
+          ", ".join(f"{g:.0e} / {p:.0e}" for g, p in diffs))
+    claims.check_ours_matches_torch_ddp(diffs)
+
+
+def timeline(per_rank: list) -> None:
+    """§5: draw one measured DDP step per rank (:func:`.figures.draw_timeline`) and print, per rank, when its
+    first bucket left, when backward ended (its last gradient), when every bucket was reduced, and the share
+    of all-reduce time that ran before the last gradient."""
+    import matplotlib.pyplot as plt
+    from .figures import draw_timeline
+    draw_timeline(per_rank)
+    plt.show()
+    summary = [timeline_summary(events) for events in per_rank]
+    print(f"{'rank':>4} {'buckets':>8} {'first leaves':>13} {'last gradient':>14} {'all reduced':>12} {'hidden':>7}"
+          "   (ms into backward)")
+    for rank, s in enumerate(summary):
+        print(f"{rank:>4} {s['buckets']:>8} {s['first_launch_ms']:>13.1f} {s['last_grad_ms']:>14.1f} "
+              f"{s['reduced_ms']:>12.1f} {s['hidden']:>7.0%}")
+    claims.check_buckets_left_during_backward(summary)
+
+
+def paced_overlap(m: dict) -> None:
+    """§5: the paced run (:func:`.paced.measure`): each configuration's buckets, step times and the saving."""
+    from .paced import table
+    print(table(m))
+    claims.check_overlap_saves_time_paced(m)
+
+
+def sampler(mine: list, length: int, n: int, epoch: int = 5, seed: int = 3) -> None:
+    """§6: each rank's indices (``mine``, no shuffle), then minipar's shuffled sampler against
+    ``torch.utils.data.DistributedSampler`` at ``epoch``, on every rank."""
+    print(f"{length} examples on {n} ranks, no shuffle: padded to {n * -(-length // n)}")
+    for r in range(n):
+        print(f"  rank {r}: {mine[r]}")
+    same = []
+    for r in range(n):
+        a, b = DistributedSampler(length, n, r, seed=seed), tud.DistributedSampler(range(length), n, r, seed=seed)
+        a.set_epoch(epoch), b.set_epoch(epoch)
+        same.append(list(a) == list(b))
+    print(f"shuffled, epoch {epoch}: identical to torch.utils.data.DistributedSampler on every rank: {all(same)}")
+    claims.check_which_examples_each_rank_sees(same, mine, length, n)
+
+
+def accumulation(out: list, reference, grad_bytes: int, n: int, global_batch: int) -> None:
+    """§7: ``out`` = per rank [(k, RunResult, bytes/step, all-reduces/step)] for k micro-batches a step."""
+    checks = [compare(reference, [rows[i][1] for rows in out]) for i in range(len(out[0]))]
+    formula = comm.predicted_bytes_sent("all_reduce", grad_bytes, n)
+    print(f"per-rank batch {global_batch // n} sequences, global batch {global_batch}")
+    print(f"{'micro-batches k':>16} {'micro-batch':>12} {'bytes/step':>12} {'bytes/micro-batch':>18} "
+          f"{'all-reduces/step':>17}  matches 1 device")
+    for (k, _, sent, calls), c in zip(out[0], checks):
+        print(f"{k:>16} {global_batch // n // k:>12} {sent:>12,.0f} {sent / k:>18,.0f} {calls:>17.0f}  "
+              f"{c.matches} (max |Δ| {c.max_abs_diff:.0e})")
+    claims.check_global_batch_gradient_accumulation(checks, formula, out)
+
+
+def no_sync(runs: dict, reference) -> None:
+    """§8: ``runs`` = {wrong: per rank (replicas in sync, RunResult)}, with ``no_sync`` used rightly and wrongly."""
+    seen = {}
+    for wrong, out in runs.items():
+        c = compare(reference, [r for _, r in out])
+        seen[wrong] = (all(ok for ok, _ in out), c.matches)
+        print(f"{'WRONG' if wrong else 'right'}: replicas in sync: {seen[wrong][0]}; "
+              f"against one device: {str(c).splitlines()[0]}")
+    claims.check_pitfall_no_sync_used_wrongly(seen)
+
+
+def bytes_for_the_cost_model(counted: dict, n: int) -> None:
+    """§9: one step of DDP and of DP (as N processes) on the cost model's model, bytes counted, nothing timed
+    (``counted`` = :func:`.bench.run` with ``iters=0, with_dp=True``)."""
+    from .bench import describe_run
+    print(describe_run(counted))
+    claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
+
+
+def guide_slow_path(per_rank: float, extra: float, whole_step: float) -> None:
+    """Deeper D4: the Hugging Face guide's DDP without NVLink all-reduces ``per_rank`` bytes a step; the slow
+    path's speed if that took only the ``extra`` seconds over DDP with NVLink, or the ``whole_step``."""
+    fastest, slowest = per_rank / extra / 1e9, per_rank / whole_step / 1e9
+    print(f"Hugging Face guide: DDP without NVLink takes {1e3 * extra:.0f} ms more per step ({1e3 * whole_step:.0f} "
+          f"ms in all); each rank all-reduces {per_rank / 1e6:.0f} MB per step, so the slow path moved between "
+          f"{slowest:.2f} GB/s (if the all-reduce took the whole step) and {fastest:.1f} GB/s (if it took only the "
+          "extra time)")
+    claims.check_range_text_below_quotes(slowest, fastest)   # the range the text below quotes
