@@ -51,7 +51,8 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
     gain = statistics.median(one) / statistics.median(threads)
     tie = max(threads) >= min(one) and max(one) >= min(threads)
     verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
-               f"the threads are {'faster' if gain > 1 else 'slower'} than one thread, ×{gain:.2f} (median over median)")
+               f"the threads are {'faster' if gain > 1 else 'slower'} than one thread, ×{gain:.2f} "
+               "(median over median)")
     lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
                  f"{world_size} DataParallel threads {spread(threads)} — {verdict}; {cores} cores here would allow "
                  f"at most ×{min(world_size, cores)}")
@@ -122,7 +123,8 @@ def _check_gpt2(r: Report) -> None:
     assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
     assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
     assert all(r.rows[n]["hidden_pcie"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
-    assert all(r.rows["DP"][f"exposed_{c}"] > r.rows["DDP one bucket"][f"exposed_{c}"] for c in ("dgx", "pcie"))  # DP: most
+    # DP's 2·P through device 0 cannot overlap: it exposes the most, on both machines
+    assert all(r.rows["DP"][f"exposed_{c}"] > r.rows["DDP one bucket"][f"exposed_{c}"] for c in ("dgx", "pcie"))
 
 
 def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
@@ -210,8 +212,8 @@ def _check_guide(r: Report) -> None:
 
 def guide_table(m2: dict) -> Report:
     """``m2`` = ``timing.measure(2, bucket_sizes=(64 * 1024,))``: the guide's three rows, the traces
-    replayed GPT-2-sized (a cost model) on its TITAN RTX pair with and without NVLink at the FP16 and FP32 peaks, as ratios
-    to DDP with NVLink (and each run's exposed communication)."""
+    replayed GPT-2-sized (a cost model) on its TITAN RTX pair with and without NVLink at the FP16 and FP32
+    peaks, as ratios to DDP with NVLink (and each run's exposed communication)."""
     f2 = replays.GPT2_SMALL_PARAMS / (m2["grad_bytes"] / 4)
     k2 = replays.SEED_TOKENS_PER_GPU / (16 * 32 // 2)
     runs = {("DP", "Y"): ("DP", "nv"), ("DDP", "Y"): ("DDP 64 KiB buckets", "nv"),

@@ -13,8 +13,8 @@ from minipar.data.sampler import DistributedSampler
 from . import claims
 from .measure import timeline_summary
 
-__all__ = ["paced_overlap", "guide_slow_path", "bytes_for_the_cost_model", "averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline", "sampler",
-           "accumulation", "no_sync"]
+__all__ = ["averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline",
+           "paced_overlap", "sampler", "accumulation", "no_sync", "bytes_for_the_cost_model", "guide_slow_path"]
 
 DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
             "scatter output grads": "(N-1)/N·|y|", "reduce grads": "(N-1)·P"}
@@ -46,7 +46,8 @@ def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> Non
 def parameter_server(runs: dict, reference, grad_bytes: int) -> None:
     """§3: ``runs`` = {N: per rank (RunResult, bytes sent per step)}: the server's bytes and a worker's, beside
     (N−1)·P and a ring all-reduce's 2(N−1)/N·P."""
-    print(f"{'N':>2} {'server sends':>14} {'= (N-1)·P':>12} {'a worker sends':>15} {'ring all-reduce 2(N-1)/N·P':>28}")
+    print(f"{'N':>2} {'server sends':>14} {'= (N-1)·P':>12} {'a worker sends':>15} "
+          f"{'ring all-reduce 2(N-1)/N·P':>28}")
     for n, out in runs.items():
         print(f"{n:>2} {out[0][1]:>14,.0f} {(n - 1) * grad_bytes:>12,} {out[1][1]:>15,.0f} "
               f"{comm.predicted_bytes_sent('all_reduce', grad_bytes, n):>28,.0f}")
@@ -67,7 +68,8 @@ def ddp_bytes(out: list, one, reference, grad_bytes: int, n: int) -> None:
 
 
 def ours_vs_torch(diffs: list) -> None:
-    """§4: per rank (max |Δ gradient| over the steps, max |Δ parameter| at the end), minipar's DDP against torch's."""
+    """§4: per rank (max |Δ gradient| over the steps, max |Δ parameter| at the end), minipar's DDP against
+    torch's."""
     print("minipar's DDP vs torch's, per rank: max |Δ gradient| (any step), max |Δ parameter| (end):",
           ", ".join(f"{g:.0e} / {p:.0e}" for g, p in diffs))
     claims.check_ours_matches_torch_ddp(diffs)

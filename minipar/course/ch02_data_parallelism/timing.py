@@ -13,7 +13,8 @@ processes, so that each device's compute and messages are traced as DDP's are �
 
   - this machine as a cluster (:func:`minipar.machine.cluster.this_machine`: compute as measured, links α, β
     fitted to gloo's all-reduce timed in the same launch, the fastest call of each size:
-    :class:`minipar.observe.measure.Links`),
+    :class:`minipar.observe.measure.Links`; the chapter does not show this replay: on 2 shared cores it sits
+    several times below the wall clock, which it does not model),
   - a DGX-A100 node and the Hugging Face guide's PCIe machine (:mod:`minipar.machine.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
