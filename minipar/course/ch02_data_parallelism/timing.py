@@ -37,7 +37,7 @@ from minipar.machine.device import A100_SXM_80GB, DeviceCard
 from minipar.observe.measure import LINK_SIZES, Links, RankSteps, counted_flops, gather_steps, step_cpu_seconds, time_calls, \
     timed_steps
 
-__all__ = ["traced_rank", "measure", "ties", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
+__all__ = ["traced_rank", "measure", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
            "titan_rtx"]
 
 LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
@@ -134,14 +134,6 @@ def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
     card = TITAN_RTX_FP32 if fp32 else TITAN_RTX
     link = NVLINK_BRIDGE if nvlink else PCIE3
     return gpu_cluster(card, 1, link, link, devices_per_node=devices)
-
-
-def ties(seconds: dict) -> list:
-    """Pairs of configurations (in ``seconds``' order, {config: [s, …]}) whose [min – max] ranges overlap: a
-    difference inside the spread, a tie that a ranking must not decide."""
-    names = list(seconds)
-    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]
-            if max(seconds[a]) >= min(seconds[b]) and max(seconds[b]) >= min(seconds[a])]
 
 
 def table(measured: dict, played: dict) -> list:
