@@ -167,3 +167,38 @@ def test_planner_proposes_context_parallelism_when_asked():
     found = {x.cp for x in layouts(SMALL, a100_cluster(1), 8, cp=(1, 2, 4), recompute=("none",))}
     assert found == {1, 2, 4}
     assert {x.cp for x in layouts(SMALL, a100_cluster(1), 8, recompute=("none",))} == {1}
+
+
+LLAMA3_SHAPE = Transformer(layers=126, hidden=1024, heads=16, vocab=4096, seq_len=1024, ffn_hidden=3328,
+                           tied_embeddings=False, final_norm=True, kv_heads=2, gated_mlp=True)
+
+
+def test_llama3s_balanced_cut_prices_the_fullest_stage():
+    """126 layers on 16 stages (Llama 3 405B, Dubey et al. 2024 §3.3.2): 7, 8 × 14, 7 — the embedding and the
+    output each in a layer's place; the slowest stage is a middle one. The old planner refused the layout."""
+    from minipar.plan.model import stage_layers
+    assert stage_layers(126, 16, 8) == (7, 8, 7) and stage_layers(96, 8, 2) == (12, 12, 12)
+    with pytest.raises(ValueError, match="cannot be cut"):
+        stage_layers(125, 16, 1)
+    layout = Layout(tp=8, pp=16, v=8, sp=True, micro_batches=32, schedule="interleaved")
+    stage = stage_seconds(LLAMA3_SHAPE, layout, A100_SXM_80GB)
+    assert stage["slowest"] == pytest.approx(8 * stage["layer"]) and stage["last"] < stage["slowest"]
+    assert stage_parameters(LLAMA3_SHAPE, layout)["first"] < 8 * stage_parameters(LLAMA3_SHAPE, layout)["layer"]
+    assert estimate(LLAMA3_SHAPE, a100_cluster(16), layout).time["compute"] == pytest.approx(32 * stage["slowest"])
+
+
+def test_a_context_parallel_rank_scores_only_its_own_tokens_and_passes_narrow_kv():
+    """With cp ranks each computes the logits and the loss of its s/cp tokens (not the whole sequence's), and a
+    ring passes K and V, which grouped-query attention makes kv/a of h wide. Both failed on the old planner."""
+    from minipar.plan.operators import head_step
+    from minipar.machine.device import Op, ops_seconds
+    layout = Layout(tp=8, cp=4, sp=True, cp_method="ring-zigzag")
+    stage = stage_seconds(LLAMA3_SHAPE, layout, A100_SXM_80GB)
+    local = [Op("embedding", "memory", 0.0, 3.0 * 2 * 256 * 1024, 3), *head_step(LLAMA3_SHAPE, 1, 8, seq_len=256)]
+    assert stage["last"] == pytest.approx(126 * stage["layer"] + ops_seconds(local, A100_SXM_80GB), rel=1e-12)
+    mha = Transformer(layers=126, hidden=1024, heads=16, vocab=4096, seq_len=1024)
+    gqa = Transformer(layers=126, hidden=1024, heads=16, vocab=4096, seq_len=1024, kv_heads=2)
+    for method, share in (("ring", 2 / 16), ("ulysses", 1.0)):       # Ulysses moves Q and O too: left whole
+        got = [estimate(m, a100_cluster(4), Layout(tp=4, cp=4, sp=True, cp_method=method)).bytes_sent["cp"]
+               for m in (gqa, mha)]
+        assert got[0] == pytest.approx(share * got[1])

@@ -35,9 +35,8 @@ Bytes sent per device per step: :mod:`.traffic` (the same numbers the communicat
 chapter). CP ranks hold the same parameters: gradients are averaged, and ZeRO shards, over the dp·cp ranks
 (Megatron's data-parallel group with CP); a cp rank keeps the activations of its s/cp tokens. Ring attention
 keeps no score matrix for the backward (O and the log-sum-exp only): one (s/cp)² block at a time; nor does a
-fused FlashAttention kernel (``kernels.attention == "flash"``: Dao 2023): it keeps what selective
-recomputation keeps; Ulysses
-(whole sequence, a/cp heads) and RSA ((s/cp) × s rows) keep a·s²·b/cp scores. An :class:`MoETransformer`
+fused FlashAttention kernel (``kernels.attention == "flash"``: Dao 2023): it keeps what selective recomputation
+keeps; Ulysses (whole sequence, a/cp heads) and RSA ((s/cp) × s rows) keep a·s²·b/cp scores. An :class:`MoETransformer`
 with ep: E/ep experts per rank, their model states sharded (ZeRO) over the expert-data-parallel dp·cp/ep ranks.
 """
 from __future__ import annotations
@@ -55,7 +54,7 @@ from minipar.tensor.sequence import uncounted_bytes
 from minipar.machine.cluster import Cluster, collective_seconds
 from minipar.machine.device import ops_seconds
 from .model import (MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters, forward_flops,
-                    hardware_flops, layer_parameters, model_flops)
+                    hardware_flops, layer_parameters, model_flops, stage_layers)
 from .operators import MEGATRON_2022, optimizer_step, stage_seconds
 from .overlap import OVERLAPS, data_parallel_exposed, model_parallel_exposed
 from .traffic import traffic
@@ -92,7 +91,8 @@ def validate(model: Transformer, layout: Layout, cluster: Cluster | None = None)
         raise ValueError(f"sequence length {model.seq_len} must be divisible by cp"
                          f"{'·tp' if layout.sp else ''} = {layout.cp * (layout.tp if layout.sp else 1)}")
     if layout.pp > 1:
-        validate_schedule(layout.schedule, layout.pp, layout.micro_batches, layout.v, model.layers)
+        validate_schedule(layout.schedule, layout.pp, layout.micro_batches, layout.v)
+        stage_layers(model.layers, layout.pp, layout.v)          # equal stages, or Llama 3's balanced cut
     elif layout.v != 1:
         raise ValueError("v (virtual stages) needs a pipeline: pp > 1")
     if cluster is not None and layout.devices > cluster.devices:
@@ -135,14 +135,14 @@ def stage_parameters(model: Transformer, layout: Layout) -> dict:
     and pp > 1 (as Megatron does); positions and the final LayerNorm stay whole."""
     t, h = layout.tp, model.hidden
     layer = layer_parameters(model, t, layout.ep)
-    layers = model.layers // layout.pp
-    per_stage, experts = layers * layer, layers * expert_parameters(model, t, layout.ep)
+    first_layers, most, last_layers = stage_layers(model.layers, layout.pp, layout.v)
+    experts = most * expert_parameters(model, t, layout.ep)
     word = model.vocab * h / t
-    first = per_stage + word + model.positions * h
+    first = first_layers * layer + word + model.positions * h
     last_extra = (word if (not model.tied_embeddings or layout.pp > 1) else 0) + (2 * h if model.final_norm else 0)
     if layout.pp == 1:
         return {"first": first + last_extra, "last": first + last_extra, "layer": layer, "experts": experts}
-    return {"first": first, "last": per_stage + last_extra, "layer": layer, "experts": experts}
+    return {"first": first, "last": last_layers * layer + last_extra, "layer": layer, "experts": experts}
 
 
 @dataclass
@@ -284,14 +284,14 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads, fused_attenti
         buffers += per_layer("none") - kept
     stages = {}
     last_flight = in_flight(layout.schedule, p, layout.micro_batches, layout.v, rank=p - 1) if p > 1 else 1.0
-    experts = params["experts"]                                  # over dp·cp/ep ranks
+    experts, most = params["experts"], stage_layers(model.layers, p, layout.v)[1]   # over dp·cp/ep; fullest stage
     for name, flight in (("first", flying), ("last", last_flight)):
         states = zero_memory.model_state_bytes_formula(params[name] - experts, data_ranks, layout.zero, prec)
         if experts:
             more = zero_memory.model_state_bytes_formula(experts, layout.expert_data_parallel, layout.zero, prec)
             states = {k: states[k] + more[k] for k in states}
         # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
-        acts = (kept * (model.layers // p) + (logits if name == "last" or p == 1 else 0)) * flight
+        acts = (kept * most + (logits if name == "last" or p == 1 else 0)) * flight
         grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
         stages[name] = {"params": states["params"], "grads": grads, "optimizer": states["optimizer"],
                         "activations": acts, "buffers": buffers}

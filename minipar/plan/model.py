@@ -43,7 +43,7 @@ from minipar.activations import MODES, activation_bytes_formula
 from minipar.validation import positive_int
 
 __all__ = ["Transformer", "MoETransformer", "expert_parameters", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
-           "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes_formula", "GPT3_175B", "MODES"]
+           "model_flops", "hardware_flops", "mfu", "hfu", "stage_layers", "model_state_bytes_formula", "GPT3_175B", "MODES"]
 
 
 @dataclass(frozen=True)
@@ -234,6 +234,21 @@ def hardware_flops(model: Transformer, global_batch: int, recompute: str = "none
     if recompute == "selective":
         return base + 12 * tokens * s * h * l
     return base
+
+
+def stage_layers(layers: int, p: int, v: int = 1) -> tuple:
+    """(first, middle, last): the layers a pipeline rank of ``p`` (``v`` chunks each) holds. Equal stages
+    when p·v divides the layers; else, if p·v divides layers + 2, Llama 3's balanced cut (Dubey et al. 2024,
+    §3.3.2: one layer fewer on the first and on the last stage, whose embedding and output layer with the
+    loss each take a layer's place — 126 layers on 16 stages: 7, 8, 7). Any other count: ValueError."""
+    if layers % (p * v) == 0:
+        return (layers // p,) * 3
+    if p > 1 and (layers + 2) % (p * v) == 0:
+        most = (layers + 2) // p
+        return most - 1, most, most - 1
+    raise ValueError(f"{layers} layers cannot be cut into p·v = {p}·{v} = {p * v} equal stages (nor into "
+                     f"Llama 3's balanced ones, the embedding and the output each in a layer's place: "
+                     f"layers + 2 divisible by p·v)")
 
 
 def mfu(model: Transformer, global_batch: int, seconds: float, devices: int, peak_flops: float) -> float:

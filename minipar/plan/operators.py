@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from minipar.machine.device import DeviceCard, Op, ops_seconds
 
-__all__ = ["Kernels", "MEGATRON_2022", "TORCHTITAN_EAGER", "layer_forward", "layer_backward", "layer_step", "head_step",
-           "optimizer_step", "stage_seconds"]
+from .model import stage_layers
+
+__all__ = ["Kernels", "MEGATRON_2022", "LLAMA3_2024", "TORCHTITAN_EAGER", "layer_forward", "layer_backward",
+           "layer_step", "head_step", "optimizer_step", "stage_seconds"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Kernels:
 
 MEGATRON_2022 = Kernels("Megatron-LM 2022", "fused-layernorm", "fused-softmax", "bias-gelu", rope=False,
                         dropout=True, selective="attention-core")
+LLAMA3_2024 = Kernels("Llama 3 pretraining (fused)", "fused-layernorm", "flash", "swiglu", rope=True, dropout=False,
+                      selective="attention-core")
 TORCHTITAN_EAGER = Kernels("torchtitan eager", "eager-rmsnorm", "flash", "swiglu", rope=True, dropout=False,
                            selective="every-other-matmul", loss_bytes=30.0)
 
@@ -132,10 +136,11 @@ def layer_step(model, b, t=1, sp=False, recompute="none", kernels=MEGATRON_2022,
     return forward + layer_backward(forward, recompute, kernels)
 
 
-def head_step(model, b, t=1, kernels=MEGATRON_2022, e=2) -> list:
+def head_step(model, b, t=1, kernels=MEGATRON_2022, e=2, seq_len=None) -> list:
     """The last stage's final norm, output matmul (vocabulary split over t) and FP32 cross-entropy, forward
-    and backward, for one micro-batch."""
-    T, h = b * model.seq_len, model.hidden
+    and backward, for one micro-batch of ``seq_len`` tokens a row (a context-parallel rank's s/cp: each cp
+    rank computes the logits and the loss of its own tokens only)."""
+    T, h = b * (seq_len or model.seq_len), model.hidden
     forward = [_norm("final norm", T * h, kernels, e), _matmul("output", T, h, model.vocab / t, e)]
     loss = Op("cross-entropy (fp32)", "memory", 0.0, kernels.loss_bytes * T * model.vocab / t, 6)
     return forward + [loss] + [x for op in forward for x in _backward(op)]
@@ -149,18 +154,21 @@ def optimizer_step(parameters: float, bytes_per_parameter: float = 30.0, kernels
 
 def stage_seconds(model, layout, card: DeviceCard, kernels: Kernels = MEGATRON_2022, e: int = 2) -> dict:
     """Seconds of one micro-batch's forward + backward on a stage: {"layer": one layer, "first": the first
-    stage, "last": the last stage (with the head), "slowest": the larger, "gemm" and "attention": the slowest
-    stage's layers' matmuls and attention core (what async TP and CP's ring hide their transfers under)}."""
-    layers = model.layers // layout.pp
+    stage, "last": the last stage (with the head), "slowest": the largest of these and a middle stage
+    (:func:`.model.stage_layers`: a balanced cut's middle stages hold one layer more), "gemm" and "attention":
+    the fullest stage's layers' matmuls and attention core (what async TP and CP's ring hide their transfers
+    under)}."""
+    first_layers, layers, last_layers = stage_layers(model.layers, layout.pp, layout.v)
     ops = layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, kernels, e,
                      model.seq_len // layout.cp)
     layer = ops_seconds(ops, card)
     core = [op for op in ops if op.kind == "attention" or op.name.startswith(("scores", "scale-mask", "attention"))]
-    embedding = ops_seconds([Op("embedding", "memory", 0.0, 3.0 * e * layout.micro_batch * model.seq_len
+    local = model.seq_len // layout.cp                     # the tokens this cp rank embeds and scores
+    embedding = ops_seconds([Op("embedding", "memory", 0.0, 3.0 * e * layout.micro_batch * local
                                 * model.hidden, 3)], card)
-    head = ops_seconds(head_step(model, layout.micro_batch, layout.tp, kernels, e), card)
-    first = layers * layer + embedding + (head if layout.pp == 1 else 0.0)
-    last = layers * layer + head + (embedding if layout.pp == 1 else 0.0)
-    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last),
+    head = ops_seconds(head_step(model, layout.micro_batch, layout.tp, kernels, e, local), card)
+    first = first_layers * layer + embedding + (head if layout.pp == 1 else 0.0)
+    last = last_layers * layer + head + (embedding if layout.pp == 1 else 0.0)
+    return {"layer": layer, "first": first, "last": last, "slowest": max(first, last, layers * layer),
             "gemm": layers * ops_seconds([op for op in ops if op.kind == "gemm" and op not in core], card),
             "attention": layers * ops_seconds(core, card)}

@@ -7,7 +7,8 @@ Per layer and micro-batch unless said otherwise (b micro-batch, s sequence, h hi
   reduce-scatters, same volume, plus this course's 2 re-gathers in backward (chapter 06);
 * **cp** — the method's own formula on (b, s, h/t) (:func:`minipar.hybrid.context.cp_bytes`, chapter 06b):
   ring attention K, V passed cp−1 times forward, K, V and dK, dV 2cp−1 times backward, one (b·s/cp·h/t·2e)
-  message per pass; Ulysses 4 all-to-alls of b·(s/cp)·h/t forward and 4 backward; RSA K, V cp−1 times
+  message per pass (K and V kv/a of h wide with grouped-query attention); Ulysses 4 all-to-alls of
+  b·(s/cp)·h/t forward and 4 backward; RSA K, V cp−1 times
   forward and 2(cp−1) backward; full recomputation runs the forward's twice;
 * **ep** — per MoE layer the dispatch and combine all-to-alls, forward and backward:
   2 directions × :func:`minipar.moe.expert_parallel.predicted_all_to_all_bytes` (its ``wire``: the padded
@@ -33,7 +34,7 @@ from minipar.moe.expert_parallel import predicted_all_to_all_bytes
 from minipar.tensor.sequence import sp_bytes_per_layer, tp_bytes_per_layer
 
 from minipar.machine.cluster import collective_seconds, link
-from .model import MoETransformer
+from .model import MoETransformer, stage_layers
 
 __all__ = ["traffic", "data_parallel_traffic", "dim_link"]
 
@@ -70,7 +71,8 @@ def traffic(model, cluster, layout, prec, psi, bucket_bytes, *, experts: float) 
     parameters, ``experts`` of them expert parameters (:func:`~.cost.stage_parameters`)."""
     vb, t, p, m, cp, sp = prec.param, layout.tp, layout.pp, layout.micro_batches, layout.cp, layout.sp
     b, h, s = layout.micro_batch, model.hidden, model.seq_len // cp
-    layers, again = model.layers // p, 1.5 if layout.recompute == "full" else 1.0   # full: forward's again
+    layers = stage_layers(model.layers, p, layout.v)[1]               # the fullest stage's
+    again = 1.5 if layout.recompute == "full" else 1.0                # full: the forward's again
     sent, seconds = {}, {}
 
     bw, lat = dim_link(layout, "tp", cluster)
@@ -130,15 +132,18 @@ def data_parallel_traffic(psi, ranks, zero, m, units, prec, bw, lat, bucket_byte
 
 def _context_parallel(model, cluster, layout, vb, layers) -> tuple:
     """The cp method's bytes (chapter 06b's formulas, through :func:`minipar.hybrid.context.cp_bytes`) and
-    seconds: ring methods one send of this rank's K and V (2·b·(s/cp)·(h/t)·e) per pass, Ulysses
+    seconds: ring methods one send of this rank's K and V (2·b·(s/cp)·(h/t)·e, h·kv/a with grouped-query
+    attention) per pass, Ulysses
     all-to-alls of b·(s/cp)·(h/t)·e (8 per layer and micro-batch, 12 with full recomputation)."""
     cp = layout.cp
     if cp == 1:
         return 0.0, 0.0
     b, seq = layout.micro_batch, model.seq_len
-    sent = cp_bytes(SimpleNamespace(n_embd=model.hidden), layout, micro_batch=b, seq=seq, blocks=layers,
-                    element_size=vb)
-    block = b * (seq // cp) * model.hidden / layout.tp * vb
+    # a ring passes K and V only: with grouped-query attention they are kv/a of h wide (Ainslie et al. 2023)
+    width = model.hidden if layout.cp_method == "ulysses" else model.hidden * (model.kv_heads or model.heads) \
+        // model.heads
+    sent = cp_bytes(SimpleNamespace(n_embd=width), layout, micro_batch=b, seq=seq, blocks=layers, element_size=vb)
+    block = b * (seq // cp) * width / layout.tp * vb
     bw, lat = dim_link(layout, "cp", cluster)
     if layout.cp_method == "ulysses":
         calls = (12 if layout.recompute == "full" else 8) * layers * layout.micro_batches

@@ -13,7 +13,7 @@ import argparse
 import json
 
 from minipar.machine.device import CARDS, FITTED
-from minipar.plan.published import RUNS, fit_gemm_efficiency, summary, table, table_text
+from minipar.plan.published import RUNS, fit_gemm_efficiency, mt_nlg_against_korthikanti, summary, table, table_text
 
 __all__ = ["TOLERANCE", "main"]
 
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     rows = table()
     if args.json:
         print(json.dumps({"tolerance": TOLERANCE, "rows": rows, "summary": summary(rows, TOLERANCE),
-                          "fitted": FITTED}, indent=1))
+                          "fitted": FITTED, "mt_nlg_against_korthikanti": mt_nlg_against_korthikanti()}, indent=1))
     else:
         print("Seconds per iteration: published, and the planner's model on the declared cards (a model).")
         print(table_text(rows, TOLERANCE))
