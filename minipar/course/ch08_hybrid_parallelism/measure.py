@@ -16,7 +16,7 @@ from minipar.launcher import launch
 from minipar.layout import Layout
 from minipar.pipeline.runtime import PipelineRank
 
-__all__ = ["recipe", "LAYOUTS", "measure_layout", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
+__all__ = ["recipe", "LAYOUTS", "BAD_LAYOUTS", "measure_layout", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
            "layout_memory_formula"]
 
 LAYOUTS = {
@@ -28,6 +28,13 @@ LAYOUTS = {
     "2x2x2+zero1": dict(dp=2, pp=2, tp=2, zero=1),
     "2x2x2 interleaved v=2": dict(dp=2, pp=2, tp=2, schedule="interleaved", v=2),
 }
+
+# §2: layouts ``validate`` refuses before any process starts — heads not divisible by tp, layers not by pp,
+# fewer micro-batches than stages under 1F1B, a global batch of 16 not cut by dp × m
+BAD_LAYOUTS = [dict(dp=2, pp=2, tp=3, world_size=12, micro_batches=4),
+               dict(dp=2, pp=8, tp=1, world_size=16, micro_batches=8),
+               dict(dp=2, pp=2, tp=2, world_size=8, micro_batches=1),
+               dict(dp=3, pp=2, tp=2, world_size=12, micro_batches=4)]
 
 
 def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 0,

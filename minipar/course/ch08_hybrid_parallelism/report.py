@@ -1,33 +1,73 @@
 """Chapter 08's printed tables, each one value: a :class:`minipar.course.report.Report` whose text the cell
-prints and whose ``check()`` asserts what the chapter's sentences say about its numbers."""
+prints and whose ``check()`` asserts what the chapter's sentences say about its numbers; :func:`show` does both,
+so a cell that shows a table is one call. Pictures with their claims: :func:`draw_mesh`, :func:`show_memory`."""
 from __future__ import annotations
 
+from minipar.course.ch08_hybrid_parallelism import claims, figures, measure
 from minipar.course.report import Report
 from minipar.hybrid.parallel3d import bytes_formula
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 
 
-__all__ = ["bytes_by_kind", "bubble", "bubble_table", "zero_per_microbatch", "zero_once_per_step", "step_source"]
+__all__ = ["show", "draw_mesh", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
+           "pp_vs_dp_at_scale", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint", "step_source"]
+
+
+def show(report: Report) -> None:
+    """Print a table and check what the chapter says about its numbers (prints nothing more when all hold)."""
+    print(report.text)
+    report.check()
+
+
+def draw_mesh(mesh) -> None:
+    """§1's picture: the 8 ranks of ``mesh`` (dp 2 × pp 2 × tp 2) with their groups; checks the groups printed."""
+    import matplotlib.pyplot as plt
+    claims.check_mesh_groups(mesh)
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    figures.draw_mesh(ax)
+    plt.show()
+
+
+def global_batch(batch: int, seq: int, *, dp: int, m: int) -> Report:
+    """§2: the global batch cut as B = dp × m × mb."""
+    text = f"B = {batch} = dp {dp} × m {m} × mb {batch // (dp * m)};  sequence {seq} tokens"
+    return Report(text, lambda r: claims.check_global_batch_loss(batch, dp, m))
 
 
 def _check_bytes(r: Report) -> None:
     for run, f in zip(r.runs, r.formulas):
         assert run.bytes_by_kind == {k: f[k] for k in run.bytes_by_kind}           # log = formula, every kind
         assert run.observed["dp"] >= run.bytes_by_kind["dp"]
+        same_stage = next(o for o in r.runs if o.coords["pp"] == run.coords["pp"])
+        assert run.bytes_by_kind == same_stage.bytes_by_kind                       # one row per stage tells all
     assert r.dp_bytes > r.pp_bytes                                                 # DP moves more than PP here
 
 
-def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp: int, m: int) -> Report:
-    """§3: bytes each rank sent per step by kind (communication log) beside ``bytes_formula``, and what the
-    sockets took (observed, per window: DP; PP + TP); then rank 0's DP against its PP bytes."""
+def _same_as(runs: list, shown) -> str:
+    """'ranks 1, 4, 5 send what rank 0 sends; …' for the ranks not shown, each against the shown rank of its
+    stage (every kind equal: checked in :func:`_check_bytes`)."""
+    by_stage = {runs[r].coords["pp"]: r for r in shown}
+    rest = {r: [o for o in range(len(runs)) if o not in shown and runs[o].coords["pp"] == runs[r].coords["pp"]]
+            for r in by_stage.values()}
+    return "; ".join(f"ranks {', '.join(map(str, others))} send what rank {r} sends" for r, others in rest.items() if others)
+
+
+def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp: int, m: int,
+                  ranks=(0, 2)) -> Report:
+    """§3: bytes ``ranks`` sent per step by kind (communication log) beside ``bytes_formula``, and what the
+    sockets took (observed, per window: DP; PP + TP); which other ranks send the same (one row per stage by
+    default); then rank 0's DP against its PP bytes. The check holds every rank, shown or not."""
     formulas = [bytes_formula(cfg, batch=batch, seq=seq, dp=dp, pp=pp, tp=tp, m=m, pp_rank=r.coords["pp"]) for r in runs]
     lines = [f"{'rank':>4} {'coords':>11} | {'DP':>8} {'(formula)':>9} | {'PP':>7} {'(formula)':>9} | "
              f"{'TP':>8} {'(formula)':>9} | observed DP, PP+TP"]
-    for rank, (r, f) in enumerate(zip(runs, formulas)):
+    for rank in ranks:
+        r, f = runs[rank], formulas[rank]
         b, at = r.bytes_by_kind, " ".join(f"{d}{r.coords[d]}" for d in ("dp", "pp", "tp"))
         lines.append(f"{rank:>4} {at:>11} | {b['dp']:>8.0f} {f['dp']:>9.0f} | {b['pp']:>7.0f} {f['pp']:>9.0f} | "
                      f"{b['tp']:>8.0f} {f['tp']:>9.0f} | {r.observed['dp']:.0f}, {r.observed['pp+tp']:.0f}")
+    if len(ranks) < len(runs):
+        lines.append(_same_as(runs, ranks))
     dp_bytes, pp_bytes = runs[0].bytes_by_kind["dp"], runs[0].bytes_by_kind["pp"]
     lines.append(f"rank 0 per step: DP {dp_bytes:.0f} B, PP {pp_bytes:.0f} B  (DP/PP = {dp_bytes / pp_bytes:.1f})")
     return Report("\n".join(lines), _check_bytes, runs=runs, formulas=formulas, dp_bytes=dp_bytes, pp_bytes=pp_bytes)
@@ -56,12 +96,9 @@ def bubble_table(formula: float, unequal: float, measured: float, per_stage: lis
     """The three bubbles of one pipeline as a small table (idle share of the step), under the stages' measured
     F + BW time per micro-batch (seconds in ``per_stage``; ``step`` counted from 0)."""
     stages = ", ".join(f"stage {i} {t * 1e3:.1f} ms" for i, t in enumerate(per_stage))
-    slow = max(range(len(per_stage)), key=per_stage.__getitem__)
-    slower = f"slowest stage in this run: stage {slow}, {per_stage[slow] / min(per_stage):.2f}× the fastest"
-    rows = [("formula (p−1)/(m+p−1): equal stages, free transfers", formula),
-            ("model with the measured stage times", unequal), ("measured", measured)]
+    rows = [("formula (p−1)/(m+p−1)", formula), ("with this run's stage times", unequal), ("measured", measured)]
     return "\n".join([f"one pipeline (dp 0, tp 0), step {step + 1}; F + BW per micro-batch: {stages}",
-                      slower, f"{'bubble':52} {'idle share':>10}"] + [f"{name:52} {x:>10.2f}" for name, x in rows])
+                      f"{'bubble':28} {'idle share':>10}"] + [f"{name:28} {x:>10.2f}" for name, x in rows])
 
 
 def _check_per_microbatch(r: Report) -> None:
@@ -72,11 +109,13 @@ def _check_per_microbatch(r: Report) -> None:
 
 def zero_per_microbatch(result: dict, m: int) -> Report:
     """§5: ZeRO-1/2/3 run per micro-batch inside the pipeline (:func:`.measure.zero_with_pipeline`'s
-    "per_microbatch"): collectives and bytes over the dp group in one whole step (forwards, backwards and the
-    all-gather after the optimizer step), rank 0's view, and each one's bytes in ZeRO-1's."""
+    "per_microbatch"): collectives (calls, bytes) over the dp group in one whole step (forwards, backwards and
+    the all-gather after the optimizer step), rank 0's view, and each one's bytes in ZeRO-1's."""
     per_mb = result["per_microbatch"]
-    lines = [f"ZeRO-{z}: {c['calls']:>2} collectives over dp per step, {c['bytes']:>7} bytes "
-             f"({c['bytes'] / per_mb[1]['bytes']:.1f}× ZeRO-1's)  {c['by_op']}" for z, c in per_mb.items()]
+    lines = [f"{'':7} {'reduce-scatters':>18} {'all-gathers':>18} {'bytes in all':>13} {'× ZeRO-1':>9}"]
+    for z, c in per_mb.items():
+        cells = [f"{c['by_op'][op][0]} ({c['by_op'][op][1]:,} B)" for op in ("reduce_scatter", "all_gather")]
+        lines.append(f"ZeRO-{z}  {cells[0]:>18} {cells[1]:>18} {c['bytes']:>13,} {c['bytes'] / per_mb[1]['bytes']:>9.1f}")
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
     return Report("\n".join(lines), _check_per_microbatch, per_mb=per_mb, rs=rs, m=m)
 
@@ -85,18 +124,66 @@ def _check_once(r: Report) -> None:
     once = r.once
     assert all(c["matches"] for c in once.values())
     assert once[2]["calls"] == once[3]["calls"] == once[1]["calls"] and once[3]["bytes"] == once[1]["bytes"] == r.rs1 * 2
-    assert once[3]["between"] < once[2]["between"] < once[1]["between"] and once[3]["peak"] > once[1]["peak"]
+    assert once[3]["between"] < once[2]["between"] < once[1]["between"]        # states between steps shrink
+    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]                 # never below ZeRO-1's peak
 
 
 def zero_once_per_step(result: dict) -> Report:
     """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
-    equal to one device, collectives and bytes over dp, model states between steps, the step's peak (rank 0)."""
+    collectives and bytes over dp per step, model states between steps, the step's peak (rank 0), and whether
+    the run equals one device."""
     once = result["once"]
-    lines = [f"ZeRO-{z} once per step: equal to one device {c['matches']}; {c['calls']:.0f} collectives over dp per "
-             f"step, {c['bytes']:,.0f} bytes; model states between steps {c['between']:,} B, the step's peak {c['peak']:,} B"
-             for z, c in once.items()]
+    lines = [f"{'once per step':13} {'collectives':>11} {'bytes over dp':>14} {'states between steps':>21} "
+             f"{'step peak':>10}  equal to one device"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>14,.0f} {c['between']:>19,} B "
+              f"{c['peak']:>8,} B  {c['matches']}" for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
+
+
+def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
+    """§4: the four layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), peak and model states
+    per rank measured (max over the ranks), beside the model-state formula for a ``psi``-parameter model in
+    mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak, model states)}."""
+    import matplotlib.pyplot as plt
+    from minipar.hybrid.runner import run
+    layouts = {"2x2x2": runs_2x2x2}
+    for name in ("4x2x1", "1x2x4", "2x2x2+zero1"):
+        layouts[name] = run(recipe, world_size=8, micro_batches=4, track_memory=True, **measure.LAYOUTS[name])
+    memory = {name: (max(r.peak_bytes for r in rs), max(r.model_state_bytes for r in rs)) for name, rs in layouts.items()}
+    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17} | {psi / 1e9:.0f}B model, GB per GPU (formula)")
+    for name, (peak, states) in memory.items():
+        layout = measure.LAYOUTS[name]
+        gb = measure.layout_memory_formula(psi, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], zero=layout.get("zero", 0))
+        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | {gb / 1e9:5.2f}")
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    figures.draw_memory(ax, memory)
+    plt.show()
+    claims.check_memory_per_layout(memory)
+    claims.check_zero1_peak_drop(memory)
+    claims.check_layouts_compared(psi)
+    return memory
+
+
+def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
+                      t: int = 8, p: int = 64, d: int = 6) -> Report:
+    """PP's and DP's values per rank per step on the 1T layout of Narayanan et al. 2021, Table 1 (defaults):
+    PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back), whole or 1/t each with Megatron's
+    scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this rank's share of its stage)."""
+    pp_values = 2 * (batch // d) * seq * h
+    dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
+    text = (f"PP, per rank per step: {pp_values / 1e9:.1f} billion values sent whole by each TP rank, "
+            f"{pp_values / t / 1e9:.1f} billion with Megatron's scatter/gather (1/t each, re-gathered on NVLink)\n"
+            f"DP, per rank per step: {dp_values / 1e9:.1f} billion values")
+    return Report(text, lambda r: claims.check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t))
+
+
+def show_checkpoint(files: list, out: list) -> None:
+    """§6: the saved checkpoint's files, and every parameter loaded at the new layout equal to what was saved."""
+    print(files)
+    saved = {name: tensor for before, _, _ in out for name, tensor in before.items()}
+    print("loaded at 1×2×4: every parameter equal, element for element, to what 2×2×2 saved")
+    claims.check_checkpoint_that_changes_layout(saved, out)
 
 
 # The branches of Trainer3D.step for what chapter 08 does not teach (context parallelism, ZeRO-3's gather, the
