@@ -146,13 +146,14 @@ def card_views(views: dict) -> Shown:
 
 def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     """Section 3: why the planner's best layout wins — the best, then each knob changed alone (TP 8 with dp
-    halved, v = 1 i.e. plain 1F1B, no SP, full recomputation), each row's step time and the time terms that
+    halved, v = 1 i.e. plain 1F1B, no SP, full recomputation, ZeRO-2 or -3 resharding per micro-batch), each row's step time and the time terms that
     moved by more than 0.05 s against the best."""
     from dataclasses import replace
     lay = best.layout
     tp8 = replace(lay, tp=2 * lay.tp, dp=lay.dp // 2, micro_batches=global_batch // (lay.dp // 2 * lay.micro_batch))
     knobs = {f"TP {tp8.tp} (DP {tp8.dp})": tp8, "v = 1 (1F1B)": replace(lay, v=1, schedule="1f1b"),
-             "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full")}
+             "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
+             "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
     lines = [f"best: {lay}", f"{'':18}{'GB/device':>10}{'s/step':>8}  terms that moved (s)",
              f"{'best':18}{best.memory['total'] / GB:10.1f}{best.step_seconds:8.2f}"]
     for name, layout in knobs.items():

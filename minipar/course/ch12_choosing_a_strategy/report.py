@@ -1,0 +1,187 @@
+"""What chapter 12's cells show, one call per cell: each function prints a table (and draws where the section
+has a picture), then holds the chapter's sentences about those numbers (:mod:`.claims`), printing nothing
+more when they hold. The tables' text comes from :mod:`.show`, the pictures from :mod:`.figures`."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import matplotlib.pyplot as plt
+
+from minipar import plan as mp
+from minipar.machine.device import A100_SXM_80GB
+from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
+                          model_state_bytes_formula, parameters, plan)
+from minipar.plan.published import TOLERANCE, summary
+
+from . import claims, figures, show
+
+__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
+           "hand_layouts", "rules_vs_planner", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "oneflow_layout", "FAST_INTER_NODE"]
+
+GB = 1e9
+FAST_INTER_NODE = 150e9       # bytes/s per GPU between nodes in §5: half of NVLink 3's 300 GB/s
+
+
+def gpt3() -> None:
+    """Setup: GPT-3 175B's shape and its parameters by Narayanan et al. 2021, Eq. 2."""
+    print(GPT3_175B)
+    print(f"parameters (Narayanan et al. 2021, Eq. 2): {parameters(GPT3_175B) / 1e9:.1f} B")
+    claims.check_choosing_strategy_cost_model_planner()
+
+
+def rules(advice, cluster) -> None:
+    """§1: the rules' walk for this cluster, what "fits one device?" adds up, and the flow chart."""
+    print(advice)
+    print(show.one_device(cluster))
+    fig, ax = plt.subplots(figsize=(12, 5.2))
+    figures.draw_decision_guide(ax, highlight={"start", "many", "many_no", "many_no_no"})
+    plt.show()
+
+
+ACTIVATION_ROWS = {"no parallelism": dict(), "TP 8": dict(tp=8), "TP 8 + SP": dict(tp=8, sp=True),
+                   "TP 8 + SP + selective": dict(tp=8, sp=True, recompute="selective"),
+                   "full recompute": dict(recompute="full")}
+
+
+def formulas() -> dict:
+    """§2: one layer's activation bytes under each row of :data:`ACTIVATION_ROWS` (micro-batch 1), the model
+    states on one device, and the MFU formula on Korthikanti et al.'s Table 5. Returns the activations."""
+    acts = {k: activation_bytes_per_layer(GPT3_175B, 1, **kw) for k, kw in ACTIVATION_ROWS.items()}
+    print("GPT-3, s = 2048, b = 1: activation bytes one layer keeps for the backward, per device")
+    for k, v in acts.items():
+        print(f"  {k:<24}{v / GB:8.3f} GB   × 96 layers = {96 * v / GB:7.1f} GB")
+    states = model_state_bytes_formula(parameters(GPT3_175B), 1, 0)["total"]
+    print(f"model states on one device: {states / GB:.0f} GB (16 bytes × Ψ)")
+    print(show.table5_mfu())
+    claims.check_what_one_model_costs_four(acts, GB)
+    return acts
+
+
+def in_flight_counts(p: int = 4, m: int = 8) -> None:
+    """§3: micro-batches in flight on the busiest stage for each schedule, p stages, m micro-batches."""
+    print({s: mp.in_flight(s, p, m, 2 if s == "interleaved" else 1) for s in ("gpipe", "1f1b", "interleaved")})
+    claims.check_cost_model_memory_time_one()
+
+
+def planner(p, advice) -> None:
+    """§4: the planner's answer, one row per family; the best fits, and its family is the rules'."""
+    print(show.plan_table(p))
+    best = p.best[0]
+    claims.check_planner_gpt_3_175b_1024(best)
+    claims.check_published_decision_guide_as_rules(advice, best)
+
+
+def one_knob(best, cluster) -> None:
+    """§4: the best, then each knob changed alone, and the time terms that moved."""
+    print(show.one_knob(best, cluster))
+    claims.check_one_knob_at_a_time(best, cluster)
+
+
+def hand_layouts(best, cluster) -> None:
+    """§4: the planner's best beside two layouts by hand, as stacked memory bars, then their numbers."""
+    ests, text = show.hand_layouts(best, cluster)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    figures.draw_memory_bars(ests, cluster.memory_bytes, ax)
+    plt.show()
+    print(text)
+
+
+def _row(links, overlap, advice, p) -> str:
+    """One line of §5's table: the rules' families, the planner's best family and step, the best step with a
+    pipeline and with ZeRO-3, and ZeRO-3's against the best."""
+    best = p.best[0]
+    with_pp = min(e.step_seconds for fam, e in p.families.items() if "PP" in fam)
+    zero3 = min(e.step_seconds for fam, e in p.families.items() if fam.startswith("ZeRO-3"))
+    return (f"{links:>8}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
+            f"{best.step_seconds:7.1f}{with_pp:9.1f}{zero3:8.1f}{zero3 / best.step_seconds:8.2f}")
+
+
+def rules_vs_planner(cluster, p) -> dict:
+    """§5: the rules and the planner on section 4's cluster and on one with fast links between nodes, each
+    with overlap off (every collective exposed) and on (what PyTorch DDP, DeepSpeed and FSDP hide:
+    :mod:`minipar.plan.overlap`). Prints the rules' walk on the fast cluster and one row per case; returns
+    the four plans by (links, overlap)."""
+    fast = replace(cluster, inter_bw=FAST_INTER_NODE)
+    slow_gbs, fast_gbs = f"{cluster.inter_bw / 1e9:.0f} GB/s", f"{fast.inter_bw / 1e9:.0f} GB/s"
+    plans = {(slow_gbs, "off"): p}
+    for links, c in ((slow_gbs, cluster), (fast_gbs, fast)):
+        for overlap in ("off", "on"):
+            if (links, overlap) not in plans:
+                plans[links, overlap] = plan(GPT3_175B, c, 1536, top=1, overlap=overlap == "on")
+    advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
+    print(advice[fast_gbs])
+    print(f"\n{'links':>8}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'s/step':>7}"
+          f"{'with PP':>9}{'ZeRO-3':>8}{'ZeRO-3/':>8}")
+    print(f"{'per GPU':>8}{'':75}{'best':>8}")
+    for (links, overlap), pl in plans.items():
+        print(_row(links, overlap, advice[links], pl))
+    claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
+    claims.check_overlap_decides(plans[slow_gbs, "off"], plans[slow_gbs, "on"], plans[fast_gbs, "off"], plans[fast_gbs, "on"])
+    return plans
+
+
+def calculator_views() -> dict:
+    """§7: the calculator's first view on the A100 and on the H100 card, term by term."""
+    views = {name: figures.calculate(cluster=name) for name in figures.CALCULATOR_CLUSTERS}
+    print(show.card_views(views))
+    claims.check_memory_time_calculator(views["A100 card (device model)"], views)
+    return views
+
+
+def sequence(cluster) -> dict:
+    """§8: the layouts of :data:`figures.SWEEP_LAYOUTS` as the sequence grows, drawn; the longest that fits."""
+    sweep = figures.sweep_sequence(GPT3_175B, cluster)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    figures.draw_sequence_sweep(sweep, cluster.memory_bytes, ax)
+    plt.show()
+    fits = {k: max((s for s, e in pts if e.fits), default=None) for k, pts in sweep.items()}
+    print("longest sequence that fits in 80 GB:", fits)
+    claims.check_memory_over_sequence_length(fits)
+    return fits
+
+
+def published(pub) -> float:
+    """§9: the published runs drawn and tabled; returns the share of check rows within ±15 %."""
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    figures.draw_published(pub, ax)
+    plt.show()
+    print(show.published(pub))
+    claims.check_one_calibration_per_card(pub)
+    claims.check_misses_are_mt_nlg(pub, TOLERANCE)
+    got = summary(pub, TOLERANCE)
+    return got["inside"] / got["check"]
+
+
+def mt_nlg() -> None:
+    """§9: MT-NLG's rate beside Korthikanti et al.'s 530B rows, counted the same way."""
+    print(show.mt_nlg_against_korthikanti())
+
+
+def card_row(pub, run: str = "175B SP + selective") -> None:
+    """§9: one published row term by term, and the A100 card it is priced on, with the card's sources."""
+    row = next(r for r in pub if r["run"] == run)
+    print(f"{row['run']} on {row['device']}: " + " + ".join(f"{k} {v:.2f}" for k, v in row["terms"].items())
+          + f" = {row['predicted']:.2f} s per iteration (published {row['published']:.2f} s)")
+    card = A100_SXM_80GB
+    print(f"{card.name}: peak {card.peak_flops / 1e12:.0f} TFLOP/s x eta_F {card.gemm_efficiency} (fitted), "
+          f"HBM {card.hbm_bandwidth / 1e12:.2f} TB/s x eta_B {card.memory_efficiency}, "
+          f"launch floor {card.launch_floor * 1e6:.0f} us")
+    print("sources:", card.source)
+    claims.check_time_gpu_device_model_checked(row)
+
+
+def oneflow_layout() -> None:
+    """§10: the OneFlow article's layout (64 stages × 6 nodes × 8 GPUs) for GPT-3, and for the 1T model of
+    Narayanan et al.'s Table 1 without and with full recomputation, with its hardware FLOPs utilization."""
+    seed_layout = Layout(dp=6, tp=8, pp=64, micro_batch=1, micro_batches=512)
+    try:
+        estimate(GPT3_175B, a100_cluster(384), seed_layout)
+    except ValueError as exc:
+        print("GPT-3 175B on the OneFlow article's layout:", exc)
+    one_t = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
+    print(f"{parameters(one_t) / 1e12:.3f} T parameters on {seed_layout.devices} GPUs, batch 3072:")
+    for layout in (seed_layout, replace(seed_layout, recompute="full")):
+        e_1t = estimate(one_t, a100_cluster(384), layout)
+        print(f"  {e_1t}\n    HFU {mp.hfu(one_t, 3072, e_1t.step_seconds, 3072, 312e12, layout.recompute):.1%}")
+    claims.check_oneflow_articles_gpt_3_layout(seed_layout, one_t, e_1t)
