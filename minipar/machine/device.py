@@ -144,8 +144,8 @@ A100_SXM_80GB = DeviceCard(
     memory_efficiency=0.85, sms=108, gemm_scheduler="waves",
     source="NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 2,039 GB/s HBM2e (80 GB SXM), 108 SMs; GEMM "
            "tiles dealt in waves (cuBLAS on Ampere, the kernels of Megatron's 2022 runs); attention: "
-           "FlashAttention-2 (Dao 2023) reaches up to 73 % of peak forward + backward; HBM: 85 %, about what "
-           "streaming benchmarks reach (a round number); " + _FLOOR)
+           "FlashAttention-2 (Dao 2023) reaches 50–73 % of peak forward + backward, the card takes about its best, "
+           "0.72; HBM: 85 %, about what streaming benchmarks reach (a round number); " + _FLOOR)
 
 A100_SXM_40GB = dataclasses.replace(
     A100_SXM_80GB, name="A100-SXM4-40GB", hbm_bandwidth=1.555e12, memory_bytes=40e9,
