@@ -49,12 +49,14 @@ def check_bytes_per_layer(layer) -> None:
 def check_memory_per_rank_measured(mem, fraction) -> None:
     """Memory per rank, measured"""
     assert all(r["param_bytes"] == r["param_formula"] and r["activation_bytes"] == r["activation_formula"] for r in mem.values()) and 0.25 < fraction < 0.5
+    assert round(mem[1]["param_bytes"] / mem[4]["param_bytes"], 1) == 3.8     # the prose: "÷3.8 at t = 4"
+    assert round(fraction, 2) == 0.42                                          # the prose: "about 0.42"
 
 
-def check_latency_fitted_no_longer_than_small(alpha, small, timings) -> None:
-    """What one all-reduce costs: the latency fitted is no longer than the small all-reduces' fastest calls,
-    and the largest message takes longer than every call of the smallest"""
-    assert alpha <= max(small)        # the latency fitted is no longer than the small all-reduces' fastest calls
+def check_latency_fitted_no_longer_than_small(call_latency, small, timings) -> None:
+    """What one all-reduce costs: the fitted latency of a whole call (2(N-1) ring steps' α) is no longer than the
+    small all-reduces' fastest calls, and the largest message takes longer than every call of the smallest"""
+    assert call_latency <= max(small)   # the fitted latency is no longer than the small all-reduces' fastest calls
     assert statistics.median(timings[max(timings)]) > max(timings[min(timings)])  # a 10⁶× larger message: longer than every small call
 
 

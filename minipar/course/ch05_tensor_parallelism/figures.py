@@ -3,25 +3,24 @@
 * ``05_column_parallel_gelu.png`` — Y = GeLU(X A) with A split by columns on 2 ranks: X, each rank's
   columns of A and the GeLU of its product, as the ranks held them (Megatron's figure, as the Hugging Face guide shows it).
 * ``05_allreduce_cost.png`` — all-reduce time vs message size measured on 4 CPU ranks (gloo), median
-  [min–max] of repeated calls at eleven sizes, with the latency + size/bandwidth line fitted in log space
-  to each size's fastest call;
+  [min–max] of repeated calls at eleven sizes, with the ring's α-β line (2(N-1)·α + 2(N-1)/N·S/β, the
+  library's :func:`minipar.machine.fidelity.fit_link`) fitted to each size's fastest call;
   beside it a model: tokens/s per GPU of a GPT-3-shaped model against the TP degree, inside a node and
   across nodes (:mod:`.throughput`: the planner's estimate on A100 and H100 cards).
 """
 from __future__ import annotations
 
-import math
 import statistics
 
 import torch
 import torch.nn.functional as F
 
 from minipar.launcher import launch
-from minipar.machine.fidelity import fit_affine
+from minipar.machine.fidelity import fit_link
 from minipar.observe.measure import calibrate_links
 
 __all__ = ["column_gelu_shards", "draw_column_gelu", "mlp_shards", "draw_mlp_split", "allreduce_timings",
-           "fit_latency_bandwidth", "draw_allreduce_cost", "FIGURES"]
+           "fit_latency_bandwidth", "draw_allreduce_cost", "draw_tp_throughput", "FIGURES"]
 
 from minipar.course.plotting import RANK_COLOURS
 
@@ -136,79 +135,73 @@ def allreduce_timings(world_size: int = 4, sizes=tuple(4 ** k for k in range(1, 
     return {size: [statistics.fmean(r[size][i] for r in per_rank) for i in range(reps)] for size in per_rank[0]}
 
 
-def fit_latency_bandwidth(timings: dict, world_size: int = 4, iterations: int = 50):
-    """(α seconds, β bytes/second) of ``t = α + 2(N-1)/N · S / β`` fitted to the **fastest** of each size's calls
-    (the least contended: on shared CPU cores a slower call waited for a core, not for the link) in **log
-    space**: least squares of log t (every size weighs alike, so the 64 B calls fix α and the 16 MiB ones β;
-    in plain seconds the largest calls decide and α absorbs their error). Gauss-Newton on (log α, log 1/β),
-    started from the relative-error fit (:func:`minipar.machine.fidelity.fit_affine`). A size may be given
-    one time or a list of repeats."""
-    xs = [2 * (world_size - 1) / world_size * s for s in timings]
-    ys = [min(v) if isinstance(v, (list, tuple)) else v for v in timings.values()]
-    if len(xs) < 2:
-        raise ValueError(f"an α-β fit needs at least two sizes, got {len(xs)}")
-    a, slope = fit_affine(xs, ys)
-    u, v = math.log(max(a, 1e-3 * min(ys))), math.log(max(slope, 1e-18))
-    for _ in range(iterations):                      # residual r = log(α + x·s) − log y
-        a, slope = math.exp(u), math.exp(v)
-        model = [a + x * slope for x in xs]
-        r = [math.log(m / y) for m, y in zip(model, ys)]
-        ju, jv = [a / m for m in model], [x * slope / m for x, m in zip(xs, model)]
-        guu, guv, gvv = sum(j * j for j in ju), sum(p * q for p, q in zip(ju, jv)), sum(j * j for j in jv)
-        bu, bv = sum(j * e for j, e in zip(ju, r)), sum(j * e for j, e in zip(jv, r))
-        det = guu * gvv - guv * guv
-        if det <= 0:
-            break
-        du, dv = (gvv * bu - guv * bv) / det, (guu * bv - guv * bu) / det
-        u, v = u - max(-1.0, min(1.0, du)), v - max(-1.0, min(1.0, dv))
-        if abs(du) + abs(dv) < 1e-10:
-            break
-    return math.exp(u), 1 / math.exp(v)
+def fit_latency_bandwidth(timings: dict, world_size: int = 4):
+    """(α seconds of one ring step, β bytes/second) of ``t = 2(N-1)·α + 2(N-1)/N · S / β`` — the ring's form,
+    the one chapter 00 and the cluster model price every all-reduce by — fitted by the library's
+    :func:`minipar.machine.fidelity.fit_link` to the **fastest** of each size's calls (the least contended: on
+    shared CPU cores a slower call waited for a core, not for the link). A size may be given one time or a list
+    of repeats."""
+    fastest = {s: min(v) if isinstance(v, (list, tuple)) else v for s, v in timings.items()}
+    beta, alpha = fit_link("all_reduce", world_size, fastest)
+    return alpha, beta
 
 
-def draw_allreduce_cost(timings: dict, rows: list | None = None):
-    """Left: the measured all-reduce times (median of the repeats, bars from the fastest to the slowest call)
-    and the log-space α-β fit to each size's fastest call (:func:`fit_latency_bandwidth`). Right (``rows`` of
-    :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput`, a model): tokens/s per GPU of a
-    GPT-3-shaped model against the TP degree, on 8-GPU nodes and on 2-GPU nodes (a what-if), on each card."""
-    import matplotlib.pyplot as plt
-
-    alpha, beta = fit_latency_bandwidth(timings)
+def _plot_measured(ax, timings: dict, world_size: int) -> None:
+    alpha, beta = fit_latency_bandwidth(timings, world_size)
+    steps, share = 2 * (world_size - 1), 2 * (world_size - 1) / world_size
     sizes = list(timings)
     med = [statistics.median(timings[s]) * 1e3 for s in sizes]
     lo = [m - min(timings[s]) * 1e3 for m, s in zip(med, sizes)]
     hi = [max(timings[s]) * 1e3 - m for m, s in zip(med, sizes)]
-    fig, axes = plt.subplots(1, 2 if rows else 1, figsize=(11 if rows else 5.5, 3.8), squeeze=False)
-    ax = axes[0][0]
     ax.errorbar(sizes, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2,
-                label=f"measured, 4 CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
-    ax.plot(sizes, [(alpha + 1.5 * s / beta) * 1e3 for s in sizes], "-",
-            label=f"fit to each size's fastest call: {alpha * 1e3:.3g} ms + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
+                label=f"measured, {world_size} CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
+    ax.plot(sizes, [(steps * alpha + share * s / beta) * 1e3 for s in sizes], "-",
+            label=f"fit to each size's fastest call: 2(N-1)·{alpha * 1e6:.3g} µs + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
     ax.set_ylabel("one all-reduce (ms)")
     ax.legend(fontsize=7)
     ax.set_title("Measured: a fixed latency, then time grows with S", fontsize=9)
-    if rows:
-        ax2 = axes[0][1]
-        for (card, placement), style in zip(sorted({(r["card"], r["placement"]) for r in rows}),
-                                            ("o-", "s--", "o-", "s--")):
-            mine = [r for r in rows if (r["card"], r["placement"]) == (card, placement)]
-            ax2.plot([r["t"] for r in mine], [r["tokens_per_gpu"] for r in mine], style,
-                     label=f"{card.split(' (')[0]}, {placement}")
-        ax2.set_xscale("log", base=2)
-        ax2.set_xticks([r["t"] for r in mine], [str(r["t"]) for r in mine])
-        ax2.set_xlabel("TP degree t")
-        ax2.set_ylabel("tokens/s per GPU")
-        ax2.set_title("Model (the planner): a GPT-3-shaped model (h = 12288, s = 2048), TP alone", fontsize=9)
-        ax2.legend(fontsize=7)
+
+
+def _plot_model(ax, rows: list) -> None:
+    for (card, placement), style in zip(sorted({(r["card"], r["placement"]) for r in rows}),
+                                        ("o-", "s--", "o-", "s--")):
+        mine = [r for r in rows if (r["card"], r["placement"]) == (card, placement)]
+        ax.plot([r["t"] for r in mine], [r["tokens_per_gpu"] for r in mine], style,
+                label=f"{card.split(' (')[0]}, {placement}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([r["t"] for r in mine], [str(r["t"]) for r in mine])
+    ax.set_xlabel("TP degree t")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title("Model (the planner): a GPT-3-shaped model (h = 12288, s = 2048), TP alone", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def draw_allreduce_cost(timings: dict, world_size: int = 4):
+    """The measured all-reduce times (median of the repeats, bars from the fastest to the slowest call) and the
+    α-β fit to each size's fastest call (:func:`fit_latency_bandwidth`)."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    _plot_measured(ax, timings, world_size)
+    return fig
+
+
+def draw_tp_throughput(rows: list):
+    """``rows`` of :func:`minipar.course.ch05_tensor_parallelism.throughput.tp_throughput` (a model): tokens/s
+    per GPU of a GPT-3-shaped model against the TP degree, on 8-GPU nodes and on 2-GPU nodes (a what-if)."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    _plot_model(ax, rows)
     return fig
 
 
 def _make_allreduce(path):
     import matplotlib.pyplot as plt
     from .throughput import tp_throughput
-    fig = draw_allreduce_cost(allreduce_timings(reps=7), tp_throughput())    # as the chapter: 7 calls a size
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    _plot_measured(axes[0], allreduce_timings(reps=7), 4)    # as the chapter: 7 calls a size
+    _plot_model(axes[1], tp_throughput())
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from minipar.launcher import launch
 
-__all__ = ["memory_per_degree", "param_values_formula"]
+__all__ = ["memory_per_degree", "param_values_formula", "layer_bytes"]
 
 
 def param_values_formula(h: int, t: int) -> float:
@@ -40,3 +40,19 @@ def memory_per_degree(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a
                      "activation_formula": activation_bytes_formula(s, b, h, a, t=t, value_bytes=4, dropout=False)
                      + uncounted_bytes(s, b, t)})
     return rows
+
+
+def layer_bytes(degrees=(2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4) -> dict:
+    """{t: (rank 0's communication log of one layer's forward and backward {"bytes_sent", "by_op"}, the bytes
+    each rank wrote to its sockets for it (mean over ranks), the formula 4 · 2(t-1)/t · b·s·h·4)}."""
+    from minipar.course.tp_layer import measure_layer_on_wire
+    from minipar.models import GPTConfig
+    from minipar.tensor.measure import measure_layer
+    from minipar.tensor.sequence import tp_bytes_per_layer
+
+    out = {}
+    for t in degrees:
+        sent = launch(measure_layer, t, GPTConfig(n_embd=h, n_head=a), b, s, False, quiet=True)[0]
+        wire = launch(measure_layer_on_wire, t, GPTConfig(n_embd=h, n_head=a), False, False, b, s, quiet=True)
+        out[t] = (sent, sum(r[1] for r in wire) / t, tp_bytes_per_layer(s, b, h, t))
+    return out

@@ -85,3 +85,12 @@ def test_compute_terms_split_a_hand_counted_segment():
     assert math.isclose(terms["gemm"], 2 * 2e12 / (989e12 * H100_SXM.gemm_efficiency))
     assert math.isclose(terms["memory"], 3 * 1e-3 / H100_SXM.memory_efficiency)
     assert terms["kernels"] == 5 and math.isclose(terms["floor"], 5 * 5e-6)
+
+
+def test_the_allreduce_fit_takes_the_rings_form_alpha_per_step():
+    # the chapter's α is one ring step's, as in chapter 00 and the cluster model: t = 2(N-1)·α + 2(N-1)/N·S/β
+    from minipar.course.ch05_tensor_parallelism.figures import fit_latency_bandwidth
+    alpha, beta, n = 50e-6, 2e9, 4
+    timings = {s: [2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta, 1.0] for s in (16, 1024, 65536, 4 << 20)}
+    got_alpha, got_beta = fit_latency_bandwidth(timings, n)
+    assert math.isclose(got_alpha, alpha, rel_tol=1e-6) and math.isclose(got_beta, beta, rel_tol=1e-6)

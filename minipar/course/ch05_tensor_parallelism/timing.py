@@ -8,7 +8,7 @@ every operator, so this run's seconds are not used). One step of each (the last)
 :func:`minipar.machine.replay.replay` on
 
 * ``here`` — this machine, the timed trace: compute as measured (CPU seconds, the one honest use of them),
-  links of the α, β fitted to gloo's all-reduce here (one ring step: α_allreduce / 2(N-1));
+  links of the α (one ring step) and β fitted to gloo's all-reduce here in the ring's form;
 * ``inside`` — a model, the counted trace: one DGX H100 node (:func:`minipar.machine.cluster.h100_cluster`:
   H100 SXM card, NVLink 4 inside, InfiniBand NDR across), each compute segment its operators priced on the
   card (roofline + a launch floor per kernel, :mod:`minipar.machine.device`); t ≤ 8;

@@ -1,0 +1,201 @@
+"""Chapter 04's displays: each prints (or draws) what one cell ran and holds it to the chapter's claims
+(:mod:`.claims`), printing nothing more when they hold — so a cell reads ``result = run(...)``, ``show(result)``."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from minipar.pipeline import make_schedule, simulate
+from minipar.pipeline.runtime import measured_idle_fraction, typical_step
+
+from . import claims
+from .figures import draw_measured, draw_memory, paced_idle, peak_held
+
+__all__ = ["show_refusal", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
+           "show_same_bubble", "show_held", "show_memory", "show_pipedream", "show_weight_versions", "show_layout",
+           "show_interleaved", "show_interleaved_bytes", "show_beside", "show_pytorch_order", "show_unpaced",
+           "show_paced", "check_widget", "show_idle_breakdown"]
+
+
+def show_refusal(err) -> None:
+    """The ValueError a tied model gets before any process starts."""
+    print("ValueError:", err)
+    claims.check_tied_model_refused(err)
+
+
+def show_bubble_sweep(p: int, ms=(1, 2, 4, 8, 16, 32)) -> None:
+    """GPipe simulated at each m: both bubble conventions beside their formulas."""
+    sims = {m: simulate(make_schedule("gpipe", p, m)) for m in ms}
+    for m, sim in sims.items():
+        print(f"m={m:2d}: idle/total {sim.bubble_fraction:6.1%} (formula (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):6.1%})   "
+              f"idle/ideal {sim.bubble_ratio:6.1%} (formula (p-1)/m = {(p - 1) / m:6.1%})")
+    claims.check_gpipe_micro_batches_fill_pipe(p, sims)
+
+
+def show_held(runs: dict, p: int, m: int) -> dict:
+    """{schedule: micro-batches held at the peak, per rank}, counted from each rank's recorded actions."""
+    held = {s: [peak_held(run) for run in runs[s]] for s in ("gpipe", "1f1b")}
+    print("micro-batches held at the peak, per rank (measured: counted from each rank's recorded actions):")
+    for s in ("gpipe", "1f1b"):
+        print(f"  {s:5s}: {held[s]}   simulated {simulate(make_schedule(s, p, m)).peak_in_flight}")
+    return held
+
+
+def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
+    """Peak live KiB per rank of {(schedule, recompute): runs}, printed and drawn."""
+    def peak_kib(rs, rank):
+        return max(b for _, _, b in rs[rank].memory) / 1024
+
+    for (s, rc), rs in memory.items():
+        print(f"{s:5s}{' + recompute' if rc else '            '}: peak live KiB per rank",
+              [round(peak_kib(rs, r)) for r in range(p)])
+    draw_memory(memory)
+    plt.show()
+    claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
+
+
+def show_unpaced(shown: dict, p: int) -> dict:
+    """{(schedule, m, v): runs} → {schedule: measured idle fraction of its median step}, beside the formula."""
+    unpaced = {n: measured_idle_fraction(rs, typical_step(rs)) for (n, m, v), rs in shown.items()}
+    for (n, m, v) in shown:
+        print(f"{n:11s}: formula (simulated) {simulate(make_schedule(n, p, m, v)).bubble_fraction:5.1%}   "
+              f"measured unpaced {unpaced[n]:5.1%}")
+    claims.check_every_schedule_simulated_measured_unpaced(unpaced)
+    return unpaced
+
+
+def show_paced(paced: dict, unpaced: dict, p: int):
+    """The paced runs drawn and tabled beside the formula and the unpaced idle."""
+    draw_measured(paced, p)
+    plt.show()
+    idle = paced_idle(paced, unpaced, p)
+    print(idle)
+    claims.check_schedules_bubble_within_5_points(idle)   # the schedule's bubble, within 5 points
+    return idle
+
+
+def show_pytorch_order(beside: dict, p: int, m: int) -> None:
+    """Where PyTorch's own ``pipeline_order`` for 1F1B differs from what its stages ran."""
+    for r, run in enumerate(beside["1f1b"].runs):
+        if run.order != run.executed:
+            print(f"1f1b rank {r}: pipeline_order says {' '.join(map(str, run.order[:4]))} ... "
+                  f"{' '.join(map(str, run.order[-3:]))};  what ran: {' '.join(map(str, run.executed[:4]))} ... "
+                  f"{' '.join(map(str, run.executed[-3:]))}")
+    claims.check_last_stage_ran_m_forwards_m(beside, beside["1f1b"].runs[-1], m)
+    claims.check_pytorch_order_off_by_one(beside, p)
+
+
+def show_naive(schedule, p: int) -> None:
+    print(schedule)
+    sim = simulate(schedule)
+    print(f"bubble (idle fraction of {p} ranks x makespan): {sim.bubble_fraction:.1%}")
+    claims.check_naive_model_parallelism_one_device(sim, p)
+
+
+def show_batch_arithmetic(mbs: int, chunks: int, dp: int) -> None:
+    from minipar.pipeline import bubble_formula
+    global_batch = mbs * chunks * dp
+    print(f"{mbs} x {chunks} x {dp} = {global_batch};  bubble with p=4 and m=chunks={chunks}: "
+          f"{bubble_formula('gpipe', 4, chunks):.1%}")
+    claims.check_micro_batch_arithmetic(global_batch, dp, chunks, mbs)
+
+
+def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: int) -> None:
+    """Bytes each rank sent per step beside 2(p-1)·m·A/p, and what DP or TP of degree 2 would all-reduce."""
+    sent = sum(r.bytes_sent for r in runs) / p / steps
+    formula = 2 * (p - 1) * m * a / p
+    print(f"bytes sent per rank per step: measured {sent:.0f}, formula 2(p-1)mA/p = {formula:.0f}")
+    claims.check_gpipe_bytes_sent(sent, formula)
+    stage_grads = sum(w.numel() for w in reference.params.values()) * 8 / p   # one stage's float64 gradients, on average
+    print(f"the same stage at degree 2, ring model: data-parallel, each rank all-reduces the stage's gradients, "
+          f"{stage_grads:,.0f} B a step; tensor-parallel, each rank all-reduces A four times per layer per "
+          f"micro-batch, {4 * m * a:,.0f} B a step for every layer of the stage")
+
+
+def show_same_bubble(p: int, m: int) -> None:
+    g, o = simulate(make_schedule("gpipe", p, m)), simulate(make_schedule("1f1b", p, m))
+    print(f"bubble: GPipe {g.bubble_fraction:.1%}, 1F1B {o.bubble_fraction:.1%} (idle/total); "
+          f"{g.bubble_ratio:.1%}, {o.bubble_ratio:.1%} (idle/ideal)")
+    claims.check_1f1b_bubble_equals_gpipe(g, o)
+
+
+def show_pipedream(runs: dict, p: int) -> None:
+    """{name: (recipe, per-rank runs, the rule's one-device result)}: each against its rule and against
+    synchronous training, and the weight versions each rank held at once."""
+    from minipar.check import compare, train_reference
+    results = {}
+    for name, (recipe, rs, rule) in runs.items():
+        results[name] = compare(rule, rs).assert_ok(), compare(train_reference(recipe), rs)
+        print(f"{name:5s} vs its rule: max |Δ| {results[name][0].max_abs_diff:.1e};  vs synchronous training: "
+              f"max |Δ| {results[name][1].max_abs_diff:.1e};  weight versions held at once, per rank: "
+              f"{[r.most_versions for r in rs]}")
+    claims.check_pipedream_weight_versions_when_pipe(results, runs["2BW"][1], p, runs["async"][1])
+
+
+def show_weight_versions(asynchronous: list, two_bw: list, p: int) -> None:
+    from .figures import draw_weight_versions
+    draw_weight_versions({"asynchronous PipeDream with weight stashing: 8 inputs, a new version after every backward": asynchronous,
+                          "PipeDream-2BW: 4 batches of m = 4, a new version per batch, batch t uses version t-1": two_bw}, p)
+    plt.show()
+    used = {name: [{(k, j): v for k, _, j, v in r.versions_used} for r in rs]
+            for name, rs in (("async", asynchronous), ("2bw", two_bw))}
+    for r in range(p):
+        print(f"stage {r}: async forward versions {[used['async'][r][('F', j)] for j in range(8)]};  "
+              f"2BW forward versions {[used['2bw'][r][('F', j)] for j in range(16)]}")
+    claims.check_async_weight_versions(used, p)
+
+
+def show_layout(cut: list, p: int) -> None:
+    from minipar.pipeline import stages
+    for r in range(p):
+        mine = stages.assign(cut, p, r)
+        layers = sorted(int(n.split(".")[1]) for s in mine.values() for n in s.reference_params() if n.endswith("weight"))
+        print(f"rank {r}: stages {sorted(mine)} -> layers {layers}")
+    claims.check_interleaved_1f1b_v_chunks_per(cut, p)
+
+
+def show_interleaved(p: int, m: int, chunks=(1, 2, 4)) -> dict:
+    """Interleaved 1F1B simulated at each v: both bubble conventions, and the activations in flight."""
+    inter = {v: simulate(make_schedule("interleaved", p, m, v)) for v in chunks}
+    print(f"p={p}, m={m}:  v   idle/ideal (Megatron)      idle/total (this chapter)")
+    for v, sim in inter.items():
+        print(f"             {v}   {sim.bubble_ratio:6.1%} (= v=1 / {inter[1].bubble_ratio / sim.bubble_ratio:.2f})   "
+              f"{sim.bubble_fraction:6.1%} (= v=1 / {inter[1].bubble_fraction / sim.bubble_fraction:.2f})")
+    print("activations in flight per rank, in chunks:", {v: s.peak_in_flight for v, s in inter.items()})
+    print("                 ... in whole stages:", {v: s.peak_activations for v, s in inter.items()})
+    claims.check_interleaved_bubble_formula(p, m, inter)
+    claims.check_interleaved_peak_in_flight(inter)
+    return inter
+
+
+def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int) -> dict:
+    """{schedule: bytes each rank sent per step} of 1F1B and interleaved v = 2, beside 2(pv-1)·m·A/p."""
+    sent = {name: sum(r.bytes_sent for r in runs[name]) / p / steps for name in ("1f1b", "interleaved")}
+    for name, v in (("1f1b", 1), ("interleaved", 2)):
+        print(f"{name:11s} v={v}: bytes sent per rank per step {sent[name]:.0f}; "
+              f"formula 2(pv-1)mA/p = {2 * (p * v - 1) * m * a / p:.0f}")
+    claims.check_interleaved_bytes_sent(sent, p, m, a)
+    return sent
+
+
+def show_beside(beside: dict) -> None:
+    for b in beside.values():
+        print(b, "\n")
+    claims.check_same_schedules_pytorch_torch_distributed(beside)
+
+
+def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
+    """The term-by-term replay of one traced 1F1B run (:func:`.timing.idle_breakdown`), printed and drawn."""
+    from .timing import draw_terms
+    print(why)
+    draw_terms(why.terms, p)
+    plt.show()
+    i = why.idle
+    print(f"1F1B measured idle: {i['measured']:.1%} in this traced run, {unpaced['1f1b']:.1%} in the table above — "
+          f"two runs of one schedule (this one traced), {abs(i['measured'] - unpaced['1f1b']):.1%} apart: "
+          f"the spread between runs on shared cores, the tracer's own cost included")
+    claims.check_each_term_adds_idle(i, why)
+
+
+def check_widget(schedule_or_error) -> None:
+    """The widget's function: a valid combination simulated, an invalid one's ValueError shown, not raised."""
+    claims.check_m_p_error_shown_not_raised(schedule_or_error)

@@ -1,0 +1,171 @@
+"""Chapter 05's displays: each prints (or draws) what one cell ran and holds it to the chapter's claims
+(:mod:`.claims`), printing nothing more when they hold — so a cell reads ``result = run(...)``, ``show(result)``."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from minipar.check import compare, gpt_recipe, train_reference
+from minipar.machine.device import H100_SXM
+
+from . import claims
+from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
+                      draw_tp_throughput, fit_latency_bandwidth)
+from .timing import one_step, tp_runs, tp_table
+
+__all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
+           "show_memory", "show_tp_throughput", "measure_allreduce", "tiny_gpt_replays", "show_replays",
+           "show_pytorch"]
+
+
+def column_split(world_size: int = 2):
+    """Y = GeLU(XA) on ``world_size`` live ranks: draws it and returns (X, A)."""
+    x, a, shards = column_gelu_shards(world_size)
+    draw_column_gelu(world_size)
+    plt.show()
+    claims.check_y_gelu_xa_with_split(shards, x, a)
+    return x, a
+
+
+def show_row_split(sums_add_up: bool, gelus_add_up: bool) -> None:
+    print(f"row split: X1A1 + X2A2 = XA? {sums_add_up}.  GeLU(X1A1) + GeLU(X2A2) = GeLU(XA)? {gelus_add_up}: "
+          "the row split must all-reduce before GeLU; the column split needs no communication there")
+    claims.check_gelu_does_not_add_up(sums_add_up, gelus_add_up)
+
+
+def show_mlp(per_rank: list) -> None:
+    for rank, r in enumerate(per_rank):
+        print(f"rank {rank}: shards A {r['shard of A']}, B {r['shard of B']}; max |y − y_ref| {r['max |y - y_ref|']:.1e}, "
+              f"max |dX − dX_ref| {r['max |dX - dX_ref|']:.1e}; all-reduces (calls, bytes) forward "
+              f"{r['forward']['all_reduce']}, backward {r['backward']['all_reduce']}")
+        claims.check_mlp_column_parallel_then_row(r)
+
+
+def show_attention(per_rank: list) -> None:
+    for rank, (heads, qkv_shape, diff) in enumerate(per_rank):
+        print(f"rank {rank}: {heads} of 8 heads, QKV shard {qkv_shape} (of (96, 32)), max |Δ| vs one device {diff:.1e}")
+        claims.check_attention_heads_split_across_ranks(heads, qkv_shape, diff)
+
+
+def show_loss(by_vocab: dict, world_size: int = 4) -> None:
+    """{V: rank 0's (loss, F.cross_entropy's, all-reduces, bytes sent)}."""
+    from minipar.tensor.vocab import padded_vocab_size
+    for vocab_size, (got, want, calls, sent) in by_vocab.items():
+        print(f"V={vocab_size:>6} (padded to {padded_vocab_size(vocab_size, world_size)}): loss {got:.10f}, "
+              f"F.cross_entropy {want:.10f}; {calls} all-reduces, {sent} bytes sent by rank 0")
+        # bytes: max and target logit, b·s = 32 float64 each; Σexp and Σz (label smoothing) 2 × 32 — whatever V is
+        claims.check_vocabulary_split_embedding_cross_entropy(got, want, calls, sent)
+
+
+def show_gpt(comparison, refused) -> None:
+    print(f"t = 4: {comparison}")          # (minipar's tests check t = 1, 2, 4)
+    print("a model with 6 heads on 4 ranks — ValueError before any process started:", refused)
+    comparison.assert_ok()
+    claims.check_whole_gpt_tensor_parallel_against(refused)
+
+
+def show_layer_bytes(layer: dict) -> None:
+    """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
+    for t, (sent, observed, formula) in layer.items():
+        print(f"t={t}: log {sent['bytes_sent']} B {sent['by_op']}; observed on the wire {observed:.0f} B; "
+              f"formula 4 × 2(t-1)/t × b·s·h·4 B = {formula:.0f} B")
+    # the log equals the formula; the wire carries the formula + gloo's headers (at most 2 KiB for each of 4 calls)
+    claims.check_bytes_per_layer(layer)
+
+
+def show_memory(mem: dict) -> float:
+    """Prints the per-rank table of :func:`.measure.memory_per_degree`; returns t = 4's activation fraction."""
+    one = mem[1]
+    print(f"{'t':>2} {'parameters':>11} {'formula':>8} {'of t=1':>7}   {'activations':>11} {'formula':>8} {'of t=1':>7}")
+    for t, r in mem.items():
+        print(f"{t:>2} {r['param_bytes']:>9} B {r['param_formula']:>8.0f} {r['param_bytes'] / one['param_bytes']:>7.3f}   "
+              f"{r['activation_bytes']:>9} B {r['activation_formula']:>8.0f} "
+              f"{r['activation_bytes'] / one['activation_bytes']:>7.3f}")
+    fraction = mem[4]["activation_bytes"] / one["activation_bytes"]
+    claims.check_memory_per_rank_measured(mem, fraction)
+    return fraction
+
+
+def show_tp_throughput(rows: list) -> dict:
+    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the table, the figure, the checks;
+    returns the H100 8-GPU-node rows by t."""
+    series = {}
+    for r in rows:
+        series.setdefault((r["card"], r["placement"]), {})[r["t"]] = r
+    degrees = sorted({r["t"] for r in rows})
+    print("model: tokens/s per GPU (tp = the all-reduces' share of the step)")
+    print(f"{'card':26}{'placement':>22} | " + " | ".join(f"{'t = ' + str(t):>17}" for t in degrees))
+    for (card, placement), by_t in series.items():
+        print(f"{card:26}{placement:>22} | "
+              + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
+    for card in {c for c, _ in series}:
+        inside, across = series[(card, "8-GPU nodes")], series[(card, "2-GPU nodes (what-if)")]
+        claims.check_inside_node_small_tax(inside, across)
+        for by_t in (inside, across):
+            claims.check_why_tp_stays_inside_node(by_t)
+    h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
+    keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
+    print(f"\nH100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of one GPU's tokens/s per GPU (tp {h100[8]['tp_share']:.0%} "
+          f"of the step), a step {h100[1]['step'] / h100[8]['step']:.1f}× shorter than one GPU's; "
+          f"t = 16 across two nodes keeps {keep[16]:.0%} (tp {h100[16]['tp_share']:.0%})")
+    draw_tp_throughput(rows)
+    plt.show()
+    return h100
+
+
+def measure_allreduce(world_size: int = 4, reps: int = 7):
+    """All-reduces of 16 B … 16 MiB timed here (``reps`` calls a size), the library's α-β fit to each size's
+    fastest call, printed and drawn; returns (α of one ring step, β)."""
+    timings = allreduce_timings(world_size, reps=reps)
+    alpha, beta = fit_latency_bandwidth(timings, world_size)
+    steps, share = 2 * (world_size - 1), 2 * (world_size - 1) / world_size
+    off = [(steps * alpha + share * size / beta) / min(secs) for size, secs in timings.items()]
+    small = [min(v) for s, v in timings.items() if s <= 16 * 1024]
+    print(f"fit: α ≈ {alpha * 1e6:.0f} µs a ring step ({steps} steps: {steps * alpha * 1e3:.2f} ms a call), "
+          f"β ≈ {beta / 1e9:.2f} GB/s — within ×{max(max(off), 1 / min(off)):.1f} of every size's fastest call")
+    claims.check_latency_fitted_no_longer_than_small(steps * alpha, small, timings)
+    draw_allreduce_cost(timings, world_size=world_size)
+    plt.show()
+    return alpha, beta
+
+
+def tiny_gpt_replays(alpha: float, beta: float, degrees=(1, 2, 4, 8)) -> dict:
+    """The tiny GPT (2 blocks, h = 64, 16 heads, b = 4, s = 16, SGD — Adam's first steps would magnify float32
+    rounding into the weights) trained at each t here, compared with one device, one step replayed inside one
+    H100 node and across two (:func:`.timing.tp_table`; ``alpha``, ``beta``: this machine's ring step and link)."""
+    recipe = gpt_recipe(steps=6, batch_size=4, seq_len=16, n_layer=2, n_embd=64, n_head=16, vocab_size=64,
+                        optimizer="sgd")
+    reference = train_reference(recipe)
+    tables, equal = {}, {}
+    for t in degrees:
+        run = tp_runs(recipe, t)      # one launch: a timed run of 6 steps, then a counted run of the first 2
+        equal[t] = [compare(reference, run.results), compare(train_reference(run.counted_recipe), run.counted_results)]
+        tables[t] = tp_table(one_step(run.timed), one_step(run.counted), t, alpha=alpha, beta=beta)
+    return {"tables": tables, "equal": equal}
+
+
+def show_replays(replays: dict) -> None:
+    tables, equal = replays["tables"], replays["equal"]
+    us = lambda s: s * 1e6  # noqa: E731
+    print("equal to one device (losses and parameters, float32 tolerance), timed and counted runs: "
+          + ", ".join(f"t = {t}: max |Δ| {max(c.max_abs_diff for c in cs):.1e}" for t, cs in equal.items()))
+    claims.check_every_run_trains_as_one_device(equal)
+    inside = {t: tab["inside"] for t, tab in tables.items() if tab["inside"]}
+    gemm, floor = ({t: row["terms"][k] for t, row in inside.items()} for k in ("gemm", "floor"))
+    compute = {t: row["compute"] for t, row in inside.items()}
+    flops = {t: row["terms"]["gemm_flops"] for t, row in inside.items()}
+    claims.check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute)
+    for t in (t for t in tables if t > 1):
+        claims.check_across_nodes_more_than_twice_inside(tables, t)
+    top = max(inside)
+    print(f"model, H100: the busiest rank launches {inside[1]['terms']['kernels']:.0f} kernels a step at every t; "
+          f"× {H100_SXM.launch_floor * 1e6:.0f} µs = {us(floor[1]):.0f} µs of its {us(compute[1]):.0f} µs of compute "
+          f"({floor[1] / compute[1]:.0%}).\nThe matmuls' FLOPs fall {flops[1] / flops[top]:.0f}-fold from t = 1 to "
+          f"t = {top}, their time from {us(gemm[1]):.2f} to {us(gemm[top]):.2f} µs: splitting saves "
+          f"{us(compute[1] - compute[top]):.1f} µs of compute per rank, while TP's all-reduces add "
+          f"{us(inside[2]['comm']):.0f}–{us(inside[top]['comm']):.0f} µs (t = 2–{top}, inside a node)")
+
+
+def show_pytorch(per_rank: list) -> None:
+    for rank, (dy, dw, kind) in enumerate(per_rank):
+        print(f"rank {rank}: PyTorch's weights are {kind}s; max |Δy| {dy:.1e}, max |ΔdW| {dw:.1e}")
+        claims.check_pytorchs_own_tp_api_side(dy, dw)
