@@ -4,8 +4,8 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
 
 * :func:`papers_table` — the ZeRO paper's Figure 1 (Ψ = 7.5 B, N = 64) from the calculator;
 * :func:`la_lb_lc` — the Hugging Face guide's three-layer example: what each rank holds, one step's events;
-* :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here, on a DGX-A100 node and
-  GPT-2-sized there (replays are a model);
+* :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
+  DGX-A100 node (replays are a model);
 * :func:`stages` — every ZeRO stage's model-state bytes per rank and bytes sent per step, measured beside the
   ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage against one
   device and against DDP;
@@ -94,22 +94,21 @@ def _check_prefetch(r: Report) -> None:
 
 def prefetch(t3: dict, world_size: int = 4) -> Report:
     """``t3`` = ``timing.measure(world_size)``: per run (prefetch, no prefetch) the wall clock here, the replay
-    here and on a DGX-A100 node, and GPT-2-sized on it (messages × f, FLOPs × f·k, operator bytes × k·w)."""
+    here, and GPT-2-sized on a DGX-A100 node (messages × f, FLOPs × f·k, operator bytes × k·w)."""
     here = this_machine(t3["alpha"], t3["beta"], t3["flops_here"], devices=world_size)
     recipe = timing.STEP_RECIPE
     f = replays.GPT2_SMALL_PARAMS / (t3["param_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / (recipe["batch_size"] * recipe["seq_len"] // world_size)
     w = GPT2_WIDTH / recipe["n_embd"]
-    small = replays.replays(t3, {"here": here, "dgx": a100_cluster(1)})
+    small = replays.replays(t3, {"here": here})
     big = replays.replays(t3, {"dgx": a100_cluster(1)}, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
-    lines = [f"{'ZeRO-3':13}{'measured here ms':>17} | {'model: replay here ms':>22} {'hidden':>7} | "
-             f"{'model: DGX-A100 µs':>19} | {'model: DGX-A100, GPT-2-sized ms':>32} {'exposed ms':>11} {'hidden':>7}"]
+    lines = [f"{'ZeRO-3':13}{'measured here':>14} | {'model: replay here':>19} {'hidden':>7} | "
+             f"{'model: GPT-2-sized on a DGX-A100 node':>37} {'exposed':>8} {'hidden':>7}"]
     for name in t3["traces"]:
-        h, d, b = small["here"][name], small["dgx"][name], big["dgx"][name]
-        lines.append(f"{name:13}{t3['measured'][name] * 1e3:>17.1f} | {h.step_between('step') * 1e3:>22.1f} "
-                     f"{replays.hidden_share(h):>7.0%} | {d.step_between('step') * 1e6:>19.1f} | "
-                     f"{b.step_between('step') * 1e3:>32.2f} {replays.exposed_per_step(b) * 1e3:>11.2f} "
-                     f"{replays.hidden_share(b):>7.0%}")
+        h, b = small["here"][name], big["dgx"][name]
+        lines.append(f"{name:13}{t3['measured'][name] * 1e3:>11.1f} ms | {h.step_between('step') * 1e3:>16.1f} ms "
+                     f"{replays.hidden_share(h):>7.0%} | {b.step_between('step') * 1e3:>34.2f} ms "
+                     f"{replays.exposed_per_step(b) * 1e3:>5.2f} ms {replays.hidden_share(b):>7.0%}")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
     return Report("\n".join(lines), _check_prefetch, small=small, big=big, with_p=with_p, without=without,
                   hidden_share=replays.hidden_share(with_p))
