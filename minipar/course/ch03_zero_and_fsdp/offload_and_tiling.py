@@ -1,0 +1,78 @@
+"""Chapter 03's two ways past the device's memory, each run and checked in one call:
+
+* :func:`offload` — ZeRO-2 on 2 ranks with and without the optimizer on the host (ZeRO-Offload, Ren et al.
+  2021: FP32 master shard and Adam's state, 12Ψ/N bytes, on the host; b·Ψ/N bytes each way per step), then the
+  same split at 13 B parameters from the calculator (formula, not measured);
+* :func:`tiling` — memory-centric tiling (ZeRO-Infinity, Rajbhandari et al. 2021) of one Linear into 1, 4 and
+  16 tiles: the same output, the peak of live parameter bytes divided by about the number of tiles.
+"""
+from __future__ import annotations
+
+import torch
+
+from minipar import launch
+from minipar.course.report import Report
+from minipar.data import tiling as tiling_module
+from minipar.data import zero, zero_measure, zero_memory
+from minipar.data.offload import offloaded
+from minipar.data.zero_memory import GB, model_state_bytes_formula
+
+from . import claims, figures
+
+__all__ = ["train_stage2", "offload", "tiling"]
+
+
+def train_stage2(rank, world_size, recipe, offload: bool) -> dict:
+    """ZeRO-2 in a plain loop; the device's model-state bytes, and with offload the host's and what went there."""
+    model = recipe.model()
+    sharded = zero.ZeRO(model, offloaded(recipe.optimizer) if offload else recipe.optimizer, stage=2)
+    for x, y in recipe.batches:
+        per = len(x) // world_size
+        sharded.zero_grad()
+        recipe.loss(model, x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]).backward()
+        sharded.step()
+    out = {"device": zero_measure.measured_zero_state_bytes(sharded), "psi": sharded.padded_numel,
+           "params": sharded.full_parameters()}
+    if offload:
+        out.update(host=sharded.optimizer.host_bytes(), to_host=sharded.optimizer.bytes_to_host)
+    return out
+
+
+def _both(rank, world_size, recipe):
+    return train_stage2(rank, world_size, recipe, False), train_stage2(rank, world_size, recipe, True)
+
+
+def offload(world_size: int = 2, psi_big: float = 13e9, n_big: int = 8) -> Report:
+    recipe = figures.memory_recipe()
+    plain, off = launch(_both, world_size, recipe, quiet=True)[0]
+    p, n = off["psi"], world_size
+    gap = max((off["params"][k] - plain["params"][k]).abs().max().item() for k in plain["params"])
+    lines = [f"device model states without offload: {plain['device']}",
+             f"device model states with offload:    {off['device']}",
+             f"host: {off['host']} B = 12Ψ/N = {12 * p // n}; to host per step: "
+             f"{off['to_host'] // recipe.steps} B = 4Ψ/N = {4 * p // n}",
+             f"offload equals no offload: max |Δ parameter| = {gap}",
+             f"\nAt Ψ = {psi_big / 1e9:g} B, N = {n_big}, mixed-precision Adam (formula, not measured):"]
+    for stage in (1, 2, 3):
+        b = model_state_bytes_formula(psi_big, n_big, stage, "mixed")
+        lines.append(f"{zero_memory.STAGE_NAMES[stage]}: {b['total'] / GB:6.1f} GB per device, at most "
+                     f"{(b['params'] + b['grads']) / GB:6.1f} GB with the optimizer offloaded "
+                     f"({b['optimizer'] / GB:.1f} GB moves to host RAM)")
+    return Report("\n".join(lines), lambda r: claims.check_same_training_bit_for_bit(off, plain, p, recipe),
+                  plain=plain, off=off)
+
+
+def tiling(tile_counts=(1, 4, 16)) -> Report:
+    torch.manual_seed(0)
+    big = torch.nn.Linear(256, 4096)
+    x = torch.randn(4, 256, requires_grad=True)
+    peaks, outputs, lines = {}, {}, []
+    for tiles in tile_counts:
+        layer = tiling_module.TiledLinear(big, tiles)
+        y = layer(x)
+        y.square().mean().backward()
+        peaks[tiles], outputs[tiles] = layer.fetch_tracker.peak, y.detach()
+        lines.append(f"{tiles:3} tiles: peak live parameter bytes {peaks[tiles] / 1024:8.1f} KiB, output equal "
+                     f"to untiled: {torch.equal(outputs[tiles], outputs[tile_counts[0]])}")
+    return Report("\n".join(lines), lambda r: claims.check_memory_centric_tiling_one_layer(outputs, peaks),
+                  peaks=peaks)
