@@ -151,7 +151,8 @@ def show_against_one_device(results) -> None:
 
 def mine_vs_pytorch_sp(rank, world_size):
     """One MLP (32 → 128 → 32) on a sequence shard, minipar's TP + SP against PyTorch's plan; returns
-    (output shard shape, max |Δy|, max |Δ bias grad|) once both row-parallel bias gradients are summed."""
+    (output shard shape, max |Δy|, max |Δ bias grad|, the placement of PyTorch's bias gradient): minipar's
+    bias gradient summed by hand, against the local tensor of PyTorch's (summed in its backward)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -167,12 +168,13 @@ def mine_vs_pytorch_sp(rank, world_size):
     y_mine.pow(2).sum().backward()
     y_theirs.pow(2).sum().backward()
     sequence.sync_sequence_parallel_grads([mine.proj.bias], group)      # minipar sums by hand ...
-    their_bias = theirs.layers[1].bias.grad.full_tensor()               # ... DTensor when materialised
+    their_bias = theirs.layers[1].bias.grad                             # ... DTensor in backward: already Replicate
     return (tuple(y_mine.shape), float((y_mine - y_theirs).abs().max()),
-            float((mine.proj.bias.grad - their_bias).abs().max()))
+            float((mine.proj.bias.grad - their_bias.to_local()).abs().max()), type(their_bias.placements[0]).__name__)
 
 
 def show_pytorch_sp(per_rank) -> None:
-    for rank, (shape, dy, db) in enumerate(per_rank):
-        print(f"rank {rank}: output shard {shape}, max |Δy| {dy:.1e}, max |Δ bias grad| {db:.1e}")
-        claims.check_pytorchs_sequence_parallelism_side_by(shape, dy, db)
+    for rank, (shape, dy, db, placement) in enumerate(per_rank):
+        print(f"rank {rank}: output shard {shape}, max |Δy| {dy:.1e}, max |Δ bias grad| {db:.1e} "
+              f"(PyTorch's bias gradient: {placement}, its local tensor)")
+        claims.check_pytorchs_sequence_parallelism_side_by(shape, dy, db, placement)
