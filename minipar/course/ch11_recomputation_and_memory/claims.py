@@ -28,7 +28,7 @@ def check_over_sequence_length(sweep) -> None:
 
 def check_attention_without_matrix(fused) -> None:
     """Attention without the s×s matrix"""
-    assert all(same and (u, f) == m for u, f, m, same in fused.values())
+    assert all(same and (u, f) == m for u, f, m, same, *_ in fused.values())
 
 
 def check_how_built(identical) -> None:
@@ -76,3 +76,15 @@ def check_gpt3_dial(kept, extra, layer) -> None:
     assert kept["full"] < kept["selective"] < kept["none"]
     assert kept["none"] - kept["selective"] > kept["selective"]       # the s² terms are most of the layer's bytes
     assert extra["selective"] / layer < 0.01 and abs(extra["full"] / layer - 1 / 3) < 1e-12
+
+
+def check_gpt3_crossing(crossing, ratio) -> None:
+    """Over the sequence length, at GPT-3's shape: the s² part overtakes at s ≈ 870, and is 2.4× at s = 2048"""
+    assert round(crossing) == 870 and round(ratio, 1) == 2.4
+
+
+def check_segments(peaks, n_layers) -> None:
+    """Choosing what to recompute: √n checkpointing. With a checkpoint every k layers the peak is
+    ⌈n/k⌉ inputs + k whole layers; a GPT-3 layer keeps 57× its input, so k = 1 beats k ≈ √n"""
+    best = min(peaks, key=peaks.get)
+    assert best == 1 and peaks[round(n_layers ** 0.5)] > 3 * peaks[1], peaks

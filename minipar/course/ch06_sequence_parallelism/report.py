@@ -1,0 +1,180 @@
+"""Chapter 06's runs and displays: each ``show_*`` prints (or draws) what one cell ran and holds it to the
+chapter's claims (:mod:`.claims`), printing nothing more when they hold — so a cell reads ``r = run(...)``,
+``show(r)``."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from minipar.check import gpt_recipe
+from minipar.launcher import launch
+from minipar.mesh import Mesh
+from minipar.models import GPTConfig
+from minipar.tensor import gpt, layers, sequence
+from minipar.tensor.gpt import compare_to_one_device
+from minipar.tensor.sequence import korthikanti_bytes, sp_bytes_per_layer, tp_bytes_per_layer
+
+from . import claims
+from .figures import draw_backward_overlap, draw_sp_layer, layer_costs, plot_layer_memory
+
+__all__ = ["show_gpt3_layer", "draw_sp_layer", "layer_memory", "show_layer_memory", "three_ways", "show_three_ways",
+           "draw_backward_overlap", "train_forgetting_the_sum", "show_forgotten_sum", "dropout_masks",
+           "show_dropout_masks", "against_one_device", "show_against_one_device", "mine_vs_pytorch_sp",
+           "show_pytorch_sp", "B", "S", "H", "A"]
+
+B, S, H, A = 4, 16, 32, 4          # the measured layer: batch, sequence, hidden, heads (float32, no dropout)
+WAYS = {"TP": (False, False), "TP+SP": (True, False), "TP+SP, inputs kept": (True, True)}
+
+
+def show_gpt3_layer(s=2048, b=1, h=12288, a=96) -> None:
+    """One GPT-3 layer, one sequence, the paper's 16-bit bytes: TP and TP+SP at t = 1 and 8."""
+    for t in (1, 8):
+        tp, tp_sp = korthikanti_bytes(s, b, h, a, t), korthikanti_bytes(s, b, h, a, t, sequence_parallel=True)
+        print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer (of which 10·sbh = {10 * s * b * h / 2**30:.2f} GiB "
+              f"whole on every rank), TP+SP {tp_sp / 2**30:5.2f} GiB")
+    # the element count gives the paper's formula; with SP everything is divided by t
+    claims.check_what_tensor_parallelism_leaves_whole(s, b, h, a)
+
+
+def layer_memory(degrees=(2, 4)) -> list:
+    """Activation bytes one layer keeps on rank 0, TP and TP+SP, measured and by the formula."""
+    return layer_costs(B, S, H, A, degrees=degrees)
+
+
+def show_layer_memory(rows) -> None:
+    print(f"{'one layer':10} {'measured':>9} {'formula':>9}   (activation bytes per rank)")
+    for r in rows:
+        print(f"t={r['t']} {'TP+SP' if r['sp'] else 'TP':5}  {r['activation_bytes']:>9} {r['formula_bytes']:>9.0f}")
+    plot_layer_memory(rows)
+    plt.show()
+    claims.check_activations_measured(rows)
+
+
+def three_ways(t: int = 4) -> dict:
+    """One layer on ``t`` ranks, three ways: {name: {"formula", "wire", "calls", "activations"}} per rank
+    (averaged over the ranks); SP's reduce-scatters run on minipar's send/recv ring (gloo has none)."""
+    from minipar.course.tp_layer import measure_layer_on_wire
+    cfg = GPTConfig(n_embd=H, n_head=A)
+    formula = {"TP": tp_bytes_per_layer(S, B, H, t), "TP+SP": sp_bytes_per_layer(S, B, H, t),
+               "TP+SP, inputs kept": tp_bytes_per_layer(S, B, H, t)}
+    out = {}
+    for name, (sp, keep) in WAYS.items():
+        per_rank = launch(measure_layer_on_wire, t, cfg, sp, keep, B, S, rings=True, quiet=True)
+        _, wire, calls, act = (sum(r[i] for r in per_rank) / t for i in range(4))
+        out[name] = {"formula": formula[name], "wire": wire, "calls": calls, "activations": act}
+    return out
+
+
+def regather_bytes(t: int = 4) -> float:
+    """The two column-parallel inputs (QKV, fc) gathered again in backward: 2 · (t−1)/t · sbh (float32)."""
+    return 2 * (t - 1) / t * B * S * H * 4
+
+
+def show_three_ways(ways: dict, t: int = 4) -> None:
+    print(f"one layer, t={t}, per rank   {'bytes: formula':>14} {'on the wire':>12} {'wire − formula':>15} "
+          f"{'calls logged':>13} {'activations':>12}")
+    for name, w in ways.items():
+        print(f"{name:27}{w['formula'] / 1024:>13.1f}K{w['wire'] / 1024:>12.1f}K"
+              f"{(w['wire'] - w['formula']) / 1024:>14.1f}K{w['calls']:>14.0f}{w['activations'] / 1024:>12.1f}K")
+    claims.check_three_ways(ways, regather_bytes(t))
+
+
+def train_forgetting_the_sum(world_size: int = 2):
+    """The tiny GPT under TP + SP on ``world_size`` ranks with the all-reduce of the sequence-parallel
+    gradients left out, compared with one device (3 Adam steps, float64)."""
+    recipe = gpt_recipe(steps=3, batch_size=4, seq_len=16, vocab_size=66)
+    recipe.dtype = torch.float64
+
+    class ForgetsTheSum(gpt.TensorParallelGPT):
+        def finish_backward(self):
+            pass                                   # the mistake: no all-reduce of the sequence-parallel gradients
+
+    original = gpt.TensorParallelGPT
+    gpt.TensorParallelGPT = ForgetsTheSum
+    try:
+        return compare_to_one_device(recipe, world_size=world_size, sequence_parallel=True,
+                                     launch_kwargs={"quiet": True})
+    finally:
+        gpt.TensorParallelGPT = original
+
+
+def show_forgotten_sum(wrong) -> None:
+    print("without the sum:", str(wrong).splitlines()[0])
+    claims.check_layernorm_gradients_now_partial(wrong)
+
+
+def _masks(rank, world_size):
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    streams = layers.DropoutStreams(seed=0, group=group)
+    x = torch.ones(1, 12)
+    return (layers.dropout(x, 0.5, streams.replicated, True).bool().int().tolist()[0],
+            layers.dropout(x, 0.5, streams.per_rank, True).bool().int().tolist()[0])
+
+
+def dropout_masks(world_size: int = 2) -> list:
+    """[(replicated-stream mask, per-rank-stream mask)] of 12 values, one pair per rank."""
+    return launch(_masks, world_size, quiet=True)
+
+
+def show_dropout_masks(per_rank) -> None:
+    (rep0, own0), (rep1, own1) = per_rank
+    print("replicated stream:", rep0, rep1, sep="\n  ")
+    print("per-rank stream:  ", own0, own1, sep="\n  ")
+    claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)
+
+
+def against_one_device(degrees=(2, 4)) -> dict:
+    """{t: comparison with one device} (3 Adam steps, float64, vocabulary 66, label smoothing 0.1), and under
+    "refused" the ValueError a sequence length 4 does not divide raises before any process starts."""
+    recipe = gpt_recipe(steps=3, batch_size=4, seq_len=16, vocab_size=66)
+    recipe.dtype = torch.float64
+    out = {t: compare_to_one_device(recipe, world_size=t, sequence_parallel=True, label_smoothing=0.1,
+                                    launch_kwargs={"quiet": True}) for t in degrees}
+    try:
+        compare_to_one_device(gpt_recipe(steps=1, seq_len=15), world_size=4, sequence_parallel=True)
+        out["refused"] = None
+    except ValueError as e:
+        out["refused"] = e
+    return out
+
+
+def show_against_one_device(results) -> None:
+    for t, comparison in results.items():
+        if t != "refused":
+            print(f"TP+SP, t={t}: {comparison}")          # (minipar's tests check t = 1, 2, 4)
+    print("s = 15 on 4 ranks — ValueError before any process started:", results["refused"])
+    for t, comparison in results.items():
+        if t != "refused":
+            comparison.assert_ok()
+    claims.check_whole_gpt_with_tp_sp(results["refused"])
+
+
+def mine_vs_pytorch_sp(rank, world_size):
+    """One MLP (32 → 128 → 32) on a sequence shard, minipar's TP + SP against PyTorch's plan; returns
+    (output shard shape, max |Δy|, max |Δ bias grad|, the placement of PyTorch's bias gradient): minipar's
+    bias gradient summed by hand, against the local tensor of PyTorch's (summed in its backward)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from minipar.models import MLP
+    group = Mesh(world_size, tp=world_size).build(rank).group("tp")
+    ref, theirs = MLP((32, 128, 32), seed=0), MLP((32, 128, 32), seed=0)
+    mine = layers.TensorParallelMLP(ref.layers[0], ref.layers[1], group, sequence_parallel=True)
+    parallelize_module(theirs, DeviceMesh.from_group(group, "cpu"),
+                       {"layers.0": ColwiseParallel(input_layouts=Shard(1)),
+                        "layers.1": RowwiseParallel(output_layouts=Shard(1))})
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1)).chunk(world_size, dim=1)[rank].clone()
+    y_mine, y_theirs = mine(x), theirs(x)
+    y_mine.pow(2).sum().backward()
+    y_theirs.pow(2).sum().backward()
+    sequence.sync_sequence_parallel_grads([mine.proj.bias], group)      # minipar sums by hand ...
+    their_bias = theirs.layers[1].bias.grad                             # ... DTensor in backward: already Replicate
+    return (tuple(y_mine.shape), float((y_mine - y_theirs).abs().max()),
+            float((mine.proj.bias.grad - their_bias.to_local()).abs().max()), type(their_bias.placements[0]).__name__)
+
+
+def show_pytorch_sp(per_rank) -> None:
+    for rank, (shape, dy, db, placement) in enumerate(per_rank):
+        print(f"rank {rank}: output shard {shape}, max |Δy| {dy:.1e}, max |Δ bias grad| {db:.1e} "
+              f"(PyTorch's bias gradient: {placement}, its local tensor)")
+        claims.check_pytorchs_sequence_parallelism_side_by(shape, dy, db, placement)

@@ -1,0 +1,299 @@
+"""Chapter 11's runs and displays: each ``show_*`` prints (or draws) what one cell ran and holds it to the
+chapter's claims (:mod:`.claims`), printing nothing more when they hold — so a cell reads ``r = run(...)``,
+``show(r)``. The model of sections 1–4 and 6: the tiny GPT (3 blocks, h = 64, 4 heads, dropout 0.1) at
+s = 64, batch 4, FP32."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from minipar import comm
+from minipar.activations import activation_bytes_formula
+from minipar.launcher import launch
+from minipar.memory import measure_step, saved_activation_bytes
+from minipar.models import GPTConfig, TinyGPT
+from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute, step_flops
+
+from . import claims
+from .bench import step_times
+from .figures import draw_length_sweep, draw_timelines, timelines
+
+__all__ = ["CFG", "S", "B", "H", "A", "LENGTHS", "one_step", "show_one_step", "activations_per_block",
+           "show_activations_per_block", "length_sweep", "show_length_sweep", "fused_attention", "show_fused",
+           "gradients_identical", "show_identical", "flops_by_mode", "show_flops", "full_extra_model",
+           "timelines", "show_timelines", "ddp_per_mode", "show_ddp", "ddp_bytes_formula", "show_gpt3_dial", "show_segments",
+           "show_three_counts", "times_by_mode", "show_times"]
+
+CFG = GPTConfig(n_layer=3, n_embd=64, n_head=4, block_size=64, dropout=0.1)
+S, B, H, A = 64, 4, CFG.n_embd, CFG.n_head
+LONG = GPTConfig(n_layer=3, n_embd=H, n_head=A, block_size=512, dropout=0.1)
+LENGTHS = (64, 128, 256, 512)
+GPT3 = dict(s=2048, h=12288, a=96)          # GPT-3 175B's layer, one sequence (b = 1), the paper's 16-bit bytes
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randint(CFG.vocab_size, (B, S), generator=g), torch.randint(CFG.vocab_size, (B, S), generator=g))
+
+
+def psi() -> int:
+    return sum(p.numel() for p in TinyGPT(CFG).parameters())
+
+
+# ---- 1. where the memory goes -------------------------------------------------------------------------
+
+def one_step(mode: str = "none"):
+    """The second Adam step's accounting (the first creates the gradients and Adam's state)."""
+    x, y = _batch()
+    model = apply_recompute(TinyGPT(CFG), mode)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        model.loss(x, y).backward()
+        opt.step()
+    measure_step(step, model.parameters(), opt)
+    opt.zero_grad(set_to_none=True)
+    return measure_step(step, model.parameters(), opt)
+
+
+def show_one_step(acc) -> None:
+    n = psi()
+    print({k: f"{v / 1024:.0f} KiB" for k, v in acc.as_dict().items()})
+    print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each, activations {acc.activations:,} B")
+    claims.check_4_4_8_bytes_per_parameter(acc, n)
+    claims.check_peak_below_sum(acc)
+
+
+# ---- 2. activations per block --------------------------------------------------------------------------
+
+def activations_per_block() -> list:
+    """[(dtype, mode, measured, formula with m = β, the paper's 2-byte values and 1-byte masks)]."""
+    rows = []
+    for dtype, beta in ((torch.float32, 4), (torch.bfloat16, 2)):
+        for mode in MODES:
+            got = activation_bytes_per_block(CFG, mode, B, S, dtype)
+            want = activation_bytes_formula(S, B, H, A, recompute=mode, value_bytes=beta, mask_bytes=beta)
+            rows.append((str(dtype)[6:], mode, got, want, activation_bytes_formula(S, B, H, A, recompute=mode)))
+    return rows
+
+
+def show_activations_per_block(rows) -> None:
+    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}{'paper (2 B, 1 B masks)':>24}")
+    for r in rows:
+        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}{r[4]:>24,.0f}")
+    claims.check_activations_per_block_formula_measurement(rows)
+
+
+def length_sweep() -> dict:
+    """{s: (measured bytes one block keeps, the formula's linear part, its s² part)} (FP32, m = β, none)."""
+    sweep = {}
+    for s in LENGTHS:
+        linear = activation_bytes_formula(s, B, H, A, recompute="selective", value_bytes=4, mask_bytes=4)
+        quadratic = activation_bytes_formula(s, B, H, A, recompute="none", value_bytes=4, mask_bytes=4) - linear
+        sweep[s] = (activation_bytes_per_block(LONG, "none", B, s, torch.float32), linear, quadratic)
+    return sweep
+
+
+def show_length_sweep(sweep) -> None:
+    print(f"{'s':>5}{'measured':>13}{'formula':>13}{'linear part':>13}{'s² part':>13}{'s² share':>10}{'× per 2s':>10}")
+    for s, (got, lin, quad) in sweep.items():
+        growth = f"{got / sweep[s // 2][0]:.2f}" if s // 2 in sweep else ""
+        print(f"{s:>5}{got:>13,}{lin + quad:>13,.0f}{lin:>13,.0f}{quad:>13,.0f}{quad / (lin + quad):>10.0%}{growth:>10}")
+    s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
+    crossing, ratio = 34 * h / (5 * a), 5 * a * s / (34 * h)
+    print(f"GPT-3's shape (h/a = {h // a}), the paper's bytes: the s² part equals the linear part at s = {crossing:.0f}; "
+          f"at s = {s} it is {ratio:.1f}× the linear part")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    draw_length_sweep(ax, sweep)
+    plt.show()
+    claims.check_over_sequence_length(sweep)
+    claims.check_gpt3_crossing(crossing, ratio)
+
+
+def fused_attention() -> dict:
+    """{s: (unfused bytes saved, fused bytes saved, their models, same output)} for one attention core
+    (b = 4, a = 4, d = 16, no dropout, FP32): the model's unfused ``attention`` against PyTorch's
+    ``scaled_dot_product_attention``; q, k, v themselves are not counted (the block keeps them either way)."""
+    core = TinyGPT(LONG).blocks[0].attn.eval()           # eval: no dropout, so both compute the same thing
+    d, out = H // A, {}
+    for s in LENGTHS:
+        q, k, v = (torch.randn(B, A, s, d, requires_grad=True) for _ in range(3))
+        out_u, unfused = saved_activation_bytes(core.attention, q, k, v, exclude=[q, k, v])
+        out_f, fused = saved_activation_bytes(F.scaled_dot_product_attention, q, k, v, is_causal=True, exclude=[q, k, v])
+        models = (4 * A * s * s * B + s * s, 4 * (s * B * H + A * s * B))    # P (FP32) + bool mask; O + log-sum-exp
+        out[s] = (unfused, fused, models, torch.allclose(out_u, out_f, atol=1e-5), type(out_f.grad_fn).__name__)
+    return out
+
+
+def show_fused(fused, sweep) -> None:
+    print(f"{'s':>5}{'unfused':>12}{'model':>12}{'fused':>10}{'model':>10}  same output  fused backward node")
+    for s, (u, f, m, same, node) in fused.items():
+        print(f"{s:>5}{u:>12,}{m[0]:>12,}{f:>10,}{m[1]:>10,}  {str(same):>11}  {node}")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    draw_length_sweep(ax, sweep, fused)
+    plt.show()
+    claims.check_attention_without_matrix(fused)
+
+
+# ---- 3. gradients ---------------------------------------------------------------------------------------
+
+def _grads(mode):
+    x, y = _batch()
+    model = apply_recompute(TinyGPT(CFG), mode)
+    torch.manual_seed(1)                    # the same dropout masks in every mode
+    model.loss(x, y).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def gradients_identical() -> dict:
+    reference = _grads("none")
+    return {mode: all(torch.equal(g, reference[n]) for n, g in _grads(mode).items()) for mode in ("selective", "full")}
+
+
+def show_identical(identical) -> None:
+    for mode, same in identical.items():
+        print(f"{mode}: every gradient bit-identical to no recomputation: {same}")
+    claims.check_how_built(identical)
+
+
+# ---- 4. FLOPs -------------------------------------------------------------------------------------------
+
+def _flop_models():
+    L, V = CFG.n_layer, CFG.vocab_size
+    block_forward = 24 * B * S * H * H + 4 * B * S * S * H       # QKV, projection, MLP (2·bs·12h²) + QKᵀ and P·V
+    step_model = 3 * (L * block_forward + 2 * B * S * H * V)      # forward + backward (2×), LM head included
+    return L, block_forward, step_model
+
+
+def full_extra_model() -> float:
+    """Full recomputation's extra FLOPs as a fraction of a step: one more forward of every block."""
+    L, block_forward, step_model = _flop_models()
+    return L * block_forward / step_model
+
+
+def flops_by_mode() -> dict:
+    x, y = _batch()
+    return {mode: step_flops(apply_recompute(TinyGPT(CFG), mode), x, y) for mode in MODES}
+
+
+def show_flops(flops) -> None:
+    for mode in MODES:
+        print(f"{mode:9}: {flops[mode] / 1e6:8.1f} MFLOP  (+{flops[mode] / flops['none'] - 1:.1%})")
+    L, block_forward, step_model = _flop_models()
+    claims.check_what_costs_flops(flops, CFG, B, S, H, L, block_forward, step_model)
+
+
+def _gpt3_layer_flops() -> float:
+    s, h = GPT3["s"], GPT3["h"]
+    return 72 * s * h * h * (1 + s / (6 * h))          # forward + backward FLOPs of one layer
+
+
+def show_three_counts() -> None:
+    """Selective recomputation's extra FLOPs at GPT-3's layer, counted three ways."""
+    s, h, layer = GPT3["s"], GPT3["h"], _gpt3_layer_flops()
+    for name, extra in (("measured here (QKᵀ)", 2 * s * s * h), ("one core forward", 4 * s * s * h),
+                        ("Korthikanti et al.", 12 * s * s * h)):
+        print(f"{name:>20}: +{extra / layer:.1%} of a layer's step FLOPs")
+    claims.check_attention_share_of_flops(s, h, layer)
+
+
+# ---- 5. timeline; 6. under DDP --------------------------------------------------------------------------
+
+def show_timelines(data) -> None:
+    fig, ax = plt.subplots(figsize=(10, 4))
+    draw_timelines(ax, data)
+    plt.show()
+    peaks = {mode: data[mode][1] for mode in MODES}
+    print({m: f"{p / 1024:.0f} KiB" for m, p in peaks.items()})
+    claims.check_one_steps_memory_as_timeline(peaks)
+
+
+def _rank_step(rank, world_size, mode):
+    from minipar.data.ddp import DistributedDataParallel
+    from minipar.loop import shard_batch
+    model = apply_recompute(TinyGPT(CFG), mode)
+    ddp = DistributedDataParallel(model)
+    xs, ys = shard_batch(_batch(), rank, world_size)
+
+    def step():
+        logits = ddp(xs)                                   # forward through DDP: its backward all-reduces
+        F.cross_entropy(logits.flatten(0, 1), ys.flatten()).backward()
+    with comm.recording() as log:
+        acc = measure_step(step, model.parameters())
+    return acc.peak, log.bytes_sent, [p.grad.clone() for p in model.parameters()]
+
+
+def ddp_per_mode(world_size: int = 2) -> dict:
+    """{mode: [(peak, bytes sent, gradients) per rank]} for one DDP step of the section-1 model."""
+    return {mode: launch(_rank_step, world_size, mode, quiet=True) for mode in MODES}
+
+
+def ddp_bytes_formula(world_size: int = 2) -> int:
+    """A ring all-reduce of every FP32 gradient: 2(N−1)/N · 4Ψ bytes sent per rank."""
+    return int(comm.predicted_bytes_sent("all_reduce", 4 * psi(), world_size))
+
+
+def show_ddp(per_rank) -> None:
+    for mode in MODES:
+        print(f"{mode:9}: peak per rank {[f'{r[0] / 1024:.0f} KiB' for r in per_rank[mode]]}, "
+              f"sent per rank {per_rank[mode][0][1]:,} B")
+    claims.check_same_communication(per_rank)
+
+
+# ---- 7. the dial at GPT-3's shape; Deeper: time ----------------------------------------------------------
+
+def show_gpt3_dial() -> None:
+    s, h, a, layer = GPT3["s"], GPT3["h"], GPT3["a"], _gpt3_layer_flops()
+    kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in MODES}   # 2-byte values, 1-byte masks
+    extra = {"none": 0, "selective": 2 * s * s * h, "full": layer / 3}   # QKᵀ again; one forward again (a step is 3)
+    for mode in MODES:
+        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
+              f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
+    claims.check_gpt3_dial(kept, extra, layer)
+
+
+def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
+    """Chen et al. 2016 on GPT-3's layers: keep only every k-th layer's input and recompute a whole segment
+    of k layers in backward (one extra forward, whatever k). Peak ≈ ⌈n/k⌉ · input + k · a layer's activations."""
+    import math
+    s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
+    layer_input = activation_bytes_formula(s, 1, h, a, recompute="full")        # 2·sbh
+    whole_layer = activation_bytes_formula(s, 1, h, a, recompute="none")
+    peaks = {k: math.ceil(n_layers / k) * layer_input + k * whole_layer for k in ks}
+    print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations "
+          + ", ".join(f"k = {k}: {p / 2**30:.1f} GiB" for k, p in peaks.items())
+          + f"  (best k = √(n · input / layer) = {math.sqrt(n_layers * layer_input / whole_layer):.1f})")
+    claims.check_segments(peaks, n_layers)
+
+
+def _train_step(mode):
+    x, y = _batch()
+    model = apply_recompute(TinyGPT(CFG), mode)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model.loss(x, y).backward()
+        opt.step()
+    return step
+
+
+def times_by_mode() -> dict:
+    """{mode: [seconds of each round]}: one step of each mode per round, alternating (a busy spell of a shared
+    machine falls on all three)."""
+    return step_times({mode: _train_step(mode) for mode in MODES})
+
+
+def show_times(seconds, flops) -> None:
+    fast = {mode: min(t) for mode, t in seconds.items()}
+    slow = {mode: max(t) for mode, t in seconds.items()}
+    for mode in MODES:
+        line = (f"{mode:9}: fastest {fast[mode] * 1e3:6.1f} ms, slowest {slow[mode] * 1e3:7.1f} ms;  "
+                f"FLOPs × none {flops[mode] / flops['none']:.2f}")
+        if mode != "none":
+            overlap = fast[mode] <= slow["none"] and fast["none"] <= slow[mode]
+            line += ("; time: a tie with none (the ranges overlap)" if overlap
+                     else f"; time × none {fast[mode] / fast['none']:.2f} (fastest against fastest)")
+        print(line)
+    claims.check_step_times(seconds)
