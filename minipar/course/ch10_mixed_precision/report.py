@@ -7,19 +7,16 @@ from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 
 from minipar import comm, launch
 from minipar.check import gpt_recipe, train_reference
 from minipar.memory import measured_model_state_bytes, saved_activation_bytes
 from minipar.precision.formats import BF16, FORMATS, FP16, FP32, decompose, round_to, spacing, vanishing_ratio
 from minipar.precision.loss_scaler import DynamicLossScaler
-from minipar.precision.mixed import (MixedPrecision, ddp_parallel_train, fp32_loss, train_mixed,
-                                     underflow_fraction)
+from minipar.precision.mixed import MixedPrecision, ddp_parallel_train, fp32_loss, train_mixed, underflow_fraction
 
 from . import claims
-from .figures import (draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing,
-                      draw_vanishing_ratios)
+from .figures import draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing, draw_vanishing_ratios
 
 __all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
            "show_against_gradscaler", "show_clip_after_unscale", "show_scale_history", "show_vanishing_sweep",
@@ -92,7 +89,8 @@ def overflowing_step(recipe, init_scale: float = 2.0 ** 30) -> SimpleNamespace:
     mp.backward(fp32_loss(mp.model, x0, y0))
     g16 = [p.grad for p in mp.model.parameters()]
     n_inf = sum(int((~torch.isfinite(g)).sum()) for g in g16)
-    print(f"scale 2^{math.log2(init_scale):.0f}: {n_inf} of {sum(g.numel() for g in g16)} FP16 gradient values are inf/NaN")
+    n_all = sum(g.numel() for g in g16)
+    print(f"scale 2^{math.log2(init_scale):.0f}: {n_inf} of {n_all} FP16 gradient values are inf/NaN")
     before = mp.master_params()
     stepped = mp.step()
     print("step taken:", stepped, "| new scale: 2 **", math.log2(mp.scaler.loss_scale))
@@ -144,7 +142,8 @@ def show_clip_after_unscale(max_norm: float = 1.0, scale: float = 2.0 ** 16) -> 
     rows = {order: _clipped_norm(order == "unscale_, then clip", max_norm, scale)
             for order in ("clip, then unscale_", "unscale_, then clip")}
     for order, (seen, after) in rows.items():
-        print(f"{order:20}: clip_grad_norm_ sees norm {seen:g}, the optimizer gets norm {after:.3g} (max_norm {max_norm})")
+        print(f"{order:20}: clip_grad_norm_ sees norm {seen:g}, the optimizer gets norm {after:.3g} "
+              f"(max_norm {max_norm})")
     claims.check_clip_after_unscale(rows, max_norm, scale)
 
 
@@ -237,22 +236,17 @@ def show_bf16_underflow(case) -> None:
     claims.check_bf16_needs_no_scaler(mp, bf16_flushed)
 
 
-def _adam(params):
-    return torch.optim.Adam(params, lr=1e-3)
-
-
 def measure_model_state(recipe) -> float:
-    """Bytes of model state per parameter of FP32 Adam and mixed-precision Adam, from live tensors;
-    returns mixed-precision Adam's."""
+    """Model-state bytes per parameter of FP32 and mixed-precision Adam, from live tensors; returns the latter."""
     x0, y0 = recipe.batches[0]
     psi = sum(p.numel() for p in recipe.model().parameters())
     fp32_model = recipe.model()
-    fp32_opt = _adam(fp32_model.parameters())
+    fp32_opt = torch.optim.Adam(fp32_model.parameters(), lr=1e-3)
     fp32_loss(fp32_model, x0, y0).backward()
     fp32_opt.step()                                          # creates Adam's m and v
     fp32_loss(fp32_model, x0, y0).backward()                 # the gradients alive again
     state = {"FP32 Adam": measured_model_state_bytes(fp32_model.parameters(), fp32_opt)}
-    mp = MixedPrecision(recipe.model(), _adam, torch.float16)
+    mp = MixedPrecision(recipe.model(), lambda ps: torch.optim.Adam(ps, lr=1e-3), torch.float16)
     mp.backward(fp32_loss(mp.model, x0, y0))
     mp.step()
     mp.backward(fp32_loss(mp.model, x0, y0))
@@ -297,8 +291,10 @@ def show_autocast() -> None:
     x, w, ln = torch.randn(4, 8), torch.randn(8, 8), torch.nn.LayerNorm(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = x @ w
-        out = {"matmul": y, "softmax": torch.softmax(y, -1), "layer_norm": ln(y), "log_softmax": F.log_softmax(y, -1),
-               "cross_entropy": F.cross_entropy(y, torch.zeros(4, dtype=torch.long)), "sum": y.sum()}
-    print("dtypes under torch.autocast('cpu', bfloat16):", {k: str(v.dtype).replace("torch.", "") for k, v in out.items()})
+        out = {"matmul": y, "softmax": torch.softmax(y, -1), "layer_norm": ln(y),
+               "log_softmax": torch.log_softmax(y, -1),
+               "cross_entropy": torch.nn.functional.cross_entropy(y, torch.zeros(4, dtype=torch.long)), "sum": y.sum()}
+    print("dtypes under torch.autocast('cpu', bfloat16):",
+          {k: str(v.dtype).replace("torch.", "") for k, v in out.items()})
     print("the weights stay:", ln.weight.dtype, w.dtype)
     claims.check_autocast_dtypes(out, ln)
