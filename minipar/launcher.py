@@ -78,10 +78,11 @@ def _hooked(fn, world_size: int):
 
 class RankError(RuntimeError):
     """A rank raised (or died). ``rank`` is the first rank that failed; ``rank_traceback`` its traceback;
-    ``flight`` where the ranks' calls parted (:func:`minipar.flight.diagnose`), or None; ``headline`` who
-    parted first (:func:`minipar.flight.headline`: the rank that never issued a call, or whose call differs),
-    the error's first line when the recorders show it; ``note`` why there is no diagnosis, where that is known
-    (:data:`minipar.flight.UNSEEN`: a rank stuck in a call made through ``torch.distributed`` directly)."""
+    ``flight`` the first call the ranks' records disagree on (:func:`minipar.flight.diagnose`), or None;
+    ``headline`` who parted first (:func:`minipar.flight.headline`: the rank that never issued a call, or whose
+    call differs), the error's first line when the recorders show it; ``note`` why there is no diagnosis,
+    where that is known (:data:`minipar.flight.UNSEEN`: a rank stuck in a call made through
+    ``torch.distributed`` directly)."""
 
     def __init__(self, rank: int, message: str, rank_traceback: str = "", output: str = "",
                  flight: str | None = None, *, headline: str | None = None, note: str | None = None):
@@ -93,7 +94,7 @@ class RankError(RuntimeError):
         if note:
             text += f"\n({note})"
         if flight:
-            text += f"\n\n--- where the ranks parted (flight recorder) ---\n{flight}"
+            text += f"\n\n--- the first call the ranks' records disagree on (flight recorder) ---\n{flight}"
         if rank_traceback:
             text += f"\n\n--- traceback on rank {rank} ---\n{rank_traceback.rstrip()}"
         if output.strip():

@@ -30,6 +30,8 @@ def test_a_skipped_all_reduce_is_named_with_rank_seq_and_op(no_leftover_processe
     assert ("rank 2 never issued call #5 (all_reduce over ranks [0, 1, 2, 3], float32[1024]); "
             "ranks 0, 1, 3 wait in it (issued, not completed) for rank 2") in message
     assert "rank 2's last call: #4" in caught.value.flight
+    # the programs parted at call #3 (silently): the section names where the records disagree, not where they parted
+    assert "--- the first call the ranks' records disagree on (flight recorder) ---" in message
     assert message.splitlines()[0].startswith("rank 2 parted from the others: never issued call #5 (all_reduce")
     assert multiprocessing.active_children() == [] and child_pids() == []
 

@@ -100,7 +100,7 @@ ABOUT = {
         title="Five dimensions and MoE on one mesh: dp × pp × cp × tp, with ep folded in",
         summary="A layout at scale; dp × pp × cp × tp with experts folded in, on 16 ranks equal to one device.",
         core_minutes=0, elective_minutes=25, run_seconds=7),
-    "10": About(  # 2865 words (14 min) + 4 exercise stubs
+    "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
         core_minutes=35, elective_minutes=0, run_seconds=6),
@@ -116,7 +116,7 @@ ABOUT = {
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers, the decision guide as rules, a calculator.",
         core_minutes=35, elective_minutes=0, run_seconds=7),
-    "13": About(  # 3663 words (18 min) + 6 exercise stubs
+    "13": About(  # 3991 words (20 min) + 6 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
         core_minutes=50, elective_minutes=0, run_seconds=14),

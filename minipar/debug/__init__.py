@@ -4,4 +4,4 @@
 made it (:mod:`.first_diff`), random streams across ranks (:mod:`.seeds`) and the first non-finite value
 (:mod:`.nonfinite`); chapter 15's silent data corruption check (:mod:`.sdc`) and the checkpoint interval from
 failure rates (:mod:`.checkpoint_interval`).
-The flight recorder that names where the ranks parted after a hang is :mod:`minipar.flight`."""
+The flight recorder that names, after a hang, the first call the ranks' records disagree on is :mod:`minipar.flight`."""

@@ -102,3 +102,17 @@ def check_table_claims_checked(decades) -> None:
     """*总结*'s table and claims, checked"""
     assert round(FP16.decimal_digits, 1) == 3.3 and round(BF16.decimal_digits, 1) == 2.4 and round(FP32.decimal_digits, 1) == 7.2
     assert BF16.eps / FP32.eps == 65536 and round(decades["FP16"]) == 12 and round(decades["FP32"]) == 83
+
+
+def check_updates_down_survive(vanished16, update) -> None:
+    """Master weights: with Adam at w = 1 in FP16, every update up vanishes and every update down survives
+    (the gap above 1.0 is 2^-10, below it 2^-11)"""
+    assert bool(vanished16[update > 0].all()) and not bool(vanished16[update < 0].any())
+
+
+def check_clip_after_unscale(rows, max_norm, scale) -> None:
+    """Dynamic loss scaling: clipping before unscale_ sees S times the true norm (5) and clips S times too hard"""
+    seen, after = rows["clip, then unscale_"]
+    assert math.isclose(seen, 5 * scale, rel_tol=1e-4) and math.isclose(after, max_norm / scale, rel_tol=1e-3)
+    seen, after = rows["unscale_, then clip"]
+    assert math.isclose(seen, 5.0, rel_tol=1e-4) and math.isclose(after, max_norm, rel_tol=1e-3)

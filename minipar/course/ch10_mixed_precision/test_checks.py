@@ -89,3 +89,17 @@ def test_messages_name_the_mistake():
         ch10.check_decode(decode_wrong_bias)
     with pytest.raises(ExerciseError, match="reset"):
         ch10.check_scaler_update(update_no_reset)
+
+
+def test_clipping_before_unscale_clips_s_times_too_hard():
+    """§4's demo: clip_grad_norm_ on GradScaler's still-scaled gradients sees S x the norm; the claim tells the
+    two orders apart (swapped, it fails)."""
+    import pytest
+    from minipar.course.ch10_mixed_precision import claims
+    from minipar.course.ch10_mixed_precision.report import _clipped_norm
+    rows = {order: _clipped_norm(order == "unscale_, then clip", 1.0, 2.0 ** 16)
+            for order in ("clip, then unscale_", "unscale_, then clip")}
+    claims.check_clip_after_unscale(rows, 1.0, 2.0 ** 16)
+    swapped = dict(zip(rows, reversed(list(rows.values()))))
+    with pytest.raises(AssertionError):
+        claims.check_clip_after_unscale(swapped, 1.0, 2.0 ** 16)

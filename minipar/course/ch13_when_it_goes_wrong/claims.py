@@ -93,3 +93,13 @@ def check_invariant_mode(result) -> None:
     diffs, seconds = result
     assert all(d.name is None for d in diffs.values()), {k: str(d) for k, d in diffs.items()}
     assert all(lo <= med <= hi and lo > 0 for med, lo, hi in seconds.values())
+
+
+def check_spike_skipped(plain, guarded, bad_step) -> None:
+    """A loss spike without a NaN: the outlier batch's norm jumps; unguarded, the held-out loss jumps and is still
+    above its pre-spike value at the end; guarded, that one step is skipped and the loss never rises"""
+    before = plain["loss"][bad_step - 1]
+    assert plain["skipped"] == [] and plain["norm"][bad_step] > 100 * max(plain["norm"][:bad_step])
+    assert plain["loss"][bad_step] > 10 * before and plain["loss"][-1] > before
+    assert all(torch.isfinite(torch.tensor(plain["loss"])))                          # a spike, not a NaN
+    assert guarded["skipped"] == [bad_step] and max(guarded["loss"][bad_step:]) <= before

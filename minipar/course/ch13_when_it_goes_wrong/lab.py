@@ -31,11 +31,13 @@ __all__ = ["skip_one_all_reduce", "planted_hang", "never_issued", "mismatched_sh
 # 1. A hang and a desync ------------------------------------------------------------------------------
 
 def skip_one_all_reduce(rank, world_size, skipper=2):
-    """Five all-reduces; rank ``skipper`` skips the third (a branch taken on one rank only)."""
-    for i in range(5):
-        if rank == skipper and i == 2:
-            continue
-        comm.all_reduce(torch.ones(1024))
+    """Five data-parallel steps, each all-reducing a gradient; rank ``skipper``'s third batch is empty (uneven
+    data: its shard ran short), and the loop skips an empty batch — and with it that step's all-reduce."""
+    batch_sizes = [8, 8, 0 if rank == skipper else 8, 8, 8]
+    for size in batch_sizes:
+        if size == 0:
+            continue                          # nothing to train on, so no gradient to all-reduce: the bug
+        comm.all_reduce(torch.ones(1024))     # this step's gradient, summed over the ranks
 
 
 def planted_hang(program=skip_one_all_reduce, world_size: int = 4, timeout: float = 3.0):

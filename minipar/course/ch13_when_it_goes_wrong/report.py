@@ -1,0 +1,195 @@
+"""Chapter 13's displays: each runs or prints what one cell shows, and holds it to the chapter's claims
+(:mod:`.claims`), printing nothing more when they hold — so a cell reads ``show(...)``."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from minipar.debug import stragglers
+from minipar.machine.cluster import h100_cluster
+from minipar.machine.replay import replay
+
+from . import bitwise, claims, lab, torch_tools
+from .spikes import spiked_run
+
+__all__ = ["show_hang", "show_desync", "show_pytorch_tools", "show_straggler", "show_straggler_replay",
+           "show_rounding", "show_gradient_bugs", "show_dropout_replicas", "show_resume", "show_nan",
+           "show_spike", "show_sum_orders", "show_first_differences", "draw_first_differences", "show_invariant"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def show_hang(program, world_size: int, timeout: float):
+    """The planted hang under the launcher: its error up to the traceback; returns the error."""
+    error, seconds, left_running = lab.planted_hang(program, world_size=world_size, timeout=timeout)
+    print(f"{type(error).__name__} after {seconds:.1f} s; processes left running: {left_running}")
+    print(str(error).split("\n\n--- traceback")[0])
+    claims.check_hang_where_ranks_parted(left_running, error)
+    return error
+
+
+def show_desync() -> None:
+    """The shape mismatch under ``desync_check``: what the ranks raise."""
+    error, seconds = lab.desync_failure()
+    print(f"{type(error).__name__} on rank {error.rank} after {seconds:.1f} s:")
+    print(lab.first_error_line(error))
+    claims.check_desync_caught_before_hang(error)
+
+
+def show_pytorch_tools(started) -> None:
+    """What DETAIL and the Flight Recorder said in the process started at the top of the chapter."""
+    reports = torch_tools.collect(started)
+    for report in reports:
+        print(f"rank {report['rank']}: {torch_tools.detail_message(report)}")
+    print("\nrank 0's Flight Recorder entries (op, input sizes, state):")
+    for entry in reports[0]["recorded"]:
+        print("  ", *entry)
+    claims.check_every_rank_reports_mismatch(reports)
+
+
+def show_straggler(run):
+    """Each rank's compute and all-reduce time per step, and the straggler named and priced; returns it."""
+    for r in stragglers.per_rank_steps(run.trace, clock="cpu"):
+        print(f"rank {r.rank}: compute " + " ".join(f"{c * 1e3:5.1f}" for c in r.compute)
+              + " ms | in the all-reduce " + " ".join(f"{c * 1e3:5.1f}" for c in r.comm) + " ms")
+    slow = stragglers.find_straggler(run.trace, clock="cpu")
+    print(f"rank {slow.rank} is the straggler: it computes {_ms(slow.compute)} a step, the other rank "
+          f"{_ms(slow.others_compute)} (medians); the other waits {_ms(slow.others_wait)} inside the all-reduce, "
+          f"rank {slow.rank} {_ms(slow.own_wait)}.")
+    print(f"It costs every step about {_ms(slow.cost)} of a {_ms(slow.step)} step "
+          f"({slow.cost / slow.step:.0%}; a step: the median of the slowest rank's steps).")
+    claims.check_stragglers_which_rank_makes_others(slow)
+    return slow
+
+
+def show_straggler_replay(run, slow) -> None:
+    """The trace replayed on one DGX H100 node, as run and without the straggler; the straggler's share of a
+    step measured here and replayed."""
+    cluster = h100_cluster(1)
+    as_run = replay(run.trace, cluster)
+    fixed = replay(stragglers.without_straggler(run.trace, slow.rank), cluster)
+    median = lambda gaps: sorted(gaps)[len(gaps) // 2]   # noqa: E731
+    step, step_fixed = median(as_run.step_gaps()), median(fixed.step_gaps())
+    print(f"replayed step (median of {len(as_run.step_gaps())}): {_ms(step)} as run, {_ms(step_fixed)} without "
+          f"the straggler")
+    for r in as_run.table():
+        print(f"  rank {r['rank']}: compute {_ms(r['compute'])}, idle {_ms(r['idle'])} over the run")
+    print(f"the straggler's share of a step: {slow.cost / slow.step:.0%} measured here, "
+          f"{(step - step_fixed) / step:.0%} replayed")
+    claims.check_microseconds_wire(step, step_fixed, as_run, slow)
+
+
+def show_rounding() -> float:
+    """A correct DDP run against one device in float32 and float64; returns the bisection's tolerance."""
+    noise = lab.rounding_study()
+    for dtype, d in noise.items():
+        print(f"correct DDP vs one device, {str(dtype)[6:]}: largest departure {d:.1e} "
+              f"({d / torch.finfo(dtype).eps:.0f} x the dtype's epsilon)")
+    tolerance = 1e3 * noise[torch.float64]
+    print(f"tolerance for the bisection, in float64: 1000 x its rounding = {tolerance:.0e}")
+    claims.check_few_epsilons(noise)
+    return tolerance
+
+
+def show_gradient_bugs(tolerance: float) -> None:
+    """The three planted gradient bugs, each bisected against one device."""
+    found = lab.planted_gradient_bugs(tolerance)
+    for bug, result in found.items():
+        print(f"{bug}:\n  {result}")
+        claims.check_first_divergence_found(result)
+    claims.check_silent_wrong_gradients_equality_harness(*found.values())
+
+
+def show_dropout_replicas() -> None:
+    """Replicated parameters on 2 TP ranks by Megatron's rule and by a per-rank seed; split-region masks."""
+    right, wrong = lab.dropout_replicas(wrong_rule=False), lab.dropout_replicas(wrong_rule=True)
+    for name in right:
+        print(f"{name:<20} copies on the 2 TP ranks differ by {right[name]:.1e} (Megatron's rule), "
+              f"{wrong[name]:.1e} (seeded by rank)")
+    masks = lab.split_region_masks()
+    print(f"split region, dropout 0.1: rank 0's and rank 1's masks agree on {masks['right']:.2f} of positions by "
+          f"Megatron's rule (independent: {masks['independent']:.2f}), {masks['wrong']:.2f} with one seed")
+    claims.check_randomness_across_ranks(right, wrong, masks)
+
+
+def show_resume() -> None:
+    """4 steps straight against stopped after 2 and resumed, without and with the RNG state."""
+    for restore in (False, True):
+        straight, resumed = lab.resumed_losses(restore_rng=restore)
+        print(f"RNG state restored: {restore!s:<5}  losses of steps 3, 4: uninterrupted "
+              + ", ".join(f"{x:.6f}" for x in straight) + " | resumed " + ", ".join(f"{x:.6f}" for x in resumed))
+        claims.check_resume_restores_random_state(straight, resumed, restore)
+
+
+def show_nan() -> None:
+    """The float16 overflow on 2 ranks under ``first_nonfinite``, and ``detect_anomaly`` on the same step."""
+    ranks = lab.overflow_run()
+    for found, loss, grads_finite in ranks:
+        print(f"loss {loss}, gradients finite after the all-reduce: {grads_finite}; born here: {found}")
+    print("torch.autograd.detect_anomaly on rank 1's step:", lab.anomaly_on())
+    (born0, _, finite0), (born1, _, _) = ranks
+    claims.check_nan_first_operator_rank_that(born0, finite0, born1)
+
+
+def show_spike(bad_step: int = 12, guard: float = 5.0) -> None:
+    """The MLP with one batch of outliers, without and with the skip guard: norms and losses, drawn."""
+    runs = {"no guard": spiked_run(None, bad_step),
+            f"skip if ‖g‖ > {guard:g} × median": spiked_run(guard, bad_step)}
+    plain, guarded = runs.values()
+    print(f"‖g‖ before step {bad_step}: {min(plain['norm'][:bad_step]):.2f}–{max(plain['norm'][:bad_step]):.2f}; "
+          f"at step {bad_step}: {plain['norm'][bad_step]:.1f}")
+    for name, r in runs.items():
+        print(f"{name:24}: skipped {r['skipped'] or 'none'}; held-out loss before the spike "
+              f"{r['loss'][bad_step - 1]:.3f}, "
+              f"after it {r['loss'][bad_step]:.3f}, at the end {r['loss'][-1]:.3f}")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.2))
+    for name, r in runs.items():
+        a.plot(r["norm"], marker=".", label=name)
+        b.plot(r["loss"], marker=".", label=name)
+    a.set(yscale="log", xlabel="step", ylabel="gradient norm ‖g‖")
+    b.set(yscale="log", xlabel="step", ylabel="loss on a held-out batch")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+    claims.check_spike_skipped(plain, guarded, bad_step)
+
+
+def show_sum_orders() -> None:
+    """The same 4096 float32 numbers summed in five orders, with their distance in ULPs."""
+    sums = bitwise.sum_orders()
+    for order, (value, ulps) in sums.items():
+        print(f"{order:<38} {value:.9f}   {ulps:>3} ULP from left to right")
+    print(f"five orders, {len({v for v, _ in sums.values()})} different floats, "
+          f"up to {max(u for _, u in sums.values())} ULP apart from left to right")
+    claims.check_sum_orders(sums)
+
+
+def show_first_differences():
+    """One device against each layout: the first tensor that differs in any bit. Returns the diffs and what
+    :func:`draw_first_differences` draws."""
+    diffs, profiles, names = bitwise.first_differences()
+    for layout, diff in diffs.items():
+        print(f"one device vs {layout}: {diff}\n")
+    claims.check_first_differences(diffs)
+    return diffs, (profiles, names)
+
+
+def draw_first_differences(drawn) -> None:
+    """Max ULPs from one device of every tensor, in execution order, one marker style per layout."""
+    bitwise.draw_profiles(*drawn)
+    plt.show()
+
+
+def show_invariant() -> None:
+    """Each layout against one device in the invariant mode, and a tp 2 step's seconds in both modes."""
+    invariant = bitwise.invariant_demo()
+    inv_diffs, seconds = invariant
+    for layout, diff in inv_diffs.items():
+        print(f"invariant mode, one device vs {layout}: {diff}")
+    (default, lo_d, hi_d), (inv, lo_i, hi_i) = seconds["default"], seconds["invariant"]
+    print(f"tp 2 step here (median, min-max over its steps): {_ms(default)} ({lo_d * 1e3:.1f}-{hi_d * 1e3:.1f}) "
+          f"default, {_ms(inv)} ({lo_i * 1e3:.1f}-{hi_i * 1e3:.1f}) invariant: "
+          + (f"{inv / default:.1f}x, outside the spread" if lo_i > hi_d else "a tie, the ranges overlap"))
+    claims.check_invariant_mode(invariant)
