@@ -337,3 +337,20 @@ def test_a_bucket_divides_once_before_it_is_sent_bit_for_bit_as_each_gradient_ov
     bucket.scale()
     for p, g in zip(params, grads):
         assert torch.equal(p.grad, g / n) and p.grad.data_ptr() >= bucket.buffer.data_ptr()
+
+
+def test_a_bucket_copies_its_gradients_in_once_when_its_last_one_is_ready():
+    """Gradients are marked ready one by one and copied in together (one _foreach_copy_ per bucket, not one
+    copy per parameter): until the bucket is full every .grad is the tensor backward made, untouched; then
+    each .grad is its slot, holding the same values (a parameter that got none: zeros, still counted)."""
+    from minipar.data.buckets import Bucket
+    params = [nn.Parameter(torch.zeros(4, 2)), nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))]
+    grads = [torch.randn(4, 2), torch.randn(3)]
+    for p, g in zip(params, grads):
+        p.grad = g
+    bucket = Bucket(0, params)
+    assert not bucket.fill(params[0])
+    assert params[0].grad is grads[0] and not bucket.buffer.any()   # nothing copied yet
+    assert bucket.fill_missing() == [params[2]]                     # end of backward: the rest gathered
+    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, bucket.views))
+    assert torch.equal(bucket.buffer, torch.cat([grads[0].reshape(-1), grads[1], torch.zeros(2)]))
