@@ -73,6 +73,11 @@ class Bucket:
         self.gather()
         return True
 
+    def fill_all(self) -> None:
+        """Every gradient is ready (one hook per bucket told so): :meth:`gather` them all."""
+        self.filled.update(range(len(self.params)))
+        self.gather()
+
     def gather(self) -> None:
         """Every slot gets its parameter's ``.grad`` (zeros if None), divided by :meth:`scale` later; with
         views, ``param.grad`` becomes its slot (a gradient already in its slot, accumulated there by
@@ -118,8 +123,7 @@ class Bucket:
         if self.is_full:                                          # gathered when its last gradient came
             return []
         absent = [p for i, p in enumerate(self.params) if i not in self.filled and p.grad is None]
-        self.filled.update(range(len(self.params)))
-        self.gather()
+        self.fill_all()
         return absent
 
     def copy_out(self) -> None:
