@@ -12,9 +12,7 @@ are summed). The average is one all-reduce of every gradient: 2(N-1)/N · (gradi
 To hide that traffic, a hook on each parameter fires as soon as its gradient is accumulated; gradients
 are packed into *buckets* of about ``bucket_bytes`` (filled in reverse registration order, which is
 roughly the order backward produces them) and each bucket's all-reduce is launched asynchronously the
-moment it is full, while backward goes on computing the earlier layers' gradients. (Once the first synced
-backward has shown the order gradients arrive in, one hook per bucket, on its last gradient, replaces the
-per-parameter hooks: :mod:`minipar.data.bucket_hooks`.) Each ``.grad`` then
+moment it is full, while backward goes on computing the earlier layers' gradients. Each ``.grad`` then
 *is* its slot in the bucket (a view, as PyTorch's ``gradient_as_bucket_view=True``): the all-reduce
 averages the gradients in place, with no copy back. Buckets are launched
 strictly in index order, so every rank issues the same collectives in the same order even when a
@@ -46,7 +44,6 @@ from .. import comm
 from ..recipe import RunResult
 from ..launcher import launch
 from ..loop import mean_over_ranks, shard_batch
-from .bucket_hooks import GradHooks
 from .buckets import Bucket, assign_buckets
 
 __all__ = ["Bucket", "Reducer", "DistributedDataParallel", "assign_buckets", "replicas_in_sync",
@@ -69,9 +66,7 @@ class Reducer:
     def __init__(self, params: list, group=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  comm_dtype: torch.dtype | None = None, average: bool = True, collective=None,
                  names: dict | None = None):
-        # The world as its group object rather than None: torch.distributed then skips looking the default
-        # group up on every call (measured: 6-8 µs of CPU less per bucket all-reduce through minipar.comm).
-        self.group = dist.group.WORLD if group is None else group
+        self.group = group
         self.collective = collective or (lambda buf, g: comm.all_reduce(buf, group=g, async_op=True))
         element_size = torch.empty(0, dtype=comm_dtype).element_size() if comm_dtype else None
         # Reverse registration order: the last layers' gradients are ready first in backward.
@@ -87,11 +82,6 @@ class Reducer:
         """Called by a parameter's hook once its gradient is accumulated."""
         if self.bucket_of[id(param)].fill(param):        # its bucket is full now: maybe launch it
             self.launch_ready()
-
-    def bucket_ready(self, bucket: Bucket) -> None:
-        """Every gradient of ``bucket`` is ready (told by one hook per bucket): gather it, maybe launch it."""
-        bucket.fill_all()
-        self.launch_ready()
 
     def launch_ready(self) -> None:
         """Launch every full bucket, in index order only: a full bucket waits for the earlier ones, so all
@@ -148,8 +138,7 @@ class DistributedDataParallel(nn.Module):
         self.reducer = Reducer([p for _, p in named], group, bucket_bytes, comm_dtype,
                                names={id(p): n for n, p in named})
         self._finish_queued = False
-        # A hook on every parameter until the order gradients arrive in is known, then one per bucket
-        self.grad_hooks = GradHooks(self, [p for _, p in named])
+        self._hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for _, p in named]
 
     def _broadcast_state(self) -> None:
         """Every replica starts from the first rank's weights (and buffers)."""
@@ -169,7 +158,6 @@ class DistributedDataParallel(nn.Module):
 
     def _on_output_grad(self, grad):
         if self._sync_this_backward:
-            self.grad_hooks.backward_starts()
             self._queue_finish()
         return grad
 
@@ -189,9 +177,7 @@ class DistributedDataParallel(nn.Module):
 
     def _finish(self) -> None:
         self._finish_queued = self._sync_this_backward = False
-        every_bucket_full = all(b.is_full for b in self.reducer.buckets)
         absent = self.reducer.finish()       # every bucket all-reduced: no peer is left waiting
-        self.grad_hooks.backward_done(every_bucket_full)
         if self.find_unused_parameters:
             self._drop_unused(absent)
         elif absent:

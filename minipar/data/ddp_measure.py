@@ -1,10 +1,9 @@
 """Watching DDP's buckets from the outside: when each gradient became ready, when each bucket's all-reduce
 was launched and when it completed — the overlap of communication with backward (Li et al. 2020, §3.2.3).
 
-Kept apart from :mod:`minipar.data.ddp` so that the strategy reads as DDP alone. The observer puts its own
-hook on every parameter (DDP itself keeps one per bucket once it knows the order: :mod:`minipar.data.bucket_hooks`)
-and wraps the reducer's seam ``Reducer.collective`` (the function that launches a bucket's reduction, a
-constructor argument) on one instance.
+Kept apart from :mod:`minipar.data.ddp` so that the strategy reads as DDP alone. The observer uses the
+reducer's two seams: ``Reducer.grad_ready`` (called by every parameter's hook) and ``Reducer.collective``
+(the function that launches a bucket's reduction, a constructor argument), both wrapped on one instance.
 
     model = DistributedDataParallel(net, bucket_bytes=64 * 1024)
     events = watch_buckets(model)          # [(kind, label, start, end)] in time.perf_counter seconds
@@ -21,21 +20,17 @@ __all__ = ["watch_buckets"]
 
 def watch_buckets(model: DistributedDataParallel, events: list | None = None) -> list:
     """Append to ``events`` (a new list if none; returned) from now on: ``("grad", name, t, t)`` when a
-    parameter's gradient is accumulated in a synced backward, ``("comm", "bucket i", launch, done)`` when
-    bucket i's reduction completes (its work's future, so ``done`` is the completion, not a later ``wait()``)."""
+    parameter's gradient reaches the reducer, ``("comm", "bucket i", launch, done)`` when bucket i's
+    reduction completes (its work's future, so ``done`` is the completion, not a later ``wait()``)."""
     events = [] if events is None else events
     reducer = model.reducer
     bucket_of_buffer = {id(b.buffer): b.index for b in reducer.buckets}
-    collective = reducer.collective
+    grad_ready, collective = reducer.grad_ready, reducer.collective
 
-    def grad_arrived(param):
-        if model._sync_this_backward:
-            now = time.perf_counter()
-            events.append(("grad", reducer.names.get(id(param), "?"), now, now))
-
-    for bucket in reducer.buckets:
-        for param in bucket.params:
-            param.register_post_accumulate_grad_hook(grad_arrived)
+    def timed_grad_ready(param):
+        now = time.perf_counter()
+        events.append(("grad", reducer.names.get(id(param), "?"), now, now))
+        grad_ready(param)
 
     def timed_collective(buffer, group):
         start = time.perf_counter()
@@ -44,5 +39,5 @@ def watch_buckets(model: DistributedDataParallel, events: list | None = None) ->
         work.get_future().add_done_callback(lambda _f: events.append(("comm", label, start, time.perf_counter())))
         return work
 
-    reducer.collective = timed_collective
+    reducer.grad_ready, reducer.collective = timed_grad_ready, timed_collective
     return events
