@@ -18,9 +18,14 @@ COMMANDS = {  # name: (module whose main(argv) runs it, what it does)
 
 
 def usage() -> str:
-    """The command list, one line each, as ``git`` and ``torchrun`` print theirs."""
+    """The command list, one line each, as ``git`` and ``torchrun`` print theirs, then the benchmarks ``bench``
+    runs, one line each (what ``python -m minipar bench --help`` lists)."""
+    from minipar.course.bench import benchmarks, describe
+    available = benchmarks()
     return "\n".join([f"usage: python -m minipar {{{','.join(COMMANDS)}}} [options]", "", "commands:",
                       listing({name: what for name, (_, what) in COMMANDS.items()}), "",
+                      "benchmarks (python -m minipar bench NAME):",
+                      listing({name: describe(available[name]) for name in sorted(available)}), "",
                       "python -m minipar COMMAND --help: that command's options"])
 
 

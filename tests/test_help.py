@@ -27,6 +27,15 @@ def test_minipar_help_describes_every_command(capsys):
     assert "bench --help" in described["bench"] and "torchrun" in described["train"]
 
 
+def test_minipar_help_also_names_and_describes_every_benchmark(capsys):
+    """The top-level help lists what ``bench`` runs too, each benchmark with its line from ``bench --help``."""
+    assert main(["--help"]) == 0
+    block = capsys.readouterr().out.split("\n\n")[2]
+    assert block.startswith("benchmarks (python -m minipar bench NAME):"), block
+    described = _entries("\n\n" + block, bench.benchmarks())
+    assert described == {name: " ".join(bench.describe(run).split()) for name, run in bench.benchmarks().items()}
+
+
 def test_bench_help_gives_each_benchmark_its_own_line(capsys):
     assert bench.main(["--help"]) == 0
     described = _entries(capsys.readouterr().out, bench.benchmarks())
