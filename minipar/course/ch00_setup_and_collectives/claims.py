@@ -4,15 +4,20 @@ Each function takes what one cell computed, raises AssertionError naming the cla
 and prints nothing when all hold."""
 from __future__ import annotations
 
+import math
+
 import torch.distributed as dist
 
 from minipar.course.ch00_setup_and_collectives import tour as ch00
 
 
-def check_why_distributed_training_memory(fits, weights_only, need, devices_needed, fits_on_one_device) -> None:
-    """Why distributed training: memory"""
-    assert not fits and weights_only == 350e9 and need == 2.8e12 and devices_needed(need) == 35
-    assert fits_on_one_device(1.3e9)[0] and not fits_on_one_device(7e9)[0]
+def check_why_distributed_training_memory(state_bytes, device_bytes) -> None:
+    """Why distributed training: memory. GPT-3's fp16 weights alone are 350 GB (5 devices of 80 GB); its
+    training state at 16 B/param is 2.8 TB (35 devices); 1.3 B parameters fit on one device, 7 B do not."""
+    devices = {what: math.ceil(b / device_bytes) for what, b in state_bytes.items()}
+    assert state_bytes["GPT-3 175B, fp16 weights only"] == 350e9 and devices["GPT-3 175B, fp16 weights only"] == 5
+    assert state_bytes["GPT-3 175B"] == 2.8e12 and devices["GPT-3 175B"] == 35
+    assert devices["1.3B"] == 1 and devices["7B"] > 1, devices
 
 
 def check_adam_state_bytes_measured(measured, n) -> None:
