@@ -92,6 +92,12 @@ def check_small_ring_slower_with_more_ranks(sweep) -> None:
     assert sweep[8]["small_ring_s"] > sweep[2]["small_ring_s"], {n: t["small_ring_s"] for n, t in sweep.items()}
 
 
+def check_steps_cost_more_than_bytes(alpha, beta, payload_bytes) -> None:
+    """Ring vs. one root: at 4 KiB and at S the steps cost more than the bytes — the fitted 2(N−1)/N·S/β is
+    under half the 2(N−1)·α of the steps for every N (the ratio is S/(N·α·β), largest at N = 2)."""
+    assert payload_bytes / (2 * alpha * beta) < 0.5, (alpha, beta)
+
+
 def check_appendix_minipar_launch_torch_multiprocessing(by_hand, with_launch) -> None:
     """Appendix A. `minipar.launch` and `torch.multiprocessing.spawn`"""
     assert by_hand == with_launch == [6.0, 6.0, 6.0, 6.0]

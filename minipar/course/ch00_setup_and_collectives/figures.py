@@ -103,7 +103,7 @@ def plot_ring_time(sweep: dict, payload_bytes: int, ax=None):
     (markers) and ``2(N−1)·α + 2(N−1)/N·S/β`` with α and β fitted to all of them (lines,
     :func:`.latency.fit_ring`)."""
     import matplotlib.pyplot as plt
-    from .latency import SMALL_BYTES, fit_ring, sweep_seconds
+    from .latency import SMALL_BYTES, beta_text, fit_ring, sweep_seconds
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.4))
     ns = sorted(sweep)
@@ -116,7 +116,7 @@ def plot_ring_time(sweep: dict, payload_bytes: int, ax=None):
     ax.set_xlabel("ranks N")
     ax.set_ylabel("time (ms)")
     ax.set_title(f"2(N-1) steps, each waits for a message: α = {alpha * 1e3:.2f} ms a step, "
-                 f"β = {beta / 1e9:.2g} GB/s", fontsize=9)
+                 f"β = {beta_text(beta)}", fontsize=9)
     ax.set_xticks(ns)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)

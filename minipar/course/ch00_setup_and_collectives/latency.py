@@ -9,7 +9,7 @@ milliseconds. A second, larger size fixes β, so that α is fitted in the same f
 """
 from __future__ import annotations
 
-import statistics
+import math
 import time
 
 import torch
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from minipar import comm
 from minipar.machine.fidelity import ring_terms
 
-__all__ = ["SMALL_BYTES", "time_small_ring", "slowest_rank_fastest", "sweep_seconds", "fit_ring"]
+__all__ = ["SMALL_BYTES", "time_small_ring", "slowest_rank_fastest", "sweep_seconds", "fit_ring", "beta_text"]
 
 SMALL_BYTES = 4096   # the small all-reduce: 1024 float32
 
@@ -53,10 +53,12 @@ def sweep_seconds(sweep: dict, payload_bytes: int) -> dict:
 def fit_ring(seconds: dict) -> tuple:
     """(α seconds per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` — the form of
     :func:`minipar.machine.fidelity.fit_link` (its ``ring_terms``), fitted to ``seconds`` {(N, S bytes): t} over
-    every N and size at once, so that one α and one β describe the whole sweep. Least squares in relative error
-    (weights 1/t², as ``fit_affine``): the small size fixes α, the large one β."""
+    every N and size at once, so that one α and one β describe the whole sweep. Plain least squares in seconds,
+    not fit_link's relative error: here the times span N from under to over the number of cores, and the
+    trend over N is the lesson, so the slow, oversubscribed N must weigh as much as the fast ones. Where the
+    times do not grow with the size, 1/β is held at 0 (β = ∞) and α fitted alone."""
     rows = [(*ring_terms("all_reduce", n), s, t) for (n, s), t in seconds.items()]
-    w = [1 / t ** 2 for *_, t in rows]
+    w = [1.0 for _ in rows]
     kk = sum(wi * k * k for wi, (k, f, s, t) in zip(w, rows))
     kx = sum(wi * k * f * s for wi, (k, f, s, t) in zip(w, rows))
     xx = sum(wi * (f * s) ** 2 for wi, (k, f, s, t) in zip(w, rows))
@@ -66,6 +68,11 @@ def fit_ring(seconds: dict) -> tuple:
     if len({s for _, s in seconds}) < 2 or det <= 0:
         raise ValueError(f"fitting α and β needs at least two sizes, got {sorted(seconds)}")
     alpha, inverse_beta = (xx * kt - kx * xt) / det, (kk * xt - kx * kt) / det
-    if inverse_beta <= 0:
-        raise ValueError(f"time does not grow with size in {seconds}; no bandwidth to fit")
+    if inverse_beta <= 0:    # on busy shared cores the larger size may time no slower: the bytes are lost in
+        return max(kt / kk, 1e-7), math.inf    # the noise; least squares with 1/β ≥ 0 is then β = ∞, α alone
     return max(alpha, 1e-7), 1 / inverse_beta
+
+
+def beta_text(beta: float) -> str:
+    """β as the chapter prints it; β = ∞ where the larger size timed no slower than the small one."""
+    return "∞ (the larger size timed no slower)" if math.isinf(beta) else f"{beta / 1e9:.2g} GB/s"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 
 import matplotlib.pyplot as plt
 import torch
@@ -11,7 +12,7 @@ import torch
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import fit_ring, sweep_seconds
+from .latency import beta_text, fit_ring, sweep_seconds
 
 __all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
@@ -119,11 +120,13 @@ def show_ring_time(sweep: dict, payload_bytes: int) -> None:
     print(f"{'N':>2}  {'4 KiB (ms)':>10}  {payload_bytes // 1024:>3} KiB (ms)  {'2(N-1) steps':>12}")
     for n, t in sweep.items():
         print(f"{n:>2}  {t['small_ring_s'] * 1e3:>10.2f}  {t['ring_s'] * 1e3:>12.2f}  {2 * (n - 1):>12}")
+    print(f"(the {max(sweep)} ranks shared this machine's {os.cpu_count()} cores)")
     print(f"fitted to t = 2(N-1)·α + 2(N-1)/N·S/β: α = {alpha * 1e3:.3f} ms per ring step, "
-          f"β = {beta / 1e9:.2g} GB/s")
+          f"β = {beta_text(beta)}")
     plot_ring_time(sweep, payload_bytes)
     plt.show()
     claims.check_small_ring_slower_with_more_ranks(sweep)
+    claims.check_steps_cost_more_than_bytes(alpha, beta, payload_bytes)
 
 
 def show_launch_vs_mp(by_hand: list, with_launch: list) -> None:

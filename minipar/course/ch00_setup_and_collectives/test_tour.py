@@ -9,6 +9,7 @@ their sockets (minipar.wire) is the measurement: within gloo's framing (tour.OVE
 the formula, except gloo's reduce-scatter (2x: it all-reduces) and reduce (1.25x), observed here too.
 """
 import json
+import math
 
 import pytest
 import torch
@@ -111,6 +112,8 @@ def test_latency_fit_and_slowest_rank():
     # exactly 2(N-1)·1 ms + 2(N-1)/N·S / (1 GB/s), at 4 KiB and 1 MiB: one α per ring step and one β for every N
     exact = {(n, s): 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * s / 1e9 for n in (2, 4, 8) for s in (4096, 2**20)}
     assert fit_ring(exact) == pytest.approx((1e-3, 1e9))
+    flat = {(n, s): 2 * (n - 1) * 1e-3 for n in (2, 4, 8) for s in (4096, 2**20)}   # no slower at 1 MiB: β = ∞
+    assert fit_ring(flat) == pytest.approx((1e-3, math.inf))
     with pytest.raises(ValueError, match="two sizes"):
         fit_ring({(n, 4096): t for (n, s), t in exact.items() if s == 4096})
 
