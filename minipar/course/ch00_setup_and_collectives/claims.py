@@ -4,15 +4,20 @@ Each function takes what one cell computed, raises AssertionError naming the cla
 and prints nothing when all hold."""
 from __future__ import annotations
 
+import math
+
 import torch.distributed as dist
 
 from minipar.course.ch00_setup_and_collectives import tour as ch00
 
 
-def check_why_distributed_training_memory(fits, weights_only, need, devices_needed, fits_on_one_device) -> None:
-    """Why distributed training: memory"""
-    assert not fits and weights_only == 350e9 and need == 2.8e12 and devices_needed(need) == 35
-    assert fits_on_one_device(1.3e9)[0] and not fits_on_one_device(7e9)[0]
+def check_why_distributed_training_memory(state_bytes, device_bytes) -> None:
+    """Why distributed training: memory. GPT-3's fp16 weights alone are 350 GB (5 devices of 80 GB); its
+    training state at 16 B/param is 2.8 TB (35 devices); 1.3 B parameters fit on one device, 7 B do not."""
+    devices = {what: math.ceil(b / device_bytes) for what, b in state_bytes.items()}
+    assert state_bytes["GPT-3 175B, fp16 weights only"] == 350e9 and devices["GPT-3 175B, fp16 weights only"] == 5
+    assert state_bytes["GPT-3 175B"] == 2.8e12 and devices["GPT-3 175B"] == 35
+    assert devices["1.3B"] == 1 and devices["7B"] > 1, devices
 
 
 def check_adam_state_bytes_measured(measured, n) -> None:
@@ -85,6 +90,12 @@ def check_ring_bounded_root_linear(S, busiest, sweep) -> None:
 def check_small_ring_slower_with_more_ranks(sweep) -> None:
     """Ring vs. one root, as N grows: a 4 KiB ring all-reduce takes longer on 8 ranks than on 2 (the α term)"""
     assert sweep[8]["small_ring_s"] > sweep[2]["small_ring_s"], {n: t["small_ring_s"] for n, t in sweep.items()}
+
+
+def check_steps_cost_more_than_bytes(alpha, beta, payload_bytes) -> None:
+    """Ring vs. one root: at 4 KiB and at S the steps cost more than the bytes — the fitted 2(N−1)/N·S/β is
+    under half the 2(N−1)·α of the steps for every N (the ratio is S/(N·α·β), largest at N = 2)."""
+    assert payload_bytes / (2 * alpha * beta) < 0.5, (alpha, beta)
 
 
 def check_appendix_minipar_launch_torch_multiprocessing(by_hand, with_launch) -> None:

@@ -13,7 +13,7 @@ from minipar.course.plotting import RANK_COLOURS, save_figure
 from .tour import COLLECTIVES, busiest_rank_traffic, run_collectives
 
 __all__ = ["DIAGRAM_OPS", "draw_holdings", "draw_collective", "collectives_figure", "traffic_sweep",
-           "plot_traffic", "plot_small_ring", "FIGURES"]
+           "plot_traffic", "plot_ring_time", "FIGURES"]
 
 DIAGRAM_OPS = ["broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather", "reduce_scatter",
                "all_to_all", "send/recv"]
@@ -98,24 +98,27 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
     return ax.figure
 
 
-def plot_small_ring(sweep: dict, ax=None):
-    """The latency term: the slowest rank's median time for a 4 KiB ring all-reduce (markers) against
-    2(N−1)·α with α fitted to them (line)."""
+def plot_ring_time(sweep: dict, payload_bytes: int, ax=None):
+    """The ring's time against N: the slowest rank (fastest repeat) for a 4 KiB and an S-byte ring all-reduce
+    (markers) and ``2(N−1)·α + 2(N−1)/N·S/β`` with α and β fitted to all of them (lines,
+    :func:`.latency.fit_ring`)."""
     import matplotlib.pyplot as plt
-    from .latency import fit_alpha
+    from .latency import SMALL_BYTES, beta_text, fit_ring, sweep_seconds
     if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.2))
+        _, ax = plt.subplots(figsize=(6, 3.4))
     ns = sorted(sweep)
-    seconds = {n: sweep[n]["small_ring_s"] for n in ns}
-    alpha = fit_alpha(seconds)
-    ax.plot(ns, [seconds[n] * 1e3 for n in ns], "s", color="#4C72B0", ms=8, label="ring all-reduce of 4 KiB: measured")
-    ax.plot(ns, [2 * (n - 1) * alpha * 1e3 for n in ns], "-", color="#4C72B0", alpha=0.5,
-            label=f"2(N-1)·α, α fitted = {alpha * 1e3:.2f} ms")
+    alpha, beta = fit_ring(sweep_seconds(sweep, payload_bytes))
+    for key, size, colour in (("small_ring_s", SMALL_BYTES, "#4C72B0"), ("ring_s", payload_bytes, "#DD8452")):
+        ax.plot(ns, [sweep[n][key] * 1e3 for n in ns], "s", color=colour, ms=7,
+                label=f"ring all-reduce of {size / 2**10:.0f} KiB: measured")
+        ax.plot(ns, [(2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta) * 1e3 for n in ns], "-", color=colour,
+                alpha=0.5, label=f"2(N-1)·α + 2(N-1)/N·S/β, S = {size / 2**10:.0f} KiB")
     ax.set_xlabel("ranks N")
     ax.set_ylabel("time (ms)")
-    ax.set_title("The latency term: 2(N-1) steps, each waits for a message")
+    ax.set_title(f"2(N-1) steps, each waits for a message: α = {alpha * 1e3:.2f} ms a step, "
+                 f"β = {beta_text(beta)}", fontsize=9)
     ax.set_xticks(ns)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return ax.figure
 

@@ -9,6 +9,7 @@ their sockets (minipar.wire) is the measurement: within gloo's framing (tour.OVE
 the formula, except gloo's reduce-scatter (2x: it all-reduces) and reduce (1.25x), observed here too.
 """
 import json
+import math
 
 import pytest
 import torch
@@ -102,13 +103,19 @@ def test_ring_vs_root_traffic(n):
     assert traffic["root"]["sent"] == [(n - 1) * s] + [s] * (n - 1)
     assert traffic["root"]["received"][0] == (n - 1) * s
     assert sum(traffic["ring"]["sent"]) == sum(traffic["root"]["sent"])  # same total, different peak
-    assert traffic["small_ring_s"] > 0                                   # the latency term was timed
+    assert traffic["small_ring_s"] > 0 and traffic["ring_s"] > 0         # both sizes were timed
 
 
 def test_latency_fit_and_slowest_rank():
-    from minipar.course.ch00_setup_and_collectives.latency import fit_alpha, slowest_rank_median
-    assert slowest_rank_median([[1.0, 5.0, 2.0], [3.0, 1.0, 2.0]]) == 3.0   # per repeat: max 3, 5, 2
-    assert fit_alpha({2: 2e-3, 4: 6e-3, 8: 14e-3}) == pytest.approx(1e-3)  # exactly 2(N-1)·1 ms
+    from minipar.course.ch00_setup_and_collectives.latency import fit_ring, slowest_rank_fastest
+    assert slowest_rank_fastest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.0]]) == 2.0   # per repeat: max 3, 5, 2
+    # exactly 2(N-1)·1 ms + 2(N-1)/N·S / (1 GB/s), at 4 KiB and 1 MiB: one α per ring step and one β for every N
+    exact = {(n, s): 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * s / 1e9 for n in (2, 4, 8) for s in (4096, 2**20)}
+    assert fit_ring(exact) == pytest.approx((1e-3, 1e9))
+    flat = {(n, s): 2 * (n - 1) * 1e-3 for n in (2, 4, 8) for s in (4096, 2**20)}   # no slower at 1 MiB: β = ∞
+    assert fit_ring(flat) == pytest.approx((1e-3, math.inf))
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_ring({(n, 4096): t for (n, s), t in exact.items() if s == 4096})
 
 
 def test_bad_input_is_refused_before_launch():
@@ -155,8 +162,11 @@ def test_figures_are_drawn_from_the_run(tmp_path):
     figure = fig00.plot_traffic(sweep, 48 * 4)
     measured_root = figure.axes[0].lines[0].get_ydata().tolist()
     assert measured_root == [1.0, 2.0]  # (N-1) S for N = 2, 3, read back from the plotted data
-    latency = fig00.plot_small_ring(sweep)
-    assert latency.axes[0].lines[0].get_ydata().tolist() == [sweep[n]["small_ring_s"] * 1e3 for n in (2, 3)]
+    timed = {n: {"small_ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 4096 / 1e9,
+                 "ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 2**17 / 1e9} for n in (2, 4, 8)}
+    latency = fig00.plot_ring_time(timed, 2**17)       # the plotted points are the timings, the fit recovers α, β
+    assert latency.axes[0].lines[0].get_ydata().tolist() == [timed[n]["small_ring_s"] * 1e3 for n in (2, 4, 8)]
+    assert "α = 0.10 ms a step, β = 1 GB/s" in latency.axes[0].get_title()
     plt.close(latency)
     figure.savefig(tmp_path / "traffic.png")
     plt.close(figure)

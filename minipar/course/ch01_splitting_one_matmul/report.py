@@ -1,0 +1,87 @@
+"""Chapter 01's displays: each prints (or draws) what one cell ran and holds it to the chapter's claims
+(:mod:`.claims`), printing nothing more when they hold — so a cell ends with one ``report.show_...(...)``."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from minipar import comm
+from minipar.tensor import matmul_split as ms
+
+from . import claims
+from .figures import draw_split
+from .measure import format_table
+
+__all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_four_ranks", "show_refused",
+           "show_oneflow", "show_training"]
+
+
+def show_reference(reference: dict, x, w, dy) -> None:
+    print({k: tuple(v.shape) for k, v in reference.items()})
+    claims.check_autograd_formulas(reference, dy, w, x)   # autograd = the formulas
+
+
+def show_table(table: dict, x_shape, w_shape) -> None:
+    print(format_table(table, x_shape, w_shape))
+
+
+def draw_splits(per_rank: list, whole: dict, splits=ms.SPLITS) -> None:
+    """Who holds which block, drawn from the pieces the ranks held (hatched: a partial sum)."""
+    for split in splits:
+        draw_split(split, [r[split] for r in per_rank], whole)
+        plt.show()
+
+
+def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
+    """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
+    show_table(table_2, x_shape, w_shape)
+    claims.check_run_live_2_ranks_equal(table_2)
+
+
+def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
+    """The 4-rank table, and the bytes of gathering the row split's uneven dx and dw pieces (for the
+    comparison only): each piece padded to the largest, 2 of w's 5 rows."""
+    b, k = x.shape
+    m = w.shape[1]
+    show_table(table_4, x.shape, w.shape)
+    held = per_rank_4[1]["row"]["bytes"]
+    gathered = held["gather_dx"] + held["gather_dw"]
+    rows = max(ms.shard_sizes(k, 4))
+    padded = (comm.predicted_bytes_sent("all_gather", 4 * b * rows * 4, 4)
+              + comm.predicted_bytes_sent("all_gather", 4 * rows * m * 4, 4))
+    print(f"\nrow split, rank 1, gathering dx and dw for the comparison: measured {gathered} B, "
+          f"formula with every piece padded to the largest: {padded:.0f} B")
+    claims.check_run_live_4_ranks_uneven(table_4, gathered, padded)
+
+
+def show_refused(run, *args, **kwargs) -> None:
+    """``run(*args, **kwargs)`` must raise ValueError (before any process starts); prints its message."""
+    try:
+        run(*args, **kwargs)
+    except ValueError as e:
+        print("ValueError:", e)
+    else:
+        raise AssertionError(f"{kwargs} was not refused")
+
+
+def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
+    """x 64×5 on 4 ranks: the column split's all-reduce of dx against data parallelism's of dw, the all-gather
+    that gives every rank the whole y, and the same formula at a real size (4096×4096, 16,384 tokens)."""
+    k, m = w.shape
+    bwd = {s: table_b[s].backward[0] for s in ms.SPLITS}
+    gathered_y = per_rank_b[0]["column"]["bytes"]["gather_y"]       # all-gather of y's columns
+    formula = comm.predicted_bytes_sent("all_gather", 64 * m * 4, 4)
+    print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} B, "
+          f"formula (N-1)/N·|y| = {formula:.0f} B")
+    claims.check_what_oneflow_article_says_about(table_b, bwd, k, m, gathered_y, formula)
+    real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4)["backward"] for s in ("data", "column")}
+    print(f"real size, x 16384×4096 · w 4096×4096 float32 on 4 ranks, backward bytes per rank (formula): "
+          f"data {real['data'] / 2**20:.0f} MiB, column {real['column'] / 2**20:.0f} MiB")
+    claims.check_real_size_column_sends_4x(real)
+
+
+def show_training(comparisons: dict) -> None:
+    """{split: an equivalence check's comparison} of three SGD steps on 4 ranks against one device."""
+    for split, c in comparisons.items():
+        c.assert_ok()
+        print(f"{split:6} split on 4 ranks: loss and w after 3 SGD steps match one device, "
+              f"max |Δ| = {c.max_abs_diff:.1e}")
