@@ -1,5 +1,6 @@
 """``python -m minipar COMMAND``: ``tour`` (the main job), ``train`` (3D training from the shell) and the course's
 commands; ``python -m minipar --help`` says what each does, ``python -m minipar COMMAND --help`` its options."""
+import importlib
 import sys
 import textwrap
 
@@ -20,8 +21,8 @@ COMMANDS = {  # name: (module whose main(argv) runs it, what it does)
 def usage() -> str:
     """The command list, one line each, as ``git`` and ``torchrun`` print theirs, then the benchmarks ``bench``
     runs, one line each (what ``python -m minipar bench --help`` lists)."""
-    from minipar.course.bench import benchmarks, describe
-    available = benchmarks()
+    bench = importlib.import_module(COMMANDS["bench"][0])     # loaded when asked, as main() loads a command
+    available, describe = bench.benchmarks(), bench.describe
     return "\n".join([f"usage: python -m minipar {{{','.join(COMMANDS)}}} [options]", "", "commands:",
                       listing({name: what for name, (_, what) in COMMANDS.items()}), "",
                       "benchmarks (python -m minipar bench NAME):",
@@ -45,7 +46,6 @@ def main(argv=None) -> int:
         unknown = f"python -m minipar: unknown command {argv[0]!r}\n" if argv else ""
         print(unknown + usage(), file=sys.stderr)
         return 2
-    import importlib
     return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0
 
 
