@@ -3,7 +3,7 @@
 * ``02_ddp_timeline.png``: one DDP training step per rank, on a time axis shared by the ranks: forward,
   backward up to its last gradient (a tick where each gradient became ready), the wait after it (grey: backward
   has nothing left to compute and ``loss.backward()`` waits for the last buckets), and each bucket's all-reduce
-  from its launch to its completion (observed from outside DDP by :func:`minipar.data.ddp_measure.watch_buckets`, through the
+  from its launch to its completion, green before the rank's last gradient (hidden) and red after (exposed) (observed from outside DDP by :func:`minipar.data.ddp_measure.watch_buckets`, through the
   reducer's seams and the work's completion callback).
   Buckets launched before backward ends are communication overlapped with compute.
 * ``02_bucket_u_curve.png``: a model — one DDP trace (one parameter per bucket, operators counted) re-bucketed
@@ -65,31 +65,39 @@ def overlap_fraction(events) -> float:
 
 
 def draw_timeline(per_rank, ax=None):
+    """The course's replay legend (:data:`minipar.pipeline.gantt.KIND_COLOURS`): compute blue (forward paler),
+    idle grey, an all-reduce green while the rank still computes gradients (hidden) and red after (exposed)."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from minipar.pipeline.gantt import KIND_COLOURS
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.9 + 0.8 * len(per_rank)))
-    colours = {"forward": "#4C72B0", "backward": "#55A868", "wait": "#BBBBBB"}
+    bars = {"forward": (KIND_COLOURS["compute"], 0.45), "backward": (KIND_COLOURS["compute"], 0.9),
+            "wait": (KIND_COLOURS["idle"], 1.0)}
+    hidden, exposed = KIND_COLOURS["comm hidden"], KIND_COLOURS["comm exposed"]
     for rank, events in enumerate(per_rank):
         y = len(per_rank) - 1 - rank
+        last_grad = max(a for k, _, a, _ in events if k == "grad")
         for kind, label, a, b in events:
-            ms = (a * 1e3, (b - a) * 1e3)
-            if kind in colours:
-                ax.broken_barh([ms], (y + 0.45, 0.4), color=colours[kind], alpha=0.8)
+            if kind in bars:
+                ax.broken_barh([(a * 1e3, (b - a) * 1e3)], (y + 0.45, 0.4), color=bars[kind][0], alpha=bars[kind][1])
             elif kind == "grad":
                 ax.plot([a * 1e3] * 2, [y + 0.45, y + 0.85], color="black", lw=0.5)
-            elif kind == "comm":
-                i = int(label.split()[-1])
-                ax.broken_barh([ms], (y + 0.05 + 0.3 * (i % 2) / 2, 0.2), color="#C44E52", alpha=0.7)
+            elif kind == "comm":   # split at the last gradient: before it hidden under backward, after it exposed
+                lane = (y + 0.05 + 0.3 * (int(label.split()[-1]) % 2) / 2, 0.2)
+                cut = min(max(a, last_grad), b)
+                ax.broken_barh([(a * 1e3, (cut - a) * 1e3)], lane, color=hidden)
+                ax.broken_barh([(cut * 1e3, (b - cut) * 1e3)], lane, color=exposed)
         ax.text(-0.5, y + 0.5, f"rank {rank}", ha="right", va="center", fontsize=8)
     ax.set_yticks([])
     ax.set_xlabel("ms since the step began")
-    from matplotlib.patches import Patch
-    ax.legend(handles=[Patch(color=colours["forward"], label="forward"),
-                       Patch(color=colours["backward"], label="backward to its last gradient (ticks: a gradient ready)"),
-                       Patch(color=colours["wait"], label="idle: waiting for the last buckets"),
-                       Patch(color="#C44E52", label="a bucket's all-reduce, launch → done")],
+    ax.legend(handles=[Patch(color=bars["forward"][0], alpha=0.45, label="forward"),
+                       Patch(color=bars["backward"][0], label="backward to its last gradient (ticks: a gradient ready)"),
+                       Patch(color=bars["wait"][0], label="idle: waiting for the last buckets"),
+                       Patch(color=hidden, label="all-reduce under backward (hidden)"),
+                       Patch(color=exposed, label="all-reduce after the last gradient (exposed)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
-    ax.set_title("DDP, measured here: buckets are all-reduced while backward is still running", fontsize=10)
+    ax.set_title("DDP, measured here, unpaced: buckets leave during backward", fontsize=10)
     return ax.figure
 
 

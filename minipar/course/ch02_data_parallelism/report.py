@@ -23,7 +23,7 @@ from minipar.observe.opcount import kernel_count
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "bucket_u_curve", "guide_table",
+__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
            "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
 
 # the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
@@ -122,9 +122,14 @@ def _check_gpt2(r: Report) -> None:
     assert r.hidden_share_dgx > 0.5                                    # GPT-2-sized on the cluster: most hides
     assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
     assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
+    assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05                # one bucket: nothing hides
+    # DP's 2·P through device 0 cannot overlap: it exposes the most
+    assert r.rows["DP"]["exposed_dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
+
+
+def _check_both_links(r: Report) -> None:
     assert all(r.rows[n]["hidden_pcie"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
-    # DP's 2·P through device 0 cannot overlap: it exposes the most, on both machines
-    assert all(r.rows["DP"][f"exposed_{c}"] > r.rows["DDP one bucket"][f"exposed_{c}"] for c in ("dgx", "pcie"))
+    assert r.rows["DP"]["exposed_pcie"] > r.rows["DDP one bucket"]["exposed_pcie"]
 
 
 def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
@@ -141,8 +146,9 @@ def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
 
 def gpt2_sized(m: dict) -> Report:
     """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
-    operator bytes × k·w) on the DGX-A100 node and the TITAN RTX machine without NVLink; rows labelled by their
-    scaled buckets; ``hidden_share_dgx`` of the bucketed run with the largest buckets."""
+    operator bytes × k·w) on the DGX-A100 node and the TITAN RTX machine without NVLink; the text shows the DGX
+    rows (labelled by their scaled buckets), :func:`gpt2_both_links` both machines; ``hidden_share_dgx`` of the
+    bucketed run with the largest buckets."""
     n, dgx = m["world_size"], a100_cluster(1)
     tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
     f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
@@ -154,19 +160,33 @@ def gpt2_sized(m: dict) -> Report:
     ddp_names = [name for name in rows if name.startswith("DDP")]
     bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
     label = _labels(m, f)
-    lines = [f"cost model (not a measurement): the traces replayed GPT-2-sized (messages × {f:.0f}, FLOPs × "
-             f"{f * k:.0f}, operator bytes × {k * w:.0f}), {n} GPUs",
-             f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
-             f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
-    for name, r in rows.items():
-        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
-                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
-                     f"{r['hidden_pcie']:>7.0%}")
+    lines = [f"cost model (not a measurement): GPT-2 small on a DGX-A100 node (NVLink), {n} GPUs, one step",
+             f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
+    lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
+              for name, r in rows.items()]
     exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
     bucketed = ddp_names[-2]                               # the largest buckets below one bucket
+    one = rows["DDP one bucket"]
+    lines.append(f"bucketed DDP hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one bucket hides "
+                 f"{one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as much; DP "
+                 f"exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: its 2(N−1)·P through device 0 cannot overlap")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
-                  exposed=exposed, ddp_names=ddp_names, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
+                  exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))
+
+
+def gpt2_both_links(g: Report) -> Report:
+    """Deeper D2: :func:`gpt2_sized`'s replays with how they were scaled (messages × f, FLOPs × f·k, operator
+    bytes × k·w), on the DGX-A100 node beside the guide's TITAN RTX machine without NVLink (PCIe 3.0 x16)."""
+    lines = [f"cost model (not a measurement): the traces replayed GPT-2-sized (messages × {g.f:.0f}, FLOPs × "
+             f"{g.f * g.k:.0f}, operator bytes × {g.k * g.w:.0f})",
+             f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
+             f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
+    for name, r in g.rows.items():
+        lines.append(f"{g.label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
+                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
+                     f"{r['hidden_pcie']:>7.0%}")
+    return Report("\n".join(lines), _check_both_links, rows=g.rows, ddp_names=g.ddp_names)
 
 
 def _check_u(r: Report) -> None:
@@ -205,6 +225,8 @@ def bucket_u_curve(n: int) -> Report:
 
 def _check_guide(r: Report) -> None:
     assert r.ratio["fp16"][("DDP", "N")] > 1.2 and r.ratio["fp32"][("DDP", "N")] < 1.1   # slow link: FP16 only
+    guide = GUIDE_SECONDS[("DDP", "N")] / GUIDE_SECONDS[("DDP", "Y")]
+    assert r.ratio["fp16"][("DDP", "N")] > guide > r.ratio["fp32"][("DDP", "N")]   # FP16 overshoots, FP32 undershoots
     for p in r.exposed:   # DP's 2·P through device 0, unhidden even over NVLink, exposes more than DDP without
         assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "N")]
         assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "Y")]
@@ -232,6 +254,10 @@ def guide_table(m2: dict) -> Report:
     for key, t in GUIDE_SECONDS.items():
         lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.1f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
                      + "".join(f"{ratio[p][key]:>29.2f} ({exposed[p][key] * 1e3:4.1f})" for p in ("fp16", "fp32")))
-    for peak in ratio:   # the guide's order is DDP(Y) < DP(Y) < DDP(N); what the model says at each peak
-        lines.append(f"{peak} order: " + " < ".join(f"{a}({b})" for a, b in sorted(ratio[peak], key=ratio[peak].get)))
+    guide_ratio = {key: t / GUIDE_SECONDS[("DDP", "Y")] for key, t in GUIDE_SECONDS.items()}
+    for peak, r in (("HF guide", guide_ratio), *ratio.items()):   # the order of the three rows, measured or modelled
+        lines.append(f"{peak} order: " + " < ".join(f"{a}({b})" for a, b in sorted(r, key=r.get)))
+    off = {p: ratio[p][("DDP", "N")] - 1 for p in ratio}
+    lines.append(f"turning NVLink off costs DDP: the guide +{guide_ratio[('DDP', 'N')] - 1:.0%}; the model "
+                 f"+{off['fp16']:.0%} at the FP16 peak, +{off['fp32']:.0%} at the FP32 peak")
     return Report("\n".join(lines), _check_guide, ratio=ratio, exposed=exposed)

@@ -60,3 +60,29 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(dict(m, matches={"bucket per block": ok,
                                                               "one bucket": SimpleNamespace(matches=False)}))
+
+
+def test_guide_check_needs_the_model_to_overshoot_at_fp16_and_undershoot_at_fp32():
+    from types import SimpleNamespace
+    from minipar.course.ch02_data_parallelism import report
+    exposed = {p: {("DP", "Y"): 0.03, ("DDP", "Y"): 0.003, ("DDP", "N"): 0.02} for p in ("fp16", "fp32")}
+    ratio = lambda fp16, fp32: {"fp16": {("DDP", "N"): fp16}, "fp32": {("DDP", "N"): fp32}}  # noqa: E731
+    report._check_guide(SimpleNamespace(ratio=ratio(1.49, 1.03), exposed=exposed))
+    with pytest.raises(AssertionError):   # +25 %: above 20 % but short of the guide's +29 %, not an overshoot
+        report._check_guide(SimpleNamespace(ratio=ratio(1.25, 1.03), exposed=exposed))
+
+
+def test_timeline_colours_a_bucket_hidden_before_the_last_gradient_and_exposed_after():
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_hex
+    from minipar.pipeline.gantt import KIND_COLOURS
+    from minipar.course.ch02_data_parallelism.figures import draw_timeline
+    events = [("forward", "forward", 0.0, 0.001), ("backward", "backward", 0.001, 0.004), ("grad", "g", 0.004, 0.004),
+              ("wait", "wait", 0.004, 0.006), ("comm", "bucket 0", 0.002, 0.005)]
+    fig = draw_timeline([events])
+    bars = {to_hex(c.get_facecolor()[0]): c.get_paths()[0].get_extents().width
+            for c in fig.axes[0].collections if len(c.get_paths())}
+    assert bars[KIND_COLOURS["comm hidden"].lower()] == pytest.approx(2.0)     # 2 → 4 ms, under backward
+    assert bars[KIND_COLOURS["comm exposed"].lower()] == pytest.approx(1.0)    # 4 → 5 ms, after it
+    assert "#55a868" not in bars                                               # green means hidden, nothing else
