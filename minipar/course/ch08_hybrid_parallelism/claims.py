@@ -65,3 +65,9 @@ def check_zero1_peak_drop(memory) -> None:
     states_drop = memory["2x2x2"][1] - memory["2x2x2+zero1"][1]
     peak_drop = memory["2x2x2"][0] - memory["2x2x2+zero1"][0]
     assert 0 < states_drop and 1.8 * states_drop <= peak_drop <= 2.2 * states_drop
+
+
+def check_zero1_states_fall(fall) -> None:
+    """ZeRO-1's model states: a quarter measured (float64: value, gradient, m, v; two of the four halved), 37.5 %
+    by the formula (mixed precision: 2 + 2 + 12 bytes, the 12 of master, m and v halved)"""
+    assert abs(fall["measured"] - 0.25) < 0.01 and fall["formula"] == 0.375, fall

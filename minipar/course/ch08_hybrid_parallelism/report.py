@@ -60,7 +60,7 @@ def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp
     default); then rank 0's DP against its PP bytes. The check holds every rank, shown or not."""
     formulas = [bytes_formula(cfg, batch=batch, seq=seq, dp=dp, pp=pp, tp=tp, m=m, pp_rank=r.coords["pp"]) for r in runs]
     lines = [f"{'rank':>4} {'coords':>11} | {'DP':>8} {'(formula)':>9} | {'PP':>7} {'(formula)':>9} | "
-             f"{'TP':>8} {'(formula)':>9} | observed DP, PP+TP"]
+             f"{'TP':>8} {'(formula)':>9} | on the sockets: DP, PP+TP"]
     for rank in ranks:
         r, f = runs[rank], formulas[rank]
         b, at = r.bytes_by_kind, " ".join(f"{d}{r.coords[d]}" for d in ("dp", "pp", "tp"))
@@ -124,7 +124,10 @@ def _check_once(r: Report) -> None:
     once = r.once
     assert all(c["matches"] for c in once.values())
     assert once[2]["calls"] == once[3]["calls"] == once[1]["calls"] and once[3]["bytes"] == once[1]["bytes"] == r.rs1 * 2
-    assert once[3]["between"] < once[2]["between"] < once[1]["between"]        # states between steps shrink
+    assert once[3]["between"] < once[2]["between"] < once[1]["between"]
+    # ZeRO-2 frees the gradient buffer outside its shard (on dp = 2, half the buffer: ZeRO-1's reduce-scatter
+    # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
+    assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
     assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]                 # never below ZeRO-1's peak
 
 
@@ -138,6 +141,9 @@ def zero_once_per_step(result: dict) -> Report:
     lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>14,.0f} {c['between']:>19,} B "
               f"{c['peak']:>8,} B  {c['matches']}" for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
+    lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
+                 f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
+                 f"than ZeRO-2 (the parameters outside its shard)")
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
 
 
@@ -151,17 +157,22 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     for name in ("4x2x1", "1x2x4", "2x2x2+zero1"):
         layouts[name] = run(recipe, world_size=8, micro_batches=4, track_memory=True, **measure.LAYOUTS[name])
     memory = {name: (max(r.peak_bytes for r in rs), max(r.model_state_bytes for r in rs)) for name, rs in layouts.items()}
-    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17} | {psi / 1e9:.0f}B model, GB per GPU (formula)")
+    formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
+               for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
+    print(f"{'':16} {'measured, this run (float64)':^28} | formula, {psi / 1e9:.0f}B model, mixed precision")
+    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17} | model states only, GB per GPU")
     for name, (peak, states) in memory.items():
-        layout = measure.LAYOUTS[name]
-        gb = measure.layout_memory_formula(psi, dp=layout["dp"], pp=layout["pp"], tp=layout["tp"], zero=layout.get("zero", 0))
-        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | {gb / 1e9:5.2f}")
+        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | {formula[name] / 1e9:5.2f}")
+    fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
+            "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
+    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} measured, {fall['formula']:.1%} by the formula")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
     claims.check_memory_per_layout(memory)
     claims.check_zero1_peak_drop(memory)
     claims.check_layouts_compared(psi)
+    claims.check_zero1_states_fall(fall)
     return memory
 
 
