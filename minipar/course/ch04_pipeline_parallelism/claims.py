@@ -23,9 +23,10 @@ def check_micro_batch_arithmetic(global_batch, dp, chunks, mbs) -> None:
     assert global_batch == 1024 and 1024 // dp == 256 and 256 // chunks == mbs
 
 
-def check_gpipe_bytes_sent(sent, formula) -> None:
-    """GPipe: micro-batches fill the pipe"""
+def check_gpipe_bytes_sent(sent, formula, per_rank, ma) -> None:
+    """GPipe: micro-batches fill the pipe: the mean is the formula; the end ranks send m·A, the middle ones 2m·A"""
     assert sent == formula
+    assert per_rank == [ma] + [2 * ma] * (len(per_rank) - 2) + [ma], per_rank
 
 
 def check_1f1b_bubble_equals_gpipe(g, o) -> None:
