@@ -184,7 +184,7 @@ def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int, guess
     for name, v in (("1f1b", 1), ("interleaved", 2)):
         print(f"{name:11s} v={v}: bytes sent per step, rank 0..{p - 1}: {per_rank[name]}; mean {sent[name]:.0f}, "
               f"formula 2(pv-1)mA/p = {2 * (p * v - 1) * m * a / p:.0f}")
-    claims.check_interleaved_bytes_sent(sent, p, m, a)
+    claims.check_interleaved_bytes_sent(sent, p, m, a, per_rank)
     reveal(guess, sent["interleaved"] / sent["1f1b"], what="interleaved v=2 / 1F1B, mean bytes per rank",
            formula=(p * 2 - 1) / (p - 1))
     return sent
