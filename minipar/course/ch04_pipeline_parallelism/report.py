@@ -53,18 +53,14 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
 
 
-def show_unpaced(shown: dict, p: int, guess=None) -> dict:
+def show_unpaced(shown: dict, p: int) -> dict:
     """{(schedule, m, v): runs} → {schedule: measured idle fraction of its median step}, beside the formula, in whole
-    percent: one run each, which a rerun on shared cores moves by many points; with ``guess``, 1F1B's revealed."""
-    from minipar.course.predict import reveal
+    percent: one run each, which a rerun on shared cores moves by many points."""
     unpaced = {n: measured_idle_fraction(rs, typical_step(rs)) for (n, m, v), rs in shown.items()}
     for (n, m, v) in shown:
         print(f"{n:11s}: formula (simulated) {simulate(make_schedule(n, p, m, v)).bubble_fraction:4.0%}   "
               f"measured unpaced, one run {unpaced[n]:4.0%}")
     claims.check_every_schedule_simulated_measured_unpaced(unpaced)
-    (_, m, v), = [k for k in shown if k[0] == "1f1b"]
-    reveal(guess, round(unpaced["1f1b"], 2), what="1F1B unpaced idle fraction, one run",
-           formula=round(simulate(make_schedule("1f1b", p, m, v)).bubble_fraction, 2))
     return unpaced
 
 
@@ -175,18 +171,15 @@ def show_interleaved(p: int, m: int, chunks=(1, 2, 4)) -> dict:
     return inter
 
 
-def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int, guess=None) -> dict:
+def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int) -> dict:
     """{schedule: mean bytes a rank sent per step} of 1F1B and interleaved v = 2 (each rank's printed), beside
-    2(pv-1)·m·A/p; with ``guess``, the prediction revealed."""
-    from minipar.course.predict import reveal
+    2(pv-1)·m·A/p."""
     per_rank = {name: [r.bytes_sent // steps for r in runs[name]] for name in ("1f1b", "interleaved")}
     sent = {name: sum(b) / p for name, b in per_rank.items()}
     for name, v in (("1f1b", 1), ("interleaved", 2)):
         print(f"{name:11s} v={v}: bytes sent per step, rank 0..{p - 1}: {per_rank[name]}; mean {sent[name]:.0f}, "
               f"formula 2(pv-1)mA/p = {2 * (p * v - 1) * m * a / p:.0f}")
     claims.check_interleaved_bytes_sent(sent, p, m, a, per_rank)
-    reveal(guess, sent["interleaved"] / sent["1f1b"], what="interleaved v=2 / 1F1B, mean bytes per rank",
-           formula=(p * 2 - 1) / (p - 1))
     return sent
 
 
