@@ -23,9 +23,10 @@ def check_micro_batch_arithmetic(global_batch, dp, chunks, mbs) -> None:
     assert global_batch == 1024 and 1024 // dp == 256 and 256 // chunks == mbs
 
 
-def check_gpipe_bytes_sent(sent, formula) -> None:
-    """GPipe: micro-batches fill the pipe"""
+def check_gpipe_bytes_sent(sent, formula, per_rank, ma) -> None:
+    """GPipe: micro-batches fill the pipe: the mean is the formula; the end ranks send m·A, the middle ones 2m·A"""
     assert sent == formula
+    assert per_rank == [ma] + [2 * ma] * (len(per_rank) - 2) + [ma], per_rank
 
 
 def check_1f1b_bubble_equals_gpipe(g, o) -> None:
@@ -67,9 +68,11 @@ def check_interleaved_peak_in_flight(inter) -> None:
     assert inter[2].peak_in_flight == [11, 9, 7, 5] and inter[2].peak_activations == [5.5, 4.5, 3.5, 2.5]
 
 
-def check_interleaved_bytes_sent(sent, P, M, A) -> None:
-    """Interleaved 1F1B: v chunks per rank"""
+def check_interleaved_bytes_sent(sent, P, M, A, per_rank) -> None:
+    """Interleaved 1F1B: v chunks per rank: the mean is the formula; at v = 2 the end ranks send 3m·A (their
+    outermost stage one direction only), the middle ranks 4m·A"""
     assert all(sent[n] == 2 * (P * v - 1) * M * A / P for n, v in (("1f1b", 1), ("interleaved", 2)))
+    assert per_rank["interleaved"] == [3 * M * A] + [4 * M * A] * (P - 2) + [3 * M * A], per_rank
 
 
 def check_same_schedules_pytorch_torch_distributed(beside) -> None:

@@ -164,8 +164,8 @@ class PacedIdle:
                    if n not in self.disturbed)
 
     def __str__(self) -> str:
-        out = [f"{'':11s}  simulated   unpaced   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
-        out += [f"{n:11s}  {sim:9.1%}   {unpaced:7.1%}   {paced:9.1%}              {o} of {a}"
+        out = [f"{'':11s}  simulated   unpaced (one run)   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
+        out += [f"{n:11s}  {sim:9.1%}   {unpaced:17.0%}   {paced:9.1%}              {o} of {a}"
                 for n, (sim, unpaced, paced, o, a) in self.rows.items()]
         out += [f"  {n}: more than 10 % of the actions overran their slots (load average "
                 f"{os.getloadavg()[0]:.0f}); run the cell again on a quieter machine" for n in self.disturbed]

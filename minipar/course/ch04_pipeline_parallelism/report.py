@@ -54,11 +54,12 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
 
 
 def show_unpaced(shown: dict, p: int) -> dict:
-    """{(schedule, m, v): runs} → {schedule: measured idle fraction of its median step}, beside the formula."""
+    """{(schedule, m, v): runs} → {schedule: measured idle fraction of its median step}, beside the formula, in whole
+    percent: one run each, which a rerun on shared cores moves by many points."""
     unpaced = {n: measured_idle_fraction(rs, typical_step(rs)) for (n, m, v), rs in shown.items()}
     for (n, m, v) in shown:
-        print(f"{n:11s}: formula (simulated) {simulate(make_schedule(n, p, m, v)).bubble_fraction:5.1%}   "
-              f"measured unpaced {unpaced[n]:5.1%}")
+        print(f"{n:11s}: formula (simulated) {simulate(make_schedule(n, p, m, v)).bubble_fraction:4.0%}   "
+              f"measured unpaced, one run {unpaced[n]:4.0%}")
     claims.check_every_schedule_simulated_measured_unpaced(unpaced)
     return unpaced
 
@@ -100,11 +101,14 @@ def show_batch_arithmetic(mbs: int, chunks: int, dp: int) -> None:
 
 
 def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: int) -> None:
-    """Bytes each rank sent per step beside 2(p-1)·m·A/p, and what DP or TP of degree 2 would all-reduce."""
-    sent = sum(r.bytes_sent for r in runs) / p / steps
-    formula = 2 * (p - 1) * m * a / p
-    print(f"bytes sent per rank per step: measured {sent:.0f}, formula 2(p-1)mA/p = {formula:.0f}")
-    claims.check_gpipe_bytes_sent(sent, formula)
+    """Bytes each rank sent per step (the end ranks m·A, the middle ones 2m·A) and their mean beside 2(p-1)·m·A/p,
+    and what DP or TP of degree 2 would all-reduce."""
+    per_rank = [r.bytes_sent // steps for r in runs]
+    sent, formula = sum(per_rank) / p, 2 * (p - 1) * m * a / p
+    print(f"bytes sent per step, rank 0..{p - 1}: {per_rank}  (m·A = {m * a}: the end ranks send one direction only, "
+          f"the middle ranks both)")
+    print(f"mean over the ranks: measured {sent:.0f}, formula 2(p-1)mA/p = {formula:.0f}")
+    claims.check_gpipe_bytes_sent(sent, formula, per_rank, m * a)
     stage_grads = sum(w.numel() for w in reference.params.values()) * 8 / p   # one stage's float64 gradients, on average
     print(f"the same stage at degree 2, ring model: data-parallel, each rank all-reduces the stage's gradients, "
           f"{stage_grads:,.0f} B a step; tensor-parallel, each rank all-reduces A four times per layer per "
@@ -168,12 +172,14 @@ def show_interleaved(p: int, m: int, chunks=(1, 2, 4)) -> dict:
 
 
 def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int) -> dict:
-    """{schedule: bytes each rank sent per step} of 1F1B and interleaved v = 2, beside 2(pv-1)·m·A/p."""
-    sent = {name: sum(r.bytes_sent for r in runs[name]) / p / steps for name in ("1f1b", "interleaved")}
+    """{schedule: mean bytes a rank sent per step} of 1F1B and interleaved v = 2 (each rank's printed), beside
+    2(pv-1)·m·A/p."""
+    per_rank = {name: [r.bytes_sent // steps for r in runs[name]] for name in ("1f1b", "interleaved")}
+    sent = {name: sum(b) / p for name, b in per_rank.items()}
     for name, v in (("1f1b", 1), ("interleaved", 2)):
-        print(f"{name:11s} v={v}: bytes sent per rank per step {sent[name]:.0f}; "
+        print(f"{name:11s} v={v}: bytes sent per step, rank 0..{p - 1}: {per_rank[name]}; mean {sent[name]:.0f}, "
               f"formula 2(pv-1)mA/p = {2 * (p * v - 1) * m * a / p:.0f}")
-    claims.check_interleaved_bytes_sent(sent, p, m, a)
+    claims.check_interleaved_bytes_sent(sent, p, m, a, per_rank)
     return sent
 
 
@@ -190,9 +196,9 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     draw_terms(why.terms, p)
     plt.show()
     i = why.idle
-    print(f"1F1B measured idle: {i['measured']:.1%} in this traced run, {unpaced['1f1b']:.1%} in the table above — "
-          f"two runs of one schedule (this one traced), {abs(i['measured'] - unpaced['1f1b']):.1%} apart: "
-          f"the spread between runs on shared cores, the tracer's own cost included")
+    print(f"1F1B measured idle: {i['measured']:.0%} in this traced run, {unpaced['1f1b']:.0%} in §7's run: two runs of "
+          f"one schedule, {100 * abs(i['measured'] - unpaced['1f1b']):.0f} points apart (shared cores, the tracer's "
+          f"own cost). Each term above sizes one run's idle, give or take that spread.")
     claims.check_each_term_adds_idle(i, why)
 
 

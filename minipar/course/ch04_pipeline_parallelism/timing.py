@@ -196,16 +196,17 @@ class IdleBreakdown:
 
     def __str__(self) -> str:
         i, labels = self.idle, {"formula": "formula (p-1)/(m+p-1)", "measured": "measured (wall clock here)", **TITLES}
-        out = [f"{'idle fraction of one step, ' + self.schedule:52s} {'':>7s}"]
-        out += [f"{labels[t]:52s} {i[t]:7.1%}" for t in TERMS]
+        out = [f"{'idle fraction of one step of one run, ' + self.schedule:52s} {'':>7s}"]
+        out += [f"{labels[t]:52s} {i[t]:7.0%}" for t in TERMS]
         ms = lambda xs: " ".join(f"{x * 1e3:.2f}" for x in xs)   # noqa: E731
         out.append(f"work per rank, ms: CPU {ms(self.work['stages'])} | wall {ms(self.work['cores'])}")
         out.append("model DGX-A100, µs per rank: " + " ".join(f"{x * 1e6:.0f}" for x in self.work["dgx_a100"])
                    + " = kernels × 5 µs launch floor: " + " ".join(f"{f * 1e6:.0f}" for f in self.launch_floors)
                    + " + the rest")
-        out.append(f"formula {i['formula']:.1%} -> measured costs +{i['stages'] - i['formula']:.1%} -> p2p "
-                   f"{i['p2p'] - i['stages']:+.1%} -> shared cores {i['cores'] - i['p2p']:+.1%} -> rest "
-                   f"{i['measured'] - i['cores']:+.1%} = measured {i['measured']:.1%}")
+        pts = lambda x: f"{100 * x:+.0f}"   # noqa: E731  (whole points: one run, which a rerun moves)
+        out.append(f"formula {i['formula']:.0%} -> measured costs {pts(i['stages'] - i['formula'])} -> p2p "
+                   f"{pts(i['p2p'] - i['stages'])} -> shared cores {pts(i['cores'] - i['p2p'])} -> rest "
+                   f"{pts(i['measured'] - i['cores'])} = measured {i['measured']:.0%}")
         out.append(self.reading())
         return "\n".join(out)
 
@@ -214,7 +215,8 @@ class IdleBreakdown:
         rest = self.idle["measured"] - self.idle["cores"]
         if rest >= 0:
             return (f"the replay accounts for {self.explained:.0%} of the gap formula -> measured; the rest, "
-                    f"{rest:+.1%}, is what no term prices, such as a rank whose message has arrived waiting for a core")
+                    f"{100 * rest:+.0f} points, is what no term prices, such as a rank whose message has arrived "
+                    f"waiting for a core")
         return (f"the replay overshoots the measurement ({self.explained:.0%} of the gap): the terms are not additive. "
                 f"A segment's wall time already holds the waits for a core that stretched it where it ran; replayed, "
                 f"that stretch lands where the run had a core free, so part of the waiting is counted twice")

@@ -70,6 +70,11 @@ def check_inside_node_small_tax(inside, across) -> None:
     assert inside[16]["tokens_per_gpu"] < 0.8 * inside[8]["tokens_per_gpu"]
 
 
+def check_t1_does_not_fit(state, card_gb) -> None:
+    """Why TP stays inside a node: at t = 1 the weights and Adam state alone exceed one card, at t = 2 they fit"""
+    assert state[1] > card_gb > state[2]
+
+
 def check_why_tp_stays_inside_node(by_t) -> None:
     """Why TP stays inside a node"""
     assert [by_t[t]["tokens_per_gpu"] for t in by_t] == sorted((by_t[t]["tokens_per_gpu"] for t in by_t), reverse=True)
@@ -89,6 +94,13 @@ def check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute) -> None
     assert all(floor[t] > 0.9 * compute[t] for t in inside)               # launch-bound: the floor is most of the compute
     assert all(compute[t] <= 1.001 * compute[1] for t in inside)          # so compute per rank barely falls — and never rises
     assert all(row["ratio"] < 1 for row in inside.values())               # inside a node: TP comm below compute at t ≤ 8
+
+
+def check_matmuls_memory_bound(gemm, at_hbm, flops, top) -> None:
+    """Deeper B: at this size the matmuls are memory-bound (their time is their bytes at HBM speed), so their time
+    falls less than their FLOPs"""
+    assert all(abs(at_hbm[t] / gemm[t] - 1) < 0.01 for t in gemm)
+    assert gemm[1] / gemm[top] < flops[1] / flops[top]
 
 
 def check_across_nodes_more_than_twice_inside(tables, t) -> None:

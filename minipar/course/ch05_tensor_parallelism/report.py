@@ -10,6 +10,7 @@ from minipar.machine.device import H100_SXM
 from . import claims
 from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
                       draw_tp_throughput, fit_latency_bandwidth)
+from .throughput import CARDS, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
@@ -104,9 +105,17 @@ def show_tp_throughput(rows: list) -> dict:
             claims.check_why_tp_stays_inside_node(by_t)
     h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
     keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
-    print(f"\nH100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of one GPU's tokens/s per GPU (tp {h100[8]['tp_share']:.0%} "
-          f"of the step), a step {h100[1]['step'] / h100[8]['step']:.1f}× shorter than one GPU's; "
+    state = {t: weight_state_gb(t) for t in degrees}
+    card_gb = min(card.memory_bytes for card, _, _ in CARDS.values()) / 1e9     # both cards: 80 GB
+    print("\nweights, gradients and Adam state per GPU, GB: " + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
+          + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column is compute only (memory ignored), "
+          f"the reference the other columns are measured against.")
+    claims.check_t1_does_not_fit(state, card_gb)
+    print(f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU (tp {h100[8]['tp_share']:.0%} "
+          f"of the step), a step {h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; "
           f"t = 16 across two nodes keeps {keep[16]:.0%} (tp {h100[16]['tp_share']:.0%})")
+    print(f"t = 8 -> 16, across two nodes: tp's share of the step {h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× "
+          f"larger; each GPU keeps {h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s")
     draw_tp_throughput(rows)
     plt.show()
     return h100
@@ -157,11 +166,15 @@ def show_replays(replays: dict) -> None:
     for t in (t for t in tables if t > 1):
         claims.check_across_nodes_more_than_twice_inside(tables, t)
     top = max(inside)
+    at_hbm = {t: row["terms"]["gemm_bytes"] for t, row in inside.items()}
+    claims.check_matmuls_memory_bound(gemm, at_hbm, flops, top)
     print(f"model, H100: the busiest rank launches {inside[1]['terms']['kernels']:.0f} kernels a step at every t; "
           f"× {H100_SXM.launch_floor * 1e6:.0f} µs = {us(floor[1]):.0f} µs of its {us(compute[1]):.0f} µs of compute "
-          f"({floor[1] / compute[1]:.0%}).\nThe matmuls' FLOPs fall {flops[1] / flops[top]:.0f}-fold from t = 1 to "
-          f"t = {top}, their time from {us(gemm[1]):.2f} to {us(gemm[top]):.2f} µs: splitting saves "
-          f"{us(compute[1] - compute[top]):.1f} µs of compute per rank, while TP's all-reduces add "
+          f"({floor[1] / compute[1]:.0%}).\nFrom t = 1 to t = {top}, the matmuls' FLOPs fall {flops[1] / flops[top]:.0f}-fold "
+          f"but their time only {gemm[1] / gemm[top]:.1f}-fold, {us(gemm[1]):.2f} to {us(gemm[top]):.2f} µs "
+          f"(memory-bound at this size: their bytes, not their FLOPs, set the time, and the whole-width activations "
+          f"do not shrink with t).\nThe rank's whole compute, floors included, falls from {us(compute[1]):.1f} to "
+          f"{us(compute[top]):.1f} µs, {us(compute[1] - compute[top]):.1f} µs saved, while TP's all-reduces add "
           f"{us(inside[2]['comm']):.0f}–{us(inside[top]['comm']):.0f} µs (t = 2–{top}, inside a node)")
 
 

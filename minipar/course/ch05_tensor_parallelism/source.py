@@ -1,6 +1,7 @@
 """Chapter 05: the library's own source of a TP layer, read live, with the branches this chapter does not teach
-elided — sequence parallelism (chapter 06) and the bitwise-reproducible mode (``invariant_active()``,
-``canonical.*``: the same sums in a fixed tree order, for the course's exactness tests).
+elided — sequence and context parallelism (chapters 06, 06b: a one-line pointer where SP branches off) and the
+bitwise-reproducible mode (``invariant_active()``, ``canonical.*``: the same sums in a fixed tree order, for the
+course's exactness tests; dropped without a marker, since no later chapter teaches it).
 
 Each elision is an exact piece of the source and what replaces it (:data:`ELISIONS`). When a piece is no longer in
 the library's source, :func:`teaching_source` raises ValueError instead of showing a stale or half-edited copy, so
@@ -13,11 +14,10 @@ import inspect
 __all__ = ["ELISIONS", "teaching_source"]
 
 _SP = "# (sequence parallel: chapter 06)"
-_EXACT = "# (bitwise-reproducible mode: not shown)"
 
 ELISIONS = {
     "ColumnParallelLinear.forward": [
-        ("        if invariant_active():\n            return self.canonical_forward(x)\n", f"        {_EXACT}\n"),
+        ("        if invariant_active():\n            return self.canonical_forward(x)\n", ""),
         ("        if self.sequence_parallel:   # x is a sequence shard: gather it inside the matmul (saves memory)\n"
          "            y = column_linear_sequence_parallel(x, self.weight, self.bias, self.group, "
          "self.keep_gathered_input)\n        else:\n            y = F.linear(", f"        {_SP}\n        y = F.linear("),
@@ -25,7 +25,7 @@ ELISIONS = {
     "RowParallelLinear.forward": [
         ("        canonical_mode = invariant_active()    # the inner sum a tree: this rank's chunk of it a subtree\n"
          "        partial = canonical.linear(x, self.weight) if canonical_mode else F.linear(x, self.weight)\n",
-         f"        partial = F.linear(x, self.weight)   {_EXACT}\n"),
+         "        partial = F.linear(x, self.weight)\n"),
         ("        if self.sequence_parallel:             # no bias yet: t ranks would add it t times\n"
          "            y = scatter_sequence(partial, self.group)\n        else:\n            y = reduce_from_tp(",
          f"        {_SP}\n        y = reduce_from_tp("),
@@ -35,21 +35,29 @@ ELISIONS = {
     ],
     "VocabParallelEmbedding.forward": [
         ("        lookup = canonical.embedding if invariant_active() else F.embedding   # invariant: Σ over tokens a tree\n"
-         "        out = lookup(", f"        {_EXACT}\n        out = F.embedding("),
+         "        out = lookup(", "        out = F.embedding("),
         ("        if self.sequence_parallel:\n            return scatter_sequence(out, self.group)"
          "                     # sum, and keep my tokens\n", f"        {_SP}\n"),
     ],
     "_VocabParallelCrossEntropy.forward": [
         ("        total = canonical.tree_sum if invariant_active() else torch.sum   # invariant: this shard a subtree\n"
          "        sums = [total(exp_z, -1)] + ([total(z.masked_fill(~real, 0.0), -1)] if label_smoothing else [])\n",
-         f"        {_EXACT}\n        sums = [exp_z.sum(-1)] + ([z.masked_fill(~real, 0.0).sum(-1)] if label_smoothing else [])\n"),
+         "        sums = [exp_z.sum(-1)] + ([z.masked_fill(~real, 0.0).sum(-1)] if label_smoothing else [])\n"),
         ("# 3. Σ exp (and Σ z); invariant: the tree finished\n", "# 3. Σ exp (and Σ z)\n"),
+    ],
+    "TensorParallelGPT.forward": [
+        ("        \"\"\"``positions``: the global positions of the tokens the embedding returns (default: all of ``idx``'s,\n"
+         "        or this rank's shard of them under SP); a context-parallel rank passes its own.\"\"\"\n", ""),
+        ("x = self.embed(idx, positions)                 # whole sequence, or my shard under SP\n",
+         "x = self.embed(idx, positions)                 # tokens + positions\n"),
+        ("return self.head(self.final_norm(x))           # the head all-gathers the sequence under SP\n",
+         "return self.head(self.final_norm(x))\n"),
     ],
     "TokenPositionEmbedding.embed": [
         ("        if invariant_active():     # the position table's gradient: a tree over the rows (and the SP ranks)\n"
          "            held = positions.expand(idx.shape[0], -1)\n"
          "            pos = canonical.embedding(held, self.pos_emb.weight, self.sequence_split_group())\n"
-         "            return self.drop(self.tok_emb(idx) + pos)\n", f"        {_EXACT}\n"),
+         "            return self.drop(self.tok_emb(idx) + pos)\n", ""),
     ],
 }
 

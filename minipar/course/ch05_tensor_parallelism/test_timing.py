@@ -85,6 +85,7 @@ def test_compute_terms_split_a_hand_counted_segment():
     assert math.isclose(terms["gemm"], 2 * 2e12 / (989e12 * H100_SXM.gemm_efficiency))
     assert math.isclose(terms["memory"], 3 * 1e-3 / H100_SXM.memory_efficiency)
     assert terms["kernels"] == 5 and math.isclose(terms["floor"], 5 * 5e-6)
+    assert math.isclose(terms["gemm_bytes"], 2 * 8 / (3.35e12 * H100_SXM.memory_efficiency))   # at HBM speed alone
 
 
 def test_the_allreduce_fit_takes_the_rings_form_alpha_per_step():

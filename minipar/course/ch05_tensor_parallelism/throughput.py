@@ -17,7 +17,7 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluste
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import Layout, Transformer, estimate
 
-__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput"]
+__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput", "weight_state_gb"]
 
 GPT3_LAYERS = 4
 MICRO_BATCHES = 8                                  # 8 sequences of 2048 tokens a step: the optimizer amortized
@@ -48,3 +48,12 @@ def tp_throughput(degrees=(1, 2, 4, 8, 16), model: Transformer | None = None) ->
                              "tokens_per_gpu": MICRO_BATCHES * model.seq_len / (step * t),
                              "tp_share": est.time["tp"] / step})
     return rows
+
+
+def weight_state_gb(t: int, model: Transformer | None = None) -> float:
+    """GB per GPU of the layers' weights, gradients and Adam state at TP degree t: 12h² parameters a layer
+    (Q, K, V, the output projection, and the 4h MLP's two matrices), 16 bytes each in mixed precision (fp16
+    weights and gradients, fp32 master weights, momentum and variance: Rajbhandari et al. 2020, §3.1), split t
+    ways. The planner prices time only; this says which t fits a card at all."""
+    model = model or gpt3_shaped()
+    return 16 * 12 * model.hidden ** 2 * model.layers / t / 1e9

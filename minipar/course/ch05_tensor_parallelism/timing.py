@@ -107,8 +107,9 @@ def placements(t: int, alpha: float, beta: float) -> dict:
 def compute_terms(rank_trace: trace.RankTrace, card=H100_SXM) -> dict:
     """The operators of one rank's compute segments priced on ``card`` (:func:`minipar.machine.device.op_seconds`),
     split: {"gemm": matmuls' roofline seconds, "memory": every other operator's, "floor": kernels × the launch
-    floor, "kernels", "gemm_flops"}; their sum is what a replay on the card gives the rank's compute."""
-    out = {"gemm": 0.0, "memory": 0.0, "floor": 0.0, "kernels": 0, "gemm_flops": 0.0}
+    floor, "kernels", "gemm_flops", "gemm_bytes": the matmuls' seconds at HBM speed alone (equal to "gemm" when
+    every matmul is memory-bound)}; gemm + memory + floor is what a replay on the card gives the rank's compute."""
+    out = {"gemm": 0.0, "memory": 0.0, "floor": 0.0, "kernels": 0, "gemm_flops": 0.0, "gemm_bytes": 0.0}
     for e in rank_trace.events:
         if not isinstance(e, trace.Compute):
             continue
@@ -119,6 +120,8 @@ def compute_terms(rank_trace: trace.RankTrace, card=H100_SXM) -> dict:
             out["gemm" if r["kind"] == "gemm" else "memory"] += op_seconds(bare, card)
             out["kernels"] += r["count"] * r.get("kernels", 1)
             out["gemm_flops"] += r["flops"] * r["count"] if r["kind"] == "gemm" else 0
+            out["gemm_bytes"] += (r["bytes"] * r["count"] / (card.hbm_bandwidth * card.memory_efficiency)
+                                  if r["kind"] == "gemm" else 0.0)
     out["floor"] = out["kernels"] * card.launch_floor
     return out
 
