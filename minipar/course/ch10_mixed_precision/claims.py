@@ -73,7 +73,8 @@ def check_lr_g_g_eps(update, adam_lost, half_lost_fp16) -> None:
 
 
 def check_close_learns(drift, ref) -> None:
-    """Master weights: why small updates vanish without them: close; it learns"""
+    """Master weights: FP16 and BF16 follow FP32's loss (loose bounds: the printed drift is the
+    measurement); it learns"""
     assert drift[torch.float16] <= 0.03 and drift[torch.bfloat16] <= 0.06 and ref.losses[-1] < ref.losses[0] - 0.2
 
 
@@ -92,10 +93,16 @@ def check_16_bits_halve_wire_and_activations(act_ratio, wire_ratio, wire, wire_m
     assert 1.8 < act_ratio <= 2 and wire_ratio == 2 and all(wire[dt] == wire_model[dt] for dt in wire)
 
 
-def check_autocast_dtypes(under_autocast, ln) -> None:
-    """What 16 bits halve, and what they do not"""
+def check_autocast_dtypes(under_autocast, ln, w) -> None:
+    """What 16 bits halve, and what they do not: under autocast the weights and their gradients stay FP32"""
     assert under_autocast["matmul"].dtype == torch.bfloat16 and under_autocast["cross_entropy"].dtype == torch.float32
-    assert ln.weight.dtype == torch.float32
+    assert ln.weight.dtype == w.dtype == ln.weight.grad.dtype == w.grad.dtype == torch.float32
+
+
+def check_accumulation(exact, matmul, running) -> None:
+    """The matmul sums in FP32 (one rounding, within BF16's half gap of the exact sum); the BF16 running sum
+    stalls once half its gap exceeds a product (< 1): far below the exact sum"""
+    assert abs(matmul - exact) <= exact * 2.0 ** -8 and running == 256 < exact / 2      # 256: the gap is 2 there
 
 
 def check_table_claims_checked(decades) -> None:

@@ -17,11 +17,12 @@ from minipar.precision.mixed import MixedPrecision, ddp_parallel_train, fp32_los
 
 from . import claims
 from .figures import draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing, draw_vanishing_ratios
+from .sixteen_bit_compute import show_accumulation, show_autocast
 
 __all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
            "show_against_gradscaler", "show_clip_after_unscale", "show_scale_history", "show_vanishing_sweep",
            "show_sgd_updates_lost", "show_adam_gain", "show_training", "show_bf16_underflow",
-           "measure_model_state", "show_what_halves", "show_autocast"]
+           "show_accumulation", "measure_model_state", "show_what_halves", "show_autocast"]
 
 
 def show_bit_layouts(values=(1.0, -2.5, 0.1, 65504.0)) -> None:
@@ -222,6 +223,7 @@ def show_training(recipe) -> None:
         print(f"step {step}: FP32 {l32:.4f}  FP16 {runs[torch.float16].losses[step]:.4f}  "
               f"BF16 {runs[torch.bfloat16].losses[step]:.4f}")
     drift = {dt: max(abs(a - b) for a, b in zip(runs[dt].losses, ref.losses)) for dt in runs}
+    print(f"largest |loss - FP32 loss| over the steps: FP16 {drift[torch.float16]:.4f}, BF16 {drift[torch.bfloat16]:.4f}")
     claims.check_close_learns(drift, ref)
 
 
@@ -284,17 +286,3 @@ def show_what_halves(recipe) -> None:
           f"(÷{wire_ratio:.2f}); model 2·βΨ(N−1)/N: {wire_model[torch.float32]:,.0f} and "
           f"{wire_model[torch.float16]:,.0f} B")
     claims.check_16_bits_halve_wire_and_activations(act_ratio, wire_ratio, wire, wire_model)
-
-
-def show_autocast() -> None:
-    """The dtype of each operator's output under ``torch.autocast('cpu', bfloat16)``, and the weights'."""
-    x, w, ln = torch.randn(4, 8), torch.randn(8, 8), torch.nn.LayerNorm(8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = x @ w
-        out = {"matmul": y, "softmax": torch.softmax(y, -1), "layer_norm": ln(y),
-               "log_softmax": torch.log_softmax(y, -1),
-               "cross_entropy": torch.nn.functional.cross_entropy(y, torch.zeros(4, dtype=torch.long)), "sum": y.sum()}
-    print("dtypes under torch.autocast('cpu', bfloat16):",
-          {k: str(v.dtype).replace("torch.", "") for k, v in out.items()})
-    print("the weights stay:", ln.weight.dtype, w.dtype)
-    claims.check_autocast_dtypes(out, ln)

@@ -18,18 +18,18 @@ from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute
 from . import claims
 from .bench import step_times
 from .figures import draw_length_sweep, draw_timelines, timelines
+from .gpt3 import GPT3, show_gpt3_dial, show_segments, show_three_counts
 
 __all__ = ["CFG", "S", "B", "H", "A", "LENGTHS", "one_step", "show_one_step", "activations_per_block",
            "show_activations_per_block", "length_sweep", "show_length_sweep", "fused_attention", "show_fused",
            "gradients_identical", "show_identical", "flops_by_mode", "show_flops", "full_extra_model",
            "timelines", "show_timelines", "ddp_per_mode", "show_ddp", "ddp_bytes_formula", "show_gpt3_dial", "show_segments",
-           "show_three_counts", "times_by_mode", "show_times"]
+           "show_three_counts", "per_block_modes", "show_per_block_modes", "times_by_mode", "show_times"]
 
 CFG = GPTConfig(n_layer=3, n_embd=64, n_head=4, block_size=64, dropout=0.1)
 S, B, H, A = 64, 4, CFG.n_embd, CFG.n_head
 LONG = GPTConfig(n_layer=3, n_embd=H, n_head=A, block_size=512, dropout=0.1)
 LENGTHS = (64, 128, 256, 512)
-GPT3 = dict(s=2048, h=12288, a=96)          # GPT-3 175B's layer, one sequence (b = 1), the paper's 16-bit bytes
 
 
 def _batch():
@@ -79,9 +79,10 @@ def activations_per_block() -> list:
 
 
 def show_activations_per_block(rows) -> None:
-    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}{'paper (2 B, 1 B masks)':>24}")
+    paper = "the paper's bytes (2-B values, 1-B masks)"
+    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}{paper:>43}")
     for r in rows:
-        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}{r[4]:>24,.0f}")
+        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}{r[4]:>43,.0f}")
     claims.check_activations_per_block_formula_measurement(rows)
 
 
@@ -127,9 +128,10 @@ def fused_attention() -> dict:
 
 
 def show_fused(fused, sweep) -> None:
-    print(f"{'s':>5}{'unfused':>12}{'model':>12}{'fused':>10}{'model':>10}  same output  fused backward node")
+    print(f"{'s':>5}{'unfused':>12}{'model 4·a·s²·b + s²':>20}{'fused':>10}{'model O + LSE':>15}  same output  "
+          "fused backward node")
     for s, (u, f, m, same, node) in fused.items():
-        print(f"{s:>5}{u:>12,}{m[0]:>12,}{f:>10,}{m[1]:>10,}  {str(same):>11}  {node}")
+        print(f"{s:>5}{u:>12,}{m[0]:>20,}{f:>10,}{m[1]:>15,}  {str(same):>11}  {node}")
     fig, ax = plt.subplots(figsize=(9, 4))
     draw_length_sweep(ax, sweep, fused)
     plt.show()
@@ -184,20 +186,6 @@ def show_flops(flops) -> None:
     claims.check_what_costs_flops(flops, CFG, B, S, H, L, block_forward, step_model)
 
 
-def _gpt3_layer_flops() -> float:
-    s, h = GPT3["s"], GPT3["h"]
-    return 72 * s * h * h * (1 + s / (6 * h))          # forward + backward FLOPs of one layer
-
-
-def show_three_counts() -> None:
-    """Selective recomputation's extra FLOPs at GPT-3's layer, counted three ways."""
-    s, h, layer = GPT3["s"], GPT3["h"], _gpt3_layer_flops()
-    for name, extra in (("measured here (QKᵀ)", 2 * s * s * h), ("one core forward", 4 * s * s * h),
-                        ("Korthikanti et al.", 12 * s * s * h)):
-        print(f"{name:>20}: +{extra / layer:.1%} of a layer's step FLOPs")
-    claims.check_attention_share_of_flops(s, h, layer)
-
-
 # ---- 5. timeline; 6. under DDP --------------------------------------------------------------------------
 
 def show_timelines(data) -> None:
@@ -241,30 +229,20 @@ def show_ddp(per_rank) -> None:
     claims.check_same_communication(per_rank)
 
 
-# ---- 7. the dial at GPT-3's shape; Deeper: time ----------------------------------------------------------
+# ---- 7. a memory budget, one mode per block; Deeper: time --------------------------------------------------
 
-def show_gpt3_dial() -> None:
-    s, h, a, layer = GPT3["s"], GPT3["h"], GPT3["a"], _gpt3_layer_flops()
-    kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in MODES}   # 2-byte values, 1-byte masks
-    extra = {"none": 0, "selective": 2 * s * s * h, "full": layer / 3}   # QKᵀ again; one forward again (a step is 3)
-    for mode in MODES:
-        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
-              f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
-    claims.check_gpt3_dial(kept, extra, layer)
+def per_block_modes(mix) -> dict:
+    """{label: (peak bytes, step FLOPs)} of the section-1 model with every block 'none', with one mode per block
+    (``mix``, e.g. ["full", "selective", "none"]), and with every block 'full'."""
+    x, y = _batch()
+    return {label: (one_step(modes).peak, step_flops(apply_recompute(TinyGPT(CFG), modes), x, y))
+            for label, modes in (("none", "none"), (" / ".join(mix), list(mix)), ("full", "full"))}
 
 
-def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
-    """Chen et al. 2016 on GPT-3's layers: keep only every k-th layer's input and recompute a whole segment
-    of k layers in backward (one extra forward, whatever k). Peak ≈ ⌈n/k⌉ · input + k · a layer's activations."""
-    import math
-    s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
-    layer_input = activation_bytes_formula(s, 1, h, a, recompute="full")        # 2·sbh
-    whole_layer = activation_bytes_formula(s, 1, h, a, recompute="none")
-    peaks = {k: math.ceil(n_layers / k) * layer_input + k * whole_layer for k in ks}
-    print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations "
-          + ", ".join(f"k = {k}: {p / 2**30:.1f} GiB" for k, p in peaks.items())
-          + f"  (best k = √(n · input / layer) = {math.sqrt(n_layers * layer_input / whole_layer):.1f})")
-    claims.check_segments(peaks, n_layers)
+def show_per_block_modes(runs) -> None:
+    for label, (peak, flops) in runs.items():
+        print(f"{label:26}: peak {peak / 1024:5.0f} KiB, {flops / 1e6:6.1f} MFLOP (+{flops / runs['none'][1] - 1:.1%})")
+    claims.check_per_block_modes(runs)
 
 
 def _train_step(mode):

@@ -1,0 +1,54 @@
+"""Chapter 11's arithmetic at GPT-3 175B's layer (Korthikanti et al. 2022's count, 16-bit values, 1-byte
+masks, one sequence): what each recompute mode keeps and adds, √n checkpointing (Chen et al. 2016), and three
+counts of selective recomputation's extra FLOPs. Nothing here runs a model."""
+from __future__ import annotations
+
+import math
+
+from minipar.activations import activation_bytes_formula
+from minipar.recompute import MODES
+
+from . import claims
+
+GPT3 = dict(s=2048, h=12288, a=96)          # GPT-3 175B's layer, one sequence (b = 1), the paper's 16-bit bytes
+
+
+def _gpt3_layer_flops() -> float:
+    s, h = GPT3["s"], GPT3["h"]
+    return 72 * s * h * h * (1 + s / (6 * h))          # forward + backward FLOPs of one layer
+
+
+def show_three_counts() -> None:
+    """Selective recomputation's extra FLOPs at GPT-3's layer, counted three ways."""
+    s, h, layer = GPT3["s"], GPT3["h"], _gpt3_layer_flops()
+    for name, extra in (("measured here (QKᵀ)", 2 * s * s * h), ("one core forward", 4 * s * s * h),
+                        ("Korthikanti et al.", 12 * s * s * h)):
+        print(f"{name:>20}: +{extra / layer:.1%} of a layer's step FLOPs")
+    claims.check_attention_share_of_flops(s, h, layer)
+
+
+def show_gpt3_dial() -> None:
+    s, h, a, layer = GPT3["s"], GPT3["h"], GPT3["a"], _gpt3_layer_flops()
+    kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in MODES}   # 2-byte values, 1-byte masks
+    extra = {"none": 0, "selective": 2 * s * s * h, "full": layer / 3}   # QKᵀ again; one forward again (a step is 3)
+    for mode in MODES:
+        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
+              f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
+    claims.check_gpt3_dial(kept, extra, layer)
+
+
+def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
+    """Chen et al. 2016 on GPT-3's layers: keep only every k-th layer's input and recompute a whole segment
+    of k layers in backward (one extra forward, whatever k). Peak ≈ ⌈n/k⌉ · input + k · a layer's activations,
+    smallest at k = √(n · input / layer); a layer's activations as kept without and with selective recomputation."""
+    s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
+    layer_input = activation_bytes_formula(s, 1, h, a, recompute="full")        # 2·sbh
+    print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations")
+    peaks = {}
+    for mode in ("none", "selective"):
+        layer = activation_bytes_formula(s, 1, h, a, recompute=mode)
+        peaks[mode] = {k: math.ceil(n_layers / k) * layer_input + k * layer for k in ks}
+        print(f"  layers {mode:9} (a layer keeps {layer / layer_input:4.1f}× its input): "
+              + ", ".join(f"k = {k}: {p / 2**30:4.1f} GiB" for k, p in peaks[mode].items())
+              + f"  (best k = {math.sqrt(n_layers * layer_input / layer):.1f})")
+    claims.check_segments(peaks, n_layers)
