@@ -46,18 +46,22 @@ def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo
     assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
 
 
-def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, grad_op, full, hybrid, posted) -> None:
-    """FSDP's modes, run as the ZeRO variants they are: a node's shard: Ψ/2, not Ψ/4"""
+def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted) -> None:
+    """FSDP's modes, run as the ZeRO variants they are: SHARD_GRAD_OP (``kept``) holds FULL_SHARD's shards
+    between steps, fewer than ZeRO-2 (``zero2``, parameters whole), and sends ZeRO-2's bytes; a node's shard:
+    Ψ/2, not Ψ/4"""
     assert all(m["matches"] for m in fsdp_modes.values())
-    assert kept["bytes"] == grad_op["bytes"] == 2 / 3 * full["bytes"] and kept["calls"] == 2 / 3 * full["calls"]
-    assert kept["between"] == full["between"] < grad_op["between"] and kept["peak"] > full["peak"]
+    assert kept["bytes"] == zero2["bytes"] == 2 / 3 * full["bytes"] and kept["calls"] == 2 / 3 * full["calls"]
+    assert kept["between"] == full["between"] < zero2["between"] and kept["peak"] > full["peak"]
     assert hybrid["between"] == 2 * full["between"]                          # a node's shard: Ψ/2, not Ψ/4
     assert posted["bytes"] == full["bytes"] and posted["between"] == full["between"]
 
 
 def check_same_training_bit_for_bit(off, plain, P, small) -> None:
-    """Offload: the optimizer on the CPU (ZeRO-Offload): same training, bit for bit"""
+    """Offload: the optimizer on the CPU (ZeRO-Offload), an FP32 run: the device keeps 4Ψ + 4Ψ/N, the host a
+    separate FP32 master and the moments, 12Ψ/N; same training, bit for bit"""
     assert off["device"]["optimizer"] == 0 and plain["device"]["optimizer"] == 8 * P // 2
+    assert all(run["device"]["params"] == 4 * P and run["device"]["grads"] == 4 * P // 2 for run in (off, plain))
     assert off["host"] == 12 * P // 2 and off["to_host"] == small.steps * 4 * P // 2
     assert all(torch.equal(off["params"][k], plain["params"][k]) for k in plain["params"])   # same training, bit for bit
 

@@ -2,10 +2,17 @@
 
     FSDP (FSDP1 ShardingStrategy / FSDP2 option)    here                                       collectives per unit per step
     FULL_SHARD / reshard_after_forward=True         ZeRO-3                                     2 all-gathers + 1 reduce-scatter
-    reshard_after_forward=False                     ZeRO-3 gathered once per step              1 all-gather + 1 reduce-scatter
-    SHARD_GRAD_OP                                   ZeRO-2                                     1 reduce-scatter + 1 all-gather
+    SHARD_GRAD_OP / reshard_after_forward=False     ZeRO-3 gathered once per step              1 all-gather + 1 reduce-scatter
+    (no FSDP mode: DeepSpeed's ZeRO-2)              ZeRO-2, parameters whole between steps     1 reduce-scatter + 1 all-gather
     HYBRID_SHARD (2-D mesh dp_replicate×dp_shard)   HSDP: ZeRO-3 in a node, all-reduce across  in-node ZeRO-3 + a shard all-reduce
     (FULL_SHARD's separate stream)                  ZeRO-3, reduce-scatters posted async       as FULL_SHARD
+
+SHARD_GRAD_OP is not ZeRO-2. PyTorch's docstring of ``ShardingStrategy.SHARD_GRAD_OP``: parameters "are sharded
+outside computation"; it "unshards before the forward, does not reshard them after the forward, and only
+reshards them after the backward computation" -- FSDP2's ``reshard_after_forward=False``. So between steps it
+holds ZeRO-3's shards. minipar's stand-in (``once_per_step``, built for pipelines) has its collectives and its
+bytes between steps, but keeps the full gradients until the step's end, so its peak is above PyTorch's by up to
+one full gradient. The ZeRO-2 row is the contrast: parameters kept whole between steps.
 
 Each mode trains the chapter's tiny GPT (Adam, 3 steps) on 4 ranks (HSDP: declared as 2 nodes of 2) and is
 compared with one device; per rank and step: the bytes its log recorded, the collectives, the model-state bytes
@@ -25,8 +32,8 @@ from minipar.loop import mean_over_ranks, shard_batch
 
 __all__ = ["MODES", "run_modes", "table_text"]
 
-MODES = {"FULL_SHARD": dict(stage=3), "reshard_after_forward=False": dict(stage=3, once_per_step=True),
-         "SHARD_GRAD_OP": dict(stage=2), "HYBRID_SHARD (2 nodes of 2)": dict(stage=3, hybrid=True),
+MODES = {"FULL_SHARD": dict(stage=3), "SHARD_GRAD_OP (gathered once)": dict(stage=3, once_per_step=True),
+         "ZeRO-2 (DeepSpeed, not FSDP)": dict(stage=2), "HYBRID_SHARD (2 nodes of 2)": dict(stage=3, hybrid=True),
          "FULL_SHARD, async reduce-scatter": dict(stage=3, async_reduce=True)}
 
 

@@ -47,10 +47,14 @@ def offload(world_size: int = 2, psi_big: float = 13e9, n_big: int = 8) -> Repor
     plain, off = launch(_both, world_size, recipe, quiet=True)[0]
     p, n = off["psi"], world_size
     gap = max((off["params"][k] - plain["params"][k]).abs().max().item() for k in plain["params"])
-    lines = [f"device model states without offload: {plain['device']}",
-             f"device model states with offload:    {off['device']}",
-             f"host: {off['host']} B = 12Ψ/N = {12 * p // n}; to host per step: "
-             f"{off['to_host'] // recipe.steps} B = 4Ψ/N = {4 * p // n}",
+    dev, ram = plain["device"], off["device"]
+    lines = [f"FP32 run (4 bytes per parameter and gradient), ZeRO-2, Ψ = {p:,} (padded), N = {n}; bytes per rank:",
+             f"  device without offload: parameters {dev['params']:,} (4Ψ), gradient shard {dev['grads']:,} (4Ψ/N), "
+             f"Adam's moments {dev['optimizer']:,} (8Ψ/N)",
+             f"  device with offload:    parameters {ram['params']:,} (4Ψ), gradient shard {ram['grads']:,} (4Ψ/N), "
+             f"optimizer {ram['optimizer']:,}",
+             f"  host: {off['host']:,} = FP32 master copy + two moments = 12Ψ/N = {12 * p // n:,}; "
+             f"to host per step: {off['to_host'] // recipe.steps:,} = 4Ψ/N",
              f"offload equals no offload: max |Δ parameter| = {gap}",
              f"\nAt Ψ = {psi_big / 1e9:g} B, N = {n_big}, mixed-precision Adam (formula, not measured):"]
     for stage in (1, 2, 3):

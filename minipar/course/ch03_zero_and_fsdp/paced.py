@@ -99,10 +99,10 @@ def table(m: dict) -> str:
         lines.append(f"  ZeRO-3, {name:12}: step {spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
+    if too_busy(m["overruns"], m["slots"]):             # a disturbed run states no saving: its times do not count
+        return "\n".join(lines + ["  " + too_busy(m["overruns"], m["slots"])])
     with_p, without = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
-                 f"slots that ran long: {m['overruns']} of {m['slots']}")
-    lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
-    if too_busy(m["overruns"], m["slots"]):
-        lines.append("  " + too_busy(m["overruns"], m["slots"]))
+                 + VERDICTS[verdict(*m["seconds"].values())])
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from minipar.course import replays
 from minipar.course.report import Report
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
-from minipar.machine.cluster import a100_cluster, this_machine
+from minipar.machine.cluster import a100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
@@ -74,9 +74,9 @@ def paced_table(m: dict) -> Report:
 
 def modes_table(fsdp_modes: dict) -> Report:
     """``fsdp_modes`` = ``modes.run_modes(world_size)``: FSDP's modes as the ZeRO variants they are."""
-    full, kept, grad_op, hybrid, posted = (fsdp_modes[k] for k in modes.MODES)
+    full, kept, zero2, hybrid, posted = (fsdp_modes[k] for k in modes.MODES)
     return Report(modes.table_text(fsdp_modes),
-                  lambda r: claims.check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, grad_op, full, hybrid, posted))
+                  lambda r: claims.check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted))
 
 
 def muon(table: dict) -> Report:
@@ -93,24 +93,20 @@ def _check_prefetch(r: Report) -> None:
 
 
 def prefetch(t3: dict, world_size: int = 4) -> Report:
-    """``t3`` = ``timing.measure(world_size)``: per run (prefetch, no prefetch) the wall clock here, the replay
-    here, and GPT-2-sized on a DGX-A100 node (messages × f, FLOPs × f·k, operator bytes × k·w)."""
-    here = this_machine(t3["alpha"], t3["beta"], t3["flops_here"], devices=world_size)
+    """``t3`` = ``timing.measure(world_size)``: per run (prefetch, no prefetch) the traced step replayed
+    GPT-2-sized on a DGX-A100 node (messages × f, FLOPs × f·k, operator bytes × k·w): step, exposed, hidden."""
     recipe = timing.STEP_RECIPE
     f = replays.GPT2_SMALL_PARAMS / (t3["param_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / (recipe["batch_size"] * recipe["seq_len"] // world_size)
     w = GPT2_WIDTH / recipe["n_embd"]
-    small = replays.replays(t3, {"here": here})
     big = replays.replays(t3, {"dgx": a100_cluster(1)}, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
-    lines = [f"{'ZeRO-3':13}{'measured here':>14} | {'model: replay here':>19} {'hidden':>7} | "
-             f"{'model: GPT-2-sized on a DGX-A100 node':>37} {'exposed':>8} {'hidden':>7}"]
+    lines = [f"{'ZeRO-3':13}| {'model: GPT-2-sized on a DGX-A100 node':>37} {'exposed':>8} {'hidden':>7}"]
     for name in t3["traces"]:
-        h, b = small["here"][name], big["dgx"][name]
-        lines.append(f"{name:13}{t3['measured'][name] * 1e3:>11.1f} ms | {h.step_between('step') * 1e3:>16.1f} ms "
-                     f"{replays.hidden_share(h):>7.0%} | {b.step_between('step') * 1e3:>34.2f} ms "
+        b = big["dgx"][name]
+        lines.append(f"{name:13}| {b.step_between('step') * 1e3:>34.2f} ms "
                      f"{replays.exposed_per_step(b) * 1e3:>5.2f} ms {replays.hidden_share(b):>7.0%}")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
-    return Report("\n".join(lines), _check_prefetch, small=small, big=big, with_p=with_p, without=without,
+    return Report("\n".join(lines), _check_prefetch, big=big, with_p=with_p, without=without,
                   hidden_share=replays.hidden_share(with_p))
 
 
