@@ -3,7 +3,7 @@
 A ring all-reduce takes 2(N−1) steps, each a message that must arrive before the next is sent, so its time is
 about 2(N−1)·α + 2(N−1)/N·S/β (α: a message's fixed cost, β: bandwidth; Patarasuk & Yuan 2009). For a small S
 the α term is almost all there is, and it grows linearly with N while the bytes per rank stay under 2S. On this
-machine α is mostly a process waking up on a shared core, not a network. A second, larger size fixes β, so that α
+machine α is mostly a process waking up to read a local socket, not a network. A second, larger size fixes β, so that α
 is fitted in the same form as every later chapter's (:func:`fit_ring`). Only N up to the machine's cores are
 fitted (:func:`fitted_ranks`): with more ranks than cores the processes take turns on the cores, and the time
 measures that waiting, not the ring's 2(N−1) steps; larger N are shown from the fitted model.
