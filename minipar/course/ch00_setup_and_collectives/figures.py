@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from minipar.course.plotting import RANK_COLOURS, save_figure
 
 from .tour import COLLECTIVES, busiest_rank_traffic, run_collectives
@@ -98,27 +100,35 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
     return ax.figure
 
 
-def plot_ring_time(sweep: dict, payload_bytes: int, ax=None):
-    """The ring's time against N: the slowest rank (fastest repeat) for a 4 KiB and an S-byte ring all-reduce
-    (markers) and ``2(N−1)·α + 2(N−1)/N·S/β`` with α and β fitted to all of them (lines,
-    :func:`.latency.fit_ring`)."""
+def plot_ring_time(sweep: dict, payload_bytes: int, cores: int | None = None, ax=None):
+    """The ring's time against N for a 4 KiB and an S-byte ring all-reduce: measured (filled markers for N up to
+    ``cores``, hollow beyond, where a rank waits for a core) and the model ``2(N−1)·α + 2(N−1)/N·S/β`` with α
+    and β fitted to the filled ones only (lines, :func:`.latency.fit_ring`)."""
     import matplotlib.pyplot as plt
-    from .latency import SMALL_BYTES, beta_text, fit_ring, sweep_seconds
+    from .latency import (SMALL_BYTES, beta_text, fit_ring, fitted_ranks, machine_cores, ring_model_seconds,
+                          sweep_seconds)
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.4))
     ns = sorted(sweep)
-    alpha, beta = fit_ring(sweep_seconds(sweep, payload_bytes))
+    cores = cores or machine_cores()
+    fitted = fitted_ranks(ns, cores)
+    alpha, beta = fit_ring(sweep_seconds({n: sweep[n] for n in fitted}, payload_bytes))
+    beyond = [n for n in ns if n not in fitted]
     for key, size, colour in (("small_ring_s", SMALL_BYTES, "#4C72B0"), ("ring_s", payload_bytes, "#DD8452")):
-        ax.plot(ns, [sweep[n][key] * 1e3 for n in ns], "s", color=colour, ms=7,
-                label=f"ring all-reduce of {size / 2**10:.0f} KiB: measured")
-        ax.plot(ns, [(2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta) * 1e3 for n in ns], "-", color=colour,
-                alpha=0.5, label=f"2(N-1)·α + 2(N-1)/N·S/β, S = {size / 2**10:.0f} KiB")
+        kib = f"{size / 2**10:.0f} KiB"
+        ax.plot(fitted, [sweep[n][key] * 1e3 for n in fitted], "s", color=colour, ms=7,
+                label=f"{kib}: measured, N ≤ {cores} cores (fitted)")
+        if beyond:
+            ax.plot(beyond, [sweep[n][key] * 1e3 for n in beyond], "s", mfc="none", color=colour, ms=7,
+                    label=f"{kib}: measured, N > {cores} cores (includes waiting for a core)")
+        ax.plot(ns, [ring_model_seconds(n, size, alpha, beta) * 1e3 for n in ns], "-", color=colour,
+                alpha=0.5, label=f"{kib}: model 2(N-1)·α + 2(N-1)/N·S/β")
     ax.set_xlabel("ranks N")
     ax.set_ylabel("time (ms)")
-    ax.set_title(f"2(N-1) steps, each waits for a message: α = {alpha * 1e3:.2f} ms a step, "
-                 f"β = {beta_text(beta)}", fontsize=9)
+    shown_beta = "∞ (no bandwidth term)" if math.isinf(beta) else beta_text(beta)
+    ax.set_title(f"fitted to N ≤ {cores}: α = {alpha * 1e3:.2f} ms a step, β = {shown_beta}", fontsize=8)
     ax.set_xticks(ns)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     return ax.figure
 

@@ -12,7 +12,8 @@ import torch
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import beta_text, fit_ring, sweep_seconds
+from .latency import (SMALL_BYTES, beta_text, fit_ring, fitted_ranks, machine_cores, ring_model_seconds,
+                      sweep_seconds)
 
 __all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
@@ -56,7 +57,8 @@ def show_whoami(info: list) -> None:
 
 def show_backends(defaults: dict) -> None:
     import torch.distributed as dist
-    print("default backend per device type:", defaults)
+    print("default backend per device type:", {k: defaults[k] for k in ("cpu", "cuda")},
+          f"(and {len(defaults) - 2} for other accelerators)")
     print("available in this torch build: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(),
           "| mpi", dist.is_mpi_available())
     claims.check_backends_gloo_nccl_mpi(defaults)
@@ -115,18 +117,31 @@ def show_traffic(sweep: dict, payload_bytes: int) -> dict:
 
 
 def show_ring_time(sweep: dict, payload_bytes: int) -> None:
-    """The ring's time per N at two sizes, and α (per ring step) and β fitted to all of it, printed."""
-    alpha, beta = fit_ring(sweep_seconds(sweep, payload_bytes))
-    print(f"{'N':>2}  {'4 KiB (ms)':>10}  {payload_bytes // 1024:>3} KiB (ms)  {'2(N-1) steps':>12}")
+    """The ring's time per N at two sizes, measured and from the α-β model fitted to the N that fit on this
+    machine's cores; which term dominates at S."""
+    cores = machine_cores()
+    fitted = fitted_ranks(sweep, cores)
+    alpha, beta = fit_ring(sweep_seconds({n: sweep[n] for n in fitted}, payload_bytes))
+    big = f"{payload_bytes // 1024} KiB"
+    print(f"{'':>2}  {'':>5}  {'4 KiB (ms)':^17}  {big + ' (ms)':^17}")
+    print(f"{'N':>2}  {'steps':>5}  {'measured':>8} {'model':>8}  {'measured':>8} {'model':>8}")
     for n, t in sweep.items():
-        print(f"{n:>2}  {t['small_ring_s'] * 1e3:>10.2f}  {t['ring_s'] * 1e3:>12.2f}  {2 * (n - 1):>12}")
-    print(f"(the {max(sweep)} ranks shared this machine's {os.cpu_count()} cores)")
-    print(f"fitted to t = 2(N-1)·α + 2(N-1)/N·S/β: α = {alpha * 1e3:.3f} ms per ring step, "
-          f"β = {beta_text(beta)}")
-    plot_ring_time(sweep, payload_bytes)
+        note = "fitted" if n in fitted else "waits for a core: read the model"
+        print(f"{n:>2}  {2 * (n - 1):>5}  {t['small_ring_s'] * 1e3:>8.2f} "
+              f"{ring_model_seconds(n, SMALL_BYTES, alpha, beta) * 1e3:>8.2f}  "
+              f"{t['ring_s'] * 1e3:>8.2f} {ring_model_seconds(n, payload_bytes, alpha, beta) * 1e3:>8.2f}  {note}")
+    print(f"this machine has {cores} cores: α and β are fitted to N ≤ {max(fitted)} only, "
+          f"α = {alpha * 1e3:.3f} ms per ring step, β = {beta_text(beta)}")
+    n = max(sweep)
+    steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
+    verdict = ("with β = ∞ the model prices only the steps" if math.isinf(beta)
+               else f"the {'steps' if steps > data else 'bytes'} cost more")
+    print(f"model at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
+          f"{data * 1e3:.2f} ms: {verdict}")
+    plot_ring_time(sweep, payload_bytes, cores)
     plt.show()
-    claims.check_small_ring_slower_with_more_ranks(sweep)
-    claims.check_steps_cost_more_than_bytes(alpha, beta, payload_bytes)
+    claims.check_ring_time_fitted_within_cores(fitted, cores, alpha, beta)
+    claims.check_steps_cost_more_than_bytes(alpha, beta, SMALL_BYTES)
 
 
 def show_launch_vs_mp(by_hand: list, with_launch: list) -> None:

@@ -164,9 +164,14 @@ def test_figures_are_drawn_from_the_run(tmp_path):
     assert measured_root == [1.0, 2.0]  # (N-1) S for N = 2, 3, read back from the plotted data
     timed = {n: {"small_ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 4096 / 1e9,
                  "ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 2**17 / 1e9} for n in (2, 4, 8)}
-    latency = fig00.plot_ring_time(timed, 2**17)       # the plotted points are the timings, the fit recovers α, β
+    latency = fig00.plot_ring_time(timed, 2**17, 8)    # the plotted points are the timings, the fit recovers α, β
     assert latency.axes[0].lines[0].get_ydata().tolist() == [timed[n]["small_ring_s"] * 1e3 for n in (2, 4, 8)]
     assert "α = 0.10 ms a step, β = 1 GB/s" in latency.axes[0].get_title()
+    plt.close(latency)
+    waiting = {**timed, 8: {k: 10 * t for k, t in timed[8].items()}}   # 8 ranks on 2 cores: 10× slower
+    latency = fig00.plot_ring_time(waiting, 2**17, 2)  # fitted to N ≤ 2 only: the waiting does not move α, β
+    assert "fitted to N ≤ 2: α = 0.10 ms a step, β = 1 GB/s" in latency.axes[0].get_title()
+    assert latency.axes[0].lines[1].get_xdata().tolist() == [4, 8]    # hollow: measured beyond the cores
     plt.close(latency)
     figure.savefig(tmp_path / "traffic.png")
     plt.close(figure)

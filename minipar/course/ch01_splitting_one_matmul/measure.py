@@ -65,8 +65,9 @@ def format_table(table: dict, x_shape, w_shape) -> str:
     after the forward."""
     n = len(next(iter(table.values())).forward)
     lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes per rank (rank 0 shown)",
+             f"{'':7} {'':>20} {'':>9} {'':>8} {'':>9} {'':>8} {'rank 0 holds after fwd':>20}",
              f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
-             f"{'formula':>8} {'holds x':>8} {'w':>5} {'y':>5}  collectives"]
+             f"{'formula':>8} {'x':>8} {'w':>5} {'y':>5}  collectives"]
     for s, m in table.items():
         names = ", ".join(f"{p}: all-reduce, {m.ops[p]['send'][0]} ring sends" for p in PHASES if m.ops[p]) or "-"
         held = m.holds[0]

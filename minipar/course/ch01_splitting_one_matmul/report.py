@@ -48,7 +48,8 @@ def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
     rows = max(ms.shard_sizes(k, 4))
     padded = (comm.predicted_bytes_sent("all_gather", 4 * b * rows * 4, 4)
               + comm.predicted_bytes_sent("all_gather", 4 * rows * m * 4, 4))
-    print(f"\nrow split, rank 1, gathering dx and dw for the comparison: measured {gathered} B, "
+    print(f"\nan all-gather of uneven pieces pads each to the largest: row split, rank 1, all-gathering dx "
+          f"and dw (here to compare them with one device): measured {gathered} B, "
           f"formula with every piece padded to the largest: {padded:.0f} B")
     claims.check_run_live_4_ranks_uneven(table_4, gathered, padded)
 
