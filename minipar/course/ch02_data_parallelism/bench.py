@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import time
 
@@ -180,7 +181,6 @@ def describe_run(m: dict) -> str:
 
 def describe_sweep(rows: list) -> str:
     """The rows of :func:`sweep` as a table, then which configuration was fastest and which hid the most."""
-    import os
     head = f"DDP, gradients {rows[0]['grad_bytes']:,} B"
     lines = [f"{head:<30}{'buckets':>8}{'step ms':>9}{'hidden':>8}{'exposed ms':>11}"]
     lines += [f"{r['config']:<30}{r['buckets']:>8}{r['step_ms']:>9.1f}{r['hidden_fraction']:>8.0%}{r['exposed_ms']:>11.1f}"
@@ -207,7 +207,6 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="with --sweep: one JSON object per configuration")
     a = parser.parse_args(argv)
     if a.sweep:
-        import os
         rows = sweep(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, iters=a.iters)
         for row in rows:
             row["load_average_1min"] = round(os.getloadavg()[0], 1)
@@ -231,7 +230,6 @@ def main(argv=None) -> int:
             ("minipar faster in every run" if runs[-1] < 1 else "minipar slower in every run")
         print(f"  minipar / {torch_name} ({label}): per run {', '.join(f'{x:.3f}' for x in runs)}; "
               f"median run {ratio:.3f} ({verdict})")
-    import os
     print(f"  ({os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}; the ratio is against "
           f"{TORCH_VIEW}: gradient_as_bucket_view=True, as minipar's gradients are bucket views)")
     return 0
