@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import hooks
 from .comm_log import CommRecord
 
-__all__ = ["Call", "call", "send", "recv", "isend", "irecv"]
+__all__ = ["Call", "call", "RING_SHARE", "send", "recv", "isend", "irecv"]
 
 
 def _group_ranks(group, peer) -> tuple:
@@ -29,20 +29,52 @@ def _group_ranks(group, peer) -> tuple:
     return tuple(dist.get_process_group_ranks(group))
 
 
+RING_SHARE = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}   # bytes each way: share · (N-1)/N · S
+
+
 class Call:
     """One call, as the hooks see it: ``op``, ``group`` (None: the world) or ``peer`` (a send/recv's other
     rank) and ``tag``, the call's ``tensor`` (for its shape and dtype), ``async_op``, the traffic model
     (``group_size`` N, ``payload_bytes`` S, ``sent_bytes``, ``recv_bytes`` under ``algorithm``), and, once the
-    call has run, ``seconds`` (its duration; an async call's: its launch) and :attr:`record`."""
+    call has run, ``seconds`` (its duration; an async call's: its launch) and :attr:`record`.
 
-    __slots__ = ("op", "group", "peer", "tag", "tensor", "async_op", "group_size", "payload_bytes", "sent_bytes",
-                 "recv_bytes", "algorithm", "seconds", "_record")
+    A ring-shaped call (``algorithm="ring"``, op in :data:`RING_SHARE`) may leave ``group_size`` (None: asked
+    of torch), ``sent_bytes`` and ``recv_bytes`` (None: the ring's share · (N-1)/N · S each way) to be worked
+    out when first read: only the comm log, the tracer and the wire counter read them, and a rank's usual
+    hook, the flight recorder, does not (asking torch for a group's size costs more than the record)."""
+
+    __slots__ = ("op", "group", "peer", "tag", "tensor", "async_op", "_group_size", "payload_bytes", "_sent",
+                 "_recv", "algorithm", "seconds", "_record", "_run")
 
     def __init__(self, op, group_size, payload, sent, recv, algorithm, *, group=None, peer=None, tag=0,
-                 tensor=None, async_op=False):
+                 tensor=None, async_op=False, run=None):
         self.op, self.group, self.peer, self.tag, self.tensor, self.async_op = op, group, peer, tag, tensor, async_op
-        self.group_size, self.payload_bytes, self.sent_bytes, self.recv_bytes = group_size, payload, sent, recv
-        self.algorithm, self.seconds, self._record = algorithm, None, None
+        self._group_size, self.payload_bytes, self._sent, self._recv = group_size, payload, sent, recv
+        self.algorithm, self.seconds, self._record, self._run = algorithm, None, None, run
+
+    @property
+    def group_size(self) -> int:
+        if self._group_size is None:
+            self._group_size = dist.get_world_size(self.group)
+        return self._group_size
+
+    @property
+    def sent_bytes(self):
+        if self._sent is None:
+            n = self.group_size
+            self._sent = RING_SHARE[self.op] * (n - 1) / n * self.payload_bytes
+        return self._sent
+
+    @property
+    def recv_bytes(self):
+        return self.sent_bytes if self._recv is None else self._recv     # a ring receives what it sends
+
+    def run_timed(self):
+        """The innermost ``proceed``: run the call itself, its duration in :attr:`seconds`."""
+        t0 = time.perf_counter()
+        result = self._run()
+        self.seconds = time.perf_counter() - t0
+        return result
 
     @property
     def record(self) -> CommRecord:
@@ -65,15 +97,10 @@ def call(run, op, n, payload, sent, recv, algorithm, *, group=None, peer=None, a
     if not active:
         return run()
     this = Call(op, n, payload, sent, recv, algorithm, group=group, peer=peer, tag=tag, tensor=tensor,
-                async_op=async_op)
-
-    def timed():
-        t0 = time.perf_counter()
-        result = run()
-        this.seconds = time.perf_counter() - t0
-        return result
-
-    proceed = timed
+                async_op=async_op, run=run)
+    if len(active) == 1:                            # a rank's usual case (its flight recorder): no closures
+        return active[0].around_call(this, this.run_timed)
+    proceed = this.run_timed
     for hook in reversed(active):                   # the innermost wraps the call itself
         proceed = _around(hook, this, proceed)
     return proceed()

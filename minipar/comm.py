@@ -90,10 +90,11 @@ def predicted_bytes_sent(op: str, payload_bytes: int, n: int, is_root: bool = Fa
 # Collectives (wrappers over torch.distributed); each one records what it moved
 # ----------------------------------------------------------------------------------------------------
 
-def _ring_shaped(op, run, n, s, group, async_op, result, tensor):
-    """An all-reduce, all-gather or reduce-scatter through gloo, recorded with the ring's bytes both ways."""
-    moved = predicted_bytes_sent(op, s, n)
-    work = call(run, op, n, s, moved, moved, "ring", group=group, async_op=async_op, tensor=tensor)
+def _ring_shaped(op, run, s, group, async_op, result, tensor, n=None):
+    """An all-reduce, all-gather or reduce-scatter through gloo, recorded with the ring's bytes both ways
+    (:func:`predicted_bytes_sent`; N and the bytes worked out by the :class:`~minipar.calls.Call` when a hook
+    first reads them)."""
+    work = call(run, op, n, s, None, None, "ring", group=group, async_op=async_op, tensor=tensor)
     return work if async_op else result
 
 
@@ -124,7 +125,7 @@ def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool
     if on_ring("all_reduce", op, async_op):
         return ring_all_reduce(t, group)
     return _ring_shaped("all_reduce", lambda: dist.all_reduce(t, op=op, group=group, async_op=async_op),
-                        _size(group), _nbytes(t), group, async_op, t, t)
+                        _nbytes(t), group, async_op, t, t)
 
 
 def all_reduce_flat(tensors: list, op=dist.ReduceOp.SUM, group=None) -> list:
@@ -144,7 +145,7 @@ def all_gather(out: list, t: torch.Tensor, group=None, async_op: bool = False):
         return [o.copy_(g.view_as(o)) for o, g in zip(out, ring_all_gather(t.reshape(1, -1), group))]
     n = _size(group)
     return _ring_shaped("all_gather", lambda: dist.all_gather(out, t, group=group, async_op=async_op),
-                        n, n * _nbytes(t), group, async_op, out, t)
+                        n * _nbytes(t), group, async_op, out, t, n)
 
 
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async_op: bool = False):
@@ -152,7 +153,7 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group=None, async
     if on_ring("all_gather", async_op=async_op):     # the ring's concatenation, copied into ``out``
         return out.copy_(ring_all_gather(t.reshape(1, -1), group).view_as(out))
     return _ring_shaped("all_gather", lambda: _all_gather_flat(out, t, group=group, async_op=async_op),
-                        _size(group), _nbytes(out), group, async_op, out, t)
+                        _nbytes(out), group, async_op, out, t)
 
 
 def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
@@ -161,7 +162,7 @@ def reduce_scatter(out: torch.Tensor, inputs: list, op=dist.ReduceOp.SUM, group=
         return ring_reduce_scatter_into(out, torch.stack([x.reshape(-1) for x in inputs]), group)
     return _ring_shaped("reduce_scatter", lambda: dist.reduce_scatter(out, inputs, op=op, group=group,
                                                                       async_op=async_op),
-                        _size(group), sum(_nbytes(x) for x in inputs), group, async_op, out, out)
+                        sum(_nbytes(x) for x in inputs), group, async_op, out, out)
 
 
 def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
@@ -175,7 +176,7 @@ def reduce_scatter_tensor(out: torch.Tensor, t: torch.Tensor, op=dist.ReduceOp.S
         return ring_reduce_scatter_into(out, t, group)
     return _ring_shaped("reduce_scatter", lambda: _reduce_scatter_flat(out, t, op=op, group=group,
                                                                        async_op=async_op),
-                        _size(group), _nbytes(t), group, async_op, out, t)
+                        _nbytes(t), group, async_op, out, t)
 
 
 def all_to_all(out: list, inputs: list, group=None):

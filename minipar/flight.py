@@ -6,7 +6,8 @@ every call through :mod:`minipar.comm`, and it is written where the launching pr
 the rank is stuck in a C++ wait or was killed: a per-rank file of ``capacity`` fixed-size slots, call ``seq``
 in slot ``seq % capacity``, written when the call is issued and again (its state) when it completes. The file
 is mapped into memory (``mmap``, shared): a record is a memory copy, no system call, and it lands in the page
-cache the launcher reads, so nothing needs flushing. (Not ``os.pwrite``: a write would count in the process's
+cache the launcher reads, so nothing needs flushing. The text of a record is formatted once per op and group
+(and per shape and dtype): a call fills in only its ``seq`` and ``k``. (Not ``os.pwrite``: a write would count in the process's
 ``wchar``, which :mod:`minipar.wire` reads as the bytes sent on the sockets.)
 
 Each record is one JSON line padded with spaces to the slot size:
@@ -60,6 +61,9 @@ class FlightRecorder:
             os.close(fd)
         self.calls_on = {}                     # group key -> calls this rank made on it
         self.groups = {}                       # group object -> (key, ranks as JSON), asked of torch once
+        self.lines = {}                        # (op, group, peer, tag) -> (key, the line's text around k)
+        self.tails = {}                        # (shape, dtype) -> the line's text from the shape on
+        self.blank = b" " * (self.slot_size - 1) + b"\n"
 
     def _group(self, group):
         known = self.groups.get(group)
@@ -69,24 +73,40 @@ class FlightRecorder:
             known = self.groups[group] = (getattr(pg, "group_name", None) or str(ranks), json.dumps(ranks))
         return known
 
-    def issued(self, op: str, group=None, peer=None, tag: int = 0, tensor=None) -> int:
-        """Write the record of a call about to run; returns its ``seq`` for :meth:`completed`."""
-        self.seq += 1
+    def _line_parts(self, op, group, peer, tag):
+        """(group key, the record's text from ``"group"`` up to ``k``, from ``k`` up to ``"shape"``): the same
+        for every call of ``op`` on this group or channel, so formatted once."""
         if peer is None:
             key, ranks = self._group(group)
         else:                                  # the channel src -> dst: a send and its recv share it
             me = self.rank
             src, dst = (me, peer) if op == "send" else (peer, me)
             key, ranks = f"p2p:{src}->{dst}:{tag}", f"[{min(me, peer)}, {max(me, peer)}]"
+        parts = self.lines[op, group, peer, tag] = (key, f',"group":"{key}","k":',
+                                                     f',"op":"{op}","ranks":{ranks},"shape":')
+        return parts
+
+    def issued(self, op: str, group=None, peer=None, tag: int = 0, tensor=None) -> int:
+        """Write the record of a call about to run; returns its ``seq`` for :meth:`completed`."""
+        self.seq += 1
+        parts = self.lines.get((op, group, peer, tag))
+        key, before_k, after_k = parts if parts is not None else self._line_parts(op, group, peer, tag)
         k = self.calls_on[key] = self.calls_on.get(key, 0) + 1
-        shape, dtype = ("null", "null") if tensor is None else (list(tensor.shape), f'"{str(tensor.dtype)[6:]}"')
-        line = (f'{{"state":"issued   ","seq":{self.seq},"group":"{key}","k":{k},"op":"{op}","ranks":{ranks},'
-                f'"shape":{shape},"dtype":{dtype}}}').encode()
+        tail = 'null,"dtype":null}' if tensor is None else self._tail(tensor.shape, tensor.dtype)
+        line = f'{{"state":"issued   ","seq":{self.seq}{before_k}{k}{after_k}{tail}'.encode()
         if len(line) >= self.slot_size:        # a tensor of very many dims: keep the record, drop its shape
             line = line[:line.rindex(b',"shape"')] + b',"shape":null,"dtype":null}'
         offset = (self.seq % self.capacity) * self.slot_size
-        self.slots[offset: offset + self.slot_size] = line.ljust(self.slot_size - 1) + b"\n"
+        self.slots[offset: offset + self.slot_size] = line + self.blank[len(line):]
         return self.seq
+
+    def _tail(self, shape, dtype) -> str:
+        tail = self.tails.get((shape, dtype))
+        if tail is None:
+            if len(self.tails) >= 1024:        # shapes that keep changing (variable lengths): bounded
+                self.tails.clear()
+            tail = self.tails[shape, dtype] = f'{list(shape)},"dtype":"{str(dtype)[6:]}"}}'
+        return tail
 
     def completed(self, seq: int) -> None:
         if self.seq - seq < self.capacity:     # else its slot already holds a newer call (a late async wait)

@@ -18,8 +18,8 @@ block, in this thread (a ``ContextVar``, as :func:`minipar.comm.ring_algorithms`
 begins with none, so a call made from another thread -- a CUDA device's autograd thread -- is not seen).
 Hooks installed earlier are the outer ones: the outermost wraps the rest. A rank the launcher starts begins
 a scope of its own (:func:`only`): a forked rank does not carry its parent's hooks. :mod:`minipar.comm` and
-:mod:`minipar.launcher` ask :func:`active` and know no instrument by name. This module imports nothing of
-minipar.
+:mod:`minipar.launcher` ask :func:`active` and know no instrument by name (each scope filters its hooks by
+method once, when first asked: :func:`active` runs on every call). This module imports nothing of minipar.
 """
 from __future__ import annotations
 
@@ -28,7 +28,24 @@ import contextvars
 
 __all__ = ["installed", "only", "active", "WorkDone"]
 
-_active: contextvars.ContextVar = contextvars.ContextVar("minipar_hooks", default=())
+class _Scope:
+    """The hooks active in one block, and, per method, those that have it: asked on every call through
+    :mod:`minipar.comm`, so filtered once per scope, not once per call."""
+
+    __slots__ = ("hooks", "having")
+
+    def __init__(self, hooks: tuple):
+        self.hooks, self.having = hooks, {}
+
+    def with_method(self, method: str) -> tuple:
+        found = self.having.get(method)
+        if found is None:
+            found = self.having[method] = tuple(h for h in self.hooks if hasattr(h, method))
+        return found
+
+
+_NONE = _Scope(())
+_active: contextvars.ContextVar = contextvars.ContextVar("minipar_hooks", default=_NONE)
 
 
 @contextlib.contextmanager
@@ -37,7 +54,7 @@ def installed(*hooks):
     for hook in hooks:
         if not (hasattr(hook, "around_call") or hasattr(hook, "around_launch")):
             raise TypeError(f"{hook!r} is no hook: it has neither around_call nor around_launch")
-    token = _active.set(_active.get() + hooks)
+    token = _active.set(_Scope(_active.get().hooks + hooks))
     try:
         yield hooks[0] if len(hooks) == 1 else hooks
     finally:
@@ -47,7 +64,7 @@ def installed(*hooks):
 @contextlib.contextmanager
 def only(*hooks):
     """Exactly ``hooks`` active inside the block, none of those outside it (a rank process's own scope)."""
-    token = _active.set(())
+    token = _active.set(_NONE)
     try:
         with installed(*hooks) as installed_hooks:
             yield installed_hooks
@@ -57,8 +74,8 @@ def only(*hooks):
 
 def active(method: str | None = None) -> tuple:
     """The hooks active here, outermost first; with ``method``, only those that have it."""
-    hooks = _active.get()
-    return hooks if method is None else tuple(h for h in hooks if hasattr(h, method))
+    scope = _active.get()
+    return scope.hooks if method is None else scope.with_method(method)
 
 
 class WorkDone:
