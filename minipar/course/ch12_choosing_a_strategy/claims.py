@@ -127,3 +127,10 @@ def check_one_knob_at_a_time(best, cluster) -> None:
     for zero in (2, 3):
         e = estimate(GPT3_175B, cluster, replace(lay, zero=zero))
         assert e.memory["total"] < best.memory["total"] and e.time["dp"] > lay.micro_batches / 4 * best.time["dp"]
+
+
+def check_small_case(advice, best) -> None:
+    """The planner on GPT 1.3B, one node: it fits one GPU, the rules stop at rule 1, and the planner's best is
+    data parallelism (no TP, no PP), a family the rules named"""
+    assert advice.families[0] == "DDP" and best.fits
+    assert best.layout.tp == 1 and best.layout.pp == 1 and mp.family(best.layout) in advice.families

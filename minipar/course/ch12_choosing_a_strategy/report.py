@@ -17,7 +17,7 @@ from minipar.plan.published import TOLERANCE, summary
 from . import claims, figures, show
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
-           "hand_layouts", "rules_vs_planner", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
 GB = 1e9
@@ -65,6 +65,20 @@ def in_flight_counts(p: int = 4, m: int = 8) -> None:
     """§3: micro-batches in flight on the busiest stage for each schedule, p stages, m micro-batches."""
     print({s: mp.in_flight(s, p, m, 2 if s == "interleaved" else 1) for s in ("gpipe", "1f1b", "interleaved")})
     claims.check_cost_model_memory_time_one()
+
+
+SMALL_GPT = Transformer(24, 2048, 16, 51200, 2048)      # GPT 1.3B (the calculator's), before GPT-3
+
+
+def small_case(batch: int = 512) -> None:
+    """§4's stepping stone: the rules and the planner for GPT 1.3B on one DGX A100 node of 8: it fits one GPU,
+    so both name data parallelism."""
+    cluster = a100_cluster(1)
+    advice, best = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
+    print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
+    print(advice)
+    print(f"the planner's best ({mp.family(best.layout)}): {best}")
+    claims.check_small_case(advice, best)
 
 
 def planner(p, advice, full: bool = False) -> None:
