@@ -136,8 +136,9 @@ FITTED = {"A100-SXM4-80GB": ("calibration: gemm_efficiency = 0.83 (a full tile's
 
 _FLOOR = ("launch floor 5 µs: what one kernel costs the device however small it is, a round number; one H100 "
           "ran the 53 kernels of a tiny layer's forward + backward in 111 µs of kernel time (2 µs each), and "
-          "enqueued one-element adds at one per 8–11 µs. The host's own time per eager operator is "
-          "EAGER_HOST_SECONDS (measured)")
+          "enqueued one-element adds at one per 8–11 µs. Eager PyTorch adds the host's own time: about "
+          f"{EAGER_HOST_SECONDS * 1e6:.0f} µs per operator (Python, dispatcher, autograd) before the device can "
+          "run it, the median over ten launch-bound runs on one H100")
 
 A100_SXM_80GB = DeviceCard(
     "A100-SXM4-80GB", 312e12, 2.039e12, 80e9, 5e-6, gemm_efficiency=0.83, attention_efficiency=0.72,

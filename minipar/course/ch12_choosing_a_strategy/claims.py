@@ -108,7 +108,8 @@ def check_one_calibration_per_card(pub) -> None:
 
 def check_one_knob_at_a_time(best, cluster) -> None:
     """Why TP 4 and v = 2: TP 8 more than doubles the TP all-reduces' time and loses more than it saves on
-    bubble and DP; v = 1 doubles the bubble; each of the four single changes is slower than the best."""
+    bubble and DP; v = 1 doubles the bubble; each of the four single changes is slower than the best; the
+    bubble is charged on compute + TP; without SP and selective recomputation TP 4 does not fit."""
     from dataclasses import replace
     lay = best.layout
     assert (lay.tp, lay.pp, lay.v, lay.schedule, lay.zero, lay.sp, lay.recompute) == \
@@ -117,7 +118,19 @@ def check_one_knob_at_a_time(best, cluster) -> None:
     v1 = estimate(GPT3_175B, cluster, replace(lay, v=1, schedule="1f1b"))
     assert tp8.fits and tp8.time["tp"] > 2 * best.time["tp"] and tp8.step_seconds > best.step_seconds
     assert v1.fits and abs(v1.time["bubble"] / best.time["bubble"] - 2) < 0.05 and v1.step_seconds > best.step_seconds
+    # §3: the bubble idles the whole stage, compute + TP collectives, for f/(1 - f) = (p - 1)/(v·m) of it
+    f_ratio = (lay.pp - 1) / (lay.v * lay.micro_batches)
+    assert abs(best.time["bubble"] - (best.time["compute"] + best.time["tp"]) * f_ratio) < 1e-9 * best.time["bubble"]
+    # Narayanan et al.'s TP 8 predates SP and selective recomputation: without both, TP 4 does not fit
+    assert not estimate(GPT3_175B, cluster, replace(lay, sp=False, recompute="none")).fits
     # ZeRO-2/3 inside the pipeline, priced per micro-batch: a lower peak, m times the collectives (chapter 08 §5)
     for zero in (2, 3):
         e = estimate(GPT3_175B, cluster, replace(lay, zero=zero))
         assert e.memory["total"] < best.memory["total"] and e.time["dp"] > lay.micro_batches / 4 * best.time["dp"]
+
+
+def check_small_case(advice, best) -> None:
+    """The planner on GPT 1.3B, one node: it fits one GPU, the rules stop at rule 1, and the planner's best is
+    data parallelism (no TP, no PP), a family the rules named"""
+    assert advice.families[0] == "DDP" and best.fits
+    assert best.layout.tp == 1 and best.layout.pp == 1 and mp.family(best.layout) in advice.families

@@ -8,6 +8,7 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from minipar import plan as mp
+from minipar.machine.cluster import NVLINK3
 from minipar.machine.device import A100_SXM_80GB
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
@@ -16,11 +17,13 @@ from minipar.plan.published import TOLERANCE, summary
 from . import claims, figures, show
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
-           "hand_layouts", "rules_vs_planner", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
 GB = 1e9
-FAST_INTER_NODE = 150e9       # bytes/s per GPU between nodes in §5: half of NVLink 3's 300 GB/s
+# §5's fast links between nodes, bytes/s per GPU as a large ring reaches them (a cluster's bandwidths are all
+# effective: link card × efficiency), against NVLink 3's 300 GB/s × 0.77 = 231 inside a node.
+FAST_INTER_NODE = 150e9
 
 
 def gpt3() -> None:
@@ -64,9 +67,24 @@ def in_flight_counts(p: int = 4, m: int = 8) -> None:
     claims.check_cost_model_memory_time_one()
 
 
-def planner(p, advice) -> None:
-    """§4: the planner's answer, one row per family; the best fits, and its family is the rules'."""
-    print(show.plan_table(p))
+SMALL_GPT = Transformer(24, 2048, 16, 51200, 2048)      # GPT 1.3B (the calculator's), before GPT-3
+
+
+def small_case(batch: int = 512) -> None:
+    """§4's stepping stone: the rules and the planner for GPT 1.3B on one DGX A100 node of 8: it fits one GPU,
+    so both name data parallelism."""
+    cluster = a100_cluster(1)
+    advice, best = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
+    print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
+    print(advice)
+    print(f"the planner's best ({mp.family(best.layout)}): {best}")
+    claims.check_small_case(advice, best)
+
+
+def planner(p, advice, full: bool = False) -> None:
+    """§4: the planner's answer, one row per family (the lesson's few unless ``full``); the best fits, and its
+    family is the rules'."""
+    print(show.plan_table(p, full))
     best = p.best[0]
     claims.check_planner_gpt_3_175b_1024(best)
     claims.check_published_decision_guide_as_rules(advice, best)
@@ -110,6 +128,9 @@ def rules_vs_planner(cluster, p) -> dict:
             if (links, overlap) not in plans:
                 plans[links, overlap] = plan(GPT3_175B, c, 1536, top=1, overlap=overlap == "on")
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
+    print(f"fast links: {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes against {fast.intra_bw / 1e9:.0f} "
+          f"GB/s inside a node, both as a large ring reaches them ({NVLINK3.bandwidth / 1e9:.0f} GB/s NVLink "
+          f"× {NVLINK3.efficiency})")
     print(advice[fast_gbs])
     print(f"\n{'links':>8}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'s/step':>7}"
           f"{'with PP':>9}{'ZeRO-3':>8}{'ZeRO-3/':>8}")
@@ -141,12 +162,13 @@ def sequence(cluster) -> dict:
     return fits
 
 
-def published(pub) -> float:
-    """§9: the published runs drawn and tabled; returns the share of check rows within ±15 %."""
+def published(pub, full: bool = False) -> float:
+    """§9: the published runs drawn and tabled (one row per source unless ``full``); returns the share of check
+    rows within ±15 %."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     figures.draw_published(pub, ax)
     plt.show()
-    print(show.published(pub))
+    print(show.published(pub, full=full))
     claims.check_one_calibration_per_card(pub)
     claims.check_misses_are_mt_nlg(pub, TOLERANCE)
     got = summary(pub, TOLERANCE)

@@ -22,13 +22,22 @@ class Shown(str):
         p.text(str(self))
 
 
-def published(pub: list, tolerance: float = TOLERANCE) -> Shown:
+def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Shown:
     """Section 2: :func:`minipar.plan.published.table` as text, calibration rows first (sources in
     :mod:`minipar.plan.published`), a line counting the check rows within ±``tolerance``, and each card's one
-    efficiency: fitted to which row, or measured (the provenance in full: :data:`minipar.machine.device.FITTED`)."""
-    lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>13}"]
-    lines += [f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}{r['ratio']:>7.2f}"
-              f"{r['role']:>13}" for r in sorted(pub, key=lambda r: r["role"] != "calibration")]
+    efficiency: fitted to which row, or measured (the provenance in full: :data:`minipar.machine.device.FITTED`).
+    Unless ``full``, one row per source: its runs, the row fitted to, and the range of model ÷ published."""
+    if full:
+        lines = [f"{'run':26}{'GPUs':>22}{'published s':>13}{'model s':>9}{'ratio':>7}{'role':>13}"]
+        lines += [f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}{r['ratio']:>7.2f}"
+                  f"{r['role']:>13}" for r in sorted(pub, key=lambda r: r["role"] != "calibration")]
+    else:
+        lines = [f"{'source of the published runs':40}{'rows':>5}  {'calibration row':22}model / published"]
+        for source in dict.fromkeys(r["source"].split(",")[0] for r in pub):
+            rows = [r for r in pub if r["source"].split(",")[0] == source]
+            ratios = [r["ratio"] for r in rows]
+            fitted = next((r["run"] for r in rows if r["role"] == "calibration"), "-")
+            lines.append(f"{source:40}{len(rows):>5}  {fitted:22}{min(ratios):.2f} to {max(ratios):.2f}")
     got = summary(pub, tolerance)
     lines.append(f"{got['inside']} of {got['check']} check rows within ±{tolerance:.0%}"
                  + (f"; outside: {', '.join(got['outside'])}" if got["outside"] else ""))
@@ -94,14 +103,23 @@ def hand_layouts(best, cluster) -> tuple:
     return ests, Shown("\n".join(lines))
 
 
-def plan_table(p) -> Shown:
+# The families the lesson needs (section 4): the best's twin without ZeRO-1, TP across nodes, a pipeline
+# without TP, and ZeRO-3 + TP (section 5's rival); the best always comes first.
+SHOWN_FAMILIES = ("DP + TP + PP", "ZeRO-1 + TP + PP (TP across nodes)", "ZeRO-1 + PP", "ZeRO-3 + TP")
+
+
+def plan_table(p, full: bool = False) -> Shown:
     """Section 3: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
     step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
-    layout in full. ``print(p)`` prints every family's layout."""
+    layout in full. Unless ``full``, only the best and :data:`SHOWN_FAMILIES` get a row, and one line names
+    the families that do not fit. ``print(p)`` prints every family's layout."""
     best = p.best[0]
-    lines = [f"{p.considered} layouts costed, {p.feasible} fit",
+    lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families",
              f"{'family':36}{'fits':>5}{'GB/device':>11}{'s/step':>8}{'x best':>8}  lost on"]
     order = sorted(p.families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
+    if not full:
+        misfits = [fam for fam, e in order if not e.fits]
+        order = [(fam, e) for fam, e in order if fam not in p.rejected or fam in SHOWN_FAMILIES]
     for fam, e in order:
         why = p.rejected.get(fam, "the best")
         if why.startswith("does not fit"):
@@ -112,6 +130,9 @@ def plan_table(p) -> Shown:
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{fam:36}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
+    if not full:
+        lines.append(f"{len(p.families) - len(order)} more families: report.planner(p, advice, full=True)\n"
+                     f"these do not fit: {', '.join(misfits)}")
     lines.append(f"best: {best}")
     return Shown("\n".join(lines))
 

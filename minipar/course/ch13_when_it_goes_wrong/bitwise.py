@@ -36,7 +36,8 @@ def recipe():
     return gpt_recipe(steps=1, batch_size=4, seq_len=8, n_layer=2, n_embd=16, n_head=4)
 
 
-LAYOUTS = {"pp 2": dict(pp=2, schedule="gpipe"), "dp 2": dict(dp=2), "micro-batches 2": dict(micro_batches=2),
+# pp 2 on one micro-batch (first_diff's default): a real pipeline runs m >= p and parts where micro-batches do
+LAYOUTS = {"pp 2, one micro-batch": dict(pp=2, schedule="gpipe"), "dp 2": dict(dp=2), "micro-batches 2": dict(micro_batches=2),
            "tp 2": dict(tp=2), "cp 2": dict(cp=2)}
 
 

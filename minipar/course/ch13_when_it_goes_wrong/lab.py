@@ -99,7 +99,7 @@ def _straggling_rank(rank, world_size, slow_rank, work, extra, steps):
     return runs
 
 
-def straggler_trace(world_size: int = 2, slow_rank: int = 1, work: int = 60, extra: int = 3, steps: int = 5):
+def straggler_trace(world_size: int = 2, slow_rank: int = 1, work: int = 60, extra: int = 20, steps: int = 5):
     """A traced run in which every rank does ``work`` matmuls a step and ``slow_rank`` does ``extra`` times as
     many (a bigger shard), then all-reduce: the :class:`minipar.observe.measure.Steps` (its ``trace``: the timed
     run, each compute segment with the operators a second, counted run ran:

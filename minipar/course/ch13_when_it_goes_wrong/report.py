@@ -54,9 +54,10 @@ def show_straggler(run):
     for r in stragglers.per_rank_steps(run.trace, clock="cpu"):
         print(f"rank {r.rank}: compute " + " ".join(f"{c * 1e3:5.1f}" for c in r.compute)
               + " ms | in the all-reduce " + " ".join(f"{c * 1e3:5.1f}" for c in r.comm) + " ms")
-    slow = stragglers.find_straggler(run.trace, clock="cpu")
+    slow = stragglers.find_straggler(run.trace, clock="cpu", skip=1)
+    steps = len(r.compute)
     print(f"rank {slow.rank} is the straggler: it computes {_ms(slow.compute)} a step, the other rank "
-          f"{_ms(slow.others_compute)} (medians); the other waits {_ms(slow.others_wait)} inside the all-reduce, "
+          f"{_ms(slow.others_compute)} (medians over steps 2-{steps}: step 1 is set-up, left out); the other waits {_ms(slow.others_wait)} inside the all-reduce, "
           f"rank {slow.rank} {_ms(slow.own_wait)}.")
     print(f"It costs every step about {_ms(slow.cost)} of a {_ms(slow.step)} step "
           f"({slow.cost / slow.step:.0%}; a step: the median of the slowest rank's steps).")
@@ -82,13 +83,14 @@ def show_straggler_replay(run, slow) -> None:
 
 
 def show_rounding() -> float:
-    """A correct DDP run against one device in float32 and float64; returns the bisection's tolerance."""
+    """A correct DDP run against one device in float32 and float64; returns the bisection's tolerance: the
+    measured float64 rounding times a safety factor of 1000 (empirical, not a bound)."""
     noise = lab.rounding_study()
     for dtype, d in noise.items():
         print(f"correct DDP vs one device, {str(dtype)[6:]}: largest departure {d:.1e} "
               f"({d / torch.finfo(dtype).eps:.0f} x the dtype's epsilon)")
     tolerance = 1e3 * noise[torch.float64]
-    print(f"tolerance for the bisection, in float64: 1000 x its rounding = {tolerance:.0e}")
+    print(f"tolerance for the bisection, in float64: 1000 x its measured rounding = {tolerance:.0e}")
     claims.check_few_epsilons(noise)
     return tolerance
 
