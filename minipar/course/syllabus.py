@@ -63,11 +63,11 @@ ABOUT = {
     "03": About(  # 3343 words (17 min) + 5 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 and FSDP run live; memory and bytes per rank beside the paper's formulas.",
-        core_minutes=40, elective_minutes=0, run_seconds=19),
+        core_minutes=40, elective_minutes=0, run_seconds=23),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=13),
+        core_minutes=40, elective_minutes=0, run_seconds=15),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
@@ -83,7 +83,7 @@ ABOUT = {
     "06b": About(  # 3421 words (17 min) + 4 exercise stubs
         title="Long sequences: ring attention, zig-zag, Ulysses, ring self-attention",
         summary="FlashAttention-2 in PyTorch; ring attention, zig-zag, Ulysses, each equal to dense.",
-        core_minutes=0, elective_minutes=35, run_seconds=9),
+        core_minutes=0, elective_minutes=35, run_seconds=7),
     "07": About(  # 2653 words (13 min) + 3 exercise stubs
         title="Multi-dimensional tensor parallelism: 2D (SUMMA), 2.5D (Tesseract), 3D — measured against 1D",
         summary="Weights and activations split on grids of ranks; memory and bytes per rank against 1D.",
@@ -91,7 +91,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=30, elective_minutes=0, run_seconds=13),
+        core_minutes=30, elective_minutes=0, run_seconds=11),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -123,7 +123,7 @@ ABOUT = {
     "14": About(  # 2304 words (12 min) + 4 exercise stubs
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
-        core_minutes=0, elective_minutes=30, run_seconds=11),
+        core_minutes=0, elective_minutes=30, run_seconds=8),
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
