@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["NonFinite", "first_nonfinite", "module_hooks"]
+__all__ = ["NonFinite", "NonfiniteWatch", "first_nonfinite", "module_hooks"]
 
 
 def _bad(x) -> bool:
@@ -58,7 +58,11 @@ class NonFinite:
                 f"its inputs were finite: {self.inputs}")
 
 
-class _Watch(TorchDispatchMode):
+class NonfiniteWatch(TorchDispatchMode):
+    """Every operator's outputs, as PyTorch dispatches them: the first whose inputs were all finite and whose
+    output is not is kept in ``found`` (:class:`NonFinite`); ``count`` operators seen; ``modules``: the stack of
+    module names the forward hooks keep (:func:`module_hooks`). What :func:`first_nonfinite` runs its block under."""
+
     def __init__(self, modules: list):
         super().__init__()
         self.found, self.count, self.modules = None, 0, modules
@@ -113,7 +117,7 @@ def first_nonfinite(model: torch.nn.Module | None = None):
     :class:`NonFinite` (or None) when the block ends. With ``model``, the module running is named too
     (in the backward, the module is not known: its field stays empty)."""
     result, stack = _Result(), []
-    watch = _Watch(stack)
+    watch = NonfiniteWatch(stack)
     with module_hooks(model, stack) if model is not None else contextlib.nullcontext():
         with watch:
             try:
