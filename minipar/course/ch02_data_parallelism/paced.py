@@ -102,10 +102,10 @@ def table(m: dict) -> str:
         lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): step {spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
+    if too_busy(m["overruns"], m["slots"]):             # a disturbed run states no saving: its times do not count
+        return "\n".join(lines + ["  " + too_busy(m["overruns"], m["slots"])])
     per_block, one = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
-                 f"slots that ran long: {m['overruns']} of {m['slots']}")
-    lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
-    if too_busy(m["overruns"], m["slots"]):
-        lines.append("  " + too_busy(m["overruns"], m["slots"]))
+                 + VERDICTS[verdict(*m["seconds"].values())])
     return "\n".join(lines)

@@ -64,14 +64,13 @@ def show_unpaced(shown: dict, p: int) -> dict:
     return unpaced
 
 
-def show_paced(paced: dict, unpaced: dict, p: int):
+def show_paced(paced: dict, unpaced: dict, p: int) -> None:
     """The paced runs drawn and tabled beside the formula and the unpaced idle."""
     draw_measured(paced, p)
     plt.show()
     idle = paced_idle(paced, unpaced, p)
     print(idle)
     claims.check_schedules_bubble_within_5_points(idle)   # the schedule's bubble, within 5 points
-    return idle
 
 
 def show_pytorch_order(beside: dict, p: int, m: int) -> None:
