@@ -87,3 +87,13 @@ def test_the_pytorch_footnote_claim_fails_once_pipeline_order_matches_the_run():
     claims.check_pytorch_order_off_by_one(beside(listed), 4)          # today's PyTorch: the footnote holds
     with pytest.raises(AssertionError, match="update the footnote"):
         claims.check_pytorch_order_off_by_one(beside(ran), 4)         # a fixed PyTorch: the cell says so
+
+
+def test_a_busy_machine_compares_no_paced_schedule():
+    """On more than twice as many runnable processes as cores the paced check is skipped for every schedule (ranks
+    wake late at their slots' ends without overrunning), and the table says why; on a quiet one it is made."""
+    from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle
+    rows = {"1f1b": (0.273, 0.48, 0.445, 0, 64), "gpipe": (0.273, 0.58, 0.27, 1, 64)}
+    busy, quiet = PacedIdle(rows, 0.02, load=9.0, cores=2), PacedIdle(rows, 0.02, load=1.5, cores=2)
+    assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees() and "no schedule is compared" in str(busy)
+    assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
