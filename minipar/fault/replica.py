@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import datetime
+import faulthandler
 import io
 import os
 import signal
@@ -99,6 +100,7 @@ def replica_main(replica: int, generation: int, rank: int, spec: ReplicaSpec, wo
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)
     sys.stdout = sys.stderr = out
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)   # the supervisor asks a stuck rank where it is
     path = result_path(workdir, replica, generation, rank)
     try:
         world, timeout = spec.layout.world_size, datetime.timedelta(seconds=spec.timeout)
