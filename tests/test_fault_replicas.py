@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import psutil
 import pytest
@@ -120,15 +121,14 @@ def test_bad_replica_flags_exit_2_before_any_process(flags, words, capsys, new_c
 
 
 @pytest.mark.serial
-@pytest.mark.xfail(strict=False, reason="known bug, open (issue 53): in about 1 run of 4 here replica 1 stops "
-                   "registering after step 1 while alive, is dropped as a laggard and never returns, so the run "
-                   "ends with 2 replicas; seen before and after the comm-path change, cause not found")
 def test_train_replicas_survives_a_sigkill_of_replica_0_and_the_restarted_replica_ends_identical():
     """The command: replica 0's rank (the lighthouse is not in it) is SIGKILLed from outside after step 2.
 
     What the run guarantees is asserted: every step committed, replica 0 out of the quorum after its death and
-    back (healed) by the end, all three ending identical. It fails when replica 1 stalls (the xfail's reason):
-    then replica 1 is missing from step 2's quorum on, with the join timeout at 10 s or 60 s alike."""
+    back (healed) by the end, all three ending identical. A replica that stalls alive is stopped, with its stack,
+    and restarted (the hang test pins that down); here that would be a bug of its own, unexplained so far (seen
+    in about 1 of 4 runs in one session, in none of ~70 the next, some at a load average of 24): the stack it
+    printed is passed on as a warning."""
     command = [sys.executable, "-m", "minipar", "train", "--replicas", "3", "--steps", "30", "--batch-size", "6",
                "--micro-batches", "1", "--dtype", "float64", "--n-layer", "1", "--n-embd", "8", "--n-head", "2",
                "--seq-len", "8", "--quorum-timeout", "60", "--json"]
@@ -152,8 +152,39 @@ def test_train_replicas_survives_a_sigkill_of_replica_0_and_the_restarted_replic
     assert sorted(finals) == [0, 1, 2] and finals[0]["generation"] == 1
     assert len({d["params_sha256"] for d in finals.values()}) == 1
     assert "replica 0 lost: rank 0" in err and "SIGKILL" in err
+    for line in err.splitlines():
+        if ": hung: " in line:
+            warnings.warn(f"a replica stalled alive in the SIGKILL run (issue 53): {line}")
     time.sleep(0.1)
     assert not any(p.is_running() and p.status() != "zombie" for p in ranks)
+
+
+@pytest.mark.serial          # a 5 s join deadline: two busy workers beside it could make a healthy replica miss it
+def test_a_replica_that_hangs_alive_is_named_with_its_stack_stopped_restarted_and_healed(new_children):
+    """Replica 1's rank stops making progress after step 2 committed, alive (a wedged device, a deadlock): the
+    next quorum goes on without it after the join deadline, and instead of waiting on it forever the supervisor
+    prints where it is (its Python stack, asked for with SIGUSR1), stops it and restarts it; the new generation
+    heals from a peer, and the run equals one device over the committed rows."""
+    recipe = tiny_recipe(steps=6)
+    said = []
+    result = replicas.run(recipe, replicas=3, micro_batches=1, join_timeout=5.0, on_event=said.append,
+                          plan=FaultPlan(replica=1, rank=0, step=2, at="before_register", action="hang"))
+    assert [s for s, _ in result.committed] == list(range(6))
+    assert dict(result.committed)[2] == [0, 2] and result.committed[-1][1] == [0, 1, 2]
+    assert [(d["replica"], d["hung"]) for d in result.deaths] == [(1, True)] and result.generations[1] == 1
+    lost = [line for line in said if line.startswith("replica 1 lost: hung")]
+    assert len(lost) == 1 and "rank 0 was in fire (quorum.py:" in lost[0], said
+    assert "train_replica (replica.py:" in lost[0], lost[0]
+    assert_equals_one_device_over_the_committed_rows(recipe, 3, result)
+    assert new_children() == []
+
+
+def test_a_planted_fault_is_checked_before_any_process_starts():
+    recipe = tiny_recipe(steps=2)
+    for plan in (FaultPlan(replica=1, rank=0, step=1, at="nowhere"), FaultPlan(replica=1, rank=0, step=1, action="stall"),
+                 FaultPlan(replica=3, rank=0, step=1)):
+        with pytest.raises(ValueError, match="names no rank of this run"):
+            replicas.validate(recipe, replicas=3, micro_batches=1, plan=plan)
 
 
 class DictStore:

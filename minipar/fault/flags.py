@@ -20,7 +20,8 @@ def add_flags(parser) -> None:
                        help=f"with --replicas: times a dead replica is started again, healed from a live peer "
                             f"(default {RESTARTS})")
     group.add_argument("--quorum-timeout", type=float, default=None, metavar="SECONDS",
-                       help=f"with --replicas: how long a step's quorum waits for a replica (default {QUORUM_TIMEOUT:g})")
+                       help=f"with --replicas: how long a step's quorum waits for a replica; a live replica that misses it "
+                            f"is taken as hung: its stacks printed, stopped and restarted (default {QUORUM_TIMEOUT:g})")
 
 
 def check_flags(args) -> None:

@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,10 @@ import torch.distributed as dist
 from .. import comm
 from ..flat import FlatLayout
 
-__all__ = ["StepAborted", "FaultPlan", "Quorum", "QuorumClient", "CommitGate", "KILL_POINTS"]
+__all__ = ["StepAborted", "FaultPlan", "Quorum", "QuorumClient", "CommitGate", "FAULT_POINTS", "FAULT_ACTIONS"]
 
-KILL_POINTS = ("before_reduce", "after_reduce")     # where a planted SIGKILL lands inside the gate
+FAULT_POINTS = ("before_reduce", "after_reduce", "before_register")   # where a planted fault lands
+FAULT_ACTIONS = ("kill", "hang")
 
 
 class StepAborted(RuntimeError):
@@ -38,16 +40,23 @@ class StepAborted(RuntimeError):
 @dataclass(frozen=True)
 class FaultPlan:
     """A planted failure, for tests and the chapter: rank ``rank`` of replica ``replica`` (its first generation)
-    sends itself SIGKILL at step ``step``, ``at`` one of :data:`KILL_POINTS` (``after_reduce``: its gradient is
-    already in the others' all-reduce, its vote not yet cast: the half-done step)."""
+    at step ``step``, ``at`` one of :data:`FAULT_POINTS` (``after_reduce``: its gradient is already in the others'
+    all-reduce, its vote not yet cast: the half-done step; ``before_register``: the step committed, the next
+    quorum not yet asked for), either sends itself SIGKILL (``action="kill"``) or stops making progress while
+    alive (``"hang"``: a wedged device or a deadlock, which only a deadline can tell from slowness)."""
     replica: int
     rank: int
     step: int
     at: str = "after_reduce"
+    action: str = "kill"
 
     def fire(self, replica: int, generation: int, rank: int, step: int, at: str) -> None:
-        if (replica, generation, rank, step, at) == (self.replica, 0, self.rank, self.step, self.at):
+        if (replica, generation, rank, step, at) != (self.replica, 0, self.rank, self.step, self.at):
+            return
+        if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        while True:                 # "hang": alive, answering signals, never registering again
+            time.sleep(3600)
 
 
 @dataclass

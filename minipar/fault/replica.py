@@ -65,6 +65,8 @@ def train_replica(spec: ReplicaSpec, replica: int, generation: int, rank: int, c
     reporter = trainer.mesh.is_last_stage and all(trainer.mesh.coord(d) == 0 for d in ("dp", "cp", "tp"))
     committed = 0
     while committed < spec.steps:
+        if spec.plan is not None:
+            spec.plan.fire(replica, generation, rank, committed, "before_register")
         quorum = client.next_quorum(committed)
         ok, why, received, heal_s = True, "", None, None
         try:

@@ -23,7 +23,7 @@ import torch
 from ..layout import Layout
 from ..recipe import Recipe, RunResult
 from ..hybrid.parallel3d import DEFAULTS, validate as validate_layout
-from .quorum import FaultPlan, KILL_POINTS
+from .quorum import FAULT_ACTIONS, FAULT_POINTS, FaultPlan
 from .replica import ReplicaSpec, replica_recipe
 from .supervisor import Supervisor
 
@@ -64,8 +64,10 @@ def validate(recipe: Recipe, *, replicas: int, layout: Layout | None = None, pla
         raise ValueError(f"a global batch of {rows} rows does not split over {replicas} replicas")
     validate_layout(replica_recipe(recipe, replicas, 0), layout=layout)      # each replica's B/R rows
     if plan is not None:
-        if plan.at not in KILL_POINTS or not 0 <= plan.replica < replicas or not 0 <= plan.rank < layout.world_size:
-            raise ValueError(f"{plan} names no rank of this run, or a point not in {KILL_POINTS}")
+        if (plan.at not in FAULT_POINTS or plan.action not in FAULT_ACTIONS or not 0 <= plan.replica < replicas
+                or not 0 <= plan.rank < layout.world_size):
+            raise ValueError(f"{plan} names no rank of this run, or a point not in {FAULT_POINTS}, or an action "
+                             f"not in {FAULT_ACTIONS}")
     return layout
 
 
@@ -74,7 +76,8 @@ def run(recipe: Recipe, *, replicas: int, layout: Layout | None = None, restarts
         on_event=None, **dims) -> ReplicatedRun:
     """Validate, then train ``recipe`` on ``replicas`` replica groups of ``layout`` (its fields as keywords
     also work); a replica that dies is restarted ``restarts`` times, each once ``restart_after`` steps were committed
-    without it. ``plan``: a planted SIGKILL."""
+    without it. ``plan``: a planted fault (a SIGKILL or a hang). ``join_timeout``: seconds a step's quorum waits
+    for a replica; a live replica that misses it is stopped as hung (its ranks' stacks printed) and restarted."""
     layout = validate(recipe, replicas=replicas, layout=layout, plan=plan, **dims)
     spec = ReplicaSpec(recipe, replicas, layout, recipe.steps, timeout, plan)
     result = ReplicatedRun()

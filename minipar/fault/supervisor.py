@@ -8,11 +8,18 @@ the others go on, and the replica is started again (a new generation that heals 
 that would hit every replica: the run ends with :class:`ReplicaRankError` naming the replica and the rank, its
 traceback and output. No quorum possible (:class:`~.lighthouse.NoQuorum`) ends it too. Whatever ends the run,
 no process is left behind (the ranks also die with this process: ``PR_SET_PDEATHSIG``).
+
+A replica that is alive but misses a step's quorum deadline (``join_timeout``) is **hung**, as far as anyone can
+tell (a wedged device, a deadlock, a rank stopped in a debugger): its ranks are asked for their Python stacks
+(SIGUSR1, :mod:`faulthandler`), which are reported with its death, then it is stopped and restarted like a
+dead one. Silence is never taken for progress: torchft's lighthouse drops a replica whose heartbeats stop.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import tempfile
 import time
 
@@ -73,6 +80,7 @@ class Supervisor:
                 self._restart_due()
                 self._watch()
                 self.lighthouse.poll()
+                self._stop_hung()
                 self._report()
                 time.sleep(0.005)
             self._report()
@@ -129,15 +137,31 @@ class Supervisor:
         generation, procs = self.procs[replica]
         why = f"rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)}"
         self.deaths.append({"replica": replica, "generation": generation, "rank": rank, "pid": p.pid,
-                            "exitcode": p.exitcode, "step": self.lighthouse.committed})
+                            "exitcode": p.exitcode, "step": self.lighthouse.committed, "hung": False})
+        self._lost(replica, generation, why)
+
+    def _lost(self, replica: int, generation: int, why: str) -> None:
+        """Stop the replica's ranks, report it, and schedule its restart while ``restarts`` allow."""
         self._kill(replica, why)
         if self.on_event:
-            self.on_event(f"replica {replica} lost: {why}; its other ranks stopped")
+            self.on_event(f"replica {replica} lost: {why}; its ranks stopped")
         used = self.restarted.get(replica, 0)
         if used < self.restarts:
             self.restarted[replica] = used + 1
             self.done.pop(replica, None)
             self.pending.append((replica, generation + 1, self.lighthouse.committed + self.restart_after))
+
+    def _stop_hung(self) -> None:
+        """Every live replica the lighthouse left out for missing a deadline: its stacks, then stopped and restarted."""
+        for replica in sorted(self.lighthouse.laggards):
+            generation, procs = self.procs[replica]
+            stacks = ask_for_stacks(procs, [output_path(self.workdir, replica, generation, rank)
+                                            for rank in range(self.ranks)])
+            why = (f"hung: alive but not registered for step {self.lighthouse.committed + 1}'s quorum within "
+                   f"{self.join_timeout:g} s; " + "; ".join(f"rank {rank} was in {where}" for rank, where in stacks))
+            self.deaths.append({"replica": replica, "generation": generation, "rank": None, "pid": None,
+                                "exitcode": None, "step": self.lighthouse.committed, "hung": True})
+            self._lost(replica, generation, why)
 
     def _restart_due(self) -> None:
         for replica, generation, due in list(self.pending):
@@ -202,3 +226,28 @@ def _read(path: str) -> str:
             return f.read()
     except OSError:
         return ""
+
+
+def ask_for_stacks(procs, outputs: list, wait: float = 2.0) -> list:
+    """[(local rank, "f (file:line) <- caller (file:line) <- ...")]: each live rank's innermost frames, which it
+    writes to its output file on SIGUSR1 (:func:`faulthandler.register` in :func:`~.replica.replica_main`)."""
+    before = [_read(path).count(STACK_HEADER) for path in outputs]
+    for p in procs:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGUSR1)
+    deadline, found = time.monotonic() + wait, {}
+    while time.monotonic() < deadline and len(found) < sum(p.is_alive() for p in procs):
+        time.sleep(0.05)               # a dump is a few lines written at once: whole by the next look
+        for rank, path in enumerate(outputs):
+            text = _read(path)
+            if text.count(STACK_HEADER) > before[rank]:
+                found[rank] = _innermost(text[text.rindex(STACK_HEADER):])
+    return [(rank, found.get(rank, "(no stack: the rank did not answer)")) for rank in range(len(procs))]
+
+
+STACK_HEADER = "(most recent call first):"
+
+
+def _innermost(dump: str, frames: int = 4) -> str:
+    found = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', dump)[:frames]
+    return " <- ".join(f"{func} ({os.path.basename(path)}:{line})" for path, line, func in found)
