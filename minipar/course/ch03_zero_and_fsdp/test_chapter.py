@@ -83,3 +83,15 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
     claims.check_prefetch_saves_time_paced(dict(tie, overruns=11))
     busy = paced.table(dict(tie, overruns=11))                      # a disturbed run: no saving stated as measured
     assert "not compared" in busy and "saves" not in busy and "a tie" not in busy
+
+
+def test_paced_runs_build_zero3_as_the_traced_runs_do(monkeypatch):
+    """Chapter 03's paced and traced prefetch runs are one program: ZeRO-3 with blocking reduce-scatters
+    (``parallel_train``'s default), only ``prefetch`` varying."""
+    from types import SimpleNamespace
+    from minipar.course.ch03_zero_and_fsdp import paced
+    calls = []
+    monkeypatch.setattr(paced.zero, "ZeRO", lambda *args, **kwargs: calls.append((args, kwargs)))
+    for prefetch in (True, False):
+        paced.zero3("model", SimpleNamespace(optimizer="sgd"), prefetch)
+    assert [(args[2:], kwargs) for args, kwargs in calls] == [((3,), {"prefetch": True}), ((3,), {"prefetch": False})]
