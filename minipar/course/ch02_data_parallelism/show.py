@@ -152,7 +152,7 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     dp_s = (n - 1) * grads / NVLINK3.beta
     print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients; on NVLink 3 ({NVLINK3.beta / 1e9:.0f} GB/s) with "
           f"N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, which backward can cover; DP's device 0 "
-          f"sends for {dp_s * 1e3:.1f} ms, after backward, and receives as long before it")
+          f"sends the weights for {dp_s * 1e3:.1f} ms before forward and receives the gradients as long after backward")
     claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
 
 
