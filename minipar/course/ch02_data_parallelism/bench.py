@@ -172,10 +172,10 @@ def run(world_size=4, quiet=True, **kwargs) -> dict:
 
 def describe_run(m: dict) -> str:
     """The medians of :func:`run` (``with_dp=True``) as lines, with the bytes each way moves per step."""
-    dp_dev0 = (m["dp_bytes"] or {}).get("replicate model", 0) + (m["dp_bytes"] or {}).get("reduce grads", 0)
+    dp_out = (m["dp_bytes"] or {}).get("replicate model", 0)         # device 0's weights out; as many back
     lines = [f"{name:<28} median step {1e3 * sec:7.1f} ms" for name, sec in m["medians"].items()]
-    lines.append(f"gradients {m['grad_bytes']:,} B; DDP sends {m['step_bytes_sent']:,.0f} B per rank per step; "
-                 f"DP moves {dp_dev0:,} B of weights + gradients through device 0")
+    lines.append(f"gradients {m['grad_bytes']:,} B; DDP: each rank sends {m['step_bytes_sent']:,.0f} B per step; "
+                 f"DP: device 0 sends {dp_out:,} B of weights (and receives as many of gradients)")
     return "\n".join(lines)
 
 

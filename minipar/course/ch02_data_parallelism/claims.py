@@ -75,3 +75,9 @@ def check_overlap_saves_time_paced(m) -> None:
     assert all(c.matches for c in m["matches"].values())
     if not disturbed(m["overruns"], m["slots"]):
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
+
+
+def check_gpt2_on_nvlink(ddp_s, dp_s, n) -> None:
+    """DP against DDP: GPT-2 small's 498 MB of fp32 gradients on NVLink 3 at 4 ranks: a DDP rank sends for
+    about 3 ms a step, DP's device 0 for N/2 times as long"""
+    assert 2.5e-3 < ddp_s < 3.5e-3 and abs(dp_s / ddp_s - n / 2) < 1e-9

@@ -169,7 +169,7 @@ def gpt2_sized(m: dict) -> Report:
     one = rows["DDP one bucket"]
     lines.append(f"bucketed DDP hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one bucket hides "
                  f"{one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as much; DP "
-                 f"exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: its 2(N−1)·P through device 0 cannot overlap")
+                 f"exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: device 0 sends (N−1)·P and receives as much, none of it under backward")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))

@@ -9,12 +9,14 @@ from minipar import comm
 from minipar.check import compare
 from minipar.data import dp
 from minipar.data.sampler import DistributedSampler
+from minipar.course.replays import GPT2_SMALL_PARAMS
+from minipar.machine.cluster import NVLINK3
 
 from . import claims
 from .measure import timeline_summary
 
 __all__ = ["averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline",
-           "paced_overlap", "sampler", "accumulation", "no_sync", "bytes_for_the_cost_model", "guide_slow_path"]
+           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "guide_slow_path"]
 
 DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
             "scatter output grads": "(N-1)/N·|y|", "reduce grads": "(N-1)·P"}
@@ -138,16 +140,24 @@ def no_sync(runs: dict, reference) -> None:
     claims.check_pitfall_no_sync_used_wrongly(seen)
 
 
-def bytes_for_the_cost_model(counted: dict, n: int) -> None:
-    """§9: one step of DDP and of DP (as N processes) on the cost model's model, bytes counted, nothing timed
-    (``counted`` = :func:`.bench.run` with ``iters=0, with_dp=True``)."""
+def dp_against_ddp_bytes(counted: dict, n: int) -> None:
+    """§9: one step of DDP and of DP (as N processes), bytes counted, nothing timed (``counted`` =
+    :func:`.bench.run` with ``iters=0, with_dp=True``); then the same shares of GPT-2 small's fp32 gradients
+    on NVLink 3 at the bandwidth a ring reaches (the bandwidth term S/β; latency left out)."""
     from .bench import describe_run
     print(describe_run(counted))
     claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
+    grads = GPT2_SMALL_PARAMS * 4
+    ddp_s = comm.predicted_bytes_sent("all_reduce", grads, n) / NVLINK3.beta
+    dp_s = (n - 1) * grads / NVLINK3.beta
+    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients; on NVLink 3 ({NVLINK3.beta / 1e9:.0f} GB/s) with "
+          f"N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, which backward can cover; DP's device 0 "
+          f"sends the weights for {dp_s * 1e3:.1f} ms before forward and receives the gradients as long after backward")
+    claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
 
 
 def guide_slow_path(per_rank: float, extra: float, whole_step: float) -> None:
-    """Deeper D4: the Hugging Face guide's DDP without NVLink all-reduces ``per_rank`` bytes a step; the slow
+    """Deeper D5: the Hugging Face guide's DDP without NVLink all-reduces ``per_rank`` bytes a step; the slow
     path's speed if that took only the ``extra`` seconds over DDP with NVLink, or the ``whole_step``."""
     fastest, slowest = per_rank / extra / 1e9, per_rank / whole_step / 1e9
     print(f"Hugging Face guide: DDP without NVLink takes {1e3 * extra:.0f} ms more per step ({1e3 * whole_step:.0f} "

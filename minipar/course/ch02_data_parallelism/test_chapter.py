@@ -87,3 +87,20 @@ def test_timeline_colours_a_bucket_hidden_before_the_last_gradient_and_exposed_a
     assert bars[KIND_COLOURS["comm hidden"].lower()] == pytest.approx(2.0)     # 2 → 4 ms, under backward
     assert bars[KIND_COLOURS["comm exposed"].lower()] == pytest.approx(1.0)    # 4 → 5 ms, after it
     assert "#55a868" not in bars                                               # green means hidden, nothing else
+
+
+def test_dp_and_ddp_bytes_count_what_each_sends(capsys):
+    """§9 and the summary count one direction for all three: DP's device 0 sends (N−1)·P, a DDP rank
+    2(N−1)/N·P, so DP's busiest sender carries N/2 times a DDP rank's, not N times."""
+    from minipar import comm
+    from minipar.course.ch02_data_parallelism import claims, show
+    n, grads = 4, 1000
+    counted = {"medians": {}, "grad_bytes": grads, "step_bytes_sent": comm.predicted_bytes_sent("all_reduce", grads, n),
+               "dp_bytes": {"replicate model": (n - 1) * grads, "reduce grads": (n - 1) * grads}}
+    show.dp_against_ddp_bytes(counted, n)
+    out = capsys.readouterr().out
+    assert "device 0 sends 3,000 B of weights" in out and "each rank sends 1,500 B" in out
+    with pytest.raises(AssertionError):                  # DP's in + out against DDP's out: a ratio of N
+        claims.check_gpt2_on_nvlink(3.2e-3, 4 * 3.2e-3, n)
+    with pytest.raises(AssertionError):                  # GPT-2's gradients counted in fp16 (half the time)
+        claims.check_gpt2_on_nvlink(1.6e-3, 2 * 1.6e-3, n)

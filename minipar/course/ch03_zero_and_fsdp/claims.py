@@ -84,3 +84,9 @@ def check_prefetch_saves_time_paced(m) -> None:
     assert all(c.matches for c in m["matches"].values())
     if not disturbed(m["overruns"], m["slots"]):
         assert verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) != "tie"
+
+
+def check_break_even_below_the_models_tokens(break_even, tokens) -> None:
+    """Prefetch: the break-even on a DGX-A100 node is several hundred tokens per GPU, and the GPT-2-sized
+    model's 4,096 are above it (so its gathers can hide)"""
+    assert 500 < break_even < 1500 and tokens > break_even

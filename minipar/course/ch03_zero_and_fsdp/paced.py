@@ -4,8 +4,9 @@
 One launch on N ranks trains the same GPT twice side by side with ZeRO-3 (one unit per block and the root,
 :class:`minipar.data.zero.ZeRO`), ``prefetch=True`` and ``False``. With prefetch the next unit's all-gather
 is issued when a unit starts and travels under its slot; without, each gather is issued and waited for where
-its unit starts, outside any slot. Both post their reduce-scatters asynchronously (``async_reduce=True``,
-PyTorch FSDP's way), so the two differ in the gathers only. Rounds alternate the two configurations
+its unit starts, outside any slot. Both wait for each reduce-scatter where it is issued (ZeRO's blocking
+default), as the traced runs of :mod:`.timing` do, so the two differ in the gathers only and the paced and the
+traced runs are the same program. Rounds alternate the two configurations
 (:func:`minipar.observe.paced_compute.alternating_steps`: each step after a barrier, on its slowest rank),
 after one untimed step each (the first step records the units' order; nothing is prefetched in it). Both are
 compared with one device (SGD, same batches: equal to float summation order).
@@ -25,7 +26,7 @@ from minipar.loop import shard_batch
 from minipar.observe.paced_compute import alternating_steps, pace, spread, too_busy, verdict
 from minipar.recipe import RunResult
 
-__all__ = ["MODEL", "paced_rank", "measure", "table"]
+__all__ = ["MODEL", "zero3", "paced_rank", "measure", "table"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of parameters
 FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's slots: several times its compute here, unloaded
@@ -36,6 +37,12 @@ VERDICTS = {"apart": "ranges apart: every step with prefetch faster than every s
             "tie": "a tie: each median inside the other's [min – max]"}
 
 
+def zero3(model, recipe, prefetch: bool):
+    """ZeRO-3 as :func:`minipar.data.zero.parallel_train` builds it for the traced runs: one unit per block and
+    the root, reduce-scatters blocking (no ``async_reduce``); only ``prefetch`` varies."""
+    return zero.ZeRO(model, recipe.optimizer, 3, prefetch=prefetch)
+
+
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots"}: the recipe's
     first batch untimed, then one round per later batch."""
@@ -43,7 +50,7 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     state, pacers = {}, []
     for name, prefetch in CONFIGS.items():
         model = recipe.model()
-        sharded = zero.ZeRO(model, recipe.optimizer, 3, prefetch=prefetch, async_reduce=True)
+        sharded = zero3(model, recipe, prefetch)
         pacers.append(pace(model.blocks, forward_s, backward_s))
         state[name] = (model, sharded, [])
 

@@ -88,6 +88,7 @@ def muon(table: dict) -> Report:
 
 
 def _check_prefetch(r: Report) -> None:
+    claims.check_break_even_below_the_models_tokens(r.break_even, replays.SEED_TOKENS_PER_GPU)
     assert replays.hidden_share(r.without) < 0.05 < replays.hidden_share(r.with_p)   # without prefetch: nothing
     assert replays.exposed_per_step(r.with_p) < replays.exposed_per_step(r.without)
 
@@ -100,14 +101,26 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
     k = replays.SEED_TOKENS_PER_GPU / (recipe["batch_size"] * recipe["seq_len"] // world_size)
     w = GPT2_WIDTH / recipe["n_embd"]
     big = replays.replays(t3, {"dgx": a100_cluster(1)}, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
-    lines = [f"{'ZeRO-3':13}| {'model: GPT-2-sized on a DGX-A100 node':>37} {'exposed':>8} {'hidden':>7}"]
+    lines = ["model: ZeRO-3 GPT-2-sized on a DGX-A100 node",
+             f"{'ZeRO-3':13}| {'step':>8} {'exposed':>10} {'hidden':>7}"]
     for name in t3["traces"]:
         b = big["dgx"][name]
-        lines.append(f"{name:13}| {b.step_between('step') * 1e3:>34.2f} ms "
-                     f"{replays.exposed_per_step(b) * 1e3:>5.2f} ms {replays.hidden_share(b):>7.0%}")
+        lines.append(f"{name:13}| {b.step_between('step') * 1e3:>5.2f} ms {replays.exposed_per_step(b) * 1e3:>7.2f} ms "
+                     f"{replays.hidden_share(b):>7.0%}")
+    even = break_even_tokens(a100_cluster(1), world_size)
+    lines.append(f"break-even: a unit's compute covers its all-gather from (N-1)/N·F/β = {even:,.0f} tokens per GPU "
+                 f"(N = {world_size}); this model runs {replays.SEED_TOKENS_PER_GPU:,}")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
     return Report("\n".join(lines), _check_prefetch, big=big, with_p=with_p, without=without,
-                  hidden_share=replays.hidden_share(with_p))
+                  hidden_share=replays.hidden_share(with_p), break_even=even)
+
+
+def break_even_tokens(cluster, n: int) -> float:
+    """Tokens per GPU from which prefetch can hide ZeRO-3's gathers: a unit of Ψ_u 16-bit parameters computes
+    its forward in 2·T·Ψ_u/F (F: the FLOP/s reached) and its gather takes (N−1)/N·2Ψ_u/β; the first covers
+    the second when T ≥ (N−1)/N·F/β, whatever Ψ_u (backward: twice the compute under a gather and a
+    reduce-scatter, the same bound)."""
+    return (n - 1) / n * cluster.peak_flops * cluster.flops_efficiency / cluster.intra_bw
 
 
 def _check_stages(r: Report) -> None:

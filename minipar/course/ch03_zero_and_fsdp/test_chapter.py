@@ -83,3 +83,26 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
     claims.check_prefetch_saves_time_paced(dict(tie, overruns=11))
     busy = paced.table(dict(tie, overruns=11))                      # a disturbed run: no saving stated as measured
     assert "not compared" in busy and "saves" not in busy and "a tie" not in busy
+
+
+def test_paced_runs_build_zero3_as_the_traced_runs_do(monkeypatch):
+    """Chapter 03's paced and traced prefetch runs are one program: ZeRO-3 with blocking reduce-scatters
+    (``parallel_train``'s default), only ``prefetch`` varying."""
+    from types import SimpleNamespace
+    from minipar.course.ch03_zero_and_fsdp import paced
+    calls = []
+    monkeypatch.setattr(paced.zero, "ZeRO", lambda *args, **kwargs: calls.append((args, kwargs)))
+    for prefetch in (True, False):
+        paced.zero3("model", SimpleNamespace(optimizer="sgd"), prefetch)
+    assert [(args[2:], kwargs) for args, kwargs in calls] == [((3,), {"prefetch": True}), ((3,), {"prefetch": False})]
+
+
+def test_break_even_tokens_is_the_formula_and_the_claim_refuses_a_model_below_it():
+    from minipar.course.ch03_zero_and_fsdp import claims
+    from minipar.course.ch03_zero_and_fsdp.report import break_even_tokens
+    from minipar.machine.cluster import a100_cluster
+    assert round(break_even_tokens(a100_cluster(1), 8)) == round(7 / 8 * 312e12 * 0.83 / 231e9) == 981
+    claims.check_break_even_below_the_models_tokens(841, 4096)
+    for even, tokens in ((841, 512), (280, 4096)):        # a model below it; a bound a third too small (F/3β)
+        with pytest.raises(AssertionError):
+            claims.check_break_even_below_the_models_tokens(even, tokens)
