@@ -8,8 +8,8 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from minipar import plan as mp
-from minipar.machine.cluster import NVLINK3
-from minipar.machine.device import A100_SXM_80GB
+from minipar.machine.cluster import NVLINK3, h100_cluster
+from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
 from minipar.plan.published import TOLERANCE, summary
@@ -28,8 +28,9 @@ FAST_INTER_NODE = 150e9
 
 def gpt3() -> None:
     """Setup: GPT-3 175B's shape and its parameters by Narayanan et al. 2021, Eq. 2."""
-    print(GPT3_175B)
-    print(f"parameters (Narayanan et al. 2021, Eq. 2): {parameters(GPT3_175B) / 1e9:.1f} B")
+    m = GPT3_175B
+    print(f"GPT-3 175B: {m.layers} layers, hidden size {m.hidden}, {m.heads} heads, vocabulary {m.vocab}, sequence "
+          f"{m.seq_len}: {parameters(m) / 1e9:.1f} B parameters (Narayanan et al. 2021, Eq. 2)")
     claims.check_choosing_strategy_cost_model_planner()
 
 
@@ -63,7 +64,9 @@ def formulas() -> dict:
 
 def in_flight_counts(p: int = 4, m: int = 8) -> None:
     """§3: micro-batches in flight on the busiest stage for each schedule, p stages, m micro-batches."""
-    print({s: mp.in_flight(s, p, m, 2 if s == "interleaved" else 1) for s in ("gpipe", "1f1b", "interleaved")})
+    counts = {s: mp.in_flight(s, p, m, 2 if s == "interleaved" else 1) for s in ("gpipe", "1f1b", "interleaved")}
+    print(f"micro-batches in flight on the busiest stage, p = {p}, m = {m}: GPipe {counts['gpipe']:g}, "
+          f"1F1B {counts['1f1b']:g}, interleaved (v = 2) {counts['interleaved']:g}")
     claims.check_cost_model_memory_time_one()
 
 
@@ -77,7 +80,7 @@ def small_case(batch: int = 512) -> None:
     advice, best = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
     print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
     print(advice)
-    print(f"the planner's best ({mp.family(best.layout)}): {best}")
+    print(f"the planner's best ({mp.family(best.layout)}): {show.layout_words(best.layout)}: {show.estimate_words(best)}")
     claims.check_small_case(advice, best)
 
 
@@ -111,8 +114,8 @@ def _row(links, overlap, advice, p) -> str:
     best = p.best[0]
     with_pp = min(e.step_seconds for fam, e in p.families.items() if "PP" in fam)
     zero3 = min(e.step_seconds for fam, e in p.families.items() if fam.startswith("ZeRO-3"))
-    return (f"{links:>8}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
-            f"{best.step_seconds:7.1f}{with_pp:9.1f}{zero3:8.1f}{zero3 / best.step_seconds:8.2f}")
+    return (f"{links:>13}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
+            f"{best.step_seconds:7.1f}{with_pp:10.1f}{zero3:9.1f}{zero3 / best.step_seconds:15.2f}")
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -130,11 +133,10 @@ def rules_vs_planner(cluster, p) -> dict:
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
     print(f"fast links: {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes against {fast.intra_bw / 1e9:.0f} "
           f"GB/s inside a node, both as a large ring reaches them ({NVLINK3.bandwidth / 1e9:.0f} GB/s NVLink "
-          f"× {NVLINK3.efficiency})")
+          f"× {NVLINK3.efficiency}); the rules' walk on them:")
     print(advice[fast_gbs])
-    print(f"\n{'links':>8}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'s/step':>7}"
-          f"{'with PP':>9}{'ZeRO-3':>8}{'ZeRO-3/':>8}")
-    print(f"{'per GPU':>8}{'':75}{'best':>8}")
+    print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best s':>7}"
+          f"{'with PP s':>10}{'ZeRO-3 s':>9}{'ZeRO-3 ÷ best':>15}")
     for (links, overlap), pl in plans.items():
         print(_row(links, overlap, advice[links], pl))
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
@@ -142,11 +144,22 @@ def rules_vs_planner(cluster, p) -> dict:
     return plans
 
 
+# FlashAttention-3's forward on H100 reaches about 740 TFLOP/s of 989 in FP16 (Shah et al. 2024): §7's
+# what-if for the H100 card's attention efficiency, which is FlashAttention-2's. The view prices Megatron-LM
+# 2022's kernels (attention: two batched matmuls and a fused softmax), so it does not move.
+FA3_H100 = 0.75
+
+
 def calculator_views() -> dict:
-    """§7: the calculator's first view on the A100 and on the H100 card, term by term."""
+    """§7: the calculator's first view on the A100 and on the H100 card, term by term, and the H100 with
+    FlashAttention-3's attention efficiency."""
     views = {name: figures.calculate(cluster=name) for name in figures.CALCULATOR_CLUSTERS}
     print(show.card_views(views))
-    claims.check_memory_time_calculator(views["A100 card (device model)"], views)
+    h100 = views["H100 card (device model)"]
+    fa3 = estimate(GPT3_175B, h100_cluster(128, replace(H100_SXM, attention_efficiency=FA3_H100)), h100.layout)
+    print(f"H100 card with FlashAttention-3's attention efficiency, {FA3_H100} instead of "
+          f"{H100_SXM.attention_efficiency}: MFU {fa3.mfu:.1%}, {fa3.step_seconds:.2f} s per step")
+    claims.check_memory_time_calculator(views["A100 card (device model)"], views, fa3)
     return views
 
 
@@ -157,7 +170,7 @@ def sequence(cluster) -> dict:
     figures.draw_sequence_sweep(sweep, cluster.memory_bytes, ax)
     plt.show()
     fits = {k: max((s for s, e in pts if e.fits), default=None) for k, pts in sweep.items()}
-    print("longest sequence that fits in 80 GB:", fits)
+    print("longest sequence that fits in 80 GB: " + ", ".join(f"{k} {v}" for k, v in fits.items()))
     claims.check_memory_over_sequence_length(fits)
     return fits
 
@@ -181,15 +194,15 @@ def mt_nlg() -> None:
 
 
 def card_row(pub, run: str = "175B SP + selective") -> None:
-    """§9: one published row term by term, and the A100 card it is priced on, with the card's sources."""
+    """§9: one published row term by term, and the A100 card it is priced on (each number's source: the card's
+    ``source``, shown on the library page)."""
     row = next(r for r in pub if r["run"] == run)
     print(f"{row['run']} on {row['device']}: " + " + ".join(f"{k} {v:.2f}" for k, v in row["terms"].items())
           + f" = {row['predicted']:.2f} s per iteration (published {row['published']:.2f} s)")
     card = A100_SXM_80GB
-    print(f"{card.name}: peak {card.peak_flops / 1e12:.0f} TFLOP/s x eta_F {card.gemm_efficiency} (fitted), "
-          f"HBM {card.hbm_bandwidth / 1e12:.2f} TB/s x eta_B {card.memory_efficiency}, "
-          f"launch floor {card.launch_floor * 1e6:.0f} us")
-    print("sources:", card.source)
+    print(f"{card.name}: peak {card.peak_flops / 1e12:.0f} TFLOP/s × η_F {card.gemm_efficiency} (fitted), "
+          f"HBM {card.hbm_bandwidth / 1e12:.2f} TB/s × η_B {card.memory_efficiency}, "
+          f"launch floor {card.launch_floor * 1e6:.0f} µs")
     claims.check_time_gpu_device_model_checked(row)
 
 
@@ -205,5 +218,6 @@ def oneflow_layout() -> None:
     print(f"{parameters(one_t) / 1e12:.3f} T parameters on {seed_layout.devices} GPUs, batch 3072:")
     for layout in (seed_layout, replace(seed_layout, recompute="full")):
         e_1t = estimate(one_t, a100_cluster(384), layout)
-        print(f"  {e_1t}\n    HFU {mp.hfu(one_t, 3072, e_1t.step_seconds, 3072, 312e12, layout.recompute):.1%}")
+        print(f"  {show.layout_words(layout)}: {show.estimate_words(e_1t)}, "
+              f"HFU {mp.hfu(one_t, 3072, e_1t.step_seconds, 3072, 312e12, layout.recompute):.1%}")
     claims.check_oneflow_articles_gpt_3_layout(seed_layout, one_t, e_1t)

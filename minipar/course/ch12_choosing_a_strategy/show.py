@@ -9,7 +9,7 @@ from minipar.machine.device import CARDS, FITTED
 from minipar.plan import GPT3_175B, Layout, estimate, hfu, mfu, model_state_bytes_formula, parameters
 from minipar.plan.published import RUNS, TOLERANCE, summary
 
-__all__ = ["Shown", "published", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
+__all__ = ["Shown", "layout_words", "estimate_words", "published", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
            "card_views"]
 
 GB = 1e9
@@ -20,6 +20,22 @@ class Shown(str):
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
+
+
+def layout_words(lay) -> str:
+    """A layout in the chapter's words: the degrees first, then ZeRO, SP, recomputation and the micro-batches."""
+    parts = [f"TP {lay.tp}", f"PP {lay.pp}" + (f" (v {lay.v})" if lay.v > 1 else ""), f"DP {lay.dp}"]
+    parts += [f"CP {lay.cp}"] if lay.cp > 1 else []
+    rest = ([f"ZeRO-{lay.zero}"] if lay.zero else []) + (["SP"] if lay.sp else []) \
+        + ([f"{lay.recompute} recomputation"] if lay.recompute != "none" else []) \
+        + [f"{lay.micro_batches} micro-batches of {lay.micro_batch}"] + ([lay.schedule] if lay.pp > 1 else [])
+    return " · ".join(parts) + ", " + ", ".join(rest)
+
+
+def estimate_words(e) -> str:
+    """An estimate's memory per GPU, step and MFU, in words (``print(e)`` gives every term)."""
+    fits = "" if e.fits else " (does not fit)"
+    return f"{e.memory['total'] / GB:.1f} GB per GPU{fits}, {e.step_seconds:.1f} s per step, MFU {e.mfu:.1%}"
 
 
 def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Shown:
@@ -46,7 +62,7 @@ def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Sh
         how = f"fitted to {fitted_to[0]}" if fitted_to else "measured on one H100 (700 W), fitted to nothing"
         kind = "effective efficiency (fitted: absorbs what the operator model misses)" if fitted_to else \
             "matmul efficiency"
-        lines.append(f"{card}: {kind} eta_F = {CARDS[card].gemm_efficiency}, {how}")
+        lines.append(f"{card}: {kind} η_F = {CARDS[card].gemm_efficiency}, {how}")
         assert what.startswith("calibration") == bool(fitted_to), card
     return Shown("\n".join(lines))
 
@@ -86,20 +102,22 @@ _RECOMPUTED = {"none": "recomputes nothing: 6 FLOPs per parameter per token",
                "full": "recomputes every layer (full): 8 FLOPs per parameter per token"}
 
 
-def hand_layouts(best, cluster) -> tuple:
+def hand_layouts(best, cluster, tolerance: float = TOLERANCE) -> tuple:
     """Section 3: (the planner's best beside :data:`HAND_LAYOUTS` as {label: Estimate}, their table, GPT-3's
     300 B tokens in days at the best's step time beside Narayanan et al.'s 8TP/(nX) (their Eq. 4, X = 140
-    TFLOP/s per GPU) — as text)."""
+    TFLOP/s per GPU), with the range §9's ±``tolerance`` on the check rows gives — as text)."""
     ests = {"planner's best": best, **{k: estimate(GPT3_175B, cluster, l) for k, l in HAND_LAYOUTS.items()}}
-    lines = [f"{k:<28} {e.memory['total'] / GB:6.1f} GB  {e.step_seconds:6.2f} s/step  MFU {e.mfu:.1%}  {e.layout}"
+    lines = [f"{k:<28}{e.memory['total'] / GB:6.1f} GB per GPU {e.step_seconds:6.2f} s per step  MFU {e.mfu:.1%}"
              for k, e in ests.items()]
     days = 300e9 / (1536 * 2048) * best.step_seconds / 86400
+    low, high = days / (1 + tolerance), days / (1 - tolerance)      # published = model ÷ (model / published)
     narayanan = 8 * 300e9 * parameters(GPT3_175B) / (1024 * 140e12) / 86400
-    lines += [f"GPT-3's 300 B tokens at {best.step_seconds:.1f} s per 1536 × 2048 tokens: {days:.0f} days",
+    lines += [f"GPT-3's 300 B tokens at {best.step_seconds:.1f} s per 1536 × 2048 tokens: {days:.0f} days "
+              f"({low:.0f}–{high:.0f} at §9's ±{tolerance:.0%})",
               f"Narayanan et al.'s estimate 8TP/(nX): {narayanan:.0f} days",
-              f"the planner's layout ({best.layout}) {_RECOMPUTED[best.layout.recompute]}"]
+              f"the planner's layout {_RECOMPUTED[best.layout.recompute]}"]
     assert best.step_seconds <= min(e.step_seconds for e in ests.values() if e.fits) + 1e-9
-    assert 15 < days < 40 and round(narayanan) == 34
+    assert 15 < days < 40 and round(narayanan) == 34 and low < days < high < narayanan
     return ests, Shown("\n".join(lines))
 
 
@@ -115,7 +133,7 @@ def plan_table(p, full: bool = False) -> Shown:
     the families that do not fit. ``print(p)`` prints every family's layout."""
     best = p.best[0]
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families",
-             f"{'family':36}{'fits':>5}{'GB/device':>11}{'s/step':>8}{'x best':>8}  lost on"]
+             f"{'family':36}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
     order = sorted(p.families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
@@ -133,7 +151,7 @@ def plan_table(p, full: bool = False) -> Shown:
     if not full:
         lines.append(f"{len(p.families) - len(order)} more families: report.planner(p, advice, full=True)\n"
                      f"these do not fit: {', '.join(misfits)}")
-    lines.append(f"best: {best}")
+    lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
     return Shown("\n".join(lines))
 
 
@@ -152,11 +170,11 @@ def card_views(views: dict) -> Shown:
     """Section 6: the calculator's first view on the A100 and the H100 card, term by term, and how much
     faster each term runs on the H100 than its peak alone would say."""
     (a_name, a), (h_name, h) = views.items()
-    lines = [f"{'':26}{'GB/device':>10}{'MFU':>7}{'step s':>8}{'compute':>9}{'tp':>7}{'rest':>7}"]
+    lines = [f"{'seconds per step':26}{'GB per GPU':>11}{'MFU':>7}{'step':>8}{'compute':>9}{'TP':>7}{'other terms':>13}"]
     for name, e in views.items():
         rest = e.step_seconds - e.time["compute"] - e.time["tp"]
-        lines.append(f"{name:26}{e.memory['total'] / GB:10.1f}{e.mfu:7.1%}{e.step_seconds:8.2f}"
-                     f"{e.time['compute']:9.2f}{e.time['tp']:7.2f}{rest:7.2f}")
+        lines.append(f"{name:26}{e.memory['total'] / GB:11.1f}{e.mfu:7.1%}{e.step_seconds:8.2f}"
+                     f"{e.time['compute']:9.2f}{e.time['tp']:7.2f}{rest:13.2f}")
     peak = h.mfu * h.step_seconds / (a.mfu * a.step_seconds)     # MFU·time ∝ FLOPs / peak: the peaks' ratio inverted
     speed = {k: a.time[k] / h.time[k] for k in ("compute", "tp")}
     lines.append(f"H100 over A100: peak {1 / peak:.1f}x, compute {speed['compute']:.1f}x, TP all-reduces "
@@ -175,14 +193,15 @@ def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     knobs = {f"TP {tp8.tp} (DP {tp8.dp})": tp8, "v = 1 (1F1B)": replace(lay, v=1, schedule="1f1b"),
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
              "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
-    lines = [f"best: {lay}", f"{'':18}{'GB/device':>10}{'s/step':>8}  terms that moved (s)",
-             f"{'best':18}{best.memory['total'] / GB:10.1f}{best.step_seconds:8.2f}"]
+    lines = [f"best: {layout_words(lay)}", f"{'one knob changed':18}{'GB per GPU':>11}{'s/step':>8}  "
+             f"time terms that moved (s: best -> changed)",
+             f"{'(none: the best)':18}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}"]
     for name, layout in knobs.items():
         e = estimate(GPT3_175B, cluster, layout)
         moved = ", ".join(f"{k} {best.time[k]:.2f} -> {v:.2f}" for k, v in e.time.items()
                           if k != "total" and abs(v - best.time.get(k, 0.0)) > 0.05)
         fit = "" if e.fits else "  DOES NOT FIT"
-        lines.append(f"{name:18}{e.memory['total'] / GB:10.1f}{e.step_seconds:8.2f}  {moved}{fit}")
+        lines.append(f"{name:18}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}  {moved}{fit}")
         assert not e.fits or e.step_seconds >= best.step_seconds - 1e-9, name
     return Shown("\n".join(lines))
 

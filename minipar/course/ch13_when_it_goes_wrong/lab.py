@@ -315,19 +315,22 @@ def resumed_losses(restore_rng: bool, steps: int = 4, stop: int = 2):
     return straight, train(model, opt, recipe.batches[stop:])
 
 
-def split_region_masks(p: float = 0.1, shape=(4, 64), seed: int = 1234) -> dict:
+def split_region_masks(p: float = 0.1, shape=(64, 64), seed: int = 1234) -> dict:
     """The dropout masks two TP ranks draw for their halves of a split tensor (their own heads): agreement
     between rank 0's and rank 1's mask by Megatron's rule (tensor-parallel seeds, different per rank) and by
-    the wrong one (both from the default seed, the same on every TP rank)."""
+    the wrong one (both from the default seed, the same on every TP rank); ``n`` positions, and ``sd``: the
+    standard deviation of independent masks' agreement over n positions, √(q(1 − q)/n), q = (1 − p)² + p²."""
     from minipar.debug.seeds import mask_agreement
     from minipar.rng import megatron_seeds
 
     def mask(s):
         return torch.empty(shape).bernoulli_(1 - p, generator=torch.Generator().manual_seed(s))
     right = [megatron_seeds(seed, tp_rank=r)["tensor_parallel"] for r in (0, 1)]
+    q, n = (1 - p) ** 2 + p ** 2, shape[0] * shape[1]
     wrong = [megatron_seeds(seed, tp_rank=r)["default"] for r in (0, 1)]
     return {"right": mask_agreement(mask(right[0]), mask(right[1])),
-            "wrong": mask_agreement(mask(wrong[0]), mask(wrong[1])), "independent": (1 - p) ** 2 + p ** 2}
+            "wrong": mask_agreement(mask(wrong[0]), mask(wrong[1])), "independent": q, "n": n,
+            "sd": (q * (1 - q) / n) ** 0.5}
 
 
 def rounding_study(world_size: int = 4):
