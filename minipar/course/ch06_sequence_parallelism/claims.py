@@ -11,8 +11,12 @@ from minipar.tensor.sequence import korthikanti_bytes
 def check_what_tensor_parallelism_leaves_whole(s, b, h, a) -> None:
     """What tensor parallelism leaves whole"""
     assert all(activation_bytes_formula(s, b, h, a, t=t) == korthikanti_bytes(s, b, h, a, t) for t in (1, 2, 4, 8))
-    assert korthikanti_bytes(s, b, h, a, 8, True) == korthikanti_bytes(s, b, h, a, 1) / 8
     assert 0.4 < 10 * s * b * h / korthikanti_bytes(s, b, h, a, 8) < 0.5    # at t = 8, almost half is left whole
+
+
+def check_sp_divides_everything_by_t(s, b, h, a) -> None:
+    """What SP saves: with SP, everything one layer keeps is divided by t"""
+    assert all(korthikanti_bytes(s, b, h, a, t, True) == korthikanti_bytes(s, b, h, a, 1) / t for t in (2, 4, 8))
 
 
 # gloo frames each message it writes with a header, and a call writes several messages (how many depends on
@@ -51,6 +55,12 @@ def check_layernorm_gradients_now_partial(wrong) -> None:
 def check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1) -> None:
     """Dropout: masks that agree, masks that differ"""
     assert rep0 == rep1 and own0 != own1
+
+
+def check_replicas_drift_seeded_by_rank(right, wrong) -> None:
+    """Break the rule and nothing fails: by Megatron's rule the TP ranks' replicated parameters stay equal bit
+    for bit; with the replicated stream seeded by rank they drift apart within two steps"""
+    assert right == 0.0 and wrong > 1e-3
 
 
 def check_whole_gpt_with_tp_sp(refused) -> None:

@@ -26,14 +26,21 @@ B, S, H, A = 4, 16, 32, 4          # the measured layer: batch, sequence, hidden
 WAYS = {"TP": (False, False), "TP+SP": (True, False), "TP+SP, inputs kept": (True, True)}
 
 
-def show_gpt3_layer(s=2048, b=1, h=12288, a=96) -> None:
-    """One GPT-3 layer, one sequence, the paper's 16-bit bytes: TP and TP+SP at t = 2, 4 and 8."""
+def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False) -> None:
+    """One GPT-3 layer, one sequence, the paper's 16-bit bytes at t = 2, 4 and 8: under TP, with the 10·sbh it
+    leaves whole on every rank (§1); ``with_sp``: TP beside TP+SP (§3)."""
+    whole = 10 * s * b * h
     for t in (2, 4, 8):
         tp, tp_sp = korthikanti_bytes(s, b, h, a, t), korthikanti_bytes(s, b, h, a, t, sequence_parallel=True)
-        print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer (of which 10·sbh = {10 * s * b * h / 2**30:.2f} GiB "
-              f"whole on every rank), TP+SP {tp_sp / 2**30:5.2f} GiB")
+        if with_sp:
+            print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer, TP+SP {tp_sp / 2**30:5.2f} GiB")
+        else:
+            print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer, of which 10·sbh = {whole / 2**30:.2f} GiB "
+                  f"({whole / tp:.0%}) whole on every rank")
     # the element count gives the paper's formula; with SP everything is divided by t
     claims.check_what_tensor_parallelism_leaves_whole(s, b, h, a)
+    if with_sp:
+        claims.check_sp_divides_everything_by_t(s, b, h, a)
 
 
 def layer_memory(degrees=(2, 4)) -> list:
@@ -76,9 +83,8 @@ def show_three_ways(ways: dict, t: int = 4) -> None:
     print(f"one layer, t={t}, per rank   {'bytes: formula':>14} {'comm. log':>10} {'activations kept':>17}")
     for name, w in ways.items():
         print(f"{name:27}{w['formula'] / 1024:>13.1f}K{w['log'] / 1024:>10.1f}K{w['activations'] / 1024:>16.1f}K")
-    print("on the sockets, with gloo's message headers: "
-          + ", ".join(f"{name} {w['wire'] / 1024:.1f}K" for name, w in ways.items()))
     claims.check_three_ways(ways, regather_bytes(t))
+
 
 def train_forgetting_the_sum(world_size: int = 2):
     """The tiny GPT under TP + SP on ``world_size`` ranks with the all-reduce of the sequence-parallel
@@ -104,24 +110,50 @@ def show_forgotten_sum(wrong) -> None:
     claims.check_layernorm_gradients_now_partial(wrong)
 
 
+def _replicated_spread(group, seeded_by_rank: bool) -> float:
+    """The tiny GPT with dropout 0.1 under TP, 2 Adam steps: the largest difference between the TP ranks'
+    copies of the replicated parameters (position embedding, LayerNorms), with the replicated stream seeded by
+    Megatron's rule or (``seeded_by_rank``, the mistake) by rank."""
+    from minipar.debug.seeds import replica_spread
+    recipe = gpt_recipe(steps=2, batch_size=8, seq_len=16, n_layer=2, n_embd=32, n_head=4, dropout=0.1)
+    model = gpt.TensorParallelGPT(recipe.model().to(recipe.dtype), group)
+    if seeded_by_rank:
+        model.streams.replicated.manual_seed(1000 + torch.distributed.get_rank())
+    opt = recipe.optimizer(model.parameters())
+    for inputs, targets in recipe.batches:
+        opt.zero_grad(set_to_none=True)
+        model.loss(inputs, targets).backward()
+        model.finish_backward()
+        opt.step()
+    replicated = {n: p for n, p in model.named_parameters() if n.startswith(("ln_f", "blocks.0.ln1", "pos_emb"))}
+    return max(replica_spread(replicated, group).values())
+
+
 def _masks(rank, world_size):
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
     streams = layers.DropoutStreams(seed=0, group=group)
     x = torch.ones(1, 12)
     return (layers.dropout(x, 0.5, streams.replicated, True).bool().int().tolist()[0],
-            layers.dropout(x, 0.5, streams.per_rank, True).bool().int().tolist()[0])
+            layers.dropout(x, 0.5, streams.per_rank, True).bool().int().tolist()[0],
+            _replicated_spread(group, seeded_by_rank=False), _replicated_spread(group, seeded_by_rank=True))
 
 
 def dropout_masks(world_size: int = 2) -> list:
-    """[(replicated-stream mask, per-rank-stream mask)] of 12 values, one pair per rank."""
+    """[(replicated-stream mask, per-rank-stream mask, spread by the rule, spread seeded by rank)] per rank:
+    12 dropout decisions (p = 0.5) per stream, and how far the replicated parameters' copies drift apart in
+    2 steps of the tiny GPT (dropout 0.1) by Megatron's rule and with the replicated stream seeded by rank."""
     return launch(_masks, world_size, quiet=True)
 
 
 def show_dropout_masks(per_rank) -> None:
-    (rep0, own0), (rep1, own1) = per_rank
-    print("replicated stream:", rep0, rep1, sep="\n  ")
-    print("per-rank stream:  ", own0, own1, sep="\n  ")
+    (rep0, own0, right, wrong), (rep1, own1, _, _) = per_rank
+    print("12 dropout decisions, p = 0.5 (1 = kept, 0 = dropped)")
+    print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
+    print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
+    print(f"replicated parameters after 2 steps, rank 0's and rank 1's copies differ by: {right:.1e} by this "
+          f"rule, {wrong:.1e} seeded by rank")
     claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)
+    claims.check_replicas_drift_seeded_by_rank(right, wrong)
 
 
 def against_one_device(degrees=(2, 4)) -> dict:

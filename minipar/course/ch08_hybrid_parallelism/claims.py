@@ -31,9 +31,9 @@ def check_global_batch_loss(B, dp, m) -> None:
     assert B == dp * m * (B // (dp * m))
 
 
-def check_one_3d_step_composed(k_, q) -> None:
-    """One 3D step, composed"""
-    assert k_.abs().max() < 1e-15 < 1e-8 < q.abs().max()
+def check_k_bias_gradient_is_zero(k, q) -> None:
+    """A gradient that is exactly zero: the K part of the fused QKV bias, up to rounding (the Q part is not)"""
+    assert k.abs().max() < 1e-15 < 1e-8 < q.abs().max()
 
 
 def check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t) -> None:

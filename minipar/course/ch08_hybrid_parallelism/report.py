@@ -11,7 +11,7 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 
 
 __all__ = ["show", "draw_mesh", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "pp_vs_dp_at_scale", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint", "step_source"]
+           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint", "step_source"]
 
 
 def show(report: Report) -> None:
@@ -149,8 +149,9 @@ def zero_once_per_step(result: dict) -> Report:
 
 def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     """§4: the four layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), peak and model states
-    per rank measured (max over the ranks), beside the model-state formula for a ``psi``-parameter model in
-    mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak, model states)}."""
+    per rank measured (max over the ranks); under them, one line of the model-state formula for a
+    ``psi``-parameter model in mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak,
+    model states)}."""
     import matplotlib.pyplot as plt
     from minipar.hybrid.runner import run
     layouts = {"2x2x2": runs_2x2x2}
@@ -159,13 +160,14 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     memory = {name: (max(r.peak_bytes for r in rs), max(r.model_state_bytes for r in rs)) for name, rs in layouts.items()}
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
-    print(f"{'':16} {'measured, this run (float64)':^28} | formula, {psi / 1e9:.0f}B model, mixed precision")
-    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17} | model states only, GB per GPU")
+    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17}   (per rank, measured, float64)")
     for name, (peak, states) in memory.items():
-        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | {formula[name] / 1e9:5.2f}")
+        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f}")
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
-    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} measured, {fall['formula']:.1%} by the formula")
+    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%}")
+    print(f"at {psi / 1e9:.0f}B parameters in mixed precision (2 + 2 + 12 B per parameter) the same layouts hold "
+          + " / ".join(f"{formula[name] / 1e9:g}" for name in memory) + " GB of model states per GPU")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
@@ -187,6 +189,15 @@ def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch
             f"{pp_values / t / 1e9:.1f} billion with Megatron's scatter/gather (1/t each, re-gathered on NVLink)\n"
             f"DP, per rank per step: {dp_values / 1e9:.1f} billion values")
     return Report(text, lambda r: claims.check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t))
+
+
+def qkv_bias_gradient(grad) -> Report:
+    """Deeper: the largest |gradient| of the Q, K and V parts of one block's fused QKV bias (``grad``, one
+    device); the K part is zero (softmax ignores a constant added to a whole row of scores)."""
+    q, k, v = grad.chunk(3)
+    text = (f"block 0, largest |gradient| of the QKV bias: Q {q.abs().max():.1e}, K {k.abs().max():.1e}, "
+            f"V {v.abs().max():.1e}")
+    return Report(text, lambda r: claims.check_k_bias_gradient_is_zero(k, q))
 
 
 def show_checkpoint(files: list, out: list) -> None:
