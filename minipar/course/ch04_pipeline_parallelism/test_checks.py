@@ -76,19 +76,6 @@ def test_bubble_check_accepts_the_solution_and_fails_on_the_stub():
         ch04.check_bubble_fraction(stub)
 
 
-def test_the_pytorch_footnote_claim_fails_once_pipeline_order_matches_the_run():
-    # chapter 04's footnote: PyTorch's 1F1B pipeline_order numbers the last rank's forwards one past what ran
-    from types import SimpleNamespace
-    from minipar.course.ch04_pipeline_parallelism import claims
-    from minipar.pipeline.actions import Action
-    ran = [Action(k, 3, j) for j in range(4) for k in ("F", "BW")]
-    listed = [Action(k, 3, j + (k == "F")) for j in range(4) for k in ("F", "BW")]
-    beside = lambda order: {"1f1b": SimpleNamespace(runs=[None] * 3 + [SimpleNamespace(order=order, executed=ran)])}  # noqa: E731
-    claims.check_pytorch_order_off_by_one(beside(listed), 4)          # today's PyTorch: the footnote holds
-    with pytest.raises(AssertionError, match="update the footnote"):
-        claims.check_pytorch_order_off_by_one(beside(ran), 4)         # a fixed PyTorch: the cell says so
-
-
 def test_a_busy_machine_compares_no_paced_schedule():
     """On more than twice as many runnable processes as cores the paced check is skipped for every schedule (ranks
     wake late at their slots' ends without overrunning), and the table says why; on a quiet one it is made, and a
