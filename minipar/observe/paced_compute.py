@@ -154,10 +154,12 @@ def too_busy(overruns: int, held: int, load: float | None = None, cores: int | N
     if not disturbed(overruns, held, load, cores):
         return ""
     load, cores = _load(load, cores)
-    why = (f"more than {DISTURBED_SHARE:.0%} of the slots ran long" if overruns > DISTURBED_SHARE * held else
-           f"more than {BUSY_LOAD_PER_CORE} runnable processes per core wake late from their slots")
-    return (f"{why} (load average {load:.0f} on {cores} cores): the cores were too busy for the slots, so the "
-            "times are not compared; run the cell again on a quieter machine")
+    if overruns > DISTURBED_SHARE * held:
+        why = (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {load:.0f} on {cores} cores): "
+               "the cores were too busy for the slots")
+    else:
+        why = f"load average {load:.0f} on {cores} cores, over {BUSY_LOAD_PER_CORE} a core: ranks wake late from their slots"
+    return f"{why}, so the times are not compared; run the cell again on a quieter machine"
 
 
 def _load(load: float | None, cores: int | None) -> tuple:

@@ -174,7 +174,7 @@ class PacedIdle:
                 for n, (sim, unpaced, paced, o, a) in self.rows.items()]
         busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
         if busy:
-            return "\n".join(out + [f"  no schedule is compared: {busy}"])
+            return "\n".join(out + [f"  every schedule: {busy}"])
         out += [f"  {n}: {too_busy(o, a, self.load, self.cores)}" for n, (*_, o, a) in self.rows.items()
                 if n in self.disturbed]
         return "\n".join(out)
