@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from minipar.launcher import launch
-from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, verdict
+from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, too_busy, verdict
 
 F, B = 0.06, 0.08          # slots (s)
 
@@ -95,7 +95,17 @@ def test_unpaced_backward_and_overruns_are_counted():
     pacer = pace([model[0]], 1e-6, 1e-6)
     model(torch.randn(3, 4)).sum().backward()                         # no input needs a gradient
     assert pacer.unpaced == 1 and pacer.overruns >= 1
-    assert disturbed(6, 100) and not disturbed(5, 100)
+    assert disturbed(6, 100, load=0.5, cores=2) and not disturbed(5, 100, load=0.5, cores=2)
+
+
+def test_a_load_average_over_twice_the_cores_disturbs_any_run():
+    """More runnable processes than twice the cores: ranks wake late at their slots' ends without overrunning
+    (chapter 04's 1F1B once idled 44.5 % against 27.3 %), so no paced comparison is made, and the line says why."""
+    assert disturbed(0, 100, load=4.5, cores=2) and not disturbed(0, 100, load=4.0, cores=2)
+    assert not disturbed(0, 100, load=30.0, cores=16) and too_busy(0, 100, load=1.0, cores=2) == ""
+    busy = too_busy(0, 100, load=9.0, cores=2)
+    assert "load average 9 on 2 cores" in busy and "not compared" in busy and "slots ran long" not in busy
+    assert "more than 5% of the slots ran long (load average 1 on 2 cores)" in too_busy(6, 100, load=1.0, cores=2)
 
 
 def test_verdict_and_spread():

@@ -193,8 +193,8 @@ class Beside:
 
     def __str__(self) -> str:
         return (f"{self.name} = {self.torch_class}: trains like one device ({self.comparison.max_abs_diff:.0e}); "
-                f"executed lists equal ours on every rank: {self.executed_equal}; its pipeline_order too: "
-                f"{self.order_equal}\n{self.rank0}\n  simulated: ours idle/total {self.ours.bubble_fraction:.1%}, "
+                f"executed lists equal ours on every rank: {self.executed_equal}\n"
+                f"{self.rank0}\n  simulated: ours idle/total {self.ours.bubble_fraction:.1%}, "
                 f"in flight {self.ours.peak_in_flight};  torch's {self.theirs.bubble_fraction:.1%}, "
                 f"{self.theirs.peak_in_flight}")
 

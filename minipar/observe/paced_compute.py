@@ -46,6 +46,7 @@ import torch.distributed as dist
 __all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
+BUSY_LOAD_PER_CORE = 2    # a load average above this many per core: ranks wake late from their slots
 
 
 class Pacer:
@@ -137,20 +138,33 @@ def pace(blocks, forward_s: float, backward_s: float) -> Pacer:
     return Pacer(blocks, forward_s, backward_s)
 
 
-def disturbed(overruns: int, held: int) -> bool:
-    """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long: other load took the cores, and the
-    steps no longer show the slots and what overlaps them. (Chapter 04 calls a paced pipeline run disturbed
-    at 10 %; here a tie was seen at 7 %, load average 23: overlap needs gloo's threads to run too.)"""
-    return overruns > DISTURBED_SHARE * held
+def disturbed(overruns: int, held: int, load: float | None = None, cores: int | None = None) -> bool:
+    """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long, or the machine's 1-minute ``load``
+    average exceeds :data:`BUSY_LOAD_PER_CORE` times its ``cores`` (``None``: this machine's, now): other load
+    took the cores, and the steps no longer show the slots and what overlaps them. (A tie was seen at 7 %
+    overruns, load average 23: overlap needs gloo's threads to run too. With more than twice as many runnable
+    processes as cores a rank woken at its slot's end waits for a core without overrunning: a CI run idled
+    chapter 04's 1F1B 44.5 % against 27.3 % simulated with no overrun.)"""
+    load, cores = _load(load, cores)
+    return overruns > DISTURBED_SHARE * held or load > BUSY_LOAD_PER_CORE * cores
 
 
-def too_busy(overruns: int, held: int) -> str:
+def too_busy(overruns: int, held: int, load: float | None = None, cores: int | None = None) -> str:
     """The line a disturbed run prints instead of comparing its times ("" when it was not disturbed)."""
-    if not disturbed(overruns, held):
+    if not disturbed(overruns, held, load, cores):
         return ""
-    return (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {os.getloadavg()[0]:.0f} on "
-            f"{os.cpu_count()} cores): the cores were too busy for the slots, so the times are not compared; "
-            "run the cell again on a quieter machine")
+    load, cores = _load(load, cores)
+    if overruns > DISTURBED_SHARE * held:
+        why = (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {load:.0f} on {cores} cores): "
+               "the cores were too busy for the slots")
+    else:
+        why = f"load average {load:.0f} on {cores} cores, over {BUSY_LOAD_PER_CORE} a core: ranks wake late from their slots"
+    return f"{why}, so the times are not compared; run the cell again on a quieter machine"
+
+
+def _load(load: float | None, cores: int | None) -> tuple:
+    """(1-minute load average, cores): the given ones, or this machine's now."""
+    return (os.getloadavg()[0] if load is None else load), ((os.cpu_count() or 1) if cores is None else cores)
 
 
 def alternating_steps(steps: dict, rounds: int, group=None, warmup: int = 0) -> dict:

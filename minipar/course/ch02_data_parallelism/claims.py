@@ -71,9 +71,9 @@ def check_range_text_below_quotes(slowest, fastest) -> None:
 def check_overlap_saves_time_paced(m) -> None:
     """Overlap: the bucket timeline: paced, a bucket per block is faster than one bucket outside the spread (a
     median outside the other's [min – max]; unless other load took the cores: more than 5 % of the slots ran
-    long), and both equal one device"""
+    long, or a load average over twice the cores), and both equal one device"""
     assert all(c.matches for c in m["matches"].values())
-    if not disturbed(m["overruns"], m["slots"]):
+    if not disturbed(m["overruns"], m["slots"], m["load"]):
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
 
 

@@ -10,6 +10,7 @@ first. Both are compared with one device (SGD, same batches: equal to float summ
 """
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -79,13 +80,14 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
-    "grad_bytes"}."""
+    "grad_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     reference = train_reference(recipe)
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
     return {"seconds": ranks[0]["seconds"], "matches": matches, "buckets": ranks[0]["buckets"],
+            "load": os.getloadavg()[0],
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
             "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
             "grad_bytes": sum(p.numel() * p.element_size() for p in recipe.model().parameters())}
@@ -103,8 +105,9 @@ def table(m: dict) -> str:
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
-    if too_busy(m["overruns"], m["slots"]):             # a disturbed run states no saving: its times do not count
-        return "\n".join(lines + ["  " + too_busy(m["overruns"], m["slots"])])
+    busy = too_busy(m["overruns"], m["slots"], m["load"])
+    if busy:                                            # a disturbed run states no saving: its times do not count
+        return "\n".join(lines + ["  " + busy])
     per_block, one = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
                  + VERDICTS[verdict(*m["seconds"].values())])

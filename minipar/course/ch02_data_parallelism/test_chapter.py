@@ -47,7 +47,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     from minipar.course.ch02_data_parallelism import claims, paced
     ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
     m = {"seconds": {"bucket per block": [0.10, 0.11, 0.12], "one bucket": [0.13, 0.14, 0.15]},
-         "matches": {"bucket per block": ok, "one bucket": ok}, "overruns": 0, "slots": 100,
+         "matches": {"bucket per block": ok, "one bucket": ok}, "overruns": 0, "slots": 100, "load": 1.0,
          "buckets": {"bucket per block": [2e5] * 5, "one bucket": [1e6]}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
     claims.check_overlap_saves_time_paced(m)
     assert "ranges apart" in paced.table(m) and "too busy" not in paced.table(m)

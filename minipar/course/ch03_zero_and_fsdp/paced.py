@@ -13,6 +13,7 @@ compared with one device (SGD, same batches: equal to float summation order).
 """
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -84,7 +85,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
     "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
-    "block_bytes"}."""
+    "block_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     reference = train_reference(recipe)
@@ -92,6 +93,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
                for n in ranks[0]["results"]}
     block = recipe.model().blocks[0]
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
+            "load": os.getloadavg()[0],
             "slots": sum(r["slots"] for r in ranks), "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
             "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
 
@@ -107,8 +109,9 @@ def table(m: dict) -> str:
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
-    if too_busy(m["overruns"], m["slots"]):             # a disturbed run states no saving: its times do not count
-        return "\n".join(lines + ["  " + too_busy(m["overruns"], m["slots"])])
+    busy = too_busy(m["overruns"], m["slots"], m["load"])
+    if busy:                                            # a disturbed run states no saving: its times do not count
+        return "\n".join(lines + ["  " + busy])
     with_p, without = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
                  + VERDICTS[verdict(*m["seconds"].values())])

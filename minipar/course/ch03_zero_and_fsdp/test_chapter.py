@@ -73,7 +73,7 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
     from minipar.course.ch03_zero_and_fsdp import claims, paced
     ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
     m = {"seconds": {"prefetch": [0.20, 0.21, 0.30], "no prefetch": [0.24, 0.25, 0.26]},
-         "matches": {"prefetch": ok, "no prefetch": ok}, "overruns": 0, "slots": 100, "slot_s": (0.008, 0.016),
+         "matches": {"prefetch": ok, "no prefetch": ok}, "overruns": 0, "slots": 100, "load": 1.0, "slot_s": (0.008, 0.016),
          "blocks": 4, "block_bytes": 4.9e6}
     claims.check_prefetch_saves_time_paced(m)                            # one slow step: the median is outside
     assert "a median lies outside" in paced.table(m)

@@ -106,8 +106,8 @@ def check_m_p_error_shown_not_raised(schedule_or_error) -> None:
 
 
 def check_last_stage_ran_m_forwards_m(beside, last, M) -> None:
-    """Appendix: the PyTorch harness, and a list that is not the run: the last stage ran M forwards and M backwards
-    in the step"""
+    """The same schedules in PyTorch: what its stages ran equals our lists (1F1B, interleaved), and the last stage
+    ran M forwards and M backwards in the step"""
     assert all(b.executed_equal for n, b in beside.items() if n != "gpipe")
     assert len(last.executed) == 2 * M   # the last stage ran M forwards and M backwards in the step
 
@@ -115,13 +115,3 @@ def check_last_stage_ran_m_forwards_m(beside, last, M) -> None:
 def check_tied_model_refused(err) -> None:
     """Naive model parallelism: a tied embedding is refused before any process starts"""
     assert isinstance(err, ValueError) and "tied" in str(err)
-
-
-def check_pytorch_order_off_by_one(beside, P) -> None:
-    """Footnote: in the PyTorch this chapter runs, Schedule1F1B's pipeline_order numbers the last rank's forwards
-    one past what its stage ran (F1…F8 for F0…F7). When PyTorch fixes it this fails: the footnote is stale."""
-    last = beside["1f1b"].runs[P - 1]
-    listed = [a.microbatch for a in last.order if a.kind == "F"]
-    ran = [a.microbatch for a in last.executed if a.kind == "F"]
-    assert listed == [j + 1 for j in ran], (
-        f"PyTorch's pipeline_order for the last rank now lists forwards {listed}, ran {ran}: update the footnote")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.pipeline_views import GRID, draw_measured, run_together
 from minipar.course.plotting import save_figure
+from minipar.observe.paced_compute import disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
@@ -155,17 +156,12 @@ class PacedIdle:
     cores: int = 1
 
     @property
-    def busy(self) -> bool:
-        """More than twice as many runnable processes as cores: a rank woken at its slot's end waits for a core,
-        late by more than the slots allow, without overrunning its compute (a CI run beside the tests once idled
-        1F1B 44.5 % against 27.3 % simulated with no overrun)."""
-        return self.load > 2 * self.cores
-
-    @property
     def disturbed(self) -> list:
-        """Schedules whose paced run overran more than 10 % of its actions, or every schedule on a busy machine
-        (:attr:`busy`): other load took the cores, the timeline is no longer the schedule's."""
-        return [n for n, (*_, overruns, actions) in self.rows.items() if self.busy or overruns > 0.1 * actions]
+        """Schedules whose paced run paced_compute's shared rule calls disturbed (more than 5 % of its actions
+        overran, or a load average over twice the cores): other load took the cores, the timeline is no longer
+        the schedule's."""
+        return [n for n, (*_, overruns, actions) in self.rows.items()
+                if disturbed(overruns, actions, self.load, self.cores)]
 
     def agrees(self, within: float = 0.05) -> bool:
         """Every undisturbed paced run idles as its simulation says, within ``within``."""
@@ -176,12 +172,11 @@ class PacedIdle:
         out = [f"{'':11s}  simulated   unpaced (one run)   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
         out += [f"{n:11s}  {sim:9.1%}   {unpaced:17.0%}   {paced:9.1%}              {o} of {a}"
                 for n, (sim, unpaced, paced, o, a) in self.rows.items()]
-        if self.busy:
-            out.append(f"  load average {self.load:.0f} on {self.cores} cores: ranks woke late at their slots' ends, "
-                       "so no schedule is compared; run the cell again on a quieter machine")
-        else:
-            out += [f"  {n}: more than 10 % of the actions overran their slots (load average {self.load:.0f}); "
-                    "run the cell again on a quieter machine" for n in self.disturbed]
+        busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
+        if busy:
+            return "\n".join(out + [f"  every schedule: {busy}"])
+        out += [f"  {n}: {too_busy(o, a, self.load, self.cores)}" for n, (*_, o, a) in self.rows.items()
+                if n in self.disturbed]
         return "\n".join(out)
 
 

@@ -76,24 +76,15 @@ def test_bubble_check_accepts_the_solution_and_fails_on_the_stub():
         ch04.check_bubble_fraction(stub)
 
 
-def test_the_pytorch_footnote_claim_fails_once_pipeline_order_matches_the_run():
-    # chapter 04's footnote: PyTorch's 1F1B pipeline_order numbers the last rank's forwards one past what ran
-    from types import SimpleNamespace
-    from minipar.course.ch04_pipeline_parallelism import claims
-    from minipar.pipeline.actions import Action
-    ran = [Action(k, 3, j) for j in range(4) for k in ("F", "BW")]
-    listed = [Action(k, 3, j + (k == "F")) for j in range(4) for k in ("F", "BW")]
-    beside = lambda order: {"1f1b": SimpleNamespace(runs=[None] * 3 + [SimpleNamespace(order=order, executed=ran)])}  # noqa: E731
-    claims.check_pytorch_order_off_by_one(beside(listed), 4)          # today's PyTorch: the footnote holds
-    with pytest.raises(AssertionError, match="update the footnote"):
-        claims.check_pytorch_order_off_by_one(beside(ran), 4)         # a fixed PyTorch: the cell says so
-
-
 def test_a_busy_machine_compares_no_paced_schedule():
     """On more than twice as many runnable processes as cores the paced check is skipped for every schedule (ranks
-    wake late at their slots' ends without overrunning), and the table says why; on a quiet one it is made."""
+    wake late at their slots' ends without overrunning), and the table says why; on a quiet one it is made, and a
+    schedule with more than 5 % of its actions overrun (paced_compute's shared rule, as chapters 02-04b) is not."""
     from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle
     rows = {"1f1b": (0.273, 0.48, 0.445, 0, 64), "gpipe": (0.273, 0.58, 0.27, 1, 64)}
     busy, quiet = PacedIdle(rows, 0.02, load=9.0, cores=2), PacedIdle(rows, 0.02, load=1.5, cores=2)
-    assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees() and "no schedule is compared" in str(busy)
+    assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees()
+    assert "every schedule: load average 9 on 2 cores" in str(busy) and "not compared" in str(busy)
     assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
+    overran = PacedIdle(dict(rows, gpipe=(0.273, 0.58, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
+    assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)

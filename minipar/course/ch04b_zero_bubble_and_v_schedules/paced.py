@@ -35,7 +35,7 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.launcher import launch
-from minipar.observe.paced_compute import DISTURBED_SHARE, disturbed
+from minipar.observe.paced_compute import disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
@@ -84,9 +84,6 @@ class PacedSchedule:
     actions: int
     matches: bool              # equal to one device (float64 tolerance)
 
-    @property
-    def disturbed(self) -> bool:
-        return disturbed(self.overruns, self.actions)       # paced_compute's one rule: > 5 % of slots ran long
 
 
 def _spread(xs: list, scale: float = 1.0, fmt: str = ".1%") -> str:
@@ -114,11 +111,12 @@ class PacedComparison:
     def agrees(self, within: float = 0.05) -> bool:
         """Every undisturbed run's median idle within ``within`` of the simulator's."""
         return all(abs(statistics.median(r.idle) - r.simulated_idle) < within
-                   for r in self.rows.values() if not r.disturbed)
+                   for n, r in self.rows.items() if n not in self.disturbed)
 
     @property
     def disturbed(self) -> list:
-        return [n for n, r in self.rows.items() if r.disturbed]
+        """paced_compute's one rule: more than 5 % of the run's actions overran, or the load over twice the cores."""
+        return [n for n, r in self.rows.items() if disturbed(r.overruns, r.actions, self.load)]
 
     def sentence(self, better: str = "zb-v", worse: str = "1f1b") -> str:
         """The lesson, as this run measured it: median (min–max over the steps)."""
@@ -136,8 +134,7 @@ class PacedComparison:
         for n, r in self.rows.items():
             out.append(f"{n:10s}  {r.simulated_idle:14.1%}  {_spread(r.idle):>21s}  {1e3 * r.simulated_step:11.0f} ms"
                        f"  {_spread(r.step, 1e3, '.0f'):>20s}  {r.overruns:3d} of {r.actions:<4d} {r.matches}")
-        out += [f"  {n}: more than {DISTURBED_SHARE:.0%} of its actions overran their slots: other load took the cores"
-                for n in self.disturbed]
+        out += [f"  {n}: {too_busy(self.rows[n].overruns, self.rows[n].actions, self.load)}" for n in self.disturbed]
         return "\n".join(out)
 
 

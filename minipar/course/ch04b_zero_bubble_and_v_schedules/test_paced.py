@@ -16,7 +16,7 @@ ZB_V = PacedSchedule(0.066, 0.361, [0.069, 0.084, 0.080], [0.361, 0.369, 0.366],
 
 
 def comparison(**rows):
-    return PacedComparison({"1f1b": ONE_F_ONE_B, "zb-v": ZB_V, **rows}, PACE, load=4.0)
+    return PacedComparison({"1f1b": ONE_F_ONE_B, "zb-v": ZB_V, **rows}, PACE, load=1.0)
 
 
 def test_the_claim_holds_silently_when_zb_v_idles_less_outside_the_spread(capsys):

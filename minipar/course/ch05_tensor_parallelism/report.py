@@ -10,7 +10,7 @@ from minipar.machine.device import H100_SXM
 from . import claims
 from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
                       draw_tp_throughput, fit_latency_bandwidth)
-from .throughput import CARDS, weight_state_gb
+from .throughput import CARDS, priced_with, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
@@ -98,6 +98,8 @@ def show_tp_throughput(rows: list) -> dict:
     for (card, placement), by_t in series.items():
         print(f"{card:26}{placement:>22} | "
               + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
+    print("priced with (α per ring step; β = datasheet bandwidth × the share a large ring reaches):\n  "
+          + "\n  ".join(priced_with()))
     for card in {c for c, _ in series}:
         inside, across = series[(card, "8-GPU nodes")], series[(card, "2-GPU nodes (what-if)")]
         claims.check_inside_node_small_tax(inside, across)

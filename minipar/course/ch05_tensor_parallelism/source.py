@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["ELISIONS", "teaching_source"]
+__all__ = ["ELISIONS", "teaching_source", "show"]
 
 _SP = "# (sequence parallel: chapter 06)"
 
@@ -72,3 +72,10 @@ def teaching_source(obj) -> str:
             raise ValueError(f"{name} no longer contains {old.strip()[:60]!r}…: update chapter 05's ELISIONS")
         source = source.replace(old, new, 1)
     return source
+
+
+def show(obj):
+    """``obj``'s source as the notebook displays it (Markdown): :func:`teaching_source`, its sequence-parallel
+    and bitwise-reproducible branches elided."""
+    from IPython.display import Markdown
+    return Markdown(f"```python\n{teaching_source(obj)}\n```")

@@ -95,3 +95,13 @@ def test_the_allreduce_fit_takes_the_rings_form_alpha_per_step():
     timings = {s: [2 * (n - 1) * alpha + 2 * (n - 1) / n * s / beta, 1.0] for s in (16, 1024, 65536, 4 << 20)}
     got_alpha, got_beta = fit_latency_bandwidth(timings, n)
     assert math.isclose(got_alpha, alpha, rel_tol=1e-6) and math.isclose(got_beta, beta, rel_tol=1e-6)
+
+
+def test_section_9_prints_the_numbers_its_planner_priced():
+    """Under §9's table: each card's peak and matmul efficiency, each link's α and β = bandwidth × ring share."""
+    from minipar.course.ch05_tensor_parallelism.throughput import priced_with
+    a100, h100 = priced_with()
+    assert a100 == ("A100-SXM4-80GB: peak 312 TFLOP/s, matmul efficiency 83%; NVLink 3: α 5 µs, β 231 GB/s; "
+                    "InfiniBand HDR: α 10 µs, β 22.5 GB/s")
+    assert h100 == ("H100-SXM5-80GB: peak 989 TFLOP/s, matmul efficiency 73%; NVLink 4: α 3 µs, β 360 GB/s; "
+                    "InfiniBand NDR: α 8 µs, β 45 GB/s")

@@ -17,7 +17,7 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluste
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import Layout, Transformer, estimate
 
-__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput", "weight_state_gb"]
+__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput", "priced_with", "weight_state_gb"]
 
 GPT3_LAYERS = 4
 MICRO_BATCHES = 8                                  # 8 sequences of 2048 tokens a step: the optimizer amortized
@@ -48,6 +48,21 @@ def tp_throughput(degrees=(1, 2, 4, 8, 16), model: Transformer | None = None) ->
                              "tokens_per_gpu": MICRO_BATCHES * model.seq_len / (step * t),
                              "tp_share": est.time["tp"] / step})
     return rows
+
+
+def priced_with() -> list:
+    """The numbers :func:`tp_throughput` prices each card with, read from the clusters it builds: one line per
+    card, its 16-bit dense peak FLOP/s and the share matmuls reach, and per link α (latency per ring step) and
+    β (the datasheet bandwidth per GPU and direction times the share a large ring reaches)."""
+    lines = []
+    for card, intra, inter in CARDS.values():
+        c = gpu_cluster(card, 2, intra, inter)
+        links = "; ".join(f"{link.name.split(' (')[0].split(',')[0]}: α {1e6 * alpha:.0f} µs, β {bw / 1e9:g} GB/s"
+                          for link, alpha, bw in ((intra, c.intra_latency, c.intra_bw),
+                                                  (inter, c.inter_latency, c.inter_bw)))
+        lines.append(f"{card.name}: peak {c.peak_flops / 1e12:.0f} TFLOP/s, matmul efficiency {c.flops_efficiency:.0%}; "
+                     + links)
+    return lines
 
 
 def weight_state_gb(t: int, model: Transformer | None = None) -> float:
