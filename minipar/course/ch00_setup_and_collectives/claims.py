@@ -98,8 +98,8 @@ def check_ring_time_fitted_on_two_ranks(sizes, alpha, beta) -> None:
 
 
 def check_published_ring_grows_with_n(rows) -> None:
-    """Published links: a ring's time grows with N at either size, and at 1 MiB on 1024 ranks the steps' α is
-    most of it (the bytes per rank stay under 2S)."""
+    """Published links: a ring's time grows with N at either size; at 1 MiB the steps' α is most of it on every
+    link and N, and nearly all of it (over 90 %) on 1024 ranks."""
     by_link = {}
     for link, n, by_size in rows:
         by_link.setdefault(link, []).append((n, by_size))
@@ -107,7 +107,8 @@ def check_published_ring_grows_with_n(rows) -> None:
         for size in entries[0][1]:
             times = [by_size[size][0] for _, by_size in sorted(entries)]
             assert times == sorted(times) and len(set(times)) == len(times), (link, size, times)
-    assert all(by_size[2 ** 20][1] > 0.5 for _, n, by_size in rows if n == 1024), rows
+    assert all(by_size[2 ** 20][1] > 0.5 for _, n, by_size in rows), rows
+    assert all(by_size[2 ** 20][1] > 0.9 for _, n, by_size in rows if n == 1024), rows
 
 
 def check_steps_cost_more_than_bytes(alpha, beta, small_bytes) -> None:
