@@ -100,7 +100,7 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
 
 def plot_ring_time(sizes: dict, sweep: dict, payload_bytes: int, cores: int | None = None):
     """Two panels. Left: a ring all-reduce on 2 ranks against its size S, measured (markers) and the model
-    ``2(N−1)·α + 2(N−1)/N·S/β`` fitted to them (line, :func:`.latency.fit_ring`), with the crossover S* = N·α·β.
+    2(N−1)·α + 2(N−1)/N·S/β fitted to them (line, :func:`.latency.fit_ring`), and the crossover S* = N·α·β.
     Right: the same α and β against N for a 4 KiB and an S-byte ring (lines), beside the times measured at each N
     (filled for N up to ``cores``; hollow beyond, where a rank also waits for a core)."""
     import matplotlib.pyplot as plt

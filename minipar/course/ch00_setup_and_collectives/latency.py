@@ -91,7 +91,7 @@ def time_ring_sizes(world_size: int = FIT_RANKS, sizes=RING_SIZES) -> dict:
 
 
 def fit_ring(seconds: dict, n: int = FIT_RANKS) -> tuple:
-    """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` fitted to ``seconds`` {S: t} on n ranks
+    """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` fitted to ``seconds`` {S: t}, n ranks
     by :func:`minipar.machine.fidelity.fit_link` in relative error: each size counts alike, so the small sizes
     fix α and the large ones β (in seconds, the largest sizes alone would decide both)."""
     beta, alpha = fit_link("all_reduce", n, seconds, error="relative")

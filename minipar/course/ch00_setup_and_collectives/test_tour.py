@@ -171,7 +171,7 @@ def test_figures_are_drawn_from_the_run(tmp_path):
     timed = {n: {"small_ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 4096 / 1e9,
                  "ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 2**17 / 1e9} for n in (2, 4, 8)}
     sizes = {s: 2 * 1e-4 + s / 1e9 for s in (16, 2**12, 2**20, 2**24)}   # 2 ranks: α 0.1 ms, β 1 GB/s
-    latency = fig00.plot_ring_time(sizes, timed, 2**17, 8)  # the plotted points are the timings, the fit recovers α, β
+    latency = fig00.plot_ring_time(sizes, timed, 2**17, 8)  # points: the timings; fit: α, β
     left, right = latency.axes
     assert left.lines[0].get_ydata().tolist() == [sizes[s] * 1e3 for s in sorted(sizes)]
     assert "α = 0.10 ms a step, β = 1 GB/s" in left.get_title()
