@@ -36,6 +36,21 @@ def test_fit_link_gives_back_the_alpha_and_beta_the_times_were_made_of(op, n):
     assert fit_link(op, n, doubled)[0] == pytest.approx(beta / 2, rel=1e-9)
 
 
+def test_fit_link_error_weighting_relative_by_default_absolute_on_request():
+    # noisy times over four decades: relative error fits the small sizes' α, seconds the large sizes' β
+    samples = {16: 2e-4, 2 ** 12: 1e-4, 2 ** 20: 2.5e-3, 2 ** 24: 4.2e-2}
+    xs, ys = list(samples), list(samples.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)        # plain least squares, by hand
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    k, f = ring_terms("all_reduce", 2)
+    assert fit_link("all_reduce", 2, samples, error="absolute") == (approx(f / slope), approx((my - slope * mx) / k))
+    relative = fit_link("all_reduce", 2, samples)
+    assert fit_link("all_reduce", 2, samples, error="relative") == relative != \
+        fit_link("all_reduce", 2, samples, error="absolute")
+    with pytest.raises(ValueError, match="error must be one of"):
+        fit_link("all_reduce", 2, samples, error="squared")
+
+
 def test_fit_link_refuses_what_it_cannot_fit():
     with pytest.raises(ValueError, match="at least two sizes"):
         fit_link("all_reduce", 2, {4: 1e-4})

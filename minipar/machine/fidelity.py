@@ -36,6 +36,7 @@ __all__ = ["OpLinks", "fit_affine", "fit_link", "observed_calls", "ring_terms", 
            "with_other_threads", "with_flops", "with_ops"]
 
 
+_ERRORS = ("relative", "absolute")   # what a fit's least squares minimises: t's relative or absolute error
 _RING_FORM = ("all_gather", "all_reduce", "reduce_scatter", "send")   # the ops fitted in the ring's form
 
 
@@ -47,23 +48,28 @@ def ring_terms(op: str, n: int) -> tuple:
     return alpha_beta_terms(op, n)
 
 
-def fit_affine(xs, ys) -> tuple:
-    """(a, s) of y = a + x·s by least squares in relative error (weights 1/y²: small sizes fix a, large
-    ones s — a latency and a bandwidth from timings over three decades of sizes)."""
-    w = [1 / y ** 2 for y in ys]
+def fit_affine(xs, ys, error: str = "relative") -> tuple:
+    """(a, s) of y = a + x·s by weighted least squares. ``error="relative"`` (weights 1/y²): small sizes fix a,
+    large ones s — a latency and a bandwidth from timings over three decades of sizes. ``error="absolute"``
+    (weights 1, plain least squares in seconds): the largest times dominate, so a is poorly fixed when y spans
+    decades."""
+    if error not in _ERRORS:
+        raise ValueError(f"error must be one of {list(_ERRORS)}, got {error!r}")
+    w = [1 / y ** 2 for y in ys] if error == "relative" else [1.0 for _ in ys]
     s0, s1, s2 = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * x * x for wi, x in zip(w, xs))
     t0, t1 = sum(wi * y for wi, y in zip(w, ys)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
     slope = (s0 * t1 - s1 * t0) / (s0 * s2 - s1 * s1)
     return (t0 - slope * s1) / s0, slope
 
 
-def fit_link(op: str, n: int, samples: dict) -> tuple:
+def fit_link(op: str, n: int, samples: dict, error: str = "relative") -> tuple:
     """(β bytes/s, α s) that make ``t = k·α + f·S/β`` (:func:`ring_terms`) fit ``samples`` {S bytes: t s} of
-    ``op`` on n ranks, in relative error. α is kept ≥ 0.1 µs (a fit may cross zero), β > 0."""
+    ``op`` on n ranks, in ``error`` (:func:`fit_affine`: "relative", the default, or "absolute" seconds).
+    α is kept ≥ 0.1 µs (a fit may cross zero), β > 0."""
     if len(samples) < 2:
         raise ValueError(f"fitting {op} needs at least two sizes, got {len(samples)}")
     k, f = ring_terms(op, n)
-    a, slope = fit_affine(list(samples), list(samples.values()))
+    a, slope = fit_affine(list(samples), list(samples.values()), error)
     if slope <= 0:
         raise ValueError(f"{op}: time does not grow with size in {samples}; no bandwidth to fit")
     return f / slope, max(a / k, 1e-7)

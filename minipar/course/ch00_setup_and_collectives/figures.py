@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import math
-
 from minipar.course.plotting import RANK_COLOURS, save_figure
 
 from .tour import COLLECTIVES, busiest_rank_traffic, run_collectives
@@ -100,37 +98,46 @@ def plot_traffic(sweep: dict, payload_bytes: int, ax=None):
     return ax.figure
 
 
-def plot_ring_time(sweep: dict, payload_bytes: int, cores: int | None = None, ax=None):
-    """The ring's time against N for a 4 KiB and an S-byte ring all-reduce: measured (filled markers for N up to
-    ``cores``, hollow beyond, where a rank waits for a core) and the model ``2(N−1)·α + 2(N−1)/N·S/β`` with α
-    and β fitted to the filled ones only (lines, :func:`.latency.fit_ring`)."""
+def plot_ring_time(sizes: dict, sweep: dict, payload_bytes: int, cores: int | None = None):
+    """Two panels. Left: a ring all-reduce on 2 ranks against its size S, measured (markers) and the model
+    2(N−1)·α + 2(N−1)/N·S/β fitted to them (line, :func:`.latency.fit_ring`), and the crossover S* = N·α·β.
+    Right: the same α and β against N for a 4 KiB and an S-byte ring (lines), beside the times measured at each N
+    (filled for N up to ``cores``; hollow beyond, where a rank also waits for a core)."""
     import matplotlib.pyplot as plt
-    from .latency import (SMALL_BYTES, beta_text, fit_ring, fitted_ranks, machine_cores, ring_model_seconds,
-                          sweep_seconds)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.4))
+    from .latency import FIT_RANKS, SMALL_BYTES, crossover_bytes, fit_ring, fitted_ranks, machine_cores, \
+        ring_model_seconds
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    alpha, beta = fit_ring(sizes)
+    ss = sorted(sizes)
+    left.loglog(ss, [sizes[s] * 1e3 for s in ss], "o", color="#4C72B0", label="measured, 2 ranks")
+    left.loglog(ss, [ring_model_seconds(FIT_RANKS, s, alpha, beta) * 1e3 for s in ss], "-", color="#4C72B0",
+                alpha=0.5, label="model 2(N-1)·α + 2(N-1)/N·S/β")
+    left.axvline(crossover_bytes(FIT_RANKS, alpha, beta), ls=":", color="grey", label="crossover S* = N·α·β")
+    left.set_xlabel("all-reduce size S (bytes)")
+    left.set_ylabel("time (ms)")
+    left.set_title(f"fitted: α = {alpha * 1e3:.2f} ms a step, β = {beta / 1e9:.2g} GB/s", fontsize=8)
+    left.legend(fontsize=7)
     ns = sorted(sweep)
     cores = cores or machine_cores()
-    fitted = fitted_ranks(ns, cores)
-    alpha, beta = fit_ring(sweep_seconds({n: sweep[n] for n in fitted}, payload_bytes))
-    beyond = [n for n in ns if n not in fitted]
+    within = fitted_ranks(ns, cores)
+    beyond = [n for n in ns if n not in within]
     for key, size, colour in (("small_ring_s", SMALL_BYTES, "#4C72B0"), ("ring_s", payload_bytes, "#DD8452")):
         kib = f"{size / 2**10:.0f} KiB"
-        ax.plot(fitted, [sweep[n][key] * 1e3 for n in fitted], "s", color=colour, ms=7,
-                label=f"{kib}: measured, N ≤ {cores} cores (fitted)")
+        right.plot(within, [sweep[n][key] * 1e3 for n in within], "s", color=colour, ms=7,
+                   label=f"{kib}: measured, N ≤ {cores} cores")
         if beyond:
-            ax.plot(beyond, [sweep[n][key] * 1e3 for n in beyond], "s", mfc="none", color=colour, ms=7,
-                    label=f"{kib}: measured, N > {cores} cores (includes waiting for a core)")
-        ax.plot(ns, [ring_model_seconds(n, size, alpha, beta) * 1e3 for n in ns], "-", color=colour,
-                alpha=0.5, label=f"{kib}: model 2(N-1)·α + 2(N-1)/N·S/β")
-    ax.set_xlabel("ranks N")
-    ax.set_ylabel("time (ms)")
-    shown_beta = "∞ (no bandwidth term)" if math.isinf(beta) else beta_text(beta)
-    ax.set_title(f"fitted to N ≤ {cores}: α = {alpha * 1e3:.2f} ms a step, β = {shown_beta}", fontsize=8)
-    ax.set_xticks(ns)
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
-    return ax.figure
+            right.plot(beyond, [sweep[n][key] * 1e3 for n in beyond], "s", mfc="none", color=colour, ms=7,
+                       label=f"{kib}: measured, N > {cores} cores (waits for a core)")
+        right.plot(ns, [ring_model_seconds(n, size, alpha, beta) * 1e3 for n in ns], "-", color=colour,
+                   alpha=0.5, label=f"{kib}: model")
+    right.set_xlabel("ranks N")
+    right.set_ylabel("time (ms)")
+    right.set_title("the same α and β, as N grows", fontsize=8)
+    right.set_xticks(ns)
+    right.legend(fontsize=6)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    return fig
 
 
 def _save(fig, path):

@@ -1,29 +1,43 @@
-"""The ring's cost, timed: a small and a larger all-reduce on N ranks, and α and β fitted to them.
+"""The ring's cost, timed: α and β fitted at N = 2 over a size sweep, and the same model with published links.
 
 A ring all-reduce takes 2(N−1) steps, each a message that must arrive before the next is sent, so its time is
-about 2(N−1)·α + 2(N−1)/N·S/β (α: a message's fixed cost, β: bandwidth; Patarasuk & Yuan 2009). For a small S
-the α term is almost all there is, and it grows linearly with N while the bytes per rank stay under 2S. On this
-machine α is mostly a process waking up to read a local socket, not a network. A second, larger size fixes β, so that α
-is fitted in the same form as every later chapter's (:func:`fit_ring`). Only N up to the machine's cores are
-fitted (:func:`fitted_ranks`): with more ranks than cores the processes take turns on the cores, and the time
-measures that waiting, not the ring's 2(N−1) steps; larger N are shown from the fitted model.
+about 2(N−1)·α + 2(N−1)/N·S/β (α: a message's fixed cost, β: bandwidth; Patarasuk & Yuan 2009). The two terms
+are equal at the crossover S* = N·α·β: below it the steps cost more, above it the bytes. α and β are fitted on 2
+ranks (always within the cores) to a ring all-reduce of 16 B … 16 MiB (:func:`time_ring_sizes`), with the
+library's :func:`minipar.machine.fidelity.fit_link` in relative error, as chapter 05 fits its links. On this
+machine α is mostly a process waking up to read a local socket, not a network: :data:`PUBLISHED_LINKS` gives
+real links' α and β (published figures, not measured here) for the same model at N = 8 … 1024.
+Times at larger N on this machine are measured only up to its cores (:func:`fitted_ranks`): with more ranks than
+cores the processes take turns on the cores, and the time measures that waiting, not the ring's steps.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
-from minipar import comm
-from minipar.machine.fidelity import ring_terms
+from minipar import comm, launch
+from minipar.machine.fidelity import fit_link
 
-__all__ = ["SMALL_BYTES", "time_small_ring", "slowest_rank_fastest", "sweep_seconds", "machine_cores",
-           "fitted_ranks", "fit_ring", "ring_model_seconds", "beta_text"]
+__all__ = ["SMALL_BYTES", "RING_SIZES", "FIT_RANKS", "PUBLISHED_LINKS", "time_small_ring", "slowest_rank_fastest",
+           "time_ring_sizes", "fit_ring", "crossover_bytes", "machine_cores", "fitted_ranks", "ring_model_seconds",
+           "published_ring_rows"]
 
-SMALL_BYTES = 4096   # the small all-reduce: 1024 float32
+SMALL_BYTES = 4096                                    # the small all-reduce: 1024 float32
+RING_SIZES = tuple(16 * 4 ** i for i in range(11))    # 16 B, 64 B, … 16 MiB: six decades to fit α and β
+FIT_RANKS = 2                                         # fitted on 2 ranks: never more ranks than cores
+MIB, GIB = 2 ** 20, 2 ** 30
+
+# Published figures, not measured here: {link: (α s per ring step, β bytes/s per direction, source)}.
+# α: NCCL's own cost model, the latency it charges one ring step with its Simple protocol (src/graph/tuning.cc,
+# table hwLat; its LL protocol for small messages charges 0.6 µs and 2.7 µs). β: the link's peak, per direction.
+PUBLISHED_LINKS = {
+    "NVLink 4, H100 SXM": (3.4e-6, 450e9, "NCCL hwLat; NVIDIA H100 datasheet: 900 GB/s both directions"),
+    "InfiniBand NDR, a 400 Gb/s port": (14.0e-6, 50e9, "NCCL hwLat; NVIDIA ConnectX-7: 400 Gb/s"),
+}
+NVLINK_DOMAIN = 8                                     # GPUs on one NVLink switch in an HGX/DGX H100 node
 
 
 def time_small_ring(numel: int = SMALL_BYTES // 4, repeats: int = 7) -> list:
@@ -47,12 +61,6 @@ def slowest_rank_fastest(per_rank_seconds: list) -> float:
     return min(max(rank[i] for rank in per_rank_seconds) for i in range(len(per_rank_seconds[0])))
 
 
-def sweep_seconds(sweep: dict, payload_bytes: int) -> dict:
-    """{(N, S bytes): seconds} of a ring-vs-root sweep (``busiest_rank_traffic`` per N): both timed sizes."""
-    return {**{(n, SMALL_BYTES): t["small_ring_s"] for n, t in sweep.items()},
-            **{(n, payload_bytes): t["ring_s"] for n, t in sweep.items()}}
-
-
 def machine_cores() -> int:
     """The cores this process may run on (its affinity mask where the platform has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -69,29 +77,40 @@ def ring_model_seconds(n: int, size: int, alpha: float, beta: float) -> float:
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta
 
 
-def fit_ring(seconds: dict) -> tuple:
-    """(α seconds per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` — the form of
-    :func:`minipar.machine.fidelity.fit_link` (its ``ring_terms``), fitted to ``seconds`` {(N, S bytes): t} over
-    every N and size at once, so that one α and one β describe the whole sweep (pass only the N of
-    :func:`fitted_ranks`). Plain least squares in seconds. Where the fitted size effect comes out ≤ 0 (the
-    larger size was lost in the timing noise), 1/β is held at 0 (β = ∞) and α fitted alone."""
-    rows = [(*ring_terms("all_reduce", n), s, t) for (n, s), t in seconds.items()]
-    w = [1.0 for _ in rows]
-    kk = sum(wi * k * k for wi, (k, f, s, t) in zip(w, rows))
-    kx = sum(wi * k * f * s for wi, (k, f, s, t) in zip(w, rows))
-    xx = sum(wi * (f * s) ** 2 for wi, (k, f, s, t) in zip(w, rows))
-    kt = sum(wi * k * t for wi, (k, f, s, t) in zip(w, rows))
-    xt = sum(wi * f * s * t for wi, (k, f, s, t) in zip(w, rows))
-    det = kk * xx - kx * kx
-    if len({s for _, s in seconds}) < 2 or det <= 0:
-        raise ValueError(f"fitting α and β needs at least two sizes, got {sorted(seconds)}")
-    alpha, inverse_beta = (xx * kt - kx * xt) / det, (kk * xt - kx * kt) / det
-    if inverse_beta <= 0:    # the size effect is below the timing noise: least squares with 1/β ≥ 0 is then
-        return max(kt / kk, 1e-7), math.inf    # β = ∞, α alone
-    return max(alpha, 1e-7), 1 / inverse_beta
+def _sizes_on_rank(rank, n, sizes):
+    return {s: time_small_ring(s // 4, repeats=15 if s <= 2 ** 18 else 5) for s in sizes}   # small ones: cheap
 
 
-def beta_text(beta: float) -> str:
-    """β as the chapter prints it; β = ∞ where the fit found no size effect (it says so, not why)."""
-    return "∞ (the fit found no bandwidth term: the size effect is below the timing noise)" if math.isinf(beta) \
-        else f"{beta / 1e9:.2g} GB/s"
+def time_ring_sizes(world_size: int = FIT_RANKS, sizes=RING_SIZES) -> dict:
+    """{S bytes: seconds} of a ring all-reduce of each size in one launch of ``world_size`` ranks: the slowest
+    rank's fastest repeat (:func:`slowest_rank_fastest`)."""
+    if world_size < 2 or any(s % (4 * world_size) for s in sizes):
+        raise ValueError(f"sizes must be whole float32 chunks on {world_size} ≥ 2 ranks, got {sizes}")
+    per_rank = launch(_sizes_on_rank, world_size, tuple(sizes), quiet=True)
+    return {s: slowest_rank_fastest([p[s] for p in per_rank]) for s in sizes}
+
+
+def fit_ring(seconds: dict, n: int = FIT_RANKS) -> tuple:
+    """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` fitted to ``seconds`` {S: t}, n ranks
+    by :func:`minipar.machine.fidelity.fit_link` in relative error: each size counts alike, so the small sizes
+    fix α and the large ones β (in seconds, the largest sizes alone would decide both)."""
+    beta, alpha = fit_link("all_reduce", n, seconds, error="relative")
+    return alpha, beta
+
+
+def crossover_bytes(n: int, alpha: float, beta: float) -> float:
+    """S* = N·α·β: the size where the steps 2(N−1)·α and the bytes 2(N−1)/N·S/β cost the same."""
+    return n * alpha * beta
+
+
+def published_ring_rows(ranks=(8, 64, 1024), sizes=(MIB, GIB)) -> list:
+    """(link, N, {S: (model seconds, share of the steps)}) for each published link and N (NVLink only within its
+    8-GPU node): the ring all-reduce priced by :func:`ring_model_seconds` with :data:`PUBLISHED_LINKS`."""
+    rows = []
+    for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
+        for n in ranks:
+            if link.startswith("NVLink") and n > NVLINK_DOMAIN:
+                continue
+            rows.append((link, n, {s: (ring_model_seconds(n, s, alpha, beta),
+                                       2 * (n - 1) * alpha / ring_model_seconds(n, s, alpha, beta)) for s in sizes}))
+    return rows

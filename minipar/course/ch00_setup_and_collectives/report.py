@@ -12,12 +12,12 @@ import torch
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import (SMALL_BYTES, beta_text, fit_ring, fitted_ranks, machine_cores, ring_model_seconds,
-                      sweep_seconds)
+from .latency import (FIT_RANKS, PUBLISHED_LINKS, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+                      published_ring_rows, ring_model_seconds)
 
 __all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
-           "show_launch_vs_mp", "show_torchrun"]
+           "show_published_links", "show_launch_vs_mp", "show_torchrun"]
 
 FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
 
@@ -116,32 +116,41 @@ def show_traffic(sweep: dict, payload_bytes: int) -> dict:
     return busiest
 
 
-def show_ring_time(sweep: dict, payload_bytes: int) -> None:
-    """The ring's time per N at two sizes, measured and from the α-β model fitted to the N that fit on this
-    machine's cores; which term dominates at S."""
-    cores = machine_cores()
-    fitted = fitted_ranks(sweep, cores)
-    alpha, beta = fit_ring(sweep_seconds({n: sweep[n] for n in fitted}, payload_bytes))
-    big = f"{payload_bytes // 1024} KiB"
-    print(f"{'':>2}  {'':>5}  {'4 KiB (ms)':^17}  {big + ' (ms)':^17}")
-    print(f"{'N':>2}  {'steps':>5}  {'measured':>8} {'model':>8}  {'measured':>8} {'model':>8}")
-    for n, t in sweep.items():
-        note = "fitted" if n in fitted else "waits for a core: read the model"
-        print(f"{n:>2}  {2 * (n - 1):>5}  {t['small_ring_s'] * 1e3:>8.2f} "
-              f"{ring_model_seconds(n, SMALL_BYTES, alpha, beta) * 1e3:>8.2f}  "
-              f"{t['ring_s'] * 1e3:>8.2f} {ring_model_seconds(n, payload_bytes, alpha, beta) * 1e3:>8.2f}  {note}")
-    print(f"this machine has {cores} cores: α and β are fitted to N ≤ {max(fitted)} only, "
-          f"α = {alpha * 1e3:.3f} ms per ring step, β = {beta_text(beta)}")
-    n = max(sweep)
+def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
+    """α and β fitted to a ring all-reduce of 16 B … 16 MiB on 2 ranks; the crossover S* = N·α·β; which term
+    wins at S on the largest N; the fit against S and against N (drawn)."""
+    alpha, beta = fit_ring(sizes)
+    n, big = max(sweep), f"{payload_bytes // 1024} KiB"
+    print(f"fitted on {FIT_RANKS} ranks, {len(sizes)} sizes from {min(sizes)} B to {max(sizes) // 2**20} MiB: "
+          f"α = {alpha * 1e3:.3f} ms per ring step, β = {beta / 1e9:.2g} GB/s")
+    print(f"crossover S* = N·α·β: {crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
+          f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n} (below it the steps cost more)")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
-    verdict = ("with β = ∞ the model prices only the steps" if math.isinf(beta)
-               else f"the {'steps' if steps > data else 'bytes'} cost more")
     print(f"model at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
-          f"{data * 1e3:.2f} ms: {verdict}")
-    plot_ring_time(sweep, payload_bytes, cores)
+          f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
+    plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
     plt.show()
-    claims.check_ring_time_fitted_within_cores(fitted, cores, alpha, beta)
+    claims.check_ring_time_fitted_on_two_ranks(sizes, alpha, beta)
     claims.check_steps_cost_more_than_bytes(alpha, beta, SMALL_BYTES)
+
+
+def show_published_links() -> None:
+    """Published α and β of real links (not measured here), and the ring all-reduce they give at N = 8 … 1024."""
+    print(f"{'published figures, not measured here':34} {'α per step':>10} {'β per direction':>16}")
+    for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
+        print(f"{link:34} {alpha * 1e6:>7.1f} µs {beta / 1e9:>11.0f} GB/s")
+    print(f"\nring all-reduce, model 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
+    print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
+    rows = published_ring_rows()
+    for link, n, by_size in rows:
+        cells = [f"{_duration(t):>9} ({share:>4.0%})" for t, share in by_size.values()]
+        alpha, beta, _ = PUBLISHED_LINKS[link]
+        print(f"{link:34} {n:>5} {cells[0]:>19} {cells[1]:>19} {crossover_bytes(n, alpha, beta) / 2**20:>7,.0f} MiB")
+    claims.check_published_ring_grows_with_n(rows)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
 
 
 def show_launch_vs_mp(by_hand: list, with_launch: list) -> None:

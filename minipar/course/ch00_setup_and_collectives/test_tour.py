@@ -107,15 +107,21 @@ def test_ring_vs_root_traffic(n):
 
 
 def test_latency_fit_and_slowest_rank():
-    from minipar.course.ch00_setup_and_collectives.latency import fit_ring, slowest_rank_fastest
-    assert slowest_rank_fastest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.0]]) == 2.0   # per repeat: max 3, 5, 2
-    # exactly 2(N-1)·1 ms + 2(N-1)/N·S / (1 GB/s), at 4 KiB and 1 MiB: one α per ring step and one β for every N
-    exact = {(n, s): 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * s / 1e9 for n in (2, 4, 8) for s in (4096, 2**20)}
-    assert fit_ring(exact) == pytest.approx((1e-3, 1e9))
-    flat = {(n, s): 2 * (n - 1) * 1e-3 for n in (2, 4, 8) for s in (4096, 2**20)}   # no slower at 1 MiB: β = ∞
-    assert fit_ring(flat) == pytest.approx((1e-3, math.inf))
-    with pytest.raises(ValueError, match="two sizes"):
-        fit_ring({(n, 4096): t for (n, s), t in exact.items() if s == 4096})
+    from minipar.course.ch00_setup_and_collectives import latency
+    assert latency.slowest_rank_fastest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.0]]) == 2.0   # per repeat: max 3, 5, 2
+    # exactly 2(N-1)·0.1 ms + 2(N-1)/N·S / (1 GB/s) on 2 ranks over the sweep's sizes: the fit gives them back
+    exact = {s: 2 * 1e-4 + s / 1e9 for s in latency.RING_SIZES}
+    assert latency.fit_ring(exact) == pytest.approx((1e-4, 1e9))
+    assert latency.crossover_bytes(2, 1e-4, 1e9) == pytest.approx(2e5)   # 2·α = S*/β at S* = N·α·β
+    with pytest.raises(ValueError, match="whole float32 chunks"):
+        latency.time_ring_sizes(2, sizes=(16, 18))
+    # published links, priced by hand: InfiniBand at N = 1024, 1 MiB: 2·1023·14 µs + 2·1023/1024·2^20 B / 50 GB/s
+    rows = {(link, n): by_size for link, n, by_size in latency.published_ring_rows()}
+    ib = next(link for link in latency.PUBLISHED_LINKS if link.startswith("InfiniBand"))
+    t, share = rows[ib, 1024][2 ** 20]
+    assert t == pytest.approx(2 * 1023 * 14e-6 + 2 * 1023 / 1024 * 2 ** 20 / 50e9)
+    assert share == pytest.approx(2 * 1023 * 14e-6 / t)
+    assert not any(link.startswith("NVLink") and n > 8 for link, n in rows)   # NVLink: within one 8-GPU node
 
 
 def test_bad_input_is_refused_before_launch():
@@ -164,14 +170,15 @@ def test_figures_are_drawn_from_the_run(tmp_path):
     assert measured_root == [1.0, 2.0]  # (N-1) S for N = 2, 3, read back from the plotted data
     timed = {n: {"small_ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 4096 / 1e9,
                  "ring_s": 2 * (n - 1) * 1e-4 + 2 * (n - 1) / n * 2**17 / 1e9} for n in (2, 4, 8)}
-    latency = fig00.plot_ring_time(timed, 2**17, 8)    # the plotted points are the timings, the fit recovers α, β
-    assert latency.axes[0].lines[0].get_ydata().tolist() == [timed[n]["small_ring_s"] * 1e3 for n in (2, 4, 8)]
-    assert "α = 0.10 ms a step, β = 1 GB/s" in latency.axes[0].get_title()
+    sizes = {s: 2 * 1e-4 + s / 1e9 for s in (16, 2**12, 2**20, 2**24)}   # 2 ranks: α 0.1 ms, β 1 GB/s
+    latency = fig00.plot_ring_time(sizes, timed, 2**17, 8)  # points: the timings; fit: α, β
+    left, right = latency.axes
+    assert left.lines[0].get_ydata().tolist() == [sizes[s] * 1e3 for s in sorted(sizes)]
+    assert "α = 0.10 ms a step, β = 1 GB/s" in left.get_title()
+    assert right.lines[0].get_ydata().tolist() == [timed[n]["small_ring_s"] * 1e3 for n in (2, 4, 8)]
     plt.close(latency)
-    waiting = {**timed, 8: {k: 10 * t for k, t in timed[8].items()}}   # 8 ranks on 2 cores: 10× slower
-    latency = fig00.plot_ring_time(waiting, 2**17, 2)  # fitted to N ≤ 2 only: the waiting does not move α, β
-    assert "fitted to N ≤ 2: α = 0.10 ms a step, β = 1 GB/s" in latency.axes[0].get_title()
-    assert latency.axes[0].lines[1].get_xdata().tolist() == [4, 8]    # hollow: measured beyond the cores
+    latency = fig00.plot_ring_time(sizes, timed, 2**17, 2)  # on 2 cores, N = 4 and 8 are drawn hollow
+    assert latency.axes[1].lines[1].get_xdata().tolist() == [4, 8]
     plt.close(latency)
     figure.savefig(tmp_path / "traffic.png")
     plt.close(figure)

@@ -39,3 +39,10 @@ def check_what_oneflow_article_says_about(table_b, bwd, K, M, gathered_y, formul
 def check_real_size_column_sends_4x(real) -> None:
     """What the OneFlow article says about model parallelism, at a real size: dx is B/M = 4 times dw"""
     assert real["column"] == 4 * real["data"] == 4 * 2 * 3 / 4 * 4096 * 4096 * 4
+
+
+def check_real_size_state_per_rank(state) -> None:
+    """At a real size, what a split saves in memory: data parallelism keeps the 4096×4096 weight's training
+    state (16 B/param) on every rank, 256 MiB; a column or row split over 4 ranks keeps a quarter, 64 MiB"""
+    assert state["data"] == 4096 * 4096 * 16 == 256 * 2 ** 20, state
+    assert state["column"] == state["row"] == state["data"] // 4, state

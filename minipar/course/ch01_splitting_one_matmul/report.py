@@ -11,6 +11,8 @@ from . import claims
 from .figures import draw_split
 from .measure import format_table
 
+ADAM_BYTES_PER_PARAM = 4 + 4 + 8   # fp32 weight, its gradient, Adam's first and second moments
+
 __all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_four_ranks", "show_refused",
            "show_oneflow", "show_training"]
 
@@ -34,6 +36,9 @@ def draw_splits(per_rank: list, whole: dict, splits=ms.SPLITS) -> None:
 def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
     """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
     show_table(table_2, x_shape, w_shape)
+    (b, k), m = x_shape, w_shape[1]
+    print(f"holds: bytes of x, w and y on rank 0 after the forward; whole, x is {b * k * 4} B, w {k * m * 4} B and "
+          f"y {b * m * 4} B (so the column split's x = {b * k * 4} B is all of x)")
     claims.check_run_live_2_ranks_equal(table_2)
 
 
@@ -77,7 +82,12 @@ def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
     real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4)["backward"] for s in ("data", "column")}
     print(f"real size, x 16384×4096 · w 4096×4096 float32 on 4 ranks, backward bytes per rank (formula): "
           f"data {real['data'] / 2**20:.0f} MiB, column {real['column'] / 2**20:.0f} MiB")
+    state = {s: max(ms.shard_sizes(4096, 4)) * 4096 * ADAM_BYTES_PER_PARAM if s != "data"
+             else 4096 * 4096 * ADAM_BYTES_PER_PARAM for s in ms.SPLITS}
+    print(f"and the weight's training state per rank (fp32 w + gradient + Adam's two moments, "
+          f"{ADAM_BYTES_PER_PARAM} B/param): " + ", ".join(f"{s} {b / 2**20:.0f} MiB" for s, b in state.items()))
     claims.check_real_size_column_sends_4x(real)
+    claims.check_real_size_state_per_rank(state)
 
 
 def show_training(comparisons: dict) -> None:
