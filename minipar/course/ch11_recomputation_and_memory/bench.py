@@ -17,7 +17,6 @@ import argparse
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from minipar.check import one_thread
 from minipar.course.bench import alternating_medians
 from minipar.loop import lm_loss
 from minipar.observe.paced_compute import alternating_steps
@@ -40,11 +39,8 @@ def _torch_checkpointed(model):
 
 def step_times(steps: dict, rounds: int = 12, warmup: int = 2) -> dict:
     """{name: [seconds of each timed round]} for the callables in ``steps``, in this process, alternating
-    (:func:`minipar.observe.paced_compute.alternating_steps`), on one intra-op thread: with two threads on a
-    busy two-core machine, a step of this tiny model once took seconds instead of 10 ms (each small kernel's
-    second thread waiting for a core), and the timing measured that wait."""
-    with one_thread():
-        return alternating_steps(steps, rounds, warmup=warmup)
+    (:func:`minipar.observe.paced_compute.alternating_steps`, which runs them on one intra-op thread)."""
+    return alternating_steps(steps, rounds, warmup=warmup)
 
 
 def bench_rank(rank, world_size, layers=4, embd=128, heads=4, seq=256, batch=8, iters=15, warmup=3):
