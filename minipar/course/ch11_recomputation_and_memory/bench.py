@@ -13,6 +13,8 @@ CPU the non-matmul work (softmax, GeLU, LayerNorm, the checkpoint's bookkeeping)
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -21,7 +23,7 @@ from minipar.course.bench import alternating_medians
 from minipar.loop import lm_loss
 from minipar.observe.paced_compute import alternating_steps
 
-__all__ = ["bench_rank", "main", "step_times"]
+__all__ = ["bench_rank", "main", "step_times", "busy", "against_none"]
 
 
 def _torch_checkpointed(model):
@@ -41,6 +43,24 @@ def step_times(steps: dict, rounds: int = 12, warmup: int = 2) -> dict:
     """{name: [seconds of each timed round]} for the callables in ``steps``, in this process, alternating
     (:func:`minipar.observe.paced_compute.alternating_steps`, which runs them on one intra-op thread)."""
     return alternating_steps(steps, rounds, warmup=warmup)
+
+
+def busy() -> bool:
+    """The machine is too loaded to compare step times: a 1-minute load average over twice the cores
+    (chapter 04's rule)."""
+    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+
+
+def against_none(mode_s: list, none_s: list, loaded: bool) -> tuple:
+    """(fastest ÷ fastest, the paired per-round ratios' median, their IQR (q1, q3), a verdict) of one mode's
+    step times against none's, the two lists timed in the same rounds. The verdict: "not compared (load)"
+    on a loaded machine; else "slower" / "faster" when the middle half of the per-round ratios lies above /
+    below 1, "a tie" when it straddles 1. A round pairs two steps run back to back, so a busy spell slows
+    both and leaves their ratio; two overlapping [min – max] ranges say nothing about it."""
+    ratios = [m / n for m, n in zip(mode_s, none_s)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    verdict = ("not compared (load)" if loaded else "slower" if q1 > 1 else "faster" if q3 < 1 else "a tie")
+    return min(mode_s) / min(none_s), median, (q1, q3), verdict
 
 
 def bench_rank(rank, world_size, layers=4, embd=128, heads=4, seq=256, batch=8, iters=15, warmup=3):
