@@ -13,7 +13,6 @@ CPU the non-matmul work (softmax, GeLU, LayerNorm, the checkpoint's bookkeeping)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import torch
@@ -23,7 +22,7 @@ from minipar.course.bench import alternating_medians
 from minipar.loop import lm_loss
 from minipar.observe.paced_compute import alternating_steps
 
-__all__ = ["bench_rank", "main", "step_times", "busy", "against_none"]
+__all__ = ["bench_rank", "main", "step_times", "unsteady", "against_none"]
 
 
 def _torch_checkpointed(model):
@@ -45,16 +44,17 @@ def step_times(steps: dict, rounds: int = 12, warmup: int = 2) -> dict:
     return alternating_steps(steps, rounds, warmup=warmup)
 
 
-def busy() -> bool:
-    """The machine is too loaded to compare step times: a 1-minute load average over twice the cores
-    (chapter 04's rule)."""
-    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+def unsteady(seconds: dict, slack: float = 1.5) -> bool:
+    """The timed steps were disturbed by other load: for some mode, a quarter of its steps or more took over
+    ``slack`` times its fastest. Judged on the steps themselves, not on the load average (which on a shared
+    machine stays high while a quiet minute times steadily)."""
+    return any(statistics.quantiles(t, n=4, method="inclusive")[2] > slack * min(t) for t in seconds.values())
 
 
 def against_none(mode_s: list, none_s: list, loaded: bool) -> tuple:
     """(fastest ÷ fastest, the paired per-round ratios' median, their IQR (q1, q3), a verdict) of one mode's
     step times against none's, the two lists timed in the same rounds. The verdict: "not compared (load)"
-    on a loaded machine; else "slower" / "faster" when the middle half of the per-round ratios lies above /
+    when ``loaded`` (:func:`unsteady`); else "slower" / "faster" when the middle half of the per-round ratios lies above /
     below 1, "a tie" when it straddles 1. A round pairs two steps run back to back, so a busy spell slows
     both and leaves their ratio; two overlapping [min – max] ranges say nothing about it."""
     ratios = [m / n for m, n in zip(mode_s, none_s)]

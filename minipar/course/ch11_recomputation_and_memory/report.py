@@ -17,7 +17,7 @@ from minipar.models import GPTConfig, TinyGPT
 from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute, step_flops
 
 from . import claims
-from .bench import against_none, busy, step_times
+from .bench import against_none, step_times, unsteady
 from .figures import draw_length_sweep, draw_timelines, timelines
 from .gpt3 import GPT3, show_gpt3_dial, show_segments, show_three_counts
 
@@ -283,8 +283,8 @@ def times_by_mode() -> dict:
 def show_times(seconds, flops, loaded=None) -> None:
     """Each mode's fastest and slowest step, its FLOPs and its time against none: fastest ÷ fastest always,
     and the per-round ratio's median [IQR] with its verdict (:func:`.bench.against_none`). ``loaded``:
-    whether the machine was too busy to compare (default: its load average now, :func:`.bench.busy`)."""
-    loaded = busy() if loaded is None else loaded
+    whether other load disturbed the steps (default: judged on the steps, :func:`.bench.unsteady`)."""
+    loaded = unsteady(seconds) if loaded is None else loaded
     for mode in MODES:
         t = seconds[mode]
         line = (f"{mode:9}: fastest {min(t) * 1e3:5.1f} ms, slowest {max(t) * 1e3:6.1f} ms;  "
