@@ -126,3 +126,16 @@ def test_alternating_steps_alternate_and_time_the_slowest_rank():
     (seconds, order), _ = launch(_alternating, 2, quiet=True)
     assert order == ["a", "b", "b", "a", "a", "b"]
     assert all(s >= 0.05 for s in seconds["b"]) and len(seconds["a"]) == 3
+
+
+def test_alternating_steps_time_each_step_on_one_intra_op_thread():
+    """In this process too, as in a launched rank: two threads on a busy two-core machine made a 10 ms step
+    take up to a second. The caller's thread count comes back afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        alternating_steps({"a": lambda: seen.append(torch.get_num_threads())}, 2, warmup=1)
+        assert seen == [1, 1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

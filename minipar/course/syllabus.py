@@ -103,7 +103,7 @@ ABOUT = {
     "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
-        core_minutes=35, elective_minutes=0, run_seconds=6),
+        core_minutes=35, elective_minutes=0, run_seconds=12),
     "10b": About(  # 2173 words (11 min) + 4 exercise stubs
         title="FP8 training: scales, granularity, accumulation",
         summary="FP8 formats and their scales, delayed vs current scaling, accumulation; FP8 vs BF16.",

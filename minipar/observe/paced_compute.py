@@ -43,6 +43,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..check import one_thread
+
 __all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
@@ -171,20 +173,24 @@ def alternating_steps(steps: dict, rounds: int, group=None, warmup: int = 0) -> 
     """{name: [seconds of each timed round]}: every round runs each callable of ``steps`` once, in alternating
     order (so a slow spell of the machine falls on all of them), after ``warmup`` untimed rounds. In a process
     group, each call starts after a barrier and is timed on the slowest rank of ``group`` (an all-reduce of the
-    max; collective: every rank calls it with the same ``steps``); without one, in this process alone."""
+    max; collective: every rank calls it with the same ``steps``); without one, in this process alone.
+    Every step runs on one intra-op thread (:func:`minipar.check.one_thread`, as every launched rank does):
+    with two threads on a busy two-core machine a 10 ms step of a tiny model once took up to a second, each
+    small kernel's second thread waiting for a core, and the timing measured that wait."""
     together = dist.is_available() and dist.is_initialized()
     names, times = list(steps), {n: [] for n in steps}
-    for i in range(warmup + rounds):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            if together:
-                dist.barrier(group)
-            t0 = time.perf_counter()
-            steps[name]()
-            took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            if together:
-                dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
-            if i >= warmup:
-                times[name].append(float(took))
+    with one_thread():
+        for i in range(warmup + rounds):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                if together:
+                    dist.barrier(group)
+                t0 = time.perf_counter()
+                steps[name]()
+                took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                if together:
+                    dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+                if i >= warmup:
+                    times[name].append(float(took))
     return times
 
 

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from minipar import comm, launch
-from minipar.check import gpt_recipe, train_reference
+from minipar.check import gpt_recipe
 from minipar.memory import measured_model_state_bytes, saved_activation_bytes
 from minipar.precision.formats import BF16, FORMATS, FP16, FP32, decompose, round_to, spacing, vanishing_ratio
 from minipar.precision.loss_scaler import DynamicLossScaler
@@ -18,10 +18,11 @@ from minipar.precision.mixed import MixedPrecision, ddp_parallel_train, fp32_los
 from . import claims
 from .figures import draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing, draw_vanishing_ratios
 from .sixteen_bit_compute import show_accumulation, show_autocast
+from .training import show_training, train_four_ways
 
 __all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
            "show_against_gradscaler", "show_clip_after_unscale", "show_scale_history", "show_vanishing_sweep",
-           "show_sgd_updates_lost", "show_adam_gain", "show_training", "show_bf16_underflow",
+           "show_sgd_updates_lost", "show_adam_gain", "train_four_ways", "show_training", "show_bf16_underflow",
            "show_accumulation", "measure_model_state", "show_what_halves", "show_autocast"]
 
 
@@ -213,18 +214,6 @@ def show_adam_gain(lr: float = 3e-4, n: int = 256) -> None:
           f"{float(vanished16[update < 0].float().mean()):.0%} of those down")
     claims.check_lr_g_g_eps(update, adam_lost, bool(vanished16[update > 0].all()))
     claims.check_updates_down_survive(vanished16, update)
-
-
-def show_training(recipe) -> None:
-    """FP32, FP16 (with the scaler) and BF16 losses of the tiny GPT, step by step."""
-    ref = train_reference(recipe)
-    runs = {dt: train_mixed(recipe, dt)[0] for dt in (torch.float16, torch.bfloat16)}
-    for step, l32 in enumerate(ref.losses):
-        print(f"step {step}: FP32 {l32:.4f}  FP16 {runs[torch.float16].losses[step]:.4f}  "
-              f"BF16 {runs[torch.bfloat16].losses[step]:.4f}")
-    drift = {dt: max(abs(a - b) for a, b in zip(runs[dt].losses, ref.losses)) for dt in runs}
-    print(f"largest |loss - FP32 loss| over the steps: FP16 {drift[torch.float16]:.4f}, BF16 {drift[torch.bfloat16]:.4f}")
-    claims.check_close_learns(drift, ref)
 
 
 def show_bf16_underflow(case) -> None:

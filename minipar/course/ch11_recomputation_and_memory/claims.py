@@ -15,6 +15,13 @@ def check_4_4_8_bytes_per_parameter(acc, psi) -> None:
     assert acc.activations > acc.model_states                  # at s = 64 the activations already dominate
 
 
+def check_head_and_loss(head, tokens, h, vocab) -> None:
+    """Where the memory of one step goes: the head and loss keep their input, the head's input and the FP32
+    log-probabilities, 4·(2·h + V) bytes a token, plus LayerNorm's statistics and the targets"""
+    model = 4 * tokens * (2 * h + vocab)
+    assert model <= head <= 1.05 * model, (head, model)
+
+
 def check_activations_per_block_formula_measurement(rows) -> None:
     """Activations per block: the formula and the measurement"""
     assert all(abs(got - want) <= 0.01 * want for _, _, got, want, _ in rows)

@@ -1,5 +1,5 @@
-"""Chapter 11 picture: live memory through one training step (forward, then backward) of a 4-block tiny
-GPT, measured with :class:`minipar.memory.LiveTensorTracker`, without recomputation, with selective
+"""Chapter 11 picture: live memory through one training step (forward, then backward) of the 3-block tiny
+GPT (sections 1-4's model), measured with :class:`minipar.memory.LiveTensorTracker`, without recomputation, with selective
 (attention core) and with full (whole block) recomputation. Forward: activations pile up block after
 block; backward: they are released while the parameters' gradients appear (what is left at the end); with
 recomputation each block's activations come back briefly during its own backward — the bumps. And the
@@ -13,7 +13,7 @@ from minipar.recompute import MODES, apply_recompute, memory_timeline
 
 __all__ = ["timelines", "draw_timelines", "draw_length_sweep", "FIGURES", "CONFIG"]
 
-CONFIG = GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=64, dropout=0.1)
+CONFIG = GPTConfig(n_layer=3, n_embd=64, n_head=4, block_size=64, dropout=0.1)
 MODE_COLOURS = {"none": "#C44E52", "selective": "#DD8452", "full": "#4C72B0"}
 
 

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from minipar import comm
 from minipar.activations import activation_bytes_formula
 from minipar.launcher import launch
+from minipar.loop import lm_loss
 from minipar.memory import measure_step, saved_activation_bytes
 from minipar.models import GPTConfig, TinyGPT
 from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute, step_flops
 
 from . import claims
-from .bench import step_times
+from .bench import against_none, step_times, unsteady
 from .figures import draw_length_sweep, draw_timelines, timelines
 from .gpt3 import GPT3, show_gpt3_dial, show_segments, show_three_counts
 
@@ -57,11 +58,26 @@ def one_step(mode: str = "none"):
     return measure_step(step, model.parameters(), opt)
 
 
+def head_and_loss_bytes() -> int:
+    """Bytes the final LayerNorm, the LM head and the loss keep for backward (their input included): the
+    head's input and the FP32 log-probabilities, s·b·V values, are most of it."""
+    model, (_, y) = TinyGPT(CFG), _batch()
+    h = torch.randn(B, S, H, requires_grad=True)                 # what the last block hands on
+    return saved_activation_bytes(lambda h: lm_loss(model.head(model.ln_f(h)), y), h,
+                                  exclude=list(model.parameters()))[1]
+
+
 def show_one_step(acc) -> None:
-    n = psi()
+    n, head = psi(), head_and_loss_bytes()
     print({k: f"{v / 1024:.0f} KiB" for k, v in acc.as_dict().items()})
-    print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each, activations {acc.activations:,} B")
+    print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each")
+    print(f"activations {acc.activations:,} B: blocks and embedding {acc.activations - head:,} B, "
+          f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
+    s, v, h = GPT3["s"], 50257, GPT3["h"]
+    print(f"GPT-3 (s = {s}, V = {v:,}, h = {h:,}), one sequence: FP32 logits 4·s·V = {4 * s * v / 1e6:.0f} MB, "
+          f"one layer's linear part 34·sbh = {34 * s * h / 1e6:.0f} MB")
     claims.check_4_4_8_bytes_per_parameter(acc, n)
+    claims.check_head_and_loss(head, S * B, H, CFG.vocab_size)
     claims.check_peak_below_sum(acc)
 
 
@@ -193,7 +209,8 @@ def show_timelines(data) -> None:
     draw_timelines(ax, data)
     plt.show()
     peaks = {mode: data[mode][1] for mode in MODES}
-    print({m: f"{p / 1024:.0f} KiB" for m, p in peaks.items()})
+    print(f"§1's model ({CFG.n_layer} blocks), peak of the bytes forward + backward create (§1's peak adds the model states): "
+          + ", ".join(f"{m} {p / 1024:.0f} KiB" for m, p in peaks.items()))
     claims.check_one_steps_memory_as_timeline(peaks)
 
 
@@ -263,15 +280,18 @@ def times_by_mode() -> dict:
     return step_times({mode: _train_step(mode) for mode in MODES})
 
 
-def show_times(seconds, flops) -> None:
-    fast = {mode: min(t) for mode, t in seconds.items()}
-    slow = {mode: max(t) for mode, t in seconds.items()}
+def show_times(seconds, flops, loaded=None) -> None:
+    """Each mode's fastest and slowest step, its FLOPs and its time against none: fastest ÷ fastest always,
+    and the per-round ratio's median [IQR] with its verdict (:func:`.bench.against_none`). ``loaded``:
+    whether other load disturbed the steps (default: judged on the steps, :func:`.bench.unsteady`)."""
+    loaded = unsteady(seconds) if loaded is None else loaded
     for mode in MODES:
-        line = (f"{mode:9}: fastest {fast[mode] * 1e3:6.1f} ms, slowest {slow[mode] * 1e3:7.1f} ms;  "
+        t = seconds[mode]
+        line = (f"{mode:9}: fastest {min(t) * 1e3:5.1f} ms, slowest {max(t) * 1e3:6.1f} ms;  "
                 f"FLOPs × none {flops[mode] / flops['none']:.2f}")
         if mode != "none":
-            overlap = fast[mode] <= slow["none"] and fast["none"] <= slow[mode]
-            line += ("; time: a tie with none (the ranges overlap)" if overlap
-                     else f"; time × none {fast[mode] / fast['none']:.2f} (fastest against fastest)")
+            fastest, median, (q1, q3), verdict = against_none(t, seconds["none"], loaded)
+            line += (f";  time × none: fastest {fastest:.2f}, per round {median:.2f} [{q1:.2f} – {q3:.2f}]"
+                     f" → {verdict}")
         print(line)
     claims.check_step_times(seconds)

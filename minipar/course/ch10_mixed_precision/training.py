@@ -1,0 +1,83 @@
+"""Chapter 10's training run: the tiny GPT trained for a few hundred Adam steps in FP32, in mixed precision
+(FP16 with FP32 masters and the loss scaler; BF16 with FP32 masters, no loss scaler), and in BF16 without
+FP32 masters (the weights and Adam's update in BF16): the model-level view of §5's vanishing updates."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import matplotlib.pyplot as plt
+import torch
+
+from minipar.check import gpt_recipe, one_thread, train_reference
+from minipar.precision.mixed import fp32_loss, train_mixed
+
+from . import claims
+
+__all__ = ["train_four_ways", "show_training"]
+
+FP32, FP16_MASTERS, BF16_MASTERS, BF16_ONLY = ("FP32", "FP16 + FP32 masters + scaler",
+                                               "BF16 + FP32 masters, no scaler", "BF16, no FP32 masters")
+
+
+def _bf16_only(recipe) -> tuple:
+    """Every weight, gradient and Adam state in BF16: w + u is rounded to BF16 at every step. Returns (the
+    losses, (LayerNorm gain values that moved from 1.0, all of them))."""
+    model = recipe.model().to(torch.bfloat16)
+    opt = recipe.optimizer(model.parameters())
+    losses = []
+    for x, y in recipe.batches:
+        loss = fp32_loss(model, x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    gains = torch.cat([p.detach().flatten() for n, p in model.named_parameters() if ".ln" in f".{n}" and n.endswith("weight")])
+    return losses, (int((gains != 1).sum()), gains.numel())
+
+
+def train_four_ways(steps: int = 200, lr: float = 1e-3) -> SimpleNamespace:
+    """``losses``: {run: [loss per step]} of the same tiny GPT, batches and Adam (``lr``) in the four
+    precisions; ``gains_moved``: (LayerNorm gain values moved, all of them) in the run without masters."""
+    recipe = dataclasses.replace(gpt_recipe(steps=steps), optimizer=lambda ps: torch.optim.Adam(ps, lr=lr))
+    with one_thread():
+        losses = {FP32: train_reference(recipe).losses,
+                  FP16_MASTERS: train_mixed(recipe, torch.float16)[0].losses,
+                  BF16_MASTERS: train_mixed(recipe, torch.bfloat16)[0].losses}
+        losses[BF16_ONLY], gains_moved = _bf16_only(recipe)
+    return SimpleNamespace(losses=losses, gains_moved=gains_moved, lr=lr)
+
+
+def _mean_last(losses, n: int = 20) -> float:
+    return sum(losses[-n:]) / n
+
+
+def show_training(trained: SimpleNamespace) -> None:
+    """Each run's loss curve and its gap to FP32's; per run the final loss (mean of the last 20 steps) and
+    the largest |loss − FP32 loss| over the steps; how many LayerNorm gains moved without masters."""
+    runs, lr = trained.losses, trained.lr
+    ref = runs[FP32]
+    gap = {name: [a - b for a, b in zip(losses, ref)] for name, losses in runs.items() if name != FP32}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    colour = dict(zip(runs, ("black", "#DD8452", "#4C72B0", "#C44E52")))
+    for name, losses in runs.items():
+        left.plot(losses, lw=1, color=colour[name], label=name)
+    for name, g in gap.items():
+        right.plot(g, lw=1, color=colour[name], label=name)
+    left.set(xlabel="step", ylabel="loss", title=f"the tiny GPT, Adam lr = {lr:g} (three curves overlap)")
+    right.set(xlabel="step", ylabel="loss − FP32 loss", title="gap to FP32")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    plt.show()
+    print(f"{'run':32}{'final loss':>11}{'largest |gap| to FP32':>23}")
+    for name, losses in runs.items():
+        largest = max(abs(g) for g in gap[name]) if name in gap else 0.0
+        print(f"{name:32}{_mean_last(losses):11.4f}{largest:23.4f}")
+    moved, gains = trained.gains_moved
+    print(f"final loss: mean of the last 20 steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm gain "
+          f"at 1: {moved} of its {gains} gain values moved")
+    masters = (FP16_MASTERS, BF16_MASTERS)
+    claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
+                                     {m: max(abs(x) for x in gap[m]) for m in masters},
+                                     _mean_last(runs[BF16_ONLY]), ref[0], trained.gains_moved)
