@@ -91,7 +91,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=30, elective_minutes=0, run_seconds=11),
+        core_minutes=30, elective_minutes=0, run_seconds=14),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -103,7 +103,7 @@ ABOUT = {
     "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
-        core_minutes=35, elective_minutes=0, run_seconds=12),
+        core_minutes=35, elective_minutes=0, run_seconds=9),
     "10b": About(  # 2173 words (11 min) + 4 exercise stubs
         title="FP8 training: scales, granularity, accumulation",
         summary="FP8 formats and their scales, delayed vs current scaling, accumulation; FP8 vs BF16.",
