@@ -64,8 +64,8 @@ def format_table(table: dict, x_shape, w_shape) -> str:
     rank 0's ring sends carried in each phase beside the formula (a model), and the bytes of x, w and y it holds
     after the forward."""
     n = len(next(iter(table.values())).forward)
-    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes per rank (rank 0 shown)",
-             f"{'':7} {'':>20} {'':>9} {'':>8} {'':>9} {'':>8} {'rank 0 holds after fwd':>20}",
+    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes (B) per rank (rank 0 shown)",
+             f"{'':7} {'':>20} {'':>9} {'':>8} {'':>9} {'':>8} {'holds after fwd (B)':>20}",
              f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
              f"{'formula':>8} {'x':>8} {'w':>5} {'y':>5}  collectives"]
     for s, m in table.items():

@@ -79,13 +79,14 @@ def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
     print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} B, "
           f"formula (N-1)/N·|y| = {formula:.0f} B")
     claims.check_what_oneflow_article_says_about(table_b, bwd, k, m, gathered_y, formula)
-    real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4)["backward"] for s in ("data", "column")}
-    print(f"real size, x 16384×4096 · w 4096×4096 float32 on 4 ranks, backward bytes per rank (formula): "
-          f"data {real['data'] / 2**20:.0f} MiB, column {real['column'] / 2**20:.0f} MiB")
+    real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4) for s in ms.SPLITS}
     state = {s: max(ms.shard_sizes(4096, 4)) * 4096 * ADAM_BYTES_PER_PARAM if s != "data"
              else 4096 * 4096 * ADAM_BYTES_PER_PARAM for s in ms.SPLITS}
-    print(f"and the weight's training state per rank (fp32 w + gradient + Adam's two moments, "
-          f"{ADAM_BYTES_PER_PARAM} B/param): " + ", ".join(f"{s} {b / 2**20:.0f} MiB" for s, b in state.items()))
+    print(f"\nreal size, x 16384×4096 · w 4096×4096, float32, 4 ranks (formulas), MiB per rank:\n"
+          f"{'split':7} {'fwd sent':>9} {'bwd sent':>9} {'w state':>9}")
+    for s in ms.SPLITS:
+        print(f"{s:7} {real[s]['forward'] / 2**20:>9.0f} {real[s]['backward'] / 2**20:>9.0f} {state[s] / 2**20:>9.0f}")
+    print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} B/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 

@@ -26,5 +26,5 @@ def test_compare_and_measure_on_two_ranks():
     assert not dataclasses.replace(table["data"], max_abs_diff=1e-3).agrees(1e-5)
     text = format_table(table, x.shape, w.shape)
     assert text.splitlines()[0].startswith("2 ranks, x (4, 5) · w (5, 8)") and "column" in text
-    assert text.splitlines()[1].strip() == "rank 0 holds after fwd"     # what the x, w, y columns count
+    assert text.splitlines()[1].strip() == "holds after fwd (B)"     # what the x, w, y columns count
     assert text.splitlines()[2].split()[-4:] == ["x", "w", "y", "collectives"]
