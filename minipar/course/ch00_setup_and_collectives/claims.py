@@ -62,6 +62,20 @@ def check_collectives_live_4_ranks(rows) -> None:
         assert within != bool(r["note"]), r
 
 
+def check_framing_about_150_bytes_a_message(per_message) -> None:
+    """What each collective sends: where gloo runs the formula's algorithm, the wire carries the formula plus
+    gloo's framing, about 150 bytes a message"""
+    assert 120 <= per_message <= 180, per_message
+
+
+def check_effective_beta_below_peak(cards, published) -> None:
+    """Published links: the table's β is the datasheet peak, the same the later chapters' link cards start
+    from; their effective β is a share of it"""
+    peaks = [beta for _, beta, _ in published.values()]
+    assert [c.bandwidth for c in cards.values()] == peaks, (cards, published)
+    assert all(0.5 < c.efficiency < 1 for c in cards.values()), cards
+
+
 def check_gloo_differs_on_the_wire(by_name) -> None:
     """The collectives, live on 4 ranks: gloo's broadcast root sends 2·S (a binomial tree), not the formula's
     (N−1)·S = 3·S; gloo's reduce-scatter sends about an all-reduce's 2(N−1)/N·S"""

@@ -9,6 +9,8 @@ import os
 import matplotlib.pyplot as plt
 import torch
 
+from minipar.machine.cluster import IB_NDR, NVLINK4
+
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
@@ -98,6 +100,14 @@ def show_busiest(rows: list, every_row: bool = False) -> None:
     """The 1 MiB table: the busiest rank's bytes under the formula and on the wire (four rows, or all)."""
     shown = rows if every_row else [r for r in rows if r["name"] in FOUR_ROWS]
     print(ch00.format_busiest(shown))
+    ring = next(r for r in rows if r["name"] == "ring all_reduce")
+    if ring["observed"] is not None:                       # the sockets' counters exist (Linux)
+        messages = 2 * (4 - 1)                             # a ring all-reduce on 4 ranks: 2(N-1) sends per rank
+        per_message = (ring["observed"] - ring["formula"]) / messages
+        if not every_row:                                  # said once, under section 7's table
+            print(f"gloo's framing: ring all-reduce, {ring['observed'] - ring['formula']:+,.0f} B over its "
+                  f"{messages} messages = {per_message:.0f} B a message")
+        claims.check_framing_about_150_bytes_a_message(per_message)
     claims.check_collectives_live_4_ranks(rows)
     claims.check_gloo_differs_on_the_wire({r["name"]: r for r in rows})
 
@@ -136,16 +146,20 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
 
 def show_published_links() -> None:
     """Published α and β of real links (not measured here), and the ring all-reduce they give at N = 8 … 1024."""
-    print(f"{'published figures, not measured here':34} {'α per step':>10} {'β per direction':>16}")
+    print(f"{'published figures, not measured here':34} {'α per step':>10} {'β peak, one way':>16}")
     for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
         print(f"{link:34} {alpha * 1e6:>7.1f} µs {beta / 1e9:>11.0f} GB/s")
-    print(f"\nring all-reduce, model 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
+    print(f"\nring all-reduce at the peak β, model 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
     print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
     rows = published_ring_rows()
     for link, n, by_size in rows:
         cells = [f"{_duration(t):>9} ({share:>4.0%})" for t, share in by_size.values()]
         alpha, beta, _ = PUBLISHED_LINKS[link]
         print(f"{link:34} {n:>5} {cells[0]:>19} {cells[1]:>19} {crossover_bytes(n, alpha, beta) / 2**20:>7,.0f} MiB")
+    cards = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}     # the cards chapters 02 to 13 price with
+    effective = ", ".join(f"{name} {c.efficiency:.0%} = {c.beta / 1e9:.0f} GB/s" for name, c in cards.items())
+    print(f"\nlater chapters' effective β, the share of the peak a large ring reaches: {effective}")
+    claims.check_effective_beta_below_peak(cards, PUBLISHED_LINKS)
     claims.check_published_ring_grows_with_n(rows)
 
 
@@ -154,9 +168,7 @@ def _duration(seconds: float) -> str:
 
 
 def show_launch_vs_mp(by_hand: list, with_launch: list) -> None:
-    from torch.distributed.constants import default_pg_timeout
     print("torch.multiprocessing:", by_hand, "  minipar.launch:", with_launch)
-    print("a collective waits, by default, up to", default_pg_timeout, "(h:mm:ss) before it fails")
     claims.check_appendix_minipar_launch_torch_multiprocessing(by_hand, with_launch)
 
 
