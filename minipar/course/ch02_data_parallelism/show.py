@@ -16,10 +16,24 @@ from . import claims
 from .measure import timeline_summary
 
 __all__ = ["averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline",
-           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "guide_slow_path"]
+           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "against_one_device",
+           "guide_slow_path"]
 
 DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
             "scatter output grads": "(N-1)/N·|y|", "reduce grads": "(N-1)·P"}
+
+
+def against_one_device(c, brief: bool = False) -> str:
+    """One line for a :class:`minipar.check.Comparison`: "= one device" with the largest difference and the
+    tolerance it met; when it does not match, the full diagnostic, or (``brief``: a mismatch the cell
+    expects) the largest difference and where."""
+    if not c.matches and brief:
+        return f"differs from one device: max |Δ| {c.max_abs_diff:.2g} (at {c.worst})"
+    if not c.matches:
+        return str(c)
+    if c.atol == 0 and c.rtol == 0:
+        return "= one device, bit for bit"
+    return f"= one device (max |Δ| {c.max_abs_diff:.0e} ≤ {c.atol:g} + {c.rtol:g}·|ref|)"
 
 
 def averaging(worst: float, n: int) -> None:
@@ -32,7 +46,7 @@ def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> Non
     """§2: DataParallel against one device, then its five exchanges of one step (``log``), measured beside
     :func:`minipar.data.dp.predicted_exchange_bytes`."""
     c = compare(reference, [result])
-    print(f"DP on {n} thread-driven replicas vs one device: {str(c).splitlines()[0]}")
+    print(f"DP on {n} thread-driven replicas {against_one_device(c)}")
     x, _ = recipe.batches[0]
     out_bytes = x.numel() * recipe.model().cfg.vocab_size * 4                 # the logits, fp32
     want = dp.predicted_exchange_bytes(n, grad_bytes, x.numel() * x.element_size(), out_bytes)
@@ -60,11 +74,11 @@ def ddp_bytes(out: list, one, reference, grad_bytes: int, n: int) -> None:
     """§4: ``out`` = per rank (RunResult, bytes sent per step, all-reduces per step) of DDP on ``n`` ranks;
     ``one`` = the equivalence check on one rank (bit-exact)."""
     c = compare(reference, [r for r, _, _ in out])
-    print(f"DDP on {n} ranks vs one device: {str(c).splitlines()[0]}")
+    print(f"DDP on {n} ranks {against_one_device(c)}")
     formula = comm.predicted_bytes_sent("all_reduce", grad_bytes, n)
     for rank, (_, sent, calls) in enumerate(out):
         print(f"rank {rank}: {sent:,.0f} bytes sent per step in {calls:.0f} all-reduces; 2(N-1)/N·G = {formula:,.0f}")
-    print(f"DDP on one rank vs one device: {str(one).splitlines()[0]}")
+    print(f"DDP on one rank {against_one_device(one)}")
     c.assert_ok()
     claims.check_ddp_from_scratch(formula, out, one)
 
@@ -136,7 +150,7 @@ def no_sync(runs: dict, reference) -> None:
         c = compare(reference, [r for _, r in out])
         seen[wrong] = (all(ok for ok, _ in out), c.matches)
         print(f"{'WRONG' if wrong else 'right'}: replicas in sync: {seen[wrong][0]}; "
-              f"against one device: {str(c).splitlines()[0]}")
+              f"{against_one_device(c, brief=wrong)}")
     claims.check_pitfall_no_sync_used_wrongly(seen)
 
 
@@ -150,9 +164,11 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     grads = GPT2_SMALL_PARAMS * 4
     ddp_s = comm.predicted_bytes_sent("all_reduce", grads, n) / NVLINK3.beta
     dp_s = (n - 1) * grads / NVLINK3.beta
-    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients; on NVLink 3 ({NVLINK3.beta / 1e9:.0f} GB/s) with "
-          f"N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, which backward can cover; DP's device 0 "
-          f"sends the weights for {dp_s * 1e3:.1f} ms before forward and receives the gradients as long after backward")
+    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients. On NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s "
+          f"(effective: the {NVLINK3.efficiency:.0%} of its {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet peak per "
+          f"direction that a large ring reaches) with N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, "
+          f"during backward (D2 models how much hides); DP's device 0 sends the weights for {dp_s * 1e3:.1f} ms "
+          "before forward and receives the gradients as long after backward")
     claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
 
 
