@@ -10,30 +10,17 @@ from minipar.check import compare
 from minipar.data import dp
 from minipar.data.sampler import DistributedSampler
 from minipar.course.replays import GPT2_SMALL_PARAMS
+from minipar.course.report import against_one_device
 from minipar.machine.cluster import NVLINK3
 
 from . import claims
 from .measure import timeline_summary
 
 __all__ = ["averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline",
-           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "against_one_device",
-           "guide_slow_path"]
+           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "guide_slow_path"]
 
 DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
             "scatter output grads": "(N-1)/N·|y|", "reduce grads": "(N-1)·P"}
-
-
-def against_one_device(c, brief: bool = False) -> str:
-    """One line for a :class:`minipar.check.Comparison`: "= one device" with the largest difference and the
-    tolerance it met; when it does not match, the full diagnostic, or (``brief``: a mismatch the cell
-    expects) the largest difference and where."""
-    if not c.matches and brief:
-        return f"differs from one device: max |Δ| {c.max_abs_diff:.2g} (at {c.worst})"
-    if not c.matches:
-        return str(c)
-    if c.atol == 0 and c.rtol == 0:
-        return "= one device, bit for bit"
-    return f"= one device (max |Δ| {c.max_abs_diff:.0e} ≤ {c.atol:g} + {c.rtol:g}·|ref|)"
 
 
 def averaging(worst: float, n: int) -> None:

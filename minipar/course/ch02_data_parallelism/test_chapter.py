@@ -110,7 +110,7 @@ def test_one_line_equivalence_keeps_the_diagnostic_on_failure():
     """A match prints one short line with its tolerance; a mismatch the cell does not expect prints the full
     diagnostic (every offending tensor), an expected one its largest difference and where."""
     from minipar.check import Comparison
-    from minipar.course.ch02_data_parallelism.show import against_one_device
+    from minipar.course.report import against_one_device
     ok = Comparison(True, 9.48e-06, 4.6e-4, "blocks.0.attn.qkv.bias on rank 0", [0.0], 2e-5, 1e-4)
     assert against_one_device(ok) == "= one device (max |Δ| 9e-06 ≤ 2e-05 + 0.0001·|ref|)"
     assert against_one_device(Comparison(True, 0.0, 0.0, "-", [0.0], 0, 0)) == "= one device, bit for bit"

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from minipar.check import RunResult, compare
 from minipar.course import replays
-from minipar.course.ch02_data_parallelism.show import against_one_device   # one line: = one device (max |Δ| ≤ tolerance)
-from minipar.course.report import Report
+from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
 from minipar.machine.cluster import NVLINK3, a100_cluster
