@@ -43,11 +43,13 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
     t0 = min(s for _, s, _ in spans)
     lines = [f"replica {i}: {1e3 * (s - t0):6.1f} → {1e3 * (e - t0):6.1f} ms" for i, s, e in sorted(spans)]
     concurrency = sum(e - s for _, s, e in spans) / (max(e for _, _, e in spans) - t0)
-    lines.append(f"busy / wall = {concurrency:.2f}: " + ("the replicas ran mostly one after another"
-                 if concurrency < 1.25 else f"on average {concurrency:.2f} replicas ran at once"))
+    cores = len(os.sched_getaffinity(0))
+    lines.append(f"sum of the spans / the step's span = {concurrency:.2f}: " + (
+        "the replicas ran mostly one after another" if concurrency < 1.25 else
+        f"on average {concurrency:.2f} replicas were in flight at once (one waiting for the GIL or a core counts; "
+        f"{cores} cores can run at most {cores})"))
     one, threads = gil["one_thread"], gil["threads"]
     spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
-    cores = len(os.sched_getaffinity(0))
     gain = statistics.median(one) / statistics.median(threads)
     tie = max(threads) >= min(one) and max(one) >= min(threads)
     verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else

@@ -10,6 +10,7 @@ from minipar.check import compare
 from minipar.data import dp
 from minipar.data.sampler import DistributedSampler
 from minipar.course.replays import GPT2_SMALL_PARAMS
+from minipar.course.report import against_one_device
 from minipar.machine.cluster import NVLINK3
 
 from . import claims
@@ -32,7 +33,7 @@ def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> Non
     """§2: DataParallel against one device, then its five exchanges of one step (``log``), measured beside
     :func:`minipar.data.dp.predicted_exchange_bytes`."""
     c = compare(reference, [result])
-    print(f"DP on {n} thread-driven replicas vs one device: {str(c).splitlines()[0]}")
+    print(f"DP on {n} thread-driven replicas {against_one_device(c)}")
     x, _ = recipe.batches[0]
     out_bytes = x.numel() * recipe.model().cfg.vocab_size * 4                 # the logits, fp32
     want = dp.predicted_exchange_bytes(n, grad_bytes, x.numel() * x.element_size(), out_bytes)
@@ -60,11 +61,11 @@ def ddp_bytes(out: list, one, reference, grad_bytes: int, n: int) -> None:
     """§4: ``out`` = per rank (RunResult, bytes sent per step, all-reduces per step) of DDP on ``n`` ranks;
     ``one`` = the equivalence check on one rank (bit-exact)."""
     c = compare(reference, [r for r, _, _ in out])
-    print(f"DDP on {n} ranks vs one device: {str(c).splitlines()[0]}")
+    print(f"DDP on {n} ranks {against_one_device(c)}")
     formula = comm.predicted_bytes_sent("all_reduce", grad_bytes, n)
     for rank, (_, sent, calls) in enumerate(out):
         print(f"rank {rank}: {sent:,.0f} bytes sent per step in {calls:.0f} all-reduces; 2(N-1)/N·G = {formula:,.0f}")
-    print(f"DDP on one rank vs one device: {str(one).splitlines()[0]}")
+    print(f"DDP on one rank {against_one_device(one)}")
     c.assert_ok()
     claims.check_ddp_from_scratch(formula, out, one)
 
@@ -136,7 +137,7 @@ def no_sync(runs: dict, reference) -> None:
         c = compare(reference, [r for _, r in out])
         seen[wrong] = (all(ok for ok, _ in out), c.matches)
         print(f"{'WRONG' if wrong else 'right'}: replicas in sync: {seen[wrong][0]}; "
-              f"against one device: {str(c).splitlines()[0]}")
+              f"{against_one_device(c, brief=wrong)}")
     claims.check_pitfall_no_sync_used_wrongly(seen)
 
 
@@ -150,9 +151,11 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     grads = GPT2_SMALL_PARAMS * 4
     ddp_s = comm.predicted_bytes_sent("all_reduce", grads, n) / NVLINK3.beta
     dp_s = (n - 1) * grads / NVLINK3.beta
-    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients; on NVLink 3 ({NVLINK3.beta / 1e9:.0f} GB/s) with "
-          f"N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, which backward can cover; DP's device 0 "
-          f"sends the weights for {dp_s * 1e3:.1f} ms before forward and receives the gradients as long after backward")
+    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients. On NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s "
+          f"(effective: the {NVLINK3.efficiency:.0%} of its {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet peak per "
+          f"direction that a large ring reaches) with N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, "
+          f"during backward (D2 models how much hides); DP's device 0 sends the weights for {dp_s * 1e3:.1f} ms "
+          "before forward and receives the gradients as long after backward")
     claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
 
 

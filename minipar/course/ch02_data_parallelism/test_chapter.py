@@ -104,3 +104,16 @@ def test_dp_and_ddp_bytes_count_what_each_sends(capsys):
         claims.check_gpt2_on_nvlink(3.2e-3, 4 * 3.2e-3, n)
     with pytest.raises(AssertionError):                  # GPT-2's gradients counted in fp16 (half the time)
         claims.check_gpt2_on_nvlink(1.6e-3, 2 * 1.6e-3, n)
+
+
+def test_one_line_equivalence_keeps_the_diagnostic_on_failure():
+    """A match prints one short line with its tolerance; a mismatch the cell does not expect prints the full
+    diagnostic (every offending tensor), an expected one its largest difference and where."""
+    from minipar.check import Comparison
+    from minipar.course.report import against_one_device
+    ok = Comparison(True, 9.48e-06, 4.6e-4, "blocks.0.attn.qkv.bias on rank 0", [0.0], 2e-5, 1e-4)
+    assert against_one_device(ok) == "= one device (max |Δ| 9e-06 ≤ 2e-05 + 0.0001·|ref|)"
+    assert against_one_device(Comparison(True, 0.0, 0.0, "-", [0.0], 0, 0)) == "= one device, bit for bit"
+    bad = Comparison(False, 0.06, 1.6e3, "loss at step 1 on rank 3", [0.06], 2e-5, 1e-4, ["tok_emb.weight: too far"])
+    assert "DOES NOT MATCH" in against_one_device(bad) and "tok_emb.weight" in against_one_device(bad)
+    assert against_one_device(bad, brief=True) == "differs from one device: max |Δ| 0.06 (at loss at step 1 on rank 3)"

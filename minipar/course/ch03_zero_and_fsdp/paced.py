@@ -115,4 +115,9 @@ def table(m: dict) -> str:
     with_p, without = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
                  + VERDICTS[verdict(*m["seconds"].values())])
+    slots = m["blocks"] * (f + b)
+    regime = "communication-bound" if slots < without / 2 else "compute-bound"
+    lines.append(f"  without prefetch, {slots * 1e3:.0f} ms of the {without * 1e3:.0f} ms step is compute slots and "
+                 f"{1 - slots / without:.0%} is gloo's collectives on the shared cores ({regime}); prefetch hides "
+                 f"gathers under compute, so it can save at most the {slots * 1e3:.0f} ms of slots")
     return "\n".join(lines)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from minipar.check import RunResult, compare
 from minipar.course import replays
-from minipar.course.report import Report
+from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
-from minipar.machine.cluster import a100_cluster
+from minipar.machine.cluster import NVLINK3, a100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
@@ -57,7 +57,7 @@ def la_lb_lc(runs: list, reference: RunResult) -> Report:
     step1 = [(kind, layer) for step, kind, layer in runs[0]["events"] if step == 1]
     lines = [f"rank {rank} holds " + ", ".join(f"{name} = {v:.2f}" for layer in run["held"].values()
                                                 for name, v in layer) for rank, run in enumerate(runs)]
-    lines += [str(agreement), "rank 0, step 1: " + ", ".join(f"{kind} {layer}" for kind, layer in step1)]
+    lines += [f"trained 3 steps: {against_one_device(agreement)}", "rank 0, step 1: " + ", ".join(f"{kind} {layer}" for kind, layer in step1)]
 
     def checks(r):
         agreement.assert_ok()
@@ -107,9 +107,14 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
         b = big["dgx"][name]
         lines.append(f"{name:13}| {b.step_between('step') * 1e3:>5.2f} ms {replays.exposed_per_step(b) * 1e3:>7.2f} ms "
                      f"{replays.hidden_share(b):>7.0%}")
-    even = break_even_tokens(a100_cluster(1), world_size)
+    dgx = a100_cluster(1)
+    even = break_even_tokens(dgx, world_size)
     lines.append(f"break-even: a unit's compute covers its all-gather from (N-1)/N·F/β = {even:,.0f} tokens per GPU "
-                 f"(N = {world_size}); this model runs {replays.SEED_TOKENS_PER_GPU:,}")
+                 f"(N = {world_size}); this model runs {replays.SEED_TOKENS_PER_GPU:,}. F = "
+                 f"{dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s, what the matmuls reach "
+                 f"({dgx.flops_efficiency:.2f} × the {dgx.peak_flops / 1e12:.0f} TFLOP/s peak); β = "
+                 f"{dgx.intra_bw / 1e9:.0f} GB/s, what a ring reaches ({dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
+                 f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction)")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
     return Report("\n".join(lines), _check_prefetch, big=big, with_p=with_p, without=without,
                   hidden_share=replays.hidden_share(with_p), break_even=even)

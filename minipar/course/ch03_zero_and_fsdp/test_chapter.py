@@ -77,6 +77,8 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
          "blocks": 4, "block_bytes": 4.9e6}
     claims.check_prefetch_saves_time_paced(m)                            # one slow step: the median is outside
     assert "a median lies outside" in paced.table(m)
+    assert "96 ms of the 250 ms step is compute slots and 62% is gloo's collectives" in paced.table(m)
+    assert "(communication-bound)" in paced.table(m)        # the regime the notebook's text explains the saving by
     tie = dict(m, seconds={"prefetch": [0.20, 0.25, 0.30], "no prefetch": [0.22, 0.24, 0.26]})
     with pytest.raises(AssertionError):
         claims.check_prefetch_saves_time_paced(tie)
@@ -106,3 +108,14 @@ def test_break_even_tokens_is_the_formula_and_the_claim_refuses_a_model_below_it
     for even, tokens in ((841, 512), (280, 4096)):        # a model below it; a bound a third too small (F/3β)
         with pytest.raises(AssertionError):
             claims.check_break_even_below_the_models_tokens(even, tokens)
+
+
+def test_tiling_checks_the_gradients_through_the_refetch():
+    """Memory-centric tiling prints and holds the gradients (input, weight, bias) against the untiled layer,
+    not only the forward output; a gradient gap fails the claim."""
+    from minipar.course.ch03_zero_and_fsdp import claims, offload_and_tiling
+    r = offload_and_tiling.tiling((1, 4, 16))
+    r.check()
+    assert "gradients (input, weight, bias) max |Δ|" in r.text and max(r.grad_gaps.values()) <= 1e-6
+    with pytest.raises(AssertionError):
+        claims.check_memory_centric_tiling_one_layer(r.outputs, r.peaks, {**r.grad_gaps, 16: 1e-3})
