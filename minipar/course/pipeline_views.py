@@ -131,7 +131,7 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
     import matplotlib.pyplot as plt
     n = len(runs_by_schedule)
     fig, axes = plt.subplots(n, 2, figsize=(12, 1.4 * n + 0.6), squeeze=False)
-    paced = False
+    paced, drawn = False, set()
     for (name, m, v), ax_row in zip(runs_by_schedule, axes):
         runs = runs_by_schedule[(name, m, v)]
         pace = runs[0].pace
@@ -148,6 +148,7 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
             rows = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in step_rows(runs, step)]
             waits = [(r, k, s, i, 1e3 * a, 1e3 * b) for r, k, s, i, a, b in waits]
             idle = measured_idle_fraction(runs, step)
+        drawn |= {row[1] for row in sim_rows(sim) + rows}
         draw_gantt(ax_row[1], rows, p, f"{name} measured{' paced' if paced else ''} (step {step}): idle "
                                        f"{idle:.1%}" + (" (wall clock; bars on the slot grid)" if paced else ""),
                    labels=False)
@@ -158,7 +159,7 @@ def draw_measured(runs_by_schedule: dict, p: int = 4):
                            if paced
                            else "measured ms (4 CPU processes, gloo)", fontsize=8)
     fig.subplots_adjust(left=0.06, right=0.98, top=0.94, bottom=0.12, hspace=0.7, wspace=0.12)
-    gantt_legend(fig)
+    gantt_legend(fig, kinds=tuple(k for k in ("F", "BW", "B", "W") if k in drawn))   # only the kinds drawn
     return fig
 
 

@@ -29,6 +29,11 @@ def check_gpipe_bytes_sent(sent, formula, per_rank, ma) -> None:
     assert per_rank == [ma] + [2 * ma] * (len(per_rank) - 2) + [ma], per_rank
 
 
+def check_pp_sends_least(pp, dp, tp) -> None:
+    """Why PP is the dimension that crosses nodes: split the same model on the same ranks, PP sends the fewest bytes"""
+    assert pp * 10 < min(dp, tp), (pp, dp, tp)
+
+
 def check_1f1b_bubble_equals_gpipe(g, o) -> None:
     """1F1B (PipeDream-Flush): warm-up, steady state, cool-down"""
     assert g.bubble_fraction == o.bubble_fraction and g.bubble_ratio == o.bubble_ratio

@@ -10,7 +10,7 @@ from minipar.pipeline.runtime import measured_idle_fraction, typical_step
 from . import claims
 from .figures import draw_measured, draw_memory, paced_idle, peak_held
 
-__all__ = ["show_refusal", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
+__all__ = ["show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
            "show_same_bubble", "show_held", "show_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
            "show_paced", "check_widget", "show_idle_breakdown"]
@@ -91,17 +91,24 @@ def show_batch_arithmetic(mbs: int, chunks: int, dp: int) -> None:
 
 def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: int) -> None:
     """Bytes each rank sent per step (the end ranks m·A, the middle ones 2m·A) and their mean beside 2(p-1)·m·A/p,
-    and what DP or TP of degree 2 would all-reduce."""
+    and what the same p ranks would send splitting the model by DP or by TP instead (ring model)."""
     per_rank = [r.bytes_sent // steps for r in runs]
     sent, formula = sum(per_rank) / p, 2 * (p - 1) * m * a / p
     print(f"bytes sent per step, rank 0..{p - 1}: {per_rank}  (m·A = {m * a}: the end ranks send one direction only, "
           f"the middle ranks both)")
     print(f"mean over the ranks: measured {sent:.0f}, formula 2(p-1)mA/p = {formula:.0f}")
     claims.check_gpipe_bytes_sent(sent, formula, per_rank, m * a)
-    stage_grads = sum(w.numel() for w in reference.params.values()) * 8 / p   # one stage's float64 gradients, on average
-    print(f"the same stage at degree 2, ring model: data-parallel, each rank all-reduces the stage's gradients, "
-          f"{stage_grads:,.0f} B a step; tensor-parallel, each rank all-reduces A four times per layer per "
-          f"micro-batch, {4 * m * a:,.0f} B a step for every layer of the stage")
+    grads = sum(w.numel() for w in reference.params.values()) * 8      # the whole model's float64 gradients
+    layers = len({name.split(".")[1] for name in reference.params if name.startswith("blocks.")})
+    ring = 2 * (p - 1) / p
+    dp, tp = ring * grads, ring * 4 * m * a * layers   # TP: 4 all-reduces of the batch's activation (m·A) per layer
+    print(f"the same {p} ranks and model, split three ways: bytes each rank sends per step (all-reduces: ring model)")
+    rows = [("PP, a stage each", sent, "to 1 or 2 neighbours, point to point, once per micro-batch"),
+            ("DP, a replica each", dp, f"to all {p}, one all-reduce of the gradients a step (overlaps backward)"),
+            (f"TP, 1/{p} of every layer", tp, f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
+    for label, sends, how in rows:
+        print(f"  {label:24s} {sends:>9,.0f}   {how}")
+    claims.check_pp_sends_least(sent, dp, tp)
 
 
 def show_same_bubble(p: int, m: int) -> None:
@@ -177,6 +184,19 @@ def show_beside(beside: dict, m: int) -> None:
         print(b, "\n")
     claims.check_same_schedules_pytorch_torch_distributed(beside)
     claims.check_last_stage_ran_m_forwards_m(beside, beside["1f1b"].runs[-1], m)
+
+
+def show_link(alpha: float, beta: float, pingpong: dict) -> None:
+    """The ping-pong's fit: α always; β only where the largest size's transfer term S/β is at least α (else
+    the fit's β is lost in the scatter of α, and the sizes cannot resolve it)."""
+    largest = max(pingpong)
+    transfer = largest / beta
+    where = f"ping-pong, {len(pingpong)} sizes up to {largest // 1024} KiB"
+    if transfer >= alpha:
+        print(f"measured here: one message α = {alpha * 1e6:.0f} µs, β ≈ {beta / 1e9:.1f} GB/s ({where})")
+    else:
+        print(f"measured here: one message α = {alpha * 1e6:.0f} µs; β not resolved at these sizes ({where}: "
+              f"the fit's transfer term at {largest // 1024} KiB, {transfer * 1e6:.1f} µs, is under α)")
 
 
 def show_idle_breakdown(why, unpaced: dict, p: int) -> None:

@@ -116,7 +116,7 @@ def draw_terms(terms: dict, p: int, shown=("stages", "p2p", "cores", "measured")
         draw_gantt(ax, rows, p, f"{label}: idle {idle:.1%}", labels=False)
     axes[-1].set_xlabel("ms (4 CPU processes)", fontsize=8)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.14, hspace=0.7)
-    gantt_legend(fig)
+    gantt_legend(fig, kinds=("F", "BW"))   # this chapter's kinds: 04b adds B and W
     return fig
 
 
@@ -197,16 +197,17 @@ class IdleBreakdown:
     def __str__(self) -> str:
         i, labels = self.idle, {"formula": "formula (p-1)/(m+p-1)", "measured": "measured (wall clock here)", **TITLES}
         out = [f"{'idle fraction of one step of one run, ' + self.schedule:52s} {'':>7s}"]
-        out += [f"{labels[t]:52s} {i[t]:7.0%}" for t in TERMS]
+        pct = {t: round(100 * i[t]) for t in i}   # whole points (one run, which a rerun moves), rows and steps alike
+        out += [f"{labels[t]:52s} {pct[t]:6d}%" for t in TERMS]
         ms = lambda xs: " ".join(f"{x * 1e3:.2f}" for x in xs)   # noqa: E731
         out.append(f"work per rank, ms: CPU {ms(self.work['stages'])} | wall {ms(self.work['cores'])}")
         out.append("model DGX-A100, µs per rank: " + " ".join(f"{x * 1e6:.0f}" for x in self.work["dgx_a100"])
                    + " = kernels × 5 µs launch floor: " + " ".join(f"{f * 1e6:.0f}" for f in self.launch_floors)
                    + " + the rest")
-        pts = lambda x: f"{100 * x:+.0f}"   # noqa: E731  (whole points: one run, which a rerun moves)
-        out.append(f"formula {i['formula']:.0%} -> measured costs {pts(i['stages'] - i['formula'])} -> p2p "
-                   f"{pts(i['p2p'] - i['stages'])} -> shared cores {pts(i['cores'] - i['p2p'])} -> rest "
-                   f"{pts(i['measured'] - i['cores'])} = measured {i['measured']:.0%}")
+        pts = lambda a, b: f"{pct[b] - pct[a]:+d}"   # noqa: E731  (steps between printed rows add up)
+        out.append(f"formula {pct['formula']}% -> measured costs {pts('formula', 'stages')} -> p2p "
+                   f"{pts('stages', 'p2p')} -> shared cores {pts('p2p', 'cores')} -> rest "
+                   f"{pts('cores', 'measured')} = measured {pct['measured']}%")
         out.append(self.reading())
         return "\n".join(out)
 
@@ -215,7 +216,7 @@ class IdleBreakdown:
         rest = self.idle["measured"] - self.idle["cores"]
         if rest >= 0:
             return (f"the replay accounts for {self.explained:.0%} of the gap formula -> measured; the rest, "
-                    f"{100 * rest:+.0f} points, is what no term prices, such as a rank whose message has arrived "
+                    f"{round(100 * self.idle['measured']) - round(100 * self.idle['cores']):+d} points, is what no term prices, such as a rank whose message has arrived "
                     f"waiting for a core")
         return (f"the replay overshoots the measurement ({self.explained:.0%} of the gap): the terms are not additive. "
                 f"A segment's wall time already holds the waits for a core that stretched it where it ran; replayed, "

@@ -67,9 +67,10 @@ def show_gpt(comparison, refused) -> None:
 def show_layer_bytes(layer: dict) -> None:
     """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
     for t, (sent, observed, formula) in layer.items():
-        print(f"t={t}: log {sent['bytes_sent']} B {sent['by_op']}; observed on the wire {observed:.0f} B; "
-              f"formula 4 × 2(t-1)/t × b·s·h·4 B = {formula:.0f} B")
-    # the log equals the formula; the wire carries the formula + gloo's headers (at most 2 KiB for each of 4 calls)
+        headers = (observed - formula) / claims.GLOO_HEADER_BYTES
+        print(f"t={t}: log {sent['bytes_sent']} B {sent['by_op']}; formula 4 × 2(t-1)/t × b·s·h·4 B = {formula:.0f} B; "
+              f"on the wire {observed:.0f} B = formula + {headers:.0f} headers of {claims.GLOO_HEADER_BYTES} B "
+              f"({headers / 4:.0f} a call)")
     claims.check_bytes_per_layer(layer)
 
 
