@@ -106,6 +106,7 @@ def _check_per_microbatch(r: Report) -> None:
     assert r.rs[2] == r.m * r.rs[1] and r.per_mb[2]["by_op"]["reduce_scatter"][0] == r.m   # m calls, m× the bytes
     assert r.per_mb[2]["by_op"]["all_gather"] == r.per_mb[1]["by_op"]["all_gather"]    # + the step's all-gather
     assert 2 * r.per_mb[2]["bytes"] == (r.m + 1) * r.per_mb[1]["bytes"]                 # (m+1)/2 × ZeRO-1's bytes
+    assert 2 * r.per_mb[3]["bytes"] == 3 * r.m * r.per_mb[1]["bytes"]                   # ZeRO-3: 3m/2 × ZeRO-1's
 
 
 def zero_per_microbatch(result: dict, m: int) -> Report:
