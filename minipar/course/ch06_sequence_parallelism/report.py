@@ -26,9 +26,10 @@ B, S, H, A = 4, 16, 32, 4          # the measured layer: batch, sequence, hidden
 WAYS = {"TP": (False, False), "TP+SP": (True, False), "TP+SP, inputs kept": (True, True)}
 
 
-def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False) -> None:
+def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> None:
     """One GPT-3 layer, one sequence, the paper's 16-bit bytes at t = 2, 4 and 8: under TP, with the 10·sbh it
-    leaves whole on every rank (§1); ``with_sp``: TP beside TP+SP (§3)."""
+    leaves whole on every rank, and what splitting it frees at t = 8 over ``n_layer`` layers (§1);
+    ``with_sp``: TP beside TP+SP, and the s² attention term's share of what is left (§3)."""
     whole = 10 * s * b * h
     for t in (2, 4, 8):
         tp, tp_sp = korthikanti_bytes(s, b, h, a, t), korthikanti_bytes(s, b, h, a, t, sequence_parallel=True)
@@ -37,10 +38,20 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False) -> None:
         else:
             print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer, of which 10·sbh = {whole / 2**30:.2f} GiB "
                   f"({whole / tp:.0%}) whole on every rank")
+    freed = korthikanti_bytes(s, b, h, a, 8) - korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
+    scores = 5 * a * s * s * b / 8                      # 5as²b/t, the softmax, its dropout mask and output
+    share = scores / korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
+    if with_sp:
+        print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
+    else:
+        print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
+              f"{n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
     # the element count gives the paper's formula; with SP everything is divided by t
     claims.check_what_tensor_parallelism_leaves_whole(s, b, h, a)
+    claims.check_sp_frees(freed, whole, n_layer)
     if with_sp:
         claims.check_sp_divides_everything_by_t(s, b, h, a)
+        claims.check_scores_dominate_after_sp(share, s, b, h, a)
 
 
 def layer_memory(degrees=(2, 4)) -> list:

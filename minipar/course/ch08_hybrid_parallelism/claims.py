@@ -49,6 +49,20 @@ def check_memory_per_layout(memory) -> None:
     assert memory["2x2x2+zero1"][1] < memory["2x2x2"][1]
 
 
+def check_layout_bytes_equal_formula(name, logged, formula) -> None:
+    """The layouts compared: every rank's communication log equals the byte formula, kind by kind"""
+    assert logged == {k: formula[k] for k in logged}, (name, logged, formula)
+
+
+def check_bytes_per_layout(sent) -> None:
+    """The layouts compared: 1×2×4 buys its memory with the most TP bytes; 4×2×1 sends no TP bytes and the
+    most DP bytes; 1×2×4 has no DP to send"""
+    plain = {name: b for name, b in sent.items() if name != "2x2x2+zero1"}
+    assert max(plain, key=lambda n: plain[n]["tp"]) == "1x2x4" and sent["4x2x1"]["tp"] == 0
+    assert max(plain, key=lambda n: plain[n]["dp"]) == "4x2x1" and sent["1x2x4"]["dp"] == 0
+    assert sent["1x2x4"]["tp"] > sent["2x2x2"]["tp"] + sent["2x2x2"]["dp"]     # more sent than 2x2x2 in all
+
+
 def check_layouts_compared(psi) -> None:
     """The layouts compared"""
     assert measure.layout_memory_formula(psi, dp=2, pp=2, tp=2, zero=1) < measure.layout_memory_formula(psi, dp=2, pp=2, tp=2)

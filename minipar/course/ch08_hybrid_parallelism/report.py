@@ -11,7 +11,8 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 
 
 __all__ = ["show", "draw_mesh", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint", "step_source"]
+           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint",
+           "show_orders", "show_guide_layout"]
 
 
 def show(report: Report) -> None:
@@ -55,17 +56,17 @@ def _same_as(runs: list, shown) -> str:
 
 def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp: int, m: int,
                   ranks=(0, 2)) -> Report:
-    """§3: bytes ``ranks`` sent per step by kind (communication log) beside ``bytes_formula``, and what the
-    sockets took (observed, per window: DP; PP + TP); which other ranks send the same (one row per stage by
+    """§3: bytes ``ranks`` sent per step by kind (communication log) beside ``bytes_formula`` (checked, with
+    the sockets carrying at least the log's DP bytes); which other ranks send the same (one row per stage by
     default); then rank 0's DP against its PP bytes. The check holds every rank, shown or not."""
     formulas = [bytes_formula(cfg, batch=batch, seq=seq, dp=dp, pp=pp, tp=tp, m=m, pp_rank=r.coords["pp"]) for r in runs]
     lines = [f"{'rank':>4} {'coords':>11} | {'DP':>8} {'(formula)':>9} | {'PP':>7} {'(formula)':>9} | "
-             f"{'TP':>8} {'(formula)':>9} | on the sockets: DP, PP+TP"]
+             f"{'TP':>8} {'(formula)':>9}"]
     for rank in ranks:
         r, f = runs[rank], formulas[rank]
         b, at = r.bytes_by_kind, " ".join(f"{d}{r.coords[d]}" for d in ("dp", "pp", "tp"))
         lines.append(f"{rank:>4} {at:>11} | {b['dp']:>8.0f} {f['dp']:>9.0f} | {b['pp']:>7.0f} {f['pp']:>9.0f} | "
-                     f"{b['tp']:>8.0f} {f['tp']:>9.0f} | {r.observed['dp']:.0f}, {r.observed['pp+tp']:.0f}")
+                     f"{b['tp']:>8.0f} {f['tp']:>9.0f}")
     if len(ranks) < len(runs):
         lines.append(_same_as(runs, ranks))
     dp_bytes, pp_bytes = runs[0].bytes_by_kind["dp"], runs[0].bytes_by_kind["pp"]
@@ -105,6 +106,7 @@ def _check_per_microbatch(r: Report) -> None:
     assert r.rs[2] == r.m * r.rs[1] and r.per_mb[2]["by_op"]["reduce_scatter"][0] == r.m   # m calls, m× the bytes
     assert r.per_mb[2]["by_op"]["all_gather"] == r.per_mb[1]["by_op"]["all_gather"]    # + the step's all-gather
     assert 2 * r.per_mb[2]["bytes"] == (r.m + 1) * r.per_mb[1]["bytes"]                 # (m+1)/2 × ZeRO-1's bytes
+    assert 2 * r.per_mb[3]["bytes"] == 3 * r.m * r.per_mb[1]["bytes"]                   # ZeRO-3: 3m/2 × ZeRO-1's
 
 
 def zero_per_microbatch(result: dict, m: int) -> Report:
@@ -112,11 +114,12 @@ def zero_per_microbatch(result: dict, m: int) -> Report:
     "per_microbatch"): collectives (calls, bytes) over the dp group in one whole step (forwards, backwards and
     the all-gather after the optimizer step), rank 0's view, and each one's bytes in ZeRO-1's."""
     per_mb = result["per_microbatch"]
-    lines = [f"{'':7} {'reduce-scatters':>18} {'all-gathers':>18} {'bytes in all':>13} {'× ZeRO-1':>9}"]
+    lines = [f"{'per micro-batch':15} {'reduce-scatters':>18} {'all-gathers':>18} {'bytes in all':>13} {'× ZeRO-1':>9}"]
     for z, c in per_mb.items():
         cells = [f"{c['by_op'][op][0]} ({c['by_op'][op][1]:,} B)" for op in ("reduce_scatter", "all_gather")]
-        lines.append(f"ZeRO-{z}  {cells[0]:>18} {cells[1]:>18} {c['bytes']:>13,} {c['bytes'] / per_mb[1]['bytes']:>9.1f}")
+        lines.append(f"ZeRO-{z}{'':8} {cells[0]:>18} {cells[1]:>18} {c['bytes']:>13,} {c['bytes'] / per_mb[1]['bytes']:>9.1f}")
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
+    lines.append("(rank 0, one step, over its dp group; each cell: calls (bytes sent))")
     return Report("\n".join(lines), _check_per_microbatch, per_mb=per_mb, rs=rs, m=m)
 
 
@@ -137,32 +140,55 @@ def zero_once_per_step(result: dict) -> Report:
     the run equals one device."""
     once = result["once"]
     lines = [f"{'once per step':13} {'collectives':>11} {'bytes over dp':>14} {'states between steps':>21} "
-             f"{'step peak':>10}  equal to one device"]
+             f"{'step peak':>10}"]
     lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>14,.0f} {c['between']:>19,} B "
-              f"{c['peak']:>8,} B  {c['matches']}" for z, c in once.items()]
+              f"{c['peak']:>8,} B" for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
+    lines.append("(rank 0; states between steps: parameters, gradients and Adam's m, v held after the optimizer "
+                 "step; step peak: the most it held during the step)")
+    if all(c["matches"] for c in once.values()):
+        lines.append("all three match one device after 2 steps")
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
                  f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
                  f"than ZeRO-2 (the parameters outside its shard)")
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
 
 
+def _sent_per_layout(recipe, layouts: dict) -> dict:
+    """{layout: {"tp", "pp", "dp": the most bytes any rank sent per step}}, from the communication log; every
+    rank's log checked against :func:`bytes_formula` for its stage."""
+    cfg, (batch, seq) = recipe.model().cfg, recipe.batches[0][0].shape
+    sent = {}
+    for name, runs in layouts.items():
+        lay = measure.LAYOUTS[name]
+        for r in runs:
+            f = bytes_formula(cfg, batch=batch, seq=seq, m=4, pp_rank=r.coords["pp"], **lay)
+            claims.check_layout_bytes_equal_formula(name, r.bytes_by_kind, f)
+        sent[name] = {k: max(r.bytes_by_kind[k] for r in runs) for k in ("tp", "pp", "dp")}
+    return sent
+
+
 def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
-    """§4: the four layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), peak and model states
-    per rank measured (max over the ranks); under them, one line of the model-state formula for a
-    ``psi``-parameter model in mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak,
-    model states)}."""
+    """§4: the four layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), per rank: peak and
+    model states measured, and the bytes each kind sent per step (communication log = formula, checked; max
+    over the ranks); under them, one line of the model-state formula for a ``psi``-parameter model in
+    mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak, model states)}."""
     import matplotlib.pyplot as plt
     from minipar.hybrid.runner import run
     layouts = {"2x2x2": runs_2x2x2}
     for name in ("4x2x1", "1x2x4", "2x2x2+zero1"):
         layouts[name] = run(recipe, world_size=8, micro_batches=4, track_memory=True, **measure.LAYOUTS[name])
     memory = {name: (max(r.peak_bytes for r in rs), max(r.model_state_bytes for r in rs)) for name, rs in layouts.items()}
+    sent = _sent_per_layout(recipe, layouts)
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
-    print(f"{'layout dp×pp×tp':>16} {'peak KiB':>9} {'model states KiB':>17}   (per rank, measured, float64)")
+    print(f"{'':16} {'memory, KiB':^27} | {'sent per step, KiB':^20}")
+    print(f"{'layout dp×pp×tp':>16} {'peak':>9} {'model states':>17} | {'TP':>6} {'PP':>6} {'DP':>6}")
     for name, (peak, states) in memory.items():
-        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f}")
+        b = sent[name]
+        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | "
+              f"{b['tp'] / 1024:>6.0f} {b['pp'] / 1024:>6.0f} {b['dp'] / 1024:>6.0f}")
+    print("(per rank, the most of any rank; float64)")
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
     print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%}")
@@ -172,6 +198,7 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     figures.draw_memory(ax, memory)
     plt.show()
     claims.check_memory_per_layout(memory)
+    claims.check_bytes_per_layout(sent)
     claims.check_zero1_peak_drop(memory)
     claims.check_layouts_compared(psi)
     claims.check_zero1_states_fall(fall)
@@ -208,35 +235,15 @@ def show_checkpoint(files: list, out: list) -> None:
     claims.check_checkpoint_that_changes_layout(saved, out)
 
 
-# The branches of Trainer3D.step for what chapter 08 does not teach (context parallelism, ZeRO-3's gather, the
-# invariant mode, mixture of experts), each named by its first line; their bodies go with them.
-_UNTAUGHT = ("@in_own_mode", "if self.positions is not None:", "if self.zero_stage == 3:", "if self.mb_grads:",
-             "if self.experts and self.layout.tp > 1:", "if self.experts:", "# float64: mean_over_ranks",
-             "# gave, which the float holds exactly")
+def show_orders(pp_outermost, mesh) -> None:
+    """Deeper: the groups of the PP-outermost mesh, and whether its TP groups are the default mesh's."""
+    for dim in ("tp", "dp", "pp"):
+        print(f"PP outermost, {dim} groups: {pp_outermost.groups(dim)}")
+    print("TP groups the same as with DP outermost:", pp_outermost.groups("tp") == mesh.groups("tp"))
+    claims.check_tp_stays_neighbours_either_way(pp_outermost, mesh)
 
 
-def step_source() -> str:
-    """The source of :meth:`minipar.hybrid.parallel3d.Trainer3D.step`, read live, with the branches chapter 08
-    does not teach left out (:data:`_UNTAUGHT`; the ``elif`` after a dropped ``if`` becomes ``if``). Raises
-    ValueError when one of them is no longer in the step, so the shown step cannot drift from the real one."""
-    import inspect
-    from minipar.hybrid.parallel3d import Trainer3D
-
-    lines = inspect.getsource(Trainer3D.step).splitlines()
-    missing = [m for m in _UNTAUGHT if not any(line.strip().startswith(m) for line in lines)]
-    if missing:
-        raise ValueError(f"Trainer3D.step no longer has {missing}: update chapter 08's step_source")
-    kept, drop_deeper_than, dropped_if_at = [], None, None
-    for line in lines:
-        indent, text = len(line) - len(line.lstrip()), line.strip()
-        if drop_deeper_than is not None and (indent > drop_deeper_than or not text):
-            continue
-        drop_deeper_than = None
-        if any(text.startswith(m) for m in _UNTAUGHT):
-            drop_deeper_than, dropped_if_at = indent, (indent if text.startswith("if ") else None)
-            continue
-        if dropped_if_at == indent and text.startswith("elif "):
-            line = line.replace("elif ", "if ", 1)
-        dropped_if_at = None if dropped_if_at != indent else dropped_if_at
-        kept.append(line)
-    return "\n".join(kept)
+def show_guide_layout(guide_layout) -> None:
+    """Deeper: the Hugging Face guide's 4 GPUs, DP innermost: GPU0's DP group and its pipeline."""
+    print(f"GPU0's DP group: {guide_layout.group_ranks('dp', 0)};  GPU0's pipeline: {guide_layout.group_ranks('pp', 0)}")
+    claims.check_dp_rank_0_does_not_see(guide_layout)
