@@ -83,9 +83,12 @@ def check_masters_follow_fp32(fp32_final, masters_final: dict, masters_gap: dict
     assert fp32_final < first_loss - 1.0 and gains_moved[0] == 0 < gains_moved[1], gains_moved
 
 
-def check_bf16_needs_no_scaler(mp, bf16_flushed) -> None:
-    """BF16's trade"""
+def check_bf16_needs_no_scaler(mp, bf16_flushed, zero_at) -> None:
+    """BF16's trade: FP32's smallest normal, but it reaches zero sooner (2^-134 against 2^-150)"""
     assert mp.scaler is None and bf16_flushed < 0.01
+    assert zero_at == {"FP16": 2.0 ** -25, "BF16": 2.0 ** -134, "FP32": 2.0 ** -150}
+    for f in FORMATS.values():                  # torch rounds the threshold to 0 and a hair above it to the subnormal
+        assert round_to(zero_at[f.name], f) == 0.0 and round_to(zero_at[f.name] * 1.01, f) == f.smallest_subnormal
 
 
 def check_what_16_bits_halve_what(per_param, master) -> None:

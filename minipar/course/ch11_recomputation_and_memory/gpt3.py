@@ -48,7 +48,8 @@ def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
     for mode in ("none", "selective"):
         layer = activation_bytes_formula(s, 1, h, a, recompute=mode)
         peaks[mode] = {k: math.ceil(n_layers / k) * layer_input + k * layer for k in ks}
-        print(f"  layers {mode:9} (a layer keeps {layer / layer_input:4.1f}× its input): "
+        label = {"none": "layers kept whole", "selective": "layers with selective inside"}[mode]
+        print(f"  {label:28} (a layer keeps {layer / layer_input:4.1f}× its input): "
               + ", ".join(f"k = {k}: {p / 2**30:4.1f} GiB" for k, p in peaks[mode].items())
               + f"  (best k = {math.sqrt(n_layers * layer_input / layer):.1f})")
     claims.check_segments(peaks, n_layers)
