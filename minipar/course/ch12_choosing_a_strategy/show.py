@@ -130,10 +130,10 @@ def plan_table(p, full: bool = False) -> Shown:
     """Section 3: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
     step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
     layout in full. Unless ``full``, only the best and :data:`SHOWN_FAMILIES` get a row, and one line names
-    the families that do not fit. ``print(p)`` prints every family's layout."""
+    the families that do not fit; ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
-    lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families",
-             f"{'family':36}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
+    lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
+    lines += [f"{'family':36}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
     order = sorted(p.families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
@@ -149,8 +149,7 @@ def plan_table(p, full: bool = False) -> Shown:
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{fam:36}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
-        lines.append(f"{len(p.families) - len(order)} more families: report.planner(p, advice, full=True)\n"
-                     f"these do not fit: {', '.join(misfits)}")
+        lines.append(f"these do not fit: {', '.join(misfits)}")
     lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
     return Shown("\n".join(lines))
 

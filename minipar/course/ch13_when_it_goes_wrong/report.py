@@ -116,9 +116,20 @@ def show_gradient_bugs(tolerance: float) -> None:
     """The three planted gradient bugs, each bisected against one device."""
     found = lab.planted_gradient_bugs(tolerance)
     for bug, result in found.items():
-        print(f"{bug}:\n  {result}")
+        print(f"{bug}:\n  {_backward_order_first(result)}")
         claims.check_first_divergence_found(result)
     claims.check_silent_wrong_gradients_equality_harness(*found.values())
+
+
+def _backward_order_first(result) -> str:
+    """A bisection's informative name first (the first parameter to depart in backward order, after those
+    backward reached while still right), then the size, and the first in model order as a detail."""
+    first, right = result.first, result.reached_first[::-1]
+    after = ", ".join(right[:4]) + (f" (+{len(right) - 4})" if len(right) > 4 else "") or "none"
+    return (f"first to depart in backward order: {result.boundary}, after {after} (right)\n"
+            f"  at step {first.step}: {len(result.wrong)} of {len(result.order)} parameters depart; the first in "
+            f"model order, {first.name} on rank {first.rank}, by {first.size:.2e} "
+            f"({first.size / first.tolerance:.1e} x the tolerance {first.tolerance:.0e})")
 
 
 def show_dropout_replicas() -> None:
@@ -146,8 +157,10 @@ def show_resume() -> None:
 def show_nan() -> None:
     """The float16 overflow on 2 ranks under ``first_nonfinite``, and ``detect_anomaly`` on the same step."""
     ranks = lab.overflow_run()
-    for found, loss, grads_finite in ranks:
-        print(f"loss {loss}, gradients finite after the all-reduce: {grads_finite}; born here: {found}")
+    for rank, (found, loss, grads_finite) in enumerate(ranks):
+        born = str(found).removeprefix(f"rank {rank}: ") if found else "none"
+        print(f"rank {rank}: loss {loss:.4g}, gradients finite after the all-reduce: {grads_finite}; "
+              f"non-finite value born on this rank: {born}")
     print("torch.autograd.detect_anomaly on rank 1's step:", lab.anomaly_on())
     (born0, _, finite0), (born1, _, _) = ranks
     claims.check_nan_first_operator_rank_that(born0, finite0, born1)
