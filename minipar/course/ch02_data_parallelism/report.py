@@ -180,14 +180,15 @@ def gpt2_sized(m: dict) -> Report:
 def gpt2_both_links(g: Report) -> Report:
     """Deeper D2: :func:`gpt2_sized`'s replays with how they were scaled (messages × f, FLOPs × f·k, operator
     bytes × k·w), on the DGX-A100 node beside the guide's TITAN RTX machine without NVLink (PCIe 3.0 x16)."""
-    lines = [f"cost model (not a measurement): the traces replayed GPT-2-sized (messages × {g.f:.0f}, FLOPs × "
-             f"{g.f * g.k:.0f}, operator bytes × {g.k * g.w:.0f})",
+    lines = ["cost model (not a measurement): the traces replayed GPT-2-sized on two machines (scaling: last line)",
              f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
              f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
     for name, r in g.rows.items():
         lines.append(f"{g.label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
                      f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
                      f"{r['hidden_pcie']:>7.0%}")
+    lines.append(f"scaling from the traced run: messages × {g.f:.0f} (GPT-2's parameters / ours), FLOPs × "
+                 f"{g.f * g.k:.0f} (also × its tokens per GPU / ours), operator bytes × {g.k * g.w:.0f} (tokens × width)")
     return Report("\n".join(lines), _check_both_links, rows=g.rows, ddp_names=g.ddp_names)
 
 

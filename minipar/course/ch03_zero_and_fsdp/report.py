@@ -91,6 +91,7 @@ def _check_prefetch(r: Report) -> None:
     claims.check_break_even_below_the_models_tokens(r.break_even, replays.SEED_TOKENS_PER_GPU)
     assert replays.hidden_share(r.without) < 0.05 < replays.hidden_share(r.with_p)   # without prefetch: nothing
     assert replays.exposed_per_step(r.with_p) < replays.exposed_per_step(r.without)
+    assert replays.exposed_per_step(r.without) < r.without.step_between("step") / 2   # §5: on DGX, compute dominates
 
 
 def prefetch(t3: dict, world_size: int = 4) -> Report:
