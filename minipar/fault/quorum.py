@@ -120,6 +120,21 @@ class QuorumClient:
         self.store.set(f"vote/{self.round}/{self.replica}/{self.rank}",
                        json.dumps({"ok": ok, "why": why, "heal_s": heal_s}))
 
+    def finished_unless_aborted(self, work, poll: float = 0.0005, check_every: int = 20) -> bool:
+        """Wait for this round's cross-replica collective ``work``; False as soon as the lighthouse has aborted the
+        round instead. Needed because a collective whose member died need not fail everywhere: gloo fails the
+        ranks that talk to the dead one, and a survivor waiting on another survivor (which failed and left the
+        collective, its sockets open) would wait out the whole timeout — past the next quorum's deadline. A
+        decision that exists before this rank voted can only be an abort."""
+        key, polls = f"decision/{self.round}", 0
+        while not work.is_completed():
+            time.sleep(poll)
+            polls += 1
+            if polls % check_every == 0 and self.store.check([key]):
+                return False
+        work.wait()                         # raises what the collective raised
+        return True
+
     def decision(self) -> bool:
         """Whether the round committed; the next round follows either way. After an abort the group is
         dropped (a peer may have died in its collective) and the next quorum builds a fresh one."""
@@ -162,7 +177,8 @@ class CommitGate:
         layout = FlatLayout([g.shape for g in grads])
         flat = layout.flatten(grads)
         try:        # the group itself, not minipar.comm: the comm log names groups by ranks new_group registered
-            self.client.group.allreduce([flat]).wait()
+            if not self.client.finished_unless_aborted(self.client.group.allreduce([flat])):
+                raise RuntimeError(f"the lighthouse aborted round {self.quorum.round} during its all-reduce")
             layout.unflatten(flat.div_(len(self.quorum.members)), grads)
             self.reduced.append((len(self.quorum.members), flat.numel() * flat.element_size()))
             ok, why = True, ""
