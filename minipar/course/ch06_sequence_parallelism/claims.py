@@ -25,6 +25,12 @@ def check_sp_frees(freed, whole, n_layer) -> None:
     assert freed == whole * 7 / 8 and 19 < n_layer * freed / 2**30 < 21, freed
 
 
+def check_scores_term_outgrows_what_sp_frees(scores, freed, s, b, h) -> None:
+    """SP does not shrink the attention term 5as²b/t further: at t = 8 and s = 2048 it is 10·sbh, more than the
+    8.75·sbh SP frees"""
+    assert scores == 10 * s * b * h and freed == 8.75 * s * b * h and scores > freed
+
+
 def check_scores_dominate_after_sp(share, s, b, h, a) -> None:
     """What SP saves: the s² attention term, 5as/h = 80 against 34 at GPT-3's shape, is about 70% of what a
     layer keeps under TP + SP, whatever t is"""
@@ -68,6 +74,13 @@ def check_layernorm_gradients_now_partial(wrong) -> None:
 def check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1) -> None:
     """Dropout: masks that agree, masks that differ"""
     assert rep0 == rep1 and own0 != own1
+
+
+def check_sequence_shards_draw_their_own_masks(by_rank, one_seed) -> None:
+    """Under SP the residual dropout acts on different tokens on each rank: by the per-rank stream two shards'
+    masks agree about as often as independent ones (0.9² + 0.1² = 0.82 at p = 0.1); one seed on every shard
+    repeats one pattern (agreement 1)"""
+    assert abs(by_rank - 0.82) < 0.02 and one_seed == 1.0
 
 
 def check_replicas_drift_seeded_by_rank(right, wrong) -> None:

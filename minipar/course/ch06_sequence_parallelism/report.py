@@ -49,6 +49,7 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     # the element count gives the paper's formula; with SP everything is divided by t
     claims.check_what_tensor_parallelism_leaves_whole(s, b, h, a)
     claims.check_sp_frees(freed, whole, n_layer)
+    claims.check_scores_term_outgrows_what_sp_frees(scores, freed, s, b, h)
     if with_sp:
         claims.check_sp_divides_everything_by_t(s, b, h, a)
         claims.check_scores_dominate_after_sp(share, s, b, h, a)
@@ -144,26 +145,35 @@ def _masks(rank, world_size):
     group = Mesh(world_size, tp=world_size).build(rank).group("tp")
     streams = layers.DropoutStreams(seed=0, group=group)
     x = torch.ones(1, 12)
+    shard = torch.ones(1, 256, 32)                  # this rank's sequence shard of the residual stream (SP)
     return (layers.dropout(x, 0.5, streams.replicated, True).bool().int().tolist()[0],
             layers.dropout(x, 0.5, streams.per_rank, True).bool().int().tolist()[0],
-            _replicated_spread(group, seeded_by_rank=False), _replicated_spread(group, seeded_by_rank=True))
+            _replicated_spread(group, seeded_by_rank=False), _replicated_spread(group, seeded_by_rank=True),
+            layers.dropout(shard, 0.1, streams.per_rank, True).bool(),
+            layers.dropout(shard, 0.1, streams.replicated, True).bool())
 
 
 def dropout_masks(world_size: int = 2) -> list:
-    """[(replicated-stream mask, per-rank-stream mask, spread by the rule, spread seeded by rank)] per rank:
-    12 dropout decisions (p = 0.5) per stream, and how far the replicated parameters' copies drift apart in
-    2 steps of the tiny GPT (dropout 0.1) by Megatron's rule and with the replicated stream seeded by rank."""
+    """[(replicated-stream mask, per-rank-stream mask, spread by the rule, spread seeded by rank, SP shard mask
+    per rank, SP shard mask one seed)] per rank: 12 dropout decisions (p = 0.5) per stream; how far the
+    replicated parameters' copies drift apart in 2 steps of the tiny GPT under plain TP (dropout 0.1) by
+    Megatron's rule and with the replicated stream seeded by rank; and the residual-dropout mask (p = 0.1) of
+    each rank's sequence shard (256 tokens × 32 features) drawn from the per-rank stream and from one seed."""
     return launch(_masks, world_size, quiet=True)
 
 
 def show_dropout_masks(per_rank) -> None:
-    (rep0, own0, right, wrong), (rep1, own1, _, _) = per_rank
+    (rep0, own0, right, wrong, sp0, one0), (rep1, own1, _, _, sp1, one1) = per_rank
     print("12 dropout decisions, p = 0.5 (1 = kept, 0 = dropped)")
     print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
     print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
-    print(f"replicated parameters after 2 steps, rank 0's and rank 1's copies differ by: {right:.1e} by this "
-          f"rule, {wrong:.1e} seeded by rank")
+    print(f"plain TP, no SP: replicated parameters after 2 steps, rank 0's and rank 1's copies differ by: "
+          f"{right:.1e} by this rule, {wrong:.1e} seeded by rank")
+    by_rank, one_seed = (sp0 == sp1).float().mean().item(), (one0 == one1).float().mean().item()
+    print(f"TP+SP, residual dropout p = 0.1 on two sequence shards: masks agree on {by_rank:.2f} of positions "
+          f"by the per-rank stream (independent: 0.9² + 0.1² = 0.82), {one_seed:.2f} with one seed")
     claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)
+    claims.check_sequence_shards_draw_their_own_masks(by_rank, one_seed)
     claims.check_replicas_drift_seeded_by_rank(right, wrong)
 
 
