@@ -66,8 +66,9 @@ def show_fp16_edges() -> None:
     claims.check_flush_only_or_below_2_25(edges)
 
 
-def show_underflow(make, x, y) -> SimpleNamespace:
-    """The almost fitted MLP's FP16 gradients with no loss scale and with 2^16: the share flushed to 0."""
+def show_underflow(make, x, y, gpt=None) -> SimpleNamespace:
+    """The almost fitted MLP's FP16 gradients with no loss scale and with 2^16: the share flushed to 0; beside
+    it (``gpt``, a recipe) the same share for the tiny GPT's first batch, a model not built to underflow."""
     fp32_model = make()
     fp32_loss(fp32_model, x, y).backward()
     g32 = [p.grad for p in fp32_model.parameters()]
@@ -77,11 +78,24 @@ def show_underflow(make, x, y) -> SimpleNamespace:
         mp.backward(fp32_loss(mp.model, x, y))
         flushed[name] = underflow_fraction([p.grad for p in mp.model.parameters()], g32)
         print(f"{name}: {flushed[name]:.1%} of the gradient values that FP32 keeps are exactly 0")
+    if gpt is not None:
+        flushed["tiny GPT, FP16, no loss scaling"] = _gpt_underflow(gpt)
+        print(f"tiny GPT, FP16, no loss scaling: {flushed['tiny GPT, FP16, no loss scaling']:.1%} of them")
     fig, ax = plt.subplots(figsize=(9, 4))
     draw_gradient_histogram(ax)
     plt.show()
     claims.check_overflow_underflow_real_step(flushed)
     return SimpleNamespace(make=make, x=x, y=y, g32=g32, flushed=flushed)
+
+
+def _gpt_underflow(recipe) -> float:
+    """The share of the tiny GPT's non-zero FP32 gradient values (first batch) that FP16 flushes to 0."""
+    x0, y0 = recipe.batches[0]
+    fp32_model = recipe.model()
+    fp32_loss(fp32_model, x0, y0).backward()
+    mp = MixedPrecision(recipe.model(), recipe.optimizer, torch.float16, None)
+    mp.backward(fp32_loss(mp.model, x0, y0))
+    return underflow_fraction([p.grad for p in mp.model.parameters()], [p.grad for p in fp32_model.parameters()])
 
 
 def overflowing_step(recipe, init_scale: float = 2.0 ** 30) -> SimpleNamespace:
@@ -108,7 +122,7 @@ def show_against_gradscaler(growth_interval: int = 3) -> None:
     opt_ours, opt_torch = torch.optim.SGD([p_ours], lr=0.1), torch.optim.SGD([p_torch], lr=0.1)
     ours = DynamicLossScaler(growth_interval=growth_interval)
     theirs = torch.amp.GradScaler("cpu", growth_interval=growth_interval)
-    print(f"{'step':>4} {'grad':>6} {'ours: scale, stepped':>22} {'GradScaler: scale':>18}")
+    print(f"{'step':>4} {'grad':>6} {'ours: scale after, stepped':>27} {'GradScaler: scale after':>23}")
     agree = []
     for i, bad in enumerate(pattern):
         for p, opt, s in ((p_ours, opt_ours, ours), (p_torch, opt_torch, theirs)):
@@ -119,8 +133,8 @@ def show_against_gradscaler(growth_interval: int = 3) -> None:
         stepped = ours.step(opt_ours)
         theirs.step(opt_torch)
         theirs.update()
-        print(f"{i:>4} {'clean' if bad is None else str(bad):>6} {ours.loss_scale:>14.0f} {str(stepped):>7} "
-              f"{theirs.get_scale():>18.0f}")
+        print(f"{i:>4} {'clean' if bad is None else str(bad):>6} {ours.loss_scale:>19.0f} {str(stepped):>7} "
+              f"{theirs.get_scale():>23.0f}")
         agree.append(ours.loss_scale == theirs.get_scale() and stepped == (bad is None))
     claims.check_dynamic_loss_scaling_step_by(agree, p_ours, p_torch)
 
