@@ -79,8 +79,9 @@ def show_underflow(make, x, y, gpt=None) -> SimpleNamespace:
         flushed[name] = underflow_fraction([p.grad for p in mp.model.parameters()], g32)
         print(f"{name}: {flushed[name]:.1%} of the gradient values that FP32 keeps are exactly 0")
     if gpt is not None:
-        flushed["tiny GPT, FP16, no loss scaling"] = _gpt_underflow(gpt)
-        print(f"tiny GPT, FP16, no loss scaling: {flushed['tiny GPT, FP16, no loss scaling']:.1%} of them")
+        name = "tiny GPT, FP16, no loss scaling"
+        flushed[name] = _gpt_underflow(gpt)
+        print(f"{name}: {flushed[name]:.1%} of its gradient values that FP32 keeps are exactly 0")
     fig, ax = plt.subplots(figsize=(9, 4))
     draw_gradient_histogram(ax)
     plt.show()
