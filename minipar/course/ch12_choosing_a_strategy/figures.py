@@ -177,10 +177,10 @@ def calculator_controls() -> dict:
 
 
 SWEEP_LAYOUTS = {
-    "TP 8": Layout(dp=8, tp=8, pp=16, micro_batches=192),
-    "TP 8 + SP": Layout(dp=8, tp=8, pp=16, sp=True, micro_batches=192),
-    "TP 8 + SP + selective": Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", micro_batches=192),
-    "TP 8 + full recompute": Layout(dp=8, tp=8, pp=16, recompute="full", micro_batches=192),
+    "TP 8": Layout(dp=8, tp=8, pp=16, zero=1, micro_batches=192),
+    "TP 8 + SP": Layout(dp=8, tp=8, pp=16, sp=True, zero=1, micro_batches=192),
+    "TP 8 + SP + selective": Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", zero=1, micro_batches=192),
+    "TP 8 + full recompute": Layout(dp=8, tp=8, pp=16, recompute="full", zero=1, micro_batches=192),
 }
 
 
@@ -258,7 +258,7 @@ def _sweep(path):
     cluster = a100_cluster(128)
     fig, ax = plt.subplots(figsize=(7, 4))
     draw_sequence_sweep(sweep_sequence(GPT3_175B, cluster), cluster.memory_bytes, ax)
-    ax.set_title("GPT-3 175B, dp 8 · tp 8 · pp 16, 1F1B, m = 192", fontsize=10)
+    ax.set_title("GPT-3 175B, dp 8 (ZeRO-1) · tp 8 · pp 16, 1F1B, m = 192", fontsize=10)
     _save(fig, path)
 
 

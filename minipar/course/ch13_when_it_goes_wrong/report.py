@@ -78,8 +78,10 @@ def show_straggler(run):
     steps = len(stragglers.per_rank_steps(run.trace)[0].compute)
     print(f"ms a step, median of steps 2-{steps}  compute (CPU time)  other (load)  in the all-reduce  wall step")
     for rank, r in rows.items():
-        print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{r['other'] * 1e3:14.1f}{r['comm'] * 1e3:19.1f}"
+        other = max(0.0, r["other"])    # CPU time counts every thread, so it can pass the wall time it spans
+        print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{other * 1e3:14.1f}{r['comm'] * 1e3:19.1f}"
               f"{r['step'] * 1e3:11.1f}")
+    print("compute is CPU time, the other columns wall time; other = wall step - compute - all-reduce, at least 0")
     wall_step = max(r["step"] for r in rows.values())
     print(f"rank {slow.rank} is the straggler: {_ms(slow.cost)} more CPU time a step than the other rank, "
           f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step.")
