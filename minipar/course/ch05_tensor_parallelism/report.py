@@ -99,7 +99,8 @@ def show_tp_throughput(rows: list) -> dict:
     for (card, placement), by_t in series.items():
         print(f"{card:26}{placement:>22} | "
               + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
-    print("priced with (α per ring step; β = datasheet bandwidth × the share a large ring reaches):\n  "
+    print("priced with (α per ring step: the library's round link cards, not chapter 00's NCCL tuning-table values; "
+          "β = datasheet bandwidth × the share a large ring reaches):\n  "
           + "\n  ".join(priced_with()))
     for card in {c for c, _ in series}:
         inside, across = series[(card, "8-GPU nodes")], series[(card, "2-GPU nodes (what-if)")]
