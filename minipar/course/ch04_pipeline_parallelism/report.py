@@ -206,8 +206,9 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     draw_terms(why.terms, p)
     plt.show()
     i = why.idle
-    print(f"1F1B measured idle: {i['measured']:.0%} in this traced run, {unpaced['1f1b']:.0%} in §7's run: two runs of "
-          f"one schedule, {100 * abs(i['measured'] - unpaced['1f1b']):.0f} points apart (shared cores, the tracer's "
+    traced, paced_free = round(100 * i['measured']), round(100 * unpaced['1f1b'])     # the gap of the numbers shown
+    print(f"1F1B measured idle: {traced}% in this traced run, {paced_free}% in §7's run: two runs of "
+          f"one schedule, {abs(traced - paced_free)} points apart (shared cores, the tracer's "
           f"own cost). Each term above sizes one run's idle, give or take that spread.")
     claims.check_each_term_adds_idle(i, why)
 

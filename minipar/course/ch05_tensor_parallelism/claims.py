@@ -102,6 +102,8 @@ def check_matmuls_flops_fall_as_1_t(flops, inside, gemm, floor, compute) -> None
     assert all(floor[t] > 0.9 * compute[t] for t in inside)               # launch-bound: the floor is most of the compute
     assert all(compute[t] <= 1.001 * compute[1] for t in inside)          # so compute per rank barely falls — and never rises
     assert all(row["ratio"] < 1 for row in inside.values())               # inside a node: TP comm below compute at t ≤ 8
+    saved = compute[1] - min(compute.values())
+    assert all(row["comm"] > 10 * saved for t, row in inside.items() if t > 1)   # the all-reduces add far more than splitting saves
 
 
 def check_matmuls_memory_bound(gemm, at_hbm, flops, top) -> None:

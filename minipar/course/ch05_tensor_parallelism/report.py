@@ -99,7 +99,8 @@ def show_tp_throughput(rows: list) -> dict:
     for (card, placement), by_t in series.items():
         print(f"{card:26}{placement:>22} | "
               + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
-    print("priced with (α per ring step; β = datasheet bandwidth × the share a large ring reaches):\n  "
+    print("priced with (α per ring step: the library's round link cards, not chapter 00's NCCL tuning-table values; "
+          "β = datasheet bandwidth × the share a large ring reaches):\n  "
           + "\n  ".join(priced_with()))
     for card in {c for c, _ in series}:
         inside, across = series[(card, "8-GPU nodes")], series[(card, "2-GPU nodes (what-if)")]
@@ -176,9 +177,12 @@ def show_replays(replays: dict) -> None:
           f"({floor[1] / compute[1]:.0%}).\nFrom t = 1 to t = {top}, the matmuls' FLOPs fall {flops[1] / flops[top]:.0f}-fold "
           f"but their time only {gemm[1] / gemm[top]:.1f}-fold, {us(gemm[1]):.2f} to {us(gemm[top]):.2f} µs "
           f"(memory-bound at this size: their bytes, not their FLOPs, set the time, and the whole-width activations "
-          f"do not shrink with t).\nThe rank's whole compute, floors included, falls from {us(compute[1]):.1f} to "
-          f"{us(compute[top]):.1f} µs, {us(compute[1] - compute[top]):.1f} µs saved, while TP's all-reduces add "
-          f"{us(inside[2]['comm']):.0f}–{us(inside[top]['comm']):.0f} µs (t = 2–{top}, inside a node)")
+          f"do not shrink with t).\nThe rank's whole compute, floors included, saves "
+          f"{us(compute[1] - compute[top]):.1f} µs from t = 1 to t = {top}; TP's all-reduces add far more "
+          f"(model, one H100 node, the busiest rank, µs):")
+    print(f"  {'t':>2} | {'compute':>8} | {'all-reduces':>11} | {'step':>7}")
+    for t, row in inside.items():
+        print(f"  {t:>2} | {us(row['compute']):>8.1f} | {us(row['comm']):>11.0f} | {us(row['step']):>7.0f}")
 
 
 def show_pytorch(per_rank: list) -> None:
