@@ -103,11 +103,13 @@ def show_busiest(rows: list, every_row: bool = False) -> None:
     ring = next(r for r in rows if r["name"] == "ring all_reduce")
     if ring["observed"] is not None:                       # the sockets' counters exist (Linux)
         messages = 2 * (4 - 1)                             # a ring all-reduce on 4 ranks: 2(N-1) sends per rank
-        per_message = (ring["observed"] - ring["formula"]) / messages
+        extra = ring["observed"] - ring["formula"]
+        per_message = extra / messages
         if not every_row:                                  # said once, under section 7's table
-            print(f"gloo's framing: ring all-reduce, {ring['observed'] - ring['formula']:+,.0f} B over its "
-                  f"{messages} messages = {per_message:.0f} B a message")
-        claims.check_framing_about_150_bytes_a_message(per_message)
+            print(f"gloo's framing: ring all-reduce, {extra:+,.0f} B over its {messages} messages = "
+                  f"{per_message:.0f} B a message = {per_message / claims.GLOO_HEADER_BYTES:.0f} headers of "
+                  f"{claims.GLOO_HEADER_BYTES} B")
+        claims.check_framing_three_48_byte_headers_a_message(extra, messages)
     claims.check_collectives_live_4_ranks(rows)
     claims.check_gloo_differs_on_the_wire({r["name"]: r for r in rows})
 
@@ -157,9 +159,14 @@ def show_published_links() -> None:
         alpha, beta, _ = PUBLISHED_LINKS[link]
         print(f"{link:34} {n:>5} {cells[0]:>19} {cells[1]:>19} {crossover_bytes(n, alpha, beta) / 2**20:>7,.0f} MiB")
     cards = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}     # the cards chapters 02 to 13 price with
-    effective = ", ".join(f"{name} {c.efficiency:.0%} = {c.beta / 1e9:.0f} GB/s" for name, c in cards.items())
-    print(f"\nlater chapters' effective β, the share of the peak a large ring reaches: {effective}")
+    print("\nthe same links as later chapters price them (minipar.machine.cluster's link cards: round numbers of"
+          "\nthe size nccl-tests reports, not NCCL's tuning table; both are estimates)")
+    print(f"{'link':34} {'α NCCL table':>12} {'α card':>8} {'β peak':>10} {'share':>6} {'β card':>10}")
+    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), cards.values()):
+        print(f"{link:34} {alpha * 1e6:>9.1f} µs {card.latency * 1e6:>5.0f} µs {beta / 1e9:>5.0f} GB/s"
+              f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
     claims.check_effective_beta_below_peak(cards, PUBLISHED_LINKS)
+    claims.check_card_alpha_below_nccl_table(cards, PUBLISHED_LINKS)
     claims.check_published_ring_grows_with_n(rows)
 
 

@@ -124,6 +124,20 @@ def test_latency_fit_and_slowest_rank():
     assert not any(link.startswith("NVLink") and n > 8 for link, n in rows)   # NVLink: within one 8-GPU node
 
 
+def test_published_links_print_the_later_chapters_link_cards_beside_nccl(capsys):
+    """Chapter 00's published α (NCCL's tuning table) and the link cards chapters 02 to 13 price with differ:
+    the display prints both, each link on one line, so no learner meets two unexplained values."""
+    from minipar.course.ch00_setup_and_collectives import report
+    from minipar.machine.cluster import IB_NDR, NVLINK4
+    report.show_published_links()
+    lines = capsys.readouterr().out.splitlines()
+    for link, card in [("NVLink 4", NVLINK4), ("InfiniBand NDR", IB_NDR)]:
+        alpha_table = next(a for name, (a, _, _) in report.PUBLISHED_LINKS.items() if name.startswith(link))
+        assert any(line.startswith(link) and f"{alpha_table * 1e6:.1f} µs" in line
+                   and f"{card.latency * 1e6:.0f} µs" in line and f"{card.beta / 1e9:.0f} GB/s" in line
+                   for line in lines), (link, lines)
+
+
 def test_bad_input_is_refused_before_launch():
     with pytest.raises(ValueError, match="divide evenly"):
         ch00.run_collectives(4, ["all_reduce"], numel=10)
