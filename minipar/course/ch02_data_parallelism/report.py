@@ -53,8 +53,9 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
     gain = statistics.median(one) / statistics.median(threads)
     tie = max(threads) >= min(one) and max(one) >= min(threads)
     verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
-               f"the threads are {'faster' if gain > 1 else 'slower'} than one thread, ×{gain:.2f} "
-               "(median over median)")
+               (f"the {world_size} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
+                f"one thread took {gain:.1f}× as long as the {world_size} threads") +
+               f" (median {statistics.median(threads) * 1e3:.1f} vs {statistics.median(one) * 1e3:.1f} ms)")
     lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
                  f"{world_size} DataParallel threads {spread(threads)} — {verdict}; {cores} cores here would allow "
                  f"at most ×{min(world_size, cores)}")

@@ -152,8 +152,9 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     ddp_s = comm.predicted_bytes_sent("all_reduce", grads, n) / NVLINK3.beta
     dp_s = (n - 1) * grads / NVLINK3.beta
     print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients. On NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s "
-          f"(effective: the {NVLINK3.efficiency:.0%} of its {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet peak per "
-          f"direction that a large ring reaches) with N = {n}, a DDP rank sends for {ddp_s * 1e3:.1f} ms a step, "
+          f"(effective: an assumed {NVLINK3.efficiency:.0%} of its {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet peak "
+          f"per direction, a round number for what a large ring reaches, not measured here) with N = {n}, a DDP "
+          f"rank sends for {ddp_s * 1e3:.1f} ms a step, "
           f"during backward (D2 models how much hides); DP's device 0 sends the weights for {dp_s * 1e3:.1f} ms "
           "before forward and receives the gradients as long after backward")
     claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)

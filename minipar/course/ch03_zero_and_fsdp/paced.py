@@ -34,7 +34,8 @@ FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's slots: several times 
 CONFIGS = {"prefetch": True, "no prefetch": False}
 
 VERDICTS = {"apart": "ranges apart: every step with prefetch faster than every step with no prefetch",
-            "median outside": "outside the spread: a median lies outside the other's [min – max]",
+            "median outside": ("the ranges overlap, a median lies outside the other's [min – max]: a typical step "
+                               "saves, not every step"),
             "tie": "a tie: each median inside the other's [min – max]"}
 
 

@@ -114,8 +114,9 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
                  f"(N = {world_size}); this model runs {replays.SEED_TOKENS_PER_GPU:,}. F = "
                  f"{dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s, what the matmuls reach "
                  f"({dgx.flops_efficiency:.2f} × the {dgx.peak_flops / 1e12:.0f} TFLOP/s peak); β = "
-                 f"{dgx.intra_bw / 1e9:.0f} GB/s, what a ring reaches ({dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
-                 f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction)")
+                 f"{dgx.intra_bw / 1e9:.0f} GB/s, an assumed {dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
+                 f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction for what a ring reaches (a round "
+                 "number, not measured here)")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
     return Report("\n".join(lines), _check_prefetch, big=big, with_p=with_p, without=without,
                   hidden_share=replays.hidden_share(with_p), break_even=even)
