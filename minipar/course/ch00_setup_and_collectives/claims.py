@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from minipar.course.ch00_setup_and_collectives import tour as ch00
 from minipar.course.ch00_setup_and_collectives.latency import SMALL_BYTES, ring_model_seconds
+from minipar.wire import GLOO_HEADER_BYTES     # gloo's TCP transport: a header per write
 
 
 def check_why_distributed_training_memory(state_bytes, device_bytes) -> None:
@@ -62,8 +63,6 @@ def check_collectives_live_4_ranks(rows) -> None:
         assert within != bool(r["note"]), r
 
 
-# gloo's TCP transport starts every write with a 48-byte preamble (chapter 05 §7 counts the writes)
-GLOO_HEADER_BYTES = 48
 
 
 def check_framing_three_48_byte_headers_a_message(extra, messages) -> None:

@@ -8,6 +8,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from minipar.wire import GLOO_HEADER_BYTES     # gloo's TCP transport: a header per write
 
 
 def check_y_gelu_xa_with_split(shards, x, a) -> None:
@@ -41,10 +42,6 @@ def check_whole_gpt_tensor_parallel_against(refused) -> None:
     assert refused is not None
 
 
-# gloo's TCP transport starts every write with a 48-byte preamble (six 8-byte fields: nbytes, opcode, slot,
-# offset, length, roffset; gloo/transport/tcp/pair.h, struct Op): the data's writes and the ready notices
-# the two ends of a transfer exchange. Measured: the wire minus the payload is 48 B times the write calls.
-GLOO_HEADER_BYTES = 48
 
 
 def check_bytes_per_layer(layer) -> None:
@@ -63,9 +60,10 @@ def check_memory_per_rank_measured(mem, fraction) -> None:
 
 def check_latency_fitted_no_longer_than_small(call_latency, small, timings) -> None:
     """What one all-reduce costs: the fitted latency of a whole call (2(N-1) ring steps' α) is no longer than the
-    small all-reduces' fastest calls, and the largest message takes longer than every call of the smallest"""
-    assert call_latency <= max(small)   # the fitted latency is no longer than the small all-reduces' fastest calls
-    assert statistics.median(timings[max(timings)]) > max(timings[min(timings)])  # a 10⁶× larger message: longer than every small call
+    small all-reduces' calls, and the largest message's fastest call takes longer than the smallest's fastest (fastest
+    against fastest: a busy machine only adds time, so one slow small call does not decide it)"""
+    assert call_latency <= max(small)   # the fitted latency is no longer than the small all-reduces' calls
+    assert min(timings[max(timings)]) > min(timings[min(timings)])  # a 10⁶× larger message: longer, fastest vs fastest
 
 
 def check_inside_node_small_tax(inside, across) -> None:

@@ -32,7 +32,7 @@ def _run(name: str) -> TourRow:
     layout = ROW_LAYOUTS[name]
     r = measure_layout(layout)
     b, f, o = r["bytes"], r["formula"], r["observed"]
-    why = ("observed > model: gloo frames each message (~tens of bytes) and the TP vocabulary loss sends tiny "
+    why = ("observed > model: gloo frames each write with a 48-byte header and the TP vocabulary loss sends tiny "
            "messages" if not layout.get("zero") else
            "observed DP ≈ 1.5× model: gloo's reduce_scatter all-reduces internally (2× the ring), the "
            "all-gather is 1×")
