@@ -91,7 +91,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=30, elective_minutes=0, run_seconds=14),
+        core_minutes=30, elective_minutes=0, run_seconds=12),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -123,7 +123,7 @@ ABOUT = {
     "14": About(  # 2304 words (12 min) + 4 exercise stubs
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
-        core_minutes=0, elective_minutes=30, run_seconds=8),
+        core_minutes=0, elective_minutes=30, run_seconds=9),
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
