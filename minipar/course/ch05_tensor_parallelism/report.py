@@ -2,6 +2,8 @@
 (:mod:`.claims`), printing nothing more when they hold — so a cell reads ``result = run(...)``, ``show(result)``."""
 from __future__ import annotations
 
+import html
+
 import matplotlib.pyplot as plt
 
 from minipar.check import compare, gpt_recipe, train_reference
@@ -88,41 +90,58 @@ def show_memory(mem: dict) -> float:
 
 
 def show_tp_throughput(rows: list) -> dict:
-    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the table, the figure, the checks;
-    returns the H100 8-GPU-node rows by t."""
+    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the figure, two summary lines, then
+    the table, the cards' prices and the memory per GPU in a collapsed block; the checks; returns the H100
+    8-GPU-node rows by t."""
     series = {}
     for r in rows:
         series.setdefault((r["card"], r["placement"]), {})[r["t"]] = r
     degrees = sorted({r["t"] for r in rows})
-    print("model: tokens/s per GPU (tp = the all-reduces' share of the step)")
-    print(f"{'card':26}{'placement':>22} | " + " | ".join(f"{'t = ' + str(t):>17}" for t in degrees))
-    for (card, placement), by_t in series.items():
-        print(f"{card:26}{placement:>22} | "
-              + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
-    print("priced with (α per ring step: the library's round link cards, not chapter 00's NCCL tuning-table values; "
-          "β = datasheet bandwidth × the share a large ring reaches):\n  "
-          + "\n  ".join(priced_with()))
     for card in {c for c, _ in series}:
         inside, across = series[(card, "8-GPU nodes")], series[(card, "2-GPU nodes (what-if)")]
         claims.check_inside_node_small_tax(inside, across)
         for by_t in (inside, across):
             claims.check_why_tp_stays_inside_node(by_t)
-    h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
-    keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
     state = {t: weight_state_gb(t) for t in degrees}
     card_gb = min(card.memory_bytes for card, _, _ in CARDS.values()) / 1e9     # both cards: 80 GB
-    print("\nweights, gradients and Adam state per GPU, GB: " + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
-          + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column is compute only (memory ignored), "
-          f"the reference the other columns are measured against.")
     claims.check_t1_does_not_fit(state, card_gb)
+    draw_tp_throughput(rows)
+    plt.show()
+    h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
+    keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
     print(f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU (tp {h100[8]['tp_share']:.0%} "
           f"of the step), a step {h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; "
           f"t = 16 across two nodes keeps {keep[16]:.0%} (tp {h100[16]['tp_share']:.0%})")
     print(f"t = 8 -> 16, across two nodes: tp's share of the step {h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× "
           f"larger; each GPU keeps {h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s")
-    draw_tp_throughput(rows)
-    plt.show()
+    _show_collapsed("The numbers behind the figure: the table, the cards' prices, memory per GPU",
+                    _tp_numbers(series, degrees, state, card_gb))
     return h100
+
+
+def _tp_numbers(series: dict, degrees: list, state: dict, card_gb: float) -> str:
+    """The figure's numbers as text: tokens/s per GPU (and tp's share) by card, placement and t; what each card
+    and link is priced with; the weight state per GPU at each t."""
+    lines = ["model: tokens/s per GPU (tp = the all-reduces' share of the step)",
+             f"{'card':26}{'placement':>22} | " + " | ".join(f"{'t = ' + str(t):>17}" for t in degrees)]
+    for (card, placement), by_t in series.items():
+        lines.append(f"{card:26}{placement:>22} | "
+                     + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
+    lines.append("priced with (α per ring step: the library's round link cards, not chapter 00's NCCL tuning-table "
+                 "values; β = datasheet bandwidth × the share a large ring reaches):\n  " + "\n  ".join(priced_with()))
+    lines.append("\nweights, gradients and Adam state per GPU, GB: "
+                 + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
+                 + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column is compute only "
+                 "(memory ignored), the reference the other columns are measured against.")
+    return "\n".join(lines)
+
+
+def _show_collapsed(summary: str, text: str) -> None:
+    """``text`` in a collapsed <details> block (HTML, for JupyterLab and the site), plain text elsewhere: numbers
+    a reader opens on demand, under the figure they explain."""
+    from IPython.display import display
+    block = f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>"
+    display({"text/html": block, "text/plain": f"{summary}:\n{text}"}, raw=True)
 
 
 def measure_allreduce(world_size: int = 4, reps: int = 7):
