@@ -4,6 +4,7 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
 
 * :func:`papers_table` — the ZeRO paper's Figure 1 (Ψ = 7.5 B, N = 64) from the calculator;
 * :func:`la_lb_lc` — the Hugging Face guide's three-layer example: what each rank holds, one step's events;
+* :func:`break_even` — the tokens per GPU from which prefetch can hide ZeRO-3's gathers (DGX-A100 node);
 * :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
   DGX-A100 node (replays are a model);
 * :func:`stages` — every ZeRO stage's model-state bytes per rank and bytes sent per step, measured beside the
@@ -25,7 +26,7 @@ from minipar.machine.cluster import NVLINK3, a100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
-__all__ = ["show", "papers_table", "la_lb_lc", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
+__all__ = ["show", "papers_table", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
            "designs_table", "modes_table", "muon", "calculator_text"]
 
 GPT2_WIDTH = 768     # GPT-2 small's width
@@ -88,7 +89,6 @@ def muon(table: dict) -> Report:
 
 
 def _check_prefetch(r: Report) -> None:
-    claims.check_break_even_below_the_models_tokens(r.break_even, replays.SEED_TOKENS_PER_GPU)
     assert replays.hidden_share(r.without) < 0.05 < replays.hidden_share(r.with_p)   # without prefetch: nothing
     assert replays.exposed_per_step(r.with_p) < replays.exposed_per_step(r.without)
     assert replays.exposed_per_step(r.without) < r.without.step_between("step") / 2   # §5: on DGX, compute dominates
@@ -108,18 +108,26 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
         b = big["dgx"][name]
         lines.append(f"{name:13}| {b.step_between('step') * 1e3:>5.2f} ms {replays.exposed_per_step(b) * 1e3:>7.2f} ms "
                      f"{replays.hidden_share(b):>7.0%}")
-    dgx = a100_cluster(1)
-    even = break_even_tokens(dgx, world_size)
-    lines.append(f"break-even: a unit's compute covers its all-gather from (N-1)/N·F/β = {even:,.0f} tokens per GPU "
-                 f"(N = {world_size}); this model runs {replays.SEED_TOKENS_PER_GPU:,}. F = "
-                 f"{dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s, what the matmuls reach "
-                 f"({dgx.flops_efficiency:.2f} × the {dgx.peak_flops / 1e12:.0f} TFLOP/s peak); β = "
-                 f"{dgx.intra_bw / 1e9:.0f} GB/s, an assumed {dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
-                 f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction for what a ring reaches (a round "
-                 "number, not measured here)")
     with_p, without = big["dgx"]["prefetch"], big["dgx"]["no prefetch"]
     return Report("\n".join(lines), _check_prefetch, big=big, with_p=with_p, without=without,
-                  hidden_share=replays.hidden_share(with_p), break_even=even)
+                  hidden_share=replays.hidden_share(with_p))
+
+
+def break_even(world_size: int = 4) -> Report:
+    """The tokens per GPU from which a unit's compute covers its all-gather on a DGX-A100 node, with the F and
+    β it assumes (:func:`break_even_tokens`), beside the tokens per GPU of the GPT-2-sized replay (§15)."""
+    dgx = a100_cluster(1)
+    even = break_even_tokens(dgx, world_size)
+    text = (f"break-even: a unit's compute covers its all-gather from (N-1)/N·F/β = {even:,.0f} tokens per GPU "
+            f"(N = {world_size}); the GPT-2-sized replay of §15 runs {replays.SEED_TOKENS_PER_GPU:,}. F = "
+            f"{dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s, what the matmuls reach "
+            f"({dgx.flops_efficiency:.2f} × the {dgx.peak_flops / 1e12:.0f} TFLOP/s peak); β = "
+            f"{dgx.intra_bw / 1e9:.0f} GB/s, an assumed {dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
+            f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction for what a ring reaches (a round "
+            "number, not measured here)")
+    return Report(text, lambda r: claims.check_break_even_below_the_models_tokens(r.break_even,
+                                                                                 replays.SEED_TOKENS_PER_GPU),
+                  break_even=even)
 
 
 def break_even_tokens(cluster, n: int) -> float:
