@@ -228,6 +228,9 @@ def _read(path: str) -> str:
         return ""
 
 
+STACK_HEADER = "(most recent call first):"     # faulthandler's line above each thread's frames
+
+
 def ask_for_stacks(procs, outputs: list, wait: float = 2.0) -> list:
     """[(local rank, "f (file:line) <- caller (file:line) <- ...")]: each live rank's innermost frames, which it
     writes to its output file on SIGUSR1 (:func:`faulthandler.register` in :func:`~.replica.replica_main`)."""
@@ -244,8 +247,6 @@ def ask_for_stacks(procs, outputs: list, wait: float = 2.0) -> list:
                 found[rank] = _innermost(text[text.rindex(STACK_HEADER):])
     return [(rank, found.get(rank, "(no stack: the rank did not answer)")) for rank in range(len(procs))]
 
-
-STACK_HEADER = "(most recent call first):"
 
 
 def _innermost(dump: str, frames: int = 4) -> str:

@@ -45,7 +45,8 @@ import torch.distributed as dist
 
 from ..check import one_thread
 
-__all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict"]
+__all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
+           "paired_ratios"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
 BUSY_LOAD_PER_CORE = 2    # a load average above this many per core: ranks wake late from their slots
@@ -208,3 +209,22 @@ def verdict(fast, slow) -> str:
     if statistics.median(fast) < min(slow) or statistics.median(slow) > max(fast):
         return "median outside"
     return "tie"
+
+
+def unsteady(seconds: dict, slack: float = 1.5) -> bool:
+    """Unpaced steps disturbed by other load ({name: [seconds]} from :func:`alternating_steps`): for some name, a
+    quarter of its steps or more took over ``slack`` times its fastest. Judged on the steps themselves, not on
+    the load average (which on a shared machine stays high while a quiet minute times steadily)."""
+    return any(statistics.quantiles(t, n=4, method="inclusive")[2] > slack * min(t) for t in seconds.values())
+
+
+def paired_ratios(a: list, b: list, loaded: bool) -> tuple:
+    """(fastest ÷ fastest, the per-round ratios' median, their middle half (q1, q3), a verdict) of steps ``a``
+    against ``b``, timed in the same rounds of :func:`alternating_steps`. A round runs the two back to back, so a
+    busy spell slows both and leaves their ratio, where two overlapping [min – max] ranges (:func:`verdict`)
+    say nothing. The verdict: "not compared (load)" when ``loaded`` (:func:`unsteady`); else "slower" /
+    "faster" when the middle half of the ratios lies above / below 1, "a tie" when it straddles 1."""
+    ratios = [x / y for x, y in zip(a, b)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    verdict_ = "not compared (load)" if loaded else "slower" if q1 > 1 else "faster" if q3 < 1 else "a tie"
+    return min(a) / min(b), median, (q1, q3), verdict_

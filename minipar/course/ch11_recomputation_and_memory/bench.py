@@ -13,16 +13,14 @@ CPU the non-matmul work (softmax, GeLU, LayerNorm, the checkpoint's bookkeeping)
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from minipar.course.bench import alternating_medians
 from minipar.loop import lm_loss
-from minipar.observe.paced_compute import alternating_steps
 
-__all__ = ["bench_rank", "main", "step_times", "unsteady", "against_none"]
+__all__ = ["bench_rank", "main"]
 
 
 def _torch_checkpointed(model):
@@ -36,31 +34,6 @@ def _torch_checkpointed(model):
         return model.head(model.ln_f(x))
     model.forward = checkpointed
     return model, forward
-
-
-def step_times(steps: dict, rounds: int = 12, warmup: int = 2) -> dict:
-    """{name: [seconds of each timed round]} for the callables in ``steps``, in this process, alternating
-    (:func:`minipar.observe.paced_compute.alternating_steps`, which runs them on one intra-op thread)."""
-    return alternating_steps(steps, rounds, warmup=warmup)
-
-
-def unsteady(seconds: dict, slack: float = 1.5) -> bool:
-    """The timed steps were disturbed by other load: for some mode, a quarter of its steps or more took over
-    ``slack`` times its fastest. Judged on the steps themselves, not on the load average (which on a shared
-    machine stays high while a quiet minute times steadily)."""
-    return any(statistics.quantiles(t, n=4, method="inclusive")[2] > slack * min(t) for t in seconds.values())
-
-
-def against_none(mode_s: list, none_s: list, loaded: bool) -> tuple:
-    """(fastest ÷ fastest, the paired per-round ratios' median, their IQR (q1, q3), a verdict) of one mode's
-    step times against none's, the two lists timed in the same rounds. The verdict: "not compared (load)"
-    when ``loaded`` (:func:`unsteady`); else "slower" / "faster" when the middle half of the per-round ratios lies above /
-    below 1, "a tie" when it straddles 1. A round pairs two steps run back to back, so a busy spell slows
-    both and leaves their ratio; two overlapping [min – max] ranges say nothing about it."""
-    ratios = [m / n for m, n in zip(mode_s, none_s)]
-    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    verdict = ("not compared (load)" if loaded else "slower" if q1 > 1 else "faster" if q3 < 1 else "a tie")
-    return min(mode_s) / min(none_s), median, (q1, q3), verdict
 
 
 def bench_rank(rank, world_size, layers=4, embd=128, heads=4, seq=256, batch=8, iters=15, warmup=3):

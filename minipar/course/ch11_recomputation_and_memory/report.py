@@ -14,10 +14,10 @@ from minipar.launcher import launch
 from minipar.loop import lm_loss
 from minipar.memory import measure_step, saved_activation_bytes
 from minipar.models import GPTConfig, TinyGPT
+from minipar.observe.paced_compute import alternating_steps, paired_ratios, unsteady
 from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute, step_flops
 
 from . import claims
-from .bench import against_none, step_times, unsteady
 from .figures import draw_length_sweep, draw_timelines, timelines
 from .gpt3 import GPT3, show_gpt3_dial, show_segments, show_three_counts
 
@@ -277,20 +277,20 @@ def _train_step(mode):
 def times_by_mode() -> dict:
     """{mode: [seconds of each round]}: one step of each mode per round, alternating (a busy spell of a shared
     machine falls on all three)."""
-    return step_times({mode: _train_step(mode) for mode in MODES})
+    return alternating_steps({mode: _train_step(mode) for mode in MODES}, rounds=12, warmup=2)
 
 
 def show_times(seconds, flops, loaded=None) -> None:
     """Each mode's fastest and slowest step, its FLOPs and its time against none: fastest ÷ fastest always,
-    and the per-round ratio's median [IQR] with its verdict (:func:`.bench.against_none`). ``loaded``:
-    whether other load disturbed the steps (default: judged on the steps, :func:`.bench.unsteady`)."""
+    and the per-round ratio's median [IQR] with its verdict (``paced_compute.paired_ratios``). ``loaded``: whether
+    other load disturbed the steps (default: judged on the steps, ``paced_compute.unsteady``)."""
     loaded = unsteady(seconds) if loaded is None else loaded
     for mode in MODES:
         t = seconds[mode]
         line = (f"{mode:9}: fastest {min(t) * 1e3:5.1f} ms, slowest {max(t) * 1e3:6.1f} ms;  "
                 f"FLOPs × none {flops[mode] / flops['none']:.2f}")
         if mode != "none":
-            fastest, median, (q1, q3), verdict = against_none(t, seconds["none"], loaded)
+            fastest, median, (q1, q3), verdict = paired_ratios(t, seconds["none"], loaded)
             line += (f";  time × none: fastest {fastest:.2f}, per round {median:.2f} [{q1:.2f} – {q3:.2f}]"
                      f" → {verdict}")
         print(line)
