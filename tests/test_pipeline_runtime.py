@@ -177,7 +177,11 @@ def test_paced_runs_train_exactly_like_unpaced_ones():
 
 @pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2), ("zb-v", 4, 2)])
 def test_paced_idle_fraction_is_the_simulators(schedule, m, v):
-    """The median over steps of the measured idle within 5 points of the simulator's, slots of 30 ms."""
+    """The median over steps of the measured idle within 5 points of the simulator's, slots of 30 ms.
+
+    Pacing holds only while every action fits its slot: a run in which some action overran (the machine
+    was too busy: ``PipelineRun.overruns``) and missed is run again, up to three times. A miss without an
+    overrun fails at once: then the runtime or the simulator is wrong, not the machine."""
     import statistics
 
     from minipar.pipeline.paced import Pace
@@ -186,12 +190,20 @@ def test_paced_idle_fraction_is_the_simulators(schedule, m, v):
     from minipar.pipeline.simulate import simulate
     pace = Pace(0.03, 0.015, 0.015)
     recipe = mlp_recipe(steps=3, batch_size=8, sizes=[8] * 5)
-    runs = launch(parallel_train, 2, recipe, schedule=schedule, m=m, v=v, pace=pace, quiet=True)
-    measured = statistics.median(measured_idle_fraction(runs, s) for s in range(recipe.steps))
     simulated = simulate(make_schedule(schedule, 2, m, v), pace.costs(v)).bubble_fraction
-    assert runs[0].pace == pace and abs(measured - simulated) < 0.05, (measured, simulated)
-    spans = [(b - a) / pace.slot(k) for _, k, _, _, a, b in runs[0].timeline if k in ("F", "BW")]
-    assert 0.9 < statistics.median(spans) < 1.1, spans             # each action lasts its slot
+    tries = []
+    for _ in range(3):
+        runs = launch(parallel_train, 2, recipe, schedule=schedule, m=m, v=v, pace=pace, quiet=True)
+        assert runs[0].pace == pace
+        measured = statistics.median(measured_idle_fraction(runs, s) for s in range(recipe.steps))
+        spans = [(b - a) / pace.slot(k) for _, k, _, _, a, b in runs[0].timeline if k in ("F", "BW")]
+        overruns = sum(r.overruns for r in runs)
+        tries.append((round(measured, 4), round(statistics.median(spans), 3), overruns))
+        if abs(measured - simulated) < 0.05 and 0.9 < statistics.median(spans) < 1.1:   # each action its slot
+            return
+        assert overruns > 0, f"missed with no action over its slot: (idle, span/slot, overruns) {tries}"
+    pytest.fail(f"every try overran its slots (too busy a machine?); simulated idle {simulated:.4f}, "
+                f"(idle, span/slot, overruns) per try: {tries}")
 
 
 def test_pace_is_calibrated_from_unloaded_times_and_checked_before_launch():
