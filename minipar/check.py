@@ -52,6 +52,16 @@ class Comparison:
     problems: list = field(default_factory=list)    # human-readable reasons for a mismatch
 
     def __str__(self) -> str:
+        """The line a chapter prints: the verdict, the largest difference (and where, on a mismatch) and the
+        tolerance, |Δ| ≤ atol + rtol·|value| (:data:`TOLERANCES`); :meth:`details` adds the relative error."""
+        allowed = f"allowed {self.atol:g} + {self.rtol:g}·|value|"
+        if self.matches:
+            return f"matches one device: largest difference {self.max_abs_diff:.3g}, {allowed}"
+        return (f"DOES NOT MATCH one device: largest difference {self.max_abs_diff:.3g} at {self.worst}, {allowed}"
+                + "".join(f"\n  - {p}" for p in self.problems))
+
+    def details(self) -> str:
+        """Everything, for a failing test: the largest absolute and relative differences, where, the tolerance."""
         verdict = "matches" if self.matches else "DOES NOT MATCH"
         text = (f"{verdict} single-device training: max |Δ| = {self.max_abs_diff:.3g} "
                 f"(max rel {self.max_rel_diff:.3g} where |ref| > atol) at {self.worst}; "
@@ -60,7 +70,7 @@ class Comparison:
 
     def assert_ok(self) -> "Comparison":
         if not self.matches:
-            raise AssertionError(str(self))
+            raise AssertionError(self.details())
         return self
 
 

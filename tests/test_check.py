@@ -84,4 +84,4 @@ def test_relative_error_is_reported_only_where_the_reference_is_not_zero():
     assert c.matches and c.max_rel_diff == 0.0 and c.max_abs_diff == pytest.approx(4e-14)
     off = RunResult([1.0], {"k_bias": torch.zeros(3), "w": torch.tensor([2.0, 2.002])})
     c = compare(ref, [off], atol=1e-10, rtol=1e-9)
-    assert not c.matches and c.max_rel_diff == pytest.approx(1e-3, rel=1e-3) and "where |ref| > atol" in str(c)
+    assert not c.matches and c.max_rel_diff == pytest.approx(1e-3, rel=1e-3) and "where |ref| > atol" in c.details()
