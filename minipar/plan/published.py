@@ -48,6 +48,12 @@ Sources:
   backward); the interleaved schedule with v = 8 (126 layers + the embedding + the output = 128 = 16 · 8
   chunks of one layer each: the balanced cut of :func:`.model.stage_layers`); CP's all-gather of K and V
   priced as ring-zigzag attention's passes (the same bytes; causal load balance on 2·CP chunks).
+  Open: the planner's memory for these three rows (94, 86 and 98 GB a GPU) exceeds the 80 GB card. Its
+  activations are those of Megatron-LM's interleaved 1F1B on the first stage: on 8K GPUs (32 micro-batches)
+  p + (p − 1)/v = 17.9 stages' worth in flight (143 one-layer chunks) × about 0.57 GB a layer (SP, fused
+  attention, BF16, no recomputation) = 81 GB; on 16K GPUs (16 micro-batches) 16 stages' worth, 72 GB. Meta's schedule bounds the micro-batches in flight by a tunable N (§3.3.2, Figure 6)
+  and frees each stage's input and output tensors early; the planner models neither, so it prices these
+  rows' time but cannot say they fit.
 """
 from __future__ import annotations
 
