@@ -101,9 +101,11 @@ def check_memory_time_calculator(first_view, views, fa3) -> None:
 
 def check_memory_over_sequence_length(fits) -> None:
     """Memory over the sequence length (TP 8 · PP 16 · DP 8 with ZeRO-1): TP 8 alone and with SP fit 2 k,
-    selective recomputation 8 k, full recomputation 16 k"""
+    selective recomputation 8 k, full recomputation 16 k; with flash attention SP alone reaches selective's 8 k
+    and SP + full recomputation the whole sweep, 32 k"""
     assert fits["TP 8"] == fits["TP 8 + SP"] == 2048 and fits["TP 8 + SP + selective"] == 8192
     assert fits["TP 8 + full recompute"] == 16384, fits
+    assert fits["TP 8 + SP, flash"] == 8192 and fits["TP 8 + SP + full recompute, flash"] == 32768, fits
 
 
 def check_one_calibration_per_card(pub) -> None:
@@ -146,3 +148,11 @@ def check_small_case(advice, best) -> None:
     data parallelism (no TP, no PP), a family the rules named"""
     assert advice.families[0] == "DDP" and best.fits
     assert best.layout.tp == 1 and best.layout.pp == 1 and mp.family(best.layout) in advice.families
+
+
+def check_efficiency_band(bests) -> None:
+    """The headline survives the fitted η_F: 15 % lower or higher, the planner's best keeps TP 4, PP 16,
+    interleaving, SP and selective recomputation; only the step time and MFU move"""
+    shape = {(b.layout.tp, b.layout.pp, b.layout.v, b.layout.sp, b.layout.recompute) for b in bests.values()}
+    assert shape == {(4, 16, 2, True, "selective")}, shape
+    assert len({round(b.step_seconds, 1) for b in bests.values()}) == 3

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from minipar.machine.cluster import a100_cluster, h100_cluster
 from minipar.plan import GPT3_175B, Layout, MoETransformer, Transformer, estimate
+from minipar.plan.operators import MEGATRON_2022
 
 __all__ = ["draw_decision_guide", "draw_memory_bars", "CALCULATOR_MODELS", "CALCULATOR_CLUSTERS", "calculate",
            "estimate_table", "draw_calculator",
@@ -176,20 +177,29 @@ def calculator_controls() -> dict:
     return controls
 
 
+# A fused FlashAttention kernel (Dao 2023; the default in current stacks) never stores the s × s scores: with SP
+# the s² terms are gone without recomputing anything. The other rows run Megatron-LM 2022's unfused attention.
+FLASH = replace(MEGATRON_2022, name="Megatron-LM 2022 with flash attention", attention="flash")
+_SWEEP = Layout(dp=8, tp=8, pp=16, zero=1, micro_batches=192)
 SWEEP_LAYOUTS = {
-    "TP 8": Layout(dp=8, tp=8, pp=16, zero=1, micro_batches=192),
-    "TP 8 + SP": Layout(dp=8, tp=8, pp=16, sp=True, zero=1, micro_batches=192),
-    "TP 8 + SP + selective": Layout(dp=8, tp=8, pp=16, sp=True, recompute="selective", zero=1, micro_batches=192),
-    "TP 8 + full recompute": Layout(dp=8, tp=8, pp=16, recompute="full", zero=1, micro_batches=192),
+    "TP 8": _SWEEP,
+    "TP 8 + SP": replace(_SWEEP, sp=True),
+    "TP 8 + SP + selective": replace(_SWEEP, sp=True, recompute="selective"),
+    "TP 8 + full recompute": replace(_SWEEP, recompute="full"),
+    "TP 8 + SP, flash": (replace(_SWEEP, sp=True), FLASH),
+    "TP 8 + SP + full recompute, flash": (replace(_SWEEP, sp=True, recompute="full"), FLASH),
 }
 
 
 def sweep_sequence(model: Transformer, cluster, layouts: dict = SWEEP_LAYOUTS,
                    seq_lens=(1024, 2048, 4096, 8192, 16384, 32768)) -> dict:
-    """{label: [(s, Estimate)]}: the same layouts as the sequence grows (batch in tokens grows with it)."""
-    from dataclasses import replace
-    return {label: [(s, estimate(replace(model, seq_len=s), cluster, layout)) for s in seq_lens]
-            for label, layout in layouts.items()}
+    """{label: [(s, Estimate)]}: the same layouts as the sequence grows (batch in tokens grows with it). A
+    layout is a :class:`Layout` (Megatron-LM 2022's kernels) or a (layout, kernels) pair."""
+    out = {}
+    for label, value in layouts.items():
+        layout, kernels = value if isinstance(value, tuple) else (value, MEGATRON_2022)
+        out[label] = [(s, estimate(replace(model, seq_len=s), cluster, layout, kernels=kernels)) for s in seq_lens]
+    return out
 
 
 def draw_sequence_sweep(sweep: dict, limit: float, ax=None):

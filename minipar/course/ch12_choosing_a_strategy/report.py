@@ -8,7 +8,7 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from minipar import plan as mp
-from minipar.machine.cluster import NVLINK3, h100_cluster
+from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster, h100_cluster
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
@@ -17,7 +17,7 @@ from minipar.plan.published import TOLERANCE, summary
 from . import claims, figures, show
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
-           "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
 GB = 1e9
@@ -97,6 +97,21 @@ def one_knob(best, cluster) -> None:
     """§4: the best, then each knob changed alone, and the time terms that moved."""
     print(show.one_knob(best, cluster))
     claims.check_one_knob_at_a_time(best, cluster)
+
+
+def efficiency_band(p, band: float = 0.15) -> None:
+    """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§9's band):
+    does the winner's layout change? ``p`` is the plan at the fitted η_F."""
+    card = A100_SXM_80GB
+    print(f"{'η_F':>5}{'step s':>8}{'MFU':>7}  the planner's best layout")
+    bests = {}
+    for f in (1 - band, 1.0, 1 + band):
+        eta = card.gemm_efficiency * f
+        pl = p if f == 1.0 else plan(GPT3_175B, gpu_cluster(replace(card, gemm_efficiency=eta), 128, NVLINK3, IB_HDR),
+                                     1536, top=1)
+        bests[f] = best = pl.best[0]
+        print(f"{eta:5.2f}{best.step_seconds:8.1f}{best.mfu:7.1%}  {show.layout_words(best.layout)}")
+    claims.check_efficiency_band(bests)
 
 
 def hand_layouts(best, cluster) -> None:
