@@ -77,7 +77,7 @@ def check_checkpoint_that_changes_layout(saved, out) -> None:
 
 def check_zero1_peak_drop(memory) -> None:
     """The layouts compared: ZeRO-1's peak falls by about twice its model states' fall — Adam's m and v, and
-    the step's temporaries (2 × the elements it steps, on CPU), both on half the elements"""
+    the optimizer step's temporaries, which scale with the elements it steps, both on half the elements"""
     states_drop = memory["2x2x2"][1] - memory["2x2x2+zero1"][1]
     peak_drop = memory["2x2x2"][0] - memory["2x2x2+zero1"][0]
     assert 0 < states_drop and 1.8 * states_drop <= peak_drop <= 2.2 * states_drop

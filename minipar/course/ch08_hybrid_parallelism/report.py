@@ -139,13 +139,14 @@ def zero_once_per_step(result: dict) -> Report:
     collectives and bytes over dp per step, model states between steps, the step's peak (rank 0), and whether
     the run equals one device."""
     once = result["once"]
-    lines = [f"{'once per step':13} {'collectives':>11} {'bytes over dp':>14} {'states between steps':>21} "
-             f"{'step peak':>10}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>14,.0f} {c['between']:>19,} B "
-              f"{c['peak']:>8,} B" for z, c in once.items()]
+    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19} "
+             f"{'step peak':>10}",
+             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19} {'(B)':>10}"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,} "
+              f"{c['peak']:>10,}" for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
-    lines.append("(rank 0; states between steps: parameters, gradients and Adam's m, v held after the optimizer "
-                 "step; step peak: the most it held during the step)")
+    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step; "
+                 "step peak: the most it held during the step)")
     if all(c["matches"] for c in once.values()):
         lines.append("all three match one device after 2 steps")
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
@@ -182,18 +183,19 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     sent = _sent_per_layout(recipe, layouts)
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
-    print(f"{'':16} {'memory, KiB':^27} | {'sent per step, KiB':^20}")
-    print(f"{'layout dp×pp×tp':>16} {'peak':>9} {'model states':>17} | {'TP':>6} {'PP':>6} {'DP':>6}")
+    big = f"{psi / 1e9:.0f}B model"
+    print(f"{'':16} {'toy, measured: memory, KiB':^27} | {'toy: sent per step, KiB':^23} | {big + ', formula':^15}")
+    print(f"{'layout dp×pp×tp':>16} {'peak':>9} {'model states':>17} | {'TP':>7} {'PP':>7} {'DP':>7} | "
+          f"{'states, GB':>15}")
     for name, (peak, states) in memory.items():
         b = sent[name]
         print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | "
-              f"{b['tp'] / 1024:>6.0f} {b['pp'] / 1024:>6.0f} {b['dp'] / 1024:>6.0f}")
-    print("(per rank, the most of any rank; float64)")
+              f"{b['tp'] / 1024:>7.0f} {b['pp'] / 1024:>7.0f} {b['dp'] / 1024:>7.0f} | {formula[name] / 1e9:>15g}")
+    print(f"(per rank, the most of any rank; toy in float64; the {big} in mixed-precision Adam, 2 + 2 + 12 B "
+          "per parameter)")
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
-    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%}")
-    print(f"at {psi / 1e9:.0f}B parameters in mixed precision (2 + 2 + 12 B per parameter) the same layouts hold "
-          + " / ".join(f"{formula[name] / 1e9:g}" for name in memory) + " GB of model states per GPU")
+    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
@@ -206,16 +208,25 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
 
 
 def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
-                      t: int = 8, p: int = 64, d: int = 6) -> Report:
+                      t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2) -> Report:
     """PP's and DP's values per rank per step on the 1T layout of Narayanan et al. 2021, Table 1 (defaults):
     PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back), whole or 1/t each with Megatron's
-    scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this rank's share of its stage)."""
+    scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this rank's share of its stage). Beside
+    them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on the DGX A100's NVLink 3 and on one
+    InfiniBand HDR port per GPU (a lower bound: no latency, full bandwidth)."""
+    from minipar.machine.cluster import IB_HDR, NVLINK3
     pp_values = 2 * (batch // d) * seq * h
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
-    text = (f"PP, per rank per step: {pp_values / 1e9:.1f} billion values sent whole by each TP rank, "
-            f"{pp_values / t / 1e9:.1f} billion with Megatron's scatter/gather (1/t each, re-gathered on NVLink)\n"
-            f"DP, per rank per step: {dp_values / 1e9:.1f} billion values")
-    return Report(text, lambda r: claims.check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t))
+    rows = [("PP, whole from each TP rank", pp_values), ("PP, 1/t (scatter/gather)", pp_values / t),
+            ("DP, ring all-reduce", dp_values)]
+    nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
+    lines = [f"1T layout (t {t}, p {p}, d {d}), per rank per step, {value_bytes} B a value (BF16); "
+             f"seconds = bytes ÷ bandwidth",
+             f"{'':28} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
+    for name, values in rows:
+        gb = values * value_bytes / 1e9
+        lines.append(f"{name:28} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
+    return Report("\n".join(lines), lambda r: claims.check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t))
 
 
 def qkv_bias_gradient(grad) -> Report:
