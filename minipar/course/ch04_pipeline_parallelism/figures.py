@@ -148,9 +148,9 @@ def peak_held(run, step: int = -1) -> int:
 
 @dataclass
 class PacedIdle:
-    """Per schedule: the simulated idle fraction (with the slots' costs), the unpaced run's and the paced run's
-    measured idle, and how many of the paced actions overran their slots."""
-    rows: dict                  # {name: (simulated, unpaced, paced, overruns, actions)}
+    """Per schedule: the simulated idle fraction (with the slots' costs), the paced run's measured idle, and how
+    many of the paced actions overran their slots."""
+    rows: dict                  # {name: (simulated, paced, overruns, actions)}
     slot: float                 # seconds of one F slot
     load: float = 0.0           # the machine's 1-minute load average when the runs ended
     cores: int = 1
@@ -165,13 +165,13 @@ class PacedIdle:
 
     def agrees(self, within: float = 0.05) -> bool:
         """Every undisturbed paced run idles as its simulation says, within ``within``."""
-        return all(abs(paced - sim) < within for n, (sim, _, paced, _, _) in self.rows.items()
+        return all(abs(paced - sim) < within for n, (sim, paced, _, _) in self.rows.items()
                    if n not in self.disturbed)
 
     def __str__(self) -> str:
-        out = [f"{'':11s}  simulated   unpaced (one run)   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
-        out += [f"{n:11s}  {sim:9.1%}   {unpaced:17.0%}   {paced:9.1%}              {o} of {a}"
-                for n, (sim, unpaced, paced, o, a) in self.rows.items()]
+        out = [f"{'':11s}  simulated   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
+        out += [f"{n:11s}  {sim:9.1%}   {paced:9.1%}              {o} of {a}"
+                for n, (sim, paced, o, a) in self.rows.items()]
         busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
         if busy:
             return "\n".join(out + [f"  every schedule: {busy}"])
@@ -180,13 +180,13 @@ class PacedIdle:
         return "\n".join(out)
 
 
-def paced_idle(paced: dict, unpaced: dict, p: int = 4) -> PacedIdle:
-    """:class:`PacedIdle` of paced runs ``{(name, m, v): runs}`` beside the unpaced idle ``{name: fraction}``."""
+def paced_idle(paced: dict, p: int = 4) -> PacedIdle:
+    """:class:`PacedIdle` of paced runs ``{(name, m, v): runs}``."""
     rows = {}
     for (n, m, v), rs in paced.items():
         sim = simulate(make_schedule(n, p, m, v), rs[0].pace.costs(v)).bubble_fraction
         actions = sum(k in ("F", "B", "W", "BW") for r in rs for _, k, *_ in r.timeline)
-        rows[n] = (sim, unpaced[n], measured_idle_fraction(rs, typical_step(rs)), sum(r.overruns for r in rs), actions)
+        rows[n] = (sim, measured_idle_fraction(rs, typical_step(rs)), sum(r.overruns for r in rs), actions)
     return PacedIdle(rows, next(iter(paced.values()))[0].pace.F, os.getloadavg()[0], os.cpu_count() or 1)
 
 

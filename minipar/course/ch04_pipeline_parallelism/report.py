@@ -64,11 +64,11 @@ def show_unpaced(shown: dict, p: int) -> dict:
     return unpaced
 
 
-def show_paced(paced: dict, unpaced: dict, p: int):
-    """The paced runs drawn and tabled beside the formula and the unpaced idle; returns the table (PacedIdle)."""
+def show_paced(paced: dict, p: int):
+    """The paced runs drawn and tabled beside the formula; returns the table (PacedIdle)."""
     draw_measured(paced, p)
     plt.show()
-    idle = paced_idle(paced, unpaced, p)
+    idle = paced_idle(paced, p)
     print(idle)
     claims.check_schedules_bubble_within_5_points(idle)   # the schedule's bubble, within 5 points
     return idle
@@ -190,13 +190,9 @@ def show_link(alpha: float, beta: float, pingpong: dict) -> None:
     """The ping-pong's fit: α always; β only where the largest size's transfer term S/β is at least α (else
     the fit's β is lost in the scatter of α, and the sizes cannot resolve it)."""
     largest = max(pingpong)
-    transfer = largest / beta
-    where = f"ping-pong, {len(pingpong)} sizes up to {largest // 1024} KiB"
-    if transfer >= alpha:
-        print(f"measured here: one message α = {alpha * 1e6:.0f} µs, β ≈ {beta / 1e9:.1f} GB/s ({where})")
-    else:
-        print(f"measured here: one message α = {alpha * 1e6:.0f} µs; β not resolved at these sizes ({where}: "
-              f"the fit's transfer term at {largest // 1024} KiB, {transfer * 1e6:.1f} µs, is under α)")
+    beta_text = f", β ≈ {beta / 1e9:.1f} GB/s" if largest / beta >= alpha else ""
+    print(f"one message here: α = {alpha * 1e6:.0f} µs{beta_text} "
+          f"(ping-pong, {len(pingpong)} sizes up to {largest // 1024} KiB)")
 
 
 def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
@@ -207,9 +203,8 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     plt.show()
     i = why.idle
     traced, paced_free = round(100 * i['measured']), round(100 * unpaced['1f1b'])     # the gap of the numbers shown
-    print(f"1F1B measured idle: {traced}% in this traced run, {paced_free}% in §7's run: two runs of "
-          f"one schedule, {abs(traced - paced_free)} points apart (shared cores, the tracer's "
-          f"own cost). Each term above sizes one run's idle, give or take that spread.")
+    print(f"1F1B measured idle: {traced}% in this traced run, {paced_free}% in the run above: "
+          f"{abs(traced - paced_free)} points apart, the spread of one run here.")
     claims.check_each_term_adds_idle(i, why)
 
 

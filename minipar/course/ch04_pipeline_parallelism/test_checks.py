@@ -81,10 +81,10 @@ def test_a_busy_machine_compares_no_paced_schedule():
     wake late at their slots' ends without overrunning), and the table says why; on a quiet one it is made, and a
     schedule with more than 5 % of its actions overrun (paced_compute's shared rule, as chapters 02-04b) is not."""
     from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle
-    rows = {"1f1b": (0.273, 0.48, 0.445, 0, 64), "gpipe": (0.273, 0.58, 0.27, 1, 64)}
+    rows = {"1f1b": (0.273, 0.445, 0, 64), "gpipe": (0.273, 0.27, 1, 64)}
     busy, quiet = PacedIdle(rows, 0.02, load=9.0, cores=2), PacedIdle(rows, 0.02, load=1.5, cores=2)
     assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees()
     assert "every schedule: load average 9 on 2 cores" in str(busy) and "not compared" in str(busy)
     assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
-    overran = PacedIdle(dict(rows, gpipe=(0.273, 0.58, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
+    overran = PacedIdle(dict(rows, gpipe=(0.273, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
     assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)

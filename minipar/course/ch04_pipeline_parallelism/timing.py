@@ -199,16 +199,6 @@ class IdleBreakdown:
         out = [f"{'idle fraction of one step of one run, ' + self.schedule:52s} {'':>7s}"]
         pct = {t: round(100 * i[t]) for t in i}   # whole points (one run, which a rerun moves), rows and steps alike
         out += [f"{labels[t]:52s} {pct[t]:6d}%" for t in TERMS]
-        ms = lambda xs: " ".join(f"{x * 1e3:.2f}" for x in xs)   # noqa: E731
-        out.append(f"work per rank, ms: CPU {ms(self.work['stages'])} | wall {ms(self.work['cores'])}")
-        out.append("model DGX-A100, µs per rank: " + " ".join(f"{x * 1e6:.0f}" for x in self.work["dgx_a100"])
-                   + " = kernels × 5 µs launch floor: " + " ".join(f"{f * 1e6:.0f}" for f in self.launch_floors)
-                   + " + the rest")
-        pts = lambda a, b: f"{pct[b] - pct[a]:+d}"   # noqa: E731  (steps between printed rows add up)
-        out.append(f"formula {pct['formula']}% -> measured costs {pts('formula', 'stages')} -> p2p "
-                   f"{pts('stages', 'p2p')} -> shared cores {pts('p2p', 'cores')} -> rest "
-                   f"{pts('cores', 'measured')} = measured {pct['measured']}%")
-        out.append(self.reading())
         return "\n".join(out)
 
     def reading(self) -> str:

@@ -81,6 +81,12 @@ def check_t1_does_not_fit(state, card_gb) -> None:
     assert state[1] > card_gb > state[2]
 
 
+def check_crossing_costs_with_narrow_matmuls(slow) -> None:
+    """Why TP stays inside a node: with narrow matmuls slower, crossing nodes (t = 8 -> 16) still costs a GPU
+    over a fifth of its tokens/s"""
+    assert slow[16] < 0.8 * slow[8]
+
+
 def check_why_tp_stays_inside_node(by_t) -> None:
     """Why TP stays inside a node"""
     assert [by_t[t]["tokens_per_gpu"] for t in by_t] == sorted((by_t[t]["tokens_per_gpu"] for t in by_t), reverse=True)

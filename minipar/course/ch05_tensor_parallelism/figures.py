@@ -156,7 +156,7 @@ def _plot_measured(ax, timings: dict, world_size: int) -> None:
     ax.errorbar(sizes, med, yerr=[lo, hi], fmt="o", ms=4, capsize=2,
                 label=f"measured, {world_size} CPU ranks (gloo): median [min–max] of {len(timings[sizes[0]])} calls")
     ax.plot(sizes, [(steps * alpha + share * s / beta) * 1e3 for s in sizes], "-",
-            label=f"fit to each size's fastest call: 2(N-1)·{alpha * 1e6:.3g} µs + 2(N-1)/N·S / ({beta / 1e9:.2g} GB/s)")
+            label="fit to each size's fastest call: 2(N-1)·α + 2(N-1)/N·S/β (rough: shape only)")
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
     ax.set_ylabel("one all-reduce (ms)")

@@ -12,7 +12,7 @@ from minipar.machine.device import H100_SXM
 from . import claims
 from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
                       draw_tp_throughput, fit_latency_bandwidth)
-from .throughput import CARDS, priced_with, weight_state_gb
+from .throughput import CARDS, narrow_matmuls, priced_with, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
@@ -70,9 +70,9 @@ def show_layer_bytes(layer: dict) -> None:
     """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
     for t, (sent, observed, formula) in layer.items():
         headers = (observed - formula) / claims.GLOO_HEADER_BYTES
-        print(f"t={t}: log {sent['bytes_sent']} B {sent['by_op']}; formula 4 × 2(t-1)/t × b·s·h·4 B = {formula:.0f} B; "
-              f"on the wire {observed:.0f} B = formula + {headers:.0f} headers of {claims.GLOO_HEADER_BYTES} B "
-              f"({headers / 4:.0f} a call)")
+        calls = sent["by_op"]["all_reduce"][0]
+        print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']} B sent; formula 4 × 2(t-1)/t × b·s·h·4 B = "
+              f"{formula:.0f} B   (on the wire: + {headers:.0f} gloo headers of {claims.GLOO_HEADER_BYTES} B)")
     claims.check_bytes_per_layer(layer)
 
 
@@ -114,6 +114,11 @@ def show_tp_throughput(rows: list) -> dict:
           f"t = 16 across two nodes keeps {keep[16]:.0%} (tp {h100[16]['tp_share']:.0%})")
     print(f"t = 8 -> 16, across two nodes: tp's share of the step {h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× "
           f"larger; each GPU keeps {h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s")
+    eta, slow = H100_SXM.gemm_efficiency, narrow_matmuls(0.6)
+    print(f"sensitivity, matmuls at 60% of peak instead of {eta:.0%} at t = 8 and 16 (h/t = 1536, 768): t = 8 keeps "
+          f"{slow[8] / h100[1]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[1]['tokens_per_gpu']:.0%} of t = 1's "
+          f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's")
+    claims.check_crossing_costs_with_narrow_matmuls(slow)
     _show_collapsed("The numbers behind the figure: the table, the cards' prices, memory per GPU",
                     _tp_numbers(series, degrees, state, card_gb))
     return h100
@@ -127,8 +132,8 @@ def _tp_numbers(series: dict, degrees: list, state: dict, card_gb: float) -> str
     for (card, placement), by_t in series.items():
         lines.append(f"{card:26}{placement:>22} | "
                      + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
-    lines.append("priced with (α per ring step: the library's round link cards, not chapter 00's NCCL tuning-table "
-                 "values; β = datasheet bandwidth × the share a large ring reaches):\n  " + "\n  ".join(priced_with()))
+    lines.append("priced with (α per ring step; β = datasheet bandwidth × the share a large ring reaches):\n  "
+                 + "\n  ".join(priced_with()))
     lines.append("\nweights, gradients and Adam state per GPU, GB: "
                  + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
                  + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column is compute only "
@@ -146,14 +151,12 @@ def _show_collapsed(summary: str, text: str) -> None:
 
 def measure_allreduce(world_size: int = 4, reps: int = 7):
     """All-reduces of 16 B … 16 MiB timed here (``reps`` calls a size), the library's α-β fit to each size's
-    fastest call, printed and drawn; returns (α of one ring step, β)."""
+    fastest call, drawn (a rough fit: 4 processes share 2 cores, so only the curve's shape is shown); returns
+    (α of one ring step, β) for Deeper B's replays."""
     timings = allreduce_timings(world_size, reps=reps)
     alpha, beta = fit_latency_bandwidth(timings, world_size)
-    steps, share = 2 * (world_size - 1), 2 * (world_size - 1) / world_size
-    off = [(steps * alpha + share * size / beta) / min(secs) for size, secs in timings.items()]
+    steps = 2 * (world_size - 1)
     small = [min(v) for s, v in timings.items() if s <= 16 * 1024]
-    print(f"fit: α ≈ {alpha * 1e6:.0f} µs a ring step ({steps} steps: {steps * alpha * 1e3:.2f} ms a call), "
-          f"β ≈ {beta / 1e9:.2f} GB/s — within ×{max(max(off), 1 / min(off)):.1f} of every size's fastest call")
     claims.check_latency_fitted_no_longer_than_small(steps * alpha, small, timings)
     draw_allreduce_cost(timings, world_size=world_size)
     plt.show()

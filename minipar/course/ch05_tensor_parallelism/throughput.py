@@ -13,11 +13,14 @@ Throughput per GPU = tokens of a step / (step seconds · t): what TP trades when
 """
 from __future__ import annotations
 
+import dataclasses
+
 from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import Layout, Transformer, estimate
 
-__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput", "priced_with", "weight_state_gb"]
+__all__ = ["GPT3_LAYERS", "gpt3_shaped", "CARDS", "PLACEMENTS", "tp_throughput", "narrow_matmuls", "priced_with",
+           "weight_state_gb"]
 
 GPT3_LAYERS = 4
 MICRO_BATCHES = 8                                  # 8 sequences of 2048 tokens a step: the optimizer amortized
@@ -48,6 +51,21 @@ def tp_throughput(degrees=(1, 2, 4, 8, 16), model: Transformer | None = None) ->
                              "tokens_per_gpu": MICRO_BATCHES * model.seq_len / (step * t),
                              "tp_share": est.time["tp"] / step})
     return rows
+
+
+def narrow_matmuls(efficiency: float = 0.6, degrees=(8, 16), card_name: str = "H100 (NVLink 4, IB NDR)",
+                   model: Transformer | None = None) -> dict:
+    """A sensitivity of :func:`tp_throughput`, which prices every matmul at the card's one large-matmul
+    efficiency: {t: tokens/s per GPU} on 8-GPU nodes with the matmuls at ``efficiency`` instead, for the
+    degrees whose matmuls are narrow (h/t = 1536 at t = 8, 768 at t = 16 for GPT-3's layer)."""
+    model, (card, intra, inter) = model or gpt3_shaped(), CARDS[card_name]
+    slower = dataclasses.replace(card, gemm_efficiency=efficiency)
+    out = {}
+    for t in degrees:
+        cluster = gpu_cluster(slower, -(-t // 8), intra, inter, devices_per_node=min(8, t))
+        step = estimate(model, cluster, Layout(tp=t, micro_batch=1, micro_batches=MICRO_BATCHES)).step_seconds
+        out[t] = MICRO_BATCHES * model.seq_len / (step * t)
+    return out
 
 
 def priced_with() -> list:
