@@ -10,3 +10,10 @@ def test_the_guard_skips_the_outlier_batch_and_only_it():
     claims.check_spike_skipped(plain, guarded, 12)
     with pytest.raises(AssertionError):               # an unguarded run passed as the guarded one is caught
         claims.check_spike_skipped(plain, plain, 12)
+
+
+def test_clipping_takes_the_outlier_step_but_bounds_it():
+    plain, clipped = spiked_run(None, bad_step=12), spiked_run(None, bad_step=12, clip=1.0)
+    claims.check_clipping_bounds_the_step(clipped, 12, 1.0)
+    with pytest.raises(AssertionError):               # the unclipped run's jump is caught
+        claims.check_clipping_bounds_the_step(plain, 12, 1.0)
