@@ -92,9 +92,9 @@ def regather_bytes(t: int = 4) -> float:
 
 
 def show_three_ways(ways: dict, t: int = 4) -> None:
-    print(f"one layer, t={t}, per rank   {'bytes: formula':>14} {'comm. log':>10} {'activations kept':>17}")
+    print(f"one layer, t={t}, per rank   {'sent (formula / log)':>21}   {'kept (activations)':>18}")
     for name, w in ways.items():
-        print(f"{name:27}{w['formula'] / 1024:>13.1f}K{w['log'] / 1024:>10.1f}K{w['activations'] / 1024:>16.1f}K")
+        print(f"{name:27}{w['formula'] / 1024:>12.1f}K /{w['log'] / 1024:>6.1f}K   {w['activations'] / 1024:>17.1f}K")
     claims.check_three_ways(ways, regather_bytes(t))
 
 
@@ -118,7 +118,7 @@ def train_forgetting_the_sum(world_size: int = 2):
 
 
 def show_forgotten_sum(wrong) -> None:
-    print("without the sum:", str(wrong).splitlines()[0])
+    print(f"without the sum, after 3 steps: {wrong.worst} differs from one device by {wrong.max_abs_diff:.2g}")
     claims.check_layernorm_gradients_now_partial(wrong)
 
 

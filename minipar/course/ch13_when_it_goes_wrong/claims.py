@@ -108,3 +108,11 @@ def check_spike_skipped(plain, guarded, bad_step) -> None:
     assert plain["loss"][bad_step] > 10 * before and plain["loss"][-1] > before
     assert all(torch.isfinite(torch.tensor(plain["loss"])))                          # a spike, not a NaN
     assert guarded["skipped"] == [bad_step] and max(guarded["loss"][bad_step:]) <= before
+
+
+def check_clipping_bounds_the_step(clipped, bad_step, clip) -> None:
+    """Clipping at ``clip`` (far above the normal norms) takes the outlier step but bounds its length: the logged
+    norm still shows the spike, nothing is skipped, and the held-out loss does not jump"""
+    before = clipped["loss"][bad_step - 1]
+    assert clipped["skipped"] == [] and clipped["norm"][bad_step] > 100 * clip > 100 * max(clipped["norm"][:bad_step])
+    assert clipped["loss"][bad_step] < 1.05 * before

@@ -81,7 +81,6 @@ def show_straggler(run):
         other = max(0.0, r["other"])    # CPU time counts every thread, so it can pass the wall time it spans
         print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{other * 1e3:14.1f}{r['comm'] * 1e3:19.1f}"
               f"{r['step'] * 1e3:11.1f}")
-    print("compute is CPU time, the other columns wall time; other = wall step - compute - all-reduce, at least 0")
     wall_step = max(r["step"] for r in rows.values())
     print(f"rank {slow.rank} is the straggler: {_ms(slow.cost)} more CPU time a step than the other rank, "
           f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step.")
@@ -124,14 +123,13 @@ def show_gradient_bugs(tolerance: float) -> None:
 
 
 def _backward_order_first(result) -> str:
-    """A bisection's informative name first (the first parameter to depart in backward order, after those
-    backward reached while still right), then the size, and the first in model order as a detail."""
+    """A bisection's informative name first (the first parameter to depart in backward order, and those
+    backward reached before it while still right), then the size of the first departure and how many depart."""
     first, right = result.first, result.reached_first[::-1]
     after = ", ".join(right[:4]) + (f" (+{len(right) - 4})" if len(right) > 4 else "") or "none"
-    return (f"first to depart in backward order: {result.boundary}, after {after} (right)\n"
-            f"  at step {first.step}: {len(result.wrong)} of {len(result.order)} parameters depart; the first in "
-            f"model order, {first.name} on rank {first.rank}, by {first.size:.2e} "
-            f"({first.size / first.tolerance:.1e} x the tolerance {first.tolerance:.0e})")
+    return (f"first to depart in backward order: {result.boundary}; reached before it, still right: {after}\n"
+            f"  at step {first.step}, {len(result.wrong)} of {len(result.order)} parameters depart "
+            f"({first.name} by {first.size:.1e})")
 
 
 def show_dropout_replicas() -> None:
@@ -168,11 +166,12 @@ def show_nan() -> None:
     claims.check_nan_first_operator_rank_that(born0, finite0, born1)
 
 
-def show_spike(bad_step: int = 12, guard: float = 5.0) -> None:
-    """The MLP with one batch of outliers, without and with the skip guard: norms and losses, drawn."""
-    runs = {"no guard": spiked_run(None, bad_step),
+def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> None:
+    """The MLP with one batch of outliers: no guard, clipping ‖g‖ at ``clip``, and the skip guard; norms and
+    losses, drawn."""
+    runs = {"no guard": spiked_run(None, bad_step), f"clip ‖g‖ at {clip:g}": spiked_run(None, bad_step, clip=clip),
             f"skip if ‖g‖ > {guard:g} × median": spiked_run(guard, bad_step)}
-    plain, guarded = runs.values()
+    plain, clipped, guarded = runs.values()
     print(f"‖g‖ before step {bad_step}: {min(plain['norm'][:bad_step]):.2f}–{max(plain['norm'][:bad_step]):.2f}; "
           f"at step {bad_step}: {plain['norm'][bad_step]:.1f}")
     for name, r in runs.items():
@@ -189,6 +188,7 @@ def show_spike(bad_step: int = 12, guard: float = 5.0) -> None:
     fig.tight_layout()
     plt.show()
     claims.check_spike_skipped(plain, guarded, bad_step)
+    claims.check_clipping_bounds_the_step(clipped, bad_step, clip)
 
 
 def show_sum_orders() -> None:
@@ -226,5 +226,6 @@ def show_invariant() -> None:
     (default, lo_d, hi_d), (inv, lo_i, hi_i) = seconds["default"], seconds["invariant"]
     print(f"tp 2 step here (median, min-max over its steps): {_ms(default)} ({lo_d * 1e3:.1f}-{hi_d * 1e3:.1f}) "
           f"default, {_ms(inv)} ({lo_i * 1e3:.1f}-{hi_i * 1e3:.1f}) invariant: "
-          + (f"{inv / default:.1f}x, outside the spread" if lo_i > hi_d else "a tie, the ranges overlap"))
+          + (f"{inv / default:.1f}x, outside the spread" if lo_i > hi_d else "a tie, the ranges overlap")
+          + " (indicative: this machine's cores are shared)")
     claims.check_invariant_mode(invariant)

@@ -20,10 +20,11 @@ __all__ = ["spiked_run"]
 
 
 def spiked_run(guard: float | None, bad_step: int = 12, outlier: float = 30.0, steps: int = 24,
-               warmup: int = 3, window: int = 8) -> dict:
+               warmup: int = 3, window: int = 8, clip: float | None = None) -> dict:
     """Train the regression MLP with SGD for ``steps`` steps; batch ``bad_step`` is ``outlier`` times larger
     (inputs and targets). ``guard``: the factor over the recent median norm past which a step is skipped
-    (None: no guard). Returns {"norm": [‖g‖ per step], "loss": [loss on a fixed clean batch after each step],
+    (None: no guard). ``clip``: scale ``g`` down to norm ``clip`` when it is longer (``clip_grad_norm_``;
+    None: no clipping). Returns {"norm": [‖g‖ per step], "loss": [loss on a fixed clean batch after each step],
     "skipped": [steps skipped]}."""
     recipe = mlp_recipe(steps=steps + 1, batch_size=32, seed=1)
     model, (x_eval, y_eval) = recipe.model(), recipe.batches[-1]
@@ -34,7 +35,8 @@ def spiked_run(guard: float | None, bad_step: int = 12, outlier: float = 30.0, s
             x, y = x * outlier, y * outlier                # a batch of outliers: a corrupt shard, a unit bug
         opt.zero_grad()
         recipe.loss(model, x, y).backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))   # the norm, no clipping
+        max_norm = float("inf") if clip is None else clip
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))   # the norm before clipping
         taken = [n for i, n in enumerate(out["norm"]) if i not in out["skipped"]][-window:]
         if guard is not None and len(taken) >= warmup and norm > guard * statistics.median(taken):
             out["skipped"].append(step)

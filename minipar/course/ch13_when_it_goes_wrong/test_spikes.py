@@ -1,12 +1,17 @@
-"""§6b's spike: one batch of outliers makes the loss jump without a NaN; the norm guard skips exactly that step."""
+"""§7's spike: one batch of outliers makes the loss jump without a NaN; the norm guard skips exactly that step,
+and clipping at 1.0 takes it but bounds it."""
 import pytest
 
 from minipar.course.ch13_when_it_goes_wrong import claims
 from minipar.course.ch13_when_it_goes_wrong.spikes import spiked_run
 
 
-def test_the_guard_skips_the_outlier_batch_and_only_it():
+def test_the_guard_skips_the_outlier_batch_and_clipping_bounds_it():
     plain, guarded = spiked_run(None, bad_step=12), spiked_run(5.0, bad_step=12)
+    clipped = spiked_run(None, bad_step=12, clip=1.0)
     claims.check_spike_skipped(plain, guarded, 12)
+    claims.check_clipping_bounds_the_step(clipped, 12, 1.0)
     with pytest.raises(AssertionError):               # an unguarded run passed as the guarded one is caught
         claims.check_spike_skipped(plain, plain, 12)
+    with pytest.raises(AssertionError):               # the unclipped run's jump is caught
+        claims.check_clipping_bounds_the_step(plain, 12, 1.0)
