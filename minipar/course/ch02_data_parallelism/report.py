@@ -15,6 +15,7 @@ import os
 import statistics
 
 from minipar.course import replays
+from minipar.course.predict import verdict
 from minipar.course.report import Report
 from minipar.machine.cluster import a100_cluster
 from minipar.machine.intervals import step_slice
@@ -23,7 +24,7 @@ from minipar.observe.opcount import kernel_count
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
+__all__ = ["show", "reveal_model", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
            "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
 
 # the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
@@ -72,6 +73,13 @@ def show(r: Report) -> None:
     r.check()
 
 
+def reveal_model(guess, value: float, what: str) -> None:
+    """Print the cost model's answer to a prediction (not labelled measured: it is a model), and the guess's
+    :func:`minipar.course.predict.verdict` when one was written."""
+    line = f"{what}: the cost model gives {value:.2f}"
+    print(line + "." if guess is None else f"{line}; your guess {guess}  ->  {verdict(guess, value)}")
+
+
 def _labels(m: dict, factor: float = 1.0) -> dict:
     """{config: the row's label}: a DDP run by its buckets' count and mean size (× ``factor``: scaled)."""
     out = {}
@@ -107,7 +115,7 @@ def at_measured_size(m: dict) -> Report:
     rows = {r["config"]: r for r in timing.table(m, played)}
     label = _labels(m)
     compute = {name: replays.last_step(played["dgx"][name]).compute(0) for name in rows}   # rank 0, a step
-    lines = [f"cost model (not a measurement): the traces replayed at their size, {n} GPUs; gradients "
+    lines = [f"cost model (not a measurement): the program at its own size, {n} GPUs; gradients "
              f"{m['grad_bytes']:,} B",
              f"{'config':28}{'DGX-A100 step µs':>17} {'compute':>8} {'exposed':>8} {'hidden':>7} | "
              f"{'TITAN RTX PCIe step µs':>22} {'hidden':>7}"]
@@ -195,7 +203,7 @@ def gpt2_sized(m: dict) -> Report:
 def gpt2_both_links(g: Report) -> Report:
     """Deeper D2: :func:`gpt2_sized`'s replays with how they were scaled (messages × f, FLOPs × f·k, operator
     bytes × k·w), on the DGX-A100 node beside the guide's TITAN RTX machine without NVLink (PCIe 3.0 x16)."""
-    lines = ["cost model (not a measurement): the traces replayed GPT-2-sized on two machines",
+    lines = ["cost model (not a measurement): GPT-2 small on two machines, one step",
              f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
              f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
     for name, r in g.rows.items():
@@ -222,8 +230,8 @@ def bucket_u_curve(n: int) -> Report:
     :data:`.buckets.BUCKET_SIZES` (and one bucket) and replayed on :data:`.buckets.U_CLUSTER` (a model)."""
     per_param, grad_bytes = u_curve.counted_per_parameter(n)
     rows = u_curve.sweep(per_param, u_curve.BUCKET_SIZES + (grad_bytes,))
-    lines = [f"cost model: one DDP trace re-bucketed and replayed on 4 A100s one per node (IB HDR); gradients "
-             f"{grad_bytes:,} B",
+    lines = [f"cost model: one DDP run's gradients re-bucketed, priced on 4 A100s one per node (IB HDR); "
+             f"gradients {grad_bytes:,} B",
              f"{'bucket C':>10} {'all-reduces':>12} {'step µs':>9} {'exposed µs':>11} {'compute µs':>11}"]
     lines += [f"{r['bucket_bytes']:>10,} {r['buckets']:>12} {r['step'] * 1e6:>9.0f} {r['exposed'] * 1e6:>11.0f} "
               f"{r['compute'] * 1e6:>11.0f}" for r in rows]
