@@ -15,7 +15,6 @@ import os
 import statistics
 
 from minipar.course import replays
-from minipar.course.predict import verdict
 from minipar.course.report import Report
 from minipar.machine.cluster import a100_cluster
 from minipar.machine.intervals import step_slice
@@ -24,7 +23,7 @@ from minipar.observe.opcount import kernel_count
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["show", "reveal_model", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
+__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
            "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
 
 # the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
@@ -71,13 +70,6 @@ def show(r: Report) -> None:
     if "draw" in r.facts:
         r.draw()
     r.check()
-
-
-def reveal_model(guess, value: float, what: str) -> None:
-    """Print the cost model's answer to a prediction (not labelled measured: it is a model), and the guess's
-    :func:`minipar.course.predict.verdict` when one was written."""
-    line = f"{what}: the cost model gives {value:.2f}"
-    print(line + "." if guess is None else f"{line}; your guess {guess}  ->  {verdict(guess, value)}")
 
 
 def _labels(m: dict, factor: float = 1.0) -> dict:
