@@ -35,7 +35,8 @@ VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than
 
 
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
-    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "buckets": {config: [bytes of each
+    """{"seconds": {config: [s per round]}, "allreduce_s": [s of the one bucket's all-reduce alone, 3 times],
+    "results": {config: RunResult}, "buckets": {config: [bytes of each
     bucket, in launch order]},
     "overruns": slots that ran long, "slots": slots held}: the first batch untimed, then one round per later batch."""
     torch.set_num_threads(1)
@@ -61,9 +62,11 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     for p in pacers:
         p.held = p.overruns = 0                             # the timed steps' slots only
     seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, recipe.steps - 1)
+    alone = state["one bucket"][1].reducer.buckets[0].buffer.clone()   # what one bucket has to hide, no compute
+    allreduce_s = alternating_steps({"all-reduce": lambda: comm.all_reduce(alone)}, 3)["all-reduce"]
     results = {n: RunResult(_mean_over_ranks(losses), {k: p.detach().clone() for k, p in m.named_parameters()})
                for n, (m, _, _, losses) in state.items()}
-    return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
+    return {"seconds": seconds, "allreduce_s": allreduce_s, "results": results, "overruns": sum(p.overruns for p in pacers),
             "slots": sum(p.held for p in pacers),
             "buckets": {n: [b.buffer.numel() * b.buffer.element_size() for b in w.reducer.buckets]
                         for n, (_, w, *_) in state.items()}}
@@ -78,7 +81,7 @@ def _mean_over_ranks(losses: list) -> list:
 
 def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
-    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
+    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
     "grad_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
@@ -86,7 +89,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     reference = train_reference(recipe)
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
-    return {"seconds": ranks[0]["seconds"], "matches": matches, "buckets": ranks[0]["buckets"],
+    return {"seconds": ranks[0]["seconds"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
             "load": os.getloadavg()[0],
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
             "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
@@ -104,6 +107,9 @@ def table(m: dict) -> str:
         lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): step {spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    if "allreduce_s" in m:
+        lines.append(f"  the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])} "
+                     "(what there is to hide)")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
     busy = too_busy(m["overruns"], m["slots"], m["load"])
     if busy:                                            # a disturbed run states no saving: its times do not count

@@ -91,6 +91,11 @@ def _check_measured(r: Report) -> None:
     # (85-90 % since .grad is a view of its bucket; 100 % while the copies back into .grad ran after it, hiding it)
     assert all(r.rows[n]["hidden_dgx"] > 0.8 for n in r.ddp_names[:-1])
     assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05 and r.rows["DDP one bucket"]["exposed_dgx"] > 0
+    # at this size hiding most of it does not shorten the step: the last bucket is still exposed (about one
+    # all-reduce's latency, as one bucket's) and the extra buckets add kernels, so the bucketed step is longer
+    many, one = r.rows[r.ddp_names[0]], r.rows["DDP one bucket"]
+    assert many["step_dgx"] > one["step_dgx"] and r.compute[r.ddp_names[0]] > r.compute["DDP one bucket"]
+    assert 0.5 < many["exposed_dgx"] / one["exposed_dgx"] < 1.5
 
 
 def at_measured_size(m: dict) -> Report:
@@ -101,23 +106,32 @@ def at_measured_size(m: dict) -> Report:
     played = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)})
     rows = {r["config"]: r for r in timing.table(m, played)}
     label = _labels(m)
-    lines = [f"cost model (not a measurement): the traces replayed at their size, {n} GPUs; gradients "
+    compute = {name: replays.last_step(played["dgx"][name]).compute(0) for name in rows}   # rank 0, a step
+    lines = [f"cost model (not a measurement): the program at its own size, {n} GPUs; gradients "
              f"{m['grad_bytes']:,} B",
-             f"{'config':28}{'DGX-A100 step µs':>17} {'hidden':>7} | {'TITAN RTX PCIe step µs':>22} {'hidden':>7}"]
+             f"{'config':28}{'DGX-A100 step µs':>17} {'compute':>8} {'exposed':>8} {'hidden':>7} | "
+             f"{'TITAN RTX PCIe step µs':>22} {'hidden':>7}"]
     for name, r in rows.items():
-        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>17.0f} {r['hidden_dgx']:>7.0%} | "
+        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>17.0f} {compute[name] * 1e6:>8.0f} "
+                     f"{r['exposed_dgx'] * 1e6:>8.0f} {r['hidden_dgx']:>7.0%} | "
                      f"{r['step_pcie'] * 1e6:>22.0f} {r['hidden_pcie']:>7.0%}")
     ddp_names = [name for name in rows if name.startswith("DDP")]
     one_step = step_slice(m["counted"]["DDP one bucket"].ranks[0].events, "step", -1)
     kernels = kernel_count([r for e in one_step if getattr(e, "ops", None) for r in e.ops])   # rank 0, a step
-    compute_dgx = replays.last_step(played["dgx"]["DDP one bucket"]).compute(0)   # the same step, on the card
+    compute_dgx = compute["DDP one bucket"]                # the same step, on the card
     s_star = n * dgx.intra_latency * dgx.intra_bw          # latency = transfer at S* = N·α·β
     bucket_bytes = {name: m["grad_bytes"] / m["all_reduces"][name] for name in ddp_names}  # mean bucket
     lines.append(f"DGX: rank 0 launches {kernels} kernels a step × {dgx.device.launch_floor * 1e6:.0f} µs = "
                  f"{kernels * dgx.device.launch_floor * 1e6:.0f} µs of its {compute_dgx * 1e6:.0f} µs of compute "
                  f"(launch-bound); an all-reduce's latency 2(N−1)·α = {2 * (n - 1) * dgx.intra_latency * 1e6:.0f} "
                  f"µs; S* = N·α·β = {s_star / 1e6:.1f} MB")
-    return Report("\n".join(lines), _check_measured, world_size=n, dgx=dgx, played=played, rows=rows,
+    many, one = rows[ddp_names[0]], rows["DDP one bucket"]
+    lines.append(f"{label[ddp_names[0]]}: hides {many['hidden_dgx']:.0%} of its all-reduces, but its last bucket "
+                 f"leaves after the last gradient and exposes {many['exposed_dgx'] * 1e6:.0f} µs (one bucket: "
+                 f"{one['exposed_dgx'] * 1e6:.0f} µs), and its buckets add "
+                 f"{(compute[ddp_names[0]] - compute_dgx) * 1e6:.0f} µs of kernels: step "
+                 f"{many['step_dgx'] * 1e6:.0f} µs against {one['step_dgx'] * 1e6:.0f} µs")
+    return Report("\n".join(lines), _check_measured, compute=compute, world_size=n, dgx=dgx, played=played, rows=rows,
                   ddp_names=ddp_names, s_star=s_star, buckets=bucket_bytes, kernels=kernels, compute_dgx=compute_dgx)
 
 
@@ -181,15 +195,13 @@ def gpt2_sized(m: dict) -> Report:
 def gpt2_both_links(g: Report) -> Report:
     """Deeper D2: :func:`gpt2_sized`'s replays with how they were scaled (messages × f, FLOPs × f·k, operator
     bytes × k·w), on the DGX-A100 node beside the guide's TITAN RTX machine without NVLink (PCIe 3.0 x16)."""
-    lines = ["cost model (not a measurement): the traces replayed GPT-2-sized on two machines (scaling: last line)",
+    lines = ["cost model (not a measurement): GPT-2 small on two machines, one step",
              f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
              f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
     for name, r in g.rows.items():
         lines.append(f"{g.label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
                      f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
                      f"{r['hidden_pcie']:>7.0%}")
-    lines.append(f"scaling from the traced run: messages × {g.f:.0f} (GPT-2's parameters / ours), FLOPs × "
-                 f"{g.f * g.k:.0f} (also × its tokens per GPU / ours), operator bytes × {g.k * g.w:.0f} (tokens × width)")
     return Report("\n".join(lines), _check_both_links, rows=g.rows, ddp_names=g.ddp_names)
 
 
@@ -210,8 +222,8 @@ def bucket_u_curve(n: int) -> Report:
     :data:`.buckets.BUCKET_SIZES` (and one bucket) and replayed on :data:`.buckets.U_CLUSTER` (a model)."""
     per_param, grad_bytes = u_curve.counted_per_parameter(n)
     rows = u_curve.sweep(per_param, u_curve.BUCKET_SIZES + (grad_bytes,))
-    lines = [f"cost model: one DDP trace re-bucketed and replayed on 4 A100s one per node (IB HDR); gradients "
-             f"{grad_bytes:,} B",
+    lines = [f"cost model: one DDP run's gradients re-bucketed, priced on 4 A100s one per node (IB HDR); "
+             f"gradients {grad_bytes:,} B",
              f"{'bucket C':>10} {'all-reduces':>12} {'step µs':>9} {'exposed µs':>11} {'compute µs':>11}"]
     lines += [f"{r['bucket_bytes']:>10,} {r['buckets']:>12} {r['step'] * 1e6:>9.0f} {r['exposed'] * 1e6:>11.0f} "
               f"{r['compute'] * 1e6:>11.0f}" for r in rows]

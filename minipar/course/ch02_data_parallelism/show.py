@@ -149,14 +149,16 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     print(describe_run(counted))
     claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
     grads = GPT2_SMALL_PARAMS * 4
-    ddp_s = comm.predicted_bytes_sent("all_reduce", grads, n) / NVLINK3.beta
-    dp_s = (n - 1) * grads / NVLINK3.beta
-    print(f"GPT-2 small: {grads / 1e6:.0f} MB of fp32 gradients. On NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s "
-          f"(effective: an assumed {NVLINK3.efficiency:.0%} of its {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet peak "
-          f"per direction, a round number for what a large ring reaches, not measured here) with N = {n}, a DDP "
-          f"rank sends for {ddp_s * 1e3:.1f} ms a step, "
-          f"during backward (D2 models how much hides); DP's device 0 sends the weights for {dp_s * 1e3:.1f} ms "
-          "before forward and receives the gradients as long after backward")
+    ddp_sent, dp_sent = comm.predicted_bytes_sent("all_reduce", grads, n), (n - 1) * grads
+    ddp_s, dp_s = ddp_sent / NVLINK3.beta, dp_sent / NVLINK3.beta
+    print(f"\nGPT-2 small, {grads / 1e6:.0f} MB of fp32 gradients, N = {n}, NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s*:")
+    print(f"{'':16}{'bytes sent':>12}{'ms':>6}   when")
+    print(f"{'DDP, each rank':16}{ddp_sent / 1e6:>9.0f} MB{ddp_s * 1e3:>6.1f}   during backward "
+          "(D2 models how much hides)")
+    print(f"{'DP, device 0':16}{dp_sent / 1e6:>9.0f} MB{dp_s * 1e3:>6.1f}   weights before forward; "
+          "as many gradient bytes received after backward")
+    print(f"* effective: an assumed {NVLINK3.efficiency:.0%} of the {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet "
+          "peak per direction, a round number for what a large ring reaches (not measured here)")
     claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
 
 
