@@ -52,12 +52,15 @@ def verdict(guess, measured, *, rel_tol: float = 0.1) -> str:
     return f"off by ×{ratio:.3g}" if ratio > 1 else f"off by ×1/{1 / ratio:.3g}"
 
 
-def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1) -> Revealed:
-    """Print and return ``what``: measured, the formula's value when given, your guess and :func:`verdict`
+def reveal(guess, measured, *, what: str, formula=None, unit: str = "", rel_tol: float = 0.1,
+           source: str = "measured") -> Revealed:
+    """Print and return ``what``: the answer, the formula's value when given, your guess and :func:`verdict`
     (returned as :class:`Revealed`, which a notebook does not display a second time). Without a guess, the line
-    is the answer alone."""
+    is the answer alone. ``source`` labels the answer by where it came from: "measured" (what the run did),
+    "logged" (the communication log: a collective's bytes there are its algorithm's share of the payload, a
+    model; a send's are the tensor sent), "simulated", "model", "planner" (a model of a declared cluster)."""
     u = f" {unit}" if unit else ""
-    parts = [f"{what}: measured {_fmt(measured)}{u}"]
+    parts = [f"{what}: {source} {_fmt(measured)}{u}"]
     if formula is not None:
         parts.append(f"formula {_fmt(formula)}{u}")
     if guess is not None:

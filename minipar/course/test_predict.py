@@ -30,3 +30,8 @@ def test_a_missing_guess_shows_the_answer_without_instructions(capsys):
     assert "guess written" not in out and "type your number" not in out and "cell" not in out
     assert hasattr(line, "_ipython_display_") and line._ipython_display_() is None   # not displayed a second time
     assert reveal(7, 7, what="x").endswith("right (within 10%)")   # a written guess is judged as before
+
+
+def test_reveal_labels_an_answer_that_is_not_a_measurement(capsys):
+    line = str(reveal(0.4, 3 / 7, what="GPipe idle fraction", source="simulated"))
+    assert line.startswith("GPipe idle fraction: simulated 0.4286") and "measured" not in line
