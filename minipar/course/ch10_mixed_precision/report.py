@@ -17,11 +17,13 @@ from minipar.precision.mixed import MixedPrecision, ddp_parallel_train, fp32_los
 
 from . import claims
 from .figures import draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing, draw_vanishing_ratios
+from .sharded_overflow import show_sharded_overflow
 from .sixteen_bit_compute import show_accumulation, show_autocast
 from .training import show_training, train_four_ways
 
 __all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
-           "show_against_gradscaler", "show_clip_after_unscale", "show_scale_history", "show_vanishing_sweep",
+           "show_against_gradscaler", "show_clip_after_unscale", "show_sharded_overflow",
+           "show_scale_history", "show_vanishing_sweep",
            "show_sgd_updates_lost", "show_adam_gain", "train_four_ways", "show_training", "show_bf16_underflow",
            "show_accumulation", "measure_model_state", "show_what_halves", "show_autocast"]
 
