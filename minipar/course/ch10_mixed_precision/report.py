@@ -112,7 +112,7 @@ def overflowing_step(recipe, init_scale: float = 2.0 ** 30) -> SimpleNamespace:
     print(f"scale 2^{math.log2(init_scale):.0f}: {n_inf} of {n_all} FP16 gradient values are inf/NaN")
     before = mp.master_params()
     stepped = mp.step()
-    print("step taken:", stepped, "| new scale: 2 **", math.log2(mp.scaler.loss_scale))
+    print("step taken:", stepped)
     untouched = all(torch.equal(before[n], v) for n, v in mp.master_params().items())   # weights untouched
     claims.check_overflow_skips_step_and_halves_scale(n_inf, stepped, mp, untouched)
     return SimpleNamespace(new_scale=int(mp.scaler.loss_scale), backoff_factor=mp.scaler.backoff_factor)
