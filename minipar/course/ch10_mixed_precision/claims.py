@@ -133,3 +133,9 @@ def check_clip_after_unscale(rows, max_norm, scale) -> None:
     assert math.isclose(seen, 5 * scale, rel_tol=1e-4) and math.isclose(after, max_norm / scale, rel_tol=1e-3)
     seen, after = rows["unscale_, then clip"]
     assert math.isclose(seen, 5.0, rel_tol=1e-4) and math.isclose(after, max_norm, rel_tol=1e-3)
+
+
+def check_sharded_overflow_needs_all_reduce(ways, init_scale) -> None:
+    """With its own flag rank 0 steps and rank 1 skips (the replicas part); with the flag all-reduced both skip"""
+    assert ways["own flag"] == [(True, init_scale), (False, init_scale / 2)]
+    assert ways["flag all-reduced (MAX)"] == [(False, init_scale / 2)] * 2

@@ -17,11 +17,13 @@ from minipar.precision.mixed import MixedPrecision, ddp_parallel_train, fp32_los
 
 from . import claims
 from .figures import draw_bit_layouts, draw_gradient_histogram, draw_ranges, draw_spacing, draw_vanishing_ratios
+from .sharded_overflow import show_sharded_overflow
 from .sixteen_bit_compute import show_accumulation, show_autocast
 from .training import show_training, train_four_ways
 
 __all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
-           "show_against_gradscaler", "show_clip_after_unscale", "show_scale_history", "show_vanishing_sweep",
+           "show_against_gradscaler", "show_clip_after_unscale", "show_sharded_overflow",
+           "show_scale_history", "show_vanishing_sweep",
            "show_sgd_updates_lost", "show_adam_gain", "train_four_ways", "show_training", "show_bf16_underflow",
            "show_accumulation", "measure_model_state", "show_what_halves", "show_autocast"]
 
@@ -110,7 +112,7 @@ def overflowing_step(recipe, init_scale: float = 2.0 ** 30) -> SimpleNamespace:
     print(f"scale 2^{math.log2(init_scale):.0f}: {n_inf} of {n_all} FP16 gradient values are inf/NaN")
     before = mp.master_params()
     stepped = mp.step()
-    print("step taken:", stepped, "| new scale: 2 **", math.log2(mp.scaler.loss_scale))
+    print("step taken:", stepped)
     untouched = all(torch.equal(before[n], v) for n, v in mp.master_params().items())   # weights untouched
     claims.check_overflow_skips_step_and_halves_scale(n_inf, stepped, mp, untouched)
     return SimpleNamespace(new_scale=int(mp.scaler.loss_scale), backoff_factor=mp.scaler.backoff_factor)

@@ -103,3 +103,14 @@ def test_clipping_before_unscale_clips_s_times_too_hard():
     swapped = dict(zip(rows, reversed(list(rows.values()))))
     with pytest.raises(AssertionError):
         claims.check_clip_after_unscale(swapped, 1.0, 2.0 ** 16)
+
+
+def test_sharded_overflow_claim_holds_and_rejects_ranks_that_agree_or_part():
+    from minipar.course.ch10_mixed_precision import claims
+    from minipar.course.ch10_mixed_precision.sharded_overflow import show_sharded_overflow
+    show_sharded_overflow()                                   # the claim holds on the real decisions
+    skip, step = (False, 2.0 ** 15), (True, 2.0 ** 16)
+    for own, agreed in (([skip, skip], [skip, skip]), ([step, skip], [step, skip])):   # no parting; still parting
+        with pytest.raises(AssertionError):
+            claims.check_sharded_overflow_needs_all_reduce({"own flag": own, "flag all-reduced (MAX)": agreed},
+                                                           2.0 ** 16)

@@ -75,7 +75,7 @@ def show_one_step(acc) -> None:
           f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
     s, v, h = GPT3["s"], 50257, GPT3["h"]
     print(f"GPT-3 (s = {s}, V = {v:,}, h = {h:,}), one sequence: FP32 logits 4·s·V = {4 * s * v / 1e6:.0f} MB, "
-          f"one layer's linear part 34·sbh = {34 * s * h / 1e6:.0f} MB")
+          f"one layer's linear part (16-bit) 34·sbh = {34 * s * h / 1e6:.0f} MB")
     claims.check_4_4_8_bytes_per_parameter(acc, n)
     claims.check_head_and_loss(head, S * B, H, CFG.vocab_size)
     claims.check_peak_below_sum(acc)
@@ -95,10 +95,12 @@ def activations_per_block() -> list:
 
 
 def show_activations_per_block(rows) -> None:
-    paper = "the paper's bytes (2-B values, 1-B masks)"
-    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}{paper:>43}")
+    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}")
     for r in rows:
-        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}{r[4]:>43,.0f}")
+        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}")
+    paper = {r[1]: r[4] for r in rows}
+    print("the paper's count (16-bit values, 1-byte masks, as on GPU): "
+          + ", ".join(f"{mode} {b:,.0f} B" for mode, b in paper.items()))
     claims.check_activations_per_block_formula_measurement(rows)
 
 
