@@ -7,8 +7,8 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
 * :func:`break_even` — the tokens per GPU from which prefetch can hide ZeRO-3's gathers (DGX-A100 node);
 * :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
   DGX-A100 node (replays are a model);
-* :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (ring model) beside the
-  ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage against one
+* :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (ring model)
+  beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage against one
   device and against DDP;
 * :func:`wire` — the bytes each rank wrote to its sockets, on gloo's collectives and on minipar's rings;
 * :func:`prefetch_memory` — the peak live bytes with and without prefetch;
@@ -164,7 +164,8 @@ def _check_stages(r: Report) -> None:
 def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     """``per_rank`` = the ranks' {stage: result} from ``figures.measure_stages_with_activations``: per stage the
     model states (KiB per rank) beside the formula, activations, the peak during a step, the bytes per step the
-    communication log counts (the ring model of each call, not the wire) beside the formula, and the largest difference from one device (default FP32 tolerance) and from DDP (0)."""
+    communication log counts (the ring model of each call, not the wire) beside the formula, and the largest
+    difference from one device (default FP32 tolerance) and from DDP (0)."""
     n = world_size
     measured = per_rank[0]
     ddp = RunResult(measured[0].losses, measured[0].params)
