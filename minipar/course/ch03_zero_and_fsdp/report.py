@@ -8,8 +8,8 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
 * :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
   DGX-A100 node (replays are a model);
 * :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (ring model)
-  beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage against one
-  device and against DDP;
+  beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage
+  against one device and against DDP;
 * :func:`wire` — the bytes each rank wrote to its sockets, on gloo's collectives and on minipar's rings;
 * :func:`prefetch_memory` — the peak live bytes with and without prefetch;
 * :func:`designs_table` — one flat buffer per unit against one shard per parameter (FSDP2);
