@@ -7,9 +7,9 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
 * :func:`break_even` — the tokens per GPU from which prefetch can hide ZeRO-3's gathers (DGX-A100 node);
 * :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
   DGX-A100 node (replays are a model);
-* :func:`stages` — every ZeRO stage's model-state bytes per rank and bytes sent per step, measured beside the
-  ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage against one
-  device and against DDP;
+* :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (ring model)
+  beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage
+  against one device and against DDP;
 * :func:`wire` — the bytes each rank wrote to its sockets, on gloo's collectives and on minipar's rings;
 * :func:`prefetch_memory` — the peak live bytes with and without prefetch;
 * :func:`designs_table` — one flat buffer per unit against one shard per parameter (FSDP2);
@@ -22,7 +22,7 @@ from minipar.course import replays
 from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
-from minipar.machine.cluster import NVLINK3, a100_cluster
+from minipar.machine.cluster import a100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
@@ -58,7 +58,8 @@ def la_lb_lc(runs: list, reference: RunResult) -> Report:
     step1 = [(kind, layer) for step, kind, layer in runs[0]["events"] if step == 1]
     lines = [f"rank {rank} holds " + ", ".join(f"{name} = {v:.2f}" for layer in run["held"].values()
                                                 for name, v in layer) for rank, run in enumerate(runs)]
-    lines += [f"trained 3 steps: {against_one_device(agreement)}", "rank 0, step 1: " + ", ".join(f"{kind} {layer}" for kind, layer in step1)]
+    lines += [f"trained 3 steps: {against_one_device(agreement)}", "", "rank 0, step 1:"]
+    lines += _two_columns(step1, {layer for _, layer in step1})
 
     def checks(r):
         agreement.assert_ok()
@@ -66,6 +67,23 @@ def la_lb_lc(runs: list, reference: RunResult) -> Report:
         for layer in ("La", "Lb", "Lc"):               # gather, free, gather again, reduce-scatter, free
             claims.check_each_layer_gathered_freed_scattered(step1, layer)
     return Report("\n".join(lines), checks, step1=step1)
+
+
+def _two_columns(events: list, layers: set) -> list:
+    """The step's events as forward | backward, one a line: the forward ends once every layer was freed."""
+    freed, split = set(), len(events)
+    for i, (kind, layer) in enumerate(events):
+        freed |= {layer} if kind == "free" else set()
+        if freed == layers:
+            split = i + 1
+            break
+    forward, backward = events[:split], events[split:]
+    rows = [f"  {'forward':24}backward"]
+    for i in range(max(len(forward), len(backward))):
+        f = " ".join(forward[i]) if i < len(forward) else ""
+        b = " ".join(backward[i]) if i < len(backward) else ""
+        rows.append(f"  {f:24}{b}")
+    return rows
 
 
 def paced_table(m: dict) -> Report:
@@ -114,17 +132,13 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
 
 
 def break_even(world_size: int = 4) -> Report:
-    """The tokens per GPU from which a unit's compute covers its all-gather on a DGX-A100 node, with the F and
-    β it assumes (:func:`break_even_tokens`), beside the tokens per GPU of the GPT-2-sized replay (§15)."""
+    """The tokens per GPU from which a unit's compute covers its all-gather on a DGX-A100 node
+    (:func:`break_even_tokens`), from its two inputs F and β."""
     dgx = a100_cluster(1)
     even = break_even_tokens(dgx, world_size)
-    text = (f"break-even: a unit's compute covers its all-gather from (N-1)/N·F/β = {even:,.0f} tokens per GPU "
-            f"(N = {world_size}); the GPT-2-sized replay of §15 runs {replays.SEED_TOKENS_PER_GPU:,}. F = "
-            f"{dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s, what the matmuls reach "
-            f"({dgx.flops_efficiency:.2f} × the {dgx.peak_flops / 1e12:.0f} TFLOP/s peak); β = "
-            f"{dgx.intra_bw / 1e9:.0f} GB/s, an assumed {dgx.intra_bw / NVLINK3.bandwidth:.0%} of "
-            f"NVLink 3's {NVLINK3.bandwidth / 1e9:.0f} GB/s peak per direction for what a ring reaches (a round "
-            "number, not measured here)")
+    text = (f"F = {dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s   the matmuls' rate on an A100\n"
+            f"β = {dgx.intra_bw / 1e9:.0f} GB/s       a ring's rate on NVLink 3\n"
+            f"T ≥ (N-1)/N · F/β = {even:,.0f} tokens per GPU   (N = {world_size})")
     return Report(text, lambda r: claims.check_break_even_below_the_models_tokens(r.break_even,
                                                                                  replays.SEED_TOKENS_PER_GPU),
                   break_even=even)
@@ -149,15 +163,16 @@ def _check_stages(r: Report) -> None:
 
 def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     """``per_rank`` = the ranks' {stage: result} from ``figures.measure_stages_with_activations``: per stage the
-    model states (KiB per rank) beside the formula, activations, the peak during a step, bytes sent per step
-    beside the formula, and the largest difference from one device (default FP32 tolerance) and from DDP (0)."""
+    model states (KiB per rank) beside the formula, activations, the peak during a step, the bytes per step the
+    communication log counts (the ring model of each call, not the wire) beside the formula, and the largest
+    difference from one device (default FP32 tolerance) and from DDP (0)."""
     n = world_size
     measured = per_rank[0]
     ddp = RunResult(measured[0].losses, measured[0].params)
     psi, padded = measured[0].numel, measured[0].padded_numel
     lines = [f"Ψ = {psi:,} parameters ({padded:,} after padding each unit to a multiple of N = {n}); KiB per rank\n",
              f"{'':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"
-             f"{'sent/step':>11}{'formula':>8}  max |Δ| vs one device, vs DDP"]
+             f"{'ring model':>12}{'formula':>8}  max |Δ| vs one device, vs DDP"]
     ok, diffs, vs_ddp, sent_by_stage = [], [], [], []
     for stage, res in measured.items():
         want = model_state_bytes_formula(padded, n, stage, "fp32")
@@ -174,7 +189,7 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
         lines.append(f"{zero_memory.STAGE_NAMES[stage]:8}"
                      + "".join(f"{x / 1024:>7.0f}K" for x in got + [sum(got), want['total']])
                      + f"{res.memory['activations'] / 1024:>7.0f}K{res.memory['peak'] / 1024:>7.0f}K"
-                     f"{sent / 1024:>10.0f}K{sent_formula / 1024:>7.0f}K  {check.max_abs_diff:.1e}, "
+                     f"{sent / 1024:>11.0f}K{sent_formula / 1024:>7.0f}K  {check.max_abs_diff:.1e}, "
                      f"{same_as_ddp.max_abs_diff:g}")
     activations = [{res.memory["activations"] for res in r.values()} for r in per_rank]
     zero2 = measured[2].memory
@@ -194,7 +209,7 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
     observed = {k: sum(r[k].bytes_observed[-1] for r in wire_runs) / world_size for k in wire_runs[0]}
     logged = {k: wire_runs[0][k].bytes_sent[-1] for k in wire_runs[0]}
     ratio = {k: observed[k] / observed["DDP"] for k in observed}
-    lines = [f"{'per rank, last step':28}{'log (model)':>12}{'observed':>10}{'observed / DDP':>16}"]
+    lines = [f"{'per rank, last step':28}{'ring model':>12}{'observed':>10}{'observed / DDP':>16}"]
     for k in [("ring", 1), ("ring", 3), ("gloo", 1), ("gloo", 3), "DDP"]:
         name = k if isinstance(k, str) else f"ZeRO-{k[1]}, {k[0]} collectives"
         lines.append(f"{name:28}{logged[k] / 1024:>11.1f}K{observed[k] / 1024:>9.1f}K{ratio[k]:>15.2f}x")
@@ -230,10 +245,10 @@ def _check_designs(r: Report) -> None:
 
 def designs_table(both: dict, reference: RunResult, world_size: int) -> Report:
     """``both`` = ``designs.run(world_size)``: per design the elements, padded elements, collectives and bytes
-    sent per step (the log) beside 3(N−1)/N · 8 B · padded, and the largest difference from one device."""
+    the log's ring-model bytes per step beside 3(N−1)/N · 8 B · padded, and the largest difference from one device."""
     n = world_size
     lines = [f"{'design':14} {'elements':>9} {'padded':>7} {'gathers':>8} {'reduce-scatters':>16} "
-             f"{'sent/step (log)':>16} {'3(N-1)/N·b·padded':>18} {'max |Δ| vs 1 device':>20}"]
+             f"{'ring model':>16} {'3(N-1)/N·b·padded':>18} {'max |Δ| vs 1 device':>20}"]
     sizes, rows, agree = {}, {}, {}
     for name, per_rank in both.items():
         r = per_rank[0]
