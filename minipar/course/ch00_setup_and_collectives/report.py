@@ -19,7 +19,7 @@ from .latency import (FIT_RANKS, PUBLISHED_LINKS, SMALL_BYTES, crossover_bytes, 
 
 __all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
-           "show_published_links", "show_launch_vs_mp", "show_torchrun"]
+           "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
 FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
 
@@ -106,22 +106,24 @@ def show_busiest(rows: list, every_row: bool = False) -> None:
         extra = ring["observed"] - ring["formula"]
         per_message = extra / messages
         if not every_row:                                  # said once, under section 7's table
-            print(f"gloo's framing: ring all-reduce, {extra:+,.0f} B over its {messages} messages = "
-                  f"{per_message:.0f} B a message = {per_message / claims.GLOO_HEADER_BYTES:.0f} headers of "
-                  f"{claims.GLOO_HEADER_BYTES} B")
+            print(f"(the wire's few extra bytes are gloo's framing: {per_message:.0f} B on each of the ring's "
+                  f"{messages} messages)")
         claims.check_framing_three_48_byte_headers_a_message(extra, messages)
     claims.check_collectives_live_4_ranks(rows)
     claims.check_gloo_differs_on_the_wire({r["name"]: r for r in rows})
 
 
 def show_traffic(sweep: dict, payload_bytes: int) -> dict:
-    """Bytes the busiest rank sends, ring and root, per N (table and plot); returns {N: (ring, root)}."""
+    """Bytes the busiest rank sends, ring and root, and the ring's messages (steps) per rank, per N (table and
+    plot); returns {N: (ring, root)}."""
     s = payload_bytes
     busiest = {n: (max(t["ring"]["sent"]), max(t["root"]["sent"])) for n, t in sweep.items()}
-    print(f"{'N':>2}  {'ring: busiest rank':>20}  {'root: busiest rank':>20}  {'total, ring = root':>20}")
+    print(f"{'N':>2}  {'ring: busiest rank':>20}  {'root: busiest rank':>20}  {'total, ring = root':>20}"
+          f"  {'ring: messages a rank sent':>26}")
     for n, t in sweep.items():
         ring, root = busiest[n]
-        print(f"{n:>2}  {ring / s:>18.3f} S  {root / s:>18.3f} S  {sum(t['ring']['sent']) / s:>18.3f} S")
+        print(f"{n:>2}  {ring / s:>18.3f} S  {root / s:>18.3f} S  {sum(t['ring']['sent']) / s:>18.3f} S"
+              f"  {max(t['ring']['sends']):>26}")
     plot_traffic(sweep, s)
     plt.show()
     claims.check_ring_bounded_root_linear(s, busiest, sweep)
@@ -158,16 +160,18 @@ def show_published_links() -> None:
         cells = [f"{_duration(t):>9} ({share:>4.0%})" for t, share in by_size.values()]
         alpha, beta, _ = PUBLISHED_LINKS[link]
         print(f"{link:34} {n:>5} {cells[0]:>19} {cells[1]:>19} {crossover_bytes(n, alpha, beta) / 2**20:>7,.0f} MiB")
-    cards = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}     # the cards chapters 02 to 13 price with
-    print("\nthe same links as later chapters price them (minipar.machine.cluster's link cards: round numbers of"
-          "\nthe size nccl-tests reports, not NCCL's tuning table; both are estimates)")
-    print(f"{'link':34} {'α NCCL table':>12} {'α card':>8} {'β peak':>10} {'share':>6} {'β card':>10}")
-    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), cards.values()):
+    claims.check_published_ring_grows_with_n(rows)
+
+
+def show_later_links() -> None:
+    """The α and β later chapters price these links with (round estimates), beside the published ones."""
+    later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
+    print(f"{'link':34} {'α NCCL table':>12} {'α later':>8} {'β peak':>10} {'share':>6} {'β later':>10}")
+    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), later.values()):
         print(f"{link:34} {alpha * 1e6:>9.1f} µs {card.latency * 1e6:>5.0f} µs {beta / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
-    claims.check_effective_beta_below_peak(cards, PUBLISHED_LINKS)
-    claims.check_card_alpha_below_nccl_table(cards, PUBLISHED_LINKS)
-    claims.check_published_ring_grows_with_n(rows)
+    claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
+    claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
 
 
 def _duration(seconds: float) -> str:

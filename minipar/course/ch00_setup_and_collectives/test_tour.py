@@ -100,6 +100,7 @@ def test_ring_vs_root_traffic(n):
     for pattern in ("ring", "root"):
         assert traffic[pattern]["max_abs_diff"] <= ch00.SUM_ATOL, pattern
     assert traffic["ring"]["sent"] == [2 * (n - 1) * s // n] * n
+    assert traffic["ring"]["sends"] == [2 * (n - 1)] * n                # the ring's steps, counted message by message
     assert traffic["root"]["sent"] == [(n - 1) * s] + [s] * (n - 1)
     assert traffic["root"]["received"][0] == (n - 1) * s
     assert sum(traffic["ring"]["sent"]) == sum(traffic["root"]["sent"])  # same total, different peak
@@ -244,6 +245,7 @@ def test_the_chapter_table_shows_each_collectives_busiest_rank():
     table = ch00.format_busiest(list(rows.values()))
     assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
     assert "on the wire" in table and "log" not in table.splitlines()[0]   # the log's count is not shown as measured
+    assert "wire - formula" not in table                                   # gloo's framing: one line under it
     assert {n for n, r in rows.items() if r["log_counts_sends"]} == {"send/recv", "ring all_reduce", "ring all_gather",
                                                                      "ring reduce_scatter"}
 
