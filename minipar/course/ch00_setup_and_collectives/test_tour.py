@@ -125,12 +125,12 @@ def test_latency_fit_and_slowest_rank():
     assert not any(link.startswith("NVLink") and n > 8 for link, n in rows)   # NVLink: within one 8-GPU node
 
 
-def test_published_links_print_the_later_chapters_link_cards_beside_nccl(capsys):
+def test_later_links_print_the_later_chapters_link_cards_beside_nccl(capsys):
     """Chapter 00's published α (NCCL's tuning table) and the link cards chapters 02 to 13 price with differ:
-    the display prints both, each link on one line, so no learner meets two unexplained values."""
+    Appendix D's display prints both, each link on one line, so no learner meets two unexplained values."""
     from minipar.course.ch00_setup_and_collectives import report
     from minipar.machine.cluster import IB_NDR, NVLINK4
-    report.show_published_links()
+    report.show_later_links()
     lines = capsys.readouterr().out.splitlines()
     for link, card in [("NVLink 4", NVLINK4), ("InfiniBand NDR", IB_NDR)]:
         alpha_table = next(a for name, (a, _, _) in report.PUBLISHED_LINKS.items() if name.startswith(link))
