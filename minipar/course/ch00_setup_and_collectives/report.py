@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import os
 
 import matplotlib.pyplot as plt
@@ -17,19 +16,11 @@ from .figures import draw_collective, plot_ring_time, plot_traffic
 from .latency import (FIT_RANKS, PUBLISHED_LINKS, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
-__all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
+__all__ = ["show_adam_state", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
 FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
-
-
-def show_training_state(state_bytes: dict, device_bytes: float = 80e9) -> None:
-    """{model: bytes of its training state} as GB and the number of ``device_bytes`` devices it needs."""
-    print(f"{'':28} {'GB':>8} {'80 GB devices':>14}")
-    for what, b in state_bytes.items():
-        print(f"{what:28} {b / 1e9:>8,.0f} {math.ceil(b / device_bytes):>14}")
-    claims.check_why_distributed_training_memory(state_bytes, device_bytes)
 
 
 def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
@@ -40,15 +31,6 @@ def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
     print(f"  total                {total:>9,} B = {total / n_params:g} B/param; ZeRO's 2 + 2 + 12 = 16")
     print(f"  not in the 16: {len(step_counters)} step counters of {step_counters[0].element_size()} B, one per tensor")
     claims.check_adam_state_bytes_measured(measured, n_params)
-
-
-def show_compute(flops: float, at_peak: float, achieved: float, with_recompute: float, one_gpu: float) -> None:
-    """Days of training: 1024 A100s at peak, at 140 TFLOP/s, with recomputation; one A100 (also in days)."""
-    print(f"6·N·D = {flops:.2e} FLOPs")
-    print(f"1024 A100s at peak: {at_peak:.1f} days; at 140 TFLOP/s: {achieved:.1f} days; "
-          f"with recomputation (8·N·D): {with_recompute:.1f} days")
-    print(f"one A100 at 140 TFLOP/s: {one_gpu / 365:.0f} years")
-    claims.check_oneflow_articles_month_holds(flops, at_peak, achieved, with_recompute, one_gpu / 365)
 
 
 def show_whoami(info: list) -> None:
