@@ -111,6 +111,7 @@ def check_ring_sends_2_n_minus_1_messages(same, sends, N, S) -> None:
 def check_ring_bounded_root_linear(S, busiest, sweep) -> None:
     """Ring vs. one root, as N grows: ring bounded, root linear"""
     assert all(ring == 2 * (n - 1) * S / n <= 2 * S and root == (n - 1) * S for n, (ring, root) in busiest.items())  # ring bounded, root linear
+    assert all(t["ring"]["sends"] == [2 * (n - 1)] * n for n, t in sweep.items())  # 2(N-1) steps, counted
     assert all(sum(t["ring"]["sent"]) == sum(t["root"]["sent"]) and max(t["ring"]["max_abs_diff"], t["root"]["max_abs_diff"]) <= ch00.SUM_ATOL for t in sweep.values())  # same total, right sums
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import os
 
 import matplotlib.pyplot as plt
@@ -17,19 +16,11 @@ from .figures import draw_collective, plot_ring_time, plot_traffic
 from .latency import (FIT_RANKS, PUBLISHED_LINKS, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
-__all__ = ["show_training_state", "show_adam_state", "show_compute", "show_whoami", "show_backends",
+__all__ = ["show_adam_state", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
-           "show_published_links", "show_launch_vs_mp", "show_torchrun"]
+           "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
 FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
-
-
-def show_training_state(state_bytes: dict, device_bytes: float = 80e9) -> None:
-    """{model: bytes of its training state} as GB and the number of ``device_bytes`` devices it needs."""
-    print(f"{'':28} {'GB':>8} {'80 GB devices':>14}")
-    for what, b in state_bytes.items():
-        print(f"{what:28} {b / 1e9:>8,.0f} {math.ceil(b / device_bytes):>14}")
-    claims.check_why_distributed_training_memory(state_bytes, device_bytes)
 
 
 def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
@@ -40,15 +31,6 @@ def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
     print(f"  total                {total:>9,} B = {total / n_params:g} B/param; ZeRO's 2 + 2 + 12 = 16")
     print(f"  not in the 16: {len(step_counters)} step counters of {step_counters[0].element_size()} B, one per tensor")
     claims.check_adam_state_bytes_measured(measured, n_params)
-
-
-def show_compute(flops: float, at_peak: float, achieved: float, with_recompute: float, one_gpu: float) -> None:
-    """Days of training: 1024 A100s at peak, at 140 TFLOP/s, with recomputation; one A100 (also in days)."""
-    print(f"6·N·D = {flops:.2e} FLOPs")
-    print(f"1024 A100s at peak: {at_peak:.1f} days; at 140 TFLOP/s: {achieved:.1f} days; "
-          f"with recomputation (8·N·D): {with_recompute:.1f} days")
-    print(f"one A100 at 140 TFLOP/s: {one_gpu / 365:.0f} years")
-    claims.check_oneflow_articles_month_holds(flops, at_peak, achieved, with_recompute, one_gpu / 365)
 
 
 def show_whoami(info: list) -> None:
@@ -106,22 +88,24 @@ def show_busiest(rows: list, every_row: bool = False) -> None:
         extra = ring["observed"] - ring["formula"]
         per_message = extra / messages
         if not every_row:                                  # said once, under section 7's table
-            print(f"gloo's framing: ring all-reduce, {extra:+,.0f} B over its {messages} messages = "
-                  f"{per_message:.0f} B a message = {per_message / claims.GLOO_HEADER_BYTES:.0f} headers of "
-                  f"{claims.GLOO_HEADER_BYTES} B")
+            print(f"(the wire's few extra bytes are gloo's framing: {per_message:.0f} B on each of the ring's "
+                  f"{messages} messages)")
         claims.check_framing_three_48_byte_headers_a_message(extra, messages)
     claims.check_collectives_live_4_ranks(rows)
     claims.check_gloo_differs_on_the_wire({r["name"]: r for r in rows})
 
 
 def show_traffic(sweep: dict, payload_bytes: int) -> dict:
-    """Bytes the busiest rank sends, ring and root, per N (table and plot); returns {N: (ring, root)}."""
+    """Bytes the busiest rank sends, ring and root, and the ring's messages (steps) per rank, per N (table and
+    plot); returns {N: (ring, root)}."""
     s = payload_bytes
     busiest = {n: (max(t["ring"]["sent"]), max(t["root"]["sent"])) for n, t in sweep.items()}
-    print(f"{'N':>2}  {'ring: busiest rank':>20}  {'root: busiest rank':>20}  {'total, ring = root':>20}")
+    print(f"{'N':>2}  {'ring: busiest rank':>20}  {'root: busiest rank':>20}  {'total, ring = root':>20}"
+          f"  {'ring: messages a rank sent':>26}")
     for n, t in sweep.items():
         ring, root = busiest[n]
-        print(f"{n:>2}  {ring / s:>18.3f} S  {root / s:>18.3f} S  {sum(t['ring']['sent']) / s:>18.3f} S")
+        print(f"{n:>2}  {ring / s:>18.3f} S  {root / s:>18.3f} S  {sum(t['ring']['sent']) / s:>18.3f} S"
+              f"  {max(t['ring']['sends']):>26}")
     plot_traffic(sweep, s)
     plt.show()
     claims.check_ring_bounded_root_linear(s, busiest, sweep)
@@ -158,16 +142,18 @@ def show_published_links() -> None:
         cells = [f"{_duration(t):>9} ({share:>4.0%})" for t, share in by_size.values()]
         alpha, beta, _ = PUBLISHED_LINKS[link]
         print(f"{link:34} {n:>5} {cells[0]:>19} {cells[1]:>19} {crossover_bytes(n, alpha, beta) / 2**20:>7,.0f} MiB")
-    cards = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}     # the cards chapters 02 to 13 price with
-    print("\nthe same links as later chapters price them (minipar.machine.cluster's link cards: round numbers of"
-          "\nthe size nccl-tests reports, not NCCL's tuning table; both are estimates)")
-    print(f"{'link':34} {'α NCCL table':>12} {'α card':>8} {'β peak':>10} {'share':>6} {'β card':>10}")
-    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), cards.values()):
+    claims.check_published_ring_grows_with_n(rows)
+
+
+def show_later_links() -> None:
+    """The α and β later chapters price these links with (round estimates), beside the published ones."""
+    later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
+    print(f"{'link':34} {'α NCCL table':>12} {'α later':>8} {'β peak':>10} {'share':>6} {'β later':>10}")
+    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), later.values()):
         print(f"{link:34} {alpha * 1e6:>9.1f} µs {card.latency * 1e6:>5.0f} µs {beta / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
-    claims.check_effective_beta_below_peak(cards, PUBLISHED_LINKS)
-    claims.check_card_alpha_below_nccl_table(cards, PUBLISHED_LINKS)
-    claims.check_published_ring_grows_with_n(rows)
+    claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
+    claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
 
 
 def _duration(seconds: float) -> str:

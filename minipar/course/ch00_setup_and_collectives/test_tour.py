@@ -100,6 +100,7 @@ def test_ring_vs_root_traffic(n):
     for pattern in ("ring", "root"):
         assert traffic[pattern]["max_abs_diff"] <= ch00.SUM_ATOL, pattern
     assert traffic["ring"]["sent"] == [2 * (n - 1) * s // n] * n
+    assert traffic["ring"]["sends"] == [2 * (n - 1)] * n                # the ring's steps, counted message by message
     assert traffic["root"]["sent"] == [(n - 1) * s] + [s] * (n - 1)
     assert traffic["root"]["received"][0] == (n - 1) * s
     assert sum(traffic["ring"]["sent"]) == sum(traffic["root"]["sent"])  # same total, different peak
@@ -124,12 +125,12 @@ def test_latency_fit_and_slowest_rank():
     assert not any(link.startswith("NVLink") and n > 8 for link, n in rows)   # NVLink: within one 8-GPU node
 
 
-def test_published_links_print_the_later_chapters_link_cards_beside_nccl(capsys):
+def test_later_links_print_the_later_chapters_link_cards_beside_nccl(capsys):
     """Chapter 00's published α (NCCL's tuning table) and the link cards chapters 02 to 13 price with differ:
-    the display prints both, each link on one line, so no learner meets two unexplained values."""
+    Appendix D's display prints both, each link on one line, so no learner meets two unexplained values."""
     from minipar.course.ch00_setup_and_collectives import report
     from minipar.machine.cluster import IB_NDR, NVLINK4
-    report.show_published_links()
+    report.show_later_links()
     lines = capsys.readouterr().out.splitlines()
     for link, card in [("NVLink 4", NVLINK4), ("InfiniBand NDR", IB_NDR)]:
         alpha_table = next(a for name, (a, _, _) in report.PUBLISHED_LINKS.items() if name.startswith(link))
@@ -244,6 +245,7 @@ def test_the_chapter_table_shows_each_collectives_busiest_rank():
     table = ch00.format_busiest(list(rows.values()))
     assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
     assert "on the wire" in table and "log" not in table.splitlines()[0]   # the log's count is not shown as measured
+    assert "wire - formula" not in table                                   # gloo's framing: one line under it
     assert {n for n, r in rows.items() if r["log_counts_sends"]} == {"send/recv", "ring all_reduce", "ring all_gather",
                                                                      "ring reduce_scatter"}
 

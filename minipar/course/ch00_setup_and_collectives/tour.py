@@ -324,14 +324,13 @@ def busiest_rank_rows(world_size: int = WORLD_SIZE, numel: int = PAYLOAD_BYTES /
 def format_busiest(rows) -> str:
     """The rows of :func:`busiest_rank_rows` as a table: the formula (a model) beside the bytes on the wire."""
     from minipar.course.tour import _fmt_bytes
-    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest rank':>12} {'formula':>10} {'on the wire':>11} "
-             f"{'wire - formula':>14}  where gloo differs"]
+    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest rank':>12} {'formula':>10} {'on the wire':>11}"
+             f"  where gloo differs"]
     for r in rows:
         seen = r["observed"]
-        extra = "-" if seen is None else f"{seen - r['formula']:+,.0f} B"
         lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':17} {r['rank']:>12} "
-                     f"{_fmt_bytes(r['formula']):>10} {_fmt_bytes(seen) if seen is not None else '-':>11} "
-                     f"{extra:>14}  {r['note']}")
+                     f"{_fmt_bytes(r['formula']):>10} {_fmt_bytes(seen) if seen is not None else '-':>11}"
+                     f"  {r['note']}")
     return "\n".join(lines)
 
 
@@ -358,7 +357,7 @@ def _traffic_on_rank(rank, n, numel):
     for pattern, fn in (("ring", comm.ring_all_reduce), ("root", comm.root_all_reduce)):
         with comm.recording() as log:
             result = fn(x.clone())
-        sent[pattern] = (log.bytes_sent, log.bytes_received, result)
+        sent[pattern] = (log.bytes_sent, log.bytes_received, result, log.count("send"))
     sent["small_ring_seconds"] = time_small_ring()   # the latency term: 4 KiB, where bytes cost little
     sent["ring_seconds"] = time_small_ring(numel)      # S itself, which fixes β
     return sent
@@ -366,7 +365,8 @@ def _traffic_on_rank(rank, n, numel):
 
 def busiest_rank_traffic(world_size: int, numel: int) -> dict:
     """All-reduce ``numel`` float32 on ``world_size`` ranks with the ring and through a root; return
-    {pattern: {"sent": [bytes per rank], "received": [...], "max_abs_diff": vs. the one-process sum}}, and
+    {pattern: {"sent": [bytes per rank], "received": [...], "sends": [messages each rank sent],
+    "max_abs_diff": vs. the one-process sum}}, and
     "small_ring_s", "ring_s": the slowest rank's seconds (fastest repeat) for a ring all-reduce of 4 KiB and
     of ``numel`` float32 (:mod:`.latency`)."""
     per_rank = launch(_traffic_on_rank, world_size, numel, quiet=True)
@@ -375,6 +375,7 @@ def busiest_rank_traffic(world_size: int, numel: int) -> dict:
     for pattern in ("ring", "root"):
         out[pattern] = {"sent": [p[pattern][0] for p in per_rank],
                         "received": [p[pattern][1] for p in per_rank],
+                        "sends": [p[pattern][3] for p in per_rank],
                         "max_abs_diff": compare_outputs([p[pattern][2] for p in per_rank], expected)}
     out["small_ring_s"] = slowest_rank_fastest([p["small_ring_seconds"] for p in per_rank])
     out["ring_s"] = slowest_rank_fastest([p["ring_seconds"] for p in per_rank])

@@ -61,17 +61,21 @@ def compare_and_measure(world_size: int, x, w, dy, reference: dict) -> tuple:
 
 def format_table(table: dict, x_shape, w_shape) -> str:
     """The measurements as a text table (bytes of rank 0; the checks hold every rank to the formula): the bytes
-    rank 0's ring sends carried in each phase beside the formula (a model), and the bytes of x, w and y it holds
-    after the forward."""
+    rank 0's ring sends carried in each phase beside the formula (a model)."""
     n = len(next(iter(table.values())).forward)
-    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes (B) per rank (rank 0 shown)",
-             f"{'':7} {'':>20} {'':>9} {'':>8} {'':>9} {'':>8} {'holds after fwd (B)':>20}",
+    lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes sent per rank (rank 0 shown)",
              f"{'split':7} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
-             f"{'formula':>8} {'x':>8} {'w':>5} {'y':>5}  collectives"]
+             f"{'formula':>8}  collectives"]
     for s, m in table.items():
         names = ", ".join(f"{p}: all-reduce, {m.ops[p]['send'][0]} ring sends" for p in PHASES if m.ops[p]) or "-"
-        held = m.holds[0]
         lines.append(f"{s:7} {m.max_abs_diff:>20.1e} {m.forward[0]:>9.0f} {m.forward_formula:>8.0f} "
-                     f"{m.backward[0]:>9.0f} {m.backward_formula:>8.0f} {held['x']:>8} {held['w']:>5} {held['y']:>5}"
-                     f"  {names}")
+                     f"{m.backward[0]:>9.0f} {m.backward_formula:>8.0f}  {names}")
+    return "\n".join(lines)
+
+
+def format_w_held(table: dict, w_bytes: int) -> str:
+    """Bytes of w each rank holds after the forward, per split (measured from the pieces the ranks kept)."""
+    lines = [f"{'split':7} {'bytes of w held, per rank':>26}  (all of w: {w_bytes} bytes)"]
+    for s, m in table.items():
+        lines.append(f"{s:7} {', '.join(str(h['w']) for h in m.holds):>26}")
     return "\n".join(lines)

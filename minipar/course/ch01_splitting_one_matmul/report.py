@@ -9,11 +9,11 @@ from minipar.tensor import matmul_split as ms
 
 from . import claims
 from .figures import draw_split
-from .measure import format_table
+from .measure import format_table, format_w_held
 
 ADAM_BYTES_PER_PARAM = 4 + 4 + 8   # fp32 weight, its gradient, Adam's first and second moments
 
-__all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_four_ranks", "show_refused",
+__all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_w_held", "show_four_ranks", "show_refused",
            "show_oneflow", "show_training"]
 
 
@@ -36,10 +36,15 @@ def draw_splits(per_rank: list, whole: dict, splits=ms.SPLITS) -> None:
 def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
     """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
     show_table(table_2, x_shape, w_shape)
-    (b, k), m = x_shape, w_shape[1]
-    print(f"holds: bytes of x, w and y on rank 0 after the forward; whole, x is {b * k * 4} B, w {k * m * 4} B and "
-          f"y {b * m * 4} B (so the column split's x = {b * k * 4} B is all of x)")
     claims.check_run_live_2_ranks_equal(table_2)
+
+
+def show_w_held(table: dict, w_shape) -> None:
+    """Bytes of w each rank keeps after the forward: all of it under data parallelism, once over the ranks
+    under the column and row splits."""
+    w_bytes = w_shape[0] * w_shape[1] * 4
+    print(format_w_held(table, w_bytes))
+    claims.check_w_held_once(table, w_bytes)
 
 
 def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
@@ -54,8 +59,8 @@ def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
     padded = (comm.predicted_bytes_sent("all_gather", 4 * b * rows * 4, 4)
               + comm.predicted_bytes_sent("all_gather", 4 * rows * m * 4, 4))
     print(f"\nan all-gather of uneven pieces pads each to the largest: row split, rank 1, all-gathering dx "
-          f"and dw (here to compare them with one device): measured {gathered} B, "
-          f"formula with every piece padded to the largest: {padded:.0f} B")
+          f"and dw (here to compare them with one device): measured {gathered} bytes, "
+          f"formula with every piece padded to the largest: {padded:.0f} bytes")
     claims.check_run_live_4_ranks_uneven(table_4, gathered, padded)
 
 
@@ -76,8 +81,8 @@ def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
     bwd = {s: table_b[s].backward[0] for s in ms.SPLITS}
     gathered_y = per_rank_b[0]["column"]["bytes"]["gather_y"]       # all-gather of y's columns
     formula = comm.predicted_bytes_sent("all_gather", 64 * m * 4, 4)
-    print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} B, "
-          f"formula (N-1)/N·|y| = {formula:.0f} B")
+    print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} bytes, "
+          f"formula (N-1)/N·|y| = {formula:.0f} bytes")
     claims.check_what_oneflow_article_says_about(table_b, bwd, k, m, gathered_y, formula)
     real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4) for s in ms.SPLITS}
     state = {s: max(ms.shard_sizes(4096, 4)) * 4096 * ADAM_BYTES_PER_PARAM if s != "data"
@@ -86,7 +91,7 @@ def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
           f"{'split':7} {'fwd sent':>9} {'bwd sent':>9} {'w state':>9}")
     for s in ms.SPLITS:
         print(f"{s:7} {real[s]['forward'] / 2**20:>9.0f} {real[s]['backward'] / 2**20:>9.0f} {state[s] / 2**20:>9.0f}")
-    print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} B/param, all fp32")
+    print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from minipar.course.ch01_splitting_one_matmul.measure import compare_and_measure, format_table
+from minipar.course.ch01_splitting_one_matmul.measure import compare_and_measure, format_table, format_w_held
 
 
 def test_compare_and_measure_on_two_ranks():
@@ -26,5 +26,6 @@ def test_compare_and_measure_on_two_ranks():
     assert not dataclasses.replace(table["data"], max_abs_diff=1e-3).agrees(1e-5)
     text = format_table(table, x.shape, w.shape)
     assert text.splitlines()[0].startswith("2 ranks, x (4, 5) · w (5, 8)") and "column" in text
-    assert text.splitlines()[1].strip() == "holds after fwd (B)"     # what the x, w, y columns count
-    assert text.splitlines()[2].split()[-4:] == ["x", "w", "y", "collectives"]
+    assert "bytes sent per rank" in text.splitlines()[0] and "(B)" not in text   # B is the batch, not bytes
+    held = format_w_held(table, 160).splitlines()
+    assert held[1].split() == ["data", "160,", "160"] and held[3].split() == ["row", "96,", "64"]
