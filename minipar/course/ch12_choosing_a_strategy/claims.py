@@ -11,6 +11,7 @@ from minipar.plan import a100_cluster
 from minipar.plan import estimate
 from minipar.plan import mfu
 from minipar.plan import parameters
+from minipar.plan.published import TOLERANCE
 from minipar.machine.cluster import NVLINK3, NVLINK4
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 
@@ -118,7 +119,7 @@ def check_one_calibration_per_card(pub) -> None:
 
 def check_one_knob_at_a_time(best, cluster) -> None:
     """Why TP 4 and v = 2: TP 8 more than doubles the TP all-reduces' time and loses more than it saves on
-    bubble and DP; v = 1 doubles the bubble; each of the four single changes is slower than the best; the
+    bubble and DP, though by less than §9's ±15 % (a tie within the model's error); v = 1 doubles the bubble; each of the four single changes is slower than the best; the
     bubble is charged on compute + TP; with neither SP nor recomputation TP 4 does not fit, with full
     recomputation it fits, slower."""
     from dataclasses import replace
@@ -128,6 +129,8 @@ def check_one_knob_at_a_time(best, cluster) -> None:
     tp8 = estimate(GPT3_175B, cluster, replace(lay, tp=8, dp=lay.dp // 2, micro_batches=2 * lay.micro_batches))
     v1 = estimate(GPT3_175B, cluster, replace(lay, v=1, schedule="1f1b"))
     assert tp8.fits and tp8.time["tp"] > 2 * best.time["tp"] and tp8.step_seconds > best.step_seconds
+    # ... but by less than the ±15 % band of §9's checks: in this model TP 4 and TP 8 tie
+    assert tp8.step_seconds / best.step_seconds - 1 < TOLERANCE, tp8.step_seconds / best.step_seconds
     assert v1.fits and abs(v1.time["bubble"] / best.time["bubble"] - 2) < 0.05 and v1.step_seconds > best.step_seconds
     # §3: the bubble idles the whole stage, compute + TP collectives, for f/(1 - f) = (p - 1)/(v·m) of it
     f_ratio = (lay.pp - 1) / (lay.v * lay.micro_batches)

@@ -190,7 +190,7 @@ def sequence(cluster) -> dict:
 
 def published(pub, full: bool = False) -> float:
     """§9: the published runs drawn and tabled (one row per source unless ``full``); returns the share of check
-    rows within ±15 %."""
+    rows within ±15 % (a float that prints as "k of n")."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     figures.draw_published(pub, ax)
     plt.show()
@@ -198,7 +198,20 @@ def published(pub, full: bool = False) -> float:
     claims.check_one_calibration_per_card(pub)
     claims.check_misses_are_mt_nlg(pub, TOLERANCE)
     got = summary(pub, TOLERANCE)
-    return got["inside"] / got["check"]
+    return Counted(got["inside"], got["check"])
+
+
+class Counted(float):
+    """A share k/n that prints as "k of n": it is counted off a table, so 0.7857 would claim digits it lacks.
+    It stays a float, so a guess of 0.8 is compared with k/n."""
+
+    def __new__(cls, k: int, n: int):
+        share = super().__new__(cls, k / n)
+        share.k, share.n = k, n
+        return share
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.k} of {self.n}"
 
 
 def mt_nlg() -> None:

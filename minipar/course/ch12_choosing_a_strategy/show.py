@@ -192,15 +192,16 @@ def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     knobs = {f"TP {tp8.tp} (DP {tp8.dp})": tp8, "v = 1 (1F1B)": replace(lay, v=1, schedule="1f1b"),
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
              "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
-    lines = [f"best: {layout_words(lay)}", f"{'one knob changed':18}{'GB per GPU':>11}{'s/step':>8}  "
+    lines = [f"best: {layout_words(lay)}", f"{'one knob changed':18}{'GB per GPU':>11}{'s/step':>8}{'slower':>8}  "
              f"time terms that moved (s: best -> changed)",
-             f"{'(none: the best)':18}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}"]
+             f"{'(none: the best)':18}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}{'':8}"]
     for name, layout in knobs.items():
         e = estimate(GPT3_175B, cluster, layout)
         moved = ", ".join(f"{k} {best.time[k]:.2f} -> {v:.2f}" for k, v in e.time.items()
                           if k != "total" and abs(v - best.time.get(k, 0.0)) > 0.05)
         fit = "" if e.fits else "  DOES NOT FIT"
-        lines.append(f"{name:18}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}  {moved}{fit}")
+        slower = e.step_seconds / best.step_seconds - 1
+        lines.append(f"{name:18}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}{slower:8.1%}  {moved}{fit}")
         assert not e.fits or e.step_seconds >= best.step_seconds - 1e-9, name
     return Shown("\n".join(lines))
 
