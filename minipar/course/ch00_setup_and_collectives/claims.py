@@ -87,6 +87,12 @@ def check_card_alpha_below_nccl_table(cards, published) -> None:
         assert table / 2 <= card.latency < table, (card, table)
 
 
+def check_link_shares_between_77_and_90_percent(cards) -> None:
+    """Appendix D: the later chapters' links assume a ring reaches 77 % to 90 % of the peak, and α of 3 to 10 µs"""
+    assert {round(c.efficiency, 2) for c in cards} == {0.77, 0.80, 0.90}, cards
+    assert min(c.latency for c in cards) == 3e-6 and max(c.latency for c in cards) == 10e-6, cards
+
+
 def check_gloo_differs_on_the_wire(by_name) -> None:
     """The collectives, live on 4 ranks: gloo's broadcast root sends 2·S (a binomial tree), not the formula's
     (N−1)·S = 3·S; gloo's reduce-scatter sends about an all-reduce's 2(N−1)/N·S"""

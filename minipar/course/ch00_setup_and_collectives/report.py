@@ -8,7 +8,7 @@ import os
 import matplotlib.pyplot as plt
 import torch
 
-from minipar.machine.cluster import IB_NDR, NVLINK4
+from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, PCIE3
 
 from . import claims
 from . import tour as ch00
@@ -146,14 +146,18 @@ def show_published_links() -> None:
 
 
 def show_later_links() -> None:
-    """The α and β later chapters price these links with (round estimates), beside the published ones."""
+    """The five links later chapters price (assumed α and share of the peak), beside NCCL's table where
+    section 8 quoted it."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
-    print(f"{'link':34} {'α NCCL table':>12} {'α later':>8} {'β peak':>10} {'share':>6} {'β later':>10}")
-    for (link, (alpha, beta, _)), card in zip(PUBLISHED_LINKS.items(), later.values()):
-        print(f"{link:34} {alpha * 1e6:>9.1f} µs {card.latency * 1e6:>5.0f} µs {beta / 1e9:>5.0f} GB/s"
+    table = {card.name: alpha for (alpha, _, _), card in zip(PUBLISHED_LINKS.values(), later.values())}
+    print(f"{'link':32} {'α NCCL table':>12} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
+    for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
+        nccl = f"{table[card.name] * 1e6:>9.1f} µs" if card.name in table else f"{'—':>12}"
+        print(f"{card.name:32} {nccl} {card.latency * 1e6:>4.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
     claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
     claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
+    claims.check_link_shares_between_77_and_90_percent((NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR))
 
 
 def _duration(seconds: float) -> str:

@@ -14,7 +14,7 @@ from .measure import format_table, format_w_held
 ADAM_BYTES_PER_PARAM = 4 + 4 + 8   # fp32 weight, its gradient, Adam's first and second moments
 
 __all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_w_held", "show_four_ranks", "show_refused",
-           "show_oneflow", "show_training"]
+           "column_backward_answer", "column_over_data_answer", "show_bigger_batch", "show_training"]
 
 
 def show_reference(reference: dict, x, w, dy) -> None:
@@ -37,6 +37,20 @@ def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
     """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
     show_table(table_2, x_shape, w_shape)
     claims.check_run_live_2_ranks_equal(table_2)
+
+
+def column_backward_answer(table_2: dict) -> dict:
+    """reveal()'s answer for §3's prediction: the bytes each rank sent in the column split's backward."""
+    return dict(measured=table_2["column"].backward[0], what="bytes each rank sent in the column split's backward, "
+                "2 ranks", source="logged", formula=table_2["column"].backward_formula, unit="bytes")
+
+
+def column_over_data_answer(table_b: dict, x, w) -> dict:
+    """reveal()'s answer for §5's prediction: backward bytes, column split over data parallelism, 4 ranks."""
+    sent = {s: table_b[s].backward[0] for s in ("column", "data")}
+    predicted = {s: ms.predicted_bytes(s, x.shape, w.shape, 4)["backward"] for s in ("column", "data")}
+    return dict(measured=sent["column"] / sent["data"], what=f"backward bytes, column split ÷ data parallelism, "
+                f"x {x.shape[0]}×{x.shape[1]}", source="logged", formula=predicted["column"] / predicted["data"])
 
 
 def show_w_held(table: dict, w_shape) -> None:
@@ -74,13 +88,13 @@ def show_refused(run, *args, **kwargs) -> None:
         raise AssertionError(f"{kwargs} was not refused")
 
 
-def show_oneflow(per_rank_b: list, table_b: dict, w) -> None:
+def show_bigger_batch(per_rank_b: list, table_b: dict, x, w) -> None:
     """x 64×5 on 4 ranks: the column split's all-reduce of dx against data parallelism's of dw, the all-gather
     that gives every rank the whole y, and the same formula at a real size (4096×4096, 16,384 tokens)."""
     k, m = w.shape
     bwd = {s: table_b[s].backward[0] for s in ms.SPLITS}
     gathered_y = per_rank_b[0]["column"]["bytes"]["gather_y"]       # all-gather of y's columns
-    formula = comm.predicted_bytes_sent("all_gather", 64 * m * 4, 4)
+    formula = comm.predicted_bytes_sent("all_gather", x.shape[0] * m * 4, 4)
     print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} bytes, "
           f"formula (N-1)/N·|y| = {formula:.0f} bytes")
     claims.check_what_oneflow_article_says_about(table_b, bwd, k, m, gathered_y, formula)
