@@ -204,18 +204,17 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
     big = f"{psi / 1e9:.0f}B model"
-    print(f"{'':16} {'toy, measured: memory, KiB':^27} | {'toy: sent per step, KiB':^23} | {big + ', formula':^15}")
-    print(f"{'layout dp×pp×tp':>16} {'peak':>9} {'model states':>17} | {'TP':>7} {'PP':>7} {'DP':>7} | "
-          f"{'states, GB':>15}")
+    print(f"toy, measured (float64; per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'peak':>7} "
+          f"{'model states':>13} | sent per step: {'TP':>5} {'PP':>5} {'DP':>5}")
     for name, (peak, states) in memory.items():
         b = sent[name]
-        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | "
-              f"{b['tp'] / 1024:>7.0f} {b['pp'] / 1024:>7.0f} {b['dp'] / 1024:>7.0f} | {formula[name] / 1e9:>15g}")
-    print(f"(per rank, the most of any rank; toy in float64; the {big} in mixed-precision Adam, 2 + 2 + 12 B "
-          "per parameter)")
+        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f} | {'':14} "
+              f"{b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
+    print(f"\n{big}, by formula (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
+    print("   ".join(f"{name} {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
-    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
+    print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
