@@ -211,7 +211,7 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
         print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f} | {'':14} "
               f"{b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
     print(f"\n{big}, by formula (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
-    print("   ".join(f"{name} {formula[name] / 1e9:g}" for name in memory))
+    print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
     print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
