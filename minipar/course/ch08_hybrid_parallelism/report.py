@@ -10,8 +10,9 @@ from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 
 
-__all__ = ["show", "draw_mesh", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint",
+__all__ = ["show", "draw_mesh", "layout_name", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
+           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "zero_step_peak",
+           "show_checkpoint",
            "show_orders", "show_guide_layout"]
 
 
@@ -28,6 +29,12 @@ def draw_mesh(mesh) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_mesh(ax)
     plt.show()
+
+
+def layout_name(layout: dict) -> str:
+    """'dp 2 × pp 8 × tp 1 (16 ranks), m = 8' for one of :data:`.measure.BAD_LAYOUTS`."""
+    return (f"dp {layout['dp']} × pp {layout['pp']} × tp {layout['tp']} ({layout['world_size']} ranks), "
+            f"m = {layout['micro_batches']}")
 
 
 def global_batch(batch: int, seq: int, *, dp: int, m: int) -> Report:
@@ -131,28 +138,41 @@ def _check_once(r: Report) -> None:
     # ZeRO-2 frees the gradient buffer outside its shard (on dp = 2, half the buffer: ZeRO-1's reduce-scatter
     # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
     assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
-    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]                 # never below ZeRO-1's peak
 
 
 def zero_once_per_step(result: dict) -> Report:
     """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
-    collectives and bytes over dp per step, model states between steps, the step's peak (rank 0), and whether
-    the run equals one device."""
+    collectives and bytes over dp per step, model states between steps (rank 0), and whether the run equals
+    one device. The step's peak is :func:`zero_step_peak`'s (Deeper)."""
     once = result["once"]
-    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19} "
-             f"{'step peak':>10}",
-             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19} {'(B)':>10}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,} "
-              f"{c['peak']:>10,}" for z, c in once.items()]
+    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19}",
+             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19}"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,}"
+              for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
-    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step; "
-                 "step peak: the most it held during the step)")
+    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step)")
     if all(c["matches"] for c in once.values()):
         lines.append("all three match one device after 2 steps")
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
                  f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
                  f"than ZeRO-2 (the parameters outside its shard)")
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
+
+
+def _check_step_peak(r: Report) -> None:
+    once = r.once
+    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]                 # never below ZeRO-1's peak
+
+
+def zero_step_peak(result: dict) -> Report:
+    """Deeper: the most rank 0 held during a step, ZeRO-1/2/3 once per step (the same launch as
+    :func:`zero_once_per_step`), beside what it holds between steps."""
+    once = result["once"]
+    lines = [f"{'once per step':13} {'held between steps':>19} {'step peak':>10}",
+             f"{'':13} {'(B)':>19} {'(B)':>10}"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['between']:>19,} {c['peak']:>10,}" for z, c in once.items()]
+    lines.append("(rank 0; step peak: the most it held at any moment of the step)")
+    return Report("\n".join(lines), _check_step_peak, once=once)
 
 
 def _sent_per_layout(recipe, layouts: dict) -> dict:
@@ -184,18 +204,17 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
     big = f"{psi / 1e9:.0f}B model"
-    print(f"{'':16} {'toy, measured: memory, KiB':^27} | {'toy: sent per step, KiB':^23} | {big + ', formula':^15}")
-    print(f"{'layout dp×pp×tp':>16} {'peak':>9} {'model states':>17} | {'TP':>7} {'PP':>7} {'DP':>7} | "
-          f"{'states, GB':>15}")
+    print(f"toy, measured (float64; per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'peak':>7} "
+          f"{'model states':>13} | sent per step: {'TP':>5} {'PP':>5} {'DP':>5}")
     for name, (peak, states) in memory.items():
         b = sent[name]
-        print(f"{name:>16} {peak / 1024:>9.0f} {states / 1024:>17.0f} | "
-              f"{b['tp'] / 1024:>7.0f} {b['pp'] / 1024:>7.0f} {b['dp'] / 1024:>7.0f} | {formula[name] / 1e9:>15g}")
-    print(f"(per rank, the most of any rank; toy in float64; the {big} in mixed-precision Adam, 2 + 2 + 12 B "
-          "per parameter)")
+        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f} | {'':14} "
+              f"{b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
+    print(f"\n{big}, by formula (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
+    print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
-    print(f"ZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
+    print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
@@ -208,12 +227,15 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
 
 
 def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
-                      t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2) -> Report:
+                      t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, vocab: int = 51200,
+                      tflops_per_gpu: float = 163.0) -> Report:
     """PP's and DP's values per rank per step on the 1T layout of Narayanan et al. 2021, Table 1 (defaults):
     PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back), whole or 1/t each with Megatron's
     scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this rank's share of its stage). Beside
     them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on the DGX A100's NVLink 3 and on one
-    InfiniBand HDR port per GPU (a lower bound: no latency, full bandwidth)."""
+    InfiniBand HDR port per GPU (a lower bound: no latency, full bandwidth). Under them, one step's length for
+    scale: the paper's FLOPs per step (Eq. 3, 96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over
+    its t·p·d GPUs at the ``tflops_per_gpu`` it measured (Table 1: 163 TFLOP/s per GPU)."""
     from minipar.machine.cluster import IB_HDR, NVLINK3
     pp_values = 2 * (batch // d) * seq * h
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
@@ -226,7 +248,14 @@ def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch
     for name, values in rows:
         gb = values * value_bytes / 1e9
         lines.append(f"{name:28} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
-    return Report("\n".join(lines), lambda r: claims.check_pp_can_outweigh_dp_per_step(pp_values, dp_values, t))
+    step_flops = 96 * batch * seq * n_layer * h**2 * (1 + seq / (6 * h) + vocab / (16 * n_layer * h))
+    step_seconds = step_flops / (t * p * d * tflops_per_gpu * 1e12)
+    ib_seconds = {"PP at 1/t": pp_values / t * value_bytes / 1e9 / ib, "DP": dp_values * value_bytes / 1e9 / ib}
+    lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
+                 f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s; on IB, "
+                 + ", ".join(f"{k} is {v / step_seconds:.1%} of it" for k, v in ib_seconds.items()))
+    return Report("\n".join(lines), lambda r: claims.check_pp_can_outweigh_dp_per_step(
+        pp_values, dp_values, t, ib_seconds, step_seconds))
 
 
 def qkv_bias_gradient(grad) -> Report:
