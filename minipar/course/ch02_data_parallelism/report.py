@@ -79,13 +79,14 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
                   concurrency=concurrency, gain=gain, tie=tie)
 
 
-def show(r: Report) -> None:
+def show(r: Report) -> Report:
     """Print ``r``'s table, draw its picture where it has one (a ``draw`` fact), and hold the chapter's
-    sentences about its numbers (``r.check()``): nothing more is printed when they hold."""
+    sentences about its numbers (``r.check()``): nothing more is printed when they hold. Returns ``r``."""
     print(r.text)
     if "draw" in r.facts:
         r.draw()
     r.check()
+    return r
 
 
 def _labels(m: dict, factor: float = 1.0) -> dict:
