@@ -16,7 +16,8 @@ import statistics
 
 from minipar.course import replays
 from minipar.course.report import Report
-from minipar.machine.cluster import a100_cluster
+from minipar.course.bench import model_and_batch
+from minipar.machine.cluster import IB_HDR, NVLINK3, PCIE3, LinkCard, a100_cluster
 from minipar.machine.intervals import step_slice
 from minipar.observe.opcount import kernel_count
 
@@ -29,6 +30,21 @@ __all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_li
 # the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
 GUIDE_SECONDS = {("DP", "Y"): 110.5948, ("DDP", "Y"): 101.9003, ("DDP", "N"): 131.4367}
 GPT2_WIDTH_RATIO = 768 / 64          # GPT-2 small's width / the chapter's model's
+DDP_DEFAULT_BUCKET = 25 * 2**20      # torch DistributedDataParallel's bucket_cap_mb=25
+
+
+def link(card: LinkCard) -> str:
+    """A priced link named with its assumed share of its datasheet peak (β = bandwidth × efficiency)."""
+    return (f"{card.name} at {card.beta / 1e9:.4g} GB/s (an assumed {card.efficiency:.0%} of its "
+            f"{card.bandwidth / 1e9:.4g} GB/s peak per direction)")
+
+
+def scaled_default_bucket(layers: int = 2, embd: int = 64) -> int:
+    """DDP's default 25 MiB bucket scaled down as :func:`gpt2_sized` scales the gradients up (÷ f, f = GPT-2
+    small's parameters / :func:`.timing.measure`'s model's): the bucket whose GPT-2-sized copy is 25 MiB."""
+    make, _ = model_and_batch(layers, embd, 16, 32)
+    params = sum(p.numel() for p in make().parameters())
+    return round(DDP_DEFAULT_BUCKET * params / replays.GPT2_SMALL_PARAMS)
 
 
 def _check_threads(r: Report) -> None:
@@ -63,13 +79,14 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
                   concurrency=concurrency, gain=gain, tie=tie)
 
 
-def show(r: Report) -> None:
+def show(r: Report) -> Report:
     """Print ``r``'s table, draw its picture where it has one (a ``draw`` fact), and hold the chapter's
-    sentences about its numbers (``r.check()``): nothing more is printed when they hold."""
+    sentences about its numbers (``r.check()``): nothing more is printed when they hold. Returns ``r``."""
     print(r.text)
     if "draw" in r.facts:
         r.draw()
     r.check()
+    return r
 
 
 def _labels(m: dict, factor: float = 1.0) -> dict:
@@ -103,18 +120,16 @@ def at_measured_size(m: dict) -> Report:
     replayed at the size it ran on a DGX-A100 node and on the guide's TITAN RTX machine without NVLink; the
     DGX model's launch-bound compute and S* = N·α·β."""
     n, dgx = m["world_size"], a100_cluster(1)
-    played = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)})
+    played = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False, fp32=True)})
     rows = {r["config"]: r for r in timing.table(m, played)}
     label = _labels(m)
     compute = {name: replays.last_step(played["dgx"][name]).compute(0) for name in rows}   # rank 0, a step
-    lines = [f"cost model (not a measurement): the program at its own size, {n} GPUs; gradients "
-             f"{m['grad_bytes']:,} B",
-             f"{'config':28}{'DGX-A100 step µs':>17} {'compute':>8} {'exposed':>8} {'hidden':>7} | "
-             f"{'TITAN RTX PCIe step µs':>22} {'hidden':>7}"]
+    lines = [f"cost model (not a measurement): the program at its own size ({m['grad_bytes']:,} B of gradients) "
+             f"on the DGX-A100 node above, {n} GPUs",
+             f"{'config':28}{'step µs':>8} {'compute':>8} {'exposed':>8} {'hidden':>7}"]
     for name, r in rows.items():
-        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>17.0f} {compute[name] * 1e6:>8.0f} "
-                     f"{r['exposed_dgx'] * 1e6:>8.0f} {r['hidden_dgx']:>7.0%} | "
-                     f"{r['step_pcie'] * 1e6:>22.0f} {r['hidden_pcie']:>7.0%}")
+        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>8.0f} {compute[name] * 1e6:>8.0f} "
+                     f"{r['exposed_dgx'] * 1e6:>8.0f} {r['hidden_dgx']:>7.0%}")
     ddp_names = [name for name in rows if name.startswith("DDP")]
     one_step = step_slice(m["counted"]["DDP one bucket"].ranks[0].events, "step", -1)
     kernels = kernel_count([r for e in one_step if getattr(e, "ops", None) for r in e.ops])   # rank 0, a step
@@ -142,6 +157,7 @@ def _check_gpt2(r: Report) -> None:
     assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05                # one bucket: nothing hides
     # DP's 2·P through device 0 cannot overlap: it exposes the most
     assert r.rows["DP"]["exposed_dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
+    _check_both_links(r)
 
 
 def _check_both_links(r: Report) -> None:
@@ -171,13 +187,15 @@ def gpt2_sized(m: dict) -> Report:
     f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / tokens_here
     w = GPT2_WIDTH_RATIO
-    big = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False)}, compute_factor=f * k,
+    big = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False, fp32=True)}, compute_factor=f * k,
                           bytes_factor=f, op_bytes_factor=k * w)
     rows = {r["config"]: r for r in timing.table(m, big)}
     ddp_names = [name for name in rows if name.startswith("DDP")]
     bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
     label = _labels(m, f)
-    lines = [f"cost model (not a measurement): GPT-2 small on a DGX-A100 node (NVLink), {n} GPUs, one step",
+    lines = [f"cost model (not a measurement): GPT-2 small, {n} A100s of a DGX-A100 node priced at their 16-bit "
+             f"tensor-core peak ({dgx.device.peak_flops / 1e12:.0f} TFLOP/s, mixed precision; gradients all-reduced "
+             f"in fp32), over {link(NVLINK3)}; one step",
              f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
     lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
               for name, r in rows.items()]
@@ -187,6 +205,15 @@ def gpt2_sized(m: dict) -> Report:
     lines.append(f"bucketed DDP hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one bucket hides "
                  f"{one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as much; DP "
                  f"exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: device 0 sends (N−1)·P and receives as much, none of it under backward")
+    pcie = rows[bucketed]
+    lines.append(f"the guide's TITAN RTX over {link(PCIE3)}, at its fp32 peak (16.3 TFLOP/s; the guide ran fp32): "
+                 f"bucketed DDP hides {pcie['hidden_pcie']:.0%} and exposes {pcie['exposed_pcie'] * 1e3:.1f} ms, "
+                 f"DP exposes {rows['DP']['exposed_pcie'] * 1e3:.0f} ms")
+    lines.append(f"buckets: DDP's default 25 MiB, scaled down with the model ({m['bucket_bytes'][bucketed]:,} B "
+                 f"here); a bucket holds whole tensors and this model's larger ones exceed that, so they fill "
+                 f"{m['all_reduces'][bucketed]:.0f} buckets, ~{bucket_mb[bucketed]:.0f} MB each once scaled (GPT-2 "
+                 f"small's {m['grad_bytes'] * f / 1e6:.0f} MB in 25 MiB buckets: about "
+                 f"{m['grad_bytes'] * f / DDP_DEFAULT_BUCKET:.0f})")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))
@@ -222,8 +249,8 @@ def bucket_u_curve(n: int) -> Report:
     :data:`.buckets.BUCKET_SIZES` (and one bucket) and replayed on :data:`.buckets.U_CLUSTER` (a model)."""
     per_param, grad_bytes = u_curve.counted_per_parameter(n)
     rows = u_curve.sweep(per_param, u_curve.BUCKET_SIZES + (grad_bytes,))
-    lines = [f"cost model: one DDP run's gradients re-bucketed, priced on 4 A100s one per node (IB HDR); "
-             f"gradients {grad_bytes:,} B",
+    lines = [f"cost model: one DDP run's gradients re-bucketed, priced on 4 A100s one per node over "
+             f"{link(IB_HDR)}; gradients {grad_bytes:,} B",
              f"{'bucket C':>10} {'all-reduces':>12} {'step µs':>9} {'exposed µs':>11} {'compute µs':>11}"]
     lines += [f"{r['bucket_bytes']:>10,} {r['buckets']:>12} {r['step'] * 1e6:>9.0f} {r['exposed'] * 1e6:>11.0f} "
               f"{r['compute'] * 1e6:>11.0f}" for r in rows]

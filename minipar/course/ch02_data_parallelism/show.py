@@ -151,7 +151,7 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     grads = GPT2_SMALL_PARAMS * 4
     ddp_sent, dp_sent = comm.predicted_bytes_sent("all_reduce", grads, n), (n - 1) * grads
     ddp_s, dp_s = ddp_sent / NVLINK3.beta, dp_sent / NVLINK3.beta
-    print(f"\nGPT-2 small, {grads / 1e6:.0f} MB of fp32 gradients, N = {n}, NVLink 3 at {NVLINK3.beta / 1e9:.0f} GB/s*:")
+    print(f"\nGPT-2 small, {grads / 1e6:.0f} MB of fp32 gradients, N = {n}, {NVLINK3.name} at {NVLINK3.beta / 1e9:.0f} GB/s*:")
     print(f"{'':16}{'bytes sent':>12}{'ms':>6}   when")
     print(f"{'DDP, each rank':16}{ddp_sent / 1e6:>9.0f} MB{ddp_s * 1e3:>6.1f}   during backward "
           "(D2 models how much hides)")
@@ -163,7 +163,7 @@ def dp_against_ddp_bytes(counted: dict, n: int) -> None:
 
 
 def guide_slow_path(per_rank: float, extra: float, whole_step: float) -> None:
-    """Deeper D5: the Hugging Face guide's DDP without NVLink all-reduces ``per_rank`` bytes a step; the slow
+    """Deeper D4: the Hugging Face guide's DDP without NVLink all-reduces ``per_rank`` bytes a step; the slow
     path's speed if that took only the ``extra`` seconds over DDP with NVLink, or the ``whole_step``."""
     fastest, slowest = per_rank / extra / 1e9, per_rank / whole_step / 1e9
     print(f"Hugging Face guide: DDP without NVLink takes {1e3 * extra:.0f} ms more per step ({1e3 * whole_step:.0f} "

@@ -121,3 +121,29 @@ def test_one_line_equivalence_keeps_the_diagnostic_on_failure():
     bad = Comparison(False, 0.06, 1.6e3, "loss at step 1 on rank 3", [0.06], 2e-5, 1e-4, ["tok_emb.weight: too far"])
     assert "DOES NOT MATCH" in against_one_device(bad) and "tok_emb.weight" in against_one_device(bad)
     assert against_one_device(bad, brief=True) == "differs from one device: max |Δ| 0.06 (at loss at step 1 on rank 3)"
+
+
+@pytest.mark.parametrize("table", ["gpt2_sized", "at_measured_size"])
+def test_cost_model_prices_the_guides_fp32_run_at_the_titan_rtx_fp32_peak(table, monkeypatch):
+    """The guide trained GPT-2 in fp32 (no --fp16): its TITAN RTX is priced at 16.3 TFLOP/s, not the FP16 130."""
+    from minipar.course.ch02_data_parallelism import report
+    seen = {}
+
+    class Priced(Exception):
+        pass
+
+    def capture(m, clusters, **kwargs):
+        seen.update(clusters)
+        raise Priced
+    monkeypatch.setattr(report.replays, "replays", capture)
+    with pytest.raises(Priced):
+        getattr(report, table)({"world_size": 4, "grad_bytes": 539_648})
+    assert seen["pcie"].device.peak_flops == timing.TITAN_RTX_FP32.peak_flops == 16.3e12
+
+
+def test_scaled_default_bucket_is_25_mib_once_scaled_to_gpt2():
+    from minipar.course.bench import model_and_batch
+    from minipar.course.ch02_data_parallelism import report
+    from minipar.course.replays import GPT2_SMALL_PARAMS
+    params = sum(p.numel() for p in model_and_batch(2, 64, 16, 32)[0]().parameters())
+    assert abs(report.scaled_default_bucket() * GPT2_SMALL_PARAMS / params - 25 * 2**20) < GPT2_SMALL_PARAMS / params
