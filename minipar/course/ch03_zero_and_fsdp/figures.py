@@ -203,6 +203,20 @@ def draw_memory(runs: dict, world_size: int = 4, ax=None):
     return ax
 
 
+def draw_prefetch_model(zero3_time, world_size: int = 4):
+    """§14: the modelled ZeRO-3 steps with and without prefetch (GPT-2-sized, DGX-A100) on one time axis."""
+    import matplotlib.pyplot as plt
+    from minipar.course import replays
+    from minipar.pipeline.gantt import REPLAY_KINDS, gantt_legend
+    fig, axes = plt.subplots(2, 1, figsize=(11, 3.8), sharex=True)
+    replays.draw_replays(axes, {"model: ZeRO-3 with prefetch, DGX-A100, GPT-2-sized": zero3_time.with_p,
+                                "model: ZeRO-3 without prefetch, DGX-A100, GPT-2-sized": zero3_time.without},
+                         world_size)
+    gantt_legend(fig, REPLAY_KINDS)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
 def _make_la_lb_lc(path):
     draw_la_lb_lc(run_la_lb_lc()).savefig(path, dpi=110)
 

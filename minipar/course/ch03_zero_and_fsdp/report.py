@@ -22,7 +22,7 @@ from minipar.course import replays
 from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
-from minipar.machine.cluster import a100_cluster
+from minipar.machine.cluster import a100_cluster, h100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
@@ -132,13 +132,16 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
 
 
 def break_even(world_size: int = 4) -> Report:
-    """The tokens per GPU from which a unit's compute covers its all-gather on a DGX-A100 node
-    (:func:`break_even_tokens`), from its two inputs F and β."""
-    dgx = a100_cluster(1)
-    even = break_even_tokens(dgx, world_size)
-    text = (f"F = {dgx.peak_flops * dgx.flops_efficiency / 1e12:.0f} TFLOP/s   the matmuls' rate on an A100\n"
-            f"β = {dgx.intra_bw / 1e9:.0f} GB/s       a ring's rate on NVLink 3\n"
-            f"T ≥ (N-1)/N · F/β = {even:,.0f} tokens per GPU   (N = {world_size})")
+    """The tokens per GPU from which a unit's compute covers its all-gather (:func:`break_even_tokens`), from
+    its two inputs F and β: on a DGX-A100 node (the node §14's model replays on) and on a DGX H100 node (the
+    links chapter 00's Appendix D gives later chapters)."""
+    rows = []
+    for name, node in (("DGX A100, NVLink 3", a100_cluster(1)), ("DGX H100, NVLink 4", h100_cluster(1))):
+        rows.append(f"{name}   F = {node.peak_flops * node.flops_efficiency / 1e12:3.0f} TFLOP/s"
+                    f"   β = {node.intra_bw / 1e9:3.0f} GB/s   T ≥ {break_even_tokens(node, world_size):,.0f}")
+    even = break_even_tokens(a100_cluster(1), world_size)
+    text = (f"T ≥ (N-1)/N · F/β tokens per GPU (N = {world_size}); F: the matmuls' rate, β: a ring's rate\n"
+            + "\n".join(rows))
     return Report(text, lambda r: claims.check_break_even_below_the_models_tokens(r.break_even,
                                                                                  replays.SEED_TOKENS_PER_GPU),
                   break_even=even)

@@ -105,6 +105,10 @@ def test_break_even_tokens_is_the_formula_and_the_claim_refuses_a_model_below_it
     from minipar.machine.cluster import a100_cluster
     assert round(break_even_tokens(a100_cluster(1), 8)) == round(7 / 8 * 312e12 * 0.83 / 231e9) == 981
     claims.check_break_even_below_the_models_tokens(841, 4096)
+    from minipar.course.ch03_zero_and_fsdp.report import break_even
+    from minipar.machine.cluster import h100_cluster
+    text = break_even(4).text                            # §5 also gives the bound on chapter 00's DGX H100 links
+    assert "NVLink 4" in text and f"T ≥ {break_even_tokens(h100_cluster(1), 4):,.0f}" in text
     for even, tokens in ((841, 512), (280, 4096)):        # a model below it; a bound a third too small (F/3β)
         with pytest.raises(AssertionError):
             claims.check_break_even_below_the_models_tokens(even, tokens)
