@@ -11,7 +11,7 @@ from . import claims
 from .figures import draw_measured, draw_memory, paced_idle, peak_held
 
 __all__ = ["show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
-           "show_same_bubble", "show_held", "show_memory", "show_pipedream", "show_weight_versions", "show_layout",
+           "show_same_bubble", "show_held", "show_memory", "compare_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
            "show_paced", "check_widget", "show_idle_breakdown"]
 
@@ -51,6 +51,19 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     draw_memory(memory)
     plt.show()
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
+
+
+def compare_memory(reference, runs: dict, p: int, m: int, dtype) -> dict:
+    """GPipe, 1F1B and GPipe + recompute (``runs``: {"gpipe", "1f1b", "gpipe + recompute"}) each held equal to one
+    device, then the micro-batches each rank held (:func:`show_held`) and its peak live KiB (:func:`show_memory`);
+    returns the held counts."""
+    from minipar.check import compare
+    for name in ("gpipe", "1f1b", "gpipe + recompute"):
+        compare(reference, runs[name], dtype=dtype).assert_ok()
+    held = show_held(runs, p, m)
+    show_memory({("gpipe", False): runs["gpipe"], ("1f1b", False): runs["1f1b"],
+                 ("gpipe", True): runs["gpipe + recompute"]}, held, p, m)
+    return held
 
 
 def show_unpaced(shown: dict, p: int) -> dict:
