@@ -11,7 +11,7 @@ from . import claims
 from .figures import draw_measured, draw_memory, paced_idle, peak_held
 
 __all__ = ["show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
-           "show_same_bubble", "show_held", "show_memory", "show_pipedream", "show_weight_versions", "show_layout",
+           "show_vs_one_device", "show_same_bubble", "show_held", "show_memory", "compare_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
            "show_paced", "check_widget", "show_idle_breakdown"]
 
@@ -51,6 +51,19 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     draw_memory(memory)
     plt.show()
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
+
+
+def compare_memory(reference, runs: dict, p: int, m: int, dtype) -> dict:
+    """GPipe, 1F1B and GPipe + recompute (``runs``: {"gpipe", "1f1b", "gpipe + recompute"}) each held equal to one
+    device, then the micro-batches each rank held (:func:`show_held`) and its peak live KiB (:func:`show_memory`);
+    returns the held counts."""
+    from minipar.check import compare
+    for name in ("gpipe", "1f1b", "gpipe + recompute"):
+        compare(reference, runs[name], dtype=dtype).assert_ok()
+    held = show_held(runs, p, m)
+    show_memory({("gpipe", False): runs["gpipe"], ("1f1b", False): runs["1f1b"],
+                 ("gpipe", True): runs["gpipe + recompute"]}, held, p, m)
+    return held
 
 
 def show_unpaced(shown: dict, p: int) -> dict:
@@ -111,6 +124,14 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     claims.check_pp_sends_least(sent, dp, tp)
 
 
+def show_vs_one_device(reference, results: list, dtype) -> None:
+    """The run held equal to one device (every parameter, every step's loss), its comparison and both losses printed."""
+    from minipar.check import compare
+    print(compare(reference, results, dtype=dtype).assert_ok())
+    print("losses on the last rank:", [round(x, 4) for x in results[-1].losses], " one device:",
+          [round(x, 4) for x in reference.losses])
+
+
 def show_same_bubble(p: int, m: int) -> None:
     g, o = simulate(make_schedule("gpipe", p, m)), simulate(make_schedule("1f1b", p, m))
     print(f"bubble: GPipe {g.bubble_fraction:.1%}, 1F1B {o.bubble_fraction:.1%} (idle/total); "
@@ -167,9 +188,11 @@ def show_interleaved(p: int, m: int, chunks=(1, 2, 4)) -> dict:
     return inter
 
 
-def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int) -> dict:
-    """{schedule: mean bytes a rank sent per step} of 1F1B and interleaved v = 2 (each rank's printed), beside
-    2(pv-1)·m·A/p."""
+def show_interleaved_bytes(runs: dict, p: int, m: int, a: int, steps: int, reference, dtype) -> dict:
+    """The interleaved run held equal to one device (``reference``, the 8-block model's), then {schedule: mean
+    bytes a rank sent per step} of 1F1B and interleaved v = 2 (each rank's printed), beside 2(pv-1)·m·A/p."""
+    from minipar.check import compare
+    compare(reference, runs["interleaved"], dtype=dtype).assert_ok()
     per_rank = {name: [r.bytes_sent // steps for r in runs[name]] for name in ("1f1b", "interleaved")}
     sent = {name: sum(b) / p for name, b in per_rank.items()}
     for name, v in (("1f1b", 1), ("interleaved", 2)):

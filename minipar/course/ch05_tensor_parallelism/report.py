@@ -10,13 +10,14 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.machine.device import H100_SXM
 
 from . import claims
+from . import measure
 from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
                       draw_tp_throughput, fit_latency_bandwidth)
 from .throughput import CARDS, narrow_matmuls, priced_with, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
-           "show_memory", "show_tp_throughput", "measure_allreduce", "tiny_gpt_replays", "show_replays",
+           "layer_bytes", "show_memory", "memory_per_rank", "show_tp_throughput", "measure_allreduce", "tiny_gpt_replays", "show_replays",
            "show_pytorch"]
 
 
@@ -89,10 +90,26 @@ def show_memory(mem: dict) -> float:
     return fraction
 
 
+def layer_bytes(degrees=(2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4) -> int:
+    """One layer's forward and backward at each t (:func:`.measure.layer_bytes`), shown by
+    :func:`show_layer_bytes`; returns the all-reduces rank 0 ran at the largest t, counted in its log."""
+    layer = measure.layer_bytes(degrees=degrees, b=b, s=s, h=h, a=a)
+    show_layer_bytes(layer)
+    return layer[max(degrees)][0]["by_op"]["all_reduce"][0]
+
+
+def memory_per_rank(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4) -> tuple:
+    """One layer's bytes per rank at each t (:func:`.measure.memory_per_degree`), shown by :func:`show_memory`;
+    returns (t = 4's measured activation fraction of t = 1's, the formula's)."""
+    mem = {r["t"]: r for r in measure.memory_per_degree(degrees=degrees, b=b, s=s, h=h, a=a)}
+    fraction = show_memory(mem)
+    return fraction, mem[4]["activation_formula"] / mem[1]["activation_formula"]
+
+
 def show_tp_throughput(rows: list) -> dict:
-    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the figure, two summary lines, then
-    the table, the cards' prices and the memory per GPU in a collapsed block; the checks; returns the H100
-    8-GPU-node rows by t."""
+    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the figure, one headline line (TP's
+    share of the step at t = 8 and 16), then the tokens/s kept, a narrow-matmul sensitivity, the table, the
+    cards' prices and the memory per GPU in a collapsed block; the checks; returns the H100 8-GPU-node rows by t."""
     series = {}
     for r in rows:
         series.setdefault((r["card"], r["placement"]), {})[r["t"]] = r
@@ -109,18 +126,20 @@ def show_tp_throughput(rows: list) -> dict:
     plt.show()
     h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
     keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
-    print(f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU (tp {h100[8]['tp_share']:.0%} "
-          f"of the step), a step {h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; "
-          f"t = 16 across two nodes keeps {keep[16]:.0%} (tp {h100[16]['tp_share']:.0%})")
-    print(f"t = 8 -> 16, across two nodes: tp's share of the step {h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× "
-          f"larger; each GPU keeps {h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s")
+    print(f"H100, 8-GPU nodes: TP's all-reduces take {h100[8]['tp_share']:.0%} of the step at t = 8 (inside one node), "
+          f"{h100[16]['tp_share']:.0%} at t = 16 (across two)")
     eta, slow = H100_SXM.gemm_efficiency, narrow_matmuls(0.6)
-    print(f"sensitivity, matmuls at 60% of peak instead of {eta:.0%} at t = 8 and 16 (h/t = 1536, 768): t = 8 keeps "
-          f"{slow[8] / h100[1]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[1]['tokens_per_gpu']:.0%} of t = 1's "
-          f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's")
+    summary = (f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU, a step "
+               f"{h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; t = 16 across two nodes keeps "
+               f"{keep[16]:.0%}.\nt = 8 -> 16, across two nodes: tp's share of the step "
+               f"{h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× larger; each GPU keeps "
+               f"{h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s.\n"
+               f"Sensitivity, matmuls at 60% of peak instead of {eta:.0%} at t = 8 and 16 (h/t = 1536, 768): t = 8 keeps "
+               f"{slow[8] / h100[1]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[1]['tokens_per_gpu']:.0%} of t = 1's "
+               f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's.\n\n")
     claims.check_crossing_costs_with_narrow_matmuls(slow)
-    _show_collapsed("The numbers behind the figure: the table, the cards' prices, memory per GPU",
-                    _tp_numbers(series, degrees, state, card_gb))
+    _show_collapsed("The numbers behind the figure: tokens/s kept, a sensitivity, the table, the cards' prices, memory per GPU",
+                    summary + _tp_numbers(series, degrees, state, card_gb))
     return h100
 
 
