@@ -69,21 +69,21 @@ def show_fp16_edges() -> None:
 
 
 def show_underflow(make, x, y, gpt=None) -> SimpleNamespace:
-    """The almost fitted MLP's FP16 gradients with no loss scale and with 2^16: the share flushed to 0; beside
-    it (``gpt``, a recipe) the same share for the tiny GPT's first batch, a model not built to underflow."""
-    fp32_model = make()
-    fp32_loss(fp32_model, x, y).backward()
-    g32 = [p.grad for p in fp32_model.parameters()]
+    """First (``gpt``, a recipe) the share of the tiny GPT's FP16 gradients flushed to 0, a model not built to
+    underflow; then the almost fitted MLP's with no loss scale and with 2^16."""
     flushed = {}
-    for name, scaler in (("FP16, no loss scaling", None), ("FP16, loss scale 2^16", DynamicLossScaler())):
-        mp = MixedPrecision(make(), lambda ps: torch.optim.SGD(ps, lr=0.0), torch.float16, scaler)
-        mp.backward(fp32_loss(mp.model, x, y))
-        flushed[name] = underflow_fraction([p.grad for p in mp.model.parameters()], g32)
-        print(f"{name}: {flushed[name]:.1%} of the gradient values that FP32 keeps are exactly 0")
     if gpt is not None:
         name = "tiny GPT, FP16, no loss scaling"
         flushed[name] = _gpt_underflow(gpt)
         print(f"{name}: {flushed[name]:.1%} of its gradient values that FP32 keeps are exactly 0")
+    fp32_model = make()
+    fp32_loss(fp32_model, x, y).backward()
+    g32 = [p.grad for p in fp32_model.parameters()]
+    for name, scaler in (("FP16, no loss scaling", None), ("FP16, loss scale 2^16", DynamicLossScaler())):
+        mp = MixedPrecision(make(), lambda ps: torch.optim.SGD(ps, lr=0.0), torch.float16, scaler)
+        mp.backward(fp32_loss(mp.model, x, y))
+        flushed[name] = underflow_fraction([p.grad for p in mp.model.parameters()], g32)
+        print(f"built MLP, {name}: {flushed[name]:.1%} of the gradient values that FP32 keeps are exactly 0")
     fig, ax = plt.subplots(figsize=(9, 4))
     draw_gradient_histogram(ax)
     plt.show()

@@ -70,12 +70,13 @@ def show_training(trained: SimpleNamespace) -> None:
     right.legend(fontsize=8)
     fig.tight_layout()
     plt.show()
-    print(f"{'run':32}{'final loss':>11}{'largest |gap| to FP32':>23}")
+    print(f"{'run':32}{'final loss':>11}{'largest step |gap|':>23}")
     for name, losses in runs.items():
         largest = max(abs(g) for g in gap[name]) if name in gap else 0.0
         print(f"{name:32}{_mean_last(losses):11.4f}{largest:23.4f}")
     moved, gains = trained.gains_moved
-    print(f"final loss: mean of the last 20 steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm gain "
+    print(f"final loss: mean of the last 20 steps. Largest step |gap|: the largest per-step loss difference to FP32 "
+          f"over the {len(ref)} steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm gain "
           f"at 1: {moved} of its {gains} gain values moved")
     masters = (FP16_MASTERS, BF16_MASTERS)
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},

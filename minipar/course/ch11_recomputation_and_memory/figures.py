@@ -52,7 +52,7 @@ def draw_length_sweep(ax, sweep: dict, fused: dict | None = None) -> None:
     kib = lambda v: [x / 1024 for x in v]  # noqa: E731
     linear = [sweep[s][1] for s in lengths]
     total = [sweep[s][1] + sweep[s][2] for s in lengths]
-    ax.fill_between(lengths, 0, kib(linear), color="#4C72B0", alpha=0.3, label="formula: linear part sbh(16β + 2m)")
+    ax.fill_between(lengths, 0, kib(linear), color="#4C72B0", alpha=0.3, label="formula: linear part sbh(16β + 2μ)")
     ax.fill_between(lengths, kib(linear), kib(total), color="#C44E52", alpha=0.3, label="formula: s² part as²b(2β + m)")
     ax.plot(lengths, kib([sweep[s][0] for s in lengths]), "ko", label="measured, one block")
     if fused:

@@ -69,7 +69,10 @@ def head_and_loss_bytes() -> int:
 
 def show_one_step(acc) -> None:
     n, head = psi(), head_and_loss_bytes()
-    print({k: f"{v / 1024:.0f} KiB" for k, v in acc.as_dict().items()})
+    parts = (("parameters", acc.params), ("gradients", acc.grads), ("Adam m + v", acc.optimizer),
+             ("activations", acc.activations))
+    for name, nbytes in (*parts, ("their sum", sum(b for _, b in parts)), ("peak", acc.peak)):
+        print(f"{name:12}{nbytes / 1024:8.0f} KiB")
     print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each")
     print(f"activations {acc.activations:,} B: blocks and embedding {acc.activations - head:,} B, "
           f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
@@ -84,7 +87,7 @@ def show_one_step(acc) -> None:
 # ---- 2. activations per block --------------------------------------------------------------------------
 
 def activations_per_block() -> list:
-    """[(dtype, mode, measured, formula with m = β, the paper's 2-byte values and 1-byte masks)]."""
+    """[(dtype, mode, measured, formula with μ = β, the paper's 2-byte values and 1-byte masks)]."""
     rows = []
     for dtype, beta in ((torch.float32, 4), (torch.bfloat16, 2)):
         for mode in MODES:
