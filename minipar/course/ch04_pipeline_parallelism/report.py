@@ -106,6 +106,7 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     """Bytes each rank sent per step (the end ranks m·A, the middle ones 2m·A) and their mean beside 2(p-1)·m·A/p,
     and what the same p ranks would send splitting the model by DP or by TP instead (ring model)."""
     per_rank = [r.bytes_sent // steps for r in runs]
+    print(f"A = {a:,} B here (float64, 8 bytes a value); the same activation in bf16: {a // 4:,} B")
     sent, formula = sum(per_rank) / p, 2 * (p - 1) * m * a / p
     print(f"bytes sent per step, rank 0..{p - 1}: {per_rank}  (m·A = {m * a}: the end ranks send one direction only, "
           f"the middle ranks both)")
