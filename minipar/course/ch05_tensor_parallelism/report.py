@@ -70,10 +70,11 @@ def show_gpt(comparison, refused) -> None:
 def show_layer_bytes(layer: dict) -> None:
     """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
     for t, (sent, observed, formula) in layer.items():
-        headers = (observed - formula) / claims.GLOO_HEADER_BYTES
         calls = sent["by_op"]["all_reduce"][0]
+        messages = calls * 4 * (t - 1)          # gloo's all-reduce: two segments a rank, 4(t-1) messages a call
         print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']} B sent; formula 4 × 2(t-1)/t × b·s·h·4 B = "
-              f"{formula:.0f} B   (on the wire: + {headers:.0f} gloo headers of {claims.GLOO_HEADER_BYTES} B)")
+              f"{formula:.0f} B   (on the wire: + {observed - formula:.0f} B = {messages} messages × "
+              f"{(observed - formula) / messages:.0f} B of gloo framing)")
     claims.check_bytes_per_layer(layer)
 
 
