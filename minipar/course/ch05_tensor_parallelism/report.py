@@ -128,7 +128,8 @@ def show_tp_throughput(rows: list) -> dict:
     h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
     keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
     print(f"H100, 8-GPU nodes: TP's all-reduces take {h100[8]['tp_share']:.0%} of the step at t = 8 (inside one node), "
-          f"{h100[16]['tp_share']:.0%} at t = 16 (across two)")
+          f"{h100[16]['tp_share']:.0%} at t = 16 (across two); on 2-GPU nodes (what-if) t = 8 crosses nodes: "
+          f"{series[('H100 (NVLink 4, IB NDR)', '2-GPU nodes (what-if)')][8]['tp_share']:.0%}")
     eta, slow = H100_SXM.gemm_efficiency, narrow_matmuls(0.6)
     summary = (f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU, a step "
                f"{h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; t = 16 across two nodes keeps "
@@ -139,7 +140,7 @@ def show_tp_throughput(rows: list) -> dict:
                f"{slow[8] / h100[1]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[1]['tokens_per_gpu']:.0%} of t = 1's "
                f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's.\n\n")
     claims.check_crossing_costs_with_narrow_matmuls(slow)
-    _show_collapsed("The numbers behind the figure: tokens/s kept, a sensitivity, the table, the cards' prices, memory per GPU",
+    _show_collapsed("More numbers (optional): tokens/s, a sensitivity, every card, prices, memory per GPU",
                     summary + _tp_numbers(series, degrees, state, card_gb))
     return h100
 
