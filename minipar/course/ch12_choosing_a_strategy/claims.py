@@ -159,3 +159,11 @@ def check_efficiency_band(bests) -> None:
     shape = {(b.layout.tp, b.layout.pp, b.layout.v, b.layout.sp, b.layout.recompute) for b in bests.values()}
     assert shape == {(4, 16, 2, True, "selective")}, shape
     assert len({round(b.step_seconds, 1) for b in bests.values()}) == 3
+
+
+def check_link_efficiency_band(bests) -> None:
+    """The headline survives the assumed ring efficiencies (NVLink 77 %, InfiniBand 90 %): at 60 % or at the
+    full datasheet speed on both links, the planner's best keeps TP 4, PP 16, interleaving, SP and selective
+    recomputation"""
+    shape = {(b.layout.tp, b.layout.pp, b.layout.v, b.layout.sp, b.layout.recompute) for b in bests.values()}
+    assert shape == {(4, 16, 2, True, "selective")}, shape

@@ -100,8 +100,9 @@ def one_knob(best, cluster) -> None:
 
 
 def efficiency_band(p, band: float = 0.15) -> None:
-    """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§9's band):
-    does the winner's layout change? ``p`` is the plan at the fitted η_F."""
+    """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§9's band),
+    then with the links' assumed ring efficiencies (NVLink 77 %, InfiniBand 90 % of the datasheet) at 60 % and
+    at 100 %: does the winner's layout change? ``p`` is the plan at the fitted η_F and the assumed links."""
     card = A100_SXM_80GB
     print(f"{'η_F':>5}{'step s':>8}{'MFU':>7}  the planner's best layout")
     bests = {}
@@ -112,6 +113,16 @@ def efficiency_band(p, band: float = 0.15) -> None:
         bests[f] = best = pl.best[0]
         print(f"{eta:5.2f}{best.step_seconds:8.1f}{best.mfu:7.1%}  {show.layout_words(best.layout)}")
     claims.check_efficiency_band(bests)
+    print(f"\n{'ring efficiency (assumed)':>26}{'step s':>8}{'MFU':>7}  the planner's best layout")
+    by_link = {}
+    for nvlink, ib in ((0.6, 0.6), (NVLINK3.efficiency, IB_HDR.efficiency), (1.0, 1.0)):
+        pl = p if (nvlink, ib) == (NVLINK3.efficiency, IB_HDR.efficiency) else plan(
+            GPT3_175B, gpu_cluster(card, 128, replace(NVLINK3, efficiency=nvlink), replace(IB_HDR, efficiency=ib)),
+            1536, top=1)
+        by_link[nvlink, ib] = best = pl.best[0]
+        print(f"{f'NVLink {nvlink:.0%}, IB {ib:.0%}':>26}{best.step_seconds:8.1f}{best.mfu:7.1%}  "
+              f"{show.layout_words(best.layout)}")
+    claims.check_link_efficiency_band(by_link)
 
 
 def hand_layouts(best, cluster) -> None:

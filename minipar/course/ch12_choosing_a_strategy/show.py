@@ -48,14 +48,21 @@ def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Sh
         lines += [f"{r['run']:26}{r['device']:>22}{r['published']:>13.2f}{r['predicted']:>9.2f}{r['ratio']:>7.2f}"
                   f"{r['role']:>13}" for r in sorted(pub, key=lambda r: r["role"] != "calibration")]
     else:
-        lines = [f"{'source of the published runs':40}{'rows':>5}  {'calibration row':22}model / published"]
+        lines = [f"{'source of the published runs':40}{'rows':>5}  {'calibration row':22}model / published"
+                 f"  checks within ±{tolerance:.0%}"]
         for source in dict.fromkeys(r["source"].split(",")[0] for r in pub):
             rows = [r for r in pub if r["source"].split(",")[0] == source]
             ratios = [r["ratio"] for r in rows]
             fitted = next((r["run"] for r in rows if r["role"] == "calibration"), "-")
-            lines.append(f"{source:40}{len(rows):>5}  {fitted:22}{min(ratios):.2f} to {max(ratios):.2f}")
+            checks = [r for r in rows if r["role"] == "check"]
+            inside = sum(abs(r["ratio"] - 1) <= tolerance for r in checks)
+            lines.append(f"{source:40}{len(rows):>5}  {fitted:22}{min(ratios):.2f} to {max(ratios):.2f}"
+                         f"{f'{inside} of {len(checks)}':>14}")
     got = summary(pub, tolerance)
-    lines.append(f"{got['inside']} of {got['check']} check rows within ±{tolerance:.0%}"
+    split = _checks_by_fitted_source(pub, tolerance)
+    lines.append(f"{got['inside']} of {got['check']} check rows within ±{tolerance:.0%}: "
+                 f"{split[True][0]} of {split[True][1]} from the fitted rows' sources, "
+                 f"{split[False][0]} of {split[False][1]} from the others"
                  + (f"; outside: {', '.join(got['outside'])}" if got["outside"] else ""))
     for card, what in FITTED.items():
         fitted_to = [r["run"] for r in pub if r["role"] == "calibration" and r["device"].endswith(card)]
@@ -65,6 +72,17 @@ def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Sh
         lines.append(f"{card}: {kind} η_F = {CARDS[card].gemm_efficiency}, {how}")
         assert what.startswith("calibration") == bool(fitted_to), card
     return Shown("\n".join(lines))
+
+
+def _checks_by_fitted_source(pub: list, tolerance: float) -> dict:
+    """{True: (inside, checks) for check rows whose source also gave a calibration row (weak checks: same
+    paper, code and hardware as the fit), False: the same for sources fitted to nothing}."""
+    fitted = {r["source"].split(",")[0] for r in pub if r["role"] == "calibration"}
+    split = {}
+    for same in (True, False):
+        checks = [r for r in pub if r["role"] == "check" and (r["source"].split(",")[0] in fitted) == same]
+        split[same] = (sum(abs(r["ratio"] - 1) <= tolerance for r in checks), len(checks))
+    return split
 
 
 def _tflops(run, count):
