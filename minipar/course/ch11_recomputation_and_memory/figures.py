@@ -53,7 +53,7 @@ def draw_length_sweep(ax, sweep: dict, fused: dict | None = None) -> None:
     linear = [sweep[s][1] for s in lengths]
     total = [sweep[s][1] + sweep[s][2] for s in lengths]
     ax.fill_between(lengths, 0, kib(linear), color="#4C72B0", alpha=0.3, label="formula: linear part sbh(16β + 2μ)")
-    ax.fill_between(lengths, kib(linear), kib(total), color="#C44E52", alpha=0.3, label="formula: s² part as²b(2β + m)")
+    ax.fill_between(lengths, kib(linear), kib(total), color="#C44E52", alpha=0.3, label="formula: s² part as²b(2β + μ)")
     ax.plot(lengths, kib([sweep[s][0] for s in lengths]), "ko", label="measured, one block")
     if fused:
         ax.plot(lengths, kib([fused[s][0] for s in lengths]), "s--", color="#C44E52", ms=4,

@@ -34,8 +34,6 @@ def show_gpt3_dial() -> None:
     for mode in MODES:
         print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
               f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
-    print(f"selective adds {extra['selective'] / layer:.1%} (QKᵀ only, PyTorch's early-stop checkpoint) to "
-          f"{12 * s * s * h / layer:.1%} (Korthikanti et al.'s count, used by chapter 12's planner)")
     claims.check_gpt3_dial(kept, extra, layer)
 
 

@@ -108,7 +108,7 @@ def show_activations_per_block(rows) -> None:
 
 
 def length_sweep() -> dict:
-    """{s: (measured bytes one block keeps, the formula's linear part, its s² part)} (FP32, m = β, none)."""
+    """{s: (measured bytes one block keeps, the formula's linear part, its s² part)} (FP32, μ = β, none)."""
     sweep = {}
     for s in LENGTHS:
         linear = activation_bytes_formula(s, B, H, A, recompute="selective", value_bytes=4, mask_bytes=4)
