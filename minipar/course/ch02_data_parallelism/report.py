@@ -79,14 +79,14 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
                   concurrency=concurrency, gain=gain, tie=tie)
 
 
-def show(r: Report) -> Report:
+def show(r: Report) -> None:
     """Print ``r``'s table, draw its picture where it has one (a ``draw`` fact), and hold the chapter's
-    sentences about its numbers (``r.check()``): nothing more is printed when they hold. Returns ``r``."""
+    sentences about its numbers (``r.check()``): nothing more is printed when they hold. Returns None, so a
+    notebook cell that ends with the call does not echo the table a second time."""
     print(r.text)
     if "draw" in r.facts:
         r.draw()
     r.check()
-    return r
 
 
 def _labels(m: dict, factor: float = 1.0) -> dict:
@@ -193,27 +193,29 @@ def gpt2_sized(m: dict) -> Report:
     ddp_names = [name for name in rows if name.startswith("DDP")]
     bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
     label = _labels(m, f)
+    bucketed = ddp_names[-2]                               # the largest buckets below one bucket
+    count, default_count = m["all_reduces"][bucketed], m["grad_bytes"] * f / DDP_DEFAULT_BUCKET
     lines = [f"cost model (not a measurement): GPT-2 small, {n} A100s of a DGX-A100 node priced at their 16-bit "
              f"tensor-core peak ({dgx.device.peak_flops / 1e12:.0f} TFLOP/s, mixed precision; gradients all-reduced "
              f"in fp32), over {link(NVLINK3)}; one step",
+             f"priced: this model's {count:.0f} buckets scaled up (~{bucket_mb[bucketed]:.0f} MB each), not the "
+             f"~{default_count:.0f} buckets of 25 MiB PyTorch's DDP would form for GPT-2 small's "
+             f"{m['grad_bytes'] * f / 1e6:.0f} MB. Why: 25 MiB scaled down with the model is "
+             f"{m['bucket_bytes'][bucketed]:,} B here, a bucket holds whole tensors, and this model's larger "
+             f"tensors exceed that",
              f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
     lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
               for name, r in rows.items()]
     exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
-    bucketed = ddp_names[-2]                               # the largest buckets below one bucket
     one = rows["DDP one bucket"]
-    lines.append(f"bucketed DDP hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one bucket hides "
-                 f"{one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as much; DP "
-                 f"exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: device 0 sends (N−1)·P and receives as much, none of it under backward")
+    lines.append(f"DDP with {count:.0f} buckets hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one "
+                 f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
+                 f"much; DP exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: device 0 sends (N−1)·P and receives as "
+                 f"much, none of it under backward")
     pcie = rows[bucketed]
     lines.append(f"the guide's TITAN RTX over {link(PCIE3)}, at its fp32 peak (16.3 TFLOP/s; the guide ran fp32): "
-                 f"bucketed DDP hides {pcie['hidden_pcie']:.0%} and exposes {pcie['exposed_pcie'] * 1e3:.1f} ms, "
-                 f"DP exposes {rows['DP']['exposed_pcie'] * 1e3:.0f} ms")
-    lines.append(f"buckets: DDP's default 25 MiB, scaled down with the model ({m['bucket_bytes'][bucketed]:,} B "
-                 f"here); a bucket holds whole tensors and this model's larger ones exceed that, so they fill "
-                 f"{m['all_reduces'][bucketed]:.0f} buckets, ~{bucket_mb[bucketed]:.0f} MB each once scaled (GPT-2 "
-                 f"small's {m['grad_bytes'] * f / 1e6:.0f} MB in 25 MiB buckets: about "
-                 f"{m['grad_bytes'] * f / DDP_DEFAULT_BUCKET:.0f})")
+                 f"DDP with {count:.0f} buckets hides {pcie['hidden_pcie']:.0%} and exposes "
+                 f"{pcie['exposed_pcie'] * 1e3:.1f} ms, DP exposes {rows['DP']['exposed_pcie'] * 1e3:.0f} ms")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))

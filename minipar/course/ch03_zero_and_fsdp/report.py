@@ -131,20 +131,20 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
                   hidden_share=replays.hidden_share(with_p))
 
 
-def break_even(world_size: int = 4) -> Report:
+def break_even(world_size: int = 4, node_size: int = 8) -> Report:
     """The tokens per GPU from which a unit's compute covers its all-gather (:func:`break_even_tokens`), from
-    its two inputs F and β: on a DGX-A100 node (the node §14's model replays on) and on a DGX H100 node (the
+    its two inputs F and β, at N = ``world_size`` (§14's replay) and N = ``node_size`` (a whole 8-GPU node,
+    where (N−1)/N is near 1): on a DGX-A100 node (the node §14's model replays on) and on a DGX H100 node (the
     links chapter 00's Appendix D gives later chapters)."""
     rows = []
     for name, node in (("DGX A100, NVLink 3", a100_cluster(1)), ("DGX H100, NVLink 4", h100_cluster(1))):
         rows.append(f"{name}   F = {node.peak_flops * node.flops_efficiency / 1e12:3.0f} TFLOP/s"
-                    f"   β = {node.intra_bw / 1e9:3.0f} GB/s   T ≥ {break_even_tokens(node, world_size):,.0f}")
-    even = break_even_tokens(a100_cluster(1), world_size)
-    text = (f"T ≥ (N-1)/N · F/β tokens per GPU (N = {world_size}); F: the matmuls' rate, β: a ring's rate\n"
-            + "\n".join(rows))
-    return Report(text, lambda r: claims.check_break_even_below_the_models_tokens(r.break_even,
-                                                                                 replays.SEED_TOKENS_PER_GPU),
-                  break_even=even)
+                    f"   β = {node.intra_bw / 1e9:3.0f} GB/s   T ≥ {break_even_tokens(node, world_size):,.0f} "
+                    f"at N = {world_size}, {break_even_tokens(node, node_size):,.0f} at N = {node_size}")
+    evens = [break_even_tokens(a100_cluster(1), n) for n in (world_size, node_size)]
+    text = (f"T ≥ (N-1)/N · F/β tokens per GPU; F: the matmuls' rate, β: a ring's rate\n" + "\n".join(rows))
+    return Report(text, lambda r: [claims.check_break_even_below_the_models_tokens(e, replays.SEED_TOKENS_PER_GPU)
+                                   for e in r.break_evens], break_even=evens[0], break_evens=evens)
 
 
 def break_even_tokens(cluster, n: int) -> float:
@@ -174,8 +174,8 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     ddp = RunResult(measured[0].losses, measured[0].params)
     psi, padded = measured[0].numel, measured[0].padded_numel
     lines = [f"Ψ = {psi:,} parameters ({padded:,} after padding each unit to a multiple of N = {n}); KiB per rank\n",
-             f"{'':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"
-             f"{'ring model':>12}{'formula':>8}  max |Δ| vs one device, vs DDP"]
+             f"{'memory':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"]
+    traffic = [f"\n{'bytes':8}{'ring model':>12}{'formula':>9}"]
     ok, diffs, vs_ddp, sent_by_stage = [], [], [], []
     for stage, res in measured.items():
         want = model_state_bytes_formula(padded, n, stage, "fp32")
@@ -191,9 +191,10 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
                   and got == [want[k] for k in ("params", "grads", "optimizer")])
         lines.append(f"{zero_memory.STAGE_NAMES[stage]:8}"
                      + "".join(f"{x / 1024:>7.0f}K" for x in got + [sum(got), want['total']])
-                     + f"{res.memory['activations'] / 1024:>7.0f}K{res.memory['peak'] / 1024:>7.0f}K"
-                     f"{sent / 1024:>11.0f}K{sent_formula / 1024:>7.0f}K  {check.max_abs_diff:.1e}, "
-                     f"{same_as_ddp.max_abs_diff:g}")
+                     + f"{res.memory['activations'] / 1024:>7.0f}K{res.memory['peak'] / 1024:>7.0f}K")
+        traffic.append(f"{zero_memory.STAGE_NAMES[stage]:8}{sent / 1024:>11.0f}K{sent_formula / 1024:>8.0f}K")
+    lines += traffic + [f"\nfinal parameters, every stage: max |Δ| vs one device {max(diffs):.1e}, "
+                        f"vs DDP {max(vs_ddp):g}"]
     activations = [{res.memory["activations"] for res in r.values()} for r in per_rank]
     zero2 = measured[2].memory
     return Report("\n".join(lines), _check_stages, measured=measured, psi=psi, padded=padded, ok=ok, diffs=diffs,
