@@ -138,6 +138,7 @@ def _check_once(r: Report) -> None:
     # ZeRO-2 frees the gradient buffer outside its shard (on dp = 2, half the buffer: ZeRO-1's reduce-scatter
     # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
     assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
+    assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
 
 
 def zero_once_per_step(result: dict) -> Report:
@@ -156,7 +157,10 @@ def zero_once_per_step(result: dict) -> Report:
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
                  f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
                  f"than ZeRO-2 (the parameters outside its shard)")
-    return Report("\n".join(lines), _check_once, once=once, rs1=rs1)
+    per_mb = result["per_microbatch"]
+    lines.append("sent over dp per step, once per step vs per micro-batch (table above): " + ", ".join(
+        f"ZeRO-{z} {once[z]['bytes']:,.0f} vs {per_mb[z]['bytes']:,} B" for z in (2, 3)))
+    return Report("\n".join(lines), _check_once, once=once, rs1=rs1, per_mb=per_mb)
 
 
 def _check_step_peak(r: Report) -> None:
