@@ -115,7 +115,7 @@ ABOUT = {
     "12": About(  # 2831 words (14 min) + 4 exercise stubs (the fidelity study moved to A)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers, the decision guide as rules, a calculator.",
-        core_minutes=35, elective_minutes=0, run_seconds=7),
+        core_minutes=35, elective_minutes=0, run_seconds=9),
     "13": About(  # 3991 words (20 min) + 6 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
