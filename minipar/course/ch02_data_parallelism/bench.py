@@ -175,7 +175,7 @@ def describe_run(m: dict) -> str:
     dp_out = (m["dp_bytes"] or {}).get("replicate model", 0)         # device 0's weights out; as many back
     lines = [f"{name:<28} median step {1e3 * sec:7.1f} ms" for name, sec in m["medians"].items()]
     lines.append(f"gradients {m['grad_bytes']:,} B; DDP: each rank sends {m['step_bytes_sent']:,.0f} B per step; "
-                 f"DP: device 0 sends {dp_out:,} B of weights (and receives as many of gradients)")
+                 f"DP (star): device 0 sends {dp_out:,} B of weights (and receives as many of gradients)")
     return "\n".join(lines)
 
 

@@ -77,7 +77,9 @@ def check_overlap_saves_time_paced(m) -> None:
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
 
 
-def check_gpt2_on_nvlink(ddp_s, dp_s, n) -> None:
+def check_gpt2_on_nvlink(ddp_s, dp_s, nccl_s, n) -> None:
     """DP against DDP: GPT-2 small's 498 MB of fp32 gradients on NVLink 3 at 4 ranks: a DDP rank sends for
-    about 3 ms a step, DP's device 0 for N/2 times as long"""
+    about 3 ms a step, DP's device 0 in the star model for N/2 times as long, with NCCL's broadcast for
+    N/(2(N−1)) times as long (P against 2(N−1)/N·P)"""
     assert 2.5e-3 < ddp_s < 3.5e-3 and abs(dp_s / ddp_s - n / 2) < 1e-9
+    assert abs(nccl_s / ddp_s - n / (2 * (n - 1))) < 1e-9

@@ -210,8 +210,8 @@ def gpt2_sized(m: dict) -> Report:
     one = rows["DDP one bucket"]
     lines.append(f"DDP with {count:.0f} buckets hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one "
                  f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
-                 f"much; DP exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: device 0 sends (N−1)·P and receives as "
-                 f"much, none of it under backward")
+                 f"much; DP exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: star model, device 0 sends (N−1)·P and "
+                 f"receives as much, none of it under backward")
     pcie = rows[bucketed]
     lines.append(f"the guide's TITAN RTX over {link(PCIE3)}, at its fp32 peak (16.3 TFLOP/s; the guide ran fp32): "
                  f"DDP with {count:.0f} buckets hides {pcie['hidden_pcie']:.0%} and exposes "

@@ -144,22 +144,25 @@ def no_sync(runs: dict, reference) -> None:
 def dp_against_ddp_bytes(counted: dict, n: int) -> None:
     """§9: one step of DDP and of DP (as N processes), bytes counted, nothing timed (``counted`` =
     :func:`.bench.run` with ``iters=0, with_dp=True``); then the same shares of GPT-2 small's fp32 gradients
-    on NVLink 3 at the bandwidth a ring reaches (the bandwidth term S/β; latency left out)."""
+    on NVLink 3 at the bandwidth a ring reaches (the bandwidth term S/β; latency left out). DP twice: the star
+    model that minipar's DP counts, (N−1)·P from device 0, and NCCL's pipelined broadcast, about P."""
     from .bench import describe_run
     print(describe_run(counted))
     claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
     grads = GPT2_SMALL_PARAMS * 4
     ddp_sent, dp_sent = comm.predicted_bytes_sent("all_reduce", grads, n), (n - 1) * grads
-    ddp_s, dp_s = ddp_sent / NVLINK3.beta, dp_sent / NVLINK3.beta
+    ddp_s, dp_s, nccl_s = ddp_sent / NVLINK3.beta, dp_sent / NVLINK3.beta, grads / NVLINK3.beta
     print(f"\nGPT-2 small, {grads / 1e6:.0f} MB of fp32 gradients, N = {n}, {NVLINK3.name} at {NVLINK3.beta / 1e9:.0f} GB/s*:")
-    print(f"{'':16}{'bytes sent':>12}{'ms':>6}   when")
-    print(f"{'DDP, each rank':16}{ddp_sent / 1e6:>9.0f} MB{ddp_s * 1e3:>6.1f}   during backward "
+    print(f"{'':20}{'bytes sent':>12}{'ms':>6}   when")
+    print(f"{'DDP, each rank':20}{ddp_sent / 1e6:>9.0f} MB{ddp_s * 1e3:>6.1f}   during backward "
           "(D2 models how much hides)")
-    print(f"{'DP, device 0':16}{dp_sent / 1e6:>9.0f} MB{dp_s * 1e3:>6.1f}   weights before forward; "
+    print(f"{'DP, device 0, star':20}{dp_sent / 1e6:>9.0f} MB{dp_s * 1e3:>6.1f}   weights before forward; "
           "as many gradient bytes received after backward")
+    print(f"{'DP, device 0, NCCL':20}{grads / 1e6:>9.0f} MB{nccl_s * 1e3:>6.1f}   the same, broadcast and reduce "
+          "pipelined across devices: about P each way, still all exposed")
     print(f"* effective: an assumed {NVLINK3.efficiency:.0%} of the {NVLINK3.bandwidth / 1e9:.0f} GB/s datasheet "
           "peak per direction, a round number for what a large ring reaches (not measured here)")
-    claims.check_gpt2_on_nvlink(ddp_s, dp_s, n)
+    claims.check_gpt2_on_nvlink(ddp_s, dp_s, nccl_s, n)
 
 
 def guide_slow_path(per_rank: float, extra: float, whole_step: float) -> None:

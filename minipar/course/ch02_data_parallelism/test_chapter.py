@@ -94,8 +94,9 @@ def test_timeline_colours_a_bucket_hidden_before_the_last_gradient_and_exposed_a
 
 
 def test_dp_and_ddp_bytes_count_what_each_sends(capsys):
-    """§9 and the summary count one direction for all three: DP's device 0 sends (N−1)·P, a DDP rank
-    2(N−1)/N·P, so DP's busiest sender carries N/2 times a DDP rank's, not N times."""
+    """§9 and the summary count one direction for all three: DP's device 0 sends (N−1)·P in the star model
+    (about P with NCCL's broadcast), a DDP rank 2(N−1)/N·P, so DP's busiest sender carries N/2 times a DDP
+    rank's in the star model, not N times."""
     from minipar import comm
     from minipar.course.ch02_data_parallelism import claims, show
     n, grads = 4, 1000
@@ -104,10 +105,14 @@ def test_dp_and_ddp_bytes_count_what_each_sends(capsys):
     show.dp_against_ddp_bytes(counted, n)
     out = capsys.readouterr().out
     assert "device 0 sends 3,000 B of weights" in out and "each rank sends 1,500 B" in out
+    assert "DP, device 0, star" in out and "DP, device 0, NCCL" in out
     with pytest.raises(AssertionError):                  # DP's in + out against DDP's out: a ratio of N
-        claims.check_gpt2_on_nvlink(3.2e-3, 4 * 3.2e-3, n)
+        claims.check_gpt2_on_nvlink(3.2e-3, 4 * 3.2e-3, 3.2e-3 * 2 / 3, n)
     with pytest.raises(AssertionError):                  # GPT-2's gradients counted in fp16 (half the time)
-        claims.check_gpt2_on_nvlink(1.6e-3, 2 * 1.6e-3, n)
+        claims.check_gpt2_on_nvlink(1.6e-3, 2 * 1.6e-3, 1.6e-3 * 2 / 3, n)
+    with pytest.raises(AssertionError):                  # the NCCL line priced as the star, (N−1)·P
+        claims.check_gpt2_on_nvlink(3.2e-3, 2 * 3.2e-3, 2 * 3.2e-3, n)
+    claims.check_gpt2_on_nvlink(3.2e-3, 2 * 3.2e-3, 3.2e-3 * 2 / 3, n)
 
 
 def test_one_line_equivalence_keeps_the_diagnostic_on_failure():
