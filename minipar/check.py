@@ -52,13 +52,15 @@ class Comparison:
     problems: list = field(default_factory=list)    # human-readable reasons for a mismatch
 
     def __str__(self) -> str:
-        """The line a chapter prints: the verdict, the largest difference (and where, on a mismatch) and the
-        tolerance, |Δ| ≤ atol + rtol·|value| (:data:`TOLERANCES`); :meth:`details` adds the relative error."""
-        allowed = f"allowed {self.atol:g} + {self.rtol:g}·|value|"
-        if self.matches:
-            return f"matches one device: largest difference {self.max_abs_diff:.3g}, {allowed}"
-        return (f"DOES NOT MATCH one device: largest difference {self.max_abs_diff:.3g} at {self.worst}, {allowed}"
-                + "".join(f"\n  - {p}" for p in self.problems))
+        """The line a chapter prints: "= one device" with the largest difference and the tolerance it met,
+        |Δ| ≤ atol + rtol·|ref| (:data:`TOLERANCES`), or "bit for bit"; on a mismatch, where, and each problem.
+        :meth:`details` adds the relative error."""
+        if not self.matches:
+            return (f"DOES NOT MATCH one device: max |Δ| {self.max_abs_diff:.3g} at {self.worst} (allowed "
+                    f"{self.atol:g} + {self.rtol:g}·|ref|)" + "".join(f"\n  - {p}" for p in self.problems))
+        if self.atol == 0 and self.rtol == 0:
+            return "= one device, bit for bit"
+        return f"= one device (max |Δ| {self.max_abs_diff:.0e} ≤ {self.atol:g} + {self.rtol:g}·|ref|)"
 
     def details(self) -> str:
         """Everything, for a failing test: the largest absolute and relative differences, where, the tolerance."""

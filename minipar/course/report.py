@@ -27,13 +27,9 @@ class Report:
 
 
 def against_one_device(c, brief: bool = False) -> str:
-    """One line for a :class:`minipar.check.Comparison`: "= one device" with the largest difference and the
-    tolerance it met; when it does not match, the full diagnostic, or (``brief``: a mismatch the cell
-    expects) the largest difference and where."""
+    """One line for a :class:`minipar.check.Comparison` (its ``str``: "= one device" with the largest
+    difference and the tolerance it met, or the mismatch with every problem); ``brief``: a mismatch the cell
+    expects, only the largest difference and where."""
     if not c.matches and brief:
         return f"differs from one device: max |Δ| {c.max_abs_diff:.2g} (at {c.worst})"
-    if not c.matches:
-        return str(c)
-    if c.atol == 0 and c.rtol == 0:
-        return "= one device, bit for bit"
-    return f"= one device (max |Δ| {c.max_abs_diff:.0e} ≤ {c.atol:g} + {c.rtol:g}·|ref|)"
+    return str(c)

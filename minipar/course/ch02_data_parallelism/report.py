@@ -24,11 +24,8 @@ from minipar.observe.opcount import kernel_count
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "gpt2_both_links", "bucket_u_curve", "guide_table",
-           "GUIDE_SECONDS", "GPT2_WIDTH_RATIO"]
+__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "bucket_u_curve", "GPT2_WIDTH_RATIO"]
 
-# the Hugging Face guide's three runs (GPT-2, 2 TITAN RTX, 200 steps), seconds: (program, NVLink on)
-GUIDE_SECONDS = {("DP", "Y"): 110.5948, ("DDP", "Y"): 101.9003, ("DDP", "N"): 131.4367}
 GPT2_WIDTH_RATIO = 768 / 64          # GPT-2 small's width / the chapter's model's
 DDP_DEFAULT_BUCKET = 25 * 2**20      # torch DistributedDataParallel's bucket_cap_mb=25
 
@@ -180,8 +177,8 @@ def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
 def gpt2_sized(m: dict) -> Report:
     """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
     operator bytes × k·w) on the DGX-A100 node and the TITAN RTX machine without NVLink; the text shows the DGX
-    rows (labelled by their scaled buckets), :func:`gpt2_both_links` both machines; ``hidden_share_dgx`` of the
-    bucketed run with the largest buckets."""
+    rows (labelled by their scaled buckets) and the bucketed run on the TITAN RTX machine; ``hidden_share_dgx`` of
+    the bucketed run with the largest buckets."""
     n, dgx = m["world_size"], a100_cluster(1)
     tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
     f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
@@ -221,19 +218,6 @@ def gpt2_sized(m: dict) -> Report:
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))
 
 
-def gpt2_both_links(g: Report) -> Report:
-    """Deeper D2: :func:`gpt2_sized`'s replays with how they were scaled (messages × f, FLOPs × f·k, operator
-    bytes × k·w), on the DGX-A100 node beside the guide's TITAN RTX machine without NVLink (PCIe 3.0 x16)."""
-    lines = ["cost model (not a measurement): GPT-2 small on two machines, one step",
-             f"{'config':28}{'DGX-A100 step ms':>17} {'exposed':>8} {'hidden':>7} | "
-             f"{'TITAN RTX PCIe, ms':>18} {'exposed':>8} {'hidden':>7}"]
-    for name, r in g.rows.items():
-        lines.append(f"{g.label[name]:28}{r['step_dgx'] * 1e3:>17.1f} {r['exposed_dgx'] * 1e3:>8.1f} "
-                     f"{r['hidden_dgx']:>7.0%} | {r['step_pcie'] * 1e3:>18.1f} {r['exposed_pcie'] * 1e3:>8.1f} "
-                     f"{r['hidden_pcie']:>7.0%}")
-    return Report("\n".join(lines), _check_both_links, rows=g.rows, ddp_names=g.ddp_names)
-
-
 def _check_u(r: Report) -> None:
     steps = [row["step"] for row in r.rows]
     assert 0 < r.best < len(r.rows) - 1                                     # the lowest step is neither end: a U
@@ -266,43 +250,3 @@ def bucket_u_curve(n: int) -> Report:
                  f"launched after the last gradient, exposes {last['exposed'] * 1e6:.0f} µs: step "
                  f"{last['step'] * 1e6:.0f} µs")
     return Report("\n".join(lines), _check_u, rows=rows, best=best, grad_bytes=grad_bytes)
-
-
-def _check_guide(r: Report) -> None:
-    assert r.ratio["fp16"][("DDP", "N")] > 1.2 and r.ratio["fp32"][("DDP", "N")] < 1.1   # slow link: FP16 only
-    guide = GUIDE_SECONDS[("DDP", "N")] / GUIDE_SECONDS[("DDP", "Y")]
-    assert r.ratio["fp16"][("DDP", "N")] > guide > r.ratio["fp32"][("DDP", "N")]   # FP16 overshoots, FP32 undershoots
-    for p in r.exposed:   # DP's 2·P through device 0, unhidden even over NVLink, exposes more than DDP without
-        assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "N")]
-        assert r.exposed[p][("DP", "Y")] > r.exposed[p][("DDP", "Y")]
-
-
-def guide_table(m2: dict) -> Report:
-    """``m2`` = ``timing.measure(2, bucket_sizes=(64 * 1024,))``: the guide's three rows, the traces
-    replayed GPT-2-sized (a cost model) on its TITAN RTX pair with and without NVLink at the FP16 and FP32
-    peaks, as ratios to DDP with NVLink (and each run's exposed communication)."""
-    f2 = replays.GPT2_SMALL_PARAMS / (m2["grad_bytes"] / 4)
-    k2 = replays.SEED_TOKENS_PER_GPU / (16 * 32 // 2)
-    runs = {("DP", "Y"): ("DP", "nv"), ("DDP", "Y"): ("DDP 64 KiB buckets", "nv"),
-            ("DDP", "N"): ("DDP 64 KiB buckets", "pc")}
-    ratio, exposed = {}, {}
-    for peak in ("fp16", "fp32"):
-        fp32 = peak == "fp32"
-        res = replays.replays(m2, {"nv": timing.titan_rtx(2, fp32=fp32),
-                                   "pc": timing.titan_rtx(2, nvlink=False, fp32=fp32)},
-                              compute_factor=f2 * k2, bytes_factor=f2, op_bytes_factor=k2 * GPT2_WIDTH_RATIO)
-        step = {key: res[where][name].step_between("step") for key, (name, where) in runs.items()}
-        ratio[peak] = {key: s / step[("DDP", "Y")] for key, s in step.items()}
-        exposed[peak] = {key: replays.exposed_per_step(res[where][name]) for key, (name, where) in runs.items()}
-    lines = [f"{'Type':6}{'NVlink':>7}{'HF guide':>10}{'HF ratio':>11}"
-             f"{'cost model, FP16 peak (exposed ms)':>37}{'cost model, FP32 peak (exposed ms)':>37}"]
-    for key, t in GUIDE_SECONDS.items():
-        lines.append(f"{'2:' + key[0]:6}{key[1]:>7}{t:>9.1f}s{t / GUIDE_SECONDS[('DDP', 'Y')]:>11.2f}"
-                     + "".join(f"{ratio[p][key]:>29.2f} ({exposed[p][key] * 1e3:4.1f})" for p in ("fp16", "fp32")))
-    guide_ratio = {key: t / GUIDE_SECONDS[("DDP", "Y")] for key, t in GUIDE_SECONDS.items()}
-    for peak, r in (("HF guide", guide_ratio), *ratio.items()):   # the order of the three rows, measured or modelled
-        lines.append(f"{peak} order: " + " < ".join(f"{a}({b})" for a, b in sorted(r, key=r.get)))
-    off = {p: ratio[p][("DDP", "N")] - 1 for p in ratio}
-    lines.append(f"turning NVLink off costs DDP: the guide +{guide_ratio[('DDP', 'N')] - 1:.0%}; the model "
-                 f"+{off['fp16']:.0%} at the FP16 peak, +{off['fp32']:.0%} at the FP32 peak")
-    return Report("\n".join(lines), _check_guide, ratio=ratio, exposed=exposed)

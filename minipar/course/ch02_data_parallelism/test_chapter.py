@@ -67,16 +67,6 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
                                                               "one bucket": SimpleNamespace(matches=False)}))
 
 
-def test_guide_check_needs_the_model_to_overshoot_at_fp16_and_undershoot_at_fp32():
-    from types import SimpleNamespace
-    from minipar.course.ch02_data_parallelism import report
-    exposed = {p: {("DP", "Y"): 0.03, ("DDP", "Y"): 0.003, ("DDP", "N"): 0.02} for p in ("fp16", "fp32")}
-    ratio = lambda fp16, fp32: {"fp16": {("DDP", "N"): fp16}, "fp32": {("DDP", "N"): fp32}}  # noqa: E731
-    report._check_guide(SimpleNamespace(ratio=ratio(1.49, 1.03), exposed=exposed))
-    with pytest.raises(AssertionError):   # +25 %: above 20 % but short of the guide's +29 %, not an overshoot
-        report._check_guide(SimpleNamespace(ratio=ratio(1.25, 1.03), exposed=exposed))
-
-
 def test_timeline_colours_a_bucket_hidden_before_the_last_gradient_and_exposed_after():
     import matplotlib
     matplotlib.use("Agg")
