@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minipar.check import gpt_recipe
-from minipar.course.ch04_pipeline_parallelism import timing
+from minipar.course.ch04_pipeline_parallelism import claims, timing
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows
 from minipar.machine.cluster import this_machine
@@ -78,7 +78,8 @@ def test_idle_terms_order_the_terms_the_chapter_asserts(traced):
     terms = timing.idle_terms(runs, trace, alpha=alpha, beta=beta, counted=counted)
     idle = {k: v for k, (v, _) in terms.items()}
     assert tuple(idle) == timing.TERMS and idle["formula"] == bubble_formula("1f1b", 4, 4)
-    assert idle["formula"] < idle["stages"] <= idle["p2p"] + 1e-12 and idle["dgx_a100"] > idle["formula"]
+    assert idle["formula"] - claims.STAGE_NOISE < idle["stages"] <= idle["p2p"] + 1e-12
+    assert idle["dgx_a100"] > idle["formula"]
     assert all(0 <= v < 1 for v in idle.values())
     # the A100 model is launch-bound: every rank's work in a step is at least its kernels × the 5 µs floor
     work = timing.stage_work(terms["dgx_a100"][1], -1)
