@@ -38,6 +38,11 @@ def check_scores_dominate_after_sp(share, s, b, h, a) -> None:
     assert 0.69 < share < 0.71, share
 
 
+def check_sp_lengthens_sequence_by_about_a_third(longest, s) -> None:
+    """What SP saves: in TP's memory at t = 8, TP+SP fits a sequence about a third longer, far from t-fold"""
+    assert 1.25 < longest / s < 1.4, longest
+
+
 # gloo frames each message it writes with a header, and a call writes several messages (how many depends on
 # the collective), so only a bound per logged call holds for the socket bytes
 FRAMING_BOUND_PER_CALL = 2048

@@ -43,6 +43,10 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     share = scores / korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
     if with_sp:
         print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
+        longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8)
+        print(f"in the memory TP needs at t=8 for s = {s:,}, TP+SP fits s = {longest:,} "
+              f"({longest / s:.2f}x), not {8}x: the s² term, already divided by t, stays")
+        claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
     else:
         print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
               f"{n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
@@ -53,6 +57,15 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     if with_sp:
         claims.check_sp_divides_everything_by_t(s, b, h, a)
         claims.check_scores_dominate_after_sp(share, s, b, h, a)
+
+
+def longest_sequence_in(budget, b, h, a, t, step=8) -> int:
+    """The longest s (a multiple of ``step``) whose TP+SP layer keeps at most ``budget`` bytes (Korthikanti's
+    count, 16-bit values)."""
+    s = step
+    while korthikanti_bytes(s + step, b, h, a, t, sequence_parallel=True) <= budget:
+        s += step
+    return s
 
 
 def layer_memory(degrees=(2, 4)) -> list:
@@ -167,8 +180,8 @@ def show_dropout_masks(per_rank) -> None:
     print("12 dropout decisions, p = 0.5 (1 = kept, 0 = dropped)")
     print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
     print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
-    print(f"plain TP, no SP: replicated parameters after 2 steps, rank 0's and rank 1's copies differ by: "
-          f"{right:.1e} by this rule, {wrong:.1e} seeded by rank")
+    print(f"plain TP, no SP, after 2 steps: max |Δ| between rank 0's and rank 1's copies of the replicated "
+          f"parameters (position embedding, LayerNorms): {right:.1e} by this rule, {wrong:.1e} seeded by rank")
     by_rank, one_seed = (sp0 == sp1).float().mean().item(), (one0 == one1).float().mean().item()
     print(f"TP+SP, residual dropout p = 0.1 on two sequence shards: masks agree on {by_rank:.2f} of positions "
           f"by the per-rank stream (independent: 0.9² + 0.1² = 0.82), {one_seed:.2f} with one seed")
