@@ -67,7 +67,7 @@ ABOUT = {
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=15),
+        core_minutes=35, elective_minutes=0, run_seconds=15),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",

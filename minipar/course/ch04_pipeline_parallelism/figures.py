@@ -41,7 +41,7 @@ from minipar.pipeline.timeline import measured_idle_fraction, typical_step
 from minipar.pipeline.gantt import KIND_COLOURS, draw_gantt, gantt_legend, sim_rows
 from minipar.pipeline.simulate import Costs, simulate
 
-__all__ = ["KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
+__all__ = ["schedule_or_error", "schedule_explorer", "KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
            "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "peak_held", "PacedIdle",
            "paced_idle", "paced_runs", "FIGURES", "FIXED_PACE", "GRID"]
 
@@ -191,7 +191,7 @@ def paced_idle(paced: dict, p: int = 4) -> PacedIdle:
 
 
 def paced_runs(recipe, recipe8, p: int = 4, m: int = 8, pace=FIXED_PACE) -> dict:
-    """§7's paced runs — GPipe and 1F1B on ``recipe``, interleaved v = 2 on ``recipe8`` — on their first batch only
+    """§5's paced runs — GPipe and 1F1B on ``recipe``, interleaved v = 2 on ``recipe8`` — on their first batch only
     (a paced step is mostly sleep: a second one would double the wait and show the same timeline), in one launch,
     each checked equal to one device's first step: ``{(schedule, m, v): per-rank runs}``."""
     first = [dataclasses.replace(r, batches=r.batches[:1]) for r in (recipe, recipe8)]     # v = 1, v = 2
@@ -208,3 +208,38 @@ FIGURES = {
     "04_measured_timelines.png": lambda path: save_figure(draw_measured(run_timelines()), path),
     "04_activation_memory.png": lambda path: save_figure(draw_memory(memory_runs()), path),
 }
+
+
+def schedule_or_error(schedule: str, p: int, m: int, v: int):
+    """The simulated schedule, or the ValueError's text for a combination the schedule refuses."""
+    try:
+        return simulate(make_schedule(schedule, p, m, v if schedule == "interleaved" else 1))
+    except ValueError as err:
+        return f"ValueError: {err}"
+
+
+def schedule_explorer():
+    """Sliders for schedule, p, m and v above a Gantt chart redrawn from the action lists, titled with the simulated
+    bubble beside the formula; an invalid combination shows its ValueError. First view: 1F1B, p = 4, m = 8."""
+    import ipywidgets as widgets
+    from minipar.pipeline import bubble_formula
+    out = widgets.Output()
+
+    def redraw(schedule="1f1b", p=4, m=8, v=2):
+        sim, v = schedule_or_error(schedule, p, m, v), (v if schedule == "interleaved" else 1)
+        with out:
+            out.clear_output(wait=True)
+            if isinstance(sim, str):
+                print(sim)
+                return
+            import matplotlib.pyplot as plt
+            fig, ax = plt.subplots(figsize=(9, 0.45 * p + 0.8))
+            draw_gantt(ax, sim_rows(sim), p, f"{schedule} p={p} m={m} v={v}: bubble {sim.bubble_fraction:.1%} "
+                                             f"(formula {bubble_formula(schedule, p, m, v):.1%})")
+            plt.show()
+
+    controls = widgets.interactive(redraw, schedule=["naive", "gpipe", "1f1b", "interleaved"], p=(2, 8), m=(1, 32), v=(1, 4))
+    schedule_menu, v_slider = controls.children[0], controls.children[3]
+    widgets.dlink((schedule_menu, "value"), (v_slider, "disabled"), lambda s: s != "interleaved")   # v: chunks
+    return widgets.VBox([controls, out])
+

@@ -13,7 +13,7 @@ from .figures import draw_measured, draw_memory, paced_idle, peak_held
 __all__ = ["show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
            "show_vs_one_device", "show_same_bubble", "show_held", "show_memory", "compare_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
-           "show_paced", "check_widget", "show_idle_breakdown"]
+           "show_paced", "show_explorer", "show_1f1b_phases", "show_idle_breakdown"]
 
 
 def show_refusal(err) -> None:
@@ -123,6 +123,12 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     for label, sends, how in rows:
         print(f"  {label:24s} {sends:>9,.0f}   {how}")
     claims.check_pp_sends_least(sent, dp, tp)
+    h = reference.params["ln_f.weight"].numel()
+    tokens, per_stage = m * a // (8 * h), layers // p          # T tokens a step, L layers a stage
+    side = "below" if tokens < 12 * per_stage * h else "at or above"
+    print(f"in general, values per rank and step: PP 2·T·h a boundary, DP ≈ 2·P_stage ≈ 24·L·h², TP ≈ 8·L·T·h; "
+          f"PP < DP while T < 12·L·h.\nhere T = {tokens} tokens, L = {per_stage} layer a stage, h = {h}: "
+          f"T is {side} 12·L·h = {12 * per_stage * h}")
 
 
 def show_vs_one_device(reference, results: list, dtype) -> None:
@@ -226,12 +232,25 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     draw_terms(why.terms, p)
     plt.show()
     i = why.idle
-    traced, paced_free = round(100 * i['measured']), round(100 * unpaced['1f1b'])     # the gap of the numbers shown
-    print(f"1F1B measured idle: {traced}% in this traced run, {paced_free}% in the run above: "
-          f"{abs(traced - paced_free)} points apart, the spread of one run here.")
+    runs_shown = sorted((round(100 * i['measured']), round(100 * unpaced['1f1b'])))   # the two unpaced 1F1B runs
+    print(f"1F1B unpaced, the two runs of this chapter: {runs_shown[0]}–{runs_shown[1]}% idle, far above the formula's "
+          f"{why.idle['formula']:.0%}; on shared cores a rerun moves one run's number by many points.")
     claims.check_each_term_adds_idle(i, why)
 
 
-def check_widget(schedule_or_error) -> None:
-    """The widget's function: a valid combination simulated, an invalid one's ValueError shown, not raised."""
+def show_explorer() -> None:
+    """The sliders of :func:`.figures.schedule_explorer`, displayed; their function checked through the simulator
+    alone (a valid combination simulated, an invalid one's ValueError shown, not raised)."""
+    from IPython.display import display
+    from .figures import schedule_explorer, schedule_or_error
+    display(schedule_explorer())
     claims.check_m_p_error_shown_not_raised(schedule_or_error)
+
+
+def show_1f1b_phases(p: int, m: int) -> None:
+    """Rank 0's 1F1B list cut into warm-up (p-1 forwards), steady state and cool-down; then the bubble beside GPipe's."""
+    acts = make_schedule("1f1b", p, m).actions[0]
+    warm, steady = p - 1, 2 * (m - (p - 1))
+    for label, part in (("warm-up", acts[:warm]), ("steady", acts[warm:warm + steady]), ("cool-down", acts[warm + steady:])):
+        print(f"rank 0 {label:9s}:", " ".join(map(str, part)))
+    show_same_bubble(p, m)

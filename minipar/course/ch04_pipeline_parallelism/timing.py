@@ -1,4 +1,4 @@
-"""Chapter 04, §8: why an unpaced pipeline idles more than (p-1)/(m+p-1) — measured, replayed here, replayed on
+"""Chapter 04, Deeper A: why an unpaced pipeline idles more than (p-1)/(m+p-1) — measured, replayed here, replayed on
 a named cluster.
 
 One real run of a schedule is traced (:mod:`minipar.observe.tracer`: every rank's compute between its messages, in

@@ -128,3 +128,10 @@ def check_across_nodes_more_than_twice_inside(tables, t) -> None:
 def check_pytorchs_own_tp_api_side(dy, dw) -> None:
     """PyTorch's own TP API, side by side"""
     assert dy < 1e-6 and dw < 1e-6
+
+
+def check_whole_plus_split(whole, split, formula_t4, layernorm_io_bytes) -> None:
+    """Memory per rank, measured: the activation formula is W + S/t (t = 4 from t = 1 and 2), and W holds at least the
+    LayerNorms' inputs and outputs (4·b·s·h values)"""
+    assert abs(whole + split / 4 - formula_t4) < 1, (whole, split, formula_t4)
+    assert whole >= layernorm_io_bytes and split > 0

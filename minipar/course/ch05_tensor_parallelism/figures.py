@@ -172,6 +172,9 @@ def _plot_model(ax, rows: list) -> None:
                 label=f"{card.split(' (')[0]}, {placement}")
     ax.set_xscale("log", base=2)
     ax.set_xticks([r["t"] for r in mine], [str(r["t"]) for r in mine])
+    if min(r["t"] for r in rows) == 1:          # the planner prices time only: t = 1's weights exceed an 80 GB card
+        ax.axvspan(2 ** -0.4, 2 ** 0.4, color="0.9", zorder=0)
+        ax.text(1, 0.02, "does not fit:\ncompute only", transform=ax.get_xaxis_transform(), ha="center", fontsize=7)
     ax.set_xlabel("TP degree t")
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title("Model (the planner): a GPT-3-shaped model (h = 12288, s = 2048), TP alone", fontsize=9)

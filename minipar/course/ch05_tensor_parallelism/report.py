@@ -16,7 +16,7 @@ from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost
 from .throughput import CARDS, narrow_matmuls, priced_with, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
-__all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "show_gpt", "show_layer_bytes",
+__all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "gpt_vs_one_device", "show_gpt", "show_layer_bytes",
            "layer_bytes", "show_memory", "memory_per_rank", "show_tp_throughput", "measure_allreduce", "tiny_gpt_replays", "show_replays",
            "show_pytorch"]
 
@@ -60,6 +60,20 @@ def show_loss(by_vocab: dict, world_size: int = 4) -> None:
         claims.check_vocabulary_split_embedding_cross_entropy(got, want, calls, sent)
 
 
+def gpt_vs_one_device(recipe, world_size: int = 4, label_smoothing: float = 0.1) -> None:
+    """The whole GPT trained tensor-parallel (:func:`minipar.tensor.gpt.compare_to_one_device`) against one device,
+    and a model whose 6 heads do not split 4 ways refused before any process starts; shown by :func:`show_gpt`."""
+    from minipar.tensor.gpt import compare_to_one_device
+    comparison = compare_to_one_device(recipe, world_size=world_size, label_smoothing=label_smoothing,
+                                       launch_kwargs={"quiet": True})
+    try:
+        compare_to_one_device(gpt_recipe(steps=1, n_head=6, n_embd=48), world_size=world_size)
+        refused = None
+    except ValueError as err:
+        refused = err
+    show_gpt(comparison, refused)
+
+
 def show_gpt(comparison, refused) -> None:
     print(f"t = 4: {comparison}")          # (minipar's tests check t = 1, 2, 4)
     print("a model with 6 heads on 4 ranks — ValueError before any process started:", refused)
@@ -78,8 +92,10 @@ def show_layer_bytes(layer: dict) -> None:
     claims.check_bytes_per_layer(layer)
 
 
-def show_memory(mem: dict) -> float:
-    """Prints the per-rank table of :func:`.measure.memory_per_degree`; returns t = 4's activation fraction."""
+def show_memory(mem: dict, bsh: int = 4 * 16 * 32) -> float:
+    """Prints the per-rank table of :func:`.measure.memory_per_degree`, then the t = 4 activation formula cut into
+    what stays whole on every rank and what is split (the formula is W + S/t: W and S from t = 1 and 2); returns
+    t = 4's activation fraction."""
     one = mem[1]
     print(f"{'t':>2} {'parameters':>11} {'formula':>8} {'of t=1':>7}   {'activations':>11} {'formula':>8} {'of t=1':>7}")
     for t, r in mem.items():
@@ -88,6 +104,12 @@ def show_memory(mem: dict) -> float:
               f"{r['activation_bytes'] / one['activation_bytes']:>7.3f}")
     fraction = mem[4]["activation_bytes"] / one["activation_bytes"]
     claims.check_memory_per_rank_measured(mem, fraction)
+    split = 2 * (one["activation_formula"] - mem[2]["activation_formula"])     # S: divided by t
+    whole = one["activation_formula"] - split                                 # W: the same on every rank
+    claims.check_whole_plus_split(whole, split, mem[4]["activation_formula"], 4 * bsh * 4)
+    print(f"t = 4, the formula's {mem[4]['activation_formula']:.0f} B per rank: {whole:.0f} B whole on every rank "
+          f"(the two LayerNorms' inputs and outputs, 4·b·s·h values = {4 * bsh * 4} B, their statistics, the causal "
+          f"mask) + {split / 4:.0f} B split (Q, K, V, the scores, the 4h MLP activations: {split:.0f} B / 4)")
     return fraction
 
 
@@ -103,7 +125,7 @@ def memory_per_rank(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a: 
     """One layer's bytes per rank at each t (:func:`.measure.memory_per_degree`), shown by :func:`show_memory`;
     returns (t = 4's measured activation fraction of t = 1's, the formula's)."""
     mem = {r["t"]: r for r in measure.memory_per_degree(degrees=degrees, b=b, s=s, h=h, a=a)}
-    fraction = show_memory(mem)
+    fraction = show_memory(mem, b * s * h)
     return fraction, mem[4]["activation_formula"] / mem[1]["activation_formula"]
 
 
@@ -126,18 +148,19 @@ def show_tp_throughput(rows: list) -> dict:
     draw_tp_throughput(rows)
     plt.show()
     h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
-    keep = {t: h100[t]["tokens_per_gpu"] / h100[1]["tokens_per_gpu"] for t in h100}
+    keep = {t: h100[t]["tokens_per_gpu"] / h100[2]["tokens_per_gpu"] for t in h100}   # t = 2: the smallest that fits
     print(f"H100, 8-GPU nodes: TP's all-reduces take {h100[8]['tp_share']:.0%} of the step at t = 8 (inside one node), "
           f"{h100[16]['tp_share']:.0%} at t = 16 (across two); on 2-GPU nodes (what-if) t = 8 crosses nodes: "
           f"{series[('H100 (NVLink 4, IB NDR)', '2-GPU nodes (what-if)')][8]['tp_share']:.0%}")
     eta, slow = H100_SXM.gemm_efficiency, narrow_matmuls(0.6)
-    summary = (f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 1's tokens/s per GPU, a step "
-               f"{h100[1]['step'] / h100[8]['step']:.1f}× shorter than t = 1's; t = 16 across two nodes keeps "
+    summary = (f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 2's tokens/s per GPU (t = 2: the smallest t "
+               f"that fits an 80 GB card), a step {h100[2]['step'] / h100[8]['step']:.1f}× shorter; t = 16 across two "
+               f"nodes keeps "
                f"{keep[16]:.0%}.\nt = 8 -> 16, across two nodes: tp's share of the step "
                f"{h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× larger; each GPU keeps "
                f"{h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s.\n"
                f"Sensitivity, matmuls at 60% of peak instead of {eta:.0%} at t = 8 and 16 (h/t = 1536, 768): t = 8 keeps "
-               f"{slow[8] / h100[1]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[1]['tokens_per_gpu']:.0%} of t = 1's "
+               f"{slow[8] / h100[2]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[2]['tokens_per_gpu']:.0%} of t = 2's "
                f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's.\n\n")
     claims.check_crossing_costs_with_narrow_matmuls(slow)
     _show_collapsed("More numbers (optional): tokens/s, a sensitivity, every card, prices, memory per GPU",
@@ -157,8 +180,8 @@ def _tp_numbers(series: dict, degrees: list, state: dict, card_gb: float) -> str
                  + "\n  ".join(priced_with()))
     lines.append("\nweights, gradients and Adam state per GPU, GB: "
                  + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
-                 + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column is compute only "
-                 "(memory ignored), the reference the other columns are measured against.")
+                 + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column does not fit, "
+                 "its numbers are compute only; the comparisons above start at t = 2.")
     return "\n".join(lines)
 
 
