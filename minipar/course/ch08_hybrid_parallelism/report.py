@@ -11,9 +11,7 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 
 
 __all__ = ["show", "draw_mesh", "layout_name", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "pp_vs_dp_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "zero_step_peak",
-           "show_checkpoint",
-           "show_orders", "show_guide_layout"]
+           "kinds_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint"]
 
 
 def show(report: Report) -> None:
@@ -22,10 +20,12 @@ def show(report: Report) -> None:
     report.check()
 
 
-def draw_mesh(mesh) -> None:
-    """§1's picture: the 8 ranks of ``mesh`` (dp 2 × pp 2 × tp 2) with their groups; checks the groups printed."""
+def draw_mesh(mesh, pp_outermost) -> None:
+    """§1's picture: the 8 ranks of ``mesh`` (dp 2 × pp 2 × tp 2) with their groups; checks the groups printed,
+    and that ``pp_outermost`` (the same sizes, PP outermost) keeps the TP groups and sends its pipelines across."""
     import matplotlib.pyplot as plt
     claims.check_mesh_groups(mesh)
+    claims.check_tp_stays_neighbours_either_way(pp_outermost, mesh)
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_mesh(ax)
     plt.show()
@@ -139,12 +139,13 @@ def _check_once(r: Report) -> None:
     # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
     assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
     assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
+    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]    # minipar's step peak: how it allocates shards
 
 
 def zero_once_per_step(result: dict) -> Report:
     """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
     collectives and bytes over dp per step, model states between steps (rank 0), and whether the run equals
-    one device. The step's peak is :func:`zero_step_peak`'s (Deeper)."""
+    one device."""
     once = result["once"]
     lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19}",
              f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19}"]
@@ -161,22 +162,6 @@ def zero_once_per_step(result: dict) -> Report:
     lines.append("sent over dp per step, once per step vs per micro-batch (table above): " + ", ".join(
         f"ZeRO-{z} {once[z]['bytes']:,.0f} vs {per_mb[z]['bytes']:,} B" for z in (2, 3)))
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1, per_mb=per_mb)
-
-
-def _check_step_peak(r: Report) -> None:
-    once = r.once
-    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]                 # never below ZeRO-1's peak
-
-
-def zero_step_peak(result: dict) -> Report:
-    """Deeper: the most rank 0 held during a step, ZeRO-1/2/3 once per step (the same launch as
-    :func:`zero_once_per_step`), beside what it holds between steps."""
-    once = result["once"]
-    lines = [f"{'once per step':13} {'held between steps':>19} {'step peak':>10}",
-             f"{'':13} {'(B)':>19} {'(B)':>10}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['between']:>19,} {c['peak']:>10,}" for z, c in once.items()]
-    lines.append("(rank 0; step peak: the most it held at any moment of the step)")
-    return Report("\n".join(lines), _check_step_peak, once=once)
 
 
 def _sent_per_layout(recipe, layouts: dict) -> dict:
@@ -208,13 +193,13 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
     big = f"{psi / 1e9:.0f}B model"
-    print(f"toy, measured (float64; per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'peak':>7} "
+    print(f"measured, toy (float64; per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'peak':>7} "
           f"{'model states':>13} | sent per step: {'TP':>5} {'PP':>5} {'DP':>5}")
     for name, (peak, states) in memory.items():
         b = sent[name]
         print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f} | {'':14} "
               f"{b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
-    print(f"\n{big}, by formula (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
+    print(f"\nformula, {big} (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
     print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
@@ -230,36 +215,41 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     return memory
 
 
-def pp_vs_dp_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
-                      t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, vocab: int = 51200,
-                      tflops_per_gpu: float = 163.0) -> Report:
-    """PP's and DP's values per rank per step on the 1T layout of Narayanan et al. 2021, Table 1 (defaults):
-    PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back), whole or 1/t each with Megatron's
-    scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this rank's share of its stage). Beside
-    them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on the DGX A100's NVLink 3 and on one
-    InfiniBand HDR port per GPU (a lower bound: no latency, full bandwidth). Under them, one step's length for
-    scale: the paper's FLOPs per step (Eq. 3, 96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over
-    its t·p·d GPUs at the ``tflops_per_gpu`` it measured (Table 1: 163 TFLOP/s per GPU)."""
+def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
+                   t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, vocab: int = 51200,
+                   tflops_per_gpu: float = 163.0) -> Report:
+    """TP's, PP's and DP's values per rank per step for a middle stage of the 1T layout of Narayanan et al.
+    2021, Table 1 (defaults), by §3's formulas: TP 2(t−1)/t · 4(L/p) · (B/d)·s·h (four all-reduces per block,
+    the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
+    whole or 1/t each with Megatron's scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this
+    rank's share of its stage). Beside them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on
+    the DGX A100's NVLink 3 and on one InfiniBand HDR port per GPU (a lower bound: no latency, full
+    bandwidth). Under them, one step's length for scale: the paper's FLOPs per step (Eq. 3,
+    96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over its t·p·d GPUs at the ``tflops_per_gpu`` it
+    measured (Table 1: 163 TFLOP/s per GPU)."""
     from minipar.machine.cluster import IB_HDR, NVLINK3
-    pp_values = 2 * (batch // d) * seq * h
+    activation = (batch // d) * seq * h
+    tp_values = 2 * (t - 1) / t * 4 * (n_layer // p) * activation
+    pp_values = 2 * activation
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
-    rows = [("PP, whole from each TP rank", pp_values), ("PP, 1/t (scatter/gather)", pp_values / t),
-            ("DP, ring all-reduce", dp_values)]
+    rows = [("TP, all-reduces in each block", tp_values), ("PP, whole from each TP rank", pp_values),
+            ("PP, 1/t (scatter/gather)", pp_values / t), ("DP, ring all-reduce", dp_values)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
-    lines = [f"1T layout (t {t}, p {p}, d {d}), per rank per step, {value_bytes} B a value (BF16); "
-             f"seconds = bytes ÷ bandwidth",
-             f"{'':28} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
+    lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value "
+             f"(BF16); seconds = bytes ÷ bandwidth",
+             f"{'':30} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
     for name, values in rows:
         gb = values * value_bytes / 1e9
-        lines.append(f"{name:28} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
+        lines.append(f"{name:30} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
     step_flops = 96 * batch * seq * n_layer * h**2 * (1 + seq / (6 * h) + vocab / (16 * n_layer * h))
     step_seconds = step_flops / (t * p * d * tflops_per_gpu * 1e12)
-    ib_seconds = {"PP at 1/t": pp_values / t * value_bytes / 1e9 / ib, "DP": dp_values * value_bytes / 1e9 / ib}
+    seconds = {"TP on NVLink": tp_values * value_bytes / 1e9 / nv, "TP on IB": tp_values * value_bytes / 1e9 / ib,
+               "PP at 1/t on IB": pp_values / t * value_bytes / 1e9 / ib, "DP on IB": dp_values * value_bytes / 1e9 / ib}
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
-                 f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s; on IB, "
-                 + ", ".join(f"{k} is {v / step_seconds:.1%} of it" for k, v in ib_seconds.items()))
-    return Report("\n".join(lines), lambda r: claims.check_pp_can_outweigh_dp_per_step(
-        pp_values, dp_values, t, ib_seconds, step_seconds))
+                 f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s; "
+                 + ", ".join(f"{k} {v / step_seconds:.1%} of it" for k, v in seconds.items()))
+    return Report("\n".join(lines), lambda r: claims.check_kinds_at_scale(
+        tp_values, pp_values, dp_values, t, seconds, step_seconds))
 
 
 def qkv_bias_gradient(grad) -> Report:
@@ -277,17 +267,3 @@ def show_checkpoint(files: list, out: list) -> None:
     saved = {name: tensor for before, _, _ in out for name, tensor in before.items()}
     print("loaded at 1×2×4: every parameter equal, element for element, to what 2×2×2 saved")
     claims.check_checkpoint_that_changes_layout(saved, out)
-
-
-def show_orders(pp_outermost, mesh) -> None:
-    """Deeper: the groups of the PP-outermost mesh, and whether its TP groups are the default mesh's."""
-    for dim in ("tp", "dp", "pp"):
-        print(f"PP outermost, {dim} groups: {pp_outermost.groups(dim)}")
-    print("TP groups the same as with DP outermost:", pp_outermost.groups("tp") == mesh.groups("tp"))
-    claims.check_tp_stays_neighbours_either_way(pp_outermost, mesh)
-
-
-def show_guide_layout(guide_layout) -> None:
-    """Deeper: the Hugging Face guide's 4 GPUs, DP innermost: GPU0's DP group and its pipeline."""
-    print(f"GPU0's DP group: {guide_layout.group_ranks('dp', 0)};  GPU0's pipeline: {guide_layout.group_ranks('pp', 0)}")
-    claims.check_dp_rank_0_does_not_see(guide_layout)

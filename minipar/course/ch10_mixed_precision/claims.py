@@ -139,3 +139,10 @@ def check_sharded_overflow_needs_all_reduce(ways, init_scale) -> None:
     """With its own flag rank 0 steps and rank 1 skips (the replicas part); with the flag all-reduced both skip"""
     assert ways["own flag"] == [(True, init_scale), (False, init_scale / 2)]
     assert ways["flag all-reduced (MAX)"] == [(False, init_scale / 2)] * 2
+
+
+def check_fp16_gap_is_the_skip(skipped, before) -> None:
+    """§6: FP16's larger largest gap comes from the step its scaler skipped on an overflow (the run is then one
+    update behind); before that step FP16, with 3 more fraction bits, stays closer to FP32 than BF16 does"""
+    assert skipped, "FP16's scaler skipped no step: §6's sentence about the skipped step no longer holds"
+    assert before["FP16 + FP32 masters + scaler"] < before["BF16 + FP32 masters, no scaler"], before

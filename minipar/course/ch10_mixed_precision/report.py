@@ -239,7 +239,7 @@ def show_bf16_underflow(case) -> None:
     mp.backward(fp32_loss(mp.model, case.x, case.y))
     bf16_flushed = underflow_fraction([p.grad for p in mp.model.parameters()], case.g32)
     print(f"BF16, no loss scaling: {bf16_flushed:.2%} of the gradient values flushed to 0 "
-          f"(FP16: {case.flushed['FP16, no loss scaling']:.0%})")
+          f"(FP16 on the same built MLP: {case.flushed['FP16, no loss scaling']:.0%})")
     print(f"relative rounding error: FP16 {FP16.eps / 2:.1e}, BF16 {BF16.eps / 2:.1e}, FP32 {FP32.eps / 2:.1e}")
     zero_at = {f.name: f.smallest_subnormal / 2 for f in FORMATS.values()}   # at or below half a step: a tie to 0
     print("rounds to 0 at or below: " + ", ".join(f"{name} {v:.2g}" for name, v in zero_at.items()))

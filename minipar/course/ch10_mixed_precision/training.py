@@ -38,14 +38,16 @@ def _bf16_only(recipe) -> tuple:
 
 def train_four_ways(steps: int = 200, lr: float = 1e-3) -> SimpleNamespace:
     """``losses``: {run: [loss per step]} of the same tiny GPT, batches and Adam (``lr``) in the four
-    precisions; ``gains_moved``: (LayerNorm gain values moved, all of them) in the run without masters."""
+    precisions; ``gains_moved``: (LayerNorm gain values moved, all of them) in the run without masters;
+    ``fp16_skipped``: the steps (from 0) FP16's loss scaler skipped on an overflow."""
     recipe = dataclasses.replace(gpt_recipe(steps=steps), optimizer=lambda ps: torch.optim.Adam(ps, lr=lr))
     with one_thread():
-        losses = {FP32: train_reference(recipe).losses,
-                  FP16_MASTERS: train_mixed(recipe, torch.float16)[0].losses,
+        fp16, fp16_mp = train_mixed(recipe, torch.float16)
+        losses = {FP32: train_reference(recipe).losses, FP16_MASTERS: fp16.losses,
                   BF16_MASTERS: train_mixed(recipe, torch.bfloat16)[0].losses}
         losses[BF16_ONLY], gains_moved = _bf16_only(recipe)
-    return SimpleNamespace(losses=losses, gains_moved=gains_moved, lr=lr)
+    skipped = [i for i, (_, _, stepped) in enumerate(fp16_mp.scaler.history) if not stepped]
+    return SimpleNamespace(losses=losses, gains_moved=gains_moved, lr=lr, fp16_skipped=skipped)
 
 
 def _mean_last(losses, n: int = 20) -> float:
@@ -78,6 +80,13 @@ def show_training(trained: SimpleNamespace) -> None:
     print(f"final loss: mean of the last 20 steps. Largest step |gap|: the largest per-step loss difference to FP32 "
           f"over the {len(ref)} steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm gain "
           f"at 1: {moved} of its {gains} gain values moved")
+    skipped = trained.fp16_skipped
+    before = {m: max((abs(x) for x in gap[m][:skipped[0]]), default=0.0) for m in (FP16_MASTERS, BF16_MASTERS)} \
+        if skipped else {}
+    if skipped:
+        print(f"FP16's scaler skipped {len(skipped)} step(s) on an overflow, first at step {skipped[0] + 1}; before it "
+              f"the largest |gap| was FP16 {before[FP16_MASTERS]:.4f}, BF16 {before[BF16_MASTERS]:.4f}")
+    claims.check_fp16_gap_is_the_skip(skipped, before)
     masters = (FP16_MASTERS, BF16_MASTERS)
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
                                      {m: max(abs(x) for x in gap[m]) for m in masters},

@@ -37,6 +37,14 @@ def show_gpt3_dial() -> None:
     claims.check_gpt3_dial(kept, extra, layer)
 
 
+def show_gpt3_logits(vocab: int = 50257) -> None:
+    """§1's scale line, by formula: GPT-3's FP32 logits for one sequence, 4·s·V bytes, beside one layer's
+    linear activations in 16 bits, 34·sbh (Korthikanti et al. 2022)."""
+    s, h = GPT3["s"], GPT3["h"]
+    print(f"\nat GPT-3 scale, by formula (s = {s}, V = {vocab:,}, h = {h:,}, one sequence): FP32 logits 4·s·V = "
+          f"{4 * s * vocab / 1e6:.0f} MB, one layer's linear part (16-bit) 34·sbh = {34 * s * h / 1e6:.0f} MB")
+
+
 def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
     """Chen et al. 2016 on GPT-3's layers: keep only every k-th layer's input and recompute a whole segment
     of k layers in backward (one extra forward, whatever k). Peak ≈ ⌈n/k⌉ · input + k · a layer's activations,
@@ -48,8 +56,9 @@ def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
     for mode in ("none", "selective"):
         layer = activation_bytes_formula(s, 1, h, a, recompute=mode)
         peaks[mode] = {k: math.ceil(n_layers / k) * layer_input + k * layer for k in ks}
+        best_peak, best = min((math.ceil(n_layers / k) * layer_input + k * layer, k) for k in range(1, n_layers + 1))
         label = {"none": "layers kept whole", "selective": "layers with selective inside"}[mode]
         print(f"  {label:28} (a layer keeps {layer / layer_input:4.1f}× its input): "
               + ", ".join(f"k = {k}: {p / 2**30:4.1f} GiB" for k, p in peaks[mode].items())
-              + f"  (best k = {math.sqrt(n_layers * layer_input / layer):.1f})")
+              + f"  (best whole k = {best}: {best_peak / 2**30:.1f} GiB)")
     claims.check_segments(peaks, n_layers)

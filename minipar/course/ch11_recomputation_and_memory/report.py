@@ -19,7 +19,7 @@ from minipar.recompute import MODES, activation_bytes_per_block, apply_recompute
 
 from . import claims
 from .figures import draw_length_sweep, draw_timelines, timelines
-from .gpt3 import GPT3, show_gpt3_dial, show_segments, show_three_counts
+from .gpt3 import GPT3, show_gpt3_dial, show_gpt3_logits, show_segments, show_three_counts
 
 __all__ = ["CFG", "S", "B", "H", "A", "LENGTHS", "one_step", "show_one_step", "activations_per_block",
            "show_activations_per_block", "length_sweep", "show_length_sweep", "fused_attention", "show_fused",
@@ -76,9 +76,7 @@ def show_one_step(acc) -> None:
     print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each")
     print(f"activations {acc.activations:,} B: blocks and embedding {acc.activations - head:,} B, "
           f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
-    s, v, h = GPT3["s"], 50257, GPT3["h"]
-    print(f"GPT-3 (s = {s}, V = {v:,}, h = {h:,}), one sequence: FP32 logits 4·s·V = {4 * s * v / 1e6:.0f} MB, "
-          f"one layer's linear part (16-bit) 34·sbh = {34 * s * h / 1e6:.0f} MB")
+    show_gpt3_logits()
     claims.check_4_4_8_bytes_per_parameter(acc, n)
     claims.check_head_and_loss(head, S * B, H, CFG.vocab_size)
     claims.check_peak_below_sum(acc)
