@@ -61,7 +61,9 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
         claims.check_overlap_saves_time_paced(tie)
     claims.check_overlap_saves_time_paced(dict(tie, overruns=11))        # too busy: the times are not compared
     assert "too busy" in paced.table(dict(tie, overruns=11))
-    assert "saves" not in paced.table(dict(m, overruns=11))              # a disturbed run states no saving
+    busy = paced.table(dict(m, overruns=11))
+    assert "saves" not in busy and "110.0" not in busy                   # a disturbed run: no saving, no step times
+    assert "step 110.0 [100.0 – 120.0] ms" in paced.table(m)
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(dict(m, matches={"bucket per block": ok,
                                                               "one bucket": SimpleNamespace(matches=False)}))
