@@ -56,10 +56,10 @@ ABOUT = {
         title="Splitting one matmul",
         summary="One matmul split three ways on 2 and 4 ranks; the collective each needs, bytes measured.",
         core_minutes=35, elective_minutes=0, run_seconds=7),
-    "02": About(  # 3991 words (20 min) + 5 exercise stubs
+    "02": About(  # 2732 words (14 min) + 5 exercise stubs
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
-        core_minutes=45, elective_minutes=0, run_seconds=16),
+        core_minutes=40, elective_minutes=0, run_seconds=16),
     "03": About(  # 3343 words (17 min) + 5 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 and FSDP run live; memory and bytes per rank beside the paper's formulas.",

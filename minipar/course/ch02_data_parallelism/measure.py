@@ -3,11 +3,10 @@
 Each function runs on one rank (``minipar.launch(fn, N, ...)``) and returns what that rank saw: the training
 result, compared in the notebook with one device, and what the communication log counted.
 
-* :func:`ps_traffic` — a synchronous parameter server's training and this rank's bytes sent per step;
-* :func:`ddp_with_bytes` — minipar's DDP, bytes sent and all-reduces per step;
-* :func:`ours_vs_torch` — minipar's DDP and ``torch.nn.parallel.DistributedDataParallel`` side by side on
-  the same shards: the largest gradient and parameter differences;
-* :func:`accumulation` — DDP with k = 1 and k = 4 micro-batches per step (``no_sync`` for the first k-1);
+* :func:`run_and_count` — any strategy's ``parallel_train`` on N ranks, bytes sent and all-reduces per step;
+* :func:`ours_vs_torch` (launched by :func:`against_torch_ddp`) — minipar's DDP and
+  ``torch.nn.parallel.DistributedDataParallel`` side by side on the same shards: the largest gradient and
+  parameter differences;
 * :func:`timeline_summary` — one rank's DDP timeline (from :func:`.figures.ddp_timeline`) in four numbers;
 * :func:`threads_vs_one_thread` — DataParallel's replica forwards on threads against the same forwards one
   after another on one thread (the GIL's baseline), in this process.
@@ -20,27 +19,28 @@ import time
 import torch
 import torch.nn as nn
 
-from minipar import comm
+from minipar import comm, launch
 from minipar.data import ddp
-from minipar.data import parameter_server as ps
 from minipar.loop import shard_batch
 
-__all__ = ["ps_traffic", "ddp_with_bytes", "ours_vs_torch", "accumulation", "timeline_summary",
-           "threads_vs_one_thread"]
+__all__ = ["run_and_count", "against_torch_ddp", "ours_vs_torch", "timeline_summary", "threads_vs_one_thread"]
 
 
-def ps_traffic(rank, world_size, recipe):
-    """(RunResult, bytes this rank sent per step) under the parameter server (rank 0 is the server)."""
+def run_and_count(parallel_train, world_size: int, recipe, **kwargs) -> list:
+    """Launch a strategy's ``parallel_train(rank, world_size, recipe, step_log=..., **kwargs)`` on ``world_size``
+    ranks with every rank's messages logged: per rank (RunResult, bytes sent per step, all-reduces per step)."""
+    return launch(_counted, world_size, parallel_train, recipe, kwargs, quiet=True)
+
+
+def _counted(rank, world_size, parallel_train, recipe, kwargs):
     log = comm.CommLog()
-    res = ps.parallel_train(rank, world_size, recipe, step_log=log)
-    return res, log.bytes_sent / recipe.steps
-
-
-def ddp_with_bytes(rank, world_size, recipe, **kwargs):
-    """(RunResult, bytes sent per step, all-reduces per step) under minipar's DDP."""
-    log = comm.CommLog()
-    res = ddp.parallel_train(rank, world_size, recipe, step_log=log, **kwargs)
+    res = parallel_train(rank, world_size, recipe, step_log=log, **kwargs)
     return res, log.bytes_sent / recipe.steps, log.count("all_reduce") / recipe.steps
+
+
+def against_torch_ddp(world_size: int, recipe, bucket_bytes: int) -> list:
+    """Per rank: :func:`ours_vs_torch` on ``world_size`` ranks."""
+    return launch(ours_vs_torch, world_size, recipe, bucket_bytes, quiet=True)
 
 
 def ours_vs_torch(rank, world_size, recipe, bucket_bytes):
@@ -63,28 +63,16 @@ def ours_vs_torch(rank, world_size, recipe, bucket_bytes):
     return grad_diff, max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
-def accumulation(rank, world_size, recipe, ks=(1, 4), bucket_bytes=16 * 1024):
-    """[(k, RunResult, bytes sent per optimizer step, all-reduces per step)] for k micro-batches per step."""
-    rows = []
-    for k in ks:
-        log = comm.CommLog()
-        res = ddp.parallel_train(rank, world_size, recipe, bucket_bytes=bucket_bytes, accum_steps=k, step_log=log)
-        rows.append((k, res, log.bytes_sent / recipe.steps, log.count("all_reduce") / recipe.steps))
-    return rows
-
-
 def timeline_summary(events) -> dict:
     """One rank's step: buckets launched, ms into backward of the first launch and of the last gradient (where
     the drawn backward ends), ms at which ``loss.backward()`` returned (every bucket reduced: the end of the
-    drawn wait), and the share of comm time hidden by compute (before the last gradient)."""
-    from .figures import overlap_fraction
+    drawn wait)."""
     (b0, _), = [(a, b) for k, _, a, b in events if k == "backward"]
     (_, b1), = [(a, b) for k, _, a, b in events if k == "wait"]
     launches = [a for k, _, a, _ in events if k == "comm"]
     last_grad = max(a for k, _, a, _ in events if k == "grad")
     return {"buckets": len(launches), "first_launch_ms": 1e3 * (min(launches) - b0),
-            "last_grad_ms": 1e3 * (last_grad - b0), "reduced_ms": 1e3 * (b1 - b0),
-            "hidden": overlap_fraction(events)}
+            "last_grad_ms": 1e3 * (last_grad - b0), "reduced_ms": 1e3 * (b1 - b0)}
 
 
 def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:

@@ -98,20 +98,22 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 def table(m: dict) -> str:
     """The printed lines: each configuration's buckets (MB each, in launch order), its step time, median
-    [min – max], and the saving."""
+    [min – max], and the saving; a run the cores disturbed (:func:`too_busy`) shows no step times, since they
+    are not compared."""
     f, b = m["slot_s"]
+    busy = too_busy(m["overruns"], m["slots"], m["load"])
     lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
              f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); {m['grad_bytes'] / 1e6:.1f} MB of gradients"]
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
-        lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): step {spread(s)}; "
+        step = "step time not shown (too busy)" if busy else f"step {spread(s)}"
+        lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): {step}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     if "allreduce_s" in m:
         lines.append(f"  the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])} "
                      "(what there is to hide)")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
-    busy = too_busy(m["overruns"], m["slots"], m["load"])
     if busy:                                            # a disturbed run states no saving: its times do not count
         return "\n".join(lines + ["  " + busy])
     per_block, one = (statistics.median(s) for s in m["seconds"].values())

@@ -1,6 +1,5 @@
-"""Chapter 02's cost-model tables (§9 and the deeper sections): DP against DDP replayed GPT-2-sized and at
-the measured size on named clusters, the bucket U-curve, the Hugging Face guide's table in its shape, and
-DataParallel's threads against one thread (measured). Each function takes what
+"""Chapter 02's deeper sections: DataParallel's threads against one thread (measured), DP against DDP
+replayed GPT-2-sized on named clusters, and the bucket U-curve (cost models). Each function takes what
 :func:`minipar.course.ch02_data_parallelism.timing.measure` (or :mod:`.buckets`) returned, computes the rows
 the chapter prints, and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the
 sentences the chapter shows), its numbers by name, and ``check()``, which holds what the chapter's text says
@@ -18,13 +17,11 @@ from minipar.course import replays
 from minipar.course.report import Report
 from minipar.course.bench import model_and_batch
 from minipar.machine.cluster import IB_HDR, NVLINK3, PCIE3, LinkCard, a100_cluster
-from minipar.machine.intervals import step_slice
-from minipar.observe.opcount import kernel_count
 
 from . import buckets as u_curve
 from . import timing
 
-__all__ = ["show", "dp_threads", "at_measured_size", "gpt2_sized", "bucket_u_curve", "GPT2_WIDTH_RATIO"]
+__all__ = ["show", "dp_threads", "gpt2_sized", "bucket_u_curve", "GPT2_WIDTH_RATIO"]
 
 GPT2_WIDTH_RATIO = 768 / 64          # GPT-2 small's width / the chapter's model's
 DDP_DEFAULT_BUCKET = 25 * 2**20      # torch DistributedDataParallel's bucket_cap_mb=25
@@ -98,55 +95,6 @@ def _labels(m: dict, factor: float = 1.0) -> dict:
     return out
 
 
-def _check_measured(r: Report) -> None:
-    assert max(r.buckets.values()) < r.s_star / 4           # every bucket of the tiny model, even one, below S*
-    assert r.compute_dgx >= r.kernels * r.dgx.device.launch_floor > 0.9 * r.compute_dgx   # launch floors, mostly
-    # launch-bound backward hides most of the buckets' time: all but the last bucket's, launched as backward ends
-    # (85-90 % since .grad is a view of its bucket; 100 % while the copies back into .grad ran after it, hiding it)
-    assert all(r.rows[n]["hidden_dgx"] > 0.8 for n in r.ddp_names[:-1])
-    assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05 and r.rows["DDP one bucket"]["exposed_dgx"] > 0
-    # at this size hiding most of it does not shorten the step: the last bucket is still exposed (about one
-    # all-reduce's latency, as one bucket's) and the extra buckets add kernels, so the bucketed step is longer
-    many, one = r.rows[r.ddp_names[0]], r.rows["DDP one bucket"]
-    assert many["step_dgx"] > one["step_dgx"] and r.compute[r.ddp_names[0]] > r.compute["DDP one bucket"]
-    assert 0.5 < many["exposed_dgx"] / one["exposed_dgx"] < 1.5
-
-
-def at_measured_size(m: dict) -> Report:
-    """Cost model, not a measurement: ``m`` = ``timing.measure(N)``, each configuration's counted trace
-    replayed at the size it ran on a DGX-A100 node and on the guide's TITAN RTX machine without NVLink; the
-    DGX model's launch-bound compute and S* = N·α·β."""
-    n, dgx = m["world_size"], a100_cluster(1)
-    played = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False, fp32=True)})
-    rows = {r["config"]: r for r in timing.table(m, played)}
-    label = _labels(m)
-    compute = {name: replays.last_step(played["dgx"][name]).compute(0) for name in rows}   # rank 0, a step
-    lines = [f"cost model (not a measurement): the program at its own size ({m['grad_bytes']:,} B of gradients) "
-             f"on the DGX-A100 node above, {n} GPUs",
-             f"{'config':28}{'step µs':>8} {'compute':>8} {'exposed':>8} {'hidden':>7}"]
-    for name, r in rows.items():
-        lines.append(f"{label[name]:28}{r['step_dgx'] * 1e6:>8.0f} {compute[name] * 1e6:>8.0f} "
-                     f"{r['exposed_dgx'] * 1e6:>8.0f} {r['hidden_dgx']:>7.0%}")
-    ddp_names = [name for name in rows if name.startswith("DDP")]
-    one_step = step_slice(m["counted"]["DDP one bucket"].ranks[0].events, "step", -1)
-    kernels = kernel_count([r for e in one_step if getattr(e, "ops", None) for r in e.ops])   # rank 0, a step
-    compute_dgx = compute["DDP one bucket"]                # the same step, on the card
-    s_star = n * dgx.intra_latency * dgx.intra_bw          # latency = transfer at S* = N·α·β
-    bucket_bytes = {name: m["grad_bytes"] / m["all_reduces"][name] for name in ddp_names}  # mean bucket
-    lines.append(f"DGX: rank 0 launches {kernels} kernels a step × {dgx.device.launch_floor * 1e6:.0f} µs = "
-                 f"{kernels * dgx.device.launch_floor * 1e6:.0f} µs of its {compute_dgx * 1e6:.0f} µs of compute "
-                 f"(launch-bound); an all-reduce's latency 2(N−1)·α = {2 * (n - 1) * dgx.intra_latency * 1e6:.0f} "
-                 f"µs; S* = N·α·β = {s_star / 1e6:.1f} MB")
-    many, one = rows[ddp_names[0]], rows["DDP one bucket"]
-    lines.append(f"{label[ddp_names[0]]}: hides {many['hidden_dgx']:.0%} of its all-reduces, but its last bucket "
-                 f"leaves after the last gradient and exposes {many['exposed_dgx'] * 1e6:.0f} µs (one bucket: "
-                 f"{one['exposed_dgx'] * 1e6:.0f} µs), and its buckets add "
-                 f"{(compute[ddp_names[0]] - compute_dgx) * 1e6:.0f} µs of kernels: step "
-                 f"{many['step_dgx'] * 1e6:.0f} µs against {one['step_dgx'] * 1e6:.0f} µs")
-    return Report("\n".join(lines), _check_measured, compute=compute, world_size=n, dgx=dgx, played=played, rows=rows,
-                  ddp_names=ddp_names, s_star=s_star, buckets=bucket_bytes, kernels=kernels, compute_dgx=compute_dgx)
-
-
 def _check_gpt2(r: Report) -> None:
     assert r.hidden_share_dgx > 0.5                                    # GPT-2-sized on the cluster: most hides
     assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
@@ -195,11 +143,8 @@ def gpt2_sized(m: dict) -> Report:
     lines = [f"cost model (not a measurement): GPT-2 small, {n} A100s of a DGX-A100 node priced at their 16-bit "
              f"tensor-core peak ({dgx.device.peak_flops / 1e12:.0f} TFLOP/s, mixed precision; gradients all-reduced "
              f"in fp32), over {link(NVLINK3)}; one step",
-             f"priced: this model's {count:.0f} buckets scaled up (~{bucket_mb[bucketed]:.0f} MB each), not the "
-             f"~{default_count:.0f} buckets of 25 MiB PyTorch's DDP would form for GPT-2 small's "
-             f"{m['grad_bytes'] * f / 1e6:.0f} MB. Why: 25 MiB scaled down with the model is "
-             f"{m['bucket_bytes'][bucketed]:,} B here, a bucket holds whole tensors, and this model's larger "
-             f"tensors exceed that",
+             f"priced: this model's {count:.0f} buckets, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
+             f"DDP would form ~{default_count:.0f} of 25 MiB)",
              f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
     lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
               for name, r in rows.items()]
