@@ -51,11 +51,11 @@ ABOUT = {
     "00": About(  # 2890 words (14 min) + 6 exercise stubs
         title="Setup and collective communication",
         summary="Why one device is not enough; ranks, torchrun; every collective live; ring all-reduce.",
-        core_minutes=45, elective_minutes=0, run_seconds=17),
+        core_minutes=50, elective_minutes=0, run_seconds=17),
     "01": About(  # 2032 words (10 min) + 5 exercise stubs
         title="Splitting one matmul",
         summary="One matmul split three ways on 2 and 4 ranks; the collective each needs, bytes measured.",
-        core_minutes=35, elective_minutes=0, run_seconds=7),
+        core_minutes=40, elective_minutes=0, run_seconds=7),
     "02": About(  # 2732 words (14 min) + 5 exercise stubs
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",

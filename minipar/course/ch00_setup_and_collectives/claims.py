@@ -9,7 +9,7 @@ import math
 import torch.distributed as dist
 
 from minipar.course.ch00_setup_and_collectives import tour as ch00
-from minipar.course.ch00_setup_and_collectives.latency import SMALL_BYTES, ring_model_seconds
+from minipar.course.ch00_setup_and_collectives.latency import SMALL_BYTES, nccl_link_type, ring_model_seconds
 from minipar.wire import GLOO_HEADER_BYTES     # gloo's TCP transport: a header per write
 
 
@@ -28,15 +28,16 @@ def check_adam_state_bytes_measured(measured, n) -> None:
                         "Adam's two moments": 8 * n}
 
 
-def check_oneflow_articles_month_holds(flops, at_peak, achieved, with_recompute, one_gpu_years) -> None:
-    """Why distributed training: compute: the OneFlow article's "a month" holds"""
+def check_gpt3_month_holds(flops, at_peak, achieved, with_recompute, one_gpu_years) -> None:
+    """Why distributed training: compute: "GPT-3 on 1024 A100s takes about a month" holds (11 days at peak,
+    25 at 140 TFLOP/s, 34 with recomputation)"""
     assert 3.1e23 < flops < 3.2e23
-    assert 10 < at_peak < 13 and 20 < achieved < 30 and 30 < with_recompute < 40   # the OneFlow article's "a month" holds
+    assert 10 < at_peak < 13 and 20 < achieved < 30 and 30 < with_recompute < 40
     assert one_gpu_years > 50
 
 
 def check_no_env_rendezvous(info) -> None:
-    """Processes, ranks, world size, and what torchrun sets: no env:// rendezvous"""
+    """Appendix B, what minipar.launch sets: LOCAL_RANK, but no env:// rendezvous (RANK, MASTER_ADDR unset)"""
     assert [i["rank"] for i in info] == [0, 1, 2, 3] and all(i["world_size"] == 4 and i["backend"] == "gloo" for i in info)
     assert [i["env"]["LOCAL_RANK"] for i in info] == ["0", "1", "2", "3"] and all(i["env"]["RANK"] is None and i["env"]["MASTER_ADDR"] is None for i in info)  # no env:// rendezvous
 
@@ -85,6 +86,13 @@ def check_card_alpha_below_nccl_table(cards, published) -> None:
     tables = [alpha for alpha, _, _ in published.values()]
     for card, table in zip(cards.values(), tables):
         assert table / 2 <= card.latency < table, (card, table)
+
+
+def check_nccl_latency_by_link_type(published, by_type) -> None:
+    """Appendix D: NCCL's hwLat is indexed by link type: the ring step α quoted for NVLink 4 and InfiniBand NDR
+    is the one NCCL charges any NVLink (3.4 µs) and any network (14.0 µs)"""
+    assert by_type == {"NVLink": 3.4e-6, "network": 14.0e-6}, by_type
+    assert {nccl_link_type(name): alpha for name, (alpha, _, _) in published.items()} == by_type, published
 
 
 def check_link_shares_between_77_and_90_percent(cards) -> None:
@@ -155,6 +163,6 @@ def check_appendix_minipar_launch_torch_multiprocessing(by_hand, with_launch) ->
 
 
 def check_appendix_b_torchrun_for_real(workers, launched) -> None:
-    """Appendix B. torchrun, for real"""
+    """Processes, ranks, world size: torchrun, for real (the env values, no NODE_RANK)"""
     assert [w["result"] for w in workers] == launched == [6.0] * 4 and all(w["env"]["NODE_RANK"] is None and w["env"]["GROUP_RANK"] == "0" for w in workers)
 

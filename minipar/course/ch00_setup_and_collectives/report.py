@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 
 import matplotlib.pyplot as plt
@@ -13,14 +14,32 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, PCIE3
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import (FIT_RANKS, PUBLISHED_LINKS, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+from .latency import (FIT_RANKS, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
-__all__ = ["show_adam_state", "show_whoami", "show_backends",
+__all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
 FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
+
+
+def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
+    """{what: bytes of training state}: GB and the devices of ``device_bytes`` it needs."""
+    print(f"{'':30} {'GB':>6}  {f'{device_bytes / 1e9:.0f} GB devices':>13}")
+    for what, b in state.items():
+        print(f"{what:30} {b / 1e9:>6,.0f}  {math.ceil(b / device_bytes):>13}")
+    claims.check_why_distributed_training_memory(state, device_bytes)
+
+
+def show_gpt3_days(flops: float, days: dict) -> None:
+    """6·N·D and the days it takes: {label: days}, with the keys the cell computes."""
+    print(f"6·N·D = {flops:.2e} FLOPs")
+    print(f"1024 A100s at peak: {days['at peak']:.1f} days; at 140 TFLOP/s: {days['achieved']:.1f} days; "
+          f"with recomputation (8·N·D): {days['with recomputation']:.1f} days")
+    print(f"one A100 at 140 TFLOP/s: {days['one GPU'] / 365:.0f} years")
+    claims.check_gpt3_month_holds(flops, days["at peak"], days["achieved"], days["with recomputation"],
+                                  days["one GPU"] / 365)
 
 
 def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
@@ -146,17 +165,18 @@ def show_published_links() -> None:
 
 
 def show_later_links() -> None:
-    """The five links later chapters price (assumed α and share of the peak), beside NCCL's table where
-    section 8 quoted it."""
+    """The five links later chapters price (assumed α and share of the peak), beside the α NCCL's tuning table
+    charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
-    table = {card.name: alpha for (alpha, _, _), card in zip(PUBLISHED_LINKS.values(), later.values())}
-    print(f"{'link':32} {'α NCCL table':>12} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
+    print(f"{'link':32} {'NCCL hwLat, by link type':>24} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
-        nccl = f"{table[card.name] * 1e6:>9.1f} µs" if card.name in table else f"{'—':>12}"
-        print(f"{card.name:32} {nccl} {card.latency * 1e6:>4.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
+        kind = nccl_link_type(card.name)
+        nccl = f"{NCCL_RING_LATENCY[kind] * 1e6:.1f} µs (any {kind})" if kind in NCCL_RING_LATENCY else "not quoted"
+        print(f"{card.name:32} {nccl:>24} {card.latency * 1e6:>4.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
     claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
     claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
+    claims.check_nccl_latency_by_link_type(PUBLISHED_LINKS, NCCL_RING_LATENCY)
     claims.check_link_shares_between_77_and_90_percent((NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR))
 
 

@@ -31,10 +31,28 @@ def check_run_live_4_ranks_uneven(table_4, gathered, padded) -> None:
     check_w_held_once(table_4, 5 * 8 * 4)
 
 
-def check_what_oneflow_article_says_about(table_b, bwd, K, M, gathered_y, formula) -> None:
-    """Does model parallelism save communication: x 64×5 on 4 ranks, the column split's all-reduce of dx sends
-    more than data parallelism's of dw, and the whole y on every rank is an all-gather of (N−1)/N·|y|"""
-    assert all(m.agrees(1e-4) for m in table_b.values()) and bwd["column"] == 2 * 3 / 4 * 64 * K * 4 > bwd["data"] == 2 * 3 / 4 * K * M * 4 and gathered_y == formula
+def check_column_split_trades_dw_for_dx(table_b, bwd, K, M) -> None:
+    """Does splitting w save communication: x 64×5 on 4 ranks, each split equals one device, and the column
+    split's all-reduce of dx sends more than data parallelism's of dw"""
+    assert all(m.agrees(1e-4) for m in table_b.values()) and bwd["column"] == 2 * 3 / 4 * 64 * K * 4 > bwd["data"] == 2 * 3 / 4 * K * M * 4
+
+
+def check_whole_y_is_an_all_gather(gathered_y, formula) -> None:
+    """The whole y on every rank after a column split is an all-gather of (N−1)/N·|y| per rank"""
+    assert gathered_y == formula, (gathered_y, formula)
+
+
+def check_column_then_row(run, world_size) -> None:
+    """Column then row (Megatron's pair): z, dx and every rank's dw1, dw2 pieces equal one device; the forward
+    sends exactly one ring all-reduce of z and the backward one of dx: 2(N−1) sends of 2(N−1)/N·S bytes each"""
+    ref, n = run["reference"], world_size
+    z_bytes, dx_bytes = (ref[k].numel() * 4 for k in ("z", "dx"))
+    for rank, r in enumerate(run["per_rank"]):
+        assert torch.allclose(r["z"], ref["z"], atol=1e-5) and torch.allclose(r["dx"], ref["dx"], atol=1e-5), rank
+        assert torch.allclose(r["dw1"], torch.tensor_split(ref["dw1"], n, dim=1)[rank], atol=1e-5), rank
+        assert torch.allclose(r["dw2"], torch.tensor_split(ref["dw2"], n, dim=0)[rank], atol=1e-5), rank
+        assert r["sends"] == {"forward": 2 * (n - 1), "backward": 2 * (n - 1)}, (rank, r["sends"])
+        assert r["sent"] == {"forward": 2 * (n - 1) / n * z_bytes, "backward": 2 * (n - 1) / n * dx_bytes}, r["sent"]
 
 
 def check_real_size_column_sends_4x(real) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from minipar import comm, launch
 from minipar.tensor import matmul_split as ms
 
-__all__ = ["SplitMeasurement", "compare_and_measure", "format_table"]
+__all__ = ["SplitMeasurement", "compare_and_measure", "format_table", "column_then_row"]
 
 PHASES = ("forward", "backward")
 HELD = {"x": "x", "w": "w", "y": "y_piece"}   # what a rank keeps of x, w and y (after the forward's collective)
@@ -79,3 +79,32 @@ def format_w_held(table: dict, w_bytes: int) -> str:
     for s, m in table.items():
         lines.append(f"{s:7} {', '.join(str(h['w']) for h in m.holds):>26}")
     return "\n".join(lines)
+
+
+def _column_then_row_on_rank(rank, world_size, x, w1, w2, dz):
+    """Megatron's pair on one rank: h_i = x·w1_i (column split of w1: nothing sent), z = Σ_i h_i·w2_i (row
+    split of w2, fed h's column pieces as they are: an all-reduce of z); backward: dh_i = dz·w2_iᵀ locally,
+    dx = Σ_i dh_i·w1_iᵀ (the column split's all-reduce of dx). No all-gather anywhere."""
+    w1_i, w2_i = ms.shard(w1, 1, rank, world_size), ms.shard(w2, 0, rank, world_size)
+    with comm.ring_algorithms("all_reduce", "all_gather"):    # every byte a send the log counts
+        with comm.recording() as fwd:
+            h_i = ms.column_forward(x, w1_i)
+            z = ms.row_forward(h_i, w2_i)
+        with comm.recording() as bwd:
+            dh_i, dw2_i = ms.row_backward(h_i, w2_i, dz)
+            dx, dw1_i = ms.column_backward(x, w1_i, dh_i)
+    return {"z": z, "dx": dx, "dw1": dw1_i, "dw2": dw2_i, "sent": {"forward": fwd.bytes_sent, "backward": bwd.bytes_sent},
+            "sends": {"forward": fwd.by_op().get("send", (0, 0))[0], "backward": bwd.by_op().get("send", (0, 0))[0]}}
+
+
+def column_then_row(world_size: int, x, w1, w2, dz) -> dict:
+    """Run z = (x·w1)·w2 with w1 cut by columns and w2 by rows on ``world_size`` ranks (one launch); returns
+    ``per_rank`` (what each rank held and sent) and ``reference`` (z, dx, dw1, dw2 on one device, autograd)."""
+    ms.validate("column", tuple(x.shape), tuple(w1.shape), world_size=world_size)
+    ms.validate("row", (x.shape[0], w2.shape[0]), tuple(w2.shape), world_size=world_size)
+    x_ref, w1_ref, w2_ref = (t.clone().requires_grad_() for t in (x, w1, w2))
+    z_ref = x_ref @ w1_ref @ w2_ref
+    z_ref.backward(dz)
+    reference = {"z": z_ref.detach(), "dx": x_ref.grad, "dw1": w1_ref.grad, "dw2": w2_ref.grad}
+    per_rank = launch(_column_then_row_on_rank, world_size, x, w1, w2, dz, quiet=True)
+    return {"per_rank": per_rank, "reference": reference}

@@ -14,7 +14,8 @@ from .measure import format_table, format_w_held
 ADAM_BYTES_PER_PARAM = 4 + 4 + 8   # fp32 weight, its gradient, Adam's first and second moments
 
 __all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_w_held", "show_four_ranks", "show_refused",
-           "column_backward_answer", "column_over_data_answer", "show_bigger_batch", "show_training"]
+           "column_backward_answer", "column_over_data_answer", "show_bigger_batch", "show_whole_y", "show_real_size",
+           "show_column_then_row", "show_training"]
 
 
 def show_reference(reference: dict, x, w, dy) -> None:
@@ -88,26 +89,48 @@ def show_refused(run, *args, **kwargs) -> None:
         raise AssertionError(f"{kwargs} was not refused")
 
 
-def show_bigger_batch(per_rank_b: list, table_b: dict, x, w) -> None:
-    """x 64×5 on 4 ranks: the column split's all-reduce of dx against data parallelism's of dw, the all-gather
-    that gives every rank the whole y, and the same formula at a real size (4096×4096, 16,384 tokens)."""
+def show_bigger_batch(table_b: dict, x, w) -> None:
+    """x 64×5 on 4 ranks: the table; the column split's all-reduce of dx against data parallelism's of dw."""
     k, m = w.shape
-    bwd = {s: table_b[s].backward[0] for s in ms.SPLITS}
+    show_table(table_b, x.shape, w.shape)
+    claims.check_column_split_trades_dw_for_dx(table_b, {s: table_b[s].backward[0] for s in ms.SPLITS}, k, m)
+
+
+def show_whole_y(per_rank_b: list, x, w) -> None:
+    """The all-gather that gives every rank the whole y after a column split: measured against (N−1)/N·|y|."""
     gathered_y = per_rank_b[0]["column"]["bytes"]["gather_y"]       # all-gather of y's columns
-    formula = comm.predicted_bytes_sent("all_gather", x.shape[0] * m * 4, 4)
+    formula = comm.predicted_bytes_sent("all_gather", x.shape[0] * w.shape[1] * 4, 4)
     print(f"column split, the whole y on every rank: all-gather, measured {gathered_y} bytes, "
           f"formula (N-1)/N·|y| = {formula:.0f} bytes")
-    claims.check_what_oneflow_article_says_about(table_b, bwd, k, m, gathered_y, formula)
-    real = {s: ms.predicted_bytes(s, (16384, 4096), (4096, 4096), 4) for s in ms.SPLITS}
-    state = {s: max(ms.shard_sizes(4096, 4)) * 4096 * ADAM_BYTES_PER_PARAM if s != "data"
-             else 4096 * 4096 * ADAM_BYTES_PER_PARAM for s in ms.SPLITS}
-    print(f"\nreal size, x 16384×4096 · w 4096×4096, float32, 4 ranks (formulas), MiB per rank:\n"
+    claims.check_whole_y_is_an_all_gather(gathered_y, formula)
+
+
+def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
+    """The formulas at a real size (x b×d · w d×d, float32, n ranks): bytes each rank sends, and the weight's
+    training state it keeps (w, its gradient, Adam's two moments)."""
+    real = {s: ms.predicted_bytes(s, (b, d), (d, d), n) for s in ms.SPLITS}
+    state = {s: max(ms.shard_sizes(d, n)) * d * ADAM_BYTES_PER_PARAM if s != "data"
+             else d * d * ADAM_BYTES_PER_PARAM for s in ms.SPLITS}
+    print(f"x {b}×{d} · w {d}×{d}, float32, {n} ranks (formulas), MiB per rank:\n"
           f"{'split':7} {'fwd sent':>9} {'bwd sent':>9} {'w state':>9}")
     for s in ms.SPLITS:
         print(f"{s:7} {real[s]['forward'] / 2**20:>9.0f} {real[s]['backward'] / 2**20:>9.0f} {state[s] / 2**20:>9.0f}")
     print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
+
+
+def show_column_then_row(run: dict, world_size: int) -> None:
+    """Megatron's pair: rank 0's ring sends and bytes in each pass, beside the one all-reduce each should be."""
+    ref, r0 = run["reference"], run["per_rank"][0]
+    print(f"column then row on {world_size} ranks, z = (x·w1)·w2, rank 0's log:")
+    for phase, what in (("forward", "z"), ("backward", "dx")):
+        s = ref[what].numel() * 4
+        print(f"  {phase:8}: {r0['sends'][phase]} ring sends, {r0['sent'][phase]:.0f} B = one all-reduce of "
+              f"{what} ({s} B): 2(N-1)/N·S = {2 * (world_size - 1) / world_size * s:.0f} B")
+    worst = max(float((r[k] - ref[k]).abs().max()) for r in run["per_rank"] for k in ("z", "dx"))
+    print(f"  no all-gather: h stayed in column pieces; z and dx equal one device, max |Δ| = {worst:.1e}")
+    claims.check_column_then_row(run, world_size)
 
 
 def show_training(comparisons: dict) -> None:

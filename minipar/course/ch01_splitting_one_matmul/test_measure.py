@@ -29,3 +29,24 @@ def test_compare_and_measure_on_two_ranks():
     assert "bytes sent per rank" in text.splitlines()[0] and "(B)" not in text   # B is the batch, not bytes
     held = format_w_held(table, 160).splitlines()
     assert held[1].split() == ["data", "160,", "160"] and held[3].split() == ["row", "96,", "64"]
+
+
+def test_column_then_row_sends_one_all_reduce_each_way():
+    """Megatron's pair on 2 ranks equals one device and sends one all-reduce forward (z), one backward (dx);
+    the claim refuses a run that sent an extra message or got a wrong piece."""
+    import pytest
+
+    from minipar.course.ch01_splitting_one_matmul.claims import check_column_then_row
+    from minipar.course.ch01_splitting_one_matmul.measure import column_then_row
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2, dz = (torch.randn(*s, generator=g) for s in ((4, 5), (5, 8), (8, 5), (4, 5)))
+    run = column_then_row(2, x, w1, w2, dz)
+    check_column_then_row(run, 2)
+    assert [r["sent"] for r in run["per_rank"]] == [{"forward": 80.0, "backward": 80.0}] * 2   # 2·1/2·80 B each
+    run["per_rank"][1]["sends"]["backward"] += 1
+    with pytest.raises(AssertionError):
+        check_column_then_row(run, 2)
+    run["per_rank"][1]["sends"]["backward"] -= 1
+    run["per_rank"][0]["dw2"] = run["per_rank"][0]["dw2"] + 1e-3
+    with pytest.raises(AssertionError):
+        check_column_then_row(run, 2)
