@@ -46,7 +46,7 @@ _EDGES = [("start", "one", "1"), ("start", "node", "one node"), ("start", "many"
 
 
 def draw_decision_guide(ax=None, highlight=()):
-    """The guide of seeds 002 and 003 §8 as boxes and arrows; ``highlight``: node names to colour (a path
+    """The decision guide (Hugging Face) as boxes and arrows; ``highlight``: node names to colour (a path
     taken by :func:`minipar.plan.decide`). Returns the axes."""
     import matplotlib.pyplot as plt
     if ax is None:
@@ -67,7 +67,7 @@ def draw_decision_guide(ax=None, highlight=()):
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0.1, 1.02)
     ax.axis("off")
-    ax.set_title("Which parallelism? The published decision guide (Hugging Face; Chinese summary §8)")
+    ax.set_title("Which parallelism? The published decision guide (Hugging Face guide)")
     return ax
 
 

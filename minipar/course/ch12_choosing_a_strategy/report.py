@@ -12,7 +12,7 @@ from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster, h100_cluster
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
-from minipar.plan.published import TOLERANCE, summary
+from minipar.plan.published import TOLERANCE
 
 from . import claims, figures, show
 
@@ -100,7 +100,7 @@ def one_knob(best, cluster) -> None:
 
 
 def efficiency_band(p, band: float = 0.15) -> None:
-    """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§9's band),
+    """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§6's band),
     then with the links' assumed ring efficiencies (NVLink 77 %, InfiniBand 90 % of the datasheet) at 60 % and
     at 100 %: does the winner's layout change? ``p`` is the plan at the fitted η_F and the assumed links."""
     card = A100_SXM_80GB
@@ -170,14 +170,14 @@ def rules_vs_planner(cluster, p) -> dict:
     return plans
 
 
-# FlashAttention-3's forward on H100 reaches about 740 TFLOP/s of 989 in FP16 (Shah et al. 2024): §7's
+# FlashAttention-3's forward on H100 reaches about 740 TFLOP/s of 989 in FP16 (Shah et al. 2024): 12b §3's
 # silent what-if for the H100 card's attention efficiency, which is FlashAttention-2's. The view prices Megatron-LM
 # 2022's kernels (attention: two batched matmuls and a fused softmax), so it does not move.
 FA3_H100 = 0.75
 
 
 def calculator_views() -> dict:
-    """§7: the calculator's first view on the A100 and on the H100 card, term by term. The H100 with
+    """Chapter 12b §3: the calculator's first view on the A100 and on the H100 card, term by term. The H100 with
     FlashAttention-3's attention efficiency is checked, not printed: this view's kernels leave it unchanged."""
     views = {name: figures.calculate(cluster=name) for name in figures.CALCULATOR_CLUSTERS}
     print(show.card_views(views))
@@ -188,7 +188,7 @@ def calculator_views() -> dict:
 
 
 def sequence(cluster) -> dict:
-    """§8: the layouts of :data:`figures.SWEEP_LAYOUTS` as the sequence grows, drawn; the longest that fits."""
+    """Chapter 12b §4: the layouts of :data:`figures.SWEEP_LAYOUTS` as the sequence grows, drawn; the longest that fits."""
     sweep = figures.sweep_sequence(GPT3_175B, cluster)
     fig, ax = plt.subplots(figsize=(7, 4))
     figures.draw_sequence_sweep(sweep, cluster.memory_bytes, ax)
@@ -200,16 +200,15 @@ def sequence(cluster) -> dict:
 
 
 def published(pub, full: bool = False) -> float:
-    """§9: the published runs drawn and tabled (one row per source unless ``full``); returns the share of check
-    rows within ±15 % (a float that prints as "k of n")."""
+    """§6: the published runs drawn and tabled (one row per source unless ``full``); returns the share of the
+    independent check rows (sources fitted to nothing) within ±15 % (a float that prints as "k of n")."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     figures.draw_published(pub, ax)
     plt.show()
     print(show.published(pub, full=full))
     claims.check_one_calibration_per_card(pub)
     claims.check_misses_are_mt_nlg(pub, TOLERANCE)
-    got = summary(pub, TOLERANCE)
-    return Counted(got["inside"], got["check"])
+    return Counted(*show.checks_by_fitted_source(pub, TOLERANCE)[False])
 
 
 class Counted(float):
@@ -226,12 +225,12 @@ class Counted(float):
 
 
 def mt_nlg() -> None:
-    """§9: MT-NLG's rate beside Korthikanti et al.'s 530B rows, counted the same way."""
+    """§6: MT-NLG's rate beside Korthikanti et al.'s 530B rows, counted the same way."""
     print(show.mt_nlg_against_korthikanti())
 
 
 def card_row(pub, run: str = "175B SP + selective") -> None:
-    """§9: one published row term by term, and the A100 card it is priced on (each number's source: the card's
+    """§6: one published row term by term, and the A100 card it is priced on (each number's source: the card's
     ``source``, shown on the library page)."""
     row = next(r for r in pub if r["run"] == run)
     print(f"{row['run']} on {row['device']}: " + " + ".join(f"{k} {v:.2f}" for k, v in row["terms"].items())
@@ -244,13 +243,13 @@ def card_row(pub, run: str = "175B SP + selective") -> None:
 
 
 def oneflow_layout() -> None:
-    """§10: the OneFlow article's layout (64 stages × 6 nodes × 8 GPUs) for GPT-3, and for the 1T model of
+    """Chapter 12b §2: the OneFlow article's layout (64 stages × 6 nodes × 8 GPUs) for GPT-3, and for the 1T model of
     Narayanan et al.'s Table 1 without and with full recomputation, with its hardware FLOPs utilization."""
     seed_layout = Layout(dp=6, tp=8, pp=64, micro_batch=1, micro_batches=512)
     try:
         estimate(GPT3_175B, a100_cluster(384), seed_layout)
     except ValueError as exc:
-        print("GPT-3 175B on the OneFlow article's layout:", exc)
+        print("GPT-3 175B on the 64 × 6 × 8 layout:", exc)
     one_t = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
     print(f"{parameters(one_t) / 1e12:.3f} T parameters on {seed_layout.devices} GPUs, batch 3072:")
     for layout in (seed_layout, replace(seed_layout, recompute="full")):

@@ -9,7 +9,7 @@ from minipar.machine.device import CARDS, FITTED
 from minipar.plan import GPT3_175B, Layout, estimate, hfu, mfu, model_state_bytes_formula, parameters
 from minipar.plan.published import RUNS, TOLERANCE, summary
 
-__all__ = ["Shown", "layout_words", "estimate_words", "published", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
+__all__ = ["Shown", "layout_words", "estimate_words", "published", "checks_by_fitted_source", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
            "card_views"]
 
 GB = 1e9
@@ -59,10 +59,9 @@ def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Sh
             lines.append(f"{source:40}{len(rows):>5}  {fitted:22}{min(ratios):.2f} to {max(ratios):.2f}"
                          f"{f'{inside} of {len(checks)}':>14}")
     got = summary(pub, tolerance)
-    split = _checks_by_fitted_source(pub, tolerance)
-    lines.append(f"{got['inside']} of {got['check']} check rows within ±{tolerance:.0%}: "
-                 f"{split[True][0]} of {split[True][1]} from the fitted rows' sources, "
-                 f"{split[False][0]} of {split[False][1]} from the others"
+    split = checks_by_fitted_source(pub, tolerance)
+    lines.append(f"independent checks (sources fitted to nothing): {split[False][0]} of {split[False][1]} within "
+                 f"±{tolerance:.0%}; weak checks (a fitted row's source): {split[True][0]} of {split[True][1]}"
                  + (f"; outside: {', '.join(got['outside'])}" if got["outside"] else ""))
     for card, what in FITTED.items():
         fitted_to = [r["run"] for r in pub if r["role"] == "calibration" and r["device"].endswith(card)]
@@ -74,7 +73,7 @@ def published(pub: list, tolerance: float = TOLERANCE, full: bool = False) -> Sh
     return Shown("\n".join(lines))
 
 
-def _checks_by_fitted_source(pub: list, tolerance: float) -> dict:
+def checks_by_fitted_source(pub: list, tolerance: float) -> dict:
     """{True: (inside, checks) for check rows whose source also gave a calibration row (weak checks: same
     paper, code and hardware as the fit), False: the same for sources fitted to nothing}."""
     fitted = {r["source"].split(",")[0] for r in pub if r["role"] == "calibration"}
@@ -131,7 +130,7 @@ def hand_layouts(best, cluster, tolerance: float = TOLERANCE) -> tuple:
     low, high = days / (1 + tolerance), days / (1 - tolerance)      # published = model ÷ (model / published)
     narayanan = 8 * 300e9 * parameters(GPT3_175B) / (1024 * 140e12) / 86400
     lines += [f"GPT-3's 300 B tokens at {best.step_seconds:.1f} s per 1536 × 2048 tokens: {days:.0f} days "
-              f"({low:.0f}–{high:.0f} at §9's ±{tolerance:.0%})",
+              f"({low:.0f}–{high:.0f} at chapter 12 §6's ±{tolerance:.0%})",
               f"Narayanan et al.'s estimate 8TP/(nX): {narayanan:.0f} days",
               f"the planner's layout {_RECOMPUTED[best.layout.recompute]}"]
     assert best.step_seconds <= min(e.step_seconds for e in ests.values() if e.fits) + 1e-9
