@@ -152,3 +152,16 @@ def test_json_of_exercises_is_plain_nbformat():
         assert nb["nbformat"] == 4
         nbformat.validate(nbformat.reads(path.read_text(encoding="utf-8"), as_version=4))
         assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), path.name
+
+
+def test_committed_notebooks_have_cell_ids_and_no_outputs():
+    """nbformat 4.5 requires an id on every cell (a cell pasted in by hand can lack one: nbformat then warns
+    and will refuse); notebooks are committed without outputs."""
+    problems = []
+    for folder in ("notebooks", "solutions", "exercises"):
+        for path in sorted((ex.ROOT / folder).glob("*.ipynb")):
+            cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+            problems += [f"{folder}/{path.name} cell {i}: no id" for i, c in enumerate(cells) if "id" not in c]
+            problems += [f"{folder}/{path.name} cell {i}: has outputs" for i, c in enumerate(cells)
+                         if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not problems, "\n".join(problems)
