@@ -65,7 +65,7 @@ ABOUT = {
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
         core_minutes=30, elective_minutes=0, run_seconds=12),
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
-        title="ZeRO and FSDP in depth: FSDP's designs and modes, ZeRO in a pipeline, offload, Muon, prefetch timed",
+        title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch timed",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch timed.",
         core_minutes=0, elective_minutes=25, run_seconds=13),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
