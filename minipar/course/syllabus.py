@@ -60,10 +60,14 @@ ABOUT = {
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
         core_minutes=40, elective_minutes=0, run_seconds=16),
-    "03": About(  # 3343 words (17 min) + 5 exercise stubs
+    "03": About(  # 2122 words (11 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
-        summary="ZeRO-1/2/3 and FSDP run live; memory and bytes per rank beside the paper's formulas.",
-        core_minutes=40, elective_minutes=0, run_seconds=23),
+        summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
+        core_minutes=30, elective_minutes=0, run_seconds=12),
+    "03b": About(  # 2195 words (11 min) + 3 exercise stubs
+        title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch timed",
+        summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch timed.",
+        core_minutes=0, elective_minutes=25, run_seconds=13),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",

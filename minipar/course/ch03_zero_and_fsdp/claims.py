@@ -46,11 +46,12 @@ def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo
     assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
 
 
-def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted) -> None:
+def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted, between=None) -> None:
     """FSDP's modes, run as the ZeRO variants they are: SHARD_GRAD_OP (``kept``) holds FULL_SHARD's shards
     between steps, fewer than ZeRO-2 (``zero2``, parameters whole), and sends ZeRO-2's bytes; a node's shard:
-    Ψ/2, not Ψ/4"""
+    Ψ/2, not Ψ/4; each mode's bytes between steps equal its printed formula (``between``: {mode: bytes})"""
     assert all(m["matches"] for m in fsdp_modes.values())
+    assert between is None or all(fsdp_modes[name]["between"] == b for name, b in between.items()), between
     assert kept["bytes"] == zero2["bytes"] == 2 / 3 * full["bytes"] and kept["calls"] == 2 / 3 * full["calls"]
     assert kept["between"] == full["between"] < zero2["between"] and kept["peak"] > full["peak"]
     assert hybrid["between"] == 2 * full["between"]                          # a node's shard: Ψ/2, not Ψ/4

@@ -90,10 +90,26 @@ def run_modes(world_size: int = 4, names=tuple(MODES)) -> dict:
     return out
 
 
-def table_text(modes: dict) -> str:
-    lines = [f"{'FSDP mode':34s} {'= one device':>12s} {'bytes/step':>11s} {'collectives':>11s} "
-             f"{'states between steps':>21s} {'peak':>9s}"]
+# Model-state bytes between steps, FP32 Adam (16 bytes a parameter), N ranks: (formula text, bytes).
+BETWEEN = {"FULL_SHARD": ("16Ψ/N", lambda psi, n: 16 * psi // n),
+           "SHARD_GRAD_OP (gathered once)": ("16Ψ/N", lambda psi, n: 16 * psi // n),
+           "ZeRO-2 (DeepSpeed, not FSDP)": ("4Ψ + 12Ψ/N", lambda psi, n: 4 * psi + 12 * psi // n),
+           "HYBRID_SHARD (2 nodes of 2)": ("16Ψ/(N/2)", lambda psi, n: 16 * psi // (n // 2)),
+           "FULL_SHARD, async reduce-scatter": ("16Ψ/N", lambda psi, n: 16 * psi // n)}
+
+
+def parameter_count() -> int:
+    """Ψ of the modes' model (its units need no padding on 4 ranks)."""
+    return sum(p.numel() for p in _recipe().model().parameters())
+
+
+def table_text(modes: dict, world_size: int = 4) -> str:
+    psi = parameter_count()
+    lines = [f"bytes per rank; Ψ = {psi:,} parameters, N = {world_size}, FP32 Adam (16 bytes a parameter)",
+             f"{'FSDP mode':34s} {'= one device':>12s} {'bytes/step':>11s} {'collectives':>11s} "
+             f"{'states between steps':>21s} {'formula':>19s} {'peak':>9s}"]
     for name, m in modes.items():
+        text, formula = BETWEEN[name]
         lines.append(f"{name:34s} {str(m['matches']):>12s} {m['bytes']:>11,.0f} {m['calls']:>11.0f} "
-                     f"{m['between']:>21,} {m['peak']:>9,}")
+                     f"{m['between']:>21,} {formula(psi, world_size):>8,} {text:>10s} {m['peak']:>9,}")
     return "\n".join(lines)

@@ -105,12 +105,12 @@ def table(m: dict) -> str:
     lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
              f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); a block's all-gather brings "
              f"{m['block_bytes'] / 1e6:.1f} MB"]
-    for name, s in m["seconds"].items():
-        lines.append(f"  ZeRO-3, {name:12}: step {spread(s)}; "
+    busy = too_busy(m["overruns"], m["slots"], m["load"])
+    for name, s in m["seconds"].items():                # a disturbed run prints no times: none to compare
+        lines.append(f"  ZeRO-3, {name:12}: step {'not timed' if busy else spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
-    busy = too_busy(m["overruns"], m["slots"], m["load"])
     if busy:                                            # a disturbed run states no saving: its times do not count
         return "\n".join(lines + ["  " + busy])
     with_p, without = (statistics.median(s) for s in m["seconds"].values())

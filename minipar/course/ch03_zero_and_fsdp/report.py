@@ -91,11 +91,14 @@ def paced_table(m: dict) -> Report:
     return Report(paced.table(m), lambda r: claims.check_prefetch_saves_time_paced(m), m=m)
 
 
-def modes_table(fsdp_modes: dict) -> Report:
+def modes_table(fsdp_modes: dict, world_size: int = 4) -> Report:
     """``fsdp_modes`` = ``modes.run_modes(world_size)``: FSDP's modes as the ZeRO variants they are."""
     full, kept, zero2, hybrid, posted = (fsdp_modes[k] for k in modes.MODES)
-    return Report(modes.table_text(fsdp_modes),
-                  lambda r: claims.check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted))
+    psi, n = modes.parameter_count(), world_size
+    between = {name: formula(psi, n) for name, (_, formula) in modes.BETWEEN.items()}
+    return Report(modes.table_text(fsdp_modes, n),
+                  lambda r: claims.check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted,
+                                                                    between))
 
 
 def muon(table: dict) -> Report:

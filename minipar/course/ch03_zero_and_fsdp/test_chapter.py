@@ -85,6 +85,7 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
     claims.check_prefetch_saves_time_paced(dict(tie, overruns=11))
     busy = paced.table(dict(tie, overruns=11))                      # a disturbed run: no saving stated as measured
     assert "not compared" in busy and "saves" not in busy and "a tie" not in busy
+    assert "step not timed" in busy and "[" not in busy                 # no step times to compare
 
 
 def test_paced_runs_build_zero3_as_the_traced_runs_do(monkeypatch):
