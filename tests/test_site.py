@@ -53,7 +53,7 @@ def test_chapter_page_has_its_outputs_and_figures_and_no_errors(built, stem):
     assert info["unexecuted"] == 0, f"{stem}: {info['unexecuted']} code cells did not run"
     assert info["outputs"] > 0 and page.count("jp-OutputArea-output") >= info["outputs"] // 2, stem
     assert "Traceback (most recent call last)" not in page, f"{stem}: a traceback on the page"
-    assert html.escape(info["title"].split("·")[-1].strip())[:30] in page, f"{stem}: no title"
+    assert html.escape(info["title"].split("·")[-1].strip(), quote=False)[:30] in page, f"{stem}: no title"
     for figure in info["figures"]:                      # figures/ pictures the chapter's text shows
         assert (ROOT / "figures" / figure).exists(), f"{stem}: ../figures/{figure} does not exist"
     for src in re.findall(r"<img[^>]*\ssrc=\"([^\"]+)\"", page):  # embedded, or a file of the site
