@@ -67,8 +67,8 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
                 f"one thread took {gain:.1f}× as long as the {world_size} threads") +
                f" (median {statistics.median(threads) * 1e3:.1f} vs {statistics.median(one) * 1e3:.1f} ms)")
     lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
-                 f"{world_size} DataParallel threads {spread(threads)} — {verdict}; {cores} cores here would allow "
-                 f"at most ×{min(world_size, cores)}")
+                 f"{world_size} DataParallel threads {spread(threads)} — {verdict}. With {cores} cores here, a "
+                 f"speed-up of at most {min(world_size, cores)}× was possible")
     return Report("\n".join(lines), _check_threads, spans=spans, one=one, threads=threads, world_size=world_size,
                   concurrency=concurrency, gain=gain, tie=tie)
 
@@ -140,10 +140,11 @@ def gpt2_sized(m: dict) -> Report:
     label = _labels(m, f)
     bucketed = ddp_names[-2]                               # the largest buckets below one bucket
     count, default_count = m["all_reduces"][bucketed], m["grad_bytes"] * f / DDP_DEFAULT_BUCKET
-    lines = [f"cost model (not a measurement): GPT-2 small, {n} A100s of a DGX-A100 node priced at their 16-bit "
-             f"tensor-core peak ({dgx.device.peak_flops / 1e12:.0f} TFLOP/s, mixed precision; gradients all-reduced "
-             f"in fp32), over {link(NVLINK3)}; one step",
-             f"priced: this model's {count:.0f} buckets, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
+    lines = [f"cost model (not a measurement): one step of GPT-2 small on {n} A100s of a DGX-A100 node",
+             f"  compute: {dgx.device.peak_flops / 1e12:.0f} TFLOP/s, the 16-bit tensor-core peak (mixed precision; "
+             "gradients all-reduced in fp32)",
+             f"  link:    {link(NVLINK3)}",
+             f"  buckets: this model's {count:.0f}, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
              f"DDP would form ~{default_count:.0f} of 25 MiB)",
              f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
     lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
