@@ -119,7 +119,7 @@ def table(m: dict) -> str:
     per_block, one = (statistics.median(s) for s in m["seconds"].values())
     lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
                  + VERDICTS[verdict(*m["seconds"].values())])
-    return "\n".join(lines + step_parts(m, per_block, one))
+    return "\n".join(lines + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
 
 
 def step_parts(m: dict, per_block: float, one: float) -> list:
