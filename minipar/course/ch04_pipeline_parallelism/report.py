@@ -124,11 +124,10 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
         print(f"  {label:24s} {sends:>9,.0f}   {how}")
     claims.check_pp_sends_least(sent, dp, tp)
     h = reference.params["ln_f.weight"].numel()
-    tokens, per_stage = m * a // (8 * h), layers // p          # T tokens a step, L layers a stage
-    side = "below" if tokens < 12 * per_stage * h else "at or above"
-    print(f"in general, values per rank and step: PP 2·T·h a boundary, DP ≈ 2·P_stage ≈ 24·L·h², TP ≈ 8·L·T·h; "
-          f"PP < DP while T < 12·L·h.\nhere T = {tokens} tokens, L = {per_stage} layer a stage, h = {h}: "
-          f"T is {side} 12·L·h = {12 * per_stage * h}")
+    tokens = m * a // (8 * h)                                    # T tokens a step; L = layers, the whole model's
+    side = "below" if tokens < 12 * layers * h else "at or above"
+    print(f"PP sends less than DP while T < 12·L·h: here T = {tokens} tokens a step, L = {layers} layers, h = {h}: "
+          f"T is {side} 12·L·h = {12 * layers * h:,}")
 
 
 def show_vs_one_device(reference, results: list, dtype) -> None:

@@ -124,8 +124,13 @@ def layer_bytes(degrees=(2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4
 def memory_per_rank(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4) -> tuple:
     """One layer's bytes per rank at each t (:func:`.measure.memory_per_degree`), shown by :func:`show_memory`;
     returns (t = 4's measured activation fraction of t = 1's, the formula's)."""
+    from minipar.activations import activation_bytes_formula
     mem = {r["t"]: r for r in measure.memory_per_degree(degrees=degrees, b=b, s=s, h=h, a=a)}
     fraction = show_memory(mem, b * s * h)
+    count = [activation_bytes_formula(s, b, h, a, t=t, value_bytes=4, dropout=False) for t in (4, 1)]
+    print(f"Korthikanti's count alone, t = 4 over t = 1: {count[0]:.0f} / {count[1]:.0f} = {count[0] / count[1]:.3f}; "
+          f"with the LayerNorm statistics and the mask added: "
+          f"{mem[4]['activation_formula'] / mem[1]['activation_formula']:.3f}")
     return fraction, mem[4]["activation_formula"] / mem[1]["activation_formula"]
 
 
@@ -204,6 +209,7 @@ def measure_allreduce(world_size: int = 4, reps: int = 7):
     claims.check_latency_fitted_no_longer_than_small(steps * alpha, small, timings)
     draw_allreduce_cost(timings, world_size=world_size)
     plt.show()
+    print(f"fit, one run on shared cores: α = {alpha * 1e6:.0f} µs a ring step, β = {beta / 1e9:.2f} GB/s")
     return alpha, beta
 
 
