@@ -145,7 +145,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     print(f"model at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
     largest = max(sizes)
-    print(f"the fit weighs every size alike (relative error), so no one size is matched exactly: at S = "
+    print(f"the fit weighs every size alike (relative error); at S = "
           f"{largest // 2**20} MiB the model gives {ring_model_seconds(FIT_RANKS, largest, alpha, beta) * 1e3:.1f} ms, "
           f"measured {sizes[largest] * 1e3:.1f} ms")
     plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
