@@ -102,7 +102,7 @@ def plot_ring_time(sizes: dict, sweep: dict, payload_bytes: int, cores: int | No
     """Two panels. Left: a ring all-reduce on 2 ranks against its size S, measured (markers) and the model
     2(N−1)·α + 2(N−1)/N·S/β fitted to them (line, :func:`.latency.fit_ring`), and the crossover S* = N·α·β.
     Right: the same α and β against N for a 4 KiB and an S-byte ring (lines), beside the times measured at each N
-    (filled for N up to ``cores``; hollow beyond, where a rank also waits for a core)."""
+    for N up to ``cores`` only (beyond them a rank also waits for a core, so the time is not the ring's)."""
     import matplotlib.pyplot as plt
     from .latency import FIT_RANKS, SMALL_BYTES, crossover_bytes, fit_ring, fitted_ranks, machine_cores, \
         ring_model_seconds
@@ -119,20 +119,16 @@ def plot_ring_time(sizes: dict, sweep: dict, payload_bytes: int, cores: int | No
     left.legend(fontsize=7)
     ns = sorted(sweep)
     cores = cores or machine_cores()
-    within = fitted_ranks(ns, cores)
-    beyond = [n for n in ns if n not in within]
+    within = fitted_ranks(ns, cores)   # beyond the cores a rank also waits for a core: not the ring's time
     for key, size, colour in (("small_ring_s", SMALL_BYTES, "#4C72B0"), ("ring_s", payload_bytes, "#DD8452")):
         kib = f"{size / 2**10:.0f} KiB"
         right.plot(within, [sweep[n][key] * 1e3 for n in within], "s", color=colour, ms=7,
                    label=f"{kib}: measured, N ≤ {cores} cores")
-        if beyond:
-            right.plot(beyond, [sweep[n][key] * 1e3 for n in beyond], "s", mfc="none", color=colour, ms=7,
-                       label=f"{kib}: measured, N > {cores} cores (waits for a core)")
         right.plot(ns, [ring_model_seconds(n, size, alpha, beta) * 1e3 for n in ns], "-", color=colour,
                    alpha=0.5, label=f"{kib}: model")
     right.set_xlabel("ranks N")
     right.set_ylabel("time (ms)")
-    right.set_title("the same α and β, as N grows", fontsize=8)
+    right.set_title("the model with the same α and β, as N grows", fontsize=8)
     right.set_xticks(ns)
     right.legend(fontsize=6)
     for ax in (left, right):

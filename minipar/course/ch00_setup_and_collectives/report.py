@@ -60,8 +60,9 @@ def show_whoami(info: list) -> None:
 
 def show_backends(defaults: dict) -> None:
     import torch.distributed as dist
+    others = ", ".join(f"{device}: {backend}" for device, backend in defaults.items() if device not in ("cpu", "cuda"))
     print("default backend per device type:", {k: defaults[k] for k in ("cpu", "cuda")},
-          f"(and {len(defaults) - 2} for other accelerators)")
+          f"(other devices: {others})" if others else "")
     print("available in this torch build: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(),
           "| mpi", dist.is_mpi_available())
     claims.check_backends_gloo_nccl_mpi(defaults)
@@ -143,6 +144,10 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
     print(f"model at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
+    largest = max(sizes)
+    print(f"the fit weighs every size alike (relative error); at S = "
+          f"{largest // 2**20} MiB the model gives {ring_model_seconds(FIT_RANKS, largest, alpha, beta) * 1e3:.1f} ms, "
+          f"measured {sizes[largest] * 1e3:.1f} ms")
     plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
     plt.show()
     claims.check_ring_time_fitted_on_two_ranks(sizes, alpha, beta)

@@ -115,6 +115,9 @@ def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
           f"{'split':7} {'fwd sent':>9} {'bwd sent':>9} {'w state':>9}")
     for s in ms.SPLITS:
         print(f"{s:7} {real[s]['forward'] / 2**20:>9.0f} {real[s]['backward'] / 2**20:>9.0f} {state[s] / 2**20:>9.0f}")
+    k = 8   # gradient accumulation: one all-reduce of dw per k micro-batches; the splits of w pay theirs on each
+    print(f"data, accumulating k = {k} micro-batches: {real['data']['backward'] / k / 2**20:.0f} MiB per micro-batch"
+          f" (its one all-reduce of dw, shared by the {k})")
     print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
