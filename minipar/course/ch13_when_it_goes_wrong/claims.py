@@ -82,6 +82,12 @@ def check_sum_orders(sums) -> None:
     assert len({value for value, _ in sums.values()}) == len(sums)          # every order a different float
 
 
+def check_split_sums_no_further_from_exact(from_exact) -> None:
+    """Equal to the last bit: the ranks' orders are no further from the correctly rounded sum than one device's"""
+    one_device = from_exact["left to right (one device)"]
+    assert all(from_exact[order] <= one_device for order in from_exact if "ranks" in order)
+
+
 def check_first_differences(diffs) -> None:
     """Equal to the last bit: where each layout parts from one device"""
     assert diffs["pp 2, one micro-batch"].name is None

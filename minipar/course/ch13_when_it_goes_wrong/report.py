@@ -76,13 +76,17 @@ def show_straggler(run):
     rows = straggler_table(run)
     slow = stragglers.find_straggler(run.trace, clock="cpu", skip=1)
     steps = len(stragglers.per_rank_steps(run.trace)[0].compute)
-    print(f"ms a step, median of steps 2-{steps}  compute (CPU time)  waiting for a core (shared CPU)  "
-          f"in the all-reduce  wall step")
+    # CPU time counts every thread, so it can pass the wall time it spans: "other" is floored at 0
+    other = {rank: max(0.0, r["other"]) for rank, r in rows.items()}
+    waited = any(round(o * 1e3, 1) > 0 for o in other.values())    # the column only when a rank waited
+    print(f"ms a step, median of steps 2-{steps}  compute (CPU time)  "
+          + ("waiting for a core (shared CPU)  " if waited else "") + "in the all-reduce  wall step")
     for rank, r in rows.items():
-        other = max(0.0, r["other"])    # CPU time counts every thread, so it can pass the wall time it spans
-        print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{other * 1e3:32.1f}{r['comm'] * 1e3:19.1f}"
-              f"{r['step'] * 1e3:11.1f}")
+        print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}" + (f"{other[rank] * 1e3:32.1f}" if waited else "")
+              + f"{r['comm'] * 1e3:19.1f}{r['step'] * 1e3:11.1f}")
     wall_step = max(r["step"] for r in rows.values())
+    cpu = sorted(r["cpu"] for r in rows.values())
+    print(f"{run.trace.meta['planted']}: its compute is {cpu[-1] / cpu[0]:.1f}x the other rank's CPU time")
     print(f"rank {slow.rank} is the straggler: {_ms(slow.cost)} more CPU time a step than the other rank, "
           f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step. The other rank's wait in the all-reduce "
           f"holds that extra compute and load noise; on dedicated cores it is about the extra compute alone.")
@@ -125,13 +129,13 @@ def show_gradient_bugs(tolerance: float) -> None:
 
 
 def _backward_order_first(result) -> str:
-    """A bisection's informative name first (the first parameter to depart in backward order, and those
-    backward reached before it while still right), then the size of the first departure and how many depart."""
+    """How many parameters depart first (the line that tells the bugs apart), then the informative name (the
+    first parameter to depart in backward order, and those backward reached before it while still right)."""
     first, right = result.first, result.reached_first[::-1]
     after = ", ".join(right[:4]) + (f" (+{len(right) - 4})" if len(right) > 4 else "") or "none"
-    return (f"first to depart in backward order: {result.boundary}; reached before it, still right: {after}\n"
-            f"  at step {first.step}, {len(result.wrong)} of {len(result.order)} parameters depart "
-            f"({first.name} by {first.size:.1e})")
+    return (f"{len(result.wrong)} of {len(result.order)} parameters depart at step {first.step} "
+            f"({first.name} by {first.size:.1e})\n"
+            f"  first to depart in backward order: {result.boundary}; reached before it, still right: {after}")
 
 
 def show_dropout_replicas() -> None:
@@ -197,11 +201,15 @@ def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> Non
 def show_sum_orders() -> None:
     """The same 4096 float32 numbers summed in five orders, with their distance in ULPs."""
     sums = bitwise.sum_orders()
+    exact = torch.tensor(sums["exact, rounded once"][0], dtype=torch.float32)
+    from_exact = {order: int(bitwise.ulp_distance(torch.tensor(value, dtype=torch.float32), exact))
+                  for order, (value, _) in sums.items()}
     for order, (value, ulps) in sums.items():
-        print(f"{order:<38} {value:.9f}   {ulps:>3} ULP from left to right")
+        print(f"{order:<38} {value:.9f}   {ulps:>3} ULP from left to right, {from_exact[order]:>3} from exact")
     print(f"five orders, {len({v for v, _ in sums.values()})} different floats, "
           f"up to {max(u for _, u in sums.values())} ULP apart from left to right")
     claims.check_sum_orders(sums)
+    claims.check_split_sums_no_further_from_exact(from_exact)
 
 
 def show_first_differences():
