@@ -12,6 +12,7 @@ the chapter's text says about them, asserted), so that the chapter's cell is one
   against one device and against DDP;
 * :func:`wire` — the bytes each rank wrote to its sockets, on gloo's collectives and on minipar's rings;
 * :func:`prefetch_memory` — the peak live bytes with and without prefetch;
+* :func:`fsdp_loop` — ``FSDP(model)`` in a plain loop against one device;
 * :func:`designs_table` — one flat buffer per unit against one shard per parameter (FSDP2);
 * :func:`calculator_text` — the model-state calculator's lines (:mod:`minipar.data.zero_memory`).
 """
@@ -26,7 +27,7 @@ from minipar.machine.cluster import a100_cluster, h100_cluster
 
 from . import claims, modes, muon_table, paced, timing
 
-__all__ = ["show", "papers_table", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
+__all__ = ["show", "papers_table", "fsdp_loop", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
            "designs_table", "modes_table", "muon", "calculator_text"]
 
 GPT2_WIDTH = 768     # GPT-2 small's width
@@ -177,8 +178,8 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     ddp = RunResult(measured[0].losses, measured[0].params)
     psi, padded = measured[0].numel, measured[0].padded_numel
     lines = [f"Ψ = {psi:,} parameters ({padded:,} after padding each unit to a multiple of N = {n}); KiB per rank\n",
-             f"{'memory':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"]
-    traffic = [f"\n{'bytes':8}{'ring model':>12}{'formula':>9}"]
+             f"{'mem. KiB':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"]
+    traffic = [f"\n{'sent KiB':8}{'ring model':>12}{'formula':>9}"]
     ok, diffs, vs_ddp, sent_by_stage = [], [], [], []
     for stage, res in measured.items():
         want = model_state_bytes_formula(padded, n, stage, "fp32")
@@ -233,12 +234,19 @@ def prefetch_memory(t3: dict) -> Report:
     """Rank 0's peak live bytes in step 2 of ``timing.measure``'s runs, gathered parameters included, and one
     block's weight matrices (12·d² FP32 elements, biases and norms aside) beside the difference."""
     peaks = {name: max(b for *_, b in t3["memory"][name]) for name in t3["traces"]}
-    d = timing.STEP_RECIPE["n_embd"]
+    d, blocks = timing.STEP_RECIPE["n_embd"], timing.STEP_RECIPE["n_layer"]
     block, extra = 12 * d * d * 4, peaks["prefetch"] - peaks["no prefetch"]
-    text = (f"peak live bytes on rank 0: prefetch {peaks['prefetch'] / 2**20:.2f} MiB, without "
+    text = (f"tiny GPT of {blocks} blocks, h = {d}, ZeRO-3 on 4 ranks\npeak live bytes on rank 0: prefetch {peaks['prefetch'] / 2**20:.2f} MiB, without "
             f"{peaks['no prefetch'] / 2**20:.2f} MiB: prefetch holds {extra / 1024:.0f} KiB more "
             f"(one block's weights: {block / 1024:.0f} KiB)")
     return Report(text, _check_prefetch_memory, peaks=peaks, extra=extra)
+
+
+def fsdp_loop(per_rank: list, reference: RunResult) -> Report:
+    """``per_rank`` = the ranks' ``fsdp_loop.train``: the run against one device (default FP32 tolerance)."""
+    agreement = compare(reference, per_rank)
+    text = f"FSDP(model), {len(per_rank)} ranks, {len(reference.losses)} Adam steps: {against_one_device(agreement)}"
+    return Report(text, lambda r: agreement.assert_ok(), agreement=agreement)
 
 
 def _check_designs(r: Report) -> None:

@@ -1,0 +1,23 @@
+"""Chapter 03's FSDP in a plain training loop: ``FSDP(model)`` (:class:`minipar.data.fsdp.FSDP`, ZeRO-3 with one
+unit per block plus the root, prefetch on) and an ordinary ``torch.optim`` optimizer over ``model.parameters()``,
+which are this rank's flat shards (Zhao et al. 2023, PyTorch FSDP). The chapter prints :func:`train` and runs it."""
+from __future__ import annotations
+
+from minipar.check import RunResult
+from minipar.data.fsdp import FSDP
+from minipar.loop import mean_over_ranks, shard_batch
+
+__all__ = ["train"]
+
+
+def train(rank, world_size, recipe):
+    model = FSDP(recipe.model())                   # ZeRO-3: units = each block + the root
+    opt = recipe.optimizer(model.parameters())     # this rank's shards: 1/N of every unit
+    losses = []
+    for inputs, targets in recipe.batches:
+        loss = recipe.loss(model, *shard_batch((inputs, targets), rank, world_size))
+        loss.backward()                            # gathers again, then reduce-scatters each unit
+        opt.step()                                 # steps the shards only
+        opt.zero_grad()
+        losses.append(mean_over_ranks(loss))
+    return RunResult(losses, model.full_state_dict())
