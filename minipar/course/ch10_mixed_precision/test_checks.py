@@ -114,3 +114,14 @@ def test_sharded_overflow_claim_holds_and_rejects_ranks_that_agree_or_part():
         with pytest.raises(AssertionError):
             claims.check_sharded_overflow_needs_all_reduce({"own flag": own, "flag all-reduced (MAX)": agreed},
                                                            2.0 ** 16)
+
+
+def test_fp16_gap_claim_rejects_a_skip_outside_the_final_window_or_fp16_further_before_it():
+    from minipar.course.ch10_mixed_precision import claims
+    fp16, bf16 = "FP16 + FP32 masters + scaler", "BF16 + FP32 masters, no scaler"
+    closer = {fp16: 1e-4, bf16: 5e-4}
+    further = {fp16: 5e-4, bf16: 1e-4}
+    claims.check_fp16_gap_is_the_skip([196], closer, closer, 200)                  # §6's run: holds
+    for skipped, before, window in (([100], closer, closer), ([196], closer, further)):
+        with pytest.raises(AssertionError):
+            claims.check_fp16_gap_is_the_skip(skipped, before, window, 200)
