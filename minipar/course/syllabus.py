@@ -75,7 +75,7 @@ ABOUT = {
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
-        core_minutes=0, elective_minutes=30, run_seconds=16),
+        core_minutes=0, elective_minutes=35, run_seconds=16),
     "05": About(  # 3324 words (17 min) + 4 exercise stubs
         title="Tensor parallelism (1D, Megatron)",
         summary="Column/row-parallel layers, f and g, heads, vocab-parallel loss; a TP GPT equal to one device.",
@@ -95,7 +95,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=30, elective_minutes=0, run_seconds=12),
+        core_minutes=35, elective_minutes=0, run_seconds=12),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -115,7 +115,7 @@ ABOUT = {
     "11": About(  # 1741 words (9 min) + 3 exercise stubs
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
-        core_minutes=25, elective_minutes=0, run_seconds=7),
+        core_minutes=30, elective_minutes=0, run_seconds=7),
     "12": About(  # 2694 words (13 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers and published runs; the decision guide as rules.",
@@ -131,7 +131,7 @@ ABOUT = {
     "14": About(  # 2304 words (12 min) + 4 exercise stubs
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
-        core_minutes=0, elective_minutes=30, run_seconds=9),
+        core_minutes=0, elective_minutes=35, run_seconds=9),
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
@@ -139,7 +139,7 @@ ABOUT = {
     "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
         title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
         summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
-        core_minutes=0, elective_minutes=30, run_seconds=5),
+        core_minutes=0, elective_minutes=35, run_seconds=5),
 }
 
 
