@@ -217,27 +217,17 @@ def draw_sequence_sweep(sweep: dict, limit: float, ax=None):
     return ax
 
 
-# Where each published row's label goes, in points from its marker (default: above-left), so that no two labels
-# overlap: the crowded 13-19 s group, and MT-NLG's three in a column at the right edge, with leader lines.
-_LABEL_AT = {"22B SP + selective": (8, -4, "left"), "22B full recompute": (8, -4, "left"),
-             "Llama-3.1-8B FSDP": (6, -10, "left"), "175B SP + selective": (-8, 0, "right"),
-             "Llama 3 405B 8K GPUs 8K": (-8, -10, "right"), "Llama 3 405B 16K GPUs 128K": (8, -16, "left"),
-             "175B full recompute": (-8, -2, "right"), "Llama-3.1-405B FSDP + TP": (-14, 18, "right"),
-             "530B SP + selective": (-8, 0, "right"), "530B full recompute": (-8, 0, "right"),
-             "1T SP + selective": (-8, 0, "right"), "1T full recompute": (-8, 0, "right"),
-             "MT-NLG 530B, 280 nodes": (0.97, 0.66, "right"), "MT-NLG 530B, 350 nodes": (0.97, 0.615, "right"),
-             "MT-NLG 530B, 420 nodes": (0.97, 0.57, "right")}      # these three in axes fractions
-_KINDS = {"calibration": ("o", "#4C72B0", "calibration (η_F fitted to it)"),
-          "weak": ("s", "none", "weak check (source of a fitted row)"),
-          "independent": ("D", "none", "independent check (source fitted to nothing)")}
-
-
-def _kind(row: dict, fitted_sources: set) -> str:
-    """A row's role in the figure: the calibration row, a weak check (same paper, code and hardware as a
-    calibration row) or an independent check."""
-    if row["role"] == "calibration":
-        return "calibration"
-    return "weak" if row["source"].split(",")[0] in fitted_sources else "independent"
+# Each published row's label, in points from its marker, placed so no two overlap; MT-NLG's three in a column at
+# the right edge (axes fractions), with leader lines.
+_LABEL_AT = {"22B SP + selective": (8, -4, "left"), "22B full recompute": (8, -4, "left"), "Llama-3.1-8B FSDP":
+             (6, -10, "left"), "Llama 3 405B 8K GPUs 8K": (-8, -10, "right"), "Llama 3 405B 16K GPUs 128K":
+             (8, -16, "left"), "175B full recompute": (-8, -2, "right"), "Llama-3.1-405B FSDP + TP": (-14, 18, "right"),
+             **{run: (-8, 0, "right") for run in ("175B SP + selective", "530B SP + selective", "530B full recompute",
+                                                  "1T SP + selective", "1T full recompute")},
+             **{f"MT-NLG 530B, {n} nodes": (0.97, y, "right") for n, y in ((280, 0.66), (350, 0.615), (420, 0.57))}}
+_KINDS = {"calibration": ("o", True, "#4C72B0", "calibration (η_F fitted to it)"),
+          "weak": ("s", False, "#4C72B0", "weak check (source of a fitted row)"),
+          "independent": ("D", False, "#C44E52", "independent check (source fitted to nothing)")}
 
 
 def draw_published(rows: list, ax=None, tolerance: float = 0.15):
@@ -254,12 +244,12 @@ def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     ax.fill_between([lo, hi], [lo * (1 - tolerance), hi * (1 - tolerance)], [lo * (1 + tolerance), hi * (1 + tolerance)],
                     color="0.9", label=f"within ±{tolerance:.0%}")
     fitted = {r["source"].split(",")[0] for r in rows if r["role"] == "calibration"}
-    colour = {"calibration": "#4C72B0", "weak": "#4C72B0", "independent": "#C44E52"}
-    for kind, (marker, face, label) in _KINDS.items():
-        got = [r for r in rows if _kind(r, fitted) == kind]
-        ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker,
-                   facecolors=colour[kind] if face != "none" else "none", edgecolors=colour[kind], zorder=3,
-                   label=label)
+    kind = {r["run"]: r["role"] if r["role"] == "calibration" else     # weak: a calibration row's paper and code
+            "weak" if r["source"].split(",")[0] in fitted else "independent" for r in rows}
+    for k, (marker, filled, colour, label) in _KINDS.items():
+        got = [r for r in rows if kind[r["run"]] == k]
+        ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker, zorder=3,
+                   facecolors=colour if filled else "none", edgecolors=colour, label=label)
     for r in rows:
         dx, dy, ha = _LABEL_AT.get(r["run"], (-5, 6, "right"))
         column = abs(dx) < 1            # an axes fraction, not points
