@@ -217,11 +217,24 @@ def draw_sequence_sweep(sweep: dict, limit: float, ax=None):
     return ax
 
 
+# Each published row's label, in points from its marker, placed so no two overlap; MT-NLG's three in a column at
+# the right edge (axes fractions), with leader lines.
+_LABEL_AT = {"22B SP + selective": (8, -4, "left"), "22B full recompute": (8, -4, "left"), "Llama-3.1-8B FSDP":
+             (6, -10, "left"), "Llama 3 405B 8K GPUs 8K": (-8, -10, "right"), "Llama 3 405B 16K GPUs 128K":
+             (8, -16, "left"), "175B full recompute": (-8, -2, "right"), "Llama-3.1-405B FSDP + TP": (-14, 18, "right"),
+             **{run: (-8, 0, "right") for run in ("175B SP + selective", "530B SP + selective", "530B full recompute",
+                                                  "1T SP + selective", "1T full recompute")},
+             **{f"MT-NLG 530B, {n} nodes": (0.97, y, "right") for n, y in ((280, 0.66), (350, 0.615), (420, 0.57))}}
+_KINDS = {"calibration": ("o", True, "#4C72B0", "calibration (η_F fitted to it)"),
+          "weak": ("s", False, "#4C72B0", "weak check (source of a fitted row)"),
+          "independent": ("D", False, "#C44E52", "independent check (source fitted to nothing)")}
+
+
 def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     """Log-log: published (x) against the planner's model (y) seconds per iteration, one point per row of
-    :func:`minipar.plan.published.table` (filled: a card's calibration row, the run its one fitted number was
-    fitted to; hollow: a check),
-    the line y = x and the ±``tolerance`` band."""
+    :func:`minipar.plan.published.table` (filled circle: a card's calibration row, the run its one fitted number
+    was fitted to; hollow square: a weak check, from a calibration row's source; hollow diamond: an independent
+    check), the line y = x and the ±``tolerance`` band."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 5.5))
@@ -230,16 +243,19 @@ def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="model = published")
     ax.fill_between([lo, hi], [lo * (1 - tolerance), hi * (1 - tolerance)], [lo * (1 + tolerance), hi * (1 + tolerance)],
                     color="0.9", label=f"within ±{tolerance:.0%}")
-    for role, marker in (("calibration", "o"), ("check", "s")):
-        got = [r for r in rows if r["role"] == role]
-        face = "#4C72B0" if role == "calibration" else "none"
-        ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker, facecolors=face,
-                   edgecolors="#4C72B0", zorder=3,
-                   label="calibration (a card's η fitted to it)" if role == "calibration" else "check (fitted to nothing)")
-    for r in rows:                   # checks labelled above-left, so that a near calibration row's label stays clear
-        above = r["role"] == "check"
-        ax.annotate(f"{r['run']} ×{r['ratio']:.2f}", (r["published"], r["predicted"]), textcoords="offset points",
-                    xytext=(-5, 6) if above else (5, -9), ha="right" if above else "left", fontsize=7)
+    fitted = {r["source"].split(",")[0] for r in rows if r["role"] == "calibration"}
+    kind = {r["run"]: r["role"] if r["role"] == "calibration" else     # weak: a calibration row's paper and code
+            "weak" if r["source"].split(",")[0] in fitted else "independent" for r in rows}
+    for k, (marker, filled, colour, label) in _KINDS.items():
+        got = [r for r in rows if kind[r["run"]] == k]
+        ax.scatter([r["published"] for r in got], [r["predicted"] for r in got], marker=marker, zorder=3,
+                   facecolors=colour if filled else "none", edgecolors=colour, label=label)
+    for r in rows:
+        dx, dy, ha = _LABEL_AT.get(r["run"], (-5, 6, "right"))
+        column = abs(dx) < 1            # an axes fraction, not points
+        ax.annotate(f"{r['run']} ×{r['ratio']:.2f}", (r["published"], r["predicted"]),
+                    textcoords="axes fraction" if column else "offset points", xytext=(dx, dy), ha=ha, va="center",
+                    fontsize=7, arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5) if column or abs(dy) > 16 else None)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -247,7 +263,7 @@ def draw_published(rows: list, ax=None, tolerance: float = 0.15):
     ax.set_xlabel("published seconds per iteration")
     ax.set_ylabel("model seconds per iteration (planner, device cards)")
     ax.set_title("the model of time against published training runs", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     return ax
 
 

@@ -102,26 +102,29 @@ def one_knob(best, cluster) -> None:
 def efficiency_band(p, band: float = 0.15) -> None:
     """§4: the planner again with the A100's fitted matmul efficiency η_F 15 % lower and higher (§6's band),
     then with the links' assumed ring efficiencies (NVLink 77 %, InfiniBand 90 % of the datasheet) at 60 % and
-    at 100 %: does the winner's layout change? ``p`` is the plan at the fitted η_F and the assumed links."""
-    card = A100_SXM_80GB
-    print(f"{'η_F':>5}{'step s':>8}{'MFU':>7}  the planner's best layout")
+    at 100 %, in one table: step, MFU, and whether the winner's layout is the same as at the fitted values.
+    ``p`` is the plan at the fitted η_F and the assumed links."""
+    card, best0 = A100_SXM_80GB, p.best[0]
+    print(f"{'planned with':36}{'step s':>7}{'MFU':>7}  same best layout?")
+
+    def row(what, pl):
+        best = pl.best[0]
+        print(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  "
+              f"{'yes' if best.layout == best0.layout else show.layout_words(best.layout)}")
+        return best
+
     bests = {}
     for f in (1 - band, 1.0, 1 + band):
         eta = card.gemm_efficiency * f
         pl = p if f == 1.0 else plan(GPT3_175B, gpu_cluster(replace(card, gemm_efficiency=eta), 128, NVLINK3, IB_HDR),
                                      1536, top=1)
-        bests[f] = best = pl.best[0]
-        print(f"{eta:5.2f}{best.step_seconds:8.1f}{best.mfu:7.1%}  {show.layout_words(best.layout)}")
+        bests[f] = row(f"η_F {eta:.2f}" + (" (fitted), links as assumed" if f == 1.0 else ""), pl)
     claims.check_efficiency_band(bests)
-    print(f"\n{'ring efficiency (assumed)':>26}{'step s':>8}{'MFU':>7}  the planner's best layout")
-    by_link = {}
-    for nvlink, ib in ((0.6, 0.6), (NVLINK3.efficiency, IB_HDR.efficiency), (1.0, 1.0)):
-        pl = p if (nvlink, ib) == (NVLINK3.efficiency, IB_HDR.efficiency) else plan(
-            GPT3_175B, gpu_cluster(card, 128, replace(NVLINK3, efficiency=nvlink), replace(IB_HDR, efficiency=ib)),
-            1536, top=1)
-        by_link[nvlink, ib] = best = pl.best[0]
-        print(f"{f'NVLink {nvlink:.0%}, IB {ib:.0%}':>26}{best.step_seconds:8.1f}{best.mfu:7.1%}  "
-              f"{show.layout_words(best.layout)}")
+    by_link = {(NVLINK3.efficiency, IB_HDR.efficiency): best0}
+    for nvlink, ib in ((0.6, 0.6), (1.0, 1.0)):
+        pl = plan(GPT3_175B, gpu_cluster(card, 128, replace(NVLINK3, efficiency=nvlink), replace(IB_HDR, efficiency=ib)),
+                  1536, top=1)
+        by_link[nvlink, ib] = row(f"links at {nvlink:.0%} of datasheet", pl)
     claims.check_link_efficiency_band(by_link)
 
 
@@ -141,7 +144,7 @@ def _row(links, overlap, advice, p) -> str:
     with_pp = min(e.step_seconds for fam, e in p.families.items() if "PP" in fam)
     zero3 = min(e.step_seconds for fam, e in p.families.items() if fam.startswith("ZeRO-3"))
     return (f"{links:>13}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
-            f"{best.step_seconds:7.1f}{with_pp:10.1f}{zero3:9.1f}{zero3 / best.step_seconds:15.2f}")
+            f"{best.step_seconds:14.1f}{with_pp:15.1f}{zero3:14.1f}{zero3 / best.step_seconds:15.2f}")
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -157,12 +160,11 @@ def rules_vs_planner(cluster, p) -> dict:
             if (links, overlap) not in plans:
                 plans[links, overlap] = plan(GPT3_175B, c, 1536, top=1, overlap=overlap == "on")
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
-    print(f"fast links: {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes against {fast.intra_bw / 1e9:.0f} "
-          f"GB/s inside a node, both as a large ring reaches them ({NVLINK3.bandwidth / 1e9:.0f} GB/s NVLink "
-          f"× {NVLINK3.efficiency}); the rules' walk on them:")
+    print(f"the rules' walk with {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes "
+          f"({fast.intra_bw / 1e9:.0f} inside a node):")
     print(advice[fast_gbs])
-    print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best s':>7}"
-          f"{'with PP s':>10}{'ZeRO-3 s':>9}{'ZeRO-3 ÷ best':>15}")
+    print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best layout s':>14}"
+          f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}")
     for (links, overlap), pl in plans.items():
         print(_row(links, overlap, advice[links], pl))
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])

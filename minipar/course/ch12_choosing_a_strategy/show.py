@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from minipar.machine.device import CARDS, FITTED
-from minipar.plan import GPT3_175B, Layout, estimate, hfu, mfu, model_state_bytes_formula, parameters
+from minipar.plan import GPT3_175B, Layout, activation_bytes_per_layer, estimate, hfu, mfu, model_state_bytes_formula, parameters
 from minipar.plan.published import RUNS, TOLERANCE, summary
 
 __all__ = ["Shown", "layout_words", "estimate_words", "published", "checks_by_fitted_source", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
@@ -150,7 +150,7 @@ def plan_table(p, full: bool = False) -> Shown:
     the families that do not fit; ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
-    lines += [f"{'family':36}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
+    lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
     order = sorted(p.families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
@@ -164,11 +164,16 @@ def plan_table(p, full: bool = False) -> Shown:
         elif why != "the best":
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
-        lines.append(f"{fam:36}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
+        lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
-        lines.append(f"these do not fit: {', '.join(misfits)}")
+        lines.append(f"these do not fit: {', '.join(_degree(fam, p.families[fam]) for fam in misfits)}")
     lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
     return Shown("\n".join(lines))
+
+
+def _degree(family: str, e) -> str:
+    """A family's name with the TP degree of its layout where the name says only that TP crosses nodes."""
+    return family.replace("(TP across nodes)", f"(TP {e.layout.tp}, across nodes)")
 
 
 def one_device(cluster) -> Shown:
@@ -178,8 +183,10 @@ def one_device(cluster) -> Shown:
     states = mem["params"] + mem["grads"] + mem["optimizer"]
     assert abs(states - model_state_bytes_formula(parameters(GPT3_175B), 1, 0)["total"]) < 1e-6 * states
     assert abs(states + mem["activations"] + mem["buffers"] - mem["total"]) < 1e-6 * mem["total"]
-    return Shown(f"one device: model states {states / GB:.0f} GB + activations of one micro-batch, 96 layers, "
-                 f"no recomputation {mem['activations'] / GB:.0f} GB = {mem['total'] / GB:.1f} GB")
+    layers = GPT3_175B.layers * activation_bytes_per_layer(GPT3_175B, 1)
+    return Shown(f"one device: model states {states / GB:.0f} GB + activations of one micro-batch, no recomputation, "
+                 f"{mem['activations'] / GB:.0f} GB (96 layers {layers / GB:.1f} GB, the rest the output layer"
+                 f"'s logits) = {mem['total'] / GB:.1f} GB")
 
 
 def card_views(views: dict) -> Shown:
@@ -200,22 +207,23 @@ def card_views(views: dict) -> Shown:
 
 
 def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
-    """Section 3: why the planner's best layout wins — the best, then each knob changed alone (TP 8 with dp
-    halved, v = 1 i.e. plain 1F1B, no SP, full recomputation, ZeRO-2 or -3 resharding per micro-batch), each row's step time and the time terms that
-    moved by more than 0.05 s against the best."""
+    """Section 4: why the planner's best layout wins — each knob of the best changed alone (TP 8 with dp
+    halved, v = 1 i.e. plain 1F1B, no SP, full recomputation, ZeRO-2 or -3 resharding per micro-batch), each row's step time and the two
+    time terms that moved most against the best (the best's own row and layout are in :func:`plan_table`)."""
     from dataclasses import replace
     lay = best.layout
     tp8 = replace(lay, tp=2 * lay.tp, dp=lay.dp // 2, micro_batches=global_batch // (lay.dp // 2 * lay.micro_batch))
     knobs = {f"TP {tp8.tp} (DP {tp8.dp})": tp8, "v = 1 (1F1B)": replace(lay, v=1, schedule="1f1b"),
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
              "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
-    lines = [f"best: {layout_words(lay)}", f"{'one knob changed':18}{'GB per GPU':>11}{'s/step':>8}{'slower':>8}  "
-             f"time terms that moved (s: best -> changed)",
+    lines = [f"{'one knob changed':18}{'GB per GPU':>11}{'s/step':>8}{'slower':>8}  "
+             f"the two time terms that moved most (s: best -> changed)",
              f"{'(none: the best)':18}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}{'':8}"]
     for name, layout in knobs.items():
         e = estimate(GPT3_175B, cluster, layout)
-        moved = ", ".join(f"{k} {best.time[k]:.2f} -> {v:.2f}" for k, v in e.time.items()
-                          if k != "total" and abs(v - best.time.get(k, 0.0)) > 0.05)
+        change = {k: v for k, v in e.time.items() if k != "total" and abs(v - best.time.get(k, 0.0)) > 0.05}
+        top = sorted(change, key=lambda k: -abs(change[k] - best.time.get(k, 0.0)))[:2]
+        moved = ", ".join(f"{k} {best.time.get(k, 0.0):.2f} -> {change[k]:.2f}" for k in top)
         fit = "" if e.fits else "  DOES NOT FIT"
         slower = e.step_seconds / best.step_seconds - 1
         lines.append(f"{name:18}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}{slower:8.1%}  {moved}{fit}")

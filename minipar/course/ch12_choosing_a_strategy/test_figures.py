@@ -14,7 +14,7 @@ def test_published_figure_draws_every_row():
     rows = published.table()
     ax = figures.draw_published(rows)
     assert len(ax.texts) == len(rows)
-    drawn = sum(len(c.get_offsets()) for c in ax.collections if c.get_label().startswith(("calibration", "check")))
+    drawn = sum(len(c.get_offsets()) for c in ax.collections if c.get_label().startswith(("calibration", "weak check", "independent check")))
     assert drawn == len(rows) and {r["role"] for r in rows} == {"calibration", "check"}
 
 
