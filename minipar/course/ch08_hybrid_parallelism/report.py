@@ -144,20 +144,24 @@ def _check_once(r: Report) -> None:
 
 def zero_once_per_step(result: dict) -> Report:
     """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
-    collectives and bytes over dp per step, model states between steps (rank 0), and whether the run equals
-    one device."""
+    collectives and bytes over dp per step, model states between steps and the step's peak (rank 0), and
+    whether the run equals one device."""
     once = result["once"]
-    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19}",
-             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,}"
+    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19} "
+             f"{'peak during the step':>21}",
+             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19} {'(B)':>21}"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,} {c['peak']:>21,}"
               for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
-    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step)")
+    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step; "
+                 "peak: the most held at any moment of a step)")
     if all(c["matches"] for c in once.values()):
         lines.append("all three match one device after 2 steps")
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
                  f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
                  f"than ZeRO-2 (the parameters outside its shard)")
+    lines.append(f"during the step, the peak rises instead: ZeRO-2 {once[2]['peak'] - once[1]['peak']:+,} B against "
+                 f"ZeRO-1, ZeRO-3 {once[3]['peak'] - once[1]['peak']:+,} B")
     per_mb = result["per_microbatch"]
     lines.append("sent over dp per step, once per step vs per micro-batch (table above): " + ", ".join(
         f"ZeRO-{z} {once[z]['bytes']:,.0f} vs {per_mb[z]['bytes']:,} B" for z in (2, 3)))
@@ -219,8 +223,9 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
                    t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, vocab: int = 51200,
                    tflops_per_gpu: float = 163.0) -> Report:
     """TP's, PP's and DP's values per rank per step for a middle stage of the 1T layout of Narayanan et al.
-    2021, Table 1 (defaults), by §3's formulas: TP 2(t−1)/t · 4(L/p) · (B/d)·s·h (four all-reduces per block,
-    the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
+    2021, Table 1 (defaults), by §3's formulas: TP 2(t−1)/t · 6(L/p) · (B/d)·s·h (six all-reduces per block
+    and micro-batch: §3's four, plus the forward's two again, since that run recomputes every block's forward
+    in its backward, as its FLOP count below assumes; the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
     whole or 1/t each with Megatron's scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this
     rank's share of its stage). Beside them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on
     the DGX A100's NVLink 3 and on one InfiniBand HDR port per GPU (a lower bound: no latency, full
@@ -229,10 +234,11 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     measured (Table 1: 163 TFLOP/s per GPU)."""
     from minipar.machine.cluster import IB_HDR, NVLINK3
     activation = (batch // d) * seq * h
-    tp_values = 2 * (t - 1) / t * 4 * (n_layer // p) * activation
+    all_reduces_per_block = 4 + 2                 # forward 2, backward 2, and the recomputed forward's 2
+    tp_values = 2 * (t - 1) / t * all_reduces_per_block * (n_layer // p) * activation
     pp_values = 2 * activation
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
-    rows = [("TP, all-reduces in each block", tp_values), ("PP, whole from each TP rank", pp_values),
+    rows = [("TP, 6 all-reduces a block", tp_values), ("PP, whole from each TP rank", pp_values),
             ("PP, 1/t (scatter/gather)", pp_values / t), ("DP, ring all-reduce", dp_values)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
     lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value "
