@@ -113,14 +113,14 @@ def draw_sp_layer(world_size: int = 2, h: int = 8, s: int = 8):
 
 def draw_backward_overlap():
     """A schematic timeline (equal made-up durations, no measurement) of one column-parallel layer's backward
-    under SP: re-gather X, the input-gradient GEMM dX = dY·Wᵀ, the reduce-scatter of dX, the weight-gradient
-    GEMM dW = Xᵀ·dY. One after another (top: what minipar runs) and on two streams (below: Megatron's order —
+    under SP: re-gather X, the input-gradient GEMM dX = dY·W, the reduce-scatter of dX, the weight-gradient
+    GEMM dW = dYᵀ·X. One after another (top: what minipar runs) and on two streams (below: Megatron's order —
     the re-gather under dX, which does not need X; the reduce-scatter under dW, which needs the gathered X)."""
     import matplotlib.pyplot as plt
 
     compute, comm = RANK_COLOURS[0], RANK_COLOURS[1]
-    blocking = [("all-gather X", comm), ("dX = dY·Wᵀ", compute), ("reduce-scatter dX", comm), ("dW = Xᵀ·dY", compute)]
-    overlapped = {1: [(0, "dX = dY·Wᵀ", compute), (1, "dW = Xᵀ·dY", compute)],
+    blocking = [("all-gather X", comm), ("dX = dY·W", compute), ("reduce-scatter dX", comm), ("dW = dYᵀ·X", compute)]
+    overlapped = {1: [(0, "dX = dY·W", compute), (1, "dW = dYᵀ·X", compute)],
                   0: [(0, "all-gather X", comm), (1, "reduce-scatter dX", comm)]}
     fig, ax = plt.subplots(figsize=(7.5, 2.4))
     for k, (label, colour) in enumerate(blocking):

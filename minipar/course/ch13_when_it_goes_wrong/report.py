@@ -107,14 +107,14 @@ def _straggler_replay(run, slow, wall_step) -> None:
 
 
 def show_rounding() -> float:
-    """A correct DDP run against one device in float32 and float64; returns the bisection's tolerance: the
+    """A correct DDP run against one device in float32 and float64; returns the first-departure search's tolerance: the
     measured float64 rounding times a safety factor of 1000 (empirical, not a bound)."""
     noise = lab.rounding_study()
     for dtype, d in noise.items():
         print(f"correct DDP vs one device, {str(dtype)[6:]}: largest departure {d:.1e} "
               f"({d / torch.finfo(dtype).eps:.0f} x the dtype's epsilon)")
     tolerance = 1e3 * noise[torch.float64]
-    print(f"tolerance for the bisection, in float64: 1000 x its measured rounding = {tolerance:.0e}")
+    print(f"tolerance for the first-departure search, in float64: 1000 x its measured rounding = {tolerance:.0e}")
     claims.check_few_epsilons(noise)
     return tolerance
 
