@@ -23,7 +23,7 @@ from minipar.machine.fidelity import fit_link
 
 __all__ = ["SMALL_BYTES", "RING_SIZES", "FIT_RANKS", "PUBLISHED_LINKS", "time_small_ring", "slowest_rank_fastest",
            "time_ring_sizes", "fit_ring", "crossover_bytes", "machine_cores", "fitted_ranks", "ring_model_seconds",
-           "published_ring_rows", "NCCL_RING_LATENCY", "nccl_link_type"]
+           "published_ring_rows", "NCCL_RING_LATENCY", "NCCL_VERSIONS", "nccl_link_type"]
 
 SMALL_BYTES = 4096                                    # the small all-reduce: 1024 float32
 RING_SIZES = tuple(16 * 4 ** i for i in range(11))    # 16 B, 64 B, … 16 MiB: six decades to fit α and β
@@ -38,14 +38,18 @@ PUBLISHED_LINKS = {
     "InfiniBand NDR, a 400 Gb/s port": (14.0e-6, 50e9, "NCCL hwLat; NVIDIA ConnectX-7: 400 Gb/s"),
 }
 # NCCL's hwLat is indexed by link type, not generation: a ring step (Simple) costs this on any link of the type.
-NCCL_RING_LATENCY = {"NVLink": 3.4e-6, "network": 14.0e-6}
+# Values of NCCL 2.18 to 2.30 (src/graph/tuning.cc); NCCL 2.12 charged a network ring step 28 µs, 2.14-2.17 9.6 µs.
+NCCL_VERSIONS = "2.18-2.30"
+NCCL_RING_LATENCY = {"NVLink": 3.4e-6, "PCI": 5.7e-6, "network": 14.0e-6}
 NVLINK_DOMAIN = 8                                     # GPUs on one NVLink switch in an HGX/DGX H100 node
 
 
 def nccl_link_type(link_name: str) -> str | None:
-    """The row of NCCL's hwLat a link falls in: "NVLink", "network" (InfiniBand), or None (not quoted here)."""
+    """The row of NCCL's hwLat a link falls in: "NVLink", "PCI", "network" (InfiniBand), or None (not in the table)."""
     if link_name.startswith("NVLink"):
         return "NVLink"
+    if link_name.startswith("PCIe"):
+        return "PCI"
     return "network" if link_name.startswith("InfiniBand") else None
 
 

@@ -14,7 +14,7 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, PCIE3
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import (FIT_RANKS, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+from .latency import (FIT_RANKS, NCCL_RING_LATENCY, NCCL_VERSIONS, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
 __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
@@ -173,10 +173,11 @@ def show_later_links() -> None:
     """The five links later chapters price (assumed α and share of the peak), beside the α NCCL's tuning table
     charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
+    print(f"NCCL {NCCL_VERSIONS}, src/graph/tuning.cc: hwLat charges a ring step (Simple protocol) by link type")
     print(f"{'link':32} {'NCCL hwLat, by link type':>24} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
         kind = nccl_link_type(card.name)
-        nccl = f"{NCCL_RING_LATENCY[kind] * 1e6:.1f} µs (any {kind})" if kind in NCCL_RING_LATENCY else "not quoted"
+        nccl = f"{NCCL_RING_LATENCY[kind] * 1e6:.1f} µs (any {kind})" if kind in NCCL_RING_LATENCY else "no row"
         print(f"{card.name:32} {nccl:>24} {card.latency * 1e6:>4.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
     claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
