@@ -97,28 +97,37 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 
 def table(m: dict) -> str:
-    """The printed lines: each configuration's buckets (MB each, in launch order), its step time, median
-    [min – max], and the saving; a run the cores disturbed (:func:`too_busy`) shows no step times, since they
-    are not compared."""
+    """The printed lines, the result first: the saving and the share of the one bucket's all-reduce it hid;
+    then each configuration's step time, median [min – max], and its buckets (MB each, in launch order); then how
+    it was measured (the slots, the all-reduce alone, the slots that ran long, the steps' parts). A run the cores
+    disturbed (:func:`too_busy`) shows no step times and no saving, since they are not compared."""
     f, b = m["slot_s"]
     busy = too_busy(m["overruns"], m["slots"], m["load"])
-    lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
-             f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); {m['grad_bytes'] / 1e6:.1f} MB of gradients"]
+    lines = []
+    if not busy:
+        per_block, one = (statistics.median(s) for s in m["seconds"].values())
+        headline = f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%})"
+        if "allreduce_s" in m:
+            alone = statistics.median(m["allreduce_s"])
+            headline += f": it hid {(one - per_block) / alone:.0%} of the one bucket's {alone * 1e3:.1f} ms all-reduce"
+        lines.append(headline)
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
         step = "step time not shown (too busy)" if busy else f"step {spread(s)}"
-        lines.append(f"  DDP, {name:17} (all-reduces of {sizes} MB): {step}; "
+        lines.append(f"  DDP, {name:17} {step}; all-reduces of {sizes} MB; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
+    if not busy:
+        lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
+    lines.append(f"how it was measured: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to "
+                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); "
+                 f"{m['grad_bytes'] / 1e6:.1f} MB of gradients")
     if "allreduce_s" in m:
         lines.append(f"  the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])} "
                      "(what there is to hide)")
     lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
     if busy:                                            # a disturbed run states no saving: its times do not count
         return "\n".join(lines + ["  " + busy])
-    per_block, one = (statistics.median(s) for s in m["seconds"].values())
-    lines.append(f"  overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%}); "
-                 + VERDICTS[verdict(*m["seconds"].values())])
     return "\n".join(lines + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
 
 

@@ -16,7 +16,7 @@ import statistics
 from minipar.course import replays
 from minipar.course.report import Report
 from minipar.course.bench import model_and_batch
-from minipar.machine.cluster import IB_HDR, NVLINK3, PCIE3, LinkCard, a100_cluster
+from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster
 
 from . import buckets as u_curve
 from . import timing
@@ -106,8 +106,10 @@ def _check_gpt2(r: Report) -> None:
 
 
 def _check_both_links(r: Report) -> None:
-    assert all(r.rows[n]["hidden_pcie"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
-    assert r.rows["DP"]["exposed_pcie"] > r.rows["DDP one bucket"]["exposed_pcie"]
+    for slow in ("slow", "fast"):                        # the guide's measured path, both ends of its bracket
+        assert all(r.rows[n][f"hidden_{slow}"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
+        assert r.rows["DP"][f"exposed_{slow}"] > r.rows["DDP one bucket"][f"exposed_{slow}"]
+    assert all(r.rows[n]["exposed_slow"] > r.rows[n]["exposed_fast"] for n in r.rows)   # 0.76 GB/s exposes more
 
 
 def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
@@ -124,16 +126,18 @@ def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
 
 def gpt2_sized(m: dict) -> Report:
     """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
-    operator bytes × k·w) on the DGX-A100 node and the TITAN RTX machine without NVLink; the text shows the DGX
-    rows (labelled by their scaled buckets) and the bucketed run on the TITAN RTX machine; ``hidden_share_dgx`` of
+    operator bytes × k·w) on the DGX-A100 node and on TITAN RTX cards at both ends of the guide's measured no-NVLink
+    speed (:data:`.timing.GUIDE_SLOW_PATH_GBPS`); the text shows the DGX rows (labelled by their scaled buckets)
+    and the bucketed run and DP on the TITAN RTX cards; ``hidden_share_dgx`` of
     the bucketed run with the largest buckets."""
     n, dgx = m["world_size"], a100_cluster(1)
     tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
     f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / tokens_here
     w = GPT2_WIDTH_RATIO
-    big = replays.replays(m, {"dgx": dgx, "pcie": timing.titan_rtx(n, nvlink=False, fp32=True)}, compute_factor=f * k,
-                          bytes_factor=f, op_bytes_factor=k * w)
+    slow, fast = timing.GUIDE_SLOW_PATH_GBPS
+    clusters = {"dgx": dgx, "slow": timing.guide_cards(n, slow), "fast": timing.guide_cards(n, fast)}
+    big = replays.replays(m, clusters, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
     rows = {r["config"]: r for r in timing.table(m, big)}
     ddp_names = [name for name in rows if name.startswith("DDP")]
     bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
@@ -155,10 +159,12 @@ def gpt2_sized(m: dict) -> Report:
                  f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
                  f"much; DP exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: star model, device 0 sends (N−1)·P and "
                  f"receives as much, none of it under backward")
-    pcie = rows[bucketed]
-    lines.append(f"the guide's TITAN RTX over {link(PCIE3)}, at its fp32 peak (16.3 TFLOP/s; the guide ran fp32): "
-                 f"DDP with {count:.0f} buckets hides {pcie['hidden_pcie']:.0%} and exposes "
-                 f"{pcie['exposed_pcie'] * 1e3:.1f} ms, DP exposes {rows['DP']['exposed_pcie'] * 1e3:.0f} ms")
+    ddp_row, dp_row = rows[bucketed], rows["DP"]
+    lines.append(f"{n} TITAN RTX (the guide ran 2) at its fp32 peak, 16.3 TFLOP/s, joined at the {slow:.2f}–{fast:.1f} "
+                 f"GB/s its no-NVLink run moved (Sources and corrections): DDP with {count:.0f} buckets hides "
+                 f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} and exposes "
+                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms, DP exposes "
+                 f"{dp_row['exposed_fast'] * 1e3:.0f}–{dp_row['exposed_slow'] * 1e3:.0f} ms")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))

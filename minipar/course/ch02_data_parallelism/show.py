@@ -11,11 +11,11 @@ from minipar.data import dp
 from minipar.data.sampler import DistributedSampler
 from minipar.course.report import against_one_device
 
-from . import claims
+from . import claims, timing
 from .measure import timeline_summary
 
 __all__ = ["averaging", "dp_exchanges", "parameter_server", "ddp_bytes", "ours_vs_torch", "timeline",
-           "paced_overlap", "sampler", "accumulation", "no_sync", "dp_against_ddp_bytes", "counted_bytes",
+           "paced_overlap", "sampler", "accumulation", "no_sync", "summary_bytes", "counted_bytes",
            "guide_slow_path"]
 
 DP_RULES = {"scatter inputs": "(N-1)/N·|x|", "replicate model": "(N-1)·P", "gather outputs": "(N-1)/N·|y|",
@@ -142,12 +142,16 @@ def no_sync(runs: dict, reference) -> None:
     claims.check_pitfall_no_sync_used_wrongly(seen)
 
 
-def dp_against_ddp_bytes(n: int) -> None:
-    """Summary: one step of DDP and of DP (as N processes) on a 2-layer GPT, bytes counted, nothing timed
-    (:func:`.bench.run` with ``iters=0, with_dp=True``); silently also the arithmetic on the Hugging Face guide's
-    table that the Sources box quotes (:func:`guide_slow_path`)."""
-    from .bench import run
-    counted_bytes(run(n, layers=2, embd=64, batch=16, seq=32, bucket_mb=0.0625, iters=0, with_dp=True), n)
+def summary_bytes(dp_log, ddp_out: list, grad_bytes: int, n: int) -> None:
+    """Summary: the bytes of one step already counted, on the first cell's model: DP's device 0 in §2 (``dp_log``,
+    star model: it sends (N−1)·P of weights and receives (N−1)·P of gradients) against a DDP rank in §4
+    (``ddp_out`` = per rank (RunResult, bytes sent a step, all-reduces)), 2(N−1)/N·P; their ratio is N/2. Silently
+    also the arithmetic on the Hugging Face guide's table that the Sources box quotes (:func:`guide_slow_path`)."""
+    dp_bytes, ddp_sent = dp_log.by_exchange(), ddp_out[0][1]
+    print(f"one step on {n} devices, bytes counted in §2 and §4: DP's device 0 sends {dp_bytes['replicate model']:,} B "
+          f"of weights and receives {dp_bytes['reduce grads']:,} B of gradients, (N−1)·P each way; a DDP rank sends "
+          f"{ddp_sent:,.0f} B, 2(N−1)/N·P: device 0 sends {dp_bytes['replicate model'] / ddp_sent:.0f}× as much (N/2)")
+    claims.check_dp_against_ddp_measured_here({"step_bytes_sent": ddp_sent}, grad_bytes, n, dp_bytes)
     guide_slow_path(quiet=True)
 
 
@@ -159,7 +163,7 @@ def counted_bytes(counted: dict, n: int) -> None:
     claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
 
 
-GUIDE = {"params": 124_439_808, "ranks": 2, "steps": 200, "ddp_nvlink_s": 101.9003, "ddp_no_nvlink_s": 131.4367}
+GUIDE = timing.GUIDE   # the guide's table; D2 prices its cards at the speeds this arithmetic finds
 
 
 def guide_slow_path(quiet: bool = False) -> None:

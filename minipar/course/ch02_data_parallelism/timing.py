@@ -15,7 +15,7 @@ processes, so that each device's compute and messages are traced as DDP's are �
     fitted to gloo's all-reduce timed in the same launch, the fastest call of each size:
     :class:`minipar.observe.measure.Links`; the chapter does not show this replay: on 2 shared cores it sits
     several times below the wall clock, which it does not model),
-  - a DGX-A100 node and the Hugging Face guide's PCIe machine (:mod:`minipar.machine.cluster`), each compute segment scaled
+  - a DGX-A100 node and the Hugging Face guide's TITAN RTX cards at its measured no-NVLink speed (:mod:`minipar.machine.cluster`), each compute segment scaled
     so that a step's compute is the step's counted FLOPs / (peak · efficiency) of the device
     (``compute_scale`` = FLOP/s here / the device's; FLOPs counted by ``torch.utils.flop_counter``).
 
@@ -38,7 +38,7 @@ from minipar.observe.measure import LINK_SIZES, Links, RankSteps, counted_flops,
     timed_steps
 
 __all__ = ["traced_rank", "measure", "table", "TITAN_RTX", "TITAN_RTX_FP32", "NVLINK_BRIDGE",
-           "titan_rtx"]
+           "titan_rtx", "GUIDE", "GUIDE_SLOW_PATH_GBPS", "guide_cards"]
 
 LINK_REPEATS = 20                  # calls of each, after a warm-up; the fastest is fitted (the least disturbed: with 5, every
                                    # call of a size can land in the slow mode of a call here, ~2 ms, and the fit finds no bandwidth)
@@ -134,6 +134,23 @@ def titan_rtx(devices: int = 2, nvlink: bool = True, fp32: bool = False):
     card = TITAN_RTX_FP32 if fp32 else TITAN_RTX
     link = NVLINK_BRIDGE if nvlink else PCIE3
     return gpu_cluster(card, 1, link, link, devices_per_node=devices)
+
+
+# The Hugging Face guide's table (GPT-2 small, 2 TITAN RTX, 200 steps, fp32), as chapter 02's Sources box quotes it.
+GUIDE = {"params": 124_439_808, "ranks": 2, "steps": 200, "ddp_nvlink_s": 101.9003, "ddp_no_nvlink_s": 131.4367}
+# What its DDP without NVLink moved: each rank's all-reduce, 2(N-1)/N·P = P fp32 bytes at N = 2, over the whole
+# step (the slowest the path can have been) or over only the time it added to the NVLink step (the fastest).
+_PER_RANK = GUIDE["params"] * 4 * 2 * (GUIDE["ranks"] - 1) / GUIDE["ranks"]
+GUIDE_SLOW_PATH_GBPS = (_PER_RANK / (GUIDE["ddp_no_nvlink_s"] / GUIDE["steps"]) / 1e9,
+                        _PER_RANK / ((GUIDE["ddp_no_nvlink_s"] - GUIDE["ddp_nvlink_s"]) / GUIDE["steps"]) / 1e9)
+
+
+def guide_cards(devices: int, gbps: float):
+    """``devices`` :data:`TITAN_RTX_FP32` joined by a link of ``gbps`` GB/s, all of it reached (efficiency 1):
+    the guide's measured no-NVLink path (``NCCL_P2P_DISABLE=1``, :data:`GUIDE_SLOW_PATH_GBPS`), not PCIe's peak."""
+    path = LinkCard(f"the guide's no-NVLink path, as measured ({gbps:.2g} GB/s)", gbps * 1e9, PCIE3.latency, 1.0,
+                    "Hugging Face guide's table: 498 MB all-reduced per rank in 148-657 ms; latency: PCIE3's")
+    return gpu_cluster(TITAN_RTX_FP32, 1, path, path, devices_per_node=devices)
 
 
 def table(measured: dict, played: dict) -> list:
