@@ -213,10 +213,10 @@ def measure_allreduce(world_size: int = 4, reps: int = 7):
     return alpha, beta
 
 
-def tiny_gpt_replays(alpha: float, beta: float, degrees=(1, 2, 4, 8)) -> dict:
+def tiny_gpt_replays(degrees=(1, 2, 4, 8)) -> dict:
     """The tiny GPT (2 blocks, h = 64, 16 heads, b = 4, s = 16, SGD — Adam's first steps would magnify float32
     rounding into the weights) trained at each t here, compared with one device, one step replayed inside one
-    H100 node and across two (:func:`.timing.tp_table`; ``alpha``, ``beta``: this machine's ring step and link)."""
+    H100 node and across two (:func:`.timing.tp_table`)."""
     recipe = gpt_recipe(steps=6, batch_size=4, seq_len=16, n_layer=2, n_embd=64, n_head=16, vocab_size=64,
                         optimizer="sgd")
     reference = train_reference(recipe)
@@ -224,7 +224,7 @@ def tiny_gpt_replays(alpha: float, beta: float, degrees=(1, 2, 4, 8)) -> dict:
     for t in degrees:
         run = tp_runs(recipe, t)      # one launch: a timed run of 6 steps, then a counted run of the first 2
         equal[t] = [compare(reference, run.results), compare(train_reference(run.counted_recipe), run.counted_results)]
-        tables[t] = tp_table(one_step(run.timed), one_step(run.counted), t, alpha=alpha, beta=beta)
+        tables[t] = tp_table(one_step(run.timed), one_step(run.counted), t)
     return {"tables": tables, "equal": equal}
 
 

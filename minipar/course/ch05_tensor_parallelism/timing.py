@@ -95,11 +95,12 @@ def one_step(traced: trace.Trace, label: str = "step") -> trace.Trace:
     return trace.Trace(ranks, dict(traced.meta))
 
 
-def placements(t: int, alpha: float, beta: float) -> dict:
-    """{placement: Cluster or None}: this machine (α of one ring step, β), the t ranks inside one DGX H100
-    node (None where t > 8), and split over two nodes, t/2 in each (None for t = 1)."""
+def placements(t: int, alpha: float | None = None, beta: float | None = None) -> dict:
+    """{placement: Cluster or None}: this machine (α of one ring step, β; None when they are not given), the t
+    ranks inside one DGX H100 node (None where t > 8), and split over two nodes, t/2 in each (None for t = 1)."""
     node = h100_cluster(1)
-    return {"here": this_machine(alpha, beta, 1.0, devices=max(t, 2)),
+    here = this_machine(alpha, beta, 1.0, devices=max(t, 2)) if alpha is not None and beta is not None else None
+    return {"here": here,
             "inside": node if t <= node.devices_per_node else None,
             "across": gpu_cluster(H100_SXM, 2, NVLINK4, IB_NDR, devices_per_node=t // 2) if t > 1 else None}
 
@@ -126,7 +127,8 @@ def compute_terms(rank_trace: trace.RankTrace, card=H100_SXM) -> dict:
     return out
 
 
-def tp_table(timed: trace.Trace, counted: trace.Trace | None, t: int, *, alpha: float, beta: float) -> dict:
+def tp_table(timed: trace.Trace, counted: trace.Trace | None, t: int, *, alpha: float | None = None,
+             beta: float | None = None) -> dict:
     """{placement: {"compute", "comm", "exposed", "step", "ratio"} (seconds; ratio = comm / compute), or None
     where the placement is impossible} of the busiest rank of one step: ``timed`` (:func:`one_step` of
     :attr:`TPRuns.timed`) replayed here, ``counted`` (of :attr:`TPRuns.counted`) on the H100 placements
