@@ -116,7 +116,7 @@ def check_accumulation(exact, matmul, running) -> None:
 
 
 def check_table_claims_checked(decades) -> None:
-    """*总结*'s table and claims, checked"""
+    """Common statements about FP16 and BF16, checked"""
     assert round(FP16.decimal_digits, 1) == 3.3 and round(BF16.decimal_digits, 1) == 2.4 and round(FP32.decimal_digits, 1) == 7.2
     assert BF16.eps / FP32.eps == 65536 and round(decades["FP16"]) == 12 and round(decades["FP32"]) == 83
 

@@ -37,12 +37,17 @@ def show_gpt3_dial() -> None:
     claims.check_gpt3_dial(kept, extra, layer)
 
 
-def show_gpt3_logits(vocab: int = 50257) -> None:
+def show_gpt3_logits(vocabs=(50257, 150000)) -> None:
     """§1's scale line, by formula: GPT-3's FP32 logits for one sequence, 4·s·V bytes, beside one layer's
-    linear activations in 16 bits, 34·sbh (Korthikanti et al. 2022)."""
+    linear activations in 16 bits, 34·sbh (Korthikanti et al. 2022), at GPT-3's vocabulary and at 150k."""
     s, h = GPT3["s"], GPT3["h"]
-    print(f"\nat GPT-3 scale, by formula (s = {s}, V = {vocab:,}, h = {h:,}, one sequence): FP32 logits 4·s·V = "
-          f"{4 * s * vocab / 1e6:.0f} MB, one layer's linear part (16-bit) 34·sbh = {34 * s * h / 1e6:.0f} MB")
+    layer = 34 * s * h
+    print(f"\nat GPT-3 scale, by formula (s = {s}, h = {h:,}, one sequence): one layer's linear part (16-bit) "
+          f"34·sbh = {layer / 1e6:.0f} MB")
+    for vocab in vocabs:
+        print(f"  V = {vocab:>7,}: FP32 logits 4·s·V = {4 * s * vocab / 1e6:5.0f} MB = "
+              f"{4 * s * vocab / layer:.1f}× that layer's linear part")
+    claims.check_logits_against_a_layer(s, h)
 
 
 def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
