@@ -17,12 +17,13 @@ from minipar.plan.published import TOLERANCE
 from . import claims, figures, show
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
-           "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "breakdown", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
 GB = 1e9
-# §5's fast links between nodes, bytes/s per GPU as a large ring reaches them (a cluster's bandwidths are all
-# effective: link card × efficiency), against NVLink 3's 300 GB/s × 0.77 = 231 inside a node.
+# §5's fast links between nodes, a hypothetical: bytes/s per GPU as a large ring reaches them (a cluster's
+# bandwidths are all effective: link card × efficiency), between InfiniBand's 22 and NVLink 3's 300 × 0.77 = 231
+# inside a node, and above the rules' "fast" threshold (rules.FAST_LINK_RATIO × 231).
 FAST_INTER_NODE = 150e9
 
 
@@ -93,6 +94,24 @@ def planner(p, advice, full: bool = False) -> None:
     claims.check_published_decision_guide_as_rules(advice, best)
 
 
+def breakdown(best) -> None:
+    """§4: the best layout priced term by term: memory = model states + activations (one layer's, Korthikanti
+    et al.'s Table 2, × layers per stage × micro-batches in flight) + buffers; time = compute + bubble + each
+    collective + the optimizer; the bubble worked by hand, (compute + tp) × (p − 1)/(v·m)."""
+    lay, mem, t = best.layout, best.memory, best.time
+    per_layer = activation_bytes_per_layer(GPT3_175B, lay.micro_batch, tp=lay.tp, sp=lay.sp, recompute=lay.recompute)
+    layers = GPT3_175B.layers // lay.pp
+    states = mem["params"] + mem["grads"] + mem["optimizer"]
+    print(f"memory {mem['total'] / GB:.1f} GB = model states {states / GB:.1f} + activations {mem['activations'] / GB:.1f}"
+          f" ({per_layer / GB:.3f} GB per layer × {layers} layers × {best.in_flight:g} in flight) + buffers "
+          f"{mem['buffers'] / GB:.1f}")
+    terms = [k for k in ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer") if t.get(k)]
+    print(f"time {t['total']:.2f} s = " + " + ".join(f"{k} {t[k]:.2f}" for k in terms))
+    print(f"bubble by hand: (compute + tp) × (p − 1)/(v·m) = ({t['compute']:.2f} + {t['tp']:.2f}) × "
+          f"{lay.pp - 1}/({lay.v}·{lay.micro_batches}) = {(t['compute'] + t['tp']) * (lay.pp - 1) / (lay.v * lay.micro_batches):.2f} s")
+    claims.check_breakdown_adds_up(best, per_layer, layers)
+
+
 def one_knob(best, cluster) -> None:
     """§4: the best, then each knob changed alone, and the time terms that moved."""
     print(show.one_knob(best, cluster))
@@ -161,7 +180,8 @@ def rules_vs_planner(cluster, p) -> dict:
                 plans[links, overlap] = plan(GPT3_175B, c, 1536, top=1, overlap=overlap == "on")
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
     print(f"the rules' walk with {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes "
-          f"({fast.intra_bw / 1e9:.0f} inside a node):")
+          f"({fast.intra_bw / 1e9:.0f} inside a node; the rules call links between nodes fast from "
+          f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s):")
     print(advice[fast_gbs])
     print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best layout s':>14}"
           f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}")
