@@ -71,7 +71,7 @@ ABOUT = {
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=35, elective_minutes=0, run_seconds=12),
+        core_minutes=40, elective_minutes=0, run_seconds=12),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
@@ -107,7 +107,7 @@ ABOUT = {
     "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
-        core_minutes=35, elective_minutes=0, run_seconds=7),
+        core_minutes=40, elective_minutes=0, run_seconds=7),
     "10b": About(  # 2173 words (11 min) + 4 exercise stubs
         title="FP8 training: scales, granularity, accumulation",
         summary="FP8 formats and their scales, delayed vs current scaling, accumulation; FP8 vs BF16.",
