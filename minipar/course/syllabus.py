@@ -63,15 +63,15 @@ ABOUT = {
     "03": About(  # 2122 words (11 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
-        core_minutes=30, elective_minutes=0, run_seconds=12),
+        core_minutes=30, elective_minutes=0, run_seconds=13),
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
         title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch timed",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch timed.",
-        core_minutes=0, elective_minutes=25, run_seconds=14),
+        core_minutes=0, elective_minutes=25, run_seconds=16),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=12),
+        core_minutes=40, elective_minutes=0, run_seconds=13),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
@@ -79,7 +79,7 @@ ABOUT = {
     "05": About(  # 3324 words (17 min) + 4 exercise stubs
         title="Tensor parallelism (1D, Megatron)",
         summary="Column/row-parallel layers, f and g, heads, vocab-parallel loss; a TP GPT equal to one device.",
-        core_minutes=35, elective_minutes=0, run_seconds=12),
+        core_minutes=35, elective_minutes=0, run_seconds=13),
     "06": About(  # 2019 words (10 min) + 4 exercise stubs
         title="Sequence parallelism (Megatron)",
         summary="LayerNorm and dropout on sequence shards, the same bytes; activation memory measured.",
@@ -107,7 +107,7 @@ ABOUT = {
     "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
-        core_minutes=40, elective_minutes=0, run_seconds=7),
+        core_minutes=40, elective_minutes=0, run_seconds=8),
     "10b": About(  # 2173 words (11 min) + 4 exercise stubs
         title="FP8 training: scales, granularity, accumulation",
         summary="FP8 formats and their scales, delayed vs current scaling, accumulation; FP8 vs BF16.",
@@ -135,7 +135,7 @@ ABOUT = {
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
-        core_minutes=0, elective_minutes=35, run_seconds=7),
+        core_minutes=0, elective_minutes=35, run_seconds=8),
     "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
         title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
         summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
