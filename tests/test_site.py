@@ -77,6 +77,21 @@ def test_index_glossary_and_figures_pages(built):
         assert f"figures/{name}" in figures and (out / "figures" / name).exists()
 
 
+def test_every_relative_link_on_a_chapter_page_resolves_inside_the_site(built):
+    """A link from a chapter to another chapter, a figure or its exercise notebook leads to a file the site has
+    (the exercises/ and solutions/ notebooks are copied beside the pages for that)."""
+    out, manifest = built
+    broken = []
+    for stem in manifest["chapters"]:
+        page = (out / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+        for href in re.findall(r'href=["\']([^"\'#?]+)', page):
+            if re.match(r"[a-z]+:", href) or href.startswith("/"):
+                continue                                # http(s), mailto, data: not this site's files
+            if not (out / "notebooks" / html.unescape(href)).resolve().exists():
+                broken.append(f"{stem}: {href}")
+    assert not broken, "\n".join(sorted(set(broken)))
+
+
 def test_the_chapter_map_has_every_chapter_from_the_syllabus_and_the_doc_pages(built):
     out, manifest = built
     index = (out / "index.html").read_text(encoding="utf-8")

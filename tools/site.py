@@ -15,6 +15,7 @@ What the site has:
   ``docs/glossary.md`` that no chapter's table has;
 * ``cli.html``, ``library.html``: ``docs/cli.md`` (the train and bench commands) and ``docs/library.md``;
 * ``figures.html``: every figure under figures/, by chapter;
+* ``exercises/``, ``solutions/``: the notebooks themselves, so a chapter's links to them download them;
 * ``manifest.json``: what the build saw per chapter (cells, outputs, images, errors), used by the test.
 
 A widget cannot run without a kernel, so its page shows the widget's first view (what its Output areas
@@ -183,7 +184,10 @@ def render(nb) -> str:
     from nbconvert import HTMLExporter
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(ROOT / "notebooks")}})
-    return re.sub(r'href="([\w.-]+)\.ipynb', r'href="\1.html', body)  # links between chapters
+    body = re.sub(r'href="([\w.-]+)\.ipynb', r'href="\1.html', body)  # links between chapters
+    body = re.sub(r'href="\.\./docs/(cli|library|glossary)\.md', r'href="../\1.html', body)  # the doc pages
+    # a link to a library source file: the site has no copy of the repository, so the name stays, unlinked
+    return re.sub(r'<a href="\.\./minipar/[^"]*">(.*?)</a>', r'\1', body, flags=re.S)
 
 
 _NAV_STYLE = ("padding:6px 16px;border-bottom:1px solid #ddd;font-family:system-ui,sans-serif;font-size:14px;"
@@ -364,6 +368,18 @@ def write_figures(out: Path, root: Path, chapters: list = ()) -> list[str]:
     return names
 
 
+def copy_exercise_notebooks(out: Path, root: Path) -> list[str]:
+    """exercises/ and solutions/ beside the chapter pages, so a chapter's "Exercises" link downloads the notebook
+    (a static page cannot run it: open it in JupyterLab)."""
+    copied = []
+    for folder in ("exercises", "solutions"):
+        for path in sorted((root / folder).glob("*.ipynb")):
+            (out / folder).mkdir(exist_ok=True)
+            shutil.copy2(path, out / folder / path.name)
+            copied.append(f"{folder}/{path.name}")
+    return copied
+
+
 class _Inline:
     """Stands in for a process pool when one notebook at a time is asked for."""
 
@@ -399,6 +415,7 @@ def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 600, l
     for stem, page in pages.items():      # every title is known now: each page links to every chapter
         (out / "notebooks" / f"{stem}.html").write_text(with_nav(page, _titles(manifest), stem), encoding="utf-8")
     manifest["figures"] = write_figures(out, ROOT, _titles(manifest))
+    manifest["notebooks_to_download"] = copy_exercise_notebooks(out, ROOT)
     write_index(out, manifest)
     write_glossary(out, manifest)
     write_doc_pages(out, _titles(manifest))
