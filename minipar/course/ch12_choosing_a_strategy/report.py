@@ -85,11 +85,13 @@ def small_case(batch: int = 512) -> None:
     claims.check_small_case(advice, best)
 
 
-def planner(p, advice, full: bool = False) -> None:
+def planner(p, advice, cluster, full: bool = False) -> None:
     """§4: the planner's answer, one row per family (the lesson's few unless ``full``); the best fits, and its
-    family is the rules'."""
-    print(show.plan_table(p, full))
+    family is the rules'. The best line names TP t and TP 2t as tied: the model cannot rank them (§4)."""
     best = p.best[0]
+    rival = estimate(GPT3_175B, cluster, show.tp_doubled(best.layout))
+    print(show.plan_table(p, full, rival))
+    claims.check_tp_tie(best, rival)
     claims.check_planner_gpt_3_175b_1024(best)
     claims.check_published_decision_guide_as_rules(advice, best)
 

@@ -143,7 +143,13 @@ def hand_layouts(best, cluster, tolerance: float = TOLERANCE) -> tuple:
 SHOWN_FAMILIES = ("DP + TP + PP", "ZeRO-1 + TP + PP (TP across nodes)", "ZeRO-1 + PP", "ZeRO-3 + TP")
 
 
-def plan_table(p, full: bool = False) -> Shown:
+def tp_doubled(lay, global_batch: int = 1536):
+    """The layout with TP doubled and DP halved, same global batch: the best's nearest rival (TP 4 vs TP 8)."""
+    from dataclasses import replace
+    return replace(lay, tp=2 * lay.tp, dp=lay.dp // 2, micro_batches=global_batch // (lay.dp // 2 * lay.micro_batch))
+
+
+def plan_table(p, full: bool = False, rival=None) -> Shown:
     """Section 3: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
     step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
     layout in full. Unless ``full``, only the best and :data:`SHOWN_FAMILIES` get a row, and one line names
@@ -167,7 +173,16 @@ def plan_table(p, full: bool = False) -> Shown:
         lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
         lines.append(f"these do not fit: {', '.join(_degree(fam, p.families[fam]) for fam in misfits)}")
-    lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
+    if rival is None:
+        lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
+    else:
+        lay, gap = best.layout, rival.step_seconds / best.step_seconds - 1
+        family = " + ".join([f"ZeRO-{lay.zero}"] * bool(lay.zero) + [f"TP {lay.tp}–{rival.layout.tp}", "PP"])
+        rest = ", ".join(["SP"] * lay.sp + [lay.recompute] * (lay.recompute != "none") + [lay.schedule])
+        lines.append(f"best: {family}, {rest}: TP {lay.tp} and "
+                     f"TP {rival.layout.tp} are tied ({gap:.1%} apart, closer than the model can rank)")
+        lines.append(f"  TP {lay.tp} (the model's nominal pick): {layout_words(lay)}: {estimate_words(best)}")
+        lines.append(f"  TP {rival.layout.tp}: {layout_words(rival.layout)}: {estimate_words(rival)}")
     return Shown("\n".join(lines))
 
 
@@ -212,7 +227,7 @@ def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     time terms that moved most against the best (the best's own row and layout are in :func:`plan_table`)."""
     from dataclasses import replace
     lay = best.layout
-    tp8 = replace(lay, tp=2 * lay.tp, dp=lay.dp // 2, micro_batches=global_batch // (lay.dp // 2 * lay.micro_batch))
+    tp8 = tp_doubled(lay, global_batch)
     knobs = {f"TP {tp8.tp} (DP {tp8.dp})": tp8, "v = 1 (1F1B)": replace(lay, v=1, schedule="1f1b"),
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
              "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
