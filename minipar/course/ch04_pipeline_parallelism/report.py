@@ -117,11 +117,13 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     ring = 2 * (p - 1) / p
     dp, tp = ring * grads, ring * 4 * m * a * layers   # TP: 4 all-reduces of the batch's activation (m·A) per layer
     print(f"the same {p} ranks and model, split three ways: bytes each rank sends per step (all-reduces: ring model)")
-    rows = [("PP, a stage each", sent, "to 1 or 2 neighbours, point to point, once per micro-batch"),
-            ("DP, a replica each", dp, f"to all {p}, one all-reduce of the gradients a step (overlaps backward)"),
-            (f"TP, 1/{p} of every layer", tp, f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
-    for label, sends, how in rows:
-        print(f"  {label:24s} {sends:>9,.0f}   {how}")
+    rows = [("PP, a stage each", sent, "measured", "to 1 or 2 neighbours, point to point, once per micro-batch"),
+            ("DP, a replica each", dp, "ring model, not run",
+             f"to all {p}, one all-reduce of the gradients a step (overlaps backward)"),
+            (f"TP, 1/{p} of every layer", tp, "ring model, not run",
+             f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
+    for label, sends, source, how in rows:
+        print(f"  {label:24s} {sends:>9,.0f}  {source:19s}  {how}")
     claims.check_pp_sends_least(sent, dp, tp)
     h = reference.params["ln_f.weight"].numel()
     tokens = m * a // (8 * h)                                    # T tokens a step; L = layers, the whole model's

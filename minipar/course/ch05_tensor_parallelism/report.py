@@ -251,10 +251,14 @@ def show_replays(replays: dict) -> None:
           f"(memory-bound at this size: their bytes, not their FLOPs, set the time, and the whole-width activations "
           f"do not shrink with t).\nThe rank's whole compute, floors included, saves "
           f"{us(compute[1] - compute[top]):.1f} µs from t = 1 to t = {top}; TP's all-reduces add far more "
-          f"(model, one H100 node, the busiest rank, µs):")
-    print(f"  {'t':>2} | {'compute':>8} | {'all-reduces':>11} | {'step':>7}")
+          f"(model, the busiest rank, µs, on one H100 node; last column: the same all-reduces across two nodes, "
+          f"t/2 ranks in each):")
+    print(f"  {'t':>2} | {'compute':>8} | {'all-reduces':>11} | {'step':>7} | {'all-reduces, two nodes':>22}")
     for t, row in inside.items():
-        print(f"  {t:>2} | {us(row['compute']):>8.1f} | {us(row['comm']):>11.0f} | {us(row['step']):>7.0f}")
+        across = tables[t]["across"]
+        two_nodes = f"{us(across['comm']):.0f}" if across else "—"
+        print(f"  {t:>2} | {us(row['compute']):>8.1f} | {us(row['comm']):>11.0f} | {us(row['step']):>7.0f} "
+              f"| {two_nodes:>22}")
 
 
 def show_pytorch(per_rank: list) -> None:
