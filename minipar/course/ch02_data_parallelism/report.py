@@ -100,16 +100,25 @@ def _check_gpt2(r: Report) -> None:
     assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
     assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
     assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05                # one bucket: nothing hides
-    # DP's 2·P through device 0 cannot overlap: it exposes the most
-    assert r.rows["DP"]["exposed_dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
+    # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce
+    assert r.dp_nccl["dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
+    assert r.rows["DP"]["exposed_dgx"] > r.dp_nccl["dgx"]               # the star (minipar's dp) costs more still
     _check_both_links(r)
 
 
 def _check_both_links(r: Report) -> None:
     for slow in ("slow", "fast"):                        # the guide's measured path, both ends of its bracket
         assert all(r.rows[n][f"hidden_{slow}"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
-        assert r.rows["DP"][f"exposed_{slow}"] > r.rows["DDP one bucket"][f"exposed_{slow}"]
+        assert r.dp_nccl[slow] > r.rows["DDP one bucket"][f"exposed_{slow}"]
     assert all(r.rows[n]["exposed_slow"] > r.rows[n]["exposed_fast"] for n in r.rows)   # 0.76 GB/s exposes more
+
+
+def dp_nccl_exposed(grad_bytes: float, cluster, n: int) -> float:
+    """DataParallel's weights and gradients on GPUs, priced as NCCL runs them: a broadcast of the weights and a
+    reduce of the gradients, each pipelined in chunks along the devices, so device 0's link carries about P each
+    way, 2·(P/β + (N−1)·α) in all, none of it under compute (the batch scatter and output gather not counted).
+    Source: NCCL's ring broadcast/reduce (bandwidth term P/β, independent of N); torch.nn.parallel.comm."""
+    return 2 * (grad_bytes / cluster.intra_bw + (n - 1) * cluster.intra_latency)
 
 
 def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
@@ -151,22 +160,27 @@ def gpt2_sized(m: dict) -> Report:
              f"  buckets: this model's {count:.0f}, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
              f"DDP would form ~{default_count:.0f} of 25 MiB)",
              f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
+    grad_bytes = m["grad_bytes"] * f
+    dp_nccl = {where: dp_nccl_exposed(grad_bytes, cluster, n) for where, cluster in clusters.items()}
+    label["DP"] = "DP, star (minipar's dp)"
     lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
               for name, r in rows.items()]
     exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
     one = rows["DDP one bucket"]
     lines.append(f"DDP with {count:.0f} buckets hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one "
                  f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
-                 f"much; DP exposes {rows['DP']['exposed_dgx'] * 1e3:.1f} ms: star model, device 0 sends (N−1)·P and "
-                 f"receives as much, none of it under backward")
-    ddp_row, dp_row = rows[bucketed], rows["DP"]
+                 f"much; nn.DataParallel with NCCL (broadcast and reduce, about P each way) exposes "
+                 f"{dp_nccl['dgx'] * 1e3:.1f} ms of weights and gradients, none of it under backward (the star row, "
+                 f"device 0 sending (N−1)·P and receiving as much, is minipar's dp: the naive model)")
+    ddp_row = rows[bucketed]
     lines.append(f"{n} TITAN RTX (the guide ran 2) at its fp32 peak, 16.3 TFLOP/s, joined at the {slow:.2f}–{fast:.1f} "
                  f"GB/s its no-NVLink run moved (Sources and corrections): DDP with {count:.0f} buckets hides "
                  f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} and exposes "
-                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms, DP exposes "
-                 f"{dp_row['exposed_fast'] * 1e3:.0f}–{dp_row['exposed_slow'] * 1e3:.0f} ms")
+                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms, DP with NCCL exposes "
+                 f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
+                  dp_nccl=dp_nccl,
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))
 
 

@@ -64,7 +64,7 @@ def ddp_bytes(out: list, one, reference, grad_bytes: int, n: int) -> None:
     print(f"DDP on {n} ranks {against_one_device(c)}")
     formula = comm.predicted_bytes_sent("all_reduce", grad_bytes, n)
     for rank, (_, sent, calls) in enumerate(out):
-        print(f"rank {rank}: {sent:,.0f} bytes sent per step in {calls:.0f} all-reduces; 2(N-1)/N·G = {formula:,.0f}")
+        print(f"rank {rank}: {sent:,.0f} bytes sent per step in {calls:.0f} all-reduces; 2(N-1)/N·P = {formula:,.0f}")
     print(f"DDP on one rank {against_one_device(one)}")
     c.assert_ok()
     claims.check_ddp_from_scratch(formula, out, one)

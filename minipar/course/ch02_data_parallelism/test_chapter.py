@@ -148,3 +148,13 @@ def test_scaled_default_bucket_is_25_mib_once_scaled_to_gpt2():
     from minipar.course.replays import GPT2_SMALL_PARAMS
     params = sum(p.numel() for p in model_and_batch(2, 64, 16, 32)[0]().parameters())
     assert abs(report.scaled_default_bucket() * GPT2_SMALL_PARAMS / params - 25 * 2**20) < GPT2_SMALL_PARAMS / params
+
+
+def test_dataparallel_on_gpus_is_priced_as_nccl_broadcast_and_reduce_not_the_star():
+    """On a DGX, nn.DataParallel's NCCL broadcast and reduce carry about P each way on device 0's link: GPT-2's
+    498 MB of fp32 weights cost 2·(P/β + (N−1)·α) ≈ 4.3 ms at 231 GB/s, not the star's 2(N−1)·P/β ≈ 13 ms."""
+    from minipar.course.ch02_data_parallelism import report
+    from minipar.machine.cluster import a100_cluster
+    p = 4 * 124_439_808
+    priced = report.dp_nccl_exposed(p, a100_cluster(1), 4)
+    assert abs(priced - 2 * (p / 231e9 + 3 * 5e-6)) < 1e-9 and 4.2e-3 < priced < 4.5e-3
