@@ -60,7 +60,8 @@ def show_whoami(info: list) -> None:
 
 def show_backends(defaults: dict) -> None:
     import torch.distributed as dist
-    others = ", ".join(f"{device}: {backend}" for device, backend in defaults.items() if device not in ("cpu", "cuda"))
+    others = ", ".join(f"{device}: {backend}" for device, backend in defaults.items() if device not in ("cpu", "cuda")
+                       and backend != "fake")              # "fake": PyTorch's test backend, not a device's
     print("default backend per device type:", {k: defaults[k] for k in ("cpu", "cuda")},
           f"(other devices: {others})" if others else "")
     print("available in this torch build: gloo", dist.is_gloo_available(), "| nccl", dist.is_nccl_available(),
@@ -111,8 +112,18 @@ def show_busiest(rows: list, every_row: bool = False) -> None:
             print(f"(the wire's few extra bytes are gloo's framing: {per_message:.0f} B on each of the ring's "
                   f"{messages} messages)")
         claims.check_framing_three_48_byte_headers_a_message(extra, messages)
+    if every_row:                                          # the root of a gather or reduce receives most
+        print(_root_receives_line(ch00.WORLD_SIZE, ch00.PAYLOAD_BYTES))
     claims.check_collectives_live_4_ranks(rows)
     claims.check_gloo_differs_on_the_wire({r["name"]: r for r in rows})
+
+
+def _root_receives_line(world_size: int, payload_bytes: int) -> str:
+    """Appendix C's bold receives: a gather's root takes (N-1)/N·S, a reduce's (N-1)·S, more than any rank sends."""
+    from minipar.course.tour import _fmt_bytes
+    gather, reduce = (world_size - 1) * payload_bytes // world_size, (world_size - 1) * payload_bytes
+    return (f"(the root receives more than any rank sends: gather (N-1)/N·S = {_fmt_bytes(gather)}, "
+            f"reduce (N-1)·S = {_fmt_bytes(reduce)}; that receive limits them)")
 
 
 def show_traffic(sweep: dict, payload_bytes: int) -> dict:
@@ -159,7 +170,8 @@ def show_published_links() -> None:
     print(f"{'published figures, not measured here':34} {'α per step':>10} {'β peak, one way':>16}")
     for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
         print(f"{link:34} {alpha * 1e6:>7.1f} µs {beta / 1e9:>11.0f} GB/s")
-    print(f"\nring all-reduce at the peak β, model 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
+    print(f"\nring all-reduce at the peak β, flat ring (N single-GPU nodes, every step on this link; not how a cluster"
+          f" is wired),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
     print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
     rows = published_ring_rows()
     for link, n, by_size in rows:

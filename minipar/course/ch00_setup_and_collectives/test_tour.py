@@ -249,7 +249,7 @@ def test_the_chapter_table_shows_each_collectives_busiest_rank():
     assert rows["reduce"]["rank"] != 0 and rows["reduce"]["model"] == rows["reduce"]["formula"] == S
     assert rows["ring all_reduce"]["model"] == rows["ring all_reduce"]["formula"] == 2 * 3 / 4 * S
     table = ch00.format_busiest(list(rows.values()))
-    assert "busiest rank" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
+    assert "busiest sender" in table and "gloo: a tree" in table and table.count("\n") == len(rows)
     assert "on the wire" in table and "log" not in table.splitlines()[0]   # the log's count is not shown as measured
     assert "wire - formula" not in table                                   # gloo's framing: one line under it
     assert {n for n, r in rows.items() if r["log_counts_sends"]} == {"send/recv", "ring all_reduce", "ring all_gather",

@@ -325,11 +325,11 @@ def format_busiest(rows) -> str:
     """The rows of :func:`busiest_rank_rows` as a table: the simplest algorithm's bytes (a model, its formula)
     beside the bytes on the wire."""
     from minipar.course.tour import _fmt_bytes
-    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest rank':>12} {'simplest alg.':>13} {'on the wire':>11}"
+    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest sender':>14} {'simplest alg.':>13} {'on the wire':>11}"
              f"  where gloo differs"]
     for r in rows:
         seen = r["observed"]
-        lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':17} {r['rank']:>12} "
+        lines.append(f"{r['name']:20} {'yes' if r['matches'] else 'NO':17} {r['rank']:>14} "
                      f"{_fmt_bytes(r['formula']):>13} {_fmt_bytes(seen) if seen is not None else '-':>11}"
                      f"  {r['note']}")
     return "\n".join(lines)
