@@ -139,7 +139,7 @@ def break_even(world_size: int = 4, node_size: int = 8) -> Report:
     """The tokens per GPU from which a unit's compute covers its all-gather (:func:`break_even_tokens`), from
     its two inputs F and β, at N = ``world_size`` (§14's replay) and N = ``node_size`` (a whole 8-GPU node,
     where (N−1)/N is near 1): on a DGX-A100 node (the node §14's model replays on) and on a DGX H100 node (the
-    links chapter 00's §9 gives later chapters)."""
+    links chapter 00's Appendix D gives later chapters)."""
     rows = []
     for name, node in (("DGX A100, NVLink 3", a100_cluster(1)), ("DGX H100, NVLink 4", h100_cluster(1))):
         rows.append(f"{name}   F = {node.peak_flops * node.flops_efficiency / 1e12:3.0f} TFLOP/s"
