@@ -84,8 +84,8 @@ def show_straggler(run):
     cpu = sorted(r["cpu"] for r in rows.values())
     print(f"{run.trace.meta['planted']}: its compute is {cpu[-1] / cpu[0]:.1f}x the other rank's CPU time")
     print(f"rank {slow.rank} is the straggler: {_ms(slow.cost)} more CPU time a step than the other rank, "
-          f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step; the other rank spends about that long "
-          "waiting in the all-reduce.")
+          f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step; the other rank waits for it "
+          "inside the all-reduce.")
     # CPU time counts every thread, so it can pass the wall time it spans: "other" is floored at 0. On this
     # shared CPU a rank may also wait for a core; a footnote only when that is a noticeable part of the step
     for rank, r in rows.items():
