@@ -62,8 +62,8 @@ def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
         layer = activation_bytes_formula(s, 1, h, a, recompute=mode)
         peaks[mode] = {k: math.ceil(n_layers / k) * layer_input + k * layer for k in ks}
         best_peak, best = min((math.ceil(n_layers / k) * layer_input + k * layer, k) for k in range(1, n_layers + 1))
-        label = {"none": "layers kept whole", "selective": "layers with selective inside"}[mode]
-        print(f"  {label:28} (a layer keeps {layer / layer_input:4.1f}× its input): "
+        label = {"none": "layers without selective inside", "selective": "layers with selective inside"}[mode]
+        print(f"  {label:31} (a layer keeps {layer / layer_input:4.1f}× its input): "
               + ", ".join(f"k = {k}: {p / 2**30:4.1f} GiB" for k, p in peaks[mode].items())
-              + f"  (best whole k = {best}: {best_peak / 2**30:.1f} GiB)")
+              + f"  (best k = {best}: {best_peak / 2**30:.1f} GiB)")
     claims.check_segments(peaks, n_layers)

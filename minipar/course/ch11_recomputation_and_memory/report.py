@@ -60,7 +60,7 @@ def one_step(mode: str = "none"):
 
 def head_and_loss_bytes() -> int:
     """Bytes the final LayerNorm, the LM head and the loss keep for backward (their input included): the
-    head's input and the FP32 log-probabilities, s·b·V values, are most of it."""
+    LayerNorm's input and output (2·h values a token) and the FP32 log-probabilities (V a token) are most of it."""
     model, (_, y) = TinyGPT(CFG), _batch()
     h = torch.randn(B, S, H, requires_grad=True)                 # what the last block hands on
     return saved_activation_bytes(lambda h: lm_loss(model.head(model.ln_f(h)), y), h,
@@ -294,7 +294,7 @@ def show_times(seconds, flops, loaded=None) -> None:
                 f"FLOPs × none {flops[mode] / flops['none']:.2f}")
         if mode != "none":
             fastest, median, (q1, q3), verdict = paired_ratios(t, seconds["none"], loaded)
-            line += (f";  time × none: fastest {fastest:.2f}, per round {median:.2f} [{q1:.2f} – {q3:.2f}]"
-                     f" → {verdict}")
+            line += (f";  {median:.2f}× none's time per round (middle half {q1:.2f}–{q3:.2f}), "
+                     f"fastest against fastest {fastest:.2f}: {verdict}")
         print(line)
     claims.check_step_times(seconds)
