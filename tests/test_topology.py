@@ -45,3 +45,16 @@ def test_an_nvlink_domain_of_72():
         collective_seconds("all_gather", S, 72, NVLINK5.beta, NVLINK5.latency))
     assert link(rack, range(144))[0] == pytest.approx(min(NVLINK5.beta, 72 * rack.inter_bw))
     assert math.isclose(rack.inter_bw, 0.9 * 50e9)
+
+
+def test_nccl_broadcast_and_reduce_carry_the_payload_once_not_n_minus_1_times():
+    """NCCL pipelines a broadcast or reduce along a ring: the root's link carries ≈S, so the bandwidth term does
+    not grow with n (the direct star's (n-1)·S/β does); a group of one moves nothing; other ops are refused."""
+    from minipar.machine.cluster import nccl_rooted_seconds
+    for op in ("broadcast", "reduce"):
+        t8, t64 = (nccl_rooted_seconds(op, S, n, 100e9, 5e-6) for n in (8, 64))
+        assert t8 == pytest.approx(7 * 5e-6 + S / 100e9) and t64 - t8 == pytest.approx(56 * 5e-6)
+        assert t8 < collective_seconds(op, S, 8, 100e9, 5e-6)
+        assert nccl_rooted_seconds(op, S, 1, 100e9, 5e-6) == 0.0
+    with pytest.raises(ValueError, match="broadcast or a reduce"):
+        nccl_rooted_seconds("all_reduce", S, 8, 100e9, 5e-6)

@@ -34,7 +34,7 @@ from .device import A100_SXM_80GB, B200, H100_SXM, DeviceCard
 
 __all__ = ["Cluster", "LinkCard", "NVLINK3", "NVLINK4", "NVLINK5", "IB_HDR", "IB_NDR", "ETH_100G", "PCIE3",
            "gpu_cluster", "a100_cluster", "h100_cluster", "nvl72_cluster", "allreduce_options", "nccl_allreduce_seconds",
-           "this_machine", "alpha_beta_terms", "collective_seconds", "link",
+           "this_machine", "alpha_beta_terms", "collective_seconds", "nccl_rooted_seconds", "link",
            "comm_seconds"]
 
 
@@ -150,6 +150,17 @@ def collective_seconds(op: str, payload: float, n: int, bw: float, latency: floa
         return 0.0
     steps, share = alpha_beta_terms(op, n)
     return steps * latency + share * payload / bw
+
+
+def nccl_rooted_seconds(op: str, payload: float, n: int, bw: float, latency: float) -> float:
+    """A broadcast or reduce as NCCL runs it: a ring from (or to) the root with the payload pipelined in chunks,
+    so every link, the root's too, carries about S once: (n−1)·α + S/β (the direct star of
+    :func:`collective_seconds` puts (n−1)·S on the root's link). Source: NCCL's ring broadcast/reduce, whose
+    bandwidth term does not grow with n; what ``torch.nn.parallel`` (``broadcast_coalesced``,
+    ``reduce_add_coalesced``) calls on GPUs."""
+    if op not in ("broadcast", "reduce"):
+        raise ValueError(f"NCCL's rooted ring is a broadcast or a reduce, not {op!r}")
+    return 0.0 if n == 1 else (n - 1) * latency + payload / bw
 
 
 def _per_node(ranks, devices_per_node: int) -> tuple:

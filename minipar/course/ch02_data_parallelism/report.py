@@ -16,7 +16,7 @@ import statistics
 from minipar.course import replays
 from minipar.course.report import Report
 from minipar.course.bench import model_and_batch
-from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster
+from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, nccl_rooted_seconds
 
 from . import buckets as u_curve
 from . import timing
@@ -115,10 +115,10 @@ def _check_both_links(r: Report) -> None:
 
 def dp_nccl_exposed(grad_bytes: float, cluster, n: int) -> float:
     """DataParallel's weights and gradients on GPUs, priced as NCCL runs them: a broadcast of the weights and a
-    reduce of the gradients, each pipelined in chunks along the devices, so device 0's link carries about P each
-    way, 2·(P/β + (N−1)·α) in all, none of it under compute (the batch scatter and output gather not counted).
-    Source: NCCL's ring broadcast/reduce (bandwidth term P/β, independent of N); torch.nn.parallel.comm."""
-    return 2 * (grad_bytes / cluster.intra_bw + (n - 1) * cluster.intra_latency)
+    reduce of the gradients (:func:`minipar.machine.cluster.nccl_rooted_seconds`), about P each way on device
+    0's link, none of it under compute (the batch scatter and output gather not counted)."""
+    return sum(nccl_rooted_seconds(op, grad_bytes, n, cluster.intra_bw, cluster.intra_latency)
+               for op in ("broadcast", "reduce"))
 
 
 def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
