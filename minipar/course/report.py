@@ -7,7 +7,7 @@ those numbers.
 """
 from __future__ import annotations
 
-__all__ = ["Report", "against_one_device"]
+__all__ = ["Report", "against_one_device", "show_source"]
 
 
 class Report:
@@ -33,3 +33,13 @@ def against_one_device(c, brief: bool = False) -> str:
     if not c.matches and brief:
         return f"differs from one device: max |Δ| {c.max_abs_diff:.2g} (at {c.worst})"
     return str(c)
+
+
+def show_source(*objs, folded: str | None = None):
+    """The library's own source of ``objs``, read live (``inspect.getsource``, dedented: a method reads as a
+    function), as Markdown for a notebook; ``folded``: the summary line of a collapsed block to show it under."""
+    import inspect
+    import textwrap
+    from IPython.display import Markdown
+    code = "\n".join(f"```python\n{textwrap.dedent(inspect.getsource(o))}\n```" for o in objs)
+    return Markdown(f"<details><summary>{folded}</summary>\n\n{code}\n</details>" if folded else code)

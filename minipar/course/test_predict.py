@@ -35,3 +35,13 @@ def test_a_missing_guess_shows_the_answer_without_instructions(capsys):
 def test_reveal_labels_an_answer_that_is_not_a_measurement(capsys):
     line = str(reveal(0.4, 3 / 7, what="GPipe idle fraction", source="simulated"))
     assert line.startswith("GPipe idle fraction: simulated 0.4286") and "measured" not in line
+
+
+def test_show_source_reads_the_library_live_dedented_and_folds_under_a_summary():
+    from minipar.course.report import show_source
+    from minipar.hybrid.parallel3d import Trainer3D
+    text = show_source(Trainer3D.step, folded="the step").data
+    assert text.startswith("<details><summary>the step</summary>\n\n```python\n@") and "\ndef step(" in text
+    from minipar.course.report import against_one_device
+    plain = show_source(against_one_device).data
+    assert plain.startswith("```python\ndef against_one_device(") and "<details>" not in plain
