@@ -130,12 +130,14 @@ def check_ring_bounded_root_linear(S, busiest, sweep) -> None:
     assert all(sum(t["ring"]["sent"]) == sum(t["root"]["sent"]) and max(t["ring"]["max_abs_diff"], t["root"]["max_abs_diff"]) <= ch00.SUM_ATOL for t in sweep.values())  # same total, right sums
 
 
-def check_ring_time_fitted_on_two_ranks(sizes, alpha, beta) -> None:
-    """Ring vs. one root: α and β are fitted on 2 ranks to sizes spanning six decades (16 B … 16 MiB), and the
-    largest size takes longer than the smallest (the size effect is measured, not lost in the noise)."""
+def check_ring_time_fitted_on_two_ranks(sizes, alpha, beta, model_at_largest) -> None:
+    """Ring vs. one root: α and β are fitted on 2 ranks to sizes spanning six decades (16 B … 16 MiB), the
+    largest size takes longer than the smallest (the size effect is measured, not lost in the noise), and the
+    model at the largest size is within 1.5× of its measurement (β is fitted there)."""
     assert min(sizes) <= 16 and max(sizes) >= 2 ** 24, sorted(sizes)
     assert sizes[max(sizes)] > sizes[min(sizes)] and alpha > 0 and 0 < beta < float("inf"), (alpha, beta)
     assert ring_model_seconds(8, SMALL_BYTES, alpha, beta) > ring_model_seconds(2, SMALL_BYTES, alpha, beta)
+    assert 1 / 1.5 < model_at_largest / sizes[max(sizes)] < 1.5, (model_at_largest, sizes[max(sizes)])
 
 
 def check_published_ring_grows_with_n(rows) -> None:

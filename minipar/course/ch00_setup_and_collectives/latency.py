@@ -3,8 +3,8 @@
 A ring all-reduce takes 2(N−1) steps, each a message that must arrive before the next is sent, so its time is
 about 2(N−1)·α + 2(N−1)/N·S/β (α: a message's fixed cost, β: bandwidth; Patarasuk & Yuan 2009). The two terms
 are equal at the crossover S* = N·α·β: below it the steps cost more, above it the bytes. α and β are fitted on 2
-ranks (always within the cores) to a ring all-reduce of 16 B … 16 MiB (:func:`time_ring_sizes`), with the
-library's :func:`minipar.machine.fidelity.fit_link` in relative error, as chapter 05 fits its links. On this
+ranks (always within the cores) to a ring all-reduce of 16 B … 16 MiB (:func:`time_ring_sizes`): α on the small
+sizes, β on the large ones (:func:`fit_ring`). On this
 machine α is mostly a process waking up to read a local socket, not a network: :data:`PUBLISHED_LINKS` gives
 real links' α and β (published figures, not measured here) for the same model at N = 8 … 1024.
 Times at larger N on this machine are measured only up to its cores (:func:`fitted_ranks`): with more ranks than
@@ -104,10 +104,17 @@ def time_ring_sizes(world_size: int = FIT_RANKS, sizes=RING_SIZES) -> dict:
 
 
 def fit_ring(seconds: dict, n: int = FIT_RANKS) -> tuple:
-    """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` fitted to ``seconds`` {S: t}, n ranks
-    by :func:`minipar.machine.fidelity.fit_link` in relative error: each size counts alike, so the small sizes
-    fix α and the large ones β (in seconds, the largest sizes alone would decide both)."""
-    beta, alpha = fit_link("all_reduce", n, seconds, error="relative")
+    """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` for ``seconds`` {S: t} on n ranks, each
+    term fitted where it dominates, by :func:`minipar.machine.fidelity.fit_link` in seconds: α on the sizes up to
+    :data:`SMALL_BYTES` (the bytes are a few µs there), β on the sizes from 1 MiB (α is under 1 % there). One fit
+    over all sizes cannot do both on this machine: its time per byte is not one constant (caches, copies), and a
+    fit in relative error put the 16 MiB point 2.3× above its line."""
+    small = {s: t for s, t in seconds.items() if s <= SMALL_BYTES}
+    large = {s: t for s, t in seconds.items() if s >= MIB}
+    if len(small) < 2 or len(large) < 2:
+        raise ValueError(f"fitting α and β needs two sizes ≤ {SMALL_BYTES} B and two ≥ 1 MiB, got {sorted(seconds)}")
+    alpha = fit_link("all_reduce", n, small, error="absolute")[1]
+    beta = fit_link("all_reduce", n, large, error="absolute")[0]
     return alpha, beta
 
 

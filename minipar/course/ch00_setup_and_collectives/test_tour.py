@@ -113,6 +113,12 @@ def test_latency_fit_and_slowest_rank():
     # exactly 2(N-1)·0.1 ms + 2(N-1)/N·S / (1 GB/s) on 2 ranks over the sweep's sizes: the fit gives them back
     exact = {s: 2 * 1e-4 + s / 1e9 for s in latency.RING_SIZES}
     assert latency.fit_ring(exact) == pytest.approx((1e-4, 1e9))
+    # slower per byte from 1 MiB on (as on this machine): α from the small sizes, β from the large ones, so the
+    # largest size sits on the model (one fit in relative error over all sizes missed it by 2.3×)
+    two_regimes = {s: 2 * 1e-4 + s / (1e9 if s < 2 ** 20 else 0.2e9) for s in latency.RING_SIZES}
+    assert latency.fit_ring(two_regimes) == pytest.approx((1e-4, 0.2e9))
+    with pytest.raises(ValueError, match="two sizes"):
+        latency.fit_ring({16: 1e-4, 2 ** 24: 1e-2})
     assert latency.crossover_bytes(2, 1e-4, 1e9) == pytest.approx(2e5)   # 2·α = S*/β at S* = N·α·β
     with pytest.raises(ValueError, match="whole float32 chunks"):
         latency.time_ring_sizes(2, sizes=(16, 18))
