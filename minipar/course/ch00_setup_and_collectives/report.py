@@ -154,7 +154,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB; at {largest // 2**20} MiB the model gives "
           f"{model[largest] * 1e3:.1f} ms, measured {sizes[largest] * 1e3:.1f} ms)")
-    print(f"crossover S* = N·α·β, indicative only (at {worst / 1024:,.0f} KiB the model is off "
+    print(f"crossover S* = N·α·β, indicative only (at {worst / 1024:,.0f} KiB the model is off by "
           f"{max(model[worst] / sizes[worst], sizes[worst] / model[worst]):.1f}×): "
           f"{crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
           f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n}")
