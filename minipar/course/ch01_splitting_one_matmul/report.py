@@ -72,8 +72,8 @@ def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
     padded = comm.predicted_bytes_sent("all_gather", 4 * b * cols * 4, 4)
     unpadded = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
     print(f"\nrow_whole_x, backward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
-          f"every rank sent {sent[0]} bytes = 3 pieces padded to {b}×{cols} ({padded:.0f}); "
-          f"without padding (N−1)/N·|dx| = {unpadded:.0f}")
+          f"every rank sent {sent[0]} bytes: 3 pieces, each padded to {b}×{cols} floats ({b * cols * 4} B); "
+          f"without padding, (N−1)/N·|dx| would be {unpadded:.0f}")
     claims.check_run_live_4_ranks_uneven(table_4, sent, padded)
 
 
@@ -116,7 +116,8 @@ def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
     k = 8   # gradient accumulation: one all-reduce of dw per k micro-batches; the splits of w pay theirs on each
     print(f"data, accumulating k = {k} micro-batches: {real['data']['backward'] / k / 2**20:.0f} MiB per micro-batch"
           f" (its one all-reduce of dw, shared by the {k})")
-    print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
+    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32 "
+          f"(chapter 00's mixed precision, 2 + 2 + 12, also makes 16: a coincidence)")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 
