@@ -15,6 +15,7 @@ def check_autograd_formulas(reference, dy, w, x) -> None:
 def check_run_live_2_ranks_equal(table_2) -> None:
     """Run live on 2 ranks: equal to one device, and the bytes"""
     assert all(m.agrees(1e-5) for m in table_2.values()) and (table_2["data"].backward[0], table_2["column"].backward[0], table_2["row"].forward[0]) == (160, 80, 128)
+    assert (table_2["row_whole_x"].forward[0], table_2["row_whole_x"].backward[0]) == (128, 48)   # dx: 3 of 5 columns
     check_w_held_once(table_2, 5 * 8 * 4)
     assert [h["w"] for h in table_2["column"].holds] == [80, 80] and [h["w"] for h in table_2["row"].holds] == [96, 64]
 
@@ -22,12 +23,14 @@ def check_run_live_2_ranks_equal(table_2) -> None:
 def check_w_held_once(table, w_bytes) -> None:
     """Each replica of data parallelism holds all of w; the column and row splits hold it once over all ranks"""
     assert all(h["w"] == w_bytes for h in table["data"].holds)
-    assert all(sum(h["w"] for h in table[s].holds) == w_bytes for s in ("column", "row"))
+    assert all(sum(h["w"] for h in table[s].holds) == w_bytes for s in ("column", "row", "row_whole_x"))
 
 
-def check_run_live_4_ranks_uneven(table_4, gathered, padded) -> None:
-    """Run live on 4 ranks: uneven splits"""
-    assert all(m.agrees(1e-5) for m in table_4.values()) and (table_4["data"].backward[0], table_4["column"].backward[0], table_4["row"].forward[0]) == (240, 120, 192) and gathered == padded
+def check_run_live_4_ranks_uneven(table_4, sent, padded) -> None:
+    """Run live on 4 ranks: uneven splits; the row split fed a whole x all-gathers dx in its backward, every
+    piece padded to the largest (3 × 4×2 floats = 96 B per rank, not 3/4 of dx's 80 B)"""
+    assert all(m.agrees(1e-5) for m in table_4.values()) and (table_4["data"].backward[0], table_4["column"].backward[0], table_4["row"].forward[0]) == (240, 120, 192)
+    assert sent == [padded] * 4 == [96] * 4 and table_4["row_whole_x"].forward == table_4["row"].forward
     check_w_held_once(table_4, 5 * 8 * 4)
 
 

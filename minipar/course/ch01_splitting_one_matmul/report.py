@@ -63,20 +63,18 @@ def show_w_held(table: dict, w_shape) -> None:
 
 
 def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
-    """The 4-rank table, and the bytes of gathering the row split's uneven dx and dw pieces (for the
-    comparison only): each piece padded to the largest, 2 of w's 5 rows."""
+    """The 4-rank table, and the row split fed a whole x: its backward all-gathers dx's uneven column pieces
+    (2, 1, 1, 1 of x's 5 columns), each padded to the largest, 2 columns."""
     b, k = x.shape
-    m = w.shape[1]
     show_table(table_4, x.shape, w.shape)
-    held = per_rank_4[1]["row"]["bytes"]
-    gathered = held["gather_dx"] + held["gather_dw"]
-    rows = max(ms.shard_sizes(k, 4))
-    padded = (comm.predicted_bytes_sent("all_gather", 4 * b * rows * 4, 4)
-              + comm.predicted_bytes_sent("all_gather", 4 * rows * m * 4, 4))
-    print(f"\nan all-gather of uneven pieces pads each to the largest: row split, rank 1, all-gathering dx "
-          f"and dw (here to compare them with one device): measured {gathered} bytes, "
-          f"formula with every piece padded to the largest: {padded:.0f} bytes")
-    claims.check_run_live_4_ranks_uneven(table_4, gathered, padded)
+    sent = table_4["row_whole_x"].backward
+    cols = max(ms.shard_sizes(k, 4))
+    padded = comm.predicted_bytes_sent("all_gather", 4 * b * cols * 4, 4)
+    unpadded = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
+    print(f"\nrow_whole_x, backward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
+          f"every rank sent {sent[0]} bytes: 3 pieces, each padded to {b}×{cols} floats ({b * cols * 4} B); "
+          f"without padding, (N−1)/N·|dx| would be {unpadded:.0f}")
+    claims.check_run_live_4_ranks_uneven(table_4, sent, padded)
 
 
 def show_refused(run, *args, **kwargs) -> None:
@@ -118,7 +116,8 @@ def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
     k = 8   # gradient accumulation: one all-reduce of dw per k micro-batches; the splits of w pay theirs on each
     print(f"data, accumulating k = {k} micro-batches: {real['data']['backward'] / k / 2**20:.0f} MiB per micro-batch"
           f" (its one all-reduce of dw, shared by the {k})")
-    print(f"w state: w, its gradient and Adam's two moments, {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
+    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32 "
+          f"(chapter 00's mixed precision, 2 + 2 + 12, also makes 16: a coincidence)")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 

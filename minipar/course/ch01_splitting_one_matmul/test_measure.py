@@ -11,8 +11,14 @@ def test_compare_and_measure_on_two_ranks():
     g = torch.Generator().manual_seed(0)
     x, w, dy = torch.randn(4, 5, generator=g), torch.randn(5, 8, generator=g), torch.randn(4, 8, generator=g)
     per_rank, table = compare_and_measure(2, x, w, dy, {"y": x @ w, "dx": dy @ w.T, "dw": x.T @ dy})
-    assert len(per_rank) == 2 and list(table) == ["data", "column", "row"]
+    assert len(per_rank) == 2 and list(table) == ["data", "column", "row", "row_whole_x"]
     assert all(m.agrees(1e-5) for m in table.values())
+    # the row split fed a whole x: all-reduce of y forward, all-gather of dx backward, its uneven column
+    # pieces (3 + 2 of 5) padded to 3 columns: 1 · 4·3·4 = 48 B, not the unpadded 1/2 · 80 = 40 B
+    whole_x = table["row_whole_x"]
+    assert (whole_x.forward, whole_x.backward, whole_x.backward_formula) == ([128] * 2, [48] * 2, 48)
+    assert whole_x.max_abs_diff <= 1e-5 and whole_x.ops["backward"]["send"][0] == 1
+    assert all(torch.equal(r["row_whole_x"]["dx"], r["row_whole_x"]["dx_piece"]) for r in per_rank)   # whole dx
     assert (table["data"].backward, table["column"].backward, table["row"].forward) == ([160] * 2, [80] * 2, [128] * 2)
     assert table["row"].ops["forward"] and not table["row"].ops["backward"]
     # the bytes are the ring's sends, which the log counts as sent (gloo's all_reduce it could only price)
