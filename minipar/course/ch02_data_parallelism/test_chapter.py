@@ -158,3 +158,15 @@ def test_dataparallel_on_gpus_is_priced_as_nccl_broadcast_and_reduce_not_the_sta
     p = 4 * 124_439_808
     priced = report.dp_nccl_exposed(p, a100_cluster(1), 4)
     assert abs(priced - 2 * (p / 231e9 + 3 * 5e-6)) < 1e-9 and 4.2e-3 < priced < 4.5e-3
+
+
+def test_unused_parameters_claim_needs_each_rank_named_and_one_device():
+    from types import SimpleNamespace
+    from minipar.course.ch02_data_parallelism import claims
+    errors = [f"rank {r}: parameter(s) ['unused.bias', 'unused.weight'] got no gradient" for r in range(2)]
+    claims.check_unused_parameters(errors, SimpleNamespace(matches=True))
+    for bad in ([errors[1], errors[0]], errors[:1], ["", ""]):              # wrong rank, one rank, no error
+        with pytest.raises(AssertionError):
+            claims.check_unused_parameters(bad, SimpleNamespace(matches=True))
+    with pytest.raises(AssertionError):
+        claims.check_unused_parameters(errors, SimpleNamespace(matches=False))
