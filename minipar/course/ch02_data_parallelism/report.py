@@ -174,8 +174,8 @@ def gpt2_sized(m: dict) -> Report:
                  f"{dp_nccl['dgx'] * 1e3:.1f} ms of weights and gradients, none of it under backward")
     star, way = rows["DP"]["exposed_dgx"], (n - 1) * grad_bytes / dgx.intra_bw    # (N−1)·P through device 0's link
     lines.append(f"the star row (minipar's dp, the naive model) exposes {star * 1e3:.1f} ms = {way * 1e3:.1f} weights "
-                 f"out + {way * 1e3:.1f} gradients in ((N−1)·P each way) + {(star - 2 * way) * 1e3:.1f} batch slices, "
-                 "gathered outputs and their gradients")
+                 f"out + {way * 1e3:.1f} gradients in ((N−1)·P each way) + {(star - 2 * way) * 1e3:.1f} "
+                 "batch slices, gathered outputs and their gradients")
     ddp_row = rows[bucketed]
     titan = f"{timing.TITAN_RTX_FP32.gemm_efficiency:.0%} of 16.3 TFLOP/s fp32"
     lines.append(f"{n} TITAN RTX ({titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
