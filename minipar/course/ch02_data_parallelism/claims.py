@@ -58,6 +58,13 @@ def check_pitfall_no_sync_used_wrongly(seen) -> None:
     assert seen == {False: (True, True), True: (False, False)}
 
 
+def check_unused_parameters(errors, c) -> None:
+    """The pitfall: unused parameters: each rank's error names it and the parameters; with the option the
+    run equals one device"""
+    assert all(e.startswith(f"rank {r}: parameter(s) ['unused.bias', 'unused.weight']") for r, e in enumerate(errors))
+    assert len(errors) > 1 and c.matches
+
+
 def check_dp_against_ddp_measured_here(counted, grads, N, dp_bytes) -> None:
     """DP against DDP: measured here, replayed here and on a named cluster"""
     assert counted["step_bytes_sent"] == comm.predicted_bytes_sent("all_reduce", grads, N) and dp_bytes["replicate model"] + dp_bytes["reduce grads"] == 2 * (N - 1) * grads

@@ -88,13 +88,14 @@ def draw_timeline(per_rank, ax=None):
                 cut = min(max(a, last_grad), b)
                 ax.broken_barh([(a * 1e3, (cut - a) * 1e3)], lane, color=hidden)
                 ax.broken_barh([(cut * 1e3, (b - cut) * 1e3)], lane, color=exposed)
+                ax.plot([a * 1e3] * 2, [lane[0], lane[0] + lane[1]], color="black", lw=1)   # this bucket left
         ax.text(-0.5, y + 0.5, f"rank {rank}", ha="right", va="center", fontsize=8)
     ax.set_yticks([])
     ax.set_xlabel("ms since the step began")
     ax.legend(handles=[Patch(color=bars["forward"][0], alpha=0.45, label="forward"),
                        Patch(color=bars["backward"][0], label="backward to its last gradient (ticks: a gradient ready)"),
                        Patch(color=bars["wait"][0], label="idle: waiting for the last buckets"),
-                       Patch(color=hidden, label="all-reduce under backward (hidden)"),
+                       Patch(color=hidden, label="all-reduce under backward (hidden; a tick: a bucket left)"),
                        Patch(color=exposed, label="all-reduce after the last gradient (exposed)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
     ax.set_title("DDP, measured here, unpaced: buckets start during backward\n"

@@ -8,6 +8,8 @@ result, compared in the notebook with one device, and what the communication log
   ``torch.nn.parallel.DistributedDataParallel`` side by side on the same shards: the largest gradient and
   parameter differences;
 * :func:`timeline_summary` — one rank's DDP timeline (from :func:`.figures.ddp_timeline`) in four numbers;
+* :func:`unused_branch` — a model with a branch no rank takes, under minipar's DDP without and with
+  ``find_unused_parameters``: the error, then the comparison with one device;
 * :func:`threads_vs_one_thread` — DataParallel's replica forwards on threads against the same forwards one
   after another on one thread (the GIL's baseline), in this process.
 """
@@ -20,10 +22,12 @@ import torch
 import torch.nn as nn
 
 from minipar import comm, launch
+from minipar.check import RunResult, compare
 from minipar.data import ddp
 from minipar.loop import shard_batch
 
-__all__ = ["run_and_count", "against_torch_ddp", "ours_vs_torch", "timeline_summary", "threads_vs_one_thread"]
+__all__ = ["run_and_count", "against_torch_ddp", "ours_vs_torch", "timeline_summary", "threads_vs_one_thread",
+           "unused_branch"]
 
 
 def run_and_count(parallel_train, world_size: int, recipe, **kwargs) -> list:
@@ -100,3 +104,52 @@ def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:
     dp.run(dataclasses.replace(recipe, batches=[recipe.batches[0]] * (runs + 1)), devices=devices, step_logs=logs)
     threads = [max(e for _, _, e in log.spans) - min(s for _, s, _ in log.spans) for log in logs]
     return {"one_thread": one[1:], "threads": threads[1:]}
+
+
+class TwoBranches(nn.Module):
+    """Two linear branches; forward takes only ``used``, so ``unused`` gets no gradient on any rank."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.used, self.unused = nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _one_sgd_step(model, forward, x, y, average=lambda loss: loss) -> RunResult:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = ((forward(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    return RunResult([average(loss.detach()).item()], {n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+def _branch_rank(rank, world_size):
+    """Both runs on one rank: without the option, the error it raises; with it, the trained result."""
+    x, y = _branch_batch()
+    shard = shard_batch((x, y), rank, world_size)
+    out = []
+    for find_unused in (False, True):
+        model = TwoBranches()
+        wrapped = ddp.DistributedDataParallel(model, find_unused_parameters=find_unused)
+        try:
+            out.append(_one_sgd_step(model, wrapped, *shard, average=lambda loss: comm.all_reduce(loss) / world_size))
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+def _branch_batch():
+    x = torch.arange(32.0).reshape(8, 4) / 10
+    return x, x.sum(1, keepdim=True)
+
+
+def unused_branch(world_size: int = 2) -> tuple:
+    """One SGD step of :class:`TwoBranches` on ``world_size`` ranks (one launch): (each rank's error, naming
+    the rank and the parameters, without ``find_unused_parameters``; the comparison with one device, with it)."""
+    runs = launch(_branch_rank, world_size, quiet=True)
+    model = TwoBranches()
+    reference = _one_sgd_step(model, model, *_branch_batch())
+    return [error for error, _ in runs], compare(reference, [result for _, result in runs])

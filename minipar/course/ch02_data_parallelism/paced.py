@@ -133,14 +133,16 @@ def table(m: dict) -> str:
 
 def step_parts(m: dict, per_block: float, one: float) -> list:
     """The median steps taken apart: the slots, then for one bucket its all-reduce alone (median) and the rest
-    (the unpaced embedding, head and loss, the optimizer step, the copies into buckets, the slowest rank), and
-    for a bucket per block what it adds over the slots; the share of the all-reduce that overlap hid is the
-    saving over the all-reduce alone."""
+    (the unpaced embedding, head and loss, the optimizer step, the copies into buckets, the slowest rank); a
+    bucket per block = the same slots and rest + the all-reduce left exposed, so the share hidden is
+    1 − exposed / all-reduce, which is the saving over the all-reduce alone."""
     f, b = m["slot_s"]
     slots, allreduce = m["blocks"] * (f + b), statistics.median(m["allreduce_s"])
     rest = one - slots - allreduce
-    return [f"  the steps' parts (ms): one bucket = {slots * 1e3:.0f} slots + {allreduce * 1e3:.1f} all-reduce + "
-            f"{rest * 1e3:.1f} rest (the unpaced embedding, head and loss, the optimizer step, the copies into the "
-            "bucket, the slowest rank)",
-            f"                         bucket per block = {slots * 1e3:.0f} slots + {(per_block - slots) * 1e3:.1f} "
-            f"beyond them: {(one - per_block) / allreduce:.0%} of the one bucket's all-reduce was hidden"]
+    exposed = per_block - slots - rest
+    return [f"  the steps' parts (ms): one bucket = {slots * 1e3:.0f} slots + {rest * 1e3:.1f} rest + "
+            f"{allreduce * 1e3:.1f} all-reduce (rest: the unpaced embedding, head and loss, the optimizer step, "
+            "the copies into the bucket, the slowest rank)",
+            f"                         bucket per block = {slots * 1e3:.0f} slots + {rest * 1e3:.1f} rest + "
+            f"{exposed * 1e3:.1f} exposed all-reduce -> {1 - exposed / allreduce:.0%} of the one bucket's "
+            "all-reduce hidden"]

@@ -103,6 +103,7 @@ def _check_gpt2(r: Report) -> None:
     # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce
     assert r.dp_nccl["dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
     assert r.rows["DP"]["exposed_dgx"] > r.dp_nccl["dgx"]               # the star (minipar's dp) costs more still
+    assert 0 < r.rows["DP"]["exposed_dgx"] - 2 * r.star_way < r.star_way    # the star: weights, gradients, the rest
     _check_both_links(r)
 
 
@@ -154,8 +155,8 @@ def gpt2_sized(m: dict) -> Report:
     bucketed = ddp_names[-2]                               # the largest buckets below one bucket
     count, default_count = m["all_reduces"][bucketed], m["grad_bytes"] * f / DDP_DEFAULT_BUCKET
     lines = [f"cost model (not a measurement): one step of GPT-2 small on {n} A100s of a DGX-A100 node",
-             f"  compute: {dgx.device.peak_flops / 1e12:.0f} TFLOP/s, the 16-bit tensor-core peak (mixed precision; "
-             "gradients all-reduced in fp32)",
+             f"  compute: the counted operators, matmuls at {dgx.device.gemm_efficiency:.0%} of the A100's "
+             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s (as chapters 03, 05), the rest at HBM speed",
              f"  link:    {link(NVLINK3)}",
              f"  buckets: this model's {count:.0f}, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
              f"DDP would form ~{default_count:.0f} of 25 MiB)",
@@ -170,17 +171,20 @@ def gpt2_sized(m: dict) -> Report:
     lines.append(f"DDP with {count:.0f} buckets hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one "
                  f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
                  f"much; nn.DataParallel with NCCL (broadcast and reduce, about P each way) exposes "
-                 f"{dp_nccl['dgx'] * 1e3:.1f} ms of weights and gradients, none of it under backward (the star row, "
-                 f"device 0 sending (N−1)·P and receiving as much, is minipar's dp: the naive model)")
+                 f"{dp_nccl['dgx'] * 1e3:.1f} ms of weights and gradients, none of it under backward")
+    star, way = rows["DP"]["exposed_dgx"], (n - 1) * grad_bytes / dgx.intra_bw    # (N−1)·P through device 0's link
+    lines.append(f"the star row (minipar's dp, the naive model) exposes {star * 1e3:.1f} ms = {way * 1e3:.1f} weights "
+                 f"out + {way * 1e3:.1f} gradients in ((N−1)·P each way) + {(star - 2 * way) * 1e3:.1f} "
+                 "batch slices, gathered outputs and their gradients")
     ddp_row = rows[bucketed]
-    lines.append(f"{n} TITAN RTX (the guide ran 2) at its fp32 peak, 16.3 TFLOP/s, joined at the {slow:.2f}–{fast:.1f} "
-                 f"GB/s its no-NVLink run moved (Sources and corrections): DDP with {count:.0f} buckets hides "
-                 f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} and exposes "
-                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms, DP with NCCL exposes "
-                 f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms")
+    titan = f"{timing.TITAN_RTX_FP32.gemm_efficiency:.0%} of 16.3 TFLOP/s fp32"
+    lines.append(f"{n} TITAN RTX ({titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
+                 f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} hidden, "
+                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms exposed; DP with NCCL "
+                 f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms exposed")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
-                  dp_nccl=dp_nccl,
+                  dp_nccl=dp_nccl, star_way=way,
                   draw=lambda: _draw_gpt2(big, label, bucketed, n))
 
 

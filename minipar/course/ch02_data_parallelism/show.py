@@ -142,6 +142,15 @@ def no_sync(runs: dict, reference) -> None:
     claims.check_pitfall_no_sync_used_wrongly(seen)
 
 
+def unused(errors: list, c) -> None:
+    """§8's aside: ``errors`` = each rank's error without ``find_unused_parameters``; ``c`` the comparison with
+    one device with it (:func:`.measure.unused_branch`)."""
+    for error in errors:
+        print("without the option:", error.split(";")[0])
+    print(f"find_unused_parameters=True: {against_one_device(c)}")
+    claims.check_unused_parameters(errors, c)
+
+
 def summary_bytes(dp_log, ddp_out: list, grad_bytes: int, n: int) -> None:
     """Summary: the bytes of one step already counted, on the first cell's model: DP's device 0 in §2 (``dp_log``,
     star model: it sends (N−1)·P of weights and receives (N−1)·P of gradients) against a DDP rank in §4

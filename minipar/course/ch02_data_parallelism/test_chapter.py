@@ -57,8 +57,8 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in alone
     assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms")   # result first
-    assert "one bucket = 120 slots + 50.0 all-reduce + -30.0 rest" in alone       # the step taken apart
-    assert "bucket per block = 120 slots + -10.0 beyond them: 60% of" in alone
+    assert "one bucket = 120 slots + -30.0 rest + 50.0 all-reduce" in alone       # the step taken apart
+    assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> 60% of" in alone
     tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(tie)
@@ -158,3 +158,15 @@ def test_dataparallel_on_gpus_is_priced_as_nccl_broadcast_and_reduce_not_the_sta
     p = 4 * 124_439_808
     priced = report.dp_nccl_exposed(p, a100_cluster(1), 4)
     assert abs(priced - 2 * (p / 231e9 + 3 * 5e-6)) < 1e-9 and 4.2e-3 < priced < 4.5e-3
+
+
+def test_unused_parameters_claim_needs_each_rank_named_and_one_device():
+    from types import SimpleNamespace
+    from minipar.course.ch02_data_parallelism import claims
+    errors = [f"rank {r}: parameter(s) ['unused.bias', 'unused.weight'] got no gradient" for r in range(2)]
+    claims.check_unused_parameters(errors, SimpleNamespace(matches=True))
+    for bad in ([errors[1], errors[0]], errors[:1], ["", ""]):              # wrong rank, one rank, no error
+        with pytest.raises(AssertionError):
+            claims.check_unused_parameters(bad, SimpleNamespace(matches=True))
+    with pytest.raises(AssertionError):
+        claims.check_unused_parameters(errors, SimpleNamespace(matches=False))
