@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from minipar.check import compare
+from minipar.check import compare, train_reference
 from minipar.observe.paced_compute import disturbed, verdict
 from minipar.data.zero_memory import GB
 from minipar.data.zero_memory import model_state_bytes_formula
@@ -44,6 +44,16 @@ def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo
     assert all(compare(reference, [r[(c, 3)] for r in wire_runs]).matches for c in ("ring", "gloo"))   # trains like one device
     assert abs(ring1 - 1.0) < 0.03 and abs(ring3 - 1.5) < 0.03      # the paper's figures, on the wire
     assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
+
+
+def check_zero2_reduce_scatters_every_micro_batch(logged_ratio, m, root_share, wire_runs, recipe) -> None:
+    """§4: accumulating m micro-batches, ZeRO-1 still sends DDP's bytes a step. ZeRO-2 reduce-scatters every
+    block's unit after each micro-batch and the root unit (whose gradients accumulate in place) once, then
+    all-gathers once: (m·(1 − r) + r + 1)/2 × DDP's (ring model; r = the root's share of Ψ), near (m + 1)/2."""
+    want = (m * (1 - root_share) + root_share + 1) / 2
+    assert abs(logged_ratio[1] - 1) < 1e-9 and abs(logged_ratio[2] - want) < 1e-9, (logged_ratio, want)
+    reference = train_reference(recipe)    # both train like one device; 4 partial sums: FP32 rounding, 1e-4
+    assert all(compare(reference, [r[("accum", s)] for r in wire_runs], atol=1e-4, rtol=1e-4).matches for s in (1, 2))
 
 
 def check_fsdp_modes_bytes_and_peaks(fsdp_modes, kept, zero2, full, hybrid, posted, between=None) -> None:

@@ -1,19 +1,16 @@
-"""Chapter 03's printed tables: each function takes what a run returned, computes the rows the chapter prints
-and returns a :class:`minipar.course.report.Report` (the text, its numbers by name, and ``check()``: what
-the chapter's text says about them, asserted), so that the chapter's cell is one call.
+"""Chapter 03's printed tables: each function takes what a run returned and returns a :class:`Report` (the
+text, its numbers by name, and ``check()``: what the chapter says of them), so that a cell is one call.
 
 * :func:`papers_table` — the ZeRO paper's Figure 1 (Ψ = 7.5 B, N = 64) from the calculator;
 * :func:`la_lb_lc` — the Hugging Face guide's three-layer example: what each rank holds, one step's events;
-* :func:`break_even` — the tokens per GPU from which prefetch can hide ZeRO-3's gathers (DGX-A100 node);
-* :func:`prefetch` — ZeRO-3 with and without prefetch: measured here, replayed here and GPT-2-sized on a
-  DGX-A100 node (replays are a model);
-* :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (ring model)
-  beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage), and each stage
-  against one device and against DDP;
-* :func:`wire` — the bytes each rank wrote to its sockets, on gloo's collectives and on minipar's rings;
+* :func:`break_even` — the tokens per GPU from which prefetch can hide ZeRO-3's gathers (DGX nodes);
+* :func:`prefetch` — ZeRO-3 with and without prefetch, replayed GPT-2-sized on a DGX-A100 node (a model);
+* :func:`stages` — every ZeRO stage's model-state bytes per rank, measured, and bytes per step (logged calls
+  × ring formula) beside the ZeRO paper's formulas (Rajbhandari et al. 2020: (2 + 2 + K)Ψ, sharded by stage),
+  and each stage against one device and against DDP;
+* :func:`wire` — bytes each rank wrote to its sockets (gloo's, minipar's rings, accumulating);
 * :func:`prefetch_memory` — the peak live bytes with and without prefetch;
-* :func:`fsdp_loop` — ``FSDP(model)`` in a plain loop against one device;
-* :func:`designs_table` — one flat buffer per unit against one shard per parameter (FSDP2);
+* :func:`fsdp_loop` — ``FSDP(model)`` in a plain loop; :func:`designs_table` — flat buffer against FSDP2's;
 * :func:`calculator_text` — the model-state calculator's lines (:mod:`minipar.data.zero_memory`).
 """
 from __future__ import annotations
@@ -25,7 +22,7 @@ from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
 from minipar.machine.cluster import a100_cluster, h100_cluster
 
-from . import claims, modes, muon_table, paced, timing
+from . import claims, figures, modes, muon_table, paced, timing
 
 __all__ = ["show", "papers_table", "fsdp_loop", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
            "designs_table", "modes_table", "muon", "calculator_text"]
@@ -179,7 +176,7 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     psi, padded = measured[0].numel, measured[0].padded_numel
     lines = [f"Ψ = {psi:,} parameters ({padded:,} after padding each unit to a multiple of N = {n}); KiB per rank\n",
              f"{'mem. KiB':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"]
-    traffic = [f"\n{'sent KiB':8}{'ring model':>12}{'formula':>9}"]
+    traffic = [f"\n{'sent KiB':8}{'logged calls × ring formula':>29}{'paper formula':>15}   (§4 measures the wire)"]
     ok, diffs, vs_ddp, sent_by_stage = [], [], [], []
     for stage, res in measured.items():
         want = model_state_bytes_formula(padded, n, stage, "fp32")
@@ -194,9 +191,9 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
         ok.append(check.matches and same_as_ddp.matches and sent == sent_formula
                   and got == [want[k] for k in ("params", "grads", "optimizer")])
         lines.append(f"{zero_memory.STAGE_NAMES[stage]:8}"
-                     + "".join(f"{x / 1024:>7.0f}K" for x in got + [sum(got), want['total']])
-                     + f"{res.memory['activations'] / 1024:>7.0f}K{res.memory['peak'] / 1024:>7.0f}K")
-        traffic.append(f"{zero_memory.STAGE_NAMES[stage]:8}{sent / 1024:>11.0f}K{sent_formula / 1024:>8.0f}K")
+                     + "".join(f"{x / 1024:>8.0f}" for x in got + [sum(got), want['total'], res.memory['activations'],
+                                                             res.memory['peak']]))
+        traffic.append(f"{zero_memory.STAGE_NAMES[stage]:8}{sent / 1024:>29.0f}{sent_formula / 1024:>15.0f}")
     lines += traffic + [f"\nfinal parameters, every stage: max |Δ| vs one device {max(diffs):.1e}, "
                         f"vs DDP {max(vs_ddp):g}"]
     activations = [{res.memory["activations"] for res in r.values()} for r in per_rank]
@@ -209,6 +206,9 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
 
 def _check_wire(r: Report) -> None:
     claims.check_trains_like_one_device(r.reference, r.runs, *r.ratios)
+    m = figures.ACCUM_STEPS
+    claims.check_zero2_reduce_scatters_every_micro_batch(r.logged_ratio, m, figures.root_share(), r.runs,
+                                                         figures.memory_recipe(batch_size=4 * m))
 
 
 def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
@@ -217,13 +217,14 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
     observed = {k: sum(r[k].bytes_observed[-1] for r in wire_runs) / world_size for k in wire_runs[0]}
     logged = {k: wire_runs[0][k].bytes_sent[-1] for k in wire_runs[0]}
     ratio = {k: observed[k] / observed["DDP"] for k in observed}
-    lines = [f"{'per rank, last step':28}{'ring model':>12}{'observed':>10}{'observed / DDP':>16}"]
-    for k in [("ring", 1), ("ring", 3), ("gloo", 1), ("gloo", 3), "DDP"]:
-        name = k if isinstance(k, str) else f"ZeRO-{k[1]}, {k[0]} collectives"
-        lines.append(f"{name:28}{logged[k] / 1024:>11.1f}K{observed[k] / 1024:>9.1f}K{ratio[k]:>15.2f}x")
+    lines = [f"{'per rank, last step, KiB':30}{'logged calls × ring formula':>28}{'observed':>10}{'observed / DDP':>16}"]
+    how = {"ring": "ring collectives", "gloo": "gloo collectives", "accum": f"{figures.ACCUM_STEPS} micro-batches, gloo"}
+    for k in [("ring", 1), ("ring", 3), ("gloo", 1), ("gloo", 3), "DDP", ("accum", 1), ("accum", 2)]:
+        name = k if isinstance(k, str) else f"ZeRO-{k[1]}, {how[k[0]]}"
+        lines.append(f"{name:30}{logged[k] / 1024:>28.1f}{observed[k] / 1024:>10.1f}{ratio[k]:>15.2f}x")
     ratios = [ratio[("ring", 1)], ratio[("ring", 3)], ratio[("gloo", 1)], ratio[("gloo", 3)]]
     return Report("\n".join(lines), _check_wire, reference=reference, runs=wire_runs, ratios=ratios,
-                  gloo1=ratios[2])
+                  gloo1=ratios[2], logged_ratio={s: logged[("accum", s)] / logged["DDP"] for s in (1, 2)})
 
 
 def _check_prefetch_memory(r: Report) -> None:

@@ -2,7 +2,6 @@
 (:mod:`.claims`), printing nothing more when they hold — so a cell reads ``result = run(...)``, ``show(result)``."""
 from __future__ import annotations
 
-import html
 
 import matplotlib.pyplot as plt
 
@@ -13,7 +12,7 @@ from . import claims
 from . import measure
 from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
                       draw_tp_throughput, fit_latency_bandwidth)
-from .throughput import CARDS, narrow_matmuls, priced_with, weight_state_gb
+from .throughput import CARDS, narrow_matmuls, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "gpt_vs_one_device", "show_gpt", "show_layer_bytes",
@@ -83,12 +82,9 @@ def show_gpt(comparison, refused) -> None:
 
 def show_layer_bytes(layer: dict) -> None:
     """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
-    for t, (sent, observed, formula) in layer.items():
+    for t, (sent, observed, formula) in layer.items():     # the sockets' excess (gloo's framing): Deeper A's text
         calls = sent["by_op"]["all_reduce"][0]
-        messages = calls * 4 * (t - 1)          # gloo's all-reduce: two segments a rank, 4(t-1) messages a call
-        print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']} B sent; formula 4 × 2(t-1)/t × b·s·h·4 B = "
-              f"{formula:.0f} B   (on the wire: + {observed - formula:.0f} B = {messages} messages × "
-              f"{(observed - formula) / messages:.0f} B of gloo framing)")
+        print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']:,} B sent = formula 4 × 2(t-1)/t × b·s·h·4 B")
     claims.check_bytes_per_layer(layer)
 
 
@@ -157,45 +153,11 @@ def show_tp_throughput(rows: list) -> dict:
     print(f"H100, 8-GPU nodes: TP's all-reduces take {h100[8]['tp_share']:.0%} of the step at t = 8 (inside one node), "
           f"{h100[16]['tp_share']:.0%} at t = 16 (across two); on 2-GPU nodes (what-if) t = 8 crosses nodes: "
           f"{series[('H100 (NVLink 4, IB NDR)', '2-GPU nodes (what-if)')][8]['tp_share']:.0%}")
-    eta, slow = H100_SXM.gemm_efficiency, narrow_matmuls(0.6)
-    summary = (f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 2's tokens/s per GPU (t = 2: the smallest t "
-               f"that fits an 80 GB card), a step {h100[2]['step'] / h100[8]['step']:.1f}× shorter; t = 16 across two "
-               f"nodes keeps "
-               f"{keep[16]:.0%}.\nt = 8 -> 16, across two nodes: tp's share of the step "
-               f"{h100[16]['tp_share'] / h100[8]['tp_share']:.1f}× larger; each GPU keeps "
-               f"{h100[16]['tokens_per_gpu'] / h100[8]['tokens_per_gpu']:.0%} of its t = 8 tokens/s.\n"
-               f"Sensitivity, matmuls at 60% of peak instead of {eta:.0%} at t = 8 and 16 (h/t = 1536, 768): t = 8 keeps "
-               f"{slow[8] / h100[2]['tokens_per_gpu']:.0%}, t = 16 {slow[16] / h100[2]['tokens_per_gpu']:.0%} of t = 2's "
-               f"tokens/s per GPU; t = 16 still keeps only {slow[16] / slow[8]:.0%} of t = 8's.\n\n")
-    claims.check_crossing_costs_with_narrow_matmuls(slow)
-    _show_collapsed("More numbers (optional): tokens/s, a sensitivity, every card, prices, memory per GPU",
-                    summary + _tp_numbers(series, degrees, state, card_gb))
+    print(f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 2's tokens/s per GPU (t = 2: the smallest t that "
+          f"fits an 80 GB card), a step {h100[2]['step'] / h100[8]['step']:.1f}× shorter; t = 16 across two nodes "
+          f"keeps {keep[16]:.0%}")
+    claims.check_crossing_costs_with_narrow_matmuls(narrow_matmuls(0.6))   # holds with slower narrow matmuls too
     return h100
-
-
-def _tp_numbers(series: dict, degrees: list, state: dict, card_gb: float) -> str:
-    """The figure's numbers as text: tokens/s per GPU (and tp's share) by card, placement and t; what each card
-    and link is priced with; the weight state per GPU at each t."""
-    lines = ["model: tokens/s per GPU (tp = the all-reduces' share of the step)",
-             f"{'card':26}{'placement':>22} | " + " | ".join(f"{'t = ' + str(t):>17}" for t in degrees)]
-    for (card, placement), by_t in series.items():
-        lines.append(f"{card:26}{placement:>22} | "
-                     + " | ".join(f"{r['tokens_per_gpu']:>8,.0f} (tp {r['tp_share']:>3.0%})" for r in by_t.values()))
-    lines.append("priced with (α per ring step; β = datasheet bandwidth × the share a large ring reaches):\n  "
-                 + "\n  ".join(priced_with()))
-    lines.append("\nweights, gradients and Adam state per GPU, GB: "
-                 + ", ".join(f"t = {t}: {gb:.0f}" for t, gb in state.items())
-                 + f".\nAt t = 1 that is more than an {card_gb:.0f} GB card holds: the t = 1 column does not fit, "
-                 "its numbers are compute only; the comparisons above start at t = 2.")
-    return "\n".join(lines)
-
-
-def _show_collapsed(summary: str, text: str) -> None:
-    """``text`` in a collapsed <details> block (HTML, for JupyterLab and the site), plain text elsewhere: numbers
-    a reader opens on demand, under the figure they explain."""
-    from IPython.display import display
-    block = f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>"
-    display({"text/html": block, "text/plain": f"{summary}:\n{text}"}, raw=True)
 
 
 def measure_allreduce(world_size: int = 4, reps: int = 7):
