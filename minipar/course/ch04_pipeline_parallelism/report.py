@@ -116,14 +116,15 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     layers = len({name.split(".")[1] for name in reference.params if name.startswith("blocks.")})
     ring = 2 * (p - 1) / p
     dp, tp = ring * grads, ring * 4 * m * a * layers   # TP: 4 all-reduces of the batch's activation (m·A) per layer
-    print(f"the same {p} ranks and model, split three ways: bytes each rank sends per step (all-reduces: ring model)")
+    print(f"the same {p} ranks and model, split three ways: bytes each rank sends per step (all-reduces: ring model; "
+          f"× PP: those bytes over PP's)")
     rows = [("PP, a stage each", sent, "measured", "to 1 or 2 neighbours, point to point, once per micro-batch"),
             ("DP, a replica each", dp, "ring model, not run",
              f"to all {p}, one all-reduce of the gradients a step (overlaps backward)"),
             (f"TP, 1/{p} of every layer", tp, "ring model, not run",
              f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
     for label, sends, source, how in rows:
-        print(f"  {label:24s} {sends:>9,.0f}  {source:19s}  {how}")
+        print(f"  {label:24s} {sends:>9,.0f}  {sends / sent:5.1f}× PP  {source:19s}  {how}")
     claims.check_pp_sends_least(sent, dp, tp)
     h = reference.params["ln_f.weight"].numel()
     tokens = m * a // (8 * h)                                    # T tokens a step; L = layers, the whole model's
@@ -233,9 +234,8 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     draw_terms(why.terms, p)
     plt.show()
     i = why.idle
-    runs_shown = sorted((round(100 * i['measured']), round(100 * unpaced['1f1b'])))   # the two unpaced 1F1B runs
-    print(f"1F1B unpaced, the two runs of this chapter: {runs_shown[0]}–{runs_shown[1]}% idle, far above the formula's "
-          f"{why.idle['formula']:.0%}; on shared cores a rerun moves one run's number by many points.")
+    print(f"The ladder replays this traced 1F1B run, {i['measured']:.0%} idle against the formula's {i['formula']:.0%} "
+          f"(the 1F1B row of the table above, {unpaced['1f1b']:.0%}, is another run; a rerun moves either by many points).")
     claims.check_each_term_adds_idle(i, why)
 
 

@@ -196,7 +196,7 @@ class IdleBreakdown:
 
     def __str__(self) -> str:
         i, labels = self.idle, {"formula": "formula (p-1)/(m+p-1)", "measured": "measured (wall clock here)", **TITLES}
-        out = [f"{'idle fraction of one step of one run, ' + self.schedule:52s} {'':>7s}"]
+        out = [f"{'idle fraction of one step, the traced ' + self.schedule + ' run':52s} {'':>7s}"]
         pct = {t: round(100 * i[t]) for t in i}   # whole points (one run, which a rerun moves), rows and steps alike
         out += [f"{labels[t]:52s} {pct[t]:6d}%" for t in TERMS]
         return "\n".join(out)
