@@ -44,8 +44,7 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     if with_sp:
         print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
         longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8)
-        print(f"in the memory TP needs at t=8 for s = {s:,}, TP+SP fits s = {longest:,} "
-              f"({longest / s:.2f}x; the longest multiple of 8), not {8}x: the s² term, already divided by t, stays")
+        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}×)")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
     else:
         print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
@@ -180,11 +179,12 @@ def show_dropout_masks(per_rank) -> None:
     print("12 dropout decisions, p = 0.5 (1 = kept, 0 = dropped)")
     print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
     print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
-    print(f"plain TP, no SP, after 2 steps: max |Δ| between rank 0's and rank 1's copies of the replicated "
-          f"parameters (position embedding, LayerNorms): {right:.1e} by this rule, {wrong:.1e} seeded by rank")
+    print("\nplain TP, 2 steps: ranks 0 and 1's copies of the replicated parameters (position embedding, LayerNorms)")
+    print(f"replicated stream seeded   max |Δ|\n  by the rule              {right:.1e}\n  by rank                  {wrong:.1e}")
     by_rank, one_seed = (sp0 == sp1).float().mean().item(), (one0 == one1).float().mean().item()
-    print(f"TP+SP, residual dropout p = 0.1 on two sequence shards: masks agree on {by_rank:.2f} of positions "
-          f"by the per-rank stream (independent: 0.9² + 0.1² = 0.82), {one_seed:.2f} with one seed")
+    print(f"\nTP+SP, residual dropout p = 0.1 on two sequence shards: share of positions where the masks agree")
+    print(f"  per-rank stream          {by_rank:.2f}   (independent masks: 0.9² + 0.1² = 0.82)\n"
+          f"  one seed                 {one_seed:.2f}")
     claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)
     claims.check_sequence_shards_draw_their_own_masks(by_rank, one_seed)
     claims.check_replicas_drift_seeded_by_rank(right, wrong)
@@ -241,7 +241,9 @@ def mine_vs_pytorch_sp(rank, world_size):
 
 
 def show_pytorch_sp(per_rank) -> None:
-    for rank, (shape, dy, db, placement) in enumerate(per_rank):
-        print(f"rank {rank}: output shard {shape}, max |Δy| {dy:.1e}, max |Δ bias grad| {db:.1e} "
-              f"(PyTorch's bias gradient: {placement}, its local tensor)")
+    shape, _, _, placement = per_rank[0]
+    print(f"{len(per_rank)} ranks, output shard {shape} each; over the ranks, max |Δy| "
+          f"{max(r[1] for r in per_rank):.1e}, max |Δ bias grad| {max(r[2] for r in per_rank):.1e}\n"
+          f"PyTorch's bias gradient: {placement} (its local tensor, already summed)")
+    for shape, dy, db, placement in per_rank:
         claims.check_pytorchs_sequence_parallelism_side_by(shape, dy, db, placement)

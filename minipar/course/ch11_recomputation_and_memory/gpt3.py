@@ -43,9 +43,9 @@ def show_gpt3_logits(vocabs=(50257, 150000)) -> None:
     s, h = GPT3["s"], GPT3["h"]
     layer = 34 * s * h
     print(f"\nat GPT-3 scale, by formula (s = {s}, h = {h:,}, one sequence): one layer's linear part (16-bit) "
-          f"34·sbh = {layer / 1e6:.0f} MB")
+          f"34·sbh = {layer / 2 ** 20:.0f} MiB")
     for vocab in vocabs:
-        print(f"  V = {vocab:>7,}: FP32 logits 4·s·V = {4 * s * vocab / 1e6:5.0f} MB = "
+        print(f"  V = {vocab:>7,}: FP32 logits 4·s·V = {4 * s * vocab / 2 ** 20:5.0f} MiB = "
               f"{4 * s * vocab / layer:.1f}× that layer's linear part")
     claims.check_logits_against_a_layer(s, h)
 
@@ -56,7 +56,7 @@ def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
     smallest at k = √(n · input / layer); a layer's activations as kept without and with selective recomputation."""
     s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
     layer_input = activation_bytes_formula(s, 1, h, a, recompute="full")        # 2·sbh
-    print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations")
+    print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations (by formula)")
     peaks = {}
     for mode in ("none", "selective"):
         layer = activation_bytes_formula(s, 1, h, a, recompute=mode)

@@ -284,17 +284,19 @@ def times_by_mode() -> dict:
 
 
 def show_times(seconds, flops, loaded=None) -> None:
-    """Each mode's fastest and slowest step, its FLOPs and its time against none: fastest ÷ fastest always,
-    and the per-round ratio's median [IQR] with its verdict (``paced_compute.paired_ratios``). ``loaded``: whether
-    other load disturbed the steps (default: judged on the steps, ``paced_compute.unsteady``)."""
+    """Each mode's fastest step and its time and FLOPs against none's. The time ratio is the per-round ratio's
+    median with its verdict (``paced_compute.paired_ratios``; appendix A explains the method), or, when other
+    load disturbed the steps (``loaded``; default: judged on the steps, ``paced_compute.unsteady``), only the
+    fastest ÷ fastest, not compared."""
     loaded = unsteady(seconds) if loaded is None else loaded
+    print("mode       fastest step  × none's FLOPs  × none's time (indicative)")
     for mode in MODES:
         t = seconds[mode]
-        line = (f"{mode:9}: fastest {min(t) * 1e3:5.1f} ms, slowest {max(t) * 1e3:6.1f} ms;  "
-                f"FLOPs × none {flops[mode] / flops['none']:.2f}")
-        if mode != "none":
-            fastest, median, (q1, q3), verdict = paired_ratios(t, seconds["none"], loaded)
-            line += (f";  {median:.2f}× none's time per round (middle half {q1:.2f}–{q3:.2f}), "
-                     f"fastest against fastest {fastest:.2f}: {verdict}")
+        line = f"{mode:9}  {min(t) * 1e3:9.1f} ms  {flops[mode] / flops['none']:14.2f}  "
+        if mode == "none":
+            line += "1"
+        else:
+            fastest, median, _, verdict = paired_ratios(t, seconds["none"], loaded)
+            line += (f"≈{fastest:.2f} fastest ÷ fastest, {verdict}" if loaded else f"≈{median:.2f}, {verdict}")
         print(line)
     claims.check_step_times(seconds)
