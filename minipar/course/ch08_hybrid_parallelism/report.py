@@ -227,7 +227,7 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     and micro-batch: §3's four, plus the forward's two again, since that run recomputes every block's forward
     in its backward, as its FLOP count below assumes; the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
     whole or 1/t each with Megatron's scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this
-    rank's share of its stage). Beside them, in ``value_bytes`` (BF16), seconds = bytes ÷ link bandwidth on
+    rank's share of its stage). Beside them, in ``value_bytes`` (16-bit: the paper says mixed precision), seconds = bytes ÷ link bandwidth on
     the DGX A100's NVLink 3 and on one InfiniBand HDR port per GPU (a lower bound: no latency, full
     bandwidth). Under them, one step's length for scale: the paper's FLOPs per step (Eq. 3,
     96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over its t·p·d GPUs at the ``tflops_per_gpu`` it
@@ -242,7 +242,7 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
             ("PP, 1/t (scatter/gather)", pp_values / t), ("DP, ring all-reduce", dp_values)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
     lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value "
-             f"(BF16); seconds = bytes ÷ bandwidth",
+             f"(16-bit); seconds = bytes ÷ bandwidth",
              f"{'':30} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
     for name, values in rows:
         gb = values * value_bytes / 1e9

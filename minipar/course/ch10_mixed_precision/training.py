@@ -55,9 +55,9 @@ def _mean_last(losses, n: int = 20) -> float:
 
 
 def show_training(trained: SimpleNamespace) -> None:
-    """Each run's loss curve and its gap to FP32's; per run, over the steps before FP16's first skipped step,
-    the final loss (mean of the last 20) and the largest |loss − FP32 loss|; FP16's skipped steps; how many
-    LayerNorm gains moved without masters."""
+    """Each run's loss curve and its gap to FP32's; per run, over all the steps, the final loss (mean of the
+    last 20) and the largest |loss − FP32 loss|; FP16's skipped steps; how many LayerNorm gains moved without
+    masters."""
     runs, lr = trained.losses, trained.lr
     ref = runs[FP32]
     gap = {name: [a - b for a, b in zip(losses, ref)] for name, losses in runs.items() if name != FP32}
@@ -75,23 +75,17 @@ def show_training(trained: SimpleNamespace) -> None:
     plt.show()
     skipped = trained.fp16_skipped
     masters = (FP16_MASTERS, BF16_MASTERS)
-    # the table ends before FP16's first skipped step: after it FP16 runs one update behind, not less precisely
-    n = skipped[0] if skipped else len(ref)
-    print(f"steps 1-{n}, before FP16's first skipped step:" if skipped else f"steps 1-{n}:")
-    print(f"{'run':32}{'final loss':>11}{'largest |gap|':>15}{'steps skipped':>15}")
+    print(f"all {len(ref)} steps")
+    print(f"{'run':32}{'final loss':>11}{'largest |gap|':>15}{'skipped at step':>17}")
     for name, losses in runs.items():
-        largest = max(abs(g) for g in gap[name][:n]) if name in gap else 0.0
-        skips = f"{len(skipped)}, at {skipped[0] + 1}" if name == FP16_MASTERS and skipped else "0"
-        print(f"{name:32}{_mean_last(losses[:n]):11.4f}{largest:15.4f}{skips:>15}")
+        largest = max(abs(g) for g in gap[name]) if name in gap else 0.0
+        skips = ", ".join(str(i + 1) for i in skipped) if name == FP16_MASTERS and skipped else "-"
+        print(f"{name:32}{_mean_last(losses):11.4f}{largest:15.4f}{skips:>17}")
     moved, gains = trained.gains_moved
-    print(f"final loss: mean of the last 20 of those steps; largest |gap|: the largest per-step |loss - FP32 loss|. "
-          f"Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm gain at 1: {moved} of its {gains} gain "
-          f"values moved")
+    print(f"(final loss: mean of the last 20 steps; gap: loss - FP32 loss at the same step. Without masters, "
+          f"|w| / lr = {1 / lr:.0f} for a LayerNorm gain at 1: {moved} of its {gains} gain values moved)")
     before = {m: max((abs(x) for x in gap[m][:skipped[0]]), default=0.0) for m in masters} if skipped else {}
     window = {m: _mean_last([abs(x) for x in gap[m][:skipped[0]]]) for m in masters} if skipped else {}
-    if skipped:
-        print(f"over all {len(ref)} steps, skip included, the largest |gap| is FP16 "
-              f"{max(abs(x) for x in gap[FP16_MASTERS]):.4f}, BF16 {max(abs(x) for x in gap[BF16_MASTERS]):.4f}")
     claims.check_fp16_gap_is_the_skip(skipped, before, window, len(ref))
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
                                      {m: max(abs(x) for x in gap[m]) for m in masters},
