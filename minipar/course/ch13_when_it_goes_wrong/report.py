@@ -121,7 +121,7 @@ def show_rounding() -> float:
 
 
 def show_gradient_bugs(tolerance: float) -> None:
-    """The three planted gradient bugs, each bisected against one device."""
+    """The three planted gradient bugs, each searched against one device."""
     found = lab.planted_gradient_bugs(tolerance)
     for bug, result in found.items():
         print(f"{bug}:\n  {_backward_order_first(result)}")
