@@ -1,5 +1,5 @@
 """minipar.debug: the desync check (fails before any rank hangs, naming both sides), stragglers from a trace,
-the bisection against one device, the seeds' rules and RNG state, and the first non-finite operator; and
+the first-departure search against one device, the seeds' rules and RNG state, and the first non-finite operator; and
 nothing left running after a planted hang."""
 import multiprocessing
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minipar import LaunchTimeout, comm, hooks, launch
-from minipar.debug import bisect, desync, nonfinite, seeds, stragglers
+from minipar.debug import first_departure, desync, nonfinite, seeds, stragglers
 from minipar.machine.trace import Comm, Compute, Mark, RankTrace, Trace
 from minipar.rng import megatron_seeds
 from conftest import child_pids
@@ -139,31 +139,31 @@ def test_the_replay_without_the_straggler_is_shorter_by_its_cost():
     assert min(as_run.step_gaps()) - min(without.step_gaps()) == pytest.approx(two_gemms, rel=1e-9)
 
 
-# The bisection ---------------------------------------------------------------------------------------------
+# The first-departure search ---------------------------------------------------------------------------------------------
 
 def _steps(**changes):
     base = {n: torch.ones(k, dtype=torch.float64) for n, k in (("a.weight", 3), ("a.bias", 1), ("b.weight", 2))}
     return [{n: t.clone() + s for n, t in base.items()} for s in range(3)], changes
 
 
-def test_the_bisection_finds_the_first_step_and_parameter_and_the_boundary():
+def test_first_departure_finds_the_first_step_and_parameter_and_the_boundary():
     reference, _ = _steps()
     rank = [{n: t.clone() for n, t in step.items()} for step in reference]
-    assert bisect.bisect(reference, [rank], 1e-9).first is None
+    assert first_departure.first_departure(reference, [rank], 1e-9).first is None
     rank[1]["a.bias"] += 1e-3                                  # step 1: a.bias and a.weight depart
     rank[1]["a.weight"] += 1e-6
     rank[2]["b.weight"] += 1.0
-    found = bisect.bisect(reference, [rank, rank], 1e-9)
+    found = first_departure.first_departure(reference, [rank, rank], 1e-9)
     assert (found.first.step, found.first.name) == (1, "a.weight")
     assert found.wrong == ["a.weight", "a.bias"] and found.right == ["b.weight"] and found.boundary == "a.bias"
     assert found.first.size == pytest.approx(1e-6 / 2)         # normwise: max |Δ| / max |reference|
-    assert bisect.bisect(reference, [rank], 1e-5).first.name == "a.bias"   # under a looser tolerance
+    assert first_departure.first_departure(reference, [rank], 1e-5).first.name == "a.bias"   # under a looser tolerance
 
 
 def test_the_reference_steps_are_one_device_training():
     from minipar.check import mlp_recipe, train_reference
     recipe = mlp_recipe(steps=2)
-    steps = bisect.reference_steps(recipe)
+    steps = first_departure.reference_steps(recipe)
     final = train_reference(recipe).params
     assert len(steps) == 2 and all(torch.equal(steps[-1][n], final[n]) for n in final)
 

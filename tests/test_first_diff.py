@@ -1,10 +1,10 @@
-"""minipar.debug.first_diff: ULP distance, the bisection at tolerance 0, and the first tensor where one device
+"""minipar.debug.first_diff: ULP distance, the first-departure search at tolerance 0, and the first tensor where one device
 and each layout part (default mode), with the reduction whose order made it; two identical runs, and a pipeline
 that only moves work, do not part."""
 import pytest
 import torch
 
-from minipar.debug import bisect
+from minipar.debug import first_departure
 from minipar.debug.first_diff import capture, first_difference, reduction_for, ulp_distance
 from minipar.layout import Layout
 from minipar.recipe import gpt_recipe
@@ -29,16 +29,16 @@ def test_ulp_distance_counts_floats_between_not_their_difference():
         ulp_distance(one, one.double())
 
 
-def test_the_bisection_at_tolerance_zero_asks_for_bitwise_equality():
+def test_first_departure_at_tolerance_zero_asks_for_bitwise_equality():
     reference = [{"a": torch.ones(3), "b": torch.ones(2)}]
     same = [{n: t.clone() for n, t in reference[0].items()}]
-    assert bisect.bisect(reference, [same], 0.0).first is None
-    assert str(bisect.bisect(reference, [same], 0.0)).startswith("bitwise equal")
+    assert first_departure.first_departure(reference, [same], 0.0).first is None
+    assert str(first_departure.first_departure(reference, [same], 0.0)).startswith("bitwise equal")
     same[0]["b"][1] = _next(1.0, 2.0)                                   # one ULP on one element
-    found = bisect.bisect(reference, [same], 0.0)
+    found = first_departure.first_departure(reference, [same], 0.0)
     assert found.first.name == "b" and "not bitwise equal" in str(found)
     with pytest.raises(ValueError, match="tolerance"):
-        bisect.bisect(reference, [same], -1.0)
+        first_departure.first_departure(reference, [same], -1.0)
 
 
 def test_reduction_names_by_what_the_layouts_split():

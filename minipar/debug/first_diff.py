@@ -6,7 +6,7 @@ dimension a layout splits changes the order of some sum — tokens across DP ran
 gradients' sum over tokens), the inner dimension across TP ranks (the row-parallel linear's partial sums, then
 an all-reduce), the vocabulary across TP ranks (the softmax's Σ exp), keys across CP ranks (ring attention's
 online-softmax merge of key blocks). A correct parallel run therefore leaves one device by a few ULPs, and
-:func:`minipar.debug.bisect.bisect` at tolerance 0 says *where* first.
+:func:`minipar.debug.first_departure.first_departure` at tolerance 0 says *where* first.
 
 :func:`capture` trains a recipe with the hybrid trainer (:class:`minipar.hybrid.parallel3d.Trainer3D`) under a
 :class:`~minipar.layout.Layout` and keeps, for every step, in execution order: the forward's activations
@@ -15,7 +15,7 @@ output; the final LayerNorm, the logits, the per-token loss, the loss), the back
 after every reduction (reverse model order), and the parameters after the optimizer step. Each rank records
 its pieces with the global rows, positions, heads and vocabulary columns they hold; the pieces are put back
 into whole tensors, so two layouts compare element by element. :func:`first_difference` walks both in that
-order with :func:`~minipar.debug.bisect.bisect` at tolerance 0 and names the first tensor that differs.
+order with :func:`~minipar.debug.first_departure.first_departure` at tolerance 0 and names the first tensor that differs.
 
 ULP distance (units in the last place): float32 bits read as int32, negative floats mapped to
 ``−2³¹ − bits`` so that the integers are ordered like the floats; the distance is the integers' difference
@@ -35,7 +35,7 @@ from ..layout import Layout
 from ..recipe import Recipe
 from ..tensor.operators import tp_rank, tp_size
 from ..tensor.vocab import vocab_parallel_cross_entropy
-from .bisect import bisect
+from .first_departure import first_departure
 
 __all__ = ["ulp_distance", "capture", "Capture", "Difference", "first_difference", "reduction_for"]
 
@@ -269,7 +269,7 @@ def first_difference(a: Capture, b: Capture) -> Difference:
     """The first tensor (step, then execution order) where ``b`` differs from ``a`` in any bit."""
     if len(a.steps) != len(b.steps):
         raise ValueError(f"the runs took {len(a.steps)} and {len(b.steps)} steps")
-    found = bisect(a.steps, [b.steps], 0.0)
+    found = first_departure(a.steps, [b.steps], 0.0)
     compared = sum(len(s) for s in a.steps)
     if found.first is None:
         return Difference(None, compared=compared)

@@ -126,12 +126,12 @@ def efficiency_band(p, band: float = 0.15) -> None:
     at 100 %, in one table: step, MFU, and whether the winner's layout is the same as at the fitted values.
     ``p`` is the plan at the fitted η_F and the assumed links."""
     card, best0 = A100_SXM_80GB, p.best[0]
-    print(f"{'planned with':36}{'step s':>7}{'MFU':>7}  same best layout?")
+    lines = [f"{'planned with':36}{'step s':>7}{'MFU':>7}  same best layout?"]
 
     def row(what, pl):
         best = pl.best[0]
-        print(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  "
-              f"{'yes' if best.layout == best0.layout else show.layout_words(best.layout)}")
+        lines.append(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  "
+                     f"{'yes' if best.layout == best0.layout else show.layout_words(best.layout)}")
         return best
 
     bests = {}
@@ -146,6 +146,7 @@ def efficiency_band(p, band: float = 0.15) -> None:
         pl = plan(GPT3_175B, gpu_cluster(card, 128, replace(NVLINK3, efficiency=nvlink), replace(IB_HDR, efficiency=ib)),
                   1536, top=1)
         by_link[nvlink, ib] = row(f"links at {nvlink:.0%} of datasheet", pl)
+    print("\n".join(lines))    # one table, printed once the plans are done
     claims.check_link_efficiency_band(by_link)
 
 
@@ -183,7 +184,8 @@ def rules_vs_planner(cluster, p) -> dict:
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
     print(f"the rules' walk with {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes "
           f"({fast.intra_bw / 1e9:.0f} inside a node; the rules call links between nodes fast from "
-          f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s):")
+          f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
+          f"this course's threshold):")
     print(advice[fast_gbs])
     print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best layout s':>14}"
           f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}")

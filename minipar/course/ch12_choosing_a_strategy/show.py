@@ -172,6 +172,11 @@ def plan_table(p, full: bool = False, rival=None) -> Shown:
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
+        hidden = [(fam, e) for fam, e in sorted(p.families.items(), key=lambda kv: kv[1].step_seconds)
+                  if e.fits and fam not in dict(order)]
+        lines.append("also fit (the table is a selection; full=True lists all), ÷ best:")
+        items = [f"{_degree(fam, e)} {e.step_seconds / best.step_seconds:.2f}" for fam, e in hidden]
+        lines += ["  " + ", ".join(items[i:i + 3]) for i in range(0, len(items), 3)]
         lines.append(f"these do not fit: {', '.join(_degree(fam, p.families[fam]) for fam in misfits)}")
     if rival is None:
         lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
@@ -179,10 +184,12 @@ def plan_table(p, full: bool = False, rival=None) -> Shown:
         lay, gap = best.layout, rival.step_seconds / best.step_seconds - 1
         family = " + ".join([f"ZeRO-{lay.zero}"] * bool(lay.zero) + [f"TP {lay.tp}–{rival.layout.tp}", "PP"])
         rest = ", ".join(["SP"] * lay.sp + [lay.recompute] * (lay.recompute != "none") + [lay.schedule])
-        lines.append(f"best: {family}, {rest}: TP {lay.tp} and "
-                     f"TP {rival.layout.tp} are tied ({gap:.1%} apart, closer than the model can rank)")
-        lines.append(f"  TP {lay.tp} (the model's nominal pick): {layout_words(lay)}: {estimate_words(best)}")
+        lines.append(f"best: {family}, {rest}: TP {lay.tp} and TP {rival.layout.tp} tied ({gap:.1%} apart, closer "
+                     f"than the model can rank)")
+        lines.append(f"memory breaks the tie: TP {rival.layout.tp} holds "
+                     f"{rival.memory['total'] / GB:.1f} GB per GPU against {best.memory['total'] / GB:.1f}")
         lines.append(f"  TP {rival.layout.tp}: {layout_words(rival.layout)}: {estimate_words(rival)}")
+        lines.append(f"  TP {lay.tp} (fastest by {gap:.1%}; the breakdown below): {layout_words(lay)}: {estimate_words(best)}")
     return Shown("\n".join(lines))
 
 

@@ -100,14 +100,14 @@ def mlp_steps(average_gradients, world_size: int = 2) -> tuple:
     """(one device's parameters after each step, each rank's) for data parallelism on the MLP of exercise 2
     (float64, SGD, 3 steps) with ``average_gradients(params, world_size)`` after every backward."""
     from minipar import launch
-    from minipar.debug.bisect import reference_steps
+    from minipar.debug.first_departure import reference_steps
     return reference_steps(_mlp_recipe()), launch(_mlp_rank, world_size, average_gradients, quiet=True, timeout=15)
 
 
 def check_average_gradients(average_gradients, world_size: int = 2, tolerance: float = 1e-12) -> None:
     """``average_gradients(params, world_size)``: every parameter's ``.grad`` becomes the mean over the ranks."""
     from minipar import RankError
-    from minipar.debug.bisect import bisect
+    from minipar.debug.first_departure import first_departure
     try:
         reference, ranks = mlp_steps(average_gradients, world_size)
     except RankError as exc:
@@ -116,13 +116,13 @@ def check_average_gradients(average_gradients, world_size: int = 2, tolerance: f
             raise NotImplementedError("average_gradients is not written yet: replace '# YOUR CODE HERE' and "
                                       "the raise below it") from None
         raise ExerciseError(f"average_gradients failed on rank {exc.rank}: {message}") from None
-    found = bisect(reference, ranks, tolerance)
+    found = first_departure(reference, ranks, tolerance)
     if found.first is not None:
         biases = all(n.endswith("bias") for n in found.wrong)
         mistake = ("only the biases depart: every parameter's gradient needs the same all-reduce and the same "
                    "division, whatever its shape" if biases else
                    "all-reduce every gradient (a sum over ranks), then divide by world_size: the mean")
-        fail("data parallelism against one device (float64, bisected)", f"within {tolerance:g} at every step",
+        fail("data parallelism against one device (float64, first-departure search)", f"within {tolerance:g} at every step",
              str(found), mistake)
     print(f"average_gradients: {world_size} ranks equal one device at every step and parameter (within {tolerance:g})")
 

@@ -83,9 +83,11 @@ def check_sum_orders(sums) -> None:
 
 
 def check_split_sums_no_further_from_exact(from_exact) -> None:
-    """Equal to the last bit: the ranks' orders are no further from the correctly rounded sum than one device's"""
+    """Equal to the last bit: the ranks' orders are no further from the correctly rounded sum than one device's;
+    on this seed one device's order is the farthest of all"""
     one_device = from_exact["left to right (one device)"]
     assert all(from_exact[order] <= one_device for order in from_exact if "ranks" in order)
+    assert all(from_exact[order] < one_device for order in from_exact if order != "left to right (one device)")
 
 
 def check_first_differences(diffs) -> None:
@@ -126,7 +128,17 @@ def check_clipping_bounds_the_step(clipped, bad_step, clip) -> None:
 
 def check_clipping_handled_this_spike(clipped, guarded, plain) -> None:
     """A loss spike without a NaN: clipping at 1.0 handled this planted spike about as well as the skip guard
-    (end losses within 0.02 of each other, both far below the unguarded run's), so the guard's advantage is not
-    shown here"""
+    (end losses within 0.02 of each other, both far below the unguarded run's), so the guard's case is the
+    second spike (check_skip_guard_beats_clipping_on_a_corrupt_shard)"""
     assert abs(clipped["loss"][-1] - guarded["loss"][-1]) < 0.02, (clipped["loss"][-1], guarded["loss"][-1])
     assert max(clipped["loss"][-1], guarded["loss"][-1]) < plain["loss"][-1]
+
+
+def check_skip_guard_beats_clipping_on_a_corrupt_shard(plain, clipped, guarded, bad_step, bad_steps) -> None:
+    """Several bad batches in a row whose gradients point the wrong way: the guard skips every one and ends
+    below its pre-spike loss; clipping takes each at bounded length and ends above it, worse than the guard
+    by more than 0.01; unguarded is worse still"""
+    before = plain["loss"][bad_step - 1]
+    assert guarded["skipped"] == list(range(bad_step, bad_step + bad_steps)) and guarded["loss"][-1] < before
+    assert clipped["skipped"] == [] and clipped["loss"][-1] > before
+    assert clipped["loss"][-1] > guarded["loss"][-1] + 0.01 and plain["loss"][-1] > clipped["loss"][-1]

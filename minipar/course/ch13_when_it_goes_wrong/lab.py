@@ -17,13 +17,13 @@ import torch.distributed as dist
 
 from minipar import RankError, comm, launch
 from minipar.check import gpt_recipe, train_steps
-from minipar.debug.bisect import StepRecorder, reference_steps
+from minipar.debug.first_departure import StepRecorder, reference_steps
 from minipar.debug.desync import desync_check
 from minipar.machine.fidelity import with_ops
 from minipar.observe.measure import gather_steps, timed_steps
 
 __all__ = ["skip_one_all_reduce", "planted_hang", "never_issued", "mismatched_shapes", "desync_failure",
-           "first_error_line", "straggler_trace", "bisect_recipe", "ddp_steps", "tp_steps", "ring_steps",
+           "first_error_line", "straggler_trace", "departure_recipe", "ddp_steps", "tp_steps", "ring_steps",
            "rounding_study", "planted_gradient_bugs", "dropout_replicas", "split_region_masks", "resumed_losses",
            "NaiveSoftmaxNet", "overflow_run", "anomaly_on"]
 
@@ -112,7 +112,7 @@ def straggler_trace(world_size: int = 2, slow_rank: int = 1, work: int = 60, ext
 
 # 3. Silent wrong gradients -------------------------------------------------------------------------------
 
-def bisect_recipe(dtype=torch.float64, steps: int = 3):
+def departure_recipe(dtype=torch.float64, steps: int = 3):
     """The tiny GPT, 2 layers, SGD, 3 steps, in ``dtype``: small enough to run three ways in seconds."""
     recipe = gpt_recipe(steps=steps, batch_size=8, seq_len=16, optimizer="sgd", n_layer=2, n_embd=32, n_head=4)
     recipe.dtype = dtype
@@ -336,23 +336,23 @@ def split_region_masks(p: float = 0.1, shape=(64, 64), seed: int = 1234) -> dict
 def rounding_study(world_size: int = 4):
     """A correct DDP run against one device in float32 and in float64: the largest departure of each, i.e.
     what rounding alone does when the ranks' gradients are summed in another order."""
-    from minipar.debug.bisect import max_departure
+    from minipar.debug.first_departure import max_departure
     out = {}
     for dtype in (torch.float32, torch.float64):
-        recipe = bisect_recipe(dtype)
+        recipe = departure_recipe(dtype)
         out[dtype] = max_departure(reference_steps(recipe), ddp_steps(recipe, world_size))
     return out
 
 
 def planted_gradient_bugs(tolerance: float) -> dict:
-    """The three planted bugs, each bisected against one device in float64 at ``tolerance``."""
-    from minipar.debug.bisect import bisect
-    recipe = bisect_recipe(torch.float64)
+    """The three planted bugs, each searched against one device in float64 at ``tolerance``."""
+    from minipar.debug.first_departure import first_departure
+    recipe = departure_recipe(torch.float64)
     ref = reference_steps(recipe)
-    return {"TP: f's backward all-reduce missing": bisect(ref, tp_steps(recipe, missing_f=True), tolerance),
-            "DDP: bucket 1 divided by 2, not 4": bisect(ref, ddp_steps(recipe, wrong_bucket=1, divisor=2),
+    return {"TP: f's backward all-reduce missing": first_departure(ref, tp_steps(recipe, missing_f=True), tolerance),
+            "DDP: bucket 1 divided by 2, not 4": first_departure(ref, ddp_steps(recipe, wrong_bucket=1, divisor=2),
                                                         tolerance),
-            "ring attention: one block's dK, dV dropped": bisect(ref, ring_steps(recipe, drop_block=True),
+            "ring attention: one block's dK, dV dropped": first_departure(ref, ring_steps(recipe, drop_block=True),
                                                                  tolerance)}
 
 

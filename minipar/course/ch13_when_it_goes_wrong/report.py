@@ -2,6 +2,7 @@
 (:mod:`.claims`), printing nothing more when they hold — so a cell reads ``show(...)``."""
 from __future__ import annotations
 
+import re
 import statistics
 
 import matplotlib.pyplot as plt
@@ -24,10 +25,16 @@ def _ms(seconds: float) -> str:
 
 
 def show_hang(program, world_size: int, timeout: float):
-    """The planted hang under the launcher: its error up to the traceback; returns the error."""
+    """The planted hang under the launcher: the flight recorder's verdict first, then the launcher's error under
+    it (up to the traceback, without the line repeating the verdict, gloo's source path trimmed); returns the error."""
     error, seconds, left_running = lab.planted_hang(program, world_size=world_size, timeout=timeout)
-    print(f"{type(error).__name__} after {seconds:.1f} s; processes left running: {left_running}")
-    print(str(error).split("\n\n--- traceback")[0])
+    head, _, recorder = str(error).split("\n\n--- traceback")[0].partition("\n\n--- the first call")
+    print("the flight recorder: the first call the ranks' records disagree on")
+    print("\n".join("  " + line for line in recorder.split("---\n", 1)[-1].splitlines()))
+    print(f"the launcher: {type(error).__name__} after {seconds:.1f} s; processes left running: {left_running}")
+    for line in head.splitlines():
+        if "parted from the others" not in line:
+            print("  " + re.sub(r"\[/\S+\] ", "", line))        # gloo's build path says nothing here
     claims.check_hang_where_ranks_parted(left_running, error)
     return error
 
@@ -121,7 +128,7 @@ def show_rounding() -> float:
 
 
 def show_gradient_bugs(tolerance: float) -> None:
-    """The three planted gradient bugs, each bisected against one device."""
+    """The three planted gradient bugs, each searched against one device."""
     found = lab.planted_gradient_bugs(tolerance)
     for bug, result in found.items():
         print(f"{bug}:\n  {_backward_order_first(result)}")
@@ -186,6 +193,7 @@ def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> Non
         print(f"{name:24}: skipped {r['skipped'] or 'none'}; held-out loss before the spike "
               f"{r['loss'][bad_step - 1]:.3f}, "
               f"after it {r['loss'][bad_step]:.3f}, at the end {r['loss'][-1]:.3f}")
+    show_corrupt_shard(bad_step, guard, clip)          # the second spike's end losses, above the first's picture
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.2))
     for name, r in runs.items():
         a.plot(r["norm"], marker=".", label=name)
@@ -198,6 +206,19 @@ def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> Non
     claims.check_spike_skipped(plain, guarded, bad_step)
     claims.check_clipping_bounds_the_step(clipped, bad_step, clip)
     claims.check_clipping_handled_this_spike(clipped, guarded, plain)
+
+
+def show_corrupt_shard(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0, bad_steps: int = 6) -> None:
+    """A second spike: ``bad_steps`` batches in a row whose targets are flipped and ×30 (inputs clean). Clipping takes each
+    harmful step at length ``clip``; the guard skips them all. End losses only (three runs, about 0.2 s)."""
+    runs = {"no guard": spiked_run(None, bad_step, bad_steps=bad_steps, flipped=True),
+            f"clip at {clip:g}": spiked_run(None, bad_step, clip=clip, bad_steps=bad_steps, flipped=True),
+            "skip guard": spiked_run(guard, bad_step, bad_steps=bad_steps, flipped=True)}
+    plain, clipped, guarded = runs.values()
+    print(f"{bad_steps} bad batches in a row (steps {bad_step}–{bad_step + bad_steps - 1}, targets × −30): "
+          f"held-out loss before {plain['loss'][bad_step - 1]:.3f}, at the end: "
+          + ", ".join(f"{name} {r['loss'][-1]:.3f}" for name, r in runs.items()))
+    claims.check_skip_guard_beats_clipping_on_a_corrupt_shard(plain, clipped, guarded, bad_step, bad_steps)
 
 
 def show_sum_orders() -> None:

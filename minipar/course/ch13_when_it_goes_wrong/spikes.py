@@ -20,9 +20,11 @@ __all__ = ["spiked_run"]
 
 
 def spiked_run(guard: float | None, bad_step: int = 12, outlier: float = 30.0, steps: int = 24,
-               warmup: int = 3, window: int = 8, clip: float | None = None) -> dict:
-    """Train the regression MLP with SGD for ``steps`` steps; batch ``bad_step`` is ``outlier`` times larger
-    (inputs and targets). ``guard``: the factor over the recent median norm past which a step is skipped
+               warmup: int = 3, window: int = 8, clip: float | None = None, bad_steps: int = 1,
+               flipped: bool = False) -> dict:
+    """Train the regression MLP with SGD for ``steps`` steps; the ``bad_steps`` batches from ``bad_step`` on are
+    ``outlier`` times larger (inputs and targets; ``flipped``: the targets alone, times −``outlier``, a corrupt
+    shard whose gradient points the wrong way, so clipping shortens a harmful step but still takes it). ``guard``: the factor over the recent median norm past which a step is skipped
     (None: no guard). ``clip``: scale ``g`` down to norm ``clip`` when it is longer (``clip_grad_norm_``;
     None: no clipping). Returns {"norm": [‖g‖ per step], "loss": [loss on a fixed clean batch after each step],
     "skipped": [steps skipped]}."""
@@ -31,8 +33,8 @@ def spiked_run(guard: float | None, bad_step: int = 12, outlier: float = 30.0, s
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     out = {"norm": [], "loss": [], "skipped": []}
     for step, (x, y) in enumerate(recipe.batches[:steps]):
-        if step == bad_step:
-            x, y = x * outlier, y * outlier                # a batch of outliers: a corrupt shard, a unit bug
+        if bad_step <= step < bad_step + bad_steps:
+            x, y = (x, -outlier * y) if flipped else (x * outlier, y * outlier)   # a corrupt shard, a unit bug
         opt.zero_grad()
         recipe.loss(model, x, y).backward()
         max_norm = float("inf") if clip is None else clip

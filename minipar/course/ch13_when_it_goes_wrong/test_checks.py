@@ -89,7 +89,7 @@ def test_average_gradients_accepts_the_fix(capsys):
     assert "equal one device" in capsys.readouterr().out
 
 
-def test_average_gradients_bisects_the_broken_program_to_the_biases():
+def test_average_gradients_search_finds_the_broken_program_to_the_biases():
     with pytest.raises(ExerciseError, match="only the biases depart") as caught:
         ch13.check_average_gradients(average_broken)
     assert "first departure: step 0" in str(caught.value)

@@ -15,3 +15,15 @@ def test_the_guard_skips_the_outlier_batch_and_clipping_bounds_it():
         claims.check_spike_skipped(plain, plain, 12)
     with pytest.raises(AssertionError):               # the unclipped run's jump is caught
         claims.check_clipping_bounds_the_step(plain, 12, 1.0)
+
+
+def test_on_a_corrupt_shard_the_guard_beats_clipping():
+    runs = [spiked_run(guard, bad_step=12, clip=clip, bad_steps=6, flipped=True)
+            for guard, clip in ((None, None), (None, 1.0), (5.0, None))]
+    claims.check_skip_guard_beats_clipping_on_a_corrupt_shard(*runs, 12, 6)
+    plain, clipped, _ = runs
+    with pytest.raises(AssertionError):               # clipping passed as the guard is caught
+        claims.check_skip_guard_beats_clipping_on_a_corrupt_shard(plain, clipped, clipped, 12, 6)
+    single = [spiked_run(guard, bad_step=12, clip=clip) for guard, clip in ((None, None), (None, 1.0), (5.0, None))]
+    with pytest.raises(AssertionError):               # on the first spike the guard has no such case
+        claims.check_skip_guard_beats_clipping_on_a_corrupt_shard(*single, 12, 1)

@@ -4,7 +4,7 @@
 that produces no NaN and no error (a missing all-reduce in a backward, a wrong divisor, a dropped block of
 ring attention) needs *where*: record the parameters after every optimizer step on one device
 (:func:`reference_steps`) and on every rank of the parallel run (:class:`StepRecorder`, or any list of
-``{name: full tensor}`` per step), then :func:`bisect` walks the steps in order and, within a step, the
+``{name: full tensor}`` per step), then :func:`first_departure` walks the steps in order and, within a step, the
 parameters in the model's order, and stops at the first one whose departure exceeds the tolerance.
 
 The departure of one tensor is normwise: ``max |parallel − reference| / max |reference|``. A parallel run
@@ -12,7 +12,7 @@ adds the same numbers in another order, so even a correct one departs by roundin
 dtype's epsilon per operation, growing with the steps (float32: ε = 1.2e-7; float64: 2.2e-16). The tolerance
 must sit above that and far below a bug; measuring a correct run in both dtypes gives both numbers
 (:func:`max_departure`). In float64 the gap between rounding and a bug is about ten orders of magnitude,
-which is why the bisection runs there. At tolerance 0 it asks for bitwise equality, and a correct parallel run
+which is why the search runs there. At tolerance 0 it asks for bitwise equality, and a correct parallel run
 departs at its first reordered sum: :mod:`minipar.debug.first_diff` names that tensor and the reduction.
 
 Source: the practice of comparing a parallel run with a single-device one step by step at tight tolerance is
@@ -28,7 +28,7 @@ import torch
 from ..check import one_thread, train_steps
 from ..recipe import Recipe
 
-__all__ = ["reference_steps", "StepRecorder", "departure", "max_departure", "Departure", "Bisection", "bisect"]
+__all__ = ["reference_steps", "StepRecorder", "departure", "max_departure", "Departure", "DepartureSearch", "first_departure"]
 
 
 def reference_steps(recipe: Recipe) -> list:
@@ -81,7 +81,7 @@ class Departure:
 
 
 @dataclass
-class Bisection:
+class DepartureSearch:
     """``first``: the first departure (None: the run stays within tolerance everywhere); ``wrong``: every
     parameter over the tolerance at that step, ``right`` those within it, both in model order. Backward
     visits the parameters roughly in reverse model order, so ``boundary`` — the last wrong one in model
@@ -117,7 +117,7 @@ def _names(names, most: int = 4) -> str:
     return ", ".join(names[:most]) + (f" (+{len(names) - most})" if len(names) > most else "")
 
 
-def bisect(reference: list, ranks: list, tolerance: float) -> Bisection:
+def first_departure(reference: list, ranks: list, tolerance: float) -> DepartureSearch:
     """The first (step, parameter in the reference's order, rank) whose departure exceeds ``tolerance``.
     ``reference``: :func:`reference_steps`; ``ranks``: each rank's steps (a rank may report some parameters).
     ``tolerance`` 0 asks for bitwise equality: the first tensor that differs in any bit (the departure of two
@@ -137,6 +137,6 @@ def bisect(reference: list, ranks: list, tolerance: float) -> Bisection:
         wrong = [n for n, (d, _) in worst.items() if d > tolerance]
         if wrong:
             d, rank = worst[wrong[0]]
-            return Bisection(Departure(s, wrong[0], rank, d, tolerance), tolerance, wrong,
-                             [n for n in worst if n not in wrong], list(worst))
-    return Bisection(None, tolerance)
+            return DepartureSearch(Departure(s, wrong[0], rank, d, tolerance), tolerance, wrong,
+                                   [n for n in worst if n not in wrong], list(worst))
+    return DepartureSearch(None, tolerance)
