@@ -105,17 +105,19 @@ def time_ring_sizes(world_size: int = FIT_RANKS, sizes=RING_SIZES) -> dict:
 
 def fit_ring(seconds: dict, n: int = FIT_RANKS) -> tuple:
     """(α s per ring step, β bytes/s) of ``t = 2(N−1)·α + 2(N−1)/N·S/β`` for ``seconds`` {S: t} on n ranks, each
-    term fitted where it dominates, by :func:`minipar.machine.fidelity.fit_link` in seconds: α on the sizes up to
-    :data:`SMALL_BYTES` (the bytes are a few µs there), β on the sizes from 1 MiB (α is under 1 % there). One fit
+    term fitted where it dominates: β by :func:`minipar.machine.fidelity.fit_link` (in seconds) on the sizes from
+    1 MiB (α is under 1 % there), then α as the median, over the sizes up to :data:`SMALL_BYTES`, of the time left
+    after the bytes, per ring step (small times need not grow with size: there they are all steps). One fit
     over all sizes cannot do both on this machine: its time per byte is not one constant (caches, copies), and a
     fit in relative error put the 16 MiB point 2.3× above its line."""
     small = {s: t for s, t in seconds.items() if s <= SMALL_BYTES}
     large = {s: t for s, t in seconds.items() if s >= MIB}
     if len(small) < 2 or len(large) < 2:
         raise ValueError(f"fitting α and β needs two sizes ≤ {SMALL_BYTES} B and two ≥ 1 MiB, got {sorted(seconds)}")
-    alpha = fit_link("all_reduce", n, small, error="absolute")[1]
     beta = fit_link("all_reduce", n, large, error="absolute")[0]
-    return alpha, beta
+    steps = 2 * (n - 1)             # α: the small sizes' time left after their bytes, per ring step (median)
+    per_step = sorted((t - steps / n * s / beta) / steps for s, t in small.items())
+    return per_step[len(per_step) // 2], beta
 
 
 def crossover_bytes(n: int, alpha: float, beta: float) -> float:
