@@ -21,7 +21,7 @@ __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_who
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
-FOUR_ROWS = ("broadcast", "all_reduce", "reduce_scatter", "ring all_reduce")
+SECTION7_ROWS = ("ring all_reduce",)   # section 7 shows the ring; Appendix C every operation
 
 
 def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
@@ -48,7 +48,8 @@ def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
         print(f"  {what:<20} {b:>9,} B = {b / n_params:g} B/param")
     total = sum(measured.values())
     print(f"  total                {total:>9,} B = {total / n_params:g} B/param; ZeRO's 2 + 2 + 12 = 16")
-    print(f"  not in the 16: {len(step_counters)} step counters of {step_counters[0].element_size()} B, one per tensor")
+    print(f"  not in the 16: Adam's step counters, {step_counters[0].element_size()} B each, one per parameter tensor"
+          f" (TinyGPT has {len(step_counters)} tensors)")
     claims.check_adam_state_bytes_measured(measured, n_params)
 
 
@@ -100,8 +101,8 @@ def show_rings(ring_outcome: dict, outcome: dict, log: list, payload_bytes: int)
 
 
 def show_busiest(rows: list, every_row: bool = False) -> None:
-    """The 1 MiB table: the busiest rank's bytes under the formula and on the wire (four rows, or all)."""
-    shown = rows if every_row else [r for r in rows if r["name"] in FOUR_ROWS]
+    """The 1 MiB table: the busiest rank's bytes under the formula and on the wire (the ring's row, or all)."""
+    shown = rows if every_row else [r for r in rows if r["name"] in SECTION7_ROWS]
     print(ch00.format_busiest(shown))
     ring = next(r for r in rows if r["name"] == "ring all_reduce")
     if ring["observed"] is not None:                       # the sockets' counters exist (Linux)
