@@ -24,6 +24,7 @@ CASES = ms.SPLITS + ("row_whole_x",)   # the three splits, and the row split fed
 COLLECTIVE = {"data": {"backward": "all-reduce dw"}, "column": {"backward": "all-reduce dx"},
               "row": {"forward": "all-reduce y"},
               "row_whole_x": {"forward": "all-reduce y", "backward": "all-gather dx"}}
+LABEL = {"row_whole_x": "row, whole x"}   # how the tables name a case
 HELD = {"x": "x", "w": "w", "y": "y_piece"}   # what a rank keeps of x, w and y (after the forward's collective)
 
 
@@ -105,21 +106,21 @@ def format_table(table: dict, x_shape, w_shape) -> str:
     rank 0's ring sends carried in each phase beside the formula (a model)."""
     n = len(next(iter(table.values())).forward)
     lines = [f"{n} ranks, x {tuple(x_shape)} · w {tuple(w_shape)}, float32; bytes sent per rank (rank 0 shown)",
-             f"{'split':11} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
+             f"{'split':12} {'max |Δ| vs 1 device':>20} {'fwd sent':>9} {'formula':>8} {'bwd sent':>9} "
              f"{'formula':>8}  collectives"]
     for s, m in table.items():
         names = "; ".join(f"{p}: {COLLECTIVE[s][p]}, {m.ops[p]['send'][0]} ring send{'s' * (m.ops[p]['send'][0] != 1)}"
                           for p in PHASES if m.ops[p]) or "-"
-        lines.append(f"{s:11} {m.max_abs_diff:>20.1e} {m.forward[0]:>9.0f} {m.forward_formula:>8.0f} "
+        lines.append(f"{LABEL.get(s, s):12} {m.max_abs_diff:>20.1e} {m.forward[0]:>9.0f} {m.forward_formula:>8.0f} "
                      f"{m.backward[0]:>9.0f} {m.backward_formula:>8.0f}  {names}")
     return "\n".join(lines)
 
 
 def format_w_held(table: dict, w_bytes: int) -> str:
     """Bytes of w each rank holds after the forward, per split (measured from the pieces the ranks kept)."""
-    lines = [f"{'split':11} {'bytes of w held, per rank':>26}  (all of w: {w_bytes} bytes)"]
+    lines = [f"{'split':12} {'bytes of w held, per rank':>26}  (all of w: {w_bytes} bytes)"]
     for s, m in table.items():
-        lines.append(f"{s:11} {', '.join(str(h['w']) for h in m.holds):>26}")
+        lines.append(f"{LABEL.get(s, s):12} {', '.join(str(h['w']) for h in m.holds):>26}")
     return "\n".join(lines)
 
 

@@ -37,6 +37,9 @@ def draw_splits(per_rank: list, whole: dict, splits=ms.SPLITS) -> None:
 def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
     """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
     show_table(table_2, x_shape, w_shape)
+    (b, k), pieces = x_shape, ms.shard_sizes(x_shape[1], 2)
+    print(f"row, whole x: the bwd formula counts padding (§4): dx's column pieces {pieces} each travel as "
+          f"{b}×{max(pieces)} floats; unpadded, (N−1)/N·|dx| = {comm.predicted_bytes_sent('all_gather', b * k * 4, 2):.0f} B")
     claims.check_run_live_2_ranks_equal(table_2)
 
 
@@ -71,7 +74,7 @@ def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
     cols = max(ms.shard_sizes(k, 4))
     padded = comm.predicted_bytes_sent("all_gather", 4 * b * cols * 4, 4)
     unpadded = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
-    print(f"\nrow_whole_x, backward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
+    print(f"\nrow split fed a whole x, backward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
           f"every rank sent {sent[0]} bytes: 3 pieces, each padded to {b}×{cols} floats ({b * cols * 4} B); "
           f"without padding, (N−1)/N·|dx| would be {unpadded:.0f}")
     claims.check_run_live_4_ranks_uneven(table_4, sent, padded)
