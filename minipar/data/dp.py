@@ -135,7 +135,7 @@ class DataParallel(nn.Module):
         names = [name for name, _ in self.module.named_parameters()]
         copies = Replicate.apply(self.devices, self.log, *self.module.parameters())
         replicas = [dict(zip(names, copies[i * len(names):(i + 1) * len(names)])) for i in range(n)]
-        # 3. parallel_apply: one thread per replica; 4. gather to device 0
+        # 3. parallel_apply (one thread per replica), then gather to device 0 (exchange 3)
         outputs = self._parallel_apply(replicas, chunks)
         return Gather.apply(self.log, *outputs)
 

@@ -96,11 +96,12 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             "grad_bytes": sum(p.numel() * p.element_size() for p in recipe.model().parameters())}
 
 
-def table(m: dict) -> str:
+def table(m: dict, verbose: bool = False) -> str:
     """The printed lines, the result first: the saving and the share of the one bucket's all-reduce it hid;
-    then each configuration's step time, median [min – max], and its buckets (MB each, in launch order); then how
-    it was measured (the slots, the all-reduce alone, the slots that ran long, the steps' parts). A run the cores
-    disturbed (:func:`too_busy`) shows no step times and no saving, since they are not compared."""
+    then each configuration's step time, median [min – max], and its buckets (MB each, in launch order); then one
+    line of how it was measured (the slots, how many ran long, the all-reduce alone); ``verbose`` adds the steps'
+    parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step times and no saving,
+    since they are not compared."""
     f, b = m["slot_s"]
     busy = too_busy(m["overruns"], m["slots"], m["load"])
     lines = []
@@ -119,16 +120,14 @@ def table(m: dict) -> str:
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     if not busy:
         lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
-    lines.append(f"how it was measured: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to "
-                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); "
-                 f"{m['grad_bytes'] / 1e6:.1f} MB of gradients")
-    if "allreduce_s" in m:
-        lines.append(f"  the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])} "
-                     "(what there is to hide)")
-    lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
+    alone_text = (f"; the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])}"
+                  if "allreduce_s" in m else "")
+    lines.append(f"paced: {m['blocks']} blocks, forward {f * 1e3:.0f} ms, backward {b * 1e3:.0f} ms "
+                 f"({m['overruns']} of {m['slots']} slots ran long); {m['grad_bytes'] / 1e6:.1f} MB of gradients"
+                 + alone_text)
     if busy:                                            # a disturbed run states no saving: its times do not count
         return "\n".join(lines + ["  " + busy])
-    return "\n".join(lines + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
+    return "\n".join(lines + (step_parts(m, per_block, one) if verbose and "allreduce_s" in m else []))
 
 
 def step_parts(m: dict, per_block: float, one: float) -> list:

@@ -155,8 +155,9 @@ def gpt2_sized(m: dict) -> Report:
     bucketed = ddp_names[-2]                               # the largest buckets below one bucket
     count, default_count = m["all_reduces"][bucketed], m["grad_bytes"] * f / DDP_DEFAULT_BUCKET
     lines = [f"cost model (not a measurement): one step of GPT-2 small on {n} A100s of a DGX-A100 node",
-             f"  compute: the counted operators, matmuls at {dgx.device.gemm_efficiency:.0%} of the A100's "
-             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s (as chapters 03, 05), the rest at HBM speed",
+             f"  compute: the counted operators, matmuls in bf16 at {dgx.device.gemm_efficiency:.0%} of the A100's "
+             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak (the card's matmul efficiency, as in chapters 03, "
+             "05), the rest at HBM speed; gradients on the wire in fp32, as under AMP",
              f"  link:    {link(NVLINK3)}",
              f"  buckets: this model's {count:.0f}, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
              f"DDP would form ~{default_count:.0f} of 25 MiB)",

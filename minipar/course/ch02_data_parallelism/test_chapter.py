@@ -57,8 +57,11 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in alone
     assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms")   # result first
-    assert "one bucket = 120 slots + -30.0 rest + 50.0 all-reduce" in alone       # the step taken apart
-    assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> 60% of" in alone
+    assert len(alone.splitlines()) == 5 and "0 of 100 slots ran long" in alone.splitlines()[-1]   # apparatus: one line, last
+    assert "slots +" not in alone                                                  # the step's parts only on request
+    parts = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]), verbose=True)
+    assert "one bucket = 120 slots + -30.0 rest + 50.0 all-reduce" in parts       # the step taken apart
+    assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> 60% of" in parts
     tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(tie)
