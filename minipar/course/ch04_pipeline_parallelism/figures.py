@@ -169,9 +169,9 @@ class PacedIdle:
                    if n not in self.disturbed)
 
     def __str__(self) -> str:
-        out = [f"{'':11s}  simulated   paced ({1e3 * self.slot:.0f} ms slots)   overruns"]
-        out += [f"{n:11s}  {sim:9.1%}   {paced:9.1%}              {o} of {a}"
-                for n, (sim, paced, o, a) in self.rows.items()]
+        out = [f"{'':11s}  simulated   paced ({1e3 * self.slot:.0f} ms slots)"]
+        out += [f"{n:11s}  {sim:9.1%}   {paced:9.1%}" + (f"   ({o} of {a} actions overran their slots)" if o else "")
+                for n, (sim, paced, o, a) in self.rows.items()]     # an overrun is shown only where there is one
         busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
         if busy:
             return "\n".join(out + [f"  every schedule: {busy}"])

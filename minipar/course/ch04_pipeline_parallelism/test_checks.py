@@ -86,5 +86,7 @@ def test_a_busy_machine_compares_no_paced_schedule():
     assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees()
     assert "every schedule: load average 9 on 2 cores" in str(busy) and "not compared" in str(busy)
     assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
+    lines = str(quiet).splitlines()                              # an overrun is printed only where there is one
+    assert "overran" not in lines[1] and "(1 of 64 actions overran their slots)" in lines[2]
     overran = PacedIdle(dict(rows, gpipe=(0.273, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
     assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)
