@@ -37,6 +37,11 @@ def check_vocabulary_split_embedding_cross_entropy(got, want, calls, sent) -> No
     assert abs(got - want) < 1e-12 and calls == 3 and sent == 2 * 3 / 4 * (32 + 32 + 2 * 32) * 8
 
 
+def check_vocabulary_parallel_embedding(gaps) -> None:
+    """The vocabulary-parallel embedding's lookup equals nn.Embedding's exactly (one non-zero row summed with zeros)"""
+    assert gaps and all(gap == 0 for gap in gaps.values())
+
+
 def check_whole_gpt_tensor_parallel_against(refused) -> None:
     """The whole GPT, tensor-parallel, against one device"""
     assert refused is not None

@@ -52,11 +52,15 @@ def show_attention(per_rank: list) -> None:
 def show_loss(by_vocab: dict, world_size: int = 4) -> None:
     """{V: rank 0's (loss, F.cross_entropy's, all-reduces, bytes sent)}."""
     from minipar.tensor.vocab import padded_vocab_size
-    for vocab_size, (got, want, calls, sent) in by_vocab.items():
+    for vocab_size, (got, want, calls, sent, _) in by_vocab.items():
         print(f"V={vocab_size:>6} (padded to {padded_vocab_size(vocab_size, world_size)}): loss {got:.10f}, "
               f"F.cross_entropy {want:.10f}; {calls} all-reduces, {sent} bytes sent by rank 0")
         # bytes: max and target logit, b·s = 32 float64 each; Σexp and Σz (label smoothing) 2 × 32 — whatever V is
         claims.check_vocabulary_split_embedding_cross_entropy(got, want, calls, sent)
+    gaps = {vocab_size: r[4] for vocab_size, r in by_vocab.items()}
+    print("the vocabulary-parallel embedding against nn.Embedding, max |difference|: "
+          + ", ".join(f"V={v}: {gap}" for v, gap in gaps.items()))
+    claims.check_vocabulary_parallel_embedding(gaps)
 
 
 def gpt_vs_one_device(recipe, world_size: int = 4, label_smoothing: float = 0.1) -> None:
@@ -86,6 +90,10 @@ def show_layer_bytes(layer: dict) -> None:
         calls = sent["by_op"]["all_reduce"][0]
         print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']:,} B sent = formula 4 × 2(t-1)/t × b·s·h·4 B")
     claims.check_bytes_per_layer(layer)
+    messages = {t: int(observed - formula) // 144 for t, (sent, observed, formula) in layer.items()}
+    print("on the sockets, beyond the formula (gloo's framing, 144 B a message): "
+          + "; ".join(f"t={t}: {n} messages ({n // layer[t][0]['by_op']['all_reduce'][0]} a call)"
+                      for t, n in messages.items()))
 
 
 def show_memory(mem: dict, bsh: int = 4 * 16 * 32) -> float:
