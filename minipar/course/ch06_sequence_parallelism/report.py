@@ -43,8 +43,10 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     share = scores / korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
     if with_sp:
         print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
-        longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8)
-        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}×)")
+        longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=8)
+        unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
+        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}×; "
+              f"the longest multiple of t = 8, unrounded {unrounded:,})")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
     else:
         print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
@@ -175,18 +177,24 @@ def dropout_masks(world_size: int = 2) -> list:
 
 
 def show_dropout_masks(per_rank) -> None:
-    (rep0, own0, right, wrong, sp0, one0), (rep1, own1, _, _, sp1, one1) = per_rank
+    """The two streams' masks on 2 ranks, and how often two sequence shards' residual-dropout masks agree."""
+    (rep0, own0, _, _, sp0, one0), (rep1, own1, _, _, sp1, one1) = per_rank
     print("12 dropout decisions, p = 0.5 (1 = kept, 0 = dropped)")
     print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
     print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
-    print("\nplain TP, 2 steps: ranks 0 and 1's copies of the replicated parameters (position embedding, LayerNorms)")
-    print(f"replicated stream seeded   max |Δ|\n  by the rule              {right:.1e}\n  by rank                  {wrong:.1e}")
     by_rank, one_seed = (sp0 == sp1).float().mean().item(), (one0 == one1).float().mean().item()
     print(f"\nTP+SP, residual dropout p = 0.1 on two sequence shards: share of positions where the masks agree")
     print(f"  per-rank stream          {by_rank:.2f}   (independent masks: 0.9² + 0.1² = 0.82)\n"
           f"  one seed                 {one_seed:.2f}")
     claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)
     claims.check_sequence_shards_draw_their_own_masks(by_rank, one_seed)
+
+
+def show_replica_drift(per_rank) -> None:
+    """Plain TP, 2 steps: how far ranks 0 and 1's copies of the replicated parameters drift apart."""
+    (_, _, right, wrong, _, _), _ = per_rank
+    print("plain TP, 2 steps: ranks 0 and 1's copies of the replicated parameters (position embedding, LayerNorms)")
+    print(f"replicated stream seeded   max |Δ|\n  by the rule              {right:.1e}\n  by rank                  {wrong:.1e}")
     claims.check_replicas_drift_seeded_by_rank(right, wrong)
 
 

@@ -34,6 +34,9 @@ def show_gpt3_dial() -> None:
     for mode in MODES:
         print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
               f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
+    stages, layers = 8, 96 // 8          # 1F1B, pipeline stage 0 of 8: 12 layers, up to 8 micro-batches in flight
+    print(f"1F1B stage 0 of PP {stages} ({layers} layers, {stages} micro-batches in flight): "
+          + ", ".join(f"{mode} {kept[mode] * layers * stages / 2 ** 30:.1f} GiB" for mode in MODES))
     claims.check_gpt3_dial(kept, extra, layer)
 
 
