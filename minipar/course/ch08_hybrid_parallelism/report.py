@@ -11,7 +11,8 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 
 
 __all__ = ["show", "draw_mesh", "layout_name", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "kinds_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "show_checkpoint"]
+           "kinds_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "peak_box",
+           "show_checkpoint"]
 
 
 def show(report: Report) -> None:
@@ -67,8 +68,9 @@ def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp
     the sockets carrying at least the log's DP bytes); which other ranks send the same (one row per stage by
     default); then rank 0's DP against its PP bytes. The check holds every rank, shown or not."""
     formulas = [bytes_formula(cfg, batch=batch, seq=seq, dp=dp, pp=pp, tp=tp, m=m, pp_rank=r.coords["pp"]) for r in runs]
-    lines = [f"{'rank':>4} {'coords':>11} | {'DP':>8} {'(formula)':>9} | {'PP':>7} {'(formula)':>9} | "
-             f"{'TP':>8} {'(formula)':>9}"]
+    lines = [f"{'':>4} {'':>11} | {'DP':^18} | {'PP':^17} | {'TP':^18}",
+             f"{'rank':>4} {'coords':>11} | {'log':>8} {'formula':>9} | {'log':>7} {'formula':>9} | "
+             f"{'log':>8} {'formula':>9}"]
     for rank in ranks:
         r, f = runs[rank], formulas[rank]
         b, at = r.bytes_by_kind, " ".join(f"{d}{r.coords[d]}" for d in ("dp", "pp", "tp"))
@@ -140,32 +142,42 @@ def _check_once(r: Report) -> None:
     assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
     assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
     assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]    # minipar's step peak: how it allocates shards
+    # the folded box's sentence: ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
+    # (also its parameters' master shard beside the gathered parameters); a shard is ZeRO-1's reduce-scatter bytes
+    assert once[2]["peak"] - once[1]["peak"] == r.rs1 and once[3]["peak"] - once[1]["peak"] == 2 * r.rs1
 
 
 def zero_once_per_step(result: dict) -> Report:
     """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
-    collectives and bytes over dp per step, model states between steps and the step's peak (rank 0), and
-    whether the run equals one device."""
+    collectives and bytes over dp per step, model states between steps (rank 0), and whether the run equals one
+    device; the step's peak is in ``peak_box`` (:func:`peak_box`), folded."""
     once = result["once"]
-    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19} "
-             f"{'peak during the step':>21}",
-             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19} {'(B)':>21}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,} {c['peak']:>21,}"
+    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19}",
+             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19}"]
+    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,}"
               for z, c in once.items()]
     rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
-    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step; "
-                 "peak: the most held at any moment of a step)")
+    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step)")
     if all(c["matches"] for c in once.values()):
         lines.append("all three match one device after 2 steps")
     lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
                  f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
                  f"than ZeRO-2 (the parameters outside its shard)")
-    lines.append(f"during the step, the peak rises instead: ZeRO-2 {once[2]['peak'] - once[1]['peak']:+,} B against "
-                 f"ZeRO-1, ZeRO-3 {once[3]['peak'] - once[1]['peak']:+,} B")
     per_mb = result["per_microbatch"]
     lines.append("sent over dp per step, once per step vs per micro-batch (table above): " + ", ".join(
         f"ZeRO-{z} {once[z]['bytes']:,.0f} vs {per_mb[z]['bytes']:,} B" for z in (2, 3)))
     return Report("\n".join(lines), _check_once, once=once, rs1=rs1, per_mb=per_mb)
+
+
+def peak_box(once: Report):
+    """§5's folded box: the peak during the step of :func:`zero_once_per_step`'s runs (rank 0), as Markdown."""
+    from IPython.display import Markdown
+    rows = [f"{'once per step':13} {'peak during the step (B)':>25} {'vs ZeRO-1 (B)':>14}"]
+    rows += [f"{'ZeRO-' + str(z):13} {c['peak']:>25,} {c['peak'] - once.once[1]['peak']:>+14,}"
+             for z, c in once.once.items()]
+    rows.append(f"(rank 0; one shard = {once.rs1:,} B)")
+    return Markdown("<details><summary>The peak during the step, once per step (measured)</summary>\n\n```text\n"
+                    + "\n".join(rows) + "\n```\n</details>")
 
 
 def _sent_per_layout(recipe, layouts: dict) -> dict:
@@ -220,14 +232,15 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
 
 
 def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
-                   t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, vocab: int = 51200,
+                   t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, grad_bytes: int = 4, vocab: int = 51200,
                    tflops_per_gpu: float = 163.0) -> Report:
     """TP's, PP's and DP's values per rank per step for a middle stage of the 1T layout of Narayanan et al.
     2021, Table 1 (defaults), by §3's formulas: TP 2(t−1)/t · 6(L/p) · (B/d)·s·h (six all-reduces per block
     and micro-batch: §3's four, plus the forward's two again, since that run recomputes every block's forward
     in its backward, as its FLOP count below assumes; the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
     whole or 1/t each with Megatron's scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this
-    rank's share of its stage). Beside them, in ``value_bytes`` (16-bit: the paper says mixed precision), seconds = bytes ÷ link bandwidth on
+    rank's share of its stage). Beside them, in ``value_bytes`` (16-bit: the paper says mixed precision; DP in ``grad_bytes``, FP32
+    gradient reduction, Megatron's main-grad buffers: chapter 10 §8), seconds = bytes ÷ link bandwidth on
     the DGX A100's NVLink 3 and on one InfiniBand HDR port per GPU (a lower bound: no latency, full
     bandwidth). Under them, one step's length for scale: the paper's FLOPs per step (Eq. 3,
     96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over its t·p·d GPUs at the ``tflops_per_gpu`` it
@@ -238,24 +251,24 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     tp_values = 2 * (t - 1) / t * all_reduces_per_block * (n_layer // p) * activation
     pp_values = 2 * activation
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
-    rows = [("TP, 6 all-reduces a block", tp_values), ("PP, whole from each TP rank", pp_values),
-            ("PP, 1/t (scatter/gather)", pp_values / t), ("DP, ring all-reduce", dp_values)]
+    rows = [("TP, 6 all-reduces a block", tp_values, value_bytes), ("PP, whole from each TP rank", pp_values, value_bytes),
+            ("PP, 1/t (scatter/gather)", pp_values / t, value_bytes), ("DP, ring all-reduce, FP32", dp_values, grad_bytes)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
     lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value "
-             f"(16-bit); seconds = bytes ÷ bandwidth",
+             f"(16-bit), DP {grad_bytes} B (FP32 gradients); seconds = bytes ÷ bandwidth",
              f"{'':30} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
-    for name, values in rows:
-        gb = values * value_bytes / 1e9
+    for name, values, nbytes in rows:
+        gb = values * nbytes / 1e9
         lines.append(f"{name:30} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
     step_flops = 96 * batch * seq * n_layer * h**2 * (1 + seq / (6 * h) + vocab / (16 * n_layer * h))
     step_seconds = step_flops / (t * p * d * tflops_per_gpu * 1e12)
     seconds = {"TP on NVLink": tp_values * value_bytes / 1e9 / nv, "TP on IB": tp_values * value_bytes / 1e9 / ib,
-               "PP at 1/t on IB": pp_values / t * value_bytes / 1e9 / ib, "DP on IB": dp_values * value_bytes / 1e9 / ib}
+               "PP at 1/t on IB": pp_values / t * value_bytes / 1e9 / ib, "DP on IB": dp_values * grad_bytes / 1e9 / ib}
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
                  f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s; "
                  + ", ".join(f"{k} {v / step_seconds:.1%} of it" for k, v in seconds.items()))
     return Report("\n".join(lines), lambda r: claims.check_kinds_at_scale(
-        tp_values, pp_values, dp_values, t, seconds, step_seconds))
+        tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes))
 
 
 def qkv_bias_gradient(grad) -> Report:

@@ -87,6 +87,8 @@ def show_training(trained: SimpleNamespace) -> None:
     before = {m: max((abs(x) for x in gap[m][:skipped[0]]), default=0.0) for m in masters} if skipped else {}
     window = {m: _mean_last([abs(x) for x in gap[m][:skipped[0]]]) for m in masters} if skipped else {}
     claims.check_fp16_gap_is_the_skip(skipped, before, window, len(ref))
+    print(f"largest |gap| before the skip at step {skipped[0] + 1}: "
+          + ", ".join(f"{m.split(' +')[0]} {before[m]:.4f}" for m in masters))
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
                                      {m: max(abs(x) for x in gap[m]) for m in masters},
                                      _mean_last(runs[BF16_ONLY]), ref[0], trained.gains_moved)
