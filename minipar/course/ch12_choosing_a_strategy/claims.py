@@ -51,7 +51,8 @@ def check_planner_gpt_3_175b_1024(best) -> None:
 
 def check_tp_tie(best, rival) -> None:
     """The best and its TP-doubled rival both fit, and lie within a few per cent, inside §6's ±15 %, so
-    the best line names them as tied; memory breaks the tie: TP 8 holds about half TP 4's bytes per GPU"""
+    the planner's pick (TP 4) comes first and TP 8 second, as the memory tie-break: it holds about half TP 4's
+    bytes per GPU"""
     assert best.fits and rival.fits and best.layout.tp == 4 and rival.layout.tp == 8
     assert best.step_seconds <= rival.step_seconds < 1.1 * best.step_seconds
     assert 0.4 < rival.memory["total"] / best.memory["total"] < 0.6

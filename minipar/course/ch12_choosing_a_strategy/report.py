@@ -87,7 +87,8 @@ def small_case(batch: int = 512) -> None:
 
 def planner(p, advice, cluster, full: bool = False) -> None:
     """§4: the planner's answer, one row per family (the lesson's few unless ``full``); the best fits, and its
-    family is the rules'. The best line names TP t and TP 2t as tied: the model cannot rank them (§4)."""
+    family is the rules'. The best line is the planner's pick, TP t; the line under it gives TP 2t as the memory
+    tie-break: slower by less than the model can rank, with about half the bytes per GPU (§4)."""
     best = p.best[0]
     rival = estimate(GPT3_175B, cluster, show.tp_doubled(best.layout))
     print(show.plan_table(p, full, rival))

@@ -152,8 +152,9 @@ def tp_doubled(lay, global_batch: int = 1536):
 def plan_table(p, full: bool = False, rival=None) -> Shown:
     """Section 3: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
     step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
-    layout in full. Unless ``full``, only the best and :data:`SHOWN_FAMILIES` get a row, and one line names
-    the families that do not fit; ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
+    layout in full and, given ``rival`` (its TP-doubled neighbour), the memory tie-break line. Unless ``full``,
+    only the best and :data:`SHOWN_FAMILIES` get a row, and one line names the families that do not fit;
+    ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
     lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
@@ -178,18 +179,12 @@ def plan_table(p, full: bool = False, rival=None) -> Shown:
         items = [f"{_degree(fam, e)} {e.step_seconds / best.step_seconds:.2f}" for fam, e in hidden]
         lines += ["  " + ", ".join(items[i:i + 3]) for i in range(0, len(items), 3)]
         lines.append(f"these do not fit: {', '.join(_degree(fam, p.families[fam]) for fam in misfits)}")
-    if rival is None:
-        lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
-    else:
-        lay, gap = best.layout, rival.step_seconds / best.step_seconds - 1
-        family = " + ".join([f"ZeRO-{lay.zero}"] * bool(lay.zero) + [f"TP {lay.tp}–{rival.layout.tp}", "PP"])
-        rest = ", ".join(["SP"] * lay.sp + [lay.recompute] * (lay.recompute != "none") + [lay.schedule])
-        lines.append(f"best: {family}, {rest}: TP {lay.tp} and TP {rival.layout.tp} tied ({gap:.1%} apart, closer "
-                     f"than the model can rank)")
-        lines.append(f"memory breaks the tie: TP {rival.layout.tp} holds "
-                     f"{rival.memory['total'] / GB:.1f} GB per GPU against {best.memory['total'] / GB:.1f}")
-        lines.append(f"  TP {rival.layout.tp}: {layout_words(rival.layout)}: {estimate_words(rival)}")
-        lines.append(f"  TP {lay.tp} (fastest by {gap:.1%}; the breakdown below): {layout_words(lay)}: {estimate_words(best)}")
+    lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
+    if rival is not None:
+        gap = rival.step_seconds / best.step_seconds - 1
+        lines.append(f"memory tie-break: TP {rival.layout.tp} is {gap:.1%} slower, closer than the model can rank, "
+                     f"and holds {rival.memory['total'] / GB:.1f} GB per GPU against {best.memory['total'] / GB:.1f}:")
+        lines.append(f"  {layout_words(rival.layout)}: {estimate_words(rival)}")
     return Shown("\n".join(lines))
 
 
