@@ -21,7 +21,9 @@ __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_who
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 
-SECTION7_ROWS = ("ring all_reduce",)   # section 7 shows the ring; Appendix C every operation
+# Section 7 shows the ring and the two collectives where gloo's wire differs from the simplest algorithm (chapter 03
+# builds on gloo's reduce-scatter); Appendix C shows every operation.
+SECTION7_ROWS = ("broadcast", "reduce_scatter", "ring all_reduce")
 
 
 def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
@@ -160,7 +162,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
           f"{crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
           f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n}")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
-    print(f"model at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
+    print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
     plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
     plt.show()
