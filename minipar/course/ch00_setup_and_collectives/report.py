@@ -150,6 +150,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     """α (small sizes) and β (large sizes) fitted to a ring all-reduce of 16 B … 16 MiB on 2 ranks, with the model
     against the measurement at the largest size and where it is worst; the crossover S* = N·α·β; which term wins
     at S on the largest N; the fit against S and against N (drawn)."""
+    from minipar.course.tour import _fmt_bytes
     alpha, beta = fit_ring(sizes)
     n, big, largest = max(sweep), f"{payload_bytes // 1024} KiB", max(sizes)
     model = {s: ring_model_seconds(FIT_RANKS, s, alpha, beta) for s in sizes}
@@ -157,7 +158,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB; at {largest // 2**20} MiB the model gives "
           f"{model[largest] * 1e3:.1f} ms, measured {sizes[largest] * 1e3:.1f} ms)")
-    print(f"crossover S* = N·α·β, indicative only (at {worst / 1024:,.0f} KiB the model is off by "
+    print(f"crossover S* = N·α·β, indicative only (at {_fmt_bytes(worst)} the model is off by "
           f"{max(model[worst] / sizes[worst], sizes[worst] / model[worst]):.1f}×): "
           f"{crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
           f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n}")
