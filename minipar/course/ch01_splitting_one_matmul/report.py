@@ -116,8 +116,7 @@ def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
     k = 8   # gradient accumulation: one all-reduce of dw per k micro-batches; the splits of w pay theirs on each
     print(f"data, accumulating k = {k} micro-batches: {real['data']['backward'] / k / 2**20:.0f} MiB per micro-batch"
           f" (its one all-reduce of dw per optimizer step, shared by the {k})")
-    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32 "
-          f"(chapter 00's mixed precision, 2 + 2 + 12, also makes 16: a coincidence)")
+    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 
