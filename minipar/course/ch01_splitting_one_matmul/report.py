@@ -36,10 +36,7 @@ def draw_splits(per_rank: list, whole: dict, splits=ms.SPLITS) -> None:
 
 def show_two_ranks(table_2: dict, x_shape, w_shape) -> None:
     """2 ranks, x 4×5, w 5×8: all-reduce of dw (160 B), dx (80 B), y (128 B), 2·1/2·S each; w held once."""
-    show_table(table_2, x_shape, w_shape)
-    (b, k), pieces = x_shape, ms.shard_sizes(x_shape[1], 2)
-    print(f"row, whole x: the bwd formula counts padding (§4): dx's column pieces {pieces} each travel as "
-          f"{b}×{max(pieces)} floats; unpadded, (N−1)/N·|dx| = {comm.predicted_bytes_sent('all_gather', b * k * 4, 2):.0f} B")
+    show_table({s: table_2[s] for s in ms.SPLITS}, x_shape, w_shape)   # the row split fed a whole x waits for §4
     claims.check_run_live_2_ranks_equal(table_2)
 
 
@@ -61,7 +58,7 @@ def show_w_held(table: dict, w_shape) -> None:
     """Bytes of w each rank keeps after the forward: all of it under data parallelism, once over the ranks
     under the column and row splits."""
     w_bytes = w_shape[0] * w_shape[1] * 4
-    print(format_w_held(table, w_bytes))
+    print(format_w_held({s: table[s] for s in ms.SPLITS}, w_bytes))
     claims.check_w_held_once(table, w_bytes)
 
 
@@ -118,9 +115,8 @@ def show_real_size(b: int = 16384, d: int = 4096, n: int = 4) -> None:
         print(f"{s:7} {real[s]['forward'] / 2**20:>9.0f} {real[s]['backward'] / 2**20:>9.0f} {state[s] / 2**20:>9.0f}")
     k = 8   # gradient accumulation: one all-reduce of dw per k micro-batches; the splits of w pay theirs on each
     print(f"data, accumulating k = {k} micro-batches: {real['data']['backward'] / k / 2**20:.0f} MiB per micro-batch"
-          f" (its one all-reduce of dw, shared by the {k})")
-    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32 "
-          f"(chapter 00's mixed precision, 2 + 2 + 12, also makes 16: a coincidence)")
+          f" (its one all-reduce of dw per optimizer step, shared by the {k})")
+    print(f"w state: w, its gradient and Adam's two moments, 4 + 4 + 8 = {ADAM_BYTES_PER_PARAM} bytes/param, all fp32")
     claims.check_real_size_column_sends_4x(real)
     claims.check_real_size_state_per_rank(state)
 
