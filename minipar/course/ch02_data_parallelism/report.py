@@ -181,7 +181,7 @@ def gpt2_sized(m: dict) -> Report:
                  "batch slices, gathered outputs and their gradients")
     ddp_row = rows[bucketed]
     titan = f"{timing.TITAN_RTX_FP32.gemm_efficiency:.0%} of 16.3 TFLOP/s fp32"
-    lines.append(f"{n} TITAN RTX ({titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
+    lines.append(f"{n} TITAN RTX (this run's {n} ranks; the guide's table used 2; {titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
                  f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} hidden, "
                  f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms exposed; DP with NCCL "
                  f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms exposed")
