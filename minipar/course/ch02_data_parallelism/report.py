@@ -60,12 +60,14 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
         f"{cores} cores can run at most {cores})"))
     one, threads = gil["one_thread"], gil["threads"]
     spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
-    gain = statistics.median(one) / statistics.median(threads)
+    # the ratio of the medians as printed (ms, two decimals), so a reader can divide the two numbers shown
+    one_ms, threads_ms = round(statistics.median(one) * 1e3, 2), round(statistics.median(threads) * 1e3, 2)
+    gain = one_ms / threads_ms
     tie = max(threads) >= min(one) and max(one) >= min(threads)
     verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
                (f"the {world_size} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
                 f"one thread took {gain:.1f}× as long as the {world_size} threads") +
-               f" (median {statistics.median(threads) * 1e3:.1f} vs {statistics.median(one) * 1e3:.1f} ms)")
+               f" (median {threads_ms:.2f} vs {one_ms:.2f} ms)")
     lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
                  f"{world_size} DataParallel threads {spread(threads)} — {verdict}. With {cores} cores here, a "
                  f"speed-up of at most {min(world_size, cores)}× was possible")
@@ -179,7 +181,7 @@ def gpt2_sized(m: dict) -> Report:
                  "batch slices, gathered outputs and their gradients")
     ddp_row = rows[bucketed]
     titan = f"{timing.TITAN_RTX_FP32.gemm_efficiency:.0%} of 16.3 TFLOP/s fp32"
-    lines.append(f"{n} TITAN RTX ({titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
+    lines.append(f"{n} TITAN RTX (this run's {n} ranks; the guide's table used 2; {titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
                  f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} hidden, "
                  f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms exposed; DP with NCCL "
                  f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms exposed")

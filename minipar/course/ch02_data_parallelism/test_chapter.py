@@ -37,9 +37,10 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     tie.check()
     assert tie.tie and "a tie" in tie.text and "one after another" in tie.text
     faster = report.dp_threads(spans, {"one_thread": [0.020, 0.021], "threads": [0.010, 0.011]}, 2)
-    assert not faster.tie and "one thread took 2.0× as long as the 2 threads (median 10.5 vs 20.5 ms)" in faster.text
+    assert not faster.tie and "one thread took 2.0× as long as the 2 threads (median 10.50 vs 20.50 ms)" in faster.text
     slower = report.dp_threads(spans, {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, 2)
-    assert "the 2 threads took 3.3× as long as one thread (median 5.1 vs 1.6 ms)" in slower.text
+    # the ratio is the printed medians' ratio: 5.10 / 1.55 = 3.3 (at one decimal, 5.1 / 1.6 would read 3.2)
+    assert "the 2 threads took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in slower.text
     with pytest.raises(AssertionError):
         report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing
 
