@@ -45,6 +45,12 @@ def check_activations_held_per_stage(held, M, P, peak_kib, memory) -> None:
     assert peak_kib(memory[("1f1b", False)], 0) < 0.75 * peak_kib(memory[("gpipe", False)], 0) and peak_kib(memory[("1f1b", False)], 3) < 0.4 * peak_kib(memory[("gpipe", False)], 3) and peak_kib(memory[("gpipe", True)], 0) < 0.4 * peak_kib(memory[("gpipe", False)], 0)
 
 
+def check_peak_in_micro_batches(units, held) -> None:
+    """1F1B (PipeDream-Flush): warm-up, steady state, cool-down: each peak is its held micro-batches and less than
+    three more (the gradients)"""
+    assert all(h <= u < h + 3 for s in ("gpipe", "1f1b") for u, h in zip(units[s], held[s]))
+
+
 def check_pipedream_weight_versions_when_pipe(results, two_bw, P, asynchronous) -> None:
     """PipeDream: weight versions when the pipe is never flushed"""
     assert not results["2BW"][1].matches and not results["async"][1].matches
@@ -90,6 +96,11 @@ def check_same_schedules_pytorch_torch_distributed(beside) -> None:
 def check_every_schedule_simulated_measured_unpaced(unpaced) -> None:
     """Every schedule, simulated and measured: unpaced, then paced"""
     assert all(0 <= x < 1 for x in unpaced.values())
+
+
+def check_ladder_is_the_tables_run(i, unpaced) -> None:
+    """Every schedule, simulated and measured: unpaced, then paced: the ladder replays the table's 1F1B run"""
+    assert i["measured"] == unpaced["1f1b"]
 
 
 STAGE_NOISE = 0.01    # idle fraction: the timing noise of a replay of measured per-action costs

@@ -48,9 +48,15 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     for (s, rc), rs in memory.items():
         print(f"{s:5s}{' + recompute' if rc else '            '}: peak live KiB per rank",
               [round(peak_kib(rs, r)) for r in range(p)])
+    one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]   # after the first forward
+    print("one micro-batch's saved activations per rank (GPipe's first point), KiB:", [round(x) for x in one])
+    units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
+    print("peak in those units:", "   ".join(f"{s} {u}" for s, u in units.items()),
+          "  (micro-batches held + the gradients)")
     draw_memory(memory)
     plt.show()
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
+    claims.check_peak_in_micro_batches(units, held)
 
 
 def compare_memory(reference, runs: dict, p: int, m: int, dtype) -> dict:
@@ -66,13 +72,17 @@ def compare_memory(reference, runs: dict, p: int, m: int, dtype) -> dict:
     return held
 
 
-def show_unpaced(shown: dict, p: int) -> dict:
+def show_unpaced(shown: dict, p: int, traced=None) -> dict:
     """{(schedule, m, v): runs} → {schedule: measured idle fraction of its median step}, beside the formula, in whole
-    percent: one run each, which a rerun on shared cores moves by many points."""
+    percent: one run each, which a rerun on shared cores moves by many points. ``traced`` (an
+    :class:`~.timing.IdleBreakdown`): its schedule's row is that traced run's, the step its ladder replays."""
     unpaced = {n: measured_idle_fraction(rs, typical_step(rs)) for (n, m, v), rs in shown.items()}
+    if traced is not None:
+        unpaced[traced.schedule] = traced.idle["measured"]
     for (n, m, v) in shown:
+        run = "the traced run below" if traced is not None and n == traced.schedule else "one run"
         print(f"{n:11s}: formula (simulated) {simulate(make_schedule(n, p, m, v)).bubble_fraction:4.0%}   "
-              f"measured unpaced, one run {unpaced[n]:4.0%}")
+              f"measured unpaced {unpaced[n]:4.0%}  ({run})")
     claims.check_every_schedule_simulated_measured_unpaced(unpaced)
     return unpaced
 
@@ -234,9 +244,10 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     draw_terms(why.terms, p)
     plt.show()
     i = why.idle
-    print(f"The ladder replays this traced 1F1B run, {i['measured']:.0%} idle against the formula's {i['formula']:.0%} "
-          f"(the 1F1B row of the table above, {unpaced['1f1b']:.0%}, is another run; a rerun moves either by many points).")
+    print(f"The ladder replays the traced 1F1B run of the table above: {i['measured']:.0%} idle against the formula's "
+          f"{i['formula']:.0%} (a rerun moves the measured value by many points).")
     claims.check_each_term_adds_idle(i, why)
+    claims.check_ladder_is_the_tables_run(i, unpaced)
 
 
 def show_explorer() -> None:
