@@ -45,8 +45,8 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
         print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
         longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=8)
         unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
-        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}×; "
-              f"the longest multiple of t = 8, unrounded {unrounded:,})")
+        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}× longer; "
+              f"{unrounded:,} rounded down to a multiple of t = 8)")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
     else:
         print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "

@@ -32,7 +32,7 @@ def show_gpt3_dial() -> None:
     kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in MODES}   # 2-byte values, 1-byte masks
     extra = {"none": 0, "selective": 2 * s * s * h, "full": layer / 3}   # QKᵀ again; one forward again (a step is 3)
     for mode in MODES:
-        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none / this = {kept['none'] / kept[mode]:4.1f}), "
+        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none keeps {kept['none'] / kept[mode]:4.1f}× this), "
               f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
     stages, layers = 8, 96 // 8          # 1F1B, pipeline stage 0 of 8: 12 layers, up to 8 micro-batches in flight
     print(f"1F1B stage 0 of PP {stages} ({layers} layers, {stages} micro-batches in flight): "
