@@ -32,11 +32,11 @@ def check_k_bias_gradient_is_zero(k, q) -> None:
 
 def check_kinds_at_scale(tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes) -> None:
     """Per step and per rank, on the 1T layout: TP sends by far the most ("over a terabyte", "a few seconds" of
-    a step of about 100 s on NVLink, "tens" on InfiniBand); PP sends more than DP, even at 1/t (scatter/gather),
-    53.7 billion values against 3.3 billion, and in bytes with DP's in FP32; PP at 1/t and DP each take "under a
-    second" on InfiniBand"""
+    a step of about 100 s on NVLink, "tens" on InfiniBand); PP sends more than DP: 53.7 billion values against
+    3.3 billion, and "about twice DP's bytes" even at 1/t (scatter/gather) with 16-bit gradients (FP16 run);
+    PP at 1/t and DP each take "under a second" on InfiniBand"""
     assert tp_values > pp_values > pp_values / t > dp_values
-    assert pp_values / t * value_bytes > dp_values * grad_bytes and max(seconds["DP on IB"], seconds["PP at 1/t on IB"]) < 1
+    assert 1.8 < pp_values / t * value_bytes / (dp_values * grad_bytes) < 2.2 and max(seconds["DP on IB"], seconds["PP at 1/t on IB"]) < 1
     assert 1000 < tp_values * 2 / 1e9 < 2000 and 1 < seconds["TP on NVLink"] < 5 and 10 < seconds["TP on IB"] < 100
     assert round(pp_values / 1e9, 1) == 53.7 and round(dp_values / 1e9, 1) == 3.3
     assert 90 < step_seconds < 110 and 0.4 < seconds["PP at 1/t on IB"] < 0.6

@@ -175,8 +175,9 @@ def peak_box(once: Report):
     rows = [f"{'once per step':13} {'peak during the step (B)':>25} {'vs ZeRO-1 (B)':>14}"]
     rows += [f"{'ZeRO-' + str(z):13} {c['peak']:>25,} {c['peak'] - once.once[1]['peak']:>+14,}"
              for z, c in once.once.items()]
-    rows.append(f"(rank 0; one shard = {once.rs1:,} B)")
-    return Markdown("<details><summary>The peak during the step, once per step (measured)</summary>\n\n```text\n"
+    rows.append(f"(rank 0; one shard = {once.rs1:,} B; the extra shards are minipar's copies, not ZeRO's)")
+    return Markdown("<details><summary>The peak during the step, once per step (measured; minipar's implementation)"
+                    "</summary>\n\n```text\n"
                     + "\n".join(rows) + "\n```\n</details>")
 
 
@@ -232,15 +233,15 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
 
 
 def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: int = 3072,
-                   t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, grad_bytes: int = 4, vocab: int = 51200,
+                   t: int = 8, p: int = 64, d: int = 6, value_bytes: int = 2, grad_bytes: int = 2, vocab: int = 51200,
                    tflops_per_gpu: float = 163.0) -> Report:
     """TP's, PP's and DP's values per rank per step for a middle stage of the 1T layout of Narayanan et al.
     2021, Table 1 (defaults), by §3's formulas: TP 2(t−1)/t · 6(L/p) · (B/d)·s·h (six all-reduces per block
     and micro-batch: §3's four, plus the forward's two again, since that run recomputes every block's forward
     in its backward, as its FLOP count below assumes; the whole batch of this replica); PP 2·(B/d)·s·h per stage boundary (activations forward, gradients back),
     whole or 1/t each with Megatron's scatter/gather; DP 2(d−1)/d · 12h²·(L/p)/t (a ring all-reduce of this
-    rank's share of its stage). Beside them, in ``value_bytes`` (16-bit: the paper says mixed precision; DP in ``grad_bytes``, FP32
-    gradient reduction, Megatron's main-grad buffers: chapter 10 §8), seconds = bytes ÷ link bandwidth on
+    rank's share of its stage). Beside them, in ``value_bytes`` (16-bit: the run is FP16; DP in ``grad_bytes``, 16-bit too:
+    Megatron-LM reduces in FP32 by default only for BF16, chapter 10 §8; pass 4 for that case), seconds = bytes ÷ link bandwidth on
     the DGX A100's NVLink 3 and on one InfiniBand HDR port per GPU (a lower bound: no latency, full
     bandwidth). Under them, one step's length for scale: the paper's FLOPs per step (Eq. 3,
     96·B·s·L·h²·(1 + s/6h + V/16Lh), recomputation included) over its t·p·d GPUs at the ``tflops_per_gpu`` it
@@ -252,10 +253,11 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     pp_values = 2 * activation
     dp_values = 2 * (d - 1) / d * 12 * h**2 * (n_layer // p) / t
     rows = [("TP, 6 all-reduces a block", tp_values, value_bytes), ("PP, whole from each TP rank", pp_values, value_bytes),
-            ("PP, 1/t (scatter/gather)", pp_values / t, value_bytes), ("DP, ring all-reduce, FP32", dp_values, grad_bytes)]
+            ("PP, 1/t (scatter/gather)", pp_values / t, value_bytes), ("DP, ring all-reduce", dp_values, grad_bytes)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
-    lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value "
-             f"(16-bit), DP {grad_bytes} B (FP32 gradients); seconds = bytes ÷ bandwidth",
+    lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step of {batch // d} sequences "
+             f"per replica, {value_bytes} B a value "
+             f"(16-bit), DP {grad_bytes} B a gradient; seconds = bytes ÷ bandwidth",
              f"{'':30} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
     for name, values, nbytes in rows:
         gb = values * nbytes / 1e9

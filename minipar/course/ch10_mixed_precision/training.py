@@ -55,8 +55,8 @@ def _mean_last(losses, n: int = 20) -> float:
 
 
 def show_training(trained: SimpleNamespace) -> None:
-    """Each run's loss curve and its gap to FP32's; per run, over all the steps, the final loss (mean of the
-    last 20) and the largest |loss − FP32 loss|; FP16's skipped steps; how many LayerNorm gains moved without
+    """Each run's loss curve and its gap to FP32's; per run, the final loss (mean of the
+    last 20) and the largest |loss − FP32 loss| before FP16's first skipped step and from it on; FP16's skipped steps; how many LayerNorm gains moved without
     masters."""
     runs, lr = trained.losses, trained.lr
     ref = runs[FP32]
@@ -75,20 +75,20 @@ def show_training(trained: SimpleNamespace) -> None:
     plt.show()
     skipped = trained.fp16_skipped
     masters = (FP16_MASTERS, BF16_MASTERS)
-    print(f"all {len(ref)} steps")
-    print(f"{'run':32}{'final loss':>11}{'largest |gap|':>15}{'skipped at step':>17}")
+    first = skipped[0] if skipped else len(ref)           # the gap splits at FP16's first skip: one update behind after it
+    print(f"all {len(ref)} steps; largest |gap| before FP16's skip (steps 1-{first}) and from it on")
+    print(f"{'run':32}{'final loss':>11}{'before skip':>13}{'from skip on':>14}{'skipped at step':>17}")
     for name, losses in runs.items():
-        largest = max(abs(g) for g in gap[name]) if name in gap else 0.0
+        g = [abs(x) for x in gap.get(name, [0.0] * len(ref))]
+        after = f"{max(g[first:]):14.4f}" if g[first:] else f"{'-':>14}"
         skips = ", ".join(str(i + 1) for i in skipped) if name == FP16_MASTERS and skipped else "-"
-        print(f"{name:32}{_mean_last(losses):11.4f}{largest:15.4f}{skips:>17}")
+        print(f"{name:32}{_mean_last(losses):11.4f}{max(g[:first], default=0.0):13.4f}{after}{skips:>17}")
     moved, gains = trained.gains_moved
     print(f"(final loss: mean of the last 20 steps; gap: loss - FP32 loss at the same step. Without masters, "
           f"|w| / lr = {1 / lr:.0f} for a LayerNorm gain at 1: {moved} of its {gains} gain values moved)")
     before = {m: max((abs(x) for x in gap[m][:skipped[0]]), default=0.0) for m in masters} if skipped else {}
     window = {m: _mean_last([abs(x) for x in gap[m][:skipped[0]]]) for m in masters} if skipped else {}
     claims.check_fp16_gap_is_the_skip(skipped, before, window, len(ref))
-    print(f"largest |gap| before the skip at step {skipped[0] + 1}: "
-          + ", ".join(f"{m.split(' +')[0]} {before[m]:.4f}" for m in masters))
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
                                      {m: max(abs(x) for x in gap[m]) for m in masters},
                                      _mean_last(runs[BF16_ONLY]), ref[0], trained.gains_moved)
