@@ -164,6 +164,7 @@ def show_tp_throughput(rows: list) -> dict:
     print(f"H100, 8-GPU nodes: t = 8 keeps {keep[8]:.0%} of t = 2's tokens/s per GPU (t = 2: the smallest t that "
           f"fits an 80 GB card), a step {h100[2]['step'] / h100[8]['step']:.1f}× shorter; t = 16 across two nodes "
           f"keeps {keep[16]:.0%}")
+    claims.check_planner_numbers_quoted(h100, keep)
     claims.check_crossing_costs_with_narrow_matmuls(narrow_matmuls(0.6))   # holds with slower narrow matmuls too
     return h100
 
