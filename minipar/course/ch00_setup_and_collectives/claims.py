@@ -14,10 +14,10 @@ from minipar.wire import GLOO_HEADER_BYTES     # gloo's TCP transport: a header 
 
 
 def check_why_distributed_training_memory(state_bytes, device_bytes) -> None:
-    """Why distributed training: memory. GPT-3's fp16 weights alone are 350 GB (5 devices of 80 GB); its
+    """Why distributed training: memory. GPT-3's 16-bit weights alone are 350 GB (5 devices of 80 GB); its
     training state at 16 B/param is 2.8 TB (35 devices); 1.3 B parameters fit on one device, 7 B do not."""
     devices = {what: math.ceil(b / device_bytes) for what, b in state_bytes.items()}
-    assert state_bytes["GPT-3 175B, fp16 weights only"] == 350e9 and devices["GPT-3 175B, fp16 weights only"] == 5
+    assert state_bytes["GPT-3 175B, 16-bit weights only"] == 350e9 and devices["GPT-3 175B, 16-bit weights only"] == 5
     assert state_bytes["GPT-3 175B"] == 2.8e12 and devices["GPT-3 175B"] == 35
     assert devices["1.3B"] == 1 and devices["7B"] > 1, devices
 

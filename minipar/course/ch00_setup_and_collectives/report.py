@@ -23,7 +23,7 @@ __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_who
 
 # Section 7 shows the ring and the two collectives where gloo's wire differs from the simplest algorithm (chapter 03
 # builds on gloo's reduce-scatter); Appendix C shows every operation.
-SECTION7_ROWS = ("broadcast", "reduce_scatter", "ring all_reduce")
+SECTION7_ROWS = ("ring all_reduce",)
 
 
 def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
