@@ -217,7 +217,7 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
     lines = [f"{'per rank, last step, KiB':30}{'logged calls × ring formula':>28}{'observed':>10}{'observed / DDP':>16}"]
     how = {"ring": "ring collectives", "gloo": "gloo collectives", "accum": f"{figures.ACCUM_STEPS} micro-batches, gloo"}
     for k in [("ring", 1), ("ring", 3), ("gloo", 1), ("gloo", 3), "DDP", ("accum", 1), ("accum", 2)]:
-        name = k if isinstance(k, str) else f"ZeRO-{k[1]}, {how[k[0]]}"
+        name = "DDP, one all-reduce a step" if k == "DDP" else f"ZeRO-{k[1]}, {how[k[0]]}"
         lines.append(f"{name:30}{logged[k] / 1024:>28.1f}{observed[k] / 1024:>10.1f}{ratio[k]:>15.2f}x")
     ratios = [ratio[("ring", 1)], ratio[("ring", 3)], ratio[("gloo", 1)], ratio[("gloo", 3)]]
     logged_ratio = {s: logged[("accum", s)] / logged["DDP"] for s in (1, 2)}
