@@ -111,6 +111,7 @@ def table(m: dict, verbose: bool = False) -> str:
         if "allreduce_s" in m:
             alone = statistics.median(m["allreduce_s"])
             headline += f": it hid {(one - per_block) / alone:.0%} of the one bucket's {alone * 1e3:.1f} ms all-reduce"
+        headline += f"; compute floor (slots) {m['blocks'] * (f + b) * 1e3:.0f} ms"    # what no overlap can remove
         lines.append(headline)
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])

@@ -140,7 +140,7 @@ def gpt2_sized(m: dict) -> Report:
     """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
     operator bytes × k·w) on the DGX-A100 node and on TITAN RTX cards at both ends of the guide's measured no-NVLink
     speed (:data:`.timing.GUIDE_SLOW_PATH_GBPS`); the text shows the DGX rows (labelled by their scaled buckets)
-    and the bucketed run and DP on the TITAN RTX cards; ``hidden_share_dgx`` of
+    (the TITAN RTX prices are checked, not printed); ``hidden_share_dgx`` of
     the bucketed run with the largest buckets."""
     n, dgx = m["world_size"], a100_cluster(1)
     tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
@@ -179,12 +179,6 @@ def gpt2_sized(m: dict) -> Report:
     lines.append(f"the star row (minipar's dp, the naive model) exposes {star * 1e3:.1f} ms = {way * 1e3:.1f} weights "
                  f"out + {way * 1e3:.1f} gradients in ((N−1)·P each way) + {(star - 2 * way) * 1e3:.1f} "
                  "batch slices, gathered outputs and their gradients")
-    ddp_row = rows[bucketed]
-    titan = f"{timing.TITAN_RTX_FP32.gemm_efficiency:.0%} of 16.3 TFLOP/s fp32"
-    lines.append(f"{n} TITAN RTX (this run's {n} ranks; the guide's table used 2; {titan}) at the guide's no-NVLink {slow:.2f}–{fast:.1f} GB/s: DDP "
-                 f"{ddp_row['hidden_slow']:.0%}–{ddp_row['hidden_fast']:.0%} hidden, "
-                 f"{ddp_row['exposed_fast'] * 1e3:.0f}–{ddp_row['exposed_slow'] * 1e3:.0f} ms exposed; DP with NCCL "
-                 f"{dp_nccl['fast'] * 1e3:.0f}–{dp_nccl['slow'] * 1e3:.0f} ms exposed")
     return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
                   exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
                   dp_nccl=dp_nccl, star_way=way,

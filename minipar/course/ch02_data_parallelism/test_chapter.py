@@ -54,6 +54,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
          "buckets": {"bucket per block": [2e5] * 5, "one bucket": [1e6]}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
     claims.check_overlap_saves_time_paced(m)
     assert "ranges apart" in paced.table(m) and "too busy" not in paced.table(m)
+    assert paced.table(m).splitlines()[0].endswith("; compute floor (slots) 120 ms")  # 4 × (10 + 20): the exposed rest shows
     assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in alone
