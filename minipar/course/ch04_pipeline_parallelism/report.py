@@ -51,8 +51,10 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]   # after the first forward
     print("one micro-batch's saved activations per rank (GPipe's first point), KiB:", [round(x) for x in one])
     units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
-    print("peak in those units:", "   ".join(f"{s} {u}" for s, u in units.items()),
-          "  (micro-batches held + the gradients)")
+    print("peak in those units:", "   ".join(f"{s} {u}" for s, u in units.items()))
+    rest = {s: [round(u - h, 1) for u, h in zip(units[s], held[s])] for s in units}
+    print("  minus the micro-batches held:", "   ".join(f"{s} {r}" for s, r in rest.items()),
+          "(the parameters' gradients and receive buffers, kept every step)")
     draw_memory(memory)
     plt.show()
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
