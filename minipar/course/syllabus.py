@@ -83,7 +83,7 @@ ABOUT = {
     "06": About(  # 2019 words (10 min) + 4 exercise stubs
         title="Sequence parallelism (Megatron)",
         summary="LayerNorm and dropout on sequence shards, the same bytes; activation memory measured.",
-        core_minutes=30, elective_minutes=0, run_seconds=7),
+        core_minutes=35, elective_minutes=0, run_seconds=7),
     "06b": About(  # 3421 words (17 min) + 4 exercise stubs
         title="Long sequences: ring attention, zig-zag, Ulysses, ring self-attention",
         summary="FlashAttention-2 in PyTorch; ring attention, zig-zag, Ulysses, each equal to dense.",

@@ -86,14 +86,10 @@ def show_gpt(comparison, refused) -> None:
 
 def show_layer_bytes(layer: dict) -> None:
     """{t: (the log's {"bytes_sent", "by_op"}, bytes observed on the wire, formula)} of one layer."""
-    for t, (sent, observed, formula) in layer.items():     # the sockets' excess (gloo's framing): Deeper A's text
+    for t, (sent, observed, formula) in layer.items():
         calls = sent["by_op"]["all_reduce"][0]
         print(f"t={t}: {calls} all-reduces, {sent['bytes_sent']:,} B sent = formula 4 × 2(t-1)/t × b·s·h·4 B")
-    claims.check_bytes_per_layer(layer)
-    messages = {t: int(observed - formula) // 144 for t, (sent, observed, formula) in layer.items()}
-    print("on the sockets, beyond the formula (gloo's framing, 144 B a message): "
-          + "; ".join(f"t={t}: {n} messages ({n // layer[t][0]['by_op']['all_reduce'][0]} a call)"
-                      for t, n in messages.items()))
+    claims.check_bytes_per_layer(layer)     # also bounds what the sockets carried beyond the formula (gloo's framing)
 
 
 def show_memory(mem: dict, bsh: int = 4 * 16 * 32) -> float:

@@ -103,3 +103,8 @@ def check_pytorchs_sequence_parallelism_side_by(shape, dy, db, placement) -> Non
     """PyTorch's sequence parallelism, side by side: the same output shard, and the same bias gradient, which
     DTensor has already summed over the group in backward (Replicate; its local tensor is the whole sum)"""
     assert shape == (2, 4, 32) and dy < 1e-6 and db < 1e-5 and placement == "Replicate"
+
+
+def check_fused_attention_about_three_times(ratio) -> None:
+    """Fused attention, t = 8: TP's (10 + 24/t)·sbh over TP+SP's 34/t·sbh, plus the log-sum-exp, ≈ 3 (the prose)"""
+    assert 2.9 < ratio < 3.1, ratio

@@ -31,6 +31,10 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     leaves whole on every rank, and what splitting it frees at t = 8 over ``n_layer`` layers (§1);
     ``with_sp``: TP beside TP+SP, and the s² attention term's share of what is left (§3)."""
     whole = 10 * s * b * h
+    scores = 5 * a * s * s * b / 8                      # 5as²b/t, the softmax, its dropout mask and output
+    share = scores / korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
+    if with_sp:                                         # the cause first, then its effect on the longest s
+        print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
     for t in (2, 4, 8):
         tp, tp_sp = korthikanti_bytes(s, b, h, a, t), korthikanti_bytes(s, b, h, a, t, sequence_parallel=True)
         if with_sp:
@@ -39,15 +43,16 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
             print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer, of which 10·sbh = {whole / 2**30:.2f} GiB "
                   f"({whole / tp:.0%}) whole on every rank")
     freed = korthikanti_bytes(s, b, h, a, 8) - korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
-    scores = 5 * a * s * s * b / 8                      # 5as²b/t, the softmax, its dropout mask and output
-    share = scores / korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
     if with_sp:
-        print(f"under TP+SP the s² attention term 5as²b/t is {share:.0%} of what a layer keeps, at every t")
         longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=8)
         unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
         print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}× longer; "
               f"{unrounded:,} rounded down to a multiple of t = 8)")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
+        fused = [s * b * h * whole_split + 4 * a * s * b / 8 for whole_split in (10 + 24 / 8, 34 / 8)]  # + log-sum-exp
+        print(f"fused attention (no s² term, one float32 log-sum-exp a score row), t=8: TP {fused[0] / 2**30:.2f} GiB, "
+              f"TP+SP {fused[1] / 2**30:.2f} GiB per layer: linear in s, so TP+SP fits a {fused[0] / fused[1]:.2f}× longer s")
+        claims.check_fused_attention_about_three_times(fused[0] / fused[1])
     else:
         print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
               f"{n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
