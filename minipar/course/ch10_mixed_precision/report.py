@@ -267,7 +267,11 @@ def measure_model_state(recipe) -> float:
     for name, parts in state.items():
         print(f"{name:21}: " + ", ".join(f"{k} {v / psi:g}" for k, v in parts.items())
               + f"  = {per_param[name]:g} B/param")
-    claims.check_what_16_bits_halve_what(per_param, master)
+    mp.copy_grads_up()                                       # step's first move: FP32 grads replace 16-bit ones
+    during_step = sum(sum(measured_model_state_bytes(*ps).values())
+                      for ps in ((mp.compute,), (mp.master, mp.optimizer))) / psi
+    print(f"{'  ... during its step':21}: 16-bit grads 0, FP32 master grads 4  = {during_step:g} B/param")
+    claims.check_what_16_bits_halve_what(per_param, master, during_step)
     return per_param["mixed-precision Adam"]
 
 

@@ -77,10 +77,11 @@ def show_training(trained: SimpleNamespace) -> None:
     masters = (FP16_MASTERS, BF16_MASTERS)
     first = skipped[0] if skipped else len(ref)           # the gap splits at FP16's first skip: one update behind after it
     print(f"all {len(ref)} steps; largest |gap| before FP16's skip (steps 1-{first}) and from it on")
-    print(f"{'run':32}{'final loss':>11}{'before skip':>13}{'from skip on':>14}{'skipped at step':>17}")
+    after_skip = f"steps {first + 1}-{len(ref)}" if skipped else "after skip"   # few steps: name them
+    print(f"{'run':32}{'final loss':>11}{'before skip':>13}{after_skip:>16}{'skipped at step':>17}")
     for name, losses in runs.items():
         g = [abs(x) for x in gap.get(name, [0.0] * len(ref))]
-        after = f"{max(g[first:]):14.4f}" if g[first:] else f"{'-':>14}"
+        after = f"{max(g[first:]):16.4f}" if g[first:] else f"{'-':>16}"
         skips = ", ".join(str(i + 1) for i in skipped) if name == FP16_MASTERS and skipped else "-"
         print(f"{name:32}{_mean_last(losses):11.4f}{max(g[:first], default=0.0):13.4f}{after}{skips:>17}")
     moved, gains = trained.gains_moved
