@@ -11,7 +11,6 @@ from minipar.plan import a100_cluster
 from minipar.plan import estimate
 from minipar.plan import mfu
 from minipar.plan import parameters
-from minipar.plan.published import TOLERANCE
 from minipar.machine.cluster import NVLINK3, NVLINK4
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 
@@ -50,7 +49,7 @@ def check_planner_gpt_3_175b_1024(best) -> None:
 
 
 def check_tp_tie(best, rival) -> None:
-    """The best and its TP-doubled rival both fit, and lie within a few per cent, inside §6's ±15 %, so
+    """The best and its TP-doubled rival both fit, and lie within a few per cent, inside §4's ±25 % tie band, so
     the planner's pick (TP 4) comes first and TP 8 second, as the memory tie-break: it holds about half TP 4's
     bytes per GPU"""
     assert best.fits and rival.fits and best.layout.tp == 4 and rival.layout.tp == 8
@@ -68,14 +67,15 @@ def check_decision_guide_on_fast_network(fast, pf) -> None:
     assert decide(GPT3_175B, fast).families[0] == "ZeRO-3" and "slower" in pf.rejected["ZeRO-3 + TP"]
 
 
-TIE = 1.15   # §4's tie rule: step times within §6's ±15 % absolute error are ties
+TIE = 1.25   # §4's tie rule: §6's checks miss by up to about 25 % (MT-NLG), so steps closer than that are ties
 
 
 def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
-    """Where the rules and the planner disagree: by §4's tie rule (steps within §6's ±15 % are ties) ZeRO-3
+    """Where the rules and the planner disagree: by §4's tie rule (steps closer than 25 % are ties) ZeRO-3
     loses to a pipeline only on InfiniBand with overlap off; with overlap on, or on fast links with overlap off,
-    it is nominally slower but ties; on fast links with overlap on it wins by more than 15 %, hiding most of its
-    data-parallel traffic but not all; overlap on hides nothing but data-parallel traffic."""
+    it is nominally slower but ties; on fast links with overlap on it is the planner's pick, a lead of more than
+    10 % but inside the tie band, hiding most of its data-parallel traffic but not all; overlap on hides nothing
+    but data-parallel traffic."""
     for pl, zero3_wins in ((slow_off, False), (slow_on, False), (fast_off, False), (fast_on, True)):
         fam = mp.family(pl.best[0].layout)
         assert fam.startswith("ZeRO-3") == zero3_wins and ("PP" in fam) != zero3_wins, fam
@@ -85,7 +85,7 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
     assert 1 < zero3_over_best(slow_on) < zero3_over_best(slow_off)
     assert zero3_over_best(slow_off) > TIE and zero3_over_best(slow_on) < TIE and 1 < zero3_over_best(fast_off) < TIE
     best_with_pp = min(e.step_seconds for f, e in fast_on.families.items() if "PP" in f)
-    assert best_with_pp > TIE * fast_on.best[0].step_seconds      # a win outside the tie band
+    assert 1.1 < best_with_pp / fast_on.best[0].step_seconds < TIE    # a clear lead, yet inside the tie band
     won = fast_on.best[0]
     assert won.hidden.get("dp", 0) > won.time["dp"] > 0            # most of the dp traffic hidden, not all
     for pl in (slow_on, fast_on):      # "on" (overlap=True) hides dp traffic only: tp and pp stay exposed
@@ -98,6 +98,8 @@ def check_misses_are_mt_nlg(pub, tolerance) -> None:
     outside = summary(pub, tolerance)["outside"]
     assert all(name.startswith("MT-NLG") for name in outside), outside
     assert all(r["ratio"] < 1 for r in pub if r["run"] in outside)          # faster in the model than published
+    # about 25 % off: the misses set §4's tie band (TIE)
+    assert all(0.2 < 1 - r["ratio"] < 0.3 for r in pub if r["run"] in outside), [r["ratio"] for r in pub]
     # the headline: of the independent checks, Llama 3's three land within and none of MT-NLG's three; the weak
     # checks (a fitted row's source) all land within
     within = lambda r: abs(r["ratio"] - 1) <= tolerance  # noqa: E731
@@ -156,7 +158,7 @@ def check_breakdown_adds_up(best, per_layer, layers) -> None:
 
 def check_one_knob_at_a_time(best, cluster) -> None:
     """Why TP 4 and v = 2: TP 8 more than doubles the TP all-reduces' time and loses more than it saves on
-    bubble and DP, though by less than §6's ±15 % absolute error (a margin the model cannot rank); v = 1 doubles the bubble; each of the four single changes is slower than the best; the
+    bubble and DP, though by less than §4's ±25 % tie band (a margin the model cannot rank); v = 1 doubles the bubble; each of the four single changes is slower than the best; the
     bubble is charged on compute + TP; with neither SP nor recomputation TP 4 does not fit, with full
     recomputation it fits, slower."""
     from dataclasses import replace
@@ -166,8 +168,8 @@ def check_one_knob_at_a_time(best, cluster) -> None:
     tp8 = estimate(GPT3_175B, cluster, replace(lay, tp=8, dp=lay.dp // 2, micro_batches=2 * lay.micro_batches))
     v1 = estimate(GPT3_175B, cluster, replace(lay, v=1, schedule="1f1b"))
     assert tp8.fits and tp8.time["tp"] > 2 * best.time["tp"] and tp8.step_seconds > best.step_seconds
-    # ... but by less than the ±15 % absolute error of §6's checks: the model cannot rank TP 4 and TP 8
-    assert tp8.step_seconds / best.step_seconds - 1 < TOLERANCE, tp8.step_seconds / best.step_seconds
+    # ... but by less than §4's tie band (§6's checks miss by up to about 25 %): the model cannot rank TP 4 and TP 8
+    assert tp8.step_seconds / best.step_seconds < TIE, tp8.step_seconds / best.step_seconds
     assert v1.fits and abs(v1.time["bubble"] / best.time["bubble"] - 2) < 0.05 and v1.step_seconds > best.step_seconds
     # §3: the bubble idles the whole stage, compute + TP collectives, for f/(1 - f) = (p - 1)/(v·m) of it
     f_ratio = (lay.pp - 1) / (lay.v * lay.micro_batches)

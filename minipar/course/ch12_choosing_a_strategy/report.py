@@ -162,12 +162,12 @@ def hand_layouts(best, cluster) -> None:
 
 def _row(links, overlap, advice, p) -> str:
     """One line of §5's table: the rules' families, the planner's best family and step, the best step with a
-    pipeline and with ZeRO-3, and ZeRO-3's against the best."""
+    pipeline and with ZeRO-3, ZeRO-3's against the best, and the best with a pipeline against ZeRO-3's."""
     best = p.best[0]
     with_pp = min(e.step_seconds for fam, e in p.families.items() if "PP" in fam)
     zero3 = min(e.step_seconds for fam, e in p.families.items() if fam.startswith("ZeRO-3"))
     return (f"{links:>13}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
-            f"{best.step_seconds:14.1f}{with_pp:15.1f}{zero3:14.1f}{zero3 / best.step_seconds:15.2f}")
+            f"{best.step_seconds:14.1f}{with_pp:15.1f}{zero3:14.1f}{zero3 / best.step_seconds:15.2f}{with_pp / zero3:14.2f}")
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -189,7 +189,7 @@ def rules_vs_planner(cluster, p) -> dict:
           f"this course's threshold):")
     print(advice[fast_gbs])
     print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best layout s':>14}"
-          f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}")
+          f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}{'PP ÷ ZeRO-3':>14}")
     for (links, overlap), pl in plans.items():
         print(_row(links, overlap, advice[links], pl))
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
