@@ -3,13 +3,13 @@
 In a synchronous step every rank waits in the first collective for the slowest rank to arrive: one slow rank
 (a thermally throttled GPU, a noisy neighbour, a bigger shard of data) sets the pace of all of them, and on
 the other ranks its extra time shows up as time *inside* the collective, not as compute. So the rank that
-waits least in communication is the straggler, and its extra compute over the median rank is what the step
-pays for it.
+waits least in communication is the straggler, and its extra compute over the median of the other ranks is what
+the step pays for it.
 
 :func:`per_rank_steps` splits each rank's events of a :class:`minipar.machine.trace.Trace` at its marks
 ``"step"`` into compute (wall seconds between calls) and communication (wall seconds inside calls, the wait
 for the slowest rank included). :func:`find_straggler` names the rank. :func:`without_straggler` is the model
-counterfactual: the same trace with the straggler's compute segments cut to the median rank's, to be replayed
+counterfactual: the same trace with the straggler's compute segments cut to the other ranks' median, to be replayed
 (:func:`minipar.machine.replay.replay`) beside the original on a declared cluster.
 
 Source: Meta's Llama 3 report ("The Llama 3 Herd of Models", 2024, §3.3.4) on slow ranks among 16k GPUs
