@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from . import comm
 
-__all__ = ["lm_loss", "shard_batch", "mean_over_ranks"]
+__all__ = ["lm_loss", "shard_batch", "mean_over_ranks", "backward_in_micro_batches"]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -45,3 +45,15 @@ def mean_over_ranks(loss, group=None) -> float:
              else torch.tensor([float(loss)], dtype=torch.float64))   # a Python float keeps its 64 bits
     comm.all_reduce(value, group=group)
     return value.item() / dist.get_world_size(group)
+
+
+def backward_in_micro_batches(loss_fn, model, x, y, accum_steps: int = 1) -> torch.Tensor:
+    """Gradient accumulation: ``x, y`` split into ``accum_steps`` equal micro-batches, each one's
+    ``loss_fn(model, x_m, y_m) / accum_steps`` backpropagated in turn, so the gradients summed in ``.grad`` are
+    the whole batch's mean-loss gradient. Returns that mean loss, detached."""
+    loss = 0.0
+    for x_m, y_m in zip(x.chunk(accum_steps), y.chunk(accum_steps)):
+        part = loss_fn(model, x_m, y_m) / accum_steps
+        part.backward()
+        loss = loss + part.detach()
+    return loss

@@ -129,11 +129,30 @@ def test_prefetch_off_gives_the_same_result_and_bytes(four_ranks):
     assert results[0].bytes_sent == four_ranks[3][0].bytes_sent
 
 
+def _accumulating_stages(rank, world_size, recipe):
+    per_layer = lambda model: [*model.layers, model]  # noqa: E731  (the root unit alone accumulates in place)
+    return {s: measured_train(rank, world_size, recipe, stage=s, accum_steps=2, units=per_layer) for s in (1, 2, 3)}
+
+
+def test_gradient_accumulation_matches_single_device_and_stage2_reduces_every_micro_batch():
+    recipe = mlp_recipe(steps=2, batch_size=8, sizes=(5, 7, 3), optimizer="adam")
+    results = launch(_accumulating_stages, 2, recipe, quiet=True)
+    reference = train_reference(recipe)            # two partial sums per step: float32 rounding, the default tolerance
+    for stage in (1, 2, 3):
+        compare(reference, [r[stage] for r in results]).assert_ok()
+    # stage 1 reduce-scatters once a step whatever the micro-batches; stage 2 once per micro-batch (+ one all-gather)
+    assert results[0][2].bytes_sent[-1] > results[0][1].bytes_sent[-1]
+
+
 def test_bad_input_raises_before_launch():
     with pytest.raises(ValueError, match="stage"):
         zero.validate(RECIPE, world_size=4, stage=4)
     with pytest.raises(ValueError, match="split evenly"):
         zero.validate(RECIPE, world_size=3, stage=1)
+    with pytest.raises(ValueError, match="micro-batches"):
+        zero.validate(RECIPE, world_size=4, stage=2, accum_steps=3)
+    with pytest.raises(ValueError, match="accum_steps"):
+        zero.validate(RECIPE, world_size=4, stage=2, accum_steps=0)
     with pytest.raises(ValueError, match="stage"):
         ZeRO(torch.nn.Linear(2, 2), torch.optim.Adam, stage=5)
 

@@ -55,7 +55,7 @@ import torch.nn as nn
 
 from ..recipe import RunResult
 from ..launcher import launch
-from ..loop import mean_over_ranks, shard_batch
+from ..loop import backward_in_micro_batches, mean_over_ranks, shard_batch
 from ..validation import positive_int
 from .flat_unit import FlatUnit
 from .units import UnitOrder, block_units, check_units
@@ -262,20 +262,22 @@ def validate(recipe, *, world_size: int, stage: int, **config) -> None:
     positive_int("world_size", world_size)
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
+    accum = positive_int("accum_steps", config.get("accum_steps", 1))
     batch = len(recipe.batches[0][0])
-    if batch % world_size:
-        raise ValueError(f"the global batch of {batch} does not split evenly over {world_size} ranks")
+    if batch % (world_size * accum):
+        raise ValueError(f"global batch {batch} does not split evenly over {world_size} ranks x {accum} micro-batches")
 
 
 def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_dtype=None, prefetch=True,
-                   group=None, observe=None):
-    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch. Called
+                   group=None, observe=None, accum_steps: int = 1):
+    """Train ``recipe`` with ZeRO stage ``stage``; each rank takes its slice of every global batch, in
+    ``accum_steps`` micro-batches a step (stage 1 reduce-scatters once a step, stages 2-3 after each). Called
     inside ``with comm.ring_algorithms():`` its bytes move on minipar's send/recv rings (the paper's byte
     counts, observed on CPU), else on torch.distributed's (see :mod:`minipar.data.flat_unit`).
 
     ``observe(zero, step)`` (optional) runs each step — how :mod:`minipar.data.zero_measure` watches the
     bytes and the memory without living inside the strategy."""
-    validate(recipe, world_size=world_size, stage=stage)
+    validate(recipe, world_size=world_size, stage=stage, accum_steps=accum_steps)
     model = recipe.model().to(recipe.dtype)
     zero = ZeRO(model, recipe.optimizer, stage, group, units(model), param_dtype, prefetch)
     losses = []
@@ -284,10 +286,9 @@ def parallel_train(rank, world_size, recipe, *, stage, units=block_units, param_
         zero.zero_grad()
 
         def step():
-            loss = recipe.loss(model, x, y)
-            loss.backward()
+            loss = backward_in_micro_batches(recipe.loss, model, x, y, accum_steps)
             zero.step()
-            return loss.detach().float()
+            return loss.float()
         loss = observe(zero, step) if observe is not None else step()
         losses.append(mean_over_ranks(loss, group))
     return RunResult(losses, zero.full_parameters())

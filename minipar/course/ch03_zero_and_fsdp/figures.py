@@ -164,7 +164,6 @@ def ring_and_gloo(rank, world_size, recipe) -> dict:
     """ZeRO-1 and ZeRO-3 on minipar's rings and on gloo's collectives, and DDP (stage 0, gloo's all-reduce),
     one after the other in one launch, then ZeRO-1 and ZeRO-2 on gloo's collectives accumulating ACCUM_STEPS
     micro-batches a step: {("ring" | "gloo" | "accum", stage) | "DDP": ZeroRunResult} on this rank."""
-    import dataclasses
     from minipar.data.zero_measure import measured_train
     from minipar import comm
     out = {}
@@ -173,8 +172,8 @@ def ring_and_gloo(rank, world_size, recipe) -> dict:
             out.update({(c, s): measured_train(rank, world_size, recipe, stage=s) for s in (1, 3)})
     out["DDP"] = measured_train(rank, world_size, recipe, stage=0)
     larger = memory_recipe(batch_size=world_size * ACCUM_STEPS)     # the same model, one sample a micro-batch
-    accumulating = dataclasses.replace(larger, loss=_accumulating(larger.loss, ACCUM_STEPS))
-    out.update({("accum", s): measured_train(rank, world_size, accumulating, stage=s) for s in (1, 2)})
+    out.update({("accum", s): measured_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS)
+                for s in (1, 2)})
     return out
 
 
@@ -185,21 +184,6 @@ def root_share() -> float:
     """The root unit's share of §3's model's parameters (embeddings, final norm, head: outside any block)."""
     named = list(memory_recipe().model().named_parameters())
     return sum(p.numel() for n, p in named if not n.startswith("blocks.")) / sum(p.numel() for _, p in named)
-
-
-def _accumulating(loss, m: int):
-    """``loss`` over m micro-batches of the rank's batch: the first m-1 run their backward here, the last
-    one's loss is returned for the step's own backward (each divided by m: the mean over the batch), plus the
-    earlier ones detached, so that the loss printed is the batch's."""
-    def accumulated(model, x, y):
-        *early, (x_last, y_last) = zip(x.chunk(m), y.chunk(m))
-        done = 0.0
-        for xm, ym in early:
-            part = loss(model, xm, ym) / m
-            part.backward()
-            done += part.detach()
-        return loss(model, x_last, y_last) / m + done
-    return accumulated
 
 
 def draw_memory(runs: dict, world_size: int = 4, ax=None):
