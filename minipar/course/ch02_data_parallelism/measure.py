@@ -22,7 +22,8 @@ import torch
 import torch.nn as nn
 
 from minipar import comm, launch
-from minipar.check import RunResult, compare
+from minipar.check import compare, train_reference
+from minipar.recipe import Recipe
 from minipar.data import ddp
 from minipar.loop import shard_batch
 
@@ -118,38 +119,34 @@ class TwoBranches(nn.Module):
         return self.used(x)
 
 
-def _one_sgd_step(model, forward, x, y, average=lambda loss: loss) -> RunResult:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = ((forward(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-    return RunResult([average(loss.detach()).item()], {n: p.detach().clone() for n, p in model.named_parameters()})
+def _squared_error(model, x, y):
+    return ((model(x) - y) ** 2).mean()
 
 
-def _branch_rank(rank, world_size):
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def branch_recipe() -> Recipe:
+    """One SGD step of :class:`TwoBranches` on a fixed batch of 8 rows, squared error."""
+    x = torch.arange(32.0).reshape(8, 4) / 10
+    return Recipe(TwoBranches, [(x, x.sum(1, keepdim=True))], optimizer=_sgd, loss=_squared_error)
+
+
+def _branch_rank(rank, world_size, recipe):
     """Both runs on one rank: without the option, the error it raises; with it, the trained result."""
-    x, y = _branch_batch()
-    shard = shard_batch((x, y), rank, world_size)
     out = []
     for find_unused in (False, True):
-        model = TwoBranches()
-        wrapped = ddp.DistributedDataParallel(model, find_unused_parameters=find_unused)
         try:
-            out.append(_one_sgd_step(model, wrapped, *shard, average=lambda loss: comm.all_reduce(loss) / world_size))
+            out.append(ddp.parallel_train(rank, world_size, recipe, find_unused_parameters=find_unused))
         except RuntimeError as e:
             out.append(str(e))
     return out
 
 
-def _branch_batch():
-    x = torch.arange(32.0).reshape(8, 4) / 10
-    return x, x.sum(1, keepdim=True)
-
-
 def unused_branch(world_size: int = 2) -> tuple:
-    """One SGD step of :class:`TwoBranches` on ``world_size`` ranks (one launch): (each rank's error, naming
-    the rank and the parameters, without ``find_unused_parameters``; the comparison with one device, with it)."""
-    runs = launch(_branch_rank, world_size, quiet=True)
-    model = TwoBranches()
-    reference = _one_sgd_step(model, model, *_branch_batch())
-    return [error for error, _ in runs], compare(reference, [result for _, result in runs])
+    """:func:`branch_recipe` on ``world_size`` ranks (one launch): (each rank's error, naming the rank and the
+    parameters, without ``find_unused_parameters``; the comparison with one device, with it)."""
+    recipe = branch_recipe()
+    runs = launch(_branch_rank, world_size, recipe, quiet=True)
+    return [error for error, _ in runs], compare(train_reference(recipe), [result for _, result in runs])
