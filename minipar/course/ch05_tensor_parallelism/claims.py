@@ -143,7 +143,7 @@ def check_whole_plus_split(whole, split, formula_t4, layernorm_io_bytes) -> None
 
 
 def check_planner_numbers_quoted(h100, keep) -> None:
-    """Why TP stays inside a node (§9, Summary): the planner's H100 numbers the prose quotes: the all-reduces take
+    """Why TP stays inside a node (Deeper C, Summary): the planner's H100 numbers the prose quotes: the all-reduces take
     16% of the step at t = 8 and 36% at t = 16; t = 8 keeps 78% of t = 2's tokens/s per GPU for a 3.1x shorter
     step, t = 16 keeps 51%"""
     quoted = (f"{h100[8]['tp_share']:.0%}", f"{h100[16]['tp_share']:.0%}", f"{keep[8]:.0%}", f"{keep[16]:.0%}",

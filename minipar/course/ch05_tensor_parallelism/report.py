@@ -109,7 +109,8 @@ def show_memory(mem: dict, bsh: int = 4 * 16 * 32) -> float:
     claims.check_whole_plus_split(whole, split, mem[4]["activation_formula"], 4 * bsh * 4)
     print(f"t = 4, the formula's {mem[4]['activation_formula']:.0f} B per rank: {whole:.0f} B whole on every rank "
           f"(the two LayerNorms' inputs and outputs, 4·b·s·h values = {4 * bsh * 4} B, their statistics, the causal "
-          f"mask) + {split / 4:.0f} B split (Q, K, V, the scores, the 4h MLP activations: {split:.0f} B / 4)")
+          f"mask) + {split / 4:.0f} B split (Q, K, V, the scores, the projection's input, the 4h MLP activations: "
+          f"{split:.0f} B / 4)")
     return fraction
 
 
