@@ -54,8 +54,8 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
               f"TP+SP {fused[1] / 2**30:.2f} GiB per layer: linear in s, so TP+SP fits a {fused[0] / fused[1]:.2f}× longer s")
         claims.check_fused_attention_about_three_times(fused[0] / fused[1])
     else:
-        print(f"split along the sequence at t=8, it would free {freed / 2**30:.2f} GiB per layer, "
-              f"{n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
+        print(f"if that part were split t ways too (§2 shows how), at t=8 it would free {freed / 2**30:.2f} GiB per "
+              f"layer, {n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
     # the element count gives the paper's formula; with SP everything is divided by t
     claims.check_what_tensor_parallelism_leaves_whole(s, b, h, a)
     claims.check_sp_frees(freed, whole, n_layer)
