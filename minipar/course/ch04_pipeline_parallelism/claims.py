@@ -8,6 +8,12 @@ from minipar.pipeline import bubble_formula
 from minipar.pipeline import stages
 
 
+def check_runtime_loop_excerpt(loop) -> None:
+    """The runtime executes each rank's list: the excerpt shown is the loop that plays the actions in order"""
+    text = "\n".join(loop)
+    assert "for a in self.actions:" in text and "do[a.kind](a.stage, a.microbatch)" in text, text
+
+
 def check_naive_model_parallelism_one_device(sim, P) -> None:
     """Naive model parallelism: one device busy at a time"""
     assert sim.bubble_fraction == bubble_formula("naive", P, 1) == (P - 1) / P

@@ -172,6 +172,8 @@ class PacedIdle:
         out = [f"{'':11s}  simulated   paced ({1e3 * self.slot:.0f} ms slots)"]
         out += [f"{n:11s}  {sim:9.1%}   {paced:9.1%}" + (f"   ({o} of {a} actions overran their slots)" if o else "")
                 for n, (sim, paced, o, a) in self.rows.items()]     # an overrun is shown only where there is one
+        out.append(f"slots that ran long: {sum(o for *_, o, _ in self.rows.values())} of "
+                   f"{sum(a for *_, a in self.rows.values())}")
         busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
         if busy:
             return "\n".join(out + [f"  every schedule: {busy}"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from IPython.display import Markdown, display
 
 from minipar.pipeline import make_schedule, simulate
 from minipar.pipeline.runtime import measured_idle_fraction, typical_step
@@ -10,10 +11,25 @@ from minipar.pipeline.runtime import measured_idle_fraction, typical_step
 from . import claims
 from .figures import draw_measured, draw_memory, paced_idle, peak_held
 
-__all__ = ["show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
+__all__ = ["show_runtime_loop", "show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
            "show_vs_one_device", "show_same_bubble", "show_held", "show_memory", "compare_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
            "show_paced", "show_explorer", "show_1f1b_phases", "show_idle_breakdown"]
+
+
+def show_runtime_loop():
+    """The heart of ``PipelineRank.run``, read live as Markdown: its loop over the actions (the timing and pacing
+    hooks and the step's setup left out) and one full backward, which receives, runs autograd and sends."""
+    import inspect
+    import textwrap
+    from minipar.pipeline.runtime import PipelineRank
+    lines = textwrap.dedent(inspect.getsource(PipelineRank.run)).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("do = {"))
+    end = next(i for i, line in enumerate(lines) if line.strip() == "work.wait()")
+    loop = [line for line in lines[start:end + 1] if "begin_action" not in line and "action_done" not in line]
+    claims.check_runtime_loop_excerpt(loop)
+    backward = textwrap.dedent(inspect.getsource(PipelineRank.backward_full)).rstrip()
+    return Markdown("```python\n" + "\n".join([lines[0], "    ...", *loop, "", backward]) + "\n```")
 
 
 def show_refusal(err) -> None:
@@ -48,15 +64,15 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     for (s, rc), rs in memory.items():
         print(f"{s:5s}{' + recompute' if rc else '            '}: peak live KiB per rank",
               [round(peak_kib(rs, r)) for r in range(p)])
-    one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]   # after the first forward
-    print("one micro-batch's saved activations per rank (GPipe's first point), KiB:", [round(x) for x in one])
-    units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
-    print("peak in those units:", "   ".join(f"{s} {u}" for s, u in units.items()))
-    rest = {s: [round(u - h, 1) for u, h in zip(units[s], held[s])] for s in units}
-    print("  minus the micro-batches held:", "   ".join(f"{s} {r}" for s, r in rest.items()),
-          "(the parameters' gradients and receive buffers, kept every step)")
     draw_memory(memory)
     plt.show()
+    one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]   # after the first forward
+    units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
+    rows = [f"| {r} | {one[r]:.0f} | {units['gpipe'][r]} / {held['gpipe'][r]} | {units['1f1b'][r]} / {held['1f1b'][r]} |"
+            for r in range(p)]
+    display(Markdown("<details><summary>The peaks in micro-batch units</summary>\n\n"
+                     "| rank | one micro-batch's activations, KiB (GPipe's first point) | GPipe: peak / held "
+                     "| 1F1B: peak / held |\n|---|---|---|---|\n" + "\n".join(rows) + "\n\n</details>"))
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
     claims.check_peak_in_micro_batches(units, held)
 

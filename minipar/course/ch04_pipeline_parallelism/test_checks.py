@@ -88,5 +88,6 @@ def test_a_busy_machine_compares_no_paced_schedule():
     assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
     lines = str(quiet).splitlines()                              # an overrun is printed only where there is one
     assert "overran" not in lines[1] and "(1 of 64 actions overran their slots)" in lines[2]
+    assert lines[3] == "slots that ran long: 1 of 128"            # counted even when none ran long
     overran = PacedIdle(dict(rows, gpipe=(0.273, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
     assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)
