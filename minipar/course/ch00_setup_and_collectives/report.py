@@ -14,7 +14,7 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, PCIE3
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
-from .latency import (FIT_RANKS, NCCL_RING_LATENCY, NCCL_VERSIONS, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, NCCL_VERSIONS, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
 __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
@@ -50,8 +50,10 @@ def show_adam_state(measured: dict, n_params: int, step_counters: list) -> None:
         print(f"  {what:<20} {b:>9,} B = {b / n_params:g} B/param")
     total = sum(measured.values())
     print(f"  total                {total:>9,} B = {total / n_params:g} B/param; ZeRO's 2 + 2 + 12 = 16")
+    counters = sum(c.numel() * c.element_size() for c in step_counters)
     print(f"  not in the 16: Adam's step counters, {step_counters[0].element_size()} B each, one per parameter tensor"
           f" (TinyGPT has {len(step_counters)} tensors)")
+    print(f"  {'total with counters':<20} {total + counters:>9,} B = {(total + counters) / n_params:.3f} B/param")
     claims.check_adam_state_bytes_measured(measured, n_params)
 
 
@@ -148,19 +150,23 @@ def show_traffic(sweep: dict, payload_bytes: int) -> dict:
 
 def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     """α (small sizes) and β (large sizes) fitted to a ring all-reduce of 16 B … 16 MiB on 2 ranks, with the model
-    against the measurement at the largest size and where it is worst; the crossover S* = N·α·β; which term wins
+    against the measurement at the largest size, its worst miss between the two fitting ranges and on its own
+    fitting sizes; the crossover S* = N·α·β; which term wins
     at S on the largest N; the fit against S and against N (drawn)."""
-    from minipar.course.tour import _fmt_bytes
     alpha, beta = fit_ring(sizes)
     n, big, largest = max(sweep), f"{payload_bytes // 1024} KiB", max(sizes)
     model = {s: ring_model_seconds(FIT_RANKS, s, alpha, beta) for s in sizes}
-    worst = max(sizes, key=lambda s: max(model[s] / sizes[s], sizes[s] / model[s]))
+    miss = {s: max(model[s] / sizes[s], sizes[s] / model[s]) for s in sizes}
+    between = [s for s in sizes if SMALL_BYTES < s < MIB]                  # in neither term's fitting range
+    fitted = [s for s in sizes if s not in between]
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB; at {largest // 2**20} MiB the model gives "
           f"{model[largest] * 1e3:.1f} ms, measured {sizes[largest] * 1e3:.1f} ms)")
-    print(f"crossover S* = N·α·β, indicative only (at {_fmt_bytes(worst)} the model is off by "
-          f"{max(model[worst] / sizes[worst], sizes[worst] / model[worst]):.1f}×): "
-          f"{crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
+    for label, group in ((f"between the fits ({_size(min(between))} to {_size(max(between))})", between),
+                         ("on its own fitting sizes", fitted)):
+        worst = max(group, key=miss.get)
+        print(f"  the model misses {label} by up to {miss[worst]:.1f}× (at {_size(worst)})")
+    print(f"crossover S* = N·α·β, a rough guide: {crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
           f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n}")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
     print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
@@ -202,6 +208,14 @@ def show_later_links() -> None:
     claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
     claims.check_nccl_latency_by_link_type(PUBLISHED_LINKS, NCCL_RING_LATENCY)
     claims.check_link_shares_between_77_and_90_percent((NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR))
+
+
+def _size(nbytes: int) -> str:
+    """16 B, 4 KiB, 16 MiB: the sweep's sizes are whole powers of two."""
+    for unit, scale in (("MiB", MIB), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
 
 
 def _duration(seconds: float) -> str:
