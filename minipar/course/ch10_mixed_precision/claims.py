@@ -142,12 +142,13 @@ def check_sharded_overflow_needs_all_reduce(ways, init_scale) -> None:
     assert ways["flag all-reduced (MAX)"] == [(False, init_scale / 2)] * 2
 
 
-def check_fp16_gap_is_the_skip(skipped, before, window, steps: int) -> None:
+def check_fp16_gap_is_the_skip(skipped, before, window, steps: int, after=None) -> None:
     """§6: FP16's larger largest gap comes from the step its scaler skipped on an overflow (the run is then one
     update behind); before that step FP16, with 3 more fraction bits, stays closer to FP32 than BF16 does, both
-    at its largest gap and in the mean |gap| over the 20 steps before the skip (``window``); the skip falls in
-    the final-loss column's last 20 of ``steps``"""
+    at its largest gap and in the mean |gap| over the 20 steps before the skip (``window``); from the skip on
+    (``after``) FP16's largest gap is past BF16's; the skip falls in the final-loss column's last 20 of ``steps``"""
     assert skipped, "FP16's scaler skipped no step: §6's sentence about the skipped step no longer holds"
     assert skipped[0] >= steps - 20, f"the skip at step {skipped[0] + 1} is not among the last 20 of {steps}"
     assert before["FP16 + FP32 masters + scaler"] < before["BF16 + FP32 masters, no scaler"], before
     assert window["FP16 + FP32 masters + scaler"] < window["BF16 + FP32 masters, no scaler"], window
+    assert after is None or after["FP16 + FP32 masters + scaler"] > after["BF16 + FP32 masters, no scaler"], after

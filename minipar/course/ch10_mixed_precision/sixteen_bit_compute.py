@@ -24,8 +24,9 @@ def show_accumulation(n: int = 4096, seed: int = 0) -> None:
 
 
 def show_autocast() -> None:
-    """The dtype of each operator's output under ``torch.autocast('cpu', bfloat16)``, and the weights' and
-    their gradients' after a backward."""
+    """The dtype of each operator's output under ``torch.autocast('cpu', bfloat16)``, beside the one PyTorch's
+    autocast documentation lists for CUDA (softmax, log_softmax, layer_norm, cross_entropy and sum are on its
+    FP32 list), and the weights' and their gradients' dtypes after a backward."""
     x, w, ln = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True), torch.nn.LayerNorm(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = x @ w
@@ -33,7 +34,9 @@ def show_autocast() -> None:
                "log_softmax": torch.log_softmax(y, -1),
                "cross_entropy": torch.nn.functional.cross_entropy(y, torch.zeros(4, dtype=torch.long)), "sum": y.sum()}
     (out["cross_entropy"] + out["layer_norm"].float().sum()).backward()     # reaches w and the LayerNorm gain
-    print("dtypes under torch.autocast('cpu', bfloat16):",
-          {k: str(v.dtype).replace("torch.", "") for k, v in out.items()})
+    cuda = {"matmul": "bfloat16"} | {op: "float32" for op in out if op != "matmul"}    # torch's CUDA autocast lists
+    print(f"{'operator output':16}{'CPU (measured here)':>21}{'CUDA (autocast docs)':>22}")
+    for op, value in out.items():
+        print(f"{op:16}{str(value.dtype).replace('torch.', ''):>21}{cuda[op]:>22}")
     print("the weights stay:", ln.weight.dtype, w.dtype, "; their gradients:", ln.weight.grad.dtype, w.grad.dtype)
     claims.check_autocast_dtypes(out, ln, w)

@@ -125,3 +125,6 @@ def test_fp16_gap_claim_rejects_a_skip_outside_the_final_window_or_fp16_further_
     for skipped, before, window in (([100], closer, closer), ([196], closer, further)):
         with pytest.raises(AssertionError):
             claims.check_fp16_gap_is_the_skip(skipped, before, window, 200)
+    claims.check_fp16_gap_is_the_skip([196], closer, closer, 200, further)          # after the skip FP16 is further
+    with pytest.raises(AssertionError):                                               # §6 says its gap passes BF16's
+        claims.check_fp16_gap_is_the_skip([196], closer, closer, 200, closer)

@@ -39,15 +39,19 @@ def _bf16_only(recipe) -> tuple:
 def train_four_ways(steps: int = 200, lr: float = 1e-3) -> SimpleNamespace:
     """``losses``: {run: [loss per step]} of the same tiny GPT, batches and Adam (``lr``) in the four
     precisions; ``gains_moved``: (LayerNorm gain values moved, all of them) in the run without masters;
-    ``fp16_skipped``: the steps (from 0) FP16's loss scaler skipped on an overflow."""
+    ``fp16_skipped``: the steps (from 0) FP16's loss scaler skipped on an overflow; ``fp16_scales``: the loss
+    scale each FP16 step used; ``fp16_growth_interval``: its scaler's clean steps before it grows."""
     recipe = dataclasses.replace(gpt_recipe(steps=steps), optimizer=lambda ps: torch.optim.Adam(ps, lr=lr))
     with one_thread():
         fp16, fp16_mp = train_mixed(recipe, torch.float16)
         losses = {FP32: train_reference(recipe).losses, FP16_MASTERS: fp16.losses,
                   BF16_MASTERS: train_mixed(recipe, torch.bfloat16)[0].losses}
         losses[BF16_ONLY], gains_moved = _bf16_only(recipe)
-    skipped = [i for i, (_, _, stepped) in enumerate(fp16_mp.scaler.history) if not stepped]
-    return SimpleNamespace(losses=losses, gains_moved=gains_moved, lr=lr, fp16_skipped=skipped)
+    history = fp16_mp.scaler.history                          # (scale used, overflow found, stepped) per step
+    skipped = [i for i, (_, _, stepped) in enumerate(history) if not stepped]
+    return SimpleNamespace(losses=losses, gains_moved=gains_moved, lr=lr, fp16_skipped=skipped,
+                           fp16_scales=[int(scale) for scale, _, _ in history],
+                           fp16_growth_interval=fp16_mp.scaler.growth_interval)
 
 
 def _mean_last(losses, n: int = 20) -> float:
@@ -56,8 +60,8 @@ def _mean_last(losses, n: int = 20) -> float:
 
 def show_training(trained: SimpleNamespace) -> None:
     """Each run's loss curve and its gap to FP32's; per run, the final loss (mean of the
-    last 20) and the largest |loss − FP32 loss| before FP16's first skipped step and from it on; FP16's skipped steps; how many LayerNorm gains moved without
-    masters."""
+    last 20) and the largest |loss − FP32 loss| before FP16's first skipped step and from it on; FP16's scaler
+    settings and the step it skipped; how many LayerNorm gains moved without masters."""
     runs, lr = trained.losses, trained.lr
     ref = runs[FP32]
     gap = {name: [a - b for a, b in zip(losses, ref)] for name, losses in runs.items() if name != FP32}
@@ -76,20 +80,25 @@ def show_training(trained: SimpleNamespace) -> None:
     skipped = trained.fp16_skipped
     masters = (FP16_MASTERS, BF16_MASTERS)
     first = skipped[0] if skipped else len(ref)           # the gap splits at FP16's first skip: one update behind after it
-    print(f"all {len(ref)} steps; largest |gap| before FP16's skip (steps 1-{first}) and from it on")
-    after_skip = f"steps {first + 1}-{len(ref)}" if skipped else "after skip"   # few steps: name them
-    print(f"{'run':32}{'final loss':>11}{'before skip':>13}{after_skip:>16}{'skipped at step':>17}")
+    if skipped:
+        scale, interval = trained.fp16_scales[first], trained.fp16_growth_interval
+        print(f"FP16's scaler: loss scale {scale:,.0f} (2^{scale.bit_length() - 1}), grown only after {interval} "
+              f"clean steps in a row, so never in {len(ref)}.\nAt step {first + 1} some gradient times {scale:,.0f} "
+              f"overflowed FP16: that step was skipped and the scale halved.")
+    late = f"steps {first + 1}-{len(ref)}"
+    print(f"{'':32}{'':11}{'max |loss - FP32 loss|':^28}")
+    print(f"{'run':32}{'final loss':>11}{f'steps 1-{first}':>14}{late:>14}")
     for name, losses in runs.items():
         g = [abs(x) for x in gap.get(name, [0.0] * len(ref))]
-        after = f"{max(g[first:]):16.4f}" if g[first:] else f"{'-':>16}"
-        skips = ", ".join(str(i + 1) for i in skipped) if name == FP16_MASTERS and skipped else "-"
-        print(f"{name:32}{_mean_last(losses):11.4f}{max(g[:first], default=0.0):13.4f}{after}{skips:>17}")
+        after = f"{max(g[first:]):14.4f}" if g[first:] else f"{'-':>14}"
+        print(f"{name:32}{_mean_last(losses):11.4f}{max(g[:first], default=0.0):14.4f}{after}")
     moved, gains = trained.gains_moved
-    print(f"(final loss: mean of the last 20 steps; gap: loss - FP32 loss at the same step. Without masters, "
-          f"|w| / lr = {1 / lr:.0f} for a LayerNorm gain at 1: {moved} of its {gains} gain values moved)")
+    print(f"Final loss: the mean of the last 20 steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm "
+          f"gain at 1: {moved} of its {gains} gain values moved.")
     before = {m: max((abs(x) for x in gap[m][:skipped[0]]), default=0.0) for m in masters} if skipped else {}
     window = {m: _mean_last([abs(x) for x in gap[m][:skipped[0]]]) for m in masters} if skipped else {}
-    claims.check_fp16_gap_is_the_skip(skipped, before, window, len(ref))
+    after = {m: max((abs(x) for x in gap[m][skipped[0]:]), default=0.0) for m in masters} if skipped else {}
+    claims.check_fp16_gap_is_the_skip(skipped, before, window, len(ref), after)
     claims.check_masters_follow_fp32(_mean_last(ref), {m: _mean_last(runs[m]) for m in masters},
                                      {m: max(abs(x) for x in gap[m]) for m in masters},
                                      _mean_last(runs[BF16_ONLY]), ref[0], trained.gains_moved)

@@ -23,7 +23,7 @@ def check_head_and_loss(head, tokens, h, vocab) -> None:
 
 
 def check_logits_against_a_layer(s, h) -> None:
-    """Where the memory of one step goes: at GPT-3 scale the FP32 logits are about half a layer's linear part
+    """Where the memory of one step goes: at GPT-3 scale the FP32 log-probabilities are about half a layer's linear part
     at V = 50,257 and 1.4× it at V = 150,000"""
     layer = 34 * s * h
     assert round(4 * s * 50257 / layer, 1) == 0.5 and round(4 * s * 150000 / layer, 1) == 1.4

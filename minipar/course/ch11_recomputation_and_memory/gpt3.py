@@ -41,14 +41,15 @@ def show_gpt3_dial() -> None:
 
 
 def show_gpt3_logits(vocabs=(50257, 150000)) -> None:
-    """§1's scale line, by formula: GPT-3's FP32 logits for one sequence, 4·s·V bytes, beside one layer's
+    """§1's scale line, by formula: GPT-3's FP32 log-probabilities (what the loss keeps)
+    for one sequence, 4·s·V bytes, beside one layer's
     linear activations in 16 bits, 34·sbh (Korthikanti et al. 2022), at GPT-3's vocabulary and at 150k."""
     s, h = GPT3["s"], GPT3["h"]
     layer = 34 * s * h
     print(f"\nat GPT-3 scale, by formula (s = {s}, h = {h:,}, one sequence): one layer's linear part (16-bit) "
           f"34·sbh = {layer / 2 ** 20:.0f} MiB")
     for vocab in vocabs:
-        print(f"  V = {vocab:>7,}: FP32 logits 4·s·V = {4 * s * vocab / 2 ** 20:5.0f} MiB = "
+        print(f"  V = {vocab:>7,}: FP32 log-probs 4·s·V = {4 * s * vocab / 2 ** 20:5.0f} MiB = "
               f"{4 * s * vocab / layer:.1f}× that layer's linear part")
     claims.check_logits_against_a_layer(s, h)
 

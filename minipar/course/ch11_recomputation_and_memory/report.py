@@ -147,7 +147,7 @@ def fused_attention() -> dict:
 
 
 def show_fused(fused, sweep) -> None:
-    print(f"{'s':>5}{'unfused':>12}{'model 4 B·a·s²·b + 1 B·s²':>27}{'fused':>10}{'model O + LSE':>15}  same output")
+    print(f"{'s':>5}{'unfused':>12}{'model 4·b·a·s² + s² bytes':>27}{'fused':>10}{'model O + LSE':>15}  same output")
     for s, (u, f, m, same, _) in fused.items():
         print(f"{s:>5}{u:>12,}{m[0]:>27,}{f:>10,}{m[1]:>15,}  {str(same):>11}")
     print("the fused kernel's backward node at every s:", ", ".join(sorted({row[4] for row in fused.values()})))
