@@ -86,3 +86,18 @@ def check_zero1_states_fall(fall) -> None:
     """ZeRO-1's model states: a quarter measured (float64: value, gradient, m, v; two of the four halved), 37.5 %
     by the formula (mixed precision: 2 + 2 + 12 bytes, the 12 of master, m and v halved)"""
     assert abs(fall["measured"] - 0.25) < 0.01 and fall["formula"] == 0.375, fall
+
+
+def check_1t_agrees_with_chapter_12(ours, p) -> None:
+    """§4's 1T numbers against chapter 12b's planner on the same run (the same library call and inputs as its
+    ``oneflow_layout``): TP's bytes equal; PP's middle stage is the planner's mean over the p stages × p/(p−1)
+    (the end stages cross one boundary); DP's middle stage is at most the planner's fullest stage (the
+    embedding's) and within 15 % of it; the step of the paper's measured rate (103 s) within 10 % of the
+    planner's (96 s); TP's seconds at full NVLink bandwidth a lower bound on the planner's, within 2×"""
+    planner = measure.one_t_as_chapter_12_prices_it()
+    sent = planner.bytes_sent
+    assert abs(ours["tp"] / sent["tp"] - 1) < 1e-9, (ours["tp"], sent["tp"])
+    assert abs(ours["pp"] / (sent["pp"] * p / (p - 1)) - 1) < 1e-9, (ours["pp"], sent["pp"])
+    assert 0.85 * sent["dp"] < ours["dp"] <= sent["dp"], (ours["dp"], sent["dp"])
+    assert abs(ours["step"] / planner.step_seconds - 1) < 0.10, (ours["step"], planner.step_seconds)
+    assert ours["tp_nvlink"] <= planner.time["tp"] < 2 * ours["tp_nvlink"], (ours["tp_nvlink"], planner.time["tp"])

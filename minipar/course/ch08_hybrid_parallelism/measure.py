@@ -10,6 +10,7 @@ from minipar import comm
 from minipar.check import compare, train_reference
 from minipar.course.hybrid_runs import measure_layout, recipe
 from minipar.data.zero import ZeRO
+from minipar.data.zero_memory import model_state_bytes_formula
 from minipar.hybrid.parallel3d import Trainer3D
 from minipar.hybrid.runner import parallel_train, run
 from minipar.launcher import launch
@@ -37,12 +38,11 @@ BAD_LAYOUTS = [dict(dp=2, pp=2, tp=3, world_size=12, micro_batches=4),
                dict(dp=3, pp=2, tp=2, world_size=12, micro_batches=4)]
 
 
-def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 0,
-                          bytes_param: int = 2, bytes_grad: int = 2, bytes_optim: int = 12) -> float:
+def layout_memory_formula(psi: float, *, dp: int, pp: int, tp: int, zero: int = 0) -> float:
     """Model-state bytes per GPU: Ψ/(pp·tp) parameters each, optimizer state also /dp under ZeRO-1
-    (mixed-precision Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. 2020)."""
-    per_gpu = psi / (pp * tp)
-    return per_gpu * (bytes_param + bytes_grad + bytes_optim / (dp if zero >= 1 else 1))
+    (mixed-precision Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. 2020), by the same library call
+    chapters 03 and 12 use (:func:`minipar.data.zero_memory.model_state_bytes_formula`)."""
+    return model_state_bytes_formula(psi / (pp * tp), dp, zero)["total"]
 
 
 class _ZeROPerMicroBatch(PipelineRank):
@@ -175,3 +175,14 @@ def zero_with_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps:
                    "calls": runs[0].calls_by_kind["dp"], "bytes": runs[0].bytes_by_kind["dp"],
                    "between": runs[0].model_state_bytes, "peak": runs[0].peak_bytes}
     return {"per_microbatch": dict(sorted(out[0][0].items())), "once": once}
+
+
+def one_t_as_chapter_12_prices_it():
+    """The 1T run of §4 as chapter 12b's planner prices it, with chapter 12's inputs
+    (``ch12_choosing_a_strategy.report.oneflow_layout``): Narayanan et al. 2021's Table 1 model, TP 8 · PP 64 ·
+    DP 6 on 384 DGX A100 nodes, 512 micro-batches of 1, full recomputation. Returns :func:`minipar.plan.estimate`'s
+    result (``bytes_sent``, ``time``, ``step_seconds``)."""
+    from minipar.plan import Layout as PlanLayout, Transformer, a100_cluster, estimate
+    one_t = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
+    layout = PlanLayout(dp=6, tp=8, pp=64, micro_batch=1, micro_batches=512, recompute="full")
+    return estimate(one_t, a100_cluster(384), layout)

@@ -11,7 +11,7 @@ from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical
 
 
 __all__ = ["show", "draw_mesh", "layout_name", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
-           "kinds_at_scale", "qkv_bias_gradient", "zero_per_microbatch", "zero_once_per_step", "peak_box",
+           "kinds_at_scale", "qkv_bias_gradient", "zero_table",
            "show_checkpoint"]
 
 
@@ -118,20 +118,6 @@ def _check_per_microbatch(r: Report) -> None:
     assert 2 * r.per_mb[3]["bytes"] == 3 * r.m * r.per_mb[1]["bytes"]                   # ZeRO-3: 3m/2 × ZeRO-1's
 
 
-def zero_per_microbatch(result: dict, m: int) -> Report:
-    """§5: ZeRO-1/2/3 run per micro-batch inside the pipeline (:func:`.measure.zero_with_pipeline`'s
-    "per_microbatch"): collectives (calls, bytes) over the dp group in one whole step (forwards, backwards and
-    the all-gather after the optimizer step), rank 0's view, and each one's bytes in ZeRO-1's."""
-    per_mb = result["per_microbatch"]
-    lines = [f"{'per micro-batch':15} {'reduce-scatters':>18} {'all-gathers':>18} {'bytes in all':>13} {'× ZeRO-1':>9}"]
-    for z, c in per_mb.items():
-        cells = [f"{c['by_op'][op][0]} ({c['by_op'][op][1]:,} B)" for op in ("reduce_scatter", "all_gather")]
-        lines.append(f"ZeRO-{z}{'':8} {cells[0]:>18} {cells[1]:>18} {c['bytes']:>13,} {c['bytes'] / per_mb[1]['bytes']:>9.1f}")
-    rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
-    lines.append("(rank 0, one step, over its dp group; each cell: calls (bytes sent))")
-    return Report("\n".join(lines), _check_per_microbatch, per_mb=per_mb, rs=rs, m=m)
-
-
 def _check_once(r: Report) -> None:
     once = r.once
     assert all(c["matches"] for c in once.values())
@@ -142,43 +128,38 @@ def _check_once(r: Report) -> None:
     assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
     assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
     assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]    # minipar's step peak: how it allocates shards
-    # the folded box's sentence: ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
+    # minipar's copies (not shown: not ZeRO's): ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
     # (also its parameters' master shard beside the gathered parameters); a shard is ZeRO-1's reduce-scatter bytes
     assert once[2]["peak"] - once[1]["peak"] == r.rs1 and once[3]["peak"] - once[1]["peak"] == 2 * r.rs1
 
 
-def zero_once_per_step(result: dict) -> Report:
-    """§5: ZeRO-1/2/3 as the 3D trainer runs them, once per step (:func:`.measure.zero_with_pipeline`'s "once"):
-    collectives and bytes over dp per step, model states between steps (rank 0), and whether the run equals one
-    device; the step's peak is in ``peak_box`` (:func:`peak_box`), folded."""
-    once = result["once"]
-    lines = [f"{'once per step':13} {'collectives':>11} {'sent over dp':>13} {'held between steps':>19}",
-             f"{'':13} {'(calls)':>11} {'(B)':>13} {'(B)':>19}"]
-    lines += [f"{'ZeRO-' + str(z):13} {c['calls']:>11.0f} {c['bytes']:>13,.0f} {c['between']:>19,}"
-              for z, c in once.items()]
-    rs1 = result["per_microbatch"][1]["by_op"]["reduce_scatter"][1]
-    lines.append("(rank 0; held between steps: parameters, gradients and Adam's m, v after the optimizer step)")
-    if all(c["matches"] for c in once.values()):
-        lines.append("all three match one device after 2 steps")
-    lines.append(f"between steps, ZeRO-2 holds {once[1]['between'] - once[2]['between']:,} B less than ZeRO-1 "
-                 f"(the gradient outside its shard), ZeRO-3 {once[2]['between'] - once[3]['between']:,} B less "
-                 f"than ZeRO-2 (the parameters outside its shard)")
-    per_mb = result["per_microbatch"]
-    lines.append("sent over dp per step, once per step vs per micro-batch (table above): " + ", ".join(
-        f"ZeRO-{z} {once[z]['bytes']:,.0f} vs {per_mb[z]['bytes']:,} B" for z in (2, 3)))
-    return Report("\n".join(lines), _check_once, once=once, rs1=rs1, per_mb=per_mb)
+def _check_zero_table(r: Report) -> None:
+    _check_per_microbatch(r)
+    _check_once(r)
 
 
-def peak_box(once: Report):
-    """§5's folded box: the peak during the step of :func:`zero_once_per_step`'s runs (rank 0), as Markdown."""
-    from IPython.display import Markdown
-    rows = [f"{'once per step':13} {'peak during the step (B)':>25} {'vs ZeRO-1 (B)':>14}"]
-    rows += [f"{'ZeRO-' + str(z):13} {c['peak']:>25,} {c['peak'] - once.once[1]['peak']:>+14,}"
-             for z, c in once.once.items()]
-    rows.append(f"(rank 0; one shard = {once.rs1:,} B; the extra shards are minipar's copies, not ZeRO's)")
-    return Markdown("<details><summary>The peak during the step, once per step (measured; minipar's implementation)"
-                    "</summary>\n\n```text\n"
-                    + "\n".join(rows) + "\n```\n</details>")
+def zero_table(result: dict, m: int) -> Report:
+    """§5's one table (:func:`.measure.zero_with_pipeline`, rank 0, over its dp group, one step): ZeRO-1, then
+    ZeRO-2/3 per micro-batch and once per step: reduce-scatters and all-gathers (calls), bytes sent, bytes in
+    ZeRO-1's, and for the trainer's runs (ZeRO-1, once per step) the model states held between steps and
+    whether 2 steps equal one device. The step's peak is checked (:func:`_check_once`), not shown."""
+    per_mb, once = result["per_microbatch"], result["once"]
+    one = per_mb[1]["bytes"]
+    lines = [f"{'':24} {'reduce-scatters':>15} {'all-gathers':>11} {'bytes sent':>10} {'× ZeRO-1':>8} "
+             f"{'held between steps':>18} {'= one device':>12}"]
+    rows = [("ZeRO-1", per_mb[1], once[1]), ("ZeRO-2, per micro-batch", per_mb[2], None),
+            ("ZeRO-3, per micro-batch", per_mb[3], None), ("ZeRO-2, once per step", None, once[2]),
+            ("ZeRO-3, once per step", None, once[3])]
+    for name, calls, run in rows:
+        ops = (calls or per_mb[1])["by_op"]           # once per step: ZeRO-1's calls (checked equal)
+        sent = calls["bytes"] if calls else run["bytes"]
+        held = f"{run['between']:,} B" if run else "–"
+        same = ("yes" if run["matches"] else "NO") if run else "–"
+        lines.append(f"{name:24} {ops['reduce_scatter'][0]:>15} {ops['all_gather'][0]:>11} {sent:>10,.0f} "
+                     f"{sent / one:>8.1f} {held:>18} {same:>12}")
+    rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
+    return Report("\n".join(lines), _check_zero_table, per_mb=per_mb, rs=rs, m=m, once=once,
+                  rs1=rs[1])
 
 
 def _sent_per_layout(recipe, layouts: dict) -> dict:
@@ -258,19 +239,28 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step of {batch // d} sequences "
              f"per replica, {value_bytes} B a value "
              f"(16-bit), DP {grad_bytes} B a gradient; seconds = bytes ÷ bandwidth",
-             f"{'':30} {'values':>9} {'GB':>6} {f'NVLink {nv:.0f} GB/s':>16} {f'IB HDR {ib:.0f} GB/s':>16}"]
+             f"{'':30} {'values sent':>11} {'bytes (GB)':>10} {f's on NVLink {nv:.0f} GB/s':>22} "
+             f"{f's on IB {ib:.0f} GB/s':>16}"]
     for name, values, nbytes in rows:
         gb = values * nbytes / 1e9
-        lines.append(f"{name:30} {values / 1e9:>7.1f} G {gb:>6.1f} {gb / nv:>14.2f} s {gb / ib:>14.2f} s")
+        lines.append(f"{name:30} {values / 1e9:>9.1f} G {gb:>10.1f} {gb / nv:>22.2f} {gb / ib:>16.2f}")
     step_flops = 96 * batch * seq * n_layer * h**2 * (1 + seq / (6 * h) + vocab / (16 * n_layer * h))
     step_seconds = step_flops / (t * p * d * tflops_per_gpu * 1e12)
     seconds = {"TP on NVLink": tp_values * value_bytes / 1e9 / nv, "TP on IB": tp_values * value_bytes / 1e9 / ib,
                "PP at 1/t on IB": pp_values / t * value_bytes / 1e9 / ib, "DP on IB": dp_values * grad_bytes / 1e9 / ib}
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
-                 f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s; "
-                 + ", ".join(f"{k} {v / step_seconds:.1%} of it" for k, v in seconds.items()))
-    return Report("\n".join(lines), lambda r: claims.check_kinds_at_scale(
-        tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes))
+                 f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s;\n  of it: "
+                 + ", ".join(f"{k} {v / step_seconds:.1%}" for k, v in seconds.items()))
+    planner = measure.one_t_as_chapter_12_prices_it()
+    lines.append(f"chapter 12b's planner, the same run: TP {planner.bytes_sent['tp'] / 1e9:.1f} GB, a step of "
+                 f"{planner.step_seconds:.0f} s (its cost model, not the paper's measured rate)")
+    ours = {"tp": tp_values * value_bytes, "pp": pp_values * value_bytes, "dp": dp_values * grad_bytes,
+            "step": step_seconds, "tp_nvlink": seconds["TP on NVLink"]}
+
+    def check(r):
+        claims.check_kinds_at_scale(tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes)
+        claims.check_1t_agrees_with_chapter_12(ours, p)
+    return Report("\n".join(lines), check)
 
 
 def qkv_bias_gradient(grad) -> Report:
