@@ -80,18 +80,16 @@ def ours_vs_torch(diffs: list) -> None:
 
 def timeline(per_rank: list) -> None:
     """§5: draw one measured DDP step per rank (:func:`.figures.draw_timeline`) and print, per rank, when its
-    first bucket left, when backward ended (its last gradient) and when every bucket was reduced. No hidden
-    share: on 2 shared cores it says how busy the cores were, not what overlap saves (the paced run does)."""
+    first bucket left and when backward ended (its last gradient). Not when every bucket was reduced, nor a hidden
+    share: on 2 shared cores those say how busy the cores were, not what overlap saves (the paced run does)."""
     import matplotlib.pyplot as plt
     from .figures import draw_timeline
     draw_timeline(per_rank)
     plt.show()
     summary = [timeline_summary(events) for events in per_rank]
-    print(f"{'rank':>4} {'buckets':>8} {'first leaves':>13} {'last gradient':>14} {'all reduced':>12}"
-          "   (ms into backward)")
+    print(f"{'rank':>4} {'buckets':>8} {'first leaves':>13} {'last gradient':>14}   (ms into backward)")
     for rank, s in enumerate(summary):
-        print(f"{rank:>4} {s['buckets']:>8} {s['first_launch_ms']:>13.1f} {s['last_grad_ms']:>14.1f} "
-              f"{s['reduced_ms']:>12.1f}")
+        print(f"{rank:>4} {s['buckets']:>8} {s['first_launch_ms']:>13.1f} {s['last_grad_ms']:>14.1f}")
     claims.check_buckets_left_during_backward(summary)
 
 
