@@ -38,10 +38,28 @@ def _check_threads(r: Report) -> None:
     assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
 
 
-def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
+def _one_against_threads(gil: dict, k: int) -> tuple:
+    """(the verdict's words, one thread's median / the threads', tie) for ``gil`` = ``measure.threads_vs_one_thread(
+    ..., k)``; the ratio is of the medians as printed (ms, two decimals), so a reader can divide the numbers shown.
+    A difference inside the runs' [min – max] is a tie."""
+    one, threads = gil["one_thread"], gil["threads"]
+    spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
+    one_ms, threads_ms = round(statistics.median(one) * 1e3, 2), round(statistics.median(threads) * 1e3, 2)
+    gain = one_ms / threads_ms
+    tie = max(threads) >= min(one) and max(one) >= min(threads)
+    verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
+               (f"the {k} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
+                f"one thread took {gain:.1f}× as long as the {k} threads") +
+               f" (median {threads_ms:.2f} vs {one_ms:.2f} ms)")
+    return (f"{k} shards' forwards: one after another on one thread {spread(one)}; on {k} DataParallel threads "
+            f"{spread(threads)} — {verdict}"), gain, tie
+
+
+def dp_threads(spans: list, gil: dict, world_size: int, gil_at_cores: dict | None = None) -> Report:
     """DataParallel's replicas on threads: ``spans`` = [(replica, start, end)] of one step (when each ran), and
     ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards' forwards one after another on one
-    thread, and on the threads; seconds per run). A difference inside the runs' [min – max] is a tie."""
+    thread, and on the threads; seconds per run); ``gil_at_cores``: the same with min(cores, ``world_size``)
+    threads (no more threads than cores: what is left is the GIL and the hand-offs, not oversubscription)."""
     t0 = min(s for _, s, _ in spans)
     lines = [f"replica {i}: {1e3 * (s - t0):6.1f} → {1e3 * (e - t0):6.1f} ms" for i, s, e in sorted(spans)]
     concurrency = sum(e - s for _, s, e in spans) / (max(e for _, _, e in spans) - t0)
@@ -50,21 +68,16 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
         "the replicas ran mostly one after another" if concurrency < 1.25 else
         f"on average {concurrency:.2f} replicas were in flight at once (one waiting for the GIL or a core counts; "
         f"{cores} cores can run at most {cores})"))
-    one, threads = gil["one_thread"], gil["threads"]
-    spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
-    # the ratio of the medians as printed (ms, two decimals), so a reader can divide the two numbers shown
-    one_ms, threads_ms = round(statistics.median(one) * 1e3, 2), round(statistics.median(threads) * 1e3, 2)
-    gain = one_ms / threads_ms
-    tie = max(threads) >= min(one) and max(one) >= min(threads)
-    verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
-               (f"the {world_size} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
-                f"one thread took {gain:.1f}× as long as the {world_size} threads") +
-               f" (median {threads_ms:.2f} vs {one_ms:.2f} ms)")
-    lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
-                 f"{world_size} DataParallel threads {spread(threads)} — {verdict}. With {cores} cores here, a "
-                 f"speed-up of at most {min(world_size, cores)}× was possible")
-    return Report("\n".join(lines), _check_threads, spans=spans, one=one, threads=threads, world_size=world_size,
-                  concurrency=concurrency, gain=gain, tie=tie)
+    words, gain, tie = _one_against_threads(gil, world_size)
+    lines.append(f"measured here, {words}. With {cores} cores here, a speed-up of at most "
+                 f"{min(world_size, cores)}× was possible")
+    facts = {}
+    if gil_at_cores is not None:
+        k = min(cores, world_size)
+        words, facts["gain_at_cores"], facts["tie_at_cores"] = _one_against_threads(gil_at_cores, k)
+        lines.append(f"no more threads than cores ({k} threads, {cores} cores, none waiting for a core), {words}")
+    return Report("\n".join(lines), _check_threads, spans=spans, one=gil["one_thread"], threads=gil["threads"],
+                  world_size=world_size, concurrency=concurrency, gain=gain, tie=tie, **facts)
 
 
 def show(r: Report) -> None:

@@ -1,4 +1,6 @@
 """Chapter 02's helpers: the Hugging Face guide's machine, D2's cost model, the reports' claims."""
+import os
+
 import pytest
 import torch
 
@@ -38,6 +40,11 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     assert "the 2 threads took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in slower.text
     with pytest.raises(AssertionError):
         report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing
+    at_cores = report.dp_threads(spans, {"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
+                                 {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]})
+    k = len(os.sched_getaffinity(0))          # 64 ranks: never fewer than this machine's cores
+    assert f"no more threads than cores ({k} threads, {k} cores" in at_cores.text and not at_cores.tie_at_cores
+    assert "took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in at_cores.text.splitlines()[-1]
 
 
 def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
