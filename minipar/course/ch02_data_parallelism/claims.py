@@ -59,7 +59,7 @@ def check_pitfall_no_sync_used_wrongly(seen) -> None:
 
 
 def check_unused_parameters(errors, c) -> None:
-    """The pitfall: unused parameters: each rank's error names it and the parameters; with the option the
+    """Unused and frozen parameters: each rank's error names it and the parameters; with the option the
     run equals one device"""
     assert all(e.startswith(f"rank {r}: parameter(s) ['unused.bias', 'unused.weight']") for r, e in enumerate(errors))
     assert len(errors) > 1 and c.matches

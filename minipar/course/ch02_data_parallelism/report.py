@@ -1,29 +1,29 @@
 """Chapter 02's deeper sections: DataParallel's threads against one thread (measured), DP against DDP
-replayed GPT-2-sized on named clusters, and the bucket U-curve (cost models). Each function takes what
-:func:`minipar.course.ch02_data_parallelism.timing.measure` (or :mod:`.buckets`) returned, computes the rows
-the chapter prints, and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the
+priced for GPT-2 small on a DGX-A100 node, and the bucket U-curve (cost models). Each function computes the rows
+the chapter prints (from what :mod:`.measure` or :mod:`.buckets` returned, or from the planner's model), and returns a :class:`minipar.course.report.Report`: its ``text`` (the table and the
 sentences the chapter shows), its numbers by name, and ``check()``, which holds what the chapter's text says
 about them; :func:`show` prints, draws and checks in one call.
 
-The replays are a cost model (FlexFlow's simulator, Jia et al. 2019), labelled so in every table: this
-machine's unpaced wall clock (4 ranks on 2 cores) does not validate them and is not shown beside them.
+The DGX prices and the U-curve's replay are cost models, labelled so in every table: this machine's unpaced
+wall clock (4 ranks on 2 cores) does not validate them and is not shown beside them.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 
-from minipar.course import replays
 from minipar.course.report import Report
-from minipar.course.bench import model_and_batch
-from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, nccl_rooted_seconds
+from minipar.data.zero_memory import Precision
+from minipar.layout import Layout
+from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, collective_seconds, nccl_rooted_seconds
+from minipar.plan import Transformer, estimate
+from minipar.plan.model import parameters
 
 from . import buckets as u_curve
-from . import timing
 
-__all__ = ["show", "dp_threads", "gpt2_sized", "bucket_u_curve", "GPT2_WIDTH_RATIO"]
+__all__ = ["show", "dp_threads", "gpt2_sized", "bucket_u_curve", "GPT2_SMALL", "AMP"]
 
-GPT2_WIDTH_RATIO = 768 / 64          # GPT-2 small's width / the chapter's model's
 DDP_DEFAULT_BUCKET = 25 * 2**20      # torch DistributedDataParallel's bucket_cap_mb=25
 
 
@@ -33,23 +33,33 @@ def link(card: LinkCard) -> str:
             f"{card.bandwidth / 1e9:.4g} GB/s peak per direction)")
 
 
-def scaled_default_bucket(layers: int = 2, embd: int = 64) -> int:
-    """DDP's default 25 MiB bucket scaled down as :func:`gpt2_sized` scales the gradients up (÷ f, f = GPT-2
-    small's parameters / :func:`.timing.measure`'s model's): the bucket whose GPT-2-sized copy is 25 MiB."""
-    make, _ = model_and_batch(layers, embd, 16, 32)
-    params = sum(p.numel() for p in make().parameters())
-    return round(DDP_DEFAULT_BUCKET * params / replays.GPT2_SMALL_PARAMS)
-
-
 def _check_threads(r: Report) -> None:
     assert len(r.spans) == r.world_size
     assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
 
 
-def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
+def _one_against_threads(gil: dict, k: int) -> tuple:
+    """(the verdict's words, one thread's median / the threads', tie) for ``gil`` = ``measure.threads_vs_one_thread(
+    ..., k)``; the ratio is of the medians as printed (ms, two decimals), so a reader can divide the numbers shown.
+    A difference inside the runs' [min – max] is a tie."""
+    one, threads = gil["one_thread"], gil["threads"]
+    spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
+    one_ms, threads_ms = round(statistics.median(one) * 1e3, 2), round(statistics.median(threads) * 1e3, 2)
+    gain = one_ms / threads_ms
+    tie = max(threads) >= min(one) and max(one) >= min(threads)
+    verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
+               (f"the {k} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
+                f"one thread took {gain:.1f}× as long as the {k} threads") +
+               f" (median {threads_ms:.2f} vs {one_ms:.2f} ms)")
+    return (f"{k} shards' forwards: one after another on one thread {spread(one)}; on {k} DataParallel threads "
+            f"{spread(threads)} — {verdict}"), gain, tie
+
+
+def dp_threads(spans: list, gil: dict, world_size: int, gil_at_cores: dict | None = None) -> Report:
     """DataParallel's replicas on threads: ``spans`` = [(replica, start, end)] of one step (when each ran), and
     ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards' forwards one after another on one
-    thread, and on the threads; seconds per run). A difference inside the runs' [min – max] is a tie."""
+    thread, and on the threads; seconds per run); ``gil_at_cores``: the same with min(cores, ``world_size``)
+    threads (no more threads than cores: what is left is the GIL and the hand-offs, not oversubscription)."""
     t0 = min(s for _, s, _ in spans)
     lines = [f"replica {i}: {1e3 * (s - t0):6.1f} → {1e3 * (e - t0):6.1f} ms" for i, s, e in sorted(spans)]
     concurrency = sum(e - s for _, s, e in spans) / (max(e for _, _, e in spans) - t0)
@@ -58,21 +68,16 @@ def dp_threads(spans: list, gil: dict, world_size: int) -> Report:
         "the replicas ran mostly one after another" if concurrency < 1.25 else
         f"on average {concurrency:.2f} replicas were in flight at once (one waiting for the GIL or a core counts; "
         f"{cores} cores can run at most {cores})"))
-    one, threads = gil["one_thread"], gil["threads"]
-    spread = lambda v: f"{statistics.median(v) * 1e3:.1f} ms [{min(v) * 1e3:.1f} – {max(v) * 1e3:.1f}]"  # noqa: E731
-    # the ratio of the medians as printed (ms, two decimals), so a reader can divide the two numbers shown
-    one_ms, threads_ms = round(statistics.median(one) * 1e3, 2), round(statistics.median(threads) * 1e3, 2)
-    gain = one_ms / threads_ms
-    tie = max(threads) >= min(one) and max(one) >= min(threads)
-    verdict = ("a tie (the ranges overlap): the threads gained nothing measurable" if tie else
-               (f"the {world_size} threads took {1 / gain:.1f}× as long as one thread" if gain < 1 else
-                f"one thread took {gain:.1f}× as long as the {world_size} threads") +
-               f" (median {threads_ms:.2f} vs {one_ms:.2f} ms)")
-    lines.append(f"measured here, {world_size} shards' forwards: one after another on one thread {spread(one)}; on "
-                 f"{world_size} DataParallel threads {spread(threads)} — {verdict}. With {cores} cores here, a "
-                 f"speed-up of at most {min(world_size, cores)}× was possible")
-    return Report("\n".join(lines), _check_threads, spans=spans, one=one, threads=threads, world_size=world_size,
-                  concurrency=concurrency, gain=gain, tie=tie)
+    words, gain, tie = _one_against_threads(gil, world_size)
+    lines.append(f"measured here, {words}. With {cores} cores here, a speed-up of at most "
+                 f"{min(world_size, cores)}× was possible")
+    facts = {}
+    if gil_at_cores is not None:
+        k = min(cores, world_size)
+        words, facts["gain_at_cores"], facts["tie_at_cores"] = _one_against_threads(gil_at_cores, k)
+        lines.append(f"no more threads than cores ({k} threads, {cores} cores, none waiting for a core), {words}")
+    return Report("\n".join(lines), _check_threads, spans=spans, one=gil["one_thread"], threads=gil["threads"],
+                  world_size=world_size, concurrency=concurrency, gain=gain, tie=tie, **facts)
 
 
 def show(r: Report) -> None:
@@ -85,35 +90,19 @@ def show(r: Report) -> None:
     r.check()
 
 
-def _labels(m: dict, factor: float = 1.0) -> dict:
-    """{config: the row's label}: a DDP run by its buckets' count and mean size (× ``factor``: scaled)."""
-    out = {}
-    for name in m["traces"]:
-        calls = m["all_reduces"][name]
-        mean = m["grad_bytes"] * factor / calls if calls else 0
-        size = f"{mean / 1e6:.0f} MB" if mean >= 1e6 else f"{mean / 1e3:.0f} KB"
-        out[name] = ("DP" if not name.startswith("DDP") else f"DDP, one bucket of {size}" if calls == 1
-                     else f"DDP, {calls:.0f} buckets of ~{size}")
-    return out
+GPT2_SMALL = Transformer(12, 768, 12, 50257, 1024, final_norm=True)   # GPT-2 small (124M), 1024-token context
+AMP = Precision(2, 4, 12)           # autocast: bf16 matmuls and activations, fp32 gradients all-reduced, Adam
 
 
 def _check_gpt2(r: Report) -> None:
-    assert r.hidden_share_dgx > 0.5                                    # GPT-2-sized on the cluster: most hides
-    assert all(1e6 < r.bucket_mb[n] * 1e6 < 1e8 for n in r.ddp_names[:-1])   # GPT-2-sized buckets: MBs
-    assert all(r.exposed["DDP one bucket"] > 2 * r.exposed[n] for n in r.ddp_names[:-1])   # no overlap loses
-    assert r.rows["DDP one bucket"]["hidden_dgx"] < 0.05                # one bucket: nothing hides
-    # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce
-    assert r.dp_nccl["dgx"] > r.rows["DDP one bucket"]["exposed_dgx"]
-    assert r.rows["DP"]["exposed_dgx"] > r.dp_nccl["dgx"]               # the star (minipar's dp) costs more still
-    assert 0 < r.rows["DP"]["exposed_dgx"] - 2 * r.star_way < r.star_way    # the star: weights, gradients, the rest
-    _check_both_links(r)
-
-
-def _check_both_links(r: Report) -> None:
-    for slow in ("slow", "fast"):                        # the guide's measured path, both ends of its bracket
-        assert all(r.rows[n][f"hidden_{slow}"] < r.rows[n]["hidden_dgx"] for n in r.ddp_names[:-1])   # slower link
-        assert r.dp_nccl[slow] > r.rows["DDP one bucket"][f"exposed_{slow}"]
-    assert all(r.rows[n]["exposed_slow"] > r.rows[n]["exposed_fast"] for n in r.rows)   # 0.76 GB/s exposes more
+    ddp, one = r.rows["DDP, 25 MiB buckets"], r.rows["DDP, one bucket"]
+    assert r.buckets > 1 and r.hidden_share > 0.5                      # GPT-2 small on a DGX: most hides
+    assert one["hidden"] == 0 and one["exposed"] > 2 * ddp["exposed"]   # one bucket: nothing hides
+    assert all(abs(row["step"] - row["compute"] - row["exposed"]) < 1e-12 for row in r.rows.values())
+    # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce,
+    # and the star ((N−1)·P each way through device 0's link) N−1 times as much
+    dp, star = r.rows["DP, NCCL"]["exposed"], r.rows["DP, star (minipar's dp)"]["exposed"]
+    assert one["exposed"] < dp < star and abs(star - 2 * r.star_way) < 1e-12
 
 
 def dp_nccl_exposed(grad_bytes: float, cluster, n: int) -> float:
@@ -124,65 +113,72 @@ def dp_nccl_exposed(grad_bytes: float, cluster, n: int) -> float:
                for op in ("broadcast", "reduce"))
 
 
-def _draw_gpt2(big: dict, label: dict, bucketed: str, n: int) -> None:
-    """The DGX replays of one step, bucketed and one bucket, as timelines (chapter 04's drawing)."""
+def _draw_gpt2(rows: dict) -> None:
+    """Each row's step as a bar: compute, then the communication exposed after it; the hidden communication a thin
+    bar inside the compute, ending with the backward (a model: where inside the backward it runs is not drawn);
+    the optimizer after the exposed communication."""
     import matplotlib.pyplot as plt
-    from minipar.pipeline.gantt import REPLAY_KINDS, gantt_legend
-    fig, axes = plt.subplots(1, 2, figsize=(11, 2.6))
-    replays.draw_replays(axes, {f"cost model, DGX-A100: {label[name]}": big["dgx"][name]
-                                for name in (bucketed, "DDP one bucket")}, n)
-    gantt_legend(fig, REPLAY_KINDS)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    from minipar.pipeline.gantt import KIND_COLOURS
+    names = list(rows)[::-1]
+    fig, ax = plt.subplots(figsize=(9, 2.4))
+    for y, name in enumerate(names):
+        r = rows[name]
+        backward = (r["compute"] - r["optimizer"]) * 1e3          # forward and backward; Adam after the wait
+        ax.barh(y, backward, color=KIND_COLOURS["compute"], label="compute" if y == 0 else None)
+        ax.barh(y, r["exposed"] * 1e3, left=backward, color=KIND_COLOURS["comm exposed"],
+                label="communication exposed" if y == 0 else None)
+        ax.barh(y, r["optimizer"] * 1e3, left=backward + r["exposed"] * 1e3, color=KIND_COLOURS["compute"])
+        if r["hidden"]:
+            ax.barh(y, r["hidden"] * 1e3, left=backward - r["hidden"] * 1e3, height=0.3,   # ends with the backward
+                    color=KIND_COLOURS["comm hidden"], label="communication hidden under backward")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("ms per step (cost model, DGX-A100, GPT-2 small)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
     plt.show()
 
 
-def gpt2_sized(m: dict) -> Report:
-    """Cost model, not a measurement: ``m``'s counted traces replayed GPT-2-sized (messages × f, FLOPs × f·k,
-    operator bytes × k·w) on the DGX-A100 node and on TITAN RTX cards at both ends of the guide's measured no-NVLink
-    speed (:data:`.timing.GUIDE_SLOW_PATH_GBPS`); the text shows the DGX rows (labelled by their scaled buckets)
-    (the TITAN RTX prices are checked, not printed); ``hidden_share_dgx`` of
-    the bucketed run with the largest buckets."""
-    n, dgx = m["world_size"], a100_cluster(1)
-    tokens_here = 16 * 32 // n                             # global batch 16 × 32 tokens, split over N ranks
-    f = replays.GPT2_SMALL_PARAMS / (m["grad_bytes"] / 4)
-    k = replays.SEED_TOKENS_PER_GPU / tokens_here
-    w = GPT2_WIDTH_RATIO
-    slow, fast = timing.GUIDE_SLOW_PATH_GBPS
-    clusters = {"dgx": dgx, "slow": timing.guide_cards(n, slow), "fast": timing.guide_cards(n, fast)}
-    big = replays.replays(m, clusters, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
-    rows = {r["config"]: r for r in timing.table(m, big)}
-    ddp_names = [name for name in rows if name.startswith("DDP")]
-    bucket_mb = {name: m["grad_bytes"] * f / m["all_reduces"][name] / 1e6 for name in ddp_names}
-    label = _labels(m, f)
-    bucketed = ddp_names[-2]                               # the largest buckets below one bucket
-    count, default_count = m["all_reduces"][bucketed], m["grad_bytes"] * f / DDP_DEFAULT_BUCKET
-    lines = [f"cost model (not a measurement): one step of GPT-2 small on {n} A100s of a DGX-A100 node",
-             f"  compute: the counted operators, matmuls in bf16 at {dgx.device.gemm_efficiency:.0%} of the A100's "
-             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak (the card's matmul efficiency, as in chapters 03, "
-             "05), the rest at HBM speed; gradients on the wire in fp32, as under AMP",
-             f"  link:    {link(NVLINK3)}",
-             f"  buckets: this model's {count:.0f}, scaled up (~{bucket_mb[bucketed]:.0f} MB each; PyTorch's "
-             f"DDP would form ~{default_count:.0f} of 25 MiB)",
-             f"{'config':28}{'step ms':>8} {'exposed ms':>11} {'hidden':>7}"]
-    grad_bytes = m["grad_bytes"] * f
-    dp_nccl = {where: dp_nccl_exposed(grad_bytes, cluster, n) for where, cluster in clusters.items()}
-    label["DP"] = "DP, star (minipar's dp)"
-    lines += [f"{label[name]:28}{r['step_dgx'] * 1e3:>8.1f} {r['exposed_dgx'] * 1e3:>11.1f} {r['hidden_dgx']:>7.0%}"
-              for name, r in rows.items()]
-    exposed = {name: rows[name]["exposed_dgx"] for name in ddp_names}
-    one = rows["DDP one bucket"]
-    lines.append(f"DDP with {count:.0f} buckets hides {rows[bucketed]['hidden_dgx']:.0%} of its communication; one "
-                 f"bucket hides {one['hidden_dgx']:.0%} and exposes {one['exposed_dgx'] / exposed[bucketed]:.1f}× as "
-                 f"much; nn.DataParallel with NCCL (broadcast and reduce, about P each way) exposes "
-                 f"{dp_nccl['dgx'] * 1e3:.1f} ms of weights and gradients, none of it under backward")
-    star, way = rows["DP"]["exposed_dgx"], (n - 1) * grad_bytes / dgx.intra_bw    # (N−1)·P through device 0's link
-    lines.append(f"the star row (minipar's dp, the naive model) exposes {star * 1e3:.1f} ms = {way * 1e3:.1f} weights "
-                 f"out + {way * 1e3:.1f} gradients in ((N−1)·P each way) + {(star - 2 * way) * 1e3:.1f} "
-                 "batch slices, gathered outputs and their gradients")
-    return Report("\n".join(lines), _check_gpt2, big=big, rows=rows, f=f, k=k, w=w, bucket_mb=bucket_mb,
-                  exposed=exposed, ddp_names=ddp_names, label=label, hidden_share_dgx=rows[bucketed]["hidden_dgx"],
-                  dp_nccl=dp_nccl, star_way=way,
-                  draw=lambda: _draw_gpt2(big, label, bucketed, n))
+def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
+    """Cost model, not a measurement: one data-parallel step of GPT-2 small (:data:`GPT2_SMALL`, ``micro_batch``
+    sequences of 1024 tokens per GPU, :data:`AMP`) on ``devices`` A100s of a DGX-A100 node, priced by
+    :func:`minipar.plan.estimate` from the model's own operators (:mod:`minipar.plan.operators`), with
+    ``overlap=True`` (PyTorch DDP's buckets under the backward: :func:`minipar.plan.overlap.bucketed_exposed`)
+    at 25 MiB buckets and at one bucket; DataParallel's weights out and gradients in beside them, not
+    overlapped: NCCL's rooted ring (:func:`dp_nccl_exposed`) and the star ((N−1)·P each way on device 0's
+    link, :func:`minipar.machine.cluster.collective_seconds`). Rows: compute (optimizer included), exposed and
+    hidden communication, step (s)."""
+    dgx, layout = a100_cluster(1), Layout(dp=devices, micro_batch=micro_batch)
+    grads = parameters(GPT2_SMALL) * AMP.grad
+    rows = {}
+    for name, bucket in (("DDP, 25 MiB buckets", DDP_DEFAULT_BUCKET), ("DDP, one bucket", grads)):
+        e = estimate(GPT2_SMALL, dgx, layout, precision=AMP, bucket_bytes=bucket, overlap=True)
+        rows[name] = {"compute": e.time["compute"] + e.time["optimizer"], "exposed": e.time["dp"],
+                      "hidden": e.hidden["dp"], "optimizer": e.time["optimizer"]}
+    compute, adam = rows["DDP, one bucket"]["compute"], rows["DDP, one bucket"]["optimizer"]
+    way = collective_seconds("broadcast", grads, devices, dgx.intra_bw, dgx.intra_latency)   # (N−1)·α + (N−1)·P/β
+    rows["DP, NCCL"] = {"compute": compute, "exposed": dp_nccl_exposed(grads, dgx, devices), "hidden": 0.0,
+                        "optimizer": adam}
+    rows["DP, star (minipar's dp)"] = {"compute": compute, "exposed": 2 * way, "hidden": 0.0, "optimizer": adam}
+    for r in rows.values():
+        r["step"] = r["compute"] + r["exposed"]
+    buckets = math.ceil(grads / DDP_DEFAULT_BUCKET)
+    ddp, one = rows["DDP, 25 MiB buckets"], rows["DDP, one bucket"]
+    share = ddp["hidden"] / (ddp["hidden"] + ddp["exposed"])
+    tokens = micro_batch * GPT2_SMALL.seq_len
+    lines = [f"cost model (not a measurement): one step of GPT-2 small ({parameters(GPT2_SMALL) / 1e6:.0f}M "
+             f"parameters) on {devices} A100s of a DGX-A100 node, {micro_batch} sequences × {GPT2_SMALL.seq_len} "
+             f"tokens = {tokens:,} tokens per GPU",
+             f"  compute: GPT-2's operators (matmuls in bf16 at {dgx.device.gemm_efficiency:.0%} of the A100's "
+             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak, the rest at HBM speed) and Adam",
+             f"  link:    {link(NVLINK3)}; gradients all-reduced in fp32 ({grads / 1e6:.0f} MB), as under AMP",
+             f"  buckets: PyTorch's default 25 MiB makes {buckets}",
+             f"{'config':26}{'compute ms':>11}{'exposed ms':>11}{'hidden ms':>10}{'step ms':>9}"]
+    lines += [f"{name:26}{r['compute'] * 1e3:>11.1f}{r['exposed'] * 1e3:>11.2f}{r['hidden'] * 1e3:>10.2f}"
+              f"{r['step'] * 1e3:>9.1f}" for name, r in rows.items()]
+    lines.append(f"DDP's {buckets} buckets hide {share:.0%} of its all-reduce under the backward (all but the last "
+                 f"bucket); one bucket hides none and exposes {one['exposed'] / ddp['exposed']:.0f}× as much")
+    return Report("\n".join(lines), _check_gpt2, rows=rows, buckets=buckets, hidden_share=share, star_way=way,
+                  tokens_per_gpu=tokens, draw=lambda: _draw_gpt2(rows))
 
 
 def _check_u(r: Report) -> None:

@@ -80,18 +80,16 @@ def ours_vs_torch(diffs: list) -> None:
 
 def timeline(per_rank: list) -> None:
     """§5: draw one measured DDP step per rank (:func:`.figures.draw_timeline`) and print, per rank, when its
-    first bucket left, when backward ended (its last gradient) and when every bucket was reduced. No hidden
-    share: on 2 shared cores it says how busy the cores were, not what overlap saves (the paced run does)."""
+    first bucket left and when backward ended (its last gradient). Not when every bucket was reduced, nor a hidden
+    share: on 2 shared cores those say how busy the cores were, not what overlap saves (the paced run does)."""
     import matplotlib.pyplot as plt
     from .figures import draw_timeline
     draw_timeline(per_rank)
     plt.show()
     summary = [timeline_summary(events) for events in per_rank]
-    print(f"{'rank':>4} {'buckets':>8} {'first leaves':>13} {'last gradient':>14} {'all reduced':>12}"
-          "   (ms into backward)")
+    print(f"{'rank':>4} {'buckets':>8} {'first leaves':>13} {'last gradient':>14}   (ms into backward)")
     for rank, s in enumerate(summary):
-        print(f"{rank:>4} {s['buckets']:>8} {s['first_launch_ms']:>13.1f} {s['last_grad_ms']:>14.1f} "
-              f"{s['reduced_ms']:>12.1f}")
+        print(f"{rank:>4} {s['buckets']:>8} {s['first_launch_ms']:>13.1f} {s['last_grad_ms']:>14.1f}")
     claims.check_buckets_left_during_backward(summary)
 
 
@@ -155,7 +153,7 @@ def summary_bytes(dp_log, ddp_out: list, grad_bytes: int, n: int) -> None:
     """Summary: the bytes of one step already counted, on the first cell's model: DP's device 0 in §2 (``dp_log``,
     star model: it sends (N−1)·P of weights and receives (N−1)·P of gradients) against a DDP rank in §4
     (``ddp_out`` = per rank (RunResult, bytes sent a step, all-reduces)), 2(N−1)/N·P; their ratio is N/2. Silently
-    also the arithmetic on the Hugging Face guide's table that D2's cost model prices (:func:`guide_slow_path`)."""
+    also the arithmetic on the Hugging Face guide's table (:func:`guide_slow_path`)."""
     dp_bytes, ddp_sent = dp_log.by_exchange(), ddp_out[0][1]
     print(f"one step on {n} devices, bytes counted in §2 and §4: DP's device 0 sends {dp_bytes['replicate model']:,} B "
           f"of weights and receives {dp_bytes['reduce grads']:,} B of gradients, (N−1)·P each way; a DDP rank sends "
@@ -172,13 +170,13 @@ def counted_bytes(counted: dict, n: int) -> None:
     claims.check_dp_against_ddp_measured_here(counted, counted["grad_bytes"], n, counted["dp_bytes"])
 
 
-GUIDE = timing.GUIDE   # the guide's table; D2 prices its cards at the speeds this arithmetic finds
+GUIDE = timing.GUIDE   # the guide's table (GPT-2 small on two TITAN RTX)
 
 
 def guide_slow_path(quiet: bool = False) -> None:
     """Arithmetic on the Hugging Face guide's table (:data:`GUIDE`, not a measurement): its DDP without NVLink
     all-reduces GPT-2 small's fp32 gradients, 2(N−1)/N·P a rank, each step; the slow path's speed if that took
-    only the extra seconds over DDP with NVLink, or the whole step (the range D2's cost model prices)."""
+    only the extra seconds over DDP with NVLink, or the whole step."""
     per_rank = comm.predicted_bytes_sent("all_reduce", GUIDE["params"] * 4, GUIDE["ranks"])
     extra = (GUIDE["ddp_no_nvlink_s"] - GUIDE["ddp_nvlink_s"]) / GUIDE["steps"]
     whole_step = GUIDE["ddp_no_nvlink_s"] / GUIDE["steps"]

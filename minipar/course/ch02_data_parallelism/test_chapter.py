@@ -1,13 +1,10 @@
-"""Chapter 02's timing helpers: refused input; the Hugging Face guide's machine."""
+"""Chapter 02's helpers: the Hugging Face guide's machine, D2's cost model, the reports' claims."""
+import os
+
 import pytest
 import torch
 
 from minipar.course.ch02_data_parallelism import timing
-
-
-def test_measure_refuses_one_step_before_launch():
-    with pytest.raises(ValueError, match="at least 2"):
-        timing.measure(2, steps=1)
 
 
 def test_titan_rtx_cards_links_and_peaks():
@@ -43,6 +40,11 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     assert "the 2 threads took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in slower.text
     with pytest.raises(AssertionError):
         report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing
+    at_cores = report.dp_threads(spans, {"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
+                                 {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]})
+    k = len(os.sched_getaffinity(0))          # 64 ranks: never fewer than this machine's cores
+    assert f"no more threads than cores ({k} threads, {k} cores" in at_cores.text and not at_cores.tie_at_cores
+    assert "took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in at_cores.text.splitlines()[-1]
 
 
 def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
@@ -127,32 +129,25 @@ def test_one_line_equivalence_keeps_the_diagnostic_on_failure():
     assert against_one_device(bad, brief=True) == "differs from one device: max |Δ| 0.06 (at loss at step 1 on rank 3)"
 
 
-def test_cost_model_prices_the_guides_fp32_run_at_the_titan_rtx_fp32_peak(monkeypatch):
-    """The guide trained GPT-2 in fp32 (no --fp16): its TITAN RTX is priced at 16.3 TFLOP/s, not the FP16 130, and
-    joined at the 0.76-3.4 GB/s its run without NVLink moved (the chapter's correction), not at PCIe's peak."""
+def test_d2_prices_gpt2_smalls_own_operators_in_pytorchs_25_mib_buckets():
+    """D2 is GPT-2 small at its own size (124M parameters, 4 × 1024 tokens per GPU, printed), priced by the
+    planner's estimate with PyTorch's 25 MiB buckets (19 of them): compute from GPT-2's operators, not a toy
+    trace scaled, and the hidden share ≈ (k−1)/k; its claims hold and fail when a row is wrong."""
     from minipar.course.ch02_data_parallelism import report
-    seen = {}
-
-    class Priced(Exception):
-        pass
-
-    def capture(m, clusters, **kwargs):
-        seen.update(clusters)
-        raise Priced
-    monkeypatch.setattr(report.replays, "replays", capture)
-    with pytest.raises(Priced):
-        report.gpt2_sized({"world_size": 4, "grad_bytes": 539_648})
-    for end, gbps in (("slow", 0.76), ("fast", 3.4)):
-        assert seen[end].device.peak_flops == timing.TITAN_RTX_FP32.peak_flops == 16.3e12
-        assert abs(seen[end].intra_bw / 1e9 - gbps) < 0.04 and seen[end].devices_per_node == 4
-
-
-def test_scaled_default_bucket_is_25_mib_once_scaled_to_gpt2():
-    from minipar.course.bench import model_and_batch
-    from minipar.course.ch02_data_parallelism import report
-    from minipar.course.replays import GPT2_SMALL_PARAMS
-    params = sum(p.numel() for p in model_and_batch(2, 64, 16, 32)[0]().parameters())
-    assert abs(report.scaled_default_bucket() * GPT2_SMALL_PARAMS / params - 25 * 2**20) < GPT2_SMALL_PARAMS / params
+    from minipar.layout import Layout
+    from minipar.machine.cluster import a100_cluster
+    from minipar.plan import estimate
+    r = report.gpt2_sized()
+    assert r.buckets == 19 and r.tokens_per_gpu == 4096
+    assert "124M parameters" in r.text and "4 sequences × 1024 tokens = 4,096 tokens per GPU" in r.text
+    assert "25 MiB makes 19" in r.text
+    e = estimate(report.GPT2_SMALL, a100_cluster(1), Layout(dp=8, micro_batch=4), precision=report.AMP)
+    assert r.rows["DDP, one bucket"]["compute"] == pytest.approx(e.time["compute"] + e.time["optimizer"])
+    assert 0.9 < r.hidden_share < 18 / 19 + 1e-9
+    r.check()
+    r.rows["DDP, one bucket"]["hidden"] = 1e-3                       # one bucket cannot hide: the claim fails
+    with pytest.raises(AssertionError):
+        r.check()
 
 
 def test_dataparallel_on_gpus_is_priced_as_nccl_broadcast_and_reduce_not_the_star():
