@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .cost import Cluster, Layout, estimate
 from .model import Transformer
+from .published import ranking_error
 from .rules import family
 
 __all__ = ["Plan", "plan", "layouts"]
@@ -145,7 +146,6 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
         raise ValueError(f"no layout of {cluster.devices} devices divides the global batch {global_batch} "
                          f"and the model's {model.layers} layers / {model.heads} heads")
     if tie is None:
-        from .published import ranking_error        # published imports the cost model, not the planner
         tie = ranking_error()
     fitting.sort(key=lambda e: (round(e.step_seconds, 9), e.memory["total"]))   # equal steps: less memory
     fastest = fitting[0] if fitting else None
