@@ -92,7 +92,7 @@ def planner(p, advice, cluster, full: bool = False) -> None:
     spreads = spread_by_source(published_table())
     print("model ÷ published step, highest ÷ lowest inside one source: "
           + ", ".join(f"{src.split(' (')[0]} {v:.3f}" for src, v in spreads.items())
-          + f"; widest, rounded up: {p.tie:.0%}\n")
+          + f"; widest, rounded up: {p.tie * 100:.0f} %\n")
     print(show.plan_table(p, full))
     claims.check_tie_band(p, spreads)
     claims.check_planner_gpt_3_175b_1024(p.best[0])
@@ -203,7 +203,7 @@ def rules_vs_planner(cluster, p) -> dict:
           f"this course's threshold):")
     print(advice[fast_gbs])
     print(f"\n{'between nodes':>13}{'overlap':>8}  {'planner picks':18}{'best with PP s':>15}"
-          f"{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ PP':>13}  ZeRO-3 (tie band {p.tie:.0%})")
+          f"{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ PP':>13}  ZeRO-3 (tie band {p.tie * 100:.0f} %)")
     rows = [_row(links, overlap, pl) for (links, overlap), pl in plans.items()]
     print("\n".join(line for line, _ in rows))
     first = rows[0][1]

@@ -161,7 +161,7 @@ def plan_table(p, full: bool = False) -> Shown:
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
     lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
     families = {**p.families, family(best.layout): best}      # the pick stands for its family
-    order = sorted(families.items(), key=lambda kv: (not kv[1].fits, kv[1].step_seconds))
+    order = sorted(families.items(), key=lambda kv: (kv[1] is not best, not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
         order = [(fam, e) for fam, e in order if fam not in p.rejected or fam in SHOWN_FAMILIES]
@@ -170,7 +170,7 @@ def plan_table(p, full: bool = False) -> Shown:
         if why.startswith("does not fit"):
             why = "does not fit"
         elif why.startswith("as fast"):
-            why = f"inside the {p.tie:.0%} band, more memory"
+            why = f"inside the {p.tie * 100:.0f} % band, more memory"
         elif why != "the best":
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
@@ -186,7 +186,7 @@ def plan_table(p, full: bool = False) -> Shown:
     if p.fastest is not best:
         lines.append(f"fastest on paper: {layout_words(p.fastest.layout)}, {p.fastest.memory['total'] / GB:.1f} GB "
                      f"per GPU: {1 - p.fastest.step_seconds / best.step_seconds:.1%} faster, inside the model's "
-                     f"{p.tie:.0%} error")
+                     f"{p.tie * 100:.0f} % error")
     return Shown("\n".join(lines))
 
 
