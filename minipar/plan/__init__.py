@@ -10,7 +10,7 @@ Pure functions, no processes (chapter 12):
   (:mod:`minipar.machine.device`), on which the compute is :mod:`.operators` priced on the card;
 * :mod:`.operators` — a layer at real size as the operators a framework runs (:class:`Kernels`);
 * :mod:`.published` — published training runs and the planner's prediction of each (``bench published``);
-* :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term); :mod:`.traffic` its
+* :mod:`.cost` — :class:`Layout`, :func:`estimate` (memory, time and MFU, term by term; its two sums in :mod:`.sums`); :mod:`.traffic` its
   bytes and seconds (tp, cp, ep, pp, dp), :mod:`.overlap` what of them a program hides (``overlap=``);
 * :mod:`.planner` — :func:`plan` (the best layouts that fit, and why every other family lost);
 * :mod:`.rules` — :func:`decide` (the source articles' decision guide as rules), :func:`family`;

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from minipar.data import zero_memory
 from minipar.layout import Layout
-from minipar.pipeline.schedules import bubble_formula, make_schedule, validate as validate_schedule
+from minipar.pipeline.schedules import make_schedule, validate as validate_schedule
 from minipar.recompute import MODES
 from minipar.sequence.context_parallel import METHODS as CP_METHODS
 from minipar.tensor.sequence import uncounted_bytes
@@ -57,6 +57,7 @@ from .model import (MoETransformer, Transformer, activation_bytes_per_layer, exp
                     hardware_flops, layer_parameters, model_flops, stage_layers)
 from .operators import MEGATRON_2022, optimizer_step, stage_seconds
 from .overlap import OVERLAPS, data_parallel_exposed, model_parallel_exposed
+from .sums import device_memory, step_time
 from .traffic import traffic
 
 __all__ = ["Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "held_per_rank",
@@ -229,10 +230,7 @@ def estimate(model: Transformer, cluster: Cluster, layout: Layout, *, precision=
                                           compute, layout.micro_batches, layout.cp)
         for term, left in exposed.items():
             hidden[term], seconds[term] = seconds[term] - left, left
-    p, m, v = layout.pp, layout.micro_batches, layout.v
-    f = bubble_formula(layout.schedule, p, m, v) if p > 1 else 0.0
-    staged = compute + sum(seconds.get(k, 0.0) for k in ("tp", "cp", "ep"))    # a stage's work, collectives too
-    time = {"compute": compute, "bubble": staged * f / (1 - f), **seconds}
+    time = step_time(compute, seconds, layout)
     updated = (psi - experts) / (layout.dp * layout.cp) + experts / layout.expert_data_parallel \
         if layout.zero else psi
     if cluster.optimizer_seconds_per_param and compute_seconds is None:     # measured compute includes it
@@ -291,10 +289,7 @@ def _memory(model, layout, prec, dropout, eager, persistent_grads, fused_attenti
             more = zero_memory.model_state_bytes_formula(experts, layout.expert_data_parallel, layout.zero, prec)
             states = {k: states[k] + more[k] for k in states}
         # the output layer's logits belong to each micro-batch the last stage holds (GPipe m, ZB-H1 p, 1F1B 1)
-        acts = (kept * most + (logits if name == "last" or p == 1 else 0)) * flight
-        grads = states["grads"] if persistent_grads else max(0.0, states["grads"] - acts)
-        stages[name] = {"params": states["params"], "grads": grads, "optimizer": states["optimizer"],
-                        "activations": acts, "buffers": buffers}
-        stages[name]["total"] = sum(stages[name].values())
+        stages[name] = device_memory(states, kept, most, flight, buffers, persistent_grads=persistent_grads,
+                                     extra=logits if name == "last" or p == 1 else 0.0)
     busiest = max(stages, key=lambda k: stages[k]["total"])
     return stages[busiest], params[busiest], experts, flying

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .cost import Cluster, Layout, estimate
 from .model import Transformer
+from .published import ranking_error
 from .rules import family
 
 __all__ = ["Plan", "plan", "layouts"]
@@ -28,13 +29,15 @@ _TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces",
 
 @dataclass
 class Plan:
-    """``best``: the fastest layouts that fit, each an :class:`~minipar.plan.cost.Estimate`;
-    ``rejected``: {family: reason}; ``considered``: how many layouts were costed."""
+    """``best``: the layouts that fit, each an :class:`~minipar.plan.cost.Estimate`, the pick first (:func:`plan`),
+    then the fastest others; ``rejected``: {family: reason}; ``considered``: how many layouts were costed."""
     best: list
     rejected: dict
     considered: int
     feasible: int = 0
     families: dict = field(default_factory=dict)      # {family: its best Estimate (fitting if any)}
+    fastest: object = None                            # the fastest layout that fits (best[0] may hold less memory)
+    tie: float = 0.0                                  # the tie band plan() used
 
     def __str__(self) -> str:
         lines = [f"{self.considered} layouts costed, {self.feasible} fit; best:"]
@@ -96,10 +99,10 @@ def _variants(model, tp, cp, dp, recompute, cp_methods, ep):
     return [(r, x, e) for r in recompute for x in methods for e in eps]
 
 
-def _why_slower(e, winner) -> str:
-    if e.step_seconds <= 1.005 * winner.step_seconds:
-        return (f"as fast as the best (within 0.5 %), but needs {e.memory['total'] / 1e9:.1f} GB per device "
-                f"against {winner.memory['total'] / 1e9:.1f} GB ({e.layout})")
+def _why_slower(e, winner, fastest, tie) -> str:
+    if e.step_seconds <= max(1.005, 1 + tie) * fastest.step_seconds:
+        return (f"as fast as the best (within the {max(tie, 0.005):.1%} the model cannot rank), but needs "
+                f"{e.memory['total'] / 1e9:.1f} GB per device against {winner.memory['total'] / 1e9:.1f} GB ({e.layout})")
     extra = {k: v - winner.time.get(k, 0) for k, v in e.time.items() if k != "total"}
     term = max(extra, key=extra.get)
     name = _TERM_NAMES[term]
@@ -111,10 +114,16 @@ def _why_slower(e, winner) -> str:
 
 
 def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 3, precision="mixed",
-         overlap=False, **search) -> Plan:
-    """The ``top`` fastest layouts of ``model`` on all of ``cluster`` that fit in memory, and why each other
-    family lost. ``search`` narrows the space (see :func:`layouts`); ``overlap``: as in
-    :func:`minipar.plan.estimate`."""
+         overlap=False, tie=None, **search) -> Plan:
+    """The best of the layouts of ``model`` on all of ``cluster`` that fit in memory, then the ``top`` − 1 fastest
+    others, and why each other family lost. ``search`` narrows the space (see :func:`layouts`); ``overlap``: as
+    in :func:`minipar.plan.estimate`.
+
+    The best is not always the fastest: among the layouts within ``tie`` of the fastest step (step ≤ (1 + tie) ×
+    the fastest), it is the one with the least memory per device, since the model cannot rank layouts that
+    close. ``tie`` defaults to :func:`minipar.plan.published.ranking_error`, the widest spread of the model's
+    error over one published source's runs (10 %); ``tie=0`` picks the fastest. ``Plan.fastest`` is the
+    fastest."""
     if global_batch < 1:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     fitting, best_any, families, names = [], {}, {}, {}
@@ -136,17 +145,25 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
     if considered == 0:
         raise ValueError(f"no layout of {cluster.devices} devices divides the global batch {global_batch} "
                          f"and the model's {model.layers} layers / {model.heads} heads")
-    fitting.sort(key=lambda e: (round(e.step_seconds, 9), e.memory["total"]))   # ties: less memory
+    if tie is None:
+        tie = ranking_error()
+    fitting.sort(key=lambda e: (round(e.step_seconds, 9), e.memory["total"]))   # equal steps: less memory
+    fastest = fitting[0] if fitting else None
+    if fitting:      # within the tie band of the fastest: the least memory per device
+        pick = min((e for e in fitting if e.step_seconds <= (1 + tie) * fastest.step_seconds),
+                   key=lambda e: (e.memory["total"], e.step_seconds))
+        fitting.remove(pick)
+        fitting.insert(0, pick)
     best = fitting[:top]
     rejected = {}
     winner = best[0] if best else None
     for fam, e in best_any.items():
         if fam in families:
             if fam != names[id(winner)]:
-                rejected[fam] = _why_slower(families[fam], winner)
+                rejected[fam] = _why_slower(families[fam], winner, fastest, tie)
         else:
             rejected[fam] = (f"does not fit: its smallest layout needs {e.memory['total'] / 1e9:.1f} GB per device "
                              f"> {cluster.memory_bytes / 1e9:.0f} GB ({e.layout})")
-    return Plan(best, rejected, considered, len(fitting), {**best_any, **families})
+    return Plan(best, rejected, considered, len(fitting), {**best_any, **families}, fastest, tie)
 
 

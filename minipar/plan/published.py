@@ -58,6 +58,8 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
 
 from minipar.data.zero_memory import Precision
@@ -70,7 +72,7 @@ from .model import Transformer, model_flops
 from .operators import LLAMA3_2024, MEGATRON_2022, TORCHTITAN_EAGER, Kernels
 
 __all__ = ["PublishedRun", "RUNS", "predict", "table", "fit_gemm_efficiency", "summary", "table_text", "TOLERANCE",
-           "mt_nlg_against_korthikanti"]
+           "mt_nlg_against_korthikanti", "spread_by_source", "ranking_error"]
 
 KORTHIKANTI = "Korthikanti et al. 2022, Table 5"
 TORCHTITAN = "torchtitan docs/performance.md, Table 1"
@@ -190,6 +192,26 @@ def mt_nlg_against_korthikanti(runs=RUNS) -> dict:
              for k, r in (("mt_nlg", mt), ("korthikanti", ko))}
     per_sequence = (mt.seconds / mt.layout.micro_batches) / (ko.seconds / ko.layout.micro_batches)
     return {**slots, "factor": slots["mt_nlg"] / slots["korthikanti"], "per_sequence": per_sequence}
+
+
+def spread_by_source(rows) -> dict:
+    """{source: max ratio / min ratio} over each source's rows (model ÷ published seconds; the source's name up to
+    its first comma, so one paper's tables count together). Inside one source the runs share a software stack, so
+    a miss common to them all cancels: the spread is the model's error in *ranking* that source's runs, not its
+    absolute error (MT-NLG's rows all miss by about 25 %, yet lie within a few % of each other)."""
+    ratios = {}
+    for r in rows:
+        ratios.setdefault(r["source"].split(",")[0], []).append(r["ratio"])
+    return {src: max(v) / min(v) for src, v in ratios.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def ranking_error(step: float = 0.05) -> float:
+    """The model's error in ranking two layouts on one software stack: the widest :func:`spread_by_source` over
+    :data:`RUNS`, less one, rounded up to a multiple of ``step`` (9.8 % → 0.10). The planner treats two layouts
+    closer than this as equal (:func:`minipar.plan.plan`)."""
+    widest = max(spread_by_source(table()).values()) - 1
+    return step * math.ceil(widest / step - 1e-9)
 
 
 def summary(rows, tolerance: float = TOLERANCE) -> dict:

@@ -48,13 +48,18 @@ def check_planner_gpt_3_175b_1024(best) -> None:
     assert best.fits and best.layout.tp <= 8 and best.layout.pp > 1 and best.layout.devices == 1024
 
 
-def check_tp_tie(best, rival) -> None:
-    """The best and its TP-doubled rival both fit, and lie within a few per cent, inside §4's ±25 % tie band, so
-    the planner's pick (TP 4) comes first and TP 8 second, as the memory tie-break: it holds about half TP 4's
-    bytes per GPU"""
-    assert best.fits and rival.fits and best.layout.tp == 4 and rival.layout.tp == 8
-    assert best.step_seconds <= rival.step_seconds < 1.1 * best.step_seconds
-    assert 0.4 < rival.memory["total"] / best.memory["total"] < 0.6
+def check_tie_band(p, spreads) -> None:
+    """§4's tie band: the widest model ÷ published spread inside one source is Korthikanti et al.'s, just under
+    10 % (Llama 3's about 8 %), so plan() treats layouts within 10 % of the fastest as equal and takes the one
+    with the least memory: TP 8, slower on paper than the fastest, TP 4, by less than the band, with well under
+    half its bytes per GPU"""
+    widest = max(spreads, key=spreads.get)
+    assert widest.startswith("Korthikanti") and 1.09 < spreads[widest] < 1.10 and abs(p.tie - 0.10) < 1e-9, spreads
+    assert 1.08 < spreads["Dubey et al. 2024 (Llama 3)"] < 1.09, spreads
+    best, fastest = p.best[0], p.fastest
+    assert best.fits and fastest.fits and best.layout.tp == 8 and fastest.layout.tp == 4
+    assert fastest.step_seconds < best.step_seconds <= (1 + p.tie) * fastest.step_seconds
+    assert 0.4 < best.memory["total"] / fastest.memory["total"] < 0.5
 
 
 def check_published_decision_guide_as_rules(advice, best) -> None:
@@ -67,25 +72,24 @@ def check_decision_guide_on_fast_network(fast, pf) -> None:
     assert decide(GPT3_175B, fast).families[0] == "ZeRO-3" and "slower" in pf.rejected["ZeRO-3 + TP"]
 
 
-TIE = 1.25   # §4's tie rule: §6's checks miss by up to about 25 % (MT-NLG), so steps closer than that are ties
-
-
 def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
-    """Where the rules and the planner disagree: by §4's tie rule (steps closer than 25 % are ties) ZeRO-3
-    loses to a pipeline only on InfiniBand with overlap off; with overlap on, or on fast links with overlap off,
-    it is nominally slower but ties; on fast links with overlap on it is the planner's pick, a lead of more than
-    10 % but inside the tie band, hiding most of its data-parallel traffic but not all; overlap on hides nothing
-    but data-parallel traffic."""
+    """Where the rules and the planner disagree: by §4's 10 % tie band ZeRO-3 loses to the best pipeline layout
+    on InfiniBand with overlap off (by about 60 %), with overlap on and on fast links with overlap off (by 11-12 %,
+    just outside the band); on fast links with overlap on it leads by more than the band and is the planner's
+    pick, hiding most of its data-parallel traffic but not all; overlap on hides nothing but data-parallel
+    traffic."""
     for pl, zero3_wins in ((slow_off, False), (slow_on, False), (fast_off, False), (fast_on, True)):
         fam = mp.family(pl.best[0].layout)
         assert fam.startswith("ZeRO-3") == zero3_wins and ("PP" in fam) != zero3_wins, fam
 
-    def zero3_over_best(pl):
-        return min(e.step_seconds for f, e in pl.families.items() if f.startswith("ZeRO-3")) / pl.best[0].step_seconds
-    assert 1 < zero3_over_best(slow_on) < zero3_over_best(slow_off)
-    assert zero3_over_best(slow_off) > TIE and zero3_over_best(slow_on) < TIE and 1 < zero3_over_best(fast_off) < TIE
-    best_with_pp = min(e.step_seconds for f, e in fast_on.families.items() if "PP" in f)
-    assert 1.1 < best_with_pp / fast_on.best[0].step_seconds < TIE    # a clear lead, yet inside the tie band
+    def zero3_over_pp(pl):
+        best = {k: min(e.step_seconds for f, e in pl.families.items() if e.fits and k(f))
+                for k in (lambda f: f.startswith("ZeRO-3"), lambda f: "PP" in f)}
+        return list(best.values())[0] / list(best.values())[1]
+    ratios = [zero3_over_pp(pl) for pl in (slow_off, slow_on, fast_off, fast_on)]
+    tie = slow_off.tie
+    assert 1.5 < ratios[0] and 1 + tie < ratios[1] < 1.12 and 1 + tie < ratios[2] < 1.13, ratios
+    assert ratios[3] < 1 / (1 + tie) and ratios[1] < ratios[0], ratios
     won = fast_on.best[0]
     assert won.hidden.get("dp", 0) > won.time["dp"] > 0            # most of the dp traffic hidden, not all
     for pl in (slow_on, fast_on):      # "on" (overlap=True) hides dp traffic only: tp and pp stay exposed
@@ -98,7 +102,7 @@ def check_misses_are_mt_nlg(pub, tolerance) -> None:
     outside = summary(pub, tolerance)["outside"]
     assert all(name.startswith("MT-NLG") for name in outside), outside
     assert all(r["ratio"] < 1 for r in pub if r["run"] in outside)          # faster in the model than published
-    # about 25 % off: the misses set §4's tie band (TIE)
+    # about 25 % off, all three alike: a cross-stack miss, not the ranking error of §4's tie band
     assert all(0.2 < 1 - r["ratio"] < 0.3 for r in pub if r["run"] in outside), [r["ratio"] for r in pub]
     # the headline: of the independent checks, Llama 3's three land within and none of MT-NLG's three; the weak
     # checks (a fitted row's source) all land within
@@ -145,40 +149,38 @@ def check_one_calibration_per_card(pub) -> None:
 
 def check_breakdown_adds_up(best, per_layer, layers) -> None:
     """§4's breakdown: the memory terms add up to the total, the activations are one layer's × layers per stage ×
-    micro-batches in flight (p + (p − 1)/v interleaved), and the time terms add up to the step. ZeRO-3 kept
+    micro-batches in flight (p under 1F1B), and the time terms add up to the step. ZeRO-3 kept
     whole for the step (chapter 08) does not fit: at TP 8 the 16-bit parameters and gradients alone, 4Ψ/8 bytes,
     exceed a GPU's memory."""
     mem, t, lay = best.memory, best.time, best.layout
     assert abs(sum(v for k, v in mem.items() if k != "total") - mem["total"]) < 1e-6 * mem["total"], mem
-    assert best.in_flight == lay.pp + (lay.pp - 1) / lay.v, best.in_flight
+    assert best.in_flight == mp.in_flight(lay.schedule, lay.pp, lay.micro_batches, lay.v), best.in_flight
     assert abs(mem["activations"] - per_layer * layers * best.in_flight) < 1e-6 * mem["activations"], mem
     assert abs(sum(v for k, v in t.items() if k != "total") - t["total"]) < 1e-9 * t["total"], t
     assert 4 * parameters(GPT3_175B) / 8 > best.memory_limit
 
 
 def check_one_knob_at_a_time(best, cluster) -> None:
-    """Why TP 4 and v = 2: TP 8 more than doubles the TP all-reduces' time and loses more than it saves on
-    bubble and DP, though by less than §4's ±25 % tie band (a margin the model cannot rank); v = 1 doubles the bubble; each of the four single changes is slower than the best; the
-    bubble is charged on compute + TP; with neither SP nor recomputation TP 4 does not fit, with full
-    recomputation it fits, slower."""
+    """Why TP 8 and 1F1B: TP 4 and the interleaved schedule are faster on paper, by less than §4's tie band,
+    and hold more memory (TP 4 nearly twice, with less than half the TP collectives' time); no SP or full
+    recomputation is slower; the bubble is charged on compute + TP; ZeRO-2/3 resharded per micro-batch lower
+    the peak at about (m+1)/2× and 3m/2× ZeRO-1's dp time."""
     from dataclasses import replace
     lay = best.layout
     assert (lay.tp, lay.pp, lay.v, lay.schedule, lay.zero, lay.sp, lay.recompute) == \
-        (4, 16, 2, "interleaved", 1, True, "selective"), lay          # the first cell's answer for GPT-3
-    tp8 = estimate(GPT3_175B, cluster, replace(lay, tp=8, dp=lay.dp // 2, micro_batches=2 * lay.micro_batches))
-    v1 = estimate(GPT3_175B, cluster, replace(lay, v=1, schedule="1f1b"))
-    assert tp8.fits and tp8.time["tp"] > 2 * best.time["tp"] and tp8.step_seconds > best.step_seconds
-    # ... but by less than §4's tie band (§6's checks miss by up to about 25 %): the model cannot rank TP 4 and TP 8
-    assert tp8.step_seconds / best.step_seconds < TIE, tp8.step_seconds / best.step_seconds
-    assert v1.fits and abs(v1.time["bubble"] / best.time["bubble"] - 2) < 0.05 and v1.step_seconds > best.step_seconds
+        (8, 16, 1, "1f1b", 1, True, "selective"), lay          # the planner's pick for GPT-3
+    tp4 = estimate(GPT3_175B, cluster, replace(lay, tp=4, dp=2 * lay.dp, micro_batches=lay.micro_batches // 2))
+    v2 = estimate(GPT3_175B, cluster, replace(lay, v=2, schedule="interleaved"))
+    for e in (tp4, v2):       # faster on paper, inside the band, more memory
+        assert e.fits and best.step_seconds / 1.10 < e.step_seconds < best.step_seconds
+        assert e.memory["total"] > best.memory["total"]
+    assert tp4.memory["total"] > 1.8 * best.memory["total"] and 2 * tp4.time["tp"] < best.time["tp"]
+    assert abs(v2.time["bubble"] / best.time["bubble"] - 0.5) < 0.05
+    for knob in (dict(sp=False), dict(recompute="full")):
+        assert estimate(GPT3_175B, cluster, replace(lay, **knob)).step_seconds > best.step_seconds, knob
     # §3: the bubble idles the whole stage, compute + TP collectives, for f/(1 - f) = (p - 1)/(v·m) of it
     f_ratio = (lay.pp - 1) / (lay.v * lay.micro_batches)
     assert abs(best.time["bubble"] - (best.time["compute"] + best.time["tp"]) * f_ratio) < 1e-9 * best.time["bubble"]
-    # Narayanan et al.'s TP 8 predates SP and selective recomputation: with neither SP nor recomputation TP 4 does
-    # not fit; with full recomputation it fits, slower than the best
-    assert not estimate(GPT3_175B, cluster, replace(lay, sp=False, recompute="none")).fits
-    full = estimate(GPT3_175B, cluster, replace(lay, sp=False, recompute="full"))
-    assert full.fits and full.step_seconds > best.step_seconds
     # ZeRO-2/3 inside the pipeline, priced per micro-batch: a lower peak, and near chapter 08 §5's (m+1)/2× (ZeRO-2)
     # and 3m/2× (ZeRO-3) ZeRO-1's bytes in dp time (time, not bytes: the α terms do not scale alike)
     m = lay.micro_batches
@@ -196,16 +198,17 @@ def check_small_case(advice, best) -> None:
 
 
 def check_efficiency_band(bests) -> None:
-    """The headline survives the fitted η_F: 15 % lower or higher, the planner's best keeps TP 4, PP 16,
-    interleaving, SP and selective recomputation; only the step time and MFU move"""
-    shape = {(b.layout.tp, b.layout.pp, b.layout.v, b.layout.sp, b.layout.recompute) for b in bests.values()}
-    assert shape == {(4, 16, 2, True, "selective")}, shape
+    """The degrees survive the fitted η_F: 15 % lower or higher, the planner's best keeps TP 8, PP 16, ZeRO-1, SP
+    and selective recomputation; only the step time, the MFU and the schedule (1F1B or interleaved, within a
+    few % of each other) move"""
+    shape = {(b.layout.tp, b.layout.pp, b.layout.zero, b.layout.sp, b.layout.recompute) for b in bests.values()}
+    assert shape == {(8, 16, 1, True, "selective")}, shape
+    assert {b.layout.schedule for b in bests.values()} <= {"1f1b", "interleaved"}
     assert len({round(b.step_seconds, 1) for b in bests.values()}) == 3
 
 
 def check_link_efficiency_band(bests) -> None:
-    """The headline survives the assumed ring efficiencies (NVLink 77 %, InfiniBand 90 %): at 60 % or at the
-    full datasheet speed on both links, the planner's best keeps TP 4, PP 16, interleaving, SP and selective
-    recomputation"""
-    shape = {(b.layout.tp, b.layout.pp, b.layout.v, b.layout.sp, b.layout.recompute) for b in bests.values()}
-    assert shape == {(4, 16, 2, True, "selective")}, shape
+    """The degrees survive the assumed ring efficiencies (NVLink 77 %, InfiniBand 90 %): at 60 % or at the full
+    datasheet speed on both links, the planner's best keeps TP 8, PP 16, ZeRO-1, SP and selective recomputation"""
+    shape = {(b.layout.tp, b.layout.pp, b.layout.zero, b.layout.sp, b.layout.recompute) for b in bests.values()}
+    assert shape == {(8, 16, 1, True, "selective")}, shape

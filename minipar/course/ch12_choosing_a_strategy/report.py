@@ -12,11 +12,11 @@ from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster, h100_cluster
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
-from minipar.plan.published import TOLERANCE
+from minipar.plan.published import TOLERANCE, spread_by_source, table as published_table
 
 from . import claims, figures, show
 
-__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "planner", "one_knob",
+__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "one_knob",
            "breakdown", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
@@ -86,15 +86,24 @@ def small_case(batch: int = 512) -> None:
 
 
 def planner(p, advice, cluster, full: bool = False) -> None:
-    """§4: the planner's answer, one row per family (the lesson's few unless ``full``); the best fits, and its
-    family is the rules'. The best line is the planner's pick, TP t; the line under it gives TP 2t as the memory
-    tie-break: slower by less than the model can rank, with about half the bytes per GPU (§4)."""
-    best = p.best[0]
-    rival = estimate(GPT3_175B, cluster, show.tp_doubled(best.layout))
-    print(show.plan_table(p, full, rival))
-    claims.check_tp_tie(best, rival)
-    claims.check_planner_gpt_3_175b_1024(best)
-    claims.check_published_decision_guide_as_rules(advice, best)
+    """§4: the model's ranking error (the tie band plan() uses: the widest model ÷ published spread inside one
+    source), then the planner's answer, one row per family (the lesson's few unless ``full``); the best fits,
+    its family is the rules', and the fastest on paper is named in one line."""
+    spreads = spread_by_source(published_table())
+    print("model ÷ published step, highest ÷ lowest inside one source: "
+          + ", ".join(f"{src.split(' (')[0]} {v:.3f}" for src, v in spreads.items())
+          + f"; widest, rounded up: {p.tie * 100:.0f} %\n")
+    print(show.plan_table(p, full))
+    claims.check_tie_band(p, spreads)
+    claims.check_planner_gpt_3_175b_1024(p.best[0])
+    claims.check_published_decision_guide_as_rules(advice, p.best[0])
+
+
+def cost_model_sums():
+    """§3: the two sums of :func:`minipar.plan.estimate`, the library's own source."""
+    from minipar.course.report import show_source
+    from minipar.plan import sums
+    return show_source(sums.device_memory, sums.step_time)
 
 
 def breakdown(best) -> None:
@@ -131,8 +140,11 @@ def efficiency_band(p, band: float = 0.15) -> None:
 
     def row(what, pl):
         best = pl.best[0]
-        lines.append(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  "
-                     f"{'yes' if best.layout == best0.layout else show.layout_words(best.layout)}")
+        same = best.layout == best0.layout
+        degrees = same or replace(best.layout, v=1, schedule="1f1b") == replace(best0.layout, v=1, schedule="1f1b")
+        lines.append(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  " + (
+            "yes" if same else f"same degrees, {best.layout.schedule} (v {best.layout.v})" if degrees
+            else show.layout_words(best.layout)))
         return best
 
     bests = {}
@@ -160,14 +172,16 @@ def hand_layouts(best, cluster) -> None:
     print(text)
 
 
-def _row(links, overlap, advice, p) -> str:
-    """One line of §5's table: the rules' families, the planner's best family and step, the best step with a
-    pipeline and with ZeRO-3, ZeRO-3's against the best, and the best with a pipeline against ZeRO-3's."""
-    best = p.best[0]
-    with_pp = min(e.step_seconds for fam, e in p.families.items() if "PP" in fam)
-    zero3 = min(e.step_seconds for fam, e in p.families.items() if fam.startswith("ZeRO-3"))
-    return (f"{links:>13}{overlap:>8}  {' | '.join(advice.families):23}{mp.family(best.layout):18}"
-            f"{best.step_seconds:14.1f}{with_pp:15.1f}{zero3:14.1f}{zero3 / best.step_seconds:15.2f}{with_pp / zero3:14.2f}")
+def _row(links, overlap, p) -> tuple:
+    """One line of §5's table: the planner's pick, the fastest layout with a pipeline and with ZeRO-3, their
+    ratio, and ZeRO-3's verdict by the tie band (plan's ``tie``). Returns (line, ZeRO-3's layout)."""
+    with_pp = min((e for fam, e in p.families.items() if "PP" in fam and e.fits), key=lambda e: e.step_seconds)
+    zero3 = min((e for fam, e in p.families.items() if fam.startswith("ZeRO-3") and e.fits),
+                key=lambda e: e.step_seconds)
+    ratio = zero3.step_seconds / with_pp.step_seconds
+    verdict = "loses" if ratio > 1 + p.tie else "leads" if ratio < 1 / (1 + p.tie) else "ties"
+    return (f"{links:>13}{overlap:>8}  {mp.family(p.best[0].layout):18}{with_pp.step_seconds:15.1f}"
+            f"{zero3.step_seconds:14.1f}{ratio:13.2f}  {verdict}", zero3.layout)
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -188,10 +202,14 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'between nodes':>13}{'overlap':>8}  {'the rules say':23}{'planner picks':18}{'best layout s':>14}"
-          f"{'best with PP s':>15}{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ best':>15}{'PP ÷ ZeRO-3':>14}")
-    for (links, overlap), pl in plans.items():
-        print(_row(links, overlap, advice[links], pl))
+    print(f"\n{'between nodes':>13}{'overlap':>8}  {'planner picks':18}{'best with PP s':>15}"
+          f"{'best ZeRO-3 s':>14}{'ZeRO-3 ÷ PP':>13}  ZeRO-3 (tie band {p.tie * 100:.0f} %)")
+    rows = [_row(links, overlap, pl) for (links, overlap), pl in plans.items()]
+    print("\n".join(line for line, _ in rows))
+    first = rows[0][1]
+    print(f"ZeRO-3's best takes any TP: on the first row TP {first.tp}"
+          + (" across nodes (§4's \"also fit\" line), so its ratio is not §4's ZeRO-3 + TP row's, which keeps TP ≤ 8"
+             if first.tp > cluster.devices_per_node else ""))
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
     claims.check_overlap_decides(plans[slow_gbs, "off"], plans[slow_gbs, "on"], plans[fast_gbs, "off"], plans[fast_gbs, "on"])
     return plans

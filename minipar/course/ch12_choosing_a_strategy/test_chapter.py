@@ -130,13 +130,13 @@ def test_pick_check_rejects_the_stub():
 
 @pytest.mark.parametrize("wrong, says", [(pick_ddp, "memory per device"), (pick_tp_across_nodes, "across nodes"),
                                          (pick_pp_zero3, "ZeRO-2/3"), (pick_wrong_batch, "global batch"),
-                                         (pick_slow, "within 15 %"), (pick_unjustified, "justification")])
+                                         (pick_slow, "within 10 %"), (pick_unjustified, "justification")])
 def test_pick_check_rejects_wrong_answers(wrong, says):
     with pytest.raises(ExerciseError, match=says):
         checks.check_pick_layout(wrong)
 
 
 def test_the_solution_is_near_the_planner():
-    best = plan(checks.PICK_MODEL, checks.PICK_CLUSTER, checks.PICK_BATCH, top=1).best[0]
+    planned = plan(checks.PICK_MODEL, checks.PICK_CLUSTER, checks.PICK_BATCH, top=1)
     layout, why = pick_right(checks.PICK_MODEL, checks.PICK_CLUSTER, checks.PICK_BATCH)
-    assert why["step_s"] <= 1.15 * best.step_seconds
+    assert why["step_s"] <= (1 + planned.tie) * planned.fastest.step_seconds
