@@ -12,6 +12,13 @@ def check_hang_where_ranks_parted(left_running, error) -> None:
     assert left_running == 0 and "never issued" in error.flight
 
 
+def check_silent_mismatch_sums(sums, world_size) -> None:
+    """Calls #3 and #4 paired a step with the next one: rank 2's step 4 and 5 into the others' 3 and 4"""
+    if sums:
+        assert sums == {"1": f"{world_size}", "2": f"{2 * world_size}",
+                        "3": f"{3 * world_size + 1}", "4": f"{4 * world_size + 1}"}, sums
+
+
 def check_desync_caught_before_hang(error) -> None:
     """A desync, caught before the hang"""
     assert "float32[4]" in str(error) and "float32[8]" in str(error)

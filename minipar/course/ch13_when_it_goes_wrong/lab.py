@@ -34,10 +34,12 @@ def skip_one_all_reduce(rank, world_size, skipper=2):
     """Five data-parallel steps, each all-reducing a gradient; rank ``skipper``'s third batch is empty (uneven
     data: its shard ran short), and the loop skips an empty batch — and with it that step's all-reduce."""
     batch_sizes = [8, 8, 0 if rank == skipper else 8, 8, 8]
-    for size in batch_sizes:
+    for step, size in enumerate(batch_sizes, start=1):
         if size == 0:
             continue                          # nothing to train on, so no gradient to all-reduce: the bug
-        comm.all_reduce(torch.ones(1024))     # this step's gradient, summed over the ranks
+        grad = torch.full((1024,), float(step))   # this step's gradient: every element = the step number
+        comm.all_reduce(grad)                 # summed over the ranks: world_size × step if all are in step
+        print(f"step {step}: sum {grad[0]:g}")
 
 
 def planted_hang(program=skip_one_all_reduce, world_size: int = 4, timeout: float = 3.0):
