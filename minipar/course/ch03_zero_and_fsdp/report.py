@@ -248,10 +248,13 @@ def prefetch_memory(t3: dict) -> Report:
 
 
 def fsdp_loop(per_rank: list, reference: RunResult) -> Report:
-    """``per_rank`` = the ranks' ``fsdp_loop.train``: the run against one device (default FP32 tolerance)."""
-    agreement = compare(reference, per_rank)
-    text = f"FSDP(model), {len(per_rank)} ranks, {len(reference.losses)} Adam steps: {against_one_device(agreement)}"
-    return Report(text, lambda r: agreement.assert_ok(), agreement=agreement)
+    """``per_rank`` = the ranks' ``fsdp_loop.train_and_torch_fsdp2``: minipar's and PyTorch's FSDP, each against
+    one device (default FP32 tolerance)."""
+    ours, torch_fsdp2 = compare(reference, [o for o, _ in per_rank]), compare(reference, [t for _, t in per_rank])
+    steps = f"{len(per_rank)} ranks, {len(reference.losses)} Adam steps"
+    text = (f"minipar's FSDP(model), {steps}: {against_one_device(ours)}\n"
+            f"PyTorch's fully_shard, same units: {against_one_device(torch_fsdp2)}")
+    return Report(text, lambda r: (ours.assert_ok(), torch_fsdp2.assert_ok()), agreement=ours)
 
 
 def _check_designs(r: Report) -> None:
