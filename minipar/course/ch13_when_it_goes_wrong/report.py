@@ -149,7 +149,21 @@ def _backward_order_first(result) -> str:
     after = ", ".join(right[:4]) + (f" (+{len(right) - 4})" if len(right) > 4 else "") or "none"
     return (f"{len(result.wrong)} of {len(result.order)} parameters depart at step {first.step} "
             f"({first.name} by {first.size:.1e})\n"
+            f"  departing, by module: {_by_module(result.wrong, result.order)}\n"
             f"  first to depart in backward order: {result.boundary}; reached before it, still right: {after}")
+
+
+def _module(name: str) -> str:
+    """A parameter's module at the level that tells bugs apart: the block (``blocks.1``) or the top-level module."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def _by_module(wrong, order) -> str:
+    """``wrong`` grouped by :func:`_module`, in model order, as 'module departing/all'."""
+    modules = list(dict.fromkeys(_module(n) for n in order))
+    counts = {m: (sum(_module(n) == m for n in wrong), sum(_module(n) == m for n in order)) for m in modules}
+    return ", ".join(f"{m} {w}/{a}" for m, (w, a) in counts.items() if w)
 
 
 def show_dropout_replicas() -> None:
