@@ -1,13 +1,14 @@
 """Chapter 03's FSDP in a plain training loop: ``FSDP(model)`` (:class:`minipar.data.fsdp.FSDP`, ZeRO-3 with one
 unit per block plus the root, prefetch on) and an ordinary ``torch.optim`` optimizer over ``model.parameters()``,
-which are this rank's flat shards (Zhao et al. 2023, PyTorch FSDP). The chapter prints :func:`train` and runs it."""
+which are this rank's flat shards (Zhao et al. 2023, PyTorch FSDP). The chapter prints :func:`train` and runs it
+beside PyTorch's FSDP2 on the same units (:func:`train_and_torch_fsdp2`, one launch)."""
 from __future__ import annotations
 
 from minipar.check import RunResult
-from minipar.data.fsdp import FSDP
+from minipar.data.fsdp import FSDP, torch_fsdp2_train
 from minipar.loop import mean_over_ranks, shard_batch
 
-__all__ = ["train"]
+__all__ = ["train", "train_and_torch_fsdp2"]
 
 
 def train(rank, world_size, recipe):
@@ -21,3 +22,8 @@ def train(rank, world_size, recipe):
         opt.zero_grad()
         losses.append(mean_over_ranks(loss))
     return RunResult(losses, model.full_state_dict())
+
+
+def train_and_torch_fsdp2(rank, world_size, recipe):
+    """(:func:`train`'s result, PyTorch's ``fully_shard`` on the same units and batches), on the same ranks."""
+    return train(rank, world_size, recipe), torch_fsdp2_train(rank, world_size, recipe)

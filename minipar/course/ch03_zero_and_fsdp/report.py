@@ -209,20 +209,24 @@ def _check_wire(r: Report) -> None:
 
 
 def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
-    """``wire_runs`` = the ranks' ``figures.ring_and_gloo``: per run the log's ring-model bytes (rank 0, last
-    step) beside the bytes the ranks wrote to their sockets (mean over ranks), and their ratio to DDP's."""
+    """``wire_runs`` = the ranks' ``figures.ring_and_gloo``: the ring story first (bytes the ranks wrote to their
+    sockets on minipar's rings, mean over ranks; under accumulation the log's ring-model bytes, rank 0, last
+    step), each as a ratio to DDP's; then gloo's ratios on one line."""
     observed = {k: sum(r[k].bytes_observed[-1] for r in wire_runs) / world_size for k in wire_runs[0]}
     logged = {k: wire_runs[0][k].bytes_sent[-1] for k in wire_runs[0]}
     ratio = {k: observed[k] / observed["DDP"] for k in observed}
-    lines = [f"{'per rank, last step, KiB':30}{'logged calls × ring formula':>28}{'observed':>10}{'observed / DDP':>16}"]
-    how = {"ring": "ring collectives", "gloo": "gloo collectives", "accum": f"{figures.ACCUM_STEPS} micro-batches, gloo"}
-    for k in [("ring", 1), ("ring", 3), ("gloo", 1), ("gloo", 3), "DDP", ("accum", 1), ("accum", 2)]:
-        name = "DDP, one all-reduce a step" if k == "DDP" else f"ZeRO-{k[1]}, {how[k[0]]}"
-        lines.append(f"{name:30}{logged[k] / 1024:>28.1f}{observed[k] / 1024:>10.1f}{ratio[k]:>15.2f}x")
     ratios = [ratio[("ring", 1)], ratio[("ring", 3)], ratio[("gloo", 1)], ratio[("gloo", 3)]]
     logged_ratio = {s: logged[("accum", s)] / logged["DDP"] for s in (1, 2)}
-    lines.append(f"ZeRO-2 accumulating: {logged_ratio[2]:.2f}x DDP by the ring formula (logged), {ratio[('accum', 2)]:.2f}x on "
-                 f"gloo's sockets: each of its {figures.ACCUM_STEPS} reduce-scatters is an all-reduce there")
+    m = figures.ACCUM_STEPS
+    rows = [("ZeRO-1, sockets", observed[("ring", 1)], ratio[("ring", 1)]),
+            ("ZeRO-3, sockets", observed[("ring", 3)], ratio[("ring", 3)]),
+            ("DDP, sockets", observed["DDP"], 1.0),
+            (f"ZeRO-1, {m} micro-batches, formula", logged[("accum", 1)], logged_ratio[1]),
+            (f"ZeRO-2, {m} micro-batches, formula", logged[("accum", 2)], logged_ratio[2])]
+    lines = [f"{'ring collectives, per rank, last step':40}{'KiB':>8}{'× DDP':>8}"]
+    lines += [f"{name:40}{kib / 1024:>8.1f}{x:>7.2f}x" for name, kib, x in rows]
+    lines.append(f"on gloo's collectives (sockets): ZeRO-1 {ratio[('gloo', 1)]:.2f}x, ZeRO-3 {ratio[('gloo', 3)]:.2f}x, "
+                 f"ZeRO-2 with {m} micro-batches {ratio[('accum', 2)]:.2f}x DDP")
     return Report("\n".join(lines), _check_wire, reference=reference, runs=wire_runs, ratios=ratios,
                   ring1=ratios[0], logged_ratio=logged_ratio)
 
@@ -244,10 +248,13 @@ def prefetch_memory(t3: dict) -> Report:
 
 
 def fsdp_loop(per_rank: list, reference: RunResult) -> Report:
-    """``per_rank`` = the ranks' ``fsdp_loop.train``: the run against one device (default FP32 tolerance)."""
-    agreement = compare(reference, per_rank)
-    text = f"FSDP(model), {len(per_rank)} ranks, {len(reference.losses)} Adam steps: {against_one_device(agreement)}"
-    return Report(text, lambda r: agreement.assert_ok(), agreement=agreement)
+    """``per_rank`` = the ranks' ``fsdp_loop.train_and_torch_fsdp2``: minipar's and PyTorch's FSDP, each against
+    one device (default FP32 tolerance)."""
+    ours, torch_fsdp2 = compare(reference, [o for o, _ in per_rank]), compare(reference, [t for _, t in per_rank])
+    steps = f"{len(per_rank)} ranks, {len(reference.losses)} Adam steps"
+    text = (f"minipar's FSDP(model), {steps}: {against_one_device(ours)}\n"
+            f"PyTorch's fully_shard, same units: {against_one_device(torch_fsdp2)}")
+    return Report(text, lambda r: (ours.assert_ok(), torch_fsdp2.assert_ok()), agreement=ours)
 
 
 def _check_designs(r: Report) -> None:

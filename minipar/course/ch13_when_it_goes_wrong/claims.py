@@ -12,6 +12,13 @@ def check_hang_where_ranks_parted(left_running, error) -> None:
     assert left_running == 0 and "never issued" in error.flight
 
 
+def check_silent_mismatch_sums(sums, world_size) -> None:
+    """Calls #3 and #4 paired a step with the next one: rank 2's step 4 and 5 into the others' 3 and 4"""
+    if sums:
+        assert sums == {"1": f"{world_size}", "2": f"{2 * world_size}",
+                        "3": f"{3 * world_size + 1}", "4": f"{4 * world_size + 1}"}, sums
+
+
 def check_desync_caught_before_hang(error) -> None:
     """A desync, caught before the hang"""
     assert "float32[4]" in str(error) and "float32[8]" in str(error)
@@ -53,9 +60,9 @@ def check_silent_wrong_gradients_equality_harness(tp, ddp, ring) -> None:
     assert ring.boundary == "blocks.1.attn.qkv.bias" and "blocks.1.attn.proj.weight" in ring.right
 
 
-def check_first_divergence_found(result) -> None:
+def check_first_divergence_found(result, step: int) -> None:
     """Silent wrong gradients: the equality harness as a debugger"""
-    assert result.first is not None and result.first.step == 0 and 1e-3 < result.first.size < 1e-1
+    assert result.first is not None and result.first.step == step and 1e-3 < result.first.size < 1e-1
 
 
 def check_randomness_across_ranks(right, wrong, masks) -> None:

@@ -34,10 +34,12 @@ def skip_one_all_reduce(rank, world_size, skipper=2):
     """Five data-parallel steps, each all-reducing a gradient; rank ``skipper``'s third batch is empty (uneven
     data: its shard ran short), and the loop skips an empty batch — and with it that step's all-reduce."""
     batch_sizes = [8, 8, 0 if rank == skipper else 8, 8, 8]
-    for size in batch_sizes:
+    for step, size in enumerate(batch_sizes, start=1):
         if size == 0:
             continue                          # nothing to train on, so no gradient to all-reduce: the bug
-        comm.all_reduce(torch.ones(1024))     # this step's gradient, summed over the ranks
+        grad = torch.full((1024,), float(step))   # this step's gradient: every element = the step number
+        comm.all_reduce(grad)                 # summed over the ranks: world_size × step if all are in step
+        print(f"step {step}: sum {grad[0]:g}")
 
 
 def planted_hang(program=skip_one_all_reduce, world_size: int = 4, timeout: float = 3.0):
@@ -139,14 +141,16 @@ class _Recording:
         return opt
 
 
-def _ddp_rank(rank, world_size, recipe, bucket_bytes, wrong_bucket, divisor):
+def _ddp_rank(rank, world_size, recipe, bucket_bytes, wrong_bucket, divisor, from_step):
     from minipar.data import ddp
     if wrong_bucket is not None:              # the planted bug: one bucket divided by the wrong number
-        plain = ddp.Reducer.launch
+        plain, launched = ddp.Reducer.launch, [0]   # launches of that bucket so far = the step
 
         def launch_bucket(self, bucket):
             if bucket.index == wrong_bucket:
-                bucket.buffer.div_(divisor / dist.get_world_size(self.group))
+                if launched[0] >= from_step:  # a bug that appears late: the search must walk the steps
+                    bucket.buffer.div_(divisor / dist.get_world_size(self.group))
+                launched[0] += 1
             plain(self, bucket)
         ddp.Reducer.launch = launch_bucket
     recorder = StepRecorder()
@@ -156,10 +160,12 @@ def _ddp_rank(rank, world_size, recipe, bucket_bytes, wrong_bucket, divisor):
     return recorder.steps
 
 
-def ddp_steps(recipe, world_size: int = 4, bucket_bytes: int = 16 * 1024, wrong_bucket=None, divisor=None):
+def ddp_steps(recipe, world_size: int = 4, bucket_bytes: int = 16 * 1024, wrong_bucket=None, divisor=None,
+              from_step: int = 0):
     """Each rank's parameters after every step of minipar's DDP (``wrong_bucket``: that bucket divided by
-    ``divisor`` instead of the world size)."""
-    return launch(_ddp_rank, world_size, recipe, bucket_bytes, wrong_bucket, divisor, quiet=True, timeout=60)
+    ``divisor`` instead of the world size, from step ``from_step`` on, counting from 0)."""
+    return launch(_ddp_rank, world_size, recipe, bucket_bytes, wrong_bucket, divisor, from_step, quiet=True,
+                  timeout=60)
 
 
 def _tp_rank(rank, world_size, recipe, missing_f):
@@ -350,8 +356,8 @@ def planted_gradient_bugs(tolerance: float) -> dict:
     recipe = departure_recipe(torch.float64)
     ref = reference_steps(recipe)
     return {"TP: f's backward all-reduce missing": first_departure(ref, tp_steps(recipe, missing_f=True), tolerance),
-            "DDP: bucket 1 divided by 2, not 4": first_departure(ref, ddp_steps(recipe, wrong_bucket=1, divisor=2),
-                                                        tolerance),
+            "DDP: bucket 1 divided by 2, not 4, from step 2": first_departure(
+                ref, ddp_steps(recipe, wrong_bucket=1, divisor=2, from_step=2), tolerance),
             "ring attention: one block's dK, dV dropped": first_departure(ref, ring_steps(recipe, drop_block=True),
                                                                  tolerance)}
 

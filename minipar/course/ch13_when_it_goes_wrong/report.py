@@ -26,7 +26,8 @@ def _ms(seconds: float) -> str:
 
 def show_hang(program, world_size: int, timeout: float):
     """The planted hang under the launcher: the flight recorder's verdict first, then the launcher's error under
-    it (up to the traceback, without the line repeating the verdict, gloo's source path trimmed); returns the error."""
+    it (up to the traceback, without the line repeating the verdict, gloo's source path trimmed), then the sums the
+    failing rank printed, if any; returns the error."""
     error, seconds, left_running = lab.planted_hang(program, world_size=world_size, timeout=timeout)
     head, _, recorder = str(error).split("\n\n--- traceback")[0].partition("\n\n--- the first call")
     print("the flight recorder: the first call the ranks' records disagree on")
@@ -35,7 +36,12 @@ def show_hang(program, world_size: int, timeout: float):
     for line in head.splitlines():
         if "parted from the others" not in line:
             print("  " + re.sub(r"\[/\S+\] ", "", line))        # gloo's build path says nothing here
+    sums = dict(re.findall(r"^step (\d+): sum (\S+)$", error.output, re.M))
+    if sums:                                  # the programs that print their sums: the silent mismatches
+        print(f"rank {error.rank}'s sums before it hung (expected {world_size} × the step):  "
+              + ",  ".join(f"step {s}: {v}" for s, v in sums.items()))
     claims.check_hang_where_ranks_parted(left_running, error)
+    claims.check_silent_mismatch_sums(sums, world_size)
     return error
 
 
@@ -132,7 +138,7 @@ def show_gradient_bugs(tolerance: float) -> None:
     found = lab.planted_gradient_bugs(tolerance)
     for bug, result in found.items():
         print(f"{bug}:\n  {_backward_order_first(result)}")
-        claims.check_first_divergence_found(result)
+        claims.check_first_divergence_found(result, step=2 if bug.startswith("DDP") else 0)
     claims.check_silent_wrong_gradients_equality_harness(*found.values())
 
 
@@ -143,7 +149,21 @@ def _backward_order_first(result) -> str:
     after = ", ".join(right[:4]) + (f" (+{len(right) - 4})" if len(right) > 4 else "") or "none"
     return (f"{len(result.wrong)} of {len(result.order)} parameters depart at step {first.step} "
             f"({first.name} by {first.size:.1e})\n"
+            f"  departing, by module: {_by_module(result.wrong, result.order)}\n"
             f"  first to depart in backward order: {result.boundary}; reached before it, still right: {after}")
+
+
+def _module(name: str) -> str:
+    """A parameter's module at the level that tells bugs apart: the block (``blocks.1``) or the top-level module."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def _by_module(wrong, order) -> str:
+    """``wrong`` grouped by :func:`_module`, in model order, as 'module departing/all'."""
+    modules = list(dict.fromkeys(_module(n) for n in order))
+    counts = {m: (sum(_module(n) == m for n in wrong), sum(_module(n) == m for n in order)) for m in modules}
+    return ", ".join(f"{m} {w}/{a}" for m, (w, a) in counts.items() if w)
 
 
 def show_dropout_replicas() -> None:
