@@ -125,13 +125,8 @@ def layer_bytes(degrees=(2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4
 def memory_per_rank(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a: int = 4) -> tuple:
     """One layer's bytes per rank at each t (:func:`.measure.memory_per_degree`), shown by :func:`show_memory`;
     returns (t = 4's measured activation fraction of t = 1's, the formula's)."""
-    from minipar.activations import activation_bytes_formula
     mem = {r["t"]: r for r in measure.memory_per_degree(degrees=degrees, b=b, s=s, h=h, a=a)}
     fraction = show_memory(mem, b * s * h)
-    count = [activation_bytes_formula(s, b, h, a, t=t, value_bytes=4, dropout=False) for t in (4, 1)]
-    print(f"Korthikanti's count alone, t = 4 over t = 1: {count[0]:.0f} / {count[1]:.0f} = {count[0] / count[1]:.3f}; "
-          f"with the LayerNorm statistics and the mask added: "
-          f"{mem[4]['activation_formula'] / mem[1]['activation_formula']:.3f}")
     return fraction, mem[4]["activation_formula"] / mem[1]["activation_formula"]
 
 
@@ -212,21 +207,19 @@ def show_replays(replays: dict) -> None:
     top = max(inside)
     at_hbm = {t: row["terms"]["gemm_bytes"] for t, row in inside.items()}
     claims.check_matmuls_memory_bound(gemm, at_hbm, flops, top)
-    print(f"model, H100: the busiest rank launches {inside[1]['terms']['kernels']:.0f} kernels a step at every t; "
-          f"× {H100_SXM.launch_floor * 1e6:.0f} µs = {us(floor[1]):.0f} µs of its {us(compute[1]):.0f} µs of compute "
-          f"({floor[1] / compute[1]:.0%}).\nFrom t = 1 to t = {top}, the matmuls' FLOPs fall {flops[1] / flops[top]:.0f}-fold "
-          f"but their time only {gemm[1] / gemm[top]:.1f}-fold, {us(gemm[1]):.2f} to {us(gemm[top]):.2f} µs "
-          f"(memory-bound at this size: their bytes, not their FLOPs, set the time, and the whole-width activations "
-          f"do not shrink with t).\nThe rank's whole compute, floors included, saves "
-          f"{us(compute[1] - compute[top]):.1f} µs from t = 1 to t = {top}; TP's all-reduces add far more "
-          f"(model, the busiest rank, µs, on one H100 node; last column: the same all-reduces across two nodes, "
-          f"t/2 ranks in each):")
+    print(f"A layer this small gains nothing from TP: from t = 1 to t = {top} the busiest rank's compute saves "
+          f"{us(compute[1] - compute[top]):.1f} µs and the all-reduces add far more (model, µs, one H100 node; "
+          f"last column: the same all-reduces across two nodes, t/2 ranks in each):")
     print(f"  {'t':>2} | {'compute':>8} | {'all-reduces':>11} | {'step':>7} | {'all-reduces, two nodes':>22}")
     for t, row in inside.items():
         across = tables[t]["across"]
         two_nodes = f"{us(across['comm']):.0f}" if across else "—"
         print(f"  {t:>2} | {us(row['compute']):>8.1f} | {us(row['comm']):>11.0f} | {us(row['step']):>7.0f} "
               f"| {two_nodes:>22}")
+    print(f"Why compute barely shrinks: {floor[1] / compute[1]:.1%} of it is kernel launch floors "
+          f"({inside[1]['terms']['kernels']:.0f} kernels × {H100_SXM.launch_floor * 1e6:.0f} µs at every t), and the "
+          f"matmuls are memory-bound: their FLOPs fall {flops[1] / flops[top]:.0f}-fold, their time "
+          f"{gemm[1] / gemm[top]:.1f}-fold.")
 
 
 def show_pytorch(per_rank: list) -> None:
