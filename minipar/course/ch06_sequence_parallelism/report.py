@@ -46,13 +46,13 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     if with_sp:
         longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=8)
         unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
-        print(f"in the memory TP needs at t=8, s = {s:,}: TP+SP fits s = {longest:,} ({longest / s:.2f}× longer; "
-              f"{unrounded:,} rounded down to a multiple of t = 8)")
+        print(f"same memory as TP at s = {s:,}, t = 8: TP+SP fits s = {longest:,} ({longest / s:.2f}×)¹")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
         fused = [s * b * h * whole_split + 4 * a * s * b / 8 for whole_split in (10 + 24 / 8, 34 / 8)]  # + log-sum-exp
         print(f"fused attention (no s² term, one float32 log-sum-exp a score row), t=8: TP {fused[0] / 2**30:.2f} GiB, "
               f"TP+SP {fused[1] / 2**30:.2f} GiB per layer: linear in s, so TP+SP fits a {fused[0] / fused[1]:.2f}× longer s")
         claims.check_fused_attention_about_three_times(fused[0] / fused[1])
+        print(f"¹ {unrounded:,}, rounded down to a multiple of t = 8")
     else:
         print(f"if that part were split t ways too (§2 shows how), at t=8 it would free {freed / 2**30:.2f} GiB per "
               f"layer, {n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
@@ -137,7 +137,10 @@ def train_forgetting_the_sum(world_size: int = 2):
 
 
 def show_forgotten_sum(wrong) -> None:
-    print(f"without the sum, after 3 steps: {wrong.worst} differs from one device by {wrong.max_abs_diff:.2g}")
+    eps = torch.finfo(torch.float64).eps
+    print(f"without the sum, after 3 steps: {wrong.worst} differs from one device by {wrong.max_abs_diff:.2g}, "
+          f"{wrong.max_abs_diff / eps:.0e} times float64's rounding step ({eps:.1e}); a correct run departs by "
+          f"rounding only (§6)")
     claims.check_layernorm_gradients_now_partial(wrong)
 
 
