@@ -69,7 +69,7 @@ ABOUT = {
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch timed.",
         core_minutes=0, elective_minutes=25, run_seconds=16),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
-        title="Pipeline parallelism: naive → GPipe → 1F1B → PipeDream → interleaved",
+        title="Pipeline parallelism: naive → GPipe → 1F1B → interleaved (+ PipeDream, optional)",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
         core_minutes=40, elective_minutes=0, run_seconds=13),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs

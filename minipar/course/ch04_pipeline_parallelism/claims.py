@@ -80,6 +80,13 @@ def check_interleaved_bubble_formula(P, M, inter) -> None:
     assert all(abs(s.bubble_ratio - (P - 1) / (v * M)) < 1e-12 and abs(s.bubble_fraction - (P - 1) / (v * M + P - 1)) < 1e-12 for v, s in inter.items())
 
 
+def check_interleaving_falls_short_of_v(inter) -> None:
+    """Interleaved 1F1B: v chunks per rank: the bubble fraction falls by less than v (×1.73 at v = 2, ×3.18 at
+    v = 4), the shortfall growing with v"""
+    cut = {v: inter[1].bubble_fraction / s.bubble_fraction for v, s in inter.items()}
+    assert f"{cut[2]:.2f}" == "1.73" and f"{cut[4]:.2f}" == "3.18" and 0 < 2 - cut[2] < 4 - cut[4]
+
+
 def check_interleaved_peak_in_flight(inter) -> None:
     """Interleaved 1F1B: v chunks per rank"""
     assert inter[2].peak_in_flight == [11, 9, 7, 5] and inter[2].peak_activations == [5.5, 4.5, 3.5, 2.5]
