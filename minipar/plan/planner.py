@@ -30,7 +30,10 @@ _TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces",
 @dataclass
 class Plan:
     """``best``: the layouts that fit, each an :class:`~minipar.plan.cost.Estimate`, the pick first (:func:`plan`),
-    then the fastest others; ``rejected``: {family: reason}; ``considered``: how many layouts were costed."""
+    then the fastest others; ``rejected``: {family: reason}; ``considered``: how many layouts were costed;
+    ``families``: each family's fastest layout (its smallest if none fits); ``picks``: each fitting family's
+    layout by the pick's rule — the least memory within the tie band of the fastest of all, else the family's
+    fastest — so that families compare like with like."""
     best: list
     rejected: dict
     considered: int
@@ -38,6 +41,7 @@ class Plan:
     families: dict = field(default_factory=dict)      # {family: its best Estimate (fitting if any)}
     fastest: object = None                            # the fastest layout that fits (best[0] may hold less memory)
     tie: float = 0.0                                  # the tie band plan() used
+    picks: dict = field(default_factory=dict)         # {family: its layout by the pick's rule (fitting only)}
 
     def __str__(self) -> str:
         lines = [f"{self.considered} layouts costed, {self.feasible} fit; best:"]
@@ -154,6 +158,12 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
                    key=lambda e: (e.memory["total"], e.step_seconds))
         fitting.remove(pick)
         fitting.insert(0, pick)
+    tied = {}          # the pick's rule, one family at a time: inside the band the least memory, else the fastest
+    for e in fitting:
+        if e.step_seconds <= (1 + tie) * fastest.step_seconds:
+            tied.setdefault(names[id(e)], []).append(e)
+    picks = {fam: min(tied[fam], key=lambda e: (e.memory["total"], e.step_seconds)) if fam in tied else e
+             for fam, e in families.items()}
     best = fitting[:top]
     rejected = {}
     winner = best[0] if best else None
@@ -164,6 +174,6 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
         else:
             rejected[fam] = (f"does not fit: its smallest layout needs {e.memory['total'] / 1e9:.1f} GB per device "
                              f"> {cluster.memory_bytes / 1e9:.0f} GB ({e.layout})")
-    return Plan(best, rejected, considered, len(fitting), {**best_any, **families}, fastest, tie)
+    return Plan(best, rejected, considered, len(fitting), {**best_any, **families}, fastest, tie, picks)
 
 

@@ -151,16 +151,35 @@ def tp_changed(lay, tp: int, global_batch: int = 1536):
     return replace(lay, tp=tp, dp=dp, micro_batches=global_batch // (dp * lay.micro_batch))
 
 
+def plan_rows(p) -> dict:
+    """{family: the layout its row shows}: like with like, every family by the pick's rule (``Plan.picks``),
+    the pick for its own; the smallest layout of a family that does not fit."""
+    return {**p.families, **p.picks, family(p.best[0].layout): p.best[0]}
+
+
+def with_zero1(p, cluster):
+    """((DP + TP + PP's row, the same layout with ZeRO-1), one line of their steps and bytes): rule 1's "ZeRO-1
+    costs no extra time" at equal degrees."""
+    from dataclasses import replace
+    dp = plan_rows(p)["DP + TP + PP"]
+    twin = estimate(GPT3_175B, cluster, replace(dp.layout, zero=1))
+    return (dp, twin), Shown(f"DP + TP + PP's row with ZeRO-1 added: {dp.step_seconds:.1f} -> {twin.step_seconds:.1f}"
+                             f" s, {dp.memory['total'] / GB:.1f} -> {twin.memory['total'] / GB:.1f} GB per GPU")
+
+
 def plan_table(p, full: bool = False) -> Shown:
-    """Section 4: the planner's :class:`~minipar.plan.planner.Plan` as one row per family — fits?, memory,
+    """Section 4: the planner's :class:`~minipar.plan.planner.Plan` as one row per family (its layout by the
+    pick's rule, ``Plan.picks``) — fits?, memory,
     step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
     layout in full and, if it is not the fastest, the fastest in one line. Unless ``full``,
     only the best and :data:`SHOWN_FAMILIES` get a row, and one line names the families that do not fit;
     ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
-    lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
-    families = {**p.families, family(best.layout): best}      # the pick stands for its family
+    lines += [f"each row by the pick's rule: the family's least memory within {p.tie * 100:.0f} % of the fastest step,"
+              f" else its fastest",
+              f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
+    families = plan_rows(p)
     order = sorted(families.items(), key=lambda kv: (kv[1] is not best, not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
