@@ -181,12 +181,10 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
 
 
 def show_published_links() -> None:
-    """Published α and β of real links (not measured here), and the ring all-reduce they give at N = 8 … 1024."""
-    print(f"{'published figures, not measured here':34} {'α per step':>10} {'β peak, one way':>16}")
-    for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
-        print(f"{link:34} {alpha * 1e6:>7.1f} µs {beta / 1e9:>11.0f} GB/s")
-    print(f"\nring all-reduce at the peak β, flat ring (N single-GPU nodes, every step on this link; not how a cluster"
-          f" is wired),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
+    """The ring all-reduce at N = 8 … 1024 priced with published figures (not measured here): α NCCL's hwLat,
+    β the link's peak, both in :func:`show_later_links`' table."""
+    print("ring all-reduce, α = NCCL hwLat and β = peak (the table above), flat ring (N single-GPU nodes, every step"
+          " on this link),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
     print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
     rows = published_ring_rows()
     for link, n, by_size in rows:
