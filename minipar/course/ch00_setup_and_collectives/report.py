@@ -14,16 +14,13 @@ from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, PCIE3
 from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
+from .torchrun_runner import run_torchrun_job   # section 3 starts it from here
 from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, NCCL_VERSIONS, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
 __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
-
-# Section 7 shows the ring and the two collectives where gloo's wire differs from the simplest algorithm (chapter 03
-# builds on gloo's reduce-scatter); Appendix C shows every operation.
-SECTION7_ROWS = ("ring all_reduce",)
 
 
 def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
@@ -106,9 +103,15 @@ def show_rings(ring_outcome: dict, outcome: dict, log: list, payload_bytes: int)
 
 def show_busiest(rows: list, every_row: bool = False) -> None:
     """The 1 MiB table: the busiest rank's bytes under the formula and on the wire (the ring's row, or all)."""
-    shown = rows if every_row else [r for r in rows if r["name"] in SECTION7_ROWS]
-    print(ch00.format_busiest(shown))
     ring = next(r for r in rows if r["name"] == "ring all_reduce")
+    if every_row:
+        print(ch00.format_busiest(rows))
+    else:                                                  # section 7: the ring's one row, in plain words
+        from minipar.course.tour import _fmt_bytes
+        seen = _fmt_bytes(ring["observed"]) if ring["observed"] is not None else "-"
+        print(f"ring all-reduce of 1 MiB on 4 ranks, rank {ring['rank']}: equals one process: "
+              f"{'yes' if ring['matches'] else 'NO'}; formula 2(N-1)/N·S = {_fmt_bytes(ring['formula'])}; "
+              f"on its sockets {seen}")
     if ring["observed"] is not None:                       # the sockets' counters exist (Linux)
         messages = 2 * (4 - 1)                             # a ring all-reduce on 4 ranks: 2(N-1) sends per rank
         extra = ring["observed"] - ring["formula"]
@@ -178,12 +181,10 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
 
 
 def show_published_links() -> None:
-    """Published α and β of real links (not measured here), and the ring all-reduce they give at N = 8 … 1024."""
-    print(f"{'published figures, not measured here':34} {'α per step':>10} {'β peak, one way':>16}")
-    for link, (alpha, beta, _) in PUBLISHED_LINKS.items():
-        print(f"{link:34} {alpha * 1e6:>7.1f} µs {beta / 1e9:>11.0f} GB/s")
-    print(f"\nring all-reduce at the peak β, flat ring (N single-GPU nodes, every step on this link; not how a cluster"
-          f" is wired),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
+    """The ring all-reduce at N = 8 … 1024 priced with published figures (not measured here): α NCCL's hwLat,
+    β the link's peak, both in :func:`show_later_links`' table."""
+    print("ring all-reduce, α = NCCL hwLat and β = peak (the table above), flat ring (N single-GPU nodes, every step"
+          " on this link),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
     print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
     rows = published_ring_rows()
     for link, n, by_size in rows:

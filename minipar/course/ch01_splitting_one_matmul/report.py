@@ -13,7 +13,8 @@ from .measure import format_table, format_w_held
 
 ADAM_BYTES_PER_PARAM = 4 + 4 + 8   # fp32 weight, its gradient, Adam's first and second moments
 
-__all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_w_held", "show_four_ranks", "show_refused",
+__all__ = ["show_reference", "show_table", "draw_splits", "show_two_ranks", "show_w_held", "show_four_ranks", "show_row_whole_x",
+           "show_refused",
            "column_backward_answer", "column_over_data_answer", "show_bigger_batch", "show_whole_y", "show_real_size",
            "show_column_then_row", "show_training"]
 
@@ -63,18 +64,29 @@ def show_w_held(table: dict, w_shape) -> None:
 
 
 def show_four_ranks(per_rank_4: list, table_4: dict, x, w) -> None:
-    """The 4-rank table, and the row split fed a whole x: its backward all-gathers dx's uneven column pieces
+    """The 4-rank table of the three splits (w's 5 rows split 2, 1, 1, 1); §6 shows the same launch's row split
+    fed a whole x (:func:`show_row_whole_x`)."""
+    show_table({s: table_4[s] for s in ms.SPLITS}, x.shape, w.shape)
+    claims.check_run_live_4_ranks_uneven(table_4, table_4["row_whole_x"].backward, _padded_all_gather(x))
+
+
+def _padded_all_gather(x) -> float:
+    b, k = x.shape
+    return comm.predicted_bytes_sent("all_gather", 4 * b * max(ms.shard_sizes(k, 4)) * 4, 4)
+
+
+def show_row_whole_x(table_4: dict, x, w) -> None:
+    """The row split fed a whole x, from §4's 4-rank launch: its backward all-gathers dx's uneven column pieces
     (2, 1, 1, 1 of x's 5 columns), each padded to the largest, 2 columns."""
     b, k = x.shape
-    show_table(table_4, x.shape, w.shape)
+    show_table({"row_whole_x": table_4["row_whole_x"]}, x.shape, w.shape)
     sent = table_4["row_whole_x"].backward
     cols = max(ms.shard_sizes(k, 4))
-    padded = comm.predicted_bytes_sent("all_gather", 4 * b * cols * 4, 4)
     unpadded = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
-    print(f"\nrow split fed a whole x, backward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
+    print(f"\nbackward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
           f"every rank sent {sent[0]} bytes: 3 pieces, each padded to {b}×{cols} floats ({b * cols * 4} B); "
           f"without padding, (N−1)/N·|dx| would be {unpadded:.0f}")
-    claims.check_run_live_4_ranks_uneven(table_4, sent, padded)
+    claims.check_run_live_4_ranks_uneven(table_4, sent, _padded_all_gather(x))
 
 
 def show_refused(run, *args, **kwargs) -> None:
