@@ -38,7 +38,7 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     # the ratio is the printed medians' ratio: 5.10 / 1.55 = 3.3 (at one decimal, 5.1 / 1.6 would read 3.2)
     assert "the 2 threads took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in slower.text
     with pytest.raises(AssertionError):
-        report.dp_threads({"one_thread": [0.01], "threads": []}, 2).check()   # a timing missing
+        report.dp_threads({"one_thread": [0.01, 0.02], "threads": [0.01]}, 2).check()   # a timing missing
     at_cores = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                                  {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]})
     k = len(os.sched_getaffinity(0))          # 64 ranks: never fewer than this machine's cores
