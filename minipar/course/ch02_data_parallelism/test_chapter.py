@@ -144,6 +144,10 @@ def test_d2_prices_gpt2_smalls_own_operators_in_pytorchs_25_mib_buckets():
     e = estimate(report.GPT2_SMALL, a100_cluster(1), Layout(dp=8, micro_batch=4), precision=report.AMP)
     assert r.rows["DDP, one bucket"]["compute"] == pytest.approx(e.time["compute"] + e.time["optimizer"])
     assert 0.9 < r.hidden_share < 18 / 19 + 1e-9
+    parts = r.compute_parts                                          # the compute a reader can audit, printed
+    assert sum(parts.values()) == pytest.approx(r.rows["DDP, one bucket"]["compute"])
+    assert parts["matmuls"] > 6 * 124e6 * 4096 / (312e12 * 0.83)     # at least 6·params·tokens at the matmul rate
+    assert f"= {parts['matmuls'] * 1e3:.1f} matmuls" in r.text and f"+ {parts['adam'] * 1e3:.1f} Adam" in r.text
     r.check()
     r.rows["DDP, one bucket"]["hidden"] = 1e-3                       # one bucket cannot hide: the claim fails
     with pytest.raises(AssertionError):
