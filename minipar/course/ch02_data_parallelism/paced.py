@@ -98,10 +98,10 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 def table(m: dict, verbose: bool = False) -> str:
     """The printed lines, the result first: the saving and the share of the one bucket's all-reduce it hid;
-    then each configuration's step time, median [min – max], and its buckets (MB each, in launch order); then one
-    line of how it was measured (the slots, how many ran long, the all-reduce alone); ``verbose`` adds the steps'
-    parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step times and no saving,
-    since they are not compared."""
+    then each configuration's step time, median [min – max], and its buckets (MB each, in launch order), and the
+    verdict. ``verbose`` adds how it was measured (the compute floor, the slots, how many ran long, the all-reduce
+    alone) and the steps' parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step
+    times and no saving, since they are not compared, and always the measurement line that says why."""
     f, b = m["slot_s"]
     busy = too_busy(m["overruns"], m["slots"], m["load"])
     lines = []
@@ -111,7 +111,6 @@ def table(m: dict, verbose: bool = False) -> str:
         if "allreduce_s" in m:
             alone = statistics.median(m["allreduce_s"])
             headline += f": it hid {(one - per_block) / alone:.0%} of the one bucket's {alone * 1e3:.1f} ms all-reduce"
-        headline += f"; compute floor (slots) {m['blocks'] * (f + b) * 1e3:.0f} ms"    # what no overlap can remove
         lines.append(headline)
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
@@ -123,12 +122,14 @@ def table(m: dict, verbose: bool = False) -> str:
         lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
     alone_text = (f"; the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])}"
                   if "allreduce_s" in m else "")
-    lines.append(f"paced: {m['blocks']} blocks, forward {f * 1e3:.0f} ms, backward {b * 1e3:.0f} ms "
-                 f"({m['overruns']} of {m['slots']} slots ran long); {m['grad_bytes'] / 1e6:.1f} MB of gradients"
-                 + alone_text)
+    measured = (f"paced: {m['blocks']} blocks, forward {f * 1e3:.0f} ms, backward {b * 1e3:.0f} ms, compute floor "
+                f"(slots) {m['blocks'] * (f + b) * 1e3:.0f} ms ({m['overruns']} of {m['slots']} slots ran long); "
+                f"{m['grad_bytes'] / 1e6:.1f} MB of gradients" + alone_text)
     if busy:                                            # a disturbed run states no saving: its times do not count
-        return "\n".join(lines + ["  " + busy])
-    return "\n".join(lines + (step_parts(m, per_block, one) if verbose and "allreduce_s" in m else []))
+        return "\n".join(lines + [measured, "  " + busy])
+    if not verbose:                                     # the result only; the apparatus on request
+        return "\n".join(lines)
+    return "\n".join(lines + [measured] + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
 
 
 def step_parts(m: dict, per_block: float, one: float) -> list:

@@ -19,6 +19,7 @@ from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, collective_seconds, nccl_rooted_seconds
 from minipar.plan import Transformer, estimate
 from minipar.plan.model import parameters
+from minipar.plan.operators import MEGATRON_2022, head_step, layer_step, ops_seconds, stage_seconds
 
 from . import buckets as u_curve
 
@@ -34,7 +35,6 @@ def link(card: LinkCard) -> str:
 
 
 def _check_threads(r: Report) -> None:
-    assert len(r.spans) == r.world_size
     assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
 
 
@@ -55,19 +55,12 @@ def _one_against_threads(gil: dict, k: int) -> tuple:
             f"{spread(threads)} — {verdict}"), gain, tie
 
 
-def dp_threads(spans: list, gil: dict, world_size: int, gil_at_cores: dict | None = None) -> Report:
-    """DataParallel's replicas on threads: ``spans`` = [(replica, start, end)] of one step (when each ran), and
-    ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards' forwards one after another on one
-    thread, and on the threads; seconds per run); ``gil_at_cores``: the same with min(cores, ``world_size``)
-    threads (no more threads than cores: what is left is the GIL and the hand-offs, not oversubscription)."""
-    t0 = min(s for _, s, _ in spans)
-    lines = [f"replica {i}: {1e3 * (s - t0):6.1f} → {1e3 * (e - t0):6.1f} ms" for i, s, e in sorted(spans)]
-    concurrency = sum(e - s for _, s, e in spans) / (max(e for _, _, e in spans) - t0)
-    cores = len(os.sched_getaffinity(0))
-    lines.append(f"sum of the spans / the step's span = {concurrency:.2f}: " + (
-        "the replicas ran mostly one after another" if concurrency < 1.25 else
-        f"on average {concurrency:.2f} replicas were in flight at once (one waiting for the GIL or a core counts; "
-        f"{cores} cores can run at most {cores})"))
+def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None) -> Report:
+    """DataParallel's replicas on threads: ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards'
+    forwards one after another on one thread, and on the threads; seconds per run); ``gil_at_cores``: the same
+    with min(cores, ``world_size``) threads (no more threads than cores: what is left is the GIL and the
+    hand-offs, not oversubscription)."""
+    cores, lines = len(os.sched_getaffinity(0)), []
     words, gain, tie = _one_against_threads(gil, world_size)
     lines.append(f"measured here, {words}. With {cores} cores here, a speed-up of at most "
                  f"{min(world_size, cores)}× was possible")
@@ -76,8 +69,8 @@ def dp_threads(spans: list, gil: dict, world_size: int, gil_at_cores: dict | Non
         k = min(cores, world_size)
         words, facts["gain_at_cores"], facts["tie_at_cores"] = _one_against_threads(gil_at_cores, k)
         lines.append(f"no more threads than cores ({k} threads, {cores} cores, none waiting for a core), {words}")
-    return Report("\n".join(lines), _check_threads, spans=spans, one=gil["one_thread"], threads=gil["threads"],
-                  world_size=world_size, concurrency=concurrency, gain=gain, tie=tie, **facts)
+    return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
+                  world_size=world_size, gain=gain, tie=tie, **facts)
 
 
 def show(r: Report) -> None:
@@ -98,6 +91,7 @@ def _check_gpt2(r: Report) -> None:
     ddp, one = r.rows["DDP, 25 MiB buckets"], r.rows["DDP, one bucket"]
     assert r.buckets > 1 and r.hidden_share > 0.5                      # GPT-2 small on a DGX: most hides
     assert one["hidden"] == 0 and one["exposed"] > 2 * ddp["exposed"]   # one bucket: nothing hides
+    assert abs(sum(r.compute_parts.values()) - one["compute"]) < 1e-12 and min(r.compute_parts.values()) > 0
     assert all(abs(row["step"] - row["compute"] - row["exposed"]) < 1e-12 for row in r.rows.values())
     # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce,
     # and the star ((N−1)·P each way through device 0's link) N−1 times as much
@@ -138,6 +132,16 @@ def _draw_gpt2(rows: dict) -> None:
     plt.show()
 
 
+def _matmul_seconds(model, layout, card) -> float:
+    """Seconds of one micro-batch's matmuls (forward and backward, every layer and the head), from the same
+    operators the planner prices (:func:`minipar.plan.operators.stage_seconds`); the rest runs at HBM speed."""
+    layer = layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, MEGATRON_2022, 2,
+                       model.seq_len)
+    head = head_step(model, layout.micro_batch, layout.tp, MEGATRON_2022, 2, model.seq_len)
+    gemm = lambda ops: ops_seconds([op for op in ops if op.kind == "gemm"], card)   # noqa: E731
+    return model.layers * gemm(layer) + gemm(head)
+
+
 def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
     """Cost model, not a measurement: one data-parallel step of GPT-2 small (:data:`GPT2_SMALL`, ``micro_batch``
     sequences of 1024 tokens per GPU, :data:`AMP`) on ``devices`` A100s of a DGX-A100 node, priced by
@@ -165,11 +169,16 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
     ddp, one = rows["DDP, 25 MiB buckets"], rows["DDP, one bucket"]
     share = ddp["hidden"] / (ddp["hidden"] + ddp["exposed"])
     tokens = micro_batch * GPT2_SMALL.seq_len
+    operators = layout.micro_batches * stage_seconds(GPT2_SMALL, layout, dgx.device)["slowest"]
+    matmuls = layout.micro_batches * _matmul_seconds(GPT2_SMALL, layout, dgx.device)
+    parts = {"matmuls": matmuls, "rest": operators - matmuls, "adam": adam}
     lines = [f"cost model (not a measurement): one step of GPT-2 small ({parameters(GPT2_SMALL) / 1e6:.0f}M "
              f"parameters) on {devices} A100s of a DGX-A100 node, {micro_batch} sequences × {GPT2_SMALL.seq_len} "
              f"tokens = {tokens:,} tokens per GPU",
-             f"  compute: GPT-2's operators (matmuls in bf16 at {dgx.device.gemm_efficiency:.0%} of the A100's "
-             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak, the rest at HBM speed) and Adam",
+             f"  compute: {compute * 1e3:.1f} ms = {matmuls * 1e3:.1f} matmuls (bf16 at "
+             f"{dgx.device.gemm_efficiency:.0%} of the A100's {dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak) + "
+             f"{parts['rest'] * 1e3:.1f} the other operators at HBM speed (norms, softmax, GELU, dropout, embedding, loss) + "
+             f"{adam * 1e3:.1f} Adam",
              f"  link:    {link(NVLINK3)}; gradients all-reduced in fp32 ({grads / 1e6:.0f} MB), as under AMP",
              f"  buckets: PyTorch's default 25 MiB makes {buckets}",
              f"{'config':26}{'compute ms':>11}{'exposed ms':>11}{'hidden ms':>10}{'step ms':>9}"]
@@ -178,7 +187,7 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
     lines.append(f"DDP's {buckets} buckets hide {share:.0%} of its all-reduce under the backward (all but the last "
                  f"bucket); one bucket hides none and exposes {one['exposed'] / ddp['exposed']:.0f}× as much")
     return Report("\n".join(lines), _check_gpt2, rows=rows, buckets=buckets, hidden_share=share, star_way=way,
-                  tokens_per_gpu=tokens, draw=lambda: _draw_gpt2(rows))
+                  tokens_per_gpu=tokens, compute_parts=parts, draw=lambda: _draw_gpt2(rows))
 
 
 def _check_u(r: Report) -> None:

@@ -29,18 +29,17 @@ def test_threads_vs_one_thread_times_the_same_shards_both_ways():
 
 def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     from minipar.course.ch02_data_parallelism import report
-    spans = [(0, 0.0, 0.010), (1, 0.010, 0.020)]                  # one after another
-    tie = report.dp_threads(spans, {"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 2)
+    tie = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 2)
     tie.check()
-    assert tie.tie and "a tie" in tie.text and "one after another" in tie.text
-    faster = report.dp_threads(spans, {"one_thread": [0.020, 0.021], "threads": [0.010, 0.011]}, 2)
+    assert tie.tie and "a tie" in tie.text and "replica" not in tie.text       # the timing only, no span list
+    faster = report.dp_threads({"one_thread": [0.020, 0.021], "threads": [0.010, 0.011]}, 2)
     assert not faster.tie and "one thread took 2.0× as long as the 2 threads (median 10.50 vs 20.50 ms)" in faster.text
-    slower = report.dp_threads(spans, {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, 2)
+    slower = report.dp_threads({"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, 2)
     # the ratio is the printed medians' ratio: 5.10 / 1.55 = 3.3 (at one decimal, 5.1 / 1.6 would read 3.2)
     assert "the 2 threads took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in slower.text
     with pytest.raises(AssertionError):
-        report.dp_threads(spans[:1], {"one_thread": [0.01], "threads": [0.01]}, 2).check()   # a replica missing
-    at_cores = report.dp_threads(spans, {"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
+        report.dp_threads({"one_thread": [0.01, 0.02], "threads": [0.01]}, 2).check()   # a timing missing
+    at_cores = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                                  {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]})
     k = len(os.sched_getaffinity(0))          # 64 ranks: never fewer than this machine's cores
     assert f"no more threads than cores ({k} threads, {k} cores" in at_cores.text and not at_cores.tie_at_cores
@@ -56,14 +55,14 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
          "buckets": {"bucket per block": [2e5] * 5, "one bucket": [1e6]}, "slot_s": (0.01, 0.02), "blocks": 4, "grad_bytes": 1e6}
     claims.check_overlap_saves_time_paced(m)
     assert "ranges apart" in paced.table(m) and "too busy" not in paced.table(m)
-    assert paced.table(m).splitlines()[0].endswith("; compute floor (slots) 120 ms")  # 4 × (10 + 20): the exposed rest shows
+    assert "slots" not in paced.table(m) and "floor" not in paced.table(m)      # the result only: no apparatus
     assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
-    assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in alone
-    assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms")   # result first
-    assert len(alone.splitlines()) == 5 and "0 of 100 slots ran long" in alone.splitlines()[-1]   # apparatus: one line, last
-    assert "slots +" not in alone                                                  # the step's parts only on request
+    assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
+    assert len(alone.splitlines()) == 4 and "slots" not in alone                  # saving, two steps, verdict
     parts = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]), verbose=True)
+    assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in parts
+    assert "compute floor (slots) 120 ms (0 of 100 slots ran long)" in parts.splitlines()[4]   # 4 × (10 + 20)
     assert "one bucket = 120 slots + -30.0 rest + 50.0 all-reduce" in parts       # the step taken apart
     assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> 60% of" in parts
     tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
@@ -72,6 +71,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     claims.check_overlap_saves_time_paced(dict(tie, overruns=11))        # too busy: the times are not compared
     assert "too busy" in paced.table(dict(tie, overruns=11))
     busy = paced.table(dict(m, overruns=11))
+    assert "11 of 100 slots ran long" in busy                            # a disturbed run says why
     assert "saves" not in busy and "110.0" not in busy                   # a disturbed run: no saving, no step times
     assert "step 110.0 [100.0 – 120.0] ms" in paced.table(m)
     with pytest.raises(AssertionError):
@@ -144,6 +144,10 @@ def test_d2_prices_gpt2_smalls_own_operators_in_pytorchs_25_mib_buckets():
     e = estimate(report.GPT2_SMALL, a100_cluster(1), Layout(dp=8, micro_batch=4), precision=report.AMP)
     assert r.rows["DDP, one bucket"]["compute"] == pytest.approx(e.time["compute"] + e.time["optimizer"])
     assert 0.9 < r.hidden_share < 18 / 19 + 1e-9
+    parts = r.compute_parts                                          # the compute a reader can audit, printed
+    assert sum(parts.values()) == pytest.approx(r.rows["DDP, one bucket"]["compute"])
+    assert parts["matmuls"] > 6 * 124e6 * 4096 / (312e12 * 0.83)     # at least 6·params·tokens at the matmul rate
+    assert f"= {parts['matmuls'] * 1e3:.1f} matmuls" in r.text and f"+ {parts['adam'] * 1e3:.1f} Adam" in r.text
     r.check()
     r.rows["DDP, one bucket"]["hidden"] = 1e-3                       # one bucket cannot hide: the claim fails
     with pytest.raises(AssertionError):
