@@ -60,7 +60,7 @@ def _mean_last(losses, n: int = 20) -> float:
 
 def show_training(trained: SimpleNamespace) -> None:
     """Each run's loss curve and its gap to FP32's; per run, the final loss (mean of the
-    last 20) and the largest |loss − FP32 loss| before FP16's first skipped step and from it on; FP16's scaler
+    last 20) and the largest |loss − FP32 loss| over the run, and before FP16's first skipped step; FP16's scaler
     settings and the step it skipped; how many LayerNorm gains moved without masters."""
     runs, lr = trained.losses, trained.lr
     ref = runs[FP32]
@@ -85,13 +85,12 @@ def show_training(trained: SimpleNamespace) -> None:
         print(f"FP16's scaler: loss scale {scale:,.0f} (2^{scale.bit_length() - 1}), grown only after {interval} "
               f"clean steps in a row, so never in {len(ref)}.\nAt step {first + 1} some gradient times {scale:,.0f} "
               f"overflowed FP16: that step was skipped and the scale halved.")
-    late = f"steps {first + 1}-{len(ref)}"
-    print(f"{'':32}{'':11}{'max |loss - FP32 loss|':^28}")
-    print(f"{'run':32}{'final loss':>11}{f'steps 1-{first}':>14}{late:>14}")
+    print(f"{'run':32}{'final loss':>11}{'max |loss - FP32 loss|':>24}")
     for name, losses in runs.items():
-        g = [abs(x) for x in gap.get(name, [0.0] * len(ref))]
-        after = f"{max(g[first:]):14.4f}" if g[first:] else f"{'-':>14}"
-        print(f"{name:32}{_mean_last(losses):11.4f}{max(g[:first], default=0.0):14.4f}{after}")
+        print(f"{name:32}{_mean_last(losses):11.4f}{max(abs(x) for x in gap.get(name, [0.0])):24.4f}")
+    if skipped:
+        print(f"Before step {first + 1}'s skip the largest gap was "
+              + ", ".join(f"{m} {max((abs(x) for x in gap[m][:first]), default=0.0):.4f}" for m in masters) + ".")
     moved, gains = trained.gains_moved
     print(f"Final loss: the mean of the last 20 steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm "
           f"gain at 1: {moved} of its {gains} gain values moved.")

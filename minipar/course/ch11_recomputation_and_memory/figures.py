@@ -39,7 +39,7 @@ def draw_timelines(ax, data: dict) -> None:
     ax.axvline(0, color="grey", ls=":", lw=1)
     ax.text(8, ax.get_ylim()[1] * 0.95, "backward →", fontsize=8, va="top")
     ax.text(-8, ax.get_ylim()[1] * 0.95, "← forward", fontsize=8, va="top", ha="right")
-    ax.set_xlabel("allocation / free events (0 = start of backward)")
+    ax.set_xlabel("allocation and free events, not time (0 = start of backward)")
     ax.set_ylabel("live KiB created by the step")
     ax.legend(fontsize=8)
     ax.set_title("one training step's memory, measured: none / selective / full recomputation")

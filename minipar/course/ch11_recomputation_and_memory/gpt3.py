@@ -31,9 +31,9 @@ def show_gpt3_dial() -> None:
     s, h, a, layer = GPT3["s"], GPT3["h"], GPT3["a"], _gpt3_layer_flops()
     kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in MODES}   # 2-byte values, 1-byte masks
     extra = {"none": 0, "selective": 2 * s * s * h, "full": layer / 3}   # QKᵀ again; one forward again (a step is 3)
+    print(f"{'mode':10}{'MiB per layer':>14}{'none ÷ this':>13}{'+ step FLOPs':>14}")
     for mode in MODES:
-        print(f"{mode:9}: keeps {kept[mode] / 2 ** 20:5.0f} MiB per layer (none keeps {kept['none'] / kept[mode]:4.1f}× this), "
-              f"adds {extra[mode] / layer:5.1%} of the layer's step FLOPs")
+        print(f"{mode:10}{kept[mode] / 2 ** 20:14.0f}{kept['none'] / kept[mode]:12.1f}×{extra[mode] / layer:14.1%}")
     stages, layers = 8, 96 // 8          # 1F1B, pipeline stage 0 of 8: 12 layers, up to 8 micro-batches in flight
     print(f"1F1B stage 0 of PP {stages} ({layers} layers, {stages} micro-batches in flight): "
           + ", ".join(f"{mode} {kept[mode] * layers * stages / 2 ** 30:.1f} GiB" for mode in MODES))
@@ -46,7 +46,7 @@ def show_gpt3_logits(vocabs=(50257, 150000)) -> None:
     linear activations in 16 bits, 34·sbh (Korthikanti et al. 2022), at GPT-3's vocabulary and at 150k."""
     s, h = GPT3["s"], GPT3["h"]
     layer = 34 * s * h
-    print(f"\nat GPT-3 scale, by formula (s = {s}, h = {h:,}, one sequence): one layer's linear part (16-bit) "
+    print(f"At GPT-3 scale, by formula (s = {s}, h = {h:,}, one sequence): one layer's linear part (16-bit) "
           f"34·sbh = {layer / 2 ** 20:.0f} MiB")
     for vocab in vocabs:
         print(f"  V = {vocab:>7,}: FP32 log-probs 4·s·V = {4 * s * vocab / 2 ** 20:5.0f} MiB = "

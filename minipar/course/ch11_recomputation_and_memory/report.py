@@ -24,7 +24,8 @@ from .gpt3 import GPT3, show_gpt3_dial, show_gpt3_logits, show_segments, show_th
 __all__ = ["CFG", "S", "B", "H", "A", "LENGTHS", "one_step", "show_one_step", "activations_per_block",
            "show_activations_per_block", "length_sweep", "show_length_sweep", "fused_attention", "show_fused",
            "gradients_identical", "show_identical", "flops_by_mode", "show_flops", "full_extra_model",
-           "timelines", "show_timelines", "ddp_per_mode", "show_ddp", "ddp_bytes_formula", "show_gpt3_dial", "show_segments",
+           "timelines", "show_timelines", "ddp_per_mode", "show_ddp", "ddp_bytes_formula", "show_gpt3_dial", "show_gpt3_logits",
+           "show_segments",
            "show_three_counts", "per_block_modes", "show_per_block_modes", "times_by_mode", "show_times"]
 
 CFG = GPTConfig(n_layer=3, n_embd=64, n_head=4, block_size=64, dropout=0.1)
@@ -76,7 +77,6 @@ def show_one_step(acc) -> None:
     print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each")
     print(f"activations {acc.activations:,} B: blocks and embedding {acc.activations - head:,} B, "
           f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
-    show_gpt3_logits()
     claims.check_4_4_8_bytes_per_parameter(acc, n)
     claims.check_head_and_loss(head, S * B, H, CFG.vocab_size)
     claims.check_peak_below_sum(acc)
@@ -96,12 +96,9 @@ def activations_per_block() -> list:
 
 
 def show_activations_per_block(rows) -> None:
-    print(f"{'dtype':9}{'mode':>10}{'measured':>12}{'formula':>12}")
+    print(f"{'dtype':9}{'mode':>10}{'measured (CPU)':>16}{'formula (μ = β)':>17}{'paper (β=2, μ=1)':>18}")
     for r in rows:
-        print(f"{r[0]:9}{r[1]:>10}{r[2]:>12,}{r[3]:>12,.0f}")
-    paper = {r[1]: r[4] for r in rows}
-    print("the paper's count (16-bit values, 1-byte masks, as on GPU): "
-          + ", ".join(f"{mode} {b:,.0f} B" for mode, b in paper.items()))
+        print(f"{r[0]:9}{r[1]:>10}{r[2]:>16,}{r[3]:>17,.0f}{r[4]:>18,.0f}")
     claims.check_activations_per_block_formula_measurement(rows)
 
 
