@@ -106,9 +106,10 @@ def bubble_table(formula: float, unequal: float, measured: float, per_stage: lis
     """The three bubbles of one pipeline as a small table (idle share of the step), under the stages' measured
     F + BW time per micro-batch (seconds in ``per_stage``; ``step`` counted from 0)."""
     stages = ", ".join(f"stage {i} {t * 1e3:.1f} ms" for i, t in enumerate(per_stage))
-    rows = [("formula (p−1)/(m+p−1)", formula), ("with this run's stage times", unequal), ("measured", measured)]
+    rows = [("formula (p−1)/(m+p−1)", formula), ("with this run's stage times", unequal),
+            ("measured here (not a schedule property)", measured)]
     return "\n".join([f"one pipeline (dp 0, tp 0), step {step + 1}; F + BW per micro-batch: {stages}",
-                      f"{'bubble':28} {'idle share':>10}"] + [f"{name:28} {x:>10.2f}" for name, x in rows])
+                      f"{'bubble':40} {'idle share':>10}"] + [f"{name:40} {x:>10.2f}" for name, x in rows])
 
 
 def _check_per_microbatch(r: Report) -> None:
@@ -201,7 +202,9 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
-    print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big})")
+    drop = [(memory["2x2x2"][i] - memory["2x2x2+zero1"][i]) / 1024 for i in (0, 1)]
+    print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big}); "
+          f"toy: peak −{drop[0]:.0f} KiB, model states −{drop[1]:.0f} KiB")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
@@ -236,14 +239,12 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     rows = [("TP, 6 all-reduces a block", tp_values, value_bytes), ("PP, whole from each TP rank", pp_values, value_bytes),
             ("PP, 1/t (scatter/gather)", pp_values / t, value_bytes), ("DP, ring all-reduce", dp_values, grad_bytes)]
     nv, ib = NVLINK3.bandwidth / 1e9, IB_HDR.bandwidth / 1e9
-    lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step of {batch // d} sequences "
-             f"per replica, {value_bytes} B a value "
-             f"(16-bit), DP {grad_bytes} B a gradient; seconds = bytes ÷ bandwidth",
-             f"{'':30} {'values sent':>11} {'bytes (GB)':>10} {f's on NVLink {nv:.0f} GB/s':>22} "
-             f"{f's on IB {ib:.0f} GB/s':>16}"]
+    lines = [f"1T layout (t {t}, p {p}, d {d}), a middle stage, per rank per step, {value_bytes} B a value"
+             + (f", DP {grad_bytes} B a gradient" if grad_bytes != value_bytes else ""),
+             f"{'':28} {'GB sent':>8} {f's, NVLink {nv:.0f} GB/s':>19} {f's, IB {ib:.0f} GB/s':>14}"]
     for name, values, nbytes in rows:
         gb = values * nbytes / 1e9
-        lines.append(f"{name:30} {values / 1e9:>9.1f} G {gb:>10.1f} {gb / nv:>22.2f} {gb / ib:>16.2f}")
+        lines.append(f"{name:28} {gb:>8.1f} {gb / nv:>19.2f} {gb / ib:>14.2f}")
     step_flops = 96 * batch * seq * n_layer * h**2 * (1 + seq / (6 * h) + vocab / (16 * n_layer * h))
     step_seconds = step_flops / (t * p * d * tflops_per_gpu * 1e12)
     seconds = {"TP on NVLink": tp_values * value_bytes / 1e9 / nv, "TP on IB": tp_values * value_bytes / 1e9 / ib,
@@ -251,9 +252,6 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
                  f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s;\n  of it: "
                  + ", ".join(f"{k} {v / step_seconds:.1%}" for k, v in seconds.items()))
-    planner = measure.one_t_as_chapter_12_prices_it()
-    lines.append(f"chapter 12b's planner, the same run: TP {planner.bytes_sent['tp'] / 1e9:.1f} GB, a step of "
-                 f"{planner.step_seconds:.0f} s (its cost model, not the paper's measured rate)")
     ours = {"tp": tp_values * value_bytes, "pp": pp_values * value_bytes, "dp": dp_values * grad_bytes,
             "step": step_seconds, "tp_nvlink": seconds["TP on NVLink"]}
 

@@ -53,18 +53,29 @@ def show_desync() -> None:
     claims.check_desync_caught_before_hang(error)
 
 
-def show_pytorch_tools(started) -> None:
-    """What DETAIL and the Flight Recorder said in the process started at the top of the chapter: each rank's
-    mismatch line, then rank 0's Flight Recorder entries on one line (the chapter reads them in a box)."""
+def _fingerprints(message: str) -> str:
+    """DETAIL's message cut to what it says: which rank ran which call with which shape ("Rank 0 … [4] …")."""
+    found = re.findall(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), "
+                       r"OpType=(\w+), TensorShape=(\[[^\]]*\])", message)
+    return ", but ".join(f"Rank {r} … SequenceNumber={n}, OpType={op}, TensorShape={shape}"
+                         for r, n, op, shape in found) if len(found) == 2 else message
+
+
+def show_pytorch_tools(started):
+    """What DETAIL and the Flight Recorder said in the process started at the top of the chapter: rank 0's
+    mismatch, cut to its two fingerprints, then rank 0's Flight Recorder entries on one line (the chapter reads
+    them in a box); returns every rank's full message, folded."""
+    from IPython.display import Markdown
     reports = torch_tools.collect(started)
-    for report in reports:
-        print(f"rank {report['rank']}: {torch_tools.detail_message(report)}")
+    print(f"DETAIL's error on rank 0: {_fingerprints(torch_tools.detail_message(reports[0]))}")
     entries = reports[0]["recorded"]
     states = sorted({state for _, _, state in entries})
     print(f"rank 0's Flight Recorder (op, input sizes): "
           + ", ".join(f"{op.split(':')[-1]} {sizes}" for op, sizes, _ in entries)
           + f"; state of every entry: {', '.join(states)}")
     claims.check_every_rank_reports_mismatch(reports)
+    full = "\n".join(f"rank {r['rank']}: {torch_tools.detail_message(r)}" for r in reports)
+    return Markdown(f"<details><summary>DETAIL's full messages, every rank</summary>\n\n```\n{full}\n```\n</details>")
 
 
 def straggler_table(run, skip: int = 1) -> dict:
@@ -95,7 +106,8 @@ def show_straggler(run):
         print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{r['comm'] * 1e3:19.1f}{r['step'] * 1e3:11.1f}")
     wall_step = max(r["step"] for r in rows.values())
     cpu = sorted(r["cpu"] for r in rows.values())
-    print(f"{run.trace.meta['planted']}: its compute is {cpu[-1] / cpu[0]:.1f}x the other rank's CPU time")
+    shown = [round(c * 1e3, 1) for c in (cpu[0], cpu[-1])]   # the ratio of the values printed above
+    print(f"{run.trace.meta['planted']}: its compute is {shown[1] / shown[0]:.1f}x the other rank's CPU time")
     print(f"rank {slow.rank} is the straggler: {_ms(slow.cost)} more CPU time a step than the other rank, "
           f"{slow.cost / wall_step:.0%} of the {_ms(wall_step)} wall step; the other rank waits for it "
           "inside the all-reduce.")
@@ -208,12 +220,15 @@ def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> Non
             f"skip if ‖g‖ > {guard:g} × median": spiked_run(guard, bad_step)}
     plain, clipped, guarded = runs.values()
     print(f"‖g‖ before step {bad_step}: {min(plain['norm'][:bad_step]):.2f}–{max(plain['norm'][:bad_step]):.2f}; "
-          f"at step {bad_step}: {plain['norm'][bad_step]:.1f}")
-    for name, r in runs.items():
-        print(f"{name:24}: skipped {r['skipped'] or 'none'}; held-out loss before the spike "
-              f"{r['loss'][bad_step - 1]:.3f}, "
-              f"after it {r['loss'][bad_step]:.3f}, at the end {r['loss'][-1]:.3f}")
-    show_corrupt_shard(bad_step, guard, clip)          # the second spike's end losses, above the first's picture
+          f"at step {bad_step}: {plain['norm'][bad_step]:.1f}. Held-out loss before step {bad_step}: "
+          f"{plain['loss'][bad_step - 1]:.3f}")
+    corrupt = corrupt_shard_runs(bad_step, guard, clip)   # the second spike: end losses only, in the last column
+    print(f"{'held-out loss':24}   {'outliers at step ' + str(bad_step):<22}   "
+          f"corrupt shard, steps {bad_step}–{bad_step + CORRUPT_STEPS - 1}\n"
+          f"{'':24}   {'after it':>8}  {'at the end':>10}   {'at the end':>10}")
+    for (name, r), c in zip(runs.items(), corrupt.values()):
+        print(f"{name:24}   {r['loss'][bad_step]:>8.3f}  {r['loss'][-1]:>10.3f}   {c['loss'][-1]:>10.3f}"
+              + (f"   (skipped {_steps(r['skipped'])}; {_steps(c['skipped'])})" if r["skipped"] else ""))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.2))
     for name, r in runs.items():
         a.plot(r["norm"], marker=".", label=name)
@@ -228,17 +243,22 @@ def show_spike(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0) -> Non
     claims.check_clipping_handled_this_spike(clipped, guarded, plain)
 
 
-def show_corrupt_shard(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0, bad_steps: int = 6) -> None:
+CORRUPT_STEPS = 6     # the corrupt shard's batches in a row
+
+
+def _steps(steps: list) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}" if steps else "none"
+
+
+def corrupt_shard_runs(bad_step: int = 12, guard: float = 5.0, clip: float = 1.0, bad_steps: int = CORRUPT_STEPS) -> dict:
     """A second spike: ``bad_steps`` batches in a row whose targets are flipped and ×30 (inputs clean). Clipping takes each
-    harmful step at length ``clip``; the guard skips them all. End losses only (three runs, about 0.2 s)."""
+    harmful step at length ``clip``; the guard skips them all. The three runs (about 0.2 s), held to the claim."""
     runs = {"no guard": spiked_run(None, bad_step, bad_steps=bad_steps, flipped=True),
             f"clip at {clip:g}": spiked_run(None, bad_step, clip=clip, bad_steps=bad_steps, flipped=True),
             "skip guard": spiked_run(guard, bad_step, bad_steps=bad_steps, flipped=True)}
     plain, clipped, guarded = runs.values()
-    print(f"{bad_steps} bad batches in a row (steps {bad_step}–{bad_step + bad_steps - 1}, targets × −30): "
-          f"held-out loss before {plain['loss'][bad_step - 1]:.3f}, at the end: "
-          + ", ".join(f"{name} {r['loss'][-1]:.3f}" for name, r in runs.items()))
     claims.check_skip_guard_beats_clipping_on_a_corrupt_shard(plain, clipped, guarded, bad_step, bad_steps)
+    return runs
 
 
 def show_sum_orders() -> None:
