@@ -91,7 +91,7 @@ def check_zero3_1b_params_on_8_gpus() -> None:
 
 
 def check_prefetch_saves_time_paced(m) -> None:
-    """The La/Lb/Lc example, live on 3 ranks (the Hugging Face guide): paced, ZeRO-3 with prefetch is faster
+    """Prefetch, its time (chapter 03 §5): paced, ZeRO-3 with prefetch is faster
     than without outside the spread (a median outside the other's [min – max]; unless other load took the
     cores: more than 5 % of the slots ran long, or a load
     average over twice the cores), and both equal one device"""

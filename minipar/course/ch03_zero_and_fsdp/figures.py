@@ -112,11 +112,23 @@ def draw_la_lb_lc(runs, fig=None, step: int = 1):
     for kind, c in colors.items():
         right.scatter([], [], color=c, marker="s", label=kind)
     right.set_yticks([0, -1, -2], ["La", "Lb", "Lc"]), right.set_xlabel("event (in order, one step)")
-    right.set_title("one step on every rank: gather before use, free after, reduce-scatter the gradients")
+    right.set_title("rank 0, one step: gather before use, free after, reduce-scatter the gradients")
     right.set_ylim(-2.5, 0.9)
+    boundary = _backward_starts(events)   # the last unit's free closes the forward; its re-gather opens backward
+    right.axvline(boundary - 0.5, color="black", lw=1, ls="--")
+    right.text(boundary - 0.7, 0.45, "forward", ha="right", fontsize=9)
+    right.text(boundary - 0.3, 0.45, "backward", ha="left", fontsize=9)
     right.legend(loc="upper right", fontsize=8, ncol=3)
     fig.tight_layout()
     return fig
+
+
+def _backward_starts(events) -> int:
+    """Index of the backward's first event: the first all-gather after the last unit's forward free (each unit
+    is gathered once in the forward, in order; the backward gathers them again, in reverse)."""
+    units = list(dict.fromkeys(u for _, u in events))
+    freed_last = events.index(("free", units[-1]))
+    return next(i for i in range(freed_last + 1, len(events)) if events[i][0] == "all-gather")
 
 
 def memory_recipe(batch_size: int = 8):

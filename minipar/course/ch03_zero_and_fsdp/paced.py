@@ -100,22 +100,26 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 
 def table(m: dict) -> str:
-    """The printed lines: each configuration's step time, median [min – max], and the saving."""
+    """The printed lines, the result first: the saving (or why the times are not compared), each configuration's
+    step time, median [min – max], then how the steps were paced and why the saving is small."""
     f, b = m["slot_s"]
-    lines = [f"paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to {b * 1e3:.0f} ms "
-             f"({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); a block's all-gather brings "
-             f"{m['block_bytes'] / 1e6:.1f} MB"]
     busy = too_busy(m["overruns"], m["slots"], m["load"])
+    lines = []
+    if busy:                                            # a disturbed run states no saving: its times do not count
+        lines.append(busy)
+    else:
+        with_p, without = (statistics.median(s) for s in m["seconds"].values())
+        lines.append(f"prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
+                     + VERDICTS[verdict(*m["seconds"].values())])
     for name, s in m["seconds"].items():                # a disturbed run prints no times: none to compare
         lines.append(f"  ZeRO-3, {name:12}: step {'not timed' if busy else spread(s)}; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
-    lines.append(f"  slots that ran long: {m['overruns']} of {m['slots']}")
-    if busy:                                            # a disturbed run states no saving: its times do not count
-        return "\n".join(lines + ["  " + busy])
-    with_p, without = (statistics.median(s) for s in m["seconds"].values())
-    lines.append(f"  prefetch saves {(without - with_p) * 1e3:.1f} ms a step ({1 - with_p / without:.0%}); "
-                 + VERDICTS[verdict(*m["seconds"].values())])
+    lines.append(f"  paced: {m['blocks']} blocks, each forward held to {f * 1e3:.0f} ms and backward to "
+                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); a block's all-gather "
+                 f"brings {m['block_bytes'] / 1e6:.1f} MB; slots that ran long: {m['overruns']} of {m['slots']}")
+    if busy:
+        return "\n".join(lines)
     slots = m["blocks"] * (f + b)
     regime = "communication-bound" if slots < without / 2 else "compute-bound"
     lines.append(f"  without prefetch, {slots * 1e3:.0f} ms of the {without * 1e3:.0f} ms step is compute slots and "

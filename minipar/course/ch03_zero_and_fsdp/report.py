@@ -25,7 +25,7 @@ from minipar.machine.cluster import a100_cluster, h100_cluster
 from . import claims, figures, modes, muon_table, paced, timing
 
 __all__ = ["show", "papers_table", "fsdp_loop", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
-           "designs_table", "modes_table", "muon", "calculator_text"]
+           "designs_table", "modes_table", "muon", "calculator_text", "folded"]
 
 GPT2_WIDTH = 768     # GPT-2 small's width
 
@@ -173,7 +173,8 @@ def stages(per_rank: list, reference: RunResult, world_size: int) -> Report:
     measured = per_rank[0]
     ddp = RunResult(measured[0].losses, measured[0].params)
     psi, padded = measured[0].numel, measured[0].padded_numel
-    lines = [f"Ψ = {psi:,} parameters ({padded:,} after padding each unit to a multiple of N = {n}); KiB per rank\n",
+    padding = f"; Ψ = {padded:,} after padding each unit to a multiple of N = {n}" if padded != psi else ""
+    lines = [f"model states and activations, KiB per rank{padding}\n",
              f"{'mem. KiB':8}{'params':>8}{'grads':>8}{'optim':>8}{'total':>8}{'formula':>8}{'activ.':>8}{'peak':>8}"]
     ok, diffs, vs_ddp, sent_by_stage = [], [], [], []
     for stage, res in measured.items():
@@ -225,10 +226,16 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
             (f"ZeRO-2, {m} micro-batches, formula", logged[("accum", 2)], logged_ratio[2])]
     lines = [f"{'ring collectives, per rank, last step':40}{'KiB':>8}{'× DDP':>8}"]
     lines += [f"{name:40}{kib / 1024:>8.1f}{x:>7.2f}x" for name, kib, x in rows]
-    lines.append(f"on gloo's collectives (sockets): ZeRO-1 {ratio[('gloo', 1)]:.2f}x, ZeRO-3 {ratio[('gloo', 3)]:.2f}x, "
+    gloo_line = (f"on gloo's collectives (sockets): ZeRO-1 {ratio[('gloo', 1)]:.2f}x, ZeRO-3 {ratio[('gloo', 3)]:.2f}x, "
                  f"ZeRO-2 with {m} micro-batches {ratio[('accum', 2)]:.2f}x DDP")
     return Report("\n".join(lines), _check_wire, reference=reference, runs=wire_runs, ratios=ratios,
-                  ring1=ratios[0], logged_ratio=logged_ratio)
+                  ring1=ratios[0], logged_ratio=logged_ratio, gloo_line=gloo_line)
+
+
+def folded(line: str, summary: str):
+    """``line`` as a notebook output under a collapsed ``summary`` (a side result kept off the lesson path)."""
+    from IPython.display import Markdown
+    return Markdown(f"<details><summary>{summary}</summary>\n\n<pre>{line}</pre>\n\n</details>")
 
 
 def _check_prefetch_memory(r: Report) -> None:
