@@ -70,13 +70,15 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
     units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
     rows = [f"| {r} | {one[r]:.0f} | {units['gpipe'][r]} / {held['gpipe'][r]} | {units['1f1b'][r]} / {held['1f1b'][r]} |"
             for r in range(p)]
-    display(Markdown("<details><summary>The peaks in micro-batch units</summary>\n\n"
-                     "| rank | one micro-batch's activations, KiB (GPipe's first point) | GPipe: peak / held "
-                     "| 1F1B: peak / held |\n|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-                     "Each peak is the micro-batches held plus under three micro-batches' worth of what a step "
-                     "allocates besides activations: the parameters' gradients and the receive buffers. 1F1B's peaks "
-                     "sit about two above: its backwards allocate the gradients while activations are still held; "
-                     "GPipe peaks before its first backward.\n\n</details>"))
+    display(Markdown("<details><summary>How the peaks were counted</summary>\n\n"
+                     "Each trace records the live bytes *after* each action, so its first point already holds the "
+                     "first forward's activations (one micro-batch's worth; with recomputation only the stage's "
+                     "input). Dividing each peak by GPipe's first point gives it in micro-batches:\n\n"
+                     "| rank | one micro-batch, KiB | GPipe: peak / held | 1F1B: peak / held |\n|---|---|---|---|\n"
+                     + "\n".join(rows) + "\n\n"
+                     "A peak is the micro-batches held plus under three micro-batches' worth of gradients and "
+                     "receive buffers. 1F1B's peaks sit about two above: its backwards allocate the gradients while "
+                     "activations are still held; GPipe peaks before its first backward.\n\n</details>"))
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
     claims.check_peak_in_micro_batches(units, held)
 
