@@ -78,6 +78,7 @@ def test_paced_prefetch_claim_needs_the_spread_unless_the_slots_ran_long():
     claims.check_prefetch_saves_time_paced(m)                            # one slow step: the median is outside
     assert "the ranges overlap, a median lies outside" in paced.table(m)   # not "outside the spread"
     assert "96 ms of the 250 ms step is compute slots and 62% is gloo's collectives" in paced.table(m)
+    assert "paced: a GPT of 4 blocks, h = 320, 4 heads" in paced.table(m)   # the timed model's shape (§5)
     assert "(communication-bound)" in paced.table(m)        # the regime the notebook's text explains the saving by
     assert paced.table(m).startswith("prefetch saves 40.0 ms a step (16%)")   # the result first (chapter 03 §5)
     tie = dict(m, seconds={"prefetch": [0.20, 0.25, 0.30], "no prefetch": [0.22, 0.24, 0.26]})
