@@ -148,7 +148,17 @@ def test_d2_prices_gpt2_smalls_own_operators_in_pytorchs_25_mib_buckets():
     assert sum(parts.values()) == pytest.approx(r.rows["DDP, one bucket"]["compute"])
     assert parts["matmuls"] > 6 * 124e6 * 4096 / (312e12 * 0.83)     # at least 6·params·tokens at the matmul rate
     assert f"= {parts['matmuls'] * 1e3:.1f} matmuls" in r.text and f"+ {parts['adam'] * 1e3:.1f} Adam" in r.text
+    # the matmul FLOPs a reader can recount: 6·(N − position table)·T + attention's QKᵀ and PV, 12·L·b·s²·h
+    L, h, s, b = 12, 768, 1024, 4
+    recount = 6 * (124_439_808 - s * h) * 4096 + 12 * L * b * s * s * h
+    assert r.matmul_flops == pytest.approx(recount, rel=2e-3)
+    rate = r.matmul_flops / parts["matmuls"]
+    assert f"{r.matmul_flops / 1e12:.2f} TFLOP" in r.text and f"= {rate / 1e12:.0f} TFLOP/s" in r.text
     r.check()
+    r.matmul_flops = 0.9 * r.six_nt                                  # fewer FLOPs than 6·N·T: the claim fails
+    with pytest.raises(AssertionError):
+        r.check()
+    r.matmul_flops = 1.1 * r.six_nt
     r.rows["DDP, one bucket"]["hidden"] = 1e-3                       # one bucket cannot hide: the claim fails
     with pytest.raises(AssertionError):
         r.check()
