@@ -58,7 +58,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     assert "slots" not in paced.table(m) and "floor" not in paced.table(m)      # the result only: no apparatus
     assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
-    assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
+    assert alone.startswith("overlap saves 30.0 ms a step (21% of the one-bucket step): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
     assert len(alone.splitlines()) == 4 and "slots" not in alone                  # saving, two steps, verdict
     parts = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]), verbose=True)
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in parts
