@@ -107,7 +107,7 @@ def table(m: dict, verbose: bool = False) -> str:
     lines = []
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
-        headline = f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%})"
+        headline = f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%} of the one-bucket step)"
         if "allreduce_s" in m:
             alone = statistics.median(m["allreduce_s"])
             headline += f": it hid {(one - per_block) / alone:.0%} of the one bucket's {alone * 1e3:.1f} ms all-reduce"

@@ -92,6 +92,9 @@ def _check_gpt2(r: Report) -> None:
     assert r.buckets > 1 and r.hidden_share > 0.5                      # GPT-2 small on a DGX: most hides
     assert one["hidden"] == 0 and one["exposed"] > 2 * ddp["exposed"]   # one bucket: nothing hides
     assert abs(sum(r.compute_parts.values()) - one["compute"]) < 1e-12 and min(r.compute_parts.values()) > 0
+    # the matmuls are 6·N·T plus attention's scores (under 20 % more), run slower than the card's full-tile rate
+    assert r.six_nt < r.matmul_flops < 1.2 * r.six_nt
+    assert r.matmul_flops / r.compute_parts["matmuls"] < 312e12 * 0.83
     assert all(abs(row["step"] - row["compute"] - row["exposed"]) < 1e-12 for row in r.rows.values())
     # DP's broadcast and reduce cannot overlap: even NCCL's ~P each way exposes more than one bucket's all-reduce,
     # and the star ((N−1)·P each way through device 0's link) N−1 times as much
@@ -132,14 +135,18 @@ def _draw_gpt2(rows: dict) -> None:
     plt.show()
 
 
-def _matmul_seconds(model, layout, card) -> float:
-    """Seconds of one micro-batch's matmuls (forward and backward, every layer and the head), from the same
-    operators the planner prices (:func:`minipar.plan.operators.stage_seconds`); the rest runs at HBM speed."""
+def _matmuls(model, layout, card) -> tuple:
+    """(seconds, FLOPs) of one micro-batch's matmuls (forward and backward, every layer's projections and
+    attention scores, and the vocabulary head), from the same operators the planner prices
+    (:func:`minipar.plan.operators.stage_seconds`); each runs at the card's full-tile rate × its shape's tile
+    efficiency (:mod:`minipar.machine.gemm`); the rest runs at HBM speed."""
     layer = layer_step(model, layout.micro_batch, layout.tp, layout.sp, layout.recompute, MEGATRON_2022, 2,
                        model.seq_len)
     head = head_step(model, layout.micro_batch, layout.tp, MEGATRON_2022, 2, model.seq_len)
-    gemm = lambda ops: ops_seconds([op for op in ops if op.kind == "gemm"], card)   # noqa: E731
-    return model.layers * gemm(layer) + gemm(head)
+    gemms = lambda ops: [op for op in ops if op.kind == "gemm"]   # noqa: E731
+    flops = lambda ops: sum(op.flops * op.count for op in gemms(ops))   # noqa: E731
+    return (model.layers * ops_seconds(gemms(layer), card) + ops_seconds(gemms(head), card),
+            model.layers * flops(layer) + flops(head))
 
 
 def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
@@ -170,15 +177,19 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
     share = ddp["hidden"] / (ddp["hidden"] + ddp["exposed"])
     tokens = micro_batch * GPT2_SMALL.seq_len
     operators = layout.micro_batches * stage_seconds(GPT2_SMALL, layout, dgx.device)["slowest"]
-    matmuls = layout.micro_batches * _matmul_seconds(GPT2_SMALL, layout, dgx.device)
+    matmuls, matmul_flops = (layout.micro_batches * x for x in _matmuls(GPT2_SMALL, layout, dgx.device))
+    six_nt = 6 * parameters(GPT2_SMALL) * tokens
     parts = {"matmuls": matmuls, "rest": operators - matmuls, "adam": adam}
     lines = [f"cost model (not a measurement): one step of GPT-2 small ({parameters(GPT2_SMALL) / 1e6:.0f}M "
              f"parameters) on {devices} A100s of a DGX-A100 node, {micro_batch} sequences × {GPT2_SMALL.seq_len} "
              f"tokens = {tokens:,} tokens per GPU",
-             f"  compute: {compute * 1e3:.1f} ms = {matmuls * 1e3:.1f} matmuls (bf16 at "
-             f"{dgx.device.gemm_efficiency:.0%} of the A100's {dgx.device.peak_flops / 1e12:.0f} TFLOP/s peak) + "
-             f"{parts['rest'] * 1e3:.1f} the other operators at HBM speed (norms, softmax, GELU, dropout, embedding, loss) + "
-             f"{adam * 1e3:.1f} Adam",
+             f"  compute: {compute * 1e3:.1f} ms = {matmuls * 1e3:.1f} matmuls + {parts['rest'] * 1e3:.1f} the "
+             f"other operators at HBM speed (norms, softmax, GELU, dropout, embedding, loss) + {adam * 1e3:.1f} Adam",
+             f"  matmuls: {matmul_flops / 1e12:.2f} TFLOP (6·N·T = {six_nt / 1e12:.2f}, the tied 50k-word head included, plus attention's QKᵀ and PV) "
+             f"in {matmuls * 1e3:.1f} ms = {matmul_flops / matmuls / 1e12:.0f} TFLOP/s, "
+             f"{matmul_flops / matmuls / dgx.device.peak_flops:.0%} of the A100's "
+             f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s bf16 peak: a full tile's "
+             f"{dgx.device.gemm_efficiency:.0%} × each shape's tile efficiency",
              f"  link:    {link(NVLINK3)}; gradients all-reduced in fp32 ({grads / 1e6:.0f} MB), as under AMP",
              f"  buckets: PyTorch's default 25 MiB makes {buckets}",
              f"{'config':26}{'compute ms':>11}{'exposed ms':>11}{'hidden ms':>10}{'step ms':>9}"]
@@ -187,7 +198,7 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
     lines.append(f"DDP's {buckets} buckets hide {share:.0%} of its all-reduce under the backward (all but the last "
                  f"bucket); one bucket hides none and exposes {one['exposed'] / ddp['exposed']:.0f}× as much")
     return Report("\n".join(lines), _check_gpt2, rows=rows, buckets=buckets, hidden_share=share, star_way=way,
-                  tokens_per_gpu=tokens, compute_parts=parts, draw=lambda: _draw_gpt2(rows))
+                  tokens_per_gpu=tokens, compute_parts=parts, matmul_flops=matmul_flops, six_nt=six_nt, draw=lambda: _draw_gpt2(rows))
 
 
 def _check_u(r: Report) -> None:

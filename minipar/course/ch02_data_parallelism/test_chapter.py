@@ -58,7 +58,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     assert "slots" not in paced.table(m) and "floor" not in paced.table(m)      # the result only: no apparatus
     assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
-    assert alone.startswith("overlap saves 30.0 ms a step (21%): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
+    assert alone.startswith("overlap saves 30.0 ms a step (21% of the one-bucket step): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
     assert len(alone.splitlines()) == 4 and "slots" not in alone                  # saving, two steps, verdict
     parts = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]), verbose=True)
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in parts
@@ -148,7 +148,17 @@ def test_d2_prices_gpt2_smalls_own_operators_in_pytorchs_25_mib_buckets():
     assert sum(parts.values()) == pytest.approx(r.rows["DDP, one bucket"]["compute"])
     assert parts["matmuls"] > 6 * 124e6 * 4096 / (312e12 * 0.83)     # at least 6·params·tokens at the matmul rate
     assert f"= {parts['matmuls'] * 1e3:.1f} matmuls" in r.text and f"+ {parts['adam'] * 1e3:.1f} Adam" in r.text
+    # the matmul FLOPs a reader can recount: 6·(N − position table)·T + attention's QKᵀ and PV, 12·L·b·s²·h
+    L, h, s, b = 12, 768, 1024, 4
+    recount = 6 * (124_439_808 - s * h) * 4096 + 12 * L * b * s * s * h
+    assert r.matmul_flops == pytest.approx(recount, rel=2e-3)
+    rate = r.matmul_flops / parts["matmuls"]
+    assert f"{r.matmul_flops / 1e12:.2f} TFLOP" in r.text and f"= {rate / 1e12:.0f} TFLOP/s" in r.text
     r.check()
+    r.matmul_flops = 0.9 * r.six_nt                                  # fewer FLOPs than 6·N·T: the claim fails
+    with pytest.raises(AssertionError):
+        r.check()
+    r.matmul_flops = 1.1 * r.six_nt
     r.rows["DDP, one bucket"]["hidden"] = 1e-3                       # one bucket cannot hide: the claim fails
     with pytest.raises(AssertionError):
         r.check()
