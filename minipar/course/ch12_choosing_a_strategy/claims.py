@@ -92,7 +92,7 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on, pick_among) -> N
     """Where the rules and the planner disagree, each side by §4's rule (``pick_among``): ZeRO-3 is outside the
     band on InfiniBand with overlap off (about 1.6 × the fastest), with overlap on and on fast links with overlap
     off (1.11-1.12 ×, just outside), though only a few % slower than the pipeline's pick (which is inside the
-    band, with half ZeRO-3's memory); on fast links with overlap on it is inside the band, the pipeline's pick is
+    band, with less than half ZeRO-3's memory); on fast links with overlap on it is inside the band, the pipeline's pick is
     not, and the planner picks ZeRO-3, hiding most of its data-parallel traffic but not all; overlap on hides
     nothing but data-parallel traffic."""
     for pl, zero3_wins in ((slow_off, False), (slow_on, False), (fast_off, False), (fast_on, True)):
@@ -107,7 +107,7 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on, pick_among) -> N
     assert 1.5 < to_fastest[0] and all(1 + tie < r < 1.13 for r in to_fastest[1:3]), to_fastest
     assert to_fastest[3] <= 1 + tie < pp[3].step_seconds / fast_on.fastest.step_seconds, to_fastest
     assert all(1 < r < 1.05 for r in over_pp[1:3]) and over_pp[3] < 1, over_pp
-    assert all(pp[i] is plans[i].best[0] and pp[i].memory["total"] < 0.6 * zero3[i].memory["total"] for i in (1, 2))
+    assert all(pp[i] is plans[i].best[0] and pp[i].memory["total"] < 0.5 * zero3[i].memory["total"] for i in (1, 2))
     assert zero3[3] is fast_on.best[0]
     won = fast_on.best[0]
     assert won.hidden.get("dp", 0) > won.time["dp"] > 0            # most of the dp traffic hidden, not all
