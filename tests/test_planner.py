@@ -27,6 +27,15 @@ def test_plan_returns_the_fastest_fitting_layouts_in_order():
             assert e.step_seconds >= p.best[0].step_seconds - 1e-12
 
 
+def test_rounded_up_rounds_a_spread_up_to_the_step():
+    """The band is the spread rounded UP (a spread of 8.3 % is a 10 % band, exactly 10 % stays 10 %)."""
+    from minipar.plan.published import rounded_up
+    assert rounded_up(0.083) == pytest.approx(0.10)
+    assert rounded_up(0.10) == pytest.approx(0.10)
+    assert rounded_up(0.1001) == pytest.approx(0.15)
+    assert rounded_up(0.042, step=0.01) == pytest.approx(0.05)
+
+
 def test_plan_picks_the_least_memory_within_the_ranking_error():
     """Within the tie band (published.ranking_error: the widest model/published spread inside one source, 9.8 %
     -> 10 %) of the fastest, the best holds the least memory: for GPT-3 on 1024 A100s a TP 8 layout, not the

@@ -72,7 +72,7 @@ from .model import Transformer, model_flops
 from .operators import LLAMA3_2024, MEGATRON_2022, TORCHTITAN_EAGER, Kernels
 
 __all__ = ["PublishedRun", "RUNS", "predict", "table", "fit_gemm_efficiency", "summary", "table_text", "TOLERANCE",
-           "mt_nlg_against_korthikanti", "spread_by_source", "ranking_error"]
+           "mt_nlg_against_korthikanti", "spread_by_source", "ranking_error", "rounded_up"]
 
 KORTHIKANTI = "Korthikanti et al. 2022, Table 5"
 TORCHTITAN = "torchtitan docs/performance.md, Table 1"
@@ -210,8 +210,13 @@ def ranking_error(step: float = 0.05) -> float:
     """The model's error in ranking two layouts on one software stack: the widest :func:`spread_by_source` over
     :data:`RUNS`, less one, rounded up to a multiple of ``step`` (9.8 % → 0.10). The planner treats two layouts
     closer than this as equal (:func:`minipar.plan.plan`)."""
-    widest = max(spread_by_source(table()).values()) - 1
-    return step * math.ceil(widest / step - 1e-9)
+    return rounded_up(max(spread_by_source(table()).values()) - 1, step)
+
+
+def rounded_up(error: float, step: float = 0.05) -> float:
+    """``error`` rounded up to a multiple of ``step`` (0.083 → 0.10): how :func:`ranking_error` turns a spread into
+    a band."""
+    return step * math.ceil(error / step - 1e-9)
 
 
 def summary(rows, tolerance: float = TOLERANCE) -> dict:

@@ -3,7 +3,6 @@ has a picture), then holds the chapter's sentences about those numbers (:mod:`.c
 more when they hold. The tables' text comes from :mod:`.show`, the pictures from :mod:`.figures`."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -13,7 +12,7 @@ from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster, h100_cluster
 from minipar.machine.device import A100_SXM_80GB, H100_SXM
 from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
                           model_state_bytes_formula, parameters, plan)
-from minipar.plan.published import TOLERANCE, spread_by_source, table as published_table
+from minipar.plan.published import TOLERANCE, rounded_up, spread_by_source, table as published_table
 
 from . import claims, figures, show
 
@@ -106,19 +105,14 @@ def planner(p, advice, cluster, full: bool = False) -> None:
         print(f"  {src.split(' (')[0]:32}{v:6.3f}  " + ("η_F fitted to one of its rows" if src in fitted
                                                        else "fitted to nothing"))
     print(f"  the widest, rounded up to 5 %: {p.tie * 100:.0f} %; Llama 3's alone: "
-          f"{_rounded_up(spreads[LLAMA3] - 1) * 100:.0f} %")
+          f"{rounded_up(spreads[LLAMA3] - 1) * 100:.0f} %")
     claims.check_family_rows_by_one_rule(p, show.plan_rows(p), dp, twin)
-    claims.check_tie_band(p, spreads, _rounded_up(spreads[LLAMA3] - 1))
+    claims.check_tie_band(p, spreads, rounded_up(spreads[LLAMA3] - 1))
     claims.check_planner_gpt_3_175b_1024(p.best[0])
     claims.check_published_decision_guide_as_rules(advice, p.best[0])
 
 
 LLAMA3 = "Dubey et al. 2024 (Llama 3)"
-
-
-def _rounded_up(spread: float, step: float = 0.05) -> float:
-    """A spread rounded up to a multiple of ``step``, as :func:`minipar.plan.published.ranking_error` rounds."""
-    return step * math.ceil(spread / step - 1e-9)
 
 
 def cost_model_sums():
