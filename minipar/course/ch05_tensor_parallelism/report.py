@@ -10,13 +10,12 @@ from minipar.machine.device import H100_SXM
 
 from . import claims
 from . import measure
-from .figures import (allreduce_timings, column_gelu_shards, draw_allreduce_cost, draw_column_gelu,
-                      draw_tp_throughput, fit_latency_bandwidth)
+from .figures import column_gelu_shards, draw_column_gelu, draw_tp_throughput
 from .throughput import CARDS, narrow_matmuls, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "gpt_vs_one_device", "show_gpt", "show_layer_bytes",
-           "layer_bytes", "show_memory", "memory_per_rank", "show_tp_throughput", "measure_allreduce", "tiny_gpt_replays", "show_replays",
+           "layer_bytes", "show_memory", "memory_per_rank", "show_tp_throughput", "tiny_gpt_replays", "show_replays",
            "show_pytorch"]
 
 
@@ -159,21 +158,6 @@ def show_tp_throughput(rows: list) -> dict:
     claims.check_planner_numbers_quoted(h100, keep)
     claims.check_crossing_costs_with_narrow_matmuls(narrow_matmuls(0.6))   # holds with slower narrow matmuls too
     return h100
-
-
-def measure_allreduce(world_size: int = 4, reps: int = 7):
-    """All-reduces of 16 B … 16 MiB timed here (``reps`` calls a size), the library's α-β fit to each size's
-    fastest call, drawn (a rough fit: 4 processes share 2 cores, so only the curve's shape is shown); returns
-    (α of one ring step, β) for Deeper B's replays."""
-    timings = allreduce_timings(world_size, reps=reps)
-    alpha, beta = fit_latency_bandwidth(timings, world_size)
-    steps = 2 * (world_size - 1)
-    small = [min(v) for s, v in timings.items() if s <= 16 * 1024]
-    claims.check_latency_fitted_no_longer_than_small(steps * alpha, small, timings)
-    draw_allreduce_cost(timings, world_size=world_size)
-    plt.show()
-    print(f"fit, one run on shared cores: α = {alpha * 1e6:.0f} µs a ring step, β = {beta / 1e9:.2f} GB/s")
-    return alpha, beta
 
 
 def tiny_gpt_replays(degrees=(1, 2, 4, 8)) -> dict:
