@@ -15,7 +15,7 @@ from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
 from .torchrun_runner import run_torchrun_job   # section 3 starts it from here
-from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, NCCL_VERSIONS, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
 __all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
@@ -152,25 +152,17 @@ def show_traffic(sweep: dict, payload_bytes: int) -> dict:
 
 
 def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
-    """α (small sizes) and β (large sizes) fitted to a ring all-reduce of 16 B … 16 MiB on 2 ranks, with the model
-    against the measurement at the largest size, its worst miss between the two fitting ranges and on its own
-    fitting sizes; the crossover S* = N·α·β; which term wins
-    at S on the largest N; the fit against S and against N (drawn)."""
+    """α (small sizes) and β (large sizes) fitted to a ring all-reduce of 16 B … 16 MiB on 2 ranks, with the model's
+    worst miss over all sizes; which term wins at S on the largest N; the fit against S (with the crossover
+    S* = N·α·β) and against N (drawn)."""
     alpha, beta = fit_ring(sizes)
     n, big, largest = max(sweep), f"{payload_bytes // 1024} KiB", max(sizes)
     model = {s: ring_model_seconds(FIT_RANKS, s, alpha, beta) for s in sizes}
     miss = {s: max(model[s] / sizes[s], sizes[s] / model[s]) for s in sizes}
-    between = [s for s in sizes if SMALL_BYTES < s < MIB]                  # in neither term's fitting range
-    fitted = [s for s in sizes if s not in between]
+    worst = max(sizes, key=miss.get)
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
-          f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB; at {largest // 2**20} MiB the model gives "
-          f"{model[largest] * 1e3:.1f} ms, measured {sizes[largest] * 1e3:.1f} ms)")
-    for label, group in ((f"between the fits ({_size(min(between))} to {_size(max(between))})", between),
-                         ("on its own fitting sizes", fitted)):
-        worst = max(group, key=miss.get)
-        print(f"  the model misses {label} by up to {miss[worst]:.1f}× (at {_size(worst)})")
-    print(f"crossover S* = N·α·β, a rough guide: {crossover_bytes(FIT_RANKS, alpha, beta) / 1e3:,.0f} kB at N = {FIT_RANKS}, "
-          f"{crossover_bytes(n, alpha, beta) / 1e3:,.0f} kB at N = {n}")
+          f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB); the model is within {miss[worst]:.1f}× of every size "
+          f"(worst at {_size(worst)})")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
     print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
@@ -198,7 +190,7 @@ def show_later_links() -> None:
     """The five links later chapters price (assumed α and share of the peak), beside the α NCCL's tuning table
     charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
-    print(f"NCCL {NCCL_VERSIONS}, src/graph/tuning.cc: hwLat charges a ring step (Simple protocol) by link type")
+    print("NCCL's tuner charges a ring step a latency (hwLat) by link type, not by generation")
     print(f"{'link':32} {'NCCL hwLat, by link type':>24} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
         kind = nccl_link_type(card.name)

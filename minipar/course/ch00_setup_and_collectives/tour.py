@@ -325,7 +325,7 @@ def format_busiest(rows) -> str:
     """The rows of :func:`busiest_rank_rows` as a table: the simplest algorithm's bytes (a model, its formula)
     beside the bytes on the wire."""
     from minipar.course.tour import _fmt_bytes
-    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest sender':>14} {'simplest alg.':>13} {'on the wire':>11}"
+    lines = [f"{'operation':20} {'same as 1 process':17} {'busiest sender':>14} {'formula':>13} {'on the wire':>11}"
              f"  where gloo differs"]
     for r in rows:
         seen = r["observed"]
