@@ -85,12 +85,12 @@ def show_training(trained: SimpleNamespace) -> None:
         print(f"FP16's scaler: loss scale {scale:,.0f} (2^{scale.bit_length() - 1}), grown only after {interval} "
               f"clean steps in a row, so never in {len(ref)}.\nAt step {first + 1} some gradient times {scale:,.0f} "
               f"overflowed FP16: that step was skipped and the scale halved.")
-    print(f"{'run':32}{'final loss':>11}{'max |loss - FP32 loss|':>24}")
+    head = f"before step {first + 1}" if skipped else "(no skip)"
+    print(f"max |loss - FP32 loss| over the whole run, and before FP16's skip:\n"
+          f"{'run':32}{'final loss':>11}{'whole run':>11}{head:>17}")
     for name, losses in runs.items():
-        print(f"{name:32}{_mean_last(losses):11.4f}{max(abs(x) for x in gap.get(name, [0.0])):24.4f}")
-    if skipped:
-        print(f"Before step {first + 1}'s skip the largest gap was "
-              + ", ".join(f"{m} {max((abs(x) for x in gap[m][:first]), default=0.0):.4f}" for m in masters) + ".")
+        g = [abs(x) for x in gap.get(name, [0.0])]
+        print(f"{name:32}{_mean_last(losses):11.4f}{max(g):11.4f}{max(g[:first], default=0.0):17.4f}")
     moved, gains = trained.gains_moved
     print(f"Final loss: the mean of the last 20 steps. Without masters, |w| / lr = {1 / lr:.0f} for a LayerNorm "
           f"gain at 1: {moved} of its {gains} gain values moved.")

@@ -281,19 +281,20 @@ def times_by_mode() -> dict:
 
 
 def show_times(seconds, flops, loaded=None) -> None:
-    """Each mode's fastest step and its time and FLOPs against none's. The time ratio is the per-round ratio's
-    median with its verdict (``paced_compute.paired_ratios``; appendix A explains the method), or, when other
-    load disturbed the steps (``loaded``; default: judged on the steps, ``paced_compute.unsteady``), only the
-    fastest ÷ fastest, not compared."""
+    """Each mode's fastest step and its time and FLOPs against none's. Two time ratios, each titled: fastest ÷
+    fastest, and the per-round ratio's median with its verdict (``paced_compute.paired_ratios``; appendix A
+    explains the method), or, when other load disturbed the steps (``loaded``; default: judged on the steps,
+    ``paced_compute.unsteady``), "not compared" in place of the median."""
     loaded = unsteady(seconds) if loaded is None else loaded
-    print("mode       fastest step  × none's FLOPs  × none's time (indicative)")
+    print(f"{'':41}× none's time (indicative)\n"
+          "mode       fastest step  × none's FLOPs  fastest ÷ fastest  median of paired rounds")
     for mode in MODES:
         t = seconds[mode]
         line = f"{mode:9}  {min(t) * 1e3:9.1f} ms  {flops[mode] / flops['none']:14.2f}  "
         if mode == "none":
-            line += "1"
+            line += f"{1:17}  1"
         else:
             fastest, median, _, verdict = paired_ratios(t, seconds["none"], loaded)
-            line += (f"≈{fastest:.2f} fastest ÷ fastest, {verdict}" if loaded else f"≈{median:.2f}, {verdict}")
+            line += f"{fastest:17.2f}  " + (verdict if loaded else f"≈{median:.2f}, {verdict}")
         print(line)
     claims.check_step_times(seconds)
