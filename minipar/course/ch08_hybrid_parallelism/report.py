@@ -132,6 +132,10 @@ def _check_once(r: Report) -> None:
     # minipar's copies (not shown: not ZeRO's): ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
     # (also its parameters' master shard beside the gathered parameters); a shard is ZeRO-1's reduce-scatter bytes
     assert once[2]["peak"] - once[1]["peak"] == r.rs1 and once[3]["peak"] - once[1]["peak"] == 2 * r.rs1
+    # held between steps at dp = 2, in units of ZeRO-1's bytes sent (one stage's parameters): ZeRO-1 holds params +
+    # grads + half of m, v = 3; ZeRO-2 half the grads = 2.5; ZeRO-3 half the params too = 2; plus the step count
+    one = r.per_mb[1]["bytes"]
+    assert [once[z]["between"] - 4 for z in (1, 2, 3)] == [3 * one, 2.5 * one, 2 * one]
 
 
 def _check_zero_table(r: Report) -> None:
@@ -158,6 +162,8 @@ def zero_table(result: dict, m: int) -> Report:
         same = ("yes" if run["matches"] else "NO") if run else "–"
         lines.append(f"{name:24} {ops['reduce_scatter'][0]:>15} {ops['all_gather'][0]:>11} {sent:>10,.0f} "
                      f"{sent / one:>8.1f} {held:>18} {same:>12}")
+    step_count = once[1]["between"] - 3 * one     # dp = 2: params + grads + half of m, v = 3 × ZeRO-1's bytes sent
+    lines.append(f"held between steps includes Adam's step count, one float32 scalar: {step_count} B")
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
     return Report("\n".join(lines), _check_zero_table, per_mb=per_mb, rs=rs, m=m, once=once,
                   rs1=rs[1])
@@ -192,19 +198,20 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
     big = f"{psi / 1e9:.0f}B model"
-    print(f"measured, toy (float64; per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'peak':>7} "
-          f"{'model states':>13} | sent per step: {'TP':>5} {'PP':>5} {'DP':>5}")
+    print(f"memory, measured on the toy (float64; per rank, the most of any rank; KiB)\n"
+          f"{'layout dp×pp×tp':>16} {'peak':>7} {'model states':>13}")
     for name, (peak, states) in memory.items():
-        b = sent[name]
-        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f} | {'':14} "
-              f"{b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
+        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f}")
+    print(f"\nbytes sent per step (per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'TP':>5} {'PP':>5} {'DP':>5}")
+    for name, b in sent.items():
+        print(f"{name:>16} {b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
     print(f"\nformula, {big} (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
     print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
     drop = [(memory["2x2x2"][i] - memory["2x2x2+zero1"][i]) / 1024 for i in (0, 1)]
-    print(f"\nZeRO-1 on 2x2x2: model states fall {fall['measured']:.0%} (toy), {fall['formula']:.1%} ({big}); "
-          f"toy: peak −{drop[0]:.0f} KiB, model states −{drop[1]:.0f} KiB")
+    print(f"\nZeRO-1 on 2x2x2 cuts the model states by {fall['measured']:.0%} in the toy ({drop[1]:.0f} KiB; "
+          f"the peak falls {drop[0]:.0f} KiB) and by {fall['formula']:.1%} for the {big}.")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()

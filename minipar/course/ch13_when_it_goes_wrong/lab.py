@@ -168,23 +168,42 @@ def ddp_steps(recipe, world_size: int = 4, bucket_bytes: int = 16 * 1024, wrong_
                   timeout=60)
 
 
-def _tp_rank(rank, world_size, recipe, missing_f):
+def _tp_rank(rank, world_size, recipe, missing_f, control=False):
     from minipar.tensor import gpt, layers
+
+    def train():
+        recorder = StepRecorder()
+        gpt.parallel_train(rank, world_size, recipe, after_step=lambda model: recorder.record(model.full_state_dict()))
+        return recorder.steps
+    clean = train() if control else None      # the control: the same launch, before the bug is planted
     if missing_f:                             # the planted bug: f's backward all-reduce left out
         layers.copy_to_tp = lambda x, group: x
-    recorder = StepRecorder()
-    gpt.parallel_train(rank, world_size, recipe, after_step=lambda model: recorder.record(model.full_state_dict()))
-    return recorder.steps
+    return (clean, train()) if control else train()
 
 
-def tp_steps(recipe, world_size: int = 2, missing_f: bool = False):
+def tp_steps(recipe, world_size: int = 2, missing_f: bool = False, control: bool = False):
     """Each rank's full parameters after every step of Megatron tensor parallelism (``missing_f``: the
-    column-parallel layers' input f, identity forward / all-reduce backward, replaced by identity)."""
-    return launch(_tp_rank, world_size, recipe, missing_f, quiet=True, timeout=60)
+    column-parallel layers' input f, identity forward / all-reduce backward, replaced by identity). ``control``:
+    (correct run's, this run's), both from one launch."""
+    return _split(launch(_tp_rank, world_size, recipe, missing_f, control, quiet=True, timeout=60), control)
 
 
-def _ring_rank(rank, world_size, recipe, drop_block):
+def _split(ranks, control):
+    """(control steps per rank, steps per rank) from ranks that returned both pairs, else ``ranks``."""
+    return ([r[0] for r in ranks], [r[1] for r in ranks]) if control else ranks
+
+
+def _ring_rank(rank, world_size, recipe, drop_block, control=False):
     from minipar.sequence import context_parallel, ring_attention
+    names = [n for n, _ in recipe.model().named_parameters()]
+    make_optimizer = recipe.optimizer
+
+    def train():
+        recorder = StepRecorder()
+        recipe.optimizer = _Recording(make_optimizer, names, recorder)
+        context_parallel.parallel_train(rank, world_size, recipe, method="ring")
+        return recorder.steps
+    clean = train() if control else None      # the control: the same launch, before the bug is planted
     if drop_block:                            # the planted bug: the backward forgets the dK, dV of one block
         exact = ring_attention.flash_backward
 
@@ -192,17 +211,14 @@ def _ring_rank(rank, world_size, recipe, drop_block):
             dq, dk, dv = exact(q, k, v, d_out, lse, delta, diagonal, **kw)
             return (dq, dk, dv) if diagonal else (dq, torch.zeros_like(dk), torch.zeros_like(dv))
         ring_attention.flash_backward = backward
-    recorder = StepRecorder()
-    names = [n for n, _ in recipe.model().named_parameters()]
-    recipe.optimizer = _Recording(recipe.optimizer, names, recorder)
-    context_parallel.parallel_train(rank, world_size, recipe, method="ring")
-    return recorder.steps
+    return (clean, train()) if control else train()
 
 
-def ring_steps(recipe, world_size: int = 2, drop_block: bool = False):
+def ring_steps(recipe, world_size: int = 2, drop_block: bool = False, control: bool = False):
     """Each rank's parameters after every step of ring attention (context parallelism); ``drop_block``: the
-    backward drops the dK, dV of every block that came from another rank (one block per layer on 2 ranks)."""
-    return launch(_ring_rank, world_size, recipe, drop_block, quiet=True, timeout=60)
+    backward drops the dK, dV of every block that came from another rank (one block per layer on 2 ranks).
+    ``control``: (correct run's, this run's), both from one launch."""
+    return _split(launch(_ring_rank, world_size, recipe, drop_block, control, quiet=True, timeout=60), control)
 
 
 # 5. NaN: the first operator that overflowed ------------------------------------------------------------
@@ -350,16 +366,19 @@ def rounding_study(world_size: int = 4):
     return out
 
 
-def planted_gradient_bugs(tolerance: float) -> dict:
-    """The three planted bugs, each searched against one device in float64 at ``tolerance``."""
-    from minipar.debug.first_departure import first_departure
+def planted_gradient_bugs(tolerance: float) -> tuple:
+    """The three planted bugs, each searched against one device in float64 at ``tolerance``; and, from the TP
+    and ring launches, a correct run's largest departure (the control: DDP's is :func:`rounding_study`)."""
+    from minipar.debug.first_departure import first_departure, max_departure
     recipe = departure_recipe(torch.float64)
     ref = reference_steps(recipe)
-    return {"TP: f's backward all-reduce missing": first_departure(ref, tp_steps(recipe, missing_f=True), tolerance),
-            "DDP: bucket 1 divided by 2, not 4, from step 2": first_departure(
-                ref, ddp_steps(recipe, wrong_bucket=1, divisor=2, from_step=2), tolerance),
-            "ring attention: one block's dK, dV dropped": first_departure(ref, ring_steps(recipe, drop_block=True),
-                                                                 tolerance)}
+    tp_clean, tp_bug = tp_steps(recipe, missing_f=True, control=True)
+    ring_clean, ring_bug = ring_steps(recipe, drop_block=True, control=True)
+    found = {"TP: f's backward all-reduce missing": first_departure(ref, tp_bug, tolerance),
+             "DDP: bucket 1 divided by 2, not 4, from step 2": first_departure(
+                 ref, ddp_steps(recipe, wrong_bucket=1, divisor=2, from_step=2), tolerance),
+             "ring attention: one block's dK, dV dropped": first_departure(ref, ring_bug, tolerance)}
+    return found, {"TP 2": max_departure(ref, tp_clean), "ring attention 2": max_departure(ref, ring_clean)}
 
 
 def never_issued(flight_text: str):

@@ -146,8 +146,12 @@ def show_rounding() -> float:
 
 
 def show_gradient_bugs(tolerance: float) -> None:
-    """The three planted gradient bugs, each searched against one device."""
-    found = lab.planted_gradient_bugs(tolerance)
+    """The three planted gradient bugs, each searched against one device; first the control, the same TP and
+    ring launches' correct runs."""
+    found, controls = lab.planted_gradient_bugs(tolerance)
+    print("control, correct runs: largest departure " + ", ".join(f"{name} {d:.1e}" for name, d in controls.items())
+          + f", both under the tolerance {tolerance:.0e}")
+    claims.check_controls_under_tolerance(controls, tolerance)
     for bug, result in found.items():
         print(f"{bug}:\n  {_backward_order_first(result)}")
         claims.check_first_divergence_found(result, step=2 if bug.startswith("DDP") else 0)
