@@ -58,13 +58,19 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     assert "slots" not in paced.table(m) and "floor" not in paced.table(m)      # the result only: no apparatus
     assert "all-reduces of 0.2 + 0.2 + 0.2 + 0.2 + 0.2 MB" in paced.table(m)     # each bucket's size, printed
     alone = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]))                 # what one bucket has to hide
-    assert alone.startswith("overlap saves 30.0 ms a step (21% of the one-bucket step): it hid 60% of the one bucket's 50.0 ms all-reduce\n")
+    assert alone.startswith("overlap saves 30.0 ms a step (21% of the one-bucket step), 60% of the one bucket's "
+                            "all-reduce timed alone (50.0 ms)\n")
     assert len(alone.splitlines()) == 4 and "slots" not in alone                  # saving, two steps, verdict
+    beyond = paced.table(dict(m, allreduce_s=[0.02, 0.025, 0.03]))                # saved 30 ms > 25 ms alone
+    assert beyond.startswith("overlap saves 30.0 ms a step (21% of the one-bucket step), 120% of the one bucket's "
+                             "all-reduce timed alone (25.0 ms)\n  above 100 %: in the one-bucket step that "
+                             "all-reduce also waits for the slowest rank's backward")   # no "hid 120 %" unexplained
+    assert "hid" not in beyond and "above 100" not in alone
     parts = paced.table(dict(m, allreduce_s=[0.04, 0.05, 0.06]), verbose=True)
     assert "the one bucket's all-reduce alone, no compute: 50.0 [40.0 – 60.0] ms" in parts
     assert "compute floor (slots) 120 ms (0 of 100 slots ran long)" in parts.splitlines()[4]   # 4 × (10 + 20)
     assert "one bucket = 120 slots + -30.0 rest + 50.0 all-reduce" in parts       # the step taken apart
-    assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> 60% of" in parts
+    assert "bucket per block = 120 slots + -30.0 rest + 20.0 exposed all-reduce -> saving = 60% of" in parts
     tie = dict(m, seconds={"bucket per block": [0.10, 0.13, 0.15], "one bucket": [0.11, 0.12, 0.14]})
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(tie)
