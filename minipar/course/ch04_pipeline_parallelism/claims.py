@@ -149,3 +149,14 @@ def check_last_stage_ran_m_forwards_m(beside, last, M) -> None:
 def check_tied_model_refused(err) -> None:
     """Naive model parallelism: a tied embedding is refused before any process starts"""
     assert isinstance(err, ValueError) and "tied" in str(err)
+
+
+def check_latency_on_critical_path(p, m) -> None:
+    """Why PP is the dimension that crosses nodes: a latency α on every send lengthens GPipe's step by 2(p-1)·α
+    and 1F1B's by 2(p-1)·α·m/p + 2(p-2)·α (its lock-step round trip, once per p micro-batches); simulated, F=1, BW=2"""
+    from minipar.pipeline import Costs, make_schedule, simulate
+    alpha = 0.01
+    extra = {name: (simulate(make_schedule(name, p, m), Costs(p2p=alpha)).makespan
+                    - simulate(make_schedule(name, p, m)).makespan) / alpha for name in ("gpipe", "1f1b")}
+    assert abs(extra["gpipe"] - 2 * (p - 1)) < 1e-6, extra
+    assert abs(extra["1f1b"] - (2 * (p - 1) * m / p + 2 * (p - 2))) < 1e-6, extra

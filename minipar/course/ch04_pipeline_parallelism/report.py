@@ -160,7 +160,9 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
              f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
     for label, sends, source, how in rows:
         print(f"  {label:24s} {sends:>9,.0f}  {sends / busiest:5.1f}× PP  {source:19s}  {how}")
+    print("PP measured; DP and TP from the ring formula for the same model")
     claims.check_pp_sends_least(busiest, dp, tp)
+    claims.check_latency_on_critical_path(p, m)
     h = reference.params["ln_f.weight"].numel()
     tokens = m * a // (8 * h)                                    # T tokens a step; L = layers, the whole model's
     side = "below" if tokens < 12 * layers * h else "at or above"
