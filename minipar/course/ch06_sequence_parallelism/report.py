@@ -17,7 +17,8 @@ from minipar.tensor.sequence import korthikanti_bytes, sp_bytes_per_layer, tp_by
 from . import claims
 from .figures import draw_backward_overlap, draw_sp_layer, layer_costs, plot_layer_memory
 
-__all__ = ["show_gpt3_layer", "draw_sp_layer", "layer_memory", "show_layer_memory", "three_ways", "show_three_ways",
+__all__ = ["show_gpt3_layer", "show_fused_attention_memory", "draw_sp_layer", "layer_memory", "show_layer_memory",
+           "three_ways", "show_three_ways",
            "draw_backward_overlap", "train_forgetting_the_sum", "show_forgotten_sum", "dropout_masks",
            "show_dropout_masks", "against_one_device", "show_against_one_device", "mine_vs_pytorch_sp",
            "show_pytorch_sp", "B", "S", "H", "A"]
@@ -48,10 +49,6 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
         unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
         print(f"same memory as TP at s = {s:,}, t = 8: TP+SP fits s = {longest:,} ({longest / s:.2f}×)¹")
         claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
-        fused = [s * b * h * whole_split + 4 * a * s * b / 8 for whole_split in (10 + 24 / 8, 34 / 8)]  # + log-sum-exp
-        print(f"fused attention (no s² term, one float32 log-sum-exp a score row), t=8: TP {fused[0] / 2**30:.2f} GiB, "
-              f"TP+SP {fused[1] / 2**30:.2f} GiB per layer: linear in s, so TP+SP fits a {fused[0] / fused[1]:.2f}× longer s")
-        claims.check_fused_attention_about_three_times(fused[0] / fused[1])
         print(f"¹ {unrounded:,}, rounded down to a multiple of t = 8")
     else:
         print(f"if that part were split t ways too (§2 shows how), at t=8 it would free {freed / 2**30:.2f} GiB per "
@@ -63,6 +60,15 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
     if with_sp:
         claims.check_sp_divides_everything_by_t(s, b, h, a)
         claims.check_scores_dominate_after_sp(share, s, b, h, a)
+
+
+def show_fused_attention_memory(s=2048, b=1, h=12288, a=96, t=8) -> None:
+    """§3's GPT-3 layer with fused attention: no s² term, one float32 log-sum-exp per score row (4asb/t bytes),
+    so a layer keeps sbh(10 + 24/t) + 4asb/t under TP and sbh·34/t + 4asb/t under TP+SP, both linear in s."""
+    fused = [s * b * h * whole_split + 4 * a * s * b / t for whole_split in (10 + 24 / t, 34 / t)]
+    print(f"fused attention, t={t}: TP {fused[0] / 2**30:.2f} GiB, TP+SP {fused[1] / 2**30:.2f} GiB per layer")
+    print(f"linear in s, so in TP's memory TP+SP fits a {fused[0] / fused[1]:.2f}× longer sequence")
+    claims.check_fused_attention_about_three_times(fused[0] / fused[1])
 
 
 def longest_sequence_in(budget, b, h, a, t, step=8) -> int:
