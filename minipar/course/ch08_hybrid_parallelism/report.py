@@ -259,6 +259,7 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
                  f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s;\n  of it: "
                  + ", ".join(f"{k} {v / step_seconds:.1%}" for k, v in seconds.items()))
+    lines.append(_slow_link_verdict({k: v / step_seconds for k, v in seconds.items()}))
     ours = {"tp": tp_values * value_bytes, "pp": pp_values * value_bytes, "dp": dp_values * grad_bytes,
             "step": step_seconds, "tp_nvlink": seconds["TP on NVLink"]}
 
@@ -266,6 +267,18 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
         claims.check_kinds_at_scale(tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes)
         claims.check_1t_agrees_with_chapter_12(ours, p)
     return Report("\n".join(lines), check)
+
+
+def _slow_link_verdict(share: dict) -> str:
+    """§4's answer, read off the shares of the step above: TP needs the fast links when moving it to IB costs
+    more of the step than PP and DP together; PP's and DP's order matters only if either costs 1 % or more."""
+    tp_gain = share["TP on IB"] - share["TP on NVLink"]
+    others = share["PP at 1/t on IB"], share["DP on IB"]
+    first = ("TP needs NVLink" if tp_gain > sum(others) else "TP does not need NVLink")
+    second = ("both under 1%, so which of them is outermost barely changes the step" if max(others) < 0.01 else
+              f"{'PP' if others[0] > others[1] else 'DP'} gains more from the faster links")
+    return (f"verdict: {first} ({share['TP on IB']:.1%} of the step on IB, {share['TP on NVLink']:.1%} on NVLink);\n"
+            f"  PP at 1/t ({others[0]:.1%}) and DP ({others[1]:.1%}) on IB: {second}")
 
 
 def qkv_bias_gradient(grad) -> Report:
