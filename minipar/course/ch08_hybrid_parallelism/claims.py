@@ -40,6 +40,9 @@ def check_kinds_at_scale(tp_values, pp_values, dp_values, t, seconds, step_secon
     assert 1000 < tp_values * 2 / 1e9 < 2000 and 1 < seconds["TP on NVLink"] < 5 and 10 < seconds["TP on IB"] < 100
     assert round(pp_values / 1e9, 1) == 53.7 and round(dp_values / 1e9, 1) == 3.3
     assert 90 < step_seconds < 110 and 0.4 < seconds["PP at 1/t on IB"] < 0.6
+    # §4's verdict: TP needs NVLink; PP's and DP's order barely matters (each under 1 % of the step on IB)
+    assert seconds["TP on IB"] - seconds["TP on NVLink"] > seconds["PP at 1/t on IB"] + seconds["DP on IB"]
+    assert max(seconds["PP at 1/t on IB"], seconds["DP on IB"]) < 0.01 * step_seconds
 
 
 def check_memory_per_layout(memory) -> None:

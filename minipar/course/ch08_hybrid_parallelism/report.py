@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from minipar.course.ch08_hybrid_parallelism import claims, figures, measure
 from minipar.course.report import Report
-from minipar.hybrid.parallel3d import bytes_formula
+from minipar.hybrid.parallel3d import bytes_formula, validate
 from minipar.pipeline.schedules import bubble_formula
 from minipar.pipeline.timeline import measured_idle_fraction, step_rows, typical_step
 
 
 __all__ = ["show", "draw_mesh", "layout_name", "global_batch", "bytes_by_kind", "bubble", "bubble_table", "show_memory",
            "kinds_at_scale", "qkv_bias_gradient", "zero_table",
-           "show_checkpoint"]
+           "show_checkpoint", "show_refusals"]
 
 
 def show(report: Report) -> None:
@@ -259,6 +259,12 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
     lines.append(f"one step of that run: {step_flops / 1e18:.1f} EFLOP ÷ ({t * p * d:,} GPUs × "
                  f"{tflops_per_gpu:.0f} TFLOP/s each, the paper's Table 1) = {step_seconds:.0f} s;\n  of it: "
                  + ", ".join(f"{k} {v / step_seconds:.1%}" for k, v in seconds.items()))
+    share = {k: v / step_seconds for k, v in seconds.items()}        # §4's verdict, read off these shares
+    pp, dp, tp_gain = share["PP at 1/t on IB"], share["DP on IB"], share["TP on IB"] - share["TP on NVLink"]
+    lines.append(f"verdict: TP {'needs' if tp_gain > pp + dp else 'does not need'} NVLink ({share['TP on IB']:.1%} of the "
+                 f"step on IB, {share['TP on NVLink']:.1%} on NVLink);\n  PP at 1/t ({pp:.1%}) and DP ({dp:.1%}) on IB: "
+                 + ("both under 1%, so which of them is outermost barely changes the step" if max(pp, dp) < 0.01
+                    else f"{'PP' if pp > dp else 'DP'} gains more from the faster links"))
     ours = {"tp": tp_values * value_bytes, "pp": pp_values * value_bytes, "dp": dp_values * grad_bytes,
             "step": step_seconds, "tp_nvlink": seconds["TP on NVLink"]}
 
@@ -266,6 +272,15 @@ def kinds_at_scale(h: int = 25600, n_layer: int = 128, seq: int = 2048, batch: i
         claims.check_kinds_at_scale(tp_values, pp_values, dp_values, t, seconds, step_seconds, value_bytes, grad_bytes)
         claims.check_1t_agrees_with_chapter_12(ours, p)
     return Report("\n".join(lines), check)
+
+
+def show_refusals(recipe) -> None:
+    """§1: each of ``measure.BAD_LAYOUTS``, refused by ``validate`` before any process starts: its reason."""
+    for bad in measure.BAD_LAYOUTS:
+        try:
+            validate(recipe, **bad)
+        except ValueError as exc:
+            print(f"{layout_name(bad)}: {str(exc).split(': ')[0]}")   # the reason's first clause
 
 
 def qkv_bias_gradient(grad) -> Report:

@@ -209,7 +209,7 @@ def show_timelines(data) -> None:
     draw_timelines(ax, data)
     plt.show()
     peaks = {mode: data[mode][1] for mode in MODES}
-    print(f"§1's model ({CFG.n_layer} blocks), peak of the bytes forward + backward create (§1's peak adds the model states): "
+    print(f"§1's model ({CFG.n_layer} blocks), peak of the bytes forward + backward create, gradients included\n  (§1's peak adds the parameters and Adam's m and v, created before): "
           + ", ".join(f"{m} {p / 1024:.0f} KiB" for m, p in peaks.items()))
     claims.check_one_steps_memory_as_timeline(peaks)
 
