@@ -199,14 +199,17 @@ def pick_among(pl, in_family):
 
 def _row(links, overlap, p) -> tuple:
     """One line of §5's table: the planner's pick, the pipeline's and ZeRO-3's layouts by the pick's rule
-    (:func:`pick_among`), their ratio, and ZeRO-3's step ÷ the fastest against the band. Returns (line, ZeRO-3's
-    layout)."""
+    (:func:`pick_among`; ZeRO-3 at any TP, up to 16 across nodes), ZeRO-3's step with TP up to 8 beside it (§4's
+    prediction: the family "ZeRO-3 + TP", TP inside a node), the ratio, and ZeRO-3's step ÷ the fastest against
+    the band. Returns (line, ZeRO-3's layout)."""
     with_pp = pick_among(p, lambda fam: "PP" in fam)
     zero3 = pick_among(p, lambda fam: fam.startswith("ZeRO-3"))
+    zero3_in_node = pick_among(p, lambda fam: fam == "ZeRO-3 + TP")
     ratio, to_fastest = zero3.step_seconds / with_pp.step_seconds, zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    return (f"{links:>13}{overlap:>8}  {mp.family(p.best[0].layout):18}{with_pp.step_seconds:9.1f}"
-            f"{zero3.step_seconds:9.1f}{ratio:13.2f}{to_fastest:14.2f} ×, {inside}", zero3.layout)
+    any_tp, in_node = (f"{e.step_seconds:.1f} (TP {e.layout.tp})" for e in (zero3, zero3_in_node))
+    return (f"{links:>13}{overlap:>8}  {mp.family(p.best[0].layout):18}{with_pp.step_seconds:6.1f}"
+            f"{any_tp:>14}{in_node:>14}{ratio:13.2f}{to_fastest:14.2f} ×, {inside}", zero3.layout)
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -227,14 +230,13 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'between nodes':>13}{'overlap':>8}  {'planner picks':18}{'PP s':>9}{'ZeRO-3 s':>9}"
+    print(f"\n{'':45}{'ZeRO-3 s, TP':>14}{'ZeRO-3 s, TP':>14}\n"
+          f"{'between nodes':>13}{'overlap':>8}  {'planner picks':18}{'PP s':>6}{'up to 16':>14}{'up to 8':>14}"
           f"{'ZeRO-3 ÷ PP':>13}  ZeRO-3 ÷ the fastest (band {1 + p.tie:.2f} ×)")
     rows = [_row(links, overlap, pl) for (links, overlap), pl in plans.items()]
     print("\n".join(line for line, _ in rows))
-    first = rows[0][1]
-    print(f"PP, ZeRO-3: the layout §4's rule takes among the families with a pipeline, and among ZeRO-3's (any TP: "
-          f"on the first row TP {first.tp}" + (", across nodes, §4's \"also fit\" line" if first.tp > cluster.devices_per_node
-                                               else "") + ")")
+    print("each side by §4's pick rule; ZeRO-3, TP up to 8 (inside a node): §4's prediction; "
+          "the ÷ columns use TP up to 16")
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
     claims.check_overlap_decides(plans[slow_gbs, "off"], plans[slow_gbs, "on"], plans[fast_gbs, "off"],
                                  plans[fast_gbs, "on"], pick_among)
