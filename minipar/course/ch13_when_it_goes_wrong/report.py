@@ -93,7 +93,7 @@ def straggler_table(run, skip: int = 1) -> dict:
 
 
 def show_straggler(run):
-    """Each rank's step split into CPU compute and the all-reduce (medians over steps 2 on; a footnote when a
+    """Each rank's step split into CPU compute and the all-reduce (medians over steps 1 on, counted from 0; a footnote when a
     rank also waited long for a core),
     and the straggler named and priced against the wall step; returns it. The trace replayed on one DGX H100
     node (NVLink: microseconds on the wire) holds the chapter's sentence that the straggler's share is larger
@@ -101,7 +101,7 @@ def show_straggler(run):
     rows = straggler_table(run)
     slow = stragglers.find_straggler(run.trace, clock="cpu", skip=1)
     steps = len(stragglers.per_rank_steps(run.trace)[0].compute)
-    print(f"ms a step, median of steps 2-{steps}  compute (CPU time)  in the all-reduce  wall step")
+    print(f"ms a step, median of steps 1-{steps - 1}  compute (CPU time)  in the all-reduce  wall step")
     for rank, r in rows.items():
         print(f"rank {rank}{'':28}{r['cpu'] * 1e3:18.1f}{r['comm'] * 1e3:19.1f}{r['step'] * 1e3:11.1f}")
     wall_step = max(r["step"] for r in rows.values())
