@@ -90,6 +90,8 @@ def check_interleaving_falls_short_of_v(inter) -> None:
 def check_interleaved_peak_in_flight(inter) -> None:
     """Interleaved 1F1B: v chunks per rank"""
     assert inter[2].peak_in_flight == [11, 9, 7, 5] and inter[2].peak_activations == [5.5, 4.5, 3.5, 2.5]
+    p = len(inter[1].peak_activations)   # Korthikanti et al. 2022: the first stage holds 1 + (p-1)/(p·v) times 1F1B's
+    assert inter[1].peak_activations == [4, 3, 2, 1] and inter[2].peak_activations[0] / p == 1 + (p - 1) / (p * 2)
 
 
 def check_interleaved_bytes_sent(sent, P, M, A, per_rank) -> None:

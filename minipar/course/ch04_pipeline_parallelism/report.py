@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-from IPython.display import Markdown, display
+from IPython.display import Markdown
 
 from minipar.pipeline import make_schedule, simulate
 from minipar.pipeline.runtime import measured_idle_fraction, typical_step
@@ -66,19 +66,10 @@ def show_memory(memory: dict, held: dict, p: int, m: int) -> None:
               [round(peak_kib(rs, r)) for r in range(p)])
     draw_memory(memory)
     plt.show()
-    one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]   # after the first forward
+    # the trace records live bytes after each action, so GPipe's first point is one micro-batch's activations:
+    # each peak in those units is the micro-batches held plus under three more (gradients, receive buffers)
+    one = [memory[("gpipe", False)][r].memory[0][2] / 1024 for r in range(p)]
     units = {s: [round(peak_kib(rs, r) / one[r], 1) for r in range(p)] for (s, rc), rs in memory.items() if not rc}
-    rows = [f"| {r} | {one[r]:.0f} | {units['gpipe'][r]} / {held['gpipe'][r]} | {units['1f1b'][r]} / {held['1f1b'][r]} |"
-            for r in range(p)]
-    display(Markdown("<details><summary>How the peaks were counted</summary>\n\n"
-                     "Each trace records the live bytes *after* each action, so its first point already holds the "
-                     "first forward's activations (one micro-batch's worth; with recomputation only the stage's "
-                     "input). Dividing each peak by GPipe's first point gives it in micro-batches:\n\n"
-                     "| rank | one micro-batch, KiB | GPipe: peak / held | 1F1B: peak / held |\n|---|---|---|---|\n"
-                     + "\n".join(rows) + "\n\n"
-                     "A peak is the micro-batches held plus under three micro-batches' worth of gradients and "
-                     "receive buffers. 1F1B's peaks sit about two above: its backwards allocate the gradients while "
-                     "activations are still held; GPipe peaks before its first backward.\n\n</details>"))
     claims.check_activations_held_per_stage(held, m, p, peak_kib, memory)
     claims.check_peak_in_micro_batches(units, held)
 
@@ -227,8 +218,11 @@ def show_interleaved(p: int, m: int, chunks=(1, 2, 4)) -> dict:
     for v, sim in inter.items():
         print(f"             {v}   {sim.bubble_ratio:6.1%} (= v=1 / {inter[1].bubble_ratio / sim.bubble_ratio:.2f})   "
               f"{sim.bubble_fraction:6.1%} (= v=1 / {inter[1].bubble_fraction / sim.bubble_fraction:.2f})")
-    print("activations in flight per rank, in chunks:", {v: s.peak_in_flight for v, s in inter.items()})
-    print("                 ... in whole stages:", {v: s.peak_activations for v, s in inter.items()})
+    print("\nactivations held at the peak, v = 2 against 1F1B (v = 1), per rank:")
+    print("rank  chunks (v=2)  stages' worth  1F1B stages  x 1F1B")
+    for r in range(p):
+        two, one = inter[2].peak_activations[r], inter[1].peak_activations[r]
+        print(f"{r:4d}  {inter[2].peak_in_flight[r]:12d}  {two:13g}  {one:11g}  {two / one:6g}")
     claims.check_interleaved_bubble_formula(p, m, inter)
     claims.check_interleaving_falls_short_of_v(inter)
     claims.check_interleaved_peak_in_flight(inter)
