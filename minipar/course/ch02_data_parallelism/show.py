@@ -37,7 +37,7 @@ def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> Non
     out_bytes = x.numel() * recipe.model().cfg.vocab_size * 4                 # the logits, fp32
     want = dp.predicted_exchange_bytes(n, grad_bytes, x.numel() * x.element_size(), out_bytes)
     got = log.by_exchange()
-    print(f"\n{'exchange':<22}{'measured':>12}{'formula':>12}   formula")
+    print(f"\n{'exchange':<22}{'measured B':>12}{'formula B':>12}   which formula")
     for name, rule in DP_RULES.items():
         print(f"{name:<22}{got[name]:>12,}{want[name]:>12,.0f}   {rule}")
     print(f"all through device 0: {log.bytes:,} bytes per step")
