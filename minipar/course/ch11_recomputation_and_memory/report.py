@@ -281,20 +281,20 @@ def times_by_mode() -> dict:
 
 
 def show_times(seconds, flops, loaded=None) -> None:
-    """Each mode's fastest step and its time and FLOPs against none's. Two time ratios, each titled: fastest ÷
-    fastest, and the per-round ratio's median with its verdict (``paced_compute.paired_ratios``; appendix A
-    explains the method), or, when other load disturbed the steps (``loaded``; default: judged on the steps,
-    ``paced_compute.unsteady``), "not compared" in place of the median."""
+    """Each mode's fastest step, its FLOPs against none's, and its time against none's: the median of the
+    per-round ratios with its verdict (``paced_compute.paired_ratios``; appendix A explains the method), or, when
+    other load disturbed the steps (``loaded``; default: judged on the steps, ``paced_compute.unsteady``), "not
+    compared" in its place."""
     loaded = unsteady(seconds) if loaded is None else loaded
-    print(f"{'':41}× none's time (indicative)\n"
-          "mode       fastest step  × none's FLOPs  fastest ÷ fastest  median of paired rounds")
+    print("step time by mode (indicative on a shared CPU)\n"
+          "mode       fastest step  × none's FLOPs  time ÷ none's (median of paired rounds)")
     for mode in MODES:
         t = seconds[mode]
         line = f"{mode:9}  {min(t) * 1e3:9.1f} ms  {flops[mode] / flops['none']:14.2f}  "
         if mode == "none":
-            line += f"{1:17}  1"
+            line += "1"
         else:
-            fastest, median, _, verdict = paired_ratios(t, seconds["none"], loaded)
-            line += f"{fastest:17.2f}  " + (verdict if loaded else f"≈{median:.2f}, {verdict}")
+            _, median, _, verdict = paired_ratios(t, seconds["none"], loaded)
+            line += verdict if loaded else f"≈{median:.2f}, {verdict}"
         print(line)
     claims.check_step_times(seconds)
