@@ -53,6 +53,11 @@ def check_memory_per_layout(memory) -> None:
     assert memory["2x2x2+zero1"][1] < memory["2x2x2"][1]
 
 
+def check_same_order(memory, formula) -> None:
+    """The layouts compared: the toy's measured model states rank the four layouts as the 1B formula does"""
+    assert sorted(memory, key=lambda n: memory[n][1]) == sorted(formula, key=formula.get), (memory, formula)
+
+
 def check_layout_bytes_equal_formula(name, logged, formula) -> None:
     """The layouts compared: every rank's communication log equals the byte formula, kind by kind"""
     assert logged == {k: formula[k] for k in logged}, (name, logged, formula)
@@ -104,3 +109,31 @@ def check_1t_agrees_with_chapter_12(ours, p) -> None:
     assert 0.85 * sent["dp"] < ours["dp"] <= sent["dp"], (ours["dp"], sent["dp"])
     assert abs(ours["step"] / planner.step_seconds - 1) < 0.10, (ours["step"], planner.step_seconds)
     assert ours["tp_nvlink"] <= planner.time["tp"] < 2 * ours["tp_nvlink"], (ours["tp_nvlink"], planner.time["tp"])
+
+
+def check_zero_per_microbatch(r) -> None:
+    """§5's table, per micro-batch: ZeRO-2 sends (m+1)/2 and ZeRO-3 3m/2 times ZeRO-1's bytes"""
+    assert r.rs[2] == r.m * r.rs[1] and r.per_mb[2]["by_op"]["reduce_scatter"][0] == r.m   # m calls, m× the bytes
+    assert r.per_mb[2]["by_op"]["all_gather"] == r.per_mb[1]["by_op"]["all_gather"]    # + the step's all-gather
+    assert 2 * r.per_mb[2]["bytes"] == (r.m + 1) * r.per_mb[1]["bytes"]                 # (m+1)/2 × ZeRO-1's bytes
+    assert 2 * r.per_mb[3]["bytes"] == 3 * r.m * r.per_mb[1]["bytes"]                   # ZeRO-3: 3m/2 × ZeRO-1's
+
+
+def check_zero_once(r) -> None:
+    """§5's table, once per step: ZeRO-1's calls and bytes, one device's result, less held between steps"""
+    once = r.once
+    assert all(c["matches"] for c in once.values())
+    assert once[2]["calls"] == once[3]["calls"] == once[1]["calls"] and once[3]["bytes"] == once[1]["bytes"] == r.rs1 * 2
+    assert once[3]["between"] < once[2]["between"] < once[1]["between"]
+    # ZeRO-2 frees the gradient buffer outside its shard (on dp = 2, half the buffer: ZeRO-1's reduce-scatter
+    # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
+    assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
+    assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
+    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]    # minipar's step peak: how it allocates shards
+    # minipar's copies (not ZeRO's): ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
+    # (also its parameters' master shard beside the gathered parameters); a shard is ZeRO-1's reduce-scatter bytes
+    assert once[2]["peak"] - once[1]["peak"] == r.rs1 and once[3]["peak"] - once[1]["peak"] == 2 * r.rs1
+    # held between steps at dp = 2, in units of ZeRO-1's bytes sent (one stage's parameters): ZeRO-1 holds params +
+    # grads + half of m, v = 3; ZeRO-2 half the grads = 2.5; ZeRO-3 half the params too = 2; plus the step count
+    one = r.per_mb[1]["bytes"]
+    assert [once[z]["between"] - 4 for z in (1, 2, 3)] == [3 * one, 2.5 * one, 2 * one]

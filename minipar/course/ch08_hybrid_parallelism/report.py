@@ -112,61 +112,39 @@ def bubble_table(formula: float, unequal: float, measured: float, per_stage: lis
                       f"{'bubble':40} {'idle share':>10}"] + [f"{name:40} {x:>10.2f}" for name, x in rows])
 
 
-def _check_per_microbatch(r: Report) -> None:
-    assert r.rs[2] == r.m * r.rs[1] and r.per_mb[2]["by_op"]["reduce_scatter"][0] == r.m   # m calls, m× the bytes
-    assert r.per_mb[2]["by_op"]["all_gather"] == r.per_mb[1]["by_op"]["all_gather"]    # + the step's all-gather
-    assert 2 * r.per_mb[2]["bytes"] == (r.m + 1) * r.per_mb[1]["bytes"]                 # (m+1)/2 × ZeRO-1's bytes
-    assert 2 * r.per_mb[3]["bytes"] == 3 * r.m * r.per_mb[1]["bytes"]                   # ZeRO-3: 3m/2 × ZeRO-1's
-
-
-def _check_once(r: Report) -> None:
-    once = r.once
-    assert all(c["matches"] for c in once.values())
-    assert once[2]["calls"] == once[3]["calls"] == once[1]["calls"] and once[3]["bytes"] == once[1]["bytes"] == r.rs1 * 2
-    assert once[3]["between"] < once[2]["between"] < once[1]["between"]
-    # ZeRO-2 frees the gradient buffer outside its shard (on dp = 2, half the buffer: ZeRO-1's reduce-scatter
-    # bytes), which minipar's ZeRO-1 keeps until zero_grad; ZeRO-3 also frees the parameters outside its shard
-    assert once[1]["between"] - once[2]["between"] == r.rs1 == once[2]["between"] - once[3]["between"]
-    assert all(once[z]["bytes"] < r.per_mb[z]["bytes"] for z in (2, 3))       # the two tables' trade
-    assert once[1]["peak"] < once[2]["peak"] < once[3]["peak"]    # minipar's step peak: how it allocates shards
-    # minipar's copies (not shown: not ZeRO's): ZeRO-2's peak is one shard (its gradient's copy) above ZeRO-1's, ZeRO-3's two
-    # (also its parameters' master shard beside the gathered parameters); a shard is ZeRO-1's reduce-scatter bytes
-    assert once[2]["peak"] - once[1]["peak"] == r.rs1 and once[3]["peak"] - once[1]["peak"] == 2 * r.rs1
-    # held between steps at dp = 2, in units of ZeRO-1's bytes sent (one stage's parameters): ZeRO-1 holds params +
-    # grads + half of m, v = 3; ZeRO-2 half the grads = 2.5; ZeRO-3 half the params too = 2; plus the step count
-    one = r.per_mb[1]["bytes"]
-    assert [once[z]["between"] - 4 for z in (1, 2, 3)] == [3 * one, 2.5 * one, 2 * one]
-
-
 def _check_zero_table(r: Report) -> None:
-    _check_per_microbatch(r)
-    _check_once(r)
+    claims.check_zero_per_microbatch(r)
+    claims.check_zero_once(r)
+    assert r.llama3 == r.m * r.per_mb[1]["bytes"]          # no reshard after forward: m × ZeRO-1's bytes
 
 
 def zero_table(result: dict, m: int) -> Report:
     """§5's one table (:func:`.measure.zero_with_pipeline`, rank 0, over its dp group, one step): ZeRO-1, then
     ZeRO-2/3 per micro-batch and once per step: reduce-scatters and all-gathers (calls), bytes sent, bytes in
-    ZeRO-1's, and for the trainer's runs (ZeRO-1, once per step) the model states held between steps and
-    whether 2 steps equal one device. The step's peak is checked (:func:`_check_once`), not shown."""
+    ZeRO-1's, and for the trainer's runs (ZeRO-1, once per step) the model states held between steps and the
+    step's measured peak; then ZeRO-3 without resharding after forward (Llama 3), counted from the per-micro-batch
+    ZeRO-3 row: its reduce-scatters, and the forward's half of its all-gathers (not run). Each run's equality
+    with one device is checked (:func:`.claims.check_zero_once`)."""
     per_mb, once = result["per_microbatch"], result["once"]
     one = per_mb[1]["bytes"]
-    lines = [f"{'':24} {'reduce-scatters':>15} {'all-gathers':>11} {'bytes sent':>10} {'× ZeRO-1':>8} "
-             f"{'held between steps':>18} {'= one device':>12}"]
+    (rs3, rs3_bytes), (ag3, ag3_bytes) = per_mb[3]["by_op"]["reduce_scatter"], per_mb[3]["by_op"]["all_gather"]
+    llama3 = {"by_op": {"reduce_scatter": (rs3, rs3_bytes), "all_gather": (ag3 // 2, ag3_bytes / 2)},
+              "bytes": rs3_bytes + ag3_bytes / 2}
+    lines = [f"{'':33} {'reduce-scatters':>15} {'all-gathers':>11} {'bytes sent':>10} {'× ZeRO-1':>8} "
+             f"{'held between steps':>18} {'step peak':>10}"]
     rows = [("ZeRO-1", per_mb[1], once[1]), ("ZeRO-2, per micro-batch", per_mb[2], None),
             ("ZeRO-3, per micro-batch", per_mb[3], None), ("ZeRO-2, once per step", None, once[2]),
-            ("ZeRO-3, once per step", None, once[3])]
+            ("ZeRO-3, once per step", None, once[3]), ("ZeRO-3, no reshard after forward*", llama3, None)]
     for name, calls, run in rows:
         ops = (calls or per_mb[1])["by_op"]           # once per step: ZeRO-1's calls (checked equal)
         sent = calls["bytes"] if calls else run["bytes"]
-        held = f"{run['between']:,} B" if run else "–"
-        same = ("yes" if run["matches"] else "NO") if run else "–"
-        lines.append(f"{name:24} {ops['reduce_scatter'][0]:>15} {ops['all_gather'][0]:>11} {sent:>10,.0f} "
-                     f"{sent / one:>8.1f} {held:>18} {same:>12}")
-    step_count = once[1]["between"] - 3 * one     # dp = 2: params + grads + half of m, v = 3 × ZeRO-1's bytes sent
-    lines.append(f"held between steps includes Adam's step count, one float32 scalar: {step_count} B")
+        held, peak = (f"{run['between']:,} B", f"{run['peak']:,} B") if run else ("–", "–")
+        lines.append(f"{name:33} {ops['reduce_scatter'][0]:>15} {ops['all_gather'][0]:>11} {sent:>10,.0f} "
+                     f"{sent / one:>8.1f} {held:>18} {peak:>10}")
+    lines.append("* Llama 3's FSDP: counted from the ZeRO-3 per-micro-batch row (the forward's gathers only), not run")
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
     return Report("\n".join(lines), _check_zero_table, per_mb=per_mb, rs=rs, m=m, once=once,
-                  rs1=rs[1])
+                  rs1=rs[1], llama3=llama3["bytes"])
 
 
 def _sent_per_layout(recipe, layouts: dict) -> dict:
@@ -184,10 +162,11 @@ def _sent_per_layout(recipe, layouts: dict) -> dict:
 
 
 def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
-    """§4: the four layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), per rank: peak and
-    model states measured, and the bytes each kind sent per step (communication log = formula, checked; max
-    over the ranks); under them, one line of the model-state formula for a ``psi``-parameter model in
-    mixed-precision Adam; a bar chart; the claims on both. Returns {layout: (peak, model states)}."""
+    """§4: first one line of the model-state formula for a ``psi``-parameter model in mixed-precision Adam in
+    four layouts; then the same layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), per rank:
+    peak and model states measured (ranked as the formula ranks them, checked), and the bytes each kind sent per
+    step (communication log = formula, checked; max over the ranks); a bar chart; the claims on both. Returns
+    {layout: (peak, model states)}."""
     import matplotlib.pyplot as plt
     from minipar.hybrid.runner import run
     layouts = {"2x2x2": runs_2x2x2}
@@ -198,20 +177,21 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
                for name, lay in ((name, measure.LAYOUTS[name]) for name in memory)}
     big = f"{psi / 1e9:.0f}B model"
-    print(f"memory, measured on the toy (float64; per rank, the most of any rank; KiB)\n"
-          f"{'layout dp×pp×tp':>16} {'peak':>7} {'model states':>13}")
-    for name, (peak, states) in memory.items():
-        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f}")
-    print(f"\nbytes sent per step (per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'TP':>5} {'PP':>5} {'DP':>5}")
-    for name, b in sent.items():
-        print(f"{name:>16} {b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
-    print(f"\nformula, {big} (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB")
-    print(", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory))
     fall = {"measured": 1 - memory["2x2x2+zero1"][1] / memory["2x2x2"][1],
             "formula": 1 - formula["2x2x2+zero1"] / formula["2x2x2"]}
     drop = [(memory["2x2x2"][i] - memory["2x2x2+zero1"][i]) / 1024 for i in (0, 1)]
-    print(f"\nZeRO-1 on 2x2x2 cuts the model states by {fall['measured']:.0%} in the toy ({drop[1]:.0f} KiB; "
-          f"the peak falls {drop[0]:.0f} KiB) and by {fall['formula']:.1%} for the {big}.")
+    print(f"formula, {big} (mixed-precision Adam, 2 + 2 + 12 B per parameter): model states per rank, GB\n"
+          + ", ".join(f"{name}: {formula[name] / 1e9:g}" for name in memory)
+          + f"\nZeRO-1 on 2x2x2 cuts them by {fall['formula']:.1%}.")
+    print(f"\nmeasured on the toy, model states in the same order (float64; per rank, the most of any rank; KiB)\n"
+          f"{'layout dp×pp×tp':>16} {'peak':>7} {'model states':>13}")
+    for name, (peak, states) in memory.items():
+        print(f"{name:>16} {peak / 1024:>7.0f} {states / 1024:>13.0f}")
+    print(f"ZeRO-1 on 2x2x2 cuts the toy's model states by {fall['measured']:.0%} ({drop[1]:.0f} KiB; "
+          f"the peak falls {drop[0]:.0f} KiB*)")
+    print(f"\nbytes sent per step (per rank, the most of any rank; KiB)\n{'layout dp×pp×tp':>16} {'TP':>5} {'PP':>5} {'DP':>5}")
+    for name, b in sent.items():
+        print(f"{name:>16} {b['tp'] / 1024:>5.0f} {b['pp'] / 1024:>5.0f} {b['dp'] / 1024:>5.0f}")
     fig, ax = plt.subplots(figsize=(7, 3.2))
     figures.draw_memory(ax, memory)
     plt.show()
@@ -220,6 +200,7 @@ def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
     claims.check_zero1_peak_drop(memory)
     claims.check_layouts_compared(psi)
     claims.check_zero1_states_fall(fall)
+    claims.check_same_order(memory, formula)
     return memory
 
 
