@@ -20,7 +20,7 @@ from .model import Transformer
 from .published import ranking_error
 from .rules import family
 
-__all__ = ["Plan", "plan", "layouts"]
+__all__ = ["Plan", "plan", "pick", "layouts"]
 
 _TERM_NAMES = {"bubble": "pipeline bubble", "tp": "tensor-parallel all-reduces", "dp": "data-parallel traffic",
                "pp": "pipeline sends", "cp": "context-parallel attention exchange", "ep": "expert all-to-alls",
@@ -42,6 +42,10 @@ class Plan:
     fastest: object = None                            # the fastest layout that fits (best[0] may hold less memory)
     tie: float = 0.0                                  # the tie band plan() used
     picks: dict = field(default_factory=dict)         # {family: its layout by the pick's rule (fitting only)}
+
+    def pick_among(self, in_family):
+        """The layout :func:`pick` takes among the families ``in_family(name)`` accepts (from :attr:`picks`)."""
+        return pick([e for fam, e in self.picks.items() if in_family(fam)], self.fastest.step_seconds, self.tie)
 
     def __str__(self) -> str:
         lines = [f"{self.considered} layouts costed, {self.feasible} fit; best:"]
@@ -117,6 +121,16 @@ def _why_slower(e, winner, fastest, tie) -> str:
             f"{e.time[term]:.3g} s ({e.layout})")
 
 
+def pick(estimates: list, fastest_seconds: float, tie: float):
+    """The pick's rule: of ``estimates``, those within the tie band (step ≤ (1 + ``tie``) × ``fastest_seconds``)
+    give the one with the least memory per device, since the model cannot rank them; if none is inside the band,
+    the fastest."""
+    band = [e for e in estimates if e.step_seconds <= (1 + tie) * fastest_seconds]
+    if band:
+        return min(band, key=lambda e: (e.memory["total"], e.step_seconds))
+    return min(estimates, key=lambda e: (e.step_seconds, e.memory["total"]))
+
+
 def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 3, precision="mixed",
          overlap=False, tie=None, **search) -> Plan:
     """The best of the layouts of ``model`` on all of ``cluster`` that fit in memory, then the ``top`` − 1 fastest
@@ -153,17 +167,14 @@ def plan(model: Transformer, cluster: Cluster, global_batch: int, *, top: int = 
         tie = ranking_error()
     fitting.sort(key=lambda e: (round(e.step_seconds, 9), e.memory["total"]))   # equal steps: less memory
     fastest = fitting[0] if fitting else None
-    if fitting:      # within the tie band of the fastest: the least memory per device
-        pick = min((e for e in fitting if e.step_seconds <= (1 + tie) * fastest.step_seconds),
-                   key=lambda e: (e.memory["total"], e.step_seconds))
-        fitting.remove(pick)
-        fitting.insert(0, pick)
-    tied = {}          # the pick's rule, one family at a time: inside the band the least memory, else the fastest
+    by_family = {}
     for e in fitting:
-        if e.step_seconds <= (1 + tie) * fastest.step_seconds:
-            tied.setdefault(names[id(e)], []).append(e)
-    picks = {fam: min(tied[fam], key=lambda e: (e.memory["total"], e.step_seconds)) if fam in tied else e
-             for fam, e in families.items()}
+        by_family.setdefault(names[id(e)], []).append(e)
+    picks = {fam: pick(es, fastest.step_seconds, tie) for fam, es in by_family.items()}
+    if fitting:                  # the pick first, then the fastest others
+        chosen = pick(fitting, fastest.step_seconds, tie)
+        fitting.remove(chosen)
+        fitting.insert(0, chosen)
     best = fitting[:top]
     rejected = {}
     winner = best[0] if best else None

@@ -88,8 +88,8 @@ def check_decision_guide_on_fast_network(fast, pf) -> None:
     assert decide(GPT3_175B, fast).families[0] == "ZeRO-3" and "slower" in pf.rejected["ZeRO-3 + TP"]
 
 
-def check_overlap_decides(slow_off, slow_on, fast_off, fast_on, pick_among) -> None:
-    """Where the rules and the planner disagree, each side by §4's rule (``pick_among``): ZeRO-3 is outside the
+def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
+    """Where the rules and the planner disagree, each side by §4's rule (``Plan.pick_among``): ZeRO-3 is outside the
     band on InfiniBand with overlap off (about 1.6 × the fastest), with overlap on and on fast links with overlap
     off (1.11-1.12 ×, just outside), though only a few % slower than the pipeline's pick (which is inside the
     band, with less than half ZeRO-3's memory); on fast links with overlap on it is inside the band, the pipeline's pick is
@@ -99,8 +99,8 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on, pick_among) -> N
         fam = mp.family(pl.best[0].layout)
         assert fam.startswith("ZeRO-3") == zero3_wins and ("PP" in fam) != zero3_wins, fam
     plans = (slow_off, slow_on, fast_off, fast_on)
-    pp = [pick_among(pl, lambda f: "PP" in f) for pl in plans]
-    zero3 = [pick_among(pl, lambda f: f.startswith("ZeRO-3")) for pl in plans]
+    pp = [pl.pick_among(lambda f: "PP" in f) for pl in plans]
+    zero3 = [pl.pick_among(lambda f: f.startswith("ZeRO-3")) for pl in plans]
     to_fastest = [z.step_seconds / pl.fastest.step_seconds for z, pl in zip(zero3, plans)]
     over_pp = [z.step_seconds / q.step_seconds for z, q in zip(zero3, pp)]
     tie = slow_off.tie

@@ -188,23 +188,14 @@ def hand_layouts(best, cluster) -> None:
     print(text)
 
 
-def pick_among(pl, in_family):
-    """The layout the pick's rule takes among the families ``in_family`` accepts (each by ``Plan.picks``): the
-    least memory within the tie band of the fastest of all, else the fastest: §4's rule on a subset."""
-    picks = [e for fam, e in pl.picks.items() if in_family(fam)]
-    band = [e for e in picks if e.step_seconds <= (1 + pl.tie) * pl.fastest.step_seconds]
-    return min(band, key=lambda e: (e.memory["total"], e.step_seconds)) if band else \
-        min(picks, key=lambda e: e.step_seconds)
-
-
 def _row(links, overlap, p) -> tuple:
     """One line of §5's table: the planner's pick, the pipeline's and ZeRO-3's layouts by the pick's rule
-    (:func:`pick_among`; ZeRO-3 at any TP, up to 16 across nodes), ZeRO-3's step with TP up to 8 beside it (§4's
+    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes), ZeRO-3's step with TP up to 8 beside it (§4's
     prediction: the family "ZeRO-3 + TP", TP inside a node), the ratio, and ZeRO-3's step ÷ the fastest against
     the band. Returns (line, ZeRO-3's layout)."""
-    with_pp = pick_among(p, lambda fam: "PP" in fam)
-    zero3 = pick_among(p, lambda fam: fam.startswith("ZeRO-3"))
-    zero3_in_node = pick_among(p, lambda fam: fam == "ZeRO-3 + TP")
+    with_pp = p.pick_among(lambda fam: "PP" in fam)
+    zero3 = p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
+    zero3_in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
     ratio, to_fastest = zero3.step_seconds / with_pp.step_seconds, zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
     any_tp, in_node = (f"{e.step_seconds:.1f} (TP {e.layout.tp})" for e in (zero3, zero3_in_node))
@@ -239,7 +230,7 @@ def rules_vs_planner(cluster, p) -> dict:
           "the ÷ columns use TP up to 16")
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
     claims.check_overlap_decides(plans[slow_gbs, "off"], plans[slow_gbs, "on"], plans[fast_gbs, "off"],
-                                 plans[fast_gbs, "on"], pick_among)
+                                 plans[fast_gbs, "on"])
     return plans
 
 
@@ -323,7 +314,7 @@ def oneflow_layout() -> None:
         estimate(GPT3_175B, a100_cluster(384), seed_layout)
     except ValueError as exc:
         print("GPT-3 175B on the 64 × 6 × 8 layout:", exc)
-    one_t = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
+    one_t = mp.NARAYANAN_1T
     print(f"{parameters(one_t) / 1e12:.3f} T parameters on {seed_layout.devices} GPUs, batch 3072:")
     for layout in (seed_layout, replace(seed_layout, recompute="full")):
         e_1t = estimate(one_t, a100_cluster(384), layout)
