@@ -17,7 +17,7 @@ Pure functions, no processes (chapter 12):
 * :mod:`.agreement` — :func:`rank_agreement`, :func:`kendall_tau`, :func:`agreement_text` (does a prediction rank strategies as a
   measurement or a replay does?).
 """
-from .model import (GPT3_175B, MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters,
+from .model import (GPT3_175B, NARAYANAN_1T, MoETransformer, Transformer, activation_bytes_per_layer, expert_parameters,
                     forward_flops, hardware_flops, hfu, layer_parameters, mfu, model_flops, model_state_bytes_formula,
                     parameters)
 from .cost import Cluster, Estimate, Layout, collective_seconds, estimate, in_flight, stage_parameters, validate
@@ -28,7 +28,7 @@ from .agreement import agreement_text, kendall_tau, rank_agreement
 from .planner import Plan, layouts, plan
 from .rules import Advice, decide, family
 
-__all__ = ["Transformer", "GPT3_175B", "parameters", "layer_parameters", "activation_bytes_per_layer",
+__all__ = ["Transformer", "GPT3_175B", "NARAYANAN_1T", "parameters", "layer_parameters", "activation_bytes_per_layer",
            "forward_flops", "model_flops", "hardware_flops", "mfu", "hfu", "model_state_bytes_formula",
            "Cluster", "Layout", "Estimate", "estimate", "validate", "in_flight", "stage_parameters",
            "collective_seconds", "Plan", "plan", "layouts", "Advice", "decide", "family",

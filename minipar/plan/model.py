@@ -43,7 +43,7 @@ from minipar.activations import MODES, activation_bytes_formula
 from minipar.validation import positive_int
 
 __all__ = ["Transformer", "MoETransformer", "expert_parameters", "parameters", "layer_parameters", "activation_bytes_per_layer", "forward_flops",
-           "model_flops", "hardware_flops", "mfu", "hfu", "stage_layers", "model_state_bytes_formula", "GPT3_175B", "MODES"]
+           "model_flops", "hardware_flops", "mfu", "hfu", "stage_layers", "model_state_bytes_formula", "GPT3_175B", "NARAYANAN_1T", "MODES"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,7 @@ class MoETransformer(Transformer):
 
 
 GPT3_175B = Transformer(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048)
+NARAYANAN_1T = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)   # 2021, Table 1, last row
 
 
 def _is_moe(model) -> bool:

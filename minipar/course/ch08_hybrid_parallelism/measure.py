@@ -182,7 +182,6 @@ def one_t_as_chapter_12_prices_it():
     (``ch12_choosing_a_strategy.report.oneflow_layout``): Narayanan et al. 2021's Table 1 model, TP 8 · PP 64 ·
     DP 6 on 384 DGX A100 nodes, 512 micro-batches of 1, full recomputation. Returns :func:`minipar.plan.estimate`'s
     result (``bytes_sent``, ``time``, ``step_seconds``)."""
-    from minipar.plan import Layout as PlanLayout, Transformer, a100_cluster, estimate
-    one_t = Transformer(layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
+    from minipar.plan import NARAYANAN_1T, Layout as PlanLayout, a100_cluster, estimate
     layout = PlanLayout(dp=6, tp=8, pp=64, micro_batch=1, micro_batches=512, recompute="full")
-    return estimate(one_t, a100_cluster(384), layout)
+    return estimate(NARAYANAN_1T, a100_cluster(384), layout)
