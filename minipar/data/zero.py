@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn as nn
 
 from ..recipe import RunResult
 from ..launcher import launch

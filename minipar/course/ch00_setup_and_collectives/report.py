@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
 
 import matplotlib.pyplot as plt
 import torch
@@ -18,7 +17,7 @@ from .torchrun_runner import run_torchrun_job   # section 3 starts it from here
 from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
-__all__ = ["show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
+__all__ = ["run_torchrun_job", "show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
            "show_collective", "show_ring_steps", "show_rings", "show_busiest", "show_traffic", "show_ring_time",
            "show_published_links", "show_later_links", "show_launch_vs_mp", "show_torchrun"]
 

@@ -9,7 +9,6 @@ their sockets (minipar.wire) is the measurement: within gloo's framing (tour.OVE
 the formula, except gloo's reduce-scatter (2x: it all-reduces) and reduce (1.25x), observed here too.
 """
 import json
-import math
 
 import pytest
 import torch

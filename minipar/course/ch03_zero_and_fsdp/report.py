@@ -143,7 +143,7 @@ def break_even(world_size: int = 4, node_size: int = 8) -> Report:
                     f"   β = {node.intra_bw / 1e9:3.0f} GB/s   T ≥ {break_even_tokens(node, world_size):,.0f} "
                     f"at N = {world_size}, {break_even_tokens(node, node_size):,.0f} at N = {node_size}")
     evens = [break_even_tokens(a100_cluster(1), n) for n in (world_size, node_size)]
-    text = (f"T ≥ (N-1)/N · F/β tokens per GPU; F: the matmuls' rate, β: a ring's rate\n" + "\n".join(rows))
+    text = ("T ≥ (N-1)/N · F/β tokens per GPU; F: the matmuls' rate, β: a ring's rate\n" + "\n".join(rows))
     return Report(text, lambda r: [claims.check_break_even_below_the_models_tokens(e, replays.SEED_TOKENS_PER_GPU)
                                    for e in r.break_evens], break_even=evens[0], break_evens=evens)
 

@@ -4,7 +4,6 @@ Each function takes what one cell computed, raises AssertionError naming the cla
 and prints nothing when all hold."""
 from __future__ import annotations
 
-import statistics
 
 import torch
 import torch.nn.functional as F

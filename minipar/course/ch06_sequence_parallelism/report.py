@@ -195,7 +195,7 @@ def show_dropout_masks(per_rank) -> None:
     print(f"replicated stream, rank 0: {rep0}\n                   rank 1: {rep1}")
     print(f"per-rank stream,   rank 0: {own0}\n                   rank 1: {own1}")
     by_rank, one_seed = (sp0 == sp1).float().mean().item(), (one0 == one1).float().mean().item()
-    print(f"\nTP+SP, residual dropout p = 0.1 on two sequence shards: share of positions where the masks agree")
+    print("\nTP+SP, residual dropout p = 0.1 on two sequence shards: share of positions where the masks agree")
     print(f"  per-rank stream          {by_rank:.2f}   (independent masks: 0.9² + 0.1² = 0.82)\n"
           f"  one seed                 {one_seed:.2f}")
     claims.check_dropout_masks_that_agree_masks(rep0, rep1, own0, own1)

@@ -70,7 +70,7 @@ def show_pytorch_tools(started):
     print(f"DETAIL's error on rank 0: {_fingerprints(torch_tools.detail_message(reports[0]))}")
     entries = reports[0]["recorded"]
     states = sorted({state for _, _, state in entries})
-    print(f"rank 0's Flight Recorder (op, input sizes): "
+    print("rank 0's Flight Recorder (op, input sizes): "
           + ", ".join(f"{op.split(':')[-1]} {sizes}" for op, sizes, _ in entries)
           + f"; state of every entry: {', '.join(states)}")
     claims.check_every_rank_reports_mismatch(reports)
