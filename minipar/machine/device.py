@@ -122,7 +122,7 @@ def achieved_flops(op: Op, card: DeviceCard) -> float:
 FITTED = {"A100-SXM4-80GB": ("calibration: gemm_efficiency = 0.83 (a full tile's; each GEMM × its shape's tile "
                              "efficiency), fitted to Korthikanti et al. 2022 Table 5's "
                              "175B SP + selective row alone (GPT-3, chosen before the fit); the other seven "
-                             "rows of that table and MT-NLG's three (on A100-SXM4-40GB, the same chip) are "
+                             "rows of that table and MT-NLG's three (the same card, on the same Selene) are "
                              "checks"),
           "H100-SXM5-80GB": ("no calibration: gemm_efficiency = 0.73, measured: a full tile's rate, the median "
                              "over the FLOP-bound ones of 78 timings of matmuls from "

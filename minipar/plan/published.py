@@ -24,7 +24,8 @@ Sources:
   table says "H100 (94GB memory)" and no power limit; the check assumes Table 1's machine (Grand Teton's 96 GB
   H100, which reports about 94 GiB, at 500 W) — an assumption, said here.
 * Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", §2.4: the 530B model
-  (105 layers, h = 20480, 128 heads, s = 2048) on 280, 350 and 420 DGX A100 nodes of A100-SXM 40 GB, TP 8 ×
+  (105 layers, h = 20480, 128 heads, s = 2048) on 280, 350 and 420 DGX A100 nodes of Selene (§2.4: "8 NVIDIA
+  80-GB A100 GPUs" a node, eight 200 Gb/s HDR InfiniBand HCAs), TP 8 ×
   PP 35 × DP 8, 10, 12, global batch 1920: 60.1, 50.2 and 44.4 s per iteration (126, 121, 113 TFLOP/s per
   GPU, which the times reproduce through the full-recomputation FLOP formula). Source check: typed from the
   llm-analysis project's README (cli99/llm-analysis, examples/megatron-turing-nlg), which quotes the paper;
@@ -65,7 +66,7 @@ from dataclasses import dataclass
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, IB_NDR, NVLINK3, NVLINK4, gpu_cluster
-from minipar.machine.device import A100_SXM_40GB, A100_SXM_80GB, H100_SXM, H100_SXM_500W, DeviceCard
+from minipar.machine.device import A100_SXM_80GB, H100_SXM, H100_SXM_500W, DeviceCard
 
 from .cost import estimate
 from .model import Transformer, model_flops
@@ -115,7 +116,7 @@ def _mt_nlg(nodes, seconds):
     dp = nodes * 8 // (8 * 35)
     layout = Layout(tp=8, pp=35, dp=dp, zero=1, recompute="full", micro_batch=1, micro_batches=1920 // dp)
     return PublishedRun(f"MT-NLG 530B, {nodes} nodes", Transformer(105, 20480, 128, 51200, 2048), layout,
-                        A100_SXM_40GB, nodes, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, MT_NLG,
+                        A100_SXM_80GB, nodes, (NVLINK3, IB_HDR), MEGATRON_2022, seconds, MT_NLG,
                         note="a check that misses: its published pipeline is slower than Korthikanti et al.'s "
                              "same model, layout and chip (mt_nlg_against_korthikanti)")
 
@@ -180,12 +181,12 @@ def table(runs=RUNS) -> list:
 def mt_nlg_against_korthikanti(runs=RUNS) -> dict:
     """Published against published: MT-NLG's 280-node row and Korthikanti et al.'s 530B full-recomputation
     row are the same model (105 layers, h = 20480, s = 2048), layout (TP 8, PP 35, micro-batch 1, full
-    recomputation) and chip (A100; 40 GB against 80 GB of HBM). Each published time includes its 1F1B bubble,
+    recomputation) and card (A100-SXM4-80GB on Selene, both). Each published time includes its 1F1B bubble,
     so each is normalised to one pipeline slot: seconds / (m + p − 1), m the micro-batches a pipeline runs
     per iteration (MT-NLG 1920 / 8 = 240, Korthikanti 280), p = 35. {"mt_nlg", "korthikanti": seconds per
     slot, "factor": their ratio, "per_sequence": the ratio of seconds per sequence per pipeline (bubble
     left in)}. A factor no model of the hardware closes (the model puts the two within a few % of each
-    other: MT-NLG's DP all-reduce and the 40 GB card's HBM): MT-NLG's rows stay checks that miss."""
+    other: MT-NLG's DP all-reduce): MT-NLG's rows stay checks that miss."""
     by_name = {r.name: r for r in runs}
     mt, ko = by_name["MT-NLG 530B, 280 nodes"], by_name["530B full recompute"]
     slots = {k: r.seconds / (r.layout.micro_batches + r.layout.pp - 1)
