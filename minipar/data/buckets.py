@@ -41,8 +41,10 @@ class Bucket:
     reduced average lands in ``.grad`` with no copy out, and a later backward that accumulates into an
     existing ``.grad`` (``no_sync``, or ``zero_grad(set_to_none=False)``) writes straight into the bucket
     with no copy in either (PyTorch's ``gradient_as_bucket_view=True``). A fresh ``.grad`` (after
-    ``zero_grad(set_to_none=True)``) is copied in once. In another ``comm_dtype`` (e.g. bfloat16 on the wire,
-    to halve the bytes) gradients are cast into the buffer, sent, and cast back into ``.grad``.
+    ``zero_grad(set_to_none=True)``) is copied in once: a parameter's hook only marks its gradient ready, and
+    when the bucket's last one is, all of them are copied in one batched call (:meth:`gather`; PyTorch 2.13's
+    ``batched_grad_copy`` does the same). In another ``comm_dtype`` (e.g. bfloat16 on the wire, to halve the
+    bytes) gradients are cast into the buffer, sent, and cast back into ``.grad``.
 
     ``divisor``: the buffer is divided by it (N, the group size, to average: the sum of the g_r / N is the mean)
     once, as a whole, just before it is sent (:meth:`scale`): a plain copy per slot and one pass over the flat
@@ -62,26 +64,35 @@ class Bucket:
         self.work = None
 
     def fill(self, param) -> bool:
-        """Put ``param.grad`` into its slot; return True when every slot is filled."""
-        i = self.slot[id(param)]
-        self._hold(i, param)
-        self.filled.add(i)
-        return self.is_full
+        """``param``'s gradient is ready; when every slot's is, put them all into the buffer (:meth:`gather`)
+        and return True. (A hook runs once per parameter per backward: it does no more than this.)"""
+        self.filled.add(self.slot[id(param)])
+        if len(self.filled) < len(self.params):
+            return False
+        self.gather()
+        return True
 
-    def _hold(self, i: int, param) -> None:
-        """Slot i gets ``param.grad`` (zeros if None), divided by :meth:`scale` later; with views, ``param.grad``
-        becomes slot i. In another dtype, slot i gets ``param.grad`` / divisor, cast."""
-        view, grad = self.views[i], param.grad
-        if grad is None:
-            view.zero_()
-        elif grad.data_ptr() == view.data_ptr():          # already the slot: backward accumulated into it
+    def gather(self) -> None:
+        """Every slot gets its parameter's ``.grad`` (zeros if None), divided by :meth:`scale` later: one batched
+        copy of those that are not their slot yet, and ``.grad`` becomes the slot. In another dtype, each slot
+        gets ``.grad`` / divisor, cast."""
+        if not self.grads_are_views:
+            for p, view in zip(self.params, self.views):
+                view.zero_() if p.grad is None else torch.div(p.grad, self.divisor, out=view)   # divided, then cast
             return
-        elif self.grads_are_views:
-            view.copy_(grad)
-        else:
-            torch.div(grad, self.divisor, out=view)       # cast in, divided first
-        if self.grads_are_views:
-            param.grad = view
+        slots, grads = [], []
+        for p, view in zip(self.params, self.views):
+            grad = p.grad
+            if grad is view or (grad is not None and grad.data_ptr() == view.data_ptr()):
+                continue                                  # already the slot: backward accumulated into it
+            if grad is None:
+                view.zero_()
+            else:
+                slots.append(view)
+                grads.append(grad)
+            p.grad = view
+        if grads:
+            torch._foreach_copy_(slots, grads)
 
     def scale(self) -> None:
         """Divide the whole buffer by ``divisor``, once, before it is sent (cast slots were divided on the way in)."""
@@ -97,16 +108,15 @@ class Bucket:
         return len(self.filled) == len(self.params)
 
     def fill_missing(self) -> list:
-        """Slots whose parameter produced no gradient in this backward: its existing ``.grad`` (left by an
-        earlier ``no_sync`` backward) or zeros. Returns the parameters that had no gradient at all."""
-        absent = []
-        for i, p in enumerate(self.params):
-            if i in self.filled:
-                continue
-            if p.grad is None:
-                absent.append(p)
-            self._hold(i, p)
-            self.filled.add(i)
+        """End of backward, for a bucket not yet full: the slots whose parameter's hook did not fire get its
+        existing ``.grad`` (left by an earlier ``no_sync`` backward) or zeros, and the bucket is gathered. Returns
+        the parameters that had no gradient at all."""
+        missing = [i for i in range(len(self.params)) if i not in self.filled]
+        if not missing:
+            return []
+        absent = [self.params[i] for i in missing if self.params[i].grad is None]
+        self.filled.update(missing)
+        self.gather()
         return absent
 
     def copy_out(self) -> None:
