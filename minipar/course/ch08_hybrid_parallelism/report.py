@@ -85,6 +85,8 @@ def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp
 
 def _check_bubble(r: Report) -> None:
     assert r.formula - 1e-12 <= r.unequal          # unequal stages can only widen the bubble
+    # the sentence under the table says the side the printed (rounded) numbers put the measurement on
+    assert r.text.splitlines()[-1] == measured_against_model(r.unequal, r.measured)
 
 
 def bubble(runs: list, *, p: int, m: int) -> Report:
@@ -98,8 +100,27 @@ def bubble(runs: list, *, p: int, m: int) -> Report:
     formula = bubble_formula("1f1b", p, m)
     unequal = 1 - m * sum(per_stage) / (p * (sum(per_stage) + (m - 1) * max(per_stage)))
     measured = measured_idle_fraction(one_pipeline, step)
-    return Report(bubble_table(formula, unequal, measured, per_stage, step), _check_bubble, step=step,
-                  per_stage=per_stage, formula=formula, unequal=unequal, measured=measured)
+    text = bubble_table(formula, unequal, measured, per_stage, step) + "\n" + measured_against_model(unequal, measured)
+    return Report(text, _check_bubble, step=step, per_stage=per_stage, formula=formula, unequal=unequal,
+                  measured=measured)
+
+
+def measured_against_model(unequal: float, measured: float) -> str:
+    """One sentence on which side of the model fed this run's stage times the measured idle share falls, read
+    from the two numbers as the table prints them (two decimals), with what pushes it that way on shared cores.
+    The measured share counts an action from the moment its input is there to its end; on 8 processes sharing
+    2 cores that span also holds the time the process waited for a core."""
+    a, b = f"{measured:.2f}", f"{unequal:.2f}"
+    if a == b:
+        return (f"Measured and modelled agree here ({a}): what the shared cores add to the bubble and what they "
+                f"take from it cancel in this step.")
+    if measured < unequal:
+        return (f"The measured share ({a}) is below the model's ({b}). Each span also holds the time its process "
+                f"waited for one of the 2 cores, and a stage working alone (the fill and the drain) waits less, so "
+                f"the actions at the bubble's edges run faster than the average stage time the model assumes.")
+    return (f"The measured share ({a}) is above the model's ({b}): it also counts as idle what the model leaves "
+            f"out, the time a message spends in transfer, a receiver waiting for a core before it sees its message, "
+            f"and the work between actions (posting sends, bookkeeping).")
 
 
 def bubble_table(formula: float, unequal: float, measured: float, per_stage: list, step: int) -> str:
@@ -141,6 +162,8 @@ def zero_table(result: dict, m: int) -> Report:
         held, peak = (f"{run['between']:,} B", f"{run['peak']:,} B") if run else ("–", "–")
         lines.append(f"{name:33} {ops['reduce_scatter'][0]:>15} {ops['all_gather'][0]:>11} {sent:>10,.0f} "
                      f"{sent / one:>8.1f} {held:>18} {peak:>10}")
+    lines.append("– not measured: the per-micro-batch runs count only their collectives. By the formula they hold between steps")
+    lines.append("  what once per step holds; during the step a full gradient lives only from a backward to its reduce-scatter")
     lines.append("* Llama 3's FSDP: counted from the ZeRO-3 per-micro-batch row (the forward's gathers only), not run")
     rs = {z: per_mb[z]["by_op"]["reduce_scatter"][1] for z in (1, 2)}
     return Report("\n".join(lines), _check_zero_table, per_mb=per_mb, rs=rs, m=m, once=once,

@@ -140,10 +140,12 @@ def test_recorded_torch_side_holds_and_names_its_torch():
     assert r.record["recorded"]["torch"].split("+")[0] == torch.__version__.split("+")[0], "re-record: torch changed"
 
 
-def test_the_bubble_is_a_table_of_three_numbers_not_a_generated_sentence():
-    from minipar.course.ch08_hybrid_parallelism.report import bubble_table
+def test_the_bubble_is_a_table_of_three_numbers_and_a_sentence_on_the_side_they_fall():
+    from minipar.course.ch08_hybrid_parallelism.report import bubble_table, measured_against_model
     text = bubble_table(formula=0.20, unequal=0.23, measured=0.18, per_stage=[0.003, 0.004], step=1)
     lines = text.splitlines()
     assert "stage 0 3.0 ms, stage 1 4.0 ms" in lines[0] and "step 2" in lines[0]      # computed, not a fixed story
     assert [line.split()[-1] for line in lines[2:]] == ["0.20", "0.23", "0.18"]
-    assert "account for" not in text and "between formula and measurement" not in text
+    assert "below the model's (0.23)" in measured_against_model(0.23, 0.18)           # the side the numbers put it on
+    assert "above the model's (0.20)" in measured_against_model(0.20, 0.24)
+    assert "agree here (0.20)" in measured_against_model(0.201, 0.199)                 # equal as printed
