@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from ..check import one_thread
 
-__all__ = ["Pacer", "pace", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
+__all__ = ["Pacer", "pace", "size_slots", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
            "paired_ratios"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
@@ -62,6 +62,7 @@ class Pacer:
         self.forward_s, self.backward_s = forward_s, backward_s
         self.held = self.overruns = self.unpaced = 0     # slots held; of them ran long; backwards not held
         self.late = 0.0                               # how late the last sleep woke up (seconds)
+        self.computed = {"forward": [], "backward": []}   # seconds each held slot's compute took, by kind
         self.blocks = list(blocks)
         for block in self.blocks:
             if "forward" in block.__dict__:
@@ -79,11 +80,15 @@ class Pacer:
         begin, self.late = time.perf_counter() - self.late, 0.0
         return begin
 
-    def hold(self, begin: float, slot: float) -> None:
-        """Sleep until ``begin + slot`` (perf_counter seconds); count an overrun if that moment has passed."""
+    def hold(self, begin: float, slot: float, kind: str | None = None) -> None:
+        """Sleep until ``begin + slot`` (perf_counter seconds); count an overrun if that moment has passed.
+        ``kind`` ("forward" / "backward"): note in :attr:`computed` how long the compute took."""
         end = begin + slot
         self.held += 1
-        left = end - time.perf_counter()
+        now = time.perf_counter()
+        if kind is not None:
+            self.computed[kind].append(now - begin)
+        left = end - now
         if left > 0:
             time.sleep(left)
             self.late = max(0.0, time.perf_counter() - end)
@@ -103,7 +108,7 @@ class Pacer:
             out = forward(*args, **kwargs)
             if torch.is_tensor(out) and out.requires_grad:
                 out = _BeginBackward.apply(self, slot, out)
-            self.hold(begin, self.forward_s)
+            self.hold(begin, self.forward_s, "forward")
             return out
         return paced_forward
 
@@ -132,13 +137,37 @@ class _EndBackward(torch.autograd.Function):
     def backward(ctx, *grads):
         begin = ctx.slot["backward_begin"]
         if begin is not None:
-            ctx.pacer.hold(begin, ctx.pacer.backward_s)
+            ctx.pacer.hold(begin, ctx.pacer.backward_s, "backward")
         return (None, None, *grads)
 
 
 def pace(blocks, forward_s: float, backward_s: float) -> Pacer:
     """Pace ``blocks`` (modules, e.g. ``model.blocks``): see :class:`Pacer`."""
     return Pacer(blocks, forward_s, backward_s)
+
+
+def size_slots(pacers, floor: tuple, margin: float = 2.0, quantile: float = 0.9, ceiling: float = 0.25,
+               group=None) -> tuple:
+    """Size the slots of ``pacers`` from the compute they measured (:attr:`Pacer.computed`, then cleared):
+    each kind's slot is ``margin`` times the ``quantile`` of its compute times (the highest over the ranks of
+    ``group``: collective when a process group is up), never under ``floor`` (forward_s, backward_s) nor over
+    ``ceiling`` seconds. Measured while the ranks compute together (and gloo moves buckets), so a slower or
+    busier machine gets wider slots that still leave slack, instead of slots its compute overruns.
+    Returns the (forward_s, backward_s) set; the held and overrun counts are reset."""
+    widths = []
+    for kind in ("forward", "backward"):
+        took = sorted(t for p in pacers for t in p.computed[kind])
+        q = took[min(len(took) - 1, int(quantile * len(took)))] if took else 0.0
+        widths.append(q)
+    widths = torch.tensor(widths, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(widths, op=dist.ReduceOp.MAX, group=group)
+    forward_s, backward_s = (min(ceiling, max(lo, margin * float(w))) for lo, w in zip(floor, widths))
+    for p in pacers:
+        p.forward_s, p.backward_s = forward_s, backward_s
+        p.held = p.overruns = p.unpaced = 0
+        p.computed = {"forward": [], "backward": []}
+    return forward_s, backward_s
 
 
 def disturbed(overruns: int, held: int, load: float | None = None, cores: int | None = None) -> bool:

@@ -4,12 +4,17 @@ fixed slot (:mod:`minipar.observe.paced_compute`), so that what overlap saves sh
 One launch on N ranks trains the same GPT twice side by side, with DDP's buckets about one block's gradients
 (``bucket_bytes`` = a block's parameter bytes: a bucket leaves as each block's backward ends and travels under
 the next block's backward slot) and with one bucket holding every gradient (its all-reduce can start only
-after the last gradient: nothing hides). Rounds alternate the two configurations (:func:`minipar.observe.
+after the last gradient: nothing hides). The slots are sized from the compute the ranks measure together in
+two untimed steps (:func:`minipar.observe.paced_compute.size_slots`: twice its 90th percentile, at least
+``FORWARD_S`` / ``BACKWARD_S``), so a slower or busier machine gets wider slots, not overruns; if more than
+5 % of the timed slots still ran long, the slots are widened again from the timed steps' compute and the
+rounds timed once more. Rounds alternate the two configurations (:func:`minipar.observe.
 paced_compute.alternating_steps`: each step after a barrier, on its slowest rank); one untimed step each
 first. Both are compared with one device (SGD, same batches: equal to float summation order).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 
@@ -21,13 +26,15 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import ddp
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import alternating_steps, pace, spread, too_busy, verdict
+from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, pace, size_slots, spread, too_busy,
+                                           verdict)
 from minipar.recipe import RunResult
 
 __all__ = ["MODEL", "paced_rank", "measure", "table", "step_parts"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # about 5 MB of gradients a block
-FORWARD_S, BACKWARD_S = 0.010, 0.020           # a block's slots: several times its compute here, unloaded
+FORWARD_S, BACKWARD_S = 0.010, 0.020           # the narrowest slots: measured compute widens them (size_slots)
+CEILING_S = 0.080                              # the widest: 24 paced steps at most stay under 16 s
 
 VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than every step with one bucket",
             "median outside": "outside the spread: a median lies outside the other's [min – max]",
@@ -58,16 +65,26 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
         opt.step()
         losses.append(loss.item())
     for name in configs:
-        step(name)                                          # warm-up, untimed
+        step(name)                                          # warm-up, untimed (the first step's one-off costs)
     for p in pacers:
-        p.held = p.overruns = 0                             # the timed steps' slots only
-    seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, recipe.steps - 1)
+        p.computed = {"forward": [], "backward": []}
+    for name in configs:
+        step(name)                                          # untimed: the compute measured, the ranks together
+    slot_s = size_slots(pacers, (forward_s, backward_s), ceiling=CEILING_S)   # sized from it; never under the floor
+    rounds, first_try = (recipe.steps - 2) // 2, None
+    seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, rounds)
+    counts = torch.tensor([sum(p.overruns for p in pacers), sum(p.held for p in pacers)], dtype=torch.float64)
+    comm.all_reduce(counts)                                 # every rank takes the same decision
+    if counts[0] > DISTURBED_SHARE * counts[1]:             # too many ran long: widen from what they took, once more
+        first_try = {"overruns": int(counts[0]), "slots": int(counts[1]), "slot_s": slot_s}
+        slot_s = size_slots(pacers, slot_s, ceiling=CEILING_S)
+        seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, rounds)
     alone = state["one bucket"][1].reducer.buckets[0].buffer.clone()   # what one bucket has to hide, no compute
     allreduce_s = alternating_steps({"all-reduce": lambda: comm.all_reduce(alone)}, 3)["all-reduce"]
     results = {n: RunResult(_mean_over_ranks(losses), {k: p.detach().clone() for k, p in m.named_parameters()})
                for n, (m, _, _, losses) in state.items()}
     return {"seconds": seconds, "allreduce_s": allreduce_s, "results": results, "overruns": sum(p.overruns for p in pacers),
-            "slots": sum(p.held for p in pacers),
+            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "first_try": first_try,
             "buckets": {n: [b.buffer.numel() * b.buffer.element_size() for b in w.reducer.buckets]
                         for n, (_, w, *_) in state.items()}}
 
@@ -84,15 +101,17 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
     "grad_bytes", "load" (1-minute load average when the runs ended)}."""
-    recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
+    recipe = gpt_recipe(steps=2 + 2 * rounds, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
-    reference = train_reference(recipe)
+    taken = len(ranks[0]["results"]["one bucket"].losses)      # 2 untimed + the rounds (twice if retried)
+    reference = train_reference(dataclasses.replace(recipe, batches=recipe.batches[:taken]))
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
     return {"seconds": ranks[0]["seconds"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
             "load": os.getloadavg()[0],
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
-            "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
+            "slot_s": ranks[0]["slot_s"], "floor_s": (forward_s, backward_s), "first_try": ranks[0]["first_try"],
+            "blocks": MODEL["n_layer"],
             "grad_bytes": sum(p.numel() * p.element_size() for p in recipe.model().parameters())}
 
 
@@ -127,8 +146,13 @@ def table(m: dict, verbose: bool = False) -> str:
         lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
     alone_text = (f"; the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])}"
                   if "allreduce_s" in m else "")
-    measured = (f"paced: {m['blocks']} blocks, forward {f * 1e3:.0f} ms, backward {b * 1e3:.0f} ms, compute floor "
-                f"(slots) {m['blocks'] * (f + b) * 1e3:.0f} ms ({m['overruns']} of {m['slots']} slots ran long); "
+    retried = m.get("first_try")
+    retry_text = (f"; a first try ran long in {retried['overruns']} of {retried['slots']} slots (forward "
+                  f"{retried['slot_s'][0] * 1e3:.0f} ms, backward {retried['slot_s'][1] * 1e3:.0f} ms), so the slots "
+                  "were widened from what its compute took and the steps timed again") if retried else ""
+    measured = (f"paced: {m['blocks']} blocks, slots sized from the compute measured in the untimed steps: forward "
+                f"{f * 1e3:.0f} ms, backward {b * 1e3:.0f} ms, compute floor "
+                f"(slots) {m['blocks'] * (f + b) * 1e3:.0f} ms ({m['overruns']} of {m['slots']} slots ran long){retry_text}; "
                 f"{m['grad_bytes'] / 1e6:.1f} MB of gradients" + alone_text)
     if busy:                                            # a disturbed run states no saving: its times do not count
         return "\n".join(lines + [measured, "  " + busy])

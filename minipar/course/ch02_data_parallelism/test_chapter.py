@@ -190,3 +190,14 @@ def test_unused_parameters_claim_needs_each_rank_named_and_one_device():
             claims.check_unused_parameters(bad, SimpleNamespace(matches=True))
     with pytest.raises(AssertionError):
         claims.check_unused_parameters(errors, SimpleNamespace(matches=False))
+
+
+def test_slots_sized_from_measured_compute():
+    """size_slots widens the slots to twice the compute's slow end, never under the floor nor over the ceiling."""
+    from minipar.observe.paced_compute import Pacer, size_slots
+    p = Pacer([], 0.01, 0.02)
+    p.computed = {"forward": [0.001] * 9 + [0.5], "backward": [0.02] * 10}
+    assert size_slots([p], (0.01, 0.02), ceiling=0.08) == (0.01, 0.04)
+    assert (p.forward_s, p.backward_s, p.computed["forward"]) == (0.01, 0.04, [])
+    p.computed = {"forward": [0.2] * 10, "backward": []}
+    assert size_slots([p], (0.01, 0.02), ceiling=0.08) == (0.08, 0.02)
