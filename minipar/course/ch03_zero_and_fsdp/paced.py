@@ -1,5 +1,5 @@
-"""Chapter 03's paced run: ZeRO-3 with and without prefetch, each block's compute held to a fixed slot
-(:mod:`minipar.observe.paced_compute`), so that what prefetch saves shows on the wall clock.
+"""Chapter 03's paced run: ZeRO-3 with and without prefetch, each block's compute held to a slot sized from
+its measured compute (:mod:`minipar.observe.paced_compute`), so that what prefetch saves shows on the wall clock.
 
 One launch on N ranks trains the same GPT twice side by side with ZeRO-3 (one unit per block and the root,
 :class:`minipar.data.zero.ZeRO`), ``prefetch=True`` and ``False``. With prefetch the next unit's all-gather
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -27,10 +28,12 @@ from minipar.loop import shard_batch
 from minipar.observe.paced_compute import alternating_steps, pace, spread, too_busy, verdict
 from minipar.recipe import RunResult
 
-__all__ = ["MODEL", "zero3", "paced_rank", "measure", "table"]
+__all__ = ["MODEL", "zero3", "block_compute", "slots", "paced_rank", "measure", "table"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of parameters
-FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's slots: several times its compute here, unloaded
+FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's shortest slots: several times its compute, unloaded
+SLACK = 2                                      # a slot: at least this many times a block's measured compute
+WIDEST = 3                                     # and at most this many times the shortest (the chapter's run time)
 CONFIGS = {"prefetch": True, "no prefetch": False}
 
 VERDICTS = {"apart": "ranges apart: every step with prefetch faster than every step with no prefetch",
@@ -45,10 +48,39 @@ def zero3(model, recipe, prefetch: bool):
     return zero.ZeRO(model, recipe.optimizer, 3, prefetch=prefetch)
 
 
+def block_compute(recipe, rank, world_size, repeats: int = 5) -> tuple:
+    """(forward s, backward s): one block's compute on this rank's share of a batch, unpaced and unsharded,
+    the median of ``repeats``, the slowest rank's (all ranks measure at once, sharing the cores as in the run)."""
+    block = recipe.model().blocks[0]
+    x, _ = shard_batch(recipe.batches[0], rank, world_size)
+    forward, backward = [], []
+    for _ in range(repeats):
+        h = torch.randn(*x.shape, MODEL["n_embd"], requires_grad=True)
+        t0 = time.perf_counter()
+        out = block(h)
+        t1 = time.perf_counter()
+        out.sum().backward()
+        forward.append(t1 - t0)
+        backward.append(time.perf_counter() - t1)
+    took = torch.tensor([statistics.median(forward), statistics.median(backward)], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return tuple(took.tolist())
+
+
+def slots(forward_c: float, backward_c: float, forward_s: float = FORWARD_S, backward_s: float = BACKWARD_S) -> tuple:
+    """(forward slot, backward slot) in seconds: :data:`SLACK` times the measured compute, no shorter than the
+    given slots and no longer than :data:`WIDEST` times them, so a slower or busier CPU still leaves slack."""
+    return tuple(min(WIDEST * floor, max(floor, SLACK * c)) for c, floor in ((forward_c, forward_s),
+                                                                           (backward_c, backward_s)))
+
+
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
-    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots"}: the recipe's
-    first batch untimed, then one round per later batch."""
+    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots", "slot_s",
+    "compute_s"}: the slots sized from a block's measured compute (:func:`slots`, ``forward_s`` and
+    ``backward_s`` the shortest), the recipe's first batch untimed, then one round per later batch."""
     torch.set_num_threads(1)
+    compute_s = block_compute(recipe, rank, world_size)
+    forward_s, backward_s = slots(*compute_s, forward_s, backward_s)
     state, pacers = {}, []
     for name, prefetch in CONFIGS.items():
         model = recipe.model()
@@ -72,7 +104,7 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     results = {n: RunResult(_mean_over_ranks(losses), sharded.full_parameters())
                for n, (_, sharded, losses) in state.items()}
     return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
-            "slots": sum(p.held for p in pacers)}
+            "slots": sum(p.held for p in pacers), "slot_s": (forward_s, backward_s), "compute_s": compute_s}
 
 
 def _mean_over_ranks(losses: list) -> list:
@@ -85,7 +117,8 @@ def _mean_over_ranks(losses: list) -> list:
 def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
-    "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
+    "overruns", "slots" (how many were held, all ranks), "slot_s": the (forward, backward) slots the run held
+    (:func:`slots`, ``forward_s`` and ``backward_s`` the shortest), "compute_s": a block's measured compute, "blocks",
     "block_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
@@ -95,7 +128,8 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     block = recipe.model().blocks[0]
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
             "load": os.getloadavg()[0],
-            "slots": sum(r["slots"] for r in ranks), "slot_s": (forward_s, backward_s), "blocks": MODEL["n_layer"],
+            "slots": sum(r["slots"] for r in ranks), "slot_s": ranks[0]["slot_s"], "compute_s": ranks[0]["compute_s"],
+            "blocks": MODEL["n_layer"],
             "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
 
 
@@ -117,7 +151,7 @@ def table(m: dict) -> str:
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  paced: a GPT of {m['blocks']} blocks, h = {MODEL['n_embd']}, {MODEL['n_head']} heads, vocabulary "
                  f"{MODEL['vocab_size']}; each forward held to {f * 1e3:.0f} ms and backward to "
-                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step); a block's all-gather "
+                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step{_computes(m)}); a block's all-gather "
                  f"brings {m['block_bytes'] / 1e6:.1f} MB; slots that ran long: {m['overruns']} of {m['slots']}")
     if busy:
         return "\n".join(lines)
@@ -128,3 +162,11 @@ def table(m: dict) -> str:
                  f"gathers under compute, so it can save at most the {slots * 1e3:.0f} ms of slots: far below "
                  f"§5's bound, which this run does not test")
     return "\n".join(lines)
+
+
+def _computes(m: dict) -> str:
+    """', a block computes in a / b ms here' when the run measured it (what the slots were sized from)."""
+    if "compute_s" not in m:
+        return ""
+    cf, cb = m["compute_s"]
+    return f"; measured here, a block's forward takes {cf * 1e3:.1f} ms, its backward {cb * 1e3:.1f} ms"
