@@ -58,6 +58,7 @@ def check_tie_band(p, spreads, llama3_band) -> None:
     assert 1.08 < spreads["Dubey et al. 2024 (Llama 3)"] < 1.09 and abs(llama3_band - p.tie) < 1e-9, spreads
     best, fastest = p.best[0], p.fastest
     assert best.fits and fastest.fits and best.layout.tp == 8 and fastest.layout.tp == 4
+    assert fastest.layout.schedule == "interleaved" and best.layout.schedule == "1f1b"
     assert 1 + p.tie - 0.01 < best.step_seconds / fastest.step_seconds <= 1 + p.tie     # at the band's edge
     assert round(best.step_seconds / fastest.step_seconds, 2) == 1.10
     assert 0.4 < best.memory["total"] / fastest.memory["total"] < 0.5
@@ -109,6 +110,12 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
     assert all(1 < r < 1.05 for r in over_pp[1:3]) and over_pp[3] < 1, over_pp
     assert all(pp[i] is plans[i].best[0] and pp[i].memory["total"] < 0.5 * zero3[i].memory["total"] for i in (1, 2))
     assert zero3[3] is fast_on.best[0]
+    # the fastest of each row: an interleaved pipeline at TP 4 in the first three, ZeRO-3 at TP 2 in the last
+    assert all("PP" in mp.family(pl.fastest.layout) and pl.fastest.layout.v == 2 and pl.fastest.layout.tp == 4
+               for pl in plans[:3]) and fast_on.fastest.layout.zero == 3 and fast_on.fastest.layout.tp == 2
+    # §4's prediction (ZeRO-3, TP inside a node) differs from ZeRO-3's column only in the first row
+    in_node = [pl.pick_among(lambda f: f == "ZeRO-3 + TP") for pl in plans]
+    assert zero3[0].layout.tp == 16 and in_node[0].step_seconds > zero3[0].step_seconds
     won = fast_on.best[0]
     assert won.hidden.get("dp", 0) > won.time["dp"] > 0            # most of the dp traffic hidden, not all
     for pl in (slow_on, fast_on):      # "on" (overlap=True) hides dp traffic only: tp and pp stay exposed
@@ -210,14 +217,14 @@ def check_one_knob_at_a_time(best, cluster) -> None:
 
 
 def check_small_case(advice, best) -> None:
-    """The planner on GPT 1.3B, one node: it fits one GPU, the rules stop at rule 1, and the planner's best is
+    """The planner on GPT 1.3B, one node: it fits one GPU, the rules stop at rule 1, and the planner's pick is
     data parallelism (no TP, no PP), a family the rules named"""
     assert advice.families[0] == "DDP" and best.fits
     assert best.layout.tp == 1 and best.layout.pp == 1 and mp.family(best.layout) in advice.families
 
 
 def check_efficiency_band(bests) -> None:
-    """The degrees survive the fitted η_F: 15 % lower or higher, the planner's best keeps TP 8, PP 16, ZeRO-1, SP
+    """The degrees survive the fitted η_F: 15 % lower or higher, the planner's pick keeps TP 8, PP 16, ZeRO-1, SP
     and selective recomputation; only the step time, the MFU and the schedule (1F1B or interleaved, within a
     few % of each other) move"""
     shape = {(b.layout.tp, b.layout.pp, b.layout.zero, b.layout.sp, b.layout.recompute) for b in bests.values()}
@@ -228,6 +235,6 @@ def check_efficiency_band(bests) -> None:
 
 def check_link_efficiency_band(bests) -> None:
     """The degrees survive the assumed ring efficiencies (NVLink 77 %, InfiniBand 90 %): at 60 % or at the full
-    datasheet speed on both links, the planner's best keeps TP 8, PP 16, ZeRO-1, SP and selective recomputation"""
+    datasheet speed on both links, the planner's pick keeps TP 8, PP 16, ZeRO-1, SP and selective recomputation"""
     shape = {(b.layout.tp, b.layout.pp, b.layout.zero, b.layout.sp, b.layout.recompute) for b in bests.values()}
     assert shape == {(8, 16, 1, True, "selective")}, shape

@@ -1,6 +1,7 @@
 """What chapter 12's cells show, one call per cell: each function prints a table (and draws where the section
 has a picture), then holds the chapter's sentences about those numbers (:mod:`.claims`), printing nothing
-more when they hold. The tables' text comes from :mod:`.show`, the pictures from :mod:`.figures`."""
+more when they hold. The tables' text comes from :mod:`.show`, the pictures from :mod:`.figures`; chapter 12b's
+cells are in :mod:`.toolbox`, re-exported here."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,13 +9,14 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 
 from minipar import plan as mp
-from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster, h100_cluster
-from minipar.machine.device import A100_SXM_80GB, H100_SXM
-from minipar.plan import (GPT3_175B, Layout, Transformer, a100_cluster, activation_bytes_per_layer, decide, estimate,
+from minipar.machine.cluster import IB_HDR, NVLINK3, gpu_cluster
+from minipar.machine.device import A100_SXM_80GB
+from minipar.plan import (GPT3_175B, Transformer, a100_cluster, activation_bytes_per_layer, decide,
                           model_state_bytes_formula, parameters, plan)
 from minipar.plan.published import TOLERANCE, rounded_up, spread_by_source, table as published_table
 
 from . import claims, figures, show
+from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "one_knob",
            "breakdown", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
@@ -78,11 +80,11 @@ def small_case(batch: int = 512) -> None:
     """§4's stepping stone: the rules and the planner for GPT 1.3B on one DGX A100 node of 8: it fits one GPU,
     so both name data parallelism."""
     cluster = a100_cluster(1)
-    advice, best = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
+    advice, pick = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
     print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
     print(advice)
-    print(f"the planner's best ({mp.family(best.layout)}): {show.layout_words(best.layout)}: {show.estimate_words(best)}")
-    claims.check_small_case(advice, best)
+    print(f"the planner's pick ({mp.family(pick.layout)}): {show.layout_words(pick.layout)}: {show.estimate_words(pick)}")
+    claims.check_small_case(advice, pick)
 
 
 def planner(p, advice, cluster, full: bool = False) -> None:
@@ -92,11 +94,11 @@ def planner(p, advice, cluster, full: bool = False) -> None:
     print(show.plan_table(p, full))
     (dp, twin), line = show.with_zero1(p, cluster)
     print(line)
-    best, fastest, band = p.best[0], p.fastest, 1 + p.tie
-    ratio = best.step_seconds / fastest.step_seconds
-    print(f"\nthe pick is {ratio:.2f} × the fastest ({ratio - 1:.2%} slower; the band allows {band:.2f} ×): at the "
-          f"band's edge.\nOn step time TP {best.layout.tp} vs TP {fastest.layout.tp} is a coin flip inside the model's "
-          f"error; memory decides: {best.memory['total'] / GB:.1f} vs {fastest.memory['total'] / GB:.1f} GB per GPU")
+    pick, fastest = p.best[0], p.fastest
+    ratio = pick.step_seconds / fastest.step_seconds
+    print(f"\non step time the model prefers TP {fastest.layout.tp} {fastest.layout.schedule}: the pick's step is "
+          f"{(ratio - 1) * 100:.2f} % longer, {(p.tie - (ratio - 1)) * 100:.2f} points inside the {p.tie * 100:.0f} % band (the model's "
+          f"error).\nMemory decides: {pick.memory['total'] / GB:.1f} vs {fastest.memory['total'] / GB:.1f} GB per GPU")
     pub = published_table()
     spreads = spread_by_source(pub)
     fitted = {r["source"].split(",")[0] for r in pub if r["role"] == "calibration"}
@@ -122,28 +124,28 @@ def cost_model_sums():
     return show_source(sums.device_memory, sums.step_time, folded="The library's code of the two sums")
 
 
-def breakdown(best) -> None:
-    """§4: the best layout priced term by term: memory = model states + activations (one layer's, Korthikanti
+def breakdown(pick) -> None:
+    """§4: the pick priced term by term: memory = model states + activations (one layer's, Korthikanti
     et al.'s Table 2, × layers per stage × micro-batches in flight) + buffers; time = compute + bubble + each
     collective + the optimizer; the bubble worked by hand, (compute + tp) × (p − 1)/(v·m)."""
-    lay, mem, t = best.layout, best.memory, best.time
+    lay, mem, t = pick.layout, pick.memory, pick.time
     per_layer = activation_bytes_per_layer(GPT3_175B, lay.micro_batch, tp=lay.tp, sp=lay.sp, recompute=lay.recompute)
     layers = GPT3_175B.layers // lay.pp
     states = mem["params"] + mem["grads"] + mem["optimizer"]
     print(f"memory {mem['total'] / GB:.1f} GB = model states {states / GB:.1f} + activations {mem['activations'] / GB:.1f}"
-          f" ({per_layer / GB:.3f} GB per layer × {layers} layers × {best.in_flight:g} in flight) + buffers "
+          f" ({per_layer / GB:.3f} GB per layer × {layers} layers × {pick.in_flight:g} in flight) + buffers "
           f"{mem['buffers'] / GB:.1f}")
     terms = [k for k in ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer") if t.get(k)]
     print(f"time {t['total']:.2f} s = " + " + ".join(f"{k} {t[k]:.2f}" for k in terms))
     print(f"bubble by hand: (compute + tp) × (p − 1)/(v·m) = ({t['compute']:.2f} + {t['tp']:.2f}) × "
           f"{lay.pp - 1}/({lay.v}·{lay.micro_batches}) = {(t['compute'] + t['tp']) * (lay.pp - 1) / (lay.v * lay.micro_batches):.2f} s")
-    claims.check_breakdown_adds_up(best, per_layer, layers)
+    claims.check_breakdown_adds_up(pick, per_layer, layers)
 
 
-def one_knob(best, cluster) -> None:
-    """§4: the best, then each knob changed alone, and the time terms that moved."""
-    print(show.one_knob(best, cluster))
-    claims.check_one_knob_at_a_time(best, cluster)
+def one_knob(pick, cluster) -> None:
+    """§4: the pick, then each knob changed alone, and the time terms that moved."""
+    print(show.one_knob(pick, cluster))
+    claims.check_one_knob_at_a_time(pick, cluster)
 
 
 def efficiency_band(p, band: float = 0.15) -> None:
@@ -151,17 +153,17 @@ def efficiency_band(p, band: float = 0.15) -> None:
     then with the links' assumed ring efficiencies (NVLink 77 %, InfiniBand 90 % of the datasheet) at 60 % and
     at 100 %, in one table: step, MFU, and whether the winner's layout is the same as at the fitted values.
     ``p`` is the plan at the fitted η_F and the assumed links."""
-    card, best0 = A100_SXM_80GB, p.best[0]
-    lines = [f"{'planned with':36}{'step s':>7}{'MFU':>7}  same best layout?"]
+    card, pick0 = A100_SXM_80GB, p.best[0]
+    lines = [f"{'planned with':36}{'step s':>7}{'MFU':>7}  same pick?"]
 
     def row(what, pl):
-        best = pl.best[0]
-        same = best.layout == best0.layout
-        degrees = same or replace(best.layout, v=1, schedule="1f1b") == replace(best0.layout, v=1, schedule="1f1b")
-        lines.append(f"{what:36}{best.step_seconds:7.1f}{best.mfu:7.1%}  " + (
-            "yes" if same else f"same degrees, {best.layout.schedule} (v {best.layout.v})" if degrees
-            else show.layout_words(best.layout)))
-        return best
+        pick = pl.best[0]
+        same = pick.layout == pick0.layout
+        degrees = same or replace(pick.layout, v=1, schedule="1f1b") == replace(pick0.layout, v=1, schedule="1f1b")
+        lines.append(f"{what:36}{pick.step_seconds:7.1f}{pick.mfu:7.1%}  " + (
+            "yes" if same else f"same degrees, {pick.layout.schedule} (v {pick.layout.v})" if degrees
+            else show.layout_words(pick.layout)))
+        return pick
 
     bests = {}
     for f in (1 - band, 1.0, 1 + band):
@@ -170,7 +172,7 @@ def efficiency_band(p, band: float = 0.15) -> None:
                                      1536, top=1)
         bests[f] = row(f"η_F {eta:.2f}" + (" (fitted), links as assumed" if f == 1.0 else ""), pl)
     claims.check_efficiency_band(bests)
-    by_link = {(NVLINK3.efficiency, IB_HDR.efficiency): best0}
+    by_link = {(NVLINK3.efficiency, IB_HDR.efficiency): pick0}
     for nvlink, ib in ((0.6, 0.6), (1.0, 1.0)):
         pl = plan(GPT3_175B, gpu_cluster(card, 128, replace(NVLINK3, efficiency=nvlink), replace(IB_HDR, efficiency=ib)),
                   1536, top=1)
@@ -179,28 +181,24 @@ def efficiency_band(p, band: float = 0.15) -> None:
     claims.check_link_efficiency_band(by_link)
 
 
-def hand_layouts(best, cluster) -> None:
-    """§4: the planner's best beside two layouts by hand, as stacked memory bars, then their numbers."""
-    ests, text = show.hand_layouts(best, cluster)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    figures.draw_memory_bars(ests, cluster.memory_bytes, ax)
-    plt.show()
-    print(text)
+def _short(layout) -> str:
+    """A layout's degrees in a few words: "TP 4 · PP 16 (v 2) · ZeRO-1", "TP 2 · ZeRO-3"."""
+    parts = [f"TP {layout.tp}"] + ([f"PP {layout.pp}" + (f" (v {layout.v})" if layout.v > 1 else "")]
+                                   if layout.pp > 1 else [])
+    return " · ".join(parts + ([f"ZeRO-{layout.zero}"] if layout.zero else []))
 
 
-def _row(links, overlap, p) -> tuple:
-    """One line of §5's table: the planner's pick, the pipeline's and ZeRO-3's layouts by the pick's rule
-    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes), ZeRO-3's step with TP up to 8 beside it (§4's
-    prediction: the family "ZeRO-3 + TP", TP inside a node), the ratio, and ZeRO-3's step ÷ the fastest against
-    the band. Returns (line, ZeRO-3's layout)."""
+def _row(links, overlap, p) -> str:
+    """One line of §5's table: the planner's pick; the pipeline's and ZeRO-3's layouts by the pick's rule
+    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes) and the ratio of their steps; the fastest
+    layout of all; ZeRO-3's step ÷ the fastest's, against the band."""
     with_pp = p.pick_among(lambda fam: "PP" in fam)
     zero3 = p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
-    zero3_in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
     ratio, to_fastest = zero3.step_seconds / with_pp.step_seconds, zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    any_tp, in_node = (f"{e.step_seconds:.1f} (TP {e.layout.tp})" for e in (zero3, zero3_in_node))
-    return (f"{links:>13}{overlap:>8}  {mp.family(p.best[0].layout):18}{with_pp.step_seconds:6.1f}"
-            f"{any_tp:>14}{in_node:>14}{ratio:13.2f}{to_fastest:14.2f} ×, {inside}", zero3.layout)
+    return (f"{links:10}{overlap:8}{mp.family(p.best[0].layout):18}{with_pp.step_seconds:6.1f}"
+            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>14}{ratio:6.2f}  {_short(p.fastest.layout):28}"
+            f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
 
 
 def rules_vs_planner(cluster, p) -> dict:
@@ -221,46 +219,17 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'':45}{'ZeRO-3 s, TP':>14}{'ZeRO-3 s, TP':>14}\n"
-          f"{'between nodes':>13}{'overlap':>8}  {'planner picks':18}{'PP s':>6}{'up to 16':>14}{'up to 8':>14}"
-          f"{'ZeRO-3 ÷ PP':>13}  ZeRO-3 ÷ the fastest (band {1 + p.tie:.2f} ×)")
-    rows = [_row(links, overlap, pl) for (links, overlap), pl in plans.items()]
-    print("\n".join(line for line, _ in rows))
-    print("each side by §4's pick rule; ZeRO-3, TP up to 8 (inside a node): §4's prediction; "
-          "the ÷ columns use TP up to 16")
+    print(f"\n{'links':10}{'overlap':8}{'pick':18}{'PP s':>6}{'ZeRO-3 s':>14}{'÷ PP':>6}  {'fastest':28}{'s':>5}"
+          f"  ZeRO-3 ÷ fastest")
+    print("\n".join(_row(links, overlap, pl) for (links, overlap), pl in plans.items()))
+    in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
+    print(f"band: {1 + p.tie:.2f} × the fastest. §4's prediction, ZeRO-3 with TP inside a node, first row: "
+          f"{in_node.step_seconds:.1f} s (TP {in_node.layout.tp}), {in_node.step_seconds / p.best[0].step_seconds:.2f} × "
+          f"the pick")
     claims.check_decision_guide_on_fast_network(fast, plans[fast_gbs, "off"])
     claims.check_overlap_decides(plans[slow_gbs, "off"], plans[slow_gbs, "on"], plans[fast_gbs, "off"],
                                  plans[fast_gbs, "on"])
     return plans
-
-
-# FlashAttention-3's forward on H100 reaches about 740 TFLOP/s of 989 in FP16 (Shah et al. 2024): 12b §3's
-# silent what-if for the H100 card's attention efficiency, which is FlashAttention-2's. The view prices Megatron-LM
-# 2022's kernels (attention: two batched matmuls and a fused softmax), so it does not move.
-FA3_H100 = 0.75
-
-
-def calculator_views() -> dict:
-    """Chapter 12b §3: the calculator's first view on the A100 and on the H100 card, term by term. The H100 with
-    FlashAttention-3's attention efficiency is checked, not printed: this view's kernels leave it unchanged."""
-    views = {name: figures.calculate(cluster=name) for name in figures.CALCULATOR_CLUSTERS}
-    print(show.card_views(views))
-    h100 = views["H100 card (device model)"]
-    fa3 = estimate(GPT3_175B, h100_cluster(128, replace(H100_SXM, attention_efficiency=FA3_H100)), h100.layout)
-    claims.check_memory_time_calculator(views["A100 card (device model)"], views, fa3)
-    return views
-
-
-def sequence(cluster) -> dict:
-    """Chapter 12b §4: the layouts of :data:`figures.SWEEP_LAYOUTS` as the sequence grows, drawn; the longest that fits."""
-    sweep = figures.sweep_sequence(GPT3_175B, cluster)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    figures.draw_sequence_sweep(sweep, cluster.memory_bytes, ax)
-    plt.show()
-    fits = {k: max((s for s, e in pts if e.fits), default=None) for k, pts in sweep.items()}
-    print("longest sequence that fits in 80 GB: " + ", ".join(f"{k} {v}" for k, v in fits.items()))
-    claims.check_memory_over_sequence_length(fits)
-    return fits
 
 
 def published(pub, full: bool = False) -> float:
@@ -304,20 +273,3 @@ def card_row(pub, run: str = "175B SP + selective") -> None:
           f"HBM {card.hbm_bandwidth / 1e12:.2f} TB/s × η_B {card.memory_efficiency}, "
           f"launch floor {card.launch_floor * 1e6:.0f} µs")
     claims.check_time_gpu_device_model_checked(row)
-
-
-def oneflow_layout() -> None:
-    """Chapter 12b §2: the OneFlow article's layout (64 stages × 6 nodes × 8 GPUs) for GPT-3, and for the 1T model of
-    Narayanan et al.'s Table 1 without and with full recomputation, with its hardware FLOPs utilization."""
-    seed_layout = Layout(dp=6, tp=8, pp=64, micro_batch=1, micro_batches=512)
-    try:
-        estimate(GPT3_175B, a100_cluster(384), seed_layout)
-    except ValueError as exc:
-        print("GPT-3 175B on the 64 × 6 × 8 layout:", exc)
-    one_t = mp.NARAYANAN_1T
-    print(f"{parameters(one_t) / 1e12:.3f} T parameters on {seed_layout.devices} GPUs, batch 3072:")
-    for layout in (seed_layout, replace(seed_layout, recompute="full")):
-        e_1t = estimate(one_t, a100_cluster(384), layout)
-        print(f"  {show.layout_words(layout)}: {show.estimate_words(e_1t)}, "
-              f"HFU {mp.hfu(one_t, 3072, e_1t.step_seconds, 3072, 312e12, layout.recompute):.1%}")
-    claims.check_oneflow_articles_gpt_3_layout(seed_layout, one_t, e_1t)

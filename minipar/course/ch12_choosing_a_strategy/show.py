@@ -121,10 +121,10 @@ _RECOMPUTED = {"none": "recomputes nothing: 6 FLOPs per parameter per token",
 
 
 def hand_layouts(best, cluster, tolerance: float = TOLERANCE) -> tuple:
-    """Section 3: (the planner's best beside :data:`HAND_LAYOUTS` as {label: Estimate}, their table, GPT-3's
+    """Section 3: (the planner's pick beside :data:`HAND_LAYOUTS` as {label: Estimate}, their table, GPT-3's
     300 B tokens in days at the best's step time beside Narayanan et al.'s 8TP/(nX) (their Eq. 4, X = 140
     TFLOP/s per GPU), with the range §9's ±``tolerance`` on the check rows gives — as text)."""
-    ests = {"planner's best": best, **{k: estimate(GPT3_175B, cluster, l) for k, l in HAND_LAYOUTS.items()}}
+    ests = {"planner's pick": best, **{k: estimate(GPT3_175B, cluster, l) for k, l in HAND_LAYOUTS.items()}}
     lines = [f"{k:<28}{e.memory['total'] / GB:6.1f} GB per GPU {e.step_seconds:6.2f} s per step  MFU {e.mfu:.1%}"
              for k, e in ests.items()]
     days = 300e9 / (1536 * 2048) * best.step_seconds / 86400
@@ -139,8 +139,8 @@ def hand_layouts(best, cluster, tolerance: float = TOLERANCE) -> tuple:
     return ests, Shown("\n".join(lines))
 
 
-# The families the lesson needs (section 4): the best's twin without ZeRO-1, TP across nodes, a pipeline
-# without TP, and ZeRO-3 + TP (section 5's rival); the best always comes first.
+# The families the lesson needs (section 4): the pick's twin without ZeRO-1, TP across nodes, a pipeline
+# without TP, and ZeRO-3 + TP (section 5's rival); the pick always comes first.
 SHOWN_FAMILIES = ("DP + TP + PP", "ZeRO-1 + TP + PP (TP across nodes)", "ZeRO-1 + PP", "ZeRO-3 + TP")
 
 
@@ -170,36 +170,36 @@ def with_zero1(p, cluster):
 def plan_table(p, full: bool = False) -> Shown:
     """Section 4: the planner's :class:`~minipar.plan.planner.Plan` as one row per family (its layout by the
     pick's rule, ``Plan.picks``) — fits?, memory,
-    step, against the best, and what it lost on (the term that cost it most, or memory) — then the best
+    step, against the pick, and what it lost on (the term that cost it most, or memory) — then the pick
     layout in full and, if it is not the fastest, the fastest in one line. Unless ``full``,
-    only the best and :data:`SHOWN_FAMILIES` get a row, and one line names the families that do not fit;
+    only the pick and :data:`SHOWN_FAMILIES` get a row, and one line names the families that do not fit;
     ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
     lines = [f"{p.considered} layouts costed, {p.feasible} fit, {len(p.families)} families"] if full else []
-    lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ best':>8}  why it lost"]
+    lines += [f"{'family':40}{'fits':>5}{'GB per GPU':>11}{'s/step':>8}{'÷ pick':>8}  why it lost"]
     families = plan_rows(p)
     order = sorted(families.items(), key=lambda kv: (kv[1] is not best, not kv[1].fits, kv[1].step_seconds))
     if not full:
         misfits = [fam for fam, e in order if not e.fits]
         order = [(fam, e) for fam, e in order if fam not in p.rejected or fam in SHOWN_FAMILIES]
     for fam, e in order:
-        why = p.rejected.get(fam, "the best")
+        why = p.rejected.get(fam, "the pick")
         if why.startswith("does not fit"):
             why = "does not fit"
         elif why.startswith("as fast"):
             why = f"inside the {p.tie * 100:.0f} % band, more memory"
-        elif why != "the best":
+        elif why != "the pick":
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
         hidden = [(fam, e) for fam, e in sorted(families.items(), key=lambda kv: kv[1].step_seconds)
                   if e.fits and fam not in dict(order)]
-        lines.append("also fit (the table is a selection; full=True lists all), ÷ best:")
+        lines.append("also fit (the table is a selection; full=True lists all), ÷ pick:")
         items = [f"{_degree(fam, e)} {e.step_seconds / best.step_seconds:.2f}" for fam, e in hidden]
         lines += ["  " + ", ".join(items[i:i + 3]) for i in range(0, len(items), 3)]
         lines.append(f"these do not fit: {', '.join(_degree(fam, families[fam]) for fam in misfits)}")
-    lines.append(f"best: {layout_words(best.layout)}: {estimate_words(best)}")
+    lines.append(f"pick: {layout_words(best.layout)}: {estimate_words(best)}")
     if p.fastest is not best:
         lines.append(f"fastest: {layout_words(p.fastest.layout)}: {estimate_words(p.fastest)}")
     return Shown("\n".join(lines))
@@ -241,9 +241,9 @@ def card_views(views: dict) -> Shown:
 
 
 def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
-    """Section 4: the best layout with each knob changed alone (TP halved with DP doubled, the schedule switched
+    """Section 4: the pick with each knob changed alone (TP halved with DP doubled, the schedule switched
     between 1F1B and interleaved, no SP, full recomputation, ZeRO-2 or -3 resharding per micro-batch), each
-    row's memory, step time against the best (+ slower, − faster) and the two time terms that moved most."""
+    row's memory, step time against the pick (+ slower, − faster) and the two time terms that moved most."""
     from dataclasses import replace
     lay = best.layout
     other = tp_changed(lay, lay.tp // 2, global_batch)
@@ -252,9 +252,9 @@ def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
              ("v = 1 (1F1B)" if lay.v > 1 else "v = 2 (interleaved)"): sched,
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
              "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
-    lines = [f"{'one knob changed':20}{'GB per GPU':>11}{'s/step':>8}{'vs best':>9}  "
-             f"the two time terms that moved most (s: best -> changed)",
-             f"{'(none: the best)':20}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}{'':9}"]
+    lines = [f"{'one knob changed':20}{'GB per GPU':>11}{'s/step':>8}{'vs pick':>9}  "
+             f"the two time terms that moved most (s: pick -> changed)",
+             f"{'(none: the pick)':20}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}{'':9}"]
     for name, layout in knobs.items():
         e = estimate(GPT3_175B, cluster, layout)
         change = {k: v for k, v in e.time.items() if k != "total" and abs(v - best.time.get(k, 0.0)) > 0.05}
