@@ -163,8 +163,12 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB); the model is within {miss[worst]:.1f}× of every size "
           f"(worst at {_size(worst)})")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
+    ratio, winner = max(steps, data) / min(steps, data), "steps" if steps > data else "bytes"
+    verdict = (f"{ratio:.2g}× apart, beyond the fit's {miss[worst]:.1f}× miss: the {winner} dominate"
+               if ratio > miss[worst] else f"only {ratio:.1f}× apart, within the fit's {miss[worst]:.1f}× miss: "
+               "too close to call")
     print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
-          f"{data * 1e3:.2f} ms: the {'steps' if steps > data else 'bytes'} cost more")
+          f"{data * 1e3:.2f} ms: {verdict}")
     plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
     plt.show()
     claims.check_ring_time_fitted_on_two_ranks(sizes, alpha, beta, model[largest])

@@ -34,6 +34,12 @@ def check_run_live_4_ranks_uneven(table_4, sent, padded) -> None:
     check_w_held_once(table_4, 5 * 8 * 4)
 
 
+def check_unpadded_rank0(rank0, mean) -> None:
+    """The row split fed a whole x: unpadded, the ring all-gather's ranks send unequal bytes (pieces 2, 1, 1, 1
+    columns of 4 rows): rank 0 forwards pieces 0, 3, 2, 64 B; rank 3 forwards 3, 2, 1, 48 B; the mean is 60 B."""
+    assert (rank0, mean) == (64, 60)
+
+
 def check_column_split_trades_dw_for_dx(table_b, bwd, K, M) -> None:
     """Does splitting w save communication: x 64×5 on 4 ranks, each split equals one device, and the column
     split's all-reduce of dx sends more than data parallelism's of dw"""

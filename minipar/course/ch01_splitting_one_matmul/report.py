@@ -81,11 +81,15 @@ def show_row_whole_x(table_4: dict, x, w) -> None:
     b, k = x.shape
     show_table({"row_whole_x": table_4["row_whole_x"]}, x.shape, w.shape)
     sent = table_4["row_whole_x"].backward
-    cols = max(ms.shard_sizes(k, 4))
-    unpadded = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
-    print(f"\nbackward all-gather of dx ({b}×{k}) in column pieces {ms.shard_sizes(k, 4)}: "
+    pieces = ms.shard_sizes(k, 4)
+    cols = max(pieces)
+    mean = comm.predicted_bytes_sent("all_gather", b * k * 4, 4)
+    # the ring all-gather's rank 0 forwards pieces 0, N−1, …, 2 (rank r sends pieces r, r−1, …, r−N+2)
+    rank0 = sum(pieces[-j % 4] for j in range(3)) * b * 4
+    print(f"\nbackward all-gather of dx ({b}×{k}) in column pieces {pieces}: "
           f"every rank sent {sent[0]} bytes: 3 pieces, each padded to {b}×{cols} floats ({b * cols * 4} B); "
-          f"without padding, (N−1)/N·|dx| would be {unpadded:.0f}")
+          f"without padding rank 0 would send {rank0} B (the ranks' mean, (N−1)/N·|dx|, is {mean:.0f} B)")
+    claims.check_unpadded_rank0(rank0, mean)
     claims.check_run_live_4_ranks_uneven(table_4, sent, _padded_all_gather(x))
 
 
