@@ -117,9 +117,10 @@ def regather_bytes(t: int = 4) -> float:
 
 
 def show_three_ways(ways: dict, t: int = 4) -> None:
-    print(f"{f'one layer, t={t}, per rank':27}{'sent (formula / log)':>25}{'kept (activations)':>19}")
+    print(f"{f'one layer, t={t}, per rank':27}{'sent, formula':>15}{'sent, logged':>14}{'kept':>11}")
     for name, w in ways.items():
-        print(f"{name:27}{w['formula'] / 1024:>10.1f} KiB /{w['log'] / 1024:>5.1f} KiB {w['activations'] / 1024:>14.1f} KiB")
+        print(f"{name:27}{w['formula'] / 1024:>11.1f} KiB{w['log'] / 1024:>10.1f} KiB"
+              f"{w['activations'] / 1024:>7.1f} KiB")
     claims.check_three_ways(ways, regather_bytes(t))
 
 
