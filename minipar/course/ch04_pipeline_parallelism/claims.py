@@ -81,8 +81,8 @@ def check_interleaved_bubble_formula(P, M, inter) -> None:
 
 
 def check_interleaving_falls_short_of_v(inter) -> None:
-    """Interleaved 1F1B: v chunks per rank: the bubble fraction falls by less than v (×1.73 at v = 2, ×3.18 at
-    v = 4), the shortfall growing with v"""
+    """Interleaved 1F1B: v chunks per rank: the bubble fraction falls 1.73× at v = 2 (not 2×) and
+    3.18× at v = 4 (not 4×), further short of v the larger v"""
     cut = {v: inter[1].bubble_fraction / s.bubble_fraction for v, s in inter.items()}
     assert f"{cut[2]:.2f}" == "1.73" and f"{cut[4]:.2f}" == "3.18" and 0 < 2 - cut[2] < 4 - cut[4]
 
@@ -153,12 +153,18 @@ def check_tied_model_refused(err) -> None:
     assert isinstance(err, ValueError) and "tied" in str(err)
 
 
-def check_latency_on_critical_path(p, m) -> None:
+def check_latency_on_critical_path(extra: dict, p: int, m: int) -> None:
     """Why PP is the dimension that crosses nodes: a latency α on every send lengthens GPipe's step by 2(p-1)·α
-    and 1F1B's by 2(p-1)·α·m/p + 2(p-2)·α (its lock-step round trip, once per p micro-batches); simulated, F=1, BW=2"""
+    and 1F1B's by 2(p-1)·α·m/p + 2(p-2)·α (its lock-step round trip, once per p micro-batches); simulated, F=1, BW=2.
+    ``extra``: the printed deltas in α at (p, m); the formulas are also held at other p and m."""
     from minipar.pipeline import Costs, make_schedule, simulate
     alpha = 0.01
-    extra = {name: (simulate(make_schedule(name, p, m), Costs(p2p=alpha)).makespan
-                    - simulate(make_schedule(name, p, m)).makespan) / alpha for name in ("gpipe", "1f1b")}
-    assert abs(extra["gpipe"] - 2 * (p - 1)) < 1e-6, extra
-    assert abs(extra["1f1b"] - (2 * (p - 1) * m / p + 2 * (p - 2))) < 1e-6, extra
+
+    def delta(name, p, m):
+        return (simulate(make_schedule(name, p, m), Costs(p2p=alpha)).makespan
+                - simulate(make_schedule(name, p, m)).makespan) / alpha
+
+    for q, n in ((p, m), (2, 6), (3, 9), (6, 12), (8, 16)):
+        got = extra if (q, n) == (p, m) else {name: delta(name, q, n) for name in ("gpipe", "1f1b")}
+        assert abs(got["gpipe"] - 2 * (q - 1)) < 1e-6, (q, n, got)
+        assert abs(got["1f1b"] - (2 * (q - 1) * n / q + 2 * (q - 2))) < 1e-6, (q, n, got)

@@ -11,7 +11,7 @@ from minipar.pipeline.runtime import measured_idle_fraction, typical_step
 from . import claims
 from .figures import draw_measured, draw_memory, paced_idle, peak_held
 
-__all__ = ["show_runtime_loop", "show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes",
+__all__ = ["show_runtime_loop", "show_refusal", "show_link", "show_naive", "show_bubble_sweep", "show_batch_arithmetic", "show_pipeline_bytes", "show_latency",
            "show_vs_one_device", "show_same_bubble", "show_held", "show_memory", "compare_memory", "show_pipedream", "show_weight_versions", "show_layout",
            "show_interleaved", "show_interleaved_bytes", "show_beside", "show_unpaced",
            "show_paced", "show_explorer", "show_1f1b_phases", "show_idle_breakdown"]
@@ -145,20 +145,35 @@ def show_pipeline_bytes(runs: list, reference, p: int, m: int, a: int, steps: in
     print(f"the same {p} ranks and model, split three ways: bytes each rank sends per step (all-reduces: ring model; "
           f"× PP: those bytes over a middle PP rank's, the busiest)")
     rows = [("PP, a middle stage", busiest, "measured", "to its 2 neighbours, point to point, once per micro-batch"),
-            ("DP, a replica each", dp, "ring model, not run",
+            ("DP (model), a replica each", dp, "ring model, not run",
              f"to all {p}, one all-reduce of the gradients a step (overlaps backward)"),
-            (f"TP, 1/{p} of every layer", tp, "ring model, not run",
+            (f"TP (model), 1/{p} of every layer", tp, "ring model, not run",
              f"to all {p}, 4 all-reduces per layer, each awaited by the next operator")]
     for label, sends, source, how in rows:
-        print(f"  {label:24s} {sends:>9,.0f}  {sends / busiest:5.1f}× PP  {source:19s}  {how}")
+        print(f"  {label:32s} {sends:>9,.0f}  {sends / busiest:5.1f}× PP  {source:19s}  {how}")
     print("PP measured; DP and TP from the ring formula for the same model")
     claims.check_pp_sends_least(busiest, dp, tp)
-    claims.check_latency_on_critical_path(p, m)
     h = reference.params["ln_f.weight"].numel()
     tokens = m * a // (8 * h)                                    # T tokens a step; L = layers, the whole model's
     side = "below" if tokens < 12 * layers * h else "at or above"
     print(f"PP sends less than DP while T < 12·L·h: here T = {tokens} tokens a step, L = {layers} layers, h = {h}: "
           f"T is {side} 12·L·h = {12 * layers * h:,}")
+
+
+def show_latency(p: int, m: int, alpha: float = 0.01) -> None:
+    """A latency α on every send, on the simulator's clock (F = 1, BW = 2): how much longer each schedule's step
+    gets, in α, beside the formula and the bubble."""
+    from minipar.pipeline import Costs
+    extra = {name: (simulate(make_schedule(name, p, m), Costs(p2p=alpha)).makespan
+                    - simulate(make_schedule(name, p, m)).makespan) / alpha for name in ("gpipe", "1f1b")}
+    formula = {"gpipe": (2 * (p - 1), "2(p-1)"), "1f1b": (2 * (p - 1) * m / p + 2 * (p - 2), "2(p-1)·m/p + 2(p-2)")}
+    print(f"p = {p}, m = {m}, F = 1, BW = 2, latency α on every send: the step grows by")
+    for name, label in (("gpipe", "GPipe"), ("1f1b", "1F1B")):
+        value, text = formula[name]
+        print(f"  {label:6s} {extra[name]:4.0f}α   (formula {text} = {value:.0f})")
+    costs = Costs()
+    print(f"for scale, the bubble: (p-1)(F+BW) = {(p - 1) * (costs.F + costs.of('BW')):.0f}")
+    claims.check_latency_on_critical_path(extra, p, m)
 
 
 def show_vs_one_device(reference, results: list, dtype) -> None:
