@@ -20,6 +20,7 @@ def check_head_and_loss(head, tokens, h, vocab) -> None:
     log-probabilities, 4·(2·h + V) bytes a token, plus LayerNorm's statistics and the targets"""
     model = 4 * tokens * (2 * h + vocab)
     assert model <= head <= 1.05 * model, (head, model)
+    assert h == vocab                                          # the text: the three parts are equal here
 
 
 def check_logits_against_a_layer(s, h) -> None:
@@ -42,7 +43,7 @@ def check_over_sequence_length(sweep) -> None:
 
 def check_attention_without_matrix(fused) -> None:
     """Attention without the s×s matrix"""
-    assert all(same and (u, f) == m for u, f, m, same, *_ in fused.values())
+    assert all(same and (u, f, lse) == m for u, f, m, same, _, lse in fused.values())
 
 
 def check_how_built(identical) -> None:

@@ -77,6 +77,9 @@ def show_one_step(acc) -> None:
     print(f"Ψ = {n:,} parameters; model states {acc.model_states / n:g} bytes each")
     print(f"activations {acc.activations:,} B: blocks and embedding {acc.activations - head:,} B, "
           f"head and loss {head:,} B (vocabulary V = {CFG.vocab_size})")
+    each = 4 * B * S * H
+    print(f"  of which ln_f's input, the head's input and the log-probabilities, {each:,} B each (h = V = {H}), "
+          f"+ {head - 3 * each:,} B (mostly LayerNorm's statistics and the targets)")
     claims.check_4_4_8_bytes_per_parameter(acc, n)
     claims.check_head_and_loss(head, S * B, H, CFG.vocab_size)
     claims.check_peak_below_sum(acc)
@@ -138,15 +141,19 @@ def fused_attention() -> dict:
         q, k, v = (torch.randn(B, A, s, d, requires_grad=True) for _ in range(3))
         out_u, unfused = saved_activation_bytes(core.attention, q, k, v, exclude=[q, k, v])
         out_f, fused = saved_activation_bytes(F.scaled_dot_product_attention, q, k, v, is_causal=True, exclude=[q, k, v])
-        models = (4 * A * s * s * B + s * s, 4 * (s * B * H + A * s * B))    # P (FP32) + bool mask; O + log-sum-exp
-        out[s] = (unfused, fused, models, torch.allclose(out_u, out_f, atol=1e-5), type(out_f.grad_fn).__name__)
+        lse = fused - out_f.numel() * out_f.element_size()                  # what the kernel saves besides O
+        models = (4 * A * s * s * B + s * s, 4 * (s * B * H + A * s * B), 4 * A * s * B)  # P + bool mask; O + LSE; LSE
+        out[s] = (unfused, fused, models, torch.allclose(out_u, out_f, atol=1e-5), type(out_f.grad_fn).__name__, lse)
     return out
 
 
 def show_fused(fused, sweep) -> None:
-    print(f"{'s':>5}{'unfused':>12}{'model 4·b·a·s² + s² bytes':>27}{'fused':>10}{'model O + LSE':>15}  same output")
-    for s, (u, f, m, same, _) in fused.items():
-        print(f"{s:>5}{u:>12,}{m[0]:>27,}{f:>10,}{m[1]:>15,}  {str(same):>11}")
+    print(f"{'s':>5}{'unfused: P + mask':>19}{'fused: O + LSE':>16}{'LSE alone':>11}  same output")
+    for s, (u, f, m, same, _, lse) in fused.items():
+        print(f"{s:>5}{u:>19,}{f:>16,}{lse:>11,}  {str(same):>11}")
+    match = all((u, f, lse) == m for u, f, m, _, _, lse in fused.values())
+    print("bytes by formula: P + mask 4·b·a·s² + s², O + LSE 4·(b·s·h + b·a·s), LSE 4·b·a·s; "
+          f"{'equal to the measured at every s' if match else 'NOT equal to the measured'}")
     print("the fused kernel's backward node at every s:", ", ".join(sorted({row[4] for row in fused.values()})))
     fig, ax = plt.subplots(figsize=(9, 4))
     draw_length_sweep(ax, sweep, fused)
