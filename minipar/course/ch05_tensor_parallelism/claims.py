@@ -80,6 +80,11 @@ def check_t1_does_not_fit(state, card_gb) -> None:
     assert state[1] > card_gb > state[2]
 
 
+def check_weight_state_product(gb, layers, params) -> None:
+    """Deeper B: the t = 1 bytes printed as layers × parameters × 16 B are that product"""
+    assert abs(gb - layers * params * 16 / 1e9) < 1e-6
+
+
 def check_crossing_costs_with_narrow_matmuls(slow) -> None:
     """Why TP stays inside a node: with narrow matmuls slower, crossing nodes (t = 8 -> 16) still costs a GPU
     over a fifth of its tokens/s"""

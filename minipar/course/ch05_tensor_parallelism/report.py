@@ -11,7 +11,7 @@ from minipar.machine.device import H100_SXM
 from . import claims
 from . import measure
 from .figures import column_gelu_shards, draw_column_gelu, draw_tp_throughput
-from .throughput import CARDS, narrow_matmuls, weight_state_gb
+from .throughput import CARDS, gpt3_shaped, narrow_matmuls, weight_state_gb
 from .timing import one_step, tp_runs, tp_table
 
 __all__ = ["column_split", "show_row_split", "show_mlp", "show_attention", "show_loss", "gpt_vs_one_device", "show_gpt", "show_layer_bytes",
@@ -130,7 +130,8 @@ def memory_per_rank(degrees=(1, 2, 4), b: int = 4, s: int = 16, h: int = 32, a: 
 
 
 def show_tp_throughput(rows: list) -> dict:
-    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): the figure, one headline line (TP's
+    """The planner's GPT-3-shaped rows (:func:`.throughput.tp_throughput`): why t = 1 does not fit (above the
+    figure), the figure, one headline line (TP's
     share of the step at t = 8 and 16), then the tokens/s kept, a narrow-matmul sensitivity, the table, the
     cards' prices and the memory per GPU in a collapsed block; the checks; returns the H100 8-GPU-node rows by t."""
     series = {}
@@ -145,6 +146,11 @@ def show_tp_throughput(rows: list) -> dict:
     state = {t: weight_state_gb(t) for t in degrees}
     card_gb = min(card.memory_bytes for card, _, _ in CARDS.values()) / 1e9     # both cards: 80 GB
     claims.check_t1_does_not_fit(state, card_gb)
+    model = gpt3_shaped()
+    params = 12 * model.hidden ** 2                      # one layer's weight matrices, as weight_state_gb counts
+    claims.check_weight_state_product(state[1], model.layers, params)
+    print(f"Weights, gradients and Adam state at t = 1: {model.layers} layers × {params / 1e9:.1f} B parameters × 16 B "
+          f"= {state[1]:.0f} GB, over an {card_gb:.0f} GB card (t = 1 shaded); {state[2]:.0f} GB at t = 2")
     draw_tp_throughput(rows)
     plt.show()
     h100 = series[("H100 (NVLink 4, IB NDR)", "8-GPU nodes")]
