@@ -6,16 +6,17 @@ One launch on N ranks trains the same GPT twice side by side with ZeRO-3 (one un
 is issued when a unit starts and travels under its slot; without, each gather is issued and waited for where
 its unit starts, outside any slot. Both wait for each reduce-scatter where it is issued (ZeRO's blocking
 default), as the traced runs of :mod:`.timing` do, so the two differ in the gathers only and the paced and the
-traced runs are the same program. Rounds alternate the two configurations
-(:func:`minipar.observe.paced_compute.alternating_steps`: each step after a barrier, on its slowest rank),
-after one untimed step each (the first step records the units' order; nothing is prefetched in it). Both are
-compared with one device (SGD, same batches: equal to float summation order).
+traced runs are the same program. One untimed step each comes first: it records the units' order (nothing
+is prefetched in it) and the blocks' compute, the ranks computing together, from which the slots are sized
+(:func:`minipar.observe.paced_compute.size_slots`: twice its 90th percentile, at least ``FORWARD_S`` /
+``BACKWARD_S``, at most ``CEILING_S``). Rounds then alternate the two configurations
+(:func:`minipar.observe.paced_compute.alternating_steps`: each step after a barrier, on its slowest rank).
+Both are compared with one device (SGD, same batches: equal to float summation order).
 """
 from __future__ import annotations
 
 import os
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -25,15 +26,14 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import alternating_steps, pace, spread, too_busy, verdict
+from minipar.observe.paced_compute import alternating_steps, pace, size_slots, spread, too_busy, verdict
 from minipar.recipe import RunResult
 
-__all__ = ["MODEL", "zero3", "block_compute", "slots", "paced_rank", "measure", "table"]
+__all__ = ["MODEL", "zero3", "paced_rank", "measure", "table"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of parameters
-FORWARD_S, BACKWARD_S = 0.008, 0.016           # a block's shortest slots: several times its compute, unloaded
-SLACK = 2                                      # a slot: at least this many times a block's measured compute
-WIDEST = 3                                     # and at most this many times the shortest (the chapter's run time)
+FORWARD_S, BACKWARD_S = 0.008, 0.016           # the narrowest slots: measured compute widens them (size_slots)
+CEILING_S = 0.036                              # the widest: 12 paced steps stay under 3.5 s of slots
 CONFIGS = {"prefetch": True, "no prefetch": False}
 
 VERDICTS = {"apart": "ranges apart: every step with prefetch faster than every step with no prefetch",
@@ -48,39 +48,12 @@ def zero3(model, recipe, prefetch: bool):
     return zero.ZeRO(model, recipe.optimizer, 3, prefetch=prefetch)
 
 
-def block_compute(recipe, rank, world_size, repeats: int = 5) -> tuple:
-    """(forward s, backward s): one block's compute on this rank's share of a batch, unpaced and unsharded,
-    the median of ``repeats``, the slowest rank's (all ranks measure at once, sharing the cores as in the run)."""
-    block = recipe.model().blocks[0]
-    x, _ = shard_batch(recipe.batches[0], rank, world_size)
-    forward, backward = [], []
-    for _ in range(repeats):
-        h = torch.randn(*x.shape, MODEL["n_embd"], requires_grad=True)
-        t0 = time.perf_counter()
-        out = block(h)
-        t1 = time.perf_counter()
-        out.sum().backward()
-        forward.append(t1 - t0)
-        backward.append(time.perf_counter() - t1)
-    took = torch.tensor([statistics.median(forward), statistics.median(backward)], dtype=torch.float64)
-    dist.all_reduce(took, op=dist.ReduceOp.MAX)
-    return tuple(took.tolist())
-
-
-def slots(forward_c: float, backward_c: float, forward_s: float = FORWARD_S, backward_s: float = BACKWARD_S) -> tuple:
-    """(forward slot, backward slot) in seconds: :data:`SLACK` times the measured compute, no shorter than the
-    given slots and no longer than :data:`WIDEST` times them, so a slower or busier CPU still leaves slack."""
-    return tuple(min(WIDEST * floor, max(floor, SLACK * c)) for c, floor in ((forward_c, forward_s),
-                                                                           (backward_c, backward_s)))
-
-
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots", "slot_s",
-    "compute_s"}: the slots sized from a block's measured compute (:func:`slots`, ``forward_s`` and
-    ``backward_s`` the shortest), the recipe's first batch untimed, then one round per later batch."""
+    "compute_s"}: the recipe's first batch untimed (it records the units' order and the blocks' compute, from
+    which ``size_slots`` sizes the slots, ``forward_s`` and ``backward_s`` the narrowest), then one round per
+    later batch."""
     torch.set_num_threads(1)
-    compute_s = block_compute(recipe, rank, world_size)
-    forward_s, backward_s = slots(*compute_s, forward_s, backward_s)
     state, pacers = {}, []
     for name, prefetch in CONFIGS.items():
         model = recipe.model()
@@ -97,14 +70,23 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
         sharded.step()
         losses.append(loss.item())
     for name in CONFIGS:
-        step(name)                                          # records the units' order, untimed
-    for p in pacers:
-        p.held = p.overruns = 0                             # the timed steps' slots only
+        step(name)                                          # untimed: records the units' order and the compute
+    compute_s = _median_compute(pacers)                     # (printed; size_slots clears it)
+    slot_s = size_slots(pacers, (forward_s, backward_s), ceiling=CEILING_S)   # resets the slots' counts too
     seconds = alternating_steps({n: (lambda n=n: step(n)) for n in CONFIGS}, recipe.steps - 1)
     results = {n: RunResult(_mean_over_ranks(losses), sharded.full_parameters())
                for n, (_, sharded, losses) in state.items()}
     return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
-            "slots": sum(p.held for p in pacers), "slot_s": (forward_s, backward_s), "compute_s": compute_s}
+            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "compute_s": compute_s}
+
+
+def _median_compute(pacers) -> tuple:
+    """(forward s, backward s): the median compute of a block in the steps the ``pacers`` held, on the slowest
+    rank (collective)."""
+    took = torch.tensor([statistics.median(t for p in pacers for t in p.computed[kind])
+                         for kind in ("forward", "backward")], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return tuple(took.tolist())
 
 
 def _mean_over_ranks(losses: list) -> list:
@@ -118,7 +100,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
     "overruns", "slots" (how many were held, all ranks), "slot_s": the (forward, backward) slots the run held
-    (:func:`slots`, ``forward_s`` and ``backward_s`` the shortest), "compute_s": a block's measured compute, "blocks",
+    (``size_slots``, ``forward_s`` and ``backward_s`` the narrowest), "compute_s": a block's median compute, "blocks",
     "block_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)

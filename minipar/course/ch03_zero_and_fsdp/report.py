@@ -15,7 +15,7 @@ text, its numbers by name, and ``check()``: what the chapter says of them), so t
 """
 from __future__ import annotations
 
-from minipar.check import RunResult, compare
+from minipar.check import RunResult, compare, gpt_recipe
 from minipar.course import replays
 from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
@@ -219,14 +219,18 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
     ratios = [ratio[("ring", 1)], ratio[("ring", 3)], ratio[("gloo", 1)], ratio[("gloo", 3)]]
     logged_ratio = {s: logged[("accum", s)] / logged["DDP"] for s in (1, 2)}
     m = figures.ACCUM_STEPS
-    rows = [("ZeRO-1, sockets", observed[("ring", 1)], ratio[("ring", 1)]),
-            ("ZeRO-3, sockets", observed[("ring", 3)], ratio[("ring", 3)]),
-            ("DDP, sockets (base of the rows above)", observed["DDP"], 1.0),
-            ("DDP, formula (base of the rows below)", logged["DDP"], 1.0),
-            (f"ZeRO-1, {m} micro-batches, formula", logged[("accum", 1)], logged_ratio[1]),
-            (f"ZeRO-2, {m} micro-batches, formula", logged[("accum", 2)], logged_ratio[2])]
-    lines = [f"{'ring collectives, per rank, last step':40}{'KiB':>8}{'× DDP':>8}"]
-    lines += [f"{name:40}{kib / 1024:>8.1f}{x:>7.2f}x" for name, kib, x in rows]
+    measured = [("DDP", observed["DDP"], 1.0),
+                ("ZeRO-1", observed[("ring", 1)], ratio[("ring", 1)]),
+                ("ZeRO-3", observed[("ring", 3)], ratio[("ring", 3)])]
+    formula = [("DDP", logged["DDP"], 1.0),
+               ("ZeRO-1", logged[("accum", 1)], logged_ratio[1]),
+               ("ZeRO-2", logged[("accum", 2)], logged_ratio[2])]
+    lines = []
+    for title, rows in (("measured on rings, per rank, last step", measured),
+                        (f"accumulating m = {m} (ring formula)", formula)):
+        lines += [f"{title:40}{'KiB':>8}{'× DDP':>8}"]
+        lines += [f"  {name:38}{kib / 1024:>8.1f}{x:>7.2f}x" for name, kib, x in rows] + [""]
+    lines.pop()
     gloo_line = (f"on gloo's collectives (sockets): ZeRO-1 {ratio[('gloo', 1)]:.2f}x, ZeRO-3 {ratio[('gloo', 3)]:.2f}x, "
                  f"ZeRO-2 with {m} micro-batches {ratio[('accum', 2)]:.2f}x DDP")
     return Report("\n".join(lines), _check_wire, reference=reference, runs=wire_runs, ratios=ratios,
@@ -245,13 +249,16 @@ def _check_prefetch_memory(r: Report) -> None:
 
 def prefetch_memory(t3: dict) -> Report:
     """Rank 0's peak live bytes in step 2 of ``timing.measure``'s runs, gathered parameters included, and one
-    block's weight matrices (12·d² FP32 elements, biases and norms aside) beside the difference."""
+    block's weight matrices (12·d² FP32 elements) and its whole parameters (with biases and norms) beside the
+    difference."""
     peaks = {name: max(b for *_, b in t3["memory"][name]) for name in t3["traces"]}
     d, blocks = timing.STEP_RECIPE["n_embd"], timing.STEP_RECIPE["n_layer"]
     block, extra = 12 * d * d * 4, peaks["prefetch"] - peaks["no prefetch"]
+    whole = sum(p.numel() * p.element_size()
+                for p in gpt_recipe(steps=1, **timing.STEP_RECIPE).model().blocks[0].parameters())
     text = (f"tiny GPT of {blocks} blocks, h = {d}, ZeRO-3 on 4 ranks\npeak live bytes on rank 0: prefetch {peaks['prefetch'] / 2**20:.2f} MiB, without "
             f"{peaks['no prefetch'] / 2**20:.2f} MiB: prefetch holds {extra / 1024:.0f} KiB more "
-            f"(one block's weights: {block / 1024:.0f} KiB)")
+            f"(one block's weight matrices: {block / 1024:.0f} KiB; with its biases and norms: {whole / 1024:.0f} KiB)")
     return Report(text, _check_prefetch_memory, peaks=peaks, extra=extra)
 
 
