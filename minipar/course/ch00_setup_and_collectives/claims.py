@@ -88,6 +88,16 @@ def check_card_alpha_below_nccl_table(cards, published) -> None:
         assert table / 2 <= card.latency < table, (card, table)
 
 
+def check_alpha_used_by_generation(cards, by_type, kind_of) -> None:
+    """Appendix D: the course's α differs within a link type (newer NVLink and InfiniBand smaller), and every
+    link's α is within a factor of two of the hwLat NCCL charges its link type"""
+    nvlink3, nvlink4, _pcie3, hdr, ndr = cards
+    assert nvlink4.latency < nvlink3.latency and ndr.latency < hdr.latency, cards
+    for card in cards:
+        table = by_type[kind_of(card.name)]
+        assert table / 2 <= card.latency <= 2 * table, (card, table)
+
+
 def check_nccl_latency_by_link_type(published, by_type) -> None:
     """Appendix D: NCCL's hwLat is indexed by link type: the ring step α quoted for NVLink 4 and InfiniBand NDR
     is the one NCCL (2.18-2.30) charges any NVLink (3.4 µs) and any network (14.0 µs); any PCI link costs 5.7 µs"""

@@ -163,10 +163,11 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB); the model is within {miss[worst]:.1f}× of every size "
           f"(worst at {_size(worst)})")
     steps, data = 2 * (n - 1) * alpha, 2 * (n - 1) / n * payload_bytes / beta
-    ratio, winner = max(steps, data) / min(steps, data), "steps" if steps > data else "bytes"
-    verdict = (f"{ratio:.2g}× apart, beyond the fit's {miss[worst]:.1f}× miss: the {winner} dominate"
-               if ratio > miss[worst] else f"only {ratio:.1f}× apart, within the fit's {miss[worst]:.1f}× miss: "
-               "too close to call")
+    ratio = max(steps, data) / min(steps, data)
+    winner, other = ("steps", "bytes") if steps > data else ("bytes", "steps")
+    verdict = (f"the {winner} cost {ratio:.2g}× the {other}, more than the fit's {miss[worst]:.1f}× error, "
+               f"so the {winner} dominate" if ratio > miss[worst] else
+               f"only {ratio:.1f}× apart, within the fit's {miss[worst]:.1f}× error: too close to call")
     print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: {verdict}")
     plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
@@ -203,6 +204,8 @@ def show_later_links() -> None:
     claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
     claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)
     claims.check_nccl_latency_by_link_type(PUBLISHED_LINKS, NCCL_RING_LATENCY)
+    claims.check_alpha_used_by_generation((NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR), NCCL_RING_LATENCY,
+                                          nccl_link_type)
     claims.check_link_shares_between_77_and_90_percent((NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR))
 
 
