@@ -59,17 +59,24 @@ def show_gpt3_logits(vocabs=(50257, 150000)) -> None:
 def show_segments(n_layers: int = 96, ks=(1, 2, 4, 10)) -> None:
     """Chen et al. 2016 on GPT-3's layers: keep only every k-th layer's input and recompute a whole segment
     of k layers in backward (one extra forward, whatever k). Peak ≈ ⌈n/k⌉ · input + k · a layer's activations,
-    smallest at k = √(n · input / layer); a layer's activations as kept without and with selective recomputation."""
+    smallest at k = √(n · input / layer); a layer's activations as kept without and with selective recomputation.
+    With selective inside, the layer being differentiated also rebuilds its s² terms (P, its mask, its dropout
+    output) for its own backward: one layer's s² bytes on top, whatever k."""
     s, h, a = GPT3["s"], GPT3["h"], GPT3["a"]
     layer_input = activation_bytes_formula(s, 1, h, a, recompute="full")        # 2·sbh
+    kept = {mode: activation_bytes_formula(s, 1, h, a, recompute=mode) for mode in ("none", "selective")}
+    rebuilt = {"none": 0, "selective": kept["none"] - kept["selective"]}       # 5as²b: one layer's s² terms
     print(f"{n_layers} GPT-3 layers, a checkpoint every k layers: peak activations (by formula)")
     peaks = {}
     for mode in ("none", "selective"):
-        layer = activation_bytes_formula(s, 1, h, a, recompute=mode)
-        peaks[mode] = {k: math.ceil(n_layers / k) * layer_input + k * layer for k in ks}
-        best_peak, best = min((math.ceil(n_layers / k) * layer_input + k * layer, k) for k in range(1, n_layers + 1))
-        label = {"none": "layers without selective inside", "selective": "layers with selective inside"}[mode]
-        print(f"  {label:31} (a layer keeps {layer / layer_input:4.1f}× its input): "
+        def peak(k):
+            return math.ceil(n_layers / k) * layer_input + k * kept[mode] + rebuilt[mode]
+        peaks[mode] = {k: peak(k) for k in ks}
+        best_peak, best = min((peak(k), k) for k in range(1, n_layers + 1))
+        label = {"none": "without selective inside", "selective": "with selective inside"}[mode]
+        print(f"  {label:24} (a layer keeps {kept[mode] / layer_input:4.1f}× its input): "
               + ", ".join(f"k = {k}: {p / 2**30:4.1f} GiB" for k, p in peaks[mode].items())
               + f"  (best k = {best}: {best_peak / 2**30:.1f} GiB)")
-    claims.check_segments(peaks, n_layers)
+    print(f"  with selective inside, each peak includes the s² terms ({rebuilt['selective'] / 2**30:.3f} GiB, "
+          f"{rebuilt['selective'] / layer_input:.0f}× a layer's input) that one layer rebuilds during its own backward")
+    claims.check_segments(peaks, n_layers, kept, rebuilt["selective"], layer_input)

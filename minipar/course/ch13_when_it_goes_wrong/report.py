@@ -25,21 +25,22 @@ def _ms(seconds: float) -> str:
 
 
 def show_hang(program, world_size: int, timeout: float):
-    """The planted hang under the launcher: the flight recorder's verdict first, then the launcher's error under
-    it (up to the traceback, without the line repeating the verdict, gloo's source path trimmed), then the sums the
-    failing rank printed, if any; returns the error."""
+    """The planted hang under the launcher: the flight recorder's verdict first, then the sums the failing rank
+    printed, if any, then, set apart as the raw error, the launcher's own message (up to the traceback, without
+    the line repeating the verdict, gloo's source path trimmed); returns the error."""
     error, seconds, left_running = lab.planted_hang(program, world_size=world_size, timeout=timeout)
     head, _, recorder = str(error).split("\n\n--- traceback")[0].partition("\n\n--- the first call")
     print("the flight recorder: the first call the ranks' records disagree on")
     print("\n".join("  " + line for line in recorder.split("---\n", 1)[-1].splitlines()))
-    print(f"the launcher: {type(error).__name__} after {seconds:.1f} s; processes left running: {left_running}")
-    for line in head.splitlines():
-        if "parted from the others" not in line:
-            print("  " + re.sub(r"\[/\S+\] ", "", line))        # gloo's build path says nothing here
     sums = dict(re.findall(r"^step (\d+): sum (\S+)$", error.output, re.M))
     if sums:                                  # the programs that print their sums: the silent mismatches
         print(f"rank {error.rank}'s sums before it hung (expected {world_size} × the step):  "
               + ",  ".join(f"step {s}: {v}" for s, v in sums.items()))
+    print(f"\nraw error, for reference (the launcher: {type(error).__name__} after {seconds:.1f} s; "
+          f"processes left running: {left_running})")
+    for line in head.splitlines():
+        if "parted from the others" not in line:
+            print("  " + re.sub(r"\[/\S+\] ", "", line))        # gloo's build path says nothing here
     claims.check_hang_where_ranks_parted(left_running, error)
     claims.check_silent_mismatch_sums(sums, world_size)
     return error
