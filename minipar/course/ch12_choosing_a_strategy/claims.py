@@ -64,6 +64,22 @@ def check_tie_band(p, spreads, llama3_band) -> None:
     assert 0.4 < best.memory["total"] / fastest.memory["total"] < 0.5
 
 
+def check_band_sweep(p, rows) -> None:
+    """§4's band sweep: at p.tie the sweep gives the planner's own pick and, at band 0, its fastest. A band a
+    little narrower (down to about 6.6 %) keeps TP 8 · PP 16 and switches to the interleaved schedule (about
+    20.09 s, 23.4 GB, about 7 % slower than the fastest); down to about 4.2 % it keeps TP 8 (PP 8); only under
+    about 4.2 % does it take TP 4, the fastest"""
+    (t0, first), (t1, second), (_, last) = rows[0], rows[1], rows[-1]
+    assert first.layout == p.best[0].layout and last.layout == p.fastest.layout and rows[-1][0] == 0
+    assert second.layout.tp == 8 and second.layout.pp == 16 and second.layout.schedule == "interleaved"
+    assert 0.065 < t1 < 0.07 and abs(second.step_seconds - 20.09) < 0.01 and abs(second.memory["total"] / 1e9 - 23.4) < 0.05
+    assert first.layout.tp == 8 and first.layout.schedule == "1f1b" and p.tie - 0.01 < t0 <= p.tie
+    assert [e.layout.tp for _, e in rows[:-1]] == [8] * (len(rows) - 1) and last.layout.tp == 4, rows
+    assert round(t0 * 100, 2) == 9.96 and round(rows[-2][0] * 100, 1) == 4.2 and rows[2][1].layout.pp == 8
+    assert all(a.memory["total"] < b.memory["total"] for (_, a), (_, b) in zip(rows, rows[1:]))
+    assert all(e.layout.zero == 1 and e.layout.sp and e.layout.recompute == "selective" for _, e in rows)
+
+
 def check_family_rows_by_one_rule(p, rows, dp, twin) -> None:
     """§4's family table compares like with like: each row is its family's layout by the pick's rule (inside
     the band, the least memory; outside, the fastest), so no row inside the band holds less memory than the

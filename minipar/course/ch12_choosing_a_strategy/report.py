@@ -19,7 +19,7 @@ from . import claims, figures, show
 from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "one_knob",
-           "breakdown", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
+           "breakdown", "band_sweep", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
 GB = 1e9
@@ -90,7 +90,7 @@ def small_case(batch: int = 512) -> None:
 def planner(p, advice, cluster, full: bool = False) -> None:
     """§4: the planner's answer, one row per family (the lesson's few unless ``full``); then the pick against the
     fastest in the planner's own convention (step ÷ the fastest's, against 1 + the tie band), and the band's
-    derivation: the model ÷ published spread inside each source (the widest, less one, rounded up to 5 %)."""
+    derivation: the model ÷ published spread inside each source (the widest, less one, rounded up to a multiple of 5 %)."""
     print(show.plan_table(p, full))
     (dp, twin), line = show.with_zero1(p, cluster)
     print(line)
@@ -106,12 +106,39 @@ def planner(p, advice, cluster, full: bool = False) -> None:
     for src, v in spreads.items():
         print(f"  {src.split(' (')[0]:32}{v:6.3f}  " + ("η_F fitted to one of its rows" if src in fitted
                                                        else "fitted to nothing"))
-    print(f"  the widest, rounded up to 5 %: {p.tie * 100:.0f} %; Llama 3's alone: "
+    print(f"  the widest, rounded up to a multiple of 5 %: {p.tie * 100:.0f} %; Llama 3's alone: "
           f"{rounded_up(spreads[LLAMA3] - 1) * 100:.0f} %")
     claims.check_family_rows_by_one_rule(p, show.plan_rows(p), dp, twin)
     claims.check_tie_band(p, spreads, rounded_up(spreads[LLAMA3] - 1))
     claims.check_planner_gpt_3_175b_1024(p.best[0])
     claims.check_published_decision_guide_as_rules(advice, p.best[0])
+
+
+def band_sweep(p, cluster) -> None:
+    """§4: what the band's width decides. Every layout of ``p``'s search is priced once more; the planner's own
+    pick rule (:func:`minipar.plan.planner.pick`) is applied at every band narrower than ``p.tie`` at which the
+    pick changes, from ``p``'s pick down to the fastest (band 0). Costs one more pass over the search space."""
+    fits = [e for lay in mp.planner.layouts(GPT3_175B, cluster, 1536)
+            if (e := mp.estimate(GPT3_175B, cluster, lay)).fits]
+    fastest = min(e.step_seconds for e in fits)
+    inside = [e for e in fits if e.step_seconds <= (1 + p.tie) * fastest]
+    rows = []                                     # (lowest band that gives it, its estimate), widest band first
+    for t in sorted({e.step_seconds / fastest - 1 for e in inside}, reverse=True):
+        e = mp.planner.pick(inside, fastest, t)
+        if rows and rows[-1][1].layout == e.layout:
+            rows[-1] = (t, e)
+        else:
+            rows.append((t, e))
+    print(f"the pick as the band narrows from {p.tie * 100:.0f} % (the same rule on every layout that fits; "
+          f"all ZeRO-1, SP, selective)")
+    print(f"  {'band':>12}  {'pick':36}{'GB per GPU':>11}{'s/step':>8}")
+    for i, (t, e) in enumerate(rows):
+        top, lay = p.tie if i == 0 else rows[i - 1][0], e.layout
+        words = _short(replace(lay, zero=0)) + (", 1F1B" if lay.schedule == "1f1b" else ", interleaved") + (
+            f", b {lay.micro_batch}" if lay.micro_batch > 1 else "")
+        band = f"{t * 100:.2f}–{top * 100:.2f} %" if t > 0 else f"under {top * 100:.2f} %"
+        print(f"  {band:>12}  {words:36}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}")
+    claims.check_band_sweep(p, rows)
 
 
 LLAMA3 = "Dubey et al. 2024 (Llama 3)"
@@ -196,8 +223,8 @@ def _row(links, overlap, p) -> str:
     zero3 = p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
     ratio, to_fastest = zero3.step_seconds / with_pp.step_seconds, zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    return (f"{links:10}{overlap:8}{mp.family(p.best[0].layout):18}{with_pp.step_seconds:6.1f}"
-            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>14}{ratio:6.2f}  {_short(p.fastest.layout):28}"
+    return (f"{links:10}{overlap:8}{mp.family(p.best[0].layout):18}{with_pp.step_seconds:17.1f}"
+            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>16}{ratio:19.2f}  {_short(p.fastest.layout):28}"
             f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
 
 
@@ -219,7 +246,7 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'links':10}{'overlap':8}{'pick':18}{'PP s':>6}{'ZeRO-3 s':>14}{'÷ PP':>6}  {'fastest':28}{'s':>5}"
+    print(f"\n{'links':10}{'overlap':8}{'pick':18}{'pipeline pick, s':>17}{'best ZeRO-3, s':>16}{'ZeRO-3 ÷ pipeline':>19}  {'fastest':28}{'s':>5}"
           f"  ZeRO-3 ÷ fastest")
     print("\n".join(_row(links, overlap, pl) for (links, overlap), pl in plans.items()))
     in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
