@@ -116,7 +116,7 @@ def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None)
         raise ValueError(f"naive model parallelism sends the whole batch at once: m must be 1, got m={m} "
                          f"(with m > 1 micro-batches use 'gpipe' or '1f1b')")
     if name in ("1f1b", "zb-h1") and m < p:
-        raise ValueError(f"minipar's {name} requires at least as many micro-batches as ranks (m >= p), got m={m}, "
+        raise ValueError(f"minipar's {name} requires at least as many micro-batches as pipeline stages (m >= p), got m={m}, "
                          f"p={p}: with fewer the schedule has no steady phase (Megatron runs it as warm-up and "
                          f"cool-down only); use 'gpipe'")
     if name == "interleaved" and (m < p or m % p):
@@ -134,5 +134,6 @@ def validate(name: str, p: int, m: int, v: int = 1, n_layers: int | None = None)
     if name not in ("interleaved", *V_SCHEDULES) and v != 1:
         raise ValueError(f"{name} has one stage per rank: v must be 1, got v={v} (use 'interleaved')")
     if n_layers is not None and n_layers % (p * v):
-        raise ValueError(f"{n_layers} layers cannot be cut into p·v = {p}·{v} = {p * v} equal stages: the "
-                         f"number of layers must be divisible by p·v")
+        cut = f"p = {p}" if v == 1 else f"p·v = {p}·{v} = {p * v} (v: stages per rank)"
+        raise ValueError(f"{n_layers} layers cannot be cut into {cut} equal stages: the number of layers must be "
+                         f"divisible by {'p' if v == 1 else 'p·v'}")

@@ -44,13 +44,7 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
             print(f"t={t}: TP {tp / 2**30:5.2f} GiB per layer, of which 10·sbh = {whole / 2**30:.2f} GiB "
                   f"({whole / tp:.0%}) whole on every rank")
     freed = korthikanti_bytes(s, b, h, a, 8) - korthikanti_bytes(s, b, h, a, 8, sequence_parallel=True)
-    if with_sp:
-        longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=8)
-        unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, 8), b, h, a, t=8, step=1)
-        print(f"same memory as TP at s = {s:,}, t = 8: TP+SP fits s = {longest:,} ({longest / s:.2f}×)¹")
-        claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
-        print(f"¹ {unrounded:,}, rounded down to a multiple of t = 8")
-    else:
+    if not with_sp:
         print(f"if that part were split t ways too (§2 shows how), at t=8 it would free {freed / 2**30:.2f} GiB per "
               f"layer, {n_layer * freed / 2**30:.1f} GiB over {n_layer} layers, per sequence")
     # the element count gives the paper's formula; with SP everything is divided by t
@@ -64,10 +58,17 @@ def show_gpt3_layer(s=2048, b=1, h=12288, a=96, with_sp=False, n_layer=96) -> No
 
 def show_fused_attention_memory(s=2048, b=1, h=12288, a=96, t=8) -> None:
     """§3's GPT-3 layer with fused attention: no s² term, one float32 log-sum-exp per score row (4asb/t bytes),
-    so a layer keeps sbh(10 + 24/t) + 4asb/t under TP and sbh·34/t + 4asb/t under TP+SP, both linear in s."""
+    so a layer keeps sbh(10 + 24/t) + 4asb/t under TP and sbh·34/t + 4asb/t under TP+SP, both linear in s; and
+    the longest sequence TP+SP fits in TP's memory, unfused (s² term kept) and fused."""
     fused = [s * b * h * whole_split + 4 * a * s * b / t for whole_split in (10 + 24 / t, 34 / t)]
+    longest = longest_sequence_in(korthikanti_bytes(s, b, h, a, t), b, h, a, t=t, step=t)
+    unrounded = longest_sequence_in(korthikanti_bytes(s, b, h, a, t), b, h, a, t=t, step=1)
     print(f"fused attention, t={t}: TP {fused[0] / 2**30:.2f} GiB, TP+SP {fused[1] / 2**30:.2f} GiB per layer")
-    print(f"linear in s, so in TP's memory TP+SP fits a {fused[0] / fused[1]:.2f}× longer sequence")
+    print(f"in the memory TP needs at s = {s:,}, t = {t}, TP+SP fits a sequence")
+    print(f"  unfused attention (s² term kept)   {longest / s:.2f}× longer (s = {longest:,})¹")
+    print(f"  fused attention (linear in s)      {fused[0] / fused[1]:.2f}× longer")
+    print(f"¹ {unrounded:,}, rounded down to a multiple of t = {t}")
+    claims.check_sp_lengthens_sequence_by_about_a_third(longest, s)
     claims.check_fused_attention_about_three_times(fused[0] / fused[1])
 
 

@@ -112,8 +112,8 @@ def measured_against_model(unequal: float, measured: float) -> str:
     2 cores that span also holds the time the process waited for a core."""
     a, b = f"{measured:.2f}", f"{unequal:.2f}"
     if a == b:
-        return (f"Measured and modelled agree here ({a}): what the shared cores add to the bubble and what they "
-                f"take from it cancel in this step.")
+        return (f"Measured and modelled agree here ({a}); on shared cores that is partly luck (chapter 04's paced "
+                f"runs separate the effects).")
     if measured < unequal:
         return (f"The measured share ({a}) is below the model's ({b}). Each span also holds the time its process "
                 f"waited for one of the 2 cores, and a stage working alone (the fill and the drain) waits less, so "

@@ -21,11 +21,22 @@ from .sharded_overflow import show_sharded_overflow
 from .sixteen_bit_compute import show_accumulation, show_autocast
 from .training import show_training, train_four_ways
 
-__all__ = ["show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
+__all__ = ["show_model", "show_bit_layouts", "show_ranges", "show_fp16_edges", "show_underflow", "overflowing_step",
            "show_against_gradscaler", "show_clip_after_unscale", "show_sharded_overflow",
            "show_scale_history", "show_vanishing_sweep",
            "show_sgd_updates_lost", "show_adam_gain", "train_four_ways", "show_training", "show_bf16_underflow",
            "show_accumulation", "measure_model_state", "show_what_halves", "show_autocast"]
+
+
+def show_model(recipe) -> None:
+    """The tiny GPT this chapter trains: its shape, its parameter count Ψ and its LayerNorm gains (§6 counts them)."""
+    model = recipe.model()
+    cfg = model.cfg
+    psi = sum(p.numel() for p in model.parameters())
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    gains = sum(m.weight.numel() for m in norms)
+    print(f"tiny GPT: {cfg.n_layer} layers, hidden {cfg.n_embd}, {cfg.n_head} heads, vocabulary {cfg.vocab_size}; "
+          f"Ψ = {psi:,} parameters; {len(norms)} LayerNorms × {cfg.n_embd} = {gains} gain values")
 
 
 def show_bit_layouts(values=(1.0, -2.5, 0.1, 65504.0)) -> None:
