@@ -116,10 +116,10 @@ ABOUT = {
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
         core_minutes=30, elective_minutes=0, run_seconds=6),
-    "12": About(  # 2653 words (13 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
+    "12": About(  # 3601 words (18 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers and published runs; the decision guide as rules.",
-        core_minutes=35, elective_minutes=0, run_seconds=9),
+        core_minutes=40, elective_minutes=0, run_seconds=9),
     "12b": About(  # 1428 words (7 min) + 2 exercise stubs (split from 12: its Deeper §§6–8, 10)
         title="The planner's toolbox: layouts by hand, a calculator, long sequences, automatic parallelism",
         summary="Layouts by hand and a published one priced; a calculator; memory over s; FlexFlow and Alpa.",
