@@ -19,6 +19,7 @@ token to one expert: 0 dropped; :mod:`minipar.moe.dropless`) and the **all-gathe
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from minipar import comm
@@ -33,8 +34,9 @@ from minipar.course.tour import WORLD_SIZE, TourRow
 EP, CF, BATCH, SEQ = 4, 4.0, 8, 16
 
 
-def recipe():
-    return moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=1e-2)
+def recipe(dtype=torch.float32):
+    return moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=4, k=1, capacity_factor=CF, alpha=1e-2,
+                      dtype=dtype)
 
 
 def _rank(rank, world_size, recipe, ep, strategy=epm):
@@ -225,18 +227,23 @@ def _expert_tp_rank(rank, world_size, recipe, ep, tp):
 
 def expert_tp_row() -> TourRow:
     """Expert-TP 2 (:mod:`minipar.moe.expert_tp`): ep 2 × tp 2, each expert's FFN split over its 2 tp ranks, the
-    row's MoE (4 experts, top-1, cf 4, float32) against one device; bytes of the tp all-gathers and reduce-scatters
-    from the log beside the formula."""
+    row's MoE (4 experts, top-1, cf 4) in float64 against one device; bytes of the tp all-gathers and reduce-scatters
+    from the log beside the formula. float64, not the other rows' float32: splitting each expert's hidden units
+    over tp sums its output in another order, and Adam turns float32's rounding of near-zero gradients into weight
+    differences just over float32's tolerance on some CPUs (2.2e-05 against 2e-05 seen); in float64 the row agrees to
+    9e-14, so the split itself is exact up to rounding."""
     ep, tp = 2, 2
-    r = recipe()
+    r = recipe(torch.float64)
     out = launch(_expert_tp_rank, WORLD_SIZE, r, ep, tp, quiet=True)
     c = compare(train_reference(r), [o[0] for o in out])
     layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
     slots = 4 // ep * ep * tokens                               # local experts × ep·C slots, C = T (cf = E/k)
-    formula = layers * 4 * (tp - 1) * slots * width * 4          # all-gather + reduce-scatter, forward + backward
+    value = torch.empty((), dtype=r.dtype).element_size()
+    formula = layers * 4 * (tp - 1) * slots * width * value      # all-gather + reduce-scatter, forward + backward
     note = (f"ep={ep} x expert-TP={tp}: each rank holds half the hidden units of its EP rank's 2 experts; the slots the "
             f"all-to-all brought are all-gathered over tp, each half-expert runs on all of them, the partial outputs "
-            f"are reduce-scattered. tp bytes = {layers} layers x 4 x (tp-1) x E/ep·ep·C·M·b (C = T = {tokens}); the "
+            f"are reduce-scattered. tp bytes = {layers} layers x 4 x (tp-1) x E/ep·ep·C·M·b (C = T = {tokens}, b = {value}: "
+            f"float64); the "
             f"EP all-to-alls as in the moe-ep row. Wire: gloo's reduce-scatter all-reduces (2x)")
     observed = sum(o[2] for o in out) / len(out)
     return TourRow("expert-TP 2", WORLD_SIZE, c.matches, c.max_abs_diff, sum(o[1] for o in out) / len(out), formula,
