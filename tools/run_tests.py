@@ -3,8 +3,8 @@
     .venv/bin/python tools/run_tests.py            # what `make test` runs (after tools/setup_browser.sh)
 
 Three streams share the two cores, because none of them keeps both busy alone: the tests on two pytest
-workers (a module's tests stay on one worker, so its fixtures are made once; the solution notebooks run there
-under nbval), the site build (every chapter executed, one at a time: kernel starts and rank start-ups leave a
+workers (a module's tests stay on one worker, so its fixtures are made once; each solution notebook runs there,
+then its stubs, in one kernel: tests/test_exercises.py), the site build (every chapter executed, one at a time: kernel starts and rank start-ups leave a
 core idle), and the browser test (JupyterLab in headless Chromium: mostly waiting). When all three are done,
 the tests marked ``serial`` run alone (they signal their own process, or time what this machine does), then
 the site test reads the build. Each stream's output goes to ``build/test-logs/<stream>.log`` and is printed
@@ -32,7 +32,7 @@ def streams(python: str) -> dict:
     """The commands that run side by side: name -> argv."""
     return {
         "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-m", "not serial", *TESTS,
-                  "solutions", "--nbval-lax", "--nbval-current-env", "--durations=15"],   # the log names the slowest
+                  "--durations=15"],                                      # the log names the slowest
         "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work"],
         "browser": [python, "-m", "pytest", "-q", "tests/browser"],
     }
