@@ -216,15 +216,14 @@ def _short(layout) -> str:
 
 
 def _row(links, overlap, p) -> str:
-    """One line of §5's table: the planner's pick; the pipeline's and ZeRO-3's layouts by the pick's rule
-    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes) and the ratio of their steps; the fastest
-    layout of all; ZeRO-3's step ÷ the fastest's, against the band."""
-    with_pp = p.pick_among(lambda fam: "PP" in fam)
-    zero3 = p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
-    ratio, to_fastest = zero3.step_seconds / with_pp.step_seconds, zero3.step_seconds / p.fastest.step_seconds
+    """One line of §5's table: the planner's pick; the pipeline's and ZeRO-3's steps by the pick's rule
+    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes); the fastest layout of all; ZeRO-3's step ÷
+    the fastest's, against the band."""
+    with_pp, zero3 = p.pick_among(lambda fam: "PP" in fam), p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
+    to_fastest = zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    return (f"{links:10}{overlap:8}{mp.family(p.best[0].layout):18}{with_pp.step_seconds:17.1f}"
-            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>16}{ratio:19.2f}  {_short(p.fastest.layout):28}"
+    return (f"{links:9}{overlap:8}{mp.family(p.best[0].layout):17}{with_pp.step_seconds:11.1f}"
+            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>14}  {_short(p.fastest.layout):28}"
             f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
 
 
@@ -246,8 +245,7 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'links':10}{'overlap':8}{'pick':18}{'pipeline pick, s':>17}{'best ZeRO-3, s':>16}{'ZeRO-3 ÷ pipeline':>19}  {'fastest':28}{'s':>5}"
-          f"  ZeRO-3 ÷ fastest")
+    print(f"\n{'links':9}{'overlap':8}{'pick':17}{'pipeline s':>11}{'ZeRO-3, s':>14}  {'fastest':28}{'s':>5}  ZeRO-3 ÷ fastest")
     print("\n".join(_row(links, overlap, pl) for (links, overlap), pl in plans.items()))
     in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
     print(f"band: {1 + p.tie:.2f} × the fastest. §4's prediction, ZeRO-3 with TP inside a node, first row: "
