@@ -201,6 +201,20 @@ class IdleBreakdown:
         out += [f"{labels[t]:52s} {pct[t]:6d}%" for t in TERMS]
         return "\n".join(out)
 
+    def steps(self) -> str:
+        """The ladder read row by row in the whole points it prints: what each added cost moved, its wording set
+        by the sign (stretching compute lengthens the busy time too, so it can lower the fraction)."""
+        pct = {t: round(100 * v) for t, v in self.idle.items()}
+
+        def moved(a, b):
+            d = pct[b] - pct[a]
+            return f"{d:+d} points" if d else "no change"
+        stretched = pct["cores"] - pct["p2p"] <= 0
+        return (f"From the formula's {pct['formula']}%: the measured, unequal stages {moved('formula', 'stages')}; "
+                f"message latency {moved('stages', 'p2p')}; stretching compute to its wall time "
+                f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretched else "")
+                + f"; the measured run {moved('cores', 'measured')} over that replay, ending at {pct['measured']}%.")
+
     def reading(self) -> str:
         """One sentence on the rest (measured - replay with shared cores), its wording set by its sign."""
         rest = self.idle["measured"] - self.idle["cores"]
