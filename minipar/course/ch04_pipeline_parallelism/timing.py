@@ -208,12 +208,12 @@ class IdleBreakdown:
 
         def moved(a, b):
             d = pct[b] - pct[a]
-            return f"{d:+d} points" if d else "no change"
+            return f"{d:+d} point{'s' * (abs(d) != 1)}" if d else "no change"
         stretched = pct["cores"] - pct["p2p"] <= 0
         return (f"From the formula's {pct['formula']}%: the measured, unequal stages {moved('formula', 'stages')}; "
                 f"message latency {moved('stages', 'p2p')}; stretching compute to its wall time "
                 f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretched else "")
-                + f"; the measured run {moved('cores', 'measured')} over that replay, ending at {pct['measured']}%.")
+                + f"; the measured run {moved('cores', 'measured')} against that replay, ending at {pct['measured']}%.")
 
     def reading(self) -> str:
         """One sentence on the rest (measured - replay with shared cores), its wording set by its sign."""
