@@ -103,7 +103,7 @@ def test_the_ladders_steps_are_its_printed_points():
     from minipar.course.ch04_pipeline_parallelism.timing import IdleBreakdown
     idle = dict(formula=3 / 11, stages=0.36, p2p=0.40, cores=0.39, measured=0.47, dgx_a100=0.34)
     fell = IdleBreakdown("1f1b", {t: (v, None) for t, v in idle.items()}, {}, []).steps()
-    assert "+9 points" in fell and "+4 points" in fell and "-1 point," in fell and "busy time" in fell
-    assert "+8 points" in fell and fell.endswith("47%.")
+    assert "adds 9 points" in fell and "adds 4 points" in fell and "removes 1 point," in fell and "busy time" in fell
+    assert "47%, lies 8 points above" in fell
     rose = IdleBreakdown("1f1b", {t: (v, None) for t, v in {**idle, "cores": 0.43}.items()}, {}, []).steps()
-    assert "+3 points" in rose and "busy time" not in rose
+    assert "adds 3 points" in rose and "busy time" not in rose

@@ -206,14 +206,19 @@ class IdleBreakdown:
         by the sign (stretching compute lengthens the busy time too, so it can lower the fraction)."""
         pct = {t: round(100 * v) for t, v in self.idle.items()}
 
+        def points(d):
+            return f"{abs(d)} point{'s' * (abs(d) != 1)}"
+
         def moved(a, b):
             d = pct[b] - pct[a]
-            return f"{d:+d} point{'s' * (abs(d) != 1)}" if d else "no change"
+            return f"adds {points(d)}" if d > 0 else f"removes {points(d)}" if d < 0 else "leaves it unchanged"
         stretched = pct["cores"] - pct["p2p"] <= 0
-        return (f"From the formula's {pct['formula']}%: the measured, unequal stages {moved('formula', 'stages')}; "
+        rest = pct["measured"] - pct["cores"]
+        return (f"From the formula's {pct['formula']}%: measuring the unequal stages {moved('formula', 'stages')}; "
                 f"message latency {moved('stages', 'p2p')}; stretching compute to its wall time "
                 f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretched else "")
-                + f"; the measured run {moved('cores', 'measured')} against that replay, ending at {pct['measured']}%.")
+                + f"; the measured run, {pct['measured']}%, lies {points(rest)} {'above' if rest >= 0 else 'below'} "
+                f"that replay.")
 
     def reading(self) -> str:
         """One sentence on the rest (measured - replay with shared cores), its wording set by its sign."""
