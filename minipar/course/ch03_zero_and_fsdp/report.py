@@ -226,8 +226,8 @@ def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
                ("ZeRO-1", logged[("accum", 1)], logged_ratio[1]),
                ("ZeRO-2", logged[("accum", 2)], logged_ratio[2])]
     lines = []
-    for title, rows in (("measured on rings, per rank, last step", measured),
-                        (f"accumulating m = {m} (ring formula)", formula)):
+    for title, rows in (("on the sockets, per rank, last step", measured),
+                        (f"m = {m}: ring bytes of logged collectives", formula)):
         lines += [f"{title:40}{'KiB':>8}{'× DDP':>8}"]
         lines += [f"  {name:38}{kib / 1024:>8.1f}{x:>7.2f}x" for name, kib, x in rows] + [""]
     lines.pop()

@@ -282,7 +282,7 @@ def show_idle_breakdown(why, unpaced: dict, p: int) -> None:
     plt.show()
     i = why.idle
     print(f"The ladder replays the traced 1F1B run of the table above: {i['measured']:.0%} idle against the formula's "
-          f"{i['formula']:.0%} (a rerun moves the measured value by many points).")
+          f"{i['formula']:.0%} (a rerun moves the measured value by many points).\n{why.steps()}")
     claims.check_each_term_adds_idle(i, why)
     claims.check_ladder_is_the_tables_run(i, unpaced)
 

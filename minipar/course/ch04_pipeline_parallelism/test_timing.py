@@ -96,3 +96,14 @@ def test_the_reading_of_the_rest_follows_its_sign():
     assert set(short.idle) == set(TERMS)
     assert "no term prices" in short.reading() and "overshoots" not in short.reading()
     assert "overshoots" in over.reading() and "no term prices" not in over.reading()
+
+
+def test_the_ladders_steps_are_its_printed_points():
+    """The line under the ladder: each step in the whole points the rows print, a fall in stretched compute explained."""
+    from minipar.course.ch04_pipeline_parallelism.timing import IdleBreakdown
+    idle = dict(formula=3 / 11, stages=0.36, p2p=0.40, cores=0.39, measured=0.47, dgx_a100=0.34)
+    fell = IdleBreakdown("1f1b", {t: (v, None) for t, v in idle.items()}, {}, []).steps()
+    assert "adds 9 points" in fell and "adds 4 points" in fell and "removes 1 point," in fell and "busy time" in fell
+    assert "47%, lies 8 points above" in fell
+    rose = IdleBreakdown("1f1b", {t: (v, None) for t, v in {**idle, "cores": 0.43}.items()}, {}, []).steps()
+    assert "adds 3 points" in rose and "busy time" not in rose

@@ -201,6 +201,25 @@ class IdleBreakdown:
         out += [f"{labels[t]:52s} {pct[t]:6d}%" for t in TERMS]
         return "\n".join(out)
 
+    def steps(self) -> str:
+        """The ladder read row by row in the whole points it prints: what each added cost moved, its wording set
+        by the sign (stretching compute lengthens the busy time too, so it can lower the fraction)."""
+        pct = {t: round(100 * v) for t, v in self.idle.items()}
+
+        def points(d):
+            return f"{abs(d)} point{'s' * (abs(d) != 1)}"
+
+        def moved(a, b):
+            d = pct[b] - pct[a]
+            return f"adds {points(d)}" if d > 0 else f"removes {points(d)}" if d < 0 else "leaves it unchanged"
+        stretched = pct["cores"] - pct["p2p"] <= 0
+        rest = pct["measured"] - pct["cores"]
+        return (f"From the formula's {pct['formula']}%: measuring the unequal stages {moved('formula', 'stages')}; "
+                f"message latency {moved('stages', 'p2p')}; stretching compute to its wall time "
+                f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretched else "")
+                + f"; the measured run, {pct['measured']}%, lies {points(rest)} {'above' if rest >= 0 else 'below'} "
+                f"that replay.")
+
     def reading(self) -> str:
         """One sentence on the rest (measured - replay with shared cores), its wording set by its sign."""
         rest = self.idle["measured"] - self.idle["cores"]
