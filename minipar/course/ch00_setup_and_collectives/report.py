@@ -14,7 +14,7 @@ from . import claims
 from . import tour as ch00
 from .figures import draw_collective, plot_ring_time, plot_traffic
 from .torchrun_runner import run_torchrun_job   # section 3 starts it from here
-from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, machine_cores,
+from .latency import (FIT_RANKS, MIB, NCCL_RING_LATENCY, PUBLISHED_LINKS, nccl_link_type, SMALL_BYTES, crossover_bytes, fit_ring, fitted_ranks, machine_cores,
                       published_ring_rows, ring_model_seconds)
 
 __all__ = ["run_torchrun_job", "show_training_state", "show_gpt3_days", "show_adam_state", "show_whoami", "show_backends",
@@ -170,7 +170,13 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
                f"only {ratio:.1f}× apart, within the fit's {miss[worst]:.1f}× error: too close to call")
     print(f"(model, not measured) at N = {n}, S = {big}: steps 2(N-1)·α = {steps * 1e3:.2f} ms, bytes 2(N-1)/N·S/β = "
           f"{data * 1e3:.2f} ms: {verdict}")
-    plot_ring_time(sizes, sweep, payload_bytes, machine_cores())
+    cores = machine_cores()
+    measured = fitted_ranks(sorted(sweep), cores)
+    modelled = [m for m in sorted(sweep) if m not in measured]
+    print(f"right panel: measured at N = {', '.join(map(str, measured))} (this machine's {cores} cores)"
+          + (f"; N = {', '.join(map(str, modelled))} ran in section 8 with more ranks than cores, so there only "
+             f"the model is drawn" if modelled else ""))
+    plot_ring_time(sizes, sweep, payload_bytes, cores)
     plt.show()
     claims.check_ring_time_fitted_on_two_ranks(sizes, alpha, beta, model[largest])
     claims.check_steps_cost_more_than_bytes(alpha, beta, SMALL_BYTES)
@@ -195,11 +201,11 @@ def show_later_links() -> None:
     charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
     print("NCCL's tuner charges a ring step a latency (hwLat) by link type, not by generation")
-    print(f"{'link':32} {'NCCL hwLat, by link type':>24} {'α used':>7} {'β peak':>10} {'share':>6} {'β used':>10}")
+    print(f"{'link':32} {'sourced α (NCCL hwLat)':>24} {'course α':>8} {'β peak':>10} {'share':>6} {'course β':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
         kind = nccl_link_type(card.name)
         nccl = f"{NCCL_RING_LATENCY[kind] * 1e6:.1f} µs (any {kind})" if kind in NCCL_RING_LATENCY else "no row"
-        print(f"{card.name:32} {nccl:>24} {card.latency * 1e6:>4.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
+        print(f"{card.name:32} {nccl:>24} {card.latency * 1e6:>5.0f} µs {card.bandwidth / 1e9:>5.0f} GB/s"
               f" {card.efficiency:>6.0%} {card.beta / 1e9:>5.0f} GB/s")
     claims.check_effective_beta_below_peak(later, PUBLISHED_LINKS)
     claims.check_card_alpha_below_nccl_table(later, PUBLISHED_LINKS)

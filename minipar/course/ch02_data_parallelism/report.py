@@ -191,7 +191,7 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
              f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s bf16 peak: a full tile's "
              f"{dgx.device.gemm_efficiency:.0%} × each shape's tile efficiency",
              f"  link:    {link(NVLINK3)}; gradients all-reduced in fp32 ({grads / 1e6:.0f} MB), as under AMP",
-             f"  buckets: PyTorch's default 25 MiB makes {buckets}",
+             f"  buckets: PyTorch's default 25 MiB makes {buckets} (equal buckets; torch's 1 MiB first bucket ignored)",
              f"{'config':26}{'compute ms':>11}{'exposed ms':>11}{'hidden ms':>10}{'step ms':>9}"]
     lines += [f"{name:26}{r['compute'] * 1e3:>11.1f}{r['exposed'] * 1e3:>11.2f}{r['hidden'] * 1e3:>10.2f}"
               f"{r['step'] * 1e3:>9.1f}" for name, r in rows.items()]
