@@ -66,7 +66,7 @@ def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp
                   ranks=(0, 2)) -> Report:
     """§3: bytes ``ranks`` sent per step by kind (communication log) beside ``bytes_formula`` (checked, with
     the sockets carrying at least the log's DP bytes); which other ranks send the same (one row per stage by
-    default); then rank 0's DP against its PP bytes. The check holds every rank, shown or not."""
+    default). The check holds every rank, shown or not."""
     formulas = [bytes_formula(cfg, batch=batch, seq=seq, dp=dp, pp=pp, tp=tp, m=m, pp_rank=r.coords["pp"]) for r in runs]
     lines = [f"{'':>4} {'':>11} | {'DP':^18} | {'PP':^17} | {'TP':^18}",
              f"{'rank':>4} {'coords':>11} | {'log':>8} {'formula':>9} | {'log':>7} {'formula':>9} | "
@@ -79,7 +79,6 @@ def bytes_by_kind(runs: list, cfg, *, batch: int, seq: int, dp: int, pp: int, tp
     if len(ranks) < len(runs):
         lines.append(_same_as(runs, ranks))
     dp_bytes, pp_bytes = runs[0].bytes_by_kind["dp"], runs[0].bytes_by_kind["pp"]
-    lines.append(f"rank 0 per step: DP {dp_bytes:.0f} B, PP {pp_bytes:.0f} B  (DP/PP = {dp_bytes / pp_bytes:.1f})")
     return Report("\n".join(lines), _check_bytes, runs=runs, formulas=formulas, dp_bytes=dp_bytes, pp_bytes=pp_bytes)
 
 
