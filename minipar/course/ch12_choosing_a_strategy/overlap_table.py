@@ -41,7 +41,12 @@ def table(plans) -> str:
     close = [sides(pl) for pl in list(plans.values())[1:3]]
     ratios = [pp.memory["total"] / z.memory["total"] for pp, z in close]
     claims.check_pipeline_memory_ratio(close, ratios)
-    pp_gb, z_gb = (" and ".join(f"{x.memory['total'] / GB:.1f}" for x in side) for side in zip(*close))
+    pp_gb, z_gb = (_both([f"{x.memory['total'] / GB:.1f}" for x in side]) for side in zip(*close))
     return "\n".join([HEADER, *(row(links, overlap, pl) for (links, overlap), pl in plans.items()),
                       f"rows 2-3 (ZeRO-3 just outside the band): the pipeline's pick holds {pp_gb} GB per GPU, "
-                      f"ZeRO-3 {z_gb},\n{' and '.join(f'{r:.2f}' for r in ratios)} of it: less than half"])
+                      f"ZeRO-3 {z_gb},\n{_both([f'{r:.2f}' for r in ratios])} of it: less than half"])
+
+
+def _both(texts: list) -> str:
+    """'23.4 in both' where the two rows print alike, else '23.4 and 24.1'."""
+    return f"{texts[0]} in both" if len(set(texts)) == 1 else " and ".join(texts)
