@@ -256,3 +256,9 @@ def check_link_efficiency_band(bests) -> None:
     datasheet speed on both links, the planner's pick keeps TP 8, PP 16, ZeRO-1, SP and selective recomputation"""
     shape = {(b.layout.tp, b.layout.pp, b.layout.zero, b.layout.sp, b.layout.recompute) for b in bests.values()}
     assert shape == {(8, 16, 1, True, "selective")}, shape
+
+
+def check_pipeline_memory_ratio(close, ratios) -> None:
+    """§5: where ZeRO-3 is just outside the band (overlap on over InfiniBand, fast links with overlap off), the
+    pipeline's pick holds less than half ZeRO-3's memory per GPU, the printed ratios."""
+    assert all(r == pp.memory["total"] / z.memory["total"] < 0.5 for (pp, z), r in zip(close, ratios)), ratios

@@ -15,7 +15,7 @@ from minipar.plan import (GPT3_175B, Transformer, a100_cluster, activation_bytes
                           model_state_bytes_formula, parameters, plan)
 from minipar.plan.published import TOLERANCE, rounded_up, spread_by_source, table as published_table
 
-from . import claims, figures, show
+from . import claims, figures, overlap_table, show
 from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
 __all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "one_knob",
@@ -134,7 +134,7 @@ def band_sweep(p, cluster) -> None:
     print(f"  {'band':>12}  {'pick':36}{'GB per GPU':>11}{'s/step':>8}")
     for i, (t, e) in enumerate(rows):
         top, lay = p.tie if i == 0 else rows[i - 1][0], e.layout
-        words = _short(replace(lay, zero=0)) + (", 1F1B" if lay.schedule == "1f1b" else ", interleaved") + (
+        words = overlap_table.short(replace(lay, zero=0)) + (", 1F1B" if lay.schedule == "1f1b" else ", interleaved") + (
             f", b {lay.micro_batch}" if lay.micro_batch > 1 else "")
         band = f"{t * 100:.2f}–{top * 100:.2f} %" if t > 0 else f"under {top * 100:.2f} %"
         print(f"  {band:>12}  {words:36}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}")
@@ -208,25 +208,6 @@ def efficiency_band(p, band: float = 0.15) -> None:
     claims.check_link_efficiency_band(by_link)
 
 
-def _short(layout) -> str:
-    """A layout's degrees in a few words: "TP 4 · PP 16 (v 2) · ZeRO-1", "TP 2 · ZeRO-3"."""
-    parts = [f"TP {layout.tp}"] + ([f"PP {layout.pp}" + (f" (v {layout.v})" if layout.v > 1 else "")]
-                                   if layout.pp > 1 else [])
-    return " · ".join(parts + ([f"ZeRO-{layout.zero}"] if layout.zero else []))
-
-
-def _row(links, overlap, p) -> str:
-    """One line of §5's table: the planner's pick; the pipeline's and ZeRO-3's steps by the pick's rule
-    (``Plan.pick_among``; ZeRO-3 at any TP, up to 16 across nodes); the fastest layout of all; ZeRO-3's step ÷
-    the fastest's, against the band."""
-    with_pp, zero3 = p.pick_among(lambda fam: "PP" in fam), p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
-    to_fastest = zero3.step_seconds / p.fastest.step_seconds
-    inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    return (f"{links:9}{overlap:8}{mp.family(p.best[0].layout):17}{with_pp.step_seconds:11.1f}"
-            f"{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>14}  {_short(p.fastest.layout):28}"
-            f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
-
-
 def rules_vs_planner(cluster, p) -> dict:
     """§5: the rules and the planner on section 4's cluster and on one with fast links between nodes, each
     with overlap off (every collective exposed) and on (what PyTorch DDP, DeepSpeed and FSDP hide:
@@ -245,8 +226,7 @@ def rules_vs_planner(cluster, p) -> dict:
           f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
           f"this course's threshold):")
     print(advice[fast_gbs])
-    print(f"\n{'links':9}{'overlap':8}{'pick':17}{'pipeline s':>11}{'ZeRO-3, s':>14}  {'fastest':28}{'s':>5}  ZeRO-3 ÷ fastest")
-    print("\n".join(_row(links, overlap, pl) for (links, overlap), pl in plans.items()))
+    print("\n" + overlap_table.table(plans))
     in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
     print(f"band: {1 + p.tie:.2f} × the fastest. §4's prediction, ZeRO-3 with TP inside a node, first row: "
           f"{in_node.step_seconds:.1f} s (TP {in_node.layout.tp}), {in_node.step_seconds / p.best[0].step_seconds:.2f} × "

@@ -1,0 +1,52 @@
+"""§5's table, one row per network and overlap setting: the pipeline's and ZeRO-3's picks, each with its step and
+its memory per GPU (the planner's own estimates), beside the fastest layout of all."""
+from __future__ import annotations
+
+from minipar import plan as mp
+
+from . import claims
+
+GB = 1e9
+HEADER = (f"{'links':9}{'overlap':8}{'pick':17}{'pipeline s':>10}{'GB':>6}{'ZeRO-3 s':>13}{'GB':>6}  "
+          f"{'fastest':28}{'s':>5}  ÷ fastest")
+
+
+def short(layout) -> str:
+    """A layout's degrees in a few words: "TP 4 · PP 16 (v 2) · ZeRO-1", "TP 2 · ZeRO-3"."""
+    parts = [f"TP {layout.tp}"] + ([f"PP {layout.pp}" + (f" (v {layout.v})" if layout.v > 1 else "")]
+                                   if layout.pp > 1 else [])
+    return " · ".join(parts + ([f"ZeRO-{layout.zero}"] if layout.zero else []))
+
+
+def sides(p):
+    """The pipeline's and ZeRO-3's layouts by the pick rule (``Plan.pick_among``; ZeRO-3 at any TP)."""
+    return p.pick_among(lambda fam: "PP" in fam), p.pick_among(lambda fam: fam.startswith("ZeRO-3"))
+
+
+def row(links, overlap, p) -> str:
+    """One line: the planner's pick; the pipeline's and ZeRO-3's steps and GB per GPU; the fastest layout of
+    all; ZeRO-3's step ÷ the fastest's, against the band."""
+    with_pp, zero3 = sides(p)
+    to_fastest = zero3.step_seconds / p.fastest.step_seconds
+    inside = "inside" if to_fastest <= 1 + p.tie else "outside"
+    return (f"{links:9}{overlap:8}{mp.family(p.best[0].layout):17}{with_pp.step_seconds:10.1f}"
+            f"{with_pp.memory['total'] / GB:6.1f}{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>13}"
+            f"{zero3.memory['total'] / GB:6.1f}  {short(p.fastest.layout):28}"
+            f"{p.fastest.step_seconds:5.1f}{to_fastest:6.2f}, {inside}")
+
+
+def table(plans) -> str:
+    """The header, one row per plan, and the memory sentence of the middle rows (where ZeRO-3 is just outside
+    the band and the pipeline's pick inside), built from the GB columns and held by a claim."""
+    close = [sides(pl) for pl in list(plans.values())[1:3]]
+    ratios = [pp.memory["total"] / z.memory["total"] for pp, z in close]
+    claims.check_pipeline_memory_ratio(close, ratios)
+    pp_gb, z_gb = (_both([f"{x.memory['total'] / GB:.1f}" for x in side]) for side in zip(*close))
+    return "\n".join([HEADER, *(row(links, overlap, pl) for (links, overlap), pl in plans.items()),
+                      f"rows 2-3 (ZeRO-3 just outside the band): the pipeline's pick holds {pp_gb} GB per GPU, "
+                      f"ZeRO-3 {z_gb},\n{_both([f'{r:.2f}' for r in ratios])} of it: less than half"])
+
+
+def _both(texts: list) -> str:
+    """'23.4 in both' where the two rows print alike, else '23.4 and 24.1'."""
+    return f"{texts[0]} in both" if len(set(texts)) == 1 else " and ".join(texts)
