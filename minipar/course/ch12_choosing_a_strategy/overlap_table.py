@@ -41,12 +41,11 @@ def table(plans) -> str:
     close = [sides(pl) for pl in list(plans.values())[1:3]]
     ratios = [pp.memory["total"] / z.memory["total"] for pp, z in close]
     claims.check_pipeline_memory_ratio(close, ratios)
-    pp_gb, z_gb = (_both([f"{x.memory['total'] / GB:.1f}" for x in side]) for side in zip(*close))
+    pp_gb, z_gb = ([f"{x.memory['total'] / GB:.1f}" for x in side] for side in zip(*close))
+    shares = [f"{r:.2f}" for r in ratios]
+    alike = len({*pp_gb}) == len({*z_gb}) == len({*shares}) == 1       # the two rows print the same numbers
+    said = (f"in both, the pipeline's pick holds {pp_gb[0]} GB per GPU and ZeRO-3 {z_gb[0]} GB,\n{shares[0]} of it"
+            if alike else f"the pipeline's pick holds {' and '.join(pp_gb)} GB per GPU, ZeRO-3 "
+                          f"{' and '.join(z_gb)},\n{' and '.join(shares)} of it")
     return "\n".join([HEADER, *(row(links, overlap, pl) for (links, overlap), pl in plans.items()),
-                      f"rows 2-3 (ZeRO-3 just outside the band): the pipeline's pick holds {pp_gb} GB per GPU, "
-                      f"ZeRO-3 {z_gb},\n{_both([f'{r:.2f}' for r in ratios])} of it: less than half"])
-
-
-def _both(texts: list) -> str:
-    """'23.4 in both' where the two rows print alike, else '23.4 and 24.1'."""
-    return f"{texts[0]} in both" if len(set(texts)) == 1 else " and ".join(texts)
+                      f"rows 2-3 (ZeRO-3 just outside the band): {said}: less than half"])
