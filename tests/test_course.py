@@ -40,31 +40,36 @@ NAMES = sorted(figures.all_figures())
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _from_fewer_runs(name, monkeypatch):
+def _fewer_runs(monkeypatch) -> dict:
     """Four pictures are drawn from minutes of real runs (all tour rows; chapter 08's layouts on 8 ranks; the
     schedules paced; 10b's recipes over three seeds). Here they are drawn from a few of those runs: what each
     run measures is checked where it is made (each tour row in its chapter's tests, 08's layouts in its report,
     the paced schedules in chapter 04's tests, the recipes in 10b's); this test checks that the generator
-    draws and writes. `python -m minipar figures` draws them from every run."""
+    draws and writes. `python -m minipar figures` draws them from every run. {figure: what cuts its runs}."""
     import functools
     from minipar.course.ch04_pipeline_parallelism import figures as ch04
     from minipar.course.ch08_hybrid_parallelism import measure as ch08
     from minipar.course.ch10b_fp8 import training as ch10b
     from minipar.course.chA_how_minipar_measures import bench as chA
     first = lambda d, n: dict(list(d.items())[:n])                      # noqa: E731
-    if name == "A_predicted_vs_measured.png":
-        monkeypatch.setattr(chA, "TOUR_LAYOUTS", first(chA.TOUR_LAYOUTS, 2))
-    elif name == "08_memory_per_layout.png":
-        monkeypatch.setattr(ch08, "LAYOUTS", first(ch08.LAYOUTS, 2))
-    elif name == "04_measured_timelines.png":
-        monkeypatch.setattr(ch04, "run_timelines", functools.partial(ch04.run_timelines, shown=ch04.SHOWN[1:3]))
-    elif name == "10b_training_curves.png":
-        monkeypatch.setattr(ch10b, "run_study", functools.partial(ch10b.run_study, seeds=ch10b.SEEDS[:2]))
+    return {
+        "A_predicted_vs_measured.png": lambda: monkeypatch.setattr(chA, "TOUR_LAYOUTS", first(chA.TOUR_LAYOUTS, 2)),
+        "08_memory_per_layout.png": lambda: monkeypatch.setattr(ch08, "LAYOUTS", first(ch08.LAYOUTS, 2)),
+        "04_measured_timelines.png": lambda: monkeypatch.setattr(
+            ch04, "run_timelines", functools.partial(ch04.run_timelines, shown=ch04.SHOWN[1:3])),
+        "10b_training_curves.png": lambda: monkeypatch.setattr(
+            ch10b, "run_study", functools.partial(ch10b.run_study, seeds=ch10b.SEEDS[:2])),
+    }
+
+
+def test_the_figures_drawn_from_fewer_runs_are_registered():
+    """A renamed figure would silently be drawn from every run again (minutes): the names must be current."""
+    assert set(_fewer_runs(None)) <= set(NAMES), set(_fewer_runs(None)) - set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_generator_writes_a_nonempty_png(name, tmp_path, monkeypatch):
-    _from_fewer_runs(name, monkeypatch)
+    _fewer_runs(monkeypatch).get(name, lambda: None)()
     written = figures.generate(str(tmp_path), select=name)
     path = tmp_path / name
     assert str(path) in written and path.exists(), name

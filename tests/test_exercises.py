@@ -130,16 +130,14 @@ def _run_in_one_kernel(runs):
     race, see conftest.start_kernel_retrying) is started again, up to three times."""
     from contextlib import ExitStack
     from nbclient import NotebookClient
+    from conftest import start_kernel_retrying
     with ExitStack() as stack:
-        for attempt in range(1, 4):
+        def started():
             client = NotebookClient(runs[0][0], timeout=120, allow_errors=True, kernel_name="python3",
                                     resources={"metadata": {"path": str(runs[0][1])}})
-            try:
-                stack.enter_context(client.setup_kernel())
-                break
-            except RuntimeError:
-                if attempt == 3:
-                    raise
+            stack.enter_context(client.setup_kernel())
+            return client
+        client = start_kernel_retrying(started)()
         for nb, folder in runs:                 # the notebook's own cell objects, after one that resets
             client.nb = nbformat.v4.new_notebook(metadata=nb.metadata, cells=[
                 nbformat.v4.new_code_cell(f"%reset -f\nimport os\nos.chdir({str(folder)!r})"), *nb.cells])

@@ -131,9 +131,9 @@ def table(m: dict, verbose: bool = False) -> str:
         if "allreduce_s" in m:
             alone = statistics.median(m["allreduce_s"])
             share = (one - per_block) / alone
-            headline += (f", {'about the whole of' if share <= 1.1 else 'more than'} the one bucket's all-reduce timed alone ({alone * 1e3:.1f} ms; "
-                         f"{share:.0%}, see the next line)" if share > 1 else
-                         f", {share:.0%} of the one bucket's all-reduce timed alone ({alone * 1e3:.1f} ms)")
+            part = f"{share:.0%} of" if share <= 1 else "about the whole of" if share <= 1.1 else "more than"
+            headline += f", {part} the one bucket's all-reduce timed alone ({alone * 1e3:.1f} ms" + (
+                f"; {share:.0%}, see the next line)" if share > 1 else ")")
         lines.append(headline)
         if "allreduce_s" in m and share > 1:    # the one-bucket step lost more than its all-reduce alone: say why
             lines.append("  above 100 %: in the one-bucket step that all-reduce also waits for the slowest rank's "

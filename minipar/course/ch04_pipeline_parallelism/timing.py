@@ -212,11 +212,11 @@ class IdleBreakdown:
         def moved(a, b):
             d = pct[b] - pct[a]
             return f"adds {points(d)}" if d > 0 else f"removes {points(d)}" if d < 0 else "leaves it unchanged"
-        stretched = pct["cores"] - pct["p2p"] <= 0
+        stretching_did_not_add = pct["cores"] <= pct["p2p"]
         rest = pct["measured"] - pct["cores"]
         return (f"From the formula's {pct['formula']}%: measuring the unequal stages {moved('formula', 'stages')}; "
                 f"message latency {moved('stages', 'p2p')}; stretching compute to its wall time "
-                f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretched else "")
+                f"{moved('p2p', 'cores')}" + (", since it lengthens the busy time as well as the waits" if stretching_did_not_add else "")
                 + f"; the measured run, {pct['measured']}%, lies {points(rest)} {'above' if rest >= 0 else 'below'} "
                 f"that replay.")
 

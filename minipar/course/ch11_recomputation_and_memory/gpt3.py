@@ -35,7 +35,7 @@ def show_gpt3_dial() -> None:
     for mode in MODES:
         print(f"{mode:10}{kept[mode] / 2 ** 20:14.0f}{kept['none'] / kept[mode]:12.1f}×{extra[mode] / layer:14.1%}")
     print(f"selective's {extra['selective'] / layer:.1%}: PyTorch's early-stopping checkpoint (QKᵀ again); "
-          "Megatron's checkpoint costs about twice that (Deeper A)")
+          f"Megatron's (the attention core's forward again) {4 * s * s * h / layer:.1%} (Deeper A)")
     stages, layers = 8, 96 // 8          # 1F1B, pipeline stage 0 of 8: 12 layers, up to 8 micro-batches in flight
     print(f"1F1B stage 0 of PP {stages} ({layers} layers, {stages} micro-batches in flight): "
           + ", ".join(f"{mode} {kept[mode] * layers * stages / 2 ** 30:.1f} GiB" for mode in MODES))
