@@ -143,9 +143,36 @@ def test_refuses_when_a_process_group_exists(tmp_path):
         dist.destroy_process_group()
 
 
-def test_spawn_carries_a_lambda_with_cloudpickle():
-    scale = 3
-    assert launch(lambda rank, world_size: rank * scale, 2, start_method="spawn") == [0, 3]
+_SPAWNED = []
+
+
+def spawned_once() -> list:
+    """One launch with start_method="spawn", made once for the three tests that need one (a spawned rank imports
+    torch afresh: seconds of CPU each): a lambda closing over ``scale`` (only cloudpickle carries it), an argument
+    that takes rank 1 4 s to unpickle (twice the 2 s collective timeout), and the frames each rank was called
+    from. Per rank: (rank * scale, x + rank, frames)."""
+    if not _SPAWNED:
+        scale = 3
+
+        def late_on_rank_1(x):
+            if os.environ.get("LOCAL_RANK") == "1":
+                time.sleep(4)
+            return x
+
+        class LateToUnpickle:
+            def __reduce__(self):
+                return late_on_rank_1, (7,)
+
+        def frames():
+            import traceback
+            return [frame.filename for frame in traceback.extract_stack()]
+        _SPAWNED.append(launch(lambda rank, world_size, x: (rank * scale, x + rank, frames()), 2, LateToUnpickle(),
+                               timeout=2, start_method="spawn"))
+    return _SPAWNED[0]
+
+
+def test_spawn_carries_a_lambda_with_cloudpickle(no_leftover_processes):
+    assert [scaled for scaled, _, _ in spawned_once()] == [0, 3]
 
 
 def test_same_function_runs_under_torchrun(tmp_path):
@@ -227,15 +254,7 @@ def test_a_rank_that_starts_late_is_waited_for_not_called_a_deadlock(no_leftover
     """Rank 1 reaches the rendezvous 4 s after rank 0 (its arguments take that long to unpickle: a slow,
     loaded machine), twice the 2 s collective timeout: the ranks meet on the store first, so the short
     timeout bounds the collectives only, not the start."""
-    def late_on_rank_1(x):
-        if os.environ.get("LOCAL_RANK") == "1":
-            time.sleep(4)
-        return x
-
-    class LateToUnpickle:
-        def __reduce__(self):
-            return late_on_rank_1, (7,)
-    assert launch(lambda rank, world_size, x: x + rank, 2, LateToUnpickle(), timeout=2, start_method="spawn") == [7, 8]
+    assert [late for _, late, _ in spawned_once()] == [7, 8]       # the launch: spawned_once()
 
 
 def test_a_rank_may_compute_without_collectives_longer_than_the_timeout(no_leftover_processes):
@@ -342,9 +361,9 @@ def test_ranks_are_started_through_torch_multiprocessing():
     def started_by(rank, world_size):
         import traceback
         return [frame.filename for frame in traceback.extract_stack()]
-    for method in ("fork", "spawn"):
-        for frames in launch(started_by, 2, start_method=method):
-            assert any(f.replace(os.sep, "/").endswith("torch/multiprocessing/spawn.py") for f in frames)
+    spawned = [frames for _, _, frames in spawned_once()]         # spawn's launch: shared, see spawned_once()
+    for frames in [*launch(started_by, 2, start_method="fork"), *spawned]:
+        assert any(f.replace(os.sep, "/").endswith("torch/multiprocessing/spawn.py") for f in frames)
 
 
 def test_a_folder_left_by_a_killed_launcher_is_removed_by_the_next_launch(tmp_path):

@@ -34,6 +34,20 @@ def train_under_torchrun(nproc: int, *flags, timeout: int = 600) -> dict:
     return {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
 
 
+_ONE_PROCESS = {}
+
+
+def one_process(capfd) -> dict:
+    """The command's single-device losses of steps 1..3 (``--dp 1 --pp 1 --tp 1 --micro-batches 1``), run once per
+    module: every test here that compares a layout with one process compares with this run (a 2-step run's losses
+    are its first two: the batches and Adam do not depend on the step count)."""
+    if not _ONE_PROCESS:
+        _ONE_PROCESS.update(train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "3",
+                                  "--micro-batches", "1")[0])
+    assert list(_ONE_PROCESS) == [1, 2, 3]
+    return dict(_ONE_PROCESS)
+
+
 def test_save_then_resume_equals_uninterrupted(capfd, tmp_path):
     layout = ["--dp", "1", "--pp", "2", "--tp", "2"]
     first, err = train(capfd, *layout, "--steps", "2", "--save", str(tmp_path))
@@ -46,10 +60,10 @@ def test_save_then_resume_equals_uninterrupted(capfd, tmp_path):
 
 
 def test_three_d_equals_one_device_from_the_shell(capfd):
-    one, _ = train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "2", "--micro-batches", "1")
+    one = one_process(capfd)
     three_d, _ = train(capfd, "--dp", "2", "--pp", "2", "--tp", "2", "--steps", "2")
-    assert one.keys() == three_d.keys()
-    for s in one:
+    assert list(three_d) == [1, 2]
+    for s in three_d:
         assert three_d[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
 
 
@@ -57,7 +71,7 @@ def test_three_d_equals_one_device_from_the_shell(capfd):
 def test_zero_2_and_3_with_a_pipeline_equal_one_process_and_resume(capfd, tmp_path, zero):
     """Issue 39: ZeRO-2/3 inside a 2-stage pipeline (gathered and reduced once per step) trains as one process
     does, and a checkpoint saved from it resumes bit for bit (ZeRO-3's freed parameters gathered to save)."""
-    one, _ = train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "3", "--micro-batches", "1")
+    one = one_process(capfd)
     layout = ["--dp", "2", "--pp", "2", "--tp", "1", "--zero", zero]
     first, _ = train(capfd, *layout, "--steps", "2", "--save", str(tmp_path))
     resumed, _ = train(capfd, *layout, "--steps", "3", "--resume", str(tmp_path))
@@ -87,11 +101,8 @@ def test_exit_code_from_the_shell():
     assert done.returncode == 2 and "tensor-parallel degree 3" in done.stderr
 
 
-def test_under_torchrun(capfd):
-    flags = ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "2"]
-    under_torchrun = train_under_torchrun(2, *flags, *SMALL, timeout=300)
-    local, _ = train(capfd, *flags)
-    assert under_torchrun == local           # the same ranks, the same arithmetic, another launcher
+# The command under torchrun equals it on local ranks bit for bit: test_sixteen_moe_ranks_under_torchrun_then_resume_
+# at_ep_4 asserts it of the 16-rank run (pp 2 among its dimensions), so no 2-rank torchrun run of its own here.
 
 
 @pytest.mark.parametrize("requested, cuda, count, local_rank, want", [
@@ -309,7 +320,7 @@ def checkpoint_tensors(folder):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the ranks through /proc")
-def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(tmp_path):
+def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(capfd, tmp_path):
     steps, folder = "16", str(tmp_path / "run")      # killed after step 3: 13 steps still to go when it dies
     same = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", steps, *SMALL, "--json",
             "--save-every", "1", "--resume", folder, "--save", folder]
@@ -318,20 +329,23 @@ def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_r
     os.kill(children(first.pid)[-1], signal.SIGKILL)            # one rank dies mid-run
     _, err = first.communicate(timeout=300)
     assert first.returncode != 0, err
-    again = subprocess.run([sys.executable, "-m", "minipar", "train", *same], cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    resumed = {d["step"]: d["loss"] for d in map(json.loads, again.stdout.splitlines())}
+    # the same command again, and the uninterrupted one, in this process (main() is what `python -m minipar train`
+    # runs; only the killed run needs a process of its own): two fewer `import torch`
+    resumed = json_losses(capfd, *same)
     assert 3 < min(resumed) and max(resumed) == int(steps)       # it went on from a checkpoint after step 3
-    straight = subprocess.run([sys.executable, "-m", "minipar", "train", *same[:-6], "--save",
-                               str(tmp_path / "straight")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    losses = {d["step"]: d["loss"] for d in map(json.loads, straight.stdout.splitlines())}
+    losses = json_losses(capfd, *same[:-6], "--save", str(tmp_path / "straight"))
     assert resumed == {s: losses[s] for s in resumed}             # bit for bit: same layout, same arithmetic
     killed, uninterrupted = checkpoint_tensors(folder), checkpoint_tensors(str(tmp_path / "straight"))
     assert len(killed) == len(uninterrupted) == 2                 # the two stages' parameters and Adam moments
     for mine, theirs in zip(killed, uninterrupted):
         assert all(torch.equal(a, b) for a, b in zip(_leaves(mine), _leaves(theirs), strict=True))
+
+
+def json_losses(capfd, *flags) -> dict:
+    """``main(flags)`` (flags with --json) in this process: {step: loss} from its stdout."""
+    capfd.readouterr()
+    assert main(list(flags)) == 0, capfd.readouterr().err[-3000:]
+    return {d["step"]: d["loss"] for d in map(json.loads, capfd.readouterr().out.splitlines())}
 
 
 def _leaves(tree):
@@ -384,9 +398,9 @@ def test_two_torchrun_agents_as_two_nodes_train_equal_to_one_process(capfd):
     assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
     lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
     two_nodes = {d["step"]: d["loss"] for d in lines}
-    one, _ = train(capfd, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "2", "--micro-batches", "1")
-    assert two_nodes.keys() == one.keys() == {1, 2}
-    for s in one:
+    one = one_process(capfd)
+    assert two_nodes.keys() == {1, 2}
+    for s in two_nodes:
         assert two_nodes[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
 
 
@@ -451,22 +465,14 @@ def test_a_torchrun_world_that_is_not_the_layout_is_refused(capsys, monkeypatch)
 FIVE_D = ["--dp", "2", "--cp", "2", "--pp", "2", "--tp", "2", "--cp-method", "ring-zigzag"]
 
 
-@pytest.fixture(scope="module")
-def one_process_3_steps():
-    """The single-process losses of steps 1..3 (run in a subprocess: capfd is per test)."""
-    done = subprocess.run([sys.executable, "-m", "minipar", "train", "--steps", "3", *SMALL, "--micro-batches",
-                           "1", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
-
-
 def _same(got: dict, want: dict):
     assert got.keys() <= want.keys() and got
     for s in got:
         assert got[s] == pytest.approx(want[s], rel=1e-12, abs=1e-12), s
 
 
-def test_sixteen_ranks_equal_one_process_and_resume_at_another_cp_and_tp(capfd, tmp_path, one_process_3_steps):
+def test_sixteen_ranks_equal_one_process_and_resume_at_another_cp_and_tp(capfd, tmp_path):
+    one_process_3_steps = one_process(capfd)
     first, err = train(capfd, *FIVE_D, "--steps", "2", "--save", str(tmp_path))
     assert list(first) == [1, 2] and err.count("step    1/") == 1 and "saved step 2" in err
     _same(first, one_process_3_steps)
@@ -489,37 +495,55 @@ MOE = ["--experts", "4", "--top-k", "1", "--capacity-factor", "4"]      # no-dro
 FIVE_D_MOE = [*FIVE_D, "--ep", "2", *MOE]
 
 
+_MOE_RUNS = {}
+
+
 def moe_one_process(steps: int) -> dict:
     """The single-device losses of the command's MoE run: its recipe (the loss of dp 2 × m 2: f counted per global
-    micro-batch, :func:`minipar.hybrid.experts.reference_loss`) trained on one process."""
+    micro-batch, :func:`minipar.hybrid.experts.reference_loss`) trained on one process (once per module)."""
     from minipar.check import train_reference
     from minipar.hybrid.cli import build_parser, make_recipe
-    args = build_parser().parse_args([*FIVE_D_MOE, "--steps", str(steps), *SMALL])
-    return dict(enumerate(train_reference(make_recipe(args)).losses, start=1))
+    if ("one", steps) not in _MOE_RUNS:
+        args = build_parser().parse_args([*FIVE_D_MOE, "--steps", str(steps), *SMALL])
+        _MOE_RUNS["one", steps] = dict(enumerate(train_reference(make_recipe(args)).losses, start=1))
+    return dict(_MOE_RUNS["one", steps])
 
 
-def test_sixteen_moe_ranks_equal_one_process_and_resume_at_another_cp_ep_and_tp(capfd, monkeypatch, tmp_path):
-    first, err = train(capfd, *FIVE_D_MOE, "--steps", "2", "--save", str(tmp_path))
+def sixteen_moe_ranks_on_local_ranks(capfd, tmp_path_factory) -> tuple:
+    """The 16-rank MoE command on local (forked) ranks, 2 steps, saved: (losses, stderr, folder), run once per
+    module: its own test checks it and resumes from it; the torchrun test checks torchrun's ranks give its losses."""
+    if "local" not in _MOE_RUNS:
+        folder = str(tmp_path_factory.mktemp("moe16"))
+        losses, err = train(capfd, *FIVE_D_MOE, "--steps", "2", "--save", folder)
+        _MOE_RUNS["local"] = losses, err, folder
+    return _MOE_RUNS["local"]
+
+
+def test_sixteen_moe_ranks_equal_one_process_and_resume_at_another_cp_ep_and_tp(capfd, monkeypatch,
+                                                                                tmp_path_factory):
+    first, err, folder = sixteen_moe_ranks_on_local_ranks(capfd, tmp_path_factory)
     assert list(first) == [1, 2] and "saved step 2" in err
     one = moe_one_process(3)
     _same(first, one)
-    manifest = json.load(open(os.path.join(tmp_path, open(os.path.join(tmp_path, "latest")).read(), "manifest.json")))
+    manifest = json.load(open(os.path.join(folder, open(os.path.join(folder, "latest")).read(), "manifest.json")))
     assert {f for f in manifest["files"] if f.startswith("experts-")} == {f"experts-{s}-ep{e}.pt" for s in (0, 1)
                                                                            for e in (0, 1)}
     resumed, _ = train(capfd, "--dp", "2", "--cp", "1", "--pp", "2", "--tp", "1", "--ep", "1", *MOE, "--steps", "3",
-                       "--resume", str(tmp_path))                     # 4 ranks: cp 2 -> 1, ep 2 -> 1, tp 2 -> 1
+                       "--resume", str(folder))                     # 4 ranks: cp 2 -> 1, ep 2 -> 1, tp 2 -> 1
     assert list(resumed) == [3]
     _same(resumed, one)
     err = refused(capfd, monkeypatch, "--dp", "2", "--pp", "2", *MOE[:-2], "--capacity-factor", "1",
-                  "--steps", "3", *SMALL, "--resume", str(tmp_path))
+                  "--steps", "3", *SMALL, "--resume", str(folder))
     assert "config.moe_capacity_factor: checkpoint 4.0, this run 1.0" in err
 
 
-def test_sixteen_moe_ranks_under_torchrun_then_resume_at_ep_4(capfd, tmp_path):
+def test_sixteen_moe_ranks_under_torchrun_then_resume_at_ep_4(capfd, tmp_path, tmp_path_factory):
     """The same 16-rank MoE run under torchrun (34 s by hand, 40 s as this test, on 2 cores at load 8), saved there, resumed locally on 8 ranks
-    with ep 2 -> 4, tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's."""
+    with ep 2 -> 4, tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's, and the local
+    launcher's bit for bit (the same ranks, the same arithmetic, another launcher)."""
     under_torchrun = train_under_torchrun(16, *FIVE_D_MOE, "--steps", "2", *SMALL, "--save", str(tmp_path))
     assert list(under_torchrun) == [1, 2]
+    assert under_torchrun == sixteen_moe_ranks_on_local_ranks(capfd, tmp_path_factory)[0]
     one = moe_one_process(3)
     _same(under_torchrun, one)
     resumed, _ = train(capfd, "--dp", "2", "--cp", "2", "--pp", "2", "--tp", "1", "--ep", "4", *MOE,

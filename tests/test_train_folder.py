@@ -40,7 +40,8 @@ def _steps_in(folder) -> list:
 
 def test_a_second_run_on_a_folder_in_use_is_refused_and_the_first_finishes_intact(capsys, tmp_path):
     folder = str(tmp_path / "run")
-    same = ["--steps", "40", *SMALL, "--save-every", "1", "--resume", folder, "--save", folder]
+    # 16 steps: 15 still to go (each saved) when the second run is refused, in this process, at once
+    same = ["--steps", "16", *SMALL, "--save-every", "1", "--resume", folder, "--save", folder]
     first = subprocess.Popen([sys.executable, "-m", "minipar", "train", *same], cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     for line in first.stderr:                              # the first run has saved once: the folder is in use
@@ -53,8 +54,8 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_the_first_finishes_intac
     done = checkpoint.latest(folder)
     manifest = checkpoint.read_manifest(done)
     checkpoint.verify(done, manifest)                      # every file of the first run's last save is whole
-    assert manifest["step"] == 40
-    assert _steps_in(folder) == ["step-00000038", "step-00000039", "step-00000040"]   # --keep 3, the default
+    assert manifest["step"] == 16
+    assert _steps_in(folder) == ["step-00000014", "step-00000015", "step-00000016"]   # --keep 3, the default
     assert not os.path.exists(os.path.join(folder, guard.LOCK))                       # released at the end
 
 
