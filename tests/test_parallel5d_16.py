@@ -11,7 +11,7 @@ formula.
 One launch per layout, 16 processes on this machine's 2 cores: about 2 to 2.5 s each when it is quiet
 (measured 2.4, 2.0, 2.3, 2.2 s); each case prints its time. A layout line takes recipe changes too, so a
 MoE layout (``ep=2`` folded into dp × cp, a MoE recipe: ``experts`` among the changes) is one line of
-:data:`LAYOUTS`."""
+:data:`LAYOUTS`. The seconds and max |Δ| quoted here were measured at 3 steps."""
 import time
 
 import pytest

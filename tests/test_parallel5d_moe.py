@@ -1,12 +1,12 @@
 """Expert parallelism inside the hybrid trainer (dp × pp × cp × tp with ep folded into dp × cp, + ZeRO-1) equals
-single-device training of the MoE GPT: the loss (cross-entropy + balancing losses) at every step and every
-parameter, experts included, after 2 Adam steps (the moments are used from step 2), float64, compare's tolerance
-(atol 1e-10, rtol 1e-9; measured max |Δ| ≈ 1e-14). The reference accumulates the run's m global micro-batches (f counted per micro-batch); with
-cp = 1 it routes in the ranks' groups, so layouts that drop tokens (cf = 1) agree too; with cp > 1 the capacity
-is no-drop (cf = E/k). Bytes of every kind (ep, edp, balance with dp, pp, tp, cp) equal the formulas on every
-rank; a wrong expert-gradient divisor (run with SGD, where it doubles the experts' step: measured max |Δ| ≈ 5e-3;
-with Adam only the ε term would see the constant 2×) and a balancing loss left out of a stage's backward are both
-caught, and the same SGD run without the bug matches."""
+single-device training of the MoE GPT: the loss (cross-entropy + balancing losses) at every step and every parameter,
+experts included, after 2 Adam steps (the moments are used from step 2), float64, compare's tolerance (atol 1e-10,
+rtol 1e-9; measured max |Δ| ≈ 1e-14 at 3 steps). The reference accumulates the run's m global micro-batches (f
+counted per micro-batch); with cp = 1 it routes in the ranks' groups, so layouts that drop tokens (cf = 1) agree too;
+with cp > 1 the capacity is no-drop (cf = E/k). Bytes of every kind (ep, edp, balance with dp, pp, tp, cp) equal the
+formulas on every rank; a wrong expert-gradient divisor (run with SGD, where it doubles the experts' step: measured
+max |Δ| ≈ 5e-3; with Adam only the ε term would see the constant 2×) and a balancing loss left out of a stage's
+backward are both caught, and the same SGD run without the bug matches."""
 import functools
 
 import pytest
