@@ -1,7 +1,8 @@
 """Chapter 08's layout in PyTorch's own pieces (DeviceMesh, parallelize_module, FSDP2 replicate / fully_shard,
 torch.distributed.pipelining: GPipe, 1F1B and Interleaved1F1B with v = 2, loss_parallel) trains like one device
 and like minipar's run of the same layout, in float64; DDP over a TP'd model composes when handed the dp sub-mesh and is refused when handed
-the dp process group (the message kept here). Equality only: no timing asserted."""
+the dp process group (the message kept here). Equality only: no timing asserted. Each run is 2 Adam steps
+(STEPS): the second is the first whose update reads the moments; a third showed nothing more."""
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from minipar.course.ch08_hybrid_parallelism import bench, torch_side
 from minipar.course.ch08_hybrid_parallelism.measure import recipe
 from minipar.launcher import launch
 
+STEPS = 2       # Adam's moments are read from step 2 on: see the docstring
 TOL = 1e-10     # float64: the harness's atol (rtol 1e-9); measured differences are ~3e-14
 
 
@@ -20,11 +22,13 @@ def test_separate_qkv_model_is_the_same_function():
     torch.testing.assert_close(torch_side.TorchGPT(ref)(x), ref(x), atol=1e-12, rtol=0)
 
 
+# m = 4 with p = 2: at m = p, the first rank of 1F1B and of the interleaved schedule runs every forward before any
+# backward (GPipe's order), so the micro-batch count is part of what these cases test
 @pytest.mark.parametrize("dp,pp,tp,m,schedule,v", [(2, 1, 2, 1, "gpipe", 1), (2, 2, 2, 4, "1f1b", 1),
                                                     (2, 2, 2, 4, "interleaved", 2)])
 def test_torch_layout_equals_minipar_and_one_device(dp, pp, tp, m, schedule, v):
     # interleaved: PyTorch's ScheduleInterleaved1F1B, two stages (one block each) per pp rank, against minipar's
-    out = torch_side.side_by_side(recipe(3), dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule, v=v)
+    out = torch_side.side_by_side(recipe(STEPS), dp=dp, pp=pp, tp=tp, micro_batches=m, schedule=schedule, v=v)
     for key in ("minipar_vs_one_device", "torch_vs_one_device", "minipar_vs_torch"):
         c = out[key]
         assert c.matches and c.max_abs_diff < TOL, (key, str(c))
@@ -32,14 +36,15 @@ def test_torch_layout_equals_minipar_and_one_device(dp, pp, tp, m, schedule, v):
 
 
 def test_fully_shard_in_a_pipeline_equals_one_device():
-    r = recipe(3)
-    runs = torch_side.torch_run(r, dp=2, pp=2, tp=2, micro_batches=4, schedule="gpipe", data_parallel="fsdp")
+    r = recipe(STEPS)
+    runs = torch_side.torch_run(r, dp=2, pp=2, tp=2, micro_batches=2, schedule="gpipe",
+                                data_parallel="fsdp")    # m = 2: GPipe's order (all F, then all BW) is the same at any m
     c = compare(train_reference(r), runs, dtype=r.dtype)
     assert c.matches and c.max_abs_diff < TOL, str(c)
 
 
 def test_ddp_with_the_dp_sub_mesh_over_a_tensor_parallel_model_equals_one_device():
-    out = torch_side.ddp_over_tp_with_mesh(recipe(3), dp=2, tp=2)
+    out = torch_side.ddp_over_tp_with_mesh(recipe(STEPS), dp=2, tp=2)
     assert out["vs_one_device"].matches and out["vs_one_device"].max_abs_diff < TOL, str(out["vs_one_device"])
     assert out["losses"]["torch DDP + TP"] == pytest.approx(out["losses"]["one device"], abs=TOL)
 
