@@ -81,3 +81,33 @@ def pytest_configure(config):
     if not getattr(nbval.kernel.start_new_kernel, "retrying", False):
         nbval.kernel.start_new_kernel = start_kernel_retrying(nbval.kernel.start_new_kernel)
         nbval.kernel.start_new_kernel.retrying = True
+
+
+@pytest.fixture(scope="session")
+def tour_row(tmp_path_factory):
+    """A tour row (``python -m minipar tour``'s name) run once per test session and shared: a chapter's tour
+    test checks the row (equal to one device, its bytes, its memory) and appendix A's cost model is compared
+    with the same run. Under pytest-xdist the workers share it through a file in the session's temporary
+    folder (the row pickled; a lock per row, so a worker that needs a row another is running waits for it)."""
+    import fcntl
+    import pickle
+    import re
+    from minipar.course.tour import strategies
+    runs = {name: run for _, name, run in strategies()}
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
+    done = {}
+
+    def row(name: str):
+        if name in done:
+            return done[name]
+        if shared is None:
+            done[name] = runs[name]()
+            return done[name]
+        path = shared / ("tour-row-" + re.sub(r"[^A-Za-z0-9]+", "-", name) + ".pickle")
+        with open(f"{path}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                path.write_bytes(pickle.dumps(runs[name]()))
+            done[name] = pickle.loads(path.read_bytes())
+        return done[name]
+    return row

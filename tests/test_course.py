@@ -40,20 +40,26 @@ NAMES = sorted(figures.all_figures())
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _fewer_runs(monkeypatch) -> dict:
+def _fewer_runs(monkeypatch, request=None) -> dict:
     """Four pictures are drawn from minutes of real runs (all tour rows; chapter 08's layouts on 8 ranks; the
     schedules paced; 10b's recipes over three seeds). Here they are drawn from a few of those runs: what each
     run measures is checked where it is made (each tour row in its chapter's tests, 08's layouts in its report,
     the paced schedules in chapter 04's tests, the recipes in 10b's); this test checks that the generator
-    draws and writes. `python -m minipar figures` draws them from every run. {figure: what cuts its runs}."""
+    draws and writes. `python -m minipar figures` draws them from every run. {figure: what cuts its runs}.
+    Appendix A's two rows are ones chapters 03 and 04 check, taken from the session's runs (conftest.tour_row)."""
     import functools
     from minipar.course.ch04_pipeline_parallelism import figures as ch04
     from minipar.course.ch08_hybrid_parallelism import measure as ch08
     from minipar.course.ch10b_fp8 import training as ch10b
     from minipar.course.chA_how_minipar_measures import bench as chA
     first = lambda d, n: dict(list(d.items())[:n])                      # noqa: E731
+
+    def tour_rows_shared():
+        monkeypatch.setattr(chA, "TOUR_LAYOUTS", {k: chA.TOUR_LAYOUTS[k] for k in A_ROWS})
+        monkeypatch.setattr(chA, "compare_with_tour", functools.partial(
+            chA.compare_with_tour, run_row=request.getfixturevalue("tour_row")))
     return {
-        "A_predicted_vs_measured.png": lambda: monkeypatch.setattr(chA, "TOUR_LAYOUTS", first(chA.TOUR_LAYOUTS, 2)),
+        "A_predicted_vs_measured.png": tour_rows_shared,
         "08_memory_per_layout.png": lambda: monkeypatch.setattr(ch08, "LAYOUTS", first(ch08.LAYOUTS, 2)),
         "04_measured_timelines.png": lambda: monkeypatch.setattr(
             ch04, "run_timelines", functools.partial(ch04.run_timelines, shown=ch04.SHOWN[1:3])),
@@ -67,9 +73,12 @@ def test_the_figures_drawn_from_fewer_runs_are_registered():
     assert set(_fewer_runs(None)) <= set(NAMES), set(_fewer_runs(None)) - set(NAMES)
 
 
+A_ROWS = ("ZeRO-1 ring", "pipeline 1F1B")           # tour rows chapters 03 and 04 (and appendix A) check
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_generator_writes_a_nonempty_png(name, tmp_path, monkeypatch):
-    _fewer_runs(monkeypatch).get(name, lambda: None)()
+def test_generator_writes_a_nonempty_png(name, tmp_path, monkeypatch, request):
+    _fewer_runs(monkeypatch, request).get(name, lambda: None)()
     written = figures.generate(str(tmp_path), select=name)
     path = tmp_path / name
     assert str(path) in written and path.exists(), name

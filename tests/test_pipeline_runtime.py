@@ -43,12 +43,14 @@ def test_v_schedules_on_4_ranks_equal_single_device_and_hand_over_locally(schedu
     """8 stages on 4 ranks in a V, float64 (equal to one device within atol 1e-10, rtol 1e-9 after 2 Adam
     steps); stages 3 and 4 share rank 3, so their tensors are handed over without a message: the bytes sent
     are the checker's message count (6 rank boundaries, not 7) times a tensor."""
+    from minipar.check import train_reference
     from minipar.pipeline.checker import check
     from minipar.pipeline.schedules import make_schedule
-    cmp = check_equivalence(parallel_train, 4, GPT8_F64, schedule=schedule, m=8, v=2, launch_kwargs=QUIET)
+    # one launch for both checks (check_equivalence's compare on these runs, then their losses and bytes)
+    runs = launch(parallel_train, 4, GPT8_F64, schedule=schedule, m=8, v=2, quiet=True)
+    cmp = compare(train_reference(GPT8_F64), runs, dtype=GPT8_F64.dtype)
     cmp.assert_ok()
     assert (cmp.atol, cmp.rtol) == (1e-10, 1e-9)                   # float64 tolerances
-    runs = launch(parallel_train, 4, GPT8_F64, schedule=schedule, m=8, v=2, quiet=True)
     assert runs[0].losses is not None and all(r.losses is None for r in runs[1:])   # the loss is on rank 0
     messages = check(make_schedule(schedule, 4, 8, 2))
     assert messages == 2 * 8 * 6
@@ -59,9 +61,10 @@ def test_v_schedules_on_4_ranks_equal_single_device_and_hand_over_locally(schedu
 def test_the_loss_is_an_argument():
     """A loss_fn of twice the default trains like one device on a doubled loss (the losses double)."""
     from minipar.pipeline.stages import stage_loss
-    runs = launch(parallel_train, 2, GPT, schedule="1f1b", m=4, quiet=True,
-                  loss_fn=lambda y, t: 2 * stage_loss(y, t))
-    plain = launch(parallel_train, 2, GPT, schedule="1f1b", m=4, quiet=True)
+    from minipar.course.pipeline_views import run_together
+    both = run_together(2, {"doubled": (GPT, dict(schedule="1f1b", m=4, loss_fn=lambda y, t: 2 * stage_loss(y, t))),
+                            "plain": (GPT, dict(schedule="1f1b", m=4))})          # one launch for both
+    runs, plain = both["doubled"], both["plain"]
     assert runs[1].losses[0] == pytest.approx(2 * plain[1].losses[0], rel=1e-6)
 
 
@@ -70,10 +73,10 @@ def test_hybrid_trainer_recomputes_and_still_equals_one_device():
     from minipar.hybrid.runner import run as run3d
     recipe = gpt_recipe(steps=2, batch_size=16, seq_len=8, n_layer=4)
     recipe.dtype = torch.float64
-    peaks = {}
+    peaks, reference = {}, train_reference(recipe)                  # one reference for both runs
     for recompute in ("none", "full"):
         runs = run3d(recipe, world_size=4, dp=1, pp=2, tp=2, recompute=recompute, track_memory=True)
-        compare(train_reference(recipe), runs, dtype=torch.float64).assert_ok()
+        compare(reference, runs, dtype=torch.float64).assert_ok()
         peaks[recompute] = max(r.peak_bytes for r in runs)
     assert peaks["full"] < peaks["none"], peaks                     # the activations were dropped
 
@@ -140,11 +143,14 @@ def test_timeline_records_every_action_and_the_transfers():
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe_and_recomputation_fewer_still():
-    def peak(schedule, recompute):
-        runs = launch(parallel_train, 2, GPT, schedule=schedule, m=8, v=1, recompute=recompute, track_memory=True,
-                      quiet=True)
-        return max(b for _, _, b in runs[0].memory)                # rank 0: the most in flight
-    gpipe, ofob, gpipe_rc = peak("gpipe", False), peak("1f1b", False), peak("gpipe", True)
+    from minipar.course.pipeline_views import run_together
+    # the three runs in one launch; one step: a step's peak is what is compared, no training is checked
+    one_step = gpt_recipe(steps=1, batch_size=8, seq_len=8, n_layer=4, n_embd=16, n_head=2)
+    runs = run_together(2, {(schedule, recompute): (one_step, dict(schedule=schedule, m=8, v=1, recompute=recompute,
+                                                                   track_memory=True))
+                            for schedule, recompute in (("gpipe", False), ("1f1b", False), ("gpipe", True))})
+    peak = {key: max(b for _, _, b in r[0].memory) for key, r in runs.items()}    # rank 0: the most in flight
+    gpipe, ofob, gpipe_rc = peak["gpipe", False], peak["1f1b", False], peak["gpipe", True]
     assert ofob < 0.6 * gpipe          # 2 of 8 micro-batches in flight instead of 8
     assert gpipe_rc < 0.5 * gpipe      # only stage inputs kept
 

@@ -17,8 +17,8 @@ from minipar.course.ch03_zero_and_fsdp.muon_rows import MUON_ROWS, measure_muon
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return {name: run() for name, run in ch03.STRATEGIES}
+def rows(tour_row):
+    return {name: tour_row(name) for name, _ in ch03.STRATEGIES}
 
 
 def test_every_row_matches_one_device(rows):

@@ -10,8 +10,8 @@ from minipar.course.ch05_tensor_parallelism import tour as ch05
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return {name: run() for name, run in ch05.STRATEGIES}
+def rows(tour_row):
+    return {name: tour_row(name) for name, _ in ch05.STRATEGIES}
 
 
 def test_rows_match_bytes_and_memory(rows):

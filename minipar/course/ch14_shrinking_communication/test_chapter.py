@@ -13,10 +13,17 @@ from minipar.machine.cluster import a100_cluster
 from minipar.course.ch14_shrinking_communication import study as s14
 
 
-def test_one_launch_gives_the_library_study_s_rows():
-    kw = dict(steps=10, ranks=(1, 2), Hs=(5, 10), fragments=2)
-    library = loss_vs_bytes(world_size=2, **kw)
-    ours = s14.train_every_method(world=2, tuned_lr=None, with_zeropp=False, **kw)
+STUDY = dict(steps=10, ranks=(1, 2), Hs=(5, 10), fragments=2)
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The library's study on 2 ranks, once for the two tests that read it."""
+    return loss_vs_bytes(world_size=2, **STUDY)
+
+
+def test_one_launch_gives_the_library_study_s_rows(library):
+    ours = s14.train_every_method(world=2, tuned_lr=None, with_zeropp=False, **STUDY)
     assert [name for name, _, _ in library][:4] == list(ours.runs)[:4]
     for (name, sent, loss), run in zip(library, ours.runs.values()):
         assert run.total_bytes == sent, name
@@ -64,9 +71,10 @@ def test_reading_follows_the_numbers(capsys):
     assert "DiLoCo H=10: 1.400, below DDP" in out and "DDP lr 0.01: 1.500, above DiLoCo H=10" in out
 
 
-def test_loss_vs_bytes_rows_carry_each_methods_formula():
-    steps = 20
-    rows = {m: (sent, loss) for m, sent, loss in loss_vs_bytes(2, steps, ranks=(1,), Hs=(5, 10), fragments=2)}
+def test_loss_vs_bytes_rows_carry_each_methods_formula(library):
+    # the study above (10 steps: DiLoCo H=5 syncs twice, H=10 and its streaming fragments once each)
+    steps = STUDY["steps"]
+    rows = {m: (sent, loss) for m, sent, loss in library}
     shapes = [p.shape for p in study_recipe(steps)[0].model().parameters()]
     param_bytes = 4 * sum(s.numel() for s in shapes)             # N = 2: 2(N−1)/N = 1
     assert rows["DDP"][0] == steps * param_bytes
