@@ -1,12 +1,14 @@
 """The exercise machinery: exercises/ is generated from solutions/, and every check fails on its stub.
 
 Generic over every ``solutions/*.ipynb``, so a new chapter's exercises are covered without touching this
-file. Each solution notebook runs here too, in the kernel its stubs then run in: its check cells must pass.
+file. Each solution notebook runs here too, then its stubs, in one kernel the module shares (SharedKernel):
+its check cells must pass.
 (``pytest solutions --nbval-lax`` runs them alone.)
 """
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 
 import nbformat
 import pytest
@@ -122,38 +124,73 @@ def test_solution_notebook_is_well_formed(path):
         f"{path.name}: name it after its chapter (the notebook's name, minipar/course/chNN_topic/)"
 
 
-def _run_in_one_kernel(runs):
-    """Execute each ``(notebook, folder)`` of ``runs`` in turn, in one kernel, errors kept in the outputs: before
-    each, the names a notebook defined are cleared (``%reset -f``) and the working folder becomes ``folder``.
-    One kernel serves a chapter's solution and its stubs: a kernel's start (torch's import) is about 4 s of CPU
-    on a 2-core machine, 46 of them were 3 minutes of ``make test``. A kernel that dies at start (jupyter's port
-    race, see conftest.start_kernel_retrying) is started again, up to three times."""
-    from contextlib import ExitStack
-    from nbclient import NotebookClient
-    from conftest import start_kernel_retrying
-    with ExitStack() as stack:
+# What a notebook may leave behind in a kernel that `%reset -f` does not clear: figures, torch's default dtype
+# and its global random state (a fresh kernel starts at torch's fixed initial seed).
+RESET = ("%reset -f\nimport os, torch, matplotlib.pyplot\nmatplotlib.pyplot.close('all')\n"
+         "torch.set_default_dtype(torch.float32)\ntorch.manual_seed({seed})\nos.chdir({folder!r})")
+
+
+class SharedKernel:
+    """One kernel for every notebook of this module, run one after another: before each notebook, the names the
+    last one defined are cleared (``%reset -f``), its figures closed, torch's default dtype and random state put
+    back as a fresh kernel has them, and the working folder becomes the notebook's own. A kernel's start costs
+    about 8 s of CPU on a 2-core machine (torch's import, then torch._dynamo's on the first optimizer): 23 of
+    them were 3 minutes of ``make test``. A kernel that died (a notebook that crashed it) is replaced before
+    the next notebook; one that dies at start (jupyter's port race, see conftest.start_kernel_retrying) is
+    started again, up to three times."""
+
+    def __init__(self):
+        import torch
+        self.stack, self.client, self.seed = ExitStack(), None, torch.Generator().initial_seed()   # torch's default
+
+    def _start(self, nb, folder):
+        from nbclient import NotebookClient
+        from conftest import start_kernel_retrying
+
         def started():
-            client = NotebookClient(runs[0][0], timeout=120, allow_errors=True, kernel_name="python3",
-                                    resources={"metadata": {"path": str(runs[0][1])}})
-            stack.enter_context(client.setup_kernel())
+            client = NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
+                                    resources={"metadata": {"path": str(folder)}})
+            self.stack.enter_context(client.setup_kernel())
             return client
-        client = start_kernel_retrying(started)()
-        for nb, folder in runs:                 # the notebook's own cell objects, after one that resets
-            client.nb = nbformat.v4.new_notebook(metadata=nb.metadata, cells=[
-                nbformat.v4.new_code_cell(f"%reset -f\nimport os\nos.chdir({str(folder)!r})"), *nb.cells])
+        self.client = start_kernel_retrying(started)()
+
+    def run(self, nb, folder) -> None:
+        """Execute ``nb`` in ``folder``, errors kept in its cells' outputs."""
+        from nbclient.exceptions import DeadKernelError
+        if self.client is None:
+            self._start(nb, folder)
+        client = self.client
+        client.nb = nbformat.v4.new_notebook(metadata=nb.metadata, cells=[   # the notebook's own cell objects
+            nbformat.v4.new_code_cell(RESET.format(seed=self.seed, folder=str(folder))), *nb.cells])
+        try:
             for i, cell in enumerate(client.nb.cells):
                 if cell.cell_type == "code":
                     client.execute_cell(cell, i)
+        except DeadKernelError:                  # this notebook's test fails; the next one gets a fresh kernel
+            self.stack.close()
+            self.stack, self.client = ExitStack(), None
+            raise
+
+    def close(self):
+        self.stack.close()
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    shared = SharedKernel()
+    yield shared
+    shared.close()
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
-def test_the_solution_runs_and_every_check_fails_on_its_stubs(path):
+def test_the_solution_runs_and_every_check_fails_on_its_stubs(kernel, path):
     """The solution notebook runs with no error (every check passes); then the exercise notebook, run as a
     learner who wrote nothing would: each check must fail (on the stub: NotImplementedError, or an
     ExerciseError), every other cell must run."""
     solution = nbformat.read(path, as_version=4)
     exercise = ex.make_exercise(nbformat.read(path, as_version=4), path.name)   # in memory: see test above
-    _run_in_one_kernel([(solution, ex.ROOT / "solutions"), (exercise, ex.ROOT / "exercises")])
+    kernel.run(solution, ex.ROOT / "solutions")
+    kernel.run(exercise, ex.ROOT / "exercises")
     problems = []
     for i, cell in enumerate(solution.cells):
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
