@@ -48,14 +48,19 @@ def check_planner_gpt_3_175b_1024(best) -> None:
     assert best.fits and best.layout.tp <= 8 and best.layout.pp > 1 and best.layout.devices == 1024
 
 
-def check_tie_band(p, spreads, llama3_band) -> None:
-    """§4's tie band: the widest model ÷ published spread inside one source is Korthikanti et al.'s (η_F fitted to
-    one of its rows), just under 10 %; Llama 3's rows, fitted to nothing, spread about 8 %, the same 10 % rounded
-    up; plan() takes the least memory within 10 % of the fastest: TP 8, 1.10 × the fastest (TP 4), at the band's
-    edge (less than 1 % inside it), with well under half its bytes per GPU"""
+def check_band_from_sources(p, spreads, llama3_band) -> None:
+    """§6's origin of §4's band: the widest model ÷ published spread inside one source is Korthikanti et al.'s
+    (η_F fitted to one of its rows), just under 10 %; Llama 3's rows, fitted to nothing, spread about 8 %, the
+    same 10 % rounded up"""
     widest = max(spreads, key=spreads.get)
     assert widest.startswith("Korthikanti") and 1.09 < spreads[widest] < 1.10 and abs(p.tie - 0.10) < 1e-9, spreads
+    assert round(spreads[widest], 3) == 1.099, spreads
     assert 1.08 < spreads["Dubey et al. 2024 (Llama 3)"] < 1.09 and abs(llama3_band - p.tie) < 1e-9, spreads
+
+
+def check_tie_band(p) -> None:
+    """§4's tie band: plan() takes the least memory within 10 % of the fastest: TP 8, 1.10 × the fastest (TP 4),
+    at the band's edge (less than 1 % inside it), with well under half its bytes per GPU"""
     best, fastest = p.best[0], p.fastest
     assert best.fits and fastest.fits and best.layout.tp == 8 and fastest.layout.tp == 4
     assert fastest.layout.schedule == "interleaved" and best.layout.schedule == "1f1b"
@@ -125,6 +130,13 @@ def check_overlap_decides(slow_off, slow_on, fast_off, fast_on) -> None:
     assert 1.5 < to_fastest[0] and all(1 + tie < r < 1.13 for r in to_fastest[1:3]), to_fastest
     assert to_fastest[3] <= 1 + tie < pp[3].step_seconds / fast_on.fastest.step_seconds, to_fastest
     assert all(1 < r < 1.05 for r in over_pp[1:3]) and over_pp[3] < 1, over_pp
+    assert round(over_pp[1], 2) == 1.04, over_pp          # §4: "with overlap the gap shrinks to about 1.04×"
+    # each side by the pick rule: in the last row the pipeline is outside the band (its fastest, more memory than
+    # the rows before) and ZeRO-3 inside (its least memory: smaller micro-batches than rows 2-3, fewer GB)
+    assert pp[3].step_seconds > (1 + tie) * fast_on.fastest.step_seconds
+    assert pp[3].memory["total"] > pp[2].memory["total"]
+    assert zero3[3].layout.micro_batch < zero3[2].layout.micro_batch
+    assert zero3[3].memory["total"] < zero3[2].memory["total"]
     assert all(0 < zero3[i].step_seconds - pp[i].step_seconds < 1 for i in (1, 2))
     assert all(pp[i] is plans[i].best[0] and pp[i].memory["total"] < 0.5 * zero3[i].memory["total"] for i in (1, 2))
     assert zero3[3] is fast_on.best[0]
@@ -222,6 +234,7 @@ def check_one_knob_at_a_time(best, cluster) -> None:
     assert abs(v2.time["bubble"] / best.time["bubble"] - 0.5) < 0.05
     for knob in (dict(sp=False), dict(recompute="full")):
         assert estimate(GPT3_175B, cluster, replace(lay, **knob)).step_seconds > best.step_seconds, knob
+    assert estimate(GPT3_175B, cluster, replace(lay, recompute="full")).step_seconds > 1.25 * best.step_seconds
     # §3: the bubble idles the whole stage, compute + TP collectives, for f/(1 - f) = (p - 1)/(v·m) of it
     f_ratio = (lay.pp - 1) / (lay.v * lay.micro_batches)
     assert abs(best.time["bubble"] - (best.time["compute"] + best.time["tp"]) * f_ratio) < 1e-9 * best.time["bubble"]
@@ -234,11 +247,34 @@ def check_one_knob_at_a_time(best, cluster) -> None:
         assert 0.8 * times * best.time["dp"] < e.time["dp"] < 1.2 * times * best.time["dp"], (zero, e.time["dp"])
 
 
-def check_small_case(advice, best) -> None:
+def check_small_case(advice, best, rows, lean, p) -> None:
     """The planner on GPT 1.3B, one node: it fits one GPU, the rules stop at rule 1, and the planner's pick is
-    data parallelism (no TP, no PP), a family the rules named"""
+    data parallelism (no TP, no PP), a family the rules named. All four families the rules name are inside the
+    band, ZeRO-1 with the least memory; ZeRO-2 and -3 get there only with fewer, larger micro-batches than the
+    pick's (their activations outweigh what they shard): at the pick's micro-batches they would hold less but
+    fall outside the band, their dp time many times ZeRO-1's"""
     assert advice.families[0] == "DDP" and best.fits
     assert best.layout.tp == 1 and best.layout.pp == 1 and mp.family(best.layout) in advice.families
+    band = (1 + p.tie) * p.fastest.step_seconds
+    assert mp.family(best.layout) == "ZeRO-1"
+    assert all(rows[f].fits and rows[f].step_seconds <= band for f in advice.families)
+    assert all(rows[f].memory["total"] > best.memory["total"] for f in advice.families if rows[f] is not best)
+    for z in (2, 3):
+        e = rows[f"ZeRO-{z}"]
+        assert e.layout.micro_batches < best.layout.micro_batches and e.layout.micro_batch > best.layout.micro_batch
+        assert lean[z].memory["total"] < best.memory["total"] and lean[z].step_seconds > band
+        assert lean[z].time["dp"] > 10 * best.time["dp"]
+
+
+def check_no_sp_row(pick, no_sp, megatron) -> None:
+    """§4's one-knob table, the no-SP row: it is inside the band (+6 %) and loses on memory, more than twice
+    the pick's; its pipeline send is priced as the full activation:
+    at 1/t of it, as Megatron's scatter/gather sends it, the row would be about 2 % slower than the pick"""
+    r = no_sp.step_seconds / pick.step_seconds - 1
+    assert 0.05 < r < 0.07 and round(r * 100, 1) == 6.0, r
+    assert no_sp.memory["total"] > 2 * pick.memory["total"]
+    assert no_sp.time["pp"] > 5 * pick.time["pp"]
+    assert 0.015 < megatron / pick.step_seconds - 1 < 0.03
 
 
 def check_efficiency_band(bests) -> None:

@@ -2,13 +2,15 @@
 its memory per GPU (the planner's own estimates), beside the fastest layout of all."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minipar import plan as mp
 
 from . import claims
 
 GB = 1e9
-HEADER = (f"{'links':9}{'overlap':8}{'pick':17}{'pipeline s':>10}{'GB':>6}{'ZeRO-3 s':>13}{'GB':>6}  "
-          f"{'fastest':28}{'s':>5}  ÷ fastest")
+HEADER = (f"{'links':9}{'overlap':8}{'pipeline s':>10}{'GB':>6}{'ZeRO-3 s':>13}{'GB':>6}  "
+          f"{'fastest':28}{'s':>5}  ZeRO-3 ÷ fastest")
 
 
 def short(layout) -> str:
@@ -24,15 +26,25 @@ def sides(p):
 
 
 def row(links, overlap, p) -> str:
-    """One line: the planner's pick; the pipeline's and ZeRO-3's steps and GB per GPU; the fastest layout of
-    all; ZeRO-3's step ÷ the fastest's, against the band."""
+    """One line: the pipeline's and ZeRO-3's steps and GB per GPU; the fastest layout of all; ZeRO-3's step ÷
+    the fastest's, against the band."""
     with_pp, zero3 = sides(p)
     to_fastest = zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
-    return (f"{links:9}{overlap:8}{mp.family(p.best[0].layout):17}{with_pp.step_seconds:10.1f}"
+    return (f"{links:9}{overlap:8}{with_pp.step_seconds:10.1f}"
             f"{with_pp.memory['total'] / GB:6.1f}{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>13}"
             f"{zero3.memory['total'] / GB:6.1f}  {short(p.fastest.layout):28}"
-            f"{p.fastest.step_seconds:5.1f}{to_fastest:6.2f}, {inside}")
+            f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
+
+
+def layouts(links, overlap, p) -> str:
+    """One line: each side's layout in short, with its micro-batches (count × size), inside the band or not."""
+    with_pp, zero3 = sides(p)
+    band = (1 + p.tie) * p.fastest.step_seconds
+    words = lambda e, lay: (f"{short(lay)}, {e.layout.micro_batches} × {e.layout.micro_batch} "  # noqa: E731
+                            f"({'inside' if e.step_seconds <= band else 'outside'})")
+    return (f"  {links:9}{overlap:5}pipeline: {words(with_pp, with_pp.layout):47}"
+            f"ZeRO-3: {words(zero3, replace(zero3.layout, zero=0))}")
 
 
 def table(plans) -> str:
@@ -48,4 +60,6 @@ def table(plans) -> str:
             if alike else f"the pipeline's pick holds {' and '.join(pp_gb)} GB per GPU, ZeRO-3 "
                           f"{' and '.join(z_gb)},\n{' and '.join(shares)} of it")
     return "\n".join([HEADER, *(row(links, overlap, pl) for (links, overlap), pl in plans.items()),
-                      f"rows 2-3 (ZeRO-3 just outside the band): {said}: less than half"])
+                      f"rows 2-3 (ZeRO-3 just outside the band): {said}: less than half",
+                      "\neach side's layout (micro-batches: count × size) and whether it is inside the band:",
+                      *(layouts(links, overlap, pl) for (links, overlap), pl in plans.items())])

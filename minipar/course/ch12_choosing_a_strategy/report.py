@@ -18,7 +18,7 @@ from minipar.plan.published import TOLERANCE, rounded_up, spread_by_source, tabl
 from . import claims, figures, overlap_table, show
 from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
-__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "one_knob",
+__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "band_by_source", "one_knob",
            "breakdown", "band_sweep", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
@@ -48,7 +48,7 @@ def rules(advice, cluster) -> None:
 
 ACTIVATION_ROWS = {"no parallelism": dict(), "TP 8": dict(tp=8), "TP 8 + SP": dict(tp=8, sp=True),
                    "TP 8 + SP + selective": dict(tp=8, sp=True, recompute="selective"),
-                   "full recompute": dict(recompute="full")}
+                   "full recompute (no TP)": dict(recompute="full")}
 
 
 def formulas() -> dict:
@@ -80,11 +80,24 @@ def small_case(batch: int = 512) -> None:
     """§4's stepping stone: the rules and the planner for GPT 1.3B on one DGX A100 node of 8: it fits one GPU,
     so both name data parallelism."""
     cluster = a100_cluster(1)
-    advice, pick = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1).best[0]
+    advice, p = decide(SMALL_GPT, cluster), plan(SMALL_GPT, cluster, batch, top=1)
+    pick, rows = p.best[0], show.plan_rows(p)
     print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
     print(advice)
-    print(f"the planner's pick ({mp.family(pick.layout)}): {show.layout_words(pick.layout)}: {show.estimate_words(pick)}")
-    claims.check_small_case(advice, pick)
+    print(f"\nthe families the rules named, each by the pick rule (the band: up to "
+          f"{(1 + p.tie) * p.fastest.step_seconds:.2f} s)")
+    print(f"  {'family':8}{'GB per GPU':>11}{'s/step':>8}{'dp s':>7}  micro-batches")
+    for fam in advice.families:
+        e = rows[fam]
+        print(f"  {fam:8}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}{e.time['dp']:7.2f}  "
+              f"{e.layout.micro_batches} of {e.layout.micro_batch}" + ("   the pick" if e is pick else ""))
+    m = pick.layout.micro_batches
+    lean = {z: mp.estimate(SMALL_GPT, cluster, replace(pick.layout, zero=z)) for z in (2, 3)}
+    print(f"at {m} micro-batches of {pick.layout.micro_batch}, ZeRO-2 and -3 would hold "
+          + " and ".join(f"{e.memory['total'] / GB:.1f}" for e in lean.values()) + " GB but take "
+          + " and ".join(f"{e.step_seconds:.2f}" for e in lean.values()) + " s (dp "
+          + " and ".join(f"{e.time['dp']:.2f}" for e in lean.values()) + " s): outside the band")
+    claims.check_small_case(advice, pick, rows, lean, p)
 
 
 def planner(p, advice, cluster, full: bool = False) -> None:
@@ -98,20 +111,27 @@ def planner(p, advice, cluster, full: bool = False) -> None:
     ratio = pick.step_seconds / fastest.step_seconds
     print(f"\non step time the model prefers TP {fastest.layout.tp} {fastest.layout.schedule}: the pick's step is "
           f"{(ratio - 1) * 100:.2f} % longer, {(p.tie - (ratio - 1)) * 100:.2f} points inside the {p.tie * 100:.0f} % band (the model's "
-          f"error).\nMemory decides: {pick.memory['total'] / GB:.1f} vs {fastest.memory['total'] / GB:.1f} GB per GPU")
+          f"error).\nInside the band the rule, not the model, decides: {pick.memory['total'] / GB:.1f} vs "
+          f"{fastest.memory['total'] / GB:.1f} GB per GPU")
+    claims.check_family_rows_by_one_rule(p, show.plan_rows(p), dp, twin)
+    claims.check_tie_band(p)
+    claims.check_planner_gpt_3_175b_1024(p.best[0])
+    claims.check_published_decision_guide_as_rules(advice, p.best[0])
+
+
+def band_by_source(p) -> None:
+    """§6: where §4's band comes from: the model ÷ published step, highest ÷ lowest inside each source of
+    published runs; the widest, rounded up to a multiple of 5 %, is ``p.tie``."""
     pub = published_table()
     spreads = spread_by_source(pub)
     fitted = {r["source"].split(",")[0] for r in pub if r["role"] == "calibration"}
-    print(f"\nthe {p.tie * 100:.0f} % band: model ÷ published step, highest ÷ lowest inside one source")
+    print(f"the {p.tie * 100:.0f} % band: model ÷ published step, highest ÷ lowest inside one source")
     for src, v in spreads.items():
         print(f"  {src.split(' (')[0]:32}{v:6.3f}  " + ("η_F fitted to one of its rows" if src in fitted
                                                        else "fitted to nothing"))
     print(f"  the widest, rounded up to a multiple of 5 %: {p.tie * 100:.0f} %; Llama 3's alone: "
           f"{rounded_up(spreads[LLAMA3] - 1) * 100:.0f} %")
-    claims.check_family_rows_by_one_rule(p, show.plan_rows(p), dp, twin)
-    claims.check_tie_band(p, spreads, rounded_up(spreads[LLAMA3] - 1))
-    claims.check_planner_gpt_3_175b_1024(p.best[0])
-    claims.check_published_decision_guide_as_rules(advice, p.best[0])
+    claims.check_band_from_sources(p, spreads, rounded_up(spreads[LLAMA3] - 1))
 
 
 def band_sweep(p, cluster) -> None:
@@ -172,7 +192,13 @@ def breakdown(pick) -> None:
 def one_knob(pick, cluster) -> None:
     """§4: the pick, then each knob changed alone, and the time terms that moved."""
     print(show.one_knob(pick, cluster))
+    no_sp = mp.estimate(GPT3_175B, cluster, replace(pick.layout, sp=False))
+    megatron = no_sp.step_seconds - no_sp.time["pp"] + pick.time["pp"]     # the send at 1/t, as with SP
+    print(f"no SP, its stage-to-stage send cut to 1/{pick.layout.tp} (Megatron's scatter/gather): pp "
+          f"{no_sp.time['pp']:.2f} -> {pick.time['pp']:.2f} s, step {megatron:.2f} s, "
+          f"{megatron / pick.step_seconds - 1:+.1%} against the pick")
     claims.check_one_knob_at_a_time(pick, cluster)
+    claims.check_no_sp_row(pick, no_sp, megatron)
 
 
 def efficiency_band(p, band: float = 0.15) -> None:

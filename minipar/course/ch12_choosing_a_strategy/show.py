@@ -195,7 +195,7 @@ def plan_table(p, full: bool = False) -> Shown:
     if not full:
         hidden = [(fam, e) for fam, e in sorted(families.items(), key=lambda kv: kv[1].step_seconds)
                   if e.fits and fam not in dict(order)]
-        lines.append("also fit (the table is a selection; full=True lists all), ÷ pick:")
+        lines.append("also fit, ÷ pick:")
         items = [f"{_degree(fam, e)} {e.step_seconds / best.step_seconds:.2f}" for fam, e in hidden]
         lines += ["  " + ", ".join(items[i:i + 3]) for i in range(0, len(items), 3)]
         lines.append(f"these do not fit: {', '.join(_degree(fam, families[fam]) for fam in misfits)}")
