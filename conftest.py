@@ -47,13 +47,35 @@ def no_leftover_processes():
     assert child_pids() == [], f"processes left behind: {child_pids()}"
 
 
+# The modules that take most CPU in make test's parallel tests (CPU-seconds measured 2026-11-30 on 2 cores, after
+# that day's cuts: test_train_command ~300, test_course ~95, test_parallel5d_16 ~90, test_exercises ~84, ch08's
+# torch_side ~80, ...). make test hands whole modules to its two workers (--dist loadscope) in collection order
+# (--no-loadscope-reorder); xdist's own order, most tests first, left the few-test, long modules for last, with
+# one worker idle at the end. Heaviest first, then the rest by test count, as xdist would.
+HEAVY_FIRST = ("tests/test_train_command.py", "tests/test_course.py", "tests/test_parallel5d_16.py",
+               "tests/test_exercises.py", "minipar/course/ch08_hybrid_parallelism/test_torch_side.py",
+               "tests/test_parallel5d_moe.py", "minipar/course/ch09b_five_dimensions_and_moe/test_chapter.py",
+               "tests/test_checkpoint.py", "tests/test_parallel3d.py", "tests/test_parallel5d.py",
+               "tests/test_pipeline_runtime.py", "tests/test_launch.py",
+               "minipar/course/ch04_pipeline_parallelism/test_tour.py",
+               "minipar/course/ch04b_zero_bubble_and_v_schedules/test_tour.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, as ``make test`` runs): the cells of one notebook share a
-    kernel, so nbval's items of a notebook go to one worker together; other tests spread one by one."""
+    """Under pytest-xdist (make test): the cells of one notebook share a kernel, so nbval's items of a notebook
+    go to one worker together; and the modules are ordered heaviest first (HEAVY_FIRST)."""
     for item in items:
         path = str(getattr(item, "path", "") or "")
         if path.endswith(".ipynb"):
             item.add_marker(pytest.mark.xdist_group(name=path))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    module = {id(item): item.nodeid.split("::")[0] for item in items}
+    count = {}
+    for name in module.values():
+        count[name] = count.get(name, 0) + 1
+    items.sort(key=lambda item: (HEAVY_FIRST.index(module[id(item)]) if module[id(item)] in HEAVY_FIRST
+                                 else len(HEAVY_FIRST), -count[module[id(item)]], module[id(item)]))
 
 
 def start_kernel_retrying(start, tries: int = 3):

@@ -31,7 +31,8 @@ TESTS = ["tests", "minipar/course", "--ignore=tests/browser", "--ignore=tests/te
 def streams(python: str) -> dict:
     """The commands that run side by side: name -> argv."""
     return {
-        "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "-m", "not serial", *TESTS,
+        "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
+                  "-m", "not serial", *TESTS,
                   "--durations=15"],                                      # the log names the slowest
         "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work"],
         "browser": [python, "-m", "pytest", "-q", "tests/browser"],
