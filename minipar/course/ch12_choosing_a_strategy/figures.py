@@ -46,8 +46,8 @@ _EDGES = [("start", "one", "1"), ("start", "node", "one node"), ("start", "many"
 
 
 def draw_decision_guide(ax=None, highlight=()):
-    """The decision guide (Hugging Face) as boxes and arrows; ``highlight``: node names to colour (a path
-    taken by :func:`minipar.plan.decide`). Returns the axes."""
+    """A decision guide after Hugging Face's, the course's additions marked, as boxes and arrows; ``highlight``:
+    node names to colour (a path taken by :func:`minipar.plan.decide`). Returns the axes."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(12, 5.5))
@@ -62,13 +62,14 @@ def draw_decision_guide(ax=None, highlight=()):
         edge = "#C44E52" if name in highlight else "0.3"
         ax.text(x, y, text, ha="center", va="center", fontsize=8.5,
                 bbox=dict(boxstyle="round,pad=0.4", fc=face, ec=edge, lw=2 if name in highlight else 1))
-    ax.text(0.5, 0.16, "always: TP inside a node (tp ≤ devices per node)", ha="center", fontsize=8.5, style="italic")
-    ax.text(0.5, 0.12, "added by this course (chapter 08 §5): PP with ZeRO-2/3 resharded every micro-batch "
+    ax.text(0.5, 0.16, "added by this course: \"fits one device?\" under many nodes; always TP inside a node "
+                       "(tp ≤ devices per node)", ha="center", fontsize=8, style="italic", color="0.35")
+    ax.text(0.5, 0.12, "and (chapter 08 §5): PP with ZeRO-2/3 resharded every micro-batch "
                        "costs (m+1)/2× to 3m/2× ZeRO-1's DP bytes", ha="center", fontsize=8, style="italic", color="0.35")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0.08, 1.02)
     ax.axis("off")
-    ax.set_title("Which parallelism? The published decision guide (Hugging Face guide)")
+    ax.set_title("Which parallelism? A decision guide after the Hugging Face guide")
     return ax
 
 

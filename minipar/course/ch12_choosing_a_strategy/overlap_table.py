@@ -1,5 +1,6 @@
 """§5's table, one row per network and overlap setting: the pipeline's and ZeRO-3's picks, each with its step and
-its memory per GPU (the planner's own estimates), beside the fastest layout of all."""
+its memory per GPU (the planner's own estimates), ZeRO-3's step against the pipeline's and against the fastest
+layout of all."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,8 +10,8 @@ from minipar import plan as mp
 from . import claims
 
 GB = 1e9
-HEADER = (f"{'links':9}{'overlap':8}{'pipeline s':>10}{'GB':>6}{'ZeRO-3 s':>13}{'GB':>6}  "
-          f"{'fastest':28}{'s':>5}  ZeRO-3 ÷ fastest")
+HEADER = (f"{'links':9}{'overlap':8}{'pipeline s':>10}{'GB':>6}{'ZeRO-3 s':>13}{'GB':>6}{'ZeRO-3 ÷ pipeline':>19}"
+          f"{'fastest s':>11}  ZeRO-3 ÷ fastest")
 
 
 def short(layout) -> str:
@@ -26,15 +27,15 @@ def sides(p):
 
 
 def row(links, overlap, p) -> str:
-    """One line: the pipeline's and ZeRO-3's steps and GB per GPU; the fastest layout of all; ZeRO-3's step ÷
-    the fastest's, against the band."""
+    """One line: the pipeline's and ZeRO-3's steps and GB per GPU; ZeRO-3's step ÷ the pipeline's; the fastest
+    layout's step; ZeRO-3's step ÷ the fastest's, against the band."""
     with_pp, zero3 = sides(p)
     to_fastest = zero3.step_seconds / p.fastest.step_seconds
     inside = "inside" if to_fastest <= 1 + p.tie else "outside"
     return (f"{links:9}{overlap:8}{with_pp.step_seconds:10.1f}"
             f"{with_pp.memory['total'] / GB:6.1f}{f'{zero3.step_seconds:.1f} (TP {zero3.layout.tp})':>13}"
-            f"{zero3.memory['total'] / GB:6.1f}  {short(p.fastest.layout):28}"
-            f"{p.fastest.step_seconds:5.1f}{to_fastest:7.2f}, {inside}")
+            f"{zero3.memory['total'] / GB:6.1f}{zero3.step_seconds / with_pp.step_seconds:19.2f}"
+            f"{p.fastest.step_seconds:11.1f}{to_fastest:9.2f}, {inside}")
 
 
 def layouts(links, overlap, p) -> str:
@@ -47,19 +48,25 @@ def layouts(links, overlap, p) -> str:
             f"ZeRO-3: {words(zero3, replace(zero3.layout, zero=0))}")
 
 
+def fastest(plans) -> str:
+    """The fastest layout of all, row by row, consecutive rows with the same layout grouped."""
+    groups = []                                    # [short layout, first row, last row]
+    for i, pl in enumerate(plans.values(), 1):
+        words = short(pl.fastest.layout)
+        if groups and groups[-1][0] == words:
+            groups[-1][2] = i
+        else:
+            groups.append([words, i, i])
+    return "the fastest layout of all:\n  " + "; ".join(
+        (f"rows {a}-{b}: " if b > a else f"row {a}: ") + w for w, a, b in groups)
+
+
 def table(plans) -> str:
-    """The header, one row per plan, and the memory sentence of the middle rows (where ZeRO-3 is just outside
-    the band and the pipeline's pick inside), built from the GB columns and held by a claim."""
+    """The header, one row per plan, each side's layout and the fastest layout of all. The middle rows' memory
+    (ZeRO-3 just outside the band, the pipeline's pick inside, with less than half its memory) is held by a claim."""
     close = [sides(pl) for pl in list(plans.values())[1:3]]
     ratios = [pp.memory["total"] / z.memory["total"] for pp, z in close]
     claims.check_pipeline_memory_ratio(close, ratios)
-    pp_gb, z_gb = ([f"{x.memory['total'] / GB:.1f}" for x in side] for side in zip(*close))
-    shares = [f"{r:.2f}" for r in ratios]
-    alike = len({*pp_gb}) == len({*z_gb}) == len({*shares}) == 1       # the two rows print the same numbers
-    said = (f"in both, the pipeline's pick holds {pp_gb[0]} GB per GPU and ZeRO-3 {z_gb[0]} GB,\n{shares[0]} of it"
-            if alike else f"the pipeline's pick holds {' and '.join(pp_gb)} GB per GPU, ZeRO-3 "
-                          f"{' and '.join(z_gb)},\n{' and '.join(shares)} of it")
     return "\n".join([HEADER, *(row(links, overlap, pl) for (links, overlap), pl in plans.items()),
-                      f"rows 2-3 (ZeRO-3 just outside the band): {said}: less than half",
                       "\neach side's layout (micro-batches: count × size) and whether it is inside the band:",
-                      *(layouts(links, overlap, pl) for (links, overlap), pl in plans.items())])
+                      *(layouts(links, overlap, pl) for (links, overlap), pl in plans.items()), fastest(plans)])

@@ -38,8 +38,11 @@ def gpt3() -> None:
 
 
 def rules(advice, cluster) -> None:
-    """§1: the rules' walk for this cluster, what "fits one device?" adds up, and the flow chart."""
+    """§1: the rules' walk for this cluster, what "fast" means, what "fits one device?" adds up, and the flow chart."""
     print(advice)
+    print(f"fast links between nodes: from {mp.rules.FAST_LINK_RATIO:g} × the bandwidth inside a node, "
+          f"{mp.rules.FAST_LINK_RATIO * cluster.intra_bw / 1e9:.0f} GB/s per GPU (this course's threshold; the guide "
+          f"gives none)")
     print(show.one_device(cluster))
     fig, ax = plt.subplots(figsize=(12, 5.2))
     figures.draw_decision_guide(ax, highlight={"start", "many", "many_no", "many_no_no"})
@@ -84,8 +87,11 @@ def small_case(batch: int = 512) -> None:
     pick, rows = p.best[0], show.plan_rows(p)
     print(f"GPT 1.3B on one node of 8 A100s, batch {batch}: the rules' walk")
     print(advice)
-    print(f"\nthe families the rules named, each by the pick rule (the band: up to "
-          f"{(1 + p.tie) * p.fastest.step_seconds:.2f} s)")
+    f = p.fastest
+    print(f"\nfastest layout of all: {mp.family(f.layout)}, {f.layout.micro_batches} micro-batches of "
+          f"{f.layout.micro_batch}: {f.step_seconds:.2f} s, {f.memory['total'] / GB:.1f} GB per GPU; the band: up to "
+          f"{1 + p.tie:.2f} × {f.step_seconds:.2f} = {(1 + p.tie) * f.step_seconds:.2f} s")
+    print("the families the rules named, each by the pick rule:")
     print(f"  {'family':8}{'GB per GPU':>11}{'s/step':>8}{'dp s':>7}  micro-batches")
     for fam in advice.families:
         e = rows[fam]
@@ -247,10 +253,8 @@ def rules_vs_planner(cluster, p) -> dict:
             if (links, overlap) not in plans:
                 plans[links, overlap] = plan(GPT3_175B, c, 1536, top=1, overlap=overlap == "on")
     advice = {slow_gbs: decide(GPT3_175B, cluster), fast_gbs: decide(GPT3_175B, fast)}
-    print(f"the rules' walk with {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes "
-          f"({fast.intra_bw / 1e9:.0f} inside a node; the rules call links between nodes fast from "
-          f"{mp.rules.FAST_LINK_RATIO:g} × that, {mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, "
-          f"this course's threshold):")
+    print(f"the rules' walk with {fast.inter_bw / 1e9:.0f} GB/s per GPU between nodes (fast from "
+          f"{mp.rules.FAST_LINK_RATIO * fast.intra_bw / 1e9:.0f} GB/s, §1's threshold):")
     print(advice[fast_gbs])
     print("\n" + overlap_table.table(plans))
     in_node = p.pick_among(lambda fam: fam == "ZeRO-3 + TP")
