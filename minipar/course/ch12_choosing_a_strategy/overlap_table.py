@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minipar import plan as mp
 
 from . import claims
 
