@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-
 from . import claims
 
 GB = 1e9
