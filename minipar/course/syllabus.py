@@ -51,95 +51,95 @@ ABOUT = {
     "00": About(  # 2890 words (14 min) + 6 exercise stubs
         title="Setup and collective communication",
         summary="Why one device is not enough; ranks, torchrun; every collective live; ring all-reduce.",
-        core_minutes=50, elective_minutes=0, run_seconds=14),
+        core_minutes=50, elective_minutes=0, run_seconds=32),
     "01": About(  # 2032 words (10 min) + 5 exercise stubs
         title="Splitting one matmul",
         summary="One matmul split three ways on 2 and 4 ranks; the collective each needs, bytes measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=7),
+        core_minutes=40, elective_minutes=0, run_seconds=14),
     "02": About(  # 2732 words (14 min) + 5 exercise stubs
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
-        core_minutes=40, elective_minutes=0, run_seconds=14),
+        core_minutes=40, elective_minutes=0, run_seconds=28),
     "03": About(  # 2534 words (13 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
-        core_minutes=35, elective_minutes=0, run_seconds=22),
+        core_minutes=35, elective_minutes=0, run_seconds=54),
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
         title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch modelled",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch modelled.",
-        core_minutes=0, elective_minutes=25, run_seconds=11),
+        core_minutes=0, elective_minutes=25, run_seconds=25),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → interleaved (+ PipeDream, optional)",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=13),
+        core_minutes=40, elective_minutes=0, run_seconds=32),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
-        core_minutes=0, elective_minutes=35, run_seconds=16),
+        core_minutes=0, elective_minutes=35, run_seconds=33),
     "05": About(  # 3324 words (17 min) + 4 exercise stubs
         title="Tensor parallelism (1D, Megatron)",
         summary="Column/row-parallel layers, f and g, heads, vocab-parallel loss; a TP GPT equal to one device.",
-        core_minutes=35, elective_minutes=0, run_seconds=13),
+        core_minutes=35, elective_minutes=0, run_seconds=24),
     "06": About(  # 2019 words (10 min) + 4 exercise stubs
         title="Sequence parallelism (Megatron)",
         summary="LayerNorm and dropout on sequence shards, the same bytes; activation memory measured.",
-        core_minutes=35, elective_minutes=0, run_seconds=7),
+        core_minutes=35, elective_minutes=0, run_seconds=16),
     "06b": About(  # 3421 words (17 min) + 4 exercise stubs
         title="Long sequences: ring attention, zig-zag, Ulysses, ring self-attention",
         summary="FlashAttention-2 in PyTorch; ring attention, zig-zag, Ulysses, each equal to dense.",
-        core_minutes=0, elective_minutes=35, run_seconds=7),
+        core_minutes=0, elective_minutes=35, run_seconds=19),
     "07": About(  # 2653 words (13 min) + 3 exercise stubs
         title="Multi-dimensional tensor parallelism: 2D (SUMMA), 2.5D (Tesseract), 3D — measured against 1D",
         summary="Weights and activations split on grids of ranks; memory and bytes per rank against 1D.",
-        core_minutes=0, elective_minutes=30, run_seconds=10),
+        core_minutes=0, elective_minutes=30, run_seconds=22),
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=35, elective_minutes=0, run_seconds=13),
+        core_minutes=35, elective_minutes=0, run_seconds=31),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
-        core_minutes=0, elective_minutes=45, run_seconds=7),
+        core_minutes=0, elective_minutes=45, run_seconds=22),
     "09b": About(  # 2887 words (14 min) + 2 exercise stubs (split from 08)
         title="Five dimensions and MoE on one mesh: dp × pp × cp × tp, with ep folded in",
         summary="A layout at scale; dp × pp × cp × tp with experts folded in, on 16 ranks equal to one device.",
-        core_minutes=0, elective_minutes=25, run_seconds=7),
+        core_minutes=0, elective_minutes=25, run_seconds=14),
     "10": About(  # 2718 words (14 min) + 4 exercise stubs
         title="Mixed precision: FP32 → FP16 → BF16",
         summary="16-bit floats bit by bit, overflow and underflow, loss scaling, FP32 master weights.",
-        core_minutes=40, elective_minutes=0, run_seconds=8),
+        core_minutes=40, elective_minutes=0, run_seconds=27),
     "10b": About(  # 2173 words (11 min) + 4 exercise stubs
         title="FP8 training: scales, granularity, accumulation",
         summary="FP8 formats and their scales, delayed vs current scaling, accumulation; FP8 vs BF16.",
-        core_minutes=0, elective_minutes=30, run_seconds=7),
+        core_minutes=0, elective_minutes=30, run_seconds=19),
     "11": About(  # 1741 words (9 min) + 3 exercise stubs
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
-        core_minutes=30, elective_minutes=0, run_seconds=6),
+        core_minutes=30, elective_minutes=0, run_seconds=18),
     "12": About(  # 3601 words (18 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers and published runs; the decision guide as rules.",
-        core_minutes=40, elective_minutes=0, run_seconds=9),
+        core_minutes=40, elective_minutes=0, run_seconds=29),
     "12b": About(  # 1428 words (7 min) + 2 exercise stubs (split from 12: its Deeper §§6–8, 10)
         title="The planner's toolbox: layouts by hand, a calculator, long sequences, automatic parallelism",
         summary="Layouts by hand and a published one priced; a calculator; memory over s; FlexFlow and Alpa.",
-        core_minutes=0, elective_minutes=15, run_seconds=4),
+        core_minutes=0, elective_minutes=15, run_seconds=12),
     "13": About(  # 3991 words (20 min) + 6 exercise stubs
         title="When it goes wrong: hangs, desyncs, stragglers, silent wrong gradients, seeds and NaNs",
         summary="Planted hangs, desyncs, stragglers, wrong gradients and NaNs, each found with a tool.",
-        core_minutes=50, elective_minutes=0, run_seconds=12),
+        core_minutes=50, elective_minutes=0, run_seconds=25),
     "14": About(  # 2304 words (12 min) + 4 exercise stubs
         title="Shrinking communication: bytes against loss",
         summary="PowerSGD, DiLoCo, ZeRO++: bytes sent against held-out loss, each checked on its own rule.",
-        core_minutes=0, elective_minutes=35, run_seconds=9),
+        core_minutes=0, elective_minutes=35, run_seconds=21),
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
-        core_minutes=0, elective_minutes=35, run_seconds=8),
+        core_minutes=0, elective_minutes=35, run_seconds=18),
     "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
         title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
         summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
-        core_minutes=0, elective_minutes=35, run_seconds=5),
+        core_minutes=0, elective_minutes=35, run_seconds=13),
 }
 
 
