@@ -17,3 +17,23 @@ def save_figure(fig, path, *, dpi: int = 120, tight_layout: bool = False, bbox_i
         fig.tight_layout()
     fig.savefig(path, dpi=dpi, bbox_inches=bbox_inches)
     plt.close(fig)
+
+
+def show_with_alt(fig, alt: str) -> None:
+    """Shows ``fig`` inline as a PNG whose HTML carries ``alt`` as its alternative text; outside a notebook, closes it."""
+    import base64
+    import html
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython import get_ipython
+    from IPython.display import display
+    if get_ipython() is None:
+        plt.close(fig)
+        return
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    png = base64.b64encode(buf.getvalue()).decode()
+    display({"image/png": png, "text/plain": alt,
+             "text/html": f'<img src="data:image/png;base64,{png}" alt="{html.escape(alt)}">'}, raw=True)

@@ -15,6 +15,8 @@ from minipar.plan import (GPT3_175B, Transformer, a100_cluster, activation_bytes
                           model_state_bytes_formula, parameters, plan)
 from minipar.plan.published import TOLERANCE, rounded_up, spread_by_source, table as published_table
 
+from minipar.course.plotting import show_with_alt
+
 from . import claims, figures, overlap_table, show
 from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
@@ -27,25 +29,6 @@ GB = 1e9
 # bandwidths are all effective: link card × efficiency), between InfiniBand's 22 and NVLink 3's 300 × 0.77 = 231
 # inside a node, and above the rules' "fast" threshold (rules.FAST_LINK_RATIO × 231).
 FAST_INTER_NODE = 150e9
-
-
-def _show(fig, alt: str) -> None:
-    """Shows ``fig`` inline as a PNG whose HTML carries ``alt`` as its alternative text; outside a notebook, closes it."""
-    import base64
-    import html
-    import io
-
-    from IPython import get_ipython
-    from IPython.display import display
-    if get_ipython() is None:
-        plt.close(fig)
-        return
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    png = base64.b64encode(buf.getvalue()).decode()
-    display({"image/png": png, "text/plain": alt,
-             "text/html": f'<img src="data:image/png;base64,{png}" alt="{html.escape(alt)}">'}, raw=True)
 
 
 def gpt3() -> None:
@@ -65,7 +48,7 @@ def rules(advice, cluster) -> None:
     print(show.one_device(cluster))
     fig, ax = plt.subplots(figsize=(12, 5.2))
     figures.draw_decision_guide(ax, highlight={"start", "many", "many_no", "many_no_no"})
-    _show(fig, "The decision guide as a tree of questions: how many devices, does the model fit one device, does "
+    show_with_alt(fig, "The decision guide as a tree of questions: how many devices, does the model fit one device, does "
                "its largest layer fit, are the links between nodes fast. The red path, this case, runs: many "
                "nodes; does not fit one device; slow links between nodes; ending at DP + PP + TP + ZeRO-1.")
 
@@ -302,7 +285,7 @@ def published(pub, full: bool = False) -> float:
     independent check rows (sources fitted to nothing) within ±15 % (a float that prints as "k of n")."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     figures.draw_published(pub, ax)
-    _show(fig, "Model seconds per iteration against published seconds, one point per published run, on log "
+    show_with_alt(fig, "Model seconds per iteration against published seconds, one point per published run, on log "
                f"scales, with the line model = published and a grey band of ±{TOLERANCE * 100:.0f} %. MT-NLG's three runs lie below "
                "the band; every other run lies inside it.")
     print(show.published(pub, full=full))
