@@ -8,8 +8,6 @@ its check cells must pass.
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
-
 import nbformat
 import pytest
 
@@ -124,62 +122,37 @@ def test_solution_notebook_is_well_formed(path):
         f"{path.name}: name it after its chapter (the notebook's name, minipar/course/chNN_topic/)"
 
 
-# What a notebook may leave behind in a kernel that `%reset -f` does not clear: figures, torch's default dtype
-# and its global random state (a fresh kernel starts at torch's fixed initial seed).
-RESET = ("%reset -f\nimport os, torch, matplotlib.pyplot\nmatplotlib.pyplot.close('all')\n"
-         "torch.set_default_dtype(torch.float32)\ntorch.manual_seed({seed})\nos.chdir({folder!r})")
-
-
-class SharedKernel:
-    """One kernel for every notebook of this module, run one after another: before each notebook, the names the
-    last one defined are cleared (``%reset -f``), its figures closed, torch's default dtype and random state put
-    back as a fresh kernel has them, and the working folder becomes the notebook's own. A kernel's start costs
-    about 8 s of CPU on a 2-core machine (torch's import, then torch._dynamo's on the first optimizer): 23 of
-    them were 3 minutes of ``make test``. A kernel that died (a notebook that crashed it) is replaced before
-    the next notebook; one that dies at start (jupyter's port race, see conftest.start_kernel_retrying) is
-    started again, up to three times."""
-
-    def __init__(self):
-        import torch
-        self.stack, self.client, self.seed = ExitStack(), None, torch.Generator().initial_seed()   # torch's default
-
-    def _start(self, nb, folder):
-        from nbclient import NotebookClient
-        from conftest import start_kernel_retrying
-
-        def started():
-            client = NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
-                                    resources={"metadata": {"path": str(folder)}})
-            self.stack.enter_context(client.setup_kernel())
-            return client
-        self.client = start_kernel_retrying(started)()
-
-    def run(self, nb, folder) -> None:
-        """Execute ``nb`` in ``folder``, errors kept in its cells' outputs."""
-        from nbclient.exceptions import DeadKernelError
-        if self.client is None:
-            self._start(nb, folder)
-        client = self.client
-        client.nb = nbformat.v4.new_notebook(metadata=nb.metadata, cells=[   # the notebook's own cell objects
-            nbformat.v4.new_code_cell(RESET.format(seed=self.seed, folder=str(folder))), *nb.cells])
-        try:
-            for i, cell in enumerate(client.nb.cells):
-                if cell.cell_type == "code":
-                    client.execute_cell(cell, i)
-        except DeadKernelError:                  # this notebook's test fails; the next one gets a fresh kernel
-            self.stack.close()
-            self.stack, self.client = ExitStack(), None
-            raise
-
-    def close(self):
-        self.stack.close()
+def _kernel():
+    import sys
+    sys.path.insert(0, str(ex.ROOT / "tools"))
+    from notebook_client import SharedKernel
+    return SharedKernel(timeout=120, allow_errors=True, kernel_name="python3")
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    shared = SharedKernel()
+    shared = _kernel()
     yield shared
     shared.close()
+
+
+def test_the_shared_kernel_leaves_nothing_to_the_next_notebook(kernel, tmp_path):
+    """What one notebook leaves in the shared kernel (tools/notebook_client.SharedKernel, also make test's site
+    build): a name, torch's default dtype and random state, a figure, the folder; the next starts as a fresh
+    kernel does, its first cell numbered [1]. ``fresh``: torch.rand(3) right after torch's own start."""
+    import torch
+    fresh = torch.rand(3, generator=torch.Generator().manual_seed(torch.Generator().initial_seed())).tolist()
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    messy = nbformat.v4.new_code_cell("import os, torch, matplotlib.pyplot as plt\nleft = 1\n"
+                                      "torch.set_default_dtype(torch.float64)\ntorch.rand(5)\nplt.figure()\n"
+                                      "os.chdir('..')")
+    look = nbformat.v4.new_code_cell("import os, torch, matplotlib.pyplot as plt\n"
+                                     "print('left' in dir(), torch.get_default_dtype(), torch.rand(3).tolist(), "
+                                     "plt.get_fignums(), os.path.basename(os.getcwd()))")
+    kernel.run(_nb([messy]), tmp_path / "a")
+    kernel.run(_nb([look]), tmp_path / "b")
+    assert look.execution_count == 1, look.execution_count
+    assert look.outputs[0]["text"].strip() == f"False torch.float32 {fresh} [] b", look.outputs
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)

@@ -34,7 +34,7 @@ def streams(python: str) -> dict:
         "tests": [python, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder",
                   "-m", "not serial", *TESTS,
                   "--durations=15"],                                      # the log names the slowest
-        "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work"],
+        "site": [python, "tools/site.py", "--out", str(SITE), "--jobs", "1", "--beside-other-work", "--one-kernel"],
         "browser": [python, "-m", "pytest", "-q", "tests/browser"],
     }
 

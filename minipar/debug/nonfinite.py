@@ -67,6 +67,10 @@ class NonfiniteWatch(TorchDispatchMode):
         super().__init__()
         self.found, self.count, self.modules = None, 0, modules
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False    # never compiled; torch's dynamo-disabling wrapper slows every Python frame inside (memory.py)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.count += 1

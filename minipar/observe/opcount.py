@@ -51,6 +51,10 @@ class OperatorCounter(TorchDispatchMode):
         super().__init__()
         self._rows: dict = {}
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False    # never compiled; torch's dynamo-disabling wrapper slows every Python frame inside (memory.py)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
