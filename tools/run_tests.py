@@ -2,13 +2,14 @@
 
     .venv/bin/python tools/run_tests.py            # what `make test` runs (after tools/setup_browser.sh)
 
-Three streams share the two cores, because none of them keeps both busy alone: the tests on two pytest
-workers (a module's tests stay on one worker, so its fixtures are made once; each solution notebook runs there,
-then its stubs, in one kernel: tests/test_exercises.py), the site build (every chapter executed, one at a time: kernel starts and rank start-ups leave a
-core idle), and the browser test (JupyterLab in headless Chromium: mostly waiting). When all three are done,
-the tests marked ``serial`` run alone (they signal their own process, or time what this machine does), then
-the site test reads the build. Each stream's output goes to ``build/test-logs/<stream>.log`` and is printed
-after the streams end, in a fixed order; the last lines are a table of each stage's seconds and result.
+Three streams share the two cores, because none of them keeps both busy alone: the tests on two pytest workers (a
+module's tests stay on one worker, so its fixtures are made once; each solution notebook runs there, then its
+stubs, in one kernel: tests/test_exercises.py), the site build (every chapter executed, one after another in one
+kernel, tools/notebook_client.SharedKernel: rank start-ups leave a core idle), and the browser test (JupyterLab in
+headless Chromium: mostly waiting). When all three are done, the tests marked ``serial`` run alone (they signal
+their own process, or time what this machine does), then the site test reads the build. Each stream's output goes
+to ``build/test-logs/<stream>.log`` and is printed after the streams end, in a fixed order; the last lines are a
+table of each stage's seconds and result.
 
 The chapters' seconds in this build are not a learner's (the tests shared the cores): the manifest says so and
 the site test skips its timing check; ``make site`` builds alone and checks each chapter's stated seconds.
