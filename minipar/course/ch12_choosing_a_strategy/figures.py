@@ -34,15 +34,17 @@ _NODES = {
     "node_no_yes": (0.47, 0.34, "PP, ZeRO or TP\n(PP if no NVLink)", "a"),
     "node_no_no": (0.63, 0.34, "TP (or ZeRO)", "a"),
     "many_yes": (0.76, 0.56, "DDP or ZeRO", "a"),
-    "many_no": (0.92, 0.56, "fast links\nbetween nodes?", "q"),
-    "many_no_yes": (0.82, 0.34, "ZeRO-3, or\nPP + TP + DP", "a"),
-    "many_no_no": (0.95, 0.34, "DP + PP + TP\n+ ZeRO-1", "a"),
+    "many_no": (0.92, 0.60, "largest layer\nfits?", "q"),
+    "many_no_layer": (0.92, 0.43, "fast links\nbetween nodes?", "q"),
+    "many_no_layer_yes": (0.84, 0.26, "ZeRO-3, or\nPP + TP + DP", "a"),
+    "many_no_layer_no": (0.97, 0.26, "DP + PP + TP\n+ ZeRO-1", "a"),
 }
 _EDGES = [("start", "one", "1"), ("start", "node", "one node"), ("start", "many", "> 1 node"),
           ("one", "one_yes", "yes"), ("one", "one_no", "no"), ("one_no", "one_no_yes", "yes"),
           ("one_no", "one_no_no", "no"), ("node", "node_yes", "yes"), ("node", "node_no", "no"),
           ("node_no", "node_no_yes", "yes"), ("node_no", "node_no_no", "no"), ("many", "many_yes", "yes"),
-          ("many", "many_no", "no"), ("many_no", "many_no_yes", "yes"), ("many_no", "many_no_no", "no")]
+          ("many", "many_no", "no"), ("many_no", "many_no_layer", "yes"),
+          ("many_no_layer", "many_no_layer_yes", "yes"), ("many_no_layer", "many_no_layer_no", "no")]
 
 
 def draw_decision_guide(ax=None, highlight=()):

@@ -43,14 +43,15 @@ def rules(advice, cluster) -> None:
     """§1: the rules' walk for this cluster, what "fast" means, what "fits one device?" adds up, and the flow chart."""
     print(advice)
     print(f"fast links between nodes: from {mp.rules.FAST_LINK_RATIO:g} × the bandwidth inside a node, "
-          f"{mp.rules.FAST_LINK_RATIO * cluster.intra_bw / 1e9:.0f} GB/s per GPU (this course's threshold; the guide "
-          f"gives none)")
+          f"{mp.rules.FAST_LINK_RATIO * cluster.intra_bw / 1e9:.0f} GB/s per GPU (the course's choice: the guide names "
+          f"no number)")
     print(show.one_device(cluster))
     fig, ax = plt.subplots(figsize=(12, 5.2))
-    figures.draw_decision_guide(ax, highlight={"start", "many", "many_no", "many_no_no"})
+    figures.draw_decision_guide(ax, highlight={"start", "many", "many_no", "many_no_layer", "many_no_layer_no"})
     show_with_alt(fig, "The decision guide as a tree of questions: how many devices, does the model fit one device, does "
                "its largest layer fit, are the links between nodes fast. The red path, this case, runs: many "
-               "nodes; does not fit one device; slow links between nodes; ending at DP + PP + TP + ZeRO-1.")
+               "nodes; does not fit one device; its largest layer fits; slow links between nodes; ending at "
+               "DP + PP + TP + ZeRO-1.")
 
 
 ACTIVATION_ROWS = {"no parallelism": dict(), "TP 8": dict(tp=8), "TP 8 + SP": dict(tp=8, sp=True),
@@ -289,6 +290,7 @@ def published(pub, full: bool = False) -> float:
                f"scales, with the line model = published and a grey band of ±{TOLERANCE * 100:.0f} %. MT-NLG's three runs lie below "
                "the band; every other run lies inside it.")
     print(show.published(pub, full=full))
+    print(show.llama3_derived(pub))
     claims.check_one_calibration_per_card(pub)
     claims.check_misses_are_mt_nlg(pub, TOLERANCE)
     return Counted(*show.checks_by_fitted_source(pub, TOLERANCE)[False])

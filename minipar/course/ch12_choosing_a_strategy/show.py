@@ -8,9 +8,10 @@ import re
 from minipar.machine.device import CARDS, FITTED
 from minipar.plan import (GPT3_175B, Layout, activation_bytes_per_layer, estimate, family, hfu, mfu,
                           model_state_bytes_formula, parameters)
+from minipar.plan.model import model_flops
 from minipar.plan.published import RUNS, TOLERANCE, summary
 
-__all__ = ["Shown", "layout_words", "estimate_words", "published", "checks_by_fitted_source", "mt_nlg_against_korthikanti", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
+__all__ = ["Shown", "layout_words", "estimate_words", "published", "checks_by_fitted_source", "mt_nlg_against_korthikanti", "llama3_derived", "hand_layouts", "plan_table", "one_knob", "table5_mfu", "one_device",
            "card_views"]
 
 GB = 1e9
@@ -110,6 +111,34 @@ def mt_nlg_against_korthikanti() -> Shown:
     assert round(rates["mt"]) == 126 and round(rates["full"], -1) == 180           # §2.4 prints 126
     assert 0.65 < rates["mt"] / rates["full"] < 0.75
     return Shown("\n".join(lines))
+
+
+def llama3_derived(pub: list, tolerance: float = TOLERANCE) -> Shown:
+    """§6: Llama 3's seconds are derived, not published: Dubey et al. give TFLOP/s per GPU, and the library
+    divides its own FLOP count (the s² attention term counted whole) by it. Had Meta counted causal attention
+    (half that term), each derived time would be shorter; the line says by how much and what the 128K row's
+    ratio would become."""
+    runs = {r.name: r for r in RUNS}
+    rows = {r["run"]: r for r in pub if r["run"].startswith("Llama 3 ")}
+    shorter = {}
+    for name in rows:
+        run = runs[name]
+        m, lay = run.model, run.layout
+        tokens = lay.dp * lay.micro_batch * lay.micro_batches * m.seq_len
+        whole = 3 * m.layers * 4 * tokens * m.seq_len * m.hidden            # QKᵀ and ·V, forward + backward
+        shorter[name] = (whole / 2) / model_flops(m, tokens // m.seq_len)
+    long_row = max(rows, key=lambda k: runs[k].model.seq_len)
+    causal_ratio = rows[long_row]["ratio"] / (1 - shorter[long_row])
+    short_rows = [shorter[k] for k in rows if k != long_row]
+    lo, hi = (f"{min(short_rows) * 100:.0f}", f"{max(short_rows) * 100:.0f}")
+    line = (f"Llama 3's seconds are derived: the library's FLOPs ÷ (GPUs × the published TFLOP/s), the s² attention\n"
+            f"  counted whole. Counted causally (half of it), the 8K rows' times would be {lo if lo == hi else lo + '–' + hi} % "
+            f"shorter and the 128K row's\n  {shorter[long_row] * 100:.0f} %: its model ÷ published "
+            f"{rows[long_row]['ratio']:.2f} → {causal_ratio:.2f}, "
+            f"{'inside' if abs(causal_ratio - 1) <= tolerance else 'outside'} ±{tolerance * 100:.0f} %")
+    assert abs(rows[long_row]["ratio"] - 1) <= tolerance < abs(causal_ratio - 1)    # §6: the row hangs on the count
+    assert all(abs(r["ratio"] / (1 - shorter[k]) - 1) <= tolerance for k, r in rows.items() if k != long_row)
+    return Shown(line)
 
 
 HAND_LAYOUTS = {"TP 8 · PP 16 · DP 8, 1F1B": Layout(dp=8, tp=8, pp=16, micro_batches=192),
