@@ -89,12 +89,23 @@ def compile_sources(python: str, env: dict) -> None:
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
+def one_thread(env: dict) -> dict:
+    """``env`` with one intra-op thread (OMP_NUM_THREADS=1) for every process the streams start: pytest's workers,
+    the chapters' kernels, JupyterLab's. Every rank runs on one thread already (minipar.launch); the processes
+    that start them ran torch's default, one thread per core. With the three streams on two cores (load 10 to 30),
+    an operator split over two threads waits for the second to get a core, and libgomp's waiting thread spins:
+    measured under a load of 3 extra busy processes, tests/test_flash, test_models, test_gpu_script and
+    test_mixed_precision took 45.5 CPU-s and 111 s with two threads, 18.4 CPU-s and 66 s with one (a TinyGPT
+    training step 794 ms against 8.8 ms). The serial tests after the streams run alone and keep the default."""
+    return dict(env, OMP_NUM_THREADS="1")
+
+
 def main() -> int:
     python = sys.executable
     env = dict(os.environ, MINIPAR_SITE_DIR=str(SITE), PYTHONUNBUFFERED="1")
     start = time.monotonic()
     compile_sources(python, env)
-    results = run_side_by_side(streams(python), env)
+    results = run_side_by_side(streams(python), one_thread(env))
     for name in streams(python):
         show(name)
     for name, argv in after(python).items():
