@@ -8,7 +8,7 @@ from queue import Empty
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from notebook_client import sliced  # noqa: E402
+from notebook_client import SlicedClient, sliced  # noqa: E402
 
 
 class MissedWakeup:
@@ -43,3 +43,11 @@ def test_the_cells_timeout_still_holds():
     with pytest.raises(Empty):
         asyncio.run(sliced(never, slice_seconds=0.05)(timeout=0.3))
     assert 0.3 <= time.monotonic() - start < 2
+
+
+def test_the_synchronous_kernel_start_gets_the_sliced_client_too():
+    """SharedKernel starts its kernel with nbclient's synchronous setup_kernel(), whose start_new_kernel_client is
+    bound to NotebookClient's own async method when that class is made: SlicedClient must rebind it, or the shared
+    kernel's client waits unsliced (make test's build once waited 590 s on chapter 07's widget cell)."""
+    from nbclient import NotebookClient
+    assert SlicedClient.start_new_kernel_client is not NotebookClient.start_new_kernel_client

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from queue import Empty
 
 from nbclient import NotebookClient
+from nbclient.util import run_sync
 
 SLICE = 1.0     # seconds: the most a missed wake-up can cost
 
@@ -49,6 +50,10 @@ class SlicedClient(NotebookClient):
         kc = await super().async_start_new_kernel_client()
         kc.shell_channel.get_msg = sliced(kc.shell_channel.get_msg)
         return kc
+
+    # nbclient's synchronous twin is bound to its own async method when its class is made: without this line
+    # setup_kernel() (SharedKernel's start) would get an unsliced client (a 590 s wait, seen in make test's build)
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
 
 # What a notebook may leave behind in a kernel that `%reset -f` does not clear: figures, torch's default dtype
