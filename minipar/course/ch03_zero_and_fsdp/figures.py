@@ -149,9 +149,12 @@ def run_memory(world_size: int = 4) -> dict:
 def _counting_activations(loss, sink: list):
     """``loss`` that also appends to ``sink`` the bytes autograd saved for backward during its forward
     (:func:`minipar.memory.saved_activation_bytes`), the parameters left out: under ZeRO-3 they are the
-    gathered views, so they are looked up at each save (``exclude=model.parameters``)."""
+    gathered views, so their storage is looked up at each save. The parameters themselves are listed once a
+    forward: ZeRO gathers into them (``p.data = view``), it does not replace them, and walking the model's
+    modules at every save was most of this cell's time."""
     def counted(model, x, y):
-        out, saved = saved_activation_bytes(loss, model, x, y, exclude=model.parameters)
+        params = list(model.parameters())
+        out, saved = saved_activation_bytes(loss, model, x, y, exclude=lambda: params)
         sink.append(saved)
         return out
     return counted
