@@ -16,7 +16,7 @@ import torch.nn as nn
 from minipar.memory import saved_activation_bytes
 
 __all__ = ["ThreeLayers", "la_lb_lc_recipe", "la_lb_lc_rank", "run_la_lb_lc", "draw_la_lb_lc", "memory_recipe",
-           "run_memory", "measure_stages_with_activations", "ring_and_gloo", "draw_memory", "FIGURES"]
+           "run_memory", "measure_stages_with_activations", "rings_and_accumulation", "draw_memory", "FIGURES"]
 
 
 class Layer(nn.Module):
@@ -149,9 +149,12 @@ def run_memory(world_size: int = 4) -> dict:
 def _counting_activations(loss, sink: list):
     """``loss`` that also appends to ``sink`` the bytes autograd saved for backward during its forward
     (:func:`minipar.memory.saved_activation_bytes`), the parameters left out: under ZeRO-3 they are the
-    gathered views, so they are looked up at each save (``exclude=model.parameters``)."""
+    gathered views, so their storage is looked up at each save. The parameters themselves are listed once a
+    forward: ZeRO gathers into them (``p.data = view``), it does not replace them, and walking the model's
+    modules at every save was most of this cell's time."""
     def counted(model, x, y):
-        out, saved = saved_activation_bytes(loss, model, x, y, exclude=model.parameters)
+        params = list(model.parameters())
+        out, saved = saved_activation_bytes(loss, model, x, y, exclude=lambda: params)
         sink.append(saved)
         return out
     return counted
@@ -172,24 +175,48 @@ def measure_stages_with_activations(rank, world_size, recipe, stages=(0, 1, 2, 3
     return out
 
 
-def ring_and_gloo(rank, world_size, recipe) -> dict:
-    """ZeRO-1 and ZeRO-3 on minipar's rings and on gloo's collectives, and DDP (stage 0, gloo's all-reduce),
-    one after the other in one launch, then ZeRO-1 and ZeRO-2 on gloo's collectives accumulating ACCUM_STEPS
-    micro-batches a step: {("ring" | "gloo" | "accum", stage) | "DDP": ZeroRunResult} on this rank."""
-    from minipar.data.zero_measure import measured_train
+def rings_and_accumulation(rank, world_size, recipe) -> dict:
+    """ZeRO-1 and ZeRO-3 on minipar's send/recv rings, then ZeRO-1 and ZeRO-2 on gloo's collectives accumulating
+    ACCUM_STEPS micro-batches a step, one after the other in one launch: {("ring" | "accum", stage):
+    ZeroRunResult} on this rank, bytes only. The same runs on gloo's collectives and DDP (stage 0, gloo's
+    all-reduce) are §3's (:func:`measure_stages_with_activations`; counting activations sends nothing):
+    :func:`.report.wire` reads them there rather than training them twice."""
     from minipar import comm
-    out = {}
-    for c in ("ring", "gloo"):              # minipar's send/recv rings: the one switch, else gloo's collectives
-        with comm.ring_algorithms(enabled=c == "ring"):
-            out.update({(c, s): measured_train(rank, world_size, recipe, stage=s) for s in (1, 3)})
-    out["DDP"] = measured_train(rank, world_size, recipe, stage=0)
+    with comm.ring_algorithms():            # minipar's send/recv rings for all three collectives
+        out = {("ring", s): _bytes_train(rank, world_size, recipe, stage=s) for s in (1, 3)}
     larger = memory_recipe(batch_size=world_size * ACCUM_STEPS)     # the same model, one sample a micro-batch
-    out.update({("accum", s): measured_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS)
+    out.update({("accum", s): _bytes_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS)
                 for s in (1, 2)})
     return out
 
 
-ACCUM_STEPS = 4     # micro-batches a step accumulates in ring_and_gloo's last two runs (a pipeline's m)
+class _BytesMeter:
+    """``observe`` for :func:`minipar.data.zero.parallel_train`: each step's bytes, logged (ring model) and on
+    the sockets; :class:`minipar.data.zero_measure.StepMeter` without its live-tensor tracker (the peak, which
+    the wire table does not read; the tracker sees every operator and doubled these runs' time)."""
+
+    def __init__(self):
+        self.bytes_sent, self.bytes_observed = [], []
+
+    def __call__(self, zero, step):
+        from minipar import comm
+        with comm.recording() as log:
+            loss = step()
+        self.bytes_sent.append(log.bytes_sent)
+        self.bytes_observed.append(log.observed_bytes_sent)
+        return loss
+
+
+def _bytes_train(rank, world_size, recipe, *, stage, **config):
+    """:func:`minipar.data.zero_measure.measured_train` less the memory: a ZeroRunResult with bytes only."""
+    from minipar.data.zero import parallel_train
+    from minipar.data.zero_measure import ZeroRunResult
+    meter = _BytesMeter()
+    result = parallel_train(rank, world_size, recipe, stage=stage, observe=meter, **config)
+    return ZeroRunResult(result.losses, result.params, meter.bytes_sent, meter.bytes_observed)
+
+
+ACCUM_STEPS = 4     # micro-batches a step accumulates in rings_and_accumulation's last two runs (a pipeline's m)
 
 
 def root_share() -> float:

@@ -209,10 +209,13 @@ def _check_wire(r: Report) -> None:
                                                          figures.memory_recipe(batch_size=4 * m))
 
 
-def wire(wire_runs: list, reference: RunResult, world_size: int) -> Report:
-    """``wire_runs`` = the ranks' ``figures.ring_and_gloo``: the ring story first (bytes the ranks wrote to their
-    sockets on minipar's rings, mean over ranks; under accumulation the log's ring-model bytes, rank 0, last
-    step), each as a ratio to DDP's; then gloo's ratios on one line."""
+def wire(ring_runs: list, per_rank: list, reference: RunResult, world_size: int) -> Report:
+    """``ring_runs`` = the ranks' ``figures.rings_and_accumulation``, ``per_rank`` = §3's runs (the ranks'
+    ``figures.measure_stages_with_activations``: DDP and ZeRO-1/3 on gloo's collectives): the ring story first
+    (bytes the ranks wrote to their sockets on minipar's rings, mean over ranks; under accumulation the log's
+    ring-model bytes, rank 0, last step), each as a ratio to DDP's; then gloo's ratios on one line."""
+    wire_runs = [{**rings, "DDP": stages[0], ("gloo", 1): stages[1], ("gloo", 3): stages[3]}
+                 for rings, stages in zip(ring_runs, per_rank)]
     observed = {k: sum(r[k].bytes_observed[-1] for r in wire_runs) / world_size for k in wire_runs[0]}
     logged = {k: wire_runs[0][k].bytes_sent[-1] for k in wire_runs[0]}
     ratio = {k: observed[k] / observed["DDP"] for k in observed}
@@ -248,10 +251,10 @@ def _check_prefetch_memory(r: Report) -> None:
 
 
 def prefetch_memory(t3: dict) -> Report:
-    """Rank 0's peak live bytes in step 2 of ``timing.measure``'s runs, gathered parameters included, and one
-    block's weight matrices (12·d² FP32 elements) and its whole parameters (with biases and norms) beside the
-    difference."""
-    peaks = {name: max(b for *_, b in t3["memory"][name]) for name in t3["traces"]}
+    """Rank 0's peak live bytes in step 2 of ``timing.measure``'s (or ``timing.measure_memory``'s) runs, gathered
+    parameters included, and one block's weight matrices (12·d² FP32 elements) and its whole parameters (with
+    biases and norms) beside the difference."""
+    peaks = {name: max(b for *_, b in t3["memory"][name]) for name in t3["memory"]}
     d, blocks = timing.STEP_RECIPE["n_embd"], timing.STEP_RECIPE["n_layer"]
     block, extra = 12 * d * d * 4, peaks["prefetch"] - peaks["no prefetch"]
     whole = sum(p.numel() * p.element_size()

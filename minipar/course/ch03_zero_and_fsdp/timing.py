@@ -30,7 +30,7 @@ from minipar.observe.measure import LINK_SIZES, Links, counted_flops, gather_ste
 from minipar.machine.trace import Compute
 from minipar.observe.tracer import position
 
-__all__ = ["traced_rank", "measure", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
+__all__ = ["traced_rank", "measure", "measure_memory", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
 STEP_RECIPE = dict(batch_size=16, seq_len=32, n_layer=4, n_embd=64)   # 4 blocks: 4 units (+ the root)
 
@@ -103,17 +103,39 @@ def memory_on_replay(samples, trace_rank, result, rank: int = 0) -> list:
 LINK_REPEATS = 20      # gloo's all-reduce timed as chapter 02 times it, at measure.LINK_SIZES
 
 
-def traced_rank(rank, world_size, steps):
-    """({prefetch: (RankSteps, memory samples)}, the step's FLOPs per rank, gloo's all-reduce times
-    (:func:`minipar.observe.measure.time_calls`), the model's parameter bytes)."""
+def _watched(rank, world_size, steps):
+    """{prefetch: (RankSteps, rank's MemoryWatch samples of step 2)}: ZeRO-3 traced for ``steps`` steps with and
+    without prefetch (step 1 records the unit order; step 2 is watched)."""
     torch.set_num_threads(1)
     out = {}
     for prefetch in (True, False):
-        recipe = gpt_recipe(steps=steps + 1, optimizer="sgd", **STEP_RECIPE)   # step 1 records the unit order
+        recipe = gpt_recipe(steps=steps, optimizer="sgd", **STEP_RECIPE)   # step 1 records the unit order
         watch = MemoryWatch(at=2)
         with timed_steps(rank) as run:
             zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch, observe=watch)
         out[prefetch] = (run, watch.samples)
+    return out
+
+
+def memory_rank(rank, world_size):
+    """{prefetch: this rank's MemoryWatch samples of step 2}: :func:`traced_rank`'s watched runs alone."""
+    return {prefetch: samples for prefetch, (_, samples) in _watched(rank, world_size, 2).items()}
+
+
+def measure_memory(world_size: int = 4) -> dict:
+    """{"memory": {"prefetch" | "no prefetch": rank 0's MemoryWatch samples of step 2}}: the part of
+    :func:`measure` that chapter 03's memory table reads, the same runs stopped after the watched step (2
+    steps: step 1 records the unit order, step 2 is watched; the steps after it are only timed, and the
+    step count changes no allocation in step 2), without the timed steps, the counted replay and the link
+    timings."""
+    ranks = launch(memory_rank, world_size, quiet=True, timeout=300)
+    return {"memory": {name: ranks[0][p] for p, name in ((True, "prefetch"), (False, "no prefetch"))}}
+
+
+def traced_rank(rank, world_size, steps):
+    """({prefetch: (RankSteps, memory samples)}, the step's FLOPs per rank, gloo's all-reduce times
+    (:func:`minipar.observe.measure.time_calls`), the model's parameter bytes)."""
+    out = _watched(rank, world_size, steps + 1)
     counted = {}
     for prefetch in (True, False):           # the same program once more, its operators counted (a device card)
         recipe = gpt_recipe(steps=3, optimizer="sgd", **STEP_RECIPE)
