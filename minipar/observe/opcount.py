@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from minipar.machine.device import Op, kernel_count, ops_of, rows_of   # the rows as the device model's Ops
+from minipar.machine.device import kernel_count, ops_of, rows_of   # the rows as the device model's Ops
 
 __all__ = ["OperatorCounter", "kernel_count", "ops_of", "rows_of"]
 
