@@ -47,6 +47,20 @@ def chapters(root: Path = ROOT, pattern: str = "") -> list[Path]:
     return [p for p in sorted((root / "notebooks").glob("*.ipynb")) if pattern in p.name]
 
 
+def kernel_env(threads: int | None = None) -> dict:
+    """A chapter kernel's environment: figures inline; ``threads`` intra-op threads (None: torch's default)."""
+    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def client_options(timeout: int) -> dict:
+    """What a chapter's nbclient client is made with (its start-up wait: see :func:`execute`)."""
+    return dict(timeout=timeout, startup_timeout=300, kernel_name="python3", allow_errors=True,
+                store_widget_state=True)
+
+
 def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: int = 2, shared=None) -> dict:
     """Run one notebook top to bottom in a fresh kernel (in its own folder); return it as a dict. ``threads``:
     the kernel's intra-op threads (OMP_NUM_THREADS; None: torch's default, one per core). A cell that takes more
@@ -61,19 +75,16 @@ def execute(path: Path, timeout: int = 600, threads: int | None = None, tries: i
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from notebook_client import SlicedClient
 
-    env = dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = kernel_env(threads)
     for attempt in range(1, tries + 1):
         nb = nbformat.read(path, as_version=4)
-        client = SlicedClient(nb, timeout=timeout, startup_timeout=300, kernel_name="python3", allow_errors=True,
-                              store_widget_state=True, resources={"metadata": {"path": str(path.parent)}})
         start = time.monotonic()
         try:
             if shared is not None and attempt == 1:
                 shared.run(nb, path.parent)
             else:
-                client.execute(env=env)
+                SlicedClient(nb, resources={"metadata": {"path": str(path.parent)}},
+                             **client_options(timeout)).execute(env=env)
         except (CellTimeoutError, DeadKernelError, RuntimeError) as exc:
             if shared is not None:
                 shared.close()                  # the next chapter starts a fresh one
@@ -405,9 +416,7 @@ def shared_kernel(timeout: int = 600):
     not a learner's anyway): 22 kernel starts fewer, about 8 s of CPU each. ``make site`` keeps a fresh kernel
     per chapter, as a learner has."""
     from notebook_client import SharedKernel, SlicedClient
-    return SharedKernel(SlicedClient, env=dict(os.environ, MPLBACKEND="module://matplotlib_inline.backend_inline"),
-                        timeout=timeout, startup_timeout=300, kernel_name="python3", allow_errors=True,
-                        store_widget_state=True)
+    return SharedKernel(SlicedClient, env=kernel_env(), **client_options(timeout))
 
 
 def build(out: Path, notebooks: list[Path], jobs: int = 2, timeout: int = 600, log=print, alone: bool = True,

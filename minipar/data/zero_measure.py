@@ -66,28 +66,32 @@ class ZeroRunResult(RunResult):
 
 
 class StepMeter:
-    """``observe`` for :func:`minipar.data.zero.parallel_train`: logs each step's bytes and peak."""
+    """``observe`` for :func:`minipar.data.zero.parallel_train`: logs each step's bytes and, with ``peak``, its
+    peak (a live-tensor tracker that sees every operator: it about doubles a small step's time)."""
 
-    def __init__(self):
+    def __init__(self, peak: bool = True):
         self.bytes_sent, self.bytes_observed, self.peak, self.zero = [], [], 0, None
+        self.track_peak = peak
 
     def __call__(self, zero, step):
         self.zero = zero
         with comm.recording() as log:
-            loss, peak = measure_peak(zero, step)
+            loss, peak = measure_peak(zero, step) if self.track_peak else (step(), 0)
         self.bytes_sent.append(log.bytes_sent)
         self.bytes_observed.append(log.observed_bytes_sent)
         self.peak = max(self.peak, peak)
         return loss
 
 
-def measured_train(rank, world_size, recipe, *, stage, **config) -> ZeroRunResult:
-    """:func:`minipar.data.zero.parallel_train`, measured: a :class:`ZeroRunResult`."""
-    meter = StepMeter()
+def measured_train(rank, world_size, recipe, *, stage, peak: bool = True, **config) -> ZeroRunResult:
+    """:func:`minipar.data.zero.parallel_train`, measured: a :class:`ZeroRunResult` (``peak=False``: bytes and
+    model states only, no "peak" in its memory)."""
+    meter = StepMeter(peak)
     result = zero_module.parallel_train(rank, world_size, recipe, stage=stage, observe=meter, **config)
     z = meter.zero
-    return ZeroRunResult(result.losses, result.params, meter.bytes_sent, meter.bytes_observed,
-                         {**measured_zero_state_bytes(z), "peak": meter.peak}, z.numel, z.padded_numel)
+    memory = {**measured_zero_state_bytes(z), **({"peak": meter.peak} if peak else {})}
+    return ZeroRunResult(result.losses, result.params, meter.bytes_sent, meter.bytes_observed, memory,
+                         z.numel, z.padded_numel)
 
 
 def measure_stages(rank, world_size, recipe, stages=zero_module.STAGES, **config) -> dict:

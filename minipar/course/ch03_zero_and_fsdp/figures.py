@@ -182,38 +182,14 @@ def rings_and_accumulation(rank, world_size, recipe) -> dict:
     all-reduce) are §3's (:func:`measure_stages_with_activations`; counting activations sends nothing):
     :func:`.report.wire` reads them there rather than training them twice."""
     from minipar import comm
+    from minipar.data.zero_measure import measured_train
+    # peak=False: the wire table reads bytes only; the peak's tracker sees every operator and doubled these runs
     with comm.ring_algorithms():            # minipar's send/recv rings for all three collectives
-        out = {("ring", s): _bytes_train(rank, world_size, recipe, stage=s) for s in (1, 3)}
+        out = {("ring", s): measured_train(rank, world_size, recipe, stage=s, peak=False) for s in (1, 3)}
     larger = memory_recipe(batch_size=world_size * ACCUM_STEPS)     # the same model, one sample a micro-batch
-    out.update({("accum", s): _bytes_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS)
+    out.update({("accum", s): measured_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS, peak=False)
                 for s in (1, 2)})
     return out
-
-
-class _BytesMeter:
-    """``observe`` for :func:`minipar.data.zero.parallel_train`: each step's bytes, logged (ring model) and on
-    the sockets; :class:`minipar.data.zero_measure.StepMeter` without its live-tensor tracker (the peak, which
-    the wire table does not read; the tracker sees every operator and doubled these runs' time)."""
-
-    def __init__(self):
-        self.bytes_sent, self.bytes_observed = [], []
-
-    def __call__(self, zero, step):
-        from minipar import comm
-        with comm.recording() as log:
-            loss = step()
-        self.bytes_sent.append(log.bytes_sent)
-        self.bytes_observed.append(log.observed_bytes_sent)
-        return loss
-
-
-def _bytes_train(rank, world_size, recipe, *, stage, **config):
-    """:func:`minipar.data.zero_measure.measured_train` less the memory: a ZeroRunResult with bytes only."""
-    from minipar.data.zero import parallel_train
-    from minipar.data.zero_measure import ZeroRunResult
-    meter = _BytesMeter()
-    result = parallel_train(rank, world_size, recipe, stage=stage, observe=meter, **config)
-    return ZeroRunResult(result.losses, result.params, meter.bytes_sent, meter.bytes_observed)
 
 
 ACCUM_STEPS = 4     # micro-batches a step accumulates in rings_and_accumulation's last two runs (a pipeline's m)
