@@ -25,13 +25,27 @@ def train(capfd, *flags):
     return {d["step"]: d["loss"] for d in lines}, err
 
 
-def train_under_torchrun(nproc: int, *flags, timeout: int = 600) -> dict:
-    """``torchrun --standalone --nproc_per_node=nproc -m minipar train *flags --json``: {step: loss}."""
+def train_under_torchrun_as_two_nodes(nproc_per_node: int, *flags, timeout: int = 600) -> tuple:
+    """``torchrun --nnodes 2 --nproc_per_node N --node_rank i ... -m minipar train *flags --json`` on localhost: two
+    agents of N processes each (LOCAL_WORLD_SIZE = N, WORLD_SIZE = 2N): ({step: loss}, both agents' stderr)."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run([torchrun, "--standalone", f"--nproc_per_node={nproc}", "-m", "minipar", "train", *flags,
-                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {d["step"]: d["loss"] for d in map(json.loads, done.stdout.splitlines())}
+    port = str(free_port())
+    agents = [subprocess.Popen([torchrun, "--nnodes", "2", f"--nproc_per_node={nproc_per_node}", "--node_rank",
+                                str(node), "--master_addr", "127.0.0.1", "--master_port", port, "-m", "minipar",
+                                "train", *flags, "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+              for node in (0, 1)]
+    outs = [a.communicate(timeout=timeout) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    return {d["step"]: d["loss"] for d in lines}, outs[0][1] + outs[1][1]
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 _ONE_PROCESS = {}
@@ -48,12 +62,31 @@ def one_process(capfd) -> dict:
     return dict(_ONE_PROCESS)
 
 
-def test_save_then_resume_equals_uninterrupted(capfd, tmp_path):
-    layout = ["--dp", "1", "--pp", "2", "--tp", "2"]
+PP2_TP2 = ["--dp", "1", "--pp", "2", "--tp", "2"]
+KILLED_STEPS = 16                   # the killed-rank test's run: killed after step 3, 13 steps still to go when it dies
+_UNINTERRUPTED = {}
+
+
+def uninterrupted_pp2_tp2(capfd, tmp_path_factory) -> tuple:
+    """``--dp 1 --pp 2 --tp 2``, KILLED_STEPS steps, saved at the end, once per module: ({step: loss}, its --save
+    folder). The killed-rank test's uninterrupted result (losses, parameters and Adam moments), and the save/resume
+    test's straight run (its first 4 losses: a step's batch and Adam's update do not depend on the step count):
+    one launch of 4 ranks, not two."""
+    if not _UNINTERRUPTED:
+        folder = str(tmp_path_factory.mktemp("straight"))
+        _UNINTERRUPTED["run"] = json_losses(capfd, *PP2_TP2, "--steps", str(KILLED_STEPS), *SMALL, "--json",
+                                            "--save", folder), folder
+    losses, folder = _UNINTERRUPTED["run"]
+    assert list(losses) == list(range(1, KILLED_STEPS + 1))
+    return dict(losses), folder
+
+
+def test_save_then_resume_equals_uninterrupted(capfd, tmp_path, tmp_path_factory):
+    layout = PP2_TP2
     first, err = train(capfd, *layout, "--steps", "2", "--save", str(tmp_path))
     assert list(first) == [1, 2] and "tokens/s" in err and "saved step 2" in err
     resumed, _ = train(capfd, *layout, "--steps", "4", "--resume", str(tmp_path))
-    straight, _ = train(capfd, *layout, "--steps", "4")
+    straight = uninterrupted_pp2_tp2(capfd, tmp_path_factory)[0]       # its steps 1..4: what --steps 4 gives
     assert list(resumed) == [3, 4]
     assert resumed == {s: straight[s] for s in (3, 4)}          # bit for bit: same layout, same arithmetic
     assert first == {s: straight[s] for s in (1, 2)}
@@ -320,10 +353,10 @@ def checkpoint_tensors(folder):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="finds the ranks through /proc")
-def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(capfd, tmp_path):
-    steps, folder = "16", str(tmp_path / "run")      # killed after step 3: 13 steps still to go when it dies
-    same = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", steps, *SMALL, "--json",
-            "--save-every", "1", "--resume", folder, "--save", folder]
+def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_result(capfd, tmp_path,
+                                                                                      tmp_path_factory):
+    steps, folder = str(KILLED_STEPS), str(tmp_path / "run")
+    same = [*PP2_TP2, "--steps", steps, *SMALL, "--json", "--save-every", "1", "--resume", folder, "--save", folder]
     first = command(*same)
     wait_for(first, "saved step 3 ")
     os.kill(children(first.pid)[-1], signal.SIGKILL)            # one rank dies mid-run
@@ -333,9 +366,9 @@ def test_a_rank_killed_mid_run_then_the_same_command_reaches_the_uninterrupted_r
     # runs; only the killed run needs a process of its own): two fewer `import torch`
     resumed = json_losses(capfd, *same)
     assert 3 < min(resumed) and max(resumed) == int(steps)       # it went on from a checkpoint after step 3
-    losses = json_losses(capfd, *same[:-6], "--save", str(tmp_path / "straight"))
+    losses, straight = uninterrupted_pp2_tp2(capfd, tmp_path_factory)   # the same command less the 6 save flags
     assert resumed == {s: losses[s] for s in resumed}             # bit for bit: same layout, same arithmetic
-    killed, uninterrupted = checkpoint_tensors(folder), checkpoint_tensors(str(tmp_path / "straight"))
+    killed, uninterrupted = checkpoint_tensors(folder), checkpoint_tensors(straight)
     assert len(killed) == len(uninterrupted) == 2                 # the two stages' parameters and Adam moments
     for mine, theirs in zip(killed, uninterrupted):
         assert all(torch.equal(a, b) for a, b in zip(_leaves(mine), _leaves(theirs), strict=True))
@@ -375,33 +408,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_torchrun_agents_as_two_nodes_train_equal_to_one_process(capfd):
-    """``torchrun --nnodes 2`` on localhost: two agents of 2 processes each, LOCAL_WORLD_SIZE = 2. The
-    tp groups [0, 1] and [2, 3] each sit on one node (the command says so); the losses equal one process."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    flags = ["--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2", *SMALL, "--json", "--timeout", "60"]
-    port = str(free_port())
-    agents = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node),
-                                "--master_addr", "127.0.0.1", "--master_port", port, "-m", "minipar", "train",
-                                *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for node in (0, 1)]
-    outs = [a.communicate(timeout=300) for a in agents]
-    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    err = outs[0][1] + outs[1][1]
-    assert "2 nodes of 2 ranks; tp groups: [0, 1] on node [0]; [2, 3] on node [1]" in err and "warning" not in err
-    lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
-    two_nodes = {d["step"]: d["loss"] for d in lines}
-    one = one_process(capfd)
-    assert two_nodes.keys() == {1, 2}
-    for s in two_nodes:
-        assert two_nodes[s] == pytest.approx(one[s], rel=1e-12, abs=1e-12)
+# Two torchrun agents as two nodes (--nnodes 2 on localhost, LOCAL_WORLD_SIZE < WORLD_SIZE): the command names each
+# tp group's node, warns of none, and trains equal to one process. test_sixteen_moe_ranks_under_torchrun_then_resume_
+# at_ep_4 asserts all of it of its 16-rank run, launched as two agents of 8: one torchrun launch, not two (a 2 × 2
+# run of its own started 6 more Python processes, ~35 CPU-s on two cores, for the same checks).
 
 
 TEXT = ("Il était une fois un modèle trop grand pour un seul appareil. 数据并行 copies the model; 流水线并行 "
@@ -538,10 +548,14 @@ def test_sixteen_moe_ranks_equal_one_process_and_resume_at_another_cp_ep_and_tp(
 
 
 def test_sixteen_moe_ranks_under_torchrun_then_resume_at_ep_4(capfd, tmp_path, tmp_path_factory):
-    """The same 16-rank MoE run under torchrun (34 s by hand, 40 s as this test, on 2 cores at load 8), saved there, resumed locally on 8 ranks
-    with ep 2 -> 4, tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's, and the local
-    launcher's bit for bit (the same ranks, the same arithmetic, another launcher)."""
-    under_torchrun = train_under_torchrun(16, *FIVE_D_MOE, "--steps", "2", *SMALL, "--save", str(tmp_path))
+    """The same 16-rank MoE run under torchrun, as two agents of 8 processes (two nodes on localhost: the command
+    says where each tp group sits, and that none spans nodes), saved there, resumed locally on 8 ranks with ep 2 -> 4,
+    tp 2 -> 1 and cp's method ring-zigzag -> Ulysses: the losses equal one process's, and the local launcher's bit
+    for bit (the same ranks, the same arithmetic, another launcher)."""
+    under_torchrun, err = train_under_torchrun_as_two_nodes(8, *FIVE_D_MOE, "--steps", "2", *SMALL,
+                                                            "--save", str(tmp_path))
+    placed = "; ".join(f"[{r}, {r + 1}] on node [{r // 8}]" for r in range(0, 16, 2))
+    assert f"2 nodes of 8 ranks; tp groups: {placed}" in err and "warning" not in err
     assert list(under_torchrun) == [1, 2]
     assert under_torchrun == sixteen_moe_ranks_on_local_ranks(capfd, tmp_path_factory)[0]
     one = moe_one_process(3)
