@@ -1,7 +1,9 @@
 """Context parallelism inside the hybrid trainer (dp × pp × cp × tp, + SP, + ZeRO-1 over dp × cp) equals
 single-device training: loss at every step and every parameter after 2 Adam steps (the moments are used from step 2;
 a third showed nothing more), float64, compare's tolerance (atol 1e-10, rtol 1e-9; measured max |Δ| ≈ 1.4e-13 at 3
-steps). Every method of chapter 06b runs at least once; the bytes of each kind (now with "cp") equal the formulas;
+steps). Two layers (one block per stage where pp = 2; the interleaved layout's v = 2 chunks on 2 stages take four):
+a stage's second block showed nothing more and cost about a third of each launch. Every method of chapter 06b runs
+at least once; the bytes of each kind (now with "cp") equal the formulas;
 impossible layouts are refused before launch."""
 import pytest
 import torch
@@ -14,15 +16,26 @@ from minipar.layout import Layout
 BATCH, SEQ = 8, 16
 
 
-def recipe(steps=2, **changes):       # 2 steps: see the docstring
-    r = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=4, n_head=8, **changes)
+def recipe(steps=2, n_layer=2, **changes):       # 2 steps, 2 layers: see the docstring
+    r = gpt_recipe(steps=steps, batch_size=BATCH, seq_len=SEQ, n_layer=n_layer, n_head=8, **changes)
     r.dtype = torch.float64          # Adam amplifies summation-order rounding in float32
     return r
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return train_reference(recipe())
+    """{n_layer: the one-device run}, each computed once, when first asked."""
+    cache = {}
+
+    def get(n_layer=2):
+        if n_layer not in cache:
+            cache[n_layer] = train_reference(recipe(n_layer=n_layer))
+        return cache[n_layer]
+    return get
+
+
+def layers(fields):
+    return 4 if fields.get("schedule") == "interleaved" else 2     # v = 2 chunks on each of pp = 2 stages
 
 
 LAYOUTS = {      # 8 ranks each
@@ -44,9 +57,10 @@ LAYOUTS = {      # 8 ranks each
 def test_layout_equals_one_device(reference, name):
     layout = Layout(**LAYOUTS[name], micro_batches=2)
     assert layout.world_size == 8
-    runs = run(recipe(), layout=layout)
-    compare(reference, runs, dtype=torch.float64).assert_ok()
-    cfg = recipe().model().cfg
+    n_layer = layers(LAYOUTS[name])
+    runs = run(recipe(n_layer=n_layer), layout=layout)
+    compare(reference(n_layer), runs, dtype=torch.float64).assert_ok()
+    cfg = recipe(n_layer=n_layer).model().cfg
     for r in runs:                    # bytes per kind: the communication log equals the formula on every rank
         want = bytes_formula(cfg, batch=BATCH, seq=SEQ, layout=layout, pp_rank=r.coords["pp"])
         assert set(want) == {"dp", "pp", "tp", "cp"} and want["cp"] > 0
@@ -69,7 +83,7 @@ def test_the_comparison_sees_gradients_not_reduced_over_cp(reference):
     from minipar import launch
     layout = Layout(dp=2, cp=2, tp=2, schedule="gpipe", micro_batches=2)
     runs = launch(_gradients_over_dp_only, 8, recipe(), layout, quiet=True)
-    comparison = compare(reference, runs, dtype=torch.float64)
+    comparison = compare(reference(), runs, dtype=torch.float64)
     assert not comparison.matches and comparison.max_abs_diff > 1e-6, str(comparison)
     print(comparison)
 

@@ -1,7 +1,8 @@
 """Dropless MoE in the 5D trainer and the train command: ``train --experts 8 --ep 4 --dropless`` trains as the same
 command without ``--ep`` and as one device; a dp × pp × tp layout with ep folded over tp equals one device
 (float64), with every kind's bytes but the data-dependent ep equal to the formula; ``--dropless`` without experts
-is refused before any process starts."""
+is refused before any process starts. Each equality trains 2 steps (Adam's moments are read from step 2; the
+loss-free bias moved after step 1 routes step 2); the resume test keeps 3 (a save at step 1, then steps 2 and 3)."""
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from minipar.hybrid.runner import run
 from minipar.layout import Layout
 
 BASE = ["--experts", "8", "--top-k", "2", "--capacity-factor", "1.0", "--dropless", "--dtype", "float64",
-        "--steps", "3", "--batch-size", "8", "--seq-len", "8", "--micro-batches", "2", "--n-layer", "2",
+        "--steps", "2", "--batch-size", "8", "--seq-len", "8", "--micro-batches", "2", "--n-layer", "2",
         "--n-embd", "16", "--json"]
 
 
@@ -31,13 +32,13 @@ def test_train_dropless_with_ep_equals_the_command_without_ep_and_one_device(cap
     ref = train_reference(make_recipe(build_parser().parse_args(with_ep)))
     assert make_recipe(build_parser().parse_args(with_ep)).model().moe.dropless
     a, b = _losses(capfd, with_ep), _losses(capfd, without)
-    assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert len(a) == 2 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
     assert a == pytest.approx(ref.losses, rel=1e-12, abs=1e-12)
 
 
 def test_dropless_layout_folded_over_tp_equals_one_device():
     layout = Layout(dp=2, pp=2, tp=2, ep=4, micro_batches=2)
-    r = hybrid_moe_recipe(layout, steps=3, batch_size=8, seq_len=8, experts=4, k=2, capacity_factor=1.0,
+    r = hybrid_moe_recipe(layout, steps=2, batch_size=8, seq_len=8, experts=4, k=2, capacity_factor=1.0,
                           n_layer=2, n_head=4, n_embd=16, dropless=True)
     runs = run(r, layout=layout)
     compare(train_reference(r), runs, dtype=torch.float64).assert_ok()
@@ -66,7 +67,7 @@ def _loss_free(layout, **moe):
     """The hybrid MoE recipe with loss-free balancing (γ = 0.05, a bias buffer moved after every step)."""
     from dataclasses import replace
     from minipar.moe.layer import MoEGPT
-    r = hybrid_moe_recipe(layout, steps=3, batch_size=8, seq_len=8, experts=4, n_layer=2, n_head=4, n_embd=16, **moe)
+    r = hybrid_moe_recipe(layout, steps=2, batch_size=8, seq_len=8, experts=4, n_layer=2, n_head=4, n_embd=16, **moe)
     base = r.model()
     cfg, config = base.cfg, replace(base.moe, bias_rate=0.05)
     r.model = lambda: MoEGPT(cfg, config)
@@ -116,7 +117,7 @@ def test_a_checkpoint_identity_names_the_moe_shape_and_refuses_a_loss_free_bias(
         run_identity(cfg, seed=0, dtype="float64", data={}, moe=MoEConfig(bias_rate=1e-3))
 
 
-SHAPED = ["--experts", "4", "--top-k", "2", "--capacity-factor", "1.0", "--dtype", "float64", "--steps", "3",
+SHAPED = ["--experts", "4", "--top-k", "2", "--capacity-factor", "1.0", "--dtype", "float64", "--steps", "2",
           "--batch-size", "8", "--seq-len", "8", "--n-layer", "2", "--n-embd", "16", "--json", "--dp", "2"]
 
 
@@ -127,7 +128,7 @@ def test_train_shared_fine_grained_with_ep_equals_the_command_without_ep_and_one
     assert (model.moe.shared, model.moe.granularity) == (1, 2)
     assert any(".shared.0." in n for n, _ in model.named_parameters())
     a, b = _losses(capfd, [*flags, "--ep", "2"]), _losses(capfd, flags)
-    assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert len(a) == 2 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
     assert a == pytest.approx(train_reference(make_recipe(build_parser().parse_args(flags))).losses, rel=1e-12, abs=1e-12)
 
 
@@ -139,13 +140,14 @@ def test_train_loss_free_with_ep_equals_the_command_without_ep_and_one_device(ca
     reference, biases = loss_free_reference(make_recipe(build_parser().parse_args(flags)))
     assert any(b.abs().max() > 0 for b in biases)                 # the bias really moved
     a, b = _losses(capfd, [*flags, "--ep", "2"]), _losses(capfd, flags)
-    assert len(a) == 3 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert len(a) == 2 and a == pytest.approx(b, rel=1e-12, abs=1e-12)
     assert a == pytest.approx(reference.losses, rel=1e-12, abs=1e-12)
 
 
 def test_a_resume_with_other_shared_or_granularity_is_refused_and_the_same_resumes(capfd, monkeypatch, tmp_path):
     from minipar.hybrid.cli import main
     flags = [*SHAPED, "--micro-batches", "2", "--shared-experts", "1", "--granularity", "2"]
+    flags[flags.index("--steps") + 1] = "3"           # 3 steps here: save after step 1, resume steps 2 and 3
     assert len(_losses(capfd, [*flags[:flags.index("--steps") + 1], "1", *flags[flags.index("--steps") + 2:],
                                "--save", str(tmp_path)])) == 1
     monkeypatch.setattr("minipar.launcher.launch", lambda *a, **k: pytest.fail("a process was started"))

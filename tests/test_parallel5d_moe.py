@@ -226,7 +226,8 @@ def test_train_command_refuses_before_launch(capfd, monkeypatch, flags, words):
 def test_tour_row():
     """Chapter 09b's 5d-moe row (dp 2 × pp 2 × tp 2, ep 2, top-2 with drops): one device, bytes = formula."""
     from minipar.course.ch09b_five_dimensions_and_moe import tour
-    row = dict(tour.STRATEGIES)["5d-moe"]()
+    assert dict(tour.STRATEGIES)["5d-moe"] is tour.moe_5d
+    row = tour.moe_5d(steps=2)        # 2 Adam steps, not the tour's 3: the moments are read from step 2
     assert row.strategy == "5d-moe" and row.world_size == 8 and row.matches and row.max_abs_diff < 1e-10
     assert row.bytes_sent_per_rank == pytest.approx(row.bytes_formula) and "ep 64.0 KiB (64.0 KiB)" in row.note
     assert row.bytes_sent_per_rank <= row.bytes_observed_per_rank <= 1.5 * row.bytes_formula
@@ -264,11 +265,12 @@ def test_reference_with_cp_and_drops_warns_and_the_help_says_so():
 
 def test_the_issues_command_ep_over_dp_and_tp_equals_plain_dp(capfd):
     """Issue 36: ``train --experts 4 --capacity-factor 4 --dtype float64 --dp 2 --tp 2 --ep 4`` (ep over dp × tp:
-    every rank holds one distinct expert) trains as ``--dp 2`` alone does."""
+    every rank holds one distinct expert) trains as ``--dp 2`` alone does; here with ``--n-layer 2`` (the default 4
+    only adds blocks that route as the first two do, at twice the steps' CPU)."""
     import json
     from minipar.hybrid.cli import main
     # 2 steps: the second is the first whose update reads Adam's moments
-    base = ["--experts", "4", "--capacity-factor", "4", "--dtype", "float64", "--steps", "2", "--json"]
+    base = ["--experts", "4", "--capacity-factor", "4", "--dtype", "float64", "--steps", "2", "--n-layer", "2", "--json"]
     losses = {}
     for layout in (["--dp", "2", "--tp", "2", "--ep", "4"], ["--dp", "2"]):
         capfd.readouterr()

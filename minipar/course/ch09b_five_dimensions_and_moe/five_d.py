@@ -178,14 +178,15 @@ def _moe_rank(rank: int, world_size: int, recipe, layout: Layout, track_memory: 
     return {"groups": seen, "experts_held": held, "param_bytes": param_bytes, "run": run}
 
 
-def run_5d_moe(recipe=None, layout: Layout = MOE_LAYOUT_5D) -> list:
+def run_5d_moe(recipe=None, layout: Layout = MOE_LAYOUT_5D, track_memory: bool = True) -> list:
     """Validate, then one launch of ``layout.world_size`` ranks (:func:`_moe_rank`); per rank {"groups":
-    {"dense" | "ep" | "expert_dp": (members, Σ rank ids)}, "experts_held", "param_bytes", "run": HybridRun}."""
+    {"dense" | "ep" | "expert_dp": (members, Σ rank ids)}, "experts_held", "param_bytes", "run": HybridRun}.
+    ``track_memory=False``: no peak measured (``run.peak_bytes`` 0; the last step then costs half as much)."""
     from minipar.hybrid.parallel3d import validate
     from minipar.launcher import launch
     recipe = moe_recipe(layout) if recipe is None else recipe
     validate(recipe, layout=layout)
-    return launch(_moe_rank, layout.world_size, recipe, layout, quiet=True, timeout=180)
+    return launch(_moe_rank, layout.world_size, recipe, layout, track_memory, quiet=True, timeout=180)
 
 
 def step_events(rank_trace, step: int = 1) -> list:

@@ -29,10 +29,14 @@ def _observed_by_dimension(r: dict) -> str:
                               f"asynchronous sends)"])
 
 
-def _run_5d() -> TourRow:
-    """dp 2 × pp 2 × cp 2 × tp 2 (ring-zigzag attention, 1F1B, m = 4) on 16 ranks."""
-    layout = LAYOUT_16
-    r = measure_layout(layout)
+def _run_5d(steps: int = 3) -> TourRow:
+    """dp 2 × pp 2 × cp 2 × tp 2 (ring-zigzag attention, 1F1B, m = 4) on 16 ranks, ``steps`` Adam steps."""
+    return row_5d(measure_layout(LAYOUT_16, steps=steps))
+
+
+def row_5d(r: dict) -> TourRow:
+    """The 5d row of one :func:`~minipar.course.hybrid_runs.measure_layout` of :data:`LAYOUT_16` (its test also
+    reads ``r["runs"]``, the per-rank results, from the same launch)."""
     b, f = r["bytes"], r["formula"]
     names = {"dp": "dp×cp", "pp": "pp", "cp": "cp", "tp": "tp"}
     model = ", ".join(f"{names[k]} {_kib(b[k])} ({_kib(f[k])})" for k in ("dp", "pp", "cp", "tp"))
@@ -47,9 +51,9 @@ def _run_5d() -> TourRow:
                    calls_per_rank=sum(r["calls"].values()))
 
 
-def moe_5d() -> TourRow:
+def moe_5d(steps: int = 3) -> TourRow:
     """dp 2 × pp 2 × tp 2 with ep 2 folded over a stage's dp × tp ranks: the MoE GPT (4 experts, top-2, cf 1: tokens are dropped; the
-    reference routes in the same groups), 3 Adam steps, float64, against one device; bytes per kind beside
+    reference routes in the same groups), ``steps`` Adam steps (3), float64, against one device; bytes per kind beside
     :func:`~minipar.hybrid.parallel3d.bytes_formula` (``moe=``), mean over the 8 ranks."""
     from minipar.check import compare, train_reference
     from minipar.hybrid.experts import hybrid_moe_recipe
@@ -57,7 +61,7 @@ def moe_5d() -> TourRow:
     from minipar.hybrid.runner import run
     from minipar.layout import Layout
     layout = Layout(dp=2, pp=2, tp=2, ep=2, micro_batches=4)
-    recipe = hybrid_moe_recipe(layout, steps=3, batch_size=16, seq_len=8, experts=4, k=2, capacity_factor=1.0,
+    recipe = hybrid_moe_recipe(layout, steps=steps, batch_size=16, seq_len=8, experts=4, k=2, capacity_factor=1.0,
                                n_layer=4)
     runs = run(recipe, layout=layout)
     comparison = compare(train_reference(recipe), runs, dtype=recipe.dtype)
