@@ -72,22 +72,27 @@ def assert_lossless(results, at_save) -> None:
     assert seen == set(at_save)
 
 
+@pytest.fixture(scope="module")
+def reference():
+    """One device's uninterrupted 3 steps of recipe(), made once for every resume test of the module."""
+    return train_reference(recipe())
+
+
 @pytest.mark.parametrize("world_size, layout", [
     (8, dict(dp=1, pp=2, tp=4, micro_batches=4)),
     (8, dict(dp=4, pp=2, tp=1, micro_batches=4, zero=1)),
     (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
 ], ids=["1x2x4", "4x2x1+zero1", "one process"])
-def test_load_in_another_layout(saved, world_size, layout):
-    assert_resumes_losslessly_to_step_3(saved, world_size, layout)
+def test_load_in_another_layout(saved, reference, world_size, layout):
+    assert_resumes_losslessly_to_step_3(saved, reference, world_size, layout)
 
 
-def assert_resumes_losslessly_to_step_3(saved, world_size, layout) -> None:
+def assert_resumes_losslessly_to_step_3(saved, ref, world_size, layout) -> None:
     """Resumed at ``layout`` from ``saved`` (directory, parameters at save): lossless, and the resumed step is
-    one process's uninterrupted step 3."""
+    one process's uninterrupted step 3 (``ref``: train_reference(recipe()))."""
     directory, at_save = saved
     results = launch(resume_rank, world_size, recipe(), layout, directory, quiet=True)
     assert_lossless(results, at_save)
-    ref = train_reference(recipe())
     compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
 
 
@@ -303,8 +308,8 @@ def test_the_manifest_records_the_cp_layout(saved_cp):
     (8, dict(dp=2, cp=2, pp=2, tp=1, micro_batches=4, cp_method="ulysses")),
     (1, dict(dp=1, pp=1, tp=1, micro_batches=1)),
 ], ids=["cp1 tp2 zero1", "cp2 tp1 ulysses", "one process"])
-def test_a_cp_checkpoint_resumes_at_another_cp_and_tp(saved_cp, world_size, layout):
-    assert_resumes_losslessly_to_step_3(saved_cp, world_size, layout)
+def test_a_cp_checkpoint_resumes_at_another_cp_and_tp(saved_cp, reference, world_size, layout):
+    assert_resumes_losslessly_to_step_3(saved_cp, reference, world_size, layout)
 
 
 def test_a_cp_run_resumed_at_its_own_layout_equals_the_uninterrupted_run(saved_cp):
@@ -349,6 +354,12 @@ def saved_moe(tmp_path_factory):
     return save_on_8(tmp_path_factory, "ckpt-moe", moe_recipe(), MOE_SAVE)
 
 
+@pytest.fixture(scope="module")
+def moe_reference():
+    """One device's uninterrupted 3 steps of moe_recipe(), made once for the MoE resume tests."""
+    return train_reference(moe_recipe())
+
+
 def test_moe_experts_are_written_once_per_ep_rank(saved_moe):
     manifest = checkpoint.read_manifest(checkpoint.latest(saved_moe[0]))
     assert sorted(manifest["files"]) == ["experts-0-ep0.pt", "experts-0-ep1.pt", "experts-1-ep0.pt",
@@ -364,7 +375,7 @@ def test_moe_experts_are_written_once_per_ep_rank(saved_moe):
     (8, dict(dp=2, cp=2, pp=2, tp=1, ep=4, micro_batches=2, cp_method="ring-zigzag")),
     (4, dict(dp=2, pp=1, tp=2, ep=1, micro_batches=2, schedule="gpipe", zero=1)),
 ], ids=["cp2 ep4 tp1", "pp1 ep1 tp2 zero1"])
-def test_a_moe_checkpoint_resumes_at_another_cp_ep_and_tp(saved_moe, world_size, layout):
+def test_a_moe_checkpoint_resumes_at_another_cp_ep_and_tp(saved_moe, moe_reference, world_size, layout):
     directory, at_save = saved_moe
     results = launch(resume_rank, world_size, moe_recipe(), layout, directory, quiet=True)
     seen = set()
@@ -374,7 +385,7 @@ def test_a_moe_checkpoint_resumes_at_another_cp_ep_and_tp(saved_moe, world_size,
             assert torch.equal(t, at_save[name]), name
             seen.add(name)
     assert seen == set(at_save)
-    ref = train_reference(moe_recipe())             # the resumed step 3 is one device's uninterrupted step 3
+    ref = moe_reference                             # the resumed step 3 is one device's uninterrupted step 3
     compare(RunResult(ref.losses[2:], ref.params), [r for _, _, r in results], dtype=torch.float64).assert_ok()
 
 
@@ -398,16 +409,17 @@ def one_process_resume(recipe, directory) -> RunResult:
     return train_steps(recipe, model, opt, recipe.batches[manifest["step"]:])
 
 
-def test_a_moe_checkpoint_resumes_on_one_process(saved_moe):
-    ref = train_reference(moe_recipe())
+def test_a_moe_checkpoint_resumes_on_one_process(saved_moe, moe_reference):
+    ref = moe_reference
     compare(RunResult(ref.losses[2:], ref.params), [one_process_resume(moe_recipe(), saved_moe[0])],
             dtype=torch.float64).assert_ok()
 
 
 def test_a_writer_rule_that_forgets_the_ep_ranks_fails(tmp_path):
     """Only ep-rank 0 writing its experts (the dense rule applied to experts): the experts of ep-rank 1 are in no
-    file, and loading anywhere names the missing tensor."""
-    launch(_wrong_writer_save, 8, moe_recipe(), MOE_SAVE, str(tmp_path), 1, quiet=True)
+    file, and loading anywhere names the missing tensor. Saved before any step: which rank writes a file does not
+    depend on training (a step here cost ~2.5 s of CPU and no check)."""
+    launch(_wrong_writer_save, 8, moe_recipe(), MOE_SAVE, str(tmp_path), 0, quiet=True)
     shapes = {n: tuple(p.shape) for n, p in moe_recipe().model().named_parameters()}
     with pytest.raises(CheckpointError, match=r"holds blocks\.\d\.mlp\.experts\.[23]\."):
         checkpoint.verify(checkpoint.latest(str(tmp_path)), checkpoint.read_manifest(checkpoint.latest(str(tmp_path))),

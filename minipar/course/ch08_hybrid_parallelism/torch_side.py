@@ -30,7 +30,7 @@ from minipar.launcher import launch
 from minipar.loop import mean_over_ranks, shard_batch
 
 __all__ = ["TorchAttention", "TorchBlock", "TorchGPT", "tp_plan", "TorchTrainer3D", "torch_train", "torch_run",
-           "side_by_side", "ddp_over_tp_error"]
+           "side_by_side", "side_by_side_of", "ddp_over_tp_error"]
 
 
 class TorchAttention(nn.Module):
@@ -260,6 +260,12 @@ def side_by_side(recipe, *, dp, pp, tp, micro_batches=4, schedule="1f1b", v=1) -
     ours = run(recipe, world_size=dp * pp * tp, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches,
                schedule=schedule, v=v)
     theirs = torch_run(recipe, dp=dp, pp=pp, tp=tp, micro_batches=micro_batches, schedule=schedule, v=v)
+    return side_by_side_of(recipe, ref, ours, theirs)
+
+
+def side_by_side_of(recipe, ref: RunResult, ours: list, theirs: list) -> dict:
+    """:func:`side_by_side`'s comparisons and losses, of runs already made: ``ref`` on one device, ``ours``
+    (minipar's per-rank results) and ``theirs`` (:func:`torch_train`'s per-rank results) of one layout."""
     return {"minipar_vs_one_device": compare(ref, ours, dtype=recipe.dtype),
             "torch_vs_one_device": compare(ref, theirs, dtype=recipe.dtype),
             "minipar_vs_torch": compare(_merged(theirs), ours, dtype=recipe.dtype),
