@@ -19,6 +19,18 @@ def _recipe(k=1, experts=4, **kw):
     return moe_recipe(steps=3, batch_size=8, dtype=F64, experts=experts, k=k, **kw)
 
 
+_REFERENCES = {}
+
+
+def reference(make, **kw):
+    """``train_reference(make(**kw))``, trained once per session: several tests (and parameters) compare with
+    the one-device run of the same recipe."""
+    key = (make, tuple(sorted(kw.items())))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train_reference(make(**kw))
+    return _REFERENCES[key]
+
+
 # ---- one forward/backward: outputs, loss pieces, gradients, aux-loss gradient --------------------------
 
 def _one_step(rank, world_size, recipe, ep, micro_batches):
@@ -64,11 +76,29 @@ def _reference_one_step(recipe, world_size, micro_batches):
     return logits, auxes, grads, aux_grads
 
 
-@pytest.mark.parametrize("world_size,ep,micro_batches", [(2, 2, 1), (2, 2, 2), (4, 4, 1), (4, 4, 2), (4, 2, 2)])
+ONE_STEP_CASES = [(2, 2, 1), (2, 2, 2), (4, 4, 1), (4, 4, 2), (4, 2, 2)]
+_ONE_STEPS = {}
+
+
+def _one_steps(rank, world_size, recipe, ep, counts):
+    return {micro_batches: _one_step(rank, world_size, recipe, ep, micro_batches) for micro_batches in counts}
+
+
+def one_step_runs(world_size, ep, micro_batches) -> list:
+    """Per rank, :func:`_one_step`'s result: every micro-batch count a (world size, EP size) is tested with
+    runs in one launch (one start-up, not one per count)."""
+    if (world_size, ep) not in _ONE_STEPS:
+        counts = [mb for w, e, mb in ONE_STEP_CASES if (w, e) == (world_size, ep)]
+        _ONE_STEPS[world_size, ep] = launch(_one_steps, world_size, _recipe(k=2 if ep == 2 else 1), ep, counts,
+                                            quiet=True)
+    return [o[micro_batches] for o in _ONE_STEPS[world_size, ep]]
+
+
+@pytest.mark.parametrize("world_size,ep,micro_batches", ONE_STEP_CASES)
 def test_outputs_gradients_aux_loss_and_its_gradient_equal_one_device(world_size, ep, micro_batches):
     recipe = _recipe(k=2 if ep == 2 else 1)
     ref_logits, ref_aux, ref_grads, ref_aux_grads = _reference_one_step(recipe, world_size, micro_batches)
-    out = launch(_one_step, world_size, recipe, ep, micro_batches, quiet=True)
+    out = one_step_runs(world_size, ep, micro_batches)
     rows = recipe.batches[0][0].shape[0] // world_size // micro_batches
     for rank, (logits, auxes, grads, aux_grads) in enumerate(out):
         for j in range(micro_batches):
@@ -91,7 +121,7 @@ def test_outputs_gradients_aux_loss_and_its_gradient_equal_one_device(world_size
 @pytest.mark.parametrize("world_size,ep,k", [(2, 2, 1), (4, 4, 1), (4, 2, 1), (4, 2, 2), (2, 1, 1)])
 def test_training_equals_one_device(world_size, ep, k):
     recipe = _recipe(k=k)
-    c = compare(train_reference(recipe), epm.run(recipe, world_size=world_size, ep=ep), dtype=F64)
+    c = compare(reference(_recipe, k=k), epm.run(recipe, world_size=world_size, ep=ep), dtype=F64)
     c.assert_ok()
 
 
@@ -205,19 +235,19 @@ def _train_with_bug(rank, world_size, recipe, ep, bug):
 def test_the_classic_scaling_bugs_do_not_match(bug):
     recipe = _recipe(k=1, alpha=0.1)
     results = launch(_train_with_bug, 4, recipe, 2, bug, quiet=True)
-    c = compare(train_reference(recipe), results, dtype=F64)
+    c = compare(reference(_recipe, k=1, alpha=0.1), results, dtype=F64)
     assert not c.matches, f"{bug}: {c}"
 
 
 @pytest.mark.parametrize("ep", [4, 2])
 def test_with_dropping_equals_one_device_routing_in_the_same_groups(ep):
     # cf 1.0: tokens are dropped; the one-device model routes its batch in 4 groups, one per rank
-    recipe = moe_recipe(steps=3, batch_size=8, dtype=F64, experts=4, k=1, capacity_factor=1.0, groups=4)
-    out = launch(_train_and_count, 4, recipe, ep, quiet=True)
+    kw = dict(steps=3, batch_size=8, dtype=F64, experts=4, k=1, capacity_factor=1.0)
+    out = launch(_train_and_count, 4, moe_recipe(groups=4, **kw), ep, quiet=True)
     assert sum(d for _, d in out) > 0                       # tokens really were dropped
-    compare(train_reference(recipe), [r for r, _ in out], dtype=F64).assert_ok()
-    one_group = moe_recipe(steps=3, batch_size=8, dtype=F64, experts=4, k=1, capacity_factor=1.0)
-    assert not compare(train_reference(one_group), [r for r, _ in out], dtype=F64).matches
+    compare(reference(moe_recipe, groups=4, **kw), [r for r, _ in out], dtype=F64).assert_ok()
+    one_group = reference(moe_recipe, **kw)
+    assert not compare(one_group, [r for r, _ in out], dtype=F64).matches
 
 
 def _train_and_count(rank, world_size, recipe, ep):

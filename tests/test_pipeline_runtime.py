@@ -68,14 +68,26 @@ def test_the_loss_is_an_argument():
     assert runs[1].losses[0] == pytest.approx(2 * plain[1].losses[0], rel=1e-6)
 
 
+def _each_layout(rank, world_size, recipe, layouts):
+    from minipar.hybrid.runner import parallel_train as train3d
+    return {key: train3d(rank, world_size, recipe, layout=layout, track_memory=True) for key, layout in layouts.items()}
+
+
 def test_hybrid_trainer_recomputes_and_still_equals_one_device():
     from minipar.check import train_reference
-    from minipar.hybrid.runner import run as run3d
+    from minipar.hybrid.parallel3d import DEFAULTS, validate
+    from minipar.layout import Layout
     recipe = gpt_recipe(steps=2, batch_size=16, seq_len=8, n_layer=4)
     recipe.dtype = torch.float64
-    peaks, reference = {}, train_reference(recipe)                  # one reference for both runs
-    for recompute in ("none", "full"):
-        runs = run3d(recipe, world_size=4, dp=1, pp=2, tp=2, recompute=recompute, track_memory=True)
+    layouts = {recompute: Layout.of(None, DEFAULTS, dp=1, pp=2, tp=2, recompute=recompute)
+               for recompute in ("none", "full")}
+    for layout in layouts.values():
+        validate(recipe, world_size=4, layout=layout)
+    # both runs in one launch (as run3d would launch each: 120 s collective timeout); one reference for both
+    both = launch(_each_layout, 4, recipe, layouts, quiet=True, timeout=120.0)
+    peaks, reference = {}, train_reference(recipe)
+    for recompute in layouts:
+        runs = [b[recompute] for b in both]
         compare(reference, runs, dtype=torch.float64).assert_ok()
         peaks[recompute] = max(r.peak_bytes for r in runs)
     assert peaks["full"] < peaks["none"], peaks                     # the activations were dropped
@@ -86,6 +98,11 @@ def test_hybrid_trainer_recomputes_and_still_equals_one_device():
     ("zb-h1", 2, 4, 1, True),
 ])
 def test_gpt_schedules_equal_single_device(schedule, p, m, v, recompute):
+    if not recompute and (schedule, p, m, v) in TORCH_CASES:
+        # the very run test_equals_torch_distributed_pipelining makes (GPT, same schedule): launched once for both
+        from minipar.check import train_reference
+        compare(train_reference(GPT), beside_torch(schedule, p, m, v)[0], dtype=GPT.dtype).assert_ok()
+        return
     check_equivalence(parallel_train, p, GPT, schedule=schedule, m=m, v=v, recompute=recompute,
                       launch_kwargs=QUIET).assert_ok()
 
@@ -96,12 +113,28 @@ def _merge(results) -> RunResult:
     return RunResult(next(r.losses for r in results if r.losses is not None), params)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2), ("zb-v", 4, 8, 2),
-                                            ("dualpipev", 4, 8, 2)])
+TORCH_CASES = [("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2), ("zb-v", 4, 8, 2), ("dualpipev", 4, 8, 2)]
+_BESIDE_TORCH = {}
+
+
+def _ours_and_theirs(rank, world_size, recipe, **config):
+    return parallel_train(rank, world_size, recipe, **config), torch_pipeline_train(rank, world_size, recipe, **config)
+
+
+def beside_torch(schedule, p, m, v) -> tuple:
+    """(minipar's runs, PyTorch's runs) of one schedule, both in one launch (one start-up instead of two), made
+    once per session: test_gpt_schedules_equal_single_device checks the same minipar run against one device."""
+    key = (schedule, p, m, v)
+    if key not in _BESIDE_TORCH:
+        recipe = GPT8 if p * v == 8 else GPT
+        out = launch(_ours_and_theirs, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
+        _BESIDE_TORCH[key] = [o[0] for o in out], [o[1] for o in out]
+    return _BESIDE_TORCH[key]
+
+
+@pytest.mark.parametrize("schedule,p,m,v", TORCH_CASES)
 def test_equals_torch_distributed_pipelining(schedule, p, m, v):
-    recipe = GPT8 if p * v == 8 else GPT
-    ours = launch(parallel_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
-    theirs = launch(torch_pipeline_train, p, recipe, schedule=schedule, m=m, v=v, quiet=True)
+    ours, theirs = beside_torch(schedule, p, m, v)
     # torch divides the summed gradients by m at the end, minipar divides each micro-batch loss: float32
     compare(_merge(theirs), ours, dtype=torch.float32).assert_ok()
     if schedule == "1f1b":       # PyTorch's display list is not the run: chapter 04 sets what ran beside minipar's
@@ -171,14 +204,18 @@ def test_runtime_uses_the_mesh_pp_groups():
 # -- paced mode: every action held to a fixed slot, so the timeline is the schedule's ----------------------
 
 def test_paced_runs_train_exactly_like_unpaced_ones():
+    from minipar.check import train_reference
+    from minipar.course.pipeline_views import run_together
     from minipar.pipeline.paced import Pace
-    check_equivalence(parallel_train, 2, MLP, schedule="1f1b", m=4, v=1, pace=Pace(0.004, 0.004, 0.004),
-                      launch_kwargs=QUIET).assert_ok()
-    check_equivalence(parallel_train, 2, MLP, schedule="zb-h1", m=4, v=1, pace={"min_slot": 0.002},
-                      launch_kwargs=QUIET).assert_ok()
-    # the V: a local hand-over has no sender's slot to wait for (PacedRank only paces messages)
-    check_equivalence(parallel_train, 2, MLP, schedule="zb-v", m=4, v=2, pace={"min_slot": 0.002},
-                      launch_kwargs=QUIET).assert_ok()
+    # the three paced runs in one launch, against one reference (the same recipe)
+    runs = run_together(2, {"1f1b": (MLP, dict(schedule="1f1b", m=4, v=1, pace=Pace(0.004, 0.004, 0.004))),
+                            "zb-h1": (MLP, dict(schedule="zb-h1", m=4, v=1, pace={"min_slot": 0.002})),
+                            # the V: a local hand-over has no sender's slot to wait for (PacedRank only paces messages)
+                            "zb-v": (MLP, dict(schedule="zb-v", m=4, v=2, pace={"min_slot": 0.002}))})
+    reference = train_reference(MLP)
+    for key, paced_runs in runs.items():
+        assert all(r.pace is not None for r in paced_runs), key
+        compare(reference, paced_runs, dtype=MLP.dtype).assert_ok()
 
 
 @pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("interleaved", 4, 2), ("zb-v", 4, 2)])

@@ -55,11 +55,13 @@ def bytes_formula(sched: Schedule, act_bytes: int = ACT_BYTES) -> float:
 
 def _observed_rank(rank, world_size, recipe, short, **config):
     """The run, and one step's bytes on the wire: observed(all steps) - observed(one step fewer), so that
-    what both runs share (process groups, clock sync, gathering the results) cancels."""
+    what both runs share (process groups, clock sync, gathering the results) cancels. The short run only
+    cancels: it tracks no memory (its rows would be thrown away; tracking moves no bytes)."""
     seen = []
     for r in (short, recipe):
         with comm.recording() as log:
-            run = runtime.parallel_train(rank, world_size, r, **config)
+            run = runtime.parallel_train(rank, world_size, r, **(config if r is recipe else
+                                                                  {**config, "track_memory": False}))
         seen.append(log.observed_bytes_sent)
     return run, None if None in seen else seen[1] - seen[0], log.count() / recipe.steps
 

@@ -24,7 +24,8 @@ def consumers(lowered: list) -> dict:
             if isinstance(x, Recv):
                 waiting.append(x.message)
             elif isinstance(x, Action):
-                fed.update((msg, x) for msg in waiting)
+                for msg in waiting:
+                    fed[msg] = x
                 waiting = []
     return fed
 
@@ -36,9 +37,10 @@ def from_schedule(schedule: Schedule, costs, message_bytes: int = 0) -> Trace:
     return from_lowered(schedule, lower(schedule), costs, message_bytes)
 
 
-def from_lowered(schedule: Schedule, lowered: list, costs, message_bytes: int = 0) -> Trace:
-    """:func:`from_schedule` of a schedule already lowered (``lowered = lower(schedule)``)."""
-    fed = consumers(lowered)
+def from_lowered(schedule: Schedule, lowered: list, costs, message_bytes: int = 0, *, fed: dict | None = None) -> Trace:
+    """:func:`from_schedule` of a schedule already lowered (``lowered = lower(schedule)``); ``fed``:
+    ``consumers(lowered)`` if the caller has it already."""
+    fed = consumers(lowered) if fed is None else fed
     return Trace([RankTrace(r, _rank_events(schedule, r, steps, fed, costs, message_bytes))
                   for r, steps in enumerate(lowered)],
                  {"schedule": schedule.name, "p": schedule.p, "m": schedule.m, "v": schedule.v})
@@ -47,30 +49,33 @@ def from_lowered(schedule: Schedule, lowered: list, costs, message_bytes: int = 
 def _rank_events(schedule: Schedule, r: int, steps: list, fed: dict, costs, message_bytes: int) -> list:
     """Rank r's events: its receives posted up front, then per action (or F&B pair) the waits for its inputs,
     its compute and its sends."""
-    events, posted = [], {}                          # posted: action -> index of its receive
-    for x in steps:
+    events, posted, done = [], {}, []                # posted: action -> index of its receive
+    for x in steps:                                  # done: [(action, its sends)] in order
         if isinstance(x, Recv):
-            posted[fed[x.message]] = len(events)
-            events.append(Comm("recv", tuple(sorted((r, x.message.src))), message_bytes, True,
-                               tag=str(fed[x.message])))
-    done = []                                        # [(action, its sends)] in order
-    for x in steps:
-        if isinstance(x, Action):
+            a = fed[x.message]
+            posted[a] = len(events)
+            src = x.message.src
+            events.append(Comm("recv", (r, src) if r <= src else (src, r), message_bytes, True, tag=str(a)))
+        elif isinstance(x, Action):
             done.append((x, []))
         elif isinstance(x, Send):
             done[-1][1].append(x.message)
-    blocks, i = [], 0                                # one action, or an F&B pair
-    while i < len(done):
-        n = 2 if (r, i) in schedule.overlapped else 1
-        blocks.append(done[i:i + n])
-        i += n
-    for block in blocks:
+    seconds, v, overlapped = {}, schedule.v, schedule.overlapped    # (a kind's cost: asked once)
+    i = 0
+    while i < len(done):                             # one action, or an F&B pair
+        block = done[i:i + 2] if (r, i) in overlapped else done[i:i + 1]
+        i += len(block)
         for a, _ in block:
             if a in posted:
-                events.append(Wait(posted[a]))
-                events[posted[a]].waited_at = len(events) - 1
+                k = posted[a]
+                events.append(Wait(k))
+                events[k].waited_at = len(events) - 1
         for a, sends in block:
-            events.append(Compute(costs.of(a.kind, schedule.v)))
-            events += [Comm("send", tuple(sorted((r, m.dst))), message_bytes, True, tag=str(fed[m]))
-                       for m in sends if m in fed]           # (no action left to receive it: not sent)
+            if a.kind not in seconds:
+                seconds[a.kind] = costs.of(a.kind, v)
+            events.append(Compute(seconds[a.kind]))
+            for m in sends:
+                if m in fed:                         # (no action left to receive it: not sent)
+                    events.append(Comm("send", (r, m.dst) if r <= m.dst else (m.dst, r), message_bytes, True,
+                                       tag=str(fed[m])))
     return events

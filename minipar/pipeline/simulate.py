@@ -128,7 +128,8 @@ def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -
     cuts = [_local_cut(played, r) for r in range(schedule.p)]       # a rank that waits for its own later action
     runnable = replace(played, actions=[acts[:cut] for acts, cut in zip(played.actions, cuts)])
     lowered = lower(runnable)
-    trace = from_lowered(runnable, lowered, costs)
+    fed = consumers(lowered)                                        # {message: the action it feeds}
+    trace = from_lowered(runnable, lowered, costs, fed=fed)
     if costs.p2p:
         trace = through_wires(trace, costs.p2p)
     world = trace.world_size
@@ -144,7 +145,7 @@ def simulate(schedule: Schedule, costs: Costs = Costs(), overlap: bool = True) -
     for r, acts in enumerate(played.actions):
         spans = sorted((s for s in res.timelines[r] if s.kind == "compute"), key=lambda s: s.index)
         timelines.append([Slot(a, s.start, s.end) for a, s in zip(acts, spans)])
-    return SimResult(schedule, costs, timelines, _transfers(played, lowered, timelines, costs.p2p))
+    return SimResult(schedule, costs, timelines, _transfers(played, fed, timelines, costs.p2p))
 
 
 def through_wires(trace: Trace, p2p: float) -> Trace:
@@ -199,13 +200,13 @@ def _deadlock(schedule: Schedule, cuts: list, calls: dict) -> ScheduleDeadlock:
     return ScheduleDeadlock("the schedule deadlocks: " + "; ".join(waiting))
 
 
-def _transfers(schedule: Schedule, lowered: list, timelines: list, p2p: float) -> list:
-    """[(src, dst, start, end, "act" | "grad", the action it feeds)]: each message of the lowering, from the
-    end of the action that made it."""
+def _transfers(schedule: Schedule, fed: dict, timelines: list, p2p: float) -> list:
+    """[(src, dst, start, end, "act" | "grad", the action it feeds)]: each message of the lowering (``fed``:
+    :func:`~minipar.pipeline.schedule_trace.consumers` of it), from the end of the action that made it."""
     ended = {made(s.action): s.end
              for tl in timelines for s in tl}
     out = []
-    for msg, a in consumers(lowered).items():
+    for msg, a in fed.items():
         at = ended[needs(a, schedule.num_stages - 1)]
         out.append((msg.src, msg.dst, at, at + p2p, msg.what, a))
     return out
