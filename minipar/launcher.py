@@ -45,6 +45,7 @@ import tempfile
 import time
 import traceback
 from typing import Any, Callable
+from multiprocessing import connection
 
 import cloudpickle  # carries functions defined in a notebook cell to spawned ranks, unlike pickle
 import torch
@@ -263,7 +264,11 @@ def _wait(procs, workdir: str, timeout: float, wall_limit: float | None, streame
                                             f"of {wall_limit:g} s (wall_limit=)",
                                 output=_read_output(workdir, running[0]), flight=parted.text,
                                 headline=parted.headline)
-        time.sleep(0.005 if streamer is None else 0.02)
+        # Sleep until a rank exits (its sentinel), or until the next look at the streamed output and the wall
+        # clock: a fixed 5 ms poll cost ~0.2 CPU-s per 10 s of launch on two loaded cores, for nothing.
+        running = [p.sentinel for r, p in enumerate(procs) if not done[r]]
+        if running:
+            connection.wait(running, timeout=0.02 if streamer is not None else 0.2)
     return results
 
 
