@@ -8,6 +8,7 @@
 * One source for what each chapter is (``minipar/course/syllabus.py``): the README's chapter table and routes,
   each chapter's opening and ``docs/cli.md``'s flag table agree with it (or with the train command's parser).
 """
+import functools
 import json
 
 import pytest
@@ -41,31 +42,67 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _fewer_runs(monkeypatch, request=None) -> dict:
-    """Four pictures are drawn from minutes of real runs (all tour rows; chapter 08's layouts on 8 ranks; the
-    schedules paced; 10b's recipes over three seeds). Here they are drawn from a few of those runs: what each
-    run measures is checked where it is made (each tour row in its chapter's tests, 08's layouts in its report,
-    the paced schedules in chapter 04's tests, the recipes in 10b's); this test checks that the generator
-    draws and writes. `python -m minipar figures` draws them from every run. {figure: what cuts its runs}.
-    Appendix A's two rows are ones chapters 03 and 04 check, taken from the session's runs (conftest.tour_row)."""
-    import functools
+    """Some pictures are drawn from minutes of real runs (all tour rows; chapter 08's layouts on 8 ranks; the
+    schedules paced; 10b's recipes over three seeds; chapter 00's all-reduce on up to 8 ranks; chapter 03's
+    8-block GPT under four ZeRO stages). Here they are drawn from fewer or smaller of those runs: what each run
+    measures is checked where it is made (each tour row in its chapter's tests, 08's layouts in its report, the
+    paced schedules in chapter 04's tests, the recipes in 10b's, ring vs root traffic per N in chapter 00's
+    test_ring_vs_root_traffic, the ZeRO stages' memory in chapter 03's and tests/test_zero.py); this test
+    checks that the generator draws and writes. `python -m minipar figures` draws them from every run.
+    {figure: what cuts its runs}. Appendix A's two rows are ones chapters 03 and 04 check, taken from the
+    session's runs (conftest.tour_row)."""
+    from minipar.check import gpt_recipe
+    from minipar.course.ch00_setup_and_collectives import figures as ch00
+    from minipar.course.ch03_zero_and_fsdp import figures as ch03
     from minipar.course.ch04_pipeline_parallelism import figures as ch04
     from minipar.course.ch08_hybrid_parallelism import measure as ch08
+    from minipar.course.ch09_mixture_of_experts import figures as ch09
     from minipar.course.ch10b_fp8 import training as ch10b
     from minipar.course.chA_how_minipar_measures import bench as chA
+    from minipar.course.hybrid_runs import recipe
     first = lambda d, n: dict(list(d.items())[:n])                      # noqa: E731
 
     def tour_rows_shared():
         monkeypatch.setattr(chA, "TOUR_LAYOUTS", {k: chA.TOUR_LAYOUTS[k] for k in A_ROWS})
         monkeypatch.setattr(chA, "compare_with_tour", functools.partial(
             chA.compare_with_tour, run_row=request.getfixturevalue("tour_row")))
+
+    def two_steps_two_schedules():
+        # 2 steps, not 4: typical_step draws a step after the first, and with 2 there is one
+        monkeypatch.setattr(ch04, "timeline_recipe", functools.partial(ch04.timeline_recipe, steps=2))
+        monkeypatch.setattr(ch04, "run_timelines", functools.partial(ch04.run_timelines, shown=ch04.SHOWN[1:3]))
     return {
         "A_predicted_vs_measured.png": tour_rows_shared,
-        "08_memory_per_layout.png": lambda: monkeypatch.setattr(ch08, "LAYOUTS", first(ch08.LAYOUTS, 2)),
-        "04_measured_timelines.png": lambda: monkeypatch.setattr(
-            ch04, "run_timelines", functools.partial(ch04.run_timelines, shown=ch04.SHOWN[1:3])),
+        # one layout's 8-rank run draws the bars as well as seven (each ~5 CPU-s)
+        "08_memory_per_layout.png": lambda: monkeypatch.setattr(ch08, "LAYOUTS", first(ch08.LAYOUTS, 1)),
+        "04_measured_timelines.png": two_steps_two_schedules,
+        **{name: lambda: monkeypatch.setattr(
+            ch09, "_balance_runs", functools.partial(_short_balance_runs, ch09._balance_runs))
+           for name in ("09_balance.png", "09_capacity.png", "09_loss_free.png")},
+        # 2 steps, not 3: typical_step draws a step after the first (the first also allocates)
+        "08_step_timeline.png": lambda: monkeypatch.setattr(ch08, "recipe", lambda steps=3: recipe(min(steps, 2))),
+        # N = 2 and 4, not 2..8: the 6- and 8-rank launches were most of the figure's CPU
+        "00_ring_vs_root.png": lambda: monkeypatch.setattr(
+            ch00, "traffic_sweep", functools.partial(ch00.traffic_sweep, sizes=(2, 4))),
+        # the same stages, steps and recipe on 2 blocks, not 8 (8 only make ZeRO-3's peak fall below ZeRO-2's,
+        # a property of the picture this test does not look at)
+        "03_zero_memory.png": lambda: monkeypatch.setattr(
+            ch03, "memory_recipe", lambda batch_size=8: gpt_recipe(
+                steps=2, batch_size=batch_size, seq_len=8, optimizer="adam", n_embd=32, n_layer=2)),
         "10b_training_curves.png": lambda: monkeypatch.setattr(
             ch10b, "run_study", functools.partial(ch10b.run_study, seeds=ch10b.SEEDS[:2])),
     }
+
+
+@functools.lru_cache(maxsize=1)
+def _short_balance_runs(balance_runs) -> dict:
+    """Chapter 09's three balance runs (its figures' ``balance_runs``, shared by three figures) at 10 Adam steps,
+    not 60: a curve over training is drawn from 10 steps as from 60; the balancing itself is checked in chapter
+    09's tests. Cached like the original, so the three figures share one set of runs."""
+    from minipar.course.ch09_mixture_of_experts import figures as ch09
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ch09, "balance_run", functools.partial(ch09.balance_run, steps=10))
+        return balance_runs.__wrapped__()
 
 
 def test_the_figures_drawn_from_fewer_runs_are_registered():
