@@ -55,8 +55,8 @@ class DeviceWatch(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def small_recipe(steps=2):
-    r = gpt_recipe(steps=steps, batch_size=8, seq_len=8, n_layer=4, dropout=0.1)
+def small_recipe(n_layer, steps=2):
+    r = gpt_recipe(steps=steps, batch_size=8, seq_len=8, n_layer=n_layer, dropout=0.1)
     r.dtype = torch.float64
     return r
 
@@ -75,11 +75,14 @@ LAYOUTS = {
     "2x2x2 sp zero1": dict(dp=2, pp=2, tp=2, sp=True, zero=1, micro_batches=2),
     "1x2x1 interleaved v=2": dict(dp=1, pp=2, tp=1, schedule="interleaved", v=2, micro_batches=2),
 }
+# Blocks per layout: one per stage (pp = 2) for 2x2x2, a block per model chunk (pp·v = 4) for the interleaved
+# schedule; more blocks run the same code (and make the same factory calls) again: 8 ranks' CPU for nothing.
+N_LAYER = {"2x2x2 sp zero1": 2, "1x2x1 interleaved v=2": 4}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_factory_in_the_3d_path_names_its_device(name, tmp_path):
-    layout, recipe = LAYOUTS[name], small_recipe()
+    layout, recipe = LAYOUTS[name], small_recipe(N_LAYER[name])
     world = layout["dp"] * layout["pp"] * layout["tp"]
     validate(recipe, world_size=world, **layout)
     calls = launch(watched_rank, world, recipe, layout, str(tmp_path), quiet=True, timeout=120)
@@ -103,11 +106,14 @@ def test_train_command_with_spawned_ranks_prints_their_progress(monkeypatch, cap
     """``python -m minipar train --backend nccl`` spawns its ranks (CUDA forbids fork), and a spawned rank
     inherits no file descriptor but its own: its progress lines travel through files the command relays.
     Found on an H100 (2026-11-27): the command failed with ``OSError: [Errno 22]`` writing to the parent's
-    duplicated stdout; under torchrun it ran. Here the spawn path runs with gloo (no GPU needed)."""
+    duplicated stdout; under torchrun it ran. Here the spawn path runs with gloo (no GPU needed), on one rank:
+    only the reporting rank writes progress, whatever the layout, and each spawned rank imports torch afresh
+    (about 6 CPU-s with torch._dynamo); two spawned gloo ranks meeting are tests/test_launch.py's
+    spawned_once, and a 2-rank command's lines test_train_command's."""
     import minipar.hybrid.cli as cli
     import minipar.launcher as launcher
     monkeypatch.setattr(launcher, "default_start_method", lambda backend: "spawn")
-    assert cli.main(["--dp", "2", "--steps", "2", "--json", "--dtype", "float64"]) == 0
+    assert cli.main(["--steps", "2", "--json", "--dtype", "float64"]) == 0
     out, err = capfd.readouterr()
     assert [line["step"] for line in map(__import__("json").loads, out.splitlines())] == [1, 2]
     assert "step    2/2" in err

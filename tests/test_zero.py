@@ -11,14 +11,20 @@ from minipar.data import zero, zero_memory
 from minipar.data.zero import ZeRO
 from minipar.data.zero_measure import measure_stages, measured_train
 
-RECIPE = gpt_recipe(steps=3, batch_size=8, seq_len=16, optimizer="adam")
+# 2 steps: the second uses Adam's state (m, v) from the first; 3 showed the same for ~40 % more CPU
+RECIPE = gpt_recipe(steps=2, batch_size=8, seq_len=16, optimizer="adam")
+
+# peak=False in every measured run here: no test of this module reads memory["peak"] (they read the model
+# states, params / grads / optimizer, which are measured without it), and the live-tensor tracker behind
+# the peak about doubles a small step's CPU (minipar.data.zero_measure.StepMeter).
+NO_PEAK = {"peak": False}
 
 
 def _every_stage_and_no_prefetch(rank, world_size, recipe):
     from minipar import comm
     from minipar.data import ddp
-    runs = measure_stages(rank, world_size, recipe)
-    runs["3, no prefetch"] = measured_train(rank, world_size, recipe, stage=3, prefetch=False)
+    runs = measure_stages(rank, world_size, recipe, **NO_PEAK)
+    runs["3, no prefetch"] = measured_train(rank, world_size, recipe, stage=3, prefetch=False, **NO_PEAK)
     log = comm.CommLog()
     runs["minipar DDP"] = ddp.parallel_train(rank, world_size, recipe, step_log=log)
     runs["minipar DDP"].bytes_sent = log.bytes_sent / recipe.steps
@@ -72,7 +78,7 @@ def test_model_state_bytes_match_the_formula_n4(four_ranks, stage):
 
 def test_model_state_bytes_match_the_formula_n1_n2_n8():
     for n in (1, 2, 8):
-        results = launch(measure_stages, n, gpt_recipe(steps=1, batch_size=8, seq_len=8), quiet=True)
+        results = launch(measure_stages, n, gpt_recipe(steps=1, batch_size=8, seq_len=8), **NO_PEAK, quiet=True)
         for stage in zero.STAGES:
             _check_bytes([r[stage] for r in results], n, stage)
 
@@ -106,7 +112,7 @@ def test_uneven_units_are_padded_and_still_exact():
     # MLP 5 -> 7 -> 3: units of 42 and 24 parameters on 4 ranks: 2 and 0 padding elements.
     recipe = mlp_recipe(steps=3, batch_size=12, sizes=(5, 7, 3), optimizer="adam")
     per_layer = lambda model: [*model.layers, model]  # noqa: E731
-    results = launch(measure_stages, 4, recipe, (2, 3), units=per_layer, quiet=True)
+    results = launch(measure_stages, 4, recipe, (2, 3), units=per_layer, **NO_PEAK, quiet=True)
     reference = train_reference(recipe)
     for stage in (2, 3):
         compare(reference, [r[stage] for r in results]).assert_ok()
@@ -115,7 +121,7 @@ def test_uneven_units_are_padded_and_still_exact():
 
 def test_mixed_precision_hook_bf16_compute_fp32_master():
     recipe = gpt_recipe(steps=3)
-    results = launch(measure_stages, 2, recipe, (0, 1, 3), param_dtype=torch.bfloat16, quiet=True)
+    results = launch(measure_stages, 2, recipe, (0, 1, 3), param_dtype=torch.bfloat16, **NO_PEAK, quiet=True)
     ddp = results[0][0]
     for stage in (1, 3):  # sharding stays exact under BF16 compute too
         compare(RunResult(ddp.losses, ddp.params), [r[stage] for r in results], atol=0, rtol=0).assert_ok()
@@ -137,7 +143,8 @@ def test_prefetch_off_gives_the_same_result_and_bytes(four_ranks):
 
 def _accumulating_stages(rank, world_size, recipe):
     per_layer = lambda model: [*model.layers, model]  # noqa: E731  (the root unit alone accumulates in place)
-    return {s: measured_train(rank, world_size, recipe, stage=s, accum_steps=2, units=per_layer) for s in (1, 2, 3)}
+    return {s: measured_train(rank, world_size, recipe, stage=s, accum_steps=2, units=per_layer, **NO_PEAK)
+            for s in (1, 2, 3)}
 
 
 def test_gradient_accumulation_matches_single_device_and_stage2_reduces_every_micro_batch():
@@ -167,8 +174,8 @@ def test_bad_input_raises_before_launch():
 
 def _ring_and_gloo(rank, world_size, recipe):
     with comm.ring_algorithms():                               # the one switch: minipar's send/recv rings
-        ring = measured_train(rank, world_size, recipe, stage=3)
-    return {"ring": ring, "gloo": measured_train(rank, world_size, recipe, stage=3)}
+        ring = measured_train(rank, world_size, recipe, stage=3, **NO_PEAK)
+    return {"ring": ring, "gloo": measured_train(rank, world_size, recipe, stage=3, **NO_PEAK)}
 
 
 @pytest.mark.skipif(not wire.available(), reason="no /proc/self/io")
@@ -223,11 +230,12 @@ def test_fp16_gradients_are_averaged_without_overflow(collectives):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_zero3_mixed_precision_trains_like_single_device_mixed_precision(dtype):
+def test_zero3_mixed_precision_trains_like_single_device_mixed_precision(dtype, one_thread):
     """ZeRO-3 with 16-bit compute copies (gathered and freed per unit) and FP32 master shards, on 2 ranks,
     against one device's mixed precision (FP16 with the loss scaler; BF16 without). SGD and the tolerances
     of tests/test_mixed_precision_parallel.py (1e-3 FP16, 5e-3 BF16): the ranks' 16-bit gradients are summed
-    in another order and rounded on the way."""
+    in another order and rounded on the way. The reference on one thread (conftest's one_thread), as each
+    rank: two threads on a busy 2-core machine mostly spin."""
     from minipar.precision.mixed import train_mixed, zero_parallel_train
     recipe = gpt_recipe(steps=3, optimizer="sgd")
     reference, _ = train_mixed(recipe, dtype)
