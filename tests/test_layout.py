@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -33,13 +34,19 @@ EXEMPT = {
 IN_PROCESS_STRATEGIES = ["minipar.data.dp"]
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """Each file parsed once per session: a dozen tests read the same trees (ast.walk never changes them)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _defines_parallel_train(path: Path) -> bool:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     return any(isinstance(node, ast.FunctionDef) and node.name == "parallel_train" for node in tree.body)
 
 
@@ -55,7 +62,7 @@ def library_files() -> list:
 
 
 def _imports(path: Path) -> list:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -106,7 +113,7 @@ def test_the_library_takes_recipes_and_results_from_the_ground_floor():
     records = {"Recipe", "RunResult", "default_loss", "gpt_recipe", "mlp_recipe"}
     offenders = []
     for path in library_files():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "check":
                 offenders += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in records]
     assert not offenders, offenders
@@ -120,7 +127,7 @@ ONE_MEANING = ["activation_bytes_formula", "activation_elements", "model_state_b
 def test_one_name_means_one_thing():
     defined = {}
     for path in library_files():
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        for node in _tree(path).body:
             names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
                 [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
             for name in set(names) & set(ONE_MEANING):
@@ -164,32 +171,50 @@ def test_loop_pieces_and_the_palette_live_once():
 def import_edges(paths) -> dict:
     """{module: {(imported minipar module, inside a function?)}} for the files ``paths``: ``from a import b``
     counts as importing ``a.b`` when that is a module of ours, else ``a``; relative imports resolved."""
-    known = {_module_name(p) for p in PACKAGE.rglob("*.py")}
-    edges = {}
-    for path in paths:
-        name, tree = _module_name(path), ast.parse(path.read_text(encoding="utf-8"))
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  for n in ast.walk(f)}
-        found = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                    base = ".".join(up + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-            else:
-                continue
-            for target in targets:
-                while target and target not in known:
-                    target = target.rpartition(".")[0]
-                if target and target != name:
-                    found.add((target, id(node) in nested))
-        edges[name] = found
-    return edges
+    return {_module_name(path): _file_edges(path) for path in paths}
+
+
+@functools.lru_cache(maxsize=None)
+def _known_modules() -> frozenset:
+    return frozenset(_module_name(p) for p in PACKAGE.rglob("*.py"))
+
+
+@functools.lru_cache(maxsize=None)
+def _file_edges(path: Path) -> frozenset:
+    """One file's edges, found once per session: five tests walk the library's import graph (it was parsed and
+    walked again for each)."""
+    known = _known_modules()
+    name, tree = _module_name(path), _tree(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node, nested in _import_statements(tree, False):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add((target, nested))
+    return frozenset(found)
+
+
+def _import_statements(node, nested: bool):
+    """Every import statement under ``node``, with whether it sits inside a function (a def at any depth).
+    Statements only hold statements: the walk skips every expression (ast.walk visited them all, and walked each
+    function's subtree again to find what is nested)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, nested
+        elif isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+            yield from _import_statements(child, nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def cycles(edges: dict) -> list:

@@ -94,7 +94,9 @@ def test_refused_after_taking_the_lock_releases_it(capsys, tmp_path):
     assert os.path.isdir(folder) and not os.path.exists(os.path.join(folder, guard.LOCK))
 
 
-def _save_steps(rank, world_size, directory, keep, fail_at=None):
+def _save_steps(rank, world_size, targets, fail_at=None):
+    """Train 6 steps, saving each into every (directory, keep) of ``targets``; the last complete checkpoint of
+    each. One training saves into several folders: the saves only read the trainer."""
     rec = gpt_recipe(steps=6, batch_size=8, seq_len=8, n_layer=2)
     rec.dtype = torch.float64
     trainer = Trainer3D(rank, world_size, rec, dp=1, pp=2, tp=1, micro_batches=2)
@@ -108,28 +110,35 @@ def _save_steps(rank, world_size, directory, keep, fail_at=None):
                     raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1024")
                 return real(obj, path, *a, **k)
             torch.save = full_disk
-        checkpoint.save(trainer, directory, step + 1, keep=keep)
-    return checkpoint.latest(directory)
+        for directory, keep in targets:
+            checkpoint.save(trainer, directory, step + 1, keep=keep)
+    return [checkpoint.latest(directory) for directory, _ in targets]
 
 
-def test_keep_holds_and_never_removes_what_latest_names(tmp_path):
-    launch(_save_steps, 2, str(tmp_path / "k2"), 2, quiet=True)
-    assert _steps_in(tmp_path / "k2") == ["step-00000005", "step-00000006"]
-    launch(_save_steps, 2, str(tmp_path / "all"), 0, quiet=True)
-    assert len(_steps_in(tmp_path / "all")) == 6
-    folder = tmp_path / "all"
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One launch for the two --keep tests: folders "k2" (--keep 2), "all" (--keep 0, every step kept) and
+    "ckpt" (another run's checkpoints 38-40 there first, latest at 40; then what --overwrite --keep 2 saves)."""
+    root = tmp_path_factory.mktemp("keep")
+    for step in (38, 39, 40):
+        (root / "ckpt" / f"step-{step:08d}").mkdir(parents=True)
+    (root / "ckpt" / "latest").write_text("step-00000040")
+    launch(_save_steps, 2, [(str(root / "k2"), 2), (str(root / "all"), 0), (str(root / "ckpt"), 2)], quiet=True)
+    return root
+
+
+def test_keep_holds_and_never_removes_what_latest_names(saved):
+    assert _steps_in(saved / "k2") == ["step-00000005", "step-00000006"]
+    assert len(_steps_in(saved / "all")) == 6
+    folder = saved / "all"
     os.replace(folder / "latest", folder / "latest.old")
     (folder / "latest").write_text("step-00000003")         # as if --overwrite had saved step 3 over steps 1-6:
     assert checkpoint.prune(str(folder), 2) == [f"step-0000000{i}" for i in (1, 4, 5, 6)]   # 4-6 are replaced
     assert _steps_in(folder) == ["step-00000002", "step-00000003"]
 
 
-def test_keep_after_overwrite_keeps_the_new_runs_newest_not_the_replaced_runs(tmp_path):
-    folder = tmp_path / "ckpt"
-    for step in (38, 39, 40):                               # another run's checkpoints, latest at step 40
-        (folder / f"step-{step:08d}").mkdir(parents=True)
-    (folder / "latest").write_text("step-00000040")
-    launch(_save_steps, 2, str(folder), 2, quiet=True)      # what --overwrite --keep 2 then saves: steps 1-6
+def test_keep_after_overwrite_keeps_the_new_runs_newest_not_the_replaced_runs(saved):
+    folder = saved / "ckpt"             # another run's checkpoints 38-40, then --overwrite --keep 2 saved steps 1-6
     assert _steps_in(folder) == ["step-00000005", "step-00000006"]       # (it kept 38-40 and pruned 1-5)
     assert checkpoint.latest(str(folder)).endswith("step-00000006")
 
@@ -137,7 +146,7 @@ def test_keep_after_overwrite_keeps_the_new_runs_newest_not_the_replaced_runs(tm
 def test_a_full_disk_names_the_file_and_what_latest_still_names(tmp_path):
     directory = str(tmp_path / "ckpt")
     with pytest.raises(RankError) as info:
-        launch(_save_steps, 2, directory, 3, fail_at=4, quiet=True)
+        launch(_save_steps, 2, [(directory, 3)], fail_at=4, quiet=True)
     message = str(info.value).splitlines()[0]
     assert "cannot write " + os.path.join(directory, "step-00000004.partial", "stage-1.pt") in message, message
     assert "the disk (or the file-size limit) is full (" in message and "unexpected pos" in message

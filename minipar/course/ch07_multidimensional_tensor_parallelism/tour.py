@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 
-from minipar.check import mlp_recipe
+from minipar.check import compare, mlp_recipe, train_reference
+from minipar.launcher import launch
 from minipar.course.tour import TourRow
 from minipar.tensor import multidim_measure as mmeasure
 from minipar.tensor import multidim_mlp as mm
@@ -20,19 +21,28 @@ from minipar.tensor import multidim_mlp as mm
 SIZES, TOKENS = (32, 128, 32), 32
 
 
-def measured(layout: str, world_size: int) -> dict:
-    """Mean over ranks of :func:`minipar.tensor.multidim_measure.measure` (a live run) + the formula."""
-    per_rank = mmeasure.measure_all(world_size, layout, sizes=SIZES, tokens=TOKENS)
+def measured(layout: str, world_size: int, per_rank: list | None = None) -> dict:
+    """Mean over ranks of :func:`minipar.tensor.multidim_measure.measure` (a live run, unless ``per_rank`` holds
+    its results) + the formula."""
+    per_rank = per_rank or mmeasure.measure_all(world_size, layout, sizes=SIZES, tokens=TOKENS)
     mean = lambda key: sum(r[key] for r in per_rank) / len(per_rank)  # noqa: E731
     return {"model": mean("bytes_model"), "observed": mean("bytes_observed"), "messages": mean("messages"), "calls": mean("calls"),
             "params": max(r["params"] for r in per_rank), "activations": max(r["activations"] for r in per_rank),
             "formula": mmeasure.formula_bytes(layout, world_size, SIZES, TOKENS)}
 
 
+def _train_and_measure(rank, world_size, recipe, layout: str):
+    return (mm.parallel_train(rank, world_size, recipe, layout=layout, depth=2),
+            mmeasure.measure(rank, world_size, layout, sizes=SIZES, tokens=TOKENS))
+
+
 def _run(layout: str, world_size: int) -> TourRow:
+    """What ``mm.run`` and :func:`measured` give, from one launch: the training, then the measured step."""
     recipe = mm.in_dtype(mlp_recipe(steps=3, optimizer="adam"))
-    comparison = mm.run(recipe, world_size=world_size, layout=layout, launch_kwargs={"quiet": True})
-    m = measured(layout, world_size)
+    mm.validate(recipe, world_size=world_size, layout=layout, depth=2)
+    out = launch(_train_and_measure, world_size, recipe, layout, quiet=True)
+    comparison = compare(train_reference(recipe), [o[0] for o in out], dtype=recipe.dtype)
+    m = measured(layout, world_size, [o[1] for o in out])
     per_message = (m["observed"] - m["model"]) / max(m["messages"], 1)
     note = (f"bytes per fwd+bwd of MLP {list(SIZES)} on {TOKENS} tokens; observed − model = "
             f"{per_message:.0f} B per message ({m['messages']:.0f} messages: gloo's header); "

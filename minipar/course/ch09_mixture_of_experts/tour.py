@@ -95,8 +95,9 @@ def shared_fine_grained() -> TourRow:
     cf = no_drop_capacity_factor(8, 2)
     r = moe_recipe(steps=3, batch_size=BATCH, seq_len=SEQ, experts=8, k=2, shared=1, granularity=2,
                    capacity_factor=cf, alpha=1e-2, dtype=torch.float64)
-    c = compare(train_reference(r), epm.run(r, world_size=WORLD_SIZE, ep=EP), dtype=torch.float64)
-    out = launch(_rank, WORLD_SIZE, r, EP, quiet=True)
+    epm.validate(r, world_size=WORLD_SIZE, ep=EP)
+    out = launch(_rank, WORLD_SIZE, r, EP, quiet=True)        # one launch: the training compared and its bytes
+    c = compare(train_reference(r), [o[0] for o in out], dtype=torch.float64)
     cfg, moe = r.model().cfg, r.model().moe
     layers = len(r.model().moe_layers())
     per_layer = epm.predicted_all_to_all_bytes(BATCH // WORLD_SIZE * SEQ, cfg.n_embd, moe, EP, element_size=8)
@@ -148,6 +149,11 @@ def planted_recipe(dropless_layers: bool = True, capacity_factor: float = CF):
     return r
 
 
+def _dropless_then_padded(rank, world_size, recipe, padded_recipe, ep):
+    from minipar.moe import dropless
+    return _rank(rank, world_size, recipe, ep, dropless), _rank(rank, world_size, padded_recipe, ep)
+
+
 def dropless_row() -> TourRow:
     """Dropless EP (:mod:`minipar.moe.dropless`) under the planted imbalance, ep 4, float32, against one device: 0
     dropped where the padded layers with cf 1.25 drop 22 of a rank's 32 tokens per layer; bytes from the log beside
@@ -157,9 +163,9 @@ def dropless_row() -> TourRow:
     from minipar.moe.expert_parallel import loss_free_reference
     r = planted_recipe()
     reference, _ = loss_free_reference(r)
-    out = launch(_rank, WORLD_SIZE, r, EP, dropless, quiet=True)
+    both = launch(_dropless_then_padded, WORLD_SIZE, r, planted_recipe(False, 1.25), EP, quiet=True)   # one launch
+    out, padded = [o[0] for o in both], [o[1] for o in both]
     c = compare(reference, [o[0] for o in out])
-    padded = launch(_rank, WORLD_SIZE, planted_recipe(False, 1.25), EP, quiet=True)
     padded_drops = sum(o[3] for o in padded)
     drops = sum(o[3] for o in out)
     layers, tokens, width = len(r.model().moe_layers()), BATCH // WORLD_SIZE * SEQ, r.model().cfg.n_embd
