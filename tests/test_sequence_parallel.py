@@ -96,13 +96,27 @@ def _keep_gathered_layer(rank, world_size, keep, rings=False, sp=True):
     return measure_layer_on_wire(rank, world_size, GPTConfig(n_embd=32, n_head=4), sp, keep, b=2, s=16, rings=rings)
 
 
+def _every_kept_variant(rank, world_size, recipe):
+    """The four layer measurements and the kept-inputs training one after another on this rank: one launch
+    for all (each measurement records its own log and socket bytes)."""
+    from minipar.course.ch05_tensor_parallelism.tour import _train_kept
+    return {"kept": _keep_gathered_layer(rank, world_size, True),
+            "regathered": _keep_gathered_layer(rank, world_size, False),
+            "on rings": _keep_gathered_layer(rank, world_size, True, True),
+            "plain tp": _keep_gathered_layer(rank, world_size, False, False, False),
+            "trained": _train_kept(rank, world_size, recipe)}
+
+
 def test_keeping_the_gathered_inputs_sends_tps_bytes_and_keeps_more():
     """SP with the column-parallel inputs kept for backward (layers.keep_gathered_inputs): the log's bytes
     equal TP's exactly (no re-gather); the bytes on the wire fall by the two re-gathers (+ at most 2 calls of
     gloo headers); the activations kept grow by the gathered inputs; training still equals one device."""
     tp, b, s, h = 4, 2, 16, 32
-    kept = launch(_keep_gathered_layer, tp, True, **QUIET)
-    regathered = launch(_keep_gathered_layer, tp, False, **QUIET)
+    recipe = gpt_recipe(steps=2, batch_size=4, seq_len=16, vocab_size=66, n_embd=32, n_head=4)
+    recipe.dtype = torch.float64
+    per_rank = launch(_every_kept_variant, tp, recipe, **QUIET)
+    kept, regathered, on_rings, plain_tp, trained = ([r[k] for r in per_rank] for k in
+                                                     ("kept", "regathered", "on rings", "plain tp", "trained"))
     regather = 2 * (tp - 1) / tp * b * s * h * 4
     for k, r in zip(kept, regathered):
         assert k[0] == tp_bytes_per_layer(s, b, h, tp) == sp_bytes_per_layer(s, b, h, tp, regather=False)
@@ -112,14 +126,9 @@ def test_keeping_the_gathered_inputs_sends_tps_bytes_and_keeps_more():
         wire_saved = sum(r[1] for r in regathered) / tp - sum(k[1] for k in kept) / tp
         assert regather <= wire_saved <= regather + 2 * 2048, wire_saved
         # with the reduce-scatters on minipar's ring (gloo's all-reduce: 2x), the wire shows TP's bytes too
-        on_rings = launch(_keep_gathered_layer, tp, True, True, **QUIET)
-        plain_tp = launch(_keep_gathered_layer, tp, False, False, False, **QUIET)
         ring_wire, tp_wire = (sum(r[1] for r in runs) / tp for runs in (on_rings, plain_tp))
         assert on_rings[0][0] == plain_tp[0][0] <= ring_wire <= tp_wire, (ring_wire, tp_wire)
-    from minipar.course.ch05_tensor_parallelism.tour import _train_kept
-    recipe = gpt_recipe(steps=2, batch_size=4, seq_len=16, vocab_size=66, n_embd=32, n_head=4)
-    recipe.dtype = torch.float64
     from minipar.check import compare, train_reference
     from minipar.tensor.gpt import smoothed_recipe
-    compare(train_reference(smoothed_recipe(recipe, 0.1)), launch(_train_kept, tp, recipe, **QUIET),
+    compare(train_reference(smoothed_recipe(recipe, 0.1)), trained,
             dtype=recipe.dtype).assert_ok()

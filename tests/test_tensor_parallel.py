@@ -220,10 +220,23 @@ def _mine_vs_dtensor(rank, world_size, sequence_parallel):
     }
 
 
+def _mine_vs_dtensor_both(rank, world_size):
+    return {sp: _mine_vs_dtensor(rank, world_size, sp) for sp in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def mine_vs_dtensor():
+    """{sequence_parallel: per-rank diffs}: both plans in one launch of 4 ranks (each rank imports DTensor's
+    parallel API once, not once per plan)."""
+    per_rank = launch(_mine_vs_dtensor_both, 4, **QUIET)
+    return {sp: [r[sp] for r in per_rank] for sp in (False, True)}
+
+
 @pytest.mark.parametrize("tp,sequence_parallel", [(4, False), (4, True)])
-def test_mlp_equals_pytorch_dtensor_tp(tp, sequence_parallel):
+def test_mlp_equals_pytorch_dtensor_tp(mine_vs_dtensor, tp, sequence_parallel):
     """Outputs and every gradient equal PyTorch's ColwiseParallel/RowwiseParallel (float32, 1e-6)."""
-    for rank, diffs in enumerate(launch(_mine_vs_dtensor, tp, sequence_parallel, **QUIET)):
+    assert len(mine_vs_dtensor[sequence_parallel]) == tp
+    for rank, diffs in enumerate(mine_vs_dtensor[sequence_parallel]):
         for what, d in diffs.items():
             assert d < 1e-6, f"rank {rank}: {what} differs from DTensor by {d}"
 
