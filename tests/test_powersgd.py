@@ -31,13 +31,25 @@ def test_powersgd_follows_its_rule_step_by_step(world_size, rank_r, start_step):
             dtype=torch.float64).assert_ok()
 
 
+def _several(rank, world_size, recipe, configs):
+    return [powersgd.parallel_train(rank, world_size, recipe, **c) for c in configs]
+
+
+def _runs(recipe, world_size, configs):
+    """powersgd.run for each config, one after the other in one launch: per config, the per-rank runs."""
+    for c in configs:
+        powersgd.validate(recipe, world_size=world_size, **c)
+    out = launch(_several, world_size, recipe, configs, quiet=True)
+    return [[per_rank[i] for per_rank in out] for i in range(len(configs))]
+
+
 def test_low_rank_is_not_synchronous_training_full_rank_is():
     recipe = gpt64(optimizer="sgd")
     synchronous = train_reference(recipe)                      # = DDP (tests/test_ddp.py)
-    low = powersgd.run(recipe, world_size=2, rank_r=1)
+    # both runs in one launch (one set of processes instead of two)
+    low, full = _runs(recipe, 2, [dict(rank_r=1), dict(rank_r=FULL_RANK, min_compression_rate=0.0)])
     assert compare(synchronous, low, dtype=torch.float64).max_abs_diff > 1e-3     # so the check can fail
     # full rank, every matrix compressed (rate 0): P̂ P̂ᵀ projects onto all of M's columns, M̂ = mean M
-    full = powersgd.run(recipe, world_size=2, rank_r=FULL_RANK, min_compression_rate=0.0)
     compare(synchronous, full, dtype=torch.float64).assert_ok()
 
 
@@ -65,8 +77,7 @@ def test_bytes_per_step_equal_the_formula_and_shrink_with_r(world_size):
     shapes = [p.shape for p in recipe.model().parameters()]
     ddp_bytes = 2 * (world_size - 1) / world_size * 4 * sum(s.numel() for s in shapes)
     sent = {}
-    for r in (1, 2, 4):
-        runs = powersgd.run(recipe, world_size=world_size, rank_r=r)
+    for r, runs in zip((1, 2, 4), _runs(recipe, world_size, [dict(rank_r=r) for r in (1, 2, 4)])):  # one launch
         want = powersgd_bytes(shapes, r, world_size, 4)
         assert all(b == want for run in runs for b in run.bytes_sent), (r, runs[0].bytes_sent, want)
         sent[r] = want

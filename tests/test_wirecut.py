@@ -96,12 +96,17 @@ def _ddp_step(rank, world_size, cut):
     return result.params, log.bytes_sent, log.observed_bytes_sent
 
 
+def _real_then_cut(rank, world_size):
+    """Both runs in one launch (one set of processes instead of two): the real one first, then the cut one."""
+    return _ddp_step(rank, world_size, False), _ddp_step(rank, world_size, True)
+
+
 def test_a_cut_ddp_step_computes_but_does_not_average():
     """Real DDP: both ranks end with the same parameters (the all-reduce averaged their gradients). Cut:
     each rank stepped on its own half-batch's gradients, so they differ — the compute ran, the averaging
     did not — and the sockets stayed silent while the log counted the same bytes."""
-    real = launch(_ddp_step, 2, False, quiet=True)
-    cut = launch(_ddp_step, 2, True, quiet=True)
+    (real0, cut0), (real1, cut1) = launch(_real_then_cut, 2, quiet=True)
+    real, cut = [real0, real1], [cut0, cut1]
     name = next(iter(real[0][0]))
     assert torch.equal(real[0][0][name], real[1][0][name])
     assert not all(torch.equal(cut[0][0][k], cut[1][0][k]) for k in cut[0][0])
