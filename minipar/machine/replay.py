@@ -157,17 +157,15 @@ class _Engine:
         # Always step the ready rank with the earliest clock (ties: the lowest rank). A heap of (clock, rank)
         # holds an entry for every ready rank; entries gone stale (the rank moved on or blocked) are skipped.
         self.heap = [(0.0, r) for r in range(len(self.events)) if self.ready(r)]
-        heap, clocks, pos, blocked, events = self.heap, self.clock, self.pos, self.blocked, self.events
-        pop, push, step = heapq.heappop, heapq.heappush, self.step      # (the loop of every replay: kept lean)
-        while heap:
-            clock, rank = pop(heap)
-            index = pos[rank]
-            if clock != clocks[rank] or blocked[rank] is not None or index >= len(events[rank]):   # not ready
+        while self.heap:
+            clock, rank = heapq.heappop(self.heap)
+            if clock != self.clock[rank] or not self.ready(rank):
                 continue
-            pos[rank] = index + 1
-            step(rank, index, events[rank][index])
-            if blocked[rank] is None and index + 1 < len(events[rank]):                             # ready
-                push(heap, (clocks[rank], rank))
+            index = self.pos[rank]
+            self.pos[rank] += 1
+            self.step(rank, index, self.events[rank][index])
+            if self.ready(rank):
+                heapq.heappush(self.heap, (self.clock[rank], rank))
         if any(b is not None for b in self.blocked):
             raise self.deadlock()
         for spans in self.timelines:
@@ -206,9 +204,7 @@ class _Engine:
         members = key[1:3] if key[0] == "p2p" else key[1]
         if rank not in members:
             raise ValueError(f"rank {rank} issued {event.op} on ranks {event.ranks}, which do not include it")
-        call = self.calls.get((key, number))
-        if call is None:
-            call = self.calls[(key, number)] = _Call(key, number, members)
+        call = self.calls.setdefault((key, number), _Call(key, number, members))
         for other, (_, theirs, _) in call.issued.items():
             same = theirs.op == event.op if key[0] == "group" else {theirs.op, event.op} == {"send", "recv"}
             if not same:

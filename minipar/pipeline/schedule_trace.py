@@ -24,8 +24,7 @@ def consumers(lowered: list) -> dict:
             if isinstance(x, Recv):
                 waiting.append(x.message)
             elif isinstance(x, Action):
-                for msg in waiting:
-                    fed[msg] = x
+                fed.update((msg, x) for msg in waiting)
                 waiting = []
     return fed
 
@@ -49,33 +48,30 @@ def from_lowered(schedule: Schedule, lowered: list, costs, message_bytes: int = 
 def _rank_events(schedule: Schedule, r: int, steps: list, fed: dict, costs, message_bytes: int) -> list:
     """Rank r's events: its receives posted up front, then per action (or F&B pair) the waits for its inputs,
     its compute and its sends."""
-    events, posted, done = [], {}, []                # posted: action -> index of its receive
-    for x in steps:                                  # done: [(action, its sends)] in order
+    events, posted = [], {}                          # posted: action -> index of its receive
+    for x in steps:
         if isinstance(x, Recv):
-            a = fed[x.message]
-            posted[a] = len(events)
-            src = x.message.src
-            events.append(Comm("recv", (r, src) if r <= src else (src, r), message_bytes, True, tag=str(a)))
-        elif isinstance(x, Action):
+            posted[fed[x.message]] = len(events)
+            events.append(Comm("recv", tuple(sorted((r, x.message.src))), message_bytes, True,
+                               tag=str(fed[x.message])))
+    done = []                                        # [(action, its sends)] in order
+    for x in steps:
+        if isinstance(x, Action):
             done.append((x, []))
         elif isinstance(x, Send):
             done[-1][1].append(x.message)
-    seconds, v, overlapped = {}, schedule.v, schedule.overlapped    # (a kind's cost: asked once)
-    i = 0
-    while i < len(done):                             # one action, or an F&B pair
-        block = done[i:i + 2] if (r, i) in overlapped else done[i:i + 1]
-        i += len(block)
+    blocks, i = [], 0                                # one action, or an F&B pair
+    while i < len(done):
+        n = 2 if (r, i) in schedule.overlapped else 1
+        blocks.append(done[i:i + n])
+        i += n
+    for block in blocks:
         for a, _ in block:
             if a in posted:
-                k = posted[a]
-                events.append(Wait(k))
-                events[k].waited_at = len(events) - 1
+                events.append(Wait(posted[a]))
+                events[posted[a]].waited_at = len(events) - 1
         for a, sends in block:
-            if a.kind not in seconds:
-                seconds[a.kind] = costs.of(a.kind, v)
-            events.append(Compute(seconds[a.kind]))
-            for m in sends:
-                if m in fed:                         # (no action left to receive it: not sent)
-                    events.append(Comm("send", (r, m.dst) if r <= m.dst else (m.dst, r), message_bytes, True,
-                                       tag=str(fed[m])))
+            events.append(Compute(costs.of(a.kind, schedule.v)))
+            events += [Comm("send", tuple(sorted((r, m.dst))), message_bytes, True, tag=str(fed[m]))
+                       for m in sends if m in fed]           # (no action left to receive it: not sent)
     return events
