@@ -1,5 +1,6 @@
 # minipar: `make tour` (the main job), `make test` (everything CI runs), `make lab` (the course).
-# Each target sets itself up on a fresh clone: a .venv with torch pinned (override: make TORCH=torch==2.14.1).
+# Each target sets itself up on a fresh clone: a .venv with torch pinned (override: make TORCH=torch==2.14.1),
+# installed without byte-compiling every file; tools/compile_imports.py compiles what is imported (it says why).
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
@@ -11,8 +12,9 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[course,test]"
+	$(PY) -m pip install -q --no-compile "$(TORCH)"
+	$(PY) -m pip install -q --no-compile -e ".[course,test]"
+	$(PY) tools/compile_imports.py
 	touch $(STAMP)
 
 tour: $(STAMP)

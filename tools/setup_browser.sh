@@ -53,6 +53,6 @@ echo "setup_browser: Chinese font: $(fc-list :lang=zh family 2>/dev/null | head 
 echo "setup_browser: chromium at $(find_chromium) ($("$(find_chromium)" --version 2>/dev/null || echo '?'))"
 
 if ! "$PY" -c "import playwright" 2>/dev/null; then
-    "$PY" -m pip install -q "playwright>=1.40"
+    "$PY" -m pip install -q --no-compile "playwright>=1.40"
 fi
 echo "setup_browser: playwright $("$PY" -c 'from importlib.metadata import version; print(version("playwright"))')"
