@@ -124,8 +124,8 @@ def check_pick_layout(fn) -> None:
              f"{cluster.inter_bw / 1e9:g} GB/s instead of {cluster.intra_bw / 1e9:g} GB/s")
     if layout.pp > 1 and layout.zero >= 2:
         fail("ZeRO stage with a pipeline", "0 or 1", layout.zero,
-             "a pipeline accumulates gradients over micro-batches; ZeRO-2/3 reduce-scatter (and gather) "
-             "them for every micro-batch (chapter 08 §5)")
+             "a pipeline accumulates gradients over micro-batches; ZeRO-2/3 reduce-scatter them every "
+             "micro-batch, and ZeRO-3 also re-gathers its parameters (chapter 08 §5)")
     if not e.fits:
         fail("memory per device", f"≤ {cluster.memory_bytes / 1e9:.0f} GB", f"{e.memory['total'] / 1e9:.1f} GB",
              "shard more: ZeRO-1 for the optimizer states, TP or PP for the parameters, recomputation or SP "

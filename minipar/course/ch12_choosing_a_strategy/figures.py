@@ -66,8 +66,8 @@ def draw_decision_guide(ax=None, highlight=()):
                 bbox=dict(boxstyle="round,pad=0.4", fc=face, ec=edge, lw=2 if name in highlight else 1))
     ax.text(0.5, 0.16, "added by this course: \"fits one device?\" under many nodes; always TP inside a node "
                        "(tp ≤ devices per node)", ha="center", fontsize=8, style="italic", color="0.35")
-    ax.text(0.5, 0.12, "and (chapter 08 §5): PP with ZeRO-2/3 resharded every micro-batch "
-                       "costs (m+1)/2× to 3m/2× ZeRO-1's DP bytes", ha="center", fontsize=8, style="italic", color="0.35")
+    ax.text(0.5, 0.12, "and (chapter 08 §5): with PP, ZeRO-2 reduce-scatters gradients every micro-batch and "
+                       "ZeRO-3 also re-gathers parameters: (m+1)/2× to 3m/2× ZeRO-1's DP bytes", ha="center", fontsize=8, style="italic", color="0.35")
     ax.set_xlim(0, 1.02)
     ax.set_ylim(0.08, 1.02)
     ax.axis("off")

@@ -20,7 +20,7 @@ from minipar.course.plotting import show_with_alt
 from . import claims, figures, overlap_table, show
 from .toolbox import calculator_views, hand_layouts, oneflow_layout, sequence
 
-__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "band_by_source", "one_knob",
+__all__ = ["gpt3", "rules", "ACTIVATION_ROWS", "formulas", "in_flight_counts", "cost_model_sums", "planner", "pick_and_fastest", "band_by_source", "one_knob",
            "breakdown", "band_sweep", "efficiency_band", "hand_layouts", "rules_vs_planner", "small_case", "SMALL_GPT", "calculator_views", "sequence", "published", "mt_nlg", "card_row",
            "oneflow_layout", "FAST_INTER_NODE"]
 
@@ -112,24 +112,39 @@ def small_case(batch: int = 512) -> None:
 
 
 def planner(p, advice, cluster, full: bool = False) -> None:
-    """§4: the planner's answer, one row per family (the lesson's few unless ``full``); then the pick against the
-    fastest in the planner's own convention (step ÷ the fastest's, against 1 + the tie band), and the band's
-    derivation: the model ÷ published spread inside each source (the widest, less one, rounded up to a multiple of 5 %)."""
+    """§4: the planner's answer, one row per family (the lesson's few unless ``full``), the layouts that also fit
+    or do not, and DP + TP + PP's row with ZeRO-1 added. The pick against the fastest is :func:`pick_and_fastest`."""
     print(show.plan_table(p, full))
     (dp, twin), line = show.with_zero1(p, cluster)
     print(line)
-    pick, fastest = p.best[0], p.fastest
-    ratio = pick.step_seconds / fastest.step_seconds
-    lay = pick.layout
-    print(f"\non step time the model prefers TP {fastest.layout.tp} {fastest.layout.schedule}; the pick's step is "
-          f"{(ratio - 1) * 100:.2f} % longer, inside the {p.tie * 100:.0f} % band, so memory decides: "
-          f"{pick.memory['total'] / GB:.1f} vs {fastest.memory['total'] / GB:.1f} GB per GPU")
-    print(f"the pick: TP {lay.tp} × PP {lay.pp}, ZeRO-{lay.zero}, {'SP, ' if lay.sp else ''}{lay.recompute} "
-          f"recomputation; schedule: a tie ({lay.schedule.upper()} by memory)")
     claims.check_family_rows_by_one_rule(p, show.plan_rows(p), dp, twin)
-    claims.check_tie_band(p)
-    claims.check_planner_gpt_3_175b_1024(p.best[0])
     claims.check_published_decision_guide_as_rules(advice, p.best[0])
+
+
+def pick_and_fastest(p, cluster) -> None:
+    """§4: the fastest layout, the band it sets, and the pick's degrees under both schedules: 1F1B (the planner's
+    ``best[0]``, by memory) and interleaved, a few % apart, both inside the band: the schedule is a tie."""
+    pick, fastest = p.best[0], p.fastest
+    lay = pick.layout
+    other = mp.estimate(GPT3_175B, cluster, replace(lay, v=2, schedule="interleaved") if lay.v == 1
+                        else replace(lay, v=1, schedule="1f1b"))
+    band = (1 + p.tie) * fastest.step_seconds
+    print(f"fastest: {show.layout_words(fastest.layout)}: {show.estimate_words(fastest)}")
+    print(f"the band: up to {1 + p.tie:.2f} × {fastest.step_seconds:.2f} = {band:.2f} s; inside it, memory decides")
+    print(f"\nTP {lay.tp} · PP {lay.pp} · DP {lay.dp}, ZeRO-{lay.zero}, {'SP, ' if lay.sp else ''}{lay.recompute} "
+          f"recomputation, {lay.micro_batches} micro-batches of {lay.micro_batch}, under each schedule:")
+    print(f"  {'schedule':20}{'GB per GPU':>11}{'s/step':>8}{'vs fastest':>12}")
+    for e in sorted((pick, other), key=lambda e: e.layout.v):
+        name = "1F1B" if e.layout.v == 1 else f"interleaved (v {e.layout.v})"
+        print(f"  {name:20}{e.memory['total'] / GB:11.1f}{e.step_seconds:8.2f}"
+              f"{(e.step_seconds / fastest.step_seconds - 1) * 100:+11.2f}%")
+    gap = abs(1 - other.step_seconds / pick.step_seconds)
+    print(f"\nthe pick: TP {lay.tp} × PP {lay.pp}, ZeRO-{lay.zero}, {'SP, ' if lay.sp else ''}{lay.recompute} "
+          f"recomputation; schedule a tie: 1F1B and interleaved are {gap * 100:.1f} % apart, inside the model's "
+          f"{p.tie * 100:.0f} %; memory breaks the tie ({lay.schedule.upper()}, "
+          f"{pick.memory['total'] / GB:.1f} vs {other.memory['total'] / GB:.1f} GB)")
+    claims.check_tie_band(p, other, gap)
+    claims.check_planner_gpt_3_175b_1024(pick)
 
 
 def band_by_source(p) -> None:

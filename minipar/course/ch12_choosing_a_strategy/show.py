@@ -199,8 +199,7 @@ def with_zero1(p, cluster):
 def plan_table(p, full: bool = False) -> Shown:
     """Section 4: the planner's :class:`~minipar.plan.planner.Plan` as one row per family (its layout by the
     pick's rule, ``Plan.picks``) — fits?, memory,
-    step, against the pick, and what it lost on (the term that cost it most, or memory) — then the pick
-    layout in full and, if it is not the fastest, the fastest in one line. Unless ``full``,
+    step, against the pick, and what it lost on (the term that cost it most, or memory). Unless ``full``,
     only the pick and :data:`SHOWN_FAMILIES` get a row, and one line names the families that do not fit;
     ``full`` also counts the layouts costed. ``print(p)`` prints every family's layout."""
     best = p.best[0]
@@ -219,6 +218,8 @@ def plan_table(p, full: bool = False) -> Shown:
             why = f"inside the {p.tie * 100:.0f} % band, more memory"
         elif why != "the pick":
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
+        elif best.layout.pp > 1:     # the schedule is a tie (chapter 12 §4): the row shows the one memory chose
+            why = f"the pick, shown with {best.layout.schedule.upper()} (a tie)"
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
@@ -228,9 +229,6 @@ def plan_table(p, full: bool = False) -> Shown:
         items = [f"{_degree(fam, e)} {e.step_seconds / best.step_seconds:.2f}" for fam, e in hidden]
         lines += ["  " + ", ".join(items[i:i + 3]) for i in range(0, len(items), 3)]
         lines.append(f"these do not fit: {', '.join(_degree(fam, families[fam]) for fam in misfits)}")
-    lines.append(f"pick: {layout_words(best.layout)}: {estimate_words(best)}")
-    if p.fastest is not best:
-        lines.append(f"fastest: {layout_words(p.fastest.layout)}: {estimate_words(p.fastest)}")
     return Shown("\n".join(lines))
 
 
@@ -271,7 +269,8 @@ def card_views(views: dict) -> Shown:
 
 def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     """Section 4: the pick with each knob changed alone (TP halved with DP doubled, the schedule switched
-    between 1F1B and interleaved, no SP, full recomputation, ZeRO-2 or -3 resharding per micro-batch), each
+    between 1F1B and interleaved, no SP, full recomputation, ZeRO-2 or -3: every micro-batch ZeRO-2 reduce-scatters
+    its gradients, ZeRO-3 also re-gathers its parameters), each
     row's memory, step time against the pick (+ slower, − faster) and the two time terms that moved most."""
     from dataclasses import replace
     lay = best.layout
@@ -280,7 +279,7 @@ def one_knob(best, cluster, global_batch: int = 1536) -> Shown:
     knobs = {f"TP {other.tp} (DP {other.dp})": other,
              ("v = 1 (1F1B)" if lay.v > 1 else "v = 2 (interleaved)"): sched,
              "no SP": replace(lay, sp=False), "full recompute": replace(lay, recompute="full"),
-             "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # resharded per micro-batch
+             "ZeRO-2": replace(lay, zero=2), "ZeRO-3": replace(lay, zero=3)}     # their dp traffic per micro-batch
     lines = [f"{'one knob changed':20}{'GB per GPU':>11}{'s/step':>8}{'vs pick':>9}  "
              f"the two time terms that moved most (s: pick -> changed)",
              f"{'(none: the pick)':20}{best.memory['total'] / GB:11.1f}{best.step_seconds:8.2f}{'':9}"]
