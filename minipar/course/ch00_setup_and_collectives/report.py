@@ -165,8 +165,8 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     miss = {s: max(model[s] / sizes[s], sizes[s] / model[s]) for s in sizes}
     worst = max(sizes, key=miss.get)
     if hasattr(os, "getloadavg"):                          # a loaded machine inflates α: say how loaded it was
-        print(f"this machine's load as the ring ran: {os.getloadavg()[0]:.1f} processes ready to run "
-              f"(1-minute average) on {machine_cores()} cores")
+        print(f"this machine's load average as the ring ran: {os.getloadavg()[0]:.1f} (1 minute) "
+              f"on {machine_cores()} cores")
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB); the model is within {miss[worst]:.1f}× of every size "
           f"(worst at {_size(worst)})")
