@@ -30,7 +30,7 @@ def check_adam_state_bytes_measured(measured, n) -> None:
 
 def check_gpt3_month_holds(flops, at_peak, achieved, with_recompute, one_gpu_years) -> None:
     """Why distributed training: compute: "GPT-3 on 1024 A100s takes about a month" holds (11 days at peak,
-    25 at 140 TFLOP/s, 34 with recomputation)"""
+    34 at Narayanan et al.'s 140 TFLOP/s, which counts recomputation (8·N·D); 25 if all 140 were useful)"""
     assert 3.1e23 < flops < 3.2e23
     assert 10 < at_peak < 13 and 20 < achieved < 30 and 30 < with_recompute < 40
     assert one_gpu_years > 50

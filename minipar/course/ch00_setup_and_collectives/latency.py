@@ -5,7 +5,8 @@ about 2(N−1)·α + 2(N−1)/N·S/β (α: a message's fixed cost, β: bandwidth
 are equal at the crossover S* = N·α·β: below it the steps cost more, above it the bytes. α and β are fitted on 2
 ranks (always within the cores) to a ring all-reduce of 16 B … 16 MiB (:func:`time_ring_sizes`): α on the small
 sizes, β on the large ones (:func:`fit_ring`). On this
-machine α is mostly a process waking up to read a local socket, not a network: :data:`PUBLISHED_LINKS` gives
+machine α is mostly Python's and gloo's per-message overhead (the ring is Python ``isend``/``recv``) plus any wait
+for a core on a loaded machine, not a network: :data:`PUBLISHED_LINKS` gives
 real links' α and β (published figures, not measured here) for the same model at N = 8 … 1024.
 Times at larger N on this machine are measured only up to its cores (:func:`fitted_ranks`): with more ranks than
 cores the processes take turns on the cores, and the time measures that waiting, not the ring's steps.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 
 import matplotlib.pyplot as plt
 import torch
@@ -33,9 +34,12 @@ def show_training_state(state: dict, device_bytes: float = 80e9) -> None:
 def show_gpt3_days(flops: float, days: dict) -> None:
     """6·N·D and the days it takes: {label: days}, with the keys the cell computes."""
     print(f"6·N·D = {flops:.2e} FLOPs")
-    print(f"1024 A100s at peak: {days['at peak']:.1f} days; at 140 TFLOP/s: {days['achieved']:.1f} days; "
-          f"with recomputation (8·N·D): {days['with recomputation']:.1f} days")
-    print(f"one A100 at 140 TFLOP/s: {days['one GPU'] / 365:.0f} years")
+    rows = [("1024 A100s at peak, 312 TFLOP/s (6·N·D)", f"{days['at peak']:.1f} days"),
+            ("1024 A100s at 140 TFLOP/s, with recomputation (8·N·D)", f"{days['with recomputation']:.1f} days"),
+            ("1024 A100s at 140 TFLOP/s, if all were useful (6·N·D)", f"{days['achieved']:.1f} days"),
+            ("one A100 at 140 TFLOP/s, if all were useful (6·N·D)", f"{days['one GPU'] / 365:.0f} years")]
+    for what, value in rows:
+        print(f"{what:<54} {value:>10}")
     claims.check_gpt3_month_holds(flops, days["at peak"], days["achieved"], days["with recomputation"],
                                   days["one GPU"] / 365)
 
@@ -77,6 +81,7 @@ def show_collective(name: str, outcomes: dict) -> None:
     diff = ch00.compare_outputs(got, ch00.expected_outputs(name, 4, 8, "small"))
     draw_collective(name, outcomes[name])
     plt.show()
+    print(f"{name} on 4 ranks equals the same operation on one process: {'yes' if diff == 0 else 'NO'}")
     claims.check_whole_numbers_sums_exact_any_order(diff, name)   # whole numbers: sums are exact in any order
 
 
@@ -159,6 +164,9 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
     model = {s: ring_model_seconds(FIT_RANKS, s, alpha, beta) for s in sizes}
     miss = {s: max(model[s] / sizes[s], sizes[s] / model[s]) for s in sizes}
     worst = max(sizes, key=miss.get)
+    if hasattr(os, "getloadavg"):                          # a loaded machine inflates α: say how loaded it was
+        print(f"this machine's load average as the ring ran: {os.getloadavg()[0]:.1f} (1 minute) "
+              f"on {machine_cores()} cores")
     print(f"fitted on {FIT_RANKS} ranks: α = {alpha * 1e3:.3f} ms per ring step (sizes ≤ {SMALL_BYTES // 1024} KiB), "
           f"β = {beta / 1e9:.2g} GB/s (sizes ≥ 1 MiB); the model is within {miss[worst]:.1f}× of every size "
           f"(worst at {_size(worst)})")
@@ -185,7 +193,7 @@ def show_ring_time(sizes: dict, sweep: dict, payload_bytes: int) -> None:
 def show_published_links() -> None:
     """The ring all-reduce at N = 8 … 1024 priced with published figures (not measured here): α NCCL's hwLat,
     β the link's peak, both in :func:`show_later_links`' table."""
-    print("ring all-reduce, α = NCCL hwLat and β = peak (the table above), flat ring (N single-GPU nodes, every step"
+    print("ring all-reduce, NCCL's α and β = peak (the table above), flat ring (N single-GPU nodes, every step"
           " on this link),\nmodel 2(N-1)·α + 2(N-1)/N·S/β (share of the time in the steps' α)")
     print(f"{'link':34} {'N':>5} {'S = 1 MiB':>19} {'S = 1 GiB':>19} {'S* = N·α·β':>11}")
     rows = published_ring_rows()
@@ -200,8 +208,8 @@ def show_later_links() -> None:
     """The five links later chapters price (assumed α and share of the peak), beside the α NCCL's tuning table
     charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
-    print("NCCL's tuner charges a ring step a latency (hwLat) by link type, not by generation")
-    print(f"{'link':32} {'sourced α (NCCL hwLat)':>24} {'course α':>8} {'β peak':>10} {'share':>6} {'course β':>10}")
+    print("NCCL's α: the latency its tuner charges a ring step (hwLat), one per link type, not per generation")
+    print(f"{'link':32} {'NCCL α':>24} {'course α':>8} {'β peak':>10} {'share':>6} {'course β':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
         kind = nccl_link_type(card.name)
         nccl = f"{NCCL_RING_LATENCY[kind] * 1e6:.1f} µs (any {kind})" if kind in NCCL_RING_LATENCY else "no row"
