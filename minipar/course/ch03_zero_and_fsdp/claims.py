@@ -100,6 +100,17 @@ def check_prefetch_saves_time_paced(m) -> None:
         assert verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) != "tie"
 
 
+def check_paced_verdict_follows_the_run(m, text) -> None:
+    """Prefetch, its time (chapter 03 §5 and the Summary): the paced run's last line says what this run is
+    evidence of: a saving only when the run was timed (not disturbed), and otherwise plainly that it is not
+    evidence, with no saving stated"""
+    body, last = text.rsplit("\n", 1)
+    if disturbed(m["overruns"], m["slots"], m["load"]):
+        assert last.startswith("so this run is not evidence") and "saves" not in body and "saved" not in text, text
+    else:
+        assert last.startswith("so this run is evidence") and "prefetch saved" in last and "not evidence" not in text
+
+
 def check_break_even_below_the_models_tokens(break_even, tokens) -> None:
     """Prefetch: the break-even on a DGX-A100 node is several hundred tokens per GPU, and the GPT-2-sized
     model's 4,096 are above it (so its gathers can hide)"""

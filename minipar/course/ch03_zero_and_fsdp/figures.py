@@ -221,7 +221,7 @@ def draw_memory(runs: dict, world_size: int = 4, ax=None):
             ax.scatter(x, res.memory["peak"] / 1024, marker="D", color="tab:red", zorder=3,
                        label="peak during a step" if x == 0 else None)
             bottom = max(bottom, res.memory["peak"] / 1024)
-        ax.text(x, bottom * 1.02 + 10, f"sent {res.bytes_sent[-1] / 1024:.0f} KiB/step", ha="center", fontsize=8)
+        ax.text(x, bottom * 1.02 + 10, f"ring: {res.bytes_sent[-1] / 1024:.0f} KiB/step", ha="center", fontsize=8)
     ax.set_xticks(range(len(runs)), [zero_memory.STAGE_NAMES[s] for s in runs])
     ax.set_ylabel("bytes per rank (KiB)" if "activations" in res.memory else "model states per rank (KiB)")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)

@@ -136,3 +136,32 @@ def test_paced_line_prints_the_measured_compute():
          "load": 1.0, "slot_s": (0.012, 0.020), "compute_s": (0.006, 0.010), "blocks": 4, "block_bytes": 4.9e6}
     m["matches"] = {n: type("C", (), {"matches": True, "max_abs_diff": 0.0})() for n in m["seconds"]}
     assert "forward takes 6.0 ms, its backward 10.0 ms" in paced.table(m)
+
+
+def test_paced_verdict_says_what_the_run_is_evidence_of_in_both_branches():
+    """§5's paced cell ends with a verdict built from the run (the Summary and §5's prose rely on it, not on a
+    quiet machine): a timed run states its saving; a disturbed one says plainly it is not evidence, states no
+    saving, says what a quiet run prints, and its check still passes (the build does not fail on a busy machine).
+    A verdict that contradicts its run fails the claim."""
+    from types import SimpleNamespace
+    from minipar.course.ch03_zero_and_fsdp import claims, report
+    ok = SimpleNamespace(matches=True, max_abs_diff=0.0)
+    quiet = {"seconds": {"prefetch": [0.20, 0.21, 0.22], "no prefetch": [0.24, 0.25, 0.26]},
+             "matches": {"prefetch": ok, "no prefetch": ok}, "overruns": 0, "slots": 100, "load": 0.5,
+             "slot_s": (0.036, 0.036), "compute_s": (0.0165, 0.0162), "blocks": 4, "block_bytes": 4.9e6}
+    r = report.paced_table(quiet)
+    r.check()
+    assert r.text.splitlines()[-1] == ("so this run is evidence: timed on a quiet enough machine, prefetch saved "
+                                       "40.0 ms of a 250 ms step")
+    assert "waiting for a core" in r.text          # backward ≈ forward here: the line says why (review 03 #6)
+    busy = dict(quiet, load=1e3)                                      # the load guard fired
+    b = report.paced_table(busy)
+    b.check()                                                         # silent: the build goes on
+    last = b.text.splitlines()[-1]
+    assert last.startswith("so this run is not evidence") and "by less than the 288 ms of slots a step" in last
+    assert "saved" not in b.text and "saves" not in b.text.rsplit("\n", 1)[0]
+    assert "waiting for a core" not in report.paced_table(dict(quiet, compute_s=(0.01, 0.02))).text
+    with pytest.raises(AssertionError):                               # a saving stated for a busy run
+        claims.check_paced_verdict_follows_the_run(busy, r.text)
+    with pytest.raises(AssertionError):                               # "not evidence" for a timed run
+        claims.check_paced_verdict_follows_the_run(quiet, b.text)
