@@ -153,8 +153,9 @@ def _check_prefetch(r: Report) -> None:
 
 
 def prefetch(t3: dict, world_size: int = 4) -> Report:
-    """``t3`` = ``timing.measure(world_size)``: per run (prefetch, no prefetch) the traced step replayed
-    GPT-2-sized on a DGX-A100 node (messages × f, FLOPs × f·k, operator bytes × k·w): step, exposed, hidden."""
+    """``t3`` = ``timing.measure_counted(world_size)`` (or ``timing.measure``): per run (prefetch, no prefetch)
+    the traced step's counted operators replayed GPT-2-sized on a DGX-A100 node (messages × f, FLOPs × f·k,
+    operator bytes × k·w): step, exposed, hidden."""
     recipe = timing.STEP_RECIPE
     f = replays.GPT2_SMALL_PARAMS / (t3["param_bytes"] / 4)
     k = replays.SEED_TOKENS_PER_GPU / (recipe["batch_size"] * recipe["seq_len"] // world_size)
@@ -162,7 +163,7 @@ def prefetch(t3: dict, world_size: int = 4) -> Report:
     big = replays.replays(t3, {"dgx": a100_cluster(1)}, compute_factor=f * k, bytes_factor=f, op_bytes_factor=k * w)
     lines = ["model: ZeRO-3 GPT-2-sized on a DGX-A100 node",
              f"{'ZeRO-3':13}| {'step':>8} {'exposed':>10} {'hidden':>7}"]
-    for name in t3["traces"]:
+    for name in t3["counted"]:
         b = big["dgx"][name]
         lines.append(f"{name:13}| {b.step_between('step') * 1e3:>5.2f} ms {replays.exposed_per_step(b) * 1e3:>7.2f} ms "
                      f"{replays.hidden_share(b):>7.0%}")

@@ -30,7 +30,7 @@ from minipar.observe.measure import LINK_SIZES, Links, counted_flops, gather_ste
 from minipar.machine.trace import Compute
 from minipar.observe.tracer import position
 
-__all__ = ["traced_rank", "measure", "measure_memory", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
+__all__ = ["traced_rank", "measure", "measure_counted", "measure_memory", "MemoryWatch", "memory_on_replay", "draw_step_and_memory"]
 
 STEP_RECIPE = dict(batch_size=16, seq_len=32, n_layer=4, n_embd=64)   # 4 blocks: 4 units (+ the root)
 
@@ -132,17 +132,43 @@ def measure_memory(world_size: int = 4) -> dict:
     return {"memory": {name: ranks[0][p] for p, name in ((True, "prefetch"), (False, "no prefetch"))}}
 
 
+COUNTED_STEPS = 2     # step 1 records the unit order; a replay reads step 2, between the last two marks
+
+
+def counted_rank(rank, world_size):
+    """{prefetch: RankSteps}: the program once more, traced with each compute segment's operators counted (what a
+    device card prices), ``COUNTED_STEPS`` steps."""
+    torch.set_num_threads(1)
+    counted = {}
+    for prefetch in (True, False):
+        recipe = gpt_recipe(steps=COUNTED_STEPS, optimizer="sgd", **STEP_RECIPE)
+        with timed_steps(rank, ops=True) as run:
+            zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch)
+        counted[prefetch] = run
+    return counted
+
+
+def _param_bytes() -> int:
+    return sum(p.numel() * p.element_size() for p in gpt_recipe(steps=1, **STEP_RECIPE).model().parameters())
+
+
+def measure_counted(world_size: int = 4) -> dict:
+    """{"counted": {"prefetch" | "no prefetch": Trace with each compute segment's operators}, "param_bytes",
+    "world_size"}: the part of :func:`measure` that a replay on a device card reads (chapter 03b's DGX-A100
+    model, :func:`minipar.course.ch03_zero_and_fsdp.report.prefetch`), one launch, without the timed and watched
+    steps, the FLOP count and the link timings, which only a replay "here" or on a cluster without a card reads."""
+    ranks = launch(counted_rank, world_size, quiet=True, timeout=300)
+    names = {True: "prefetch", False: "no prefetch"}
+    counted = {names[p]: gather_steps([r[p] for r in ranks], {"strategy": f"ZeRO-3, {names[p]}"}).trace
+               for p in names}
+    return {"counted": counted, "param_bytes": _param_bytes(), "world_size": world_size}
+
+
 def traced_rank(rank, world_size, steps):
     """({prefetch: (RankSteps, memory samples)}, the step's FLOPs per rank, gloo's all-reduce times
     (:func:`minipar.observe.measure.time_calls`), the model's parameter bytes)."""
     out = _watched(rank, world_size, steps + 1)
-    counted = {}
-    for prefetch in (True, False):           # the same program once more, its operators counted (a device card)
-        recipe = gpt_recipe(steps=3, optimizer="sgd", **STEP_RECIPE)
-        with timed_steps(rank, ops=True) as run:
-            zero.parallel_train(rank, world_size, run.stamped(recipe), stage=3, prefetch=prefetch)
-        counted[prefetch] = run
-    out["counted"] = counted
+    out["counted"] = counted_rank(rank, world_size)
     recipe = gpt_recipe(steps=1, **STEP_RECIPE)
     x, y = shard_batch(recipe.batches[0], rank, world_size)
     flops = counted_flops(lambda: recipe.loss(recipe.model(), x, y).backward())
@@ -152,8 +178,8 @@ def traced_rank(rank, world_size, steps):
 
 
 def measure(world_size: int = 4, steps: int = 3) -> dict:
-    """{"traces": {"prefetch" | "no prefetch": Trace}, "counted": {…: Trace of 3 more steps with each compute
-    segment's operators, for a replay on a device card}, "measured": {…: s}, "memory": {…: rank 0's
+    """{"traces": {"prefetch" | "no prefetch": Trace}, "counted": {…: Trace of :data:`COUNTED_STEPS` more steps
+    with each compute segment's operators, for a replay on a device card}, "measured": {…: s}, "memory": {…: rank 0's
     MemoryWatch samples of step 2}, "flops_here", "flops_per_step", "steps", "alpha", "beta" (gloo's
     all-reduce here, fitted), "param_bytes" (the model's parameters)} — the shape
     :func:`minipar.course.replays.replays` reads. The first optimizer step (the unit order being recorded, no
