@@ -75,10 +75,21 @@ def check_range_text_below_quotes(slowest, fastest) -> None:
     assert 0.7 < slowest < 0.8 and 3.3 < fastest < 3.5
 
 
-def check_overlap_saves_time_paced(m) -> None:
+def check_overlap_saves_time_paced(m, text: str | None = None) -> None:
     """Overlap: the bucket timeline: paced, a bucket per block is faster than one bucket outside the spread (a
     median outside the other's [min – max]; unless other load took the cores: more than 5 % of the slots ran
-    long, or a load average over twice the cores), and both equal one device"""
+    long, or a load average over twice the cores), and both equal one device. The printed ``text`` opens with
+    the saving when the run counts; otherwise with "no result", says the run is no evidence, what a quiet run
+    shows and where it is modelled (D2), and states no saving and no step time."""
     assert all(c.matches for c in m["matches"].values())
-    if not disturbed(m["overruns"], m["slots"], m["load"]):
+    busy = disturbed(m["overruns"], m["slots"], m["load"])
+    if not busy:
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
+    if text is not None:
+        first = text.splitlines()[0]
+        if busy:
+            assert first.startswith("no result: the machine was busy") and "no evidence" in first
+            assert "on a quiet machine" in text and "D2" in text and " ms a step" not in text      # no saving stated
+            assert text.count("step time not shown") == len(m["seconds"])              # no step time printed
+        else:
+            assert first.startswith("overlap saves ") and "no result" not in text and "no evidence" not in text

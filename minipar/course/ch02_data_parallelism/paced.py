@@ -30,7 +30,7 @@ from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, p
                                            verdict)
 from minipar.recipe import RunResult
 
-__all__ = ["MODEL", "paced_rank", "measure", "table", "step_parts"]
+__all__ = ["MODEL", "paced_rank", "measure", "table", "not_timed", "step_parts"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # about 5 MB of gradients a block
 FORWARD_S, BACKWARD_S = 0.010, 0.020           # the narrowest slots: measured compute widens them (size_slots)
@@ -121,10 +121,11 @@ def table(m: dict, verbose: bool = False) -> str:
     then each configuration's step time, median [min – max], and its buckets (MB each, in launch order), and the
     verdict. ``verbose`` adds how it was measured (the compute floor, the slots, how many ran long, the all-reduce
     alone) and the steps' parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step
-    times and no saving, since they are not compared, and always the measurement line that says why."""
+    times and no saving, since they are not compared: its first lines (:func:`not_timed`) say so and what a quiet
+    run shows, and it always ends with the measurement line and why."""
     f, b = m["slot_s"]
     busy = too_busy(m["overruns"], m["slots"], m["load"])
-    lines = []
+    lines = [] if not busy else not_timed(m)
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
         headline = f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%} of the one-bucket step)"
@@ -140,7 +141,7 @@ def table(m: dict, verbose: bool = False) -> str:
                          "backward; timed alone, the ranks start it together")
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
-        step = "step time not shown (too busy)" if busy else f"step {spread(s)}"
+        step = "step time not shown" if busy else f"step {spread(s)}"
         lines.append(f"  DDP, {name:17} {step}; all-reduces of {sizes} MB; "
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
@@ -161,6 +162,17 @@ def table(m: dict, verbose: bool = False) -> str:
     if not verbose:                                     # the result only; the apparatus on request
         return "\n".join(lines)
     return "\n".join(lines + [measured] + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
+
+
+def not_timed(m: dict) -> list:
+    """The first lines of a run the cores disturbed, in place of the saving: it was not timed, and why; that it
+    is no evidence; what a quiet run shows (a bucket per block the faster step: the claim holds it whenever the
+    run is timed) and where the chapter models the saving (Deeper D2)."""
+    cores = os.cpu_count() or 1                         # as too_busy counts them
+    return [f"no result: the machine was busy (load average {m['load']:.0f} on {cores} cores; {m['overruns']} of "
+            f"{m['slots']} slots ran long), so this run's step times are no evidence of what overlap saves",
+            "  on a quiet machine the step with a bucket per block is the faster one: its buckets travel under the "
+            "backward slots, the one bucket only after them; Deeper D2 models the saving on a GPU node"]
 
 
 def step_parts(m: dict, per_block: float, one: float) -> list:

@@ -17,6 +17,7 @@ from minipar.course.report import Report
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, collective_seconds, nccl_rooted_seconds
+from minipar.observe.paced_compute import BUSY_LOAD_PER_CORE
 from minipar.plan import Transformer, estimate
 from minipar.plan.model import parameters
 from minipar.plan.operators import MEGATRON_2022, head_step, layer_step, ops_seconds, stage_seconds
@@ -36,6 +37,9 @@ def link(card: LinkCard) -> str:
 
 def _check_threads(r: Report) -> None:
     assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
+    if "gain_at_cores" in r.facts:          # the last line names the GIL only on a machine quiet enough (§5's gate)
+        last = r.text.splitlines()[-1]
+        assert ("does not single out the GIL" in last) == r.busy and ("mostly the GIL" in last) != r.busy
 
 
 def _one_against_threads(gil: dict, k: int) -> tuple:
@@ -55,12 +59,16 @@ def _one_against_threads(gil: dict, k: int) -> tuple:
             f"{spread(threads)} — {verdict}"), gain, tie
 
 
-def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None) -> Report:
+def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, load: float | None = None) -> Report:
     """DataParallel's replicas on threads: ``gil`` = ``measure.threads_vs_one_thread(...)`` (the same shards'
     forwards one after another on one thread, and on the threads; seconds per run); ``gil_at_cores``: the same
-    with min(cores, ``world_size``) threads (no more threads than cores: what is left is the GIL and the
-    hand-offs, not oversubscription)."""
+    with min(cores, ``world_size``) threads (no more threads than cores: on a quiet machine what is left is the
+    GIL and the hand-offs, not oversubscription). ``load``: the 1-minute load average (None: this machine's,
+    now); over :data:`~minipar.observe.paced_compute.BUSY_LOAD_PER_CORE` a core (§5's gate), other processes held
+    the cores too, and the last line says that it cannot single out the GIL."""
     cores, lines = len(os.sched_getaffinity(0)), []
+    load = os.getloadavg()[0] if load is None else load
+    busy = load > BUSY_LOAD_PER_CORE * cores
     words, gain, tie = _one_against_threads(gil, world_size)
     lines.append(f"measured here, {words}. With {cores} cores here, a speed-up of at most "
                  f"{min(world_size, cores)}× was possible")
@@ -68,9 +76,15 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None) -> 
     if gil_at_cores is not None:
         k = min(cores, world_size)
         words, facts["gain_at_cores"], facts["tie_at_cores"] = _one_against_threads(gil_at_cores, k)
-        lines.append(f"no more threads than cores ({k} threads, {cores} cores, none waiting for a core), {words}")
+        lines.append(f"no more threads than cores ({k} threads, {cores} cores), {words}")
+        lines.append(f"  load average {load:.0f} on {cores} cores: " + (
+            f"over {BUSY_LOAD_PER_CORE} a core, other processes held the cores too and a thread may have waited "
+            "for one, so on this busy machine the line does not single out the GIL; run the cell again on a quieter "
+            "one" if busy else
+            f"at most {BUSY_LOAD_PER_CORE} a core, little waiting for a core, so what the threads lost is mostly "
+            "the GIL and their hand-offs"))
     return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
-                  world_size=world_size, gain=gain, tie=tie, **facts)
+                  world_size=world_size, gain=gain, tie=tie, busy=busy, load=load, **facts)
 
 
 def show(r: Report) -> None:

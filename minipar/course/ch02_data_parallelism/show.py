@@ -97,8 +97,9 @@ def timeline(per_rank: list) -> None:
 def paced_overlap(m: dict) -> None:
     """§5: the paced run (:func:`.paced.measure`): each configuration's buckets, step times and the saving."""
     from .paced import table
-    print(table(m))
-    claims.check_overlap_saves_time_paced(m)
+    text = table(m)
+    print(text)
+    claims.check_overlap_saves_time_paced(m, text)
 
 
 def sampler(mine: list, length: int, n: int, epoch: int = 5, seed: int = 3) -> None:

@@ -40,10 +40,21 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     with pytest.raises(AssertionError):
         report.dp_threads({"one_thread": [0.01, 0.02], "threads": [0.01]}, 2).check()   # a timing missing
     at_cores = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
-                                 {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]})
+                                 {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=0.5)
     k = len(os.sched_getaffinity(0))          # 64 ranks: never fewer than this machine's cores
     assert f"no more threads than cores ({k} threads, {k} cores" in at_cores.text and not at_cores.tie_at_cores
-    assert "took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in at_cores.text.splitlines()[-1]
+    assert "took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in at_cores.text.splitlines()[-2]
+    at_cores.check()
+    assert at_cores.text.splitlines()[-1] == (f"  load average 0 on {k} cores: at most 2 a core, little waiting for a "
+                                              "core, so what the threads lost is mostly the GIL and their hand-offs")
+    # §5's load gate on D1 too: on a busy machine the last line does not put the loss on the GIL
+    busy = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
+                             {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=8.0 * k)
+    busy.check()
+    assert busy.busy and "does not single out the GIL" in busy.text and "mostly the GIL" not in busy.text
+    busy.text = at_cores.text                 # the quiet words on a busy run: the check refuses them
+    with pytest.raises(AssertionError):
+        busy.check()
 
 
 def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
@@ -81,7 +92,20 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     assert "too busy" in paced.table(dict(tie, overruns=11))
     busy = paced.table(dict(m, overruns=11))
     assert "11 of 100 slots ran long" in busy                            # a disturbed run says why
-    assert "saves" not in busy and "110.0" not in busy                   # a disturbed run: no saving, no step times
+    assert "ms a step" not in busy and "110.0" not in busy                   # a disturbed run: no saving, no step times
+    # both branches' printed verdict, pinned on made-up runs (no quiet machine needed): a quiet run opens with the
+    # saving; a busy one (slots ran long, or the load average over twice the cores) with "no result", says it is no
+    # evidence, what a quiet run shows and that D2 models it
+    claims.check_overlap_saves_time_paced(m, paced.table(m))
+    for disturbed in (dict(m, overruns=11), dict(m, load=100.0)):
+        text = paced.table(disturbed)
+        assert text.startswith("no result: the machine was busy (load average ") and "no evidence" in text
+        assert "on a quiet machine the step with a bucket per block is the faster one" in text and "Deeper D2" in text
+        claims.check_overlap_saves_time_paced(disturbed, text)
+        with pytest.raises(AssertionError):                             # the quiet run's words on a busy run
+            claims.check_overlap_saves_time_paced(disturbed, paced.table(m))
+    with pytest.raises(AssertionError):                                 # the busy run's words on a quiet run
+        claims.check_overlap_saves_time_paced(m, paced.table(dict(m, overruns=11)))
     assert "step 110.0 [100.0 – 120.0] ms" in paced.table(m)
     with pytest.raises(AssertionError):
         claims.check_overlap_saves_time_paced(dict(m, matches={"bucket per block": ok,
