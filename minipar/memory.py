@@ -50,6 +50,29 @@ def measured_model_state_bytes(params, optimizer: torch.optim.Optimizer | None =
             "optimizer": tensor_bytes(opt_tensors)}
 
 
+_LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _tensors(tree) -> list:
+    """The tensors among ``tree``'s leaves, as ``tree_flatten`` finds them: plain tuples and lists of tensors and
+    scalars are read directly (tree_flatten, in Python, cost more than the operator it was asked about: most of
+    a tracked step's overhead), anything else (a dict, a named tuple, another pytree node) goes through it."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if type(tree) in (tuple, list):
+        out = []
+        for x in tree:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif type(x) in (tuple, list):
+                out.extend(_tensors(x))
+            elif not isinstance(x, _LEAVES):
+                break
+        else:
+            return out
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
 class LiveTensorTracker(TorchDispatchMode):
     """Track the bytes of tensors created inside the ``with`` block: ``current``, ``peak`` and a
     ``timeline`` of (event index, live bytes, operator) for plotting."""
@@ -102,16 +125,14 @@ class LiveTensorTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = None
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in _tensors(out):
             st = t.untyped_storage()
             ptr, n = st.data_ptr(), st.nbytes()
             if n == 0 or ptr in self._live:
                 continue
             if inputs is None:      # an output sharing an input's storage (in place, view, out=) is not new
-                inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
-                          if isinstance(a, torch.Tensor)}
+                inputs = {a.untyped_storage().data_ptr()
+                          for a in _tensors(args) + (_tensors(list(kwargs.values())) if kwargs else [])}
             if ptr in inputs:
                 continue
             self._live[ptr] = weakref.finalize(st, self._freed, ptr, n)

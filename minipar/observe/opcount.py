@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from minipar.machine.device import kernel_count, ops_of, rows_of   # the rows as the device model's Ops
+from minipar.memory import _tensors
 
 __all__ = ["OperatorCounter", "kernel_count", "ops_of", "rows_of"]
 
@@ -40,8 +40,7 @@ _ATTENTION = {getattr(aten, n) for n in ("_scaled_dot_product_flash_attention",
 
 
 def _tensor_bytes(tree) -> int:
-    leaves, _ = tree_flatten(tree)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in _tensors(tree))   # tree_flatten's tensors, read faster
 
 
 class OperatorCounter(TorchDispatchMode):
@@ -62,7 +61,7 @@ class OperatorCounter(TorchDispatchMode):
         if func.namespace != "aten" or packet in _NO_KERNEL or func.is_view:
             return out
         flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
-        moved = _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        moved = _tensor_bytes(args) + _tensor_bytes(list(kwargs.values())) + _tensor_bytes(out)
         kind = "gemm" if packet in _GEMMS else "attention" if packet in _ATTENTION else "memory"
         key = (f"aten.{packet.__name__}", kind, int(flops), int(moved))
         self._rows[key] = self._rows.get(key, 0) + 1

@@ -11,13 +11,13 @@ from minipar.check import compare, train_reference
 from minipar.course.hybrid_runs import measure_layout, recipe
 from minipar.data.zero import ZeRO
 from minipar.data.zero_memory import model_state_bytes_formula
-from minipar.hybrid.parallel3d import Trainer3D
+from minipar.hybrid.parallel3d import DEFAULTS, Trainer3D, validate
 from minipar.hybrid.runner import parallel_train, run
 from minipar.launcher import launch
 from minipar.layout import Layout
 from minipar.pipeline.runtime import PipelineRank
 
-__all__ = ["recipe", "LAYOUTS", "BAD_LAYOUTS", "measure_layout", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline",
+__all__ = ["recipe", "LAYOUTS", "BAD_LAYOUTS", "measure_layout", "zero_in_pipeline", "zero_once_per_step", "zero_with_pipeline", "layout_runs",
            "layout_memory_formula"]
 
 LAYOUTS = {
@@ -140,41 +140,71 @@ def _per_microbatch(t, recipe, zero: int) -> dict:
     return {"bytes": log.bytes_sent, "calls": log.count(), "by_op": log.by_op()}
 
 
-def _zero_both_ranks(rank, world_size, recipe, layout):
-    """One launch for §5: ZeRO-1/2/3 once per step over the recipe's steps (peak measured on rank 0, the rank
+def _zero1_dp_calls(log, steps: int) -> dict:
+    """ZeRO-1's reduce-scatters and all-gathers over dp per step, from its run's communication ``log``."""
+    dp_calls = comm.CommLog()
+    dp_calls.records = [r for r in log.records if r.op in ("reduce_scatter", "all_gather") and r.dims == ("dp",)]
+    return {"bytes": dp_calls.bytes_sent // steps, "calls": dp_calls.count() // steps,
+            "by_op": {op: (n // steps, b // steps) for op, (n, b) in dp_calls.by_op().items()}}
+
+
+def _zero_both_ranks(rank, world_size, recipe, layout, zeros=(1, 2, 3)):
+    """One launch for §5: ZeRO-``zeros`` once per step over the recipe's steps (peak measured on rank 0, the rank
     the chapter reports; ZeRO-1's calls over dp also kept per op, its first step being what it pays per
     step), then ZeRO-2 and ZeRO-3 run per micro-batch for one step, each in a plain trainer of its own."""
     once, per_mb = {}, {}
-    for z in (1, 2, 3):
+    for z in zeros:
         with comm.recording() as log:
             once[z] = parallel_train(rank, world_size, recipe, layout=Layout(**layout, zero=z), track_memory=rank == 0)
         if z == 1:                                  # ZeRO-1's reduce-scatter and all-gather over dp, per step
-            dp_calls = comm.CommLog()
-            dp_calls.records = [r for r in log.records if r.op in ("reduce_scatter", "all_gather") and r.dims == ("dp",)]
-            steps = len(recipe.batches)
-            per_mb[1] = {"bytes": dp_calls.bytes_sent // steps, "calls": dp_calls.count() // steps,
-                         "by_op": {op: (n // steps, b // steps) for op, (n, b) in dp_calls.by_op().items()}}
+            per_mb[1] = _zero1_dp_calls(log, len(recipe.batches))
     for z in (2, 3):
         per_mb[z] = _per_microbatch(Trainer3D(rank, world_size, recipe, **layout), recipe, z)
     return per_mb, once
 
 
-def zero_with_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 2) -> dict:
+def _layouts_on_rank(rank, world_size, recipe, layouts: dict):
+    """§4's layouts ({name: Layout}) one after another in one launch, each tracked as
+    :func:`minipar.hybrid.runner.run` tracks it; a ZeRO-1 layout also returns its calls over dp per step
+    (:func:`_zero1_dp_calls`), so that §5 reads that same run instead of training it again."""
+    out = {}
+    for name, layout in layouts.items():
+        with comm.recording() as log:
+            run_ = parallel_train(rank, world_size, recipe, layout=layout, track_memory=True)
+        out[name] = (run_, _zero1_dp_calls(log, len(recipe.batches)) if layout.zero == 1 else None)
+    return out
+
+
+def layout_runs(recipe, names, world_size: int = 8, m: int = 4) -> dict:
+    """{name: (per-rank HybridRuns, rank 0's ZeRO-1 calls over dp per step or None)} of the layouts ``names``
+    (:data:`LAYOUTS`), 2 steps each in one launch of ``world_size`` ranks (each validated first)."""
+    layouts = {name: Layout.of(None, DEFAULTS, micro_batches=m, **LAYOUTS[name]) for name in names}
+    for layout in layouts.values():
+        validate(recipe, world_size=world_size, layout=layout)
+    per_rank = launch(_layouts_on_rank, world_size, recipe, layouts, quiet=True, timeout=120.0)
+    return {name: ([r[name][0] for r in per_rank], per_rank[0][name][1]) for name in names}
+
+
+def zero_with_pipeline(m: int = 4, dp: int = 2, pp: int = 2, tp: int = 2, steps: int = 2, zero1=None) -> dict:
     """§5 in one launch of dp·pp·tp ranks: {"per_microbatch": {1, 2, 3: {"bytes", "calls", "by_op"}} over the dp
     group in one step (ZeRO-1 as the trainer runs it; ZeRO-2/3 reduced, and ZeRO-3 gathered, per micro-batch),
     "once": {1, 2, 3: {"matches", "calls", "bytes", "between", "peak"}} as :func:`zero_once_per_step`} (rank 0's
-    view; each once-per-step run compared with one device)."""
+    view; each once-per-step run compared with one device). ``zero1``: ZeRO-1's run on this layout from
+    :func:`layout_runs` (§4's ``2x2x2+zero1``, the same run), which is then not trained again."""
     r = recipe(steps)
     layout = dict(dp=dp, pp=pp, tp=tp, micro_batches=m)
-    out = launch(_zero_both_ranks, dp * pp * tp, r, layout, quiet=True, timeout=120.0)
+    zeros = (1, 2, 3) if zero1 is None else (2, 3)
+    out = launch(_zero_both_ranks, dp * pp * tp, r, layout, zeros, quiet=True, timeout=120.0)
     reference = train_reference(r)
-    once = {}
+    once, per_mb = {}, dict(out[0][0])
+    if zero1 is not None:
+        zero1_runs, per_mb[1] = zero1
     for z in (1, 2, 3):
-        runs = [o[1][z] for o in out]
+        runs = zero1_runs if z not in zeros else [o[1][z] for o in out]
         once[z] = {"matches": compare(reference, runs, dtype=torch.float64).matches,
                    "calls": runs[0].calls_by_kind["dp"], "bytes": runs[0].bytes_by_kind["dp"],
                    "between": runs[0].model_state_bytes, "peak": runs[0].peak_bytes}
-    return {"per_microbatch": dict(sorted(out[0][0].items())), "once": once}
+    return {"per_microbatch": dict(sorted(per_mb.items())), "once": once}
 
 
 def one_t_as_chapter_12_prices_it():

@@ -183,17 +183,15 @@ def _sent_per_layout(recipe, layouts: dict) -> dict:
     return sent
 
 
-def show_memory(recipe, runs_2x2x2: list, psi: float = 1e9) -> dict:
+def show_memory(recipe, runs_2x2x2: list, more: dict, psi: float = 1e9) -> dict:
     """§4: first one line of the model-state formula for a ``psi``-parameter model in mixed-precision Adam in
-    four layouts; then the same layouts on 8 ranks (§3's run is the 2×2×2 row; three more launches), per rank:
+    four layouts; then the same layouts on 8 ranks (§3's run is the 2×2×2 row; ``more``: the other three from
+    :func:`.measure.layout_runs`, one launch), per rank:
     peak and model states measured (ranked as the formula ranks them, checked), and the bytes each kind sent per
     step (communication log = formula, checked; max over the ranks); a bar chart; the claims on both. Returns
     {layout: (peak, model states)}."""
     import matplotlib.pyplot as plt
-    from minipar.hybrid.runner import run
-    layouts = {"2x2x2": runs_2x2x2}
-    for name in ("4x2x1", "1x2x4", "2x2x2+zero1"):
-        layouts[name] = run(recipe, world_size=8, micro_batches=4, track_memory=True, **measure.LAYOUTS[name])
+    layouts = {"2x2x2": runs_2x2x2, **{name: more[name][0] for name in ("4x2x1", "1x2x4", "2x2x2+zero1")}}
     memory = {name: (max(r.peak_bytes for r in rs), max(r.model_state_bytes for r in rs)) for name, rs in layouts.items()}
     sent = _sent_per_layout(recipe, layouts)
     formula = {name: measure.layout_memory_formula(psi, dp=lay["dp"], pp=lay["pp"], tp=lay["tp"], zero=lay.get("zero", 0))
