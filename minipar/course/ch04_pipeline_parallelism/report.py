@@ -102,13 +102,13 @@ def show_unpaced(shown: dict, p: int, traced=None) -> dict:
     return unpaced
 
 
-def show_paced(paced: dict, p: int, guess=None):
+def show_paced(paced: dict, p: int):
     """The paced runs drawn and tabled beside the formula, then :func:`report_paced`'s verdict; returns the table
-    (PacedIdle)."""
+    (PacedIdle), whose ``disturbed`` list is empty only when the run is evidence."""
     draw_measured(paced, p)
     plt.show()
     idle = paced_idle(paced, p)
-    report_paced(idle, p, m=next(iter(paced))[1], guess=guess)
+    report_paced(idle)
     return idle
 
 
@@ -137,19 +137,13 @@ def paced_verdict(idle) -> str:
     return out + ": the bubbles of §2, §3 and §5 hold on real ranks."
 
 
-def report_paced(idle, p: int, m: int, guess=None) -> None:
-    """The paced table, its verdict (:func:`paced_verdict`) and, only when the run is evidence, the reveal of the
-    1F1B prediction beside the formula."""
-    from minipar.pipeline import bubble_formula
-    from minipar.course.predict import reveal
+def report_paced(idle) -> None:
+    """The paced table and its verdict (:func:`paced_verdict`), held to the chapter's claims."""
     print(idle)
     claims.check_schedules_bubble_within_5_points(idle)   # the schedule's bubble, within 5 points (undisturbed runs)
     text = paced_verdict(idle)
     claims.check_paced_verdict_follows_the_guard(idle, text)
     print(text)
-    if not idle.disturbed:
-        reveal(guess, idle.rows["1f1b"][1], what=f"1F1B p={p}, m={m}, paced: idle fraction", source="measured",
-               formula=bubble_formula("1f1b", p, m))
 
 
 def show_naive(schedule, p: int) -> None:

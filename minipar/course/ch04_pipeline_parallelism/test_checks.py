@@ -95,27 +95,29 @@ def test_a_busy_machine_compares_no_paced_schedule():
 
 def test_the_paced_verdict_follows_the_load_check(capsys):
     """Both branches of §6's verdict on made-up tables, no quiet machine needed: a loaded run (load average 50 on
-    2 cores, most slots overrun, 1F1B below its own bubble) prints that it is not evidence and reveals nothing; a
-    quiet one within 5 points prints each schedule's distance from its simulation and reveals the guess."""
+    2 cores, most slots overrun, 1F1B below its own bubble) prints that it is not evidence, and its disturbed list,
+    on which the notebook skips the reveal, is full; a quiet one within 5 points prints each schedule's distance
+    from its simulation."""
     from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle
     from minipar.course.ch04_pipeline_parallelism.report import report_paced
     busy = PacedIdle({"gpipe": (0.273, 0.160, 63, 64), "1f1b": (0.273, 0.104, 58, 64),
                       "interleaved": (0.158, 0.434, 124, 128)}, 0.02, load=50.0, cores=2)
-    report_paced(busy, 4, 8, guess=0.27)
+    report_paced(busy)
     out = capsys.readouterr().out
+    assert busy.disturbed == ["gpipe", "1f1b", "interleaved"]           # the notebook reveals only when this is empty
     assert "This run is not evidence: other load took the cores (every schedule;" in out
-    assert "not revealed" in out and "idle fraction:" not in out and "within" not in out
+    assert "not revealed" in out and "within" not in out
     quiet = PacedIdle({"gpipe": (0.273, 0.291, 0, 64), "1f1b": (0.273, 0.285, 0, 64),
                        "interleaved": (0.158, 0.170, 1, 128)}, 0.02, load=1.0, cores=2)
-    report_paced(quiet, 4, 8, guess=0.27)
+    report_paced(quiet)
     out = capsys.readouterr().out
+    assert quiet.disturbed == []
     assert "every schedule idles within 1.8 points of its simulation (GPipe +1.8, 1F1B +1.2, interleaved +1.2 points)" in out
     assert "GPipe and 1F1B lie 0.6 points apart; interleaving idles least" in out and "not evidence" not in out
-    assert "1F1B p=4, m=8, paced: idle fraction: measured 0.285" in out
     one = PacedIdle({"gpipe": (0.273, 0.291, 0, 64), "1f1b": (0.273, 0.30, 9, 64)}, 0.02, load=1.0, cores=2)
-    report_paced(one, 4, 8)                                     # one schedule disturbed: still no evidence
+    report_paced(one)                                           # one schedule disturbed: still no evidence
     out = capsys.readouterr().out
-    assert "not evidence: other load took the cores (1F1B;" in out and "idle fraction:" not in out
+    assert one.disturbed == ["1f1b"] and "not evidence: other load took the cores (1F1B;" in out
 
 
 def test_the_ladders_last_line_follows_the_sign_of_measured_minus_replay():
