@@ -135,6 +135,15 @@ def check_schedules_bubble_within_5_points(idle_paced) -> None:
     assert idle_paced.agrees(within=0.05), idle_paced
 
 
+def check_paced_verdict_follows_the_guard(idle_paced, text) -> None:
+    """Paced: the verdict under the table follows the load check: a disturbed run is called no evidence (its
+    prediction not revealed); an undisturbed one is compared, every schedule within 5 points"""
+    if idle_paced.disturbed:
+        assert text.startswith("This run is not evidence") and "not revealed" in text, text
+    else:
+        assert "not evidence" not in text and idle_paced.agrees(within=0.05), text
+
+
 def check_m_p_error_shown_not_raised(schedule_or_error) -> None:
     """Try it: p, m, v and the schedule: m < p: the error is shown, not raised"""
     assert abs(schedule_or_error("interleaved", 4, 8, 2).bubble_fraction - 3 / 19) < 1e-12

@@ -91,3 +91,43 @@ def test_a_busy_machine_compares_no_paced_schedule():
     assert lines[3] == "slots that ran long: 1 of 128"            # counted even when none ran long
     overran = PacedIdle(dict(rows, gpipe=(0.273, 0.35, 4, 64)), 0.02, load=1.5, cores=2)   # 6 %: not 10 %
     assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)
+
+
+def test_the_paced_verdict_follows_the_load_check(capsys):
+    """Both branches of §6's verdict on made-up tables, no quiet machine needed: a loaded run (load average 50 on
+    2 cores, most slots overrun, 1F1B below its own bubble) prints that it is not evidence, and its disturbed list,
+    on which the notebook skips the reveal, is full; a quiet one within 5 points prints each schedule's distance
+    from its simulation."""
+    from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle
+    from minipar.course.ch04_pipeline_parallelism.report import report_paced
+    busy = PacedIdle({"gpipe": (0.273, 0.160, 63, 64), "1f1b": (0.273, 0.104, 58, 64),
+                      "interleaved": (0.158, 0.434, 124, 128)}, 0.02, load=50.0, cores=2)
+    report_paced(busy)
+    out = capsys.readouterr().out
+    assert busy.disturbed == ["gpipe", "1f1b", "interleaved"]           # the notebook reveals only when this is empty
+    assert "This run is not evidence: other load took the cores (every schedule;" in out
+    assert "not revealed" in out and "within" not in out
+    quiet = PacedIdle({"gpipe": (0.273, 0.291, 0, 64), "1f1b": (0.273, 0.285, 0, 64),
+                       "interleaved": (0.158, 0.170, 1, 128)}, 0.02, load=1.0, cores=2)
+    report_paced(quiet)
+    out = capsys.readouterr().out
+    assert quiet.disturbed == []
+    assert "every schedule idles within 1.8 points of its simulation (GPipe +1.8, 1F1B +1.2, interleaved +1.2 points)" in out
+    assert "GPipe and 1F1B lie 0.6 points apart; interleaving idles least" in out and "not evidence" not in out
+    one = PacedIdle({"gpipe": (0.273, 0.291, 0, 64), "1f1b": (0.273, 0.30, 9, 64)}, 0.02, load=1.0, cores=2)
+    report_paced(one)                                           # one schedule disturbed: still no evidence
+    out = capsys.readouterr().out
+    assert one.disturbed == ["1f1b"] and "not evidence: other load took the cores (1F1B;" in out
+
+
+def test_the_ladders_last_line_follows_the_sign_of_measured_minus_replay():
+    """Deeper A: wake-up delay is offered only where the measured run idles more than the replay with shared cores."""
+    from minipar.course.ch04_pipeline_parallelism.report import ladder_reading
+    idle = dict(formula=0.27, stages=0.34, p2p=0.36, cores=0.62, dgx_a100=0.34)
+    below = ladder_reading({**idle, "measured": 0.55}, cores=2)          # the published page's run
+    above = ladder_reading({**idle, "measured": 0.70}, cores=2)
+    level = ladder_reading({**idle, "measured": 0.618}, cores=2)
+    assert "7 points less than the last replay" in below and "counts some waiting twice" in below
+    assert "wake-up" not in below
+    assert "8 points more than the last replay" in above and "wake-up delay" in above and "one of the 2 cores" in above
+    assert "to the point" in level
