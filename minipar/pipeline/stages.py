@@ -121,13 +121,14 @@ def stage_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def boundary_shapes(stages: list, example: torch.Tensor) -> list:
     """[(shape, dtype)] of the tensor entering each stage for a micro-batch like ``example`` (entry 0 is the
-    input itself). Computed by running the stages once on ``example`` without autograd, torch's global
-    generator restored afterwards (a dropout's draw leaves no trace): no communication, nothing kept. (The meta
+    input itself). Computed by running the stages once on ``example`` without autograd, torch's
+    generators restored afterwards (a dropout's draw leaves no trace): no communication, nothing kept. (The meta
     device gives the same shapes without computing, but its Python shape functions cost some 15 times a tiny
     stage's real forward here, on every rank of every run.)"""
     x = example
     shapes = [(tuple(example.shape), example.dtype)]
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    gpu = [example.device] if example.device.type == "cuda" else []      # its generator restored too
+    with torch.no_grad(), torch.random.fork_rng(devices=gpu):
         for stage in stages[:-1]:
             x = stage(x)
             shapes.append((tuple(x.shape), x.dtype))
