@@ -208,7 +208,7 @@ def show_later_links() -> None:
     """The five links later chapters price (assumed α and share of the peak), beside the α NCCL's tuning table
     charges a ring step: NCCL indexes it by link type (NVLink, PCI, network), not by generation."""
     later = {"NVLink 4": NVLINK4, "InfiniBand NDR": IB_NDR}
-    print("NCCL's α: the latency its tuner charges a ring step (hwLat), one per link type, not per generation")
+    print("NCCL's α: the latency its tuner charges a ring step (hwLat), by link type, not by generation")
     print(f"{'link':32} {'NCCL α':>24} {'course α':>8} {'β peak':>10} {'share':>6} {'course β':>10}")
     for card in (NVLINK3, NVLINK4, PCIE3, IB_HDR, IB_NDR):
         kind = nccl_link_type(card.name)
