@@ -1,7 +1,7 @@
 """What every torchrun worker runs in chapter 00: the all-reduce of section 3, started by torchrun instead of
 by ``minipar.launch``.
 
-    torchrun --standalone --nproc_per_node=4 minipar/course/ch00_setup_and_collectives/torchrun_job.py OUT_DIR
+    torchrun --standalone --nproc_per_node=2 minipar/course/ch00_setup_and_collectives/torchrun_job.py OUT_DIR
 
 torchrun starts the processes and tells each one who it is through environment variables (that is its whole
 interface with the worker). The worker reads ``RANK`` and ``WORLD_SIZE`` from there, joins the group with

@@ -5,7 +5,7 @@ both call it). Here it runs in a process forked from this kernel, which has impo
 ``python -m torch.distributed.run`` would spend seconds of CPU importing torch before starting anything. The
 workers are torchrun's own: it starts each with this kernel's Python (``sys.executable``), as a terminal's
 torchrun does. ``--standalone`` runs the rendezvous on this machine on a free port; ``OMP_NUM_THREADS=1``
-keeps four workers from each starting a thread per core. A worker that fails, or a run that takes longer than
+keeps the workers from each starting a thread per core. A worker that fails, or a run that takes longer than
 ``timeout`` seconds, raises a RuntimeError with the end of torchrun's output; on a timeout the whole process
 group this function started (torchrun and its workers) is killed, so no worker is left behind.
 """
