@@ -4,6 +4,8 @@ Each function takes what one cell computed, raises AssertionError naming the cla
 and prints nothing when all hold."""
 from __future__ import annotations
 
+import statistics
+
 import torch.utils.data as tud
 
 from minipar import comm
@@ -53,9 +55,11 @@ def check_global_batch_gradient_accumulation(checks, formula, out) -> None:
     assert all(c.matches for c in checks) and all(per_rank[0][1] == formula for per_rank in out.values())
 
 
-def check_pitfall_no_sync_used_wrongly(seen) -> None:
-    """The pitfall: `no_sync` used wrongly"""
+def check_pitfall_no_sync_used_wrongly(seen, falls=None) -> None:
+    """The pitfall: `no_sync` used wrongly: the replicas drift and differ from one device, yet the mean loss
+    falls in both runs (``falls``: {wrong: last step's mean loss below the first's})"""
     assert seen == {False: (True, True), True: (False, False)}
+    assert falls is None or all(falls.values())
 
 
 def check_unused_parameters(errors, c) -> None:
@@ -93,3 +97,6 @@ def check_overlap_saves_time_paced(m, text: str | None = None) -> None:
             assert text.count("step time not shown") == len(m["seconds"])              # no step time printed
         else:
             assert first.startswith("overlap saves ") and "no result" not in text and "no evidence" not in text
+    if not busy and "exposed_s" in m:                   # the wait after the last gradient: the buckets hid part of it
+        waits = [statistics.median(s) for s in (m["exposed_s"]["bucket per block"], m["exposed_s"]["one bucket"])]
+        assert waits[0] < waits[1]

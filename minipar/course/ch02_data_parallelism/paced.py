@@ -24,6 +24,7 @@ import torch.distributed as dist
 from minipar import comm
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import ddp
+from minipar.data.ddp_measure import watch_buckets
 from minipar.launcher import launch
 from minipar.loop import shard_batch
 from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, pace, size_slots, spread, too_busy,
@@ -42,7 +43,8 @@ VERDICTS = {"apart": "ranges apart: every step with bucket per block faster than
 
 
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
-    """{"seconds": {config: [s per round]}, "allreduce_s": [s of the one bucket's all-reduce alone, 3 times],
+    """{"seconds": {config: [s per round]}, "exposed_s": {config: [s from the last gradient to the last bucket's
+    completion, each timed step, the longest over the ranks]}, "allreduce_s": [s of the one bucket's all-reduce alone, 3 times],
     "results": {config: RunResult}, "buckets": {config: [bytes of each
     bucket, in launch order]},
     "overruns": slots that ran long, "slots": slots held}: the first batch untimed, then one round per later batch."""
@@ -56,12 +58,18 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
         pacers.append(pace(model.blocks, forward_s, backward_s))
         state[name] = (model, wrapped, recipe.optimizer(model.parameters()), [])
 
+    events = {name: watch_buckets(state[name][1]) for name in configs}   # gradients ready, buckets launched, done
+    exposed = {name: [] for name in configs}
+
     def step(name):
         model, wrapped, opt, losses = state[name]
         x, y = shard_batch(recipe.batches[len(losses)], rank, world_size)
+        first = len(events[name])
         opt.zero_grad(set_to_none=True)
         loss = recipe.loss(wrapped, x, y)
         loss.backward()
+        seen = events[name][first:]                         # this step's: last gradient -> last bucket done
+        exposed[name].append(max(e[3] for e in seen if e[0] == "comm") - max(e[2] for e in seen if e[0] == "grad"))
         opt.step()
         losses.append(loss.item())
     for name in configs:
@@ -72,18 +80,26 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
         step(name)                                          # untimed: the compute measured, the ranks together
     slot_s = size_slots(pacers, (forward_s, backward_s), ceiling=CEILING_S)   # sized from it; never under the floor
     rounds, first_try = (recipe.steps - 2) // 2, None
+    for timed in exposed.values():
+        timed.clear()                                       # only the timed steps count
     seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, rounds)
     counts = torch.tensor([sum(p.overruns for p in pacers), sum(p.held for p in pacers)], dtype=torch.float64)
     comm.all_reduce(counts)                                 # every rank takes the same decision
     if counts[0] > DISTURBED_SHARE * counts[1]:             # too many ran long: widen from what they took, once more
         first_try = {"overruns": int(counts[0]), "slots": int(counts[1]), "slot_s": slot_s}
         slot_s = size_slots(pacers, slot_s, ceiling=CEILING_S)
+        for timed in exposed.values():
+            timed.clear()
         seconds = alternating_steps({n: (lambda n=n: step(n)) for n in configs}, rounds)
+    for name, timed in exposed.items():                    # each step's longest over the ranks
+        worst = torch.tensor(timed, dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        exposed[name] = worst.tolist()
     alone = state["one bucket"][1].reducer.buckets[0].buffer.clone()   # what one bucket has to hide, no compute
     allreduce_s = alternating_steps({"all-reduce": lambda: comm.all_reduce(alone)}, 3)["all-reduce"]
     results = {n: RunResult(_mean_over_ranks(losses), {k: p.detach().clone() for k, p in m.named_parameters()})
                for n, (m, _, _, losses) in state.items()}
-    return {"seconds": seconds, "allreduce_s": allreduce_s, "results": results, "overruns": sum(p.overruns for p in pacers),
+    return {"seconds": seconds, "exposed_s": exposed, "allreduce_s": allreduce_s, "results": results, "overruns": sum(p.overruns for p in pacers),
             "slots": sum(p.held for p in pacers), "slot_s": slot_s, "first_try": first_try,
             "buckets": {n: [b.buffer.numel() * b.buffer.element_size() for b in w.reducer.buckets]
                         for n, (_, w, *_) in state.items()}}
@@ -98,7 +114,7 @@ def _mean_over_ranks(losses: list) -> list:
 
 def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
-    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
+    """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "exposed_s": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
     "grad_bytes", "load" (1-minute load average when the runs ended)}."""
     recipe = gpt_recipe(steps=2 + 2 * rounds, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
@@ -107,7 +123,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     reference = train_reference(dataclasses.replace(recipe, batches=recipe.batches[:taken]))
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
-    return {"seconds": ranks[0]["seconds"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
+    return {"seconds": ranks[0]["seconds"], "exposed_s": ranks[0]["exposed_s"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
             "load": os.getloadavg()[0],
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
             "slot_s": ranks[0]["slot_s"], "floor_s": (forward_s, backward_s), "first_try": ranks[0]["first_try"],
@@ -116,11 +132,11 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
 
 
 def table(m: dict, verbose: bool = False) -> str:
-    """The printed lines, the result first: the saving and its share of the one bucket's all-reduce timed alone
-    (above 100 % when the one-bucket step lost more: there the all-reduce also waits for the slowest rank);
+    """The printed lines, the result first: the saving; then how long each step still waited for its all-reduces
+    after its last gradient (timed inside the steps, median) and what share of the saving their difference is;
     then each configuration's step time, median [min – max], and its buckets (MB each, in launch order), and the
     verdict. ``verbose`` adds how it was measured (the compute floor, the slots, how many ran long, the all-reduce
-    alone) and the steps' parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step
+    alone, as a scale) and the steps' parts (:func:`step_parts`). A run the cores disturbed (:func:`too_busy`) shows no step
     times and no saving, since they are not compared: its first lines (:func:`not_timed`) say so and what a quiet
     run shows, and it always ends with the measurement line and why."""
     f, b = m["slot_s"]
@@ -128,17 +144,14 @@ def table(m: dict, verbose: bool = False) -> str:
     lines = [] if not busy else not_timed(m)
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
-        headline = f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%} of the one-bucket step)"
-        if "allreduce_s" in m:
-            alone = statistics.median(m["allreduce_s"])
-            share = (one - per_block) / alone
-            part = f"{share:.0%} of" if share <= 1 else "about the whole of" if share <= 1.1 else "more than"
-            headline += f", {part} the one bucket's all-reduce timed alone ({alone * 1e3:.1f} ms" + (
-                f"; {share:.0%}, see the next line)" if share > 1 else ")")
-        lines.append(headline)
-        if "allreduce_s" in m and share > 1:    # the one-bucket step lost more than its all-reduce alone: say why
-            lines.append("  above 100 %: in the one-bucket step that all-reduce also waits for the slowest rank's "
-                         "backward; timed alone, the ranks start it together")
+        lines.append(f"overlap saves {(one - per_block) * 1e3:.1f} ms a step ({1 - per_block / one:.0%} of the "
+                     "one-bucket step)")
+        if "exposed_s" in m:                            # the all-reduce's wait after the last gradient, in the steps
+            wait_block, wait_one = (statistics.median(s) for s in m["exposed_s"].values())
+            lines.append(f"  after the last gradient, each step still waited for its all-reduces: one bucket "
+                         f"{wait_one * 1e3:.1f} ms, bucket per block {wait_block * 1e3:.1f} ms; the difference, "
+                         f"{(wait_one - wait_block) * 1e3:.1f} ms, is {(wait_one - wait_block) / (one - per_block):.0%} "
+                         "of the saving")
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
         step = "step time not shown" if busy else f"step {spread(s)}"
@@ -147,8 +160,8 @@ def table(m: dict, verbose: bool = False) -> str:
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     if not busy:
         lines.append("  " + VERDICTS[verdict(*m["seconds"].values())])
-    alone_text = (f"; the one bucket's all-reduce alone, no compute: {spread(m['allreduce_s'])}"
-                  if "allreduce_s" in m else "")
+    alone_text = (f"; the one bucket's all-reduce alone, no compute and the ranks started together: "
+                  f"{spread(m['allreduce_s'])}" if "allreduce_s" in m else "")
     retried = m.get("first_try")
     retry_text = (f"; a first try ran long in {retried['overruns']} of {retried['slots']} slots (forward "
                   f"{retried['slot_s'][0] * 1e3:.0f} ms, backward {retried['slot_s'][1] * 1e3:.0f} ms), so the slots "
@@ -161,7 +174,7 @@ def table(m: dict, verbose: bool = False) -> str:
         return "\n".join(lines + [measured, "  " + busy])
     if not verbose:                                     # the result only; the apparatus on request
         return "\n".join(lines)
-    return "\n".join(lines + [measured] + (step_parts(m, per_block, one) if "allreduce_s" in m else []))
+    return "\n".join(lines + [measured] + (step_parts(m) if "exposed_s" in m else []))
 
 
 def not_timed(m: dict) -> list:
@@ -175,18 +188,16 @@ def not_timed(m: dict) -> list:
             "backward slots, the one bucket only after them; Deeper D2 models the saving on a GPU node"]
 
 
-def step_parts(m: dict, per_block: float, one: float) -> list:
-    """The median steps taken apart: the slots, then for one bucket its all-reduce alone (median) and the rest
-    (the unpaced embedding, head and loss, the optimizer step, the copies into buckets, the slowest rank); a
-    bucket per block = the same slots and rest + the all-reduce left exposed, so the share hidden is
-    1 − exposed / all-reduce, which is the saving over the all-reduce alone."""
+def step_parts(m: dict) -> list:
+    """The median steps taken apart: the slots, the wait for the all-reduces after the last gradient (timed in
+    the steps), and the rest (the unpaced embedding, head and loss, the optimizer step, the copies out of the
+    buckets, the slowest rank); the saving is the difference in the wait plus the difference in the rest."""
     f, b = m["slot_s"]
-    slots, allreduce = m["blocks"] * (f + b), statistics.median(m["allreduce_s"])
-    rest = one - slots - allreduce
-    exposed = per_block - slots - rest
-    return [f"  the steps' parts (ms): one bucket = {slots * 1e3:.0f} slots + {rest * 1e3:.1f} rest + "
-            f"{allreduce * 1e3:.1f} all-reduce (rest: the unpaced embedding, head and loss, the optimizer step, "
-            "the copies into the bucket, the slowest rank)",
-            f"                         bucket per block = {slots * 1e3:.0f} slots + {rest * 1e3:.1f} rest + "
-            f"{exposed * 1e3:.1f} exposed all-reduce -> saving = {1 - exposed / allreduce:.0%} of the one bucket's "
-            "all-reduce alone"]
+    slots = m["blocks"] * (f + b)
+    parts = []
+    for name, s in m["seconds"].items():
+        step, wait = statistics.median(s), statistics.median(m["exposed_s"][name])
+        parts.append(f"  {name}: step {step * 1e3:.1f} ms = {slots * 1e3:.0f} slots + {wait * 1e3:.1f} waiting for "
+                     f"the all-reduces after the last gradient + {(step - slots - wait) * 1e3:.1f} rest")
+    return parts + ["  (rest: the unpaced embedding, head and loss, the optimizer step, the copies out of the "
+                    "buckets, the slowest rank)"]

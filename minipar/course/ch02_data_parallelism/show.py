@@ -132,14 +132,20 @@ def accumulation(out: list, reference, grad_bytes: int, n: int, global_batch: in
 
 
 def no_sync(runs: dict, reference) -> None:
-    """§8: ``runs`` = {wrong: per rank (replicas in sync, RunResult)}, with ``no_sync`` used rightly and wrongly."""
-    seen = {}
+    """§8: ``runs`` = {wrong: per rank (replicas in sync, RunResult, [its own shard's loss each step])}, with
+    ``no_sync`` used rightly and wrongly: each run against one device, then each rank's loss and the mean."""
+    seen, falls = {}, {}
     for wrong, out in runs.items():
-        c = compare(reference, [r for _, r in out])
-        seen[wrong] = (all(ok for ok, _ in out), c.matches)
-        print(f"{'WRONG' if wrong else 'right'}: replicas in sync: {seen[wrong][0]}; "
-              f"{against_one_device(c, brief=wrong)}")
-    claims.check_pitfall_no_sync_used_wrongly(seen)
+        c = compare(reference, [r for _, r, _ in out])
+        seen[wrong] = (all(ok for ok, _, _ in out), c.matches)
+        verdict = (f"largest difference from one device: the {c.worst}, {c.max_abs_diff:.2g}" if not c.matches
+                   else against_one_device(c))
+        print(f"{'WRONG' if wrong else 'right'}: replicas in sync: {seen[wrong][0]}; {verdict}")
+        mean = out[0][1].losses
+        falls[wrong] = mean[-1] < mean[0]
+        ranks = " | ".join(" → ".join(f"{v:.3f}" for v in mine) for _, _, mine in out)
+        print(f"  loss by step, each rank's shard: {ranks}; mean {' → '.join(f'{v:.3f}' for v in mean)}")
+    claims.check_pitfall_no_sync_used_wrongly(seen, falls)
 
 
 def unused(errors: list, c) -> None:
