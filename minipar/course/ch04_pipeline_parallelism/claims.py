@@ -142,6 +142,11 @@ def check_paced_verdict_follows_the_guard(idle_paced, text) -> None:
         assert text.startswith("This run is not evidence") and "not revealed" in text, text
     else:
         assert "not evidence" not in text and idle_paced.agrees(within=0.05), text
+        off = [paced - sim for sim, paced, _, _ in idle_paced.rows.values()]
+        if all(d <= 0 for d in off) and any(d < 0 for d in off):
+            assert "slightly below" in text and "above" not in text, text    # the reason given follows the sign
+        elif all(d >= 0 for d in off) and any(d > 0 for d in off):
+            assert "slightly above" in text and "below" not in text, text
 
 
 def check_m_p_error_shown_not_raised(schedule_or_error) -> None:

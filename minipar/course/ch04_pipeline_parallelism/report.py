@@ -134,7 +134,21 @@ def paced_verdict(idle) -> str:
         out += f"; GPipe and 1F1B lie {100 * abs(paced['gpipe'] - paced['1f1b']):.1f} points apart"
     if "interleaved" in paced and min(paced, key=paced.get) == "interleaved":
         out += "; interleaving idles least"
-    return out + ": the bubbles of §2, §3 and §5 hold on real ranks."
+    return out + ": the bubbles of §2, §3 and §5 hold on real ranks." + paced_sign(off)
+
+
+def paced_sign(off: dict) -> str:
+    """Which way the paced run missed its simulation, and why, from the signs of ``off`` (paced − simulated)."""
+    if all(d <= 0 for d in off.values()) and any(d < 0 for d in off.values()):
+        return (" All sit slightly below: a sleep that wakes late lengthens its action's span, which counts as busy,"
+                " while the next slots keep to the schedule's clock, so the step hardly grows.")
+    if all(d >= 0 for d in off.values()) and any(d > 0 for d in off.values()):
+        return (" All sit slightly above: a late wake-up in the step's last action stretches the step itself, idle"
+                " time on every other rank.")
+    if any(off.values()):
+        return (" Two small errors pull opposite ways: a sleep that wakes late lengthens its action's span (busy:"
+                " less idle); one in the step's last action stretches the step (idle on the other ranks: more).")
+    return ""
 
 
 def report_paced(idle) -> None:

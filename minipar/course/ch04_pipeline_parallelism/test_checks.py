@@ -114,6 +114,13 @@ def test_the_paced_verdict_follows_the_load_check(capsys):
     assert quiet.disturbed == []
     assert "every schedule idles within 1.8 points of its simulation (GPipe +1.8, 1F1B +1.2, interleaved +1.2 points)" in out
     assert "GPipe and 1F1B lie 0.6 points apart; interleaving idles least" in out and "not evidence" not in out
+    assert "All sit slightly above: a late wake-up in the step's last action" in out
+    below = PacedIdle({"gpipe": (0.273, 0.272, 0, 64), "1f1b": (0.273, 0.266, 0, 64),
+                       "interleaved": (0.158, 0.155, 0, 128)}, 0.02, load=1.0, cores=2)   # the sign of a quiet run
+    report_paced(below)
+    out = capsys.readouterr().out
+    assert "(GPipe -0.1, 1F1B -0.7, interleaved -0.3 points)" in out
+    assert "All sit slightly below: a sleep that wakes late lengthens its action's span, which counts as busy" in out
     one = PacedIdle({"gpipe": (0.273, 0.291, 0, 64), "1f1b": (0.273, 0.30, 9, 64)}, 0.02, load=1.0, cores=2)
     report_paced(one)                                           # one schedule disturbed: still no evidence
     out = capsys.readouterr().out

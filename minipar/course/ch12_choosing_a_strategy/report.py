@@ -140,9 +140,9 @@ def pick_and_fastest(p, cluster) -> None:
               f"{(e.step_seconds / fastest.step_seconds - 1) * 100:+11.2f}%")
     gap = abs(1 - other.step_seconds / pick.step_seconds)
     print(f"\nthe pick: TP {lay.tp} × PP {lay.pp}, ZeRO-{lay.zero}, {'SP, ' if lay.sp else ''}{lay.recompute} "
-          f"recomputation; schedule a tie: 1F1B and interleaved are {gap * 100:.1f} % apart, inside the model's "
-          f"{p.tie * 100:.0f} %; memory breaks the tie ({lay.schedule.upper()}, "
-          f"{pick.memory['total'] / GB:.1f} vs {other.memory['total'] / GB:.1f} GB)")
+          f"recomputation. Its schedule is a tie (1F1B and interleaved {gap * 100:.1f} % apart, inside the model's "
+          f"{p.tie * 100:.0f} %): priced from here on with {lay.schedule.upper()}, the one with less memory "
+          f"({pick.memory['total'] / GB:.1f} vs {other.memory['total'] / GB:.1f} GB)")
     claims.check_tie_band(p, other, gap)
     claims.check_planner_gpt_3_175b_1024(pick)
 

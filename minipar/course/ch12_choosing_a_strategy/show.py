@@ -219,7 +219,7 @@ def plan_table(p, full: bool = False) -> Shown:
         elif why != "the pick":
             why = re.sub(r" \(dp=.*\)$", "", why.split("): ", 1)[1])
         elif best.layout.pp > 1:     # the schedule is a tie (chapter 12 §4): the row shows the one memory chose
-            why = f"the pick, shown with {best.layout.schedule.upper()} (a tie)"
+            why = f"the pick, priced with {best.layout.schedule.upper()}"
         step = f"{e.step_seconds:8.1f}{e.step_seconds / best.step_seconds:8.2f}" if e.fits else f"{'-':>8}{'-':>8}"
         lines.append(f"{_degree(fam, e):40}{'yes' if e.fits else 'no':>5}{e.memory['total'] / GB:11.1f}{step}  {why}")
     if not full:
