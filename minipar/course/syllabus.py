@@ -51,7 +51,7 @@ ABOUT = {
     "00": About(  # 2890 words (14 min) + 6 exercise stubs
         title="Setup and collective communication",
         summary="Why one device is not enough; ranks, torchrun; every collective live; ring all-reduce.",
-        core_minutes=50, elective_minutes=0, run_seconds=32),
+        core_minutes=50, elective_minutes=0, run_seconds=27),
     "01": About(  # 2032 words (10 min) + 5 exercise stubs
         title="Splitting one matmul",
         summary="One matmul split three ways on 2 and 4 ranks; the collective each needs, bytes measured.",
@@ -59,7 +59,7 @@ ABOUT = {
     "02": About(  # 2732 words (14 min) + 5 exercise stubs
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
-        core_minutes=40, elective_minutes=0, run_seconds=28),
+        core_minutes=40, elective_minutes=0, run_seconds=26),
     "03": About(  # 2534 words (13 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
@@ -67,15 +67,15 @@ ABOUT = {
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
         title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch modelled",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch modelled.",
-        core_minutes=0, elective_minutes=25, run_seconds=25),
+        core_minutes=0, elective_minutes=25, run_seconds=19),
     "04": About(  # 4098 words (20 min) + 4 exercise stubs
         title="Pipeline parallelism: naive → GPipe → 1F1B → interleaved (+ PipeDream, optional)",
         summary="Schedules as data, run on 4 ranks equal to one device; the bubble simulated and measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=32),
+        core_minutes=40, elective_minutes=0, run_seconds=27),
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
-        core_minutes=0, elective_minutes=35, run_seconds=33),
+        core_minutes=0, elective_minutes=35, run_seconds=28),
     "05": About(  # 3324 words (17 min) + 4 exercise stubs
         title="Tensor parallelism (1D, Megatron)",
         summary="Column/row-parallel layers, f and g, heads, vocab-parallel loss; a TP GPT equal to one device.",
@@ -95,7 +95,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=35, elective_minutes=0, run_seconds=31),
+        core_minutes=35, elective_minutes=0, run_seconds=26),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -119,7 +119,7 @@ ABOUT = {
     "12": About(  # 3601 words (18 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers and published runs; the decision guide as rules.",
-        core_minutes=40, elective_minutes=0, run_seconds=29),
+        core_minutes=40, elective_minutes=0, run_seconds=26),
     "12b": About(  # 1428 words (7 min) + 2 exercise stubs (split from 12: its Deeper §§6–8, 10)
         title="The planner's toolbox: layouts by hand, a calculator, long sequences, automatic parallelism",
         summary="Layouts by hand and a published one priced; a calculator; memory over s; FlexFlow and Alpa.",
