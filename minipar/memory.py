@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["measured_model_state_bytes", "LiveTensorTracker", "saved_activation_bytes", "measure_step", "MemoryAccount",
+__all__ = ["measured_model_state_bytes", "tensors_in", "LiveTensorTracker", "saved_activation_bytes", "measure_step", "MemoryAccount",
            "tensor_bytes"]
 
 
@@ -53,7 +53,7 @@ def measured_model_state_bytes(params, optimizer: torch.optim.Optimizer | None =
 _LEAVES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
-def _tensors(tree) -> list:
+def tensors_in(tree) -> list:
     """The tensors among ``tree``'s leaves, as ``tree_flatten`` finds them: plain tuples and lists of tensors and
     scalars are read directly (tree_flatten, in Python, cost more than the operator it was asked about: most of
     a tracked step's overhead), anything else (a dict, a named tuple, another pytree node) goes through it."""
@@ -65,7 +65,7 @@ def _tensors(tree) -> list:
             if isinstance(x, torch.Tensor):
                 out.append(x)
             elif type(x) in (tuple, list):
-                out.extend(_tensors(x))
+                out.extend(tensors_in(x))
             elif not isinstance(x, _LEAVES):
                 break
         else:
@@ -125,14 +125,14 @@ class LiveTensorTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = None
-        for t in _tensors(out):
+        for t in tensors_in(out):
             st = t.untyped_storage()
             ptr, n = st.data_ptr(), st.nbytes()
             if n == 0 or ptr in self._live:
                 continue
             if inputs is None:      # an output sharing an input's storage (in place, view, out=) is not new
                 inputs = {a.untyped_storage().data_ptr()
-                          for a in _tensors(args) + (_tensors(list(kwargs.values())) if kwargs else [])}
+                          for a in tensors_in(args) + (tensors_in(list(kwargs.values())) if kwargs else [])}
             if ptr in inputs:
                 continue
             self._live[ptr] = weakref.finalize(st, self._freed, ptr, n)

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from minipar.machine.device import kernel_count, ops_of, rows_of   # the rows as the device model's Ops
-from minipar.memory import _tensors
+from minipar.memory import tensors_in
 
 __all__ = ["OperatorCounter", "kernel_count", "ops_of", "rows_of"]
 
@@ -40,7 +40,7 @@ _ATTENTION = {getattr(aten, n) for n in ("_scaled_dot_product_flash_attention",
 
 
 def _tensor_bytes(tree) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(tree))   # tree_flatten's tensors, read faster
+    return sum(t.numel() * t.element_size() for t in tensors_in(tree))   # tree_flatten's tensors, read faster
 
 
 class OperatorCounter(TorchDispatchMode):

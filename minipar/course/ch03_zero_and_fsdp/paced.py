@@ -26,10 +26,11 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import alternating_steps, pace, size_slots, spread, too_busy, verdict
+from minipar.observe.paced_compute import (BUSY_LOAD_PER_CORE, DISTURBED_SHARE, alternating_steps, disturbed, pace,
+                                           size_slots, spread, too_busy, verdict)
 from minipar.recipe import RunResult
 
-__all__ = ["MODEL", "zero3", "paced_rank", "measure", "table"]
+__all__ = ["MODEL", "zero3", "paced_rank", "measure", "table", "verdict_line", "compute_note"]
 
 MODEL = dict(n_layer=4, n_embd=320, n_head=4, vocab_size=256, block_size=16)   # a block: 4.9 MB of parameters
 FORWARD_S, BACKWARD_S = 0.008, 0.016           # the narrowest slots: measured compute widens them (size_slots)
@@ -155,3 +156,30 @@ def _computes(m: dict) -> str:
         return ""
     cf, cb = m["compute_s"]
     return f"; measured here, a block's forward takes {cf * 1e3:.1f} ms, its backward {cb * 1e3:.1f} ms"
+
+
+def verdict_line(m: dict) -> str:
+    """The run's last line: on a quiet enough machine, the saving it timed; on a busy one, that this run is not
+    evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
+    f, b = m["slot_s"]
+    slots_ms = m["blocks"] * (f + b) * 1e3
+    if not disturbed(m["overruns"], m["slots"], m["load"]):
+        with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
+        return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
+                f"of a {without * 1e3:.0f} ms step")
+    cores = os.cpu_count() or 1
+    return ("so this run is not evidence that prefetch saves time, nor that it does not: the machine was too busy "
+            f"to time it. On a quiet machine (load average at most {BUSY_LOAD_PER_CORE * cores} on {cores} cores, "
+            f"at most {DISTURBED_SHARE:.0%} of the slots long) the first line states the saving instead: steps "
+            f"with prefetch shorter than without, beyond their spread, by less than the {slots_ms:.0f} ms of "
+            "slots a step")
+
+
+def compute_note(m: dict) -> str:
+    """Why the paced line's backward is not twice its forward, when it is not: the times are wall-clock ones on
+    shared cores (none when the run measured no compute, or a backward at least 1.5 × the forward)."""
+    if "compute_s" not in m or m["compute_s"][1] >= 1.5 * m["compute_s"][0]:
+        return []
+    return ["  (a backward does twice a forward's arithmetic, yet the two times are close: they are wall-clock "
+            f"times of ranks sharing {os.cpu_count() or 1} cores with each other and gloo's threads, so they include "
+            "waiting for a core, which does not scale with the arithmetic; the slots only need to cover them)"]

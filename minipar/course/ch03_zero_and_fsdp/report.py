@@ -15,8 +15,6 @@ text, its numbers by name, and ``check()``: what the chapter says of them), so t
 """
 from __future__ import annotations
 
-import os
-import statistics
 
 from minipar.check import RunResult, compare, gpt_recipe
 from minipar.course import replays
@@ -24,7 +22,7 @@ from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
 from minipar.machine.cluster import a100_cluster, h100_cluster
-from minipar.observe.paced_compute import BUSY_LOAD_PER_CORE, DISTURBED_SHARE, disturbed
+from minipar.observe.paced_compute import disturbed
 
 from . import claims, figures, modes, muon_table, paced, timing
 
@@ -90,42 +88,15 @@ def _two_columns(events: list, layers: set) -> list:
 
 def paced_table(m: dict) -> Report:
     """``m`` = ``paced.measure(world_size)``: the paced steps with and without prefetch, then what the run is
-    evidence of (:func:`paced_verdict`), so §5's prose and the Summary need not assume the machine was quiet."""
+    evidence of (:func:`.paced.verdict_line`), so §5's prose and the Summary need not assume the machine was quiet."""
     lines = paced.table(m).split("\n")
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("  paced:")), len(lines))
-    text = "\n".join(lines[:at] + _compute_note(m) + lines[at:] + [paced_verdict(m)])
+    text = "\n".join(lines[:at] + paced.compute_note(m) + lines[at:] + [paced.verdict_line(m)])
 
     def checks(r):
         claims.check_prefetch_saves_time_paced(m)
         claims.check_paced_verdict_follows_the_run(m, r.text)
     return Report(text, checks, m=m, busy=disturbed(m["overruns"], m["slots"], m["load"]))
-
-
-def paced_verdict(m: dict) -> str:
-    """The run's last line: on a quiet enough machine, the saving it timed; on a busy one, that this run is not
-    evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
-    f, b = m["slot_s"]
-    slots_ms = m["blocks"] * (f + b) * 1e3
-    if not disturbed(m["overruns"], m["slots"], m["load"]):
-        with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
-        return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
-                f"of a {without * 1e3:.0f} ms step")
-    cores = os.cpu_count() or 1
-    return ("so this run is not evidence that prefetch saves time, nor that it does not: the machine was too busy "
-            f"to time it. On a quiet machine (load average at most {BUSY_LOAD_PER_CORE * cores} on {cores} cores, "
-            f"at most {DISTURBED_SHARE:.0%} of the slots long) the first line states the saving instead: steps "
-            f"with prefetch shorter than without, beyond their spread, by less than the {slots_ms:.0f} ms of "
-            "slots a step")
-
-
-def _compute_note(m: dict) -> str:
-    """Why the paced line's backward is not twice its forward, when it is not: the times are wall-clock ones on
-    shared cores (none when the run measured no compute, or a backward at least 1.5 × the forward)."""
-    if "compute_s" not in m or m["compute_s"][1] >= 1.5 * m["compute_s"][0]:
-        return []
-    return ["  (a backward does twice a forward's arithmetic, yet the two times are close: they are wall-clock "
-            f"times of ranks sharing {os.cpu_count() or 1} cores with each other and gloo's threads, so they include "
-            "waiting for a core, which does not scale with the arithmetic; the slots only need to cover them)"]
 
 
 def modes_table(fsdp_modes: dict, world_size: int = 4) -> Report:
