@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from minipar.launcher import launch
-from minipar.observe.paced_compute import alternating_steps, disturbed, pace, spread, too_busy, verdict
+from minipar.observe.paced_compute import alternating_steps, disturbed, median_wake, pace, spread, too_busy, verdict
 
 F, B = 0.06, 0.08          # slots (s)
 
@@ -104,8 +104,29 @@ def test_a_load_average_over_twice_the_cores_disturbs_any_run():
     assert disturbed(0, 100, load=4.5, cores=2) and not disturbed(0, 100, load=4.0, cores=2)
     assert not disturbed(0, 100, load=30.0, cores=16) and too_busy(0, 100, load=1.0, cores=2) == ""
     busy = too_busy(0, 100, load=9.0, cores=2)
-    assert "load average 9 on 2 cores" in busy and "not compared" in busy and "slots ran long" not in busy
-    assert "more than 5% of the slots ran long (load average 1 on 2 cores)" in too_busy(6, 100, load=1.0, cores=2)
+    assert "load average 9.0 on 2 cores" in busy and "not compared" in busy and "slots ran long" not in busy
+    assert "more than 5% of the slots ran long (load average 1.0 on 2 cores)" in too_busy(6, 100, load=1.0, cores=2)
+
+
+def test_a_run_that_measured_its_wake_ups_is_judged_by_them_not_by_the_load_average():
+    """A paced run that gives the median of how late its ranks woke from their slots is disturbed when that median
+    is over LATE_WAKE_S (other work held the cores), whatever the load average, which also counts a chapter's
+    earlier runs for a minute after they ended; overruns still disturb it."""
+    assert not disturbed(0, 100, load=9.0, cores=2, late=0.0002)         # the load of earlier runs: not this one's
+    assert disturbed(0, 100, load=0.5, cores=2, late=0.003)
+    assert disturbed(6, 100, load=0.5, cores=2, late=0.0)
+    assert too_busy(0, 100, load=9.0, cores=2, late=0.0002) == ""
+    busy = too_busy(0, 100, load=3.0, cores=2, late=0.0031)
+    assert "woke a median 3.1 ms after their slots' ends, over 1 ms" in busy and "load average 3.0 on 2 cores" in busy
+
+
+def test_the_pacer_records_how_late_each_sleep_woke_and_median_wake_reads_it():
+    model = blocks(2)
+    pacer = pace(list(model), 0.002, 0.002)
+    for _ in range(3):
+        model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    assert len(pacer.woke_late) == pacer.held - pacer.overruns and all(t >= 0 for t in pacer.woke_late)
+    assert median_wake([pacer]) == sorted(pacer.woke_late)[len(pacer.woke_late) // 2]
 
 
 def test_verdict_and_spread():

@@ -45,11 +45,13 @@ import torch.distributed as dist
 
 from ..check import one_thread
 
-__all__ = ["Pacer", "pace", "size_slots", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
+__all__ = ["Pacer", "pace", "size_slots", "median_wake", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
            "paired_ratios"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
 BUSY_LOAD_PER_CORE = 2    # a load average above this many per core: ranks wake late from their slots
+LATE_WAKE_S = 0.001       # a median wake-up later than this after its slot's end: other work held the cores
+                          # (chapter 02's paced run on this 2-core machine: 0.19 ms quiet, 3.1 ms beside 3 busy loops)
 
 
 class Pacer:
@@ -62,6 +64,7 @@ class Pacer:
         self.forward_s, self.backward_s = forward_s, backward_s
         self.held = self.overruns = self.unpaced = 0     # slots held; of them ran long; backwards not held
         self.late = 0.0                               # how late the last sleep woke up (seconds)
+        self.woke_late: list = []                     # how late each sleep woke up (seconds): see :func:`disturbed`
         self.computed = {"forward": [], "backward": []}   # seconds each held slot's compute took, by kind
         self.blocks = list(blocks)
         for block in self.blocks:
@@ -92,6 +95,7 @@ class Pacer:
         if left > 0:
             time.sleep(left)
             self.late = max(0.0, time.perf_counter() - end)
+            self.woke_late.append(self.late)
         else:
             self.overruns += 1
 
@@ -167,30 +171,52 @@ def size_slots(pacers, floor: tuple, margin: float = 2.0, quantile: float = 0.9,
         p.forward_s, p.backward_s = forward_s, backward_s
         p.held = p.overruns = p.unpaced = 0
         p.computed = {"forward": [], "backward": []}
+        p.woke_late = []
     return forward_s, backward_s
 
 
-def disturbed(overruns: int, held: int, load: float | None = None, cores: int | None = None) -> bool:
-    """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long, or the machine's 1-minute ``load``
-    average exceeds :data:`BUSY_LOAD_PER_CORE` times its ``cores`` (``None``: this machine's, now): other load
-    took the cores, and the steps no longer show the slots and what overlaps them. (A tie was seen at 7 %
+def median_wake(pacers, group=None) -> float:
+    """The median of how late the ``pacers``' sleeps woke up after their slots' ends (seconds), over every rank of
+    ``group`` (collective when a process group is up: each rank's median, the highest taken)."""
+    woke = sorted(t for p in pacers for t in p.woke_late)
+    median = torch.tensor([woke[len(woke) // 2] if woke else 0.0], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(median, op=dist.ReduceOp.MAX, group=group)
+    return float(median)
+
+
+def disturbed(overruns: int, held: int, load: float | None = None, cores: int | None = None,
+              late: float | None = None) -> bool:
+    """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long, or other work held the cores: measured,
+    when the run gives ``late`` (the median of how late its ranks woke from their slots, :func:`median_wake`), as
+    a median wake-up over :data:`LATE_WAKE_S`; else read from the machine's 1-minute ``load`` average, over
+    :data:`BUSY_LOAD_PER_CORE` times its ``cores`` (``None``: this machine's, now). (A tie was seen at 7 %
     overruns, load average 23: overlap needs gloo's threads to run too. With more than twice as many runnable
     processes as cores a rank woken at its slot's end waits for a core without overrunning: a CI run idled
-    chapter 04's 1F1B 44.5 % against 27.3 % simulated with no overrun.)"""
+    chapter 04's 1F1B 44.5 % against 27.3 % simulated with no overrun. The wake-up measures that wait itself;
+    the load average also counts a chapter's earlier runs, a minute after they ended.)"""
+    if overruns > DISTURBED_SHARE * held:
+        return True
+    if late is not None:
+        return late > LATE_WAKE_S
     load, cores = _load(load, cores)
-    return overruns > DISTURBED_SHARE * held or load > BUSY_LOAD_PER_CORE * cores
+    return load > BUSY_LOAD_PER_CORE * cores
 
 
-def too_busy(overruns: int, held: int, load: float | None = None, cores: int | None = None) -> str:
+def too_busy(overruns: int, held: int, load: float | None = None, cores: int | None = None,
+             late: float | None = None) -> str:
     """The line a disturbed run prints instead of comparing its times ("" when it was not disturbed)."""
-    if not disturbed(overruns, held, load, cores):
+    if not disturbed(overruns, held, load, cores, late):
         return ""
     load, cores = _load(load, cores)
     if overruns > DISTURBED_SHARE * held:
-        why = (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {load:.0f} on {cores} cores): "
+        why = (f"more than {DISTURBED_SHARE:.0%} of the slots ran long (load average {load:.1f} on {cores} cores): "
                "the cores were too busy for the slots")
+    elif late is not None:
+        why = (f"the ranks woke a median {late * 1e3:.1f} ms after their slots' ends, over {LATE_WAKE_S * 1e3:.0f} ms: "
+               f"other work held the cores (load average {load:.1f} on {cores} cores)")
     else:
-        why = f"load average {load:.0f} on {cores} cores, over {BUSY_LOAD_PER_CORE} a core: ranks wake late from their slots"
+        why = f"load average {load:.1f} on {cores} cores, over {BUSY_LOAD_PER_CORE} a core: ranks wake late from their slots"
     return f"{why}, so the times are not compared; run the cell again on a quieter machine"
 
 

@@ -27,7 +27,7 @@ from minipar.data import ddp
 from minipar.data.ddp_measure import watch_buckets
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, pace, size_slots, spread, too_busy,
+from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, median_wake, pace, size_slots, spread, too_busy,
                                            verdict)
 from minipar.recipe import RunResult
 
@@ -47,7 +47,8 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     completion, each timed step, the longest over the ranks]}, "allreduce_s": [s of the one bucket's all-reduce alone, 3 times],
     "results": {config: RunResult}, "buckets": {config: [bytes of each
     bucket, in launch order]},
-    "overruns": slots that ran long, "slots": slots held}: the first batch untimed, then one round per later batch."""
+    "overruns": slots that ran long, "slots": slots held, "late_s": the median of how late the timed steps' sleeps woke
+    up (the highest over the ranks)}: the first batch untimed, then one round per later batch."""
     torch.set_num_threads(1)
     block_bytes = sum(p.numel() * p.element_size() for p in recipe.model().blocks[0].parameters())
     configs = {"bucket per block": block_bytes, "one bucket": 1 << 40}
@@ -95,12 +96,13 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
         worst = torch.tensor(timed, dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         exposed[name] = worst.tolist()
+    late_s = median_wake(pacers)                            # how late the timed steps' sleeps woke: other work?
     alone = state["one bucket"][1].reducer.buckets[0].buffer.clone()   # what one bucket has to hide, no compute
     allreduce_s = alternating_steps({"all-reduce": lambda: comm.all_reduce(alone)}, 3)["all-reduce"]
     results = {n: RunResult(_mean_over_ranks(losses), {k: p.detach().clone() for k, p in m.named_parameters()})
                for n, (m, _, _, losses) in state.items()}
     return {"seconds": seconds, "exposed_s": exposed, "allreduce_s": allreduce_s, "results": results, "overruns": sum(p.overruns for p in pacers),
-            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "first_try": first_try,
+            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "first_try": first_try, "late_s": late_s,
             "buckets": {n: [b.buffer.numel() * b.buffer.element_size() for b in w.reducer.buckets]
                         for n, (_, w, *_) in state.items()}}
 
@@ -116,7 +118,8 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
             backward_s: float = BACKWARD_S) -> dict:
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "exposed_s": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
-    "grad_bytes", "load" (1-minute load average when the runs ended)}."""
+    "grad_bytes", "load" (1-minute load average when the runs ended), "late_s" (the median wake-up after a slot's end:
+    what decides whether other work disturbed the run, :func:`~minipar.observe.paced_compute.disturbed`)}."""
     recipe = gpt_recipe(steps=2 + 2 * rounds, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     taken = len(ranks[0]["results"]["one bucket"].losses)      # 2 untimed + the rounds (twice if retried)
@@ -124,7 +127,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
     return {"seconds": ranks[0]["seconds"], "exposed_s": ranks[0]["exposed_s"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
-            "load": os.getloadavg()[0],
+            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"],
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
             "slot_s": ranks[0]["slot_s"], "floor_s": (forward_s, backward_s), "first_try": ranks[0]["first_try"],
             "blocks": MODEL["n_layer"],
@@ -140,7 +143,7 @@ def table(m: dict, verbose: bool = False) -> str:
     times and no saving, since they are not compared: its first lines (:func:`not_timed`) say so and what a quiet
     run shows, and it always ends with the measurement line and why."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"])
+    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"))
     lines = [] if not busy else not_timed(m)
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
@@ -182,7 +185,8 @@ def not_timed(m: dict) -> list:
     is no evidence; what a quiet run shows (a bucket per block the faster step: the claim holds it whenever the
     run is timed) and where the chapter models the saving (Deeper D2)."""
     cores = os.cpu_count() or 1                         # as too_busy counts them
-    return [f"no result: the machine was busy (load average {m['load']:.0f} on {cores} cores; {m['overruns']} of "
+    woke = f"ranks woke a median {m['late_s'] * 1e3:.1f} ms late from their slots; " if m.get("late_s") is not None else ""
+    return [f"no result: the machine was busy ({woke}load average {m['load']:.1f} on {cores} cores; {m['overruns']} of "
             f"{m['slots']} slots ran long), so this run's step times are no evidence of what overlap saves",
             "  on a quiet machine the step with a bucket per block is the faster one: its buckets travel under the "
             "backward slots, the one bucket only after them; Deeper D2 models the saving on a GPU node"]

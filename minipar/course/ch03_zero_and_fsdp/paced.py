@@ -26,7 +26,7 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (BUSY_LOAD_PER_CORE, DISTURBED_SHARE, alternating_steps, disturbed, pace,
+from minipar.observe.paced_compute import (DISTURBED_SHARE, LATE_WAKE_S, alternating_steps, disturbed, median_wake, pace,
                                            size_slots, spread, too_busy, verdict)
 from minipar.recipe import RunResult
 
@@ -53,7 +53,7 @@ def zero3(model, recipe, prefetch: bool):
 
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots", "slot_s",
-    "compute_s"}: the recipe's first batch untimed (it records the units' order and the blocks' compute, from
+    "compute_s", "late_s"}: the recipe's first batch untimed (it records the units' order and the blocks' compute, from
     which ``size_slots`` sizes the slots, ``forward_s`` and ``backward_s`` the narrowest), then one round per
     later batch."""
     torch.set_num_threads(1)
@@ -77,10 +77,11 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     compute_s = _median_compute(pacers)                     # (printed; size_slots clears it)
     slot_s = size_slots(pacers, (forward_s, backward_s), ceiling=CEILING_S)   # resets the slots' counts too
     seconds = alternating_steps({n: (lambda n=n: step(n)) for n in CONFIGS}, recipe.steps - 1)
+    late_s = median_wake(pacers)                            # how late the timed steps' sleeps woke: other work?
     results = {n: RunResult(_mean_over_ranks(losses), sharded.full_parameters())
                for n, (_, sharded, losses) in state.items()}
     return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
-            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "compute_s": compute_s}
+            "slots": sum(p.held for p in pacers), "slot_s": slot_s, "compute_s": compute_s, "late_s": late_s}
 
 
 def _median_compute(pacers) -> tuple:
@@ -104,7 +105,8 @@ def measure(world_size: int = 4, rounds: int = ROUNDS, forward_s: float = FORWAR
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "matches": {config: Comparison with one device},
     "overruns", "slots" (how many were held, all ranks), "slot_s": the (forward, backward) slots the run held
     (``size_slots``, ``forward_s`` and ``backward_s`` the narrowest), "compute_s": a block's median compute, "blocks",
-    "block_bytes", "load" (1-minute load average when the runs ended)}."""
+    "block_bytes", "load" (1-minute load average when the runs ended), "late_s" (the median wake-up after a slot's
+    end, the highest over the ranks: what decides whether other work disturbed the run)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     reference = train_reference(recipe)
@@ -112,7 +114,7 @@ def measure(world_size: int = 4, rounds: int = ROUNDS, forward_s: float = FORWAR
                for n in ranks[0]["results"]}
     block = recipe.model().blocks[0]
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
-            "load": os.getloadavg()[0],
+            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"],
             "slots": sum(r["slots"] for r in ranks), "slot_s": ranks[0]["slot_s"], "compute_s": ranks[0]["compute_s"],
             "blocks": MODEL["n_layer"],
             "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
@@ -122,7 +124,7 @@ def table(m: dict) -> str:
     """The printed lines, the result first: the saving (or why the times are not compared), each configuration's
     step time, median [min – max], then how the steps were paced and why the saving is small."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"])
+    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"))
     lines = []
     if busy:                                            # a disturbed run states no saving: its times do not count
         lines.append(busy)
@@ -163,13 +165,12 @@ def verdict_line(m: dict) -> str:
     evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
     f, b = m["slot_s"]
     slots_ms = m["blocks"] * (f + b) * 1e3
-    if not disturbed(m["overruns"], m["slots"], m["load"]):
+    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s")):
         with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
         return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
                 f"of a {without * 1e3:.0f} ms step")
-    cores = os.cpu_count() or 1
     return ("so this run is not evidence that prefetch saves time, nor that it does not: the machine was too busy "
-            f"to time it. On a quiet machine (load average at most {BUSY_LOAD_PER_CORE * cores} on {cores} cores, "
+            f"to time it. On a quiet machine (ranks waking within {LATE_WAKE_S * 1e3:.0f} ms of their slots' ends, "
             f"at most {DISTURBED_SHARE:.0%} of the slots long) the first line states the saving instead: steps "
             f"with prefetch shorter than without, beyond their spread, by less than the {slots_ms:.0f} ms of "
             "slots a step")

@@ -165,3 +165,10 @@ def test_paced_verdict_says_what_the_run_is_evidence_of_in_both_branches():
         claims.check_paced_verdict_follows_the_run(busy, r.text)
     with pytest.raises(AssertionError):                               # "not evidence" for a timed run
         claims.check_paced_verdict_follows_the_run(quiet, b.text)
+    # a run that measured its wake-ups is judged by them: the load average of earlier runs does not void it,
+    # ranks woken late do
+    assert report.paced_table(dict(quiet, load=1e3, late_s=0.0002)).text.splitlines()[-1].startswith(
+        "so this run is evidence")
+    late = report.paced_table(dict(quiet, late_s=0.004))
+    late.check()
+    assert "woke a median 4.0 ms after their slots' ends" in late.text and "within 1 ms of their slots' ends" in late.text
