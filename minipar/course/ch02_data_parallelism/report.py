@@ -87,8 +87,8 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, loa
         outcome = ("the threads gained nothing measurable" if tie_k else
                    "the threads were slower than one thread" if gain_k < 1 else "the threads were faster than one thread")
         lines.append(f"  load average {load:.1f} on {cores} cores: " + (
-            f"over {QUIET_LOAD_PER_CORE} a core, so a thread may have waited for a core. D1 shows that {outcome} "
-            "here; it cannot separate the GIL from that wait" if busy else
+            f"over {QUIET_LOAD_PER_CORE} a core, so a thread may have waited for a core. With no more threads than "
+            f"cores {outcome}; these runs cannot separate the GIL from that wait" if busy else
             f"under {QUIET_LOAD_PER_CORE} a core, little waiting for a core, so what the threads lost is mostly "
             "the GIL and their hand-offs"))
     return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
