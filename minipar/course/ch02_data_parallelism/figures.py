@@ -99,7 +99,7 @@ def draw_timeline(per_rank, ax=None):
                        Patch(color=exposed, label="all-reduce after the last gradient (exposed)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
     ax.set_title("DDP, measured here, unpaced: buckets start during backward\n"
-                 "(on shared cores most of each all-reduce is exposed; the paced run measures the saving)", fontsize=10)
+                 "(on shared cores the red says who held the cores; §5 measures the saving on a quiet machine)", fontsize=10)
     return ax.figure
 
 

@@ -42,7 +42,10 @@ def _check_threads(r: Report) -> None:
     assert len(r.one) == len(r.threads) and min(r.one) > 0 and min(r.threads) > 0
     if "gain_at_cores" in r.facts:          # the last line names the GIL only on a machine quiet enough (§5's gate)
         last = r.text.splitlines()[-1]
-        assert ("does not single out the GIL" in last) == r.busy and ("mostly the GIL" in last) != r.busy
+        assert ("cannot separate the GIL" in last) == r.busy and ("mostly the GIL" in last) != r.busy
+        if r.busy:                                  # the outcome it names is the line above's
+            assert ("gained nothing" in last) == r.tie_at_cores
+            assert r.tie_at_cores or ("were slower" in last) == (r.gain_at_cores < 1)
 
 
 def _one_against_threads(gil: dict, k: int) -> tuple:
@@ -68,7 +71,7 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, loa
     with min(cores, ``world_size``) threads (no more threads than cores: on a quiet machine what is left is the
     GIL and the hand-offs, not oversubscription). ``load``: the 1-minute load average (None: this machine's,
     now); over :data:`QUIET_LOAD_PER_CORE` a core, there are about as many runnable tasks as cores or more, a
-    thread may wait for a core, and the last line says that it cannot single out the GIL."""
+    thread may wait for a core, and the last line says that it cannot separate the GIL from that wait."""
     cores, lines = len(os.sched_getaffinity(0)), []
     load = os.getloadavg()[0] if load is None else load
     busy = load > QUIET_LOAD_PER_CORE * cores
@@ -80,10 +83,12 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, loa
         k = min(cores, world_size)
         words, facts["gain_at_cores"], facts["tie_at_cores"] = _one_against_threads(gil_at_cores, k)
         lines.append(f"no more threads than cores ({k} threads, {cores} cores), {words}")
+        tie_k, gain_k = facts["tie_at_cores"], facts["gain_at_cores"]
+        outcome = ("the threads gained nothing measurable" if tie_k else
+                   "the threads were slower than one thread" if gain_k < 1 else "the threads were faster than one thread")
         lines.append(f"  load average {load:.1f} on {cores} cores: " + (
-            f"over {QUIET_LOAD_PER_CORE} a core, so the threads also waited for a core (the load counts this "
-            "chapter's earlier runs too); the GIL and the hand-offs are part of the loss, this line does not single "
-            "out the GIL" if busy else
+            f"over {QUIET_LOAD_PER_CORE} a core, so a thread may have waited for a core. With no more threads than "
+            f"cores {outcome}; these runs cannot separate the GIL from that wait" if busy else
             f"under {QUIET_LOAD_PER_CORE} a core, little waiting for a core, so what the threads lost is mostly "
             "the GIL and their hand-offs"))
     return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
@@ -144,7 +149,8 @@ def _draw_gpt2(rows: dict) -> None:
         ax.barh(y, r["optimizer"] * 1e3, left=backward + r["exposed"] * 1e3, color=KIND_COLOURS["compute"])
         if r["hidden"]:
             ax.barh(y, r["hidden"] * 1e3, left=backward - r["hidden"] * 1e3, height=0.3,   # ends with the backward
-                    color=KIND_COLOURS["comm hidden"], label="communication hidden under backward")
+                    color=KIND_COLOURS["comm hidden"],
+                    label="communication hidden under backward\n(its total; the buckets leave all along it)")
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("ms per step (cost model, DGX-A100, GPT-2 small)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

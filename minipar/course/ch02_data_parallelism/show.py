@@ -47,12 +47,14 @@ def dp_exchanges(reference, result, log, recipe, n: int, grad_bytes: int) -> Non
 
 def parameter_server(runs: dict, reference, grad_bytes: int) -> None:
     """§3: ``runs`` = {N: per rank (RunResult, bytes sent per step)}: the server's bytes and a worker's, beside
-    (N−1)·P and a ring all-reduce's 2(N−1)/N·P."""
+    (N−1)·P and a ring all-reduce's 2(N−1)/N·P; then each N's run against one device."""
     print(f"{'N':>2} {'server sends':>14} {'= (N-1)·P':>12} {'a worker sends':>15} "
           f"{'ring all-reduce 2(N-1)/N·P':>28}")
     for n, out in runs.items():
         print(f"{n:>2} {out[0][1]:>14,.0f} {(n - 1) * grad_bytes:>12,} {out[1][1]:>15,.0f} "
               f"{comm.predicted_bytes_sent('all_reduce', grad_bytes, n):>28,.0f}")
+    for n, out in runs.items():
+        print(f"parameter server on {n} ranks {against_one_device(compare(reference, [r for r, *_ in out]))}")
     claims.check_same_training_as_one_device(reference, grad_bytes, runs)
 
 

@@ -51,10 +51,12 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     busy = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                              {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=8.0 * k)
     busy.check()
-    assert busy.busy and "does not single out the GIL" in busy.text and "mostly the GIL" not in busy.text
+    assert busy.busy and "mostly the GIL" not in busy.text
+    assert busy.text.splitlines()[-1].endswith("With no more threads than cores the threads were slower than one "
+                                               "thread; these runs cannot separate the GIL from that wait")
     loaded = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                                {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=1.5 * k)
-    assert loaded.busy and "the threads also waited for a core" in loaded.text   # 1.5 a core: more tasks than cores
+    assert loaded.busy and "a thread may have waited for a core" in loaded.text   # 1.5 a core: more tasks than cores
     busy.text = at_cores.text                 # the quiet words on a busy run: the check refuses them
     with pytest.raises(AssertionError):
         busy.check()
