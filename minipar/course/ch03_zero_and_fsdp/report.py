@@ -25,6 +25,7 @@ from minipar.machine.cluster import a100_cluster, h100_cluster
 from minipar.observe.paced_compute import disturbed
 
 from . import claims, figures, modes, muon_table, paced, timing
+from . import fsdp_loop as fsdp_loop_module           # its BLOCKS (report.fsdp_loop is the table)
 
 __all__ = ["show", "papers_table", "fsdp_loop", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
            "designs_table", "modes_table", "muon", "calculator_text", "folded"]
@@ -277,10 +278,10 @@ def prefetch_memory(t3: dict) -> Report:
 
 
 def fsdp_loop(per_rank: list, reference: RunResult) -> Report:
-    """``per_rank`` = the ranks' ``fsdp_loop.train_and_torch_fsdp2``: minipar's and PyTorch's FSDP, each against
-    one device (default FP32 tolerance)."""
+    """``(per_rank, reference)`` = ``fsdp_loop.run(N)``: minipar's and PyTorch's FSDP, each against one device
+    (default FP32 tolerance)."""
     ours, torch_fsdp2 = compare(reference, [o for o, _ in per_rank]), compare(reference, [t for _, t in per_rank])
-    steps = f"{len(per_rank)} ranks, {len(reference.losses)} Adam steps"
+    steps = f"{len(per_rank)} ranks, §3's GPT at {fsdp_loop_module.BLOCKS} blocks, {len(reference.losses)} Adam steps"
     text = (f"minipar's FSDP(model), {steps}: {against_one_device(ours)}\n"
             f"PyTorch's fully_shard, same units: {against_one_device(torch_fsdp2)}")
     return Report(text, lambda r: (ours.assert_ok(), torch_fsdp2.assert_ok()), agreement=ours)
