@@ -63,7 +63,7 @@ ABOUT = {
     "03": About(  # 2534 words (13 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
-        core_minutes=35, elective_minutes=0, run_seconds=34),
+        core_minutes=35, elective_minutes=0, run_seconds=30),
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
         title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch modelled",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch modelled.",
