@@ -153,8 +153,8 @@ def table(m: dict, verbose: bool = False) -> str:
             wait_block, wait_one = (statistics.median(s) for s in m["exposed_s"].values())
             lines.append(f"  after the last gradient, each step still waited for its all-reduces: one bucket "
                          f"{wait_one * 1e3:.1f} ms, bucket per block {wait_block * 1e3:.1f} ms; the difference, "
-                         f"{(wait_one - wait_block) * 1e3:.1f} ms, is {(wait_one - wait_block) / (one - per_block):.0%} "
-                         "of the saving")
+                         f"{(wait_one - wait_block) * 1e3:.1f} ms, is "
+                         + _share_of_saving(wait_one - wait_block, one - per_block))
     for name, s in m["seconds"].items():
         sizes = " + ".join(f"{b / 1e6:.1f}" for b in m["buckets"][name])
         step = "step time not shown" if busy else f"step {spread(s)}"
@@ -178,6 +178,13 @@ def table(m: dict, verbose: bool = False) -> str:
     if not verbose:                                     # the result only; the apparatus on request
         return "\n".join(lines)
     return "\n".join(lines + [measured] + (step_parts(m) if "exposed_s" in m else []))
+
+
+def _share_of_saving(waited_less: float, saving: float) -> str:
+    """'83% of the saving', or, from 95 % on, 'about all of the saving': the wait is timed inside the steps, the
+    saving between them, so their ratio can pass 100 % by a few points (a quiet run: 56.1 ms of a 55.1 ms saving)."""
+    share = waited_less / saving
+    return f"{share:.0%} of the saving" if share < 0.95 else "about all of the saving"
 
 
 def not_timed(m: dict) -> list:

@@ -81,6 +81,8 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
                            "the difference, 25.0 ms, is 83% of the saving\n")
     assert len(text.splitlines()) == 5 and "slots" not in text and "alone" not in text   # the apparatus on request
     claims.check_overlap_saves_time_paced(waited, text)
+    all_of_it = dict(waited, exposed_s={"bucket per block": [0.005], "one bucket": [0.0355]})   # 30.5 of a 30.0 ms saving
+    assert "the difference, 30.5 ms, is about all of the saving" in paced.table(all_of_it)
     with pytest.raises(AssertionError):                                 # the one bucket must have waited longer
         claims.check_overlap_saves_time_paced(dict(waited, exposed_s={"bucket per block": [0.03], "one bucket": [0.01]}))
     parts = paced.table(waited, verbose=True)
