@@ -82,22 +82,25 @@ def timeline_summary(events) -> dict:
 
 def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:
     """{"one_thread": [s], "threads": [s]}, ``runs`` of each after a warm-up: wall seconds of the forwards of
-    the first global batch's ``devices`` shards run one after another on one thread (the baseline), and of
+    the first global batch's ``devices`` shards run one after another on one thread (the baseline, through the same
+    ``functional_call`` as each replica's thread, so the two differ in the threads only), and of
     :class:`minipar.data.dp.DataParallel`'s replica threads on the same shards (first start to last end of
     :attr:`minipar.data.dp.ExchangeLog.spans`). Both with one intra-op thread per forward, as ``dp.run``."""
+    from torch.func import functional_call
     from minipar.data import dp
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
     chunks = recipe.batches[0][0].chunk(devices)
     model = recipe.model()
+    weights = dict(model.named_parameters())
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         one = []
         for _ in range(runs + 1):
             start = time.perf_counter()
-            for chunk in chunks:
-                model(chunk)
+            for chunk in chunks:                      # the replicas' own call (dp._parallel_apply), on one thread
+                functional_call(model, weights, (chunk,))
             one.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(before)
