@@ -3,6 +3,8 @@ strategy's hooks (a gather not prefetched is paid outside the slot), a gradient 
 backward slot (a bucket leaves before the sleep), the numbers are the unpaced model's, and the alternating
 step timer takes the slowest rank. Timings are checked by lower bounds (sleeps) or by order, never by how fast
 a loaded machine is."""
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from minipar.launcher import launch
-from minipar.observe.paced_compute import alternating_steps, disturbed, median_wake, pace, spread, too_busy, verdict
+from minipar.observe.paced_compute import (OTHER_CORES, OtherWork, alternating_steps, disturbed, median_wake, pace, spread,
+                                           too_busy, verdict)
 
 F, B = 0.06, 0.08          # slots (s)
 
@@ -160,3 +163,27 @@ def test_alternating_steps_time_each_step_on_one_intra_op_thread():
         assert seen == [1, 1, 1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_other_processes_cpu_disturbs_a_run_whose_ranks_woke_on_time():
+    """Beside make test's other streams chapter 03's ranks woke on time (5 of 192 slots long) yet computed among
+    them and tied: other processes' CPU while the run ran, over OTHER_CORES, disturbs it whatever the wake-ups."""
+    assert disturbed(0, 100, load=0.5, cores=2, late=0.0002, other=1.2)
+    assert not disturbed(0, 100, load=9.0, cores=2, late=0.0002, other=0.01)
+    assert disturbed(0, 100, load=0.5, cores=2, late=0.004, other=0.01)
+    busy = too_busy(0, 100, load=2.1, cores=2, late=0.0003, other=1.2)
+    assert busy.startswith("other processes used 1.2 of the 2 cores while it ran, over 0.25") and "not compared" in busy
+
+
+def test_other_work_measures_the_cpu_of_processes_not_its_own():
+    """A busy process started outside the block is other work (quiet: about a core; under make test's streams,
+    more); OtherWork's cores are None only without /proc/stat."""
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        with OtherWork() as other:
+            time.sleep(0.5)
+    finally:
+        spinning.kill()
+        spinning.wait()
+    assert other.cores is None or other.cores > OTHER_CORES, other.cores

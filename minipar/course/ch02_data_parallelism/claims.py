@@ -86,7 +86,7 @@ def check_overlap_saves_time_paced(m, text: str | None = None) -> None:
     the saving when the run counts; otherwise with "no result", says the run is no evidence, what a quiet run
     shows and where it is modelled (D2), and states no saving and no step time."""
     assert all(c.matches for c in m["matches"].values())
-    busy = disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"))
+    busy = disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
     if not busy:
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
     if text is not None:

@@ -27,7 +27,7 @@ from minipar.data import ddp
 from minipar.data.ddp_measure import watch_buckets
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (DISTURBED_SHARE, alternating_steps, median_wake, pace, size_slots, spread, too_busy,
+from minipar.observe.paced_compute import (DISTURBED_SHARE, OtherWork, alternating_steps, median_wake, pace, size_slots, spread, too_busy,
                                            verdict)
 from minipar.recipe import RunResult
 
@@ -121,13 +121,14 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     "grad_bytes", "load" (1-minute load average when the runs ended), "late_s" (the median wake-up after a slot's end:
     what decides whether other work disturbed the run, :func:`~minipar.observe.paced_compute.disturbed`)}."""
     recipe = gpt_recipe(steps=2 + 2 * rounds, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
-    ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
+    with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the run's?
+        ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     taken = len(ranks[0]["results"]["one bucket"].losses)      # 2 untimed + the rounds (twice if retried)
     reference = train_reference(dataclasses.replace(recipe, batches=recipe.batches[:taken]))
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
     return {"seconds": ranks[0]["seconds"], "exposed_s": ranks[0]["exposed_s"], "allreduce_s": ranks[0]["allreduce_s"], "matches": matches, "buckets": ranks[0]["buckets"],
-            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"],
+            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"], "other_cores": other.cores,
             "overruns": sum(r["overruns"] for r in ranks), "slots": sum(r["slots"] for r in ranks),
             "slot_s": ranks[0]["slot_s"], "floor_s": (forward_s, backward_s), "first_try": ranks[0]["first_try"],
             "blocks": MODEL["n_layer"],
@@ -143,7 +144,7 @@ def table(m: dict, verbose: bool = False) -> str:
     times and no saving, since they are not compared: its first lines (:func:`not_timed`) say so and what a quiet
     run shows, and it always ends with the measurement line and why."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"))
+    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
     lines = [] if not busy else not_timed(m)
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
@@ -193,6 +194,8 @@ def not_timed(m: dict) -> list:
     run is timed) and where the chapter models the saving (Deeper D2)."""
     cores = os.cpu_count() or 1                         # as too_busy counts them
     woke = f"ranks woke a median {m['late_s'] * 1e3:.1f} ms late from their slots; " if m.get("late_s") is not None else ""
+    if m.get("other_cores") is not None:
+        woke = f"other processes used {m['other_cores']:.1f} cores; " + woke
     return [f"no result: the machine was busy ({woke}load average {m['load']:.1f} on {cores} cores; {m['overruns']} of "
             f"{m['slots']} slots ran long), so this run's step times are no evidence of what overlap saves",
             "  on a quiet machine the step with a bucket per block is the faster one: its buckets travel under the "

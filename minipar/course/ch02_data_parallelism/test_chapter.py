@@ -102,7 +102,8 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     # saving; a busy one (slots ran long, or the load average over twice the cores) with "no result", says it is no
     # evidence, what a quiet run shows and that D2 models it
     claims.check_overlap_saves_time_paced(m, paced.table(m))
-    for disturbed in (dict(m, overruns=11), dict(m, load=100.0), dict(m, late_s=0.004)):
+    for disturbed in (dict(m, overruns=11), dict(m, load=100.0), dict(m, late_s=0.004),
+                      dict(m, late_s=0.0002, other_cores=1.2)):
         text = paced.table(disturbed)
         assert text.startswith("no result: the machine was busy (") and "no evidence" in text
         assert "on a quiet machine the step with a bucket per block is the faster one" in text and "Deeper D2" in text
@@ -110,7 +111,8 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
         with pytest.raises(AssertionError):                             # the quiet run's words on a busy run
             claims.check_overlap_saves_time_paced(disturbed, paced.table(m))
     assert "ranks woke a median 4.0 ms late from their slots" in paced.table(dict(m, late_s=0.004))
-    woke_on_time = dict(m, load=100.0, late_s=0.0002)       # the load average of earlier runs; this run's ranks woke on time
+    assert "other processes used 1.2 cores" in paced.table(dict(m, late_s=0.0002, other_cores=1.2))
+    woke_on_time = dict(m, load=100.0, late_s=0.0002, other_cores=0.01)   # the load average of earlier runs: not this run's
     assert paced.table(woke_on_time).startswith("overlap saves")
     claims.check_overlap_saves_time_paced(woke_on_time, paced.table(woke_on_time))
     with pytest.raises(AssertionError):                                 # the busy run's words on a quiet run

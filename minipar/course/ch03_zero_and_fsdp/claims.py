@@ -96,7 +96,7 @@ def check_prefetch_saves_time_paced(m) -> None:
     cores: more than 5 % of the slots ran long, or a load
     average over twice the cores), and both equal one device"""
     assert all(c.matches for c in m["matches"].values())
-    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s")):
+    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
         assert verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) != "tie"
 
 
@@ -105,7 +105,7 @@ def check_paced_verdict_follows_the_run(m, text) -> None:
     evidence of: a saving only when the run was timed (not disturbed), and otherwise plainly that it is not
     evidence, with no saving stated"""
     body, last = text.rsplit("\n", 1)
-    if disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s")):
+    if disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
         assert last.startswith("so this run is not evidence") and "saves" not in body and "saved" not in text, text
     else:
         assert last.startswith("so this run is evidence") and "prefetch saved" in last and "not evidence" not in text

@@ -26,7 +26,8 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (DISTURBED_SHARE, LATE_WAKE_S, alternating_steps, disturbed, median_wake, pace,
+from minipar.observe.paced_compute import (DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, alternating_steps, disturbed,
+                                           median_wake, pace,
                                            size_slots, spread, too_busy, verdict)
 from minipar.recipe import RunResult
 
@@ -108,13 +109,14 @@ def measure(world_size: int = 4, rounds: int = ROUNDS, forward_s: float = FORWAR
     "block_bytes", "load" (1-minute load average when the runs ended), "late_s" (the median wake-up after a slot's
     end, the highest over the ranks: what decides whether other work disturbed the run)}."""
     recipe = gpt_recipe(steps=rounds + 1, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
-    ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
+    with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the run's?
+        ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     reference = train_reference(recipe)
     matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
                for n in ranks[0]["results"]}
     block = recipe.model().blocks[0]
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
-            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"],
+            "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"], "other_cores": other.cores,
             "slots": sum(r["slots"] for r in ranks), "slot_s": ranks[0]["slot_s"], "compute_s": ranks[0]["compute_s"],
             "blocks": MODEL["n_layer"],
             "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
@@ -124,7 +126,7 @@ def table(m: dict) -> str:
     """The printed lines, the result first: the saving (or why the times are not compared), each configuration's
     step time, median [min – max], then how the steps were paced and why the saving is small."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"))
+    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
     lines = []
     if busy:                                            # a disturbed run states no saving: its times do not count
         lines.append(busy)
@@ -165,12 +167,13 @@ def verdict_line(m: dict) -> str:
     evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
     f, b = m["slot_s"]
     slots_ms = m["blocks"] * (f + b) * 1e3
-    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s")):
+    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
         with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
         return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
                 f"of a {without * 1e3:.0f} ms step")
     return ("so this run is not evidence that prefetch saves time, nor that it does not: the machine was too busy "
-            f"to time it. On a quiet machine (ranks waking within {LATE_WAKE_S * 1e3:.0f} ms of their slots' ends, "
+            f"to time it. On a quiet machine (no other process using over {OTHER_CORES} of a core, ranks waking "
+            f"within {LATE_WAKE_S * 1e3:.0f} ms of their slots' ends, "
             f"at most {DISTURBED_SHARE:.0%} of the slots long) the first line states the saving instead: steps "
             f"with prefetch shorter than without, beyond their spread, by less than the {slots_ms:.0f} ms of "
             "slots a step")

@@ -97,7 +97,7 @@ def paced_table(m: dict) -> Report:
     def checks(r):
         claims.check_prefetch_saves_time_paced(m)
         claims.check_paced_verdict_follows_the_run(m, r.text)
-    return Report(text, checks, m=m, busy=disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s")))
+    return Report(text, checks, m=m, busy=disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")))
 
 
 def modes_table(fsdp_modes: dict, world_size: int = 4) -> Report:

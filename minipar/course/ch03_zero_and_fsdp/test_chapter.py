@@ -167,8 +167,12 @@ def test_paced_verdict_says_what_the_run_is_evidence_of_in_both_branches():
         claims.check_paced_verdict_follows_the_run(quiet, b.text)
     # a run that measured its wake-ups is judged by them: the load average of earlier runs does not void it,
     # ranks woken late do
-    assert report.paced_table(dict(quiet, load=1e3, late_s=0.0002)).text.splitlines()[-1].startswith(
+    assert report.paced_table(dict(quiet, load=1e3, late_s=0.0002, other_cores=0.01)).text.splitlines()[-1].startswith(
         "so this run is evidence")
+    among_others = report.paced_table(dict(quiet, late_s=0.0002, other_cores=1.5))      # make test's streams beside it
+    among_others.check()
+    assert among_others.text.splitlines()[-1].startswith("so this run is not evidence")
+    assert "other processes used 1.5 of the" in among_others.text
     late = report.paced_table(dict(quiet, late_s=0.004))
     late.check()
     assert "woke a median 4.0 ms after their slots' ends" in late.text and "within 1 ms of their slots' ends" in late.text

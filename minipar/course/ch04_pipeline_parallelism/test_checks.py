@@ -84,7 +84,7 @@ def test_a_busy_machine_compares_no_paced_schedule():
     rows = {"1f1b": (0.273, 0.445, 0, 64), "gpipe": (0.273, 0.27, 1, 64)}
     busy, quiet = PacedIdle(rows, 0.02, load=9.0, cores=2), PacedIdle(rows, 0.02, load=1.5, cores=2)
     assert busy.disturbed == ["1f1b", "gpipe"] and busy.agrees()
-    assert "every schedule: load average 9 on 2 cores" in str(busy) and "not compared" in str(busy)
+    assert "every schedule: load average 9.0 on 2 cores" in str(busy) and "not compared" in str(busy)
     assert quiet.disturbed == [] and not quiet.agrees()          # 44.5 % against 27.3 %: a real disagreement
     lines = str(quiet).splitlines()                              # an overrun is printed only where there is one
     assert "overran" not in lines[1] and "(1 of 64 actions overran their slots)" in lines[2]
