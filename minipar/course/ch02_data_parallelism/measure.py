@@ -85,29 +85,32 @@ def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:
     the first global batch's ``devices`` shards run one after another on one thread (the baseline, through the same
     ``functional_call`` as each replica's thread, so the two differ in the threads only), and of
     :class:`minipar.data.dp.DataParallel`'s replica threads on the same shards (first start to last end of
-    :attr:`minipar.data.dp.ExchangeLog.spans`). Both with one intra-op thread per forward, as ``dp.run``."""
+    :attr:`minipar.data.dp.ExchangeLog.spans`). Both with one intra-op thread per forward, as ``dp.run``.
+    ``"other_cores"``: other processes' CPU meanwhile, in cores (:class:`~minipar.observe.paced_compute.OtherWork`)."""
     from torch.func import functional_call
     from minipar.data import dp
+    from minipar.observe.paced_compute import OtherWork
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
     chunks = recipe.batches[0][0].chunk(devices)
     model = recipe.model()
     weights = dict(model.named_parameters())
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        one = []
-        for _ in range(runs + 1):
-            start = time.perf_counter()
-            for chunk in chunks:                      # the replicas' own call (dp._parallel_apply), on one thread
-                functional_call(model, weights, (chunk,))
-            one.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(before)
-    logs = []
-    dp.run(dataclasses.replace(recipe, batches=[recipe.batches[0]] * (runs + 1)), devices=devices, step_logs=logs)
+    with OtherWork() as other:                      # other processes' CPU meanwhile: did a thread wait for a core?
+        torch.set_num_threads(1)
+        try:
+            one = []
+            for _ in range(runs + 1):
+                start = time.perf_counter()
+                for chunk in chunks:                  # the replicas' own call (dp._parallel_apply), on one thread
+                    functional_call(model, weights, (chunk,))
+                one.append(time.perf_counter() - start)
+        finally:
+            torch.set_num_threads(before)
+        logs = []
+        dp.run(dataclasses.replace(recipe, batches=[recipe.batches[0]] * (runs + 1)), devices=devices, step_logs=logs)
     threads = [max(e for _, _, e in log.spans) - min(s for _, s, _ in log.spans) for log in logs]
-    return {"one_thread": one[1:], "threads": threads[1:]}
+    return {"one_thread": one[1:], "threads": threads[1:], "other_cores": other.cores}
 
 
 class TwoBranches(nn.Module):

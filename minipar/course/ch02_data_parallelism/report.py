@@ -17,14 +17,15 @@ from minipar.course.report import Report
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, collective_seconds, nccl_rooted_seconds
+from minipar.observe.paced_compute import OTHER_CORES
 from minipar.plan import Transformer, estimate
 from minipar.plan.model import parameters
 from minipar.plan.operators import MEGATRON_2022, head_step, layer_step, ops_seconds, stage_seconds
 
 from . import buckets as u_curve
 
-# The GIL is singled out only under one runnable task a core: above it, threads also wait for a core. (The
-# load average counts this chapter's own earlier launches too, so on 2 cores the line is often not stated.)
+# The GIL is singled out only when other processes used under OTHER_CORES of the cores while the threads ran (measured),
+# else under one runnable task a core (the load average, which also counts this chapter's own earlier launches).
 QUIET_LOAD_PER_CORE = 0.75
 
 __all__ = ["show", "dp_threads", "gpt2_sized", "bucket_u_curve", "GPT2_SMALL", "AMP"]
@@ -86,6 +87,16 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, loa
         tie_k, gain_k = facts["tie_at_cores"], facts["gain_at_cores"]
         outcome = ("the threads gained nothing measurable" if tie_k else
                    "the threads were slower than one thread" if gain_k < 1 else "the threads were faster than one thread")
+        other = gil_at_cores.get("other_cores")
+        if other is not None:                       # measured: other processes' CPU while the threads ran
+            busy = other > OTHER_CORES
+            lines.append(f"  other processes used {other:.2f} of the {cores} cores meanwhile: " + (
+                f"over {OTHER_CORES}, so a thread may have waited for a core. With no more threads than cores "
+                f"{outcome}; these runs cannot separate the GIL from that wait" if busy else
+                f"under {OTHER_CORES}, little waiting for a core, so what the threads lost is mostly the GIL and "
+                "their hand-offs"))
+            return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
+                          world_size=world_size, gain=gain, tie=tie, busy=busy, load=load, **facts)
         lines.append(f"  load average {load:.1f} on {cores} cores: " + (
             f"over {QUIET_LOAD_PER_CORE} a core, so a thread may have waited for a core. With no more threads than "
             f"cores {outcome}; these runs cannot separate the GIL from that wait" if busy else

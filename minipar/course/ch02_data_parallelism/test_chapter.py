@@ -54,6 +54,15 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     assert busy.busy and "mostly the GIL" not in busy.text
     assert busy.text.splitlines()[-1].endswith("With no more threads than cores the threads were slower than one "
                                                "thread; these runs cannot separate the GIL from that wait")
+    # measured other processes' CPU decides when the run gives it, not the load average of earlier cells
+    quiet_cores = {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052], "other_cores": 0.02}
+    alone = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64, quiet_cores, load=8.0 * k)
+    alone.check()
+    assert not alone.busy and alone.text.splitlines()[-1].startswith(f"  other processes used 0.02 of the {k} cores")
+    among = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
+                              dict(quiet_cores, other_cores=1.1), load=0.1)
+    among.check()
+    assert among.busy and "cannot separate the GIL" in among.text.splitlines()[-1]
     loaded = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                                {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=1.5 * k)
     assert loaded.busy and "a thread may have waited for a core" in loaded.text   # 1.5 a core: more tasks than cores
