@@ -219,7 +219,7 @@ def gpt2_sized(devices: int = 8, micro_batch: int = 4) -> Report:
              f"tokens = {tokens:,} tokens per GPU",
              f"  compute: {compute * 1e3:.1f} ms = {matmuls * 1e3:.1f} matmuls + {parts['rest'] * 1e3:.1f} the "
              f"other operators at HBM speed (norms, softmax, GELU, dropout, embedding, loss) + {adam * 1e3:.1f} Adam",
-             f"  matmuls: {matmul_flops / 1e12:.2f} TFLOP (6·N·T = {six_nt / 1e12:.2f}, the tied 50k-word head included, plus attention's QKᵀ and PV) "
+             f"  matmuls: {matmul_flops / 1e12:.2f} TFLOP (6 · parameters · tokens = {six_nt / 1e12:.2f}, the tied 50k-word head included, plus attention's QKᵀ and PV) "
              f"in {matmuls * 1e3:.1f} ms = {matmul_flops / matmuls / 1e12:.0f} TFLOP/s, "
              f"{matmul_flops / matmuls / dgx.device.peak_flops:.0%} of the A100's "
              f"{dgx.device.peak_flops / 1e12:.0f} TFLOP/s bf16 peak: a full tile's "
