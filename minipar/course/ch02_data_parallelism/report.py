@@ -90,18 +90,13 @@ def dp_threads(gil: dict, world_size: int, gil_at_cores: dict | None = None, loa
         other = gil_at_cores.get("other_cores")
         if other is not None:                       # measured: other processes' CPU while the threads ran
             busy = other > OTHER_CORES
-            lines.append(f"  other processes used {other:.2f} of the {cores} cores meanwhile: " + (
-                f"over {OTHER_CORES}, so a thread may have waited for a core. With no more threads than cores "
-                f"{outcome}; these runs cannot separate the GIL from that wait" if busy else
-                f"under {OTHER_CORES}, little waiting for a core, so what the threads lost is mostly the GIL and "
-                "their hand-offs"))
-            return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
-                          world_size=world_size, gain=gain, tie=tie, busy=busy, load=load, **facts)
-        lines.append(f"  load average {load:.1f} on {cores} cores: " + (
-            f"over {QUIET_LOAD_PER_CORE} a core, so a thread may have waited for a core. With no more threads than "
-            f"cores {outcome}; these runs cannot separate the GIL from that wait" if busy else
-            f"under {QUIET_LOAD_PER_CORE} a core, little waiting for a core, so what the threads lost is mostly "
-            "the GIL and their hand-offs"))
+            how, limit = f"other processes used {other:.2f} of the {cores} cores meanwhile", f"{OTHER_CORES}"
+        else:                                       # not measurable here (no /proc/stat): the load average
+            how, limit = f"load average {load:.1f} on {cores} cores", f"{QUIET_LOAD_PER_CORE} a core"
+        lines.append(f"  {how}: " + (
+            f"over {limit}, so a thread may have waited for a core. With no more threads than cores {outcome}; "
+            "these runs cannot separate the GIL from that wait" if busy else
+            f"under {limit}, little waiting for a core, so what the threads lost is mostly the GIL and their hand-offs"))
     return Report("\n".join(lines), _check_threads, one=gil["one_thread"], threads=gil["threads"],
                   world_size=world_size, gain=gain, tie=tie, busy=busy, load=load, **facts)
 
