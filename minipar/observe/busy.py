@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["DISTURBED_SHARE", "BUSY_LOAD_PER_CORE", "LATE_WAKE_S", "OTHER_CORES", "OtherWork", "disturbed", "too_busy"]
+__all__ = ["DISTURBED_SHARE", "BUSY_LOAD_PER_CORE", "LATE_WAKE_S", "OTHER_CORES", "OtherWork", "disturbed", "too_busy",
+           "run_disturbed", "run_too_busy"]
 
 DISTURBED_SHARE = 0.05    # more slots than this share ran long: the machine was too busy for the slots
 BUSY_LOAD_PER_CORE = 2    # a load average above this many per core: ranks wake late from their slots
@@ -21,7 +22,8 @@ def disturbed(overruns: int, held: int, load: float | None = None, cores: int | 
               late: float | None = None, other: float | None = None) -> bool:
     """More than :data:`DISTURBED_SHARE` of the ``held`` slots ran long, or other work had the cores: measured when
     the run gives ``other`` (other processes' CPU while it ran, in cores: :class:`OtherWork`), over
-    :data:`OTHER_CORES`, or ``late`` (the median of how late its ranks woke from their slots, :func:`median_wake`),
+    :data:`OTHER_CORES`, or ``late`` (the median of how late its ranks woke from their slots,
+    :func:`minipar.observe.paced_compute.median_wake`),
     over :data:`LATE_WAKE_S`; else read from the machine's 1-minute ``load`` average, over :data:`BUSY_LOAD_PER_CORE`
     times its ``cores`` (``None``: this machine's, now). (A tie was seen at 7 % overruns, load average 23: overlap
     needs gloo's threads to run too. With more than twice as many runnable processes as cores a rank woken at its
@@ -54,6 +56,17 @@ def too_busy(overruns: int, held: int, load: float | None = None, cores: int | N
     else:
         why = f"load average {load:.1f} on {cores} cores, over {BUSY_LOAD_PER_CORE} a core: ranks wake late from their slots"
     return f"{why}, so the times are not compared; run the cell again on a quieter machine"
+
+
+def run_disturbed(m: dict) -> bool:
+    """:func:`disturbed` for a paced run's measurements ``m``: its "overruns", "slots" and "load", and its "late_s"
+    and "other_cores" where it measured them."""
+    return disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
+
+
+def run_too_busy(m: dict) -> str:
+    """:func:`too_busy`'s line for a paced run's measurements ``m`` (as :func:`run_disturbed` reads them)."""
+    return too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
 
 
 class OtherWork:

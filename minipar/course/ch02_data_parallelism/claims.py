@@ -10,7 +10,8 @@ import torch.utils.data as tud
 
 from minipar import comm
 from minipar.check import compare
-from minipar.observe.paced_compute import disturbed, verdict
+from minipar.observe.busy import run_disturbed
+from minipar.observe.paced_compute import verdict
 
 
 def check_why_averaging_shard_gradients_exact(worst) -> None:
@@ -86,7 +87,7 @@ def check_overlap_saves_time_paced(m, text: str | None = None) -> None:
     the saving when the run counts; otherwise with "no result", says the run is no evidence, what a quiet run
     shows and where it is modelled (D2), and states no saving and no step time."""
     assert all(c.matches for c in m["matches"].values())
-    busy = disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
+    busy = run_disturbed(m)
     if not busy:
         assert verdict(m["seconds"]["bucket per block"], m["seconds"]["one bucket"]) != "tie"
     if text is not None:

@@ -86,10 +86,10 @@ def threads_vs_one_thread(recipe, devices: int, runs: int = 6) -> dict:
     ``functional_call`` as each replica's thread, so the two differ in the threads only), and of
     :class:`minipar.data.dp.DataParallel`'s replica threads on the same shards (first start to last end of
     :attr:`minipar.data.dp.ExchangeLog.spans`). Both with one intra-op thread per forward, as ``dp.run``.
-    ``"other_cores"``: other processes' CPU meanwhile, in cores (:class:`~minipar.observe.paced_compute.OtherWork`)."""
+    ``"other_cores"``: other processes' CPU meanwhile, in cores (:class:`~minipar.observe.busy.OtherWork`)."""
     from torch.func import functional_call
     from minipar.data import dp
-    from minipar.observe.paced_compute import OtherWork
+    from minipar.observe.busy import OtherWork
     if runs < 1:
         raise ValueError(f"runs must be at least 1, got {runs}")
     chunks = recipe.batches[0][0].chunk(devices)

@@ -27,8 +27,8 @@ from minipar.data import ddp
 from minipar.data.ddp_measure import watch_buckets
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (DISTURBED_SHARE, OtherWork, alternating_steps, median_wake, pace, size_slots, spread, too_busy,
-                                           verdict)
+from minipar.observe.busy import DISTURBED_SHARE, OtherWork, run_too_busy
+from minipar.observe.paced_compute import alternating_steps, median_wake, pace, size_slots, spread, verdict
 from minipar.recipe import RunResult
 
 __all__ = ["MODEL", "paced_rank", "measure", "table", "not_timed", "step_parts"]
@@ -144,7 +144,7 @@ def table(m: dict, verbose: bool = False) -> str:
     times and no saving, since they are not compared: its first lines (:func:`not_timed`) say so and what a quiet
     run shows, and it always ends with the measurement line and why."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
+    busy = run_too_busy(m)
     lines = [] if not busy else not_timed(m)
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())

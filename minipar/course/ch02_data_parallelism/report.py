@@ -17,7 +17,7 @@ from minipar.course.report import Report
 from minipar.data.zero_memory import Precision
 from minipar.layout import Layout
 from minipar.machine.cluster import IB_HDR, NVLINK3, LinkCard, a100_cluster, collective_seconds, nccl_rooted_seconds
-from minipar.observe.paced_compute import OTHER_CORES
+from minipar.observe.busy import OTHER_CORES
 from minipar.plan import Transformer, estimate
 from minipar.plan.model import parameters
 from minipar.plan.operators import MEGATRON_2022, head_step, layer_step, ops_seconds, stage_seconds

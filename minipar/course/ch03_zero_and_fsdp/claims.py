@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from minipar.check import compare, train_reference
-from minipar.observe.paced_compute import disturbed, verdict
+from minipar.observe.busy import run_disturbed
+from minipar.observe.paced_compute import verdict
 from minipar.data.zero_memory import GB
 from minipar.data.zero_memory import model_state_bytes_formula
 
@@ -96,7 +97,7 @@ def check_prefetch_saves_time_paced(m) -> None:
     cores: more than 5 % of the slots ran long, or a load
     average over twice the cores), and both equal one device"""
     assert all(c.matches for c in m["matches"].values())
-    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
+    if not run_disturbed(m):
         assert verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) != "tie"
 
 
@@ -105,7 +106,7 @@ def check_paced_verdict_follows_the_run(m, text) -> None:
     evidence of: a saving only when the run was timed (not disturbed), and otherwise plainly that it is not
     evidence, with no saving stated"""
     body, last = text.rsplit("\n", 1)
-    if disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
+    if run_disturbed(m):
         assert last.startswith("so this run is not evidence") and "saves" not in body and "saved" not in text, text
     else:
         assert last.startswith("so this run is evidence") and "prefetch saved" in last and "not evidence" not in text

@@ -4,10 +4,12 @@ which are this rank's flat shards (Zhao et al. 2023, PyTorch FSDP). The chapter 
 beside PyTorch's FSDP2 on the same units (:func:`run`: :func:`train_and_torch_fsdp2`, one launch, and one device)."""
 from __future__ import annotations
 
-from minipar.check import RunResult, gpt_recipe, train_reference
+from minipar.check import RunResult, train_reference
 from minipar.data.fsdp import FSDP, torch_fsdp2_train
 from minipar.launcher import launch
 from minipar.loop import mean_over_ranks, shard_batch
+
+from .figures import memory_recipe
 
 __all__ = ["BLOCKS", "train", "train_and_torch_fsdp2", "run"]
 
@@ -36,5 +38,5 @@ def train_and_torch_fsdp2(rank, world_size, recipe):
 
 def run(world_size: int) -> tuple:
     """(the ranks' :func:`train_and_torch_fsdp2`, one device's run) on §3's GPT at :data:`BLOCKS` blocks."""
-    recipe = gpt_recipe(steps=2, batch_size=8, seq_len=8, optimizer="adam", n_embd=32, n_layer=BLOCKS)
+    recipe = memory_recipe(n_layer=BLOCKS)
     return launch(train_and_torch_fsdp2, world_size, recipe, quiet=True), train_reference(recipe)

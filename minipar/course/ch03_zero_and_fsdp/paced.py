@@ -26,9 +26,8 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.paced_compute import (DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, alternating_steps, disturbed,
-                                           median_wake, pace,
-                                           size_slots, spread, too_busy, verdict)
+from minipar.observe.busy import DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, run_disturbed, run_too_busy
+from minipar.observe.paced_compute import alternating_steps, median_wake, pace, size_slots, spread, verdict
 from minipar.recipe import RunResult
 
 __all__ = ["MODEL", "zero3", "paced_rank", "measure", "table", "verdict_line", "compute_note"]
@@ -126,7 +125,7 @@ def table(m: dict) -> str:
     """The printed lines, the result first: the saving (or why the times are not compared), each configuration's
     step time, median [min – max], then how the steps were paced and why the saving is small."""
     f, b = m["slot_s"]
-    busy = too_busy(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores"))
+    busy = run_too_busy(m)
     lines = []
     if busy:                                            # a disturbed run states no saving: its times do not count
         lines.append(busy)
@@ -167,7 +166,7 @@ def verdict_line(m: dict) -> str:
     evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
     f, b = m["slot_s"]
     slots_ms = m["blocks"] * (f + b) * 1e3
-    if not disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")):
+    if not run_disturbed(m):
         with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
         return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
                 f"of a {without * 1e3:.0f} ms step")

@@ -22,10 +22,10 @@ from minipar.course.report import Report, against_one_device
 from minipar.data import zero_memory
 from minipar.data.zero_memory import GB, GiB, bytes_sent_per_step, model_state_bytes_formula
 from minipar.machine.cluster import a100_cluster, h100_cluster
-from minipar.observe.paced_compute import disturbed
+from minipar.observe.busy import run_disturbed
 
 from . import claims, figures, modes, muon_table, paced, timing
-from . import fsdp_loop as fsdp_loop_module           # its BLOCKS (report.fsdp_loop is the table)
+from .fsdp_loop import BLOCKS as FSDP_LOOP_BLOCKS
 
 __all__ = ["show", "papers_table", "fsdp_loop", "la_lb_lc", "break_even", "prefetch", "prefetch_memory", "paced_table", "stages", "wire",
            "designs_table", "modes_table", "muon", "calculator_text", "folded"]
@@ -97,7 +97,7 @@ def paced_table(m: dict) -> Report:
     def checks(r):
         claims.check_prefetch_saves_time_paced(m)
         claims.check_paced_verdict_follows_the_run(m, r.text)
-    return Report(text, checks, m=m, busy=disturbed(m["overruns"], m["slots"], m["load"], late=m.get("late_s"), other=m.get("other_cores")))
+    return Report(text, checks, m=m, busy=run_disturbed(m))
 
 
 def modes_table(fsdp_modes: dict, world_size: int = 4) -> Report:
@@ -281,7 +281,7 @@ def fsdp_loop(per_rank: list, reference: RunResult) -> Report:
     """``(per_rank, reference)`` = ``fsdp_loop.run(N)``: minipar's and PyTorch's FSDP, each against one device
     (default FP32 tolerance)."""
     ours, torch_fsdp2 = compare(reference, [o for o, _ in per_rank]), compare(reference, [t for _, t in per_rank])
-    steps = f"{len(per_rank)} ranks, §3's GPT at {fsdp_loop_module.BLOCKS} blocks, {len(reference.losses)} Adam steps"
+    steps = f"{len(per_rank)} ranks, §3's GPT at {FSDP_LOOP_BLOCKS} blocks, {len(reference.losses)} Adam steps"
     text = (f"minipar's FSDP(model), {steps}: {against_one_device(ours)}\n"
             f"PyTorch's fully_shard, same units: {against_one_device(torch_fsdp2)}")
     return Report(text, lambda r: (ours.assert_ok(), torch_fsdp2.assert_ok()), agreement=ours)
