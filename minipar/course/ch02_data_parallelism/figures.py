@@ -95,7 +95,7 @@ def draw_timeline(per_rank, ax=None):
     ax.legend(handles=[Patch(color=bars["forward"][0], alpha=0.45, label="forward"),
                        Patch(color=bars["backward"][0], label="backward to its last gradient (ticks: a gradient ready)"),
                        Patch(color=bars["wait"][0], label="idle: waiting for the last buckets"),
-                       Patch(color=hidden, label="all-reduce under backward (hidden; a tick: a bucket left)"),
+                       Patch(color=hidden, label="all-reduce during backward (a tick: a bucket left)"),
                        Patch(color=exposed, label="all-reduce after the last gradient (exposed)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=8, frameon=False)
     ax.set_title("DDP, measured here, unpaced: buckets start during backward\n"

@@ -149,7 +149,7 @@ def table(m: dict, verbose: bool = False) -> str:
     if not busy:
         per_block, one = (statistics.median(s) for s in m["seconds"].values())
         # in ms only: the slots are stretched on purpose, so a share of this step would say nothing of a GPU's
-        lines.append(f"overlap saves {(one - per_block) * 1e3:.1f} ms a step")
+        lines.append(f"overlap saves {(one - per_block) * 1e3:.1f} ms a step, timed on a quiet machine")
         if "exposed_s" in m:                            # the all-reduce's wait after the last gradient, in the steps
             wait_block, wait_one = (statistics.median(s) for s in m["exposed_s"].values())
             lines.append(f"  after the last gradient, each step still waited for its all-reduces: one bucket "

@@ -45,8 +45,9 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     assert f"no more threads than cores ({k} threads, {k} cores" in at_cores.text and not at_cores.tie_at_cores
     assert "took 3.3× as long as one thread (median 5.10 vs 1.55 ms)" in at_cores.text.splitlines()[-2]
     at_cores.check()
-    assert at_cores.text.splitlines()[-1] == (f"  load average 0.5 on {k} cores: under 0.75 a core, little waiting for a "
-                                              "core, so what the threads lost is mostly the GIL and their hand-offs")
+    assert at_cores.text.splitlines()[-1] == (f"  the machine was quiet meanwhile (load average 0.5 on {k} cores), so what "
+                                              "the threads lost is mostly the GIL and their hand-offs")
+    assert "0.75" not in at_cores.text and "under" not in at_cores.text   # the threshold is the fold's, not the line's
     # §5's load gate on D1 too: on a busy machine the last line does not put the loss on the GIL
     busy = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                              {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052]}, load=8.0 * k)
@@ -58,7 +59,8 @@ def test_dp_threads_report_calls_overlapping_ranges_a_tie():
     quiet_cores = {"one_thread": [0.0015, 0.0016], "threads": [0.0050, 0.0052], "other_cores": 0.02}
     alone = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64, quiet_cores, load=8.0 * k)
     alone.check()
-    assert not alone.busy and alone.text.splitlines()[-1].startswith(f"  other processes used 0.02 of the {k} cores")
+    assert not alone.busy and alone.text.splitlines()[-1].startswith(
+        f"  the machine was quiet meanwhile (other processes used 0.02 of its {k} cores), so")
     among = report.dp_threads({"one_thread": [0.010, 0.013], "threads": [0.012, 0.014]}, 64,
                               dict(quiet_cores, other_cores=1.1), load=0.1)
     among.check()
@@ -85,7 +87,7 @@ def test_paced_claim_needs_the_spread_unless_the_slots_ran_long():
     waited = dict(m, exposed_s={"bucket per block": [0.004, 0.005, 0.006], "one bucket": [0.03, 0.03, 0.04]},
                   allreduce_s=[0.02, 0.025, 0.03])                           # timed in the steps; alone, a scale
     text = paced.table(waited)
-    assert text.startswith("overlap saves 30.0 ms a step\n  after the last gradient, "
+    assert text.startswith("overlap saves 30.0 ms a step, timed on a quiet machine\n  after the last gradient, "
                            "each step still waited for its all-reduces: one bucket 30.0 ms, bucket per block 5.0 ms; "
                            "the difference, 25.0 ms, is 83% of the saving\n")
     assert len(text.splitlines()) == 5 and "slots" not in text and "alone" not in text   # the apparatus on request
@@ -146,6 +148,9 @@ def test_timeline_colours_a_bucket_hidden_before_the_last_gradient_and_exposed_a
     assert bars[KIND_COLOURS["comm hidden"].lower()] == pytest.approx(2.0)     # 2 → 4 ms, under backward
     assert bars[KIND_COLOURS["comm exposed"].lower()] == pytest.approx(1.0)    # 4 → 5 ms, after it
     assert "#55a868" not in bars                                               # green means hidden, nothing else
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    # the step may still idle after the last gradient: the legend says when green ran, not that it cost nothing
+    assert "all-reduce during backward (a tick: a bucket left)" in labels and not any("hidden" in t for t in labels)
 
 
 def test_dp_and_ddp_bytes_count_what_each_sends(capsys):
@@ -249,3 +254,18 @@ def test_slots_sized_from_measured_compute():
     assert (p.forward_s, p.backward_s, p.computed["forward"]) == (0.01, 0.04, [])
     p.computed = {"forward": [0.2] * 10, "backward": []}
     assert size_slots([p], (0.01, 0.02), ceiling=0.08) == (0.08, 0.02)
+
+
+def test_the_folds_quiet_machine_rules_are_the_codes():
+    """The printed lines say only whether the machine was quiet; the rules live in the notebook's folds (§5's
+    and D1's "How ... measured"), written out in words: they must be the thresholds the code applies."""
+    import json
+    from minipar.course import ROOT
+    from minipar.course.ch02_data_parallelism.report import QUIET_LOAD_PER_CORE
+    from minipar.observe.busy import DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES
+    nb = json.loads((ROOT / "notebooks" / "02_data_parallelism.ipynb").read_text())
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert (OTHER_CORES, DISTURBED_SHARE, LATE_WAKE_S, QUIET_LOAD_PER_CORE) == (0.25, 0.05, 0.001, 0.75)
+    for words in ("over a quarter of a core", "under a quarter of a core", "at most 5 % ran long",
+                  "a median under 1 ms late", "a load average under 0.75 a core"):
+        assert words in text, words
