@@ -26,7 +26,7 @@ from minipar.check import compare, gpt_recipe, train_reference
 from minipar.data import zero
 from minipar.launcher import launch
 from minipar.loop import shard_batch
-from minipar.observe.busy import DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, run_disturbed, run_too_busy
+from minipar.observe.busy import OtherWork, run_disturbed, run_too_busy
 from minipar.observe.paced_compute import alternating_steps, median_wake, pace, size_slots, spread, verdict
 from minipar.recipe import RunResult
 
@@ -117,7 +117,7 @@ def measure(world_size: int = 4, rounds: int = ROUNDS, forward_s: float = FORWAR
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),
             "load": os.getloadavg()[0], "late_s": ranks[0]["late_s"], "other_cores": other.cores,
             "slots": sum(r["slots"] for r in ranks), "slot_s": ranks[0]["slot_s"], "compute_s": ranks[0]["compute_s"],
-            "blocks": MODEL["n_layer"],
+            "blocks": MODEL["n_layer"], "ceiling_s": CEILING_S,
             "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters())}
 
 
@@ -138,8 +138,8 @@ def table(m: dict) -> str:
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  paced: a GPT of {m['blocks']} blocks, h = {MODEL['n_embd']}, {MODEL['n_head']} heads, vocabulary "
-                 f"{MODEL['vocab_size']}; each forward held to {f * 1e3:.0f} ms and backward to "
-                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step{_computes(m)}); a block's all-gather "
+                 f"{MODEL['vocab_size']}; each forward held to {f * 1e3:.0f} ms{_capped(m, f)} and backward to "
+                 f"{b * 1e3:.0f} ms{_capped(m, b)} ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step{_computes(m)}); a block's all-gather "
                  f"brings {m['block_bytes'] / 1e6:.1f} MB; slots that ran long: {m['overruns']} of {m['slots']}")
     if busy:
         return "\n".join(lines)
@@ -153,6 +153,14 @@ def table(m: dict) -> str:
     return "\n".join(lines)
 
 
+def _capped(m: dict, slot_s: float) -> str:
+    """' (the longest slot allowed; twice its slow end was more)' when ``size_slots`` clipped this slot at the run's
+    ceiling (``m["ceiling_s"]``, :data:`CEILING_S`), which is why a forward's slot can come out no longer than
+    a backward's; "" otherwise."""
+    ceiling = m.get("ceiling_s", CEILING_S)
+    return " (the longest slot allowed; twice its slow end was more)" if slot_s >= ceiling - 1e-9 else ""
+
+
 def _computes(m: dict) -> str:
     """', a block computes in a / b ms here' when the run measured it (what the slots were sized from)."""
     if "compute_s" not in m:
@@ -162,20 +170,18 @@ def _computes(m: dict) -> str:
 
 
 def verdict_line(m: dict) -> str:
-    """The run's last line: on a quiet enough machine, the saving it timed; on a busy one, that this run is not
-    evidence either way, and what a quiet run prints instead (the bounds from this run's slots)."""
+    """The run's last line: on a quiet machine, the saving it timed; on a busy one, that nothing was timed (the
+    first line, :func:`minipar.observe.busy.too_busy`'s, says why), and what a quiet run shows instead (the bound
+    from this run's slots). The rules for "quiet" are the chapter's fold, not this line."""
     f, b = m["slot_s"]
     slots_ms = m["blocks"] * (f + b) * 1e3
     if not run_disturbed(m):
         with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
-        return (f"so this run is evidence: timed on a quiet enough machine, prefetch saved {(without - with_p) * 1e3:.1f} ms "
-                f"of a {without * 1e3:.0f} ms step")
-    return ("so this run is not evidence that prefetch saves time, nor that it does not: the machine was too busy "
-            f"to time it. On a quiet machine (no other process using over {OTHER_CORES} of a core, ranks waking "
-            f"within {LATE_WAKE_S * 1e3:.0f} ms of their slots' ends, "
-            f"at most {DISTURBED_SHARE:.0%} of the slots long) the first line states the saving instead: steps "
-            f"with prefetch shorter than without, beyond their spread, by less than the {slots_ms:.0f} ms of "
-            "slots a step")
+        return (f"timed on a quiet machine: prefetch saved {(without - with_p) * 1e3:.1f} ms of a "
+                f"{without * 1e3:.0f} ms step ({1 - with_p / without:.0%})")
+    return ("not timed: the machine was too busy, so these steps show neither that prefetch saves time nor that it "
+            "does not; on a quiet machine the steps with prefetch are shorter than without, beyond their spread, "
+            f"by less than the {slots_ms:.0f} ms of slots a step")
 
 
 def compute_note(m: dict) -> str:
