@@ -138,8 +138,8 @@ def table(m: dict) -> str:
                      f"{'matches' if m['matches'][name].matches else 'DOES NOT MATCH'} one device "
                      f"(max |Δ| {m['matches'][name].max_abs_diff:.0e})")
     lines.append(f"  paced: a GPT of {m['blocks']} blocks, h = {MODEL['n_embd']}, {MODEL['n_head']} heads, vocabulary "
-                 f"{MODEL['vocab_size']}; each forward held to {f * 1e3:.0f} ms{_capped(m, f)} and backward to "
-                 f"{b * 1e3:.0f} ms{_capped(m, b)} ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step{_computes(m)}); a block's all-gather "
+                 f"{MODEL['vocab_size']}; each forward held to {f * 1e3:.0f} ms and backward to "
+                 f"{b * 1e3:.0f} ms ({m['blocks'] * (f + b) * 1e3:.0f} ms of slots a step{_computes(m)}{_capped(m)}); a block's all-gather "
                  f"brings {m['block_bytes'] / 1e6:.1f} MB; slots that ran long: {m['overruns']} of {m['slots']}")
     if busy:
         return "\n".join(lines)
@@ -153,12 +153,17 @@ def table(m: dict) -> str:
     return "\n".join(lines)
 
 
-def _capped(m: dict, slot_s: float) -> str:
-    """' (the longest slot allowed; twice its slow end was more)' when ``size_slots`` clipped this slot at the run's
-    ceiling (``m["ceiling_s"]``, :data:`CEILING_S`), which is why a forward's slot can come out no longer than
-    a backward's; "" otherwise."""
+def _capped(m: dict) -> str:
+    """'; the forward's slot is the longest allowed, 36 ms: twice its slow end was more' (or the backward's, or
+    both) when ``size_slots`` clipped a slot at the run's ceiling (``m["ceiling_s"]``, :data:`CEILING_S`): why a
+    forward's slot can come out no longer than a backward's; "" when neither was clipped."""
     ceiling = m.get("ceiling_s", CEILING_S)
-    return " (the longest slot allowed; twice its slow end was more)" if slot_s >= ceiling - 1e-9 else ""
+    capped = [kind for kind, slot in zip(("forward", "backward"), m["slot_s"]) if slot >= ceiling - 1e-9]
+    if not capped:
+        return ""
+    if len(capped) == 2:
+        return f"; both slots are the longest allowed, {ceiling * 1e3:.0f} ms: twice each one's slow end was more"
+    return f"; the {capped[0]}'s slot is the longest allowed, {ceiling * 1e3:.0f} ms: twice its slow end was more"
 
 
 def _computes(m: dict) -> str:

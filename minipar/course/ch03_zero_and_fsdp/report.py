@@ -250,7 +250,7 @@ def wire(ring_runs: list, per_rank: list, reference: RunResult, world_size: int)
     lines.pop()
     gloo_note = ("gloo has **no reduce-scatter of its own**: it all-reduces the whole buffer and keeps one chunk, "
                  "moving 2(N−1)/N·S, twice the ring's. So on gloo's collectives ZeRO-1/2 send 1.5× DDP's bytes and "
-                 f"ZeRO-3 2×; these runs' sockets: ZeRO-1 {ratio[('gloo', 1)]:.2f}×, ZeRO-2 {ratio[('gloo', 2)]:.2f}×, "
+                 f"ZeRO-3 2×; measured on these runs' sockets: ZeRO-1 {ratio[('gloo', 1)]:.2f}×, ZeRO-2 {ratio[('gloo', 2)]:.2f}×, "
                  f"ZeRO-3 {ratio[('gloo', 3)]:.2f}×, and ZeRO-2 accumulating {m} micro-batches "
                  f"{ratio[('accum', 2)]:.2f}× (each of its reduce-scatters moves an all-reduce's bytes).\n\n"
                  "This is also why §3's stages came out bit-identical to DDP (the 0 there): on gloo, ZeRO's "
