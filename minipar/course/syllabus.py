@@ -87,11 +87,11 @@ ABOUT = {
     "06b": About(  # 3421 words (17 min) + 4 exercise stubs
         title="Long sequences: ring attention, zig-zag, Ulysses, ring self-attention",
         summary="FlashAttention-2 in PyTorch; ring attention, zig-zag, Ulysses, each equal to dense.",
-        core_minutes=0, elective_minutes=35, run_seconds=19),
+        core_minutes=0, elective_minutes=35, run_seconds=17),
     "07": About(  # 2653 words (13 min) + 3 exercise stubs
         title="Multi-dimensional tensor parallelism: 2D (SUMMA), 2.5D (Tesseract), 3D — measured against 1D",
         summary="Weights and activations split on grids of ranks; memory and bytes per rank against 1D.",
-        core_minutes=0, elective_minutes=30, run_seconds=22),
+        core_minutes=0, elective_minutes=30, run_seconds=19),
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
@@ -135,11 +135,11 @@ ABOUT = {
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
-        core_minutes=0, elective_minutes=35, run_seconds=18),
+        core_minutes=0, elective_minutes=35, run_seconds=15),
     "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
         title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
         summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
-        core_minutes=0, elective_minutes=35, run_seconds=13),
+        core_minutes=0, elective_minutes=35, run_seconds=11),
 }
 
 
