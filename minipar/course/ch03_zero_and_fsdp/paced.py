@@ -147,9 +147,7 @@ def table(m: dict) -> str:
     regime = "communication-bound" if slots < without / 2 else "compute-bound"
     lines.append(f"  without prefetch, {slots * 1e3:.0f} ms of the {without * 1e3:.0f} ms step is compute slots and "
                  f"{1 - slots / without:.0%} is gloo's collectives on the shared cores ({regime}); prefetch hides "
-                 f"gathers under compute, so it can save at most the {slots * 1e3:.0f} ms of slots; §5's bound is "
-                 "priced for a GPU node's compute and links, not these cores: this run shows that prefetch saves time "
-                 "here, not where the bound lies")
+                 f"gathers under compute, so it can save at most the {slots * 1e3:.0f} ms of slots")
     return "\n".join(lines)
 
 
