@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from minipar.launcher import launch
-from minipar.observe.paced_compute import (OTHER_CORES, OtherWork, alternating_steps, disturbed, median_wake, pace, spread,
-                                           too_busy, verdict)
+from minipar.observe.busy import DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, disturbed, too_busy
+from minipar.observe.paced_compute import alternating_steps, median_wake, pace, spread, verdict
 
 F, B = 0.06, 0.08          # slots (s)
 
@@ -187,3 +187,16 @@ def test_other_work_measures_the_cpu_of_processes_not_its_own():
         spinning.kill()
         spinning.wait()
     assert other.cores is None or other.cores > OTHER_CORES, other.cores
+
+
+@pytest.mark.parametrize("notebook", ["02_data_parallelism.ipynb", "03_zero_and_fsdp.ipynb"])
+def test_each_paced_chapters_fold_states_the_rules_the_code_applies(notebook):
+    """A paced run prints only whether the machine was quiet; its chapter's fold ("How ... measured") states the
+    rules in words: they must be the thresholds minipar.observe.busy applies."""
+    import json
+    from minipar.course import ROOT
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text())
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert (OTHER_CORES, DISTURBED_SHARE, LATE_WAKE_S) == (0.25, 0.05, 0.001)
+    for words in ("at most 5 %", "over a quarter of a core", "a median under 1 ms late"):
+        assert words in text, (notebook, words)

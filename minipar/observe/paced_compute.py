@@ -43,12 +43,10 @@ import torch
 import torch.distributed as dist
 
 from ..check import one_thread
-from .busy import (BUSY_LOAD_PER_CORE, DISTURBED_SHARE, LATE_WAKE_S, OTHER_CORES, OtherWork, disturbed,
-                   too_busy)              # re-exported: the chapters read the paced runs' verdicts from here
 
-__all__ = ["DISTURBED_SHARE", "BUSY_LOAD_PER_CORE", "LATE_WAKE_S", "OTHER_CORES", "Pacer", "pace", "size_slots",
-           "median_wake", "OtherWork", "disturbed", "too_busy", "alternating_steps", "spread", "verdict", "unsteady",
+__all__ = ["Pacer", "pace", "size_slots", "median_wake", "alternating_steps", "spread", "verdict", "unsteady",
            "paired_ratios"]
+
 
 class Pacer:
     """The pacing of ``blocks``: each one's forward held to ``forward_s`` seconds, its backward to
@@ -60,7 +58,7 @@ class Pacer:
         self.forward_s, self.backward_s = forward_s, backward_s
         self.held = self.overruns = self.unpaced = 0     # slots held; of them ran long; backwards not held
         self.late = 0.0                               # how late the last sleep woke up (seconds)
-        self.woke_late: list = []                     # how late each sleep woke up (seconds): see :func:`disturbed`
+        self.woke_late: list = []                     # how late each sleep woke up (seconds): busy.disturbed reads it
         self.computed = {"forward": [], "backward": []}   # seconds each held slot's compute took, by kind
         self.blocks = list(blocks)
         for block in self.blocks:

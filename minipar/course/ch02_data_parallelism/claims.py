@@ -83,9 +83,11 @@ def check_range_text_below_quotes(slowest, fastest) -> None:
 def check_overlap_saves_time_paced(m, text: str | None = None) -> None:
     """Overlap: the bucket timeline: paced, a bucket per block is faster than one bucket outside the spread (a
     median outside the other's [min – max]; unless other load took the cores: more than 5 % of the slots ran
-    long, or the ranks woke a median over 1 ms late from their slots), and both equal one device. The printed ``text`` opens with
-    the saving when the run counts, and says it was timed on a quiet machine; otherwise with "no result", says the run is no evidence, what a quiet run
-    shows and where it is modelled (D2), and states no saving and no step time."""
+    long, other processes used over a quarter of a core, or the ranks woke a median over 1 ms late from their
+    slots: :func:`minipar.observe.busy.disturbed`), and both equal one device. The printed
+    ``text`` opens with the saving when the run counts, and says it was timed on a quiet machine; otherwise with
+    "no result", says the run is no evidence, what a quiet run shows and where it is modelled (D2), and states no
+    saving and no step time."""
     assert all(c.matches for c in m["matches"].values())
     busy = run_disturbed(m)
     if not busy:

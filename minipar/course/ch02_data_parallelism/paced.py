@@ -119,7 +119,7 @@ def measure(world_size: int = 4, rounds: int = 5, forward_s: float = FORWARD_S,
     """Launch :func:`paced_rank`; {"seconds": {config: [s]}, "exposed_s": {config: [s]}, "allreduce_s": [s], "matches": {config: Comparison with one device},
     "buckets", "overruns", "slots" (how many were held, all ranks), "slot_s": (forward_s, backward_s), "blocks",
     "grad_bytes", "load" (1-minute load average when the runs ended), "late_s" (the median wake-up after a slot's end:
-    what decides whether other work disturbed the run, :func:`~minipar.observe.paced_compute.disturbed`)}."""
+    what decides whether other work disturbed the run, :func:`~minipar.observe.busy.disturbed`)}."""
     recipe = gpt_recipe(steps=2 + 2 * rounds, batch_size=4, seq_len=16, optimizer="sgd", **MODEL)
     with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the run's?
         ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)

@@ -40,13 +40,13 @@ def check_all_four_stages_measured(ratio) -> None:
     assert abs(ratio - 1.5) < 1e-9
 
 
-def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo3, gloo2=None) -> None:
+def check_trains_like_one_device(reference, wire_runs, ring1, ring3, gloo1, gloo3, gloo2) -> None:
     """The communication trade-off: trains like one device; on gloo's collectives ZeRO-1/2 send 1.5× DDP's bytes
     and ZeRO-3 2× (its reduce-scatter is an all-reduce)"""
     assert all(compare(reference, [r[(c, 3)] for r in wire_runs]).matches for c in ("ring", "gloo"))   # trains like one device
     assert abs(ring1 - 1.0) < 0.03 and abs(ring3 - 1.5) < 0.03      # the paper's figures, on the wire
     assert abs(gloo1 - 1.5) < 0.08 and abs(gloo3 - 2.0) < 0.08      # gloo's reduce-scatter = an all-reduce
-    assert gloo2 is None or abs(gloo2 - 1.5) < 0.08                 # ZeRO-2: ZeRO-1's collectives, unit by unit
+    assert abs(gloo2 - 1.5) < 0.08                                  # ZeRO-2: ZeRO-1's collectives, unit by unit
 
 
 def check_zero2_reduce_scatters_every_micro_batch(logged_ratio, m, root_share, wire_runs, recipe) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.pipeline_views import GRID, draw_measured, run_together
 from minipar.course.plotting import save_figure
-from minipar.observe.paced_compute import disturbed, too_busy
+from minipar.observe.busy import disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule

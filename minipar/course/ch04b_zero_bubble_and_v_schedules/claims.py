@@ -4,7 +4,7 @@ Each function takes what one cell computed, raises AssertionError naming the cla
 and prints nothing when all hold."""
 from __future__ import annotations
 
-from minipar.observe.paced_compute import disturbed
+from minipar.observe.busy import disturbed
 from minipar.pipeline import make_schedule
 from minipar.pipeline import simulate
 

@@ -35,7 +35,7 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.launcher import launch
-from minipar.observe.paced_compute import disturbed, too_busy
+from minipar.observe.busy import disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
