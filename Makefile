@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 tour: $(STAMP)
 	$(PY) -m minipar tour
 
-# Everything, in about 20 minutes on CI's two cores, 12 on faster ones (tools/run_tests.py says how): the tests on two
+# Everything, in about 20 minutes on CI's two cores, 9 on faster ones (tools/run_tests.py says how): the tests on two
 # pytest workers, the site build (every chapter executed, any error output fails it) and the browser test
 # (the chapters with widgets in JupyterLab) side by side; then the serial tests and the site test alone.
 test: $(STAMP)

@@ -1,4 +1,4 @@
-"""`make test`: every check of the project, in about 20 minutes on CI's two cores (12 on faster ones).
+"""`make test`: every check of the project, in about 20 minutes on CI's two cores (9 on faster ones).
 
     .venv/bin/python tools/run_tests.py            # what `make test` runs (after tools/setup_browser.sh)
 

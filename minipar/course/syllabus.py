@@ -139,7 +139,7 @@ ABOUT = {
     "15": About(  # 1834 words (9 min) + 5 exercise stubs
         title="When a device dies: failure rates, asynchronous checkpoints, silent data corruption",
         summary="Save intervals from failure rates; async saves killed mid-write; bit flips; a lost replica healed.",
-        core_minutes=0, elective_minutes=35, run_seconds=15),
+        core_minutes=0, elective_minutes=35, run_seconds=16),
     "A": About(  # 4433 words (22 min) + 2 exercise stubs: chapter 12's old §8–10 and the instruments
         title="How minipar measures: traces, replays, wire counting, spreads, calibration, recordings",
         summary="Communication log and wire, memory, spreads and ties, traces, replays, calibration, records.",
