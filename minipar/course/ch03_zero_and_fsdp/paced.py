@@ -11,10 +11,14 @@ is prefetched in it) and the blocks' compute, the ranks computing together, from
 (:func:`minipar.observe.paced_compute.size_slots`: twice its 90th percentile, at least ``FORWARD_S`` /
 ``BACKWARD_S``, at most ``CEILING_S``). Rounds then alternate the two configurations
 (:func:`minipar.observe.paced_compute.alternating_steps`: each step after a barrier, on its slowest rank).
-Both are compared with one device (SGD, same batches: equal to float summation order).
+Both are compared with one device (SGD, same batches: equal to float summation order): rank 0's gathered
+parameters, and every other rank's through a hash of its gathered parameters' bytes, which must be rank 0's (sending
+each rank's whole model back was a tenth of the run's time).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import statistics
 
@@ -52,8 +56,9 @@ def zero3(model, recipe, prefetch: bool):
 
 
 def paced_rank(rank, world_size, recipe, forward_s, backward_s):
-    """{"seconds": {config: [s per round]}, "results": {config: RunResult}, "overruns", "slots", "slot_s",
-    "compute_s", "late_s"}: the recipe's first batch untimed (it records the units' order and the blocks' compute, from
+    """{"seconds": {config: [s per round]}, "results": {config: RunResult} (the parameters on rank 0 only),
+    "digests": {config: hash of the gathered parameters}, "overruns", "slots", "slot_s", "compute_s", "late_s"}:
+    the recipe's first batch untimed (it records the units' order and the blocks' compute, from
     which ``size_slots`` sizes the slots, ``forward_s`` and ``backward_s`` the narrowest), then one round per
     later batch."""
     torch.set_num_threads(1)
@@ -78,9 +83,11 @@ def paced_rank(rank, world_size, recipe, forward_s, backward_s):
     slot_s = size_slots(pacers, (forward_s, backward_s), ceiling=CEILING_S)   # resets the slots' counts too
     seconds = alternating_steps({n: (lambda n=n: step(n)) for n in CONFIGS}, recipe.steps - 1)
     late_s = median_wake(pacers)                            # how late the timed steps' sleeps woke: other work?
-    results = {n: RunResult(_mean_over_ranks(losses), sharded.full_parameters())
-               for n, (_, sharded, losses) in state.items()}
-    return {"seconds": seconds, "results": results, "overruns": sum(p.overruns for p in pacers),
+    results, digests = {}, {}
+    for n, (_, sharded, losses) in state.items():
+        losses, full = _mean_over_ranks(losses), sharded.full_parameters()     # collectives: every rank takes part
+        results[n], digests[n] = RunResult(losses, full if rank == 0 else {}), _digest(full)
+    return {"seconds": seconds, "results": results, "digests": digests, "overruns": sum(p.overruns for p in pacers),
             "slots": sum(p.held for p in pacers), "slot_s": slot_s, "compute_s": compute_s, "late_s": late_s}
 
 
@@ -91,6 +98,23 @@ def _median_compute(pacers) -> tuple:
                          for kind in ("forward", "backward")], dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return tuple(took.tolist())
+
+
+def _digest(params: dict) -> str:
+    """SHA-256 of the parameters' bytes, in name order: equal on two ranks exactly when their parameters are."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(params[name].detach().contiguous().numpy())
+    return h.hexdigest()
+
+
+def _on_every_rank(match, ranks: list, name: str):
+    """Rank 0's comparison with one device, failed if another rank's gathered parameters differ from rank 0's."""
+    differ = [i for i, r in enumerate(ranks) if r["digests"][name] != ranks[0]["digests"][name]]
+    if not differ:
+        return match
+    return dataclasses.replace(match, matches=False,
+                               problems=match.problems + [f"rank(s) {differ}: parameters differ from rank 0's"])
 
 
 def _mean_over_ranks(losses: list) -> list:
@@ -111,7 +135,7 @@ def measure(world_size: int = 4, rounds: int = ROUNDS, forward_s: float = FORWAR
     with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the run's?
         ranks = launch(paced_rank, world_size, recipe, forward_s, backward_s, quiet=True, timeout=120)
     reference = train_reference(recipe)
-    matches = {n: compare(reference, [r["results"][n] for r in ranks], atol=1e-5, rtol=1e-4)
+    matches = {n: _on_every_rank(compare(reference, [ranks[0]["results"][n]], atol=1e-5, rtol=1e-4), ranks, n)
                for n in ranks[0]["results"]}
     block = recipe.model().blocks[0]
     return {"seconds": ranks[0]["seconds"], "matches": matches, "overruns": sum(r["overruns"] for r in ranks),

@@ -138,6 +138,24 @@ def test_paced_line_prints_the_measured_compute():
     assert "forward takes 6.0 ms, its backward 10.0 ms" in paced.table(m)
 
 
+def test_paced_run_fails_its_one_device_check_when_another_rank_differs_from_rank_0():
+    """The paced run sends back rank 0's gathered parameters only: every other rank's must hash to the same
+    bytes, or the configuration does not match one device, naming the rank."""
+    import torch
+    from minipar.check import compare
+    from minipar.course.ch03_zero_and_fsdp import paced
+    from minipar.recipe import RunResult
+    params = {"w": torch.arange(4.0), "b": torch.ones(2)}
+    reference = RunResult([1.0], {k: v.clone() for k, v in params.items()})
+    tweaked = dict(params, b=torch.tensor([1.0, 1.0 + 2**-20]))        # one bit off: still inside the tolerance
+    ranks = [{"digests": {"prefetch": paced._digest(p)}} for p in (params, params, tweaked, params)]
+    match = compare(reference, [RunResult([1.0], params)], atol=1e-5, rtol=1e-4)
+    assert match.matches and compare(reference, [RunResult([1.0], tweaked)], atol=1e-5, rtol=1e-4).matches
+    assert paced._on_every_rank(match, ranks[:2] + ranks[3:], "prefetch") is match
+    failed = paced._on_every_rank(match, ranks, "prefetch")
+    assert not failed.matches and failed.problems == ["rank(s) [2]: parameters differ from rank 0's"]
+
+
 def test_paced_verdict_states_the_saving_or_that_nothing_was_timed():
     """§5's paced cell ends with a verdict built from the run (the Summary and §5's prose rely on it, not on a
     quiet machine): a timed run states its saving; a disturbed one says plainly it timed nothing, states no
