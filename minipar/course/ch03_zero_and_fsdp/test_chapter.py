@@ -128,6 +128,12 @@ def test_tiling_checks_the_gradients_through_the_refetch():
         claims.check_memory_centric_tiling_one_layer(r.outputs, r.peaks, {**r.grad_gaps, 16: 1e-3})
 
 
+def test_paced_regime_is_named_by_the_collectives_share():
+    from minipar.course.ch03_zero_and_fsdp import paced
+    assert [paced.regime(x) for x in (0.62, 0.61, 0.6, 0.49, 0.4, 0.39)] == [
+        "communication-bound", "communication-bound"] + ["compute and collectives about even"] * 3 + ["compute-bound"]
+
+
 def test_paced_line_prints_the_measured_compute():
     """§5's paced line: the slots the run held and a block's measured compute they were sized from
     (sized by the library's ``size_slots``, tested with chapter 02)."""
