@@ -176,11 +176,11 @@ def table(m: dict) -> str:
 
 
 def regime(collectives_share: float) -> str:
-    """What bounds the step without prefetch, by the collectives' share of it: over 60 % communication, under 40 %
+    """What bounds the step without prefetch, by the collectives' share of it: over 55 % communication, under 45 %
     compute, between the two about even (a 49 % step called "compute-bound" read as a contradiction)."""
-    if collectives_share > 0.6:
+    if collectives_share > 0.55:
         return "communication-bound"
-    return "compute-bound" if collectives_share < 0.4 else "compute and collectives about even"
+    return "compute-bound" if collectives_share < 0.45 else "compute and collectives about even"
 
 
 def _capped(m: dict) -> str:
