@@ -79,7 +79,7 @@ ABOUT = {
     "04b": About(  # 2294 words (11 min) + 4 exercise stubs
         title="Zero bubble and the V: ZB-H1, ZB-V, DualPipeV, and a checker for deadlocks",
         summary="The B/W split, the V schedules (ZB-V, DualPipeV), a checker that proves no deadlock.",
-        core_minutes=0, elective_minutes=35, run_seconds=28),
+        core_minutes=0, elective_minutes=35, run_seconds=29),
     "05": About(  # 3324 words (17 min) + 4 exercise stubs
         title="Tensor parallelism (1D, Megatron)",
         summary="Column/row-parallel layers, f and g, heads, vocab-parallel loss; a TP GPT equal to one device.",
