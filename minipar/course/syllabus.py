@@ -10,11 +10,11 @@ core route, the rest an elective, each half estimated from its own sections' wor
 
 Seconds to run are what the site build measured, one chapter at a time on two cores (``make site`` writes them
 to ``build/site/manifest.json``). These are the builds of 2026-11-29 to 2026-12-01 on two cores of CI's kind, rounded
-to the second. Machines of that kind differ in speed (a quiet full build took 472 s on one, 268 s on another), and
-a faster one runs every chapter faster: the site test divides each chapter's seconds by the build's
-:func:`machine_speed` (the median over the chapters of built / stated seconds) before it holds them within ±20 %
-of the number here, or 2 s. So the numbers here are compared with each other on any machine, and each is a
-chapter's seconds on the machine they were measured on.
+to the second. Machines of that kind differ in speed (a quiet full build took 472 s on one, 268 s on another); a
+faster one runs every chapter faster, though not all alike (a paced chapter's slots are sleeps). The site test
+divides each chapter's seconds by the build's :func:`machine_speed` (the median over the chapters of built / stated
+seconds) before it holds them within ±20 % of the number here, or 2 s: on any machine the numbers are held to each
+other. Their scale is the slower machine's, whose make test took as long as CI's last runs.
 """
 from __future__ import annotations
 
