@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.course.pipeline_views import GRID, draw_measured, run_together
 from minipar.course.plotting import save_figure
-from minipar.observe.busy import disturbed, too_busy
+from minipar.observe.busy import OtherWork, disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
@@ -43,7 +43,7 @@ from minipar.pipeline.simulate import Costs, simulate
 
 __all__ = ["schedule_or_error", "schedule_explorer", "KIND_COLOURS", "sim_rows", "draw_gantt", "draw_schedules", "timeline_recipe", "run_timelines",
            "draw_measured", "memory_runs", "draw_memory", "draw_weight_versions", "peak_held", "PacedIdle",
-           "paced_idle", "paced_runs", "FIGURES", "FIXED_PACE", "GRID"]
+           "paced_idle", "paced_runs", "PacedRuns", "FIGURES", "FIXED_PACE", "GRID"]
 
 FIXED_PACE = Pace(F=0.02, B=0.02, W=0.02)   # the simulated charts' F = B = W (BW = 2 F), 20 ms each
 
@@ -154,14 +154,15 @@ class PacedIdle:
     slot: float                 # seconds of one F slot
     load: float = 0.0           # the machine's 1-minute load average when the runs ended
     cores: int = 1
+    other: float | None = None  # other processes' CPU while the runs ran, in cores (OtherWork); None: unmeasured
 
     @property
     def disturbed(self) -> list:
-        """Schedules whose paced run paced_compute's shared rule calls disturbed (more than 5 % of its actions
-        overran, or a load average over twice the cores): other load took the cores, the timeline is no longer
-        the schedule's."""
+        """Schedules whose paced run the shared rule (:func:`minipar.observe.busy.disturbed`, as chapters 02 and 03)
+        calls disturbed: more than 5 % of its actions overran, or other processes had the cores while it ran (over a
+        quarter of a core; the load average where that was not measured): the timeline is no longer the schedule's."""
         return [n for n, (*_, overruns, actions) in self.rows.items()
-                if disturbed(overruns, actions, self.load, self.cores)]
+                if disturbed(overruns, actions, self.load, self.cores, other=self.other)]
 
     def agrees(self, within: float = 0.05) -> bool:
         """Every undisturbed paced run idles as its simulation says, within ``within``."""
@@ -174,35 +175,48 @@ class PacedIdle:
                 for n, (sim, paced, o, a) in self.rows.items()]     # an overrun is shown only where there is one
         out.append(f"slots that ran long: {sum(o for *_, o, _ in self.rows.values())} of "
                    f"{sum(a for *_, a in self.rows.values())}")
-        busy = too_busy(0, 1, self.load, self.cores)      # the load alone: it disturbs every schedule
+        busy = too_busy(0, 1, self.load, self.cores, other=self.other)   # other work: it disturbs every schedule
         if busy:
             return "\n".join(out + [f"  every schedule: {busy}"])
-        out += [f"  {n}: {too_busy(o, a, self.load, self.cores)}" for n, (*_, o, a) in self.rows.items()
+        out += [f"  {n}: {too_busy(o, a, self.load, self.cores, other=self.other)}" for n, (*_, o, a) in self.rows.items()
                 if n in self.disturbed]
         return "\n".join(out)
 
 
 def paced_idle(paced: dict, p: int = 4) -> PacedIdle:
-    """:class:`PacedIdle` of paced runs ``{(name, m, v): runs}``."""
+    """:class:`PacedIdle` of paced runs ``{(name, m, v): runs}`` (a :class:`PacedRuns`: with the other processes' CPU
+    while they ran)."""
     rows = {}
     for (n, m, v), rs in paced.items():
         sim = simulate(make_schedule(n, p, m, v), rs[0].pace.costs(v)).bubble_fraction
         actions = sum(k in ("F", "B", "W", "BW") for r in rs for _, k, *_ in r.timeline)
         rows[n] = (sim, measured_idle_fraction(rs, typical_step(rs)), sum(r.overruns for r in rs), actions)
-    return PacedIdle(rows, next(iter(paced.values()))[0].pace.F, os.getloadavg()[0], os.cpu_count() or 1)
+    return PacedIdle(rows, next(iter(paced.values()))[0].pace.F, os.getloadavg()[0], os.cpu_count() or 1,
+                     getattr(paced, "other_cores", None))
+
+
+class PacedRuns(dict):
+    """:func:`paced_runs`' runs, ``{(schedule, m, v): per-rank runs}``, and ``other_cores``: other processes' CPU
+    while they ran, in cores (:class:`minipar.observe.busy.OtherWork`), which :func:`paced_idle` judges them by."""
+
+    def __init__(self, runs: dict, other_cores: float | None = None):
+        super().__init__(runs)
+        self.other_cores = other_cores
 
 
 def paced_runs(recipe, recipe8, p: int = 4, m: int = 8, pace=FIXED_PACE) -> dict:
     """§5's paced runs — GPipe and 1F1B on ``recipe``, interleaved v = 2 on ``recipe8`` — on their first batch only
     (a paced step is mostly sleep: a second one would double the wait and show the same timeline), in one launch,
-    each checked equal to one device's first step: ``{(schedule, m, v): per-rank runs}``."""
+    each checked equal to one device's first step: a :class:`PacedRuns`, ``{(schedule, m, v): per-rank runs}`` and
+    the other processes' CPU while they ran."""
     first = [dataclasses.replace(r, batches=r.batches[:1]) for r in (recipe, recipe8)]     # v = 1, v = 2
     reference = [train_reference(r) for r in first]
-    runs = run_together(p, {(n, m, v): (first[v - 1], dict(schedule=n, m=m, v=v, pace=pace))
-                            for n, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))})
+    with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the runs'?
+        runs = run_together(p, {(n, m, v): (first[v - 1], dict(schedule=n, m=m, v=v, pace=pace))
+                                for n, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))})
     for (_, _, v), rs in runs.items():
         compare(reference[v - 1], rs, dtype=first[v - 1].dtype).assert_ok()
-    return runs
+    return PacedRuns(runs, other.cores)
 
 
 FIGURES = {

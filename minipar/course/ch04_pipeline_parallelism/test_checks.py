@@ -93,6 +93,19 @@ def test_a_busy_machine_compares_no_paced_schedule():
     assert overran.disturbed == ["gpipe"] and "gpipe: more than 5% of the slots ran long" in str(overran)
 
 
+def test_other_processes_cpu_judges_the_paced_runs_where_it_was_measured():
+    """paced_runs measures the other processes' CPU while its launch ran (OtherWork): then that, not the load average
+    (which also counts the chapter's own earlier runs), says whether the cores were the runs'."""
+    from minipar.course.ch04_pipeline_parallelism.figures import PacedIdle, PacedRuns
+    rows = {"1f1b": (0.273, 0.28, 0, 64), "gpipe": (0.273, 0.27, 0, 64)}
+    assert PacedIdle(rows, 0.02, load=9.0, cores=2, other=0.05).disturbed == []
+    shared = PacedIdle(rows, 0.02, load=1.5, cores=2, other=1.2)
+    assert shared.disturbed == ["1f1b", "gpipe"]
+    assert "every schedule: other processes used 1.2 of the 2 cores while it ran" in str(shared)
+    runs = PacedRuns({"k": 1}, other_cores=0.7)
+    assert dict(runs) == {"k": 1} and runs.other_cores == 0.7
+
+
 def test_the_paced_verdict_follows_the_load_check(capsys):
     """Both branches of §6's verdict on made-up tables, no quiet machine needed: a loaded run (load average 50 on
     2 cores, most slots overrun, 1F1B below its own bubble) prints that it is not evidence, and its disturbed list,

@@ -22,7 +22,8 @@ a rank woken late: on this machine at load average ~5-9 a woken rank often waits
 chunk slots 20-50 % of ZB-V's actions overran, with 8 ms 2-18 %. An overrun is counted
 (``PipelineRun.overruns``); the slots stay on the schedule's clock, so a late action is caught up by the next
 and the idle stays close to the simulator's (ZB-V 6.6-9.8 % against 6.5 % simulated in those runs). A run with
-more than 5 % of its actions overrun is *disturbed*: named in the table, and its idle not held to the
+more than 5 % of its actions overrun, or run while other processes had the cores (over a quarter of a core:
+:class:`minipar.observe.busy.OtherWork`), is *disturbed*: named in the table, and its idle not held to the
 simulator's (at load ~15, a stalled rank took 1F1B's idle from 27 % to 7-9 %, beside stretched steps).
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 
 from minipar.check import compare, gpt_recipe, train_reference
 from minipar.launcher import launch
-from minipar.observe.busy import disturbed, too_busy
+from minipar.observe.busy import OtherWork, disturbed, too_busy
 from minipar.pipeline import runtime
 from minipar.pipeline.paced import Pace
 from minipar.pipeline.schedules import make_schedule
@@ -93,10 +94,12 @@ def _spread(xs: list, scale: float = 1.0, fmt: str = ".1%") -> str:
 
 @dataclass
 class PacedComparison:
-    """Every schedule of one paced launch (``rows``, by name), the per-stage slots and the load it ran under."""
+    """Every schedule of one paced launch (``rows``, by name), the per-stage slots, the load it ran under and the other
+    processes' CPU while it ran, in cores (:class:`minipar.observe.busy.OtherWork`; None: not measured)."""
     rows: dict
     pace: Pace
     load: float
+    other: float | None = None
 
     def apart(self, better: str = "zb-v", worse: str = "1f1b") -> bool:
         """``better`` idles less and steps faster than ``worse``, outside the run-to-run spread: each one's
@@ -115,8 +118,9 @@ class PacedComparison:
 
     @property
     def disturbed(self) -> list:
-        """paced_compute's one rule: more than 5 % of the run's actions overran, or the load over twice the cores."""
-        return [n for n, r in self.rows.items() if disturbed(r.overruns, r.actions, self.load)]
+        """The shared rule (:func:`minipar.observe.busy.disturbed`): more than 5 % of the run's actions overran, or other
+        processes had the cores while it ran (the load average where that was not measured)."""
+        return [n for n, r in self.rows.items() if disturbed(r.overruns, r.actions, self.load, other=self.other)]
 
     def sentence(self, better: str = "zb-v", worse: str = "1f1b") -> str:
         """The lesson, as this run measured it: median (min–max over the steps)."""
@@ -128,13 +132,15 @@ class PacedComparison:
     def __str__(self) -> str:
         steps = len(next(iter(self.rows.values())).idle)
         out = [f"slots per stage: F {1e3 * self.pace.F:.1f} ms, B {1e3 * self.pace.B:.1f} ms, W {1e3 * self.pace.W:.1f}"
-               f" ms (a V chunk: half); {steps} steps each, median (min–max); load average {self.load:.1f}",
+               f" ms (a V chunk: half); {steps} steps each, median (min–max); load average {self.load:.1f}"
+               + ("" if self.other is None else f", other processes {self.other:.2f} cores meanwhile"),
                f"{'':10s}  {'idle simulated':>14s}  {'idle measured':>21s}  {'step simulated':>14s}  "
                f"{'step measured (ms)':>20s}  overruns  equals one device"]
         for n, r in self.rows.items():
             out.append(f"{n:10s}  {r.simulated_idle:14.1%}  {_spread(r.idle):>21s}  {1e3 * r.simulated_step:11.0f} ms"
                        f"  {_spread(r.step, 1e3, '.0f'):>20s}  {r.overruns:3d} of {r.actions:<4d} {r.matches}")
-        out += [f"  {n}: {too_busy(self.rows[n].overruns, self.rows[n].actions, self.load)}" for n in self.disturbed]
+        out += [f"  {n}: {too_busy(self.rows[n].overruns, self.rows[n].actions, self.load, other=self.other)}"
+                for n in self.disturbed]
         return "\n".join(out)
 
 
@@ -144,7 +150,8 @@ def paced_runs(p: int = 4, m: int = 8, steps: int = 3, min_slot: float = MIN_SLO
     recipe = paced_recipe(steps)
     for name, v in SHOWN:
         runtime.validate(recipe, world_size=p, schedule=name, m=m, v=v)
-    per_rank = launch(_paced_on_rank, p, recipe, m, min_slot, quiet=True)
+    with OtherWork() as other:                  # other processes' CPU meanwhile: were the cores the runs'?
+        per_rank = launch(_paced_on_rank, p, recipe, m, min_slot, quiet=True)
     load = os.getloadavg()[0]
     reference = train_reference(recipe)
     runs, rows = {}, {}
@@ -157,4 +164,4 @@ def paced_runs(p: int = 4, m: int = 8, steps: int = 3, min_slot: float = MIN_SLO
             [max(row[5] for row in step_rows(rs, s)) for s in range(steps)],
             sum(r.overruns for r in rs), sum(k in ("F", "B", "W", "BW") for r in rs for _, k, *_ in r.timeline),
             compare(reference, rs, dtype=recipe.dtype).matches)
-    return runs, PacedComparison(rows, per_rank[0][SHOWN[0][0]].pace, load)
+    return runs, PacedComparison(rows, per_rank[0][SHOWN[0][0]].pace, load, other.cores)

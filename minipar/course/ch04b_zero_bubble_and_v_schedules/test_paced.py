@@ -26,6 +26,16 @@ def test_the_claim_holds_silently_when_zb_v_idles_less_outside_the_spread(capsys
                                        "spread; its step takes 366 (361–369) ms against 464 (464–465) ms.")
 
 
+def test_other_processes_cpu_judges_the_runs_where_it_was_measured():
+    """The launch's OtherWork measurement, where there is one, decides whether the cores were the runs', not the load
+    average: a high load with no other work leaves the runs undisturbed, other work at a low load disturbs them all."""
+    rows = {"1f1b": ONE_F_ONE_B, "zb-v": dataclasses.replace(ZB_V, overruns=0)}
+    assert PacedComparison(rows, PACE, load=9.0, other=0.05).disturbed == []
+    shared = PacedComparison(rows, PACE, load=1.0, other=1.2)
+    assert shared.disturbed == ["1f1b", "zb-v"]
+    assert "zb-v: other processes used 1.2 of the" in str(shared) and "other processes 1.20 cores meanwhile" in str(shared)
+
+
 def test_the_claim_fails_on_a_1f1b_pair_and_on_a_run_unlike_one_device_or_the_simulator():
     with pytest.raises(AssertionError):                                  # ZB-V no better: 1F1B against itself
         claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"zb-v": ONE_F_ONE_B}))
