@@ -56,6 +56,10 @@ def test_a_disturbed_run_is_named_instead_of_failing(capsys):
     late = dataclasses.replace(ONE_F_ONE_B, idle=[0.05, 0.3, 0.3], overruns=12)    # > 5 % of 192 actions
     claims.check_paced_zb_v_idles_less_than_1f1b(comparison(**{"1f1b": late}))
     assert "not shown this time: 1f1b overran" in capsys.readouterr().out
+    overlapping = dataclasses.replace(ZB_V, idle=[0.069, 0.28, 0.28], overruns=0)        # no lesson, no overrun
+    shared = PacedComparison({"1f1b": ONE_F_ONE_B, "zb-v": overlapping}, PACE, load=1.0, other=1.2)
+    claims.check_paced_zb_v_idles_less_than_1f1b(shared)
+    assert "not shown this time: 1f1b, zb-v ran while other processes used 1.2 cores" in capsys.readouterr().out
 
 
 def test_a_chunk_gets_its_share_of_the_stage_slots():
