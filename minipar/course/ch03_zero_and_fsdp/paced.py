@@ -101,10 +101,11 @@ def _median_compute(pacers) -> tuple:
 
 
 def _digest(params: dict) -> str:
-    """SHA-256 of the parameters' bytes, in name order: equal on two ranks exactly when their parameters are."""
+    """SHA-256 of the parameters' bytes, in name order: equal on two ranks exactly when their parameters are (any
+    dtype or device: the bytes are read as uint8 on the CPU)."""
     h = hashlib.sha256()
     for name in sorted(params):
-        h.update(params[name].detach().contiguous().numpy())
+        h.update(params[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 
