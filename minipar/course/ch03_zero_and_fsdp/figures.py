@@ -16,7 +16,8 @@ import torch.nn as nn
 from minipar.memory import saved_activation_bytes
 
 __all__ = ["ThreeLayers", "la_lb_lc_recipe", "la_lb_lc_rank", "run_la_lb_lc", "draw_la_lb_lc", "memory_recipe",
-           "run_memory", "measure_stages_with_activations", "rings_and_accumulation", "draw_memory", "FIGURES"]
+           "run_memory", "measure_stages_with_activations", "rings_and_accumulation", "accumulation_recipe", "draw_memory",
+           "FIGURES"]
 
 
 class Layer(nn.Module):
@@ -131,13 +132,20 @@ def _backward_starts(events) -> int:
     return next(i for i in range(freed_last + 1, len(events)) if events[i][0] == "all-gather")
 
 
-def memory_recipe(batch_size: int = 8, n_layer: int = 8):
+def memory_recipe(batch_size: int = 8, n_layer: int = 8, steps: int = 2):
     """A tiny GPT whose parameters outweigh its activations, so the bars show the model states; 8 blocks, so
     that ZeRO-3's gathered units (two blocks and the root at a time) weigh less than ZeRO-2's whole parameters
     and its peak falls below ZeRO-2's, as on a large model (``n_layer``: fewer where that does not matter, as the
     FSDP loop's comparison with PyTorch's FSDP2). Every stage passes the default FP32 tolerance."""
     from minipar.check import gpt_recipe
-    return gpt_recipe(steps=2, batch_size=batch_size, seq_len=8, optimizer="adam", n_embd=32, n_layer=n_layer)
+    return gpt_recipe(steps=steps, batch_size=batch_size, seq_len=8, optimizer="adam", n_embd=32, n_layer=n_layer)
+
+
+def accumulation_recipe(world_size: int = 4):
+    """§4's accumulation runs: §3's model, one sample a micro-batch (:data:`ACCUM_STEPS` of them a rank), one step:
+    the table reads a step's bytes, and one Adam step over the accumulated gradients is held to one device's (a second
+    step took half of that launch's time and showed the same)."""
+    return memory_recipe(batch_size=world_size * ACCUM_STEPS, steps=1)
 
 
 def run_memory(world_size: int = 4) -> dict:
@@ -187,7 +195,7 @@ def rings_and_accumulation(rank, world_size, recipe) -> dict:
     # peak=False: the wire table reads bytes only; the peak's tracker sees every operator and doubled these runs
     with comm.ring_algorithms():            # minipar's send/recv rings for all three collectives
         out = {("ring", s): measured_train(rank, world_size, recipe, stage=s, peak=False) for s in (1, 3)}
-    larger = memory_recipe(batch_size=world_size * ACCUM_STEPS)     # the same model, one sample a micro-batch
+    larger = accumulation_recipe(world_size)     # the same model, one sample a micro-batch, one step
     out.update({("accum", s): measured_train(rank, world_size, larger, stage=s, accum_steps=ACCUM_STEPS, peak=False)
                 for s in (1, 2)})
     return out

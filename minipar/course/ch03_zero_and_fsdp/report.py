@@ -218,7 +218,7 @@ def _check_wire(r: Report) -> None:
     claims.check_trains_like_one_device(r.reference, r.runs, *r.ratios, gloo2=r.gloo2)
     m = figures.ACCUM_STEPS
     claims.check_zero2_reduce_scatters_every_micro_batch(r.logged_ratio, m, figures.root_share(), r.runs,
-                                                         figures.memory_recipe(batch_size=4 * m))
+                                                         figures.accumulation_recipe(len(r.runs)))
 
 
 def wire(ring_runs: list, per_rank: list, reference: RunResult, world_size: int) -> Report:
