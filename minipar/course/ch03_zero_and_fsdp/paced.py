@@ -206,17 +206,21 @@ def _computes(m: dict) -> str:
 
 
 def verdict_line(m: dict) -> str:
-    """The run's last line: on a quiet machine, the saving it timed; on a busy one, that nothing was timed (the
+    """The run's last line: on a quiet machine, the saving it timed (or that it tied); on a busy one, that nothing was timed (the
     first line, :func:`minipar.observe.busy.too_busy`'s, says why), and what a quiet run shows instead (the bound
     from this run's slots). The rules for "quiet" are the chapter's fold, not this line."""
     f, b = m["slot_s"]
     slots_ms = m["blocks"] * (f + b) * 1e3
     if not run_disturbed(m):
         with_p, without = (statistics.median(s) for s in (m["seconds"]["prefetch"], m["seconds"]["no prefetch"]))
+        if verdict(m["seconds"]["prefetch"], m["seconds"]["no prefetch"]) == "tie":
+            return (f"timed on a quiet machine: a tie this time (the median step {abs(without - with_p) * 1e3:.1f} ms "
+                    f"{'shorter' if with_p <= without else 'longer'} with prefetch, of {without * 1e3:.0f} ms, inside the "
+                    "steps' spread): no saving shown; quiet runs here usually show one, so run the cell again")
         return (f"timed on a quiet machine: prefetch saved {(without - with_p) * 1e3:.1f} ms of a "
                 f"{without * 1e3:.0f} ms step ({1 - with_p / without:.0%})")
     return ("not timed: the machine was too busy, so these steps show neither that prefetch saves time nor that it "
-            "does not; on a quiet machine the steps with prefetch are shorter than without, beyond their spread, "
+            "does not; on a quiet machine the steps with prefetch are usually shorter than without, beyond their spread, "
             f"by less than the {slots_ms:.0f} ms of slots a step")
 
 
