@@ -59,7 +59,7 @@ ABOUT = {
     "01": About(  # 2032 words (10 min) + 5 exercise stubs
         title="Splitting one matmul",
         summary="One matmul split three ways on 2 and 4 ranks; the collective each needs, bytes measured.",
-        core_minutes=40, elective_minutes=0, run_seconds=14),
+        core_minutes=40, elective_minutes=0, run_seconds=15),
     "02": About(  # 2732 words (14 min) + 5 exercise stubs
         title="Data parallelism: DP → parameter server → DDP",
         summary="DataParallel, a parameter server and DDP from scratch; buckets, no_sync, the sampler.",
@@ -67,7 +67,7 @@ ABOUT = {
     "03": About(  # 2534 words (13 min) + 4 exercise stubs
         title="Sharded data parallelism: ZeRO-1/2/3 → FSDP",
         summary="ZeRO-1/2/3 run live (ZeRO-3 is FSDP); memory and bytes per rank beside the paper's formulas.",
-        core_minutes=35, elective_minutes=0, run_seconds=30),
+        core_minutes=35, elective_minutes=0, run_seconds=29),
     "03b": About(  # 2195 words (11 min) + 3 exercise stubs
         title="ZeRO and FSDP in depth: FSDP designs and modes, ZeRO in a pipeline, offload, Muon, prefetch modelled",
         summary="FSDP1 vs FSDP2, FSDP's modes as ZeRO variants, ZeRO in a pipeline, offload, Muon, prefetch modelled.",
@@ -99,7 +99,7 @@ ABOUT = {
     "08": About(  # 2487 words (12 min) + 4 exercise stubs (3D; the 5D half moved to 09b)
         title="Hybrid parallelism: data × pipeline × tensor (+ ZeRO), on a device mesh",
         summary="DP × PP × TP on 8 ranks equal to one device; ZeRO in a pipeline; a checkpoint that reshards.",
-        core_minutes=35, elective_minutes=0, run_seconds=26),
+        core_minutes=35, elective_minutes=0, run_seconds=24),
     "09": About(  # 4654 words (23 min) + 4 exercise stubs
         title="Mixture of experts and expert parallelism",
         summary="Routers, capacity, balancing losses; experts over ranks by all-to-all, equal to one device.",
@@ -119,11 +119,11 @@ ABOUT = {
     "11": About(  # 1741 words (9 min) + 3 exercise stubs
         title="Recomputation and memory",
         summary="Where a step's memory goes; full and selective recomputation, memory and FLOPs measured.",
-        core_minutes=30, elective_minutes=0, run_seconds=18),
+        core_minutes=30, elective_minutes=0, run_seconds=16),
     "12": About(  # 3601 words (18 min) + 4 exercise stubs (the fidelity study moved to A, the toolbox to 12b)
         title="Choosing a strategy: a cost model, a planner and a published decision guide",
         summary="A cost model and planner checked against papers and published runs; the decision guide as rules.",
-        core_minutes=40, elective_minutes=0, run_seconds=26),
+        core_minutes=40, elective_minutes=0, run_seconds=23),
     "12b": About(  # 1428 words (7 min) + 2 exercise stubs (split from 12: its Deeper §§6–8, 10)
         title="The planner's toolbox: layouts by hand, a calculator, long sequences, automatic parallelism",
         summary="Layouts by hand and a published one priced; a calculator; memory over s; FlexFlow and Alpa.",
