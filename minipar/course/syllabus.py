@@ -19,6 +19,7 @@ other. Their scale is the slower machine's, whose make test took as long as CI's
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 
 __all__ = ["About", "ABOUT", "about", "machine_speed", "SPEED_CHAPTERS", "route_minutes", "hours", "time_sentence", "TIME_SENTENCE",
@@ -172,12 +173,9 @@ def machine_speed(took: dict, table: dict = ABOUT) -> float | None:
     """This machine's seconds against the syllabus's: the median over the built chapters of took / stated
     (``took``: {number: seconds}, one chapter at a time). 0.5: it runs the chapters in half the stated time.
     None with fewer than :data:`SPEED_CHAPTERS` chapters: then the stated seconds are compared as they are."""
-    ratios = sorted(seconds / table[number].run_seconds for number, seconds in took.items()
-                    if seconds is not None and number in table)
-    if len(ratios) < SPEED_CHAPTERS:
-        return None
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    ratios = [seconds / table[number].run_seconds for number, seconds in took.items()
+              if seconds is not None and number in table]
+    return statistics.median(ratios) if len(ratios) >= SPEED_CHAPTERS else None
 
 
 def time_sentence(a: About) -> str:
