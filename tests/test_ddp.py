@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minipar import comm, launch
-from minipar.data.ddp_measure import watch_buckets
+from minipar.data.ddp_measure import REDUCER_PARTS, reducer_cpu, watch_buckets
 from minipar.check import RunResult, check_equivalence, gpt_recipe, mlp_recipe, Recipe, compare, train_reference
 from minipar.data import ddp
 from minipar.loop import shard_batch
@@ -157,6 +157,31 @@ def test_first_bucket_is_launched_while_backward_is_still_running():
         assert n_buckets > 1 and launched == n_buckets
         assert labels == sorted(f"bucket {i}" for i in range(n_buckets)) and every_grad and ordered
         assert overlapped  # launched before the last gradient was even computed
+
+
+def _reducer_cpu(rank, world_size, recipe):
+    """One backward through a plain DDP and one through a DDP whose reducer is timed by parts."""
+    import time
+    x, y = shard_batch(recipe.batches[0], rank, world_size)
+    plain, timed = (ddp.DistributedDataParallel(recipe.model(), bucket_bytes=BUCKET) for _ in range(2))
+    parts = reducer_cpu(timed)
+    recipe.loss(plain, x, y).backward()
+    start = time.thread_time()
+    recipe.loss(timed, x, y).backward()
+    backward = time.thread_time() - start
+    same = all(torch.equal(a.grad, b.grad) for a, b in zip(plain.module.parameters(), timed.module.parameters()))
+    return parts, backward, same, len(timed.reducer.buckets)
+
+
+def test_reducer_cpu_splits_the_reducers_work_into_exclusive_parts_without_changing_a_gradient():
+    """minipar.data.ddp_measure.reducer_cpu (``bench ddp --where``): every part was seen, the parts are
+    exclusive (their sum is within the backward's CPU, which also holds the model's own backward), and the
+    timed DDP's gradients equal the untimed one's bit for bit."""
+    for parts, backward, same, n_buckets in launch(_reducer_cpu, 2, gpt_recipe(steps=1, batch_size=8), **QUIET):
+        assert n_buckets > 1 and same
+        assert list(parts) == list(REDUCER_PARTS)
+        assert all(seconds > 0 for seconds in parts.values()), parts
+        assert sum(parts.values()) < backward, (parts, backward)
 
 
 def _accumulate(rank, world_size, recipe, wrong: bool):

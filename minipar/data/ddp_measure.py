@@ -8,6 +8,9 @@ reducer's two seams: ``Reducer.grad_ready`` (called by every parameter's hook) a
     model = DistributedDataParallel(net, bucket_bytes=64 * 1024)
     events = watch_buckets(model)          # [(kind, label, start, end)] in time.perf_counter seconds
     loss.backward()                        # ("grad", name, t, t) ... ("comm", "bucket i", launch, done)
+
+    parts = reducer_cpu(model)             # {part: CPU seconds of this thread}, accumulating from now on
+    loss.backward(); print(parts)          # bookkeeping, copies into buckets, divide by N, launches, end
 """
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ import time
 
 from .ddp import DistributedDataParallel
 
-__all__ = ["watch_buckets"]
+__all__ = ["watch_buckets", "reducer_cpu", "REDUCER_PARTS"]
+
+# The reducer's parts, as :func:`reducer_cpu` names them (each exclusive of the ones it calls).
+REDUCER_PARTS = ("bucket bookkeeping", "copies into buckets", "divide by N", "launching all-reduces",
+                 "end of backward")
 
 
 def watch_buckets(model: DistributedDataParallel, events: list | None = None) -> list:
@@ -41,3 +48,37 @@ def watch_buckets(model: DistributedDataParallel, events: list | None = None) ->
 
     reducer.grad_ready, reducer.collective = timed_grad_ready, timed_collective
     return events
+
+
+def reducer_cpu(model: DistributedDataParallel, parts: dict | None = None) -> dict:
+    """Add to ``parts`` (a new dict if none; returned) from now on the CPU seconds this thread spends
+    (``time.thread_time``: waiting costs none) in each part of the reducer's work, each exclusive of the parts
+    it calls: ``"bucket bookkeeping"`` (``Reducer.grad_ready``: which slot is filled, is the bucket full),
+    ``"copies into buckets"`` (``Bucket.gather``), ``"divide by N"`` (``Bucket.scale``), ``"launching
+    all-reduces"`` (``Reducer.collective``: :mod:`minipar.comm`, its hooks and the process group's enqueue) and
+    ``"end of backward"`` (``Reducer.finish``: the leftovers, the waits). Not seen here: autograd calling each
+    Python hook, and the timers themselves (two ``thread_time`` calls per timed call)."""
+    parts = dict.fromkeys(REDUCER_PARTS, 0.0) if parts is None else parts
+    open_calls = []                       # per timed call in progress: the time spent in the calls it made
+
+    def timed(fn, part):
+        def wrapped(*args):
+            open_calls.append(0.0)
+            start = time.thread_time()
+            try:
+                return fn(*args)
+            finally:
+                took = time.thread_time() - start
+                parts[part] += took - open_calls.pop()
+                if open_calls:
+                    open_calls[-1] += took
+        return wrapped
+
+    reducer = model.reducer
+    reducer.grad_ready = timed(reducer.grad_ready, "bucket bookkeeping")
+    reducer.collective = timed(reducer.collective, "launching all-reduces")
+    reducer.finish = timed(reducer.finish, "end of backward")
+    for bucket in reducer.buckets:
+        bucket.gather = timed(bucket.gather, "copies into buckets")
+        bucket.scale = timed(bucket.scale, "divide by N")
+    return parts

@@ -3,6 +3,7 @@
     python -m minipar bench ddp                     # medians, ratio, bucket size
     python -m minipar bench ddp --with-dp           # also DataParallel (threads) and DDP without comm
     python -m minipar bench ddp --sweep [--json]    # bucket sizes vs one bucket (no overlap)
+    python -m minipar bench ddp --where             # CPU per step by phase: where the ratio comes from
 
 Each optimizer step (zero_grad, forward, backward with the gradient all-reduce, SGD step) is timed on every
 rank between barriers by :func:`minipar.bench.alternating_medians`, the implementations alternating
@@ -205,7 +206,14 @@ def main(argv=None) -> int:
     parser.add_argument("--with-dp", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="bucket sizes vs one bucket (no overlap)")
     parser.add_argument("--json", action="store_true", help="with --sweep: one JSON object per configuration")
+    parser.add_argument("--where", action="store_true",
+                        help="CPU per step by phase, the model alone beside both DDPs, minipar's reducer in parts")
     a = parser.parse_args(argv)
+    if a.where:
+        from . import bench_where
+        print(bench_where.describe(bench_where.run(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch,
+                                                   seq=a.seq, bucket_mb=a.bucket_mb, iters=2 * a.iters)))
+        return 0
     if a.sweep:
         rows = sweep(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, iters=a.iters)
         for row in rows:
