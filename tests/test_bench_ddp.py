@@ -49,14 +49,27 @@ def test_describe_where_subtracts_the_model_alone_and_sums_every_thread():
     assert lines[-1] == "minipar / torch DDP, all threads: 1.167 (+1.00 ms per step)"
 
 
-def test_other_threads_cpu_sees_a_busy_thread_and_not_the_caller():
+def test_other_threads_cpu_counts_another_threads_cpu_and_not_the_callers():
+    """A worker burns 0.05 s of its own CPU, then waits; the caller burns 0.1 s: the other threads' CPU is the
+    worker's 0.05 s (and whatever an idle thread of this process did), not the caller's."""
     before = bench_where.other_threads_cpu()
     if before is None:                                         # not Linux: nothing to see
         return
-    stop = time.perf_counter() + 0.2
-    worker = threading.Thread(target=lambda: [None for _ in iter(lambda: time.perf_counter() > stop, True)])
-    worker.start()
-    time.sleep(0.1)
+    burnt, release = threading.Event(), threading.Event()
+
+    def worker():
+        while time.thread_time() < 0.05:
+            pass
+        burnt.set()
+        release.wait(60)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert burnt.wait(60)
+    mine = time.thread_time()
+    while time.thread_time() < mine + 0.1:
+        pass
     spent = bench_where._spent(before, bench_where.other_threads_cpu())
-    worker.join()
-    assert 0.02 < spent and not math.isnan(spent), spent
+    release.set()
+    thread.join()
+    assert 0.045 < spent < 0.09 and not math.isnan(spent), spent
