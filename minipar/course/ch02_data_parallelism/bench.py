@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     if a.where:
         from . import bench_where
         print(bench_where.describe(bench_where.run(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch,
-                                                   seq=a.seq, bucket_mb=a.bucket_mb, iters=2 * a.iters)))
+                                                   seq=a.seq, bucket_mb=a.bucket_mb, iters=a.iters)))
         return 0
     if a.sweep:
         rows = sweep(a.ranks, layers=a.layers, embd=a.embd, batch=a.batch, seq=a.seq, iters=a.iters)

@@ -99,18 +99,15 @@ def where_rank(rank, world_size, layers=4, embd=128, batch=16, seq=64, bucket_mb
 
 def run(world_size=4, quiet=True, **kwargs) -> dict:
     """Launch :func:`where_rank`; per version and phase, and per part of minipar's reducer: the median over the
-    steps (the other threads: the mean, their clock ticks coarser than a step on some kernels), averaged over
-    the ranks, in milliseconds."""
+    steps, averaged over the ranks, in milliseconds."""
     from minipar.launcher import launch
     per_rank = launch(where_rank, world_size, quiet=quiet, timeout=600, **kwargs)
 
-    def ms(lists, mean=False):
-        per = [(statistics.fmean if mean else statistics.median)(v) for v in lists]
-        return 1e3 * statistics.fmean(per)
+    def ms(per_rank_steps):
+        return 1e3 * statistics.fmean(statistics.median(steps) for steps in per_rank_steps)
 
-    table = {name: {p: ms([r["phases"][name][p] for r in per_rank], mean=p == "other threads")
-                    for p in PHASES} for name in (ALONE, OURS, THEIRS)}
-    parts = {p: ms([r["parts"][p] for r in per_rank]) for p in per_rank[0]["parts"]}
+    table = {name: {p: ms(r["phases"][name][p] for r in per_rank) for p in PHASES} for name in (ALONE, OURS, THEIRS)}
+    parts = {p: ms(r["parts"][p] for r in per_rank) for p in per_rank[0]["parts"]}
     return {"table": table, "parts": parts, "ranks": world_size}
 
 
